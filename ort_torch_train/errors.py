@@ -1,0 +1,29 @@
+"""Exceptions raised by ort-torch-train.
+
+Each one also derives from RuntimeError, the type onnxruntime-training raises, so code written
+against ORT keeps catching them, while Python code can catch the precise builtin type.
+"""
+
+
+class CheckpointError(RuntimeError, ValueError):
+    """A checkpoint file or buffer is missing, malformed, or does not match what was expected."""
+
+
+class InputError(RuntimeError, ValueError):
+    """A user input does not match the model's declared input (count, dtype, rank, dimension)."""
+
+
+class InputTypeError(RuntimeError, TypeError):
+    """A user input has the wrong Python or element type."""
+
+
+class ModelError(RuntimeError, ValueError):
+    """An ONNX model (training, eval or optimizer) cannot be used as given."""
+
+
+class UnsupportedOperatorError(ModelError, NotImplementedError):
+    """A graph holds an operator that no converter handles."""
+
+
+class NominalStateError(RuntimeError):
+    """An operation needs parameter values but the checkpoint state is nominal."""
