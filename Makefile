@@ -1,0 +1,36 @@
+# Two commands set everything up on a fresh machine (both create or reuse .venv):
+#   make train   the main job: a real training run
+#   make test    the whole test suite
+# torch is pinned through constraints.txt so that a CPU-only machine takes the local
+# torch 2.13.0 CPU wheel and never pulls CUDA packages.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: train test bench fixtures ort-venv
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -c constraints.txt torch
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,examples]'
+	touch $(STAMP)
+
+train: $(STAMP)
+	$(PY) examples/train_digits.py
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) bench/run.py
+
+# onnxruntime-training 1.19.2 in its own venv: regenerates tests/fixtures and joins the benchmarks.
+ORT_VENV := .venv-ort
+ort-venv:
+	test -x $(ORT_VENV)/bin/python || $(PYTHON) -m venv $(ORT_VENV)
+	$(ORT_VENV)/bin/pip install --quiet torch==2.13.0 "numpy<2" onnx==1.16.2 onnxruntime-training-cpu==1.19.2
+
+fixtures: ort-venv
+	$(ORT_VENV)/bin/python tools/make_fixtures.py

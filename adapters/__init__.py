@@ -1,0 +1,10 @@
+"""Op converters that onnx2torch lacks or gets wrong for training graphs, one file per op family.
+
+Shipped as ``ort_torch_train.adapters``. Importing the package registers every converter.
+"""
+
+from .registry import ConversionContext, find_converter, normalize_domain, register
+
+from . import activations, constants, conv, dropout, elementwise, group_norm, indexing, linear, losses, matmul, normalization, padding, pooling, reduce, resize, shape_ops, tensor_ops  # noqa: E402,F401  (registers converters)
+
+__all__ = ["ConversionContext", "find_converter", "normalize_domain", "register"]

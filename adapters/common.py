@@ -1,0 +1,102 @@
+"""Helpers shared by the converters: attributes, constant inputs, input/output mappings."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ort_torch_train.dtypes import torch_dtype
+from ort_torch_train.onnx2torch_import import import_onnx2torch
+
+import_onnx2torch()
+from onnx2torch.utils.common import OnnxMapping, OperationConverterResult  # noqa: E402
+
+
+def attributes(node) -> dict[str, Any]:
+    """The node's attributes as Python values (onnx2torch's parsing)."""
+    return dict(node.attributes)
+
+
+def is_constant(node, graph, position: int) -> bool:
+    """Whether input ``position`` is present and constant in the conversion graph."""
+    inputs = node.input_values
+    return position < len(inputs) and inputs[position] in graph.initializers
+
+
+def constant_input(node, graph, position: int) -> torch.Tensor:
+    """The value of constant input ``position``."""
+    return graph.initializers[node.input_values[position]].to_torch()
+
+
+def input_shape(node, graph, position: int = 0) -> tuple[int, ...]:
+    """The concrete shape of input ``position`` (constant or not)."""
+    name = node.input_values[position]
+    if name in graph.initializers:
+        return tuple(graph.initializers[name].to_torch().shape)
+    dims = graph.value_info[name].type.tensor_type.shape.dim
+    return tuple(dim.dim_value for dim in dims)
+
+
+def mapping(node, inputs: Sequence[str] | None = None) -> OnnxMapping:
+    """The mapping that feeds ``inputs`` (default: all of the node's inputs) at run time."""
+    return OnnxMapping(inputs=tuple(node.input_values if inputs is None else inputs), outputs=node.output_values)
+
+
+def result(module: torch.nn.Module, node, inputs: Sequence[str] | None = None) -> OperationConverterResult:
+    """A converter result running ``module`` on ``inputs``."""
+    return OperationConverterResult(torch_module=module, onnx_mapping=mapping(node, inputs))
+
+
+class Inline(torch.nn.Module):
+    """A converter result emitted as a plain call, not a submodule: no nn.Module call overhead.
+
+    ``function`` is a callable (emitted as ``function(*inputs, *extra_args, **kwargs)``) or the
+    name of a tensor method (emitted as ``inputs[0].name(*inputs[1:], *extra_args, **kwargs)``).
+    """
+
+    def __init__(self, function: Any, *extra_args: Any, **kwargs: Any):
+        super().__init__()
+        self.function, self.extra_args, self.kwargs = function, extra_args, kwargs
+
+    def forward(self, *inputs: Any) -> Any:
+        if isinstance(self.function, str):
+            return getattr(inputs[0], self.function)(*inputs[1:], *self.extra_args, **self.kwargs)
+        return self.function(*inputs, *self.extra_args, **self.kwargs)
+
+
+def has_input(node, position: int) -> bool:
+    """Whether optional input ``position`` is given (present and not the empty name)."""
+    inputs = node.input_values
+    return position < len(inputs) and bool(inputs[position])
+
+
+def constant_ints(node, graph, position: int) -> list[int] | None:
+    """A constant input as a list of Python ints, or None when it is absent or not constant."""
+    if not has_input(node, position) or not is_constant(node, graph, position):
+        return None
+    return [int(v) for v in constant_input(node, graph, position).reshape(-1).tolist()]
+
+
+def input_dtype(node, graph, position: int = 0) -> torch.dtype:
+    """The torch dtype of input ``position`` (constant or not)."""
+    name = node.input_values[position]
+    if name in graph.initializers:
+        return torch_dtype(graph.initializers[name].proto.data_type)
+    return torch_dtype(graph.value_info[name].type.tensor_type.elem_type)
+
+
+def scalar_constant(node, graph, position: int) -> float | int | bool | None:
+    """A present constant one-element input as a Python number, else None."""
+    if not has_input(node, position) or not is_constant(node, graph, position):
+        return None
+    value = constant_input(node, graph, position)
+    return value.reshape(-1)[0].item() if value.numel() == 1 else None
+
+
+def normalize_axis(axis: int, rank: int) -> int:
+    """``axis`` in ``[0, rank)`` (ONNX allows ``[-rank, rank)``)."""
+    if not -rank <= axis < max(rank, 1):
+        raise ValueError(f"axis {axis} is out of range for rank {rank}")
+    return axis % rank if rank else 0

@@ -1,0 +1,118 @@
+"""Conv and ConvTranspose with weights given as inputs (functional, so parameters stay outside)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .common import attributes, input_shape, result
+from .registry import ConversionContext, register
+
+_CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+_CONV_TRANSPOSE = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
+
+
+def _same_pads(auto_pad: str, sizes, kernel, strides, dilations) -> list[int]:
+    begins, ends = [], []
+    for size, k, s, d in zip(sizes, kernel, strides, dilations):
+        total = max(0, (math.ceil(size / s) - 1) * s + (k - 1) * d + 1 - size)
+        small, large = total // 2, total - total // 2
+        begins.append(small if auto_pad == "SAME_UPPER" else large)
+        ends.append(large if auto_pad == "SAME_UPPER" else small)
+    return begins + ends
+
+
+class Conv(nn.Module):
+    """ONNX Conv: x, w[, b] with static attributes."""
+
+    def __init__(self, rank: int, strides, pads, dilations, groups: int):
+        super().__init__()
+        self.conv = _CONV[rank]
+        self.strides, self.dilations, self.groups = tuple(strides), tuple(dilations), groups
+        begins, ends = pads[:rank], pads[rank:]
+        self.symmetric = begins == ends
+        self.padding = tuple(begins) if self.symmetric else (0,) * rank
+        # F.pad wants (last_begin, last_end, ..., first_begin, first_end)
+        self.pad = [p for b, e in zip(reversed(begins), reversed(ends)) for p in (b, e)]
+
+    def forward(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if not self.symmetric:
+            x = F.pad(x, self.pad)
+        return self.conv(x, weight, bias, self.strides, self.padding, self.dilations, self.groups)
+
+
+class ConvTranspose(nn.Module):
+    """ONNX ConvTranspose: x, w[, b]; asymmetric pads and output_shape by cropping a full result."""
+
+    def __init__(self, rank: int, strides, pads, dilations, groups: int, output_padding):
+        super().__init__()
+        self.conv = _CONV_TRANSPOSE[rank]
+        self.rank = rank
+        self.strides, self.dilations, self.groups = tuple(strides), tuple(dilations), groups
+        self.begins, self.ends = list(pads[:rank]), list(pads[rank:])
+        self.output_padding = tuple(output_padding)
+        self.symmetric = self.begins == self.ends and all(p < max(s, d) for p, s, d in zip(output_padding, strides, dilations))
+
+    def forward(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if self.symmetric:
+            return self.conv(
+                x, weight, bias, self.strides, tuple(self.begins), self.output_padding, self.groups, self.dilations
+            )
+        full = self.conv(x, weight, None, self.strides, 0, 0, self.groups, self.dilations)
+        extend = [p for extra in reversed(self.output_padding) for p in (0, extra)]
+        full = F.pad(full, extend)
+        index = [slice(None), slice(None)] + [
+            slice(b, full.shape[2 + i] - e) for i, (b, e) in enumerate(zip(self.begins, self.ends))
+        ]
+        out = full[tuple(index)]
+        if bias is not None:
+            out = out + bias.reshape(1, -1, *([1] * self.rank))
+        return out
+
+
+def _common(node, graph):
+    attrs = attributes(node)
+    weight_shape = input_shape(node, graph, 1)
+    rank = len(weight_shape) - 2
+    if rank not in _CONV:
+        raise NotImplementedError(f"{node.operation_type} with {rank} spatial dimensions is not supported")
+    kernel = attrs.get("kernel_shape", list(weight_shape[2:]))
+    strides = attrs.get("strides", [1] * rank)
+    dilations = attrs.get("dilations", [1] * rank)
+    return attrs, rank, kernel, strides, dilations
+
+
+@register("Conv", since=1)
+def conv(node, graph, context: ConversionContext):
+    attrs, rank, kernel, strides, dilations = _common(node, graph)
+    auto_pad = attrs.get("auto_pad", "NOTSET")
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        pads = _same_pads(auto_pad, input_shape(node, graph, 0)[2:], kernel, strides, dilations)
+    else:
+        pads = [0] * (2 * rank) if auto_pad == "VALID" else attrs.get("pads", [0] * (2 * rank))
+    return result(Conv(rank, strides, pads, dilations, attrs.get("group", 1)), node)
+
+
+@register("ConvTranspose", since=1)
+def conv_transpose(node, graph, context: ConversionContext):
+    attrs, rank, kernel, strides, dilations = _common(node, graph)
+    output_padding = attrs.get("output_padding", [0] * rank)
+    auto_pad = attrs.get("auto_pad", "NOTSET")
+    pads = attrs.get("pads", [0] * (2 * rank))
+    sizes = input_shape(node, graph, 0)[2:]
+    if "output_shape" in attrs or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        wanted = attrs.get("output_shape") or [size * s for size, s in zip(sizes, strides)]
+        wanted = list(wanted)[-rank:]
+        totals = [
+            s * (size - 1) + op + (k - 1) * d + 1 - out
+            for size, s, op, k, d, out in zip(sizes, strides, output_padding, kernel, dilations, wanted)
+        ]
+        lower_first = auto_pad == "SAME_LOWER"
+        begins = [t - t // 2 if lower_first else t // 2 for t in totals]
+        pads = begins + [t - b for t, b in zip(totals, begins)]
+    elif auto_pad == "VALID":
+        pads = [0] * (2 * rank)
+    return result(ConvTranspose(rank, strides, pads, dilations, attrs.get("group", 1), output_padding), node)

@@ -1,0 +1,76 @@
+"""Loss operators: SoftmaxCrossEntropyLoss and NegativeLogLikelihoodLoss (ONNX and ORT-internal)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .common import attributes, constant_input, result
+from .registry import MICROSOFT, ConversionContext, register
+
+_TORCH_DEFAULT_IGNORE = -100
+
+
+class NegativeLogLikelihood(nn.Module):
+    """ONNX NegativeLogLikelihoodLoss on log-probabilities, optionally from raw scores."""
+
+    def __init__(self, reduction: str, ignore_index: int | None, from_scores: bool, labels_name: str):
+        super().__init__()
+        self.reduction = reduction
+        self.ignore_index = _TORCH_DEFAULT_IGNORE if ignore_index is None else ignore_index
+        self.from_scores = from_scores
+        self.labels_name = labels_name
+
+    def forward(self, scores: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor | None = None):
+        log_prob = torch.log_softmax(scores, dim=1) if self.from_scores else scores
+        if labels.device.type == "cpu" and not torch.compiler.is_compiling():
+            self._check_labels(labels, scores.shape[1])
+        loss = F.nll_loss(log_prob, labels.long(), weight, ignore_index=self.ignore_index, reduction=self.reduction)
+        return (loss, log_prob) if self.from_scores else loss
+
+    def _check_labels(self, labels: torch.Tensor, classes: int) -> None:
+        bad = ((labels < 0) | (labels >= classes)) & (labels != self.ignore_index)
+        if bool(bad.any()):
+            value = int(labels[bad].flatten()[0])
+            raise IndexError(
+                f"input {self.labels_name!r}: class index {value} is out of range, expected 0 <= label < {classes}"
+                + ("" if self.ignore_index == _TORCH_DEFAULT_IGNORE else f" or ignore_index {self.ignore_index}")
+            )
+
+
+def _ignore_index(node, graph) -> int | None:
+    if len(node.input_values) > 3 and node.input_values[3]:  # ORT's internal ops take it as an input
+        return int(constant_input(node, graph, 3).item())
+    return attributes(node).get("ignore_index")
+
+
+def _convert(node, graph, from_scores: bool):
+    attrs = attributes(node)
+    module = NegativeLogLikelihood(
+        reduction=attrs.get("reduction", "mean"),
+        ignore_index=_ignore_index(node, graph),
+        from_scores=from_scores,
+        labels_name=node.input_values[1],
+    )
+    return result(module, node, node.input_values[:3])
+
+
+@register("SoftmaxCrossEntropyLoss", since=12)
+def softmax_cross_entropy(node, graph, context: ConversionContext):
+    return _convert(node, graph, from_scores=True)
+
+
+@register("NegativeLogLikelihoodLoss", since=12)
+def negative_log_likelihood(node, graph, context: ConversionContext):
+    return _convert(node, graph, from_scores=False)
+
+
+@register("SoftmaxCrossEntropyLossInternal", domain=MICROSOFT)
+def softmax_cross_entropy_internal(node, graph, context: ConversionContext):
+    return _convert(node, graph, from_scores=True)
+
+
+@register("NegativeLogLikelihoodLossInternal", domain=MICROSOFT)
+def negative_log_likelihood_internal(node, graph, context: ConversionContext):
+    return _convert(node, graph, from_scores=False)

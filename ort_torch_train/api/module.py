@@ -1,0 +1,80 @@
+"""``Module``: the face of ``onnxruntime.training.api.Module`` over the training engine."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+from ort_torch_train.api.ortvalue import OrtValue, from_tensors, numpy_to_tensor, to_tensors
+from ort_torch_train.errors import InputTypeError
+from ort_torch_train.graph.artifacts import ModelSource, load_model
+from ort_torch_train.training.engine import TrainingEngine
+
+
+class Module(TrainingEngine):
+    """Trains ONNX training artifacts with PyTorch, behind ORT's ``Module`` API.
+
+    ``module(*inputs)`` is ORT's step: in train mode forward + backward (gradients accumulate
+    until ``lazy_reset_grad()``), in eval mode the eval graph. numpy in -> numpy out, torch in ->
+    torch out (on the module's device), OrtValue in -> OrtValue out. It is also an ``nn.Module``:
+    ``parameters()``, ``state_dict()``, ``.to(device)`` and ``forward()`` (differentiable, no backward).
+    """
+
+    def __init__(
+        self,
+        train_model_uri: ModelSource,
+        state: Any,
+        eval_model_uri: ModelSource | None = None,
+        device: str = "cpu",
+        session_options: Any = None,
+    ):
+        training_model = load_model(train_model_uri, "training model")
+        eval_model = load_model(eval_model_uri, "eval model") if eval_model_uri is not None else None
+        super().__init__(training_model, training_state_of(state), eval_model, device)
+        self.checkpoint_state = state
+        self.eval_model = eval_model
+        self.session_options = session_options
+
+    def __call__(self, *user_inputs: Any) -> Any:
+        names = self.input_names()
+        tensors, kind = to_tensors(user_inputs, names)
+        outputs = self.train_step(tensors) if self.training else self.eval_step(tensors)
+        return from_tensors(outputs, kind)
+
+    def get_parameters_size(self, trainable_only: bool = True) -> int:
+        """Number of parameter elements (trainable ones only by default)."""
+        return self.parameters_size(trainable_only)
+
+    def get_contiguous_parameters(self, trainable_only: bool = False) -> OrtValue:
+        """A flat float32 copy of the parameters in the training graph's order."""
+        return OrtValue(self.contiguous_parameters(trainable_only))
+
+    def copy_buffer_to_parameters(self, buffer: Any, trainable_only: bool = True) -> None:
+        """Copy a flat float32 buffer (OrtValue, numpy array or tensor) into the parameters."""
+        if isinstance(buffer, OrtValue):
+            tensor = buffer.tensor
+        elif isinstance(buffer, np.ndarray):
+            tensor = numpy_to_tensor(buffer, "buffer")
+        elif isinstance(buffer, torch.Tensor):
+            tensor = buffer
+        elif hasattr(buffer, "numpy"):
+            tensor = numpy_to_tensor(buffer.numpy(), "buffer")
+        else:
+            raise InputTypeError(f"buffer: expected an OrtValue, numpy array or tensor, got {type(buffer).__name__}")
+        super().copy_buffer_to_parameters(tensor, trainable_only)
+
+    def export_model_for_inferencing(
+        self, inference_model_uri: str | os.PathLike, graph_output_names: list[str]
+    ) -> None:
+        """Write the eval graph, cut to ``graph_output_names``, with the current parameters baked in."""
+        from ort_torch_train.export.inference import export_inference_model
+
+        export_inference_model(self.eval_model, self.training_state, inference_model_uri, graph_output_names)
+
+
+def training_state_of(state: Any):
+    """The core TrainingState behind a CheckpointState (or the TrainingState itself)."""
+    return getattr(state, "training_state", state)

@@ -1,0 +1,105 @@
+"""An OrtValue-like tensor handle, and conversion of user values to and from torch tensors."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ort_torch_train.dtypes import onnx_elem_type, onnx_type_name
+from ort_torch_train.errors import InputTypeError
+
+
+class OrtValue:
+    """A tensor with ``onnxruntime.OrtValue``'s common methods, backed by a torch tensor (no copy)."""
+
+    def __init__(self, tensor: torch.Tensor):
+        if not isinstance(tensor, torch.Tensor):
+            raise InputTypeError(f"OrtValue wraps a torch.Tensor, got {type(tensor).__name__}")
+        self.tensor = tensor
+
+    @classmethod
+    def ortvalue_from_numpy(cls, array: np.ndarray, device_type: str = "cpu", device_id: int = 0) -> OrtValue:
+        """An OrtValue holding ``array`` (shared on CPU, copied to a CUDA device)."""
+        tensor = numpy_to_tensor(array, "array")
+        if device_type.lower() == "cuda":
+            tensor = tensor.to(torch.device("cuda", device_id))
+        return cls(tensor)
+
+    def numpy(self) -> np.ndarray:
+        """The value as a numpy array (shared memory on CPU)."""
+        return self.tensor.detach().cpu().numpy()
+
+    def shape(self) -> list[int]:
+        return list(self.tensor.shape)
+
+    def data_type(self) -> str:
+        return onnx_type_name(onnx_elem_type(self.tensor.dtype))
+
+    def element_type(self) -> type:
+        return self.numpy().dtype.type
+
+    def device_name(self) -> str:
+        return self.tensor.device.type
+
+    def is_tensor(self) -> bool:
+        return True
+
+    def has_value(self) -> bool:
+        return True
+
+    def data_ptr(self) -> int:
+        return self.tensor.data_ptr()
+
+    def __repr__(self) -> str:
+        return f"OrtValue(shape={self.shape()}, type={self.data_type()}, device={self.device_name()})"
+
+
+def numpy_to_tensor(array: np.ndarray, name: str) -> torch.Tensor:
+    """A torch view of ``array`` (a copy only when torch cannot share it: read-only or negative strides)."""
+    if array.dtype == object or array.dtype.kind in "USV":
+        raise InputTypeError(f"input {name!r}: numeric array expected, got dtype {array.dtype}")
+    if not array.flags.writeable or any(stride < 0 for stride in array.strides):
+        array = np.array(array)
+    return torch.from_numpy(array)
+
+
+def to_tensors(values: Sequence[Any], names: Sequence[str]) -> tuple[list[torch.Tensor], str]:
+    """Torch tensors for user inputs, and the kind of output to give back: numpy, torch or ortvalue."""
+    tensors: list[torch.Tensor] = []
+    kinds = set()
+    for position, value in enumerate(values):
+        name = names[position] if position < len(names) else f"#{position}"
+        if isinstance(value, torch.Tensor):
+            tensors.append(value)
+            kinds.add("torch")
+        elif isinstance(value, np.ndarray):
+            tensors.append(numpy_to_tensor(value, name))
+            kinds.add("numpy")
+        elif isinstance(value, OrtValue):
+            tensors.append(value.tensor)
+            kinds.add("ortvalue")
+        elif value is not None and hasattr(value, "numpy") and type(value).__name__ == "OrtValue":
+            tensors.append(numpy_to_tensor(value.numpy(), name))  # onnxruntime's own OrtValue
+            kinds.add("ortvalue")
+        else:
+            shown = "None" if value is None else type(value).__name__
+            raise InputTypeError(
+                f"input {name!r} (position {position}): expected a numpy array, torch tensor or OrtValue, got {shown}"
+            )
+    if "ortvalue" in kinds:
+        return tensors, "ortvalue"
+    return tensors, "torch" if kinds == {"torch"} else "numpy"
+
+
+def from_tensors(outputs: Sequence[torch.Tensor], kind: str) -> Any:
+    """Outputs in the caller's kind: a bare value for one output, a tuple for several."""
+    if kind == "numpy":
+        converted = [output.cpu().numpy() for output in outputs]
+    elif kind == "ortvalue":
+        converted = [OrtValue(output) for output in outputs]
+    else:
+        converted = list(outputs)
+    return converted[0] if len(converted) == 1 else tuple(converted)

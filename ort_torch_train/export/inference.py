@@ -1,0 +1,108 @@
+"""Export for inference, as ORT's ``export_model_for_inferencing`` does it.
+
+From the eval model: the outputs become ``graph_output_names`` (any value of the eval graph),
+nodes and inputs they do not need are removed, and the parameters are baked in as initializers
+with their current values. Models over 2 GB are written with ONNX external data.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import onnx
+import torch
+
+from ort_torch_train.dtypes import tensor_to_proto
+from ort_torch_train.errors import ModelError, NominalStateError
+from ort_torch_train.fileio import atomic_write_bytes
+from ort_torch_train.graph.artifacts import prune_graph
+
+# Current onnxruntime releases load IR <= 10 models from every opset this project writes.
+MAX_IR_VERSION = 10
+_PROTOBUF_LIMIT = 2**31 - 2**20  # leave headroom for the graph itself
+
+
+def inference_model(
+    eval_model: onnx.ModelProto, params: Mapping[str, torch.Tensor], graph_output_names: Sequence[str]
+) -> onnx.ModelProto:
+    """The inference ModelProto for ``graph_output_names`` with ``params`` baked in."""
+    names = list(graph_output_names)
+    typed = _typed_values(eval_model)
+    for name in names:
+        if name not in typed:
+            raise ModelError(
+                f"Expected graph output for inference graph {name} could not be found. Please regenerate the eval graph."
+            )
+    graph = prune_graph(eval_model.graph, names)
+    del graph.output[:]
+    graph.output.extend(typed[name] for name in names)
+    baked = [value.name for value in graph.input if value.name in params]
+    kept_inputs = [value for value in graph.input if value.name not in params]
+    del graph.input[:]
+    graph.input.extend(kept_inputs)
+    graph.initializer.extend(tensor_to_proto(params[name], name) for name in baked)
+    model = onnx.helper.make_model(graph, opset_imports=list(eval_model.opset_import))
+    model.producer_name = "ort-torch-train"
+    model.ir_version = max(min(eval_model.ir_version, MAX_IR_VERSION), _min_ir_version(model))
+    model.metadata_props.extend(eval_model.metadata_props)
+    return model
+
+
+def export_inference_model(
+    eval_model: onnx.ModelProto | None,
+    state,
+    path: str | os.PathLike,
+    graph_output_names: Sequence[str],
+) -> None:
+    """Write the inference model of ``eval_model`` with ``state``'s current parameters to ``path``."""
+    if eval_model is None:
+        raise ModelError("Eval model was not provided. Cannot export a model for inferencing.")
+    if state.is_nominal:
+        raise NominalStateError("Cannot export a model with a nominal state. Please load the model parameters first.")
+    model = inference_model(eval_model, state.params, graph_output_names)
+    save_model(model, path)
+
+
+def save_model(model: onnx.ModelProto, path: str | os.PathLike) -> None:
+    """Save atomically; with external data (``<name>.data`` beside it) when over protobuf's 2 GB."""
+    target = Path(path)
+    size = sum(len(init.raw_data) for init in model.graph.initializer)
+    if size < _PROTOBUF_LIMIT:
+        atomic_write_bytes(target, model.SerializeToString())
+        return
+    data_name = target.name + ".data"
+    with tempfile.TemporaryDirectory(dir=target.parent or ".") as scratch:
+        staged = Path(scratch) / target.name
+        onnx.save_model(model, staged, save_as_external_data=True, all_tensors_to_one_file=True, location=data_name)
+        os.replace(Path(scratch) / data_name, target.parent / data_name)
+        os.replace(staged, target)
+
+
+def _typed_values(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
+    """Every value of the graph with its type, from the graph and from shape inference."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False).graph
+    except Exception:
+        inferred = model.graph
+    typed: dict[str, onnx.ValueInfoProto] = {}
+    for source in (inferred, model.graph):
+        for value in (*source.value_info, *source.input, *source.output):
+            if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type:
+                typed[value.name] = value
+    for init in model.graph.initializer:
+        typed.setdefault(init.name, onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+    for node in model.graph.node:
+        for name in node.output:
+            if name and name not in typed:
+                typed[name] = onnx.ValueInfoProto(name=name)  # produced but untyped: still exportable
+    return typed
+
+
+def _min_ir_version(model: onnx.ModelProto) -> int:
+    try:
+        return onnx.helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
+    except Exception:
+        return 7

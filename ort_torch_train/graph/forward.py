@@ -1,0 +1,121 @@
+"""A forward graph run as torch code: converted once per input signature and cached."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import onnx
+import torch
+from torch import fx
+
+from ort_torch_train.dtypes import dtype_name, onnx_elem_type, onnx_type_name, torch_dtype
+from ort_torch_train.errors import InputError, InputTypeError
+from ort_torch_train.graph.artifacts import GraphLayout, declared_shape
+from ort_torch_train.graph.convert import TensorSpec, convert_graph
+from ort_torch_train.graph.converters import check_supported
+
+Signature = tuple[tuple[torch.Size, torch.dtype], ...]
+
+
+@dataclass(frozen=True)
+class InputDeclaration:
+    """What the ONNX graph declares for one user input."""
+
+    name: str
+    elem_type: int
+    dims: tuple[int | str | None, ...] | None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch_dtype(self.elem_type)
+
+
+class ForwardGraph:
+    """``graph(user_inputs, params) -> outputs`` with ONNX semantics, specialised per input signature."""
+
+    def __init__(
+        self,
+        graph: onnx.GraphProto,
+        opsets: dict[str, int],
+        layout: GraphLayout,
+        *,
+        training: bool,
+        cache_size: int = 16,
+    ):
+        check_supported(graph, opsets)
+        self.graph = graph
+        self.opsets = opsets
+        self.layout = layout
+        self.training = training
+        self.cache_size = cache_size
+        by_name = {value.name: value for value in graph.input}
+        self.declarations = tuple(
+            InputDeclaration(name, by_name[name].type.tensor_type.elem_type, declared_shape(by_name[name]))
+            for name in layout.user_inputs
+        )
+        self._cache: OrderedDict[tuple, fx.GraphModule] = OrderedDict()
+
+    def __call__(self, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        return self.module_for(inputs, params)(*inputs, *params)
+
+    def module_for(self, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> fx.GraphModule:
+        """The converted module for these inputs' shapes and dtypes (built on first use)."""
+        key = tuple((t.shape, t.dtype) for t in inputs)
+        module = self._cache.get(key)
+        if module is not None:
+            return module
+        self.validate(inputs)
+        specs = [TensorSpec(tuple(t.shape), t.dtype) for t in (*inputs, *params)]
+        module = convert_graph(self.graph, self.opsets, specs, training=self.training)
+        module.to(params[0].device if params else inputs[0].device)
+        self._cache[key] = module
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+        return module
+
+    def clear(self) -> None:
+        """Forget every specialisation (after a device move)."""
+        self._cache.clear()
+
+    def validate(self, inputs: Sequence[object]) -> None:
+        """Raise a clear error unless ``inputs`` match the declared user inputs."""
+        expected = len(self.declarations)
+        if len(inputs) != expected:
+            names = ", ".join(repr(d.name) for d in self.declarations)
+            raise InputError(f"expected {expected} user inputs ({names}) in this order, got {len(inputs)}")
+        for position, (declaration, value) in enumerate(zip(self.declarations, inputs)):
+            _check_input(declaration, position, value)
+
+
+def _check_input(declaration: InputDeclaration, position: int, value: object) -> None:
+    name = declaration.name
+    if not isinstance(value, torch.Tensor):
+        raise InputTypeError(
+            f"input {name!r} (position {position}): expected a tensor of {onnx_type_name(declaration.elem_type)}, "
+            f"got {type(value).__name__}"
+        )
+    if value.dtype != declaration.dtype:
+        raise InputTypeError(
+            f"Unexpected input data type for input {name!r} (position {position}). "
+            f"Actual: ({_type_text(value.dtype)}), expected: ({onnx_type_name(declaration.elem_type)})"
+        )
+    dims = declaration.dims
+    if dims is None:
+        return
+    if value.dim() != len(dims):
+        raise InputError(f"Invalid rank for input: {name} Got: {value.dim()} Expected: {len(dims)}")
+    for index, (actual, wanted) in enumerate(zip(value.shape, dims)):
+        if isinstance(wanted, int) and actual != wanted:
+            raise InputError(
+                f"Got invalid dimensions for input: {name} for the following indices index: {index} "
+                f"Got: {actual} Expected: {wanted}"
+            )
+
+
+def _type_text(dtype: torch.dtype) -> str:
+    try:
+        return onnx_type_name(onnx_elem_type(dtype))
+    except TypeError:
+        return dtype_name(dtype)

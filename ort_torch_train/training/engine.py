@@ -1,0 +1,237 @@
+"""The training engine: forward graphs with the checkpoint's tensors bound as nn.Parameters.
+
+Train steps run forward and backward with ORT's gradient semantics: gradients accumulate across
+steps until ``lazy_reset_grad()``, after which the next step overwrites them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import onnx
+import torch
+from torch import nn
+
+from ort_torch_train.checkpoint.state import TrainingState
+from ort_torch_train.errors import InputError, InputTypeError, ModelError, NominalStateError
+from ort_torch_train.graph.artifacts import (
+    GraphLayout,
+    declared_shape,
+    eval_layout,
+    forward_graph,
+    opsets_of,
+    training_layout,
+)
+from ort_torch_train.graph.forward import ForwardGraph
+from ort_torch_train.training.binding import bind_parameters, parse_device
+
+
+class TrainingEngine(nn.Module):
+    """Train and eval steps over ONNX training artifacts, executed by PyTorch.
+
+    ``forward(*inputs)`` is the plain differentiable forward of the current mode (a PyTorch
+    module like any other); ``train_step``/``eval_step`` are ORT's steps.
+    """
+
+    def __init__(
+        self,
+        training_model: onnx.ModelProto,
+        state: TrainingState,
+        eval_model: onnx.ModelProto | None = None,
+        device: str | torch.device = "cpu",
+    ):
+        super().__init__()
+        target = parse_device(device)
+        self.training_state = state
+        names = list(state.params)
+        self.train_layout = training_layout(training_model, names)
+        self.trainable_parameter_names = [n for n in self.train_layout.params if state.params[n].requires_grad]
+        self._declared_param_shapes = _declared_shapes(training_model, self.train_layout.params)
+        self.eval_layout = eval_layout(eval_model, names) if eval_model is not None else None
+        self.train_graph, train_params = self._train_forward(training_model, eval_model)
+        self.eval_graph = None
+        if eval_model is not None:
+            self.eval_graph = ForwardGraph(
+                forward_graph(eval_model, self.eval_layout), opsets_of(eval_model), self.eval_layout, training=False
+            )
+        bind_parameters(self, state.params)
+        self._train_params = [state.params[n] for n in train_params]
+        self._eval_params = [state.params[n] for n in self.eval_layout.params] if self.eval_layout else []
+        self._reset_pending = False
+        self.to(target)
+
+    def _train_forward(self, training_model, eval_model) -> tuple[ForwardGraph, tuple[str, ...]]:
+        """The eval graph under training semantics when it matches the training graph's interface."""
+        layout = self.train_layout
+        if eval_model is not None:
+            ev = self.eval_layout
+            if set(ev.user_inputs) == set(layout.user_inputs) and ev.user_outputs == layout.user_outputs:
+                train_view = GraphLayout(layout.user_inputs, ev.params, layout.user_outputs)
+                graph = forward_graph(eval_model, train_view)
+                return ForwardGraph(graph, opsets_of(eval_model), train_view, training=True), ev.params
+        graph = forward_graph(training_model, layout)
+        return ForwardGraph(graph, opsets_of(training_model), layout, training=True), layout.params
+
+    # steps ------------------------------------------------------------------------------------
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """The differentiable forward of the current mode (train or eval graph), no backward."""
+        graph, params = self._mode_graph()
+        outputs = graph(self._on_device(inputs), params)
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def train_step(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """Forward and backward; gradients accumulate into the parameters' ``.grad``."""
+        self._require_values("TrainStep")
+        inputs = self._on_device(inputs)
+        if self._reset_pending:
+            grads = [self.training_state.params[n].grad for n in self.trainable_parameter_names]
+            torch._foreach_zero_(grads)
+            self._reset_pending = False
+        outputs = self.train_graph(inputs, self._train_params)
+        loss = outputs[0]
+        if loss.requires_grad:
+            loss.backward(None if loss.dim() == 0 else torch.ones_like(loss))
+        return tuple(output.detach() for output in outputs)
+
+    def eval_step(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """Forward of the eval graph (inference semantics), no gradients."""
+        self._require_values("EvalStep")
+        if self.eval_graph is None:
+            raise ModelError("Eval model was not provided: evaluation needs the eval model (eval_model_uri).")
+        with torch.no_grad():
+            return self.eval_graph(self._on_device(inputs), self._eval_params)
+
+    def lazy_reset_grad(self) -> None:
+        """Make the next train step overwrite the gradients instead of adding to them."""
+        self._reset_pending = True
+
+    def _mode_graph(self) -> tuple[ForwardGraph, list[nn.Parameter]]:
+        if self.training:
+            return self.train_graph, self._train_params
+        if self.eval_graph is None:
+            raise ModelError("Eval model was not provided: evaluation needs the eval model (eval_model_uri).")
+        return self.eval_graph, self._eval_params
+
+    def _on_device(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        device = self.device
+        return [
+            t.to(device, non_blocking=True) if isinstance(t, torch.Tensor) and t.device != device else t
+            for t in inputs
+        ]
+
+    def _require_values(self, action: str) -> None:
+        if self.training_state.is_nominal:
+            raise NominalStateError(f"Cannot perform {action} with a nominal state. Please load the model parameters first.")
+
+    # names ------------------------------------------------------------------------------------
+    def input_names(self, training: bool | None = None) -> list[str]:
+        """User input names of the training graph (train mode) or eval graph (eval mode)."""
+        layout = self._layout(self.training if training is None else training)
+        return list(layout.user_inputs)
+
+    def output_names(self, training: bool | None = None) -> list[str]:
+        """User output names of the training graph (train mode) or eval graph (eval mode)."""
+        layout = self._layout(self.training if training is None else training)
+        return list(layout.user_outputs)
+
+    def _layout(self, training: bool) -> GraphLayout:
+        if training:
+            return self.train_layout
+        if self.eval_layout is None:
+            raise ModelError("Eval model was not provided: it has no eval inputs or outputs.")
+        return self.eval_layout
+
+    # contiguous parameter buffers -------------------------------------------------------------
+    def _ordered_names(self, trainable_only: bool) -> list[str]:
+        """Parameter names in the training graph's input order."""
+        if trainable_only:
+            return list(self.trainable_parameter_names)
+        return list(self.train_layout.params)
+
+    def parameters_size(self, trainable_only: bool = True) -> int:
+        """Number of elements of the (trainable) parameters."""
+        return sum(_numel(self._declared_param_shapes[n]) for n in self._ordered_names(trainable_only))
+
+    def contiguous_parameters(self, trainable_only: bool = False) -> torch.Tensor:
+        """A 1-D float32 copy of the parameters, in the training graph's parameter order."""
+        if self.training_state.is_nominal:
+            raise NominalStateError(
+                "Cannot copy parameters from a nominal checkpoint state. Please load the model parameters first."
+            )
+        params = [self.training_state.params[n] for n in self._ordered_names(trainable_only)]
+        _require_float(params, self._ordered_names(trainable_only))
+        if not params:
+            return torch.empty(0, dtype=torch.float32, device=self.device)
+        return torch.cat([p.detach().reshape(-1) for p in params])
+
+    def copy_buffer_to_parameters(self, buffer: torch.Tensor, trainable_only: bool = True) -> None:
+        """Copy a 1-D float32 buffer into the parameters (completes a nominal state)."""
+        state = self.training_state
+        if state.is_nominal and trainable_only:
+            raise NominalStateError(
+                "For nominal checkpoint state, all parameters need to be loaded into the model (trainable_only = false)."
+            )
+        if not isinstance(buffer, torch.Tensor):
+            raise InputTypeError(f"buffer: expected a 1-D float32 tensor, got {type(buffer).__name__}")
+        if buffer.dtype != torch.float32 or buffer.dim() != 1:
+            raise InputTypeError(f"buffer: expected a 1-D float32 tensor, got {buffer.dtype} of shape {tuple(buffer.shape)}")
+        names = self._ordered_names(trainable_only)
+        expected = self.parameters_size(trainable_only)
+        if buffer.numel() != expected:
+            raise InputError(f"Parameters buffer size incorrect. Expected:{expected}, Actual:{buffer.numel()}")
+        chunks = torch.split(buffer, [_numel(self._declared_param_shapes[n]) for n in names])
+        values = {n: chunk.reshape(self._declared_param_shapes[n]) for n, chunk in zip(names, chunks)}
+        if state.is_nominal:
+            missing = [n for n in state.params if n not in values]
+            if missing:
+                raise InputError(f"buffer does not cover parameter {missing[0]!r} of the nominal state")
+            state.complete_nominal({n: v.to(self.device).clone() for n, v in values.items()})
+            return
+        _require_float([state.params[n] for n in names], names)
+        with torch.no_grad():
+            torch._foreach_copy_([state.params[n] for n in names], [v.to(self.device) for v in values.values()])
+
+    # device -----------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        """The device holding the parameters."""
+        for param in self.training_state.params.values():
+            return param.device
+        return torch.device("cpu")
+
+    def _apply(self, fn, recurse: bool = True):
+        super()._apply(fn, recurse)
+        optimizer = self.training_state.optimizer
+        if optimizer is not None:
+            for name, momentums in optimizer.momentums.items():
+                device = self.training_state.params[name].device
+                for tensor in momentums.values():
+                    tensor.data = tensor.data.to(device)
+        self.train_graph.clear()
+        if self.eval_graph is not None:
+            self.eval_graph.clear()
+        return self
+
+
+def _declared_shapes(model: onnx.ModelProto, names: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    by_name = {value.name: value for value in model.graph.input}
+    shapes = {}
+    for name in names:
+        dims = declared_shape(by_name[name])
+        if dims is None or not all(isinstance(d, int) for d in dims):
+            raise ModelError(f"training model declares parameter {name!r} without a fixed shape: {dims}")
+        shapes[name] = tuple(dims)
+    return shapes
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    size = 1
+    for dim in shape:
+        size *= dim
+    return size
+
+
+def _require_float(params: Sequence[torch.Tensor], names: Sequence[str]) -> None:
+    for name, param in zip(names, params):
+        if param.dtype != torch.float32:
+            raise InputTypeError(f"Only float is supported: parameter {name!r} is {param.dtype}")
