@@ -1,1 +1,19 @@
-"""api"""
+"""The ORT-shaped API: change ``onnxruntime.training.api`` to ``ort_torch_train.api``."""
+
+from .checkpoint_state import CheckpointState, Parameter, Parameters, Properties
+from .module import Module
+from .optimizer import ConstantWithWarmupLRScheduler, CosineLRScheduler, LinearLRScheduler, Optimizer
+from .ortvalue import OrtValue
+
+__all__ = [
+    "CheckpointState",
+    "ConstantWithWarmupLRScheduler",
+    "CosineLRScheduler",
+    "LinearLRScheduler",
+    "Module",
+    "Optimizer",
+    "OrtValue",
+    "Parameter",
+    "Parameters",
+    "Properties",
+]
