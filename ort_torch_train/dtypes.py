@@ -1,4 +1,4 @@
-"""ONNX element types <-> torch dtypes <-> readable names."""
+"""ONNX element types (TensorProto numbering, as ORT's checkpoints use it) <-> torch dtypes."""
 
 from __future__ import annotations
 
@@ -6,39 +6,41 @@ import numpy as np
 import onnx
 import torch
 
-_ONNX_TO_TORCH: dict[int, torch.dtype] = {
-    onnx.TensorProto.FLOAT: torch.float32,
-    onnx.TensorProto.UINT8: torch.uint8,
-    onnx.TensorProto.INT8: torch.int8,
-    onnx.TensorProto.UINT16: torch.uint16,
-    onnx.TensorProto.INT16: torch.int16,
-    onnx.TensorProto.INT32: torch.int32,
-    onnx.TensorProto.INT64: torch.int64,
-    onnx.TensorProto.BOOL: torch.bool,
-    onnx.TensorProto.FLOAT16: torch.float16,
-    onnx.TensorProto.DOUBLE: torch.float64,
-    onnx.TensorProto.UINT32: torch.uint32,
-    onnx.TensorProto.UINT64: torch.uint64,
-    onnx.TensorProto.BFLOAT16: torch.bfloat16,
+from ort_torch_train.errors import UnsupportedTypeError
+
+ONNX_TO_TORCH: dict[int, torch.dtype] = {
+    1: torch.float32,
+    2: torch.uint8,
+    3: torch.int8,
+    4: torch.uint16,
+    5: torch.int16,
+    6: torch.int32,
+    7: torch.int64,
+    9: torch.bool,
+    10: torch.float16,
+    11: torch.float64,
+    12: torch.uint32,
+    13: torch.uint64,
+    16: torch.bfloat16,
 }
-_TORCH_TO_ONNX = {dtype: elem for elem, dtype in _ONNX_TO_TORCH.items()}
+TORCH_TO_ONNX: dict[torch.dtype, int] = {dtype: code for code, dtype in ONNX_TO_TORCH.items()}
+
+ELEM_TYPE_NAMES: dict[int, str] = {
+    0: "UNDEFINED", 1: "FLOAT", 2: "UINT8", 3: "INT8", 4: "UINT16", 5: "INT16", 6: "INT32",
+    7: "INT64", 8: "STRING", 9: "BOOL", 10: "FLOAT16", 11: "DOUBLE", 12: "UINT32", 13: "UINT64",
+    14: "COMPLEX64", 15: "COMPLEX128", 16: "BFLOAT16", 17: "FLOAT8E4M3FN", 18: "FLOAT8E4M3FNUZ",
+    19: "FLOAT8E5M2", 20: "FLOAT8E5M2FNUZ",
+}
 
 
-def torch_dtype(elem_type: int) -> torch.dtype:
-    """The torch dtype of an ONNX element type."""
-    try:
-        return _ONNX_TO_TORCH[elem_type]
-    except KeyError:
-        name = onnx.TensorProto.DataType.Name(elem_type) if elem_type in onnx.TensorProto.DataType.values() else elem_type
-        raise TypeError(f"ONNX element type {name} has no torch equivalent") from None
+def elem_type_name(code: int) -> str:
+    """ONNX's name for an element type code: 1 -> 'FLOAT'."""
+    return ELEM_TYPE_NAMES.get(code, f"<unknown {code}>")
 
 
-def onnx_elem_type(dtype: torch.dtype) -> int:
-    """The ONNX element type of a torch dtype."""
-    try:
-        return _TORCH_TO_ONNX[dtype]
-    except KeyError:
-        raise TypeError(f"torch dtype {dtype} has no ONNX equivalent") from None
+def ort_tensor_type(code: int) -> str:
+    """ORT's spelling of a tensor type in messages: 1 -> 'tensor(float)'."""
+    return f"tensor({elem_type_name(code).lower()})"
 
 
 def dtype_name(dtype: torch.dtype | np.dtype) -> str:
@@ -46,17 +48,35 @@ def dtype_name(dtype: torch.dtype | np.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def onnx_type_name(elem_type: int) -> str:
-    """ORT's spelling of a tensor type: tensor(float), tensor(int64), ..."""
-    return f"tensor({onnx.helper.tensor_dtype_to_string(elem_type).removeprefix('TensorProto.').lower()})"
+def torch_dtype(code: int, tensor_name: str = "") -> torch.dtype:
+    """The torch dtype of an ONNX element type code."""
+    try:
+        return ONNX_TO_TORCH[code]
+    except KeyError:
+        subject = f"tensor {tensor_name!r} has element type" if tensor_name else "element type"
+        raise UnsupportedTypeError(
+            f"{subject} {elem_type_name(code)} ({code}), which has no torch equivalent here; "
+            f"supported: {', '.join(elem_type_name(c) for c in ONNX_TO_TORCH)}"
+        ) from None
+
+
+def onnx_elem_type(dtype: torch.dtype, tensor_name: str = "") -> int:
+    """The ONNX element type code of a torch dtype."""
+    try:
+        return TORCH_TO_ONNX[dtype]
+    except KeyError:
+        subject = f"tensor {tensor_name!r} has dtype" if tensor_name else "dtype"
+        raise UnsupportedTypeError(
+            f"{subject} {dtype_name(dtype)}, which has no ONNX equivalent; "
+            f"supported: {', '.join(dtype_name(d) for d in TORCH_TO_ONNX)}"
+        ) from None
 
 
 def tensor_from_proto(proto: onnx.TensorProto) -> torch.Tensor:
     """A torch tensor holding a TensorProto's value (bfloat16 included)."""
     if proto.data_type == onnx.TensorProto.BFLOAT16:
         array = onnx.numpy_helper.to_array(proto)
-        as_float = np.asarray(array, dtype=np.float32)
-        return torch.from_numpy(as_float.copy()).to(torch.bfloat16)
+        return torch.from_numpy(np.asarray(array, dtype=np.float32).copy()).to(torch.bfloat16)
     return torch.from_numpy(np.array(onnx.numpy_helper.to_array(proto)))
 
 

@@ -27,3 +27,15 @@ class UnsupportedOperatorError(ModelError, NotImplementedError):
 
 class NominalStateError(RuntimeError):
     """An operation needs parameter values but the checkpoint state is nominal."""
+
+
+class SafetensorsError(CheckpointError):
+    """A safetensors file is malformed or does not match the tensors it should load into."""
+
+
+class ParameterDataError(RuntimeError, ValueError):
+    """Data given for a parameter does not match its name set, shape or element type."""
+
+
+class UnsupportedTypeError(TypeError, ValueError):
+    """An element type or dtype has no equivalent on the other side (ONNX <-> torch)."""

@@ -20,6 +20,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
     directory = target.parent if str(target.parent) else Path(".")
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
     try:
+        os.fchmod(fd, _default_file_mode())
         with os.fdopen(fd, "wb") as tmp:
             write(tmp)
             tmp.flush()
@@ -37,6 +38,13 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes | bytearray | memoryview) -> None:
     """Write ``data`` to ``path`` atomically."""
     atomic_write(path, lambda f: f.write(data))
+
+
+def _default_file_mode() -> int:
+    """0o666 minus the process umask: what open() would give a new file (mkstemp gives 0o600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def _fsync_directory(directory: Path) -> None:

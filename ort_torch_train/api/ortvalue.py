@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ort_torch_train.dtypes import onnx_elem_type, onnx_type_name
+from ort_torch_train.dtypes import onnx_elem_type, ort_tensor_type
 from ort_torch_train.errors import InputTypeError
 
 
@@ -36,7 +36,7 @@ class OrtValue:
         return list(self.tensor.shape)
 
     def data_type(self) -> str:
-        return onnx_type_name(onnx_elem_type(self.tensor.dtype))
+        return ort_tensor_type(onnx_elem_type(self.tensor.dtype))
 
     def element_type(self) -> type:
         return self.numpy().dtype.type

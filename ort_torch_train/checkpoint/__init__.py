@@ -1,1 +1,1 @@
-"""checkpoint"""
+"""ORT checkpoint files ("ODTC" FlatBuffers), safetensors files, and the TrainingState."""

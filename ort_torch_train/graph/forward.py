@@ -10,7 +10,7 @@ import onnx
 import torch
 from torch import fx
 
-from ort_torch_train.dtypes import dtype_name, onnx_elem_type, onnx_type_name, torch_dtype
+from ort_torch_train.dtypes import dtype_name, onnx_elem_type, ort_tensor_type, torch_dtype
 from ort_torch_train.errors import InputError, InputTypeError
 from ort_torch_train.graph.artifacts import GraphLayout, declared_shape
 from ort_torch_train.graph.convert import TensorSpec, convert_graph
@@ -93,13 +93,13 @@ def _check_input(declaration: InputDeclaration, position: int, value: object) ->
     name = declaration.name
     if not isinstance(value, torch.Tensor):
         raise InputTypeError(
-            f"input {name!r} (position {position}): expected a tensor of {onnx_type_name(declaration.elem_type)}, "
+            f"input {name!r} (position {position}): expected a tensor of {ort_tensor_type(declaration.elem_type)}, "
             f"got {type(value).__name__}"
         )
     if value.dtype != declaration.dtype:
         raise InputTypeError(
             f"Unexpected input data type for input {name!r} (position {position}). "
-            f"Actual: ({_type_text(value.dtype)}), expected: ({onnx_type_name(declaration.elem_type)})"
+            f"Actual: ({_type_text(value.dtype)}), expected: ({ort_tensor_type(declaration.elem_type)})"
         )
     dims = declaration.dims
     if dims is None:
@@ -116,6 +116,6 @@ def _check_input(declaration: InputDeclaration, position: int, value: object) ->
 
 def _type_text(dtype: torch.dtype) -> str:
     try:
-        return onnx_type_name(onnx_elem_type(dtype))
+        return ort_tensor_type(onnx_elem_type(dtype))
     except TypeError:
         return dtype_name(dtype)

@@ -1,0 +1,176 @@
+"""Bounds-checked reading of a FlatBuffers buffer: a verifier and a reader in one.
+
+The ``flatbuffers`` Python package reads tables without any checks, so a corrupted file can make it
+read out of range, loop over absurd vector lengths or allocate huge amounts of memory. Every access
+here checks alignment and bounds against the buffer BEFORE reading, the way FlatBuffers' C++
+``Verifier`` (which ORT runs before loading a checkpoint) does; a failure raises ``CheckpointError``
+starting with ORT's text "Checkpoint verification failed." and saying what was wrong and where.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from ..errors import CheckpointError
+
+VERIFICATION_FAILED = "Checkpoint verification failed."
+MAX_TABLES = 1_000_000  # FlatBuffers' default Verifier limit on the number of tables
+_UOFFSET = struct.Struct("<I")
+_SOFFSET = struct.Struct("<i")
+_VOFFSET = struct.Struct("<H")
+
+
+def verification_error(where: str, problem: str) -> CheckpointError:
+    """A CheckpointError with ORT's verifier text first, then where and what went wrong."""
+    return CheckpointError(f"{VERIFICATION_FAILED} {where}: {problem}")
+
+
+class FlatBuffer:
+    """A read-only buffer whose reads are all alignment- and bounds-checked."""
+
+    def __init__(self, data: bytes | bytearray | memoryview) -> None:
+        self.data = memoryview(data).cast("B")
+        self.size = len(self.data)
+        self.tables_seen = 0
+
+    def check_range(self, pos: int, length: int, where: str, what: str) -> None:
+        """Fail unless bytes [pos, pos + length) lie inside the buffer."""
+        if pos < 0 or length < 0 or pos + length > self.size:
+            raise verification_error(
+                where, f"{what} at byte {pos} ({length} bytes) runs past the end of the "
+                f"{self.size}-byte buffer")
+
+    def check_alignment(self, pos: int, align: int, where: str, what: str) -> None:
+        """Fail unless pos is a multiple of align, as FlatBuffers' Verifier requires."""
+        if pos % align:
+            raise verification_error(where, f"{what} at byte {pos} is not {align}-byte aligned")
+
+    def unpack(self, fmt: struct.Struct, pos: int, where: str, what: str) -> int | float:
+        """Read one aligned little-endian scalar at pos."""
+        self.check_alignment(pos, fmt.size, where, what)
+        self.check_range(pos, fmt.size, where, what)
+        return fmt.unpack_from(self.data, pos)[0]
+
+    def follow(self, pos: int, where: str) -> int:
+        """Target of the uoffset stored at pos (always forward, never 0, inside the buffer)."""
+        offset = self.unpack(_UOFFSET, pos, where, "offset")
+        if offset == 0:
+            raise verification_error(where, f"offset at byte {pos} is 0")
+        target = pos + offset
+        self.check_range(target, 1, where, f"offset at byte {pos} (+{offset})")
+        return target
+
+    def root(self, identifier: bytes) -> Table:
+        """The root table, after checking the size and the 4-byte file identifier."""
+        if self.size < 8:
+            raise verification_error(
+                "header", f"the buffer holds {self.size} bytes, fewer than the 8 of a FlatBuffers "
+                "header (root offset and file identifier)")
+        found = bytes(self.data[4:8])
+        if found != identifier:
+            raise verification_error(
+                "header", f"file identifier is {found!r}, expected {identifier!r} (not an ORT "
+                "training checkpoint)")
+        return self.table(self.follow(0, "root"), "root")
+
+    def table(self, pos: int, where: str) -> Table:
+        """The table starting at pos, with its vtable checked."""
+        self.tables_seen += 1
+        if self.tables_seen > MAX_TABLES:
+            raise verification_error(where, f"more than {MAX_TABLES} tables")
+        vtable_delta = self.unpack(_SOFFSET, pos, where, "table")
+        vtable = pos - vtable_delta
+        vtable_size = self.unpack(_VOFFSET, vtable, where, "vtable")
+        if vtable_size < 4 or vtable_size % 2:
+            raise verification_error(where, f"vtable at byte {vtable} has invalid size {vtable_size}")
+        self.check_range(vtable, vtable_size, where, "vtable")
+        return Table(self, pos, vtable, vtable_size, where)
+
+    def vector(self, pos: int, elem_size: int, where: str) -> tuple[int, int]:
+        """(first element position, element count) of the vector whose length field is at pos."""
+        count = self.unpack(_UOFFSET, pos, where, "vector length")
+        self.check_range(pos + 4, count * elem_size, where,
+                         f"vector of {count} elements of {elem_size} bytes")
+        return pos + 4, count
+
+    def string(self, pos: int, where: str) -> str:
+        """The zero-terminated UTF-8 string whose length field is at pos."""
+        start, length = self.vector(pos, 1, where)
+        self.check_range(start + length, 1, where, "string terminator")
+        if self.data[start + length] != 0:
+            raise verification_error(where, f"string at byte {pos} is not zero-terminated")
+        try:
+            return bytes(self.data[start:start + length]).decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise verification_error(where, f"string at byte {pos} is not valid UTF-8 ({error})") \
+                from None
+
+
+class Table:
+    """One table of a FlatBuffer: fields by slot number (0 = the schema's first field)."""
+
+    def __init__(self, buf: FlatBuffer, pos: int, vtable: int, vtable_size: int, where: str):
+        self.buf, self.pos, self.vtable, self.vtable_size, self.where = (
+            buf, pos, vtable, vtable_size, where)
+
+    def _field_pos(self, slot: int) -> int | None:
+        entry = 4 + 2 * slot
+        if entry >= self.vtable_size:
+            return None
+        delta = _VOFFSET.unpack_from(self.buf.data, self.vtable + entry)[0]
+        return self.pos + delta if delta else None
+
+    def scalar(self, slot: int, fmt: str, default: int | float, name: str) -> int | float:
+        """A scalar field (struct format fmt, e.g. '<q'), or its default when absent."""
+        pos = self._field_pos(slot)
+        if pos is None:
+            return default
+        return self.buf.unpack(struct.Struct(fmt), pos, f"{self.where}.{name}", "field")
+
+    def _target(self, slot: int, name: str) -> tuple[int | None, str]:
+        where = f"{self.where}.{name}"
+        pos = self._field_pos(slot)
+        return (None if pos is None else self.buf.follow(pos, where)), where
+
+    def table(self, slot: int, name: str) -> Table | None:
+        """A sub-table field, or None when absent."""
+        target, where = self._target(slot, name)
+        return None if target is None else self.buf.table(target, where)
+
+    def string(self, slot: int, name: str) -> str | None:
+        """A string field, or None when absent."""
+        target, where = self._target(slot, name)
+        return None if target is None else self.buf.string(target, where)
+
+    def vector(self, slot: int, elem_size: int, name: str) -> tuple[int, int] | None:
+        """(start, count) of a vector-of-scalars field, or None when absent."""
+        target, where = self._target(slot, name)
+        return None if target is None else self.buf.vector(target, elem_size, where)
+
+    def int64s(self, slot: int, name: str) -> list[int] | None:
+        """A [int64] field as a list, or None when absent."""
+        span = self.vector(slot, 8, name)
+        if span is None:
+            return None
+        start, count = span
+        return list(struct.unpack_from(f"<{count}q", self.buf.data, start))
+
+    def tables(self, slot: int, name: str) -> list[Table] | None:
+        """A vector-of-tables field, or None when absent."""
+        span = self.vector(slot, 4, name)
+        if span is None:
+            return None
+        start, count = span
+        where = f"{self.where}.{name}"
+        return [self.buf.table(self.buf.follow(start + 4 * i, f"{where}[{i}]"), f"{where}[{i}]")
+                for i in range(count)]
+
+    def strings(self, slot: int, name: str) -> list[str] | None:
+        """A vector-of-strings field, or None when absent."""
+        span = self.vector(slot, 4, name)
+        if span is None:
+            return None
+        start, count = span
+        where = f"{self.where}.{name}"
+        return [self.buf.string(self.buf.follow(start + 4 * i, f"{where}[{i}]"), f"{where}[{i}]")
+                for i in range(count)]

@@ -1,0 +1,155 @@
+"""ORT's on-device training checkpoint file ("ODTC" FlatBuffers, version 2): read and write.
+
+Schema (onnxruntime/core/flatbuffers/schema/ort_training_checkpoint.fbs; Tensor from ort.fbs)::
+
+    table Checkpoint { version:int32; module_state:ModuleState;
+                       optimizer_groups:[OptimizerGroup]; property_bag:PropertyBag; }
+    table ModuleState { requires_grad_params:[Tensor]; frozen_params:[Tensor];
+                        is_nominal_state:bool; has_external_data:bool; }
+    table Tensor { name:string; doc_string:string; dims:[int64]; data_type:int32 (ONNX numbering);
+                   raw_data:[uint8]; string_data:[string]; external_data_offset:int64 = -1; }
+    table OptimizerGroup { group_name:string; step:int64; initial_learning_rate:float;
+                           optimizer_states:[ParameterOptimizerState]; }
+    table ParameterOptimizerState { param_name:string; momentums:[Tensor]; }
+    table PropertyBag { ints:[IntProperty]; floats:[FloatProperty]; strings:[StringProperty]; }
+
+Two layouts, both byte-identical to ORT 1.19's for the same content: ORT's ``save_checkpoint``
+(tensors sorted by name; the default) and ``generate_artifacts``' (``artifact=True``: tensors in the
+record's order, no optimizer-group vector, parameters only).
+
+External data (ORT >= 1.18): ``ModuleState.has_external_data`` is true and tensors carry an
+``external_data_offset`` (>= 0) instead of ``raw_data``: their bytes lie in the side file
+``<checkpoint>.data`` (see ``external_data_path``) at that offset, placed in the order the tensors are
+written, each aligned to 8 bytes for INT64/DOUBLE and 4 bytes otherwise (zero padding). ORT's
+generate_artifacts uses it when the parameters exceed ``EXTERNAL_DATA_THRESHOLD`` (tensors under
+64 bytes stay inline); ORT's save puts all parameters there when the state was loaded from such a
+checkpoint (no size threshold: 1.9 GB saved inline), and keeps optimizer moments inline. Loading
+such a checkpoint from bytes is not possible (as in ORT).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import BinaryIO
+
+from ..errors import CheckpointError
+from ..fileio import atomic_write, atomic_write_bytes
+from .odtc_read import CHECKPOINT_VERSION, FILE_IDENTIFIER, decode_checkpoint
+from .odtc_write import ExternalDataPlan, check_record, data_bytes, encode_checkpoint
+from .records import CheckpointRecord, OptimizerGroupRecord
+from .tensor_bytes import tensor_to_bytes
+
+__all__ = [
+    "ARTIFACT_MIN_EXTERNAL_BYTES", "CHECKPOINT_VERSION", "EXTERNAL_DATA_THRESHOLD", "FILE_IDENTIFIER", "CheckpointRecord",
+    "OptimizerGroupRecord", "checkpoint_to_bytes", "external_data_path", "read_checkpoint",
+    "write_checkpoint",
+]
+
+EXTERNAL_DATA_THRESHOLD = 1800 * 1024 * 1024  # bytes of parameter data (ORT's generate_artifacts)
+ARTIFACT_MIN_EXTERNAL_BYTES = 64  # ORT's kMinimumSizeForExternalData
+
+
+def external_data_path(checkpoint_path: str | os.PathLike) -> Path:
+    """The side file holding tensor data of a checkpoint with external data."""
+    return Path(os.fspath(checkpoint_path) + ".data")
+
+
+def _read_file(path: Path) -> bytes:
+    if path.is_dir():
+        raise IsADirectoryError(f"checkpoint path {str(path)!r} is a directory, expected a file")
+    if not path.exists():
+        raise FileNotFoundError(f"checkpoint file {str(path)!r} does not exist")
+    return path.read_bytes()
+
+
+class _ExternalDataFile:
+    """A checkpoint's external data file, opened on the first read; every read bounds-checked."""
+
+    def __init__(self, checkpoint_path: Path | None) -> None:
+        self.checkpoint_path = checkpoint_path
+        self.total_read = 0
+
+    def __call__(self, offset: int, nbytes: int, what: str) -> bytes:
+        if self.checkpoint_path is None:
+            raise CheckpointError(
+                "External data is present in the checkpoint but the checkpoint path is not "
+                "provided. External data with loading from buffer is not supported.")
+        path = external_data_path(self.checkpoint_path)
+        if not path.is_file():
+            raise CheckpointError(
+                f"Failed to open checkpoint's external data file: {str(path)!r} (the "
+                f"checkpoint {str(self.checkpoint_path)!r} declares external data).")
+        size = path.stat().st_size
+        if offset + nbytes > size:
+            raise CheckpointError(
+                f"Failed reading external checkpoint data. {what} needs bytes [{offset}, "
+                f"{offset + nbytes}) of {str(path)!r}, which holds {size} bytes.")
+        self.total_read += nbytes
+        if self.total_read > size:
+            raise CheckpointError(
+                f"Checkpoint is invalid. Tensors share external data: together they read more "
+                f"than the {size} bytes of {str(path)!r}.")
+        with open(path, "rb") as file:
+            file.seek(offset)
+            return file.read(nbytes)
+
+
+def read_checkpoint(
+    source: str | os.PathLike | bytes | bytearray | memoryview,
+) -> CheckpointRecord:
+    """Read an ORT checkpoint from a file path or from its bytes.
+
+    Raises FileNotFoundError / IsADirectoryError for a bad path and CheckpointError for anything
+    that is not a valid version-2 ODTC checkpoint.
+    """
+    if isinstance(source, bytes | bytearray | memoryview):
+        return decode_checkpoint(source, _ExternalDataFile(None))
+    if not isinstance(source, str | os.PathLike):
+        raise TypeError(f"checkpoint source must be a path or bytes, got {type(source).__name__}")
+    path = Path(source)
+    return decode_checkpoint(_read_file(path), _ExternalDataFile(path))
+
+
+def checkpoint_to_bytes(record: CheckpointRecord, *, artifact: bool = False) -> bytes:
+    """The checkpoint as one self-contained ODTC buffer (no external data; must fit in 2 GiB).
+
+    Laid out like ORT's save_checkpoint (tensors sorted by name), or with artifact=True like
+    ORT's generate_artifacts (tensors in the record's order; parameters only).
+    """
+    return bytes(encode_checkpoint(record, artifact=artifact))
+
+
+def write_checkpoint(record: CheckpointRecord, path: str | os.PathLike,
+                     external_data_threshold: int = EXTERNAL_DATA_THRESHOLD, *,
+                     artifact: bool = False) -> None:
+    """Write the checkpoint to path atomically (layouts as in checkpoint_to_bytes).
+
+    Parameter data goes to "<path>.data" when record.has_external_data is set (ORT's rule on
+    save) or the parameters' data exceeds the threshold (ORT's rule in generate_artifacts, where
+    tensors under 64 bytes stay inline). Optimizer moments stay inline, as in ORT, unless they
+    exceed the threshold themselves. Everything that can fail on the content fails before any file
+    is touched; with external data the side file is written (atomically) first.
+    """
+    check_record(record, artifact)
+    param_bytes = data_bytes(record, include_optimizer=False)
+    moment_bytes = data_bytes(record) - param_bytes
+    external = not record.is_nominal and (
+        record.has_external_data or param_bytes > external_data_threshold)
+    if not external:
+        atomic_write_bytes(path, encode_checkpoint(record, artifact=artifact))
+        return
+    plan = ExternalDataPlan(momentums=moment_bytes > external_data_threshold,
+                            min_bytes=ARTIFACT_MIN_EXTERNAL_BYTES if artifact else 0)
+    encoded = encode_checkpoint(record, plan, artifact)
+
+    def write_data(file: BinaryIO) -> None:
+        position = 0
+        for offset, tensor in plan.chunks:
+            file.write(b"\0" * (offset - position))
+            data = tensor_to_bytes(tensor)
+            file.write(data)
+            position = offset + len(data)
+
+    atomic_write(external_data_path(path), write_data)
+    atomic_write_bytes(path, encoded)
