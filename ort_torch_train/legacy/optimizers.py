@@ -1,0 +1,265 @@
+"""The legacy per-weight optimizers ``com.microsoft.SGDOptimizer`` and ``AdamOptimizer`` over torch tensors.
+
+Graph construction (ORT 1.13, ``core/graph/optimizer/*_optimizer_builder.cc``): one node per trained
+weight; the learning rate is the graph input ``lr_params_feed_name`` (float[1]); Adam keeps per-weight
+initializers ``Update_Count_<w>`` (int64[1], starts at 1), ``Moment_1_<w>`` and ``Moment_2_<w>`` (zeros),
+optionally seeded by ``set_optimizer_initial_state``; the node attributes come from the per-weight
+``optimizer_attributes_map`` (floats) and ``optimizer_int_attributes_map`` (ints), over the schema
+defaults (``training_op_defs.cc``): alpha 0.9, beta 0.999, lambda 0, epsilon 1e-8, max_norm_clip 1,
+do_bias_correction 1, weight_decay_mode 0.
+
+Kernels, all in float32 (``training_ops/cpu/optimizer/optimizers.cc``, ``cuda/optimizer/adam.cu``),
+with bc1 = 1 - alpha^t and bc2 = 1 - beta^t (t = Update_Count, both 1 without bias correction):
+
+    SGD:     w = w + (-lr * g)                       (identical to SGDOptimizerV2: reuses optim.sgd)
+    Adam:    g = g / s  (enable_grad_norm_clip) where s = norm / max_norm_clip if the global norm
+             of all trained gradients exceeds max_norm_clip, else 1
+             m = alpha*m + (1-alpha)*g ;  v = beta*v + ((1-beta)*g)*g
+      mode 0 (PyTorch AdamW):     w = w + (-lr) * ((m/bc1) / (sqrt(v/bc2) + eps) + lambda*w)
+      mode 1 (HuggingFace AdamW): u = (lr*sqrt(bc2)/bc1) * m / (sqrt(v) + eps) ;
+                                  w = w + (-u - (lr*lambda) * (w - u))
+             Update_Count += 1
+
+Adam has its own kernel rather than ``optim.adamw`` (the same math up to rounding): the legacy
+operation order, per-weight attributes and counters, mode 0 without bias correction and the gradient
+scaling differ. The scaling by the global norm is the CUDA kernel's; ORT's CPU kernel ignores the norm.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ort_torch_train.optim.float32 import to_float32
+from ort_torch_train.optim.sgd import sgd
+
+ADAM_FLOAT_DEFAULTS = {"alpha": 0.9, "beta": 0.999, "lambda": 0.0, "epsilon": 1e-8, "max_norm_clip": 1.0}
+ADAM_INT_DEFAULTS = {"do_bias_correction": 1, "weight_decay_mode": 0}
+UPDATE_COUNT, MOMENT_1, MOMENT_2 = "Update_Count", "Moment_1", "Moment_2"
+
+
+@dataclass(frozen=True)
+class AdamAttributes:
+    """One AdamOptimizer node's attributes (floats rounded to float32, as ONNX stores them)."""
+
+    alpha: float
+    beta: float
+    lambda_: float
+    epsilon: float
+    max_norm_clip: float
+    do_bias_correction: bool
+    weight_decay_mode: int
+
+
+def adam_attributes(weight: str, floats: Mapping[str, float], ints: Mapping[str, int]) -> AdamAttributes:
+    """The attributes of ``weight``'s node, checked like ORT's kernel constructor."""
+    values = {**{k: to_float32(v) for k, v in ADAM_FLOAT_DEFAULTS.items()}, **ADAM_INT_DEFAULTS}
+    for name, value in floats.items():
+        if name in ADAM_FLOAT_DEFAULTS:
+            values[name] = to_float32(value)
+    for name, value in ints.items():
+        if name in ADAM_INT_DEFAULTS:
+            values[name] = int(value)
+    for name in ("alpha", "beta", "lambda", "epsilon"):
+        if not values[name] >= 0:
+            raise ValueError(f"AdamOptimizer for weight {weight!r}: attribute {name} must be >= 0, got {values[name]}")
+    for name in ADAM_INT_DEFAULTS:
+        if values[name] not in (0, 1):
+            raise ValueError(f"AdamOptimizer for weight {weight!r}: attribute {name} must be 0 or 1, "
+                             f"got {values[name]}")
+    return AdamAttributes(values["alpha"], values["beta"], values["lambda"], values["epsilon"],
+                          values["max_norm_clip"], bool(values["do_bias_correction"]), values["weight_decay_mode"])
+
+
+def build_optimizer(name: str, params: Mapping[str, torch.nn.Parameter],
+                    float_attributes: Mapping[str, Mapping[str, float]],
+                    int_attributes: Mapping[str, Mapping[str, int]],
+                    initial_state: Mapping[str, Mapping[str, object]], clip_grad_norm: bool) -> SGD | Adam | None:
+    """The optimizer ``training_optimizer_name`` names over the trained ``params``; None for "" or
+    when no weight is trained (ORT then builds no optimizer graph, and takes no learning rate).
+
+    As in ORT, both attribute maps need an entry for every trained weight. Attribute names the
+    optimizer does not read are ignored, as ORT does, with a warning.
+    """
+    if not name or not params:
+        return None
+    floats = ADAM_FLOAT_DEFAULTS if name == "AdamOptimizer" else {}
+    ints = ADAM_INT_DEFAULTS if name == "AdamOptimizer" else {}
+    for weight in params:
+        for what, maps in (("attribute", float_attributes), ("int attribute", int_attributes)):
+            if weight not in maps:
+                raise ValueError(f"Failed to find {what} map for weight {weight}: TrainingParameters."
+                                 f"optimizer_{what.replace(' ', '_')}s_map needs an entry (a dict, maybe "
+                                 "empty) for every trained weight")
+    _check_attribute_names(name, float_attributes, floats, ints, "optimizer_attributes_map")
+    _check_attribute_names(name, int_attributes, ints, floats, "optimizer_int_attributes_map")
+    if name == "SGDOptimizer":
+        return SGD(params)
+    attributes = {weight: adam_attributes(weight, float_attributes[weight], int_attributes[weight])
+                  for weight in params}
+    return Adam(params, attributes, initial_state, clip_grad_norm)
+
+
+def _check_attribute_names(optimizer: str, maps: Mapping[str, Mapping[str, object]], known: Mapping,
+                           other: Mapping, where: str) -> None:
+    names = {key for attributes in maps.values() for key in attributes}
+    misplaced = sorted(names & set(other))
+    if misplaced:
+        raise ValueError(f"TrainingParameters.{where}: {misplaced} belong in the other attribute map "
+                         f"(floats: {sorted(ADAM_FLOAT_DEFAULTS)}, ints: {sorted(ADAM_INT_DEFAULTS)})")
+    ignored = sorted(names - set(known))
+    if ignored:
+        warnings.warn(f"TrainingParameters.{where}: {optimizer} reads no attribute {ignored}; they are "
+                      f"ignored (as in ORT). It reads {sorted(known) or 'none'}.", stacklevel=4)
+
+
+class SGD:
+    """SGDOptimizer for each trained weight: no state, no gradient clipping (ORT's SGD builder has none)."""
+
+    clip_grad_norm = False
+
+    def __init__(self, params: Mapping[str, torch.nn.Parameter]):
+        self.params = dict(params)
+
+    def step(self, learning_rate: float, grad_norm: Tensor | None = None) -> None:
+        """One update from the accumulated gradients (``grad_norm`` is unused, as in ORT)."""
+        params = list(self.params.values())
+        sgd(params, [p.grad for p in params], lr=learning_rate)
+
+    def state_tensors(self) -> dict[str, Tensor]:
+        """ORT's optimizer-state initializers: none for SGD."""
+        return {}
+
+    def optimizer_state(self) -> dict[str, dict[str, Tensor]]:
+        """``get_optimizer_state()``'s content: empty for SGD."""
+        return {}
+
+    def load_state_tensor(self, name: str, value: Tensor) -> bool:
+        """Load one optimizer-state tensor; False when ``name`` is not one."""
+        return False
+
+
+class Adam:
+    """AdamOptimizer for each trained weight, with ORT's per-weight moments and update counts."""
+
+    def __init__(self, params: Mapping[str, torch.nn.Parameter], attributes: Mapping[str, AdamAttributes],
+                 initial_state: Mapping[str, Mapping[str, object]], clip_grad_norm: bool):
+        self.params = dict(params)
+        self.attributes = dict(attributes)
+        self.clip_grad_norm = clip_grad_norm
+        self.update_counts = {name: 1 for name in self.params}
+        self.moments = {name: (torch.zeros_like(p.detach()), torch.zeros_like(p.detach()))
+                        for name, p in self.params.items()}
+        for weight, values in initial_state.items():
+            if weight in self.params:
+                for prefix in (UPDATE_COUNT, MOMENT_1, MOMENT_2):
+                    if prefix in values:
+                        self._load(weight, prefix, values[prefix], "set_optimizer_initial_state")
+
+    def step(self, learning_rate: float, grad_norm: Tensor | None = None) -> None:
+        """One update from the accumulated gradients; ``grad_norm`` (their global L2 norm) is
+        required when gradient clipping is on."""
+        if self.clip_grad_norm and grad_norm is None:
+            raise ValueError("Adam.step: gradient clipping is enabled but no global gradient norm was given")
+        groups: dict[tuple[AdamAttributes, int], list[str]] = {}
+        for name in self.params:
+            groups.setdefault((self.attributes[name], self.update_counts[name]), []).append(name)
+        for (attributes, count), names in groups.items():
+            params = [self.params[n] for n in names]
+            adam_update(params, [p.grad for p in params], [self.moments[n][0] for n in names],
+                        [self.moments[n][1] for n in names], learning_rate=learning_rate, update_count=count,
+                        attributes=attributes, grad_norm=grad_norm if self.clip_grad_norm else None)
+            for name in names:
+                self.update_counts[name] = count + 1
+
+    def state_tensors(self) -> dict[str, Tensor]:
+        """ORT's optimizer-state initializers: ``Moment_1_<w>``, ``Moment_2_<w>``, ``Update_Count_<w>``."""
+        return {f"{prefix}_{weight}": value for weight, values in self.optimizer_state().items()
+                for prefix, value in values.items()}
+
+    def optimizer_state(self) -> dict[str, dict[str, Tensor]]:
+        """``{weight: {"Moment_1": m, "Moment_2": v, "Update_Count": int64[1]}}`` (live moments)."""
+        return {weight: {MOMENT_1: m1, MOMENT_2: m2,
+                         UPDATE_COUNT: torch.tensor([self.update_counts[weight]], dtype=torch.int64)}
+                for weight, (m1, m2) in self.moments.items()}
+
+    def load_state_tensor(self, name: str, value: object) -> bool:
+        """Load one ``<prefix>_<weight>`` tensor; False when ``name`` is not an optimizer-state tensor."""
+        for prefix in (UPDATE_COUNT, MOMENT_1, MOMENT_2):
+            weight = name.removeprefix(prefix + "_")
+            if weight != name and weight in self.params:
+                self._load(weight, prefix, value, "load_state")
+                return True
+        return False
+
+    def _load(self, weight: str, prefix: str, value: object, where: str) -> None:
+        tensor = torch.as_tensor(np.asarray(value)) if not isinstance(value, Tensor) else value.detach()
+        if prefix == UPDATE_COUNT:
+            _check(tensor, torch.int64, (1,), f"{where}: {prefix} of {weight!r}")
+            self.update_counts[weight] = int(tensor.reshape(()))
+            return
+        moment = self.moments[weight][0 if prefix == MOMENT_1 else 1]
+        _check(tensor, moment.dtype, tuple(moment.shape), f"{where}: {prefix} of {weight!r}")
+        with torch.no_grad():
+            moment.copy_(tensor)
+
+
+def _check(tensor: Tensor, dtype: torch.dtype, shape: tuple[int, ...], what: str) -> None:
+    if tensor.dtype != dtype or tuple(tensor.shape) != shape:
+        raise ValueError(f"{what}: expected {str(dtype).removeprefix('torch.')} of shape {list(shape)}, "
+                         f"got {str(tensor.dtype).removeprefix('torch.')} of shape {list(tensor.shape)}")
+
+
+def bias_correction(coefficient: float, update_count: int, enabled: bool) -> float:
+    """``1 - coefficient^t`` as ORT computes it (in double, then rounded to float32); 1 when disabled."""
+    if not enabled or update_count <= 0:
+        return 1.0
+    return to_float32(1.0 - coefficient ** update_count)
+
+
+@torch.no_grad()
+def adam_update(params: Sequence[Tensor], grads: Sequence[Tensor], exp_avgs: Sequence[Tensor],
+                exp_avg_sqs: Sequence[Tensor], *, learning_rate: float, update_count: int,
+                attributes: AdamAttributes, grad_norm: Tensor | None) -> None:
+    """One legacy AdamOptimizer update in place (``grads`` are scaled in place when clipping)."""
+    a = attributes
+    lr = to_float32(learning_rate)
+    params, grads, m1, m2 = list(params), list(grads), list(exp_avgs), list(exp_avg_sqs)
+    if grad_norm is not None:
+        torch._foreach_div_(grads, torch.where(grad_norm > a.max_norm_clip, grad_norm / a.max_norm_clip,
+                                               torch.ones_like(grad_norm)))
+    torch._foreach_mul_(m1, a.alpha)
+    torch._foreach_add_(m1, torch._foreach_mul(grads, to_float32(1.0 - a.alpha)))
+    squared = torch._foreach_mul(grads, to_float32(1.0 - a.beta))
+    torch._foreach_mul_(squared, grads)
+    torch._foreach_mul_(m2, a.beta)
+    torch._foreach_add_(m2, squared)
+    bc1 = bias_correction(a.alpha, update_count, a.do_bias_correction)
+    bc2 = bias_correction(a.beta, update_count, a.do_bias_correction)
+    if a.weight_decay_mode == 0:
+        denom = torch._foreach_div(m2, bc2)
+        torch._foreach_sqrt_(denom)
+        torch._foreach_add_(denom, a.epsilon)
+        update = torch._foreach_div(m1, bc1)
+        torch._foreach_div_(update, denom)
+        if a.lambda_ != 0.0:
+            torch._foreach_add_(update, torch._foreach_mul(params, a.lambda_))
+        torch._foreach_mul_(update, -lr)
+        torch._foreach_add_(params, update)
+        return
+    denom = torch._foreach_sqrt(m2)
+    torch._foreach_add_(denom, a.epsilon)
+    step_size = to_float32(to_float32(lr * to_float32(math.sqrt(bc2))) / bc1)
+    update = torch._foreach_mul(m1, step_size)
+    torch._foreach_div_(update, denom)
+    if a.lambda_ != 0.0:
+        decay = torch._foreach_sub(params, update)
+        torch._foreach_mul_(decay, to_float32(lr * a.lambda_))
+        torch._foreach_add_(update, decay)
+    torch._foreach_sub_(params, update)

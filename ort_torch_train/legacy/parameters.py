@@ -1,0 +1,117 @@
+"""``TrainingParameters``: the configuration of the legacy ``onnxruntime.TrainingSession``.
+
+Defaults are ORT's (``orttraining_pybind_state.cc``, struct ``TrainingParameters``, ORT 1.13). Like
+the pybind class, an instance accepts only the known attribute names (a typo raises AttributeError).
+``check_supported`` raises NotImplementedError for the settings this project cannot honour.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+OPTIMIZERS = ("SGDOptimizer", "AdamOptimizer")
+
+# setting -> (value that is honoured, why any other value is not)
+_DISTRIBUTED = "distributed training (MPI/NCCL) is not implemented"
+UNSUPPORTED_SETTINGS: dict[str, tuple[Any, str]] = {
+    "use_mixed_precision": (False, "fp16 mixed precision with loss scaling is not implemented"),
+    "use_fp16_moments": (False, "fp16 optimizer moments are not implemented"),
+    "world_rank": (0, _DISTRIBUTED),
+    "world_size": (1, _DISTRIBUTED),
+    "data_parallel_size": (1, _DISTRIBUTED),
+    "horizontal_parallel_size": (1, "Megatron horizontal parallelism is not implemented"),
+    "pipeline_parallel_size": (1, "pipeline parallelism is not implemented"),
+    "num_pipeline_micro_batches": (1, "pipeline parallelism is not implemented"),
+    "pipeline_cut_info_string": ("", "pipeline parallelism is not implemented"),
+    "allreduce_post_accumulation": (False, _DISTRIBUTED),
+    "deepspeed_zero_stage": (0, "DeepSpeed ZeRO optimizer-state partitioning is not implemented"),
+    "enable_adasum": (False, "Adasum gradient reduction is not implemented"),
+    "attn_dropout_recompute": (False, "recomputation graph transformations are not implemented"),
+    "gelu_recompute": (False, "recomputation graph transformations are not implemented"),
+    "transformer_layer_recompute": (False, "recomputation graph transformations are not implemented"),
+    "number_recompute_layers": (0, "recomputation graph transformations are not implemented"),
+    "use_memory_efficient_gradient": (False, "ORT's memory-efficient gradient graph is not implemented"),
+    "set_gradients_as_graph_outputs": (False, "gradients as graph outputs are not implemented"),
+    "sliced_schema": ({}, "sliced (model-parallel) tensors are not implemented"),
+    "sliced_axes": ({}, "sliced (model-parallel) tensors are not implemented"),
+    "sliced_tensor_names": ([], "sliced (model-parallel) tensors are not implemented"),
+    "model_after_graph_transforms_path": ("", "ORT's intermediate training graphs are not produced here"),
+    "model_with_gradient_graph_path": ("", "ORT's intermediate training graphs are not produced here"),
+    "model_with_training_graph_path": ("", "ORT's intermediate training graphs are not produced here"),
+}
+
+
+class TrainingParameters:
+    """Configuration of a legacy TrainingSession (``onnxruntime.TrainingParameters``).
+
+    ``loss_scale`` and ``propagate_cast_ops_*`` only matter with mixed precision: they are accepted
+    and have no effect, as in ORT for float32 training.
+    """
+
+    __slots__ = (
+        "loss_output_name", "weights_to_train", "weights_not_to_train", "immutable_weights",
+        "training_optimizer_name", "lr_params_feed_name", "optimizer_attributes_map",
+        "optimizer_int_attributes_map", "optimizer_initial_state", "gradient_accumulation_steps",
+        "enable_grad_norm_clip", "loss_scale", "propagate_cast_ops_level", "propagate_cast_ops_allow",
+        *UNSUPPORTED_SETTINGS,
+    )
+
+    def __init__(self) -> None:
+        self.loss_output_name: str = ""
+        self.weights_to_train: set[str] = set()
+        self.weights_not_to_train: set[str] = set()
+        # op type -> [(input index, scalar value)]: scalar float initializers left untrained
+        self.immutable_weights: dict[str, list[tuple[int, float]]] = {}
+        self.training_optimizer_name: str = ""
+        self.lr_params_feed_name: str = "Learning_Rate"
+        self.optimizer_attributes_map: dict[str, dict[str, float]] = {}
+        self.optimizer_int_attributes_map: dict[str, dict[str, int]] = {}
+        self.optimizer_initial_state: dict[str, dict[str, Any]] = {}
+        self.gradient_accumulation_steps: int = 1
+        self.enable_grad_norm_clip: bool = True
+        self.loss_scale: float = 0.0
+        self.propagate_cast_ops_level: int = 1
+        self.propagate_cast_ops_allow: list[str] = []
+        for name, (default, _) in UNSUPPORTED_SETTINGS.items():
+            setattr(self, name, type(default)(default))  # fresh containers per instance
+
+    def set_optimizer_initial_state(self, state: Mapping[str, Mapping[str, Any]]) -> None:
+        """Initial optimizer state per weight: ``{weight: {"Moment_1"|"Moment_2"|"Update_Count": array}}``."""
+        if not isinstance(state, Mapping) or not all(isinstance(v, Mapping) for v in state.values()):
+            raise TypeError("set_optimizer_initial_state: expected {weight name: {state name: array}}, "
+                            f"got {type(state).__name__}")
+        self.optimizer_initial_state = {weight: dict(values) for weight, values in state.items()}
+
+    def __repr__(self) -> str:
+        changed = {name: getattr(self, name) for name in self.__slots__
+                   if getattr(self, name) != getattr(_DEFAULTS, name)}
+        return f"TrainingParameters({', '.join(f'{k}={v!r}' for k, v in changed.items())})"
+
+
+_DEFAULTS = TrainingParameters()
+
+
+def check_supported(parameters: TrainingParameters) -> None:
+    """Raise NotImplementedError for a setting this project cannot honour, ValueError for a bad one."""
+    if not isinstance(parameters, TrainingParameters):
+        raise TypeError(f"parameters: expected an ort_torch_train.legacy.TrainingParameters, "
+                        f"got {type(parameters).__name__}")
+    for name, (honoured, reason) in UNSUPPORTED_SETTINGS.items():
+        value = getattr(parameters, name)
+        if bool(value) if isinstance(honoured, (dict, list)) else value != honoured:
+            raise NotImplementedError(f"TrainingParameters.{name} = {value!r} is not supported: {reason} "
+                                      f"(only {honoured!r} is)")
+    optimizer = parameters.training_optimizer_name
+    if optimizer == "LambOptimizer":
+        raise NotImplementedError("TrainingParameters.training_optimizer_name = 'LambOptimizer' is not "
+                                  f"supported: only {list(OPTIMIZERS)} are implemented")
+    if optimizer and optimizer not in OPTIMIZERS:
+        raise ValueError(f"TrainingParameters.training_optimizer_name: Failed to get Optimizer builder for "
+                         f"{optimizer!r}; expected one of {list(OPTIMIZERS)} (or '' for no optimizer)")
+    steps = parameters.gradient_accumulation_steps
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"TrainingParameters.gradient_accumulation_steps must be an int >= 1, got {steps!r}")
+    if not parameters.loss_output_name:
+        raise ValueError("TrainingParameters.loss_output_name is empty: name the graph output that holds "
+                         "the loss")
