@@ -1,0 +1,131 @@
+"""``Optimizer`` and LR schedulers: the faces of ``onnxruntime.training.api`` over the optimizer core."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import onnx
+
+from ort_torch_train.optim.engine import OptimizerEngine
+from ort_torch_train.optim.optimizer_model import read_optimizer_model
+from ort_torch_train.optim.schedulers import (
+    check_schedule_counts,
+    constant_with_warmup,
+    cosine_with_warmup,
+    linear_with_warmup,
+    scheduled_learning_rate,
+)
+from ort_torch_train.optim.torch_adapter import TorchOptimizerAdapter
+
+
+class Optimizer:
+    """Updates a Module's trainable parameters from their accumulated gradients.
+
+    Args:
+        optimizer_uri: the optimizer model (path, bytes or ModelProto) from ``generate_artifacts``.
+        module: the Module to train (its ``training_state`` and ``trainable_parameter_names``).
+    """
+
+    def __init__(self, optimizer_uri: str | os.PathLike | bytes | onnx.ModelProto, module: Any):
+        spec = read_optimizer_model(optimizer_uri)
+        self._engine = OptimizerEngine(spec, module.training_state, module.trainable_parameter_names)
+        self._torch_optimizer: TorchOptimizerAdapter | None = None
+
+    def step(self) -> None:
+        """Update the parameters with the optimizer model's algorithm and count the step."""
+        if self._torch_optimizer is not None:
+            self._torch_optimizer.step()
+        else:
+            self._engine.step()
+
+    def set_learning_rate(self, learning_rate: float) -> None:
+        """Set the learning rate (float32; NaN, infinite or negative values raise ValueError)."""
+        self._engine.set_learning_rate(learning_rate)
+        if self._torch_optimizer is not None:
+            self._torch_optimizer.param_groups[0]["lr"] = self._engine.learning_rate
+
+    def get_learning_rate(self) -> float:
+        """The current learning rate (the float32 value the next step uses)."""
+        if self._torch_optimizer is not None:
+            self._torch_optimizer.pull_learning_rate()
+        return self._engine.learning_rate
+
+    @property
+    def torch_optimizer(self) -> TorchOptimizerAdapter:
+        """A ``torch.optim.Optimizer`` over the same state, for ``torch.optim.lr_scheduler``.
+
+        From the first access on, its ``param_groups[0]["lr"]`` is the learning rate: schedulers
+        write it, ``step()`` applies it, ``set_learning_rate`` updates it.
+        """
+        if self._torch_optimizer is None:
+            self._torch_optimizer = TorchOptimizerAdapter(self._engine)
+        return self._torch_optimizer
+
+
+class _MultiplicativeLRScheduler:
+    """Sets ``initial_lr * factor(completed steps)`` on the optimizer at construction and each step()."""
+
+    def __init__(self, optimizer: Optimizer, initial_lr: float):
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError(f"optimizer must be an ort_torch_train Optimizer; got {type(optimizer).__name__}")
+        self._optimizer = optimizer
+        optimizer._engine.set_initial_learning_rate(initial_lr)
+        self.step()
+
+    def step(self) -> None:
+        """Recompute the learning rate from the optimizer's completed-step count."""
+        engine = self._optimizer._engine
+        factor = self._factor(engine.completed_steps)
+        self._optimizer.set_learning_rate(scheduled_learning_rate(engine.initial_learning_rate, factor))
+
+    def _factor(self, step: int) -> float:
+        raise NotImplementedError
+
+
+class LinearLRScheduler(_MultiplicativeLRScheduler):
+    """Linear warmup from 0 to ``initial_lr`` over ``warmup_step_count`` steps, then linear decay to 0
+    at ``total_step_count`` (ORT's documented semantics; see ``linear_with_warmup``).
+
+    Note: onnxruntime-training 1.19.2's Python binding swaps ``warmup_step_count`` and
+    ``total_step_count`` when they are passed positionally; this class implements the documented
+    behaviour. To replay an ORT 1.19.2 run, pass the two counts in swapped order.
+    """
+
+    def __init__(self, optimizer: Optimizer, warmup_step_count: int, total_step_count: int, initial_lr: float):
+        check_schedule_counts(warmup_step_count, total_step_count)
+        self.warmup_step_count = warmup_step_count
+        self.total_step_count = total_step_count
+        super().__init__(optimizer, initial_lr)
+
+    def _factor(self, step: int) -> float:
+        return linear_with_warmup(step, self.warmup_step_count, self.total_step_count)
+
+
+class CosineLRScheduler(_MultiplicativeLRScheduler):
+    """Linear warmup to ``initial_lr``, then cosine decay to ``min_lr_ratio * initial_lr`` at
+    ``total_step_count``."""
+
+    def __init__(self, optimizer: Optimizer, warmup_step_count: int, total_step_count: int, initial_lr: float,
+                 min_lr_ratio: float = 0.0):
+        check_schedule_counts(warmup_step_count, total_step_count)
+        cosine_with_warmup(0, warmup_step_count, total_step_count, min_lr_ratio)  # validates min_lr_ratio
+        self.warmup_step_count = warmup_step_count
+        self.total_step_count = total_step_count
+        self.min_lr_ratio = min_lr_ratio
+        super().__init__(optimizer, initial_lr)
+
+    def _factor(self, step: int) -> float:
+        return cosine_with_warmup(step, self.warmup_step_count, self.total_step_count, self.min_lr_ratio)
+
+
+class ConstantWithWarmupLRScheduler(_MultiplicativeLRScheduler):
+    """Linear warmup to ``initial_lr`` over ``warmup_step_count`` steps, then constant."""
+
+    def __init__(self, optimizer: Optimizer, warmup_step_count: int, initial_lr: float):
+        constant_with_warmup(0, warmup_step_count)  # validates warmup_step_count
+        self.warmup_step_count = warmup_step_count
+        super().__init__(optimizer, initial_lr)
+
+    def _factor(self, step: int) -> float:
+        return constant_with_warmup(step, self.warmup_step_count)

@@ -1,0 +1,191 @@
+"""ORT's ``com.microsoft.AdamWOptimizer`` as an in-place torch kernel.
+
+Reference: onnxruntime ``orttraining/training_ops/cpu/optimizer/adamw/adamw.cc`` (1.19.2). With
+t = step, every scalar in float32 (``std::pow(float, int64)`` is evaluated in double, then cast):
+
+    bc1 = 1 - float(beta1**t),  bc2 = 1 - float(beta2**t)     (both 1 when correct_bias is 0)
+    lr_corrected = lr * (sqrt(bc2) / bc1)
+    m = beta1*m + (1-beta1)*g ;  v = beta2*v + ((1-beta2)*g)*g
+    mode 0 (torch AdamW): w = w - (w*lr)*wd ; w = w - (lr*m) / (bc1 * (sqrt(v/bc2) + eps))
+    mode 1 (HF AdamW):    w = w - (lr_corrected*m) / (sqrt(v) + eps) ; w = w - (lr*wd)*w
+
+"single" and "foreach" perform exactly these float32 operations in this order (no fused
+multiply-add); "fused" maps them onto ``torch._fused_adamw_`` (per-step scalars) and differs by
+float rounding only. The one op that is not bit-exact to ORT's CPU kernel is sqrt: ORT uses Eigen's
+fast-math approximation (rsqrtps + one Newton step), torch's CPU float32 sqrt is within 0.75 ulp.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+from torch import Tensor
+
+from ort_torch_train.optim.float32 import to_float32
+from ort_torch_train.optim.scratch import scaled_copy
+
+IMPLEMENTATIONS = ("fused", "foreach", "single")
+_FUSED_DEVICE_TYPES = ("cpu", "cuda")
+_FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_LARGEST_EXACT_FLOAT32_STEP = 2**24  # the fused kernel reads the step from a float32 tensor
+
+
+def ort_step_scalars(step: int, lr: float, beta1: float, beta2: float, correct_bias: bool
+                     ) -> tuple[float, float, float]:
+    """Return ``(bias_correction1, bias_correction2, corrected_lr)`` as ORT computes them in float32."""
+    if not correct_bias:
+        return 1.0, 1.0, lr
+    bias_correction1 = to_float32(1.0 - to_float32(beta1**step))
+    bias_correction2 = to_float32(1.0 - to_float32(beta2**step))
+    ratio = to_float32(to_float32(math.sqrt(bias_correction2)) / bias_correction1)
+    return bias_correction1, bias_correction2, to_float32(lr * ratio)
+
+
+def choose_adamw_implementation(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor],
+                                exp_avg_sqs: list[Tensor]) -> str:
+    """Return "fused" when ``torch._fused_adamw_`` can run these tensors, else "foreach"."""
+    return "fused" if _fused_kernel_accepts(params, grads, exp_avgs, exp_avg_sqs) else "foreach"
+
+
+@torch.no_grad()
+def adamw(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], exp_avg_sqs: list[Tensor],
+          *, step: int, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
+          adam_mode: int, correct_bias: bool, implementation: str | None = None,
+          scratch: tuple[list[Tensor], list[Tensor]] | None = None) -> None:
+    """Apply one ORT AdamWOptimizer update in place to ``params``, ``exp_avgs`` and ``exp_avg_sqs``.
+
+    ``step`` is the 1-based step fed to ORT's node. Hyperparameters are used as float32, as in ORT.
+    ``implementation``: "fused", "foreach", "single" or None (fused when possible, else foreach).
+    "fused" falls back to "foreach" for steps whose scalars it cannot express (lr' == 0, step > 2**24).
+    ``scratch`` (two lists from ``make_scratch(params, 2)``) lets "foreach" run without allocating temporaries.
+    """
+    lr, beta1, beta2, eps, weight_decay = (to_float32(x) for x in (lr, beta1, beta2, eps, weight_decay))
+    _check_arguments(params, grads, exp_avgs, exp_avg_sqs, step, beta1, beta2, adam_mode, correct_bias,
+                     implementation)
+    step = int(step)
+    if implementation is None:
+        implementation = choose_adamw_implementation(params, grads, exp_avgs, exp_avg_sqs)
+    elif implementation == "fused" and not _fused_kernel_accepts(params, grads, exp_avgs, exp_avg_sqs):
+        raise ValueError("adamw: implementation 'fused' needs all tensors on one cpu or cuda device with "
+                         f"one floating dtype; got devices {_devices(params)} and dtypes {_dtypes(params)}")
+    if implementation == "fused" and _fused_step(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1,
+                                                 beta2, eps, weight_decay, adam_mode, correct_bias):
+        return
+    bias_correction1, bias_correction2, corrected_lr = ort_step_scalars(step, lr, beta1, beta2, correct_bias)
+    scalars = dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay, adam_mode=adam_mode,
+                   bias_correction1=bias_correction1, bias_correction2=bias_correction2, corrected_lr=corrected_lr)
+    if implementation == "single":
+        _single_update(params, grads, exp_avgs, exp_avg_sqs, **scalars)
+    else:
+        _foreach_update(params, grads, exp_avgs, exp_avg_sqs, scratch=scratch, **scalars)
+
+
+def _foreach_update(params, grads, exp_avgs, exp_avg_sqs, *, lr, beta1, beta2, eps, weight_decay,
+                    adam_mode, bias_correction1, bias_correction2, corrected_lr, scratch) -> None:
+    work, update = scratch if scratch is not None else (None, None)
+    if adam_mode == 0 and weight_decay != 0.0:
+        decay = scaled_copy(params, lr, work)
+        torch._foreach_mul_(decay, weight_decay)
+        torch._foreach_sub_(params, decay)
+    torch._foreach_mul_(exp_avgs, beta1)
+    torch._foreach_add_(exp_avgs, scaled_copy(grads, to_float32(1.0 - beta1), work))
+    squared = scaled_copy(grads, to_float32(1.0 - beta2), work)
+    torch._foreach_mul_(squared, grads)
+    torch._foreach_mul_(exp_avg_sqs, beta2)
+    torch._foreach_add_(exp_avg_sqs, squared)
+    denom = scaled_copy(exp_avg_sqs, 1.0, work)
+    if adam_mode == 0:
+        torch._foreach_div_(denom, bias_correction2)
+        torch._foreach_sqrt_(denom)
+        torch._foreach_add_(denom, eps)
+        torch._foreach_mul_(denom, bias_correction1)
+        step_update = scaled_copy(exp_avgs, lr, update)
+    else:
+        torch._foreach_sqrt_(denom)
+        torch._foreach_add_(denom, eps)
+        step_update = scaled_copy(exp_avgs, corrected_lr, update)
+    torch._foreach_div_(step_update, denom)
+    torch._foreach_sub_(params, step_update)
+    if adam_mode == 1 and weight_decay != 0.0:
+        torch._foreach_sub_(params, scaled_copy(params, to_float32(lr * weight_decay), work))
+
+
+def _single_update(params, grads, exp_avgs, exp_avg_sqs, *, lr, beta1, beta2, eps, weight_decay,
+                   adam_mode, bias_correction1, bias_correction2, corrected_lr) -> None:
+    one_minus_beta1, one_minus_beta2 = to_float32(1.0 - beta1), to_float32(1.0 - beta2)
+    decay_after = to_float32(lr * weight_decay)
+    for w, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
+        if adam_mode == 0 and weight_decay != 0.0:
+            w.sub_(w * lr * weight_decay)
+        m.mul_(beta1).add_(g * one_minus_beta1)
+        v.mul_(beta2).add_(g * one_minus_beta2 * g)
+        if adam_mode == 0:
+            w.sub_(m * lr / ((v / bias_correction2).sqrt_().add_(eps) * bias_correction1))
+        else:
+            w.sub_(m * corrected_lr / v.sqrt().add_(eps))
+            if weight_decay != 0.0:
+                w.sub_(w * decay_after)
+
+
+def _fused_step(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1, beta2, eps, weight_decay,
+                adam_mode, correct_bias) -> bool:
+    """Run ``torch._fused_adamw_``; return False (nothing done) when the step's scalars do not fit it.
+
+    torch's kernel is mode 0. Mode 1 is mode 0 with per-step scalars (bc1, bc2 as torch computes them):
+    eps' = eps/sqrt(bc2) moves eps out of the bias correction, lr' = lr*(1 - lr*wd)*k and
+    wd' = lr*wd/lr' turn the decay-before into ORT's decay-after, giving
+    (1 - lr*wd) * (w - lr*sqrt(bc2)/bc1 * m/(sqrt(v) + eps)); k = bc1/sqrt(bc2) without bias
+    correction (cancelling torch's), else 1.
+    """
+    if step > _LARGEST_EXACT_FLOAT32_STEP:
+        return False
+    if adam_mode == 1:
+        sqrt_bias_correction2 = math.sqrt(1.0 - beta2**step)
+        undo_correction = 1.0 if correct_bias else (1.0 - beta1**step) / sqrt_bias_correction2
+        decay = lr * weight_decay
+        fused_lr = lr * (1.0 - decay) * undo_correction
+        if fused_lr == 0.0 or not math.isfinite(fused_lr):
+            return False
+        lr, weight_decay, eps = fused_lr, decay / fused_lr, eps / sqrt_bias_correction2
+    step_tensor = torch.full((), float(step), dtype=torch.float32, device=params[0].device)
+    torch._fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, [], [step_tensor] * len(params), lr=lr,
+                        beta1=beta1, beta2=beta2, weight_decay=weight_decay, eps=eps, amsgrad=False,
+                        maximize=False)
+    return True
+
+
+def _fused_kernel_accepts(*tensor_lists: list[Tensor]) -> bool:
+    first = tensor_lists[0][0]
+    if first.device.type not in _FUSED_DEVICE_TYPES or first.dtype not in _FUSED_DTYPES:
+        return False
+    return all(t.device == first.device and t.dtype == first.dtype for ts in tensor_lists for t in ts)
+
+
+def _check_arguments(params, grads, exp_avgs, exp_avg_sqs, step, beta1, beta2, adam_mode, correct_bias,
+                     implementation) -> None:
+    counts = (len(params), len(grads), len(exp_avgs), len(exp_avg_sqs))
+    if counts[0] == 0 or len(set(counts)) != 1:
+        raise ValueError("adamw: params, grads, exp_avgs and exp_avg_sqs must be non-empty lists of one "
+                         f"length; got lengths {counts}")
+    if implementation not in (None, *IMPLEMENTATIONS):
+        raise ValueError(f"adamw: implementation must be one of {IMPLEMENTATIONS} or None; "
+                         f"got {implementation!r}")
+    if not isinstance(step, numbers.Integral) or isinstance(step, bool) or step < 1:
+        raise ValueError(f"adamw: step must be an int >= 1 (completed steps + 1); got {step!r}")
+    for name, beta in (("beta1", beta1), ("beta2", beta2)):
+        if not 0.0 <= beta < 1.0:
+            raise ValueError(f"adamw: {name} must be in [0, 1) as a float32; got {beta!r}")
+    if adam_mode not in (0, 1):
+        raise ValueError(f"adamw: adam_mode must be 0 (torch AdamW) or 1 (HF AdamW); got {adam_mode!r}")
+    if adam_mode == 0 and not correct_bias:
+        raise ValueError("adamw: adam_mode 0 requires correct_bias (as in ORT); got correct_bias=False")
+
+
+def _devices(tensors: list[Tensor]) -> list[str]:
+    return sorted({str(t.device) for t in tensors})
+
+
+def _dtypes(tensors: list[Tensor]) -> list[str]:
+    return sorted({str(t.dtype) for t in tensors})

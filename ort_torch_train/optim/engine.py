@@ -1,0 +1,179 @@
+"""The optimizer core: ORT's optimizer session (training_api/optimizer.cc) over a TrainingState.
+
+Moments live in ``state.optimizer`` (group "group0"), zero-initialised like each parameter unless
+the checkpoint brought them; ``state.optimizer.step`` counts completed steps and each step feeds
+``step + 1`` to the kernel. The learning rate is a float32 that is not part of the checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from ort_torch_train.checkpoint.state import OptimizerState, TrainingState
+from ort_torch_train.errors import CheckpointError
+from ort_torch_train.optim.adamw import IMPLEMENTATIONS as ADAMW_IMPLEMENTATIONS
+from ort_torch_train.optim.adamw import adamw, choose_adamw_implementation
+from ort_torch_train.optim.clip import clip_grad_norm_
+from ort_torch_train.optim.float32 import to_float32
+from ort_torch_train.optim.optimizer_model import OptimizerSpec
+from ort_torch_train.optim.schedulers import check_learning_rate
+from ort_torch_train.optim.scratch import make_scratch
+from ort_torch_train.optim.sgd import IMPLEMENTATIONS as SGD_IMPLEMENTATIONS
+from ort_torch_train.optim.sgd import sgd
+
+DEFAULT_LEARNING_RATE = to_float32(0.001)
+GROUP_NAME = "group0"
+
+
+class OptimizerEngine:
+    """Applies an optimizer model's update to the trainable parameters of a TrainingState.
+
+    ``param_names`` are the trainable parameter names in the training graph's order. Each
+    parameter's ``.grad`` (the accumulated gradient) must stay the same tensor object while the
+    engine lives (accumulate and reset in place); call ``refresh()`` after replacing tensors.
+    ``implementation`` overrides the kernel choice: AdamW "fused" (the default where torch's fused
+    kernel runs), "foreach" or "single"; SGD "foreach" (the default) or "single".
+    """
+
+    def __init__(self, spec: OptimizerSpec, state: TrainingState, param_names: Sequence[str], *,
+                 implementation: str | None = None):
+        names = list(param_names)
+        if not names:
+            raise ValueError("OptimizerEngine: the model has no trainable parameters to optimize")
+        if len(set(names)) != len(names):
+            raise ValueError(f"OptimizerEngine: param_names must be unique; got {names}")
+        allowed = ADAMW_IMPLEMENTATIONS if spec.kind == "adamw" else SGD_IMPLEMENTATIONS
+        if implementation not in (None, *allowed):
+            raise ValueError(f"OptimizerEngine: implementation for {spec.kind} must be one of {allowed} or None; "
+                             f"got {implementation!r}")
+        self.spec = spec
+        self.state = state
+        self.param_names = tuple(names)
+        self._requested_implementation = implementation
+        self._learning_rate = DEFAULT_LEARNING_RATE
+        if state.optimizer is None:
+            state.optimizer = OptimizerState(group_name=GROUP_NAME, step=0,
+                                             initial_learning_rate=DEFAULT_LEARNING_RATE, momentums={})
+        elif state.optimizer.group_name != GROUP_NAME:
+            raise CheckpointError(f"optimizer state group is named {state.optimizer.group_name!r}; "
+                                  f"ORT uses exactly one group, {GROUP_NAME!r}")
+        self._prepared = False
+        if not state.is_nominal:  # a nominal state gets its moments at the first step, as in ORT
+            self.refresh()
+
+    # stepping ---------------------------------------------------------------------------------
+    def step(self, update_signal: bool = True) -> bool:
+        """Clip (if the model does), update the parameters and count the step; return whether it updated.
+
+        ``update_signal=False`` (only for models with an update-signal input) skips the update.
+        """
+        if not update_signal and not self.spec.has_update_signal:
+            raise ValueError("OptimizerEngine.step: update_signal=False needs an optimizer model with an "
+                             "update-signal input; this one has none")
+        if not self._prepared:
+            self.refresh()
+        if self.spec.clip_max_norm is not None:
+            clip_grad_norm_(self._grads, self.spec.clip_max_norm)
+        if not update_signal:
+            return False
+        optimizer_state = self.state.optimizer
+        step = optimizer_state.step + 1
+        spec = self.spec
+        if spec.kind == "adamw":
+            adamw(self._params, self._grads, *self._moments, step=step, lr=self._learning_rate,
+                  beta1=spec.beta1, beta2=spec.beta2, eps=spec.epsilon, weight_decay=spec.weight_decay,
+                  adam_mode=spec.adam_mode, correct_bias=spec.correct_bias,
+                  implementation=self._implementation, scratch=self._scratch)
+        else:
+            sgd(self._params, self._grads, lr=self._learning_rate, implementation=self._implementation,
+                scratch=self._scratch)
+        optimizer_state.step = step
+        return True
+
+    def refresh(self) -> None:
+        """(Re)build the tensor lists the kernel runs on, creating zero moments when there are none."""
+        self.state.require_loaded("perform OptimizerStep")
+        params = [_trainable_parameter(self.state, name) for name in self.param_names]
+        momentums = self.state.optimizer.momentums
+        if not momentums:
+            for name, param in zip(self.param_names, params):
+                momentums[name] = {key: torch.zeros_like(param.detach()) for key in self.spec.momentum_names}
+        for name, param in zip(self.param_names, params):
+            _place_moments(name, param, momentums.get(name), self.spec.momentum_names)
+        self._params = params
+        self._grads = [param.grad for param in params]
+        self._moments = [[momentums[name][key] for name in self.param_names] for key in self.spec.momentum_names]
+        self._implementation = self._choose_implementation()
+        self._scratch = None  # on CPU, fresh temporaries cost page faults at every step; CUDA caches them
+        if self._implementation == "foreach" and params[0].device.type == "cpu":
+            self._scratch = make_scratch(params, 2 if self.spec.kind == "adamw" else 1)
+        self._prepared = True
+
+    def _choose_implementation(self) -> str:
+        if self._requested_implementation is not None or self.spec.kind == "sgd":
+            return self._requested_implementation or "foreach"
+        return choose_adamw_implementation(self._params, self._grads, *self._moments)
+
+    # learning rate and counters ---------------------------------------------------------------
+    @property
+    def learning_rate(self) -> float:
+        """The learning rate fed at the next step (a float32 value)."""
+        return self._learning_rate
+
+    def set_learning_rate(self, learning_rate: float) -> None:
+        """Set the learning rate (stored as float32); NaN, infinite or negative values are refused."""
+        self._learning_rate = to_float32(check_learning_rate(learning_rate))
+
+    @property
+    def initial_learning_rate(self) -> float:
+        """The checkpointed initial learning rate (what ORT's LinearLRScheduler scales)."""
+        return self.state.optimizer.initial_learning_rate
+
+    def set_initial_learning_rate(self, learning_rate: float) -> None:
+        """Set the initial learning rate (saved in the checkpoint) and the current one to it."""
+        value = to_float32(check_learning_rate(learning_rate, "initial learning rate"))
+        self.state.optimizer.initial_learning_rate = value
+        self._learning_rate = value
+
+    @property
+    def completed_steps(self) -> int:
+        """Number of optimizer steps taken, including those restored from the checkpoint."""
+        return int(self.state.optimizer.step)
+
+    @property
+    def parameters(self) -> list[torch.nn.Parameter]:
+        """The trainable parameters, in the training graph's order."""
+        return [self.state.params[name] for name in self.param_names]
+
+
+def _trainable_parameter(state: TrainingState, name: str) -> torch.nn.Parameter:
+    if name not in state.params:
+        raise KeyError(f"trainable parameter {name!r} is not in the training state "
+                       f"(it holds {sorted(state.params)})")
+    param = state.params[name]
+    if not param.requires_grad:
+        raise ValueError(f"parameter {name!r} is listed as trainable but does not require grad")
+    if param.grad is None or param.grad.shape != param.shape or param.grad.device != param.device:
+        found = "none" if param.grad is None else f"{tuple(param.grad.shape)} on {param.grad.device}"
+        raise ValueError(f"trainable parameter {name!r} needs a gradient buffer of shape "
+                         f"{tuple(param.shape)} on {param.device}; found {found}")
+    return param
+
+
+def _place_moments(name: str, param: Tensor, moments: dict[str, Tensor] | None, keys: tuple[str, ...]) -> None:
+    """Check a parameter's checkpointed moments and move them to its device, in place in ``moments``."""
+    if moments is None:
+        raise CheckpointError(f"Parameter {name} not found in the source optimizer checkpoint states.")
+    for key in keys:
+        if key not in moments:
+            raise CheckpointError(f"optimizer state of parameter {name!r} lacks {key!r}; found {sorted(moments)}")
+        moment = moments[key]
+        if moment.shape != param.shape or moment.dtype != param.dtype:
+            raise CheckpointError(f"optimizer state {name!r}/{key!r} is {moment.dtype} of shape "
+                                  f"{tuple(moment.shape)}; the parameter is {param.dtype} of shape "
+                                  f"{tuple(param.shape)}")
+        if moment.device != param.device:
+            moments[key] = moment.to(param.device)
