@@ -1,0 +1,237 @@
+"""``generate_artifacts``: ORT's on-device training artifacts, made without onnxruntime-training.
+
+Mirrors ``onnxruntime.training.artifacts.generate_artifacts`` (1.19.2). What ORT 1.19.2 itself
+can load of the output (tested against it in ``tests/test_artifacts_ort.py``):
+
+- ``checkpoint`` / ``nominal_checkpoint``: ORT's format; ``CheckpointState.load_checkpoint`` loads them.
+- ``eval_model.onnx``: forward + loss with eval semantics, as ORT writes it; loads in
+  ``InferenceSession`` and serves as the eval model of ORT's ``Module``.
+- ``optimizer_model.onnx``: ORT's exact layout; ORT's ``Optimizer`` runs it.
+- ``training_model.onnx``: forward + loss with training semantics and the parameters as inputs, but
+  NO gradient graph (ORT builds one with its C++ gradient builder; here torch autograd does that
+  work). ``ort_torch_train.api.Module`` trains it; ORT's ``Module`` refuses it ("Gradient buffer
+  input not provided for param").
+
+Models keep IR version <= 10 (ORT 1.19.2's limit); a default-domain opset above 21 draws a warning,
+as ORT 1.19.2 cannot load such models (this project's Module can).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import os
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+import torch
+
+from ort_torch_train.artifacts.blocks import Block, PassThrough, building
+from ort_torch_train.artifacts.graph_edit import (
+    ORT_MAX_OPSET, default_opset, disable_training_mode, move_initializers_to_inputs, ort_ir_version, ort_loadable,
+    register_graph_outputs, trim_inference_batchnorm_outputs,
+)
+from ort_torch_train.artifacts.losses import LOSS_BLOCKS, LossType
+from ort_torch_train.artifacts.optimizers import OPTIMIZER_BLOCKS, OptimType, build_optimizer_model
+from ort_torch_train.artifacts.parameters import check_arguments, selected_parameters
+from ort_torch_train.checkpoint.odtc import CheckpointRecord, write_checkpoint
+from ort_torch_train.dtypes import tensor_from_proto
+from ort_torch_train.errors import ModelError
+from ort_torch_train.export.inference import save_model
+from ort_torch_train.graph.artifacts import load_model, opsets_of
+from ort_torch_train.graph.converters import check_supported
+from ort_torch_train.optim.optimizer_model import read_optimizer_model
+
+TRAINING_MODEL_NOTE = (
+    "ort-torch-train training model: forward + loss with training semantics, parameters as inputs, no gradient "
+    "graph. Train it with ort_torch_train.api.Module; onnxruntime-training's Module cannot load it."
+)
+
+
+@dataclass
+class Artifacts:
+    """The generated models and checkpoint content, before anything is written."""
+
+    training_model: onnx.ModelProto
+    eval_model: onnx.ModelProto
+    optimizer_model: onnx.ModelProto | None
+    checkpoint: CheckpointRecord
+
+    def write(self, directory: Path, prefix: str = "", nominal_checkpoint: bool = False) -> None:
+        """Write the files ORT's generator writes, named as it names them."""
+        directory.mkdir(parents=True, exist_ok=True)
+        save_model(self.training_model, directory / f"{prefix}training_model.onnx")
+        save_model(self.eval_model, directory / f"{prefix}eval_model.onnx")
+        write_checkpoint(self.checkpoint, directory / f"{prefix}checkpoint", artifact=True)
+        if nominal_checkpoint:
+            write_checkpoint(nominal(self.checkpoint), directory / f"{prefix}nominal_checkpoint", artifact=True)
+        if self.optimizer_model is not None:
+            save_model(self.optimizer_model, directory / f"{prefix}optimizer_model.onnx")
+
+
+def generate_artifacts(
+    model: onnx.ModelProto | str | os.PathLike | torch.nn.Module,
+    requires_grad: Sequence[str] | None = None,
+    frozen_params: Sequence[str] | None = None,
+    loss: LossType | Block | None = None,
+    optimizer: OptimType | Block | None = None,
+    artifact_directory: str | bytes | os.PathLike | None = None,
+    prefix: str = "",
+    ort_format: bool = False,
+    custom_op_library: str | os.PathLike | None = None,
+    additional_output_names: Sequence[str] | None = None,
+    nominal_checkpoint: bool = False,
+    loss_input_names: Sequence[str] | None = None,
+    **extra_options,
+) -> None:
+    """Write training_model.onnx, eval_model.onnx, checkpoint [, nominal_checkpoint][, optimizer_model.onnx].
+
+    As ORT: parameters are the initializers named in ``requires_grad`` (trained) or ``frozen_params``
+    (kept, not trained); ``None`` selects none. ``loss`` is a ``LossType``, a ``Block`` or None (the model's
+    first output is the loss); ``optimizer`` an ``OptimType``, a ``Block`` or None (no optimizer model).
+
+    ``model`` may also be a ``torch.nn.Module`` with ``example_inputs=`` (and optionally ``input_names``,
+    ``output_names``, ``dynamic_axes``/``dynamic_shapes``, ``exporter='legacy'|'dynamo'``,
+    ``opset_version``); it is exported in training mode and, unless given, ``requires_grad``/``frozen_params``
+    follow the torch parameters' ``requires_grad`` flags.
+
+    Every argument is checked and every model built before the first file is written.
+    """
+    if ort_format:
+        raise NotImplementedError(
+            "ort_format=True is not supported: convert the generated .onnx files with onnxruntime's "
+            "`python -m onnxruntime.tools.convert_onnx_models_to_ort` where ORT-format models are needed")
+    if custom_op_library is not None:
+        raise NotImplementedError("custom_op_library is not supported: custom operator libraries cannot run in "
+                                  "PyTorch; every operator must have a converter (see adapters/)")
+    directory = Path.cwd() if artifact_directory is None else Path(os.fsdecode(artifact_directory))
+    if directory.exists() and not directory.is_dir():
+        raise NotADirectoryError(f"artifact_directory {str(directory)!r} is a file, expected a directory")
+    base, torch_split = _base_model(model, extra_options)
+    if torch_split is not None and requires_grad is None and frozen_params is None:
+        requires_grad, frozen_params = torch_split
+    artifacts = build_artifacts(base, requires_grad, frozen_params, loss, optimizer,
+                                additional_output_names, loss_input_names)
+    artifacts.write(directory, prefix, nominal_checkpoint)
+
+
+def build_artifacts(
+    base: onnx.ModelProto,
+    requires_grad: Sequence[str] | None,
+    frozen_params: Sequence[str] | None,
+    loss: LossType | Block | None = None,
+    optimizer: OptimType | Block | None = None,
+    additional_output_names: Sequence[str] | None = None,
+    loss_input_names: Sequence[str] | None = None,
+) -> Artifacts:
+    """The artifacts of ``generate_artifacts`` in memory (``base`` is not modified)."""
+    trainable_names, frozen_names = check_arguments(
+        base, requires_grad, frozen_params, additional_output_names, loss_input_names)
+    loss_block = _loss_block(loss)
+    optimizer_block = _optimizer_block(optimizer)
+    if optimizer_block is not None and not trainable_names:
+        raise ModelError("an optimizer model needs at least one trainable parameter: requires_grad is empty")
+
+    names = itertools.count(1)  # onnxblock's name counter, fresh for every call
+    model = copy.deepcopy(base)
+    with building(model, names):
+        outputs = _outputs(loss_block(*(loss_input_names or [v.name for v in base.graph.output])),
+                           additional_output_names)
+    _check_model(model, loss_block)
+    model = onnx.shape_inference.infer_shapes(model)
+    register_graph_outputs(model, outputs)
+    trainable, frozen = selected_parameters(model, trainable_names, frozen_names)
+    move_initializers_to_inputs(model, trainable_names | frozen_names)
+
+    training_model = copy.deepcopy(model)
+    training_model.ir_version = ort_ir_version(training_model)
+    training_model.metadata_props.add(key="ort_torch_train.training_model", value=TRAINING_MODEL_NOTE)
+    check_supported(training_model.graph, opsets_of(training_model))
+
+    eval_model = model
+    disable_training_mode(eval_model)
+    trim_inference_batchnorm_outputs(eval_model)
+    eval_model.ir_version = ort_ir_version(eval_model)
+    if not ort_loadable(eval_model):
+        warnings.warn(f"the models use IR version {eval_model.ir_version} / opset {default_opset(eval_model)}: "
+                      f"onnxruntime(-training) 1.19.2 loads IR <= 10 / opset <= {ORT_MAX_OPSET} only "
+                      "(ort_torch_train's Module trains them)", stacklevel=3)
+
+    optimizer_model = None
+    if optimizer_block is not None:
+        optimizer_model = build_optimizer_model(optimizer_block, (trainable, frozen), default_opset(base), names)
+        read_optimizer_model(optimizer_model)  # the layout ORT and this project's Optimizer accept
+    checkpoint = CheckpointRecord(trainable={p.name: tensor_from_proto(p) for p in trainable},
+                                  frozen={p.name: tensor_from_proto(p) for p in frozen})
+    return Artifacts(training_model, eval_model, optimizer_model, checkpoint)
+
+
+def nominal(record: CheckpointRecord) -> CheckpointRecord:
+    """The nominal checkpoint of ``record``: same names and dtypes, no data."""
+    def empty(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {name: torch.empty(0, dtype=tensor.dtype) for name, tensor in tensors.items()}
+
+    return CheckpointRecord(trainable=empty(record.trainable), frozen=empty(record.frozen), is_nominal=True)
+
+
+def _base_model(model, extra_options) -> tuple[onnx.ModelProto, tuple[list[str], list[str]] | None]:
+    """The ONNX base model (exporting a torch module), with torch's (trainable, frozen) split for a module."""
+    if isinstance(model, torch.nn.Module):
+        from ort_torch_train.artifacts.torch_export import export_module
+
+        exported = export_module(model, extra_options)
+        return exported.model, (exported.requires_grad, exported.frozen_params)
+    if extra_options:
+        raise TypeError(f"generate_artifacts() got unexpected keyword argument(s) {sorted(extra_options)} "
+                        "(export options apply to a torch.nn.Module only)")
+    if isinstance(model, onnx.ModelProto):
+        proto = model
+    elif isinstance(model, (str, os.PathLike)):
+        proto = load_model(model, "base model")
+    else:
+        raise TypeError(f"model must be an onnx.ModelProto, a path to an ONNX file or a torch.nn.Module with "
+                        f"example_inputs=; got {type(model).__name__}")
+    return proto, None
+
+
+def _loss_block(loss) -> Block:
+    if loss is None:
+        return PassThrough()
+    if isinstance(loss, LossType):
+        return LOSS_BLOCKS[loss]()
+    if isinstance(loss, Block):
+        return loss
+    raise ModelError(f"Unknown loss provided {type(loss).__name__} ({loss!r}). Expected loss to be one of "
+                     f"{[t.name for t in LossType]} (ort_torch_train.artifacts.LossType) or an "
+                     "ort_torch_train.artifacts.Block.")
+
+
+def _optimizer_block(optimizer) -> Block | None:
+    if optimizer is None or isinstance(optimizer, Block):
+        return optimizer
+    if isinstance(optimizer, OptimType):
+        return OPTIMIZER_BLOCKS[optimizer]()
+    raise TypeError(f"Unknown optimizer provided {type(optimizer).__name__} ({optimizer!r}). Expected optimizer to "
+                    f"be one of {[t.name for t in OptimType]} (ort_torch_train.artifacts.OptimType) or an "
+                    "ort_torch_train.artifacts.Block.")
+
+
+def _outputs(loss_output, additional_output_names) -> list[str]:
+    names = [loss_output] if isinstance(loss_output, str) else list(loss_output)
+    names += list(additional_output_names or [])
+    duplicated = sorted({name for name in names if names.count(name) > 1})
+    if duplicated:
+        raise ModelError(f"graph outputs would repeat {duplicated}: the outputs are the loss output(s) then "
+                         f"additional_output_names, {names}")
+    return names
+
+
+def _check_model(model: onnx.ModelProto, loss_block: Block) -> None:
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except Exception as exc:
+        raise ModelError(f"the base model plus the loss {type(loss_block).__name__} is not a valid ONNX model: "
+                         f"{exc}") from exc

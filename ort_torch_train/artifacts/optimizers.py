@@ -1,0 +1,114 @@
+"""The optimizer models of ORT's generator (``onnxblock.optim``), and ``OptimType``.
+
+Layout: inputs ``learning_rate: float[1]``, ``step: int64[1]``, then the tensor sequences ``params``,
+``gradients``, ``first_order_moments`` (+ ``second_order_moments`` for AdamW); one ``com.microsoft``
+``AdamWOptimizer`` or ``SGDOptimizerV2`` node, optionally fed by ``InplaceClipGradNorm``; one bool[1]
+output, the updated flag.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from enum import Enum
+
+import onnx
+
+from ort_torch_train.artifacts.blocks import Block, building
+from ort_torch_train.artifacts.graph_edit import ORT_MAX_IR_VERSION, ORT_MAX_OPSET, register_graph_outputs
+
+MICROSOFT = "com.microsoft"
+Parameters = tuple[Sequence[onnx.TensorProto], Sequence[onnx.TensorProto]]  # (trainable, frozen)
+
+
+class OptimType(Enum):
+    """The built-in optimizers, for ``generate_artifacts(optimizer=...)``."""
+
+    AdamW = 1
+    SGD = 2
+
+
+class ClipGradNorm(Block):
+    """``com.microsoft.InplaceClipGradNorm(gradients, max_norm)``: clips the gradient sequence by L2 norm."""
+
+    def __init__(self, max_norm: float) -> None:
+        super().__init__()
+        self._max_norm = float(max_norm)
+
+    def build(self, gradients_name: str) -> str:
+        (clipped,) = self.add_node("InplaceClipGradNorm", [gradients_name], outputs=["clip_grad_norm_output"],
+                                   domain=MICROSOFT, max_norm=self._max_norm)
+        self.base.graph.value_info.append(
+            onnx.helper.make_tensor_sequence_value_info(clipped, onnx.TensorProto.FLOAT, None))
+        return clipped
+
+
+class _Optimizer(Block):
+    """Common inputs of ORT's optimizer graphs; subclasses add the update node."""
+
+    def __init__(self, clip_grad: ClipGradNorm | None = None) -> None:
+        super().__init__()
+        self._clip_grad = clip_grad
+
+    def build(self, parameters: Parameters) -> str:
+        trainable, _ = parameters
+        graph = self.base.graph
+        graph.input.extend([
+            onnx.helper.make_tensor_value_info("learning_rate", onnx.TensorProto.FLOAT, [1]),
+            onnx.helper.make_tensor_value_info("step", onnx.TensorProto.INT64, [1]),
+        ])
+        for name in ("params", "gradients", "first_order_moments"):
+            graph.input.append(onnx.helper.make_tensor_sequence_value_info(name, trainable[0].data_type, None))
+        gradients = self._clip_grad("gradients") if self._clip_grad is not None else "gradients"
+        flag = self._update_node(gradients, trainable[0].data_type)
+        graph.output.append(onnx.helper.make_tensor_value_info(flag, onnx.TensorProto.BOOL, [1]))
+        return flag
+
+    def _update_node(self, gradients: str, elem_type: int) -> str:
+        raise NotImplementedError
+
+
+class AdamW(_Optimizer):
+    """``com.microsoft.AdamWOptimizer`` with onnxblock's defaults (adam_mode=1: the HF/transformers AdamW)."""
+
+    def __init__(self, bias_correction: bool = True, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
+                 weight_decay: float = 0.0, clip_grad: ClipGradNorm | None = None) -> None:
+        super().__init__(clip_grad)
+        self._attributes = {
+            "alpha": float(betas[0]), "beta": float(betas[1]), "epsilon": float(eps),
+            "weight_decay": float(weight_decay), "correct_bias": 1 if bias_correction else 0, "adam_mode": 1,
+        }
+
+    def _update_node(self, gradients: str, elem_type: int) -> str:
+        self.base.graph.input.append(
+            onnx.helper.make_tensor_sequence_value_info("second_order_moments", elem_type, None))
+        inputs = ["learning_rate", "step", "params", gradients, "first_order_moments", "second_order_moments"]
+        return self.add_node("AdamWOptimizer", inputs, outputs=["adamw.updated_flag"], domain=MICROSOFT,
+                             **self._attributes)[0]
+
+
+class SGD(_Optimizer):
+    """``com.microsoft.SGDOptimizerV2(learning_rate, params, gradients)``: ``w -= lr * g``."""
+
+    def _update_node(self, gradients: str, elem_type: int) -> str:
+        return self.add_node("SGDOptimizerV2", ["learning_rate", "params", gradients],
+                             outputs=["update_completed"], domain=MICROSOFT)[0]
+
+
+OPTIMIZER_BLOCKS = {OptimType.AdamW: AdamW, OptimType.SGD: SGD}
+
+
+def build_optimizer_model(block: Block, parameters: Parameters, opset: int | None,
+                          counter: Iterator[int]) -> onnx.ModelProto:
+    """The optimizer model ``block`` builds for ``parameters`` on an empty model (ORT's ``empty_base``).
+
+    The default-domain opset is the base model's, capped at 21 (the graph has no default-domain node).
+    """
+    model = onnx.ModelProto(ir_version=ORT_MAX_IR_VERSION, producer_name="orttraining")
+    model.graph.name = "graph"
+    model.opset_import.extend([onnx.helper.make_opsetid(MICROSOFT, 1),
+                               onnx.helper.make_opsetid("", min(opset or ORT_MAX_OPSET, ORT_MAX_OPSET))])
+    with building(model, counter):
+        outputs = block(parameters)
+    model = onnx.shape_inference.infer_shapes(model)
+    register_graph_outputs(model, [outputs] if isinstance(outputs, str) else list(outputs))
+    return model
