@@ -21,6 +21,8 @@ class Module(TrainingEngine):
     until ``lazy_reset_grad()``), in eval mode the eval graph. numpy in -> numpy out, torch in ->
     torch out (on the module's device), OrtValue in -> OrtValue out. It is also an ``nn.Module``:
     ``parameters()``, ``state_dict()``, ``.to(device)`` and ``forward()`` (differentiable, no backward).
+    ``compile=True`` (or a torch.compile mode such as "max-autotune") runs the converted graphs, their
+    backward and the optimizer update through torch.compile.
     """
 
     def __init__(
@@ -30,10 +32,12 @@ class Module(TrainingEngine):
         eval_model_uri: ModelSource | None = None,
         device: str = "cpu",
         session_options: Any = None,
+        *,
+        compile: bool | str = False,
     ):
         training_model = load_model(train_model_uri, "training model")
         eval_model = load_model(eval_model_uri, "eval model") if eval_model_uri is not None else None
-        super().__init__(training_model, training_state_of(state), eval_model, device)
+        super().__init__(training_model, training_state_of(state), eval_model, device, compile)
         self.checkpoint_state = state
         self.eval_model = eval_model
         self.session_options = session_options

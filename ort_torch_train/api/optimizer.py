@@ -29,7 +29,9 @@ class Optimizer:
 
     def __init__(self, optimizer_uri: str | os.PathLike | bytes | onnx.ModelProto, module: Any):
         spec = read_optimizer_model(optimizer_uri)
-        self._engine = OptimizerEngine(spec, module.training_state, module.trainable_parameter_names)
+        implementation = "compiled" if getattr(module, "compile_mode", False) else None
+        self._engine = OptimizerEngine(spec, module.training_state, module.trainable_parameter_names,
+                                       implementation=implementation)
         self._torch_optimizer: TorchOptimizerAdapter | None = None
 
     def step(self) -> None:

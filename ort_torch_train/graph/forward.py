@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import onnx
@@ -42,6 +42,7 @@ class ForwardGraph:
         layout: GraphLayout,
         *,
         training: bool,
+        compile: bool | str = False,
         cache_size: int = 16,
     ):
         check_supported(graph, opsets)
@@ -49,20 +50,24 @@ class ForwardGraph:
         self.opsets = opsets
         self.layout = layout
         self.training = training
+        self.compile = compile
         self.cache_size = cache_size
         by_name = {value.name: value for value in graph.input}
         self.declarations = tuple(
             InputDeclaration(name, by_name[name].type.tensor_type.elem_type, declared_shape(by_name[name]))
             for name in layout.user_inputs
         )
-        self._cache: OrderedDict[tuple, fx.GraphModule] = OrderedDict()
+        self._cache: OrderedDict[tuple, Callable] = OrderedDict()
 
     def __call__(self, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         return self.module_for(inputs, params)(*inputs, *params)
 
-    def module_for(self, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> fx.GraphModule:
-        """The converted module for these inputs' shapes and dtypes (built on first use)."""
-        key = tuple((t.shape, t.dtype) for t in inputs)
+    def module_for(self, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> Callable:
+        """The converted module for these inputs' shapes and dtypes (built on first use, then cached)."""
+        try:
+            key = tuple((t.shape, t.dtype) for t in inputs)
+        except AttributeError:
+            key = None
         module = self._cache.get(key)
         if module is not None:
             return module
@@ -70,6 +75,9 @@ class ForwardGraph:
         specs = [TensorSpec(tuple(t.shape), t.dtype) for t in (*inputs, *params)]
         module = convert_graph(self.graph, self.opsets, specs, training=self.training)
         module.to(params[0].device if params else inputs[0].device)
+        if self.compile:
+            mode = None if self.compile is True else self.compile
+            module = torch.compile(module, fullgraph=True, dynamic=False, mode=mode)
         self._cache[key] = module
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)

@@ -23,10 +23,11 @@ import numbers
 import torch
 from torch import Tensor
 
+from ort_torch_train.optim.compiled import compiled_adamw
 from ort_torch_train.optim.float32 import to_float32
 from ort_torch_train.optim.scratch import scaled_copy
 
-IMPLEMENTATIONS = ("fused", "foreach", "single")
+IMPLEMENTATIONS = ("fused", "foreach", "single", "compiled")
 _FUSED_DEVICE_TYPES = ("cpu", "cuda")
 _FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _LARGEST_EXACT_FLOAT32_STEP = 2**24  # the fused kernel reads the step from a float32 tensor
@@ -57,7 +58,8 @@ def adamw(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], exp
     """Apply one ORT AdamWOptimizer update in place to ``params``, ``exp_avgs`` and ``exp_avg_sqs``.
 
     ``step`` is the 1-based step fed to ORT's node. Hyperparameters are used as float32, as in ORT.
-    ``implementation``: "fused", "foreach", "single" or None (fused when possible, else foreach).
+    ``implementation``: "fused", "foreach", "single", "compiled" (the single-tensor math through
+    torch.compile) or None (fused when possible, else foreach).
     "fused" falls back to "foreach" for steps whose scalars it cannot express (lr' == 0, step > 2**24).
     ``scratch`` (two lists from ``make_scratch(params, 2)``) lets "foreach" run without allocating temporaries.
     """
@@ -78,6 +80,8 @@ def adamw(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], exp
                    bias_correction1=bias_correction1, bias_correction2=bias_correction2, corrected_lr=corrected_lr)
     if implementation == "single":
         _single_update(params, grads, exp_avgs, exp_avg_sqs, **scalars)
+    elif implementation == "compiled":
+        compiled_adamw(params, grads, exp_avgs, exp_avg_sqs, **scalars)
     else:
         _foreach_update(params, grads, exp_avgs, exp_avg_sqs, scratch=scratch, **scalars)
 

@@ -39,9 +39,11 @@ class TrainingEngine(nn.Module):
         state: TrainingState,
         eval_model: onnx.ModelProto | None = None,
         device: str | torch.device = "cpu",
+        compile: bool | str = False,
     ):
         super().__init__()
         target = parse_device(device)
+        self.compile_mode = compile
         self.training_state = state
         names = list(state.params)
         self.train_layout = training_layout(training_model, names)
@@ -52,7 +54,11 @@ class TrainingEngine(nn.Module):
         self.eval_graph = None
         if eval_model is not None:
             self.eval_graph = ForwardGraph(
-                forward_graph(eval_model, self.eval_layout), opsets_of(eval_model), self.eval_layout, training=False
+                forward_graph(eval_model, self.eval_layout),
+                opsets_of(eval_model),
+                self.eval_layout,
+                training=False,
+                compile=compile,
             )
         bind_parameters(self, state.params)
         self._train_params = [state.params[n] for n in train_params]
@@ -68,9 +74,11 @@ class TrainingEngine(nn.Module):
             if set(ev.user_inputs) == set(layout.user_inputs) and ev.user_outputs == layout.user_outputs:
                 train_view = GraphLayout(layout.user_inputs, ev.params, layout.user_outputs)
                 graph = forward_graph(eval_model, train_view)
-                return ForwardGraph(graph, opsets_of(eval_model), train_view, training=True), ev.params
+                forward = ForwardGraph(graph, opsets_of(eval_model), train_view, training=True, compile=self.compile_mode)
+                return forward, ev.params
         graph = forward_graph(training_model, layout)
-        return ForwardGraph(graph, opsets_of(training_model), layout, training=True), layout.params
+        forward = ForwardGraph(graph, opsets_of(training_model), layout, training=True, compile=self.compile_mode)
+        return forward, layout.params
 
     # steps ------------------------------------------------------------------------------------
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
