@@ -5,6 +5,25 @@ Shipped as ``ort_torch_train.adapters``. Importing the package registers every c
 
 from .registry import ConversionContext, find_converter, normalize_domain, register
 
-from . import activations, constants, conv, dropout, elementwise, group_norm, indexing, linear, losses, matmul, normalization, padding, pooling, reduce, resize, shape_ops, tensor_ops  # noqa: E402,F401  (registers converters)
+from . import (  # noqa: E402,F401  (registers converters)
+    activations,
+    constants,
+    conv,
+    dropout,
+    elementwise,
+    group_norm,
+    indexing,
+    linear,
+    losses,
+    matmul,
+    normalization,
+    padding,
+    pooling,
+    reduce,
+    resize,
+    sequences,
+    shape_ops,
+    tensor_ops,
+)
 
 __all__ = ["ConversionContext", "find_converter", "normalize_domain", "register"]

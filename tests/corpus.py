@@ -12,6 +12,12 @@ import numpy as np
 from ort_torch_train.api import CheckpointState, Module, Optimizer
 
 
+def loss_of(outputs) -> float:
+    """The loss as a float: the only output, or the first of several (a list, tuple or array)."""
+    first = outputs[0] if isinstance(outputs, (tuple, list)) else outputs
+    return float(np.asarray(first.numpy() if hasattr(first, "numpy") else first).reshape(-1)[0])
+
+
 @dataclass
 class Case:
     root: Path

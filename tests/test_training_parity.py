@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from corpus import loss_of
+
 from ort_torch_train.api import CheckpointState
 
 
@@ -13,8 +15,7 @@ def _train(case, module, optimizer, steps: range) -> list[float]:
     for step in steps:
         optimizer.set_learning_rate(case.lr_before(step))
         module.train()
-        out = module(*case.train_inputs(step))
-        losses.append(float(out if np.ndim(out) == 0 else out[0]))
+        losses.append(loss_of(module(*case.train_inputs(step))))
         optimizer.step()
         module.lazy_reset_grad()
     return losses
@@ -41,8 +42,7 @@ def test_trajectory_matches_ort(case):
             module.training_state.params[name].detach().numpy(), case.arrays[f"final__{name}"], rtol=0, atol=1e-4
         )
     module.eval()
-    out = module(*case.eval_inputs())
-    eval_loss = float(out if np.ndim(out) == 0 else out[0])
+    eval_loss = loss_of(module(*case.eval_inputs()))
     assert abs(eval_loss - case.expected["train"]["eval_loss"]) <= 1e-5
 
 
@@ -69,7 +69,7 @@ def test_resume_from_ort_written_checkpoint(case, saved):
     losses = []
     for _ in range(2):
         optimizer.set_learning_rate(resume["lr_used"])
-        losses.append(float(np.ravel(module(*case.train_inputs(0)))[0]))
+        losses.append(loss_of(module(*case.train_inputs(0))))
         optimizer.step()
         module.lazy_reset_grad()
     key = "reloaded_with_optimizer_losses" if saved.endswith("with_optimizer") else "reloaded_no_optimizer_losses"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime
 import pytest
+from corpus import loss_of
 
 from ort_torch_train.api import CheckpointState
 from ort_torch_train.errors import InputError, ModelError
@@ -29,11 +30,11 @@ def _python_api_run(case, steps: int) -> tuple[list[float], float, np.ndarray]:
     losses = []
     for step in range(steps):
         optimizer.set_learning_rate(case.lr_before(step))
-        losses.append(float(np.ravel(module(*case.train_inputs(step)))[0]))
+        losses.append(loss_of(module(*case.train_inputs(step))))
         optimizer.step()
         module.lazy_reset_grad()
     module.eval()
-    eval_loss = float(np.ravel(module(*case.eval_inputs()))[0])
+    eval_loss = loss_of(module(*case.eval_inputs()))
     return losses, eval_loss, module.get_contiguous_parameters().numpy()
 
 
@@ -45,10 +46,10 @@ def test_training_loop_equals_python_api(case, from_bytes):
     losses = []
     for step in range(5):
         session.SetLearningRate(case.lr_before(step))
-        losses.append(float(np.ravel(session.TrainStep(case.train_inputs(step))[0])[0]))
+        losses.append(loss_of(session.TrainStep(case.train_inputs(step))))
         session.OptimizerStep()
         session.LazyResetGrad()
-    eval_loss = float(np.ravel(session.EvalStep(case.eval_inputs())[0])[0])
+    eval_loss = loss_of(session.EvalStep(case.eval_inputs()))
     expected_losses, expected_eval, expected_params = _python_api_run(case, 5)
     assert losses == expected_losses
     assert eval_loss == expected_eval
@@ -97,7 +98,7 @@ def test_nominal_checkpoint_completed_from_buffer(mlp_case):
     state = load_checkpoint_from_buffer(nominal.read_bytes())
     session = TrainingSession(state, mlp_case.artifact("training_model.onnx"), mlp_case.artifact("eval_model.onnx"))
     session.FromBuffer(mlp_case.arrays["init_contiguous_all"])  # all trainable: sizes coincide
-    loss = float(session.TrainStep(mlp_case.train_inputs(0))[0])
+    loss = loss_of(session.TrainStep(mlp_case.train_inputs(0)))
     assert abs(loss - mlp_case.expected["gradient_semantics"]["loss_call1"]) <= 1e-5
 
 
@@ -150,9 +151,9 @@ def test_export_from_a_session_built_from_bytes(case, tmp_path):
     path = tmp_path / "inference.onnx"
     session.ExportModelForInferencing(path, outputs)
     sess = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    x = case.eval_inputs()[0]
-    ours = sess.run(outputs, {sess.get_inputs()[0].name: x})[0]
-    assert ours.shape[0] == x.shape[0]
+    feeds = dict(zip(case.expected["eval_mode"]["input_names"], case.eval_inputs()))
+    ours = sess.run(outputs, {i.name: feeds[i.name] for i in sess.get_inputs()})[0]
+    assert ours.shape[0] == case.eval_inputs()[0].shape[0]
 
 
 def test_missing_optimizer_and_scheduler_are_clear(mlp_case):

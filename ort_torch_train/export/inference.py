@@ -12,6 +12,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import numpy as np
 import onnx
 import torch
 
@@ -44,6 +45,7 @@ def inference_model(
     del graph.input[:]
     graph.input.extend(kept_inputs)
     graph.initializer.extend(tensor_to_proto(params[name], name) for name in baked)
+    _constants_to_initializers(graph)
     model = onnx.helper.make_model(graph, opset_imports=list(eval_model.opset_import))
     model.producer_name = "ort-torch-train"
     model.ir_version = max(min(eval_model.ir_version, MAX_IR_VERSION), _min_ir_version(model))
@@ -79,6 +81,38 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike) -> None:
         onnx.save_model(model, staged, save_as_external_data=True, all_tensors_to_one_file=True, location=data_name)
         os.replace(Path(scratch) / data_name, target.parent / data_name)
         os.replace(staged, target)
+
+
+def _constants_to_initializers(graph: onnx.GraphProto) -> None:
+    """Turn Constant nodes into initializers, as ORT's in-memory graph (and so its export) holds them."""
+    kept = []
+    for node in graph.node:
+        value = _constant_value(node) if node.op_type == "Constant" and node.domain in ("", "ai.onnx") else None
+        if value is None:
+            kept.append(node)
+        else:
+            value.name = node.output[0]
+            graph.initializer.append(value)
+    del graph.node[:]
+    graph.node.extend(kept)
+
+
+def _constant_value(node: onnx.NodeProto) -> onnx.TensorProto | None:
+    """The tensor a Constant node holds (None for the forms an initializer cannot take)."""
+    [attribute] = node.attribute
+    value = onnx.helper.get_attribute_value(attribute)
+    if attribute.name == "value":
+        tensor = onnx.TensorProto()
+        tensor.CopyFrom(value)
+        return tensor
+    arrays = {
+        "value_float": lambda v: np.array(v, dtype=np.float32),
+        "value_floats": lambda v: np.array(v, dtype=np.float32),
+        "value_int": lambda v: np.array(v, dtype=np.int64),
+        "value_ints": lambda v: np.array(v, dtype=np.int64),
+    }
+    make = arrays.get(attribute.name)
+    return onnx.numpy_helper.from_array(make(value)) if make else None
 
 
 def _typed_values(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:

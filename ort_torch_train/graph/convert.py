@@ -128,7 +128,7 @@ def convert_graph(
     builder.fx_graph.output(tuple(outputs))
     module = fx.GraphModule(builder.root, builder.fx_graph, class_name="ConvertedGraph")
     module.graph.eliminate_dead_code()
-    fuse_graph(module.graph)
+    fuse_graph(module)
     module.recompile()
     for parameter in module.parameters():  # weights a converter absorbed from constants
         parameter.requires_grad_(False)

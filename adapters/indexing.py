@@ -1,0 +1,189 @@
+"""Selecting and joining ops: Slice, Gather, Split, Concat, Where.
+
+Constant starts/ends/indices/split sizes are baked into one torch call (narrow, select, getitem,
+split); non-constant ones fall back to functions that read them at run time.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .common import (
+    Inline,
+    attributes,
+    constant_input,
+    constant_ints,
+    has_input,
+    input_shape,
+    is_constant,
+    normalize_axis,
+    result,
+)
+from .registry import MICROSOFT, ConversionContext, register
+
+_INT64_MAX = 2**63 - 1
+
+
+# Slice --------------------------------------------------------------------------------------------
+def _clamped_bounds(size: int, start: int, end: int, step: int) -> tuple[int, int]:
+    """ONNX Slice's start/end for one axis: negatives count from the end, then clamped by step sign."""
+    if step == 0:
+        raise ValueError("Slice: a step of 0 is not allowed")
+    start = start + size if start < 0 else start
+    end = end + size if end < 0 else end
+    if step > 0:
+        return min(max(start, 0), size), min(max(end, 0), size)
+    return min(max(start, 0), size - 1), min(max(end, -1), size - 1)
+
+
+def _slice_plan(shape, starts, ends, axes, steps) -> tuple[tuple[int, ...], tuple[slice, ...]]:
+    """Axes to flip and the positive-step index tuple that together do the ONNX slice."""
+    rank = len(shape)
+    axes = list(range(len(starts))) if axes is None else [normalize_axis(axis, rank) for axis in axes]
+    steps = [1] * len(starts) if steps is None else steps
+    flips, index = [], [slice(None)] * (max(axes, default=-1) + 1)
+    for axis, start, end, step in zip(axes, starts, ends, steps):
+        start, end = _clamped_bounds(shape[axis], start, end, step)
+        if step > 0:
+            index[axis] = slice(start, end, step)
+        else:  # on the flipped axis, position p is size-1-p; end -1 ("before 0") becomes size
+            flips.append(axis)
+            index[axis] = slice(shape[axis] - 1 - start, shape[axis] - 1 - end, -step)
+    return tuple(flips), tuple(index)
+
+
+def flip_and_slice(x: torch.Tensor, flips: tuple[int, ...], index: tuple[slice, ...]) -> torch.Tensor:
+    """``x`` flipped along ``flips``, then indexed (torch slices have positive steps only)."""
+    return x.flip(flips)[index]
+
+
+def _static_slice(flips: tuple[int, ...], index: tuple[slice, ...]) -> Inline:
+    if flips:
+        return Inline(flip_and_slice, flips, index)
+    cut = [(axis, part) for axis, part in enumerate(index) if part != slice(None)]
+    if len(cut) == 1 and cut[0][1].step == 1:
+        axis, part = cut[0]
+        return Inline("narrow", axis, part.start, max(part.stop - part.start, 0))
+    return Inline(operator.getitem, index)
+
+
+class DynamicSlice(nn.Module):
+    """Slice whose starts/ends/axes/steps are read at run time."""
+
+    def forward(self, x, starts, ends, axes=None, steps=None):
+        axes = None if axes is None else axes.tolist()
+        steps = None if steps is None else steps.tolist()
+        flips, index = _slice_plan(x.shape, starts.tolist(), ends.tolist(), axes, steps)
+        return flip_and_slice(x, flips, index) if flips else x[index]
+
+
+@register("Slice", since=1)
+def slice_op(node, graph, context: ConversionContext):
+    shape = input_shape(node, graph, 0)
+    if context.opset < 10:
+        attrs = attributes(node)
+        plan = _slice_plan(shape, attrs["starts"], attrs["ends"], attrs.get("axes"), None)
+        return result(_static_slice(*plan), node)
+    starts, ends, axes, steps = (constant_ints(node, graph, position) for position in range(1, 5))
+    dynamic = any(has_input(node, position) and not is_constant(node, graph, position) for position in range(1, 5))
+    if dynamic:
+        return result(DynamicSlice(), node)
+    return result(_static_slice(*_slice_plan(shape, starts, ends, axes, steps)), node, node.input_values[:1])
+
+
+# Gather -------------------------------------------------------------------------------------------
+def gather(data: torch.Tensor, indices: torch.Tensor, axis: int, wrap_negative: bool) -> torch.Tensor:
+    """ONNX Gather with a tensor of indices (negative ones count from the end when ``wrap_negative``)."""
+    if wrap_negative:
+        indices = indices.remainder(data.shape[axis])
+    if axis == 0 and data.dim() == 2 and indices.dim() > 0:
+        return F.embedding(indices, data)
+    picked = data.index_select(axis, indices.reshape(-1))
+    return picked.reshape(data.shape[:axis] + indices.shape + data.shape[axis + 1 :])
+
+
+@register("Gather", since=1)
+def gather_op(node, graph, context: ConversionContext):
+    shape = input_shape(node, graph, 0)
+    axis = normalize_axis(attributes(node).get("axis", 0), len(shape))
+    if not is_constant(node, graph, 1):
+        return result(Inline(gather, axis, True), node)
+    indices = constant_input(node, graph, 1)
+    size = shape[axis]
+    if ((indices < -size) | (indices >= size)).any():
+        raise IndexError(f"Gather: indices {indices.tolist()} are out of range for an axis of size {size}")
+    flat = [int(i) % size for i in indices.reshape(-1).tolist()]
+    if indices.dim() == 0:
+        return result(Inline(torch.select, axis, flat[0]), node, node.input_values[:1])
+    if indices.dim() == 1 and flat and flat == list(range(flat[0], flat[0] + len(flat))):
+        return result(Inline("narrow", axis, flat[0], len(flat)), node, node.input_values[:1])
+    return result(Inline(gather, axis, bool((indices < 0).any())), node)
+
+
+# Split --------------------------------------------------------------------------------------------
+def _equal_split(size: int, parts: int) -> list[int]:
+    """Split-18's num_outputs rule: chunks of ceil(size / parts), the last one smaller."""
+    chunk = math.ceil(size / parts)
+    return [min(chunk, max(size - chunk * i, 0)) for i in range(parts)]
+
+
+def split_dynamic(x: torch.Tensor, split: torch.Tensor, axis: int) -> tuple[torch.Tensor, ...]:
+    """Split with sizes known only at run time."""
+    return torch.split(x, split.tolist(), axis)
+
+
+@register("Split", since=1)
+def split(node, graph, context: ConversionContext):
+    attrs = attributes(node)
+    shape = input_shape(node, graph, 0)
+    axis = normalize_axis(attrs.get("axis", 0), len(shape))
+    if context.opset < 13:
+        sizes = attrs.get("split")
+    else:
+        sizes = constant_ints(node, graph, 1)
+        if sizes is None and has_input(node, 1):
+            return result(Inline(split_dynamic, axis), node)
+    if sizes is None:
+        parts = attrs.get("num_outputs", len(node.output_values))
+        sizes = _equal_split(shape[axis], parts)
+    if sum(sizes) != shape[axis]:
+        raise ValueError(f"Split: sizes {sizes} do not add up to the axis size {shape[axis]}")
+    return result(Inline(torch.split, list(sizes), axis), node, node.input_values[:1])
+
+
+# Concat / Where -----------------------------------------------------------------------------------
+def concat(*tensors: torch.Tensor, axis: int) -> torch.Tensor:
+    """``torch.cat`` over positional inputs."""
+    return torch.cat(tensors, axis)
+
+
+@register("Concat", since=1)
+def concat_op(node, graph, context: ConversionContext):
+    rank = max(len(input_shape(node, graph, position)) for position in range(len(node.input_values)))
+    axis = normalize_axis(attributes(node).get("axis", 1 if context.opset < 4 else 0), rank)
+    return result(Inline(concat, axis=axis), node)
+
+
+def concat_with_lengths(*tensors: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """com.microsoft ConcatTraining: the concatenation and each input's length along ``axis``."""
+    lengths = torch.tensor([t.shape[axis] for t in tensors], dtype=torch.int64, device=tensors[0].device)
+    return torch.cat(tensors, axis), lengths
+
+
+@register("ConcatTraining", domain=MICROSOFT)
+def concat_training(node, graph, context: ConversionContext):
+    rank = max(len(input_shape(node, graph, position)) for position in range(len(node.input_values)))
+    axis = normalize_axis(attributes(node).get("axis", 0), rank)
+    if len(node.output_values) == 1:
+        return result(Inline(concat, axis=axis), node)
+    return result(Inline(concat_with_lengths, axis=axis), node)
+
+
+@register("Where", since=9)
+def where(node, graph, context: ConversionContext):
+    return result(Inline(torch.where), node)

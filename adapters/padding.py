@@ -1,0 +1,98 @@
+"""Pad (opset 2-21: constant, reflect, edge, wrap; pads as attribute or input; opset 18 axes input)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .common import (
+    Inline,
+    attributes,
+    constant_ints,
+    has_input,
+    input_shape,
+    is_constant,
+    normalize_axis,
+    result,
+    scalar_constant,
+)
+from .registry import ConversionContext, register
+
+_TORCH_MODES = {"reflect": "reflect", "edge": "replicate", "wrap": "circular"}
+
+
+def _source_index(size: int, begin: int, end: int, mode: str) -> list[int]:
+    """For each output position along one axis, the input position it copies (pads < 0 crop)."""
+    positions = range(-begin, size + end)
+    if mode == "edge":
+        return [min(max(p, 0), size - 1) for p in positions]
+    if mode == "wrap":
+        return [p % size for p in positions]
+    period = 2 * (size - 1) or 1  # reflect: mirror without repeating the edge
+    return [(size - 1) - abs((size - 1) - p % period) if size > 1 else 0 for p in positions]
+
+
+def pad_by_index(x: torch.Tensor, pads: dict[int, tuple[int, int]], mode: str) -> torch.Tensor:
+    """Reflect/edge/wrap padding on any axes by gathering source positions."""
+    for axis, (begin, end) in pads.items():
+        index = torch.tensor(_source_index(x.shape[axis], begin, end, mode), device=x.device)
+        x = x.index_select(axis, index)
+    return x
+
+
+def _torch_pad(rank: int, pads: dict[int, tuple[int, int]]) -> list[int]:
+    """F.pad's list (last axis first) covering every axis from the first padded one on."""
+    first = min(pads, default=rank)
+    return [p for axis in reversed(range(first, rank)) for p in pads.get(axis, (0, 0))]
+
+
+def pad_tensor(x: torch.Tensor, pads: dict[int, tuple[int, int]], mode: str, value: float | int) -> torch.Tensor:
+    """ONNX Pad with pads given per axis as (begin, end)."""
+    pads = {axis: pad for axis, pad in pads.items() if pad != (0, 0)}
+    if mode == "constant":
+        return F.pad(x, _torch_pad(x.dim(), pads), value=value) if pads else x
+    spatial_only = x.dim() in (3, 4, 5) and all(axis >= 2 for axis in pads)
+    if spatial_only and all(b >= 0 and e >= 0 for b, e in pads.values()) and x.shape[2:].numel() > 0:
+        return F.pad(x, _torch_pad(x.dim(), pads), mode=_TORCH_MODES[mode])
+    return pad_by_index(x, pads, mode)
+
+
+def _per_axis(pads: list[int], axes: list[int], rank: int) -> dict[int, tuple[int, int]]:
+    count = len(axes)
+    if len(pads) != 2 * count:
+        raise ValueError(f"Pad: {len(pads)} pads for {count} axes")
+    return {normalize_axis(axis, rank): (pads[i], pads[count + i]) for i, axis in enumerate(axes)}
+
+
+class DynamicPad(nn.Module):
+    """Pad whose pads, constant value or axes are read at run time."""
+
+    def __init__(self, mode: str):
+        super().__init__()
+        self.mode = mode
+
+    def forward(self, x, pads, constant_value=None, axes=None):
+        axis_list = list(range(x.dim())) if axes is None else axes.tolist()
+        value = 0 if constant_value is None else constant_value.item()
+        return pad_tensor(x, _per_axis(pads.tolist(), axis_list, x.dim()), self.mode, value)
+
+
+@register("Pad", since=1)
+def pad(node, graph, context: ConversionContext):
+    attrs = attributes(node)
+    mode = attrs.get("mode", "constant")
+    if mode not in ("constant", *_TORCH_MODES):
+        raise NotImplementedError(f"Pad: attribute mode={mode!r} is not supported")
+    rank = len(input_shape(node, graph, 0))
+    if context.opset < 11:
+        pads = attrs.get("pads", attrs.get("paddings"))
+        module = Inline(pad_tensor, _per_axis(pads, list(range(rank)), rank), mode, attrs.get("value", 0.0))
+        return result(module, node)
+    dynamic = any(has_input(node, position) and not is_constant(node, graph, position) for position in (1, 2, 3))
+    if dynamic:
+        return result(DynamicPad(mode), node)
+    axes = constant_ints(node, graph, 3) if has_input(node, 3) else list(range(rank))
+    value = scalar_constant(node, graph, 2) if has_input(node, 2) else 0
+    per_axis = _per_axis(constant_ints(node, graph, 1), axes, rank)
+    return result(Inline(pad_tensor, per_axis, mode, value), node, node.input_values[:1])

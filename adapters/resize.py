@@ -1,0 +1,148 @@
+"""Resize (opset 11-19; nearest and linear; half_pixel, half_pixel_symmetric, pytorch_half_pixel,
+align_corners and asymmetric coordinates; opset 18 axes and keep_aspect_ratio_policy).
+
+Bilinear-family half_pixel/align_corners and nearest/asymmetric/floor resizes run as
+``F.interpolate``; everything else gathers with per-axis index and weight tables computed from the
+concrete shapes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .common import attributes, constant_input, has_input, input_shape, is_constant, normalize_axis, result
+from .registry import ConversionContext, register
+
+_COORDINATES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric")
+_NEAREST = {
+    "round_prefer_floor": lambda x: math.ceil(x - 0.5),
+    "round_prefer_ceil": lambda x: math.floor(x + 0.5),
+    "floor": math.floor,
+    "ceil": math.ceil,
+}
+_INTERPOLATE_MODES = {1: "linear", 2: "bilinear", 3: "trilinear"}
+
+
+def _source_coordinate(x: int, size: int, out: int, scale: float, mode: str) -> float:
+    """ONNX's coordinate_transformation_mode: output position -> input coordinate."""
+    if mode == "half_pixel":
+        return (x + 0.5) / scale - 0.5
+    if mode == "half_pixel_symmetric":
+        adjustment = out / (scale * size)
+        return size / 2 * (1 - adjustment) + (x + 0.5) / scale - 0.5
+    if mode == "pytorch_half_pixel":
+        return (x + 0.5) / scale - 0.5 if out > 1 else 0.0
+    if mode == "align_corners":
+        return x * (size - 1) / (out - 1) if out > 1 else 0.0
+    return x / scale
+
+
+class TableResize(nn.Module):
+    """Separable resize: per axis, gather one (nearest) or two (linear) source rows and blend."""
+
+    def __init__(self, plan: dict[int, tuple[list[int], list[int], list[float] | None]]):
+        super().__init__()
+        self.axes = list(plan)
+        for axis, (low, high, weights) in plan.items():
+            self.register_buffer(f"low{axis}", torch.tensor(low), persistent=False)
+            self.register_buffer(f"high{axis}", torch.tensor(high), persistent=False)
+            if weights is not None:
+                self.register_buffer(f"weight{axis}", torch.tensor(weights), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for axis in self.axes:
+            low = x.index_select(axis, getattr(self, f"low{axis}"))
+            weight = getattr(self, f"weight{axis}", None)
+            if weight is None:
+                x = low
+                continue
+            high = x.index_select(axis, getattr(self, f"high{axis}"))
+            shape = [1] * x.dim()
+            shape[axis] = -1
+            weight = weight.to(x.dtype).reshape(shape)
+            x = low + (high - low) * weight
+        return x
+
+
+def _axis_plan(size: int, out: int, scale: float, attrs: dict, linear: bool):
+    coordinates = [_source_coordinate(x, size, out, scale, attrs["coordinate_transformation_mode"]) for x in range(out)]
+    if not linear:
+        pick = _NEAREST[attrs["nearest_mode"]]
+        index = [min(max(pick(c), 0), size - 1) for c in coordinates]
+        return index, index, None
+    floors = [math.floor(c) for c in coordinates]
+    low = [min(max(f, 0), size - 1) for f in floors]
+    high = [min(max(f + 1, 0), size - 1) for f in floors]
+    return low, high, [c - f for c, f in zip(coordinates, floors)]
+
+
+def _targets(node, graph, shape, axes, attrs) -> tuple[list[float], list[int]]:
+    """Per resized axis: the scale and the output size."""
+    if has_input(node, 3):
+        sizes = [int(v) for v in constant_input(node, graph, 3).tolist()]
+        policy = attrs.get("keep_aspect_ratio_policy", "stretch")
+        if policy == "stretch":
+            return [out / shape[a] for out, a in zip(sizes, axes)], sizes
+        pick = min if policy == "not_larger" else max
+        scale = pick(out / shape[a] for out, a in zip(sizes, axes))
+        return [scale] * len(axes), [math.floor(scale * shape[a] + 0.5) for a in axes]
+    scales = [float(v) for v in constant_input(node, graph, 2).tolist()]
+    return scales, [math.floor(shape[a] * s) for a, s in zip(axes, scales)]
+
+
+def _interpolate(scales, sizes, shape, axes, attrs, linear: bool):
+    """An F.interpolate call equal to this resize, or None."""
+    rank = len(shape)
+    if axes != list(range(2, rank)) or rank - 2 not in _INTERPOLATE_MODES:
+        return None
+    coordinates = attrs["coordinate_transformation_mode"]
+    same_size_scales = all(math.isclose(s, out / shape[a]) for s, out, a in zip(scales, sizes, axes))
+    if linear and coordinates in ("half_pixel", "align_corners") and same_size_scales:
+        mode = _INTERPOLATE_MODES[rank - 2]
+        return InterpolateTo(tuple(sizes), mode, coordinates == "align_corners")
+    if not linear and coordinates == "asymmetric" and attrs["nearest_mode"] == "floor" and same_size_scales:
+        return InterpolateTo(tuple(sizes), "nearest", None)
+    return None
+
+
+class InterpolateTo(nn.Module):
+    """``F.interpolate`` to a fixed size."""
+
+    def __init__(self, size: tuple[int, ...], mode: str, align_corners: bool | None):
+        super().__init__()
+        self.size, self.mode, self.align_corners = size, mode, align_corners
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.interpolate(x, self.size, mode=self.mode, align_corners=self.align_corners)
+
+
+@register("Resize", since=11)
+def resize(node, graph, context: ConversionContext):
+    attrs = dict(attributes(node))
+    attrs.setdefault("coordinate_transformation_mode", "half_pixel")
+    attrs.setdefault("nearest_mode", "round_prefer_floor")
+    mode = attrs.get("mode", "nearest")
+    if mode not in ("nearest", "linear"):
+        raise NotImplementedError(f"Resize: attribute mode={mode!r} is not supported")
+    coordinates = attrs["coordinate_transformation_mode"]
+    if coordinates not in _COORDINATES:
+        raise NotImplementedError(f"Resize: attribute coordinate_transformation_mode={coordinates!r} is not supported")
+    if any(has_input(node, p) and not is_constant(node, graph, p) for p in (2, 3)):
+        raise NotImplementedError("Resize: scales or sizes computed at run time are not supported")
+    shape = input_shape(node, graph, 0)
+    axes = [normalize_axis(a, len(shape)) for a in attrs.get("axes", range(len(shape)))]
+    scales, sizes = _targets(node, graph, shape, axes, attrs)
+    if attrs.get("antialias", 0) and any(s < 1 for s in scales):
+        raise NotImplementedError("Resize: attribute antialias=1 with downsampling is not supported")
+    kept = [i for i, (a, out) in enumerate(zip(axes, sizes)) if not (out == shape[a] and scales[i] == 1.0)]
+    axes, scales, sizes = [axes[i] for i in kept], [scales[i] for i in kept], [sizes[i] for i in kept]
+    linear = mode == "linear"
+    module = _interpolate(scales, sizes, shape, axes, attrs, linear)
+    if module is None:
+        plan = {a: _axis_plan(shape[a], out, s, attrs, linear) for a, s, out in zip(axes, scales, sizes)}
+        module = TableResize(plan)
+    return result(module, node, node.input_values[:1])

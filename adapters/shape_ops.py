@@ -1,0 +1,171 @@
+"""Shape-changing ops: Reshape, Squeeze, Unsqueeze, Flatten, Expand, Tile, Transpose, Identity, Shape, Size.
+
+With constant shape inputs (the usual case after folding) each becomes one tensor method call with
+the target baked in; a non-constant shape input falls back to a function reading it at run time.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .common import Inline, attributes, constant_ints, has_input, input_shape, normalize_axis, result
+from .registry import ConversionContext, register
+
+
+# Reshape ------------------------------------------------------------------------------------------
+def _reshape_dims(source: tuple[int, ...] | torch.Size, shape: list[int], allowzero: bool) -> list[int]:
+    """ONNX Reshape's target: 0 copies the input's dim unless ``allowzero``; -1 is inferred by torch."""
+    if allowzero:
+        return list(shape)
+    return [source[i] if dim == 0 else dim for i, dim in enumerate(shape)]
+
+
+def reshape_dynamic(x: torch.Tensor, shape: torch.Tensor, allowzero: bool) -> torch.Tensor:
+    """Reshape with a shape tensor known only at run time."""
+    return x.reshape(_reshape_dims(x.shape, shape.tolist(), allowzero))
+
+
+@register("Reshape", since=1)
+def reshape(node, graph, context: ConversionContext):
+    attrs = attributes(node)
+    allowzero = bool(attrs.get("allowzero", 0))
+    if context.opset < 5:
+        return result(Inline("reshape", tuple(attrs["shape"])), node, node.input_values[:1])
+    shape = constant_ints(node, graph, 1)
+    if shape is None:
+        return result(Inline(reshape_dynamic, allowzero), node)
+    dims = _reshape_dims(input_shape(node, graph, 0), shape, allowzero)
+    return result(Inline("reshape", tuple(dims)), node, node.input_values[:1])
+
+
+# Squeeze / Unsqueeze / Flatten --------------------------------------------------------------------
+def _axes(node, graph, context: ConversionContext, since_input: int) -> list[int] | None:
+    """The axes of Squeeze/Unsqueeze: an attribute before ``since_input``, an input from it on."""
+    if context.opset < since_input:
+        return attributes(node).get("axes")
+    return constant_ints(node, graph, 1)
+
+
+def squeeze_dynamic(x: torch.Tensor, axes: torch.Tensor) -> torch.Tensor:
+    """Squeeze with an axes tensor known only at run time."""
+    return torch.squeeze(x, tuple(axis % x.dim() for axis in axes.tolist()))
+
+
+@register("Squeeze", since=1)
+def squeeze(node, graph, context: ConversionContext):
+    shape = input_shape(node, graph, 0)
+    axes = _axes(node, graph, context, since_input=13)
+    if axes is None and context.opset >= 13 and has_input(node, 1):
+        return result(Inline(squeeze_dynamic), node)
+    if axes is None:
+        axes = [axis for axis, size in enumerate(shape) if size == 1]
+    dims = tuple(sorted(normalize_axis(axis, len(shape)) for axis in axes))
+    for axis in dims:
+        if shape[axis] != 1:
+            raise ValueError(f"Squeeze: axis {axis} has size {shape[axis]}, not 1")
+    return result(Inline(torch.squeeze, dims), node, node.input_values[:1])
+
+
+def _unsqueezed(shape: tuple[int, ...] | torch.Size, axes: list[int]) -> list[int]:
+    rank = len(shape) + len(axes)
+    positions = sorted(normalize_axis(axis, rank) for axis in axes)
+    dims = list(shape)
+    for position in positions:
+        dims.insert(position, 1)
+    return dims
+
+
+def unsqueeze_dynamic(x: torch.Tensor, axes: torch.Tensor) -> torch.Tensor:
+    """Unsqueeze with an axes tensor known only at run time."""
+    return x.reshape(_unsqueezed(x.shape, axes.tolist()))
+
+
+@register("Unsqueeze", since=1)
+def unsqueeze(node, graph, context: ConversionContext):
+    axes = _axes(node, graph, context, since_input=13)
+    if axes is None:
+        return result(Inline(unsqueeze_dynamic), node)
+    shape = input_shape(node, graph, 0)
+    if len(axes) == 1:
+        return result(Inline(torch.unsqueeze, normalize_axis(axes[0], len(shape) + 1)), node, node.input_values[:1])
+    return result(Inline("reshape", tuple(_unsqueezed(shape, axes))), node, node.input_values[:1])
+
+
+@register("Flatten", since=1)
+def flatten(node, graph, context: ConversionContext):
+    shape = input_shape(node, graph, 0)
+    axis = attributes(node).get("axis", 1)
+    axis = axis + len(shape) if axis < 0 else axis
+    if not 0 <= axis <= len(shape):
+        raise ValueError(f"Flatten: axis {axis} is out of range for rank {len(shape)}")
+    dims = (math.prod(shape[:axis]), math.prod(shape[axis:]))
+    return result(Inline("reshape", dims), node)
+
+
+# Expand / Tile / Transpose ------------------------------------------------------------------------
+def expand_dynamic(x: torch.Tensor, shape: torch.Tensor) -> torch.Tensor:
+    """Expand (bidirectional broadcast) to a shape known only at run time."""
+    return x.expand(torch.broadcast_shapes(x.shape, tuple(shape.tolist())))
+
+
+@register("Expand", since=8)
+def expand(node, graph, context: ConversionContext):
+    shape = constant_ints(node, graph, 1)
+    if shape is None:
+        return result(Inline(expand_dynamic), node)
+    target = tuple(torch.broadcast_shapes(input_shape(node, graph, 0), tuple(shape)))
+    return result(Inline("expand", target), node, node.input_values[:1])
+
+
+def tile_dynamic(x: torch.Tensor, repeats: torch.Tensor) -> torch.Tensor:
+    """Tile with repeats known only at run time."""
+    return x.repeat(repeats.tolist())
+
+
+@register("Tile", since=6)
+def tile(node, graph, context: ConversionContext):
+    repeats = constant_ints(node, graph, 1)
+    if repeats is None:
+        return result(Inline(tile_dynamic), node)
+    return result(Inline("repeat", tuple(repeats)), node, node.input_values[:1])
+
+
+@register("Transpose", since=1)
+def transpose(node, graph, context: ConversionContext):
+    rank = len(input_shape(node, graph, 0))
+    perm = attributes(node).get("perm", list(reversed(range(rank))))
+    return result(Inline("permute", tuple(normalize_axis(axis, rank) for axis in perm)), node)
+
+
+# Identity / Shape / Size --------------------------------------------------------------------------
+def identity(x: torch.Tensor) -> torch.Tensor:
+    """The input itself."""
+    return x
+
+
+@register("Identity", since=1)
+def identity_op(node, graph, context: ConversionContext):
+    return result(Inline(identity), node)
+
+
+def shape_of(x: torch.Tensor, start: int, end: int | None) -> torch.Tensor:
+    """``x.shape[start:end]`` as an int64 tensor (ONNX clamps out-of-range bounds, as slicing does)."""
+    return torch.tensor(x.shape[start:end], dtype=torch.int64)
+
+
+@register("Shape", since=1)
+def shape(node, graph, context: ConversionContext):
+    attrs = attributes(node)
+    return result(Inline(shape_of, attrs.get("start", 0), attrs.get("end")), node)
+
+
+def size_of(x: torch.Tensor) -> torch.Tensor:
+    """The element count of ``x`` as an int64 scalar tensor."""
+    return torch.tensor(x.numel(), dtype=torch.int64)
+
+
+@register("Size", since=1)
+def size(node, graph, context: ConversionContext):
+    return result(Inline(size_of), node)

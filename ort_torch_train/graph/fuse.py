@@ -1,0 +1,228 @@
+"""Fusion passes over a converted graph: exported op sequences back into the torch calls they came from.
+
+* ``matmul(x, W.permute(1, 0)) [+ b]`` -> ``F.linear(x, W[, b])`` (legacy and dynamo exporters
+  write nn.Linear on 3-D inputs this way).
+* ``softmax((q [* s1]) @ (kT [* s2]) [* s3 | / s3] [+ mask], -1) @ v`` ->
+  ``F.scaled_dot_product_attention(q, k, v, mask, scale=s1*s2*s3)`` (what nn.MultiheadAttention and
+  F.scaled_dot_product_attention are exported as); also with ``where(constant, -inf, scores)``
+  (``masked_fill``) in place of the additive mask, which becomes a boolean mask. torch's fused
+  attention kernel is much faster than the unfused sequence for short sequences (softmax alone has
+  a ~75 us floor on CPU).
+
+Both keep autograd exact up to float rounding. Nodes carry ``meta["val"]`` (a meta tensor) from
+the conversion loop; a pattern whose shapes are unknown is left alone.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import fx
+
+
+def fuse_graph(module: fx.GraphModule) -> None:
+    """Apply every fusion to ``module.graph`` in place, then drop what became dead (no recompile)."""
+    _fuse_linear(module.graph)
+    _fuse_attention(module)
+    module.graph.eliminate_dead_code()
+    _drop_unused_constants(module)
+
+
+def _drop_unused_constants(module: fx.GraphModule) -> None:
+    constants = getattr(module, "constants", None)
+    if constants is None:
+        return
+    used = {node.target for node in module.graph.nodes if node.op == "get_attr"}
+    for name in list(constants._buffers):
+        if f"constants.{name}" not in used:
+            del constants._buffers[name]
+
+
+def _val(node) -> torch.Tensor | None:
+    return node.meta.get("val") if isinstance(node, fx.Node) else None
+
+
+def _is_call(node, target, arg_count: int | None = None) -> bool:
+    op = "call_method" if isinstance(target, str) else "call_function"
+    return (
+        isinstance(node, fx.Node)
+        and node.op == op
+        and node.target == target
+        and not node.kwargs
+        and (arg_count is None or len(node.args) == arg_count)
+    )
+
+
+def _only_user(node: fx.Node) -> fx.Node | None:
+    return next(iter(node.users)) if len(node.users) == 1 else None
+
+
+# Linear -------------------------------------------------------------------------------------------
+def _fuse_linear(graph: fx.Graph) -> None:
+    for matmul in list(graph.nodes):
+        if not _is_call(matmul, torch.matmul, 2):
+            continue
+        x, transposed = matmul.args
+        if not (_is_call(transposed, "permute", 2) and tuple(transposed.args[1]) == (1, 0)):
+            continue
+        weight = transposed.args[0]
+        weight_val, x_val = _val(weight), _val(x)
+        if weight_val is None or x_val is None or x_val.dim() < 1 or x_val.dtype != weight_val.dtype:
+            continue
+        if not weight_val.is_floating_point():
+            continue
+        add = _only_user(matmul)
+        bias = _bias_of(add, matmul, weight_val)
+        target = add if bias is not None else matmul
+        with graph.inserting_before(target):
+            linear = graph.call_function(F.linear, (x, weight) if bias is None else (x, weight, bias))
+        linear.meta["val"] = _val(target)
+        target.replace_all_uses_with(linear)
+
+
+def _bias_of(add: fx.Node | None, matmul: fx.Node, weight_val: torch.Tensor) -> fx.Node | None:
+    """The 1-D bias that ``add`` adds to ``matmul``'s result, or None."""
+    if add is None or not _is_call(add, torch.add, 2) or matmul not in add.args:
+        return None
+    bias = add.args[1] if add.args[0] is matmul else add.args[0]
+    bias_val = _val(bias)
+    if bias is matmul or bias_val is None or bias_val.dtype != weight_val.dtype:
+        return None
+    return bias if tuple(bias_val.shape) == (weight_val.shape[0],) else None
+
+
+# Attention ----------------------------------------------------------------------------------------
+def _fuse_attention(module: fx.GraphModule) -> None:
+    graph = module.graph
+    for softmax in list(graph.nodes):
+        if not _is_call(softmax, torch.softmax, 2) or len(softmax.users) != 1:
+            continue
+        scores_val = _val(softmax)
+        if scores_val is None or scores_val.dim() < 3 or softmax.args[1] != scores_val.dim() - 1:
+            continue
+        output = _only_user(softmax)
+        if not (_is_call(output, torch.matmul, 2) and output.args[0] is softmax):
+            continue
+        parts = _attention_parts(module, softmax.args[0])
+        if parts is None:
+            continue
+        query, key_transposed, mask, scale = parts
+        value = output.args[1]
+        if not _same_batch(scores_val, query, key_transposed, value):
+            continue
+        with graph.inserting_before(output):
+            key = _untransposed(graph, key_transposed)
+            args = (query, key, value) if mask is None else (query, key, value, mask)
+            fused = graph.call_function(F.scaled_dot_product_attention, args, {"scale": scale})
+        fused.meta["val"] = _val(output)
+        output.replace_all_uses_with(fused)
+
+
+def _attention_parts(module: fx.GraphModule, scores: fx.Node):
+    """(query, key transposed, mask or None, scale) of the softmax input, or None."""
+    mask = None
+    if _is_call(scores, torch.where, 3) and len(scores.users) == 1:
+        found = _where_mask(module, scores)
+        if found is None:
+            return None
+        mask, scores = found
+    elif _is_call(scores, torch.add, 2) and len(scores.users) == 1:
+        scored = [arg for arg in scores.args if _leads_to_matmul(arg)]
+        if len(scored) != 1:
+            return None
+        mask = scores.args[1] if scores.args[0] is scored[0] else scores.args[0]
+        mask_val = _val(mask)
+        if mask_val is None or not mask_val.is_floating_point():
+            return None
+        scores = scored[0]
+    scale = 1.0
+    factor = _scalar_factor(scores)
+    if factor is not None:
+        scale, scores = factor, scores.args[0]
+    if not (_is_call(scores, torch.matmul, 2) and len(scores.users) == 1):
+        return None
+    query, key_transposed = scores.args
+    for operand in (query, key_transposed):
+        factor = _scalar_factor(operand)
+        if factor is not None:
+            scale *= factor
+    query = query.args[0] if _scalar_factor(query) is not None else query
+    key_transposed = key_transposed.args[0] if _scalar_factor(key_transposed) is not None else key_transposed
+    return query, key_transposed, mask, scale
+
+
+def _where_mask(module: fx.GraphModule, where: fx.Node) -> tuple[fx.Node, fx.Node] | None:
+    """For ``where(c, -inf, scores)`` / ``where(c, scores, -inf)`` with a constant ``c``: the boolean
+    mask of the positions that attend (a new constant) and ``scores``; else None."""
+    condition, if_true, if_false = where.args
+    condition_value = _constant(module, condition)
+    if condition_value is None or condition_value.dtype != torch.bool:
+        return None
+    for fill, scores, attend in ((if_true, if_false, ~condition_value), (if_false, if_true, condition_value)):
+        fill_value = _constant(module, fill)
+        if fill_value is not None and _leads_to_matmul(scores) and bool(torch.all(fill_value == -torch.inf)):
+            name = f"attention_mask{len(module.constants._buffers)}"
+            module.constants.register_buffer(name, attend.contiguous())
+            with module.graph.inserting_before(where):
+                mask = module.graph.get_attr(f"constants.{name}")
+            mask.meta["val"] = attend.to("meta")
+            return mask, scores
+    return None
+
+
+def _constant(module: fx.GraphModule, node) -> torch.Tensor | None:
+    """The value of a constant buffer, possibly cast with ``.to(dtype)``; None for anything else."""
+    if _is_call(node, "to", 2) and isinstance(node.args[1], torch.dtype):
+        value = _constant(module, node.args[0])
+        return None if value is None else value.to(node.args[1])
+    if isinstance(node, fx.Node) and node.op == "get_attr":
+        return module.get_buffer(node.target)
+    return None
+
+
+def _leads_to_matmul(node) -> bool:
+    """Whether ``node`` is a single-use matmul, possibly scaled by a Python float."""
+    if _scalar_factor(node) is not None:
+        node = node.args[0]
+    return _is_call(node, torch.matmul, 2) and len(node.users) == 1
+
+
+def _scalar_factor(node) -> float | None:
+    """``c`` for a single-use ``mul(x, c)`` (or ``1/c`` for ``div(x, c)``) with a Python float ``c``."""
+    if not isinstance(node, fx.Node) or len(node.users) != 1 or len(node.args) != 2 or node.kwargs:
+        return None
+    constant = node.args[1]
+    if not isinstance(constant, float) or not isinstance(node.args[0], fx.Node):
+        return None
+    if _is_call(node, torch.mul):
+        return constant
+    if _is_call(node, torch.div) and constant != 0.0:
+        return 1.0 / constant
+    return None
+
+
+def _same_batch(scores_val: torch.Tensor, query, key_transposed, value) -> bool:
+    """q (..., L, E), kT (..., E, S), v (..., S, Ev): same rank and batch dims, floating point."""
+    vals = [_val(node) for node in (query, key_transposed, value)]
+    if any(val is None or val.dim() != scores_val.dim() or not val.is_floating_point() for val in vals):
+        return False
+    q, kt, v = vals
+    batch = scores_val.shape[:-2]
+    return (
+        q.shape[:-2] == kt.shape[:-2] == v.shape[:-2] == batch
+        and q.shape[-1] == kt.shape[-2]
+        and kt.shape[-1] == v.shape[-2]
+        and q.dtype == kt.dtype == v.dtype == scores_val.dtype
+    )
+
+
+def _untransposed(graph: fx.Graph, key_transposed: fx.Node) -> fx.Node:
+    """The key (..., S, E): the input of a last-two-dims permute, else a new transpose node."""
+    rank = _val(key_transposed).dim()
+    swap = tuple(range(rank - 2)) + (rank - 1, rank - 2)
+    if _is_call(key_transposed, "permute", 2) and tuple(key_transposed.args[1]) == swap:
+        return key_transposed.args[0]
+    node = graph.call_method("transpose", (key_transposed, -2, -1))
+    node.meta["val"] = _val(key_transposed).transpose(-2, -1)
+    return node
+
