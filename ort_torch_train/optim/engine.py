@@ -60,7 +60,7 @@ class OptimizerEngine:
         elif state.optimizer.group_name != GROUP_NAME:
             raise CheckpointError(f"optimizer state group is named {state.optimizer.group_name!r}; "
                                   f"ORT uses exactly one group, {GROUP_NAME!r}")
-        self._prepared = False
+        self._prepared_device: torch.device | None = None
         if not state.is_nominal:  # a nominal state gets its moments at the first step, as in ORT
             self.refresh()
 
@@ -73,8 +73,8 @@ class OptimizerEngine:
         if not update_signal and not self.spec.has_update_signal:
             raise ValueError("OptimizerEngine.step: update_signal=False needs an optimizer model with an "
                              "update-signal input; this one has none")
-        if not self._prepared:
-            self.refresh()
+        if self._prepared_device is None or self._params[0].device != self._prepared_device:
+            self.refresh()  # first step, or the module moved to another device
         if self.spec.clip_max_norm is not None:
             clip_grad_norm_(self._grads, self.spec.clip_max_norm)
         if not update_signal:
@@ -110,7 +110,7 @@ class OptimizerEngine:
         self._scratch = None  # on CPU, fresh temporaries cost page faults at every step; CUDA caches them
         if self._implementation == "foreach" and params[0].device.type == "cpu":
             self._scratch = make_scratch(params, 2 if self.spec.kind == "adamw" else 1)
-        self._prepared = True
+        self._prepared_device = params[0].device
 
     def _choose_implementation(self) -> str:
         if self._requested_implementation is not None or self.spec.kind == "sgd":
