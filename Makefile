@@ -30,7 +30,7 @@ bench: $(STAMP)
 ORT_VENV := .venv-ort
 ort-venv:
 	test -x $(ORT_VENV)/bin/python || $(PYTHON) -m venv $(ORT_VENV)
-	$(ORT_VENV)/bin/pip install --quiet torch==2.13.0 "numpy<2" onnx==1.16.2 onnxruntime-training-cpu==1.19.2
+	$(ORT_VENV)/bin/pip install --quiet -c constraints.txt torch "numpy<2" onnx==1.16.2 onnxruntime-training-cpu==1.19.2
 
 fixtures: ort-venv
 	$(ORT_VENV)/bin/python tools/make_fixtures.py
