@@ -64,6 +64,7 @@ class TrainingEngine(nn.Module):
         self._train_params = [state.params[n] for n in train_params]
         self._eval_params = [state.params[n] for n in self.eval_layout.params] if self.eval_layout else []
         self._reset_pending = False
+        self._grads: list[torch.Tensor] | None = None  # built at the first reset (none exist while nominal)
         self.to(target)
 
     def _train_forward(self, training_model, eval_model) -> tuple[ForwardGraph, tuple[str, ...]]:
@@ -92,8 +93,10 @@ class TrainingEngine(nn.Module):
         self._require_values("TrainStep")
         inputs = self._on_device(inputs)
         if self._reset_pending:
-            grads = [self.training_state.params[n].grad for n in self.trainable_parameter_names]
-            torch._foreach_zero_(grads)
+            if self._grads is None:
+                self._grads = [self.training_state.params[n].grad for n in self.trainable_parameter_names]
+            if self._grads:
+                torch._foreach_zero_(self._grads)  # in place: the gradient tensors are never replaced
             self._reset_pending = False
         outputs = self.train_graph(inputs, self._train_params)
         loss = outputs[0]
