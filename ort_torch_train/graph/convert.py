@@ -120,7 +120,8 @@ def convert_graph(
         if initializer.name not in graph_inputs:
             builder.values[initializer.name] = _Value(tensor_from_proto(initializer), True, True)
 
-    with torch.no_grad():
+    # Example runs must not consume the random numbers training draws (dropout masks stay reproducible).
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
         for index, node in enumerate(graph.node):
             _convert_node(builder, node, index)
 

@@ -1,0 +1,7 @@
+"""``python -m ort_torch_train``: the ``ort-torch-train`` command line."""
+
+import sys
+
+from ort_torch_train.cli import main
+
+sys.exit(main())
