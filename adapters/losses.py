@@ -30,6 +30,11 @@ class NegativeLogLikelihood(nn.Module):
         return (loss, log_prob) if self.from_scores else loss
 
     def _check_labels(self, labels: torch.Tensor, classes: int) -> None:
+        if labels.numel() == 0:
+            return
+        low, high = torch.aminmax(labels)
+        if 0 <= int(low) and int(high) < classes:  # the common case: one reduction
+            return
         bad = ((labels < 0) | (labels >= classes)) & (labels != self.ignore_index)
         if bool(bad.any()):
             value = int(labels[bad].flatten()[0])
