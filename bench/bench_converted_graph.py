@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import statistics
-import time
 import warnings
 from collections.abc import Callable
 
@@ -22,6 +20,8 @@ import torch
 from torch import nn
 
 from ort_torch_train.graph.convert import TensorSpec, convert_graph
+
+from timing import interleaved_step_times, median
 
 
 class MLP(nn.Module):
@@ -90,22 +90,6 @@ def export_with_parameter_inputs(model: nn.Module, x: torch.Tensor, dynamo: bool
     return proto, [init.name for init in moved]
 
 
-def median_us(step: Callable[[], None], other: Callable[[], None], steps: int) -> tuple[float, float]:
-    """Median time of ``step`` and ``other``, interleaved so drift hits both alike."""
-    for _ in range(max(steps // 10, 5)):
-        step()
-        other()
-    first, second = [], []
-    for _ in range(steps):
-        start = time.perf_counter()
-        step()
-        first.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        other()
-        second.append(time.perf_counter() - start)
-    return statistics.median(first) * 1e6, statistics.median(second) * 1e6
-
-
 def run(name: str, dynamo: bool, steps: int) -> None:
     torch.manual_seed(0)
     model, x = MODELS[name]()
@@ -123,9 +107,10 @@ def run(name: str, dynamo: bool, steps: int) -> None:
     output_error = (expected - got).abs().max().item()
     grad_error = max((parameters[n].grad - c.grad).abs().max().item() for n, c in zip(names, copies))
 
-    eager_us, converted_us = median_us(
-        lambda: model(x).sum().backward(), lambda: gm(x, *copies)[0].sum().backward(), steps
-    )
+    times = interleaved_step_times(
+        {"eager": lambda: model(x).sum().backward(), "converted": lambda: gm(x, *copies)[0].sum().backward()},
+        rounds=steps, steps_per_round=1, warmup=max(steps // 10, 5))
+    eager_us, converted_us = (median(times[name]) * 1e6 for name in ("eager", "converted"))
     print(
         f"{name:18s} eager {eager_us:9.0f} us  converted {converted_us:9.0f} us  ratio {converted_us / eager_us:5.3f}"
         f"  |out err| {output_error:.1e}  |grad err| {grad_error:.1e}  fx nodes {len(gm.graph.nodes)}"

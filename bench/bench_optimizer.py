@@ -10,8 +10,6 @@ refcorpus MLP (Linear(20,32)-ReLU-Linear(32,5)). Prints the median step time and
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
@@ -21,6 +19,8 @@ from ort_torch_train.optim.adamw import adamw
 from ort_torch_train.optim.engine import OptimizerEngine
 from ort_torch_train.optim.optimizer_model import OptimizerSpec
 from ort_torch_train.optim.scratch import make_scratch
+
+from timing import interleaved_step_times, median, render_table
 
 
 def transformer_shapes(layers: int = 4, d_model: int = 256, d_ff: int = 1024, vocab: int = 1000,
@@ -36,26 +36,6 @@ def transformer_shapes(layers: int = 4, d_model: int = 256, d_ff: int = 1024, vo
 
 
 MLP_SHAPES = [(32, 20), (32,), (5, 32), (5,)]
-
-
-def median_step_seconds(steps: dict[str, Callable[[], None]], device: torch.device, iters: int, warmup: int,
-                        rounds: int = 10) -> dict[str, float]:
-    """Median seconds per step of each contender, interleaved in rounds so that load changes hit all alike."""
-    for step in steps.values():
-        for _ in range(warmup):
-            step()
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(rounds):
-        for name, step in steps.items():
-            for _ in range(max(1, iters // rounds)):
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                start = time.perf_counter()
-                step()
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def contenders(shapes: list[tuple[int, ...]], device: torch.device) -> dict[str, Callable[[], None]]:
@@ -119,11 +99,13 @@ def main() -> None:
     for title, shapes in (("transformer 4 x d256", transformer_shapes()), ("mlp 20-32-5", MLP_SHAPES)):
         numel = sum(torch.Size(s).numel() for s in shapes)
         print(f"\n{title}: {len(shapes)} tensors, {numel:,} parameters")
-        timings = median_step_seconds(contenders(shapes, device), device, args.iters, args.warmup)
+        sync = torch.cuda.synchronize if device.type == "cuda" else None
+        times = interleaved_step_times(contenders(shapes, device), rounds=10, steps_per_round=max(1, args.iters // 10),
+                                       warmup=args.warmup, sync=sync)
+        timings = {name: median(values) for name, values in times.items()}
         baseline = timings["torch AdamW fused"]
-        print(f"  {'implementation':32s} {'median us':>12s} {'vs torch fused':>15s}")
-        for name, seconds in timings.items():
-            print(f"  {name:32s} {seconds * 1e6:12.1f} {seconds / baseline:14.2f}x")
+        rows = [[name, f"{seconds * 1e6:.1f}", f"{seconds / baseline:.2f}x"] for name, seconds in timings.items()]
+        print(render_table(["implementation", "median us", "vs torch fused"], rows))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,93 @@
+"""The benchmark models: torch definitions, batch shapes and seeded data (torch + numpy only).
+
+Both virtualenvs import this file: the ORT venv exports and generates artifacts from it, the workers
+build the hand-written eager baseline from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+OPSET = 17
+LEARNING_RATE = 1e-3
+ADAMW_EPS = 1e-6  # onnxblock AdamW defaults: adam_mode 1, bias correction, weight decay 0
+WEIGHT_SEED = 0
+DATA_SEED = 1234
+
+
+class PooledEncoder(nn.Module):
+    """TransformerEncoder (post-LN, ReLU, no dropout, batch_first) + mean over tokens + Linear head."""
+
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int, layers: int, classes: int) -> None:
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(d_model, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x).mean(dim=1))
+
+
+@dataclass(frozen=True)
+class BenchModel:
+    """One benchmark model: how to build it, its batch, and default step counts per round."""
+
+    name: str
+    description: str
+    build_module: Callable[[], nn.Module]
+    example_shape: tuple[int, ...]  # one example, without the batch dimension
+    batch: int
+    classes: int
+    steps: int  # timed steps per round by default
+    warmup: int
+
+    def build(self) -> nn.Module:
+        """The model with seeded weights, in training mode (the same weights in every process)."""
+        torch.manual_seed(WEIGHT_SEED)
+        return self.build_module().train()
+
+    def batch_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """The fixed (x float32, y int64) batch every step trains on."""
+        rng = np.random.default_rng(DATA_SEED)
+        x = rng.standard_normal((self.batch, *self.example_shape)).astype(np.float32)
+        y = rng.integers(0, self.classes, size=self.batch).astype(np.int64)
+        return x, y
+
+    def describe(self) -> dict:
+        """What defines the benchmark (for reports and the artifact cache key)."""
+        return {"name": self.name, "description": self.description, "input": [self.batch, *self.example_shape],
+                "classes": self.classes, "loss": "CrossEntropyLoss (mean)",
+                "optimizer": f"AdamW (onnxblock: adam_mode 1, eps {ADAMW_EPS}, weight_decay 0), lr {LEARNING_RATE}",
+                "export": f"torch.onnx.export legacy, opset {OPSET}, TrainingMode.TRAINING, no constant folding"}
+
+
+def _mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 5))
+
+
+def _cnn() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(100, 10))
+
+
+def _tinyformer() -> nn.Module:
+    return PooledEncoder(d_model=16, nhead=2, dim_feedforward=32, layers=1, classes=4)
+
+
+def _encoder() -> nn.Module:
+    return PooledEncoder(d_model=256, nhead=4, dim_feedforward=1024, layers=4, classes=4)
+
+
+MODELS: dict[str, BenchModel] = {m.name: m for m in [
+    BenchModel("mlp", "Linear(20,32)-ReLU-Linear(32,5)", _mlp, (20,), 64, 5, steps=1000, warmup=100),
+    BenchModel("cnn", "Conv2d(1,4,3)-ReLU-MaxPool2d(2)-Flatten-Linear(100,10)", _cnn, (1, 12, 12), 64, 10,
+               steps=500, warmup=50),
+    BenchModel("tinyformer", "TransformerEncoderLayer(d16, 2 heads, ff 32) + mean-pool + Linear(16,4)",
+               _tinyformer, (12, 16), 16, 4, steps=300, warmup=30),
+    BenchModel("encoder", "TransformerEncoder(4 layers, d256, 4 heads, ff 1024) + mean-pool + Linear(256,4)",
+               _encoder, (128, 256), 16, 4, steps=4, warmup=3),
+]}

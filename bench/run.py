@@ -1,0 +1,137 @@
+"""Benchmark a full training step: this project vs. hand-written eager PyTorch vs. onnxruntime-training 1.19.2.
+
+    .venv/bin/python bench/run.py [--models mlp cnn tinyformer encoder] [--compile] [--device cpu|cuda]
+                                  [--steps N] [--rounds R] [--warmup W] [--threads T] [--quick] [--no-ort]
+    .venv/bin/python bench/run.py --profile MODEL [--profile-config ours|ours-compile] [--profile-steps N]
+
+Each model is trained by (a) ort_torch_train eager, (b) ort_torch_train compile=True (--compile),
+(c) the same model in eager PyTorch with fused AdamW, (d) onnxruntime-training on ORT's own artifacts;
+each in its own process, timed in interleaved rounds. Prints the table and writes it as JSON and
+Markdown under bench/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from artifacts import prepare_artifacts
+from models import MODELS
+from orchestrate import ConfigResult, Settings, run_model
+from report import HEADERS, machine_info, table_rows, write_results
+from timing import render_table
+
+BENCH = Path(__file__).resolve().parent
+NO_ORT_ON_CUDA = ("onnxruntime-training's CUDA build is not installable here (only onnxruntime-training-cpu "
+                  "1.19.2); ORT is timed on CPU only")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
+    parser.add_argument("--compile", action="store_true",
+                        help="also time compile=True (inductor compiles each model first: seconds to minutes)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] ((d) is CPU-only: n/a on cuda)")
+    parser.add_argument("--steps", type=int, help="timed steps per round (default: per model)")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--warmup", type=int, help="untimed steps first (default: per model)")
+    parser.add_argument("--threads", type=int, default=2, help="CPU threads of every configuration")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 5 steps, 1 round, 2 warmup steps")
+    parser.add_argument("--no-ort", action="store_true", help="use this project's generator and skip ORT")
+    parser.add_argument("--torch-inputs", action="store_true",
+                        help="feed (a) and (b) torch tensors instead of the numpy arrays ORT gets")
+    parser.add_argument("--profile", choices=list(MODELS), metavar="MODEL",
+                        help="print torch.profiler tables for (a) vs (c) instead of benchmarking")
+    parser.add_argument("--profile-config", choices=["ours", "ours-compile"], default="ours",
+                        help="profile (a) (default) or (b)")
+    parser.add_argument("--profile-steps", type=int, default=20)
+    parser.add_argument("--out", type=Path, default=BENCH / "results", help="where the JSON/Markdown go")
+    parser.add_argument("--cache", type=Path, default=BENCH / ".cache", help="artifact cache")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.steps = args.steps or 5
+        args.rounds, args.warmup = 1, args.warmup if args.warmup is not None else 2
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device here")
+    return args
+
+
+def benchmark(args: argparse.Namespace, command: str) -> int:
+    """Run every model, print the table, write the result files."""
+    settings = Settings(args.threads, args.device, args.rounds, args.steps, args.warmup, args.torch_inputs)
+    cuda = args.device.startswith("cuda")
+    header = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": command,
+              "machine": machine_info(args.device),
+              "settings": {"threads": args.threads, "device": args.device, "rounds": args.rounds,
+                           "torch_inputs": args.torch_inputs or cuda,
+                           "steps_per_round": {m: settings.steps_for(MODELS[m]) for m in args.models},
+                           "warmup": {m: settings.warmup_for(MODELS[m]) for m in args.models}},
+              "models": {m: MODELS[m].describe() for m in args.models},
+              "memory": "torch.cuda.max_memory_allocated" if cuda else "peak RSS of the configuration's process"}
+    print(f"{header['machine']['cpu']}, {header['machine']['cores']} cores, load "
+          f"{header['machine']['load_average_1_5_15']}, {args.threads} threads, device {args.device}", flush=True)
+    results: list[ConfigResult] = []
+    notes: list[str] = []
+    log_dir = args.cache / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    for name in args.models:
+        model = MODELS[name]
+        artifacts = prepare_artifacts(model, args.cache, use_ort=not args.no_ort)
+        print(f"{name}: artifacts by {artifacts.generator} ({artifacts.directory})", flush=True)
+        ort_missing = NO_ORT_ON_CUDA if cuda else artifacts.ort_missing
+        configs = ["ours"] + (["ours-compile"] if args.compile else []) + ["torch"] + ([] if ort_missing else ["ort"])
+        results += run_model(model, artifacts, configs, settings, log_dir,
+                             progress=lambda text: print(text, flush=True))
+        if ort_missing:
+            results.append(ConfigResult(name, "ort", error=ort_missing))
+        notes += model_notes(name, artifacts.generator, [r for r in results if r.model == name])
+    header["machine"]["load_average_at_end"] = list(os.getloadavg())
+    if not args.compile:
+        notes.append("ours compile (b) not run: pass --compile")
+    if cuda or args.torch_inputs:
+        notes.append("(a), (b) and (c) are fed torch tensors on the device, (d) numpy arrays")
+    else:
+        notes.append("(a), (b) and (d) are fed the same numpy arrays (the ORT API), (c) torch tensors")
+    print()
+    print(render_table(HEADERS, table_rows(results), left=2))
+    for note in notes:
+        print(f"- {note}")
+    json_path, md_path = write_results(args.out, results, header, notes)
+    print(f"\nresults: {json_path}\n         {md_path}")
+    return 1 if any(r.error and r.config != "ort" for r in results) else 0
+
+
+def model_notes(name: str, generator: str, results: list[ConfigResult]) -> list[str]:
+    """Where the artifacts came from, failures, and the final losses (all start from the same weights)."""
+    notes = [f"{name}: artifacts made by {generator} generate_artifacts"]
+    notes += [f"{name} / {r.config}: {r.error}" for r in results if r.error]
+    losses = {r.config: r.last_loss for r in results if r.last_loss is not None}
+    if losses:
+        notes.append(f"{name}: last loss (same weights, batch and step count): "
+                     + ", ".join(f"{config} {loss:.5g}" for config, loss in losses.items()))
+    return notes
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    python = os.path.relpath(sys.executable) if Path(sys.executable).is_relative_to(Path.cwd()) else sys.executable
+    command = shlex.join([python, "bench/run.py", *(sys.argv[1:] if argv is None else argv)])
+    if args.profile:
+        from profiling import profile_model
+
+        model = MODELS[args.profile]
+        artifacts = prepare_artifacts(model, args.cache, use_ort=not args.no_ort)
+        profile_model(model, artifacts, threads=args.threads, device=args.device, steps=args.profile_steps,
+                      config=args.profile_config, torch_inputs=args.torch_inputs)
+        return 0
+    return benchmark(args, command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

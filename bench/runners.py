@@ -1,0 +1,131 @@
+"""One training step of each configuration, split into named phases.
+
+Every runner trains the same model from the same weights on the same fixed batch:
+
+- ``ours`` / ``ours-compile``: ``loss = module(x, y); optimizer.step(); module.lazy_reset_grad()`` with
+  ``ort_torch_train.api`` on the artifacts (``compile=True`` for the second);
+- ``torch``: the model written in eager PyTorch, CrossEntropy, backward, ``torch.optim.AdamW(fused=True)``,
+  ``zero_grad(set_to_none=False)``;
+- ``ort``: the same loop as ``ours`` with onnxruntime-training (run in its own venv).
+
+torch is imported only by the runners that use it, so the ORT worker's memory is ORT's alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+CONFIGS = ("ours", "ours-compile", "torch", "ort")
+
+
+@dataclass
+class Runner:
+    """A training step as named phases (run in order), a device sync, and the last loss."""
+
+    phases: list[tuple[str, Callable[[], object]]]
+    sync: Callable[[], None] | None
+    last_loss: Callable[[], float]
+    peak_memory_mb: Callable[[], float] | None = None  # device memory; None: the process's peak RSS
+
+
+def make_runner(config: str, artifacts: Path, x: np.ndarray, y: np.ndarray, *, threads: int, device: str,
+                lr: float, model_name: str, torch_inputs: bool = False) -> Runner:
+    """The runner of ``config`` (one of CONFIGS) with ``threads`` CPU threads.
+
+    ``ours``/``ours-compile`` get numpy arrays, as ORT does, unless ``torch_inputs`` (always on CUDA).
+    """
+    if config == "ort":
+        return _ort_runner(artifacts, x, y, threads=threads, lr=lr)
+    import torch
+
+    torch.set_num_threads(threads)
+    if torch.get_num_interop_threads() != 1:  # settable once per process, before any parallel work
+        torch.set_num_interop_threads(1)
+    if config == "torch":
+        return _torch_runner(model_name, x, y, device=device, lr=lr)
+    if config in ("ours", "ours-compile"):
+        return _ours_runner(artifacts, x, y, device=device, lr=lr, compile=config == "ours-compile",
+                            torch_inputs=torch_inputs or device.startswith("cuda"))
+    raise ValueError(f"unknown config {config!r}; expected one of {CONFIGS}")
+
+
+def _torch_device_hooks(device: str) -> tuple[Callable[[], None] | None, Callable[[], float] | None]:
+    import torch
+
+    if device.startswith("cuda"):
+        return torch.cuda.synchronize, lambda: torch.cuda.max_memory_allocated() / 2**20
+    return None, None
+
+
+def _ours_runner(artifacts: Path, x: np.ndarray, y: np.ndarray, *, device: str, lr: float, compile: bool,
+                 torch_inputs: bool) -> Runner:
+    import torch
+
+    from ort_torch_train.api import CheckpointState, Module, Optimizer
+
+    state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
+    module = Module(artifacts / "training_model.onnx", state, artifacts / "eval_model.onnx", device=device,
+                    compile=compile)
+    optimizer = Optimizer(artifacts / "optimizer_model.onnx", module)
+    optimizer.set_learning_rate(lr)
+    module.train()
+    if torch_inputs:
+        x, y = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
+    loss = [None]
+
+    def forward_backward() -> None:
+        loss[0] = module(x, y)
+
+    sync, peak = _torch_device_hooks(device)
+    phases = [("forward+backward", forward_backward), ("optimizer", optimizer.step),
+              ("reset grad", module.lazy_reset_grad)]
+    return Runner(phases, sync, lambda: float(loss[0]), peak)
+
+
+def _torch_runner(model_name: str, x: np.ndarray, y: np.ndarray, *, device: str, lr: float) -> Runner:
+    import torch
+
+    from models import ADAMW_EPS, MODELS
+
+    model = MODELS[model_name].build().to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, eps=ADAMW_EPS, weight_decay=0.0, fused=True)
+    criterion = torch.nn.CrossEntropyLoss()
+    inputs, targets = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
+    loss = [None]
+
+    def forward_backward() -> None:
+        loss[0] = criterion(model(inputs), targets)
+        loss[0].backward()
+
+    sync, peak = _torch_device_hooks(device)
+    phases = [("forward+backward", forward_backward), ("optimizer", optimizer.step),
+              ("reset grad", lambda: optimizer.zero_grad(set_to_none=False))]
+    return Runner(phases, sync, lambda: float(loss[0]), peak)
+
+
+def _ort_runner(artifacts: Path, x: np.ndarray, y: np.ndarray, *, threads: int, lr: float) -> Runner:
+    import onnxruntime as ort
+    from onnxruntime.training.api import CheckpointState, Module, Optimizer
+
+    ort.set_default_logger_severity(3)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    state = CheckpointState.load_checkpoint(str(artifacts / "checkpoint"))
+    module = Module(str(artifacts / "training_model.onnx"), state, str(artifacts / "eval_model.onnx"),
+                    device="cpu", session_options=options)
+    optimizer = Optimizer(str(artifacts / "optimizer_model.onnx"), module)
+    optimizer.set_learning_rate(lr)
+    module.train()
+    loss = [None]
+
+    def forward_backward() -> None:
+        loss[0] = module(x, y)
+
+    phases = [("forward+backward", forward_backward), ("optimizer", optimizer.step),
+              ("reset grad", module.lazy_reset_grad)]
+    return Runner(phases, None, lambda: float(loss[0]))

@@ -1,0 +1,47 @@
+"""bench/run.py --quick end to end on the MLP: the table and the result files have their shape (no speed asserted)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_quick_benchmark_writes_table_and_results(tmp_path: Path) -> None:
+    out, cache = tmp_path / "results", tmp_path / "cache"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "run.py"), "--quick", "--models", "mlp", "--no-ort", "--threads", "1",
+         "--steps", "3", "--out", str(out), "--cache", str(cache)],
+        capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    assert "model  config" in proc.stdout
+    for label in ("ours eager (a)", "torch eager (c)", "ORT 1.19.2 (d)"):
+        assert label in proc.stdout
+    [json_path] = out.glob("*.json")
+    [md_path] = out.glob("*.md")
+    assert str(json_path) in proc.stdout
+
+    report = json.loads(json_path.read_text())
+    assert {"date", "command", "machine", "settings", "models", "results", "notes"} <= set(report)
+    assert {"cpu", "cores", "torch", "load_average_1_5_15"} <= set(report["machine"])
+    assert report["settings"]["threads"] == 1
+    by_config = {entry["config"]: entry for entry in report["results"]}
+    assert set(by_config) == {"ours", "torch", "ort"}
+    assert by_config["ort"]["error"] == "--no-ort given"
+    for config in ("ours", "torch"):
+        entry = by_config[config]
+        assert entry["error"] is None and entry["model"] == "mlp"
+        assert entry["steps_timed"] == 3
+        assert set(entry["median_s"]) == {"step", "forward+backward", "optimizer", "reset grad"}
+        assert all(seconds > 0 for seconds in entry["median_s"].values())
+        assert entry["peak_memory_mb"] > 0 and len(entry["round_medians_s"]) == 1
+    # same weights, data and step count: the losses agree
+    assert abs(by_config["ours"]["last_loss"] - by_config["torch"]["last_loss"]) < 1e-3
+
+    table = md_path.read_text()
+    assert "| model | config | step | steps/s | vs torch | vs ORT |" in table
+    assert "| mlp | ours eager (a) |" in table and "| mlp | ORT 1.19.2 (d) | n/a |" in table
