@@ -72,18 +72,36 @@ def adamw(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], exp
     elif implementation == "fused" and not _fused_kernel_accepts(params, grads, exp_avgs, exp_avg_sqs):
         raise ValueError("adamw: implementation 'fused' needs all tensors on one cpu or cuda device with "
                          f"one floating dtype; got devices {_devices(params)} and dtypes {_dtypes(params)}")
-    if implementation == "fused" and _fused_step(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1,
-                                                 beta2, eps, weight_decay, adam_mode, correct_bias):
-        return
-    bias_correction1, bias_correction2, corrected_lr = ort_step_scalars(step, lr, beta1, beta2, correct_bias)
-    scalars = dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay, adam_mode=adam_mode,
-                   bias_correction1=bias_correction1, bias_correction2=bias_correction2, corrected_lr=corrected_lr)
-    if implementation == "single":
-        _single_update(params, grads, exp_avgs, exp_avg_sqs, **scalars)
-    elif implementation == "compiled":
-        compiled_adamw(params, grads, exp_avgs, exp_avg_sqs, **scalars)
-    else:
-        _foreach_update(params, grads, exp_avgs, exp_avg_sqs, scratch=scratch, **scalars)
+    adamw_prepared(params, grads, exp_avgs, exp_avg_sqs, step=step, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+                   weight_decay=weight_decay, adam_mode=adam_mode, correct_bias=correct_bias,
+                   implementation=implementation, scratch=scratch)
+
+
+def adamw_prepared(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], exp_avg_sqs: list[Tensor],
+                   *, step: int, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
+                   adam_mode: int, correct_bias: bool, implementation: str,
+                   scratch: tuple[list[Tensor], list[Tensor]] | None = None,
+                   step_tensor: Tensor | None = None) -> None:
+    """``adamw`` without the argument checks, for callers that validated once (the optimizer engine).
+
+    Hyperparameters must already be float32 values and ``implementation`` a concrete choice that
+    accepts these tensors. ``step_tensor`` (a float32 scalar on the params' device) is reused by
+    "fused" instead of allocating one per step.
+    """
+    with torch.no_grad():
+        if implementation == "fused" and _fused_step(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1, beta2,
+                                                     eps, weight_decay, adam_mode, correct_bias, step_tensor):
+            return
+        bias_correction1, bias_correction2, corrected_lr = ort_step_scalars(step, lr, beta1, beta2, correct_bias)
+        scalars = dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay, adam_mode=adam_mode,
+                       bias_correction1=bias_correction1, bias_correction2=bias_correction2,
+                       corrected_lr=corrected_lr)
+        if implementation == "single":
+            _single_update(params, grads, exp_avgs, exp_avg_sqs, **scalars)
+        elif implementation == "compiled":
+            compiled_adamw(params, grads, exp_avgs, exp_avg_sqs, **scalars)
+        else:
+            _foreach_update(params, grads, exp_avgs, exp_avg_sqs, scratch=scratch, **scalars)
 
 
 def _foreach_update(params, grads, exp_avgs, exp_avg_sqs, *, lr, beta1, beta2, eps, weight_decay,
@@ -134,7 +152,7 @@ def _single_update(params, grads, exp_avgs, exp_avg_sqs, *, lr, beta1, beta2, ep
 
 
 def _fused_step(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1, beta2, eps, weight_decay,
-                adam_mode, correct_bias) -> bool:
+                adam_mode, correct_bias, step_tensor=None) -> bool:
     """Run ``torch._fused_adamw_``; return False (nothing done) when the step's scalars do not fit it.
 
     torch's kernel is mode 0. Mode 1 is mode 0 with per-step scalars (bc1, bc2 as torch computes them):
@@ -153,7 +171,10 @@ def _fused_step(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1, beta2, ep
         if fused_lr == 0.0 or not math.isfinite(fused_lr):
             return False
         lr, weight_decay, eps = fused_lr, decay / fused_lr, eps / sqrt_bias_correction2
-    step_tensor = torch.full((), float(step), dtype=torch.float32, device=params[0].device)
+    if step_tensor is None:
+        step_tensor = torch.full((), float(step), dtype=torch.float32, device=params[0].device)
+    else:
+        step_tensor.fill_(float(step))
     torch._fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, [], [step_tensor] * len(params), lr=lr,
                         beta1=beta1, beta2=beta2, weight_decay=weight_decay, eps=eps, amsgrad=False,
                         maximize=False)

@@ -15,7 +15,7 @@ from torch import Tensor
 from ort_torch_train.checkpoint.state import OptimizerState, TrainingState
 from ort_torch_train.errors import CheckpointError
 from ort_torch_train.optim.adamw import IMPLEMENTATIONS as ADAMW_IMPLEMENTATIONS
-from ort_torch_train.optim.adamw import adamw, choose_adamw_implementation
+from ort_torch_train.optim.adamw import adamw_prepared, choose_adamw_implementation
 from ort_torch_train.optim.clip import clip_grad_norm_
 from ort_torch_train.optim.float32 import to_float32
 from ort_torch_train.optim.optimizer_model import OptimizerSpec
@@ -83,10 +83,11 @@ class OptimizerEngine:
         step = optimizer_state.step + 1
         spec = self.spec
         if spec.kind == "adamw":
-            adamw(self._params, self._grads, *self._moments, step=step, lr=self._learning_rate,
-                  beta1=spec.beta1, beta2=spec.beta2, eps=spec.epsilon, weight_decay=spec.weight_decay,
-                  adam_mode=spec.adam_mode, correct_bias=spec.correct_bias,
-                  implementation=self._implementation, scratch=self._scratch)
+            adamw_prepared(self._params, self._grads, *self._moments, step=step, lr=self._learning_rate,
+                           beta1=spec.beta1, beta2=spec.beta2, eps=spec.epsilon, weight_decay=spec.weight_decay,
+                           adam_mode=spec.adam_mode, correct_bias=spec.correct_bias,
+                           implementation=self._implementation, scratch=self._scratch,
+                           step_tensor=self._step_tensor)
         else:
             sgd(self._params, self._grads, lr=self._learning_rate, implementation=self._implementation,
                 scratch=self._scratch)
@@ -107,6 +108,7 @@ class OptimizerEngine:
         self._grads = [param.grad for param in params]
         self._moments = [[momentums[name][key] for name in self.param_names] for key in self.spec.momentum_names]
         self._implementation = self._choose_implementation()
+        self._step_tensor = torch.zeros((), dtype=torch.float32, device=params[0].device)  # reused by "fused"
         self._scratch = None  # on CPU, fresh temporaries cost page faults at every step; CUDA caches them
         if self._implementation == "foreach" and params[0].device.type == "cpu":
             self._scratch = make_scratch(params, 2 if self.spec.kind == "adamw" else 1)
