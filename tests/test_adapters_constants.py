@@ -4,7 +4,6 @@ import numpy as np
 import onnx
 import pytest
 from adapter_harness import check, check_dynamic, check_gradients, rand
-from onnx import helper
 
 I64 = np.int64
 

@@ -1,6 +1,5 @@
 """Gemm, MatMul, MaxPool (with Indices), AveragePool, GlobalAveragePool, GlobalMaxPool."""
 
-import numpy as np
 import pytest
 from adapter_harness import check, check_gradients, rand
 

@@ -8,7 +8,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
-import onnx
 import pytest
 import torch
 from onnx import TensorProto, helper

@@ -92,7 +92,7 @@ def dropout_probe(run: FixtureRun, args: dict) -> dict:
     ratios_arr = np.array(ratios)
     return {
         "how": "separate throw-away artifacts with additional_output_names=[ReLU output, Dropout output]; "
-               f"20 train calls on the train batches; counts over positions where ReLU output > 0",
+               "20 train calls on the train batches; counts over positions where ReLU output > 0",
         "relu_output": relu_out, "dropout_output": drop_out,
         "train_fraction_zeroed": 1.0 - kept / total, "positive_positions": total,
         "kept_scale_min": float(ratios_arr.min()), "kept_scale_max": float(ratios_arr.max()),

@@ -22,7 +22,9 @@ class Module(TrainingEngine):
     torch out (on the module's device), OrtValue in -> OrtValue out. It is also an ``nn.Module``:
     ``parameters()``, ``state_dict()``, ``.to(device)`` and ``forward()`` (differentiable, no backward).
     ``compile=True`` (or a torch.compile mode such as "max-autotune") runs the converted graphs, their
-    backward and the optimizer update through torch.compile.
+    backward and the optimizer update through torch.compile. ``session_options`` (an ORT
+    SessionOptions) is accepted for compatibility and not used: threads are torch's
+    (``torch.set_num_threads``).
     """
 
     def __init__(

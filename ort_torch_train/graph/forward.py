@@ -8,7 +8,6 @@ from dataclasses import dataclass
 
 import onnx
 import torch
-from torch import fx
 
 from ort_torch_train.dtypes import dtype_name, onnx_elem_type, ort_tensor_type, torch_dtype
 from ort_torch_train.errors import InputError, InputTypeError
