@@ -81,5 +81,5 @@ class Case:
         evaluation = self.artifact("eval_model.onnx") if eval_model else None
         return Module(self.artifact("training_model.onnx"), state, evaluation, device=device)
 
-    def optimizer(self, module: Module) -> Optimizer:
-        return Optimizer(self.artifact("optimizer_model.onnx"), module)
+    def optimizer(self, module: Module, implementation: str | None = None) -> Optimizer:
+        return Optimizer(self.artifact("optimizer_model.onnx"), module, implementation=implementation)

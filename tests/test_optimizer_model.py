@@ -52,11 +52,10 @@ def build(kind="adamw", attrs=None, clip=None, inputs=None, node_inputs=None, ex
 
 
 # ---- accepted -------------------------------------------------------------------------------------
-@pytest.mark.skipif(not REFCORPUS.is_dir(), reason="refcorpus not available")
-@pytest.mark.parametrize("model", ["mlp", "mlp_frozen", "cnn", "bce", "regress_mse"])
-def test_refcorpus_optimizer_models(model):
-    spec = read_optimizer_model(REFCORPUS / model / "artifacts" / "optimizer_model.onnx")
-    node = json.loads((REFCORPUS / model / "graphs.json").read_text())["optimizer_model.onnx"]["com_microsoft_nodes"][0]
+def test_ort_made_optimizer_models(corpus_case):
+    spec = read_optimizer_model(corpus_case / "artifacts" / "optimizer_model.onnx")
+    graphs = json.loads((corpus_case / "graphs.json").read_text())
+    node = graphs["optimizer_model.onnx"]["com_microsoft_nodes"][0]
     if node["op_type"] == "SGDOptimizerV2":
         assert spec.kind == "sgd" and spec.momentum_names == ("momentum0",)
     else:

@@ -21,9 +21,9 @@ def _train(case, module, optimizer, steps: range) -> list[float]:
     return losses
 
 
-def _trained(case):
+def _trained(case, implementation=None):
     module = case.module()
-    optimizer = case.optimizer(module)
+    optimizer = case.optimizer(module, implementation)
     losses = _train(case, module, optimizer, range(case.steps))
     return module, optimizer, losses
 
@@ -33,9 +33,10 @@ def _deterministic(case):
         pytest.skip("ORT's training step is random here (dropout)")
 
 
-def test_trajectory_matches_ort(case):
+@pytest.mark.parametrize("implementation", [None, "foreach"], ids=["default-kernel", "foreach-kernel"])
+def test_trajectory_matches_ort(case, implementation):
     _deterministic(case)
-    module, optimizer, losses = _trained(case)
+    module, optimizer, losses = _trained(case, implementation)
     np.testing.assert_allclose(losses, case.expected["train"]["losses"], rtol=0, atol=1e-5)
     for name in case.param_names:
         np.testing.assert_allclose(

@@ -25,11 +25,16 @@ class Optimizer:
     Args:
         optimizer_uri: the optimizer model (path, bytes or ModelProto) from ``generate_artifacts``.
         module: the Module to train (its ``training_state`` and ``trainable_parameter_names``).
+        implementation: the update kernel, beyond ORT's API: "fused" (default where it applies),
+            "foreach"/"single" (ORT's exact float32 op order) or "compiled" (default with
+            ``Module(compile=True)``).
     """
 
-    def __init__(self, optimizer_uri: str | os.PathLike | bytes | onnx.ModelProto, module: Any):
+    def __init__(self, optimizer_uri: str | os.PathLike | bytes | onnx.ModelProto, module: Any, *,
+                 implementation: str | None = None):
         spec = read_optimizer_model(optimizer_uri)
-        implementation = "compiled" if getattr(module, "compile_mode", False) else None
+        if implementation is None and getattr(module, "compile_mode", False):
+            implementation = "compiled"
         self._engine = OptimizerEngine(spec, module.training_state, module.trainable_parameter_names,
                                        implementation=implementation)
         self._torch_optimizer: TorchOptimizerAdapter | None = None

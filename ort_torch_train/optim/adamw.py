@@ -50,7 +50,6 @@ def choose_adamw_implementation(params: list[Tensor], grads: list[Tensor], exp_a
     return "fused" if _fused_kernel_accepts(params, grads, exp_avgs, exp_avg_sqs) else "foreach"
 
 
-@torch.no_grad()
 def adamw(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], exp_avg_sqs: list[Tensor],
           *, step: int, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
           adam_mode: int, correct_bias: bool, implementation: str | None = None,
