@@ -1,6 +1,6 @@
 """``--profile MODEL``: where a training step of this project's Module spends its time.
 
-Profiles config (a) (or (b) with ``--profile-config ours-compile``) and, for comparison, the
+Profiles config (a) (or (b)/(e) with ``--profile-config ours-compile``/``ours-step``) and, for comparison, the
 hand-written eager model (c) with torch.profiler; prints the op table of ours and the ops with the
 most self time per step side by side.
 """
@@ -13,6 +13,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from artifacts import ArtifactSet
 from models import LEARNING_RATE, BenchModel
+from report import LABELS
 from runners import Runner, make_runner
 from timing import render_table, time_phased_steps
 
@@ -39,11 +40,11 @@ def time_per_step(profiler: profile, steps: int, kind: str) -> dict[str, float]:
 
 def profile_model(model: BenchModel, artifacts: ArtifactSet, *, threads: int, device: str, steps: int,
                   config: str = "ours", torch_inputs: bool = False, top: int = 20) -> None:
-    """Print the profiler table of ``config`` ("ours" or "ours-compile") and its top self-time ops against (c)."""
+    """Print the profiler table of ``config`` (an ``ours*`` config) and its top self-time ops against (c)."""
     x, y = np.load(artifacts.directory / "x.npy"), np.load(artifacts.directory / "y.npy")
     cuda = device.startswith("cuda")
     self_times, total_times = {}, {}
-    label = "ours eager (a)" if config == "ours" else "ours compile (b)"
+    label = LABELS[config]
     for name in (config, "torch"):
         runner = make_runner(name, artifacts.directory, x, y, threads=threads, device=device, lr=LEARNING_RATE,
                              model_name=model.name, torch_inputs=torch_inputs)

@@ -15,10 +15,10 @@ from artifacts import ORT_PYTHON
 from orchestrate import ConfigResult
 from timing import format_duration, render_table, spread
 
-LABELS = {"ours": "ours eager (a)", "ours-compile": "ours compile (b)", "torch": "torch eager (c)",
-          "ort": "ORT 1.19.2 (d)"}
-HEADERS = ["model", "config", "step", "steps/s", "vs torch", "vs ORT", "fwd+bwd", "fwd+bwd vs torch",
-           "optimizer", "peak MB", "spread"]
+LABELS = {"ours": "ours eager (a)", "ours-compile": "ours compile (b)", "ours-step": "ours one-graph step (e)",
+          "torch": "torch eager (c)", "torch-compile": "torch compiled (f)", "ort": "ORT 1.19.2 (d)"}
+HEADERS = ["model", "config", "step", "steps/s", "vs torch", "vs torch compiled", "vs ORT", "fwd+bwd",
+           "fwd+bwd vs torch", "optimizer", "peak MB", "spread"]
 
 
 def machine_info(device: str) -> dict:
@@ -52,6 +52,10 @@ def _rate(step: float) -> str:
     return f"{1 / step:.0f}" if step < 0.01 else f"{1 / step:.1f}"
 
 
+def _duration(seconds: float | None) -> str:
+    return "-" if seconds is None else format_duration(seconds)  # a one-phase step has no fwd+bwd/optimizer
+
+
 def _ratio(value: float | None, reference: float | None) -> str:
     return f"{value / reference:.2f}x" if value and reference else "-"
 
@@ -62,6 +66,7 @@ def table_rows(results: list[ConfigResult]) -> list[list[str]]:
     rows = []
     for result in results:
         torch_result, ort_result = by_key.get((result.model, "torch")), by_key.get((result.model, "ort"))
+        compiled_result = by_key.get((result.model, "torch-compile"))
         step = result.median()
         if step is None or result.error:
             rows.append([result.model, LABELS[result.config], "n/a"] + ["-"] * (len(HEADERS) - 3))
@@ -69,10 +74,11 @@ def table_rows(results: list[ConfigResult]) -> list[list[str]]:
         forward_backward = result.median("forward+backward")
         rows.append([
             result.model, LABELS[result.config], format_duration(step), _rate(step),
-            _ratio(step, torch_result and torch_result.median()), _ratio(step, ort_result and ort_result.median()),
-            format_duration(forward_backward),
+            _ratio(step, torch_result and torch_result.median()),
+            _ratio(step, compiled_result and compiled_result.median()), _ratio(step, ort_result and ort_result.median()),
+            _duration(forward_backward),
             _ratio(forward_backward, torch_result and torch_result.median("forward+backward")),
-            format_duration(result.median("optimizer")),
+            _duration(result.median("optimizer")),
             f"{result.peak_memory_mb:.0f}" if result.peak_memory_mb is not None else "-",
             f"{spread(result.round_medians) * 100:.0f}%",
         ])

@@ -4,8 +4,10 @@ Every runner trains the same model from the same weights on the same fixed batch
 
 - ``ours`` / ``ours-compile``: ``loss = module(x, y); optimizer.step(); module.lazy_reset_grad()`` with
   ``ort_torch_train.api`` on the artifacts (``compile=True`` for the second);
+- ``ours-step``: ``loss = module.step(optimizer, x, y)`` with ``compile=True``: the same three calls as one
+  compiled graph;
 - ``torch``: the model written in eager PyTorch, CrossEntropy, backward, ``torch.optim.AdamW(fused=True)``,
-  ``zero_grad(set_to_none=False)``;
+  ``zero_grad(set_to_none=False)``; ``torch-compile``: the same with model and loss through torch.compile;
 - ``ort``: the same loop as ``ours`` with onnxruntime-training (run in its own venv).
 
 torch is imported only by the runners that use it, so the ORT worker's memory is ORT's alone.
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-CONFIGS = ("ours", "ours-compile", "torch", "ort")
+CONFIGS = ("ours", "ours-compile", "ours-step", "torch", "torch-compile", "ort")
 
 
 @dataclass
@@ -45,11 +47,11 @@ def make_runner(config: str, artifacts: Path, x: np.ndarray, y: np.ndarray, *, t
     torch.set_num_threads(threads)
     if torch.get_num_interop_threads() != 1:  # settable once per process, before any parallel work
         torch.set_num_interop_threads(1)
-    if config == "torch":
-        return _torch_runner(model_name, x, y, device=device, lr=lr)
-    if config in ("ours", "ours-compile"):
-        return _ours_runner(artifacts, x, y, device=device, lr=lr, compile=config == "ours-compile",
-                            torch_inputs=torch_inputs or device.startswith("cuda"))
+    if config in ("torch", "torch-compile"):
+        return _torch_runner(model_name, x, y, device=device, lr=lr, compile=config == "torch-compile")
+    if config in ("ours", "ours-compile", "ours-step"):
+        return _ours_runner(artifacts, x, y, device=device, lr=lr, compile=config != "ours",
+                            one_graph=config == "ours-step", torch_inputs=torch_inputs or device.startswith("cuda"))
     raise ValueError(f"unknown config {config!r}; expected one of {CONFIGS}")
 
 
@@ -62,7 +64,7 @@ def _torch_device_hooks(device: str) -> tuple[Callable[[], None] | None, Callabl
 
 
 def _ours_runner(artifacts: Path, x: np.ndarray, y: np.ndarray, *, device: str, lr: float, compile: bool,
-                 torch_inputs: bool) -> Runner:
+                 one_graph: bool, torch_inputs: bool) -> Runner:
     import torch
 
     from ort_torch_train.api import CheckpointState, Module, Optimizer
@@ -80,13 +82,17 @@ def _ours_runner(artifacts: Path, x: np.ndarray, y: np.ndarray, *, device: str, 
     def forward_backward() -> None:
         loss[0] = module(x, y)
 
+    def full_step() -> None:
+        loss[0] = module.step(optimizer, x, y)
+
     sync, peak = _torch_device_hooks(device)
     phases = [("forward+backward", forward_backward), ("optimizer", optimizer.step),
               ("reset grad", module.lazy_reset_grad)]
-    return Runner(phases, sync, lambda: float(loss[0]), peak)
+    return Runner([("full step", full_step)] if one_graph else phases, sync, lambda: float(loss[0]), peak)
 
 
-def _torch_runner(model_name: str, x: np.ndarray, y: np.ndarray, *, device: str, lr: float) -> Runner:
+def _torch_runner(model_name: str, x: np.ndarray, y: np.ndarray, *, device: str, lr: float,
+                  compile: bool) -> Runner:
     import torch
 
     from models import ADAMW_EPS, MODELS
@@ -97,8 +103,13 @@ def _torch_runner(model_name: str, x: np.ndarray, y: np.ndarray, *, device: str,
     inputs, targets = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
     loss = [None]
 
+    def model_loss(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return criterion(model(inputs), targets)
+
+    compute_loss = torch.compile(model_loss, fullgraph=True, dynamic=False) if compile else model_loss
+
     def forward_backward() -> None:
-        loss[0] = criterion(model(inputs), targets)
+        loss[0] = compute_loss(inputs, targets)
         loss[0].backward()
 
     sync, peak = _torch_device_hooks(device)

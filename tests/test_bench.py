@@ -43,5 +43,5 @@ def test_quick_benchmark_writes_table_and_results(tmp_path: Path) -> None:
     assert abs(by_config["ours"]["last_loss"] - by_config["torch"]["last_loss"]) < 1e-3
 
     table = md_path.read_text()
-    assert "| model | config | step | steps/s | vs torch | vs ORT |" in table
+    assert "| model | config | step | steps/s | vs torch | vs torch compiled | vs ORT |" in table
     assert "| mlp | ours eager (a) |" in table and "| mlp | ORT 1.19.2 (d) | n/a |" in table

@@ -21,8 +21,9 @@ class Module(TrainingEngine):
     until ``lazy_reset_grad()``), in eval mode the eval graph. numpy in -> numpy out, torch in ->
     torch out (on the module's device), OrtValue in -> OrtValue out. It is also an ``nn.Module``:
     ``parameters()``, ``state_dict()``, ``.to(device)`` and ``forward()`` (differentiable, no backward).
-    ``compile=True`` (or a torch.compile mode such as "max-autotune") runs the converted graphs, their
-    backward and the optimizer update through torch.compile. ``session_options`` (an ORT
+    ``compile=True`` (or a torch.compile mode such as "max-autotune") runs each train step (forward
+    and backward) as one torch.compile'd graph and the eval graph through torch.compile;
+    ``step(optimizer, *inputs)`` puts the optimizer's update into the train step's graph too. ``session_options`` (an ORT
     SessionOptions) is accepted for compatibility and not used: threads are torch's
     (``torch.set_num_threads``).
     """
@@ -49,6 +50,20 @@ class Module(TrainingEngine):
         tensors, kind = to_tensors(user_inputs, names)
         outputs = self.train_step(tensors) if self.training else self.eval_step(tensors)
         return from_tensors(outputs, kind)
+
+    def step(self, optimizer: Any, *user_inputs: Any) -> Any:
+        """One full training step: ``module(*inputs)``, ``optimizer.step()``, ``module.lazy_reset_grad()``.
+
+        Returns what ``module(*inputs)`` returns. With ``compile=True`` the forward, backward and
+        update run as one compiled graph. Needs train mode.
+        """
+        if not self.training:
+            raise RuntimeError("Module.step trains: call module.train() first (it is in eval mode)")
+        engine_for_step = getattr(optimizer, "engine_for_step", None)
+        if engine_for_step is None:
+            raise InputTypeError(f"optimizer: expected an ort_torch_train Optimizer, got {type(optimizer).__name__}")
+        tensors, kind = to_tensors(user_inputs, self.input_names())
+        return from_tensors(self.train_and_update(tensors, engine_for_step()), kind)
 
     def get_parameters_size(self, trainable_only: bool = True) -> int:
         """Number of parameter elements (trainable ones only by default)."""

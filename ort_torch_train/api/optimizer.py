@@ -26,15 +26,14 @@ class Optimizer:
         optimizer_uri: the optimizer model (path, bytes or ModelProto) from ``generate_artifacts``.
         module: the Module to train (its ``training_state`` and ``trainable_parameter_names``).
         implementation: the update kernel, beyond ORT's API: "fused" (default where it applies),
-            "foreach"/"single" (ORT's exact float32 op order) or "compiled" (default with
-            ``Module(compile=True)``).
+            "foreach"/"single" (ORT's exact float32 op order) or "compiled" (torch.compile'd).
+            ``Module.step(optimizer, ...)`` on a ``compile=True`` module runs the update inside its
+            compiled train step instead.
     """
 
     def __init__(self, optimizer_uri: str | os.PathLike | bytes | onnx.ModelProto, module: Any, *,
                  implementation: str | None = None):
         spec = read_optimizer_model(optimizer_uri)
-        if implementation is None and getattr(module, "compile_mode", False):
-            implementation = "compiled"
         self._engine = OptimizerEngine(spec, module.training_state, module.trainable_parameter_names,
                                        implementation=implementation)
         self._torch_optimizer: TorchOptimizerAdapter | None = None
@@ -45,6 +44,12 @@ class Optimizer:
             self._torch_optimizer.step()
         else:
             self._engine.step()
+
+    def engine_for_step(self) -> OptimizerEngine:
+        """The optimizer core with the current learning rate applied, for a fused train step."""
+        if self._torch_optimizer is not None:
+            self._torch_optimizer.pull_learning_rate()
+        return self._engine
 
     def set_learning_rate(self, learning_rate: float) -> None:
         """Set the learning rate (float32; NaN, infinite or negative values raise ValueError)."""

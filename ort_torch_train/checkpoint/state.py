@@ -99,6 +99,7 @@ class TrainingState:
         self.properties = {name: normalize_property(name, value)
                            for name, value in (properties or {}).items()}
         self.has_external_data = has_external_data  # save like ORT: keep data in "<path>.data"
+        self.generation = 0  # counts replacements of the tensors behind the parameters (views of them go stale)
         self._check_momentums()
         self._ensure_grads()
 
@@ -252,6 +253,7 @@ class TrainingState:
         for name, tensor in tensors.items():
             param = self.params[name]
             param.data = tensor.to(param.device, copy=True)
+        self.generation += 1
         self.is_nominal = False
         self._check_momentums()
         self._ensure_grads()
@@ -259,6 +261,7 @@ class TrainingState:
     def to(self, device: str | torch.device) -> None:
         """Move parameters, gradients and moments to device, keeping the same tensor objects."""
         device = torch.device(device)
+        self.generation += 1
         for param in self.params.values():
             param.data = param.data.to(device)
             if param.grad is not None:

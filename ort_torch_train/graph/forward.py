@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import onnx
@@ -63,24 +63,33 @@ class ForwardGraph:
 
     def module_for(self, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> Callable:
         """The converted module for these inputs' shapes and dtypes (built on first use, then cached)."""
+        return self.specialised(inputs, params, "module", self._compiled_if_asked)
+
+    def specialised(self, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor], variant: Hashable,
+                    build: Callable[[torch.nn.Module], Callable]) -> Callable:
+        """``build(converted module)`` for these inputs' shapes and dtypes, cached under ``variant``."""
         try:
-            key = tuple((t.shape, t.dtype) for t in inputs)
+            key = (variant, tuple((t.shape, t.dtype) for t in inputs))
         except AttributeError:
             key = None
-        module = self._cache.get(key)
-        if module is not None:
-            return module
+        built = self._cache.get(key)
+        if built is not None:
+            return built
         self.validate(inputs)
         specs = [TensorSpec(tuple(t.shape), t.dtype) for t in (*inputs, *params)]
         module = convert_graph(self.graph, self.opsets, specs, training=self.training)
         module.to(params[0].device if params else inputs[0].device)
-        if self.compile:
-            mode = None if self.compile is True else self.compile
-            module = torch.compile(module, fullgraph=True, dynamic=False, mode=mode)
-        self._cache[key] = module
+        built = build(module)
+        self._cache[key] = built
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
-        return module
+        return built
+
+    def _compiled_if_asked(self, module: torch.nn.Module) -> Callable:
+        if not self.compile:
+            return module
+        mode = None if self.compile is True else self.compile
+        return torch.compile(module, fullgraph=True, dynamic=False, mode=mode)
 
     def clear(self) -> None:
         """Forget every specialisation (after a device move)."""

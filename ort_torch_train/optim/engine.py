@@ -15,8 +15,9 @@ from torch import Tensor
 from ort_torch_train.checkpoint.state import OptimizerState, TrainingState
 from ort_torch_train.errors import CheckpointError
 from ort_torch_train.optim.adamw import IMPLEMENTATIONS as ADAMW_IMPLEMENTATIONS
-from ort_torch_train.optim.adamw import adamw_prepared, choose_adamw_implementation
+from ort_torch_train.optim.adamw import adamw_prepared, choose_adamw_implementation, ort_step_scalars
 from ort_torch_train.optim.clip import clip_grad_norm_
+from ort_torch_train.optim.compiled import FusedUpdate, adamw_scalars, adamw_update, sgd_scalars, sgd_update
 from ort_torch_train.optim.float32 import to_float32
 from ort_torch_train.optim.optimizer_model import OptimizerSpec
 from ort_torch_train.optim.schedulers import check_learning_rate
@@ -60,6 +61,8 @@ class OptimizerEngine:
         elif state.optimizer.group_name != GROUP_NAME:
             raise CheckpointError(f"optimizer state group is named {state.optimizer.group_name!r}; "
                                   f"ORT uses exactly one group, {GROUP_NAME!r}")
+        self._fused_update = (FusedUpdate(adamw_update, (spec.adam_mode, spec.weight_decay != 0.0), spec.clip_max_norm)
+                              if spec.kind == "adamw" else FusedUpdate(sgd_update, (), spec.clip_max_norm))
         self._prepared_device: torch.device | None = None
         if not state.is_nominal:  # a nominal state gets its moments at the first step, as in ORT
             self.refresh()
@@ -73,8 +76,7 @@ class OptimizerEngine:
         if not update_signal and not self.spec.has_update_signal:
             raise ValueError("OptimizerEngine.step: update_signal=False needs an optimizer model with an "
                              "update-signal input; this one has none")
-        if self._prepared_device is None or self._params[0].device != self._prepared_device:
-            self.refresh()  # first step, or the module moved to another device
+        self._prepare()
         if self.spec.clip_max_norm is not None:
             clip_grad_norm_(self._grads, self.spec.clip_max_norm)
         if not update_signal:
@@ -93,6 +95,36 @@ class OptimizerEngine:
                 scratch=self._scratch)
         optimizer_state.step = step
         return True
+
+    def _prepare(self) -> None:
+        if self._prepared_device is None or self._params[0].device != self._prepared_device:
+            self.refresh()  # first step, or the module moved to another device
+
+    # the update inside a compiled train step ----------------------------------------------------
+    def fused_update(self) -> FusedUpdate:
+        """This optimizer's update as a kernel for a compiled train step (readies the tensor lists)."""
+        self._prepare()
+        return self._fused_update
+
+    def moment_lists(self) -> list[list[Tensor]]:
+        """The moments the fused update runs on, one list per moment name (none for SGD)."""
+        return self._moments if self.spec.kind == "adamw" else []
+
+    def next_step_scalars(self) -> Tensor:
+        """The next step's scalars, computed as ORT computes them, for the fused update."""
+        device = self._params[0].device
+        if self.spec.kind == "sgd":
+            return sgd_scalars(lr=self._learning_rate, device=device)
+        spec = self.spec
+        bias_correction1, bias_correction2, corrected_lr = ort_step_scalars(
+            self.state.optimizer.step + 1, self._learning_rate, spec.beta1, spec.beta2, spec.correct_bias)
+        return adamw_scalars(lr=self._learning_rate, beta1=spec.beta1, beta2=spec.beta2, eps=spec.epsilon,
+                             weight_decay=spec.weight_decay, bias_correction1=bias_correction1,
+                             bias_correction2=bias_correction2, corrected_lr=corrected_lr, device=device)
+
+    def count_step(self) -> None:
+        """Count a step the fused update made."""
+        self.state.optimizer.step += 1
 
     def refresh(self) -> None:
         """(Re)build the tensor lists the kernel runs on, creating zero moments when there are none."""

@@ -1,7 +1,9 @@
 """The training engine: forward graphs with the checkpoint's tensors bound as nn.Parameters.
 
 Train steps run forward and backward with ORT's gradient semantics: gradients accumulate across
-steps until ``lazy_reset_grad()``, after which the next step overwrites them.
+steps until ``lazy_reset_grad()``, after which the next step overwrites them. With ``compile`` a
+train step is one compiled graph (``compiled_step.py``), and ``train_and_update`` adds the
+optimizer's update to that graph.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from ort_torch_train.graph.artifacts import (
     training_layout,
 )
 from ort_torch_train.graph.forward import ForwardGraph
+from ort_torch_train.optim.engine import OptimizerEngine
 from ort_torch_train.training.binding import bind_parameters, parse_device
+from ort_torch_train.training.compiled_step import CompiledTrainStep, ParameterPlan
 
 
 class TrainingEngine(nn.Module):
@@ -62,23 +66,29 @@ class TrainingEngine(nn.Module):
             )
         bind_parameters(self, state.params)
         self._train_params = [state.params[n] for n in train_params]
+        self._train_plan = ParameterPlan.of(train_params, self.trainable_parameter_names)
+        self._frozen_train_names = self._train_plan.frozen_names(train_params)
+        self._views: tuple | None = None  # (state generation, trainable, frozen, grads) for compiled steps
         self._eval_params = [state.params[n] for n in self.eval_layout.params] if self.eval_layout else []
-        self._reset_pending = False
+        self._gradient_reset = _GradientReset()
         self._grads: list[torch.Tensor] | None = None  # built at the first reset (none exist while nominal)
         self.to(target)
 
     def _train_forward(self, training_model, eval_model) -> tuple[ForwardGraph, tuple[str, ...]]:
-        """The eval graph under training semantics when it matches the training graph's interface."""
+        """The eval graph under training semantics when it matches the training graph's interface.
+
+        It is never torch.compile'd on its own: compiled training runs a CompiledTrainStep around it.
+        """
         layout = self.train_layout
         if eval_model is not None:
             ev = self.eval_layout
             if set(ev.user_inputs) == set(layout.user_inputs) and ev.user_outputs == layout.user_outputs:
                 train_view = GraphLayout(layout.user_inputs, ev.params, layout.user_outputs)
                 graph = forward_graph(eval_model, train_view)
-                forward = ForwardGraph(graph, opsets_of(eval_model), train_view, training=True, compile=self.compile_mode)
+                forward = ForwardGraph(graph, opsets_of(eval_model), train_view, training=True)
                 return forward, ev.params
         graph = forward_graph(training_model, layout)
-        forward = ForwardGraph(graph, opsets_of(training_model), layout, training=True, compile=self.compile_mode)
+        forward = ForwardGraph(graph, opsets_of(training_model), layout, training=True)
         return forward, layout.params
 
     # steps ------------------------------------------------------------------------------------
@@ -92,17 +102,64 @@ class TrainingEngine(nn.Module):
         """Forward and backward; gradients accumulate into the parameters' ``.grad``."""
         self._require_values("TrainStep")
         inputs = self._on_device(inputs)
-        if self._reset_pending:
+        if self.compile_mode and self.trainable_parameter_names:
+            return self._compiled_step(inputs, None)
+        if self._gradient_reset.pending:
             if self._grads is None:
                 self._grads = [self.training_state.params[n].grad for n in self.trainable_parameter_names]
             if self._grads:
                 torch._foreach_zero_(self._grads)  # in place: the gradient tensors are never replaced
-            self._reset_pending = False
+            self._gradient_reset.pending = False
         outputs = self.train_graph(inputs, self._train_params)
         loss = outputs[0]
         if loss.requires_grad:
             loss.backward(None if loss.dim() == 0 else torch.ones_like(loss))
         return tuple(output.detach() for output in outputs)
+
+    def train_and_update(self, inputs: Sequence[torch.Tensor], optimizer: OptimizerEngine) -> tuple[torch.Tensor, ...]:
+        """ORT's full step: ``train_step``, ``optimizer.step()``, ``lazy_reset_grad()``.
+
+        With ``compile`` the three run as one compiled graph.
+        """
+        if optimizer.state is not self.training_state or list(optimizer.param_names) != self.trainable_parameter_names:
+            raise ValueError("train_and_update: the optimizer must update this module's training state and "
+                             f"trainable parameters {self.trainable_parameter_names}; it updates "
+                             f"{list(optimizer.param_names)}")
+        if self.compile_mode:
+            self._require_values("TrainStep")
+            outputs = self._compiled_step(self._on_device(inputs), optimizer)
+        else:
+            outputs = self.train_step(inputs)
+            optimizer.step()
+        self.lazy_reset_grad()
+        return outputs
+
+    def _compiled_step(self, inputs: list[torch.Tensor], optimizer: OptimizerEngine | None) -> tuple[torch.Tensor, ...]:
+        update = None if optimizer is None else optimizer.fused_update()
+        mode = None if self.compile_mode is True else self.compile_mode
+        step = self.train_graph.specialised(
+            inputs, self._train_params, ("train step", update),
+            lambda module: CompiledTrainStep(module, self._train_plan, update=update, mode=mode))
+        trainable, frozen, grads = self._parameter_views()
+        if optimizer is None:
+            outputs = step(inputs, trainable, frozen, grads, self._gradient_reset.pending)
+        else:
+            outputs = step(inputs, trainable, frozen, grads, self._gradient_reset.pending, optimizer.moment_lists(),
+                           optimizer.next_step_scalars())
+            optimizer.count_step()
+        self._gradient_reset.pending = False
+        return outputs
+
+    def _parameter_views(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+        """Detached views of the trainable and frozen parameters, and the gradients, for compiled steps."""
+        generation = self.training_state.generation
+        if self._views is None or self._views[0] != generation:
+            params = self.training_state.params
+            trainable = [params[n].detach() for n in self.trainable_parameter_names]
+            frozen = [params[n].detach() for n in self._frozen_train_names]
+            grads = [params[n].grad for n in self.trainable_parameter_names]
+            self._views = (generation, trainable, frozen, grads)
+        return self._views[1:]
 
     def eval_step(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """Forward of the eval graph (inference semantics), no gradients."""
@@ -114,7 +171,7 @@ class TrainingEngine(nn.Module):
 
     def lazy_reset_grad(self) -> None:
         """Make the next train step overwrite the gradients instead of adding to them."""
-        self._reset_pending = True
+        self._gradient_reset.pending = True
 
     def _mode_graph(self) -> tuple[ForwardGraph, list[nn.Parameter]]:
         if self.training:
@@ -218,10 +275,20 @@ class TrainingEngine(nn.Module):
                 device = self.training_state.params[name].device
                 for tensor in momentums.values():
                     tensor.data = tensor.data.to(device)
+        self._views = None
         self.train_graph.clear()
         if self.eval_graph is not None:
             self.eval_graph.clear()
         return self
+
+
+class _GradientReset:
+    """Whether the next train step overwrites the gradients (a plain object: cheap to flip every step)."""
+
+    __slots__ = ("pending",)
+
+    def __init__(self) -> None:
+        self.pending = False
 
 
 def _declared_shapes(model: onnx.ModelProto, names: Sequence[str]) -> dict[str, tuple[int, ...]]:

@@ -1,0 +1,91 @@
+"""A train step as one torch.compile'd graph: forward, backward and, optionally, the optimizer update.
+
+``torch.func.grad`` traces the converted module's backward into the graph of its forward, so a step
+runs neither the autograd engine nor per-op Python. The gradients go straight into the parameters'
+``.grad`` tensors (added to them, or copied over them after a reset) and an update given as a
+``FusedUpdate`` runs in the same graph on those gradients.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ort_torch_train.optim.clip import clip_grad_norm_
+from ort_torch_train.optim.compiled import FusedUpdate
+
+
+@dataclass(frozen=True)
+class ParameterPlan:
+    """Where each graph parameter comes from: ``(True, i)`` the i-th trainable, ``(False, i)`` the i-th frozen."""
+
+    sources: tuple[tuple[bool, int], ...]
+
+    @classmethod
+    def of(cls, graph_names: Sequence[str], trainable_names: Sequence[str]) -> ParameterPlan:
+        """The plan for a graph taking ``graph_names``; the frozen ones keep the graph's order."""
+        trainable_index = {name: i for i, name in enumerate(trainable_names)}
+        frozen = [name for name in graph_names if name not in trainable_index]
+        frozen_index = {name: i for i, name in enumerate(frozen)}
+        return cls(tuple((True, trainable_index[n]) if n in trainable_index else (False, frozen_index[n])
+                         for n in graph_names))
+
+    def frozen_names(self, graph_names: Sequence[str]) -> list[str]:
+        """The graph's frozen parameter names, in the order the step takes them."""
+        return [name for name, (trainable, _) in zip(graph_names, self.sources) if not trainable]
+
+
+class CompiledTrainStep:
+    """``step(inputs, trainable, frozen, grads, reset, states, scalars) -> outputs`` for one converted module.
+
+    ``trainable``/``frozen`` are detached aliases of the parameters (updated in place), ``grads``
+    the trainable ones' ``.grad``. ``reset`` overwrites the gradients instead of adding to them.
+    ``states`` (lists of optimizer moments) and ``scalars`` feed ``update`` when there is one.
+    """
+
+    def __init__(self, module: Callable[..., tuple[Tensor, ...]], plan: ParameterPlan, *,
+                 update: FusedUpdate | None = None, mode: str | None = None):
+        step = _train_step_function(module, plan, update)
+        self._compiled = torch.compile(step, fullgraph=True, dynamic=False, mode=mode)
+
+    def __call__(self, inputs: Sequence[Tensor], trainable: list[Tensor], frozen: list[Tensor],
+                 grads: list[Tensor], reset: bool, states: Sequence[list[Tensor]] = (),
+                 scalars: Tensor | None = None) -> tuple[Tensor, ...]:
+        inputs = [t if t.is_contiguous() else t.contiguous() for t in inputs]
+        with torch.no_grad():
+            return self._compiled(inputs, trainable, frozen, grads, reset, tuple(states), scalars)
+
+
+def _train_step_function(module: Callable, plan: ParameterPlan, update: FusedUpdate | None) -> Callable:
+    sources = plan.sources
+
+    def train_step(inputs, trainable, frozen, grads, reset, states, scalars):
+        def loss_and_outputs(trainable, frozen):  # frozen is an input too: BatchNorm updates its statistics
+            params = [trainable[i] if is_trainable else frozen[i] for is_trainable, i in sources]
+            outputs = module(*inputs, *params)
+            loss = outputs[0]
+            return (loss if loss.dim() == 0 else loss.sum()), outputs  # a non-scalar loss: ORT's ones seed
+
+        gradients, outputs = torch.func.grad(loss_and_outputs, argnums=0, has_aux=True)(trainable, frozen)
+        if reset:
+            torch._foreach_copy_(grads, gradients)
+        else:
+            torch._foreach_add_(grads, gradients)
+        if update is not None:
+            if update.clip_max_norm is not None:
+                clip_grad_norm_(grads, update.clip_max_norm)
+            update.kernel(trainable, grads, *states, scalars, *update.constants)
+        return outputs
+
+    return _with_own_code(train_step)
+
+
+def _with_own_code(function: types.FunctionType) -> types.FunctionType:
+    """``function`` with a code object of its own: Dynamo counts recompilations per code object, and
+    each (signature, update) pair is a step of its own, not a recompilation."""
+    return types.FunctionType(function.__code__.replace(), function.__globals__, function.__name__,
+                              function.__defaults__, function.__closure__)
