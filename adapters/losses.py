@@ -24,24 +24,25 @@ class NegativeLogLikelihood(nn.Module):
 
     def forward(self, scores: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor | None = None):
         log_prob = torch.log_softmax(scores, dim=1) if self.from_scores else scores
-        if labels.device.type == "cpu" and not torch.compiler.is_compiling():
-            self._check_labels(labels, scores.shape[1])
-        loss = F.nll_loss(log_prob, labels.long(), weight, ignore_index=self.ignore_index, reduction=self.reduction)
+        if torch.compiler.is_compiling():
+            loss = self._loss(log_prob, labels, weight)
+        else:
+            try:  # torch's CPU kernel checks the labels; its error does not name the input
+                loss = self._loss(log_prob, labels, weight)
+            except IndexError as error:
+                raise self._label_error(labels, scores.shape[1]) from error
         return (loss, log_prob) if self.from_scores else loss
 
-    def _check_labels(self, labels: torch.Tensor, classes: int) -> None:
-        if labels.numel() == 0:
-            return
-        low, high = torch.aminmax(labels)
-        if 0 <= int(low) and int(high) < classes:  # the common case: one reduction
-            return
+    def _loss(self, log_prob: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+        return F.nll_loss(log_prob, labels.long(), weight, ignore_index=self.ignore_index, reduction=self.reduction)
+
+    def _label_error(self, labels: torch.Tensor, classes: int) -> IndexError:
         bad = ((labels < 0) | (labels >= classes)) & (labels != self.ignore_index)
-        if bool(bad.any()):
-            value = int(labels[bad].flatten()[0])
-            raise IndexError(
-                f"input {self.labels_name!r}: class index {value} is out of range, expected 0 <= label < {classes}"
-                + ("" if self.ignore_index == _TORCH_DEFAULT_IGNORE else f" or ignore_index {self.ignore_index}")
-            )
+        value = int(labels[bad].flatten()[0]) if bool(bad.any()) else "unknown"
+        return IndexError(
+            f"input {self.labels_name!r}: class index {value} is out of range, expected 0 <= label < {classes}"
+            + ("" if self.ignore_index == _TORCH_DEFAULT_IGNORE else f" or ignore_index {self.ignore_index}")
+        )
 
 
 def _ignore_index(node, graph) -> int | None:

@@ -142,3 +142,16 @@ def test_module_step_refuses_eval_mode_and_foreign_optimizers(mlp_case):
     other = Optimizer(mlp_case.artifact("optimizer_model.onnx"), _module(mlp_case, compile=False))
     with pytest.raises(ValueError, match="must update this module's training state"):
         module.step(other, *mlp_case.train_inputs(0))
+
+
+def test_compiled_step_names_bad_labels_and_leaves_the_state_untouched(mlp_case):
+    module, reference = _module(mlp_case, compile=True), _module(mlp_case, compile=False)
+    x, y = mlp_case.train_inputs(0)
+    bad = y.copy()
+    bad[0] = 99
+    with pytest.raises(IndexError, match=r"class index 99 is out of range, expected 0 <= label < "):
+        module(x, bad)
+    assert abs(float(module(x, y)) - float(reference(x, y))) < 1e-6
+    for name, param in module.named_parameters():
+        if param.requires_grad:
+            torch.testing.assert_close(param.grad, reference.get_parameter(name).grad, rtol=1e-5, atol=1e-7)

@@ -141,14 +141,29 @@ class TrainingEngine(nn.Module):
             inputs, self._train_params, ("train step", update),
             lambda module: CompiledTrainStep(module, self._train_plan, update=update, mode=mode))
         trainable, frozen, grads = self._parameter_views()
-        if optimizer is None:
-            outputs = step(inputs, trainable, frozen, grads, self._gradient_reset.pending)
-        else:
-            outputs = step(inputs, trainable, frozen, grads, self._gradient_reset.pending, optimizer.moment_lists(),
-                           optimizer.next_step_scalars())
+        reset = self._gradient_reset.pending
+        try:
+            if optimizer is None:
+                outputs = step(inputs, trainable, frozen, grads, reset)
+            else:
+                outputs = step(inputs, trainable, frozen, grads, reset, optimizer.moment_lists(),
+                               optimizer.next_step_scalars())
+        except RuntimeError as error:
+            self._raise_eager_error(inputs, error)
+            raise
+        if optimizer is not None:
             optimizer.count_step()
         self._gradient_reset.pending = False
         return outputs
+
+    def _raise_eager_error(self, inputs: list[torch.Tensor], error: RuntimeError) -> None:
+        """Re-run a failed compiled step's forward eagerly, on copies of the parameters, so that the
+        converters' checks raise their errors naming the bad input (compiled kernels cannot)."""
+        with torch.no_grad():
+            try:
+                self.train_graph(inputs, [param.detach().clone() for param in self._train_params])
+            except Exception as eager_error:
+                raise eager_error from error
 
     def _parameter_views(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
         """Detached views of the trainable and frozen parameters, and the gradients, for compiled steps."""
