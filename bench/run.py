@@ -4,9 +4,10 @@
                                   [--steps N] [--rounds R] [--warmup W] [--threads T] [--quick] [--no-ort]
     .venv/bin/python bench/run.py --profile MODEL [--profile-config ours|ours-compile] [--profile-steps N]
 
-Each model is trained by (a) ort_torch_train eager, (b) ort_torch_train compile=True and (e) its
-one-graph ``Module.step`` (--compile), (c) the same model in eager PyTorch with fused AdamW and (f) that
-model through torch.compile (--compile), (d) onnxruntime-training on ORT's own artifacts;
+Each model is trained by (a) ort_torch_train eager, (b) ort_torch_train compile=True, its one-graph
+``Module.step`` (e) and that with inductor's C++ wrapper (g) (--compile), (c) the same model in eager
+PyTorch with fused AdamW and (f) that model through torch.compile (--compile), (d) onnxruntime-training
+on ORT's own artifacts;
 each in its own process, timed in interleaved rounds. Prints the table and writes it as JSON and
 Markdown under bench/results/.
 """
@@ -37,7 +38,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     parser.add_argument("--compile", action="store_true",
-                        help="also time (b), (e) and (f) (inductor compiles each model first: seconds to minutes)")
+                        help="also time (b), (e), (f) and (g) (inductor compiles each model first: seconds to minutes)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] ((d) is CPU-only: n/a on cuda)")
     parser.add_argument("--steps", type=int, help="timed steps per round (default: per model)")
     parser.add_argument("--rounds", type=int, default=7)
@@ -49,7 +50,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="feed (a) and (b) torch tensors instead of the numpy arrays ORT gets")
     parser.add_argument("--profile", choices=list(MODELS), metavar="MODEL",
                         help="print torch.profiler tables for (a) vs (c) instead of benchmarking")
-    parser.add_argument("--profile-config", choices=["ours", "ours-compile", "ours-step"], default="ours",
+    parser.add_argument("--profile-config", choices=["ours", "ours-compile", "ours-step", "ours-step-cpp"], default="ours",
                         help="profile (a) (default) or (b)")
     parser.add_argument("--profile-steps", type=int, default=20)
     parser.add_argument("--out", type=Path, default=BENCH / "results", help="where the JSON/Markdown go")
@@ -86,7 +87,7 @@ def benchmark(args: argparse.Namespace, command: str) -> int:
         artifacts = prepare_artifacts(model, args.cache, use_ort=not args.no_ort)
         print(f"{name}: artifacts by {artifacts.generator} ({artifacts.directory})", flush=True)
         ort_missing = NO_ORT_ON_CUDA if cuda else artifacts.ort_missing
-        compiled = ["ours-compile", "ours-step"] if args.compile else []
+        compiled = ["ours-compile", "ours-step", "ours-step-cpp"] if args.compile else []
         configs = ["ours", *compiled, "torch"] + (["torch-compile"] if args.compile else []) + ([] if ort_missing else ["ort"])
         results += run_model(model, artifacts, configs, settings, log_dir,
                              progress=lambda text: print(text, flush=True))
@@ -95,11 +96,11 @@ def benchmark(args: argparse.Namespace, command: str) -> int:
         notes += model_notes(name, artifacts.generator, [r for r in results if r.model == name])
     header["machine"]["load_average_at_end"] = list(os.getloadavg())
     if not args.compile:
-        notes.append("(b), (e) and (f) not run: pass --compile")
+        notes.append("(b), (e), (f) and (g) not run: pass --compile")
     if cuda or args.torch_inputs:
-        notes.append("(a), (b), (c), (e) and (f) are fed torch tensors on the device, (d) numpy arrays")
+        notes.append("all but (d) are fed torch tensors on the device, (d) numpy arrays")
     else:
-        notes.append("(a), (b), (e) and (d) are fed the same numpy arrays (the ORT API), (c) and (f) torch tensors")
+        notes.append("(a), (b), (e), (g) and (d) are fed the same numpy arrays (the ORT API), (c) and (f) torch tensors")
     print()
     print(render_table(HEADERS, table_rows(results), left=2))
     for note in notes:

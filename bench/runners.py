@@ -5,7 +5,7 @@ Every runner trains the same model from the same weights on the same fixed batch
 - ``ours`` / ``ours-compile``: ``loss = module(x, y); optimizer.step(); module.lazy_reset_grad()`` with
   ``ort_torch_train.api`` on the artifacts (``compile=True`` for the second);
 - ``ours-step``: ``loss = module.step(optimizer, x, y)`` with ``compile=True``: the same three calls as one
-  compiled graph;
+  compiled graph; ``ours-step-cpp``: the same with inductor's C++ wrapper (``{"options": {"cpp_wrapper": True}}``);
 - ``torch``: the model written in eager PyTorch, CrossEntropy, backward, ``torch.optim.AdamW(fused=True)``,
   ``zero_grad(set_to_none=False)``; ``torch-compile``: the same with model and loss through torch.compile;
 - ``ort``: the same loop as ``ours`` with onnxruntime-training (run in its own venv).
@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-CONFIGS = ("ours", "ours-compile", "ours-step", "torch", "torch-compile", "ort")
+CONFIGS = ("ours", "ours-compile", "ours-step", "ours-step-cpp", "torch", "torch-compile", "ort")
+_COMPILE = {"ours": False, "ours-compile": True, "ours-step": True, "ours-step-cpp": {"options": {"cpp_wrapper": True}}}
 
 
 @dataclass
@@ -49,9 +50,9 @@ def make_runner(config: str, artifacts: Path, x: np.ndarray, y: np.ndarray, *, t
         torch.set_num_interop_threads(1)
     if config in ("torch", "torch-compile"):
         return _torch_runner(model_name, x, y, device=device, lr=lr, compile=config == "torch-compile")
-    if config in ("ours", "ours-compile", "ours-step"):
-        return _ours_runner(artifacts, x, y, device=device, lr=lr, compile=config != "ours",
-                            one_graph=config == "ours-step", torch_inputs=torch_inputs or device.startswith("cuda"))
+    if config in _COMPILE:
+        return _ours_runner(artifacts, x, y, device=device, lr=lr, compile=_COMPILE[config],
+                            one_graph=config.startswith("ours-step"), torch_inputs=torch_inputs or device.startswith("cuda"))
     raise ValueError(f"unknown config {config!r}; expected one of {CONFIGS}")
 
 
@@ -63,7 +64,7 @@ def _torch_device_hooks(device: str) -> tuple[Callable[[], None] | None, Callabl
     return None, None
 
 
-def _ours_runner(artifacts: Path, x: np.ndarray, y: np.ndarray, *, device: str, lr: float, compile: bool,
+def _ours_runner(artifacts: Path, x: np.ndarray, y: np.ndarray, *, device: str, lr: float, compile: bool | dict,
                  one_graph: bool, torch_inputs: bool) -> Runner:
     import torch
 

@@ -155,3 +155,21 @@ def test_compiled_step_names_bad_labels_and_leaves_the_state_untouched(mlp_case)
     for name, param in module.named_parameters():
         if param.requires_grad:
             torch.testing.assert_close(param.grad, reference.get_parameter(name).grad, rtol=1e-5, atol=1e-7)
+
+
+def test_compile_takes_torch_compile_arguments(mlp_case):
+    torch._dynamo.reset()
+    counters.clear()
+    eager = _train(mlp_case, compile=False, fused=False)
+    module = Module(mlp_case.artifact("training_model.onnx"), mlp_case.load_state(), compile={"backend": "eager"})
+    optimizer = Optimizer(mlp_case.artifact("optimizer_model.onnx"), module)
+    optimizer.set_learning_rate(mlp_case.lr_before(0) or 1e-3)
+    loss = module.step(optimizer, *mlp_case.train_inputs(0))
+    assert abs(float(loss) - float(eager[0][0][0])) < 1e-6
+    assert counters["stats"]["unique_graphs"] == 1 and dict(counters["graph_break"]) == {}
+
+
+@pytest.mark.parametrize("setting", ["", {"mode": None, "fullgraph": False}, 3])
+def test_compile_setting_is_checked(mlp_case, setting):
+    with pytest.raises(ValueError, match="compile: expected a bool, a torch.compile mode name or a dict"):
+        Module(mlp_case.artifact("training_model.onnx"), mlp_case.load_state(), compile=setting)

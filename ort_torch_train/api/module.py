@@ -21,8 +21,9 @@ class Module(TrainingEngine):
     until ``lazy_reset_grad()``), in eval mode the eval graph. numpy in -> numpy out, torch in ->
     torch out (on the module's device), OrtValue in -> OrtValue out. It is also an ``nn.Module``:
     ``parameters()``, ``state_dict()``, ``.to(device)`` and ``forward()`` (differentiable, no backward).
-    ``compile=True`` (or a torch.compile mode such as "max-autotune") runs each train step (forward
-    and backward) as one torch.compile'd graph and the eval graph through torch.compile;
+    ``compile=True`` (or a torch.compile mode such as "max-autotune", or a dict of torch.compile
+    arguments such as ``{"options": {"cpp_wrapper": True}}``) runs each train step (forward and
+    backward) as one torch.compile'd graph and the eval graph through torch.compile;
     ``step(optimizer, *inputs)`` puts the optimizer's update into the train step's graph too. ``session_options`` (an ORT
     SessionOptions) is accepted for compatibility and not used: threads are torch's
     (``torch.set_num_threads``).
@@ -36,7 +37,7 @@ class Module(TrainingEngine):
         device: str = "cpu",
         session_options: Any = None,
         *,
-        compile: bool | str = False,
+        compile: bool | str | dict = False,
     ):
         training_model = load_model(train_model_uri, "training model")
         eval_model = load_model(eval_model_uri, "eval model") if eval_model_uri is not None else None

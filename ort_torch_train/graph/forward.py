@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import onnx
 import torch
@@ -16,6 +17,27 @@ from ort_torch_train.graph.convert import TensorSpec, convert_graph
 from ort_torch_train.graph.converters import check_supported
 
 Signature = tuple[tuple[torch.Size, torch.dtype], ...]
+CompileSetting = bool | str | Mapping[str, Any]
+_COMPILE_KEYS = ("mode", "options", "backend")
+
+
+def compile_arguments(compile: CompileSetting) -> dict[str, Any] | None:
+    """torch.compile's keyword arguments for a ``compile`` setting, or None for False.
+
+    True: torch.compile's defaults; a string: that mode ("max-autotune", "reduce-overhead", ...); a
+    dict: any of ``mode``, ``options`` (inductor settings, e.g. ``{"cpp_wrapper": True}``), ``backend``.
+    Graphs are always compiled whole (``fullgraph=True``) for fixed shapes (``dynamic=False``).
+    """
+    if compile is False or compile is None:
+        return None
+    if compile is True:
+        return {}
+    if isinstance(compile, str) and compile:
+        return {"mode": compile}
+    if isinstance(compile, Mapping) and set(compile) <= set(_COMPILE_KEYS):
+        return dict(compile)
+    raise ValueError(f"compile: expected a bool, a torch.compile mode name or a dict with keys from "
+                     f"{_COMPILE_KEYS}; got {compile!r}")
 
 
 @dataclass(frozen=True)
@@ -41,7 +63,7 @@ class ForwardGraph:
         layout: GraphLayout,
         *,
         training: bool,
-        compile: bool | str = False,
+        compile: CompileSetting = False,
         cache_size: int = 16,
     ):
         check_supported(graph, opsets)
@@ -49,7 +71,7 @@ class ForwardGraph:
         self.opsets = opsets
         self.layout = layout
         self.training = training
-        self.compile = compile
+        self.compile_arguments = compile_arguments(compile)
         self.cache_size = cache_size
         by_name = {value.name: value for value in graph.input}
         self.declarations = tuple(
@@ -86,10 +108,9 @@ class ForwardGraph:
         return built
 
     def _compiled_if_asked(self, module: torch.nn.Module) -> Callable:
-        if not self.compile:
+        if self.compile_arguments is None:
             return module
-        mode = None if self.compile is True else self.compile
-        return torch.compile(module, fullgraph=True, dynamic=False, mode=mode)
+        return torch.compile(module, fullgraph=True, dynamic=False, **self.compile_arguments)
 
     def clear(self) -> None:
         """Forget every specialisation (after a device move)."""

@@ -9,8 +9,9 @@ runs neither the autograd engine nor per-op Python. The gradients go straight in
 from __future__ import annotations
 
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -48,9 +49,9 @@ class CompiledTrainStep:
     """
 
     def __init__(self, module: Callable[..., tuple[Tensor, ...]], plan: ParameterPlan, *,
-                 update: FusedUpdate | None = None, mode: str | None = None):
+                 update: FusedUpdate | None = None, compile_arguments: Mapping[str, Any] | None = None):
         step = _train_step_function(module, plan, update)
-        self._compiled = torch.compile(step, fullgraph=True, dynamic=False, mode=mode)
+        self._compiled = torch.compile(step, fullgraph=True, dynamic=False, **(compile_arguments or {}))
 
     def __call__(self, inputs: Sequence[Tensor], trainable: list[Tensor], frozen: list[Tensor],
                  grads: list[Tensor], reset: bool, states: Sequence[list[Tensor]] = (),

@@ -24,7 +24,7 @@ from ort_torch_train.graph.artifacts import (
     opsets_of,
     training_layout,
 )
-from ort_torch_train.graph.forward import ForwardGraph
+from ort_torch_train.graph.forward import CompileSetting, ForwardGraph, compile_arguments
 from ort_torch_train.optim.engine import OptimizerEngine
 from ort_torch_train.training.binding import bind_parameters, parse_device
 from ort_torch_train.training.compiled_step import CompiledTrainStep, ParameterPlan
@@ -43,11 +43,11 @@ class TrainingEngine(nn.Module):
         state: TrainingState,
         eval_model: onnx.ModelProto | None = None,
         device: str | torch.device = "cpu",
-        compile: bool | str = False,
+        compile: CompileSetting = False,
     ):
         super().__init__()
         target = parse_device(device)
-        self.compile_mode = compile
+        self._compile_arguments = compile_arguments(compile)
         self.training_state = state
         names = list(state.params)
         self.train_layout = training_layout(training_model, names)
@@ -102,7 +102,7 @@ class TrainingEngine(nn.Module):
         """Forward and backward; gradients accumulate into the parameters' ``.grad``."""
         self._require_values("TrainStep")
         inputs = self._on_device(inputs)
-        if self.compile_mode and self.trainable_parameter_names:
+        if self._compile_arguments is not None and self.trainable_parameter_names:
             return self._compiled_step(inputs, None)
         if self._gradient_reset.pending:
             if self._grads is None:
@@ -125,7 +125,7 @@ class TrainingEngine(nn.Module):
             raise ValueError("train_and_update: the optimizer must update this module's training state and "
                              f"trainable parameters {self.trainable_parameter_names}; it updates "
                              f"{list(optimizer.param_names)}")
-        if self.compile_mode:
+        if self._compile_arguments is not None:
             self._require_values("TrainStep")
             outputs = self._compiled_step(self._on_device(inputs), optimizer)
         else:
@@ -136,10 +136,10 @@ class TrainingEngine(nn.Module):
 
     def _compiled_step(self, inputs: list[torch.Tensor], optimizer: OptimizerEngine | None) -> tuple[torch.Tensor, ...]:
         update = None if optimizer is None else optimizer.fused_update()
-        mode = None if self.compile_mode is True else self.compile_mode
         step = self.train_graph.specialised(
             inputs, self._train_params, ("train step", update),
-            lambda module: CompiledTrainStep(module, self._train_plan, update=update, mode=mode))
+            lambda module: CompiledTrainStep(module, self._train_plan, update=update,
+                                             compile_arguments=self._compile_arguments))
         trainable, frozen, grads = self._parameter_views()
         reset = self._gradient_reset.pending
         try:
