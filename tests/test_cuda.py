@@ -59,3 +59,19 @@ def test_module_moves_between_devices(mlp_case):
     assert abs(loss_of(module(*mlp_case.train_inputs(0))) - cpu_loss) <= 1e-5
     optimizer.step()  # the optimizer follows the move
     assert optimizer._engine.state.optimizer.momentums[mlp_case.trainable_names[0]]["momentum0"].device.type == "cuda"
+
+
+@pytest.mark.parametrize("compile", [True, "reduce-overhead"])
+def test_compiled_one_graph_step_on_cuda_matches_ort(case, compile):
+    _deterministic(case)
+    from ort_torch_train.api import Module
+
+    evaluation = case.artifact("eval_model.onnx")
+    module = Module(case.artifact("training_model.onnx"), case.load_state(), evaluation, device="cuda",
+                    compile=compile)
+    optimizer = case.optimizer(module)
+    losses = []
+    for step in range(case.steps):
+        optimizer.set_learning_rate(case.lr_before(step))
+        losses.append(loss_of(module.step(optimizer, *case.train_inputs(step))))
+    np.testing.assert_allclose(losses, case.expected["train"]["losses"], rtol=0, atol=1e-5)
