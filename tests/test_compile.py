@@ -173,3 +173,17 @@ def test_compile_takes_torch_compile_arguments(mlp_case):
 def test_compile_setting_is_checked(mlp_case, setting):
     with pytest.raises(ValueError, match="compile: expected a bool, a torch.compile mode name or a dict"):
         Module(mlp_case.artifact("training_model.onnx"), mlp_case.load_state(), compile=setting)
+
+
+def test_compiled_step_specialises_for_a_new_batch_size(mlp_case):
+    """A last, smaller batch gets its own compiled step; both train as eager does."""
+    losses = {}
+    for compile in (False, True):
+        module = _module(mlp_case, compile)
+        optimizer = Optimizer(mlp_case.artifact("optimizer_model.onnx"), module)
+        optimizer.set_learning_rate(1e-2)
+        full = mlp_case.train_inputs(0)
+        partial = [array[: len(array) // 2 + 1] for array in mlp_case.train_inputs(1)]
+        losses[compile] = [float(module.step(optimizer, *batch)) for batch in (full, partial, full, partial)]
+    np.testing.assert_allclose(losses[True], losses[False], rtol=0, atol=1e-6)
+    assert len(set(losses[True])) == 4
