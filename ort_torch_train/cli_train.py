@@ -84,7 +84,7 @@ def run_train(args: argparse.Namespace) -> None:
     """Train, print a summary, save the checkpoint with its optimizer state."""
     job = prepare(args)
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    module = Module(job.training_model, job.state, job.eval_model, device=device)
+    module = Module(job.training_model, job.state, job.eval_model, device=device, compile=args.compile)
     optimizer = Optimizer(job.optimizer_model, module)
     optimizer_state = job.state.training_state.optimizer
     start = optimizer_state.step
@@ -152,13 +152,11 @@ def train_steps(module: Module, optimizer: Optimizer, scheduler, batches: Batche
     bar = ProgressBar(len(steps), f"training on {device}")
     losses = []
     for step in steps:
-        loss = loss_value(module(*batches[step]))
+        loss = loss_value(module.step(optimizer, *batches[step]))  # module(...), optimizer.step(), lazy_reset_grad()
         if not math.isfinite(loss):
             raise CliError(f"the loss is {loss} at step {step + 1}: training diverged (try a lower --lr); "
                            "nothing saved")
-        optimizer.step()
         scheduler.step()
-        module.lazy_reset_grad()
         losses.append(loss)
         bar.update(loss=loss, lr=optimizer.get_learning_rate())
     bar.close()
@@ -222,6 +220,9 @@ def add_train_parser(commands: argparse._SubParsersAction, formatter: type, posi
                         help="linear warmup steps (default 0)")
     parser.add_argument("--total-steps", type=positive_int, metavar="N", help="step at which linear/cosine reach 0")
     parser.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (default: cuda when available)")
+    parser.add_argument("--compile", action="store_true",
+                        help="run each step (forward, backward, update) as one torch.compile'd graph "
+                             "(compiling takes seconds first; faster steps after)")
     parser.add_argument("--seed", type=int, default=0, metavar="N",
                         help="seed of the shuffling and of dropout (default 0)")
     parser.add_argument("--no-shuffle", action="store_true", help="keep the data's order")

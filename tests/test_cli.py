@@ -110,7 +110,8 @@ def test_inspect_individual_files_and_a_saved_checkpoint(capsys, cnn) -> None:
 
 
 # ---- train ------------------------------------------------------------------------------------------
-def test_train_replays_ort_scheduled_run(capsys, tmp_path) -> None:
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_train_replays_ort_scheduled_run(capsys, tmp_path, compiled) -> None:
     """ORT's 20 steps with LinearLRScheduler(warmup 3, total 20): same parameters, same eval loss."""
     case = ort_case("mlp_ce_adamw_sched")
     expected = json.loads((case / "expected.json").read_text())
@@ -118,7 +119,8 @@ def test_train_replays_ort_scheduled_run(capsys, tmp_path) -> None:
     code, out, err = run_cli(
         capsys, "train", case / "artifacts", "--data", data, "--inputs", "x_train,y_train", "--batched",
         "--no-shuffle", "--steps", 20, "--lr", 0.01, "--schedule", "linear", "--warmup", 3,
-        "--eval-data", data, "--eval-inputs", "x_eval,y_eval", "--output", tmp_path / "trained")
+        "--eval-data", data, "--eval-inputs", "x_eval,y_eval", "--output", tmp_path / "trained",
+        *(["--compile"] if compiled else []))
     assert code == 0, err
     assert "20/20" in err  # the progress bar
     assert f"eval loss {expected['train']['eval_loss']:.4g} on 16 samples" in out
