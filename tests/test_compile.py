@@ -187,3 +187,23 @@ def test_compiled_step_specialises_for_a_new_batch_size(mlp_case):
         losses[compile] = [float(module.step(optimizer, *batch)) for batch in (full, partial, full, partial)]
     np.testing.assert_allclose(losses[True], losses[False], rtol=0, atol=1e-6)
     assert len(set(losses[True])) == 4
+
+
+def test_module_step_applies_a_torch_scheduler_learning_rate(mlp_case):
+    """With optimizer.torch_optimizer driven by a torch LR scheduler, Module.step uses its current lr."""
+    results = []
+    for fused in (False, True):
+        module = _module(mlp_case, compile=False)
+        optimizer = Optimizer(mlp_case.artifact("optimizer_model.onnx"), module)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer.torch_optimizer, step_size=1, gamma=0.5)
+        for step in range(3):
+            if fused:
+                module.step(optimizer, *mlp_case.train_inputs(step))
+            else:
+                module(*mlp_case.train_inputs(step))
+                optimizer.torch_optimizer.step()
+                module.lazy_reset_grad()
+            scheduler.step()
+        results.append((module.get_contiguous_parameters().numpy(), optimizer.get_learning_rate()))
+    np.testing.assert_array_equal(results[0][0], results[1][0])
+    assert results[0][1] == results[1][1] == pytest.approx(1e-3 / 8)
