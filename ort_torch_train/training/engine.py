@@ -52,6 +52,7 @@ class TrainingEngine(nn.Module):
         names = list(state.params)
         self.train_layout = training_layout(training_model, names)
         self.trainable_parameter_names = [n for n in self.train_layout.params if state.params[n].requires_grad]
+        self._trainable_name_tuple = tuple(self.trainable_parameter_names)  # compared at every fused step
         self._declared_param_shapes = _declared_shapes(training_model, self.train_layout.params)
         self.eval_layout = eval_layout(eval_model, names) if eval_model is not None else None
         self.train_graph, train_params = self._train_forward(training_model, eval_model)
@@ -121,7 +122,7 @@ class TrainingEngine(nn.Module):
 
         With ``compile`` the three run as one compiled graph.
         """
-        if optimizer.state is not self.training_state or list(optimizer.param_names) != self.trainable_parameter_names:
+        if optimizer.state is not self.training_state or optimizer.param_names != self._trainable_name_tuple:
             raise ValueError("train_and_update: the optimizer must update this module's training state and "
                              f"trainable parameters {self.trainable_parameter_names}; it updates "
                              f"{list(optimizer.param_names)}")
