@@ -46,11 +46,13 @@ class CompiledTrainStep:
     ``trainable``/``frozen`` are detached aliases of the parameters (updated in place), ``grads``
     the trainable ones' ``.grad``. ``reset`` overwrites the gradients instead of adding to them.
     ``states`` (lists of optimizer moments) and ``scalars`` feed ``update`` when there is one.
+    ``reduction`` (data parallel) replaces the accumulated gradients by their average across ranks.
     """
 
     def __init__(self, module: Callable[..., tuple[Tensor, ...]], plan: ParameterPlan, *,
-                 update: FusedUpdate | None = None, compile_arguments: Mapping[str, Any] | None = None):
-        step = _train_step_function(module, plan, update)
+                 update: FusedUpdate | None = None, compile_arguments: Mapping[str, Any] | None = None,
+                 reduction: Callable[[list[Tensor]], list[Tensor]] | None = None):
+        step = _train_step_function(module, plan, update, reduction)
         self._compiled = torch.compile(step, fullgraph=True, dynamic=False, **(compile_arguments or {}))
 
     def __call__(self, inputs: Sequence[Tensor], trainable: list[Tensor], frozen: list[Tensor],
@@ -61,7 +63,8 @@ class CompiledTrainStep:
             return self._compiled(inputs, trainable, frozen, grads, reset, tuple(states), scalars)
 
 
-def _train_step_function(module: Callable, plan: ParameterPlan, update: FusedUpdate | None) -> Callable:
+def _train_step_function(module: Callable, plan: ParameterPlan, update: FusedUpdate | None,
+                         reduction: Callable[[list[Tensor]], list[Tensor]] | None) -> Callable:
     sources = plan.sources
 
     def train_step(inputs, trainable, frozen, grads, reset, states, scalars):
@@ -76,6 +79,8 @@ def _train_step_function(module: Callable, plan: ParameterPlan, update: FusedUpd
             torch._foreach_copy_(grads, gradients)
         else:
             torch._foreach_add_(grads, gradients)
+        if reduction is not None:  # data parallel: average the accumulated gradients across ranks
+            torch._foreach_copy_(grads, reduction(grads))
         if update is not None:
             if update.clip_max_norm is not None:
                 clip_grad_norm_(grads, update.clip_max_norm)
