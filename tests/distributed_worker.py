@@ -97,6 +97,23 @@ def train(run: str, rank: int = 0, world_size: int = 1, checkpoint: Path | None 
             **{f"param/{n}": v for n, v in params.items()}}
 
 
+def legacy_train(rank: int = 0, world_size: int = 1) -> dict[str, np.ndarray]:
+    """The legacy TrainingSession (Adam, 2-step accumulation reduced once) on this rank's share of 8 batches."""
+    from legacy_models import LR, params_for, session
+
+    settings = {"world_rank": rank, "world_size": world_size, "data_parallel_size": world_size,
+                "gradient_accumulation_steps": 2, "allreduce_post_accumulation": True}
+    sess = session(params_for("AdamOptimizer", **settings))
+    rng = np.random.default_rng(3)
+    losses = []
+    for step in range(8):
+        x, y = rng.standard_normal((6, 4)).astype(np.float32), rng.integers(0, 3, 6).astype(np.int64)
+        x, y = part([x, y], rank, world_size)
+        losses.append(float(sess.run(["loss"], {"x": x, "y": y, LR: np.array([0.02], np.float32)})[0]))
+    state = sess.get_model_state()["full_precision"]
+    return {"losses": np.array(losses), **{f"param/{n}": np.asarray(v) for n, v in state.items()}}
+
+
 def misuse_errors(rank: int) -> dict[str, str]:
     """The errors raised by wrapping a Module in DDP and by ranks starting from different checkpoints."""
     import torch
@@ -162,6 +179,7 @@ def main() -> None:
             resumed = train("mlp_adamw_sched", rank, world_size, checkpoint=out / "one_process_step10.ckpt",
                             first_step=10)
             np.savez(out / f"resumed_rank{rank}.npz", **resumed)
+            np.savez(out / f"legacy_rank{rank}.npz", **legacy_train(rank, world_size))
             errors = misuse_errors(rank)
     (out / f"errors_rank{rank}.json").write_text(json.dumps(errors))
     if scenario != "lost_rank":

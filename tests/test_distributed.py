@@ -109,8 +109,6 @@ def test_sharded_state_holds_half_the_moments(eager: Path) -> None:
         per_rank = [int(result["moment_bytes"]) for result in rank_results(eager, run)]
         assert sum(per_rank) == full
         assert max(per_rank) <= bound * full, (run, per_rank, full)
-    unsharded = [int(result["moment_bytes"]) for result in rank_results(eager, "mlp_sgd")]
-    assert unsharded == [0, 0]  # SGD has no moments: nothing to shard
 
 
 def test_rank0_checkpoint_continues_in_one_process(eager: Path) -> None:
@@ -130,6 +128,15 @@ def test_one_process_checkpoint_continues_on_two_ranks(eager: Path) -> None:
         if key.startswith("param/"):
             np.testing.assert_allclose(ranks[0][key], reference[key], rtol=0, atol=TOLERANCE, err_msg=key)
             assert np.array_equal(ranks[0][key], ranks[1][key])
+
+
+def test_legacy_session_on_two_ranks_trains_like_one_process(eager: Path) -> None:
+    reference = worker.legacy_train()
+    ranks = rank_results(eager, "legacy")
+    for key in reference:
+        if key.startswith("param/"):
+            assert np.array_equal(ranks[0][key], ranks[1][key]), key
+            np.testing.assert_allclose(ranks[0][key], reference[key], rtol=0, atol=TOLERANCE, err_msg=key)
 
 
 @pytest.mark.parametrize("case, expected", [("ddp_wrap", "distributed=True"),

@@ -13,19 +13,15 @@ from typing import Any
 OPTIMIZERS = ("SGDOptimizer", "AdamOptimizer")
 
 # setting -> (value that is honoured, why any other value is not)
-_DISTRIBUTED = "distributed training (MPI/NCCL) is not implemented"
 UNSUPPORTED_SETTINGS: dict[str, tuple[Any, str]] = {
     "use_mixed_precision": (False, "fp16 mixed precision with loss scaling is not implemented"),
     "use_fp16_moments": (False, "fp16 optimizer moments are not implemented"),
-    "world_rank": (0, _DISTRIBUTED),
-    "world_size": (1, _DISTRIBUTED),
-    "data_parallel_size": (1, _DISTRIBUTED),
     "horizontal_parallel_size": (1, "Megatron horizontal parallelism is not implemented"),
     "pipeline_parallel_size": (1, "pipeline parallelism is not implemented"),
     "num_pipeline_micro_batches": (1, "pipeline parallelism is not implemented"),
     "pipeline_cut_info_string": ("", "pipeline parallelism is not implemented"),
-    "allreduce_post_accumulation": (False, _DISTRIBUTED),
-    "deepspeed_zero_stage": (0, "DeepSpeed ZeRO optimizer-state partitioning is not implemented"),
+    "deepspeed_zero_stage": (0, "ZeRO optimizer-state partitioning of the legacy optimizers is not implemented "
+                                "(ort_torch_train.api.Optimizer(shard_state=True) does it)"),
     "enable_adasum": (False, "Adasum gradient reduction is not implemented"),
     "attn_dropout_recompute": (False, "recomputation graph transformations are not implemented"),
     "gelu_recompute": (False, "recomputation graph transformations are not implemented"),
