@@ -50,7 +50,7 @@ class TrainingParameters:
         "training_optimizer_name", "lr_params_feed_name", "optimizer_attributes_map",
         "optimizer_int_attributes_map", "optimizer_initial_state", "gradient_accumulation_steps",
         "enable_grad_norm_clip", "loss_scale", "propagate_cast_ops_level", "propagate_cast_ops_allow",
-        *UNSUPPORTED_SETTINGS,
+        "world_rank", "world_size", "data_parallel_size", "allreduce_post_accumulation", *UNSUPPORTED_SETTINGS,
     )
 
     def __init__(self) -> None:
@@ -69,6 +69,11 @@ class TrainingParameters:
         self.loss_scale: float = 0.0
         self.propagate_cast_ops_level: int = 1
         self.propagate_cast_ops_allow: list[str] = []
+        # data parallelism on torch.distributed (legacy/distributed.py)
+        self.world_rank: int = 0
+        self.world_size: int = 1
+        self.data_parallel_size: int = 1
+        self.allreduce_post_accumulation: bool = False
         for name, (default, _) in UNSUPPORTED_SETTINGS.items():
             setattr(self, name, type(default)(default))  # fresh containers per instance
 
