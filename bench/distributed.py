@@ -5,7 +5,7 @@ a world of N ranks gives each rank 1/N of the fixed batch (strong scaling). Conf
 interleaved (1, 2, 1, 2, ...) so a busy machine slows them alike; the report gives each one's median
 step time and the ratio.
 
-    .venv/bin/python bench/distributed.py [--model encoder] [--steps 4] [--warmup 2] [--rounds 2] [--device cpu]
+    .venv/bin/python bench/distributed.py [--model encoder] [--steps 4] [--warmup 2] [--rounds 2] [--threads N] [--device cpu]
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def run_world(world_size: int, directory: Path, args: argparse.Namespace) -> lis
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    threads = max(1, (os.cpu_count() or 1) // world_size)
+    threads = args.threads or max(1, (os.cpu_count() or 1) // world_size)
     procs = [subprocess.Popen(
         [sys.executable, __file__, "--worker", str(directory), "--steps", str(args.steps), "--warmup",
          str(args.warmup), "--device", args.device],
@@ -84,6 +84,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads per process (default: the cores divided among the ranks)")
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--worker", type=Path)
     args = parser.parse_args()
@@ -103,6 +105,7 @@ def main() -> None:
     median = {n: statistics.median(t) for n, t in times.items()}
     print(json.dumps({"model": args.model, "device": args.device, "global_batch": model.batch,
                       "median_step_s": median, "speedup_2_vs_1": median[1] / median[2],
+                      "threads_per_process": {n: args.threads or max(1, (os.cpu_count() or 1) // n) for n in (1, 2)},
                       "cpu_count": os.cpu_count()}, indent=1))
 
 
