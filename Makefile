@@ -10,7 +10,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 EXTRAS ?= test examples docs
 
-.PHONY: train test bench fixtures ort-venv
+.PHONY: train test docs bench fixtures ort-venv
 
 # onnx2torch goes in without its declared dependencies: it declares torchvision, which this project
 # never uses and which PyPI serves as a build that does not import beside a CPU torch
@@ -30,6 +30,10 @@ train: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# the API reference (mkdocs + mkdocstrings) into site/; the test suite builds it too (tests/test_docs.py)
+docs: $(STAMP)
+	$(PY) -m mkdocs build --strict
 
 # make bench BENCH_ARGS="--compile"   (bench/README.md lists the options)
 bench: $(STAMP)
