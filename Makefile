@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml constraints.txt tools/requirements.py
 	$(PY) tools/requirements.py $(EXTRAS) > $(VENV)/requirements.txt
 	$(PY) -m pip install --quiet -c constraints.txt -r $(VENV)/requirements.txt
 	$(PY) -m pip install --quiet --no-deps -e . $$($(PY) tools/requirements.py --onnx2torch)
-	$(PY) -c "import torchvision" 2>/dev/null || $(PY) -m pip uninstall --quiet --yes torchvision
+	$(PY) -c "import torchvision" 2>/dev/null || $(PY) -m pip uninstall --quiet --yes torchvision 2>/dev/null || true
 	touch $(STAMP)
 
 train: $(STAMP)
