@@ -29,6 +29,8 @@ class ProgressBar:
 
     def reset_clock(self) -> None:
         """Count rate and ETA from now on (after a compiling first step)."""
+        if self.bar.disable:
+            return
         self.bar.start_t = self.bar._time()
         self.bar.last_print_t = self.bar.start_t
         self.bar.initial = self.bar.n  # tqdm's rate is (n - initial) / elapsed

@@ -122,3 +122,20 @@ def test_tensorboard_scalars(capsys, tmp_path, cnn_data) -> None:
     events = EventAccumulator(str(tmp_path / "tb"))
     events.Reload()
     assert [event.step for event in events.Scalars("train/loss")] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_progress_clock_restarts_after_a_compiling_step(quiet) -> None:
+    import io
+
+    from ort_torch_train.progress import ProgressBar
+
+    stream = io.StringIO()
+    bar = ProgressBar(3, "training", stream=stream, disable=quiet)
+    bar.update(loss=1.0)
+    bar.reset_clock()  # what run_loop does after the first (compiling) step
+    bar.update(loss=0.5)
+    bar.close()
+    assert (stream.getvalue() == "") == quiet
+    if not quiet:
+        assert bar.bar.initial == 1 and "2/3" in stream.getvalue() and "loss=0.5" in stream.getvalue()
