@@ -49,7 +49,8 @@ class Module(TrainingEngine):
     def __call__(self, *user_inputs: Any) -> Any:
         names = self.input_names()
         tensors, kind = to_tensors(user_inputs, names)
-        outputs = self.train_step(tensors) if self.training else self.eval_step(tensors)
+        with self.training_state.lock:
+            outputs = self.train_step(tensors) if self.training else self.eval_step(tensors)
         return from_tensors(outputs, kind)
 
     def step(self, optimizer: Any, *user_inputs: Any) -> Any:
@@ -64,7 +65,9 @@ class Module(TrainingEngine):
         if engine_for_step is None:
             raise InputTypeError(f"optimizer: expected an ort_torch_train Optimizer, got {type(optimizer).__name__}")
         tensors, kind = to_tensors(user_inputs, self.input_names())
-        return from_tensors(self.train_and_update(tensors, engine_for_step()), kind)
+        with self.training_state.lock:
+            outputs = self.train_and_update(tensors, engine_for_step())
+        return from_tensors(outputs, kind)
 
     def get_parameters_size(self, trainable_only: bool = True) -> int:
         """Number of parameter elements (trainable ones only by default)."""
@@ -86,7 +89,13 @@ class Module(TrainingEngine):
             tensor = numpy_to_tensor(buffer.numpy(), "buffer")
         else:
             raise InputTypeError(f"buffer: expected an OrtValue, numpy array or tensor, got {type(buffer).__name__}")
-        super().copy_buffer_to_parameters(tensor, trainable_only)
+        with self.training_state.lock:
+            super().copy_buffer_to_parameters(tensor, trainable_only)
+
+    def lazy_reset_grad(self) -> None:
+        """Make the next train step overwrite the gradients instead of adding to them."""
+        with self.training_state.lock:
+            super().lazy_reset_grad()
 
     def export_model_for_inferencing(
         self, inference_model_uri: str | os.PathLike, graph_output_names: list[str]

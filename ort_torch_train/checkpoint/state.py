@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -99,6 +100,9 @@ class TrainingState:
         self.properties = {name: normalize_property(name, value)
                            for name, value in (properties or {}).items()}
         self.has_external_data = has_external_data  # save like ORT: keep data in "<path>.data"
+        # Held by every state-changing call of Module, Optimizer and CheckpointState (and by saves), so
+        # that calls from several threads are serialised: no lost step, no save of a half-updated state.
+        self.lock = threading.RLock()
         self.generation = 0  # counts replacements of the tensors behind the parameters (views of them go stale)
         self._check_momentums()
         self._ensure_grads()
@@ -149,7 +153,8 @@ class TrainingState:
 
     def save(self, path: str | os.PathLike, include_optimizer_state: bool = False) -> None:
         """Write an ORT checkpoint file atomically (the property bag is always saved)."""
-        write_checkpoint(self.to_record(include_optimizer_state), path)
+        with self.lock:
+            write_checkpoint(self.to_record(include_optimizer_state), path)
 
     def to_bytes(self, include_optimizer_state: bool = False) -> bytes:
         """The ORT checkpoint as bytes (always self-contained, no external data)."""
@@ -179,14 +184,19 @@ class TrainingState:
         """The live parameter; KeyError("Parameter X not found."); NominalStateError if nominal."""
         if name not in self.params:
             raise KeyError(f"Parameter {name} not found.")
-        self.require_loaded(f"get parameter {name}")
+        if self.is_nominal:
+            raise NominalStateError(f"Cannot get parameter from a nominal state. Please load the parameter states "
+                                    f"first (parameter {name!r}).")
         return self.params[name]
 
     def set_parameter_data(self, name: str, value: np.ndarray | torch.Tensor) -> None:
         """Copy value into the parameter in place, after checking name, shape and dtype."""
+        if name in self.params and self.is_nominal:
+            raise NominalStateError(f"Cannot copy parameter to a nominal state. Please load all the parameter "
+                                    f"states first (parameter {name!r}).")
         param = self.parameter(name)
         tensor = self._checked_value(name, value)
-        with torch.no_grad():
+        with self.lock, torch.no_grad():
             param.copy_(tensor)
 
     def _checked_value(self, name: str, value: object) -> torch.Tensor:

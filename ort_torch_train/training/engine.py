@@ -104,13 +104,13 @@ class TrainingEngine(nn.Module):
         inputs = self._on_device(inputs)
         if self._compile_arguments is not None and self.trainable_parameter_names:
             return self._compiled_step(inputs, None)
+        outputs = self.train_graph(inputs, self._train_params)  # a failing forward leaves the gradients alone
         if self._gradient_reset.pending:
             if self._grads is None:
                 self._grads = [self.training_state.params[n].grad for n in self.trainable_parameter_names]
             if self._grads:
                 torch._foreach_zero_(self._grads)  # in place: the gradient tensors are never replaced
             self._gradient_reset.pending = False
-        outputs = self.train_graph(inputs, self._train_params)
         loss = outputs[0]
         if loss.requires_grad:
             loss.backward(None if loss.dim() == 0 else torch.ones_like(loss))
