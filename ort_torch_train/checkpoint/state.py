@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..errors import CheckpointError, NominalStateError, ParameterDataError, SafetensorsError
+from ..errors import CheckpointError, NominalStateError, ParameterDataError, PropertyError, SafetensorsError
 from ort_torch_train.dtypes import dtype_name
 from .odtc import checkpoint_to_bytes, read_checkpoint, write_checkpoint
 from .records import CheckpointRecord, OptimizerGroupRecord
@@ -40,21 +40,32 @@ class OptimizerState:
 def normalize_property(name: str, value: object) -> int | float | str:
     """The value as ORT stores it: int (int64 range), float (rounded to float32) or str."""
     if not isinstance(name, str):
-        raise TypeError(f"Property names must be str, got {type(name).__name__} {name!r}")
+        raise PropertyError(f"Property names must be str, got {type(name).__name__} {name!r}")
+    _require_utf8(name, f"Property name {name!r}")
     if isinstance(value, bool | np.bool_):
-        raise TypeError(f"Property {name!r} value is a bool; properties hold int, float or str")
+        raise PropertyError(f"Property {name!r} value is a bool; properties hold int, float or str")
     if isinstance(value, str):
+        _require_utf8(value, f"Property {name!r} value")
         return value
     if isinstance(value, int | np.integer):
         if not INT64_MIN <= int(value) <= INT64_MAX:
-            raise ValueError(f"Property {name!r} value {int(value)} does not fit in int64")
+            raise PropertyError(f"Property {name!r} value {int(value)} does not fit in int64")
         return int(value)
     if isinstance(value, float | np.floating):
         if math.isfinite(value) and abs(value) > FLOAT32_MAX:
-            raise ValueError(f"Property {name!r} value {float(value)} does not fit in float32")
+            raise PropertyError(f"Property {name!r} value {float(value)} does not fit in float32")
         return float(np.float32(value))
-    raise TypeError(f"Property {name!r} value has type {type(value).__name__}; "
+    raise PropertyError(f"Property {name!r} value has type {type(value).__name__}; "
                     "properties hold int, float or str")
+
+
+def _require_utf8(text: str, what: str) -> None:
+    """Refuse text that cannot be written as UTF-8 (a lone surrogate would break every later save)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise PropertyError(f"{what} cannot be stored: it is not valid Unicode text ({error.reason} at "
+                            f"position {error.start})") from None
 
 
 def _shape_text(shape: torch.Size | tuple[int, ...]) -> str:

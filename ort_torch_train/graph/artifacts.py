@@ -44,7 +44,11 @@ def _with_text_names(model: onnx.ModelProto, what: str) -> onnx.ModelProto:
     """model, after checking that its graph's names decoded as text (protobuf leaves invalid UTF-8 as bytes)."""
     graph = model.graph
     names = [value.name for value in (*graph.input, *graph.output, *graph.initializer, *graph.value_info)]
-    names += [name for node in graph.node for name in (node.name, node.op_type, *node.input, *node.output)]
+    names += [name for node in graph.node
+              for name in (node.name, node.op_type, node.domain, node.doc_string, *node.input, *node.output,
+                           *(attribute.name for attribute in node.attribute))]
+    names += [graph.name, graph.doc_string, model.doc_string, model.producer_name, model.domain,
+              *(opset.domain for opset in model.opset_import)]
     for name in names:
         if not isinstance(name, str):
             raise ModelError(f"{what} holds a name that is not valid UTF-8: {name!r}")

@@ -7,6 +7,7 @@ parameters (names, element types, shapes) and take user inputs of the same eleme
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import onnx
@@ -20,6 +21,8 @@ _PROTOBUF_LIMIT = 2**31 - 1  # the checker serializes the model; larger ones are
 def check_model(model: onnx.ModelProto, what: str, outputs: Iterable[str] | None = None) -> None:
     """Run the ONNX checker on model (named ``what`` in the error), or on the part of it that
     computes ``outputs`` (a training graph's gradient ops have ORT's schemas, not ONNX's)."""
+    _check_outputs_produced(model, what)
+    _check_initializer_sizes(model, what)
     if model.ByteSize() > _PROTOBUF_LIMIT:
         return
     graph = prune_graph(model.graph, [value.name for value in model.graph.output] if outputs is None else outputs)
@@ -32,6 +35,47 @@ def check_model(model: onnx.ModelProto, what: str, outputs: Iterable[str] | None
         onnx.checker.check_model(model)
     except (onnx.checker.ValidationError, ValueError, RuntimeError) as error:
         raise ModelError(f"{what} fails the ONNX checker: {error}") from None
+
+
+def _check_outputs_produced(model: onnx.ModelProto, what: str) -> None:
+    graph = model.graph
+    known = {value.name for value in graph.input} | {init.name for init in graph.initializer}
+    known.update(name for node in graph.node for name in node.output)
+    for value in graph.output:
+        if value.name not in known:
+            raise ModelError(f"{what}: graph output {value.name!r} is produced by no node, input or initializer")
+
+
+def _check_initializer_sizes(model: onnx.ModelProto, what: str) -> None:
+    """Inline initializers must hold as many elements as their dims say."""
+    for init in model.graph.initializer:
+        if init.data_location == onnx.TensorProto.EXTERNAL or init.data_type in (0, onnx.TensorProto.STRING):
+            continue
+        try:
+            itemsize = onnx.helper.tensor_dtype_to_np_dtype(init.data_type).itemsize
+        except (KeyError, TypeError, ValueError):
+            raise ModelError(f"{what}: initializer {init.name!r} has unknown data_type {init.data_type}") from None
+        if any(dim < 0 for dim in init.dims):
+            raise ModelError(f"{what}: initializer {init.name!r} has a negative dimension in dims {list(init.dims)}")
+        count = math.prod(init.dims)
+        if init.HasField("raw_data"):
+            held, expected = len(init.raw_data), count * itemsize
+            unit = "bytes"
+        else:
+            field = onnx.helper.tensor_dtype_to_field(init.data_type)
+            held, expected, unit = len(getattr(init, field)), count, "values"
+            if init.data_type in (onnx.TensorProto.COMPLEX64, onnx.TensorProto.COMPLEX128):
+                expected *= 2
+            if init.data_type in _PACKED_IN_INT32 and expected:
+                continue  # packed types: leave to the checker
+        if held != expected:
+            raise ModelError(f"{what}: initializer {init.name!r} holds {held} {unit} but dims "
+                             f"{list(init.dims)} need {expected}")
+
+
+_PACKED_IN_INT32 = {onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.INT4, onnx.TensorProto.UINT4,
+                    getattr(onnx.TensorProto, "FLOAT8E4M3FN", -1), getattr(onnx.TensorProto, "FLOAT8E5M2", -1),
+                    getattr(onnx.TensorProto, "FLOAT8E4M3FNUZ", -1), getattr(onnx.TensorProto, "FLOAT8E5M2FNUZ", -1)}
 
 
 def _input_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
