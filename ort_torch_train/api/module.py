@@ -9,8 +9,9 @@ import numpy as np
 import torch
 
 from ort_torch_train.api.ortvalue import OrtValue, from_tensors, numpy_to_tensor, to_tensors
-from ort_torch_train.errors import InputTypeError
+from ort_torch_train.errors import InputTypeError, ModelError
 from ort_torch_train.graph.artifacts import ModelSource, load_model
+from ort_torch_train.graph.roles import check_slot
 from ort_torch_train.training.engine import TrainingEngine
 
 
@@ -41,6 +42,9 @@ class Module(TrainingEngine):
     ):
         training_model = load_model(train_model_uri, "training model")
         eval_model = load_model(eval_model_uri, "eval model") if eval_model_uri is not None else None
+        check_slot(training_model, "training_model", "train_model_uri")
+        if eval_model is not None:
+            check_slot(eval_model, "eval_model", "eval_model_uri")
         super().__init__(training_model, training_state_of(state), eval_model, device, compile)
         self.checkpoint_state = state
         self.eval_model = eval_model
@@ -96,6 +100,17 @@ class Module(TrainingEngine):
         """Make the next train step overwrite the gradients instead of adding to them."""
         with self.training_state.lock:
             super().lazy_reset_grad()
+
+    def exportable_output_names(self) -> list[str]:
+        """Names ``export_model_for_inferencing`` takes: the model's outputs before the loss, then the loss.
+
+        ``output_names()`` lists only the loss, as in ORT. Any other value of the eval graph works too.
+        """
+        if self.eval_model is None:
+            raise ModelError("Eval model was not provided: it has no outputs to export.")
+        from ort_torch_train.export.outputs import exportable_output_names
+
+        return exportable_output_names(self.eval_model, self.training_state.params)
 
     def export_model_for_inferencing(
         self, inference_model_uri: str | os.PathLike, graph_output_names: list[str]
