@@ -80,9 +80,12 @@ def learning_rate(text: str) -> float:
 
 def _integer(text: str) -> int:
     try:
-        return int(text)
+        value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if abs(value) >= 2**63:  # step counts are int64 in checkpoints and in torch
+        raise argparse.ArgumentTypeError(f"expected an integer below 2**63, got {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:

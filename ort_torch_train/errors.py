@@ -29,6 +29,10 @@ class NominalStateError(RuntimeError):
     """An operation needs parameter values but the checkpoint state is nominal."""
 
 
+class PropertyError(RuntimeError, TypeError, ValueError):
+    """A checkpoint property name or value cannot be stored as ORT stores properties."""
+
+
 class SafetensorsError(CheckpointError):
     """A safetensors file is malformed or does not match the tensors it should load into."""
 

@@ -91,7 +91,7 @@ CRAFTED_ERRORS = {
     "version 3": (dict(tensors=[GOOD], version=3), "version 3 is not supported"),
     "version absent": (dict(tensors=[GOOD], version=0), "version 0 is not supported"),
     "negative dim": (dict(tensors=[{**GOOD, "dims": [2, -1]}]), "negative dimension"),
-    "huge dims": (dict(tensors=[{**GOOD, "dims": [2**40, 2**40]}]), "raw_data"),
+    "huge dims": (dict(tensors=[{**GOOD, "dims": [2**40, 2**40]}]), "overflows int64"),
     "raw too long": (dict(tensors=[{**GOOD, "raw": ONE_FLOAT * 2}]), "holds 8 bytes"),
     "raw empty": (dict(tensors=[{**GOOD, "dims": [3], "raw": b""}]), "need 12"),
     "string type": (dict(tensors=[{**GOOD, "data_type": STRING}]), "STRING"),

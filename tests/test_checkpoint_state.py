@@ -15,7 +15,7 @@ from ort_torch_train.checkpoint.state import OptimizerState, TrainingState
 from ort_torch_train.errors import (
     CheckpointError, NominalStateError, ParameterDataError, SafetensorsError)
 
-NOMINAL_TEXT = "nominal state. Please load the model parameters first."
+NOMINAL_TEXT = r"nominal state. Please load (the model parameters|the parameter states|all the parameter states) first"
 
 
 def small_state(optimizer: bool = False) -> TrainingState:

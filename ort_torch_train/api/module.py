@@ -85,12 +85,13 @@ class Module(TrainingEngine):
     def __call__(self, *user_inputs: Any) -> Any:
         names = self.input_names()
         tensors, kind = to_tensors(user_inputs, names)
-        if not self.training:
-            return from_tensors(self.eval_step(tensors), kind)
-        if self._data_parallel is None:
-            return from_tensors(self.train_step(tensors), kind)
-        with self._data_parallel.collective_errors("Module train step"):
-            return from_tensors(self.train_step(tensors), kind)
+        with self.training_state.lock:
+            if not self.training:
+                return from_tensors(self.eval_step(tensors), kind)
+            if self._data_parallel is None:
+                return from_tensors(self.train_step(tensors), kind)
+            with self._data_parallel.collective_errors("Module train step"):
+                return from_tensors(self.train_step(tensors), kind)
 
     def step(self, optimizer: Any, *user_inputs: Any) -> Any:
         """One full training step: ``module(*inputs)``, ``optimizer.step()``, ``module.lazy_reset_grad()``.
@@ -104,10 +105,11 @@ class Module(TrainingEngine):
         if engine_for_step is None:
             raise InputTypeError(f"optimizer: expected an ort_torch_train Optimizer, got {type(optimizer).__name__}")
         tensors, kind = to_tensors(user_inputs, self.input_names())
-        if self._data_parallel is None:
-            return from_tensors(self.train_and_update(tensors, engine_for_step()), kind)
-        with self._data_parallel.collective_errors("Module.step"):
-            return from_tensors(self.train_and_update(tensors, engine_for_step()), kind)
+        with self.training_state.lock:
+            if self._data_parallel is None:
+                return from_tensors(self.train_and_update(tensors, engine_for_step()), kind)
+            with self._data_parallel.collective_errors("Module.step"):
+                return from_tensors(self.train_and_update(tensors, engine_for_step()), kind)
 
     def get_parameters_size(self, trainable_only: bool = True) -> int:
         """Number of parameter elements (trainable ones only by default)."""
@@ -129,7 +131,13 @@ class Module(TrainingEngine):
             tensor = numpy_to_tensor(buffer.numpy(), "buffer")
         else:
             raise InputTypeError(f"buffer: expected an OrtValue, numpy array or tensor, got {type(buffer).__name__}")
-        super().copy_buffer_to_parameters(tensor, trainable_only)
+        with self.training_state.lock:
+            super().copy_buffer_to_parameters(tensor, trainable_only)
+
+    def lazy_reset_grad(self) -> None:
+        """Make the next train step overwrite the gradients instead of adding to them."""
+        with self.training_state.lock:
+            super().lazy_reset_grad()
 
     def exportable_output_names(self) -> list[str]:
         """Names ``export_model_for_inferencing`` takes: the model's outputs before the loss, then the loss.

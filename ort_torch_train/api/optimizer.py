@@ -46,10 +46,11 @@ class Optimizer:
 
     def step(self) -> None:
         """Update the parameters with the optimizer model's algorithm and count the step."""
-        if self._torch_optimizer is not None:
-            self._torch_optimizer.step()
-        else:
-            self._engine.step()
+        with self._engine.state.lock:
+            if self._torch_optimizer is not None:
+                self._torch_optimizer.step()
+            else:
+                self._engine.step()
 
     def engine_for_step(self) -> OptimizerEngine:
         """The optimizer core with the current learning rate applied, for a fused train step."""

@@ -45,8 +45,8 @@ class OrtValue:
         return self.numpy().dtype.type
 
     def device_name(self) -> str:
-        """``cpu`` or ``cuda``: where the tensor lives."""
-        return self.tensor.device.type
+        """Where the tensor lives, in ORT's spelling: ``Cpu`` or ``Cuda``."""
+        return _ORT_DEVICE_NAMES.get(self.tensor.device.type, self.tensor.device.type.capitalize())
 
     def is_tensor(self) -> bool:
         """Always True: an OrtValue here wraps a tensor."""
@@ -62,6 +62,9 @@ class OrtValue:
 
     def __repr__(self) -> str:
         return f"OrtValue(shape={self.shape()}, type={self.data_type()}, device={self.device_name()})"
+
+
+_ORT_DEVICE_NAMES = {"cpu": "Cpu", "cuda": "Cuda"}
 
 
 def numpy_to_tensor(array: np.ndarray, name: str) -> torch.Tensor:
@@ -90,14 +93,15 @@ def to_tensors(values: Sequence[Any], names: Sequence[str]) -> tuple[list[torch.
             kinds.add("ortvalue")
         elif value is not None and hasattr(value, "numpy") and type(value).__name__ == "OrtValue":
             tensors.append(numpy_to_tensor(value.numpy(), name))  # onnxruntime's own OrtValue
-            kinds.add("ortvalue")
+            kinds.add("onnxruntime")
         else:
             shown = "None" if value is None else type(value).__name__
             raise InputTypeError(
                 f"input {name!r} (position {position}): expected a numpy array, torch tensor or OrtValue, got {shown}"
             )
-    if "ortvalue" in kinds:
-        return tensors, "ortvalue"
+    for kind in ("onnxruntime", "ortvalue"):
+        if kind in kinds:
+            return tensors, kind
     return tensors, "torch" if kinds == {"torch"} else "numpy"
 
 
@@ -107,6 +111,10 @@ def from_tensors(outputs: Sequence[torch.Tensor], kind: str) -> Any:
         converted = [output.cpu().numpy() for output in outputs]
     elif kind == "ortvalue":
         converted = [OrtValue(output) for output in outputs]
+    elif kind == "onnxruntime":  # onnxruntime.OrtValue in, onnxruntime.OrtValue out (code checks isinstance)
+        import onnxruntime
+
+        converted = [onnxruntime.OrtValue.ortvalue_from_numpy(output.detach().cpu().numpy()) for output in outputs]
     else:
         converted = list(outputs)
     return converted[0] if len(converted) == 1 else tuple(converted)

@@ -5,6 +5,11 @@ read out of range, loop over absurd vector lengths or allocate huge amounts of m
 here checks alignment and bounds against the buffer BEFORE reading, the way FlatBuffers' C++
 ``Verifier`` (which ORT runs before loading a checkpoint) does; a failure raises ``CheckpointError``
 starting with ORT's text "Checkpoint verification failed." and saying what was wrong and where.
+
+A table referenced twice is refused; every string and vector is decoded once (later references
+share the decoded object; a dims vector may belong to one tensor only), and
+the bytes decoded in all are bounded by the buffer size, so a small file whose offsets point many
+times at one shared vector cannot make the reader do more work or use more memory than its size.
 """
 
 from __future__ import annotations
@@ -32,6 +37,30 @@ class FlatBuffer:
         self.data = memoryview(data).cast("B")
         self.size = len(self.data)
         self.tables_seen = 0
+        self.decoded: dict[tuple[str, int], object] = {}  # (kind, position) -> decoded value
+        self.budget = self.size  # bytes of strings and vectors still allowed to be decoded
+
+    def charge(self, nbytes: int, where: str) -> None:
+        """Count nbytes against the decoding budget (the buffer size)."""
+        self.budget -= nbytes
+        if self.budget < 0:
+            raise verification_error(
+                where, f"the strings and vectors referenced add up to more than the {self.size} bytes "
+                "of the buffer (overlapping or shared data)")
+
+    def claim(self, value: object, where: str, what: str) -> None:
+        """Fail if the decoded object value (a shared vector) was already claimed by another field."""
+        key = ("claimed", id(value))
+        if key in self.decoded:
+            raise verification_error(where, f"{what} is shared with {self.decoded[key]}; each needs its own")
+        self.decoded[key] = where
+
+    def memo(self, kind: str, pos: int, decode):
+        """decode() once per (kind, position)."""
+        key = (kind, pos)
+        if key not in self.decoded:
+            self.decoded[key] = decode()
+        return self.decoded[key]
 
     def check_range(self, pos: int, length: int, where: str, what: str) -> None:
         """Fail unless bytes [pos, pos + length) lie inside the buffer."""
@@ -74,7 +103,15 @@ class FlatBuffer:
         return self.table(self.follow(0, "root"), "root")
 
     def table(self, pos: int, where: str) -> Table:
-        """The table starting at pos, with its vtable checked."""
+        """The table starting at pos, with its vtable checked; a table referenced twice is refused
+        (FlatBuffers writers, ORT's included, never share tables)."""
+        if ("table", pos) in self.decoded:
+            raise verification_error(where, f"the table at byte {pos} is shared with "
+                                     f"{self.decoded[('table', pos)]}; each needs its own")
+        self.decoded[("table", pos)] = where
+        return self._table(pos, where)
+
+    def _table(self, pos: int, where: str) -> Table:
         self.tables_seen += 1
         if self.tables_seen > MAX_TABLES:
             raise verification_error(where, f"more than {MAX_TABLES} tables")
@@ -95,8 +132,12 @@ class FlatBuffer:
 
     def string(self, pos: int, where: str) -> str:
         """The zero-terminated UTF-8 string whose length field is at pos."""
+        return self.memo("string", pos, lambda: self._string(pos, where))
+
+    def _string(self, pos: int, where: str) -> str:
         start, length = self.vector(pos, 1, where)
         self.check_range(start + length, 1, where, "string terminator")
+        self.charge(length, where)
         if self.data[start + length] != 0:
             raise verification_error(where, f"string at byte {pos} is not zero-terminated")
         try:
@@ -108,6 +149,8 @@ class FlatBuffer:
 
 class Table:
     """One table of a FlatBuffer: fields by slot number (0 = the schema's first field)."""
+
+    __slots__ = ("buf", "pos", "vtable", "vtable_size", "where")
 
     def __init__(self, buf: FlatBuffer, pos: int, vtable: int, vtable_size: int, where: str):
         self.buf, self.pos, self.vtable, self.vtable_size, self.where = (
@@ -147,30 +190,31 @@ class Table:
         target, where = self._target(slot, name)
         return None if target is None else self.buf.vector(target, elem_size, where)
 
+    def _decoded_vector(self, slot: int, elem_size: int, name: str, kind: str, decode) -> list | None:
+        """decode(start, count, where) of a vector field, once per vector, charged to the budget."""
+        target, where = self._target(slot, name)
+        if target is None:
+            return None
+
+        def first_decode() -> list:
+            start, count = self.buf.vector(target, elem_size, where)
+            self.buf.charge(count * elem_size, where)
+            return decode(start, count, where)
+        return self.buf.memo(kind, target, first_decode)
+
     def int64s(self, slot: int, name: str) -> list[int] | None:
         """A [int64] field as a list, or None when absent."""
-        span = self.vector(slot, 8, name)
-        if span is None:
-            return None
-        start, count = span
-        return list(struct.unpack_from(f"<{count}q", self.buf.data, start))
+        return self._decoded_vector(slot, 8, name, "int64s", lambda start, count, where: list(
+            struct.unpack_from(f"<{count}q", self.buf.data, start)))
 
     def tables(self, slot: int, name: str) -> list[Table] | None:
         """A vector-of-tables field, or None when absent."""
-        span = self.vector(slot, 4, name)
-        if span is None:
-            return None
-        start, count = span
-        where = f"{self.where}.{name}"
-        return [self.buf.table(self.buf.follow(start + 4 * i, f"{where}[{i}]"), f"{where}[{i}]")
-                for i in range(count)]
+        return self._decoded_vector(slot, 4, name, "tables", lambda start, count, where: [
+            self.buf.table(self.buf.follow(start + 4 * i, f"{where}[{i}]"), f"{where}[{i}]")
+            for i in range(count)])
 
     def strings(self, slot: int, name: str) -> list[str] | None:
         """A vector-of-strings field, or None when absent."""
-        span = self.vector(slot, 4, name)
-        if span is None:
-            return None
-        start, count = span
-        where = f"{self.where}.{name}"
-        return [self.buf.string(self.buf.follow(start + 4 * i, f"{where}[{i}]"), f"{where}[{i}]")
-                for i in range(count)]
+        return self._decoded_vector(slot, 4, name, "strings", lambda start, count, where: [
+            self.buf.string(self.buf.follow(start + 4 * i, f"{where}[{i}]"), f"{where}[{i}]")
+            for i in range(count)])

@@ -34,8 +34,9 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ..errors import CheckpointError
-from ..fileio import atomic_write, atomic_write_bytes
+from ..fileio import atomic_write_bytes
 from .odtc_read import CHECKPOINT_VERSION, FILE_IDENTIFIER, decode_checkpoint
+from .pair import PairReader, commit_pair, drop_manifest, remove_stale_files
 from .odtc_write import ExternalDataPlan, check_record, data_bytes, encode_checkpoint
 from .records import CheckpointRecord, OptimizerGroupRecord
 from .tensor_bytes import tensor_to_bytes
@@ -66,8 +67,10 @@ def _read_file(path: Path) -> bytes:
 class _ExternalDataFile:
     """A checkpoint's external data file, opened on the first read; every read bounds-checked."""
 
-    def __init__(self, checkpoint_path: Path | None) -> None:
+    def __init__(self, checkpoint_path: Path | None, pair: PairReader | None = None) -> None:
         self.checkpoint_path = checkpoint_path
+        self.pair = pair
+        self.data_file = pair.data_file if pair else None
         self.total_read = 0
 
     def __call__(self, offset: int, nbytes: int, what: str) -> bytes:
@@ -75,7 +78,10 @@ class _ExternalDataFile:
             raise CheckpointError(
                 "External data is present in the checkpoint but the checkpoint path is not "
                 "provided. External data with loading from buffer is not supported.")
-        path = external_data_path(self.checkpoint_path)
+        path = self.data_file or external_data_path(self.checkpoint_path)
+        if self.pair is not None:
+            self.pair.check_data_file()
+            self.pair = None  # checked once
         if not path.is_file():
             raise CheckpointError(
                 f"Failed to open checkpoint's external data file: {str(path)!r} (the "
@@ -108,7 +114,10 @@ def read_checkpoint(
     if not isinstance(source, str | os.PathLike):
         raise TypeError(f"checkpoint source must be a path or bytes, got {type(source).__name__}")
     path = Path(source)
-    return decode_checkpoint(_read_file(path), _ExternalDataFile(path))
+    pair = PairReader(path)
+    data = _read_file(path if pair.checkpoint_file == path else pair.checkpoint_file)
+    pair.note_checkpoint_bytes(data)
+    return decode_checkpoint(data, _ExternalDataFile(path, pair))
 
 
 def checkpoint_to_bytes(record: CheckpointRecord, *, artifact: bool = False) -> bytes:
@@ -129,7 +138,8 @@ def write_checkpoint(record: CheckpointRecord, path: str | os.PathLike,
     save) or the parameters' data exceeds the threshold (ORT's rule in generate_artifacts, where
     tensors under 64 bytes stay inline). Optimizer moments stay inline, as in ORT, unless they
     exceed the threshold themselves. Everything that can fail on the content fails before any file
-    is touched; with external data the side file is written (atomically) first.
+    is touched; with external data both files are replaced as one unit (see ``pair``), and temp
+    files left by killed saves are removed.
     """
     check_record(record, artifact)
     param_bytes = data_bytes(record, include_optimizer=False)
@@ -137,7 +147,9 @@ def write_checkpoint(record: CheckpointRecord, path: str | os.PathLike,
     external = not record.is_nominal and (
         record.has_external_data or param_bytes > external_data_threshold)
     if not external:
+        remove_stale_files(Path(path))
         atomic_write_bytes(path, encode_checkpoint(record, artifact=artifact))
+        drop_manifest(Path(path))
         return
     plan = ExternalDataPlan(momentums=moment_bytes > external_data_threshold,
                             min_bytes=ARTIFACT_MIN_EXTERNAL_BYTES if artifact else 0)
@@ -151,5 +163,4 @@ def write_checkpoint(record: CheckpointRecord, path: str | os.PathLike,
             file.write(data)
             position = offset + len(data)
 
-    atomic_write(external_data_path(path), write_data)
-    atomic_write_bytes(path, encoded)
+    commit_pair(Path(path), encoded, write_data)

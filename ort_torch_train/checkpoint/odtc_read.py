@@ -54,14 +54,21 @@ def _tensor_entry(table: Table) -> _TensorEntry:
         raise _invalid(f"{table.where} has no name.")
     if dims is None:
         raise _invalid(f"{table.where} ({name!r}) has no dims.")
+    table.buf.claim(dims, f"{table.where}.dims", "the dims vector")
     return _TensorEntry(table.where, name, data_type, dims, raw_data, external_offset)
 
 
 def _tensor_entries(tables: list[Table] | None, where: str) -> list[_TensorEntry]:
     if tables is None:
         raise _invalid(f"{where} is missing (Expected: a vector of tensors. Actual: nullptr).")
-    entries = [_tensor_entry(table) for table in tables]
-    _check_unique([entry.name for entry in entries], where)
+    entries, seen = [], set()
+    for table in tables:  # names checked as they come: a table referenced twice fails at once
+        table.buf.charge(16, table.where)  # a tensor table takes at least that many uncounted bytes
+        entry = _tensor_entry(table)
+        if entry.name in seen:
+            raise _invalid(f"{where} holds the name {entry.name!r} more than once.")
+        seen.add(entry.name)
+        entries.append(entry)
     return entries
 
 
@@ -90,6 +97,8 @@ class _TensorMaker:
         if any(dim < 0 for dim in entry.dims):
             raise _invalid(f"{label} has a negative dimension in dims {entry.dims}.")
         nbytes = math.prod(entry.dims) * dtype.itemsize
+        if nbytes >= 2**63:
+            raise _invalid(f"{label} has dims {entry.dims} whose size overflows int64.")
         if entry.external_offset >= 0:
             data = self._external(entry, label, nbytes)
         elif entry.raw_data is not None:
@@ -134,9 +143,11 @@ class _GroupEntry:
 
 
 def _group_entries(tables: list[Table] | None) -> list[_GroupEntry]:
-    groups = []
+    groups: list[_GroupEntry] = []
     for table in tables or []:
         name = table.string(0, "group_name")
+        if name is not None and any(group.name == name for group in groups):
+            raise _invalid(f"optimizer_groups holds the name {name!r} more than once.")
         step = int(table.scalar(1, "<q", 0, "step"))
         learning_rate = float(table.scalar(2, "<f", 0.0, "initial_learning_rate"))
         states = table.tables(3, "optimizer_states")

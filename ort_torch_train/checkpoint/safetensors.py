@@ -96,8 +96,10 @@ def _parse_header(data: bytes, label: str) -> tuple[dict[str, object], int]:
     try:
         header = json.loads(data[8:8 + header_size].decode("utf-8"),
                             object_pairs_hook=_unique_keys)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (UnicodeDecodeError, ValueError) as error:  # JSONDecodeError, or a number too long to convert
         raise SafetensorsError(f"{label}: header is not valid UTF-8 JSON ({error})") from None
+    except RecursionError:
+        raise SafetensorsError(f"{label}: header JSON is nested too deeply") from None
     if not isinstance(header, dict):
         raise SafetensorsError(f"{label}: header is a JSON {type(header).__name__}, "
                                "expected an object")
@@ -116,12 +118,12 @@ def _parse_entry(name: str, entry: object, label: str) -> tuple[torch.dtype, lis
     if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
         raise SafetensorsError(f"{where} must have exactly dtype, shape and data_offsets, "
                                f"got {entry!r}")
-    dtype = CODE_DTYPES.get(entry["dtype"])
+    dtype = CODE_DTYPES.get(entry["dtype"]) if isinstance(entry["dtype"], str) else None
     if dtype is None:
         raise SafetensorsError(f"{where} has unsupported dtype {entry['dtype']!r}; "
                                f"supported: {sorted(CODE_DTYPES)}")
     shape, offsets = entry["shape"], entry["data_offsets"]
-    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+    if not isinstance(shape, list) or not all(type(d) is int and 0 <= d < 2**63 for d in shape):
         raise SafetensorsError(f"{where} has invalid shape {shape!r}")
     if (not isinstance(offsets, list) or len(offsets) != 2
             or not all(type(o) is int for o in offsets) or not 0 <= offsets[0] <= offsets[1]):

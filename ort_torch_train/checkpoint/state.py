@@ -11,12 +11,13 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from ..errors import CheckpointError, NominalStateError, ParameterDataError, SafetensorsError
+from ..errors import CheckpointError, NominalStateError, ParameterDataError, PropertyError, SafetensorsError
 from ort_torch_train.dtypes import dtype_name
 from .odtc import checkpoint_to_bytes, read_checkpoint, write_checkpoint
 from .records import CheckpointRecord, OptimizerGroupRecord
@@ -47,21 +48,32 @@ def _source_text(source: object) -> str:
 def normalize_property(name: str, value: object) -> int | float | str:
     """The value as ORT stores it: int (int64 range), float (rounded to float32) or str."""
     if not isinstance(name, str):
-        raise TypeError(f"Property names must be str, got {type(name).__name__} {name!r}")
+        raise PropertyError(f"Property names must be str, got {type(name).__name__} {name!r}")
+    _require_utf8(name, f"Property name {name!r}")
     if isinstance(value, bool | np.bool_):
-        raise TypeError(f"Property {name!r} value is a bool; properties hold int, float or str")
+        raise PropertyError(f"Property {name!r} value is a bool; properties hold int, float or str")
     if isinstance(value, str):
+        _require_utf8(value, f"Property {name!r} value")
         return value
     if isinstance(value, int | np.integer):
         if not INT64_MIN <= int(value) <= INT64_MAX:
-            raise ValueError(f"Property {name!r} value {int(value)} does not fit in int64")
+            raise PropertyError(f"Property {name!r} value {int(value)} does not fit in int64")
         return int(value)
     if isinstance(value, float | np.floating):
         if math.isfinite(value) and abs(value) > FLOAT32_MAX:
-            raise ValueError(f"Property {name!r} value {float(value)} does not fit in float32")
+            raise PropertyError(f"Property {name!r} value {float(value)} does not fit in float32")
         return float(np.float32(value))
-    raise TypeError(f"Property {name!r} value has type {type(value).__name__}; "
+    raise PropertyError(f"Property {name!r} value has type {type(value).__name__}; "
                     "properties hold int, float or str")
+
+
+def _require_utf8(text: str, what: str) -> None:
+    """Refuse text that cannot be written as UTF-8 (a lone surrogate would break every later save)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise PropertyError(f"{what} cannot be stored: it is not valid Unicode text ({error.reason} at "
+                            f"position {error.start})") from None
 
 
 def _shape_text(shape: torch.Size | tuple[int, ...]) -> str:
@@ -107,6 +119,9 @@ class TrainingState:
         self.properties = {name: normalize_property(name, value)
                            for name, value in (properties or {}).items()}
         self.has_external_data = has_external_data  # save like ORT: keep data in "<path>.data"
+        # Held by every state-changing call of Module, Optimizer and CheckpointState (and by saves), so
+        # that calls from several threads are serialised: no lost step, no save of a half-updated state.
+        self.lock = threading.RLock()
         self.generation = 0  # counts replacements of the tensors behind the parameters (views of them go stale)
         self._check_momentums()
         self._ensure_grads()
@@ -159,7 +174,8 @@ class TrainingState:
 
     def save(self, path: str | os.PathLike, include_optimizer_state: bool = False) -> None:
         """Write an ORT checkpoint file atomically (the property bag is always saved)."""
-        write_checkpoint(self.to_record(include_optimizer_state), path)
+        with self.lock:
+            write_checkpoint(self.to_record(include_optimizer_state), path)
         log.info("saved checkpoint %s (optimizer state: %s)", os.fspath(path), include_optimizer_state)
 
     def to_bytes(self, include_optimizer_state: bool = False) -> bytes:
@@ -190,14 +206,19 @@ class TrainingState:
         """The live parameter; KeyError("Parameter X not found."); NominalStateError if nominal."""
         if name not in self.params:
             raise KeyError(f"Parameter {name} not found.")
-        self.require_loaded(f"get parameter {name}")
+        if self.is_nominal:
+            raise NominalStateError(f"Cannot get parameter from a nominal state. Please load the parameter states "
+                                    f"first (parameter {name!r}).")
         return self.params[name]
 
     def set_parameter_data(self, name: str, value: np.ndarray | torch.Tensor) -> None:
         """Copy value into the parameter in place, after checking name, shape and dtype."""
+        if name in self.params and self.is_nominal:
+            raise NominalStateError(f"Cannot copy parameter to a nominal state. Please load all the parameter "
+                                    f"states first (parameter {name!r}).")
         param = self.parameter(name)
         tensor = self._checked_value(name, value)
-        with torch.no_grad():
+        with self.lock, torch.no_grad():
             param.copy_(tensor)
 
     def _checked_value(self, name: str, value: object) -> torch.Tensor:

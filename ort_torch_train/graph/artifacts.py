@@ -28,16 +28,31 @@ def load_model(source: ModelSource, what: str) -> onnx.ModelProto:
         return source
     try:
         if isinstance(source, (bytes, bytearray, memoryview)):
-            return onnx.load_from_string(bytes(source))
+            return _with_text_names(onnx.load_from_string(bytes(source)), what)
         if not os.path.exists(source):
             raise FileNotFoundError(f"{what} not found: {os.fspath(source)!r}")
         if os.path.isdir(source):
             raise IsADirectoryError(f"{what} path {os.fspath(source)!r} is a directory, expected an ONNX file")
-        return onnx.load(os.fspath(source))
-    except (FileNotFoundError, IsADirectoryError):
+        return _with_text_names(onnx.load(os.fspath(source)), what)
+    except (FileNotFoundError, IsADirectoryError, ModelError):
         raise
     except Exception as exc:
         raise ModelError(f"{what} is not a readable ONNX model: {exc}") from exc
+
+
+def _with_text_names(model: onnx.ModelProto, what: str) -> onnx.ModelProto:
+    """model, after checking that its graph's names decoded as text (protobuf leaves invalid UTF-8 as bytes)."""
+    graph = model.graph
+    names = [value.name for value in (*graph.input, *graph.output, *graph.initializer, *graph.value_info)]
+    names += [name for node in graph.node
+              for name in (node.name, node.op_type, node.domain, node.doc_string, *node.input, *node.output,
+                           *(attribute.name for attribute in node.attribute))]
+    names += [graph.name, graph.doc_string, model.doc_string, model.producer_name, model.domain,
+              *(opset.domain for opset in model.opset_import)]
+    for name in names:
+        if not isinstance(name, str):
+            raise ModelError(f"{what} holds a name that is not valid UTF-8: {name!r}")
+    return model
 
 
 def opsets_of(model: onnx.ModelProto) -> dict[str, int]:

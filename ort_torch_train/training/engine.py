@@ -24,6 +24,7 @@ from ort_torch_train.graph.artifacts import (
     opsets_of,
     training_layout,
 )
+from ort_torch_train.graph.model_checks import check_eval_pair, check_model
 from ort_torch_train.graph.forward import CompileSetting, ForwardGraph, compile_arguments
 from ort_torch_train.optim.engine import OptimizerEngine
 from ort_torch_train.training.binding import bind_parameters, parse_device
@@ -51,11 +52,15 @@ class TrainingEngine(nn.Module):
         self.training_state = state
         names = list(state.params)
         self.train_layout = training_layout(training_model, names)
+        check_model(training_model, "training model", self.train_layout.user_outputs)
+        if eval_model is not None:
+            check_model(eval_model, "eval model")
+            check_eval_pair(training_model, eval_model, names)
         self.trainable_parameter_names = [n for n in self.train_layout.params if state.params[n].requires_grad]
         self._trainable_name_tuple = tuple(self.trainable_parameter_names)  # compared at every fused step
         self._declared_param_shapes = _declared_shapes(training_model, self.train_layout.params)
         self.eval_layout = eval_layout(eval_model, names) if eval_model is not None else None
-        self.train_graph, train_params = self._train_forward(training_model, eval_model)
+        self.train_graph, train_params = self._train_forward(training_model)
         self.eval_graph = None
         if eval_model is not None:
             self.eval_graph = ForwardGraph(
@@ -76,19 +81,13 @@ class TrainingEngine(nn.Module):
         self._data_parallel = None  # a training.distributed.DataParallel when gradients are averaged across ranks
         self.to(target)
 
-    def _train_forward(self, training_model, eval_model) -> tuple[ForwardGraph, tuple[str, ...]]:
-        """The eval graph under training semantics when it matches the training graph's interface.
+    def _train_forward(self, training_model) -> tuple[ForwardGraph, tuple[str, ...]]:
+        """The training graph pruned to its user outputs, under training semantics (never the
+        eval graph: ORT trains what the training model computes).
 
         It is never torch.compile'd on its own: compiled training runs a CompiledTrainStep around it.
         """
         layout = self.train_layout
-        if eval_model is not None:
-            ev = self.eval_layout
-            if set(ev.user_inputs) == set(layout.user_inputs) and ev.user_outputs == layout.user_outputs:
-                train_view = GraphLayout(layout.user_inputs, ev.params, layout.user_outputs)
-                graph = forward_graph(eval_model, train_view)
-                forward = ForwardGraph(graph, opsets_of(eval_model), train_view, training=True)
-                return forward, ev.params
         graph = forward_graph(training_model, layout)
         forward = ForwardGraph(graph, opsets_of(training_model), layout, training=True)
         return forward, layout.params
@@ -106,15 +105,15 @@ class TrainingEngine(nn.Module):
         inputs = self._on_device(inputs)
         if self._compile_arguments is not None and self.trainable_parameter_names:
             return self._compiled_step(inputs, None)
+        data_parallel = self._data_parallel  # a failing forward leaves the gradients alone
+        outputs = (self.train_graph(inputs, self._train_params) if data_parallel is None
+                   else data_parallel.forward(inputs))
         if self._gradient_reset.pending:
             if self._grads is None:
                 self._grads = [self.training_state.params[n].grad for n in self.trainable_parameter_names]
             if self._grads:
                 torch._foreach_zero_(self._grads)  # in place: the gradient tensors are never replaced
             self._gradient_reset.pending = False
-        data_parallel = self._data_parallel
-        outputs = (self.train_graph(inputs, self._train_params) if data_parallel is None
-                   else data_parallel.forward(inputs))
         loss = outputs[0]
         if loss.requires_grad:
             loss.backward(None if loss.dim() == 0 else torch.ones_like(loss))

@@ -1,0 +1,110 @@
+"""Checks on loaded models before they are converted: the ONNX checker, and the training/eval pair.
+
+ORT refuses a model the ONNX checker rejects (a duplicated attribute, an undefined input, ...), and
+trains the training graph whatever the eval graph computes; the eval graph must read the same
+parameters (names, element types, shapes) and take user inputs of the same element types.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import onnx
+
+from ort_torch_train.errors import ModelError
+from ort_torch_train.graph.artifacts import prune_graph
+
+_PROTOBUF_LIMIT = 2**31 - 1  # the checker serializes the model; larger ones are checked by path only
+
+
+def check_model(model: onnx.ModelProto, what: str, outputs: Iterable[str] | None = None) -> None:
+    """Run the ONNX checker on model (named ``what`` in the error), or on the part of it that
+    computes ``outputs`` (a training graph's gradient ops have ORT's schemas, not ONNX's)."""
+    _check_outputs_produced(model, what)
+    _check_initializer_sizes(model, what)
+    if model.ByteSize() > _PROTOBUF_LIMIT:
+        return
+    graph = prune_graph(model.graph, [value.name for value in model.graph.output] if outputs is None else outputs)
+    typed = [value for value in graph.output if value.HasField("type")]  # ORT infers missing types
+    del graph.output[:]
+    graph.output.extend(typed)
+    model = onnx.helper.make_model(graph, opset_imports=model.opset_import,
+                                   ir_version=model.ir_version, functions=model.functions)
+    try:
+        onnx.checker.check_model(model)
+    except (onnx.checker.ValidationError, ValueError, RuntimeError) as error:
+        raise ModelError(f"{what} fails the ONNX checker: {error}") from None
+
+
+def _check_outputs_produced(model: onnx.ModelProto, what: str) -> None:
+    graph = model.graph
+    known = {value.name for value in graph.input} | {init.name for init in graph.initializer}
+    known.update(name for node in graph.node for name in node.output)
+    for value in graph.output:
+        if value.name not in known:
+            raise ModelError(f"{what}: graph output {value.name!r} is produced by no node, input or initializer")
+
+
+def _check_initializer_sizes(model: onnx.ModelProto, what: str) -> None:
+    """Inline initializers must hold as many elements as their dims say."""
+    for init in model.graph.initializer:
+        if init.data_location == onnx.TensorProto.EXTERNAL or init.data_type in (0, onnx.TensorProto.STRING):
+            continue
+        try:
+            itemsize = onnx.helper.tensor_dtype_to_np_dtype(init.data_type).itemsize
+        except (KeyError, TypeError, ValueError):
+            raise ModelError(f"{what}: initializer {init.name!r} has unknown data_type {init.data_type}") from None
+        if any(dim < 0 for dim in init.dims):
+            raise ModelError(f"{what}: initializer {init.name!r} has a negative dimension in dims {list(init.dims)}")
+        count = math.prod(init.dims)
+        if init.HasField("raw_data"):
+            held, expected = len(init.raw_data), count * itemsize
+            unit = "bytes"
+        else:
+            field = onnx.helper.tensor_dtype_to_field(init.data_type)
+            held, expected, unit = len(getattr(init, field)), count, "values"
+            if init.data_type in (onnx.TensorProto.COMPLEX64, onnx.TensorProto.COMPLEX128):
+                expected *= 2
+            if init.data_type in _PACKED_IN_INT32 and expected:
+                continue  # packed types: leave to the checker
+        if held != expected:
+            raise ModelError(f"{what}: initializer {init.name!r} holds {held} {unit} but dims "
+                             f"{list(init.dims)} need {expected}")
+
+
+_PACKED_IN_INT32 = {onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.INT4, onnx.TensorProto.UINT4,
+                    getattr(onnx.TensorProto, "FLOAT8E4M3FN", -1), getattr(onnx.TensorProto, "FLOAT8E5M2", -1),
+                    getattr(onnx.TensorProto, "FLOAT8E4M3FNUZ", -1), getattr(onnx.TensorProto, "FLOAT8E5M2FNUZ", -1)}
+
+
+def _input_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
+    return {value.name: value.type for value in model.graph.input}
+
+
+def _describe(type_proto: onnx.TypeProto) -> str:
+    tensor = type_proto.tensor_type
+    dims = [dim.dim_value if dim.HasField("dim_value") else (dim.dim_param or "?") for dim in tensor.shape.dim]
+    return f"{onnx.TensorProto.DataType.Name(tensor.elem_type)}{dims if tensor.HasField('shape') else ''}"
+
+
+def check_eval_pair(training_model: onnx.ModelProto, eval_model: onnx.ModelProto,
+                    param_names: Iterable[str]) -> None:
+    """Refuse an eval model whose parameters or user inputs disagree with the training model's."""
+    params = set(param_names)
+    train, evaluate = _input_types(training_model), _input_types(eval_model)
+    for name, eval_type in evaluate.items():
+        train_type = train.get(name)
+        if train_type is None:
+            if name in params:
+                raise ModelError(f"eval model reads parameter {name!r}, which the training model does not take")
+            continue
+        if name in params:
+            same = train_type == eval_type
+        else:  # user inputs: element types must agree (batch sizes may differ)
+            same = train_type.tensor_type.elem_type == eval_type.tensor_type.elem_type
+        if not same:
+            role = "parameter" if name in params else "user input"
+            raise ModelError(
+                f"eval model does not match the training model: {role} {name!r} is declared "
+                f"{_describe(eval_type)} in the eval model, {_describe(train_type)} in the training model")
