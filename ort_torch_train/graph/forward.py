@@ -99,7 +99,7 @@ class ForwardGraph:
             return built
         self.validate(inputs)
         specs = [TensorSpec(tuple(t.shape), t.dtype) for t in (*inputs, *params)]
-        module = convert_graph(self.graph, self.opsets, specs, training=self.training)
+        module = convert_graph(self.graph, self.opsets, specs, training=self.training, examples=(*inputs, *params))
         module.to(params[0].device if params else inputs[0].device)
         built = build(module)
         self._cache[key] = built
