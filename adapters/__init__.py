@@ -14,6 +14,7 @@ from . import (  # noqa: E402,F401  (registers converters)
     group_norm,
     indexing,
     linear,
+    math_ops,
     losses,
     matmul,
     normalization,
