@@ -25,6 +25,7 @@ from . import (  # noqa: E402,F401  (registers converters)
     sequences,
     shape_ops,
     tensor_ops,
+    unsigned,
 )
 
 __all__ = ["ConversionContext", "find_converter", "normalize_domain", "register"]
