@@ -7,12 +7,14 @@ from .registry import ConversionContext, find_converter, normalize_domain, regis
 
 from . import (  # noqa: E402,F401  (registers converters)
     activations,
+    bitwise,
     constants,
     conv,
     dropout,
     elementwise,
     group_norm,
     indexing,
+    instance_norm,
     linear,
     math_ops,
     losses,

@@ -154,3 +154,43 @@ def space_to_depth_op(node, graph, context: ConversionContext):
     mode = attrs.get("mode", "DCR")
     mode = mode.decode() if isinstance(mode, bytes) else mode
     return result(Inline(space_to_depth, attrs["blocksize"], mode == "CRD"), node)
+
+
+def compress(x: torch.Tensor, condition: torch.Tensor, axis: int | None) -> torch.Tensor:
+    """Entries along ``axis`` (of the flattened input without one) where ``condition`` holds."""
+    if axis is None:
+        x, axis = x.reshape(-1), 0
+    keep = torch.nonzero(condition.reshape(-1)[: x.shape[axis]]).reshape(-1)
+    return x.index_select(axis, keep)
+
+
+@register("Compress", since=9)
+def compress_op(node, graph, context: ConversionContext):
+    axis = attributes(node).get("axis")
+    if axis is not None:
+        axis = normalize_axis(axis, len(input_shape(node, graph, 0)))
+    return result(Inline(compress, axis=axis), node)
+
+
+def reverse_sequence(x: torch.Tensor, lengths: torch.Tensor, batch_axis: int, time_axis: int) -> torch.Tensor:
+    """Reverse the first ``lengths[b]`` steps of each batch entry ``b`` along ``time_axis``."""
+    steps = torch.arange(x.shape[time_axis], device=x.device)
+    lengths = lengths.long()
+    shape = [1] * x.dim()
+    shape[time_axis], shape[batch_axis] = -1, 1
+    grid = steps.reshape(shape)
+    shape[time_axis], shape[batch_axis] = 1, -1
+    limit = lengths.reshape(shape)
+    index = torch.where(grid < limit, limit - 1 - grid, grid).expand(x.shape)
+    return torch.gather(x, time_axis, index)
+
+
+@register("ReverseSequence", since=10)
+def reverse_sequence_op(node, graph, context: ConversionContext):
+    attrs = attributes(node)
+    return result(Inline(reverse_sequence, attrs.get("batch_axis", 1), attrs.get("time_axis", 0)), node)
+
+
+@register("Det", since=11)
+def det_op(node, graph, context: ConversionContext):
+    return result(Inline(torch.linalg.det), node)
