@@ -122,7 +122,7 @@ def convert_graph(
         used_placeholder_names.add(name)
         builder.fx_nodes[value_info.name] = builder.fx_graph.placeholder(name)
         builder.fx_nodes[value_info.name].meta["val"] = torch.empty(spec.shape, dtype=spec.dtype, device="meta")
-        builder.values[value_info.name] = _Value(example.detach().cpu(), False, True)
+        builder.values[value_info.name] = _Value(example.detach().to("cpu", copy=True), False, True)  # runs may write
     graph_inputs = {value_info.name for value_info in graph.input}
     for initializer in graph.initializer:
         if initializer.name not in graph_inputs:
