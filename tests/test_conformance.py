@@ -102,3 +102,40 @@ def test_slice_steps_and_resize_sizes_are_read_at_run_time():
             (expected,) = onnx.reference.ReferenceEvaluator(model).run(None, feeds)
             (actual,) = module(x, *(torch.tensor(v) for v in values))
             np.testing.assert_allclose(actual.numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_third_party_converter_registration():
+    """The docs/converters.md example: an op of one's own domain, registered and converted."""
+    from ort_torch_train.adapters import register
+    from ort_torch_train.adapters.common import Inline, attributes, result
+    from ort_torch_train.adapters.registry import _REGISTRY
+
+    def scaled_tanh(x, scale):
+        return scale * torch.tanh(x)
+
+    @register("ScaledTanh", domain="com.example", since=1)
+    def convert(node, graph, context):
+        return result(Inline(scaled_tanh, attributes(node).get("scale", 1.0)), node)
+
+    try:
+        node = helper.make_node("ScaledTanh", ["x"], ["y"], domain="com.example", scale=3.0)
+        graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+        x = torch.randn(2, 3, requires_grad=True)
+        (y,) = convert_graph(graph, {"": 18, "com.example": 1}, [TensorSpec((2, 3), torch.float32)], training=True)(x)
+        torch.testing.assert_close(y, 3.0 * torch.tanh(x))
+        y.sum().backward()
+        assert x.grad is not None
+    finally:
+        del _REGISTRY[("com.example", "ScaledTanh")]
+
+
+def test_unsupported_operator_message_points_to_registration():
+    from ort_torch_train.errors import UnsupportedOperatorError
+    from ort_torch_train.graph.converters import check_supported
+
+    node = helper.make_node("NoSuchOp", ["x"], ["y"], domain="com.example")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    with pytest.raises(UnsupportedOperatorError, match=r"NoSuchOp.*ort_torch_train.adapters.register"):
+        check_supported(graph, {"com.example": 1})
