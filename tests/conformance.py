@@ -40,6 +40,15 @@ def _is_tensor(value_info: onnx.ValueInfoProto) -> bool:
     return value_info.type.HasField("tensor_type")
 
 
+def _array(value):
+    """Test data as a numpy array (numpy scalars and TensorProtos converted), else unchanged."""
+    if isinstance(value, np.generic):
+        return np.asarray(value)
+    if isinstance(value, onnx.TensorProto):
+        return onnx.numpy_helper.to_array(value)
+    return value
+
+
 def _skip_reason(model: onnx.ModelProto, data_sets: list) -> str | None:
     graph = model.graph
     if not all(_is_tensor(v) for v in (*graph.input, *graph.output)):
@@ -86,13 +95,14 @@ def run_case(case) -> Outcome:
     """Convert and run one node test case."""
     model = case.model
     op = _op_of(model, case.name)
-    reason = _skip_reason(model, case.data_sets)
+    data_sets = [([_array(v) for v in inputs], [_array(v) for v in outputs]) for inputs, outputs in case.data_sets]
+    reason = _skip_reason(model, data_sets)
     if reason:
         return Outcome(case.name, op, "skipped", reason)
     if model.functions:
         model = onnx.inliner.inline_local_functions(model)
     opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
-    for inputs, expected_outputs in case.data_sets:
+    for inputs, expected_outputs in data_sets:
         tensors = [torch.from_numpy(np.array(array, copy=True)) for array in inputs]
         specs = [TensorSpec(tuple(t.shape), t.dtype) for t in tensors]
         try:
