@@ -39,3 +39,7 @@ class ParameterDataError(RuntimeError, ValueError):
 
 class UnsupportedTypeError(TypeError, ValueError):
     """An element type or dtype has no equivalent on the other side (ONNX <-> torch)."""
+
+
+class DistributedError(RuntimeError):
+    """Distributed training is misused or failed: no process group, ranks out of step, a rank lost."""

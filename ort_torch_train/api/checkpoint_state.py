@@ -138,10 +138,15 @@ class CheckpointState:
     @classmethod
     def save_checkpoint(cls, state: CheckpointState, checkpoint_uri: str | os.PathLike,
                         include_optimizer_state: bool = False) -> None:
-        """Save the state to a checkpoint file (atomically)."""
+        """Save the state to a checkpoint file (atomically). In a distributed run rank 0 writes it and
+        the other ranks wait (every rank calls it)."""
         if not isinstance(state, CheckpointState):
             raise TypeError(f"state must be a CheckpointState, got {type(state).__name__}")
-        state._state.save(checkpoint_uri, include_optimizer_state)
+        coordinator = getattr(state._state, "distributed_checkpoint", None)
+        if coordinator is None:
+            state._state.save(checkpoint_uri, include_optimizer_state)
+        else:
+            coordinator.save(state._state, checkpoint_uri, include_optimizer_state)
 
     @property
     def training_state(self) -> TrainingState:

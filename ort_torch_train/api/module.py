@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import torch
 
 from ort_torch_train.api.ortvalue import OrtValue, from_tensors, numpy_to_tensor, to_tensors
-from ort_torch_train.errors import InputTypeError
+from ort_torch_train.errors import DistributedError, InputTypeError, ModelError
 from ort_torch_train.graph.artifacts import ModelSource, load_model
+from ort_torch_train.graph.roles import check_slot
+from ort_torch_train.training.distributed import data_parallel
 from ort_torch_train.training.engine import TrainingEngine
 
 
@@ -27,6 +31,9 @@ class Module(TrainingEngine):
     ``step(optimizer, *inputs)`` puts the optimizer's update into the train step's graph too. ``session_options`` (an ORT
     SessionOptions) is accepted for compatibility and not used: threads are torch's
     (``torch.set_num_threads``).
+    ``distributed=True`` trains data-parallel on torch.distributed (``process_group``, default the
+    default group): gradients are averaged across ranks at each train step, steps inside
+    ``no_sync()`` accumulate locally (see ``training/distributed.py``); eval stays local.
     """
 
     def __init__(
@@ -38,19 +45,52 @@ class Module(TrainingEngine):
         session_options: Any = None,
         *,
         compile: bool | str | dict = False,
+        distributed: bool = False,
+        process_group: Any = None,
     ):
         training_model = load_model(train_model_uri, "training model")
         eval_model = load_model(eval_model_uri, "eval model") if eval_model_uri is not None else None
+        check_slot(training_model, "training_model", "train_model_uri")
+        if eval_model is not None:
+            check_slot(eval_model, "eval_model", "eval_model_uri")
         super().__init__(training_model, training_state_of(state), eval_model, device, compile)
         self.checkpoint_state = state
         self.eval_model = eval_model
         self.session_options = session_options
+        if distributed:
+            self._data_parallel = data_parallel(self, process_group)
+        elif process_group is not None:
+            raise DistributedError("Module: process_group is given but distributed is False; pass distributed=True")
+
+    @property
+    def _ddp_params_and_buffers_to_ignore(self) -> list[str]:
+        """Read by DistributedDataParallel's constructor: a Module refuses to be wrapped."""
+        raise DistributedError("Module must not be wrapped in DistributedDataParallel (its call runs the backward "
+                               "inside DDP's forward, and Module.step would bypass DDP): construct it with "
+                               "Module(..., distributed=True) and keep ORT's loop")
+
+    @property
+    def distributed(self) -> bool:
+        """Whether gradients are averaged across the ranks of a process group."""
+        return self._data_parallel is not None
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Train steps inside accumulate gradients locally; the next step outside averages them across ranks."""
+        if self._data_parallel is None:
+            raise DistributedError("Module.no_sync needs a distributed Module (Module(..., distributed=True))")
+        with self._data_parallel.no_sync():
+            yield
 
     def __call__(self, *user_inputs: Any) -> Any:
         names = self.input_names()
         tensors, kind = to_tensors(user_inputs, names)
-        outputs = self.train_step(tensors) if self.training else self.eval_step(tensors)
-        return from_tensors(outputs, kind)
+        if not self.training:
+            return from_tensors(self.eval_step(tensors), kind)
+        if self._data_parallel is None:
+            return from_tensors(self.train_step(tensors), kind)
+        with self._data_parallel.collective_errors("Module train step"):
+            return from_tensors(self.train_step(tensors), kind)
 
     def step(self, optimizer: Any, *user_inputs: Any) -> Any:
         """One full training step: ``module(*inputs)``, ``optimizer.step()``, ``module.lazy_reset_grad()``.
@@ -64,7 +104,10 @@ class Module(TrainingEngine):
         if engine_for_step is None:
             raise InputTypeError(f"optimizer: expected an ort_torch_train Optimizer, got {type(optimizer).__name__}")
         tensors, kind = to_tensors(user_inputs, self.input_names())
-        return from_tensors(self.train_and_update(tensors, engine_for_step()), kind)
+        if self._data_parallel is None:
+            return from_tensors(self.train_and_update(tensors, engine_for_step()), kind)
+        with self._data_parallel.collective_errors("Module.step"):
+            return from_tensors(self.train_and_update(tensors, engine_for_step()), kind)
 
     def get_parameters_size(self, trainable_only: bool = True) -> int:
         """Number of parameter elements (trainable ones only by default)."""
@@ -87,6 +130,17 @@ class Module(TrainingEngine):
         else:
             raise InputTypeError(f"buffer: expected an OrtValue, numpy array or tensor, got {type(buffer).__name__}")
         super().copy_buffer_to_parameters(tensor, trainable_only)
+
+    def exportable_output_names(self) -> list[str]:
+        """Names ``export_model_for_inferencing`` takes: the model's outputs before the loss, then the loss.
+
+        ``output_names()`` lists only the loss, as in ORT. Any other value of the eval graph works too.
+        """
+        if self.eval_model is None:
+            raise ModelError("Eval model was not provided: it has no outputs to export.")
+        from ort_torch_train.export.outputs import exportable_output_names
+
+        return exportable_output_names(self.eval_model, self.training_state.params)
 
     def export_model_for_inferencing(
         self, inference_model_uri: str | os.PathLike, graph_output_names: list[str]

@@ -17,6 +17,7 @@ from ort_torch_train.optim.schedulers import (
     scheduled_learning_rate,
 )
 from ort_torch_train.optim.torch_adapter import TorchOptimizerAdapter
+from ort_torch_train.training.distributed import sharded_engine
 
 
 class Optimizer:
@@ -29,13 +30,18 @@ class Optimizer:
             "foreach"/"single" (ORT's exact float32 op order) or "compiled" (torch.compile'd).
             ``Module.step(optimizer, ...)`` on a ``compile=True`` module runs the update inside its
             compiled train step instead.
+        shard_state: ZeRO stage 1 on a ``Module(distributed=True)``: each rank keeps and updates
+            only its shard of the optimizer state (``optim/sharded.py``).
     """
 
     def __init__(self, optimizer_uri: str | os.PathLike | bytes | onnx.ModelProto, module: Any, *,
-                 implementation: str | None = None):
+                 implementation: str | None = None, shard_state: bool = False):
         spec = read_optimizer_model(optimizer_uri)
-        self._engine = OptimizerEngine(spec, module.training_state, module.trainable_parameter_names,
-                                       implementation=implementation)
+        if shard_state:
+            self._engine = sharded_engine(spec, module, implementation)
+        else:
+            self._engine = OptimizerEngine(spec, module.training_state, module.trainable_parameter_names,
+                                           implementation=implementation)
         self._torch_optimizer: TorchOptimizerAdapter | None = None
 
     def step(self) -> None:

@@ -13,19 +13,15 @@ from typing import Any
 OPTIMIZERS = ("SGDOptimizer", "AdamOptimizer")
 
 # setting -> (value that is honoured, why any other value is not)
-_DISTRIBUTED = "distributed training (MPI/NCCL) is not implemented"
 UNSUPPORTED_SETTINGS: dict[str, tuple[Any, str]] = {
     "use_mixed_precision": (False, "fp16 mixed precision with loss scaling is not implemented"),
     "use_fp16_moments": (False, "fp16 optimizer moments are not implemented"),
-    "world_rank": (0, _DISTRIBUTED),
-    "world_size": (1, _DISTRIBUTED),
-    "data_parallel_size": (1, _DISTRIBUTED),
     "horizontal_parallel_size": (1, "Megatron horizontal parallelism is not implemented"),
     "pipeline_parallel_size": (1, "pipeline parallelism is not implemented"),
     "num_pipeline_micro_batches": (1, "pipeline parallelism is not implemented"),
     "pipeline_cut_info_string": ("", "pipeline parallelism is not implemented"),
-    "allreduce_post_accumulation": (False, _DISTRIBUTED),
-    "deepspeed_zero_stage": (0, "DeepSpeed ZeRO optimizer-state partitioning is not implemented"),
+    "deepspeed_zero_stage": (0, "ZeRO optimizer-state partitioning of the legacy optimizers is not implemented "
+                                "(ort_torch_train.api.Optimizer(shard_state=True) does it)"),
     "enable_adasum": (False, "Adasum gradient reduction is not implemented"),
     "attn_dropout_recompute": (False, "recomputation graph transformations are not implemented"),
     "gelu_recompute": (False, "recomputation graph transformations are not implemented"),
@@ -54,7 +50,7 @@ class TrainingParameters:
         "training_optimizer_name", "lr_params_feed_name", "optimizer_attributes_map",
         "optimizer_int_attributes_map", "optimizer_initial_state", "gradient_accumulation_steps",
         "enable_grad_norm_clip", "loss_scale", "propagate_cast_ops_level", "propagate_cast_ops_allow",
-        *UNSUPPORTED_SETTINGS,
+        "world_rank", "world_size", "data_parallel_size", "allreduce_post_accumulation", *UNSUPPORTED_SETTINGS,
     )
 
     def __init__(self) -> None:
@@ -73,6 +69,11 @@ class TrainingParameters:
         self.loss_scale: float = 0.0
         self.propagate_cast_ops_level: int = 1
         self.propagate_cast_ops_allow: list[str] = []
+        # data parallelism on torch.distributed (legacy/distributed.py)
+        self.world_rank: int = 0
+        self.world_size: int = 1
+        self.data_parallel_size: int = 1
+        self.allreduce_post_accumulation: bool = False
         for name, (default, _) in UNSUPPORTED_SETTINGS.items():
             setattr(self, name, type(default)(default))  # fresh containers per instance
 

@@ -30,6 +30,7 @@ from ort_torch_train.dtypes import ort_tensor_type, tensor_to_proto
 from ort_torch_train.errors import CheckpointError, InputError, InputTypeError
 from ort_torch_train.fileio import atomic_write_bytes
 from ort_torch_train.graph.artifacts import load_model
+from ort_torch_train.legacy.distributed import legacy_data_parallel
 from ort_torch_train.legacy.graph import build_training_setup
 from ort_torch_train.legacy.metadata import ModelMetadata, NodeArg
 from ort_torch_train.legacy.optimizers import build_optimizer
@@ -66,6 +67,8 @@ class TrainingSession:
         self.training_state = TrainingState(setup.params)
         self._engine = TrainingEngine(setup.model, self.training_state, eval_model=setup.model,
                                       device=self._provider.device)
+        self._engine._data_parallel = legacy_data_parallel(parameters, self._engine)
+        self._reduce_once = parameters.allreduce_post_accumulation
         self._trained = setup.trained
         self._optimizer = build_optimizer(
             parameters.training_optimizer_name, {n: self.training_state.params[n] for n in self._trained},
@@ -116,7 +119,13 @@ class TrainingSession:
         engine = self._engine
         if self._accumulation_steps == 1:
             engine.lazy_reset_grad()  # no accumulation buffer in ORT's graph: each run's gradient stands alone
-        results = dict(zip(engine.output_names(training=True), engine.train_step(inputs)))
+        data_parallel = engine._data_parallel
+        if data_parallel is not None and self._reduce_once and self._accumulated + 1 < self._accumulation_steps:
+            with data_parallel.no_sync():  # allreduce_post_accumulation: reduce the accumulated gradients once
+                outputs = engine.train_step(inputs)
+        else:
+            outputs = engine.train_step(inputs)
+        results = dict(zip(engine.output_names(training=True), outputs))
         results[GROUP_ACCUMULATED_GRADIENTS] = torch.tensor(True)
         self._accumulated += 1
         grads = [self.training_state.params[name].grad for name in self._trained]

@@ -39,6 +39,8 @@ class OptimizerEngine:
     kernel runs), "foreach" or "single"; SGD "foreach" (the default) or "single".
     """
 
+    fuses_into_step = True  # a compiled train step may run this update in its own graph
+
     def __init__(self, spec: OptimizerSpec, state: TrainingState, param_names: Sequence[str], *,
                  implementation: str | None = None):
         names = list(param_names)

@@ -8,6 +8,8 @@ runs neither the autograd engine nor per-op Python. The gradients go straight in
 
 from __future__ import annotations
 
+import logging
+import time
 import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -18,6 +20,8 @@ from torch import Tensor
 
 from ort_torch_train.optim.clip import clip_grad_norm_
 from ort_torch_train.optim.compiled import FusedUpdate
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -46,22 +50,32 @@ class CompiledTrainStep:
     ``trainable``/``frozen`` are detached aliases of the parameters (updated in place), ``grads``
     the trainable ones' ``.grad``. ``reset`` overwrites the gradients instead of adding to them.
     ``states`` (lists of optimizer moments) and ``scalars`` feed ``update`` when there is one.
+    ``reduction`` (data parallel) replaces the accumulated gradients by their average across ranks.
     """
 
     def __init__(self, module: Callable[..., tuple[Tensor, ...]], plan: ParameterPlan, *,
-                 update: FusedUpdate | None = None, compile_arguments: Mapping[str, Any] | None = None):
-        step = _train_step_function(module, plan, update)
+                 update: FusedUpdate | None = None, compile_arguments: Mapping[str, Any] | None = None,
+                 reduction: Callable[[list[Tensor]], list[Tensor]] | None = None):
+        step = _train_step_function(module, plan, update, reduction)
         self._compiled = torch.compile(step, fullgraph=True, dynamic=False, **(compile_arguments or {}))
+        self._called = False
 
     def __call__(self, inputs: Sequence[Tensor], trainable: list[Tensor], frozen: list[Tensor],
                  grads: list[Tensor], reset: bool, states: Sequence[list[Tensor]] = (),
                  scalars: Tensor | None = None) -> tuple[Tensor, ...]:
         inputs = [t if t.is_contiguous() else t.contiguous() for t in inputs]
+        started = None if self._called else time.perf_counter()
         with torch.no_grad():
-            return self._compiled(inputs, trainable, frozen, grads, reset, tuple(states), scalars)
+            outputs = self._compiled(inputs, trainable, frozen, grads, reset, tuple(states), scalars)
+        if started is not None:
+            self._called = True
+            log.info("compiled the train step for inputs %s in %.1f s", [tuple(t.shape) for t in inputs],
+                     time.perf_counter() - started)
+        return outputs
 
 
-def _train_step_function(module: Callable, plan: ParameterPlan, update: FusedUpdate | None) -> Callable:
+def _train_step_function(module: Callable, plan: ParameterPlan, update: FusedUpdate | None,
+                         reduction: Callable[[list[Tensor]], list[Tensor]] | None) -> Callable:
     sources = plan.sources
 
     def train_step(inputs, trainable, frozen, grads, reset, states, scalars):
@@ -76,6 +90,8 @@ def _train_step_function(module: Callable, plan: ParameterPlan, update: FusedUpd
             torch._foreach_copy_(grads, gradients)
         else:
             torch._foreach_add_(grads, gradients)
+        if reduction is not None:  # data parallel: average the accumulated gradients across ranks
+            torch._foreach_copy_(grads, reduction(grads))
         if update is not None:
             if update.clip_max_norm is not None:
                 clip_grad_norm_(grads, update.clip_max_norm)

@@ -73,6 +73,7 @@ class TrainingEngine(nn.Module):
         self._eval_params = [state.params[n] for n in self.eval_layout.params] if self.eval_layout else []
         self._gradient_reset = _GradientReset()
         self._grads: list[torch.Tensor] | None = None  # built at the first reset (none exist while nominal)
+        self._data_parallel = None  # a training.distributed.DataParallel when gradients are averaged across ranks
         self.to(target)
 
     def _train_forward(self, training_model, eval_model) -> tuple[ForwardGraph, tuple[str, ...]]:
@@ -111,7 +112,9 @@ class TrainingEngine(nn.Module):
             if self._grads:
                 torch._foreach_zero_(self._grads)  # in place: the gradient tensors are never replaced
             self._gradient_reset.pending = False
-        outputs = self.train_graph(inputs, self._train_params)
+        data_parallel = self._data_parallel
+        outputs = (self.train_graph(inputs, self._train_params) if data_parallel is None
+                   else data_parallel.forward(inputs))
         loss = outputs[0]
         if loss.requires_grad:
             loss.backward(None if loss.dim() == 0 else torch.ones_like(loss))
@@ -126,7 +129,7 @@ class TrainingEngine(nn.Module):
             raise ValueError("train_and_update: the optimizer must update this module's training state and "
                              f"trainable parameters {self.trainable_parameter_names}; it updates "
                              f"{list(optimizer.param_names)}")
-        if self._compile_arguments is not None:
+        if self._compile_arguments is not None and optimizer.fuses_into_step:
             self._require_values("TrainStep")
             outputs = self._compiled_step(self._on_device(inputs), optimizer)
         else:
@@ -137,9 +140,10 @@ class TrainingEngine(nn.Module):
 
     def _compiled_step(self, inputs: list[torch.Tensor], optimizer: OptimizerEngine | None) -> tuple[torch.Tensor, ...]:
         update = None if optimizer is None else optimizer.fused_update()
+        reduction = None if self._data_parallel is None else self._data_parallel.compiled_reduction()
         step = self.train_graph.specialised(
-            inputs, self._train_params, ("train step", update),
-            lambda module: CompiledTrainStep(module, self._train_plan, update=update,
+            inputs, self._train_params, ("train step", update, reduction),
+            lambda module: CompiledTrainStep(module, self._train_plan, update=update, reduction=reduction,
                                              compile_arguments=self._compile_arguments))
         trainable, frozen, grads = self._parameter_views()
         reset = self._gradient_reset.pending

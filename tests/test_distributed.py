@@ -1,0 +1,183 @@
+"""Data-parallel training on torch.distributed: 2 gloo ranks (distributed_worker.py) against 1 process.
+
+Each launch runs two ranks with env:// rendezvous on a free port under a hard timeout; a stuck or
+dead rank fails the test and every process is killed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch.distributed as dist
+
+import distributed_worker as worker
+from ort_peer import requires_ort, run_ort
+from ort_torch_train.api import CheckpointState, Module, Optimizer
+from ort_torch_train.errors import DistributedError
+
+ROOT = Path(__file__).resolve().parents[1]
+WORLD_SIZE = 2
+TOLERANCE = 1e-6
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch(scenario: str, out: Path, timeout: float) -> list[subprocess.CompletedProcess]:
+    """Run the worker on WORLD_SIZE ranks; fail (after killing them all) when one is stuck past ``timeout``."""
+    port = free_port()
+    procs = []
+    for rank in range(WORLD_SIZE):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(WORLD_SIZE), "LOCAL_RANK": str(rank),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+        procs.append(subprocess.Popen([sys.executable, str(Path(worker.__file__)), scenario, str(out)],
+                                      env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True, start_new_session=True))
+    results = []
+    try:
+        for proc in procs:
+            stdout, stderr = proc.communicate(timeout=timeout)
+            results.append(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr))
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"distributed scenario {scenario!r}: a rank did not finish within {timeout} s")
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    return results
+
+
+def require_success(results: list[subprocess.CompletedProcess]) -> None:
+    for rank, result in enumerate(results):
+        assert result.returncode == 0, f"rank {rank} failed:\n{result.stderr[-4000:]}"
+
+
+def rank_results(out: Path, run: str) -> list[dict[str, np.ndarray]]:
+    return [dict(np.load(out / f"{run}_rank{rank}.npz")) for rank in range(WORLD_SIZE)]
+
+
+@pytest.fixture(scope="module")
+def eager(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("ddp_eager")
+    worker.train("mlp_adamw_sched", save_at=(10, out / "one_process_step10.ckpt"))
+    require_success(launch("eager", out, timeout=120))
+    return out
+
+
+# The attention key bias has an exactly zero gradient (softmax ignores a constant shift), so AdamW
+# divides float rounding noise by its own magnitude: those 16 elements follow noise in any two runs.
+NOISE_ONLY = {"param/enc.self_attn.in_proj_bias": slice(16, 32)}
+
+
+def assert_same_training(out: Path, run: str) -> None:
+    """2 ranks on half batches == 1 process on the full batch; the ranks agree bitwise."""
+    reference = worker.train(run)
+    ranks = rank_results(out, run)
+    for key in reference:
+        if key.startswith("param/"):
+            assert np.array_equal(ranks[0][key], ranks[1][key]), f"{run}: ranks differ on {key}"
+            ours, theirs = ranks[0][key].copy(), reference[key].copy()
+            if key in NOISE_ONLY:
+                ours[NOISE_ONLY[key]] = theirs[NOISE_ONLY[key]] = 0
+            np.testing.assert_allclose(ours, theirs, rtol=0, atol=TOLERANCE, err_msg=f"{run} {key}")
+    mean_loss = (ranks[0]["losses"] + ranks[1]["losses"]) / 2  # mean losses: the full batch's is their mean
+    np.testing.assert_allclose(mean_loss, reference["losses"], rtol=0, atol=TOLERANCE, err_msg=run)
+
+
+@pytest.mark.parametrize("run", worker.SCENARIOS["eager"])
+def test_two_ranks_train_like_one_process(eager: Path, run: str) -> None:
+    assert_same_training(eager, run)
+
+
+def test_sharded_state_holds_half_the_moments(eager: Path) -> None:
+    """ZeRO-1: each rank holds the moments of its own parameters only, about half of them by size
+    (whole parameters are dealt out: the MLP, whose first weight is 77% of it, cannot split evenly)."""
+    for run, bound in (("transformer_sharded", 0.55), ("mlp_sharded_clip", 0.8)):
+        full = worker.train(run)["moment_bytes"]
+        per_rank = [int(result["moment_bytes"]) for result in rank_results(eager, run)]
+        assert sum(per_rank) == full
+        assert max(per_rank) <= bound * full, (run, per_rank, full)
+
+
+def test_rank0_checkpoint_continues_in_one_process(eager: Path) -> None:
+    """The sharded run's rank-0 checkpoint (moments gathered) continues identically in 1 process."""
+    path = eager / "mlp_sharded_clip.ckpt"
+    reference = worker.train("mlp_sharded_clip")
+    resumed = worker.train("mlp_sharded_clip", checkpoint=path, first_step=10)
+    for key in reference:
+        if key.startswith("param/"):
+            np.testing.assert_allclose(resumed[key], reference[key], rtol=0, atol=TOLERANCE, err_msg=key)
+
+
+def test_one_process_checkpoint_continues_on_two_ranks(eager: Path) -> None:
+    reference = worker.train("mlp_adamw_sched")
+    ranks = rank_results(eager, "resumed")
+    for key in reference:
+        if key.startswith("param/"):
+            np.testing.assert_allclose(ranks[0][key], reference[key], rtol=0, atol=TOLERANCE, err_msg=key)
+            assert np.array_equal(ranks[0][key], ranks[1][key])
+
+
+def test_legacy_session_on_two_ranks_trains_like_one_process(eager: Path) -> None:
+    reference = worker.legacy_train()
+    ranks = rank_results(eager, "legacy")
+    for key in reference:
+        if key.startswith("param/"):
+            assert np.array_equal(ranks[0][key], ranks[1][key]), key
+            np.testing.assert_allclose(ranks[0][key], reference[key], rtol=0, atol=TOLERANCE, err_msg=key)
+
+
+@pytest.mark.parametrize("case, expected", [("ddp_wrap", "distributed=True"),
+                                            ("different_checkpoints", "same checkpoint")])
+def test_misuse_raises_on_every_rank(eager: Path, case: str, expected: str) -> None:
+    for rank in range(WORLD_SIZE):
+        errors = json.loads((eager / f"errors_rank{rank}.json").read_text())
+        assert expected in errors.get(case, ""), f"rank {rank}: {errors}"
+
+
+def test_lost_rank_raises_within_the_timeout(tmp_path: Path) -> None:
+    results = launch("lost_rank", tmp_path, timeout=60)
+    require_success(results)
+    assert "rank 0 of 2" in json.loads((tmp_path / "errors_rank0.json").read_text()).get("lost_rank", "")
+
+
+def test_distributed_needs_a_process_group() -> None:
+    assert not dist.is_initialized()
+    artifacts = worker.MLP / "artifacts"
+    state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
+    with pytest.raises(DistributedError, match="init_process_group"):
+        Module(artifacts / "training_model.onnx", state, distributed=True)
+    module = Module(artifacts / "training_model.onnx", state)
+    with pytest.raises(DistributedError, match="distributed=True"):
+        Optimizer(artifacts / "optimizer_model.onnx", module, shard_state=True)
+
+
+@pytest.mark.ort_peer
+@requires_ort[1]
+def test_ort_loads_the_rank0_checkpoint(eager: Path) -> None:
+    script = ("import sys, json\nfrom onnxruntime.training.api import CheckpointState\n"
+              "s = CheckpointState.load_checkpoint(sys.argv[1])\n"
+              "print(json.dumps({n: p.data.tolist() for n, p in s.parameters}))")
+    theirs = run_ort(script, eager / "mlp_sharded_clip.ckpt")
+    ours = CheckpointState.load_checkpoint(eager / "mlp_sharded_clip.ckpt")
+    for name, param in ours.parameters:
+        np.testing.assert_array_equal(np.asarray(theirs[name], dtype=np.float32), param.data)
+
+
+@pytest.mark.compile
+def test_compiled_step_on_two_ranks(tmp_path: Path) -> None:
+    require_success(launch("compiled", tmp_path, timeout=400))
+    for run in worker.SCENARIOS["compiled"]:
+        assert_same_training(tmp_path, run)
