@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .common import Inline, attributes, result
+from .elementwise import _direct as direct
 from .registry import MICROSOFT, ConversionContext, register
 
 
@@ -116,12 +117,5 @@ _TRIGONOMETRY = {"Tan": torch.tan, "Asin": torch.asin, "Acos": torch.acos, "Atan
                  "Cosh": torch.cosh, "Asinh": torch.asinh, "Acosh": torch.acosh, "Atanh": torch.atanh}
 
 
-def _pointwise(function):
-    def convert(node, graph, context: ConversionContext):
-        return result(Inline(function), node)
-
-    return convert
-
-
 for _op_type, _function in _TRIGONOMETRY.items():
-    register(_op_type, since=7)(_pointwise(_function))
+    register(_op_type, since=7)(direct(_function))
