@@ -308,6 +308,8 @@ def _run(module: nn.Module, node: onnx.NodeProto, args: list) -> Any:
     call_args, call_kwargs = _call_signature(module, args)
     try:
         return module(*call_args, **call_kwargs)
+    except IndexError:
+        raise  # an index out of range in the example values (the user's data): as it would at run time
     except Exception as exc:
         raise ModelError(f"node {node.name!r} ({node.op_type}) failed on example inputs: {exc}") from exc
 
