@@ -7,13 +7,16 @@ from .registry import ConversionContext, find_converter, normalize_domain, regis
 
 from . import (  # noqa: E402,F401  (registers converters)
     activations,
+    bitwise,
     constants,
     conv,
     dropout,
     elementwise,
     group_norm,
     indexing,
+    instance_norm,
     linear,
+    math_ops,
     losses,
     matmul,
     normalization,
@@ -24,6 +27,7 @@ from . import (  # noqa: E402,F401  (registers converters)
     sequences,
     shape_ops,
     tensor_ops,
+    unsigned,
 )
 
 __all__ = ["ConversionContext", "find_converter", "normalize_domain", "register"]

@@ -1,4 +1,4 @@
-"""GELU in its ONNX (opset 20) and ORT contrib forms."""
+"""GELU in its ONNX (opset 20) and ORT contrib forms; the other pointwise activations and trigonometry."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import attributes, result
+from .common import Inline, attributes, result
+from .elementwise import _direct as direct
 from .registry import MICROSOFT, ConversionContext, register
 
 
@@ -51,3 +52,70 @@ class QuickGelu(nn.Module):
 @register("QuickGelu", domain=MICROSOFT)
 def quick_gelu(node, graph, context: ConversionContext):
     return result(QuickGelu(attributes(node).get("alpha", 1.702)), node)
+
+
+# Pointwise activations of opsets 6-22 ------------------------------------------------------------
+def hard_sigmoid(x: torch.Tensor, alpha: float, beta: float) -> torch.Tensor:
+    return torch.clamp(x * alpha + beta, 0.0, 1.0)
+
+
+def selu(x: torch.Tensor, alpha: float, gamma: float) -> torch.Tensor:
+    return gamma * torch.where(x > 0, x, alpha * torch.expm1(x))
+
+
+def swish(x: torch.Tensor, alpha: float) -> torch.Tensor:
+    return x * torch.sigmoid(alpha * x)
+
+
+def thresholded_relu(x: torch.Tensor, alpha: float) -> torch.Tensor:
+    return torch.where(x > alpha, x, torch.zeros_like(x))
+
+
+def shrink(x: torch.Tensor, bias: float, lambd: float) -> torch.Tensor:
+    return torch.where(x < -lambd, x + bias, torch.where(x > lambd, x - bias, torch.zeros_like(x))).to(x.dtype)
+
+
+@register("HardSwish", since=14)
+def hard_swish_op(node, graph, context: ConversionContext):
+    return result(Inline(F.hardswish), node)
+
+
+@register("HardSigmoid", since=1)
+def hard_sigmoid_op(node, graph, context: ConversionContext):
+    attrs = attributes(node)
+    return result(Inline(hard_sigmoid, attrs.get("alpha", 0.2), attrs.get("beta", 0.5)), node)
+
+
+@register("Selu", since=1)
+def selu_op(node, graph, context: ConversionContext):
+    attrs = attributes(node)
+    return result(Inline(selu, attrs.get("alpha", 1.67326319217681884765625), attrs.get("gamma", 1.05070102214813232421875)), node)
+
+
+@register("Celu", since=12)
+def celu_op(node, graph, context: ConversionContext):
+    return result(Inline(F.celu, attributes(node).get("alpha", 1.0)), node)
+
+
+@register("Swish", since=24)
+def swish_op(node, graph, context: ConversionContext):
+    return result(Inline(swish, attributes(node).get("alpha", 1.0)), node)
+
+
+@register("ThresholdedRelu", since=10)
+def thresholded_relu_op(node, graph, context: ConversionContext):
+    return result(Inline(thresholded_relu, attributes(node).get("alpha", 1.0)), node)
+
+
+@register("Shrink", since=9)
+def shrink_op(node, graph, context: ConversionContext):
+    attrs = attributes(node)
+    return result(Inline(shrink, attrs.get("bias", 0.0), attrs.get("lambd", 0.5)), node)
+
+
+_TRIGONOMETRY = {"Tan": torch.tan, "Asin": torch.asin, "Acos": torch.acos, "Atan": torch.atan, "Sinh": torch.sinh,
+                 "Cosh": torch.cosh, "Asinh": torch.asinh, "Acosh": torch.acosh, "Atanh": torch.atanh}
+
+
+for _op_type, _function in _TRIGONOMETRY.items():
+    register(_op_type, since=7)(direct(_function))

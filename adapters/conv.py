@@ -147,6 +147,9 @@ def conv_transpose(node, graph, context: ConversionContext):
             s * (size - 1) + op + (k - 1) * d + 1 - out
             for size, s, op, k, d, out in zip(sizes, strides, output_padding, kernel, dilations, wanted)
         ]
+        # a negative total (output_shape beyond the full result) extends the end, as output_padding does
+        output_padding = [op + max(-t, 0) for op, t in zip(output_padding, totals)]
+        totals = [max(t, 0) for t in totals]
         lower_first = auto_pad == "SAME_LOWER"
         begins = [t - t // 2 if lower_first else t // 2 for t in totals]
         pads = begins + [t - b for t, b in zip(totals, begins)]

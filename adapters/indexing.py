@@ -1,4 +1,4 @@
-"""Selecting and joining ops: Slice, Gather, Split, Concat, Where.
+"""Selecting and joining ops: Slice, Gather, GatherElements, Split, Concat, Where.
 
 Constant starts/ends/indices/split sizes are baked into one torch call (narrow, select, getitem,
 split); non-constant ones fall back to functions that read them at run time.
@@ -187,3 +187,15 @@ def concat_training(node, graph, context: ConversionContext):
 @register("Where", since=9)
 def where(node, graph, context: ConversionContext):
     return result(Inline(torch.where), node)
+
+
+def gather_elements(x: torch.Tensor, indices: torch.Tensor, axis: int) -> torch.Tensor:
+    """ONNX GatherElements: negative indices count from the end of ``axis``."""
+    indices = indices.long()
+    return torch.gather(x, axis, torch.where(indices < 0, indices + x.shape[axis], indices))
+
+
+@register("GatherElements", since=11)
+def gather_elements_op(node, graph, context: ConversionContext):
+    axis = normalize_axis(attributes(node).get("axis", 0), len(input_shape(node, graph, 0)))
+    return result(Inline(gather_elements, axis), node)

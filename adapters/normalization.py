@@ -51,7 +51,7 @@ def _batch_norm(node, graph, context: ConversionContext):
     module = BatchNorm(
         epsilon=attrs.get("epsilon", 1e-5),
         momentum=attrs.get("momentum", 0.9),
-        batch_statistics=context.training,
+        batch_statistics=context.training or bool(attrs.get("training_mode", 0)),
         update_running=context.training and running_are_params,
         outputs=len(node.output_values),
     )

@@ -63,3 +63,9 @@ def schema_version(domain: str, op_type: str, opset: int) -> int | None:
         return onnx.defs.get_schema(op_type, max_inclusive_version=opset, domain=normalize_domain(domain)).since_version
     except Exception:
         return None
+
+
+def wrap_converters(op_type: str, wrapper: Callable[[Converter], Converter], *, domain: str = "") -> None:
+    """Replace every registered converter ``fn`` of ``domain::op_type`` by ``wrapper(fn)``."""
+    entries = _REGISTRY.get((domain, op_type), [])
+    entries[:] = [(since, wrapper(fn)) for since, fn in entries]

@@ -34,10 +34,11 @@ def _source_coordinate(x: int, size: int, out: int, scale: float, mode: str) -> 
     if mode == "half_pixel_symmetric":
         adjustment = out / (scale * size)
         return size / 2 * (1 - adjustment) + (x + 0.5) / scale - 0.5
+    width = scale * size  # ONNX's output width before flooring
     if mode == "pytorch_half_pixel":
-        return (x + 0.5) / scale - 0.5 if out > 1 else 0.0
+        return (x + 0.5) / scale - 0.5 if width > 1 else 0.0
     if mode == "align_corners":
-        return x * (size - 1) / (out - 1) if out > 1 else 0.0
+        return x * (size - 1) / (width - 1) if width != 1 else 0.0
     return x / scale
 
 
@@ -80,17 +81,17 @@ def _axis_plan(size: int, out: int, scale: float, attrs: dict, linear: bool):
     return low, high, [c - f for c, f in zip(coordinates, floors)]
 
 
-def _targets(node, graph, shape, axes, attrs) -> tuple[list[float], list[int]]:
+def _targets(scale_values, size_values, shape, axes, attrs) -> tuple[list[float], list[int]]:
     """Per resized axis: the scale and the output size."""
-    if has_input(node, 3):
-        sizes = [int(v) for v in constant_input(node, graph, 3).tolist()]
+    if size_values is not None:
+        sizes = [int(v) for v in size_values.tolist()]
         policy = attrs.get("keep_aspect_ratio_policy", "stretch")
         if policy == "stretch":
             return [out / shape[a] for out, a in zip(sizes, axes)], sizes
         pick = min if policy == "not_larger" else max
         scale = pick(out / shape[a] for out, a in zip(sizes, axes))
         return [scale] * len(axes), [math.floor(scale * shape[a] + 0.5) for a in axes]
-    scales = [float(v) for v in constant_input(node, graph, 2).tolist()]
+    scales = [float(v) for v in scale_values.tolist()]
     return scales, [math.floor(shape[a] * s) for a, s in zip(axes, scales)]
 
 
@@ -131,11 +132,31 @@ def resize(node, graph, context: ConversionContext):
     coordinates = attrs["coordinate_transformation_mode"]
     if coordinates not in _COORDINATES:
         raise NotImplementedError(f"Resize: attribute coordinate_transformation_mode={coordinates!r} is not supported")
-    if any(has_input(node, p) and not is_constant(node, graph, p) for p in (2, 3)):
-        raise NotImplementedError("Resize: scales or sizes computed at run time are not supported")
     shape = input_shape(node, graph, 0)
     axes = [normalize_axis(a, len(shape)) for a in attrs.get("axes", range(len(shape)))]
-    scales, sizes = _targets(node, graph, shape, axes, attrs)
+    target = 3 if has_input(node, 3) else 2
+    if not is_constant(node, graph, target):
+        return result(RuntimeResize(axes, attrs, sizes=target == 3), node, [node.input_values[0], node.input_values[target]])
+    values = constant_input(node, graph, target)
+    return result(_static_resize(shape, axes, attrs, *((None, values) if target == 3 else (values, None))), node,
+                  node.input_values[:1])
+
+
+class RuntimeResize(nn.Module):
+    """Resize to scales or sizes read at run time (the index tables are built on each call)."""
+
+    def __init__(self, axes: list[int], attrs: dict, sizes: bool):
+        super().__init__()
+        self.axes, self.attrs, self.sizes = axes, attrs, sizes
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        values = (None, target) if self.sizes else (target, None)
+        return _static_resize(tuple(x.shape), self.axes, self.attrs, *values).to(x.device)(x)
+
+
+def _static_resize(shape, axes, attrs, scale_values, size_values) -> nn.Module:
+    mode = attrs.get("mode", "nearest")
+    scales, sizes = _targets(scale_values, size_values, shape, axes, attrs)
     if attrs.get("antialias", 0) and any(s < 1 for s in scales):
         raise NotImplementedError("Resize: attribute antialias=1 with downsampling is not supported")
     kept = [i for i, (a, out) in enumerate(zip(axes, sizes)) if not (out == shape[a] and scales[i] == 1.0)]
@@ -145,4 +166,4 @@ def resize(node, graph, context: ConversionContext):
     if module is None:
         plan = {a: _axis_plan(shape[a], out, s, attrs, linear) for a, s, out in zip(axes, scales, sizes)}
         module = TableResize(plan)
-    return result(module, node, node.input_values[:1])
+    return module

@@ -106,20 +106,28 @@ def convert_graph(
     input_specs: Sequence[TensorSpec],
     *,
     training: bool,
+    examples: Sequence[torch.Tensor] | None = None,
 ) -> fx.GraphModule:
-    """Build ``gm(*graph_inputs) -> tuple(graph_outputs)`` for inputs of ``input_specs``."""
+    """Build ``gm(*graph_inputs) -> tuple(graph_outputs)`` for inputs of ``input_specs``.
+
+    ``examples`` (values matching the specs) only drive the example runs: nodes whose shapes
+    depend on non-constant values are emitted in their run-time form either way. Without them the
+    examples are zeros, which value-dependent nodes (a Reshape to a shape input) cannot run on.
+    """
     if len(input_specs) != len(graph.input):
         raise ValueError(f"graph has {len(graph.input)} inputs, {len(input_specs)} specs were given")
     builder = _Builder(graph, opsets, training)
     used_placeholder_names: set[str] = set()
-    for value_info, spec in zip(graph.input, input_specs):
+    if examples is None:
+        examples = [torch.zeros(spec.shape, dtype=spec.dtype) for spec in input_specs]
+    for value_info, spec, example in zip(graph.input, input_specs, examples):
         name = re.sub(r"\W", "_", value_info.name) or "input"
         if not name.isidentifier() or name in used_placeholder_names:
             name = f"input_{len(used_placeholder_names)}"
         used_placeholder_names.add(name)
         builder.fx_nodes[value_info.name] = builder.fx_graph.placeholder(name)
         builder.fx_nodes[value_info.name].meta["val"] = torch.empty(spec.shape, dtype=spec.dtype, device="meta")
-        builder.values[value_info.name] = _Value(torch.zeros(spec.shape, dtype=spec.dtype), False, True)
+        builder.values[value_info.name] = _Value(example.detach().to("cpu", copy=True), False, True)  # runs may write
     graph_inputs = {value_info.name for value_info in graph.input}
     for initializer in graph.initializer:
         if initializer.name not in graph_inputs:
@@ -300,6 +308,8 @@ def _run(module: nn.Module, node: onnx.NodeProto, args: list) -> Any:
     call_args, call_kwargs = _call_signature(module, args)
     try:
         return module(*call_args, **call_kwargs)
+    except IndexError:
+        raise  # an index out of range in the example values (the user's data): as it would at run time
     except Exception as exc:
         raise ModelError(f"node {node.name!r} ({node.op_type}) failed on example inputs: {exc}") from exc
 

@@ -57,7 +57,7 @@ def unsupported_operator_error(domain: str, op_type: str, opset: int, node_name:
     where = f" (node {node_name!r})" if node_name else ""
     return UnsupportedOperatorError(
         f"no converter for operator {op_type} of domain {domain or 'ai.onnx'} at opset {opset}{where}; "
-        f"add one under adapters/"
+        f"register one with ort_torch_train.adapters.register (docs/converters.md)"
     )
 
 

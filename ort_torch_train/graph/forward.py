@@ -106,7 +106,7 @@ class ForwardGraph:
         specs = [TensorSpec(tuple(t.shape), t.dtype) for t in (*inputs, *params)]
         log.info("specialising the %s graph (%s) for inputs %s", "training" if self.training else "eval", variant,
                  [(tuple(t.shape), str(t.dtype)) for t in inputs])
-        module = convert_graph(self.graph, self.opsets, specs, training=self.training)
+        module = convert_graph(self.graph, self.opsets, specs, training=self.training, examples=(*inputs, *params))
         module.to(params[0].device if params else inputs[0].device)
         built = build(module)
         self._cache[key] = built

@@ -1,0 +1,62 @@
+"""Bitwise ops: BitShift, BitwiseAnd/Or/Xor/Not (unsigned operands run on int64 views)."""
+
+from __future__ import annotations
+
+import torch
+
+from .common import Inline, attributes, input_dtype, result
+from .registry import ConversionContext, register
+
+_WIDEN = {torch.uint16: torch.int64, torch.uint32: torch.int64, torch.uint64: torch.int64}
+
+
+def _as_signed(x: torch.Tensor) -> torch.Tensor:
+    if x.dtype == torch.uint64:
+        return x.view(torch.int64)
+    return x.to(_WIDEN[x.dtype]) if x.dtype in _WIDEN else x
+
+
+def _back(out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return out.view(dtype) if dtype == torch.uint64 else out.to(dtype)
+
+
+def bit_shift(x: torch.Tensor, y: torch.Tensor, left: bool) -> torch.Tensor:
+    a, b = _as_signed(x), _as_signed(y)
+    if left:
+        return _back(a << b, x.dtype)
+    if x.dtype == torch.uint64:  # logical shift of the bit pattern
+        shifted = (a >> b) & ~(((torch.ones_like(a) << 63) >> b) << 1)
+        return _back(shifted, x.dtype)
+    return _back(a >> b, x.dtype)
+
+
+def bitwise(function):
+    def run(*inputs: torch.Tensor) -> torch.Tensor:
+        return _back(function(*(_as_signed(x) for x in inputs)), inputs[0].dtype)
+
+    return run
+
+
+@register("BitShift", since=11)
+def bit_shift_op(node, graph, context: ConversionContext):
+    direction = attributes(node)["direction"]
+    direction = direction.decode() if isinstance(direction, bytes) else direction
+    return result(Inline(bit_shift, left=direction == "LEFT"), node)
+
+
+_BITWISE = {"BitwiseAnd": torch.bitwise_and, "BitwiseOr": torch.bitwise_or, "BitwiseXor": torch.bitwise_xor,
+            "BitwiseNot": torch.bitwise_not}
+
+
+def _bitwise_converter(function):
+    wrapped = bitwise(function)
+
+    def convert(node, graph, context: ConversionContext):
+        direct = input_dtype(node, graph, 0) not in _WIDEN
+        return result(Inline(function if direct else wrapped), node)
+
+    return convert
+
+
+for _op_type, _function in _BITWISE.items():
+    register(_op_type, since=18)(_bitwise_converter(_function))
