@@ -12,6 +12,7 @@ from ort_torch_train.api.ortvalue import OrtValue, from_tensors, numpy_to_tensor
 from ort_torch_train.errors import InputTypeError
 from ort_torch_train.graph.artifacts import ModelSource, load_model
 from ort_torch_train.training.engine import TrainingEngine
+from ort_torch_train.training.precision import mixed_precision_of
 
 
 class Module(TrainingEngine):
@@ -24,7 +25,10 @@ class Module(TrainingEngine):
     ``compile=True`` (or a torch.compile mode such as "max-autotune", or a dict of torch.compile
     arguments such as ``{"options": {"cpp_wrapper": True}}``) runs each train step (forward and
     backward) as one torch.compile'd graph and the eval graph through torch.compile;
-    ``step(optimizer, *inputs)`` puts the optimizer's update into the train step's graph too. ``session_options`` (an ORT
+    ``step(optimizer, *inputs)`` puts the optimizer's update into the train step's graph too.
+    ``mixed_precision="bf16"|"fp16"`` runs the forward under ``torch.autocast`` with float32 master
+    weights; "fp16" adds GradScaler's dynamic loss scaling (the Optimizer unscales, skips inf/nan
+    steps and reports them; the scale is saved in the checkpoint's properties). ``session_options`` (an ORT
     SessionOptions) is accepted for compatibility and not used: threads are torch's
     (``torch.set_num_threads``).
     """
@@ -38,10 +42,12 @@ class Module(TrainingEngine):
         session_options: Any = None,
         *,
         compile: bool | str | dict = False,
+        mixed_precision: str | None = None,
     ):
         training_model = load_model(train_model_uri, "training model")
         eval_model = load_model(eval_model_uri, "eval model") if eval_model_uri is not None else None
         super().__init__(training_model, training_state_of(state), eval_model, device, compile)
+        self.precision = mixed_precision_of(mixed_precision, self.training_state)
         self.checkpoint_state = state
         self.eval_model = eval_model
         self.session_options = session_options

@@ -36,6 +36,8 @@ class Optimizer:
         spec = read_optimizer_model(optimizer_uri)
         self._engine = OptimizerEngine(spec, module.training_state, module.trainable_parameter_names,
                                        implementation=implementation)
+        precision = getattr(module, "precision", None)
+        self._engine.loss_scaler = None if precision is None else precision.loss_scaler
         self._torch_optimizer: TorchOptimizerAdapter | None = None
 
     def step(self) -> None:
@@ -44,6 +46,16 @@ class Optimizer:
             self._torch_optimizer.step()
         else:
             self._engine.step()
+
+    @property
+    def last_step_skipped(self) -> bool:
+        """Whether the last ``step()`` was skipped because fp16 gradients held inf or nan."""
+        return self._engine.last_step_skipped
+
+    @property
+    def skipped_steps(self) -> int:
+        """How many steps this optimizer skipped for inf/nan gradients (fp16 loss scaling)."""
+        return self._engine.skipped_steps
 
     def engine_for_step(self) -> OptimizerEngine:
         """The optimizer core with the current learning rate applied, for a fused train step."""
