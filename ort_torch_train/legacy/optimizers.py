@@ -89,8 +89,10 @@ def build_optimizer(name: str, params: Mapping[str, torch.nn.Parameter],
     """
     if not name or not params:
         return None
-    floats = ADAM_FLOAT_DEFAULTS if name == "AdamOptimizer" else {}
-    ints = ADAM_INT_DEFAULTS if name == "AdamOptimizer" else {}
+    from ort_torch_train.legacy.lamb import LAMB_FLOAT_DEFAULTS, LAMB_INT_DEFAULTS, Lamb, lamb_attributes
+
+    floats = {"AdamOptimizer": ADAM_FLOAT_DEFAULTS, "LambOptimizer": LAMB_FLOAT_DEFAULTS}.get(name, {})
+    ints = {"AdamOptimizer": ADAM_INT_DEFAULTS, "LambOptimizer": LAMB_INT_DEFAULTS}.get(name, {})
     for weight in params:
         for what, maps in (("attribute", float_attributes), ("int attribute", int_attributes)):
             if weight not in maps:
@@ -101,6 +103,9 @@ def build_optimizer(name: str, params: Mapping[str, torch.nn.Parameter],
     _check_attribute_names(name, int_attributes, ints, floats, "optimizer_int_attributes_map")
     if name == "SGDOptimizer":
         return SGD(params)
+    if name == "LambOptimizer":
+        return Lamb(params, {weight: lamb_attributes(weight, float_attributes[weight], int_attributes[weight])
+                             for weight in params}, initial_state, clip_grad_norm)
     attributes = {weight: adam_attributes(weight, float_attributes[weight], int_attributes[weight])
                   for weight in params}
     return Adam(params, attributes, initial_state, clip_grad_norm)

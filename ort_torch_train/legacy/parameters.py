@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-OPTIMIZERS = ("SGDOptimizer", "AdamOptimizer")
+OPTIMIZERS = ("SGDOptimizer", "AdamOptimizer", "LambOptimizer")
 
 # setting -> (value that is honoured, why any other value is not)
 _DISTRIBUTED = "distributed training (MPI/NCCL) is not implemented"
@@ -103,9 +103,6 @@ def check_supported(parameters: TrainingParameters) -> None:
             raise NotImplementedError(f"TrainingParameters.{name} = {value!r} is not supported: {reason} "
                                       f"(only {honoured!r} is)")
     optimizer = parameters.training_optimizer_name
-    if optimizer == "LambOptimizer":
-        raise NotImplementedError("TrainingParameters.training_optimizer_name = 'LambOptimizer' is not "
-                                  f"supported: only {list(OPTIMIZERS)} are implemented")
     if optimizer and optimizer not in OPTIMIZERS:
         raise ValueError(f"TrainingParameters.training_optimizer_name: Failed to get Optimizer builder for "
                          f"{optimizer!r}; expected one of {list(OPTIMIZERS)} (or '' for no optimizer)")
