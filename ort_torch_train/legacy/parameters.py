@@ -15,8 +15,6 @@ OPTIMIZERS = ("SGDOptimizer", "AdamOptimizer", "LambOptimizer")
 # setting -> (value that is honoured, why any other value is not)
 _DISTRIBUTED = "distributed training (MPI/NCCL) is not implemented"
 UNSUPPORTED_SETTINGS: dict[str, tuple[Any, str]] = {
-    "use_mixed_precision": (False, "fp16 mixed precision with loss scaling is not implemented"),
-    "use_fp16_moments": (False, "fp16 optimizer moments are not implemented"),
     "world_rank": (0, _DISTRIBUTED),
     "world_size": (1, _DISTRIBUTED),
     "data_parallel_size": (1, _DISTRIBUTED),
@@ -45,15 +43,18 @@ UNSUPPORTED_SETTINGS: dict[str, tuple[Any, str]] = {
 class TrainingParameters:
     """Configuration of a legacy TrainingSession (``onnxruntime.TrainingParameters``).
 
-    ``loss_scale`` and ``propagate_cast_ops_*`` only matter with mixed precision: they are accepted
-    and have no effect, as in ORT for float32 training.
+    ``use_mixed_precision`` runs the forward under fp16 autocast with float32 weights and loss scaling:
+    ``loss_scale`` 0 is dynamic (GradScaler semantics: 2**16, x2 after 2000 clean steps, x0.5 and the
+    update skipped on inf/nan gradients), > 0 a static scale (inf/nan updates are skipped too).
+    ``use_fp16_moments`` stores the Adam/Lamb moments in float16 (the update math stays float32).
+    ``propagate_cast_ops_*`` are accepted and have no effect (autocast decides the casts).
     """
 
     __slots__ = (
         "loss_output_name", "weights_to_train", "weights_not_to_train", "immutable_weights",
         "training_optimizer_name", "lr_params_feed_name", "optimizer_attributes_map",
         "optimizer_int_attributes_map", "optimizer_initial_state", "gradient_accumulation_steps",
-        "enable_grad_norm_clip", "loss_scale", "propagate_cast_ops_level", "propagate_cast_ops_allow",
+        "enable_grad_norm_clip", "loss_scale", "use_mixed_precision", "use_fp16_moments", "propagate_cast_ops_level", "propagate_cast_ops_allow",
         *UNSUPPORTED_SETTINGS,
     )
 
@@ -71,6 +72,8 @@ class TrainingParameters:
         self.gradient_accumulation_steps: int = 1
         self.enable_grad_norm_clip: bool = True
         self.loss_scale: float = 0.0
+        self.use_mixed_precision: bool = False
+        self.use_fp16_moments: bool = False
         self.propagate_cast_ops_level: int = 1
         self.propagate_cast_ops_allow: list[str] = []
         for name, (default, _) in UNSUPPORTED_SETTINGS.items():
@@ -106,6 +109,8 @@ def check_supported(parameters: TrainingParameters) -> None:
     if optimizer and optimizer not in OPTIMIZERS:
         raise ValueError(f"TrainingParameters.training_optimizer_name: Failed to get Optimizer builder for "
                          f"{optimizer!r}; expected one of {list(OPTIMIZERS)} (or '' for no optimizer)")
+    if not parameters.loss_scale >= 0:
+        raise ValueError(f"TrainingParameters.loss_scale must be >= 0 (0: dynamic), got {parameters.loss_scale!r}")
     steps = parameters.gradient_accumulation_steps
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"TrainingParameters.gradient_accumulation_steps must be an int >= 1, got {steps!r}")

@@ -26,14 +26,20 @@ _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class MixedPrecision:
-    """Autocast of one low-precision dtype, plus a LossScaler for fp16 (None for bf16)."""
+    """Autocast of one low-precision dtype, plus a LossScaler for fp16 (None for bf16).
 
-    def __init__(self, setting: str, state: TrainingState):
+    ``loss_scale`` (fp16 only) is ORT's legacy setting: 0 a dynamic scale, > 0 that static scale.
+    """
+
+    def __init__(self, setting: str, state: TrainingState, *, loss_scale: float = 0.0):
         if setting not in _DTYPES:
             raise ValueError(f"mixed_precision: expected 'bf16', 'fp16' or None; got {setting!r}")
         self.setting = setting
         self.dtype = _DTYPES[setting]
-        self.loss_scaler = LossScaler(state) if setting == "fp16" else None
+        self.loss_scaler = None
+        if setting == "fp16":
+            self.loss_scaler = (LossScaler(state) if loss_scale == 0
+                                else LossScaler(state, init_scale=loss_scale, dynamic=False))
 
     def autocast(self, device: torch.device) -> contextlib.AbstractContextManager:
         """The autocast context for a forward on ``device``."""
