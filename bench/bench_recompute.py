@@ -1,12 +1,12 @@
 """Activation memory with and without ``Module(recompute=...)`` on the encoder model.
 
-Each setting runs in its own process: build the Module and Optimizer, then train ``--steps`` steps
-and report the peak memory the steps added (CPU: growth of the process's peak RSS, read from
-``getrusage``; CUDA: ``torch.cuda.max_memory_allocated`` above what the built module held), the
-median step time and the losses (which must agree across settings). On CPU, RSS follows the C
-allocator (freed memory is kept, recomputation's temporaries fragment it), so the exact measure is
-the first column: the bytes of the tensors the forward keeps for backward (distinct storages, counted
-by ``torch.autograd.graph.saved_tensors_hooks``; recomputed segments keep only their inputs).
+Each setting runs in its own process: build the Module and Optimizer, take one warmup step (the
+graph is converted then), then train ``--steps`` steps and report the peak memory above what was
+held before them (CUDA: ``torch.cuda.max_memory_allocated``; CPU: the process's resident set,
+sampled every 0.2 ms from /proc/self/statm, with glibc told to ``mmap`` every allocation over 64 KiB
+so that freed tensors leave the RSS), the median step time and the losses (which must agree across
+settings). The first column is exact: the bytes of the tensors the forward keeps for backward
+(distinct storages, counted by ``torch.autograd.graph.saved_tensors_hooks``).
 
     python bench/bench_recompute.py [--model encoder] [--device cpu|cuda] [--steps 3] [--settings none 4 true]
 """
@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
+import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -46,24 +47,49 @@ def child(model_name: str, device: str, steps: int, setting_text: str) -> dict:
     module = Module(directory / "training_model.onnx", state, device=device, recompute=_setting(setting_text))
     optimizer = Optimizer(directory / "optimizer_model.onnx", module)
     inputs = (torch.from_numpy(x).to(device), torch.from_numpy(y).to(device))
+    losses = [float(module.step(optimizer, *inputs))]  # warmup: converts the graph
+    saved = _saved_for_backward_bytes(module, inputs)
+    sampler = _RssSampler() if device == "cpu" else None
     if device == "cuda":
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
     else:
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    saved = _saved_for_backward_bytes(module, inputs)
-    losses, times = [], []
+        base = _rss()
+        sampler.start()
+    times = []
     for _ in range(steps):
         start = time.perf_counter()
         losses.append(float(module.step(optimizer, *inputs)))
         if device == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
-    peak = (torch.cuda.max_memory_allocated() if device == "cuda"
-            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    peak = torch.cuda.max_memory_allocated() if device == "cuda" else sampler.stop()
     return {"setting": setting_text, "saved_mb": saved / 2**20, "peak_added_mb": (peak - base) / 2**20, "median_step_s": float(np.median(times)),
             "losses": losses}
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class _RssSampler(threading.Thread):
+    """The largest resident set seen between ``start()`` and ``stop()``."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.peak = _rss()
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.wait(0.0002):
+            self.peak = max(self.peak, _rss())
+
+    def stop(self) -> int:
+        self._done.set()
+        self.join()
+        return max(self.peak, _rss())
 
 
 def _saved_for_backward_bytes(module, inputs) -> int:
@@ -97,7 +123,8 @@ def main() -> int:
     for setting in args.settings:
         done = subprocess.run([sys.executable, __file__, "--model", args.model, "--device", args.device,
                                "--steps", str(args.steps), "--child", setting],
-                              capture_output=True, text=True, check=True, cwd=BENCH)
+                              capture_output=True, text=True, check=True, cwd=BENCH,
+                              env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"})
         rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
     baseline = rows[0]
     print(f"| {args.model} on {args.device} | recompute | saved for backward (MB) | vs none | "

@@ -14,6 +14,8 @@ OPTIMIZERS = ("SGDOptimizer", "AdamOptimizer", "LambOptimizer")
 
 # setting -> (value that is honoured, why any other value is not)
 _DISTRIBUTED = "distributed training (MPI/NCCL) is not implemented"
+_RECOMPUTE = ("ORT's per-subgraph recomputation is not mapped (the new API's Module(recompute=k) checkpoints "
+              "the forward in k segments)")
 UNSUPPORTED_SETTINGS: dict[str, tuple[Any, str]] = {
     "world_rank": (0, _DISTRIBUTED),
     "world_size": (1, _DISTRIBUTED),
@@ -25,10 +27,10 @@ UNSUPPORTED_SETTINGS: dict[str, tuple[Any, str]] = {
     "allreduce_post_accumulation": (False, _DISTRIBUTED),
     "deepspeed_zero_stage": (0, "DeepSpeed ZeRO optimizer-state partitioning is not implemented"),
     "enable_adasum": (False, "Adasum gradient reduction is not implemented"),
-    "attn_dropout_recompute": (False, "recomputation graph transformations are not implemented"),
-    "gelu_recompute": (False, "recomputation graph transformations are not implemented"),
-    "transformer_layer_recompute": (False, "recomputation graph transformations are not implemented"),
-    "number_recompute_layers": (0, "recomputation graph transformations are not implemented"),
+    "attn_dropout_recompute": (False, _RECOMPUTE),
+    "gelu_recompute": (False, _RECOMPUTE),
+    "transformer_layer_recompute": (False, _RECOMPUTE),
+    "number_recompute_layers": (0, _RECOMPUTE),
     "use_memory_efficient_gradient": (False, "ORT's memory-efficient gradient graph is not implemented"),
     "set_gradients_as_graph_outputs": (False, "gradients as graph outputs are not implemented"),
     "sliced_schema": ({}, "sliced (model-parallel) tensors are not implemented"),
