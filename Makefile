@@ -8,13 +8,21 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+EXTRAS ?= test examples docs
 
-.PHONY: train test bench fixtures ort-venv
+.PHONY: train test docs bench fixtures ort-venv
 
-$(STAMP): pyproject.toml constraints.txt
+# onnx2torch goes in without its declared dependencies: it declares torchvision, which this project
+# never uses and which PyPI serves as a build that does not import beside a CPU torch
+# ("operator torchvision::nms does not exist"). Its real needs (torch, onnx, numpy) are ours.
+# A torchvision left by an older install that cannot be imported is removed.
+$(STAMP): pyproject.toml constraints.txt tools/requirements.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -c constraints.txt torch
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,examples]'
+	$(PY) tools/requirements.py $(EXTRAS) > $(VENV)/requirements.txt
+	$(PY) -m pip install --quiet -c constraints.txt -r $(VENV)/requirements.txt
+	$(PY) -m pip install --quiet --no-deps -e . $$($(PY) tools/requirements.py --onnx2torch)
+	$(PY) -c "import torchvision" 2>/dev/null || $(PY) -m pip uninstall --quiet --yes torchvision 2>/dev/null || true
 	touch $(STAMP)
 
 train: $(STAMP)
@@ -22,6 +30,10 @@ train: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# the API reference (mkdocs + mkdocstrings) into site/; the test suite builds it too (tests/test_docs.py)
+docs: $(STAMP)
+	$(PY) -m mkdocs build --strict
 
 # make bench BENCH_ARGS="--compile"   (bench/README.md lists the options)
 bench: $(STAMP)

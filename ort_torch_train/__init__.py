@@ -4,3 +4,7 @@ Change ``from onnxruntime.training.api import ...`` to ``from ort_torch_train.ap
 """
 
 __version__ = "0.1.0"
+
+from ort_torch_train.logs import configure_from_environment as _configure_logging
+
+_configure_logging()

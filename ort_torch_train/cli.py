@@ -8,6 +8,7 @@ they should be) ends as one line ``ort-torch-train: error: ...`` on stderr and e
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import sys
 from typing import NoReturn
@@ -17,6 +18,7 @@ from ort_torch_train.cli_common import CliError
 from ort_torch_train.cli_convert import add_convert_parser
 from ort_torch_train.cli_inspect import add_inspect_parser
 from ort_torch_train.cli_train import add_train_parser
+from ort_torch_train.logs import enable
 
 PROG = "ort-torch-train"
 
@@ -88,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog=PROG, description=DESCRIPTION, epilog=EPILOG, formatter_class=HelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--traceback", action="store_true", help="show Python tracebacks instead of one-line errors")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="log what conversion, compilation and checkpoint I/O do (-v info, -vv debug; "
+                        "or set ORT_TORCH_TRAIN_LOG=debug)")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
     add_inspect_parser(commands, HelpFormatter)
     add_train_parser(commands, HelpFormatter, positive_int, non_negative_int, learning_rate)
@@ -99,10 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line; return the exit status (0 success, 1 error, 2 usage, 130 interrupted)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.verbose:
+        enable(logging.INFO if args.verbose == 1 else logging.DEBUG)
     try:
         args.run(args)
     except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
+        print(f"{PROG}: interrupted", file=sys.stderr)  # train has saved its checkpoint by then
         return 130
     except Exception as error:  # one line for the user; --traceback for the details
         if args.traceback:

@@ -11,8 +11,8 @@ import onnx
 from ort_torch_train.checkpoint.state import TrainingState
 from ort_torch_train.dtypes import ONNX_TO_TORCH, dtype_name, elem_type_name
 from ort_torch_train.errors import CheckpointError
-from ort_torch_train.graph.artifacts import GRAD_BUFFER_SUFFIX, LAZY_RESET_GRAD, declared_shape, load_model
-from ort_torch_train.optim.optimizer_model import ADAMW_OP, CLIP_OP, SGD_OP
+from ort_torch_train.graph.artifacts import GRAD_BUFFER_SUFFIX, declared_shape, load_model
+from ort_torch_train.graph.roles import model_role
 
 Shape = list[int | str | None] | None
 
@@ -86,7 +86,7 @@ def classify_paths(paths: list[str]) -> ArtifactPaths:
         if Path(text).is_dir():
             raise CliError(f"{text!r} is a folder: give one artifacts folder, or individual files")
         path = existing_file(text, "artifact file")
-        role = onnx_role(load_onnx(path, "ONNX model")) if path.suffix == ".onnx" else "checkpoint"
+        role = model_role(load_onnx(path, "ONNX model")) if path.suffix == ".onnx" else "checkpoint"
         if getattr(found, role) is not None:
             raise CliError(f"two files given as the {role.replace('_', ' ')}: "
                            f"{str(getattr(found, role))!r} and {text!r}")
@@ -110,16 +110,6 @@ def load_onnx(path: Path, what: str) -> onnx.ModelProto:
         return load_model(path, what)
     except Exception as error:  # onnx raises DecodeError, ValueError, ...; all mean "not an ONNX model"
         raise CliError(f"{str(path)!r} is not a readable ONNX model ({str(error).splitlines()[0]})") from error
-
-
-def onnx_role(model: onnx.ModelProto) -> str:
-    """Which artifact an ONNX model is: optimizer, training (gradient buffers) or eval model."""
-    if any(node.op_type in (ADAMW_OP, SGD_OP, CLIP_OP) for node in model.graph.node):
-        return "optimizer_model"
-    names = [value.name for value in model.graph.input]
-    if LAZY_RESET_GRAD in names or any(name.endswith(GRAD_BUFFER_SUFFIX) for name in names):
-        return "training_model"
-    return "eval_model"
 
 
 def trainable_names_of(training_model: onnx.ModelProto) -> list[str]:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,13 +31,15 @@ from ort_torch_train.cli_data import (
     split_keys,
 )
 from ort_torch_train.graph.artifacts import eval_layout, training_layout
-from ort_torch_train.progress import ProgressBar
+from ort_torch_train.cli_train_loop import MetricsSink, run_loop
 
 DESCRIPTION = """\
 Train a set of ORT training artifacts (training_model.onnx, optimizer_model.onnx, checkpoint;
 eval_model.onnx for --eval-data) with ORT's loop: module(*batch), optimizer.step(),
-scheduler.step(), module.lazy_reset_grad(). Shows a progress bar (loss, learning rate, step rate)
-and saves an ORT checkpoint with the optimizer state, from which --resume continues."""
+scheduler.step(), module.lazy_reset_grad(). Shows a progress bar (loss, learning rate, step rate,
+ETA) and saves an ORT checkpoint with the optimizer state, from which --resume continues: at the
+end, every --save-every steps, and on Ctrl-C (which then exits with status 130). Step rates
+exclude compilation (--compile), reported on its own."""
 
 DATA_HELP = """\
 data layout:
@@ -81,7 +83,7 @@ class TrainingJob:
 
 
 def run_train(args: argparse.Namespace) -> None:
-    """Train, print a summary, save the checkpoint with its optimizer state."""
+    """Train, report (text or --json), save the checkpoint with its optimizer state."""
     job = prepare(args)
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     module = Module(job.training_model, job.state, job.eval_model, device=device, compile=args.compile)
@@ -92,23 +94,50 @@ def run_train(args: argparse.Namespace) -> None:
     lr = args.lr if args.lr is not None else optimizer_state.initial_learning_rate
     scheduler = make_scheduler(optimizer, args.schedule, args.warmup, args.total_steps or start + steps, lr)
     eval_before = evaluate(module, job.evaluation, job.batch_size) if job.evaluation else None
+    say = (lambda text: None) if args.json or args.quiet else print
     if args.resume:
-        print(f"resumed from {args.resume} at step {start}")
-
-    torch.manual_seed(args.seed + start)
-    started = time.perf_counter()
-    losses = train_steps(module, optimizer, scheduler, job.batches, range(start, start + steps), device)
-    seconds = time.perf_counter() - started
-    print(f"trained steps {start + 1}-{start + steps} on {device} in {seconds:.1f} s ({steps / seconds:.1f} step/s): "
-          f"loss {losses[0]:.4g} -> {losses[-1]:.4g}")
-    if job.evaluation:
-        samples = len(next(iter(job.evaluation.values())))
-        print(f"eval loss {evaluate(module, job.evaluation, job.batch_size):.4g} on {samples} samples "
-              f"(before training: {eval_before:.4g})")
+        say(f"resumed from {args.resume} at step {start}")
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
+
+    def save(step: int) -> None:
+        CheckpointState.save_checkpoint(job.state, output, include_optimizer_state=True)
+        say(f"step {step}: checkpoint saved to {output}")
+
+    def one_step(step: int) -> tuple[float, float]:
+        loss = loss_value(module.step(optimizer, *job.batches[step]))  # module(...), optimizer.step(), reset grads
+        scheduler.step()
+        return loss, optimizer.get_learning_rate()
+
+    torch.manual_seed(args.seed + start)
+    module.train()
+    sink = MetricsSink(args.metrics, args.tensorboard, args.metrics_every)
+    try:
+        result = run_loop(one_step, range(start, start + steps), save, sink, args.save_every, bool(args.compile),
+                          args.quiet, f"training on {device}")
+        eval_after = evaluate(module, job.evaluation, job.batch_size) if job.evaluation else None
+        if eval_after is not None:
+            sink.record(start + steps, eval_loss=eval_after)
+    finally:
+        sink.close()
     CheckpointState.save_checkpoint(job.state, output, include_optimizer_state=True)
-    print(f"checkpoint with optimizer state: {output} (continue with --resume {output})")
+    summary = {
+        "first_step": start + 1, "last_step": start + steps, "device": device,
+        "loss_first": result.losses[0], "loss_last": result.losses[-1],
+        "steps_per_s": None if math.isnan(result.steps_per_second) else result.steps_per_second,
+        "train_seconds": result.seconds, "compile_seconds": result.compile_seconds,
+        "eval_loss_before": eval_before, "eval_loss": eval_after, "checkpoint": str(output),
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return
+    compiling = f" after {result.compile_seconds:.1f} s compiling" if result.compile_seconds is not None else ""
+    say(f"trained steps {start + 1}-{start + steps} on {device}: {result.steps_per_second:.1f} step/s{compiling}: "
+        f"loss {result.losses[0]:.4g} -> {result.losses[-1]:.4g}")
+    if job.evaluation:
+        samples = len(next(iter(job.evaluation.values())))
+        say(f"eval loss {eval_after:.4g} on {samples} samples (before training: {eval_before:.4g})")
+    say(f"checkpoint with optimizer state: {output} (continue with --resume {output})")
 
 
 def prepare(args: argparse.Namespace) -> TrainingJob:
@@ -143,24 +172,6 @@ def prepare(args: argparse.Namespace) -> TrainingJob:
         evaluation = select_arrays(load_npz(args.eval_data), eval_specs, keys, repr(args.eval_data), "--eval-inputs")
         check_arrays(evaluation, eval_specs, repr(args.eval_data))
     return TrainingJob(state, training_model, eval_model, optimizer_model, batches, evaluation, batch_size)
-
-
-def train_steps(module: Module, optimizer: Optimizer, scheduler, batches: Batches, steps: range,
-                device: str) -> list[float]:
-    """ORT's loop over the given global steps, with a progress bar; the loss of each step."""
-    module.train()
-    bar = ProgressBar(len(steps), f"training on {device}")
-    losses = []
-    for step in steps:
-        loss = loss_value(module.step(optimizer, *batches[step]))  # module(...), optimizer.step(), lazy_reset_grad()
-        if not math.isfinite(loss):
-            raise CliError(f"the loss is {loss} at step {step + 1}: training diverged (try a lower --lr); "
-                           "nothing saved")
-        scheduler.step()
-        losses.append(loss)
-        bar.update(loss=loss, lr=optimizer.get_learning_rate())
-    bar.close()
-    return losses
 
 
 def make_scheduler(optimizer: Optimizer, schedule: str, warmup: int, total: int, lr: float):
@@ -231,5 +242,16 @@ def add_train_parser(commands: argparse._SubParsersAction, formatter: type, posi
     parser.add_argument("--resume", metavar="CHECKPOINT", help="continue from this checkpoint (parameters, "
                         "optimizer state and step count) instead of ARTIFACTS_DIR/checkpoint")
     parser.add_argument("--output", default="trained_checkpoint", metavar="CHECKPOINT",
-                        help="where to save the checkpoint (default ./trained_checkpoint)")
+                        help="where to save the checkpoint (default ./trained_checkpoint; replaced atomically)")
+    parser.add_argument("--save-every", type=positive_int, metavar="N",
+                        help="also save the checkpoint to --output every N steps (Ctrl-C always saves)")
+    parser.add_argument("--metrics", metavar="FILE.jsonl",
+                        help="append one JSON line per --metrics-every steps (step, loss, lr, steps_per_s), "
+                             "then the eval loss and compile time")
+    parser.add_argument("--metrics-every", type=positive_int, default=1, metavar="N",
+                        help="steps between metrics lines (default 1; the last step is always written)")
+    parser.add_argument("--tensorboard", metavar="DIR",
+                        help="write TensorBoard scalars to DIR (needs the tensorboard package)")
+    parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout instead of text")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no text summary")
     parser.set_defaults(run=run_train)

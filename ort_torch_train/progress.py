@@ -1,50 +1,45 @@
-"""A dependency-free progress bar: steps, rate and the latest metrics on one line."""
+"""Progress bars on tqdm: steps, rate, ETA and the latest metrics on one line (stderr)."""
 
 from __future__ import annotations
 
 import sys
-import time
 from typing import TextIO
+
+from tqdm import tqdm
 
 
 class ProgressBar:
     """``bar.update(loss=0.31)`` after each step; ``bar.close()`` at the end.
 
-    On a terminal the line is redrawn in place; otherwise a line is printed every ``every`` percent.
+    A tqdm bar: redrawn in place on a terminal, otherwise a line about every ``mininterval``
+    seconds and at the end. ``disable=True`` shows nothing (a quiet mode).
     """
 
-    def __init__(self, total: int, description: str = "", stream: TextIO | None = None, every: int = 10, width: int = 24):
-        self.total = max(int(total), 1)
-        self.description = description
-        self.stream = stream or sys.stderr
-        self.interactive = hasattr(self.stream, "isatty") and self.stream.isatty()
-        self.every = every
-        self.width = width
-        self.count = 0
-        self.metrics: dict[str, float] = {}
-        self.started = time.perf_counter()
-        self._last_printed_percent = -1
+    def __init__(self, total: int, description: str = "", stream: TextIO | None = None, disable: bool = False,
+                 mininterval: float = 1.0):
+        self.bar = tqdm(total=max(int(total), 1), desc=description, file=stream or sys.stderr, unit="step",
+                        disable=disable, mininterval=mininterval, dynamic_ncols=True)
+        self.metrics: dict[str, str] = {}
 
     def update(self, steps: int = 1, **metrics: float) -> None:
-        self.count += steps
-        self.metrics.update(metrics)
-        percent = 100 * self.count // self.total
-        if self.interactive:
-            self.stream.write("\r" + self.line())
-            self.stream.flush()
-        elif percent // self.every > self._last_printed_percent // self.every or self.count == self.total:
-            self.stream.write(self.line() + "\n")
-            self._last_printed_percent = percent
+        """Advance by ``steps`` and show ``metrics`` (name=value) beside the bar."""
+        self.metrics.update({name: f"{value:.4g}" for name, value in metrics.items()})
+        self.bar.set_postfix(self.metrics, refresh=False)
+        self.bar.update(steps)
 
-    def line(self) -> str:
-        elapsed = max(time.perf_counter() - self.started, 1e-9)
-        filled = self.width * self.count // self.total
-        bar = "#" * filled + "-" * (self.width - filled)
-        metrics = " ".join(f"{name} {value:.4g}" for name, value in self.metrics.items())
-        rate = self.count / elapsed
-        return f"{self.description} [{bar}] {self.count}/{self.total} {rate:.1f} step/s {metrics}".strip()
+    def reset_clock(self) -> None:
+        """Count rate and ETA from now on (after a compiling first step)."""
+        if self.bar.disable:
+            return
+        self.bar.start_t = self.bar._time()
+        self.bar.last_print_t = self.bar.start_t
+        self.bar.initial = self.bar.n  # tqdm's rate is (n - initial) / elapsed
 
     def close(self) -> None:
-        if self.interactive:
-            self.stream.write("\n")
-        self.stream.flush()
+        """Finish the bar (its last line shows the final count)."""
+        self.bar.close()
+
+
+def progress_bar(total: int, description: str, quiet: bool = False) -> ProgressBar:
+    """A ProgressBar on stderr, or a silent one when ``quiet``."""
+    return ProgressBar(total, description, disable=quiet)

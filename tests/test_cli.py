@@ -123,6 +123,7 @@ def test_train_replays_ort_scheduled_run(capsys, tmp_path, compiled) -> None:
         *(["--compile"] if compiled else []))
     assert code == 0, err
     assert "20/20" in err  # the progress bar
+    assert ("s compiling" in out) == compiled  # the rate excludes compilation, reported on its own
     assert f"eval loss {expected['train']['eval_loss']:.4g} on 16 samples" in out
     with np.load(case / "arrays.npz") as arrays:
         for name, value in parameters(tmp_path / "trained").items():

@@ -10,8 +10,9 @@ import numpy as np
 import torch
 
 from ort_torch_train.api.ortvalue import OrtValue, from_tensors, numpy_to_tensor, to_tensors
-from ort_torch_train.errors import InputTypeError
+from ort_torch_train.errors import InputTypeError, ModelError
 from ort_torch_train.graph.artifacts import ModelSource, load_model
+from ort_torch_train.graph.roles import check_slot
 from ort_torch_train.training.engine import TrainingEngine
 from ort_torch_train.training.precision import mixed_precision_of
 from ort_torch_train.training.recompute import RecomputeSetting, recompute_segments, with_recompute
@@ -52,6 +53,9 @@ class Module(TrainingEngine):
     ):
         training_model = load_model(train_model_uri, "training model")
         eval_model = load_model(eval_model_uri, "eval model") if eval_model_uri is not None else None
+        check_slot(training_model, "training_model", "train_model_uri")
+        if eval_model is not None:
+            check_slot(eval_model, "eval_model", "eval_model_uri")
         super().__init__(training_model, training_state_of(state), eval_model, device, compile)
         self.precision = mixed_precision_of(mixed_precision, self.training_state)
         segments = recompute_segments(recompute)
@@ -105,6 +109,17 @@ class Module(TrainingEngine):
         else:
             raise InputTypeError(f"buffer: expected an OrtValue, numpy array or tensor, got {type(buffer).__name__}")
         super().copy_buffer_to_parameters(tensor, trainable_only)
+
+    def exportable_output_names(self) -> list[str]:
+        """Names ``export_model_for_inferencing`` takes: the model's outputs before the loss, then the loss.
+
+        ``output_names()`` lists only the loss, as in ORT. Any other value of the eval graph works too.
+        """
+        if self.eval_model is None:
+            raise ModelError("Eval model was not provided: it has no outputs to export.")
+        from ort_torch_train.export.outputs import exportable_output_names
+
+        return exportable_output_names(self.eval_model, self.training_state.params)
 
     def export_model_for_inferencing(
         self, inference_model_uri: str | os.PathLike, graph_output_names: list[str]

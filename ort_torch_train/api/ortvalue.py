@@ -33,24 +33,31 @@ class OrtValue:
         return self.tensor.detach().cpu().numpy()
 
     def shape(self) -> list[int]:
+        """The tensor's dimensions as a list."""
         return list(self.tensor.shape)
 
     def data_type(self) -> str:
+        """ORT's type text, e.g. ``tensor(float)``."""
         return ort_tensor_type(onnx_elem_type(self.tensor.dtype))
 
     def element_type(self) -> type:
+        """The numpy scalar type of the elements (numpy.float32, ...)."""
         return self.numpy().dtype.type
 
     def device_name(self) -> str:
+        """``cpu`` or ``cuda``: where the tensor lives."""
         return self.tensor.device.type
 
     def is_tensor(self) -> bool:
+        """Always True: an OrtValue here wraps a tensor."""
         return True
 
     def has_value(self) -> bool:
+        """Always True: an OrtValue here always holds a tensor."""
         return True
 
     def data_ptr(self) -> int:
+        """The address of the tensor's first element."""
         return self.tensor.data_ptr()
 
     def __repr__(self) -> str:

@@ -104,6 +104,7 @@ class _BinaryOp(Block):
     op_type = ""
 
     def build(self, input_name1: str, input_name2: str) -> str:
+        """The block's output name, its node added to the model being built."""
         return self.add_node(self.op_type, [input_name1, input_name2])[0]
 
 
@@ -139,6 +140,7 @@ class _UnaryOp(Block):
         self._attributes = attributes
 
     def build(self, input_name: str) -> str:
+        """The block's output name, its node added to the model being built."""
         return self.add_node(self.op_type, [input_name], **self._attributes)[0]
 
 
@@ -201,6 +203,7 @@ class Pow(Block):
         self._exponent = exponent
 
     def build(self, pow_input_name: str) -> str:
+        """The block's output name(s), its nodes added to the model being built."""
         exponent = onnx.helper.make_tensor("", onnx.TensorProto.FLOAT, [1], [self._exponent])
         exponent_name = self.add_initializer("pow_exponent", exponent)
         return self.add_node("Pow", [pow_input_name, exponent_name])[0]
@@ -214,6 +217,7 @@ class Constant(Block):
         self._value = value_float
 
     def build(self) -> str:
+        """The block's output name(s), its nodes added to the model being built."""
         return self.add_initializer("initializer", onnx.helper.make_tensor("", onnx.TensorProto.FLOAT, [1], [self._value]))
 
 
@@ -221,6 +225,7 @@ class PassThrough(Block):
     """Returns its inputs unchanged (the 'no loss' block)."""
 
     def build(self, *input_names: str) -> tuple[str, ...]:
+        """The block's output name(s), its nodes added to the model being built."""
         return input_names
 
 
@@ -232,6 +237,7 @@ class InputLike(Block):
         self._like = like
 
     def build(self, input_name: str | None = None) -> str:
+        """The block's output name(s), its nodes added to the model being built."""
         graph = self.base.graph
         template = find_value_info(graph.input, self._like) or find_value_info(graph.output, self._like)
         if template is None:

@@ -41,6 +41,7 @@ from ort_torch_train.checkpoint.odtc import CheckpointRecord, write_checkpoint
 from ort_torch_train.dtypes import tensor_from_proto
 from ort_torch_train.errors import ModelError
 from ort_torch_train.export.inference import save_model
+from ort_torch_train.export.outputs import record_model_outputs
 from ort_torch_train.graph.artifacts import load_model, opsets_of
 from ort_torch_train.graph.converters import check_supported
 from ort_torch_train.optim.optimizer_model import read_optimizer_model
@@ -154,6 +155,7 @@ def build_artifacts(
     eval_model = model
     disable_training_mode(eval_model)
     trim_inference_batchnorm_outputs(eval_model)
+    record_model_outputs(eval_model, (value.name for value in base.graph.output))
     eval_model.ir_version = ort_ir_version(eval_model)
     if not ort_loadable(eval_model):
         warnings.warn(f"the models use IR version {eval_model.ir_version} / opset {default_opset(eval_model)}: "

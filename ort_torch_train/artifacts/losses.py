@@ -46,6 +46,7 @@ class MSELoss(Block):
         self._sub, self._square = Sub(), Pow(2.0)
 
     def build(self, loss_input_name: str, target_name: str = "target") -> str:
+        """The block's output name(s), its nodes added to the model being built."""
         target_name = input_unless_exists(self, target_name, like=loss_input_name)
         return self._reduce(self._square(self._sub(loss_input_name, target_name)))
 
@@ -59,6 +60,7 @@ class L1Loss(Block):
         self._abs, self._sub = Abs(), Sub()
 
     def build(self, loss_input_name: str, target_name: str = "target") -> str:
+        """The block's output name(s), its nodes added to the model being built."""
         target_name = input_unless_exists(self, target_name, like=loss_input_name)
         return self._reduce(self._abs(self._sub(loss_input_name, target_name)))
 
@@ -74,6 +76,7 @@ class CrossEntropyLoss(Block):
         self._weight, self._reduction, self._ignore_index = weight, _check_reduction(reduction), ignore_index
 
     def build(self, scores_input_name: str, labels_name: str = "labels") -> str:
+        """The block's output name(s), its nodes added to the model being built."""
         weight_name = generate_graph_name("celoss.weight")
         if self._weight is not None:
             self.base.graph.initializer.append(onnx.numpy_helper.from_array(np.asarray(self._weight), weight_name))
@@ -111,6 +114,7 @@ class BCEWithLogitsLoss(Block):
         self._sigmoid, self._log, self._sub, self._add, self._mul, self._neg = Sigmoid(), Log(), Sub(), Add(), Mul(), Neg()
 
     def build(self, loss_input_name: str, target_name: str = "target") -> str:
+        """The block's output name(s), its nodes added to the model being built."""
         graph = self.base.graph
         pos_weight_name = generate_graph_name("bceloss.pos_weight")
         if self._pos_weight is not None:

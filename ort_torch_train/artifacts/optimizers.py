@@ -35,6 +35,7 @@ class ClipGradNorm(Block):
         self._max_norm = float(max_norm)
 
     def build(self, gradients_name: str) -> str:
+        """The block's output name(s), its nodes added to the model being built."""
         (clipped,) = self.add_node("InplaceClipGradNorm", [gradients_name], outputs=["clip_grad_norm_output"],
                                    domain=MICROSOFT, max_norm=self._max_norm)
         self.base.graph.value_info.append(
@@ -50,6 +51,7 @@ class _Optimizer(Block):
         self._clip_grad = clip_grad
 
     def build(self, parameters: Parameters) -> str:
+        """The optimizer node's output name; its inputs are ``parameters``' values, gradients and moments."""
         trainable, _ = parameters
         graph = self.base.graph
         graph.input.extend([

@@ -8,6 +8,7 @@ objects others hold stay valid.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from dataclasses import dataclass, field
@@ -34,6 +35,13 @@ class OptimizerState:
     initial_learning_rate: float = 0.001
     # param name -> {"momentum0": tensor, "momentum1": tensor}
     momentums: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+
+
+log = logging.getLogger(__name__)
+
+
+def _source_text(source: object) -> str:
+    return f"({len(source)} bytes)" if isinstance(source, (bytes, bytearray, memoryview)) else repr(os.fspath(source))
 
 
 def normalize_property(name: str, value: object) -> int | float | str:
@@ -107,7 +115,9 @@ class TrainingState:
     @classmethod
     def load(cls, source: str | os.PathLike | bytes | bytearray | memoryview) -> TrainingState:
         """Load an ORT checkpoint file (or its bytes)."""
-        return cls.from_record(read_checkpoint(source))
+        state = cls.from_record(read_checkpoint(source))
+        log.info("loaded checkpoint %s: %d parameters", _source_text(source), len(state.params))
+        return state
 
     @classmethod
     def from_record(cls, record: CheckpointRecord) -> TrainingState:
@@ -150,6 +160,7 @@ class TrainingState:
     def save(self, path: str | os.PathLike, include_optimizer_state: bool = False) -> None:
         """Write an ORT checkpoint file atomically (the property bag is always saved)."""
         write_checkpoint(self.to_record(include_optimizer_state), path)
+        log.info("saved checkpoint %s (optimizer state: %s)", os.fspath(path), include_optimizer_state)
 
     def to_bytes(self, include_optimizer_state: bool = False) -> bytes:
         """The ORT checkpoint as bytes (always self-contained, no external data)."""

@@ -19,6 +19,7 @@ import torch
 from ort_torch_train.dtypes import tensor_to_proto
 from ort_torch_train.errors import ModelError, NominalStateError
 from ort_torch_train.fileio import atomic_write_bytes
+from ort_torch_train.export.outputs import exportable_output_names
 from ort_torch_train.graph.artifacts import prune_graph
 
 # Current onnxruntime releases load IR <= 10 models from every opset this project writes.
@@ -34,8 +35,10 @@ def inference_model(
     typed = _typed_values(eval_model)
     for name in names:
         if name not in typed:
+            exportable = exportable_output_names(eval_model, params)
             raise ModelError(
-                f"Expected graph output for inference graph {name} could not be found. Please regenerate the eval graph."
+                f"Expected graph output for inference graph {name} could not be found. Please regenerate the eval graph. "
+                f"(outputs you can export: {', '.join(exportable)}; or any other value of the eval graph)"
             )
     graph = prune_graph(eval_model.graph, names)
     del graph.output[:]

@@ -10,7 +10,9 @@ what turns the shape arithmetic of exported graphs into plain Python values.
 from __future__ import annotations
 
 import inspect
+import logging
 import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import getitem
@@ -95,6 +97,9 @@ class _Builder:
         return name
 
 
+log = logging.getLogger(__name__)
+
+
 def convert_graph(
     graph: onnx.GraphProto,
     opsets: dict[str, int],
@@ -129,8 +134,11 @@ def convert_graph(
     builder.fx_graph.output(tuple(outputs))
     module = fx.GraphModule(builder.root, builder.fx_graph, class_name="ConvertedGraph")
     module.graph.eliminate_dead_code()
+    before = len(module.graph.nodes)
     fuse_graph(module)
     module.recompile()
+    log.debug("converted %d ONNX nodes %s into %d fx nodes (%d after fusions)", len(graph.node),
+              dict(Counter(node.op_type for node in graph.node)), before, len(module.graph.nodes))
     for parameter in module.parameters():  # weights a converter absorbed from constants
         parameter.requires_grad_(False)
     return module

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
@@ -53,6 +55,9 @@ class InputDeclaration:
         return torch_dtype(self.elem_type)
 
 
+log = logging.getLogger(__name__)
+
+
 class ForwardGraph:
     """``graph(user_inputs, params) -> outputs`` with ONNX semantics, specialised per input signature."""
 
@@ -100,6 +105,8 @@ class ForwardGraph:
             return built
         self.validate(inputs)
         specs = [TensorSpec(tuple(t.shape), t.dtype) for t in (*inputs, *params)]
+        log.info("specialising the %s graph (%s) for inputs %s", "training" if self.training else "eval", variant,
+                 [(tuple(t.shape), str(t.dtype)) for t in inputs])
         module = convert_graph(self.graph, self.opsets, specs, training=self.training)
         if self.module_transform is not None:
             module = self.module_transform(module)
@@ -150,7 +157,9 @@ def _check_input(declaration: InputDeclaration, position: int, value: object) ->
         if isinstance(wanted, int) and actual != wanted:
             raise InputError(
                 f"Got invalid dimensions for input: {name} for the following indices index: {index} "
-                f"Got: {actual} Expected: {wanted}"
+                f"Got: {actual} Expected: {wanted} (the model fixes this dimension: to feed other sizes, "
+                f"export it as dynamic, e.g. generate_artifacts(..., dynamic_axes={{{name!r}: {{{index}: 'dim{index}'}}}}) "
+                "or dynamic_shapes=)"
             )
 
 

@@ -62,9 +62,11 @@ class TrainingSession:
         self._require_optimizer().step()
 
     def set_learning_rate(self, learning_rate: float) -> None:
+        """``SetLearningRate``: the optimizer's learning rate from now on."""
         self._require_optimizer().set_learning_rate(learning_rate)
 
     def get_learning_rate(self) -> float:
+        """``GetLearningRate``: the optimizer's current learning rate."""
         return self._require_optimizer().get_learning_rate()
 
     def register_linear_lr_scheduler(self, warmup_step_count: int, total_step_count: int, initial_lr: float) -> None:
@@ -72,6 +74,7 @@ class TrainingSession:
         self.scheduler = LinearLRScheduler(self._require_optimizer(), warmup_step_count, total_step_count, initial_lr)
 
     def scheduler_step(self) -> None:
+        """``SchedulerStep``: advance the registered learning-rate scheduler by one step."""
         if self.scheduler is None:
             raise ModelError("No learning rate scheduler was registered (register_linear_lr_scheduler).")
         self.scheduler.step()
@@ -87,33 +90,43 @@ class TrainingSession:
         self.module.export_model_for_inferencing(inference_model_path, list(graph_output_names))
 
     def input_names(self, training: bool) -> list[str]:
+        """``InputNames``: user input names of the training (True) or eval (False) model."""
         return self.module.input_names(training=True) if training else self._eval_input_names()
 
     def output_names(self, training: bool) -> list[str]:
+        """``OutputNames``: user output names of the training (True) or eval (False) model."""
         return self.module.output_names(training=True) if training else self._eval_output_names()
 
     def training_model_input_count(self) -> int:
+        """``TrainingSessionGetTrainingModelInputCount``."""
         return len(self.input_names(True))
 
     def eval_model_input_count(self) -> int:
+        """``TrainingSessionGetEvalModelInputCount``."""
         return len(self.input_names(False))
 
     def training_model_output_count(self) -> int:
+        """``TrainingSessionGetTrainingModelOutputCount``."""
         return len(self.output_names(True))
 
     def eval_model_output_count(self) -> int:
+        """``TrainingSessionGetEvalModelOutputCount``."""
         return len(self.output_names(False))
 
     def training_model_input_name(self, index: int) -> str:
+        """``TrainingSessionGetTrainingModelInputName``: the name at ``index``."""
         return _at(self.input_names(True), index, "training model input")
 
     def eval_model_input_name(self, index: int) -> str:
+        """``TrainingSessionGetEvalModelInputName``: the name at ``index``."""
         return _at(self.input_names(False), index, "eval model input")
 
     def training_model_output_name(self, index: int) -> str:
+        """``TrainingSessionGetTrainingModelOutputName``: the name at ``index``."""
         return _at(self.output_names(True), index, "training model output")
 
     def eval_model_output_name(self, index: int) -> str:
+        """``TrainingSessionGetEvalModelOutputName``: the name at ``index``."""
         return _at(self.output_names(False), index, "eval model output")
 
     def _eval_input_names(self) -> list[str]:
@@ -124,6 +137,7 @@ class TrainingSession:
 
     # parameters -------------------------------------------------------------------------------
     def get_parameters_size(self, trainable_only: bool = True) -> int:
+        """``GetParametersSize``: parameter elements (trainable ones only by default)."""
         return self.module.get_parameters_size(trainable_only)
 
     def copy_parameters_to_buffer(self, trainable_only: bool = True) -> OrtValue:
@@ -131,6 +145,7 @@ class TrainingSession:
         return self.module.get_contiguous_parameters(trainable_only)
 
     def copy_buffer_to_parameters(self, buffer: Any, trainable_only: bool = True) -> None:
+        """``CopyBufferToParameters``: copy a flat buffer into the parameters."""
         self.module.copy_buffer_to_parameters(buffer, trainable_only)
 
     def to_buffer(self, only_trainable: bool) -> OrtValue:
@@ -155,9 +170,11 @@ class TrainingSession:
 
     # checkpoint state -------------------------------------------------------------------------
     def add_property(self, name: str, value: int | float | str) -> None:
+        """``AddProperty``: store a property in the checkpoint state."""
         self.checkpoint_state.properties[name] = value
 
     def get_property(self, name: str) -> int | float | str:
+        """``GetProperty``: a property of the checkpoint state."""
         return self.checkpoint_state.properties[name]
 
     def get_parameter_type_and_shape(self, name: str) -> tuple[np.dtype, list[int]]:

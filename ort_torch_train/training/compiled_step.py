@@ -8,6 +8,8 @@ runs neither the autograd engine nor per-op Python. The gradients go straight in
 
 from __future__ import annotations
 
+import logging
+import time
 import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,6 +21,8 @@ from torch import Tensor
 from ort_torch_train.optim.clip import clip_grad_norm_
 from ort_torch_train.optim.compiled import FusedUpdate
 from ort_torch_train.training.precision import MixedPrecision, autocast_or_null
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -55,14 +59,21 @@ class CompiledTrainStep:
         step = _train_step_function(module, plan, update, precision)
         self._scaler = None if precision is None else precision.loss_scaler
         self._compiled = torch.compile(step, fullgraph=True, dynamic=False, **(compile_arguments or {}))
+        self._called = False
 
     def __call__(self, inputs: Sequence[Tensor], trainable: list[Tensor], frozen: list[Tensor],
                  grads: list[Tensor], reset: bool, states: Sequence[list[Tensor]] = (),
                  scalars: Tensor | None = None) -> tuple[Tensor, ...]:
         inputs = [t if t.is_contiguous() else t.contiguous() for t in inputs]
         loss_scale = None if self._scaler is None else self._scaler.scale.to(trainable[0].device)
+        started = None if self._called else time.perf_counter()
         with torch.no_grad():
-            return self._compiled(inputs, trainable, frozen, grads, reset, tuple(states), scalars, loss_scale)
+            outputs = self._compiled(inputs, trainable, frozen, grads, reset, tuple(states), scalars, loss_scale)
+        if started is not None:
+            self._called = True
+            log.info("compiled the train step for inputs %s in %.1f s", [tuple(t.shape) for t in inputs],
+                     time.perf_counter() - started)
+        return outputs
 
 
 def _train_step_function(module: Callable, plan: ParameterPlan, update: FusedUpdate | None,
