@@ -225,9 +225,7 @@ def test_unsupported_settings_raise_not_implemented(name):
         session(params_for(**{name: value}))
 
 
-def test_lamb_and_ort_format_are_not_implemented(tmp_path):
-    with pytest.raises(NotImplementedError, match="LambOptimizer"):
-        session(params_for("LambOptimizer"))
+def test_ort_format_is_not_implemented(tmp_path):
     with pytest.raises(NotImplementedError, match="ORT format"):
         TrainingSession(str(tmp_path / "model.ort"), params_for())
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,8 @@ from ort_torch_train.graph.artifacts import ModelSource, load_model
 from ort_torch_train.graph.roles import check_slot
 from ort_torch_train.training.distributed import data_parallel
 from ort_torch_train.training.engine import TrainingEngine
+from ort_torch_train.training.precision import mixed_precision_of
+from ort_torch_train.training.recompute import RecomputeSetting, recompute_segments, with_recompute
 
 
 class Module(TrainingEngine):
@@ -28,7 +31,13 @@ class Module(TrainingEngine):
     ``compile=True`` (or a torch.compile mode such as "max-autotune", or a dict of torch.compile
     arguments such as ``{"options": {"cpp_wrapper": True}}``) runs each train step (forward and
     backward) as one torch.compile'd graph and the eval graph through torch.compile;
-    ``step(optimizer, *inputs)`` puts the optimizer's update into the train step's graph too. ``session_options`` (an ORT
+    ``step(optimizer, *inputs)`` puts the optimizer's update into the train step's graph too.
+    ``mixed_precision="bf16"|"fp16"`` runs the forward under ``torch.autocast`` with float32 master
+    weights; "fp16" adds GradScaler's dynamic loss scaling (the Optimizer unscales, skips inf/nan
+    steps and reports them; the scale is saved in the checkpoint's properties). ``recompute=k`` (or
+    True: about sqrt(op count)) runs the train forward as k segments under torch.utils.checkpoint,
+    keeping only the tensors between segments for backward (less activation memory, one more
+    forward; see ``training/recompute.py``). ``session_options`` (an ORT
     SessionOptions) is accepted for compatibility and not used: threads are torch's
     (``torch.set_num_threads``).
     ``distributed=True`` trains data-parallel on torch.distributed (``process_group``, default the
@@ -47,6 +56,8 @@ class Module(TrainingEngine):
         compile: bool | str | dict = False,
         distributed: bool = False,
         process_group: Any = None,
+        mixed_precision: str | None = None,
+        recompute: RecomputeSetting = None,
     ):
         training_model = load_model(train_model_uri, "training model")
         eval_model = load_model(eval_model_uri, "eval model") if eval_model_uri is not None else None
@@ -54,6 +65,13 @@ class Module(TrainingEngine):
         if eval_model is not None:
             check_slot(eval_model, "eval_model", "eval_model_uri")
         super().__init__(training_model, training_state_of(state), eval_model, device, compile)
+        self.precision = mixed_precision_of(mixed_precision, self.training_state)
+        segments = recompute_segments(recompute)
+        if segments is not None:
+            if compile:
+                raise ValueError("recompute: not supported with compile (a compiled step is one graph); "
+                                 "pass recompute=None or compile=False")
+            self.train_graph.module_transform = partial(with_recompute, segments=segments)
         self.checkpoint_state = state
         self.eval_model = eval_model
         self.session_options = session_options

@@ -7,6 +7,7 @@ from typing import Any
 
 import onnx
 
+from ort_torch_train.errors import DistributedError
 from ort_torch_train.optim.engine import OptimizerEngine
 from ort_torch_train.optim.optimizer_model import read_optimizer_model
 from ort_torch_train.optim.schedulers import (
@@ -37,11 +38,18 @@ class Optimizer:
     def __init__(self, optimizer_uri: str | os.PathLike | bytes | onnx.ModelProto, module: Any, *,
                  implementation: str | None = None, shard_state: bool = False):
         spec = read_optimizer_model(optimizer_uri)
+        precision = getattr(module, "precision", None)
+        loss_scaler = None if precision is None else precision.loss_scaler
+        if shard_state and loss_scaler is not None:
+            raise DistributedError("Optimizer(shard_state=True) does not support fp16 loss scaling yet (each rank "
+                                   "would decide the inf/nan skip on its own shard); use mixed_precision='bf16' "
+                                   "or shard_state=False")
         if shard_state:
             self._engine = sharded_engine(spec, module, implementation)
         else:
             self._engine = OptimizerEngine(spec, module.training_state, module.trainable_parameter_names,
                                            implementation=implementation)
+        self._engine.loss_scaler = loss_scaler
         self._torch_optimizer: TorchOptimizerAdapter | None = None
 
     def step(self) -> None:
@@ -51,6 +59,16 @@ class Optimizer:
                 self._torch_optimizer.step()
             else:
                 self._engine.step()
+
+    @property
+    def last_step_skipped(self) -> bool:
+        """Whether the last ``step()`` was skipped because fp16 gradients held inf or nan."""
+        return self._engine.last_step_skipped
+
+    @property
+    def skipped_steps(self) -> int:
+        """How many steps this optimizer skipped for inf/nan gradients (fp16 loss scaling)."""
+        return self._engine.skipped_steps
 
     def engine_for_step(self) -> OptimizerEngine:
         """The optimizer core with the current learning rate applied, for a fused train step."""

@@ -84,6 +84,7 @@ class ForwardGraph:
             for name in layout.user_inputs
         )
         self._cache: OrderedDict[tuple, Callable] = OrderedDict()
+        self.module_transform: Callable[[torch.nn.Module], torch.nn.Module] | None = None  # e.g. recompute
 
     def __call__(self, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         return self.module_for(inputs, params)(*inputs, *params)
@@ -107,6 +108,8 @@ class ForwardGraph:
         log.info("specialising the %s graph (%s) for inputs %s", "training" if self.training else "eval", variant,
                  [(tuple(t.shape), str(t.dtype)) for t in inputs])
         module = convert_graph(self.graph, self.opsets, specs, training=self.training, examples=(*inputs, *params))
+        if self.module_transform is not None:
+            module = self.module_transform(module)
         module.to(params[0].device if params else inputs[0].device)
         built = build(module)
         self._cache[key] = built

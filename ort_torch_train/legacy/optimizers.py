@@ -80,17 +80,21 @@ def adam_attributes(weight: str, floats: Mapping[str, float], ints: Mapping[str,
 def build_optimizer(name: str, params: Mapping[str, torch.nn.Parameter],
                     float_attributes: Mapping[str, Mapping[str, float]],
                     int_attributes: Mapping[str, Mapping[str, int]],
-                    initial_state: Mapping[str, Mapping[str, object]], clip_grad_norm: bool) -> SGD | Adam | None:
+                    initial_state: Mapping[str, Mapping[str, object]], clip_grad_norm: bool,
+                    fp16_moments: bool = False) -> SGD | Adam | None:
     """The optimizer ``training_optimizer_name`` names over the trained ``params``; None for "" or
     when no weight is trained (ORT then builds no optimizer graph, and takes no learning rate).
 
-    As in ORT, both attribute maps need an entry for every trained weight. Attribute names the
+    ``fp16_moments`` stores Adam's and Lamb's moments in float16. As in ORT, both attribute maps need
+    an entry for every trained weight. Attribute names the
     optimizer does not read are ignored, as ORT does, with a warning.
     """
     if not name or not params:
         return None
-    floats = ADAM_FLOAT_DEFAULTS if name == "AdamOptimizer" else {}
-    ints = ADAM_INT_DEFAULTS if name == "AdamOptimizer" else {}
+    from ort_torch_train.legacy.lamb import LAMB_FLOAT_DEFAULTS, LAMB_INT_DEFAULTS, Lamb, lamb_attributes
+
+    floats = {"AdamOptimizer": ADAM_FLOAT_DEFAULTS, "LambOptimizer": LAMB_FLOAT_DEFAULTS}.get(name, {})
+    ints = {"AdamOptimizer": ADAM_INT_DEFAULTS, "LambOptimizer": LAMB_INT_DEFAULTS}.get(name, {})
     for weight in params:
         for what, maps in (("attribute", float_attributes), ("int attribute", int_attributes)):
             if weight not in maps:
@@ -101,9 +105,12 @@ def build_optimizer(name: str, params: Mapping[str, torch.nn.Parameter],
     _check_attribute_names(name, int_attributes, ints, floats, "optimizer_int_attributes_map")
     if name == "SGDOptimizer":
         return SGD(params)
+    if name == "LambOptimizer":
+        return Lamb(params, {weight: lamb_attributes(weight, float_attributes[weight], int_attributes[weight])
+                             for weight in params}, initial_state, clip_grad_norm, fp16_moments)
     attributes = {weight: adam_attributes(weight, float_attributes[weight], int_attributes[weight])
                   for weight in params}
-    return Adam(params, attributes, initial_state, clip_grad_norm)
+    return Adam(params, attributes, initial_state, clip_grad_norm, fp16_moments)
 
 
 def _check_attribute_names(optimizer: str, maps: Mapping[str, Mapping[str, object]], known: Mapping,
@@ -149,12 +156,14 @@ class Adam:
     """AdamOptimizer for each trained weight, with ORT's per-weight moments and update counts."""
 
     def __init__(self, params: Mapping[str, torch.nn.Parameter], attributes: Mapping[str, AdamAttributes],
-                 initial_state: Mapping[str, Mapping[str, object]], clip_grad_norm: bool):
+                 initial_state: Mapping[str, Mapping[str, object]], clip_grad_norm: bool,
+                 fp16_moments: bool = False):
         self.params = dict(params)
         self.attributes = dict(attributes)
         self.clip_grad_norm = clip_grad_norm
         self.update_counts = {name: 1 for name in self.params}
-        self.moments = {name: (torch.zeros_like(p.detach()), torch.zeros_like(p.detach()))
+        dtype = torch.float16 if fp16_moments else None
+        self.moments = {name: (torch.zeros_like(p.detach(), dtype=dtype), torch.zeros_like(p.detach(), dtype=dtype))
                         for name, p in self.params.items()}
         for weight, values in initial_state.items():
             if weight in self.params:
@@ -172,9 +181,13 @@ class Adam:
             groups.setdefault((self.attributes[name], self.update_counts[name]), []).append(name)
         for (attributes, count), names in groups.items():
             params = [self.params[n] for n in names]
-            adam_update(params, [p.grad for p in params], [self.moments[n][0] for n in names],
-                        [self.moments[n][1] for n in names], learning_rate=learning_rate, update_count=count,
+            stored = [self.moments[n][0] for n in names], [self.moments[n][1] for n in names]
+            moments = stored if stored[0][0].dtype == torch.float32 else ([m.float() for m in stored[0]],
+                                                                          [v.float() for v in stored[1]])
+            adam_update(params, [p.grad for p in params], *moments, learning_rate=learning_rate, update_count=count,
                         attributes=attributes, grad_norm=grad_norm if self.clip_grad_norm else None)
+            if moments is not stored:  # fp16 moments: float32 math, float16 storage
+                torch._foreach_copy_(stored[0] + stored[1], moments[0] + moments[1])
             for name in names:
                 self.update_counts[name] = count + 1
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-OPTIMIZERS = ("SGDOptimizer", "AdamOptimizer")
+OPTIMIZERS = ("SGDOptimizer", "AdamOptimizer", "LambOptimizer")
 
 # setting -> (value that is honoured, why any other value is not)
+_RECOMPUTE = ("ORT's per-subgraph recomputation is not mapped (the new API's Module(recompute=k) checkpoints "
+              "the forward in k segments)")
 UNSUPPORTED_SETTINGS: dict[str, tuple[Any, str]] = {
-    "use_mixed_precision": (False, "fp16 mixed precision with loss scaling is not implemented"),
-    "use_fp16_moments": (False, "fp16 optimizer moments are not implemented"),
     "horizontal_parallel_size": (1, "Megatron horizontal parallelism is not implemented"),
     "pipeline_parallel_size": (1, "pipeline parallelism is not implemented"),
     "num_pipeline_micro_batches": (1, "pipeline parallelism is not implemented"),
@@ -23,10 +23,10 @@ UNSUPPORTED_SETTINGS: dict[str, tuple[Any, str]] = {
     "deepspeed_zero_stage": (0, "ZeRO optimizer-state partitioning of the legacy optimizers is not implemented "
                                 "(ort_torch_train.api.Optimizer(shard_state=True) does it)"),
     "enable_adasum": (False, "Adasum gradient reduction is not implemented"),
-    "attn_dropout_recompute": (False, "recomputation graph transformations are not implemented"),
-    "gelu_recompute": (False, "recomputation graph transformations are not implemented"),
-    "transformer_layer_recompute": (False, "recomputation graph transformations are not implemented"),
-    "number_recompute_layers": (0, "recomputation graph transformations are not implemented"),
+    "attn_dropout_recompute": (False, _RECOMPUTE),
+    "gelu_recompute": (False, _RECOMPUTE),
+    "transformer_layer_recompute": (False, _RECOMPUTE),
+    "number_recompute_layers": (0, _RECOMPUTE),
     "use_memory_efficient_gradient": (False, "ORT's memory-efficient gradient graph is not implemented"),
     "set_gradients_as_graph_outputs": (False, "gradients as graph outputs are not implemented"),
     "sliced_schema": ({}, "sliced (model-parallel) tensors are not implemented"),
@@ -41,15 +41,19 @@ UNSUPPORTED_SETTINGS: dict[str, tuple[Any, str]] = {
 class TrainingParameters:
     """Configuration of a legacy TrainingSession (``onnxruntime.TrainingParameters``).
 
-    ``loss_scale`` and ``propagate_cast_ops_*`` only matter with mixed precision: they are accepted
-    and have no effect, as in ORT for float32 training.
+    ``use_mixed_precision`` runs the forward under fp16 autocast with float32 weights and loss scaling:
+    ``loss_scale`` 0 is dynamic (GradScaler semantics: 2**16, x2 after 2000 clean steps, x0.5 and the
+    update skipped on inf/nan gradients), > 0 a static scale (inf/nan updates are skipped too).
+    ``use_fp16_moments`` stores the Adam/Lamb moments in float16 (the update math stays float32).
+    ``propagate_cast_ops_*`` are accepted and have no effect (autocast decides the casts).
     """
 
     __slots__ = (
         "loss_output_name", "weights_to_train", "weights_not_to_train", "immutable_weights",
         "training_optimizer_name", "lr_params_feed_name", "optimizer_attributes_map",
         "optimizer_int_attributes_map", "optimizer_initial_state", "gradient_accumulation_steps",
-        "enable_grad_norm_clip", "loss_scale", "propagate_cast_ops_level", "propagate_cast_ops_allow",
+        "enable_grad_norm_clip", "loss_scale", "use_mixed_precision", "use_fp16_moments",
+        "propagate_cast_ops_level", "propagate_cast_ops_allow",
         "world_rank", "world_size", "data_parallel_size", "allreduce_post_accumulation", *UNSUPPORTED_SETTINGS,
     )
 
@@ -67,6 +71,8 @@ class TrainingParameters:
         self.gradient_accumulation_steps: int = 1
         self.enable_grad_norm_clip: bool = True
         self.loss_scale: float = 0.0
+        self.use_mixed_precision: bool = False
+        self.use_fp16_moments: bool = False
         self.propagate_cast_ops_level: int = 1
         self.propagate_cast_ops_allow: list[str] = []
         # data parallelism on torch.distributed (legacy/distributed.py)
@@ -104,12 +110,11 @@ def check_supported(parameters: TrainingParameters) -> None:
             raise NotImplementedError(f"TrainingParameters.{name} = {value!r} is not supported: {reason} "
                                       f"(only {honoured!r} is)")
     optimizer = parameters.training_optimizer_name
-    if optimizer == "LambOptimizer":
-        raise NotImplementedError("TrainingParameters.training_optimizer_name = 'LambOptimizer' is not "
-                                  f"supported: only {list(OPTIMIZERS)} are implemented")
     if optimizer and optimizer not in OPTIMIZERS:
         raise ValueError(f"TrainingParameters.training_optimizer_name: Failed to get Optimizer builder for "
                          f"{optimizer!r}; expected one of {list(OPTIMIZERS)} (or '' for no optimizer)")
+    if not parameters.loss_scale >= 0:
+        raise ValueError(f"TrainingParameters.loss_scale must be >= 0 (0: dynamic), got {parameters.loss_scale!r}")
     steps = parameters.gradient_accumulation_steps
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"TrainingParameters.gradient_accumulation_steps must be an int >= 1, got {steps!r}")

@@ -38,6 +38,7 @@ from ort_torch_train.legacy.parameters import TrainingParameters, check_supporte
 from ort_torch_train.legacy.providers import choose_provider
 from ort_torch_train.optim.float32 import to_float32
 from ort_torch_train.training.engine import TrainingEngine
+from ort_torch_train.training.precision import MixedPrecision
 
 GROUP_ACCUMULATED_GRADIENTS = "Group_Accumulated_Gradients"
 GLOBAL_GRADIENT_NORM = "global_gradient_norm"
@@ -73,7 +74,10 @@ class TrainingSession:
         self._optimizer = build_optimizer(
             parameters.training_optimizer_name, {n: self.training_state.params[n] for n in self._trained},
             parameters.optimizer_attributes_map, parameters.optimizer_int_attributes_map,
-            parameters.optimizer_initial_state, parameters.enable_grad_norm_clip)
+            parameters.optimizer_initial_state, parameters.enable_grad_norm_clip, parameters.use_fp16_moments)
+        if parameters.use_mixed_precision:
+            self._engine.precision = MixedPrecision("fp16", self.training_state, loss_scale=parameters.loss_scale)
+        self._loss_scaler = self._engine.precision.loss_scaler if self._engine.precision is not None else None
         self._lr_name = parameters.lr_params_feed_name if self._optimizer is not None else None
         self._accumulation_steps = parameters.gradient_accumulation_steps
         self._accumulated = 0
@@ -135,9 +139,11 @@ class TrainingSession:
         if update:
             if scale != 1.0:
                 torch._foreach_mul_(grads, scale)
+            finite = self._loss_scaler is None or self._loss_scaler.unscale_and_update(grads)
             if wants_norm or self._optimizer.clip_grad_norm:
                 norm = _global_norm(grads)
-            self._optimizer.step(learning_rate, norm)
+            if finite:
+                self._optimizer.step(learning_rate, norm)
             engine.lazy_reset_grad()
             self._accumulated = 0
         elif wants_norm:

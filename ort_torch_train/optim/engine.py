@@ -37,6 +37,8 @@ class OptimizerEngine:
     engine lives (accumulate and reset in place); call ``refresh()`` after replacing tensors.
     ``implementation`` overrides the kernel choice: AdamW "fused" (the default where torch's fused
     kernel runs), "foreach" or "single"; SGD "foreach" (the default) or "single".
+    ``loss_scaler`` (fp16 mixed precision, ``training/precision.py``) unscales the gradients first
+    and skips a step whose gradients hold inf or nan: ``last_step_skipped``, ``skipped_steps``.
     """
 
     fuses_into_step = True  # a compiled train step may run this update in its own graph
@@ -66,6 +68,9 @@ class OptimizerEngine:
         self._fused_update = (FusedUpdate(adamw_update, (spec.adam_mode, spec.weight_decay != 0.0), spec.clip_max_norm)
                               if spec.kind == "adamw" else FusedUpdate(sgd_update, (), spec.clip_max_norm))
         self._prepared_device: torch.device | None = None
+        self.loss_scaler = None
+        self.last_step_skipped = False
+        self.skipped_steps = 0
         if not state.is_nominal:  # a nominal state gets its moments at the first step, as in ORT
             self.refresh()
 
@@ -79,6 +84,11 @@ class OptimizerEngine:
             raise ValueError("OptimizerEngine.step: update_signal=False needs an optimizer model with an "
                              "update-signal input; this one has none")
         self._prepare()
+        if self.loss_scaler is not None:
+            self.last_step_skipped = not self.loss_scaler.unscale_and_update(self._grads)
+            if self.last_step_skipped:
+                self.skipped_steps += 1
+                return False
         if self.spec.clip_max_norm is not None:
             clip_grad_norm_(self._grads, self.spec.clip_max_norm)
         if not update_signal:

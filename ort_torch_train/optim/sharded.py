@@ -38,6 +38,8 @@ class ShardedOptimizerEngine:
     """An ``OptimizerEngine`` over all trainable parameters whose state and update are sharded across ``group``."""
 
     fuses_into_step = False  # a compiled train step runs forward, backward and reduction; the update runs here
+    last_step_skipped = False  # no fp16 loss scaling on sharded state (api.Optimizer refuses it)
+    skipped_steps = 0
 
     def __init__(self, spec: OptimizerSpec, state: TrainingState, param_names: Sequence[str], group: Any, *,
                  implementation: str | None = None):

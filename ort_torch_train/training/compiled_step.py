@@ -20,6 +20,7 @@ from torch import Tensor
 
 from ort_torch_train.optim.clip import clip_grad_norm_
 from ort_torch_train.optim.compiled import FusedUpdate
+from ort_torch_train.training.precision import MixedPrecision, autocast_or_null
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +56,10 @@ class CompiledTrainStep:
 
     def __init__(self, module: Callable[..., tuple[Tensor, ...]], plan: ParameterPlan, *,
                  update: FusedUpdate | None = None, compile_arguments: Mapping[str, Any] | None = None,
-                 reduction: Callable[[list[Tensor]], list[Tensor]] | None = None):
-        step = _train_step_function(module, plan, update, reduction)
+                 reduction: Callable[[list[Tensor]], list[Tensor]] | None = None,
+                 precision: MixedPrecision | None = None):
+        step = _train_step_function(module, plan, update, reduction, precision)
+        self._scaler = None if precision is None else precision.loss_scaler
         self._compiled = torch.compile(step, fullgraph=True, dynamic=False, **(compile_arguments or {}))
         self._called = False
 
@@ -64,9 +67,10 @@ class CompiledTrainStep:
                  grads: list[Tensor], reset: bool, states: Sequence[list[Tensor]] = (),
                  scalars: Tensor | None = None) -> tuple[Tensor, ...]:
         inputs = [t if t.is_contiguous() else t.contiguous() for t in inputs]
+        loss_scale = None if self._scaler is None else self._scaler.scale.to(trainable[0].device)
         started = None if self._called else time.perf_counter()
         with torch.no_grad():
-            outputs = self._compiled(inputs, trainable, frozen, grads, reset, tuple(states), scalars)
+            outputs = self._compiled(inputs, trainable, frozen, grads, reset, tuple(states), scalars, loss_scale)
         if started is not None:
             self._called = True
             log.info("compiled the train step for inputs %s in %.1f s", [tuple(t.shape) for t in inputs],
@@ -75,15 +79,18 @@ class CompiledTrainStep:
 
 
 def _train_step_function(module: Callable, plan: ParameterPlan, update: FusedUpdate | None,
-                         reduction: Callable[[list[Tensor]], list[Tensor]] | None) -> Callable:
+                         reduction: Callable[[list[Tensor]], list[Tensor]] | None,
+                         precision: MixedPrecision | None) -> Callable:
     sources = plan.sources
 
-    def train_step(inputs, trainable, frozen, grads, reset, states, scalars):
+    def train_step(inputs, trainable, frozen, grads, reset, states, scalars, loss_scale):
         def loss_and_outputs(trainable, frozen):  # frozen is an input too: BatchNorm updates its statistics
             params = [trainable[i] if is_trainable else frozen[i] for is_trainable, i in sources]
-            outputs = module(*inputs, *params)
+            with autocast_or_null(precision, trainable[0].device):
+                outputs = module(*inputs, *params)
             loss = outputs[0]
-            return (loss if loss.dim() == 0 else loss.sum()), outputs  # a non-scalar loss: ORT's ones seed
+            loss = loss if loss.dim() == 0 else loss.sum()  # a non-scalar loss: ORT's ones seed
+            return (loss if loss_scale is None else loss.float() * loss_scale), outputs
 
         gradients, outputs = torch.func.grad(loss_and_outputs, argnums=0, has_aux=True)(trainable, frozen)
         if reset:

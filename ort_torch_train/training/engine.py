@@ -29,6 +29,7 @@ from ort_torch_train.graph.forward import CompileSetting, ForwardGraph, compile_
 from ort_torch_train.optim.engine import OptimizerEngine
 from ort_torch_train.training.binding import bind_parameters, parse_device
 from ort_torch_train.training.compiled_step import CompiledTrainStep, ParameterPlan
+from ort_torch_train.training.precision import MixedPrecision, autocast_or_null, backward, float32_outputs
 
 
 class TrainingEngine(nn.Module):
@@ -79,6 +80,7 @@ class TrainingEngine(nn.Module):
         self._gradient_reset = _GradientReset()
         self._grads: list[torch.Tensor] | None = None  # built at the first reset (none exist while nominal)
         self._data_parallel = None  # a training.distributed.DataParallel when gradients are averaged across ranks
+        self.precision: MixedPrecision | None = None  # autocast and loss scaling (precision.py)
         self.to(target)
 
     def _train_forward(self, training_model) -> tuple[ForwardGraph, tuple[str, ...]]:
@@ -96,7 +98,8 @@ class TrainingEngine(nn.Module):
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """The differentiable forward of the current mode (train or eval graph), no backward."""
         graph, params = self._mode_graph()
-        outputs = graph(self._on_device(inputs), params)
+        with autocast_or_null(self.precision, self.device):
+            outputs = graph(self._on_device(inputs), params)
         return outputs[0] if len(outputs) == 1 else outputs
 
     def train_step(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -106,8 +109,9 @@ class TrainingEngine(nn.Module):
         if self._compile_arguments is not None and self.trainable_parameter_names:
             return self._compiled_step(inputs, None)
         data_parallel = self._data_parallel  # a failing forward leaves the gradients alone
-        outputs = (self.train_graph(inputs, self._train_params) if data_parallel is None
-                   else data_parallel.forward(inputs))
+        with autocast_or_null(self.precision, self.device):
+            outputs = (self.train_graph(inputs, self._train_params) if data_parallel is None
+                       else data_parallel.forward(inputs))
         if self._gradient_reset.pending:
             if self._grads is None:
                 self._grads = [self.training_state.params[n].grad for n in self.trainable_parameter_names]
@@ -116,8 +120,9 @@ class TrainingEngine(nn.Module):
             self._gradient_reset.pending = False
         loss = outputs[0]
         if loss.requires_grad:
-            loss.backward(None if loss.dim() == 0 else torch.ones_like(loss))
-        return tuple(output.detach() for output in outputs)
+            backward(loss, self.precision)
+        outputs = tuple(output.detach() for output in outputs)
+        return outputs if self.precision is None else float32_outputs(outputs)
 
     def train_and_update(self, inputs: Sequence[torch.Tensor], optimizer: OptimizerEngine) -> tuple[torch.Tensor, ...]:
         """ORT's full step: ``train_step``, ``optimizer.step()``, ``lazy_reset_grad()``.
@@ -128,7 +133,7 @@ class TrainingEngine(nn.Module):
             raise ValueError("train_and_update: the optimizer must update this module's training state and "
                              f"trainable parameters {self.trainable_parameter_names}; it updates "
                              f"{list(optimizer.param_names)}")
-        if self._compile_arguments is not None and optimizer.fuses_into_step:
+        if self._compile_arguments is not None and optimizer.fuses_into_step and optimizer.loss_scaler is None:
             self._require_values("TrainStep")
             outputs = self._compiled_step(self._on_device(inputs), optimizer)
         else:
@@ -140,10 +145,11 @@ class TrainingEngine(nn.Module):
     def _compiled_step(self, inputs: list[torch.Tensor], optimizer: OptimizerEngine | None) -> tuple[torch.Tensor, ...]:
         update = None if optimizer is None else optimizer.fused_update()
         reduction = None if self._data_parallel is None else self._data_parallel.compiled_reduction()
+        precision = self.precision
         step = self.train_graph.specialised(
-            inputs, self._train_params, ("train step", update, reduction),
+            inputs, self._train_params, ("train step", update, reduction, precision),
             lambda module: CompiledTrainStep(module, self._train_plan, update=update, reduction=reduction,
-                                             compile_arguments=self._compile_arguments))
+                                             compile_arguments=self._compile_arguments, precision=precision))
         trainable, frozen, grads = self._parameter_views()
         reset = self._gradient_reset.pending
         try:
@@ -152,6 +158,8 @@ class TrainingEngine(nn.Module):
             else:
                 outputs = step(inputs, trainable, frozen, grads, reset, optimizer.moment_lists(),
                                optimizer.next_step_scalars())
+            if precision is not None:
+                outputs = float32_outputs(outputs)
         except RuntimeError as error:
             self._raise_eager_error(inputs, error)
             raise
@@ -185,8 +193,9 @@ class TrainingEngine(nn.Module):
         self._require_values("EvalStep")
         if self.eval_graph is None:
             raise ModelError("Eval model was not provided: evaluation needs the eval model (eval_model_uri).")
-        with torch.no_grad():
-            return self.eval_graph(self._on_device(inputs), self._eval_params)
+        with torch.no_grad(), autocast_or_null(self.precision, self.device):
+            outputs = self.eval_graph(self._on_device(inputs), self._eval_params)
+        return outputs if self.precision is None else float32_outputs(outputs)
 
     def lazy_reset_grad(self) -> None:
         """Make the next train step overwrite the gradients instead of adding to them."""

@@ -1,0 +1,142 @@
+"""Activation memory with and without ``Module(recompute=...)`` on the encoder model.
+
+Each setting runs in its own process: build the Module and Optimizer, take one warmup step (the
+graph is converted then), then train ``--steps`` steps and report the peak memory above what was
+held before them (CUDA: ``torch.cuda.max_memory_allocated``; CPU: the process's resident set,
+sampled every 0.2 ms from /proc/self/statm, with glibc told to ``mmap`` every allocation over 64 KiB
+so that freed tensors leave the RSS), the median step time and the losses (which must agree across
+settings). The first column is exact: the bytes of the tensors the forward keeps for backward
+(distinct storages, counted by ``torch.autograd.graph.saved_tensors_hooks``).
+
+    python bench/bench_recompute.py [--model encoder] [--device cpu|cuda] [--steps 3] [--settings none 4 true]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+
+
+def _setting(text: str) -> bool | int | None:
+    """A ``recompute`` value from its command-line spelling: none, true or a segment count."""
+    return {"none": None, "true": True}.get(text.lower()) if not text.isdigit() else int(text)
+
+
+def child(model_name: str, device: str, steps: int, setting_text: str) -> dict:
+    import numpy as np
+    import torch
+
+    from artifacts import prepare_artifacts
+    from models import MODELS
+
+    from ort_torch_train.api import CheckpointState, Module, Optimizer
+
+    torch.set_num_threads(2)
+    model = MODELS[model_name]
+    directory = prepare_artifacts(model, BENCH / ".cache", use_ort=False).directory
+    x, y = model.batch_arrays()
+    state = CheckpointState.load_checkpoint(directory / "checkpoint")
+    module = Module(directory / "training_model.onnx", state, device=device, recompute=_setting(setting_text))
+    optimizer = Optimizer(directory / "optimizer_model.onnx", module)
+    inputs = (torch.from_numpy(x).to(device), torch.from_numpy(y).to(device))
+    losses = [float(module.step(optimizer, *inputs))]  # warmup: converts the graph
+    saved = _saved_for_backward_bytes(module, inputs)
+    sampler = _RssSampler() if device == "cpu" else None
+    if device == "cuda":
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        base = _rss()
+        sampler.start()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        losses.append(float(module.step(optimizer, *inputs)))
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    peak = torch.cuda.max_memory_allocated() if device == "cuda" else sampler.stop()
+    return {"setting": setting_text, "saved_mb": saved / 2**20, "peak_added_mb": (peak - base) / 2**20, "median_step_s": float(np.median(times)),
+            "losses": losses}
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class _RssSampler(threading.Thread):
+    """The largest resident set seen between ``start()`` and ``stop()``."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.peak = _rss()
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.wait(0.0002):
+            self.peak = max(self.peak, _rss())
+
+    def stop(self) -> int:
+        self._done.set()
+        self.join()
+        return max(self.peak, _rss())
+
+
+def _saved_for_backward_bytes(module, inputs) -> int:
+    """Bytes of the distinct storages the train forward saves for backward (no backward is run)."""
+    import torch
+
+    storages: dict[int, int] = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        module.train_graph(list(inputs), module._train_params)
+    return sum(storages.values())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="encoder")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--settings", nargs="+", default=["none", "4", "true"])
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child is not None:
+        print(json.dumps(child(args.model, args.device, args.steps, args.child)))
+        return 0
+    rows = []
+    for setting in args.settings:
+        done = subprocess.run([sys.executable, __file__, "--model", args.model, "--device", args.device,
+                               "--steps", str(args.steps), "--child", setting],
+                              capture_output=True, text=True, check=True, cwd=BENCH,
+                              env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"})
+        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    baseline = rows[0]
+    print(f"| {args.model} on {args.device} | recompute | saved for backward (MB) | vs none | "
+          "peak memory added by the steps (MB) | vs none | median step (s) | vs none | max loss difference |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        difference = max(abs(a - b) for a, b in zip(row["losses"], baseline["losses"]))
+        print(f"| | {row['setting']} | {row['saved_mb']:.1f} | {row['saved_mb'] / baseline['saved_mb']:.2f} | "
+              f"{row['peak_added_mb']:.1f} | {row['peak_added_mb'] / baseline['peak_added_mb']:.2f} | "
+              f"{row['median_step_s']:.3f} | {row['median_step_s'] / baseline['median_step_s']:.2f} | {difference:.1e} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

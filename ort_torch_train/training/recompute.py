@@ -1,0 +1,55 @@
+"""Activation recomputation: the converted forward cut into segments run under ``torch.utils.checkpoint``.
+
+``Module(recompute=k)`` splits the train graph's ops, in execution order, into ``k`` segments of
+about equal op counts (``torch.fx.passes.split_module``), like ``checkpoint_sequential``. Backward
+keeps only the tensors that cross segment boundaries and recomputes each segment's activations when
+it reaches it: less activation memory for one more forward. RNG state is replayed, so dropout
+masks are the same in the recomputation. ``recompute=True`` uses one segment per sqrt(op count).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import fx, nn
+from torch.fx.passes.split_module import split_module
+from torch.utils.checkpoint import checkpoint
+
+RecomputeSetting = bool | int | None
+
+
+def recompute_segments(setting: RecomputeSetting) -> int | bool | None:
+    """The checked ``recompute`` argument: None/False (off), True (automatic) or a segment count >= 1."""
+    if setting is None or setting is False or setting is True:
+        return setting or None
+    if isinstance(setting, int) and setting >= 1:
+        return setting
+    raise ValueError(f"recompute: expected None, True or a number of segments >= 1; got {setting!r}")
+
+
+class _Checkpointed(nn.Module):
+    """A segment whose activations are recomputed in backward instead of being kept."""
+
+    def __init__(self, segment: nn.Module):
+        super().__init__()
+        self.segment = segment
+
+    def forward(self, *args):
+        if not torch.is_grad_enabled():
+            return self.segment(*args)
+        return checkpoint(self.segment, *args, use_reentrant=False)
+
+
+def with_recompute(module: fx.GraphModule, segments: int | bool) -> fx.GraphModule:
+    """``module`` with its ops split into ``segments`` checkpointed segments (True: about sqrt(op count))."""
+    ops = [node for node in module.graph.nodes if node.op not in ("placeholder", "output", "get_attr")]
+    if not ops:
+        return module
+    count = max(1, round(math.sqrt(len(ops)))) if segments is True else min(segments, len(ops))
+    index = {node: position * count // len(ops) for position, node in enumerate(ops)}
+    split = split_module(module, module, lambda node: index[node], keep_original_order=True)
+    for name, child in list(split.named_children()):
+        if name.startswith("submod_"):
+            setattr(split, name, _Checkpointed(child))
+    return split

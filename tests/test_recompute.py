@@ -1,0 +1,53 @@
+"""Module(recompute=...): the same losses and gradients as without recomputation, less saved activation memory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from corpus import Case, loss_of
+
+from ort_torch_train.api import Module
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def _losses_grads_saved(case: Case, recompute, steps: int = 1):
+    module = Module(case.artifact("training_model.onnx"), case.load_state(), recompute=recompute)
+    torch.manual_seed(0)  # dropout draws the same masks in every run
+    losses = [loss_of(module(*case.train_inputs(s))) for s in range(steps)]
+    grads = {n: p.grad.numpy().copy() for n, p in module.training_state.params.items() if p.requires_grad}
+    storages = {}
+
+    def pack(tensor):
+        storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    inputs = [torch.from_numpy(a) for a in case.train_inputs(0)]
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        module.train_graph(inputs, module._train_params)
+    return losses, grads, sum(storages.values())
+
+
+@pytest.mark.parametrize("name", ["transformer", "bn_dropout"])
+@pytest.mark.parametrize("recompute", [2, True])
+def test_recompute_gives_the_same_losses_and_gradients(name, recompute):
+    case = Case(FIXTURES / name)
+    losses, grads, saved = _losses_grads_saved(case, None)
+    r_losses, r_grads, r_saved = _losses_grads_saved(case, recompute)
+    np.testing.assert_allclose(r_losses, losses, rtol=0, atol=1e-6)
+    for n, grad in grads.items():
+        np.testing.assert_allclose(r_grads[n], grad, rtol=0, atol=1e-6, err_msg=n)
+    if recompute == 2:  # only the segments' inputs are kept for backward (many tiny segments keep more)
+        assert r_saved < saved
+
+
+def test_recompute_setting_errors():
+    case = Case(FIXTURES / "mlp_ce_adamw_sched")
+    for bad in (0, -1, "layers", 1.5):
+        with pytest.raises(ValueError, match="recompute"):
+            Module(case.artifact("training_model.onnx"), case.load_state(), recompute=bad)
+    with pytest.raises(ValueError, match="compile"):
+        Module(case.artifact("training_model.onnx"), case.load_state(), recompute=2, compile=True)
