@@ -27,10 +27,13 @@ def load_compile_cache(path: str | os.PathLike) -> bool:
     except FileNotFoundError:
         return False
     try:
-        torch.compiler.load_cache_artifacts(data)
+        info = torch.compiler.load_cache_artifacts(data)  # None (after a logged warning) when unreadable
+        problem = None if info is not None else "torch could not read it"
     except Exception as exc:
+        problem = str(exc)
+    if problem is not None:
         raise InputError(f"compile cache {os.fspath(path)!r}: expected a file written by save_compile_cache "
-                         f"with torch {torch.__version__}; could not load it ({exc})") from exc
+                         f"with torch {torch.__version__}; could not load it ({problem})")
     return True
 
 
