@@ -15,17 +15,34 @@ the conversion loop; a pattern whose shapes are unknown is left alone.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 import torch.nn.functional as F
 from torch import fx
 
+from ort_torch_train.graph.fuse_patterns import fuse_patterns
+from ort_torch_train.graph.fuse_util import is_call as _is_call
+from ort_torch_train.graph.fuse_util import only_user as _only_user
+from ort_torch_train.graph.fuse_util import val as _val
+from ort_torch_train.graph.fuse_views import fuse_views
 
-def fuse_graph(module: fx.GraphModule) -> None:
-    """Apply every fusion to ``module.graph`` in place, then drop what became dead (no recompile)."""
-    _fuse_linear(module.graph)
-    _fuse_attention(module)
+
+def fuse_graph(module: fx.GraphModule) -> Counter:
+    """Apply every fusion to ``module.graph`` in place, then drop what became dead (no recompile).
+
+    Returns how many of each fusion fired (also kept in ``module.meta["fusions"]``).
+    """
+    counts: Counter = Counter()
+    fuse_patterns(module, counts)
+    counts["linear"] = _fuse_linear(module.graph)
+    counts["attention"] = _fuse_attention(module)
+    module.graph.eliminate_dead_code()
+    fuse_views(module.graph, counts)
     module.graph.eliminate_dead_code()
     _drop_unused_constants(module)
+    module.meta["fusions"] = +counts
+    return +counts
 
 
 def _drop_unused_constants(module: fx.GraphModule) -> None:
@@ -38,27 +55,9 @@ def _drop_unused_constants(module: fx.GraphModule) -> None:
             del constants._buffers[name]
 
 
-def _val(node) -> torch.Tensor | None:
-    return node.meta.get("val") if isinstance(node, fx.Node) else None
-
-
-def _is_call(node, target, arg_count: int | None = None) -> bool:
-    op = "call_method" if isinstance(target, str) else "call_function"
-    return (
-        isinstance(node, fx.Node)
-        and node.op == op
-        and node.target == target
-        and not node.kwargs
-        and (arg_count is None or len(node.args) == arg_count)
-    )
-
-
-def _only_user(node: fx.Node) -> fx.Node | None:
-    return next(iter(node.users)) if len(node.users) == 1 else None
-
-
 # Linear -------------------------------------------------------------------------------------------
-def _fuse_linear(graph: fx.Graph) -> None:
+def _fuse_linear(graph: fx.Graph) -> int:
+    fused = 0
     for matmul in list(graph.nodes):
         if not _is_call(matmul, torch.matmul, 2):
             continue
@@ -78,6 +77,8 @@ def _fuse_linear(graph: fx.Graph) -> None:
             linear = graph.call_function(F.linear, (x, weight) if bias is None else (x, weight, bias))
         linear.meta["val"] = _val(target)
         target.replace_all_uses_with(linear)
+        fused += 1
+    return fused
 
 
 def _bias_of(add: fx.Node | None, matmul: fx.Node, weight_val: torch.Tensor) -> fx.Node | None:
@@ -92,8 +93,9 @@ def _bias_of(add: fx.Node | None, matmul: fx.Node, weight_val: torch.Tensor) -> 
 
 
 # Attention ----------------------------------------------------------------------------------------
-def _fuse_attention(module: fx.GraphModule) -> None:
+def _fuse_attention(module: fx.GraphModule) -> int:
     graph = module.graph
+    count = 0
     for softmax in list(graph.nodes):
         if not _is_call(softmax, torch.softmax, 2) or len(softmax.users) != 1:
             continue
@@ -112,10 +114,29 @@ def _fuse_attention(module: fx.GraphModule) -> None:
             continue
         with graph.inserting_before(output):
             key = _untransposed(graph, key_transposed)
-            args = (query, key, value) if mask is None else (query, key, value, mask)
-            fused = graph.call_function(F.scaled_dot_product_attention, args, {"scale": scale})
+            causal = mask is not None and _is_causal(module, mask, scores_val)
+            args = (query, key, value) if mask is None or causal else (query, key, value, mask)
+            kwargs = {"scale": scale, "is_causal": True} if causal else {"scale": scale}
+            fused = graph.call_function(F.scaled_dot_product_attention, args, kwargs)
         fused.meta["val"] = _val(output)
         output.replace_all_uses_with(fused)
+        count += 1
+    return count
+
+
+def _is_causal(module: fx.GraphModule, mask: fx.Node, scores_val: torch.Tensor) -> bool:
+    """Whether a constant mask is exactly the causal one (lower triangle attends, square scores):
+    then SDPA runs with ``is_causal=True``, which flash attention accepts and a mask tensor is not."""
+    value = _constant(module, mask)
+    length = scores_val.shape[-1]
+    if value is None or scores_val.shape[-2] != length or value.shape[-2:] != (length, length):
+        return False
+    lower = torch.ones(length, length, dtype=torch.bool).tril()
+    if value.dtype == torch.bool:
+        expected = lower
+    else:
+        expected = torch.zeros(length, length, dtype=value.dtype).masked_fill(~lower, -torch.inf)
+    return bool(torch.equal(value, expected.expand_as(value)))
 
 
 def _attention_parts(module: fx.GraphModule, scores: fx.Node):

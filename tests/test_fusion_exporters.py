@@ -1,0 +1,128 @@
+"""Pattern fusions on real exporter output (legacy opset 17 and dynamo): each fires, and the fused
+graph's outputs and parameter gradients match the unfused graph's and the torch model's."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_exporters import TinyGPT, _export, _parameters_as_inputs
+from torch import nn
+
+import ort_torch_train.graph.convert as convert_module
+from ort_torch_train.graph.convert import TensorSpec, convert_graph
+
+
+class TinyLlama(nn.Module):
+    """RMSNorm (pow-mean-rsqrt), rotary embedding, causal SDPA, SiLU-gated MLP: Llama's block; then a
+    LayerNorm written out (mean, centre, variance, sqrt, divide, affine) and a tanh GELU."""
+
+    def __init__(self, vocab: int = 11, d: int = 16, heads: int = 2, context: int = 8):
+        super().__init__()
+        self.heads = heads
+        self.embed = nn.Embedding(vocab, d)
+        self.norm1, self.norm2 = nn.Parameter(torch.rand(d) + 0.5), nn.Parameter(torch.rand(d) + 0.5)
+        self.qkv, self.out = nn.Linear(d, 3 * d, bias=False), nn.Linear(d, d, bias=False)
+        self.gate, self.up = nn.Linear(d, 2 * d, bias=False), nn.Linear(d, 2 * d, bias=False)
+        self.down = nn.Linear(2 * d, d, bias=False)
+        self.weight, self.bias = nn.Parameter(torch.rand(d) + 0.5), nn.Parameter(torch.randn(d) * 0.1)
+        half = d // heads // 2
+        angles = torch.outer(torch.arange(context).float(), 10000.0 ** (-torch.arange(half).float() / half))
+        self.register_buffer("cos", torch.cat([angles, angles], -1).cos())
+        self.register_buffer("sin", torch.cat([angles, angles], -1).sin())
+
+    @staticmethod
+    def rms(x, weight):
+        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+    def rotary(self, x, length):
+        first, second = x.chunk(2, -1)
+        return x * self.cos[:length] + torch.cat((-second, first), -1) * self.sin[:length]
+
+    def forward(self, ids):
+        batch, length = ids.shape
+        x = self.embed(ids)
+        q, k, v = self.qkv(self.rms(x, self.norm1)).split(x.shape[-1], -1)
+        q, k, v = (t.reshape(batch, length, self.heads, -1).transpose(1, 2) for t in (q, k, v))
+        q, k = self.rotary(q, length), self.rotary(k, length)
+        attention = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.out(attention.transpose(1, 2).reshape(batch, length, -1))
+        h = self.rms(x, self.norm2)
+        x = x + self.down(F.silu(self.gate(h)) * self.up(h))
+        centred = x - x.mean(-1, keepdim=True)
+        y = centred / torch.sqrt(centred.pow(2).mean(-1, keepdim=True) + 1e-5) * self.weight + self.bias
+        return 0.5 * y * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (y + 0.044715 * torch.pow(y, 3.0))))
+
+
+CASES = {
+    "gpt": (TinyGPT, lambda: torch.randint(0, 11, (3, 8)),
+            {"linear": 5, "attention": 1}, {"gelu": 1, "module_to_function": 3}),
+    "llama": (TinyLlama, lambda: torch.randint(0, 11, (3, 8)),
+              {"linear": 5, "attention": 1, "rms_norm": 2, "silu": 1, "layer_norm": 1, "gelu": 1}, {}),
+}
+
+
+def _convert(proto, specs, fuse: bool, monkeypatch):
+    opsets = {o.domain: o.version for o in proto.opset_import}
+    with monkeypatch.context() as patch:
+        if not fuse:
+            patch.setattr(convert_module, "fuse_graph", lambda module: None)
+        return convert_graph(proto.graph, opsets, specs, training=True)
+
+
+def _outputs_and_grads(gm, x, parameters, weights=None):
+    copies = [p.detach().clone().requires_grad_() for p in parameters]
+    out = gm(x, *copies)[0]
+    weights = torch.randn_like(out) if weights is None else weights
+    (out * weights).sum().backward()
+    return out.detach(), [c.grad for c in copies], weights
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["legacy17", "dynamo"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_fusion_fires_and_matches_the_unfused_graph(name, dynamo, monkeypatch):
+    if dynamo:
+        pytest.importorskip("onnxscript")
+    torch.manual_seed(0)
+    model_class, make_input, expected_counts, legacy_only = CASES[name]  # dynamo writes Gelu/LayerNorm as ops
+    model, x = model_class().train(), make_input()
+    proto = _export(model, x, dynamo)
+    named = dict(model.named_parameters(remove_duplicate=False))
+    names = _parameters_as_inputs(proto, named)
+    parameters = [named[n] for n in names]
+    specs = [TensorSpec(tuple(t.shape), t.dtype) for t in (x, *parameters)]
+    fused = _convert(proto, specs, True, monkeypatch)
+    unfused = _convert(proto, specs, False, monkeypatch)
+
+    counts = fused.meta["fusions"]
+    for fusion, count in {**expected_counts, **({} if dynamo else legacy_only)}.items():
+        assert counts[fusion] >= count, (fusion, counts)
+    assert len(fused.graph.nodes) < len(unfused.graph.nodes)
+    decomposed = {torch.erf, torch.tanh, torch.sqrt, torch.softmax, torch.sigmoid}
+    assert not decomposed & {n.target for n in fused.graph.nodes if n.op == "call_function"} or name == "llama" and dynamo
+
+    got, got_grads, weights = _outputs_and_grads(fused, x, parameters)
+    ref, ref_grads, _ = _outputs_and_grads(unfused, x, parameters, weights)
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got, model(x), atol=1e-5, rtol=1e-5)
+    for n, fused_grad, reference in zip(names, got_grads, ref_grads):
+        torch.testing.assert_close(fused_grad, reference, atol=1e-5, rtol=1e-4, msg=lambda m: f"{n}: {m}")
+
+
+def test_a_permute_and_its_inverse_cancel_and_permute_chains_compose(monkeypatch):
+    class Views(nn.Module):
+        def forward(self, x):
+            y = x.permute(0, 2, 3, 1).transpose(-2, -1)  # one permute (0, 2, 1, 3)
+            z = x.transpose(1, 2).transpose(1, 2)  # cancels
+            return y.reshape(2, 12, 5).reshape(2, 60) * 2, z.unsqueeze(0).reshape(2, 3, 4, 5) + 1
+
+    x = torch.randn(2, 3, 4, 5)
+    proto = _export(Views(), x, dynamo=False)
+    specs = [TensorSpec(tuple(x.shape), x.dtype)]
+    fused = _convert(proto, specs, True, monkeypatch)
+    methods = [n.target for n in fused.graph.nodes if n.op == "call_method"]
+    assert methods.count("permute") == 1 and "transpose" not in methods and methods.count("reshape") <= 1
+    for got, expected in zip(fused(x), Views()(x)):
+        torch.testing.assert_close(got, expected)
