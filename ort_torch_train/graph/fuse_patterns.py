@@ -147,7 +147,9 @@ def _layer_norm_decomposed(module: fx.GraphModule, mean: fx.Node) -> bool:
 
 def _rms_norm(module: fx.GraphModule, mean: fx.Node) -> bool:
     square = mean.args[0] if is_call(mean, torch.mean, 3) else None
-    if square is None or len(square.users) != 1 or not square.args or not isinstance(square.args[0], fx.Node):
+    if not isinstance(square, fx.Node) or len(square.users) != 1 or not square.args:
+        return False
+    if not isinstance(square.args[0], fx.Node):
         return False
     x = square.args[0]
     shape = _trailing_dims(mean, square) if _squared(square, x) else None
