@@ -140,20 +140,20 @@ def space_to_depth(x: torch.Tensor, block: int, column_row: bool) -> torch.Tenso
     return y.reshape(n, c * block**2, h // block, w // block)
 
 
-@register("DepthToSpace", since=1)
-def depth_to_space_op(node, graph, context: ConversionContext):
-    attrs = attributes(node)
-    mode = attrs.get("mode", "DCR")
-    mode = mode.decode() if isinstance(mode, bytes) else mode
-    return result(Inline(depth_to_space, attrs["blocksize"], mode == "CRD"), node)
+def _block_rearrange_op(function):
+    """A converter calling ``function(x, blocksize, column_row)``; ``mode="CRD"`` is column-row order."""
+
+    def convert(node, graph, context: ConversionContext):
+        attrs = attributes(node)
+        mode = attrs.get("mode", "DCR")
+        mode = mode.decode() if isinstance(mode, bytes) else mode
+        return result(Inline(function, attrs["blocksize"], mode == "CRD"), node)
+
+    return convert
 
 
-@register("SpaceToDepth", since=1)
-def space_to_depth_op(node, graph, context: ConversionContext):
-    attrs = attributes(node)
-    mode = attrs.get("mode", "DCR")
-    mode = mode.decode() if isinstance(mode, bytes) else mode
-    return result(Inline(space_to_depth, attrs["blocksize"], mode == "CRD"), node)
+register("DepthToSpace", since=1)(_block_rearrange_op(depth_to_space))
+register("SpaceToDepth", since=1)(_block_rearrange_op(space_to_depth))
 
 
 def compress(x: torch.Tensor, condition: torch.Tensor, axis: int | None) -> torch.Tensor:
