@@ -1,0 +1,185 @@
+"""RNN, GRU and LSTM (opset 7 to 22), trainable.
+
+torch's fused recurrent kernels run the nodes whose semantics they share (default activations, no
+clip, peepholes, input_forget or sequence_lens, GRU with ``linear_before_reset=1``), with the ONNX
+weights' gate blocks re-ordered on the fly (GRU ``zrh`` -> torch ``rzn``, LSTM ``iofc`` -> ``ifco``);
+every other node runs the per-timestep loop of ``rnn_cells``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import _VF, nn
+
+from ort_torch_train.errors import UnsupportedOperatorError
+
+from .common import attributes, has_input, result
+from .registry import ConversionContext, register
+from .rnn_cells import ActivationSpec, activation_specs, recurrent_direction
+
+_DEFAULT_ACTIVATIONS = {"RNN": ("Tanh",), "GRU": ("Sigmoid", "Tanh"), "LSTM": ("Sigmoid", "Tanh", "Tanh")}
+_TORCH_GATE_ORDER = {"RNN": (0,), "GRU": (1, 0, 2), "LSTM": (0, 2, 3, 1)}
+_DIRECTIONS = ("forward", "reverse", "bidirectional")
+
+
+@dataclass(frozen=True)
+class RecurrentConfig:
+    """What a converted RNN/GRU/LSTM node computes, read from its attributes and present inputs."""
+
+    op_type: str
+    direction: str
+    layout: int
+    activations: tuple[ActivationSpec, ...]  # per direction, forward first
+    clip: float | None
+    linear_before_reset: bool
+    input_forget: bool
+    outputs: int
+    fused: bool
+
+    @property
+    def num_directions(self) -> int:
+        return 2 if self.direction == "bidirectional" else 1
+
+
+class Recurrent(nn.Module):
+    """An ONNX RNN/GRU/LSTM node: returns ``Y, Y_h[, Y_c]`` (as many as the node has outputs)."""
+
+    def __init__(self, config: RecurrentConfig):
+        super().__init__()
+        self.config = config
+
+    def forward(self, x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p=None):
+        return recurrent(x, w, r, b, sequence_lens, initial_h, initial_c, p, config=self.config)
+
+
+def recurrent(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    r: torch.Tensor,
+    b: torch.Tensor | None,
+    sequence_lens: torch.Tensor | None,
+    initial_h: torch.Tensor | None,
+    initial_c: torch.Tensor | None,
+    p: torch.Tensor | None,
+    *,
+    config: RecurrentConfig,
+) -> torch.Tensor | tuple[torch.Tensor | None, ...]:
+    """ONNX RNN/GRU/LSTM on ONNX-layout tensors."""
+    if config.layout == 1:  # batch-major: compute in sequence-major
+        x = x.transpose(0, 1)
+        initial_h = None if initial_h is None else initial_h.transpose(0, 1)
+        initial_c = None if initial_c is None else initial_c.transpose(0, 1)
+    states = (config.num_directions, x.shape[1], r.shape[-1])
+    h0 = x.new_zeros(states) if initial_h is None else initial_h
+    c0 = None if config.op_type != "LSTM" else (x.new_zeros(states) if initial_c is None else initial_c)
+    if config.fused:
+        y, y_h, y_c = _fused(config, x, w, r, b, h0, c0)
+    else:
+        y, y_h, y_c = _looped(config, x, w, r, b, sequence_lens, h0, c0, p)
+    if config.layout == 1:
+        y = y.permute(2, 0, 1, 3)
+        y_h = y_h.transpose(0, 1)
+        y_c = None if y_c is None else y_c.transpose(0, 1)
+    return y if config.outputs == 1 else (y, y_h, y_c)[: config.outputs]
+
+
+def _reorder(tensor: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:
+    if len(order) == 1:
+        return tensor
+    blocks = tensor.chunk(len(order))
+    return torch.cat([blocks[i] for i in order])
+
+
+def _fused(config: RecurrentConfig, x, w, r, b, h0, c0):
+    """torch's fused kernel; Y as ``[seq, directions, batch, hidden]``."""
+    order = _TORCH_GATE_ORDER[config.op_type]
+    weights = []
+    for d in range(config.num_directions):
+        weights += [_reorder(w[d], order), _reorder(r[d], order)]
+        if b is not None:
+            weights += [_reorder(bias, order) for bias in b[d].chunk(2)]
+    reverse = config.direction == "reverse"
+    if reverse:
+        x = x.flip(0)
+    args = (weights, b is not None, 1, 0.0, torch.is_grad_enabled(), config.num_directions == 2, False)
+    y_c = None
+    if config.op_type == "LSTM":
+        y, y_h, y_c = _VF.lstm(x, (h0, c0), *args)
+    elif config.op_type == "GRU":
+        y, y_h = _VF.gru(x, h0, *args)
+    else:
+        kernel = _VF.rnn_relu if config.activations[0].name == "relu" else _VF.rnn_tanh
+        y, y_h = kernel(x, h0, *args)
+    if reverse:
+        y = y.flip(0)
+    return y.view(x.shape[0], x.shape[1], config.num_directions, -1).transpose(1, 2), y_h, y_c
+
+
+def _looped(config: RecurrentConfig, x, w, r, b, sequence_lens, h0, c0, p):
+    """The per-timestep loop, one direction after the other."""
+    per_direction = len(_DEFAULT_ACTIVATIONS[config.op_type])
+    lengths = None if sequence_lens is None else sequence_lens.to(device=x.device, dtype=torch.int64)
+    ys, hs, cs = [], [], []
+    for d in range(config.num_directions):
+        y, h, c = recurrent_direction(
+            config.op_type, x, w[d], r[d], None if b is None else b[d], h0[d], None if c0 is None else c0[d],
+            None if p is None else p[d], lengths,
+            reverse=config.direction == "reverse" or d == 1,
+            activations=config.activations[d * per_direction:(d + 1) * per_direction],
+            clip=config.clip,
+            linear_before_reset=config.linear_before_reset,
+            input_forget=config.input_forget,
+        )
+        ys.append(y)
+        hs.append(h)
+        cs.append(c)
+    return torch.stack(ys, 1), torch.stack(hs), None if c0 is None else torch.stack(cs)
+
+
+def _floats(value) -> list[float]:
+    return [float(v) for v in value] if isinstance(value, list) else []
+
+
+def recurrent_config(node) -> RecurrentConfig:
+    """The node's attributes and present inputs, checked."""
+    op_type, attrs = node.operation_type, attributes(node)
+    direction = attrs.get("direction", "forward")
+    if direction not in _DIRECTIONS:
+        raise UnsupportedOperatorError(f"{op_type}: attribute direction={direction!r}, expected one of {_DIRECTIONS}")
+    directions = 2 if direction == "bidirectional" else 1
+    defaults = _DEFAULT_ACTIVATIONS[op_type]
+    names = attrs.get("activations") if isinstance(attrs.get("activations"), list) else list(defaults) * directions
+    if len(names) == len(defaults) and directions == 2:
+        names = names * 2
+    if len(names) < len(defaults) * directions:
+        raise UnsupportedOperatorError(
+            f"{op_type}: attribute activations={names} has {len(names)} functions, "
+            f"expected {len(defaults)} per direction ({direction})")
+    names = names[: len(defaults) * directions]
+    activations = tuple(activation_specs(op_type, names, _floats(attrs.get("activation_alpha")),
+                                         _floats(attrs.get("activation_beta"))))
+    clip = attrs.get("clip")
+    clip = float(clip) if isinstance(clip, (int, float)) else None
+    linear_before_reset = bool(attrs.get("linear_before_reset", 0))
+    input_forget = bool(attrs.get("input_forget", 0))
+    default_kinds = [name.lower() for name in defaults] * directions
+    kinds = [spec.name for spec in activations]
+    fused = (
+        (kinds == default_kinds or (op_type == "RNN" and kinds == ["relu"] * directions))
+        and clip is None
+        and not input_forget
+        and not has_input(node, 4)  # sequence_lens
+        and not has_input(node, 7)  # peepholes
+        and (op_type != "GRU" or linear_before_reset)
+    )
+    return RecurrentConfig(op_type, direction, int(attrs.get("layout", 0)), activations, clip, linear_before_reset,
+                           input_forget, len(node.output_values), fused)
+
+
+@register("RNN", since=7)
+@register("GRU", since=7)
+@register("LSTM", since=7)
+def recurrent_op(node, graph, context: ConversionContext):
+    return result(Recurrent(recurrent_config(node)), node)
