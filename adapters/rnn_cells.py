@@ -2,8 +2,9 @@
 
 ONNX semantics (gate orders: GRU ``zrh``, LSTM ``iofc``): any activations, ``clip`` on the gate
 pre-activations, LSTM peepholes and ``input_forget``, GRU ``linear_before_reset=0`` and per-batch
-``sequence_lens`` (steps past a sequence's length keep its state and output zeros). Tensors are in
-layout 0: ``x [seq, batch, input]``, states ``[batch, hidden]`` per direction.
+``sequence_lens`` (steps past a sequence's length keep its state and output zeros; an empty
+sequence ends in zero states, as in onnxruntime). Tensors are in layout 0: ``x [seq, batch, input]``,
+states ``[batch, hidden]`` per direction.
 """
 
 from __future__ import annotations
@@ -116,6 +117,10 @@ def recurrent_direction(
             c = _keep(mask, new_c, c)
         h = _keep(mask, new_h, h)
         outputs[step] = _keep(mask, new_h, zeros)
+    if lengths is not None:  # as onnxruntime: an empty sequence's final states are zeros
+        empty = (lengths == 0).unsqueeze(-1)
+        h = torch.where(empty, zeros, h)
+        c = None if c is None else torch.where(empty, zeros, c)
     return torch.stack(outputs), h, c
 
 

@@ -28,7 +28,7 @@ def rnn_inputs(op_type: str, directions: int, *, bias=True, lengths=False, initi
         rand(directions, gates * HIDDEN, INPUT, seed=2) * 0.5,
         rand(directions, gates * HIDDEN, HIDDEN, seed=3) * 0.5,
         rand(directions, 2 * gates * HIDDEN, seed=4) * 0.5 if bias else None,
-        np.array([5, 2, 4], dtype=np.int32) if lengths else None,
+        np.array([5, 0, 2], dtype=np.int32) if lengths else None,
         rand(*state, seed=5) if initial else None,
     ]
     if op_type == "LSTM":
