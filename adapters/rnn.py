@@ -3,7 +3,8 @@
 torch's fused recurrent kernels run the nodes whose semantics they share (default activations, no
 clip, peepholes, input_forget or sequence_lens, GRU with ``linear_before_reset=1``), with the ONNX
 weights' gate blocks re-ordered on the fly (GRU ``zrh`` -> torch ``rzn``, LSTM ``iofc`` -> ``ifco``);
-every other node runs the per-timestep loop of ``rnn_cells``.
+every other node runs the per-timestep loop of ``rnn_cells``. onnxruntime-training's forward nodes
+``com.microsoft::GRUTraining``/``LSTMTraining`` (in ORT-made training models) convert the same way.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from torch import _VF, nn
 from ort_torch_train.errors import UnsupportedOperatorError
 
 from .common import attributes, has_input, result
-from .registry import ConversionContext, register
+from .registry import MICROSOFT, ConversionContext, register
 from .rnn_cells import ActivationSpec, activation_specs, recurrent_direction
 
 _DEFAULT_ACTIVATIONS = {"RNN": ("Tanh",), "GRU": ("Sigmoid", "Tanh"), "LSTM": ("Sigmoid", "Tanh", "Tanh")}
@@ -35,7 +36,8 @@ class RecurrentConfig:
     clip: float | None
     linear_before_reset: bool
     input_forget: bool
-    outputs: int
+    outputs: int  # Y, Y_h[, Y_c] wanted
+    extra_outputs: int  # outputs only an ORT gradient node reads (GRUTraining/LSTMTraining): None
     fused: bool
 
     @property
@@ -82,7 +84,9 @@ def recurrent(
         y = y.permute(2, 0, 1, 3)
         y_h = y_h.transpose(0, 1)
         y_c = None if y_c is None else y_c.transpose(0, 1)
-    return y if config.outputs == 1 else (y, y_h, y_c)[: config.outputs]
+    if config.outputs == 1 and not config.extra_outputs:
+        return y
+    return (y, y_h, y_c)[: config.outputs] + (None,) * config.extra_outputs
 
 
 def _reorder(tensor: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:
@@ -142,9 +146,9 @@ def _floats(value) -> list[float]:
     return [float(v) for v in value] if isinstance(value, list) else []
 
 
-def recurrent_config(node) -> RecurrentConfig:
+def recurrent_config(node, op_type: str) -> RecurrentConfig:
     """The node's attributes and present inputs, checked."""
-    op_type, attrs = node.operation_type, attributes(node)
+    attrs = attributes(node)
     direction = attrs.get("direction", "forward")
     if direction not in _DIRECTIONS:
         raise UnsupportedOperatorError(f"{op_type}: attribute direction={direction!r}, expected one of {_DIRECTIONS}")
@@ -174,12 +178,20 @@ def recurrent_config(node) -> RecurrentConfig:
         and not has_input(node, 7)  # peepholes
         and (op_type != "GRU" or linear_before_reset)
     )
+    standard = min(len(node.output_values), 3 if op_type == "LSTM" else 2)
     return RecurrentConfig(op_type, direction, int(attrs.get("layout", 0)), activations, clip, linear_before_reset,
-                           input_forget, len(node.output_values), fused)
+                           input_forget, standard, len(node.output_values) - standard, fused)
 
 
 @register("RNN", since=7)
 @register("GRU", since=7)
 @register("LSTM", since=7)
 def recurrent_op(node, graph, context: ConversionContext):
-    return result(Recurrent(recurrent_config(node)), node)
+    return result(Recurrent(recurrent_config(node, node.operation_type)), node)
+
+
+@register("GRUTraining", domain=MICROSOFT)
+@register("LSTMTraining", domain=MICROSOFT)
+def recurrent_training_op(node, graph, context: ConversionContext):
+    """ORT's forward GRU/LSTM: the ONNX op, plus gate/cell intermediates for its gradient node (autograd here)."""
+    return result(Recurrent(recurrent_config(node, node.operation_type.removesuffix("Training"))), node)
