@@ -134,3 +134,10 @@ def test_gradients(op_type, attrs, input_options):
     directions = 2 if attrs["direction"] == "bidirectional" else 1
     inputs = rnn_inputs(op_type, directions, **input_options)
     check_gradients(op_type, inputs, opset=14, hidden_size=HIDDEN, **attrs)
+
+
+@pytest.mark.parametrize("op_type", ["RNN", "GRU", "LSTM"])
+def test_opset_7_matches_onnxruntime(op_type):
+    pytest.importorskip("onnxruntime")
+    inputs = rnn_inputs(op_type, 1, initial=True, lengths=True)
+    check(op_type, inputs, outputs=_outputs(op_type), opset=7, atol=1e-5, reference="ort", hidden_size=HIDDEN)
