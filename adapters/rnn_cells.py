@@ -17,8 +17,6 @@ import torch.nn.functional as F
 
 from ort_torch_train.errors import UnsupportedOperatorError
 
-Activation = Callable[[torch.Tensor], torch.Tensor]
-
 # name -> (function of (x, alpha, beta), default alpha or None if unused, default beta or None if unused)
 _ACTIVATIONS: dict[str, tuple[Callable[..., torch.Tensor], float | None, float | None]] = {
     "sigmoid": (lambda x, a, b: torch.sigmoid(x), None, None),

@@ -32,7 +32,8 @@ def rnn_inputs(op_type: str, directions: int, *, bias=True, lengths=False, initi
         rand(*state, seed=5) if initial else None,
     ]
     if op_type == "LSTM":
-        values += [rand(*state, seed=6) if initial else None, rand(directions, 3 * HIDDEN, seed=7) if peepholes else None]
+        values += [rand(*state, seed=6) if initial else None,
+                   rand(directions, 3 * HIDDEN, seed=7) if peepholes else None]
     while values[-1] is None:
         values.pop()
     return [None if v is None else (v.astype(dtype) if v.dtype.kind == "f" else v) for v in values]

@@ -50,7 +50,10 @@ class LSTMClassifier(nn.Module):
 
 def _data(name: str) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(3)
-    x = torch.randint(0, 12, (4, 6), generator=generator) if name == "gru" else torch.randn(4, 6, 5, generator=generator)
+    if name == "gru":
+        x = torch.randint(0, 12, (4, 6), generator=generator)
+    else:
+        x = torch.randn(4, 6, 5, generator=generator)
     return x, torch.randint(0, 3, (4,), generator=generator)
 
 

@@ -82,8 +82,8 @@ def test_ort_made_artifacts_train_with_orts_losses(kind: type[nn.Module], tmp_pa
 
     training_model = onnx.load(tmp_path / "training_model.onnx")
     assert f"{kind.__name__}Training" in {node.op_type for node in training_model.graph.node}
-    module = Module(str(tmp_path / "training_model.onnx"), CheckpointState.load_checkpoint(str(tmp_path / "checkpoint")),
-                    str(tmp_path / "eval_model.onnx"))
+    state = CheckpointState.load_checkpoint(str(tmp_path / "checkpoint"))
+    module = Module(str(tmp_path / "training_model.onnx"), state, str(tmp_path / "eval_model.onnx"))
     optimizer = Optimizer(str(tmp_path / "optimizer_model.onnx"), module)
     optimizer.set_learning_rate(LEARNING_RATE)
     losses = []
