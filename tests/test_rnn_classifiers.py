@@ -120,6 +120,11 @@ def test_classifier_trains_like_plain_pytorch(name: str, exporter: str, tmp_path
         optimizer.step()
         module.lazy_reset_grad()
 
+    module.eval()
+    eval_loss = float(module(x.numpy(), y.numpy()))
+
     expected = _train_in_torch(reference, x, y, _adamw_attributes(tmp_path / "optimizer_model.onnx"))
     assert losses[-1] < losses[0], losses
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), atol=1e-5, rtol=0)
+    with torch.no_grad():
+        assert abs(eval_loss - F.cross_entropy(reference.eval()(x), y).item()) < 1e-5
