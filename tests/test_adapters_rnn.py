@@ -142,3 +142,18 @@ def test_opset_7_matches_onnxruntime(op_type):
     pytest.importorskip("onnxruntime")
     inputs = rnn_inputs(op_type, 1, initial=True, lengths=True)
     check(op_type, inputs, outputs=_outputs(op_type), opset=7, atol=1e-5, reference="ort", hidden_size=HIDDEN)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "looped"])
+@pytest.mark.parametrize("op_type", ["GRU", "LSTM"])
+def test_gradients_of_every_output(op_type, fused):
+    """gradcheck (float64) of Y, Y_h (and Y_c) w.r.t. X, W, R, B and the initial states."""
+    inputs = rnn_inputs(op_type, 2, initial=True, dtype=np.float64)
+    attrs = {"linear_before_reset": 1} if op_type == "GRU" else {}
+    model = one_node_model(op_type, inputs, outputs=_outputs(op_type), opset=14, hidden_size=HIDDEN,
+                           direction="bidirectional", **attrs)
+    gm, tensors = convert_model(model, inputs, training=True)
+    (node,) = [m for m in gm.modules() if isinstance(m, Recurrent)]
+    node.config = dataclasses.replace(node.config, fused=fused)
+    leaves = [t.requires_grad_() for t in tensors]
+    assert torch.autograd.gradcheck(lambda *args: tuple(gm(*args)), leaves, eps=1e-6, atol=1e-5)
