@@ -16,13 +16,14 @@ from torch import _VF, nn
 
 from ort_torch_train.errors import UnsupportedOperatorError
 
-from .common import attributes, has_input, result
+from .common import attributes, has_input, input_shape, result
 from .registry import MICROSOFT, ConversionContext, register
 from .rnn_cells import ActivationSpec, activation_specs, recurrent_direction
 
 _DEFAULT_ACTIVATIONS = {"RNN": ("Tanh",), "GRU": ("Sigmoid", "Tanh"), "LSTM": ("Sigmoid", "Tanh", "Tanh")}
 _TORCH_GATE_ORDER = {"RNN": (0,), "GRU": (1, 0, 2), "LSTM": (0, 2, 3, 1)}
 _DIRECTIONS = ("forward", "reverse", "bidirectional")
+_INPUTS = ("X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P")
 
 
 @dataclass(frozen=True)
@@ -183,15 +184,44 @@ def recurrent_config(node, op_type: str) -> RecurrentConfig:
                            input_forget, standard, len(node.output_values) - standard, fused)
 
 
+def check_shapes(node, graph, config: RecurrentConfig) -> None:
+    """Raise ValueError naming the first input whose shape does not fit X, R and the attributes."""
+    op_type = config.op_type
+    shapes = {name: input_shape(node, graph, i) for i, name in enumerate(_INPUTS) if has_input(node, i)}
+    for name in ("X", "R"):
+        if len(shapes[name]) != 3:
+            raise ValueError(f"{op_type}: input {name} must have rank 3, got shape {list(shapes[name])}")
+    x, hidden = shapes["X"], shapes["R"][-1]
+    batch, features = (x[0] if config.layout else x[1]), x[2]
+    directions, gates = config.num_directions, len(_TORCH_GATE_ORDER[op_type])
+    state = (batch, directions, hidden) if config.layout else (directions, batch, hidden)
+    expected = {"W": (directions, gates * hidden, features), "R": (directions, gates * hidden, hidden),
+                "B": (directions, 2 * gates * hidden), "sequence_lens": (batch,), "initial_h": state,
+                "initial_c": state, "P": (directions, 3 * hidden)}
+    size = attributes(node).get("hidden_size", hidden)
+    if size != hidden:
+        raise ValueError(f"{op_type}: attribute hidden_size={size} but input R has hidden size {hidden}")
+    for name, shape in expected.items():
+        if name in shapes and tuple(shapes[name]) != shape:
+            raise ValueError(f"{op_type}: input {name} must have shape {list(shape)} (direction={config.direction}, "
+                             f"layout={config.layout}, X {list(x)}, hidden {hidden}), got {list(shapes[name])}")
+
+
+def _convert(node, graph, op_type: str):
+    config = recurrent_config(node, op_type)
+    check_shapes(node, graph, config)
+    return result(Recurrent(config), node)
+
+
 @register("RNN", since=7)
 @register("GRU", since=7)
 @register("LSTM", since=7)
 def recurrent_op(node, graph, context: ConversionContext):
-    return result(Recurrent(recurrent_config(node, node.operation_type)), node)
+    return _convert(node, graph, node.operation_type)
 
 
 @register("GRUTraining", domain=MICROSOFT)
 @register("LSTMTraining", domain=MICROSOFT)
 def recurrent_training_op(node, graph, context: ConversionContext):
     """ORT's forward GRU/LSTM: the ONNX op, plus gate/cell intermediates for its gradient node (autograd here)."""
-    return result(Recurrent(recurrent_config(node, node.operation_type.removesuffix("Training"))), node)
+    return _convert(node, graph, node.operation_type.removesuffix("Training"))

@@ -11,7 +11,7 @@ import torch
 
 from adapter_harness import check, check_gradients, convert_model, one_node_model, rand
 from ort_torch_train.adapters.rnn import Recurrent
-from ort_torch_train.errors import UnsupportedOperatorError
+from ort_torch_train.errors import ModelError, UnsupportedOperatorError
 
 SEQ, BATCH, INPUT, HIDDEN = 5, 3, 4, 3
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
@@ -157,3 +157,11 @@ def test_gradients_of_every_output(op_type, fused):
     node.config = dataclasses.replace(node.config, fused=fused)
     leaves = [t.requires_grad_() for t in tensors]
     assert torch.autograd.gradcheck(lambda *args: tuple(gm(*args)), leaves, eps=1e-6, atol=1e-5)
+
+
+def test_a_misshapen_weight_is_named():
+    inputs = rnn_inputs("LSTM", 1)
+    inputs[2] = inputs[2][:, :, :2]  # R with hidden 2 while W has 4 * 3 rows
+    model = one_node_model("LSTM", inputs, outputs=3, opset=14)
+    with pytest.raises(ModelError, match=r"LSTM: input W must have shape \[1, 8, 4\].*got \[1, 12, 4\]"):
+        convert_model(model, inputs)
