@@ -24,6 +24,7 @@ from . import (  # noqa: E402,F401  (registers converters)
     pooling,
     reduce,
     resize,
+    rnn,
     sequences,
     shape_ops,
     tensor_ops,

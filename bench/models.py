@@ -33,6 +33,19 @@ class PooledEncoder(nn.Module):
         return self.head(self.encoder(x).mean(dim=1))
 
 
+class LastStepRecurrent(nn.Module):
+    """A batch-first GRU or LSTM + Linear head on the last time step's output."""
+
+    def __init__(self, kind: type[nn.GRU] | type[nn.LSTM], features: int, hidden: int, classes: int,
+                 bidirectional: bool = False) -> None:
+        super().__init__()
+        self.rnn = kind(features, hidden, batch_first=True, bidirectional=bidirectional)
+        self.head = nn.Linear(hidden * (2 if bidirectional else 1), classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.rnn(x)[0][:, -1])
+
+
 @dataclass(frozen=True)
 class BenchModel:
     """One benchmark model: how to build it, its batch, and default step counts per round."""
@@ -82,6 +95,14 @@ def _encoder() -> nn.Module:
     return PooledEncoder(d_model=256, nhead=4, dim_feedforward=1024, layers=4, classes=4)
 
 
+def _gru() -> nn.Module:
+    return LastStepRecurrent(nn.GRU, 16, 32, 4)
+
+
+def _lstm() -> nn.Module:
+    return LastStepRecurrent(nn.LSTM, 16, 32, 4)  # forward: ORT 1.19.2 trains no bidirectional LSTM
+
+
 MODELS: dict[str, BenchModel] = {m.name: m for m in [
     BenchModel("mlp", "Linear(20,32)-ReLU-Linear(32,5)", _mlp, (20,), 64, 5, steps=1000, warmup=100),
     BenchModel("cnn", "Conv2d(1,4,3)-ReLU-MaxPool2d(2)-Flatten-Linear(100,10)", _cnn, (1, 12, 12), 64, 10,
@@ -90,4 +111,8 @@ MODELS: dict[str, BenchModel] = {m.name: m for m in [
                _tinyformer, (12, 16), 16, 4, steps=300, warmup=30),
     BenchModel("encoder", "TransformerEncoder(4 layers, d256, 4 heads, ff 1024) + mean-pool + Linear(256,4)",
                _encoder, (128, 256), 16, 4, steps=4, warmup=3),
+    BenchModel("gru", "GRU(16,32) over 20 steps + last step + Linear(32,4)", _gru, (20, 16), 32, 4,
+               steps=200, warmup=20),
+    BenchModel("lstm", "LSTM(16,32) over 20 steps + last step + Linear(32,4)", _lstm, (20, 16), 32, 4,
+               steps=200, warmup=20),
 ]}

@@ -107,7 +107,8 @@ def generate_artifacts(
             "`python -m onnxruntime.tools.convert_onnx_models_to_ort` where ORT-format models are needed")
     if custom_op_library is not None:
         raise NotImplementedError("custom_op_library is not supported: custom operator libraries cannot run in "
-                                  "PyTorch; every operator must have a converter (see adapters/)")
+                                  "PyTorch; register a torch converter for each custom operator with "
+                                  "ort_torch_train.adapters.register (docs/converters.md)")
     directory = Path.cwd() if artifact_directory is None else Path(os.fsdecode(artifact_directory))
     if directory.exists() and not directory.is_dir():
         raise NotADirectoryError(f"artifact_directory {str(directory)!r} is a file, expected a directory")

@@ -24,7 +24,7 @@ from torch import fx, nn
 
 from ort_torch_train.adapters.common import Inline
 from ort_torch_train.dtypes import onnx_elem_type, tensor_from_proto, tensor_to_proto, torch_dtype
-from ort_torch_train.errors import ModelError
+from ort_torch_train.errors import ModelError, UnsupportedOperatorError
 from ort_torch_train.graph.converters import converter_for
 from ort_torch_train.graph.fuse import fuse_graph
 from ort_torch_train.graph.op_traits import (
@@ -281,7 +281,8 @@ def _make_module(builder: _Builder, node: onnx.NodeProto, inputs: list[_Value | 
     try:
         module, mapping = convert(node, context_graph)
     except Exception as exc:
-        raise ModelError(
+        kind = UnsupportedOperatorError if isinstance(exc, UnsupportedOperatorError) else ModelError
+        raise kind(
             f"cannot convert node {node.name!r} ({domain or 'ai.onnx'}::{node.op_type}, opset {opset}): {exc}"
         ) from exc
     return module, tuple(mapping.inputs)

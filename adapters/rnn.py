@@ -1,0 +1,227 @@
+"""RNN, GRU and LSTM (opset 7 to 22), trainable.
+
+torch's fused recurrent kernels run the nodes whose semantics they share (default activations, no
+clip, peepholes, input_forget or sequence_lens, GRU with ``linear_before_reset=1``), with the ONNX
+weights' gate blocks re-ordered on the fly (GRU ``zrh`` -> torch ``rzn``, LSTM ``iofc`` -> ``ifco``);
+every other node runs the per-timestep loop of ``rnn_cells``. onnxruntime-training's forward nodes
+``com.microsoft::GRUTraining``/``LSTMTraining`` (in ORT-made training models) convert the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import _VF, nn
+
+from ort_torch_train.errors import UnsupportedOperatorError
+
+from .common import attributes, has_input, input_shape, result
+from .registry import MICROSOFT, ConversionContext, register
+from .rnn_cells import ActivationSpec, activation_specs, recurrent_direction
+
+_DEFAULT_ACTIVATIONS = {"RNN": ("Tanh",), "GRU": ("Sigmoid", "Tanh"), "LSTM": ("Sigmoid", "Tanh", "Tanh")}
+_TORCH_GATE_ORDER = {"RNN": (0,), "GRU": (1, 0, 2), "LSTM": (0, 2, 3, 1)}
+_DIRECTIONS = ("forward", "reverse", "bidirectional")
+_INPUTS = ("X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P")
+
+
+@dataclass(frozen=True)
+class RecurrentConfig:
+    """What a converted RNN/GRU/LSTM node computes, read from its attributes and present inputs."""
+
+    op_type: str
+    direction: str
+    layout: int
+    activations: tuple[ActivationSpec, ...]  # per direction, forward first
+    clip: float | None
+    linear_before_reset: bool
+    input_forget: bool
+    outputs: int  # Y, Y_h[, Y_c] wanted
+    extra_outputs: int  # outputs only an ORT gradient node reads (GRUTraining/LSTMTraining): None
+    fused: bool
+
+    @property
+    def num_directions(self) -> int:
+        return 2 if self.direction == "bidirectional" else 1
+
+
+class Recurrent(nn.Module):
+    """An ONNX RNN/GRU/LSTM node: returns ``Y, Y_h[, Y_c]`` (as many as the node has outputs)."""
+
+    def __init__(self, config: RecurrentConfig):
+        super().__init__()
+        self.config = config
+
+    def forward(self, x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p=None):
+        return recurrent(x, w, r, b, sequence_lens, initial_h, initial_c, p, config=self.config)
+
+
+def recurrent(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    r: torch.Tensor,
+    b: torch.Tensor | None,
+    sequence_lens: torch.Tensor | None,
+    initial_h: torch.Tensor | None,
+    initial_c: torch.Tensor | None,
+    p: torch.Tensor | None,
+    *,
+    config: RecurrentConfig,
+) -> torch.Tensor | tuple[torch.Tensor | None, ...]:
+    """ONNX RNN/GRU/LSTM on ONNX-layout tensors."""
+    if config.layout == 1:  # batch-major: compute in sequence-major
+        x = x.transpose(0, 1)
+        initial_h = None if initial_h is None else initial_h.transpose(0, 1)
+        initial_c = None if initial_c is None else initial_c.transpose(0, 1)
+    states = (config.num_directions, x.shape[1], r.shape[-1])
+    h0 = x.new_zeros(states) if initial_h is None else initial_h
+    c0 = None if config.op_type != "LSTM" else (x.new_zeros(states) if initial_c is None else initial_c)
+    if config.fused:
+        y, y_h, y_c = _fused(config, x, w, r, b, h0, c0)
+    else:
+        y, y_h, y_c = _looped(config, x, w, r, b, sequence_lens, h0, c0, p)
+    if config.layout == 1:
+        y = y.permute(2, 0, 1, 3)
+        y_h = y_h.transpose(0, 1)
+        y_c = None if y_c is None else y_c.transpose(0, 1)
+    if config.outputs == 1 and not config.extra_outputs:
+        return y
+    return (y, y_h, y_c)[: config.outputs] + (None,) * config.extra_outputs
+
+
+def _reorder(tensor: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:
+    if len(order) == 1:
+        return tensor
+    blocks = tensor.chunk(len(order))
+    return torch.cat([blocks[i] for i in order])
+
+
+def _fused(config: RecurrentConfig, x, w, r, b, h0, c0):
+    """torch's fused kernel; Y as ``[seq, directions, batch, hidden]``."""
+    order = _TORCH_GATE_ORDER[config.op_type]
+    weights = []
+    for d in range(config.num_directions):
+        weights += [_reorder(w[d], order), _reorder(r[d], order)]
+        if b is not None:
+            weights += [_reorder(bias, order) for bias in b[d].chunk(2)]
+    reverse = config.direction == "reverse"
+    if reverse:
+        x = x.flip(0)
+    args = (weights, b is not None, 1, 0.0, torch.is_grad_enabled(), config.num_directions == 2, False)
+    y_c = None
+    if config.op_type == "LSTM":
+        y, y_h, y_c = _VF.lstm(x, (h0, c0), *args)
+    elif config.op_type == "GRU":
+        y, y_h = _VF.gru(x, h0, *args)
+    else:
+        kernel = _VF.rnn_relu if config.activations[0].name == "relu" else _VF.rnn_tanh
+        y, y_h = kernel(x, h0, *args)
+    if reverse:
+        y = y.flip(0)
+    return y.view(x.shape[0], x.shape[1], config.num_directions, -1).transpose(1, 2), y_h, y_c
+
+
+def _looped(config: RecurrentConfig, x, w, r, b, sequence_lens, h0, c0, p):
+    """The per-timestep loop, one direction after the other."""
+    per_direction = len(_DEFAULT_ACTIVATIONS[config.op_type])
+    lengths = None if sequence_lens is None else sequence_lens.to(device=x.device, dtype=torch.int64)
+    ys, hs, cs = [], [], []
+    for d in range(config.num_directions):
+        y, h, c = recurrent_direction(
+            config.op_type, x, w[d], r[d], None if b is None else b[d], h0[d], None if c0 is None else c0[d],
+            None if p is None else p[d], lengths,
+            reverse=config.direction == "reverse" or d == 1,
+            activations=config.activations[d * per_direction:(d + 1) * per_direction],
+            clip=config.clip,
+            linear_before_reset=config.linear_before_reset,
+            input_forget=config.input_forget,
+        )
+        ys.append(y)
+        hs.append(h)
+        cs.append(c)
+    return torch.stack(ys, 1), torch.stack(hs), None if c0 is None else torch.stack(cs)
+
+
+def _floats(value) -> list[float]:
+    return [float(v) for v in value] if isinstance(value, list) else []
+
+
+def recurrent_config(node, op_type: str) -> RecurrentConfig:
+    """The node's attributes and present inputs, checked."""
+    attrs = attributes(node)
+    direction = attrs.get("direction", "forward")
+    if direction not in _DIRECTIONS:
+        raise UnsupportedOperatorError(f"{op_type}: attribute direction={direction!r}, expected one of {_DIRECTIONS}")
+    directions = 2 if direction == "bidirectional" else 1
+    defaults = _DEFAULT_ACTIVATIONS[op_type]
+    names = attrs.get("activations") if isinstance(attrs.get("activations"), list) else list(defaults) * directions
+    if len(names) == len(defaults) and directions == 2:
+        names = names * 2
+    if len(names) < len(defaults) * directions:
+        raise UnsupportedOperatorError(
+            f"{op_type}: attribute activations={names} has {len(names)} functions, "
+            f"expected {len(defaults)} per direction ({direction})")
+    names = names[: len(defaults) * directions]
+    activations = tuple(activation_specs(op_type, names, _floats(attrs.get("activation_alpha")),
+                                         _floats(attrs.get("activation_beta"))))
+    clip = attrs.get("clip")
+    clip = float(clip) if isinstance(clip, (int, float)) else None
+    linear_before_reset = bool(attrs.get("linear_before_reset", 0))
+    input_forget = bool(attrs.get("input_forget", 0))
+    default_kinds = [name.lower() for name in defaults] * directions
+    kinds = [spec.name for spec in activations]
+    fused = (
+        (kinds == default_kinds or (op_type == "RNN" and kinds == ["relu"] * directions))
+        and clip is None
+        and not input_forget
+        and not has_input(node, 4)  # sequence_lens
+        and not has_input(node, 7)  # peepholes
+        and (op_type != "GRU" or linear_before_reset)
+    )
+    standard = min(len(node.output_values), 3 if op_type == "LSTM" else 2)
+    return RecurrentConfig(op_type, direction, int(attrs.get("layout", 0)), activations, clip, linear_before_reset,
+                           input_forget, standard, len(node.output_values) - standard, fused)
+
+
+def check_shapes(node, graph, config: RecurrentConfig) -> None:
+    """Raise ValueError naming the first input whose shape does not fit X, R and the attributes."""
+    op_type = config.op_type
+    shapes = {name: input_shape(node, graph, i) for i, name in enumerate(_INPUTS) if has_input(node, i)}
+    for name in ("X", "R"):
+        if len(shapes[name]) != 3:
+            raise ValueError(f"{op_type}: input {name} must have rank 3, got shape {list(shapes[name])}")
+    x, hidden = shapes["X"], shapes["R"][-1]
+    batch, features = (x[0] if config.layout else x[1]), x[2]
+    directions, gates = config.num_directions, len(_TORCH_GATE_ORDER[op_type])
+    state = (batch, directions, hidden) if config.layout else (directions, batch, hidden)
+    expected = {"W": (directions, gates * hidden, features), "R": (directions, gates * hidden, hidden),
+                "B": (directions, 2 * gates * hidden), "sequence_lens": (batch,), "initial_h": state,
+                "initial_c": state, "P": (directions, 3 * hidden)}
+    size = attributes(node).get("hidden_size", hidden)
+    if size != hidden:
+        raise ValueError(f"{op_type}: attribute hidden_size={size} but input R has hidden size {hidden}")
+    for name, shape in expected.items():
+        if name in shapes and tuple(shapes[name]) != shape:
+            raise ValueError(f"{op_type}: input {name} must have shape {list(shape)} (direction={config.direction}, "
+                             f"layout={config.layout}, X {list(x)}, hidden {hidden}), got {list(shapes[name])}")
+
+
+def _convert(node, graph, op_type: str):
+    config = recurrent_config(node, op_type)
+    check_shapes(node, graph, config)
+    return result(Recurrent(config), node)
+
+
+@register("RNN", since=7)
+@register("GRU", since=7)
+@register("LSTM", since=7)
+def recurrent_op(node, graph, context: ConversionContext):
+    return _convert(node, graph, node.operation_type)
+
+
+@register("GRUTraining", domain=MICROSOFT)
+@register("LSTMTraining", domain=MICROSOFT)
+def recurrent_training_op(node, graph, context: ConversionContext):
+    """ORT's forward GRU/LSTM: the ONNX op, plus gate/cell intermediates for its gradient node (autograd here)."""
+    return _convert(node, graph, node.operation_type.removesuffix("Training"))
