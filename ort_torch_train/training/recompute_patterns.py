@@ -6,6 +6,7 @@ of the fx graph run under checkpoint, so backward keeps the region's inputs and 
 
 * ``gelu``: a GELU whose readers are matmuls, with those matmuls (ORT recomputes the Gelu output
   for the MatMul's gradient; in torch the matmul saves that output, so it belongs to the region);
+  unlike ORT, also with one Dropout between them (nn.TransformerEncoderLayer's feed-forward);
 * ``attention dropout``: a Dropout between a Softmax and a MatMul, with that MatMul (the softmax
   output stays saved, the dropped-out probabilities are recomputed with the same mask);
 * ``transformer layers``: the first ``n`` transformer layers, ``n`` = number_recompute_layers, or
@@ -106,8 +107,11 @@ def _readers(node: fx.Node) -> list[fx.Node]:
     return readers
 
 
-def _region_into_matmuls(start: fx.Node, position: dict[fx.Node, int]) -> tuple[int, int] | None:
+def _region_into_matmuls(module: fx.GraphModule, start: fx.Node, position: dict[fx.Node, int],
+                         through_dropout: bool = False) -> tuple[int, int] | None:
     readers = _readers(start)
+    if through_dropout and len(readers) == 1 and _kind(module, readers[0]) == "Dropout":
+        readers = _readers(readers[0])
     if not readers or not all(_is_matmul(reader) for reader in readers):
         return None
     return position[start], max(position[reader] for reader in readers)
@@ -117,7 +121,7 @@ def _gelu_regions(module: fx.GraphModule, ops: list[fx.Node], position: dict) ->
     regions = []
     for node in ops:
         if (node.op == "call_function" and node.target is F.gelu) or "Gelu" in _kind(module, node):
-            region = _region_into_matmuls(node, position)
+            region = _region_into_matmuls(module, node, position, through_dropout=True)
             if region is not None:
                 regions.append(region)
     return regions
@@ -133,7 +137,7 @@ def _attention_dropout_regions(module: fx.GraphModule, ops: list[fx.Node], posit
     for node in ops:
         is_dropout = (node.op == "call_function" and node.target is F.dropout) or _kind(module, node) == "Dropout"
         if is_dropout and node.args and _is_softmax(node.args[0]):
-            region = _region_into_matmuls(node, position)
+            region = _region_into_matmuls(module, node, position)
             if region is not None:
                 regions.append(region)
     return regions
