@@ -195,7 +195,8 @@ def main() -> int:
         difference = max(abs(a - b) for a, b in zip(row["losses"], baseline["losses"]))
         print(f"| | {row['setting']} | {row['saved_mb']:.1f} | {row['saved_mb'] / baseline['saved_mb']:.2f} | "
               f"{row['peak_added_mb']:.1f} | {row['peak_added_mb'] / baseline['peak_added_mb']:.2f} | "
-              f"{row['median_step_s']:.3f} | {row['median_step_s'] / baseline['median_step_s']:.2f} | {difference:.1e} |")
+              f"{row['median_step_s']:.3f} | {row['median_step_s'] / baseline['median_step_s']:.2f} | "
+              f"{difference:.1e} |")
     return 0
 
 

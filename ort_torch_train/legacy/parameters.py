@@ -140,5 +140,6 @@ def recompute_plan(parameters: TrainingParameters) -> RecomputePlan:
     if parameters.number_recompute_layers and not layers:
         warnings.warn(f"TrainingParameters.number_recompute_layers = {parameters.number_recompute_layers} has no "
                       "effect without transformer_layer_recompute = True (as in ORT)", stacklevel=3)
-    return RecomputePlan(gelu=bool(parameters.gelu_recompute), attention_dropout=bool(parameters.attn_dropout_recompute),
+    return RecomputePlan(gelu=bool(parameters.gelu_recompute),
+                         attention_dropout=bool(parameters.attn_dropout_recompute),
                          transformer_layers=parameters.number_recompute_layers if layers else None)
