@@ -30,28 +30,37 @@ STEPS = 3
 class _BertLayer(nn.Module):
     """A BERT layer: Q/K/V projections, attention dropout, post-LN residuals, GELU feed-forward."""
 
-    def __init__(self, d: int, heads: int, ff: int, p: float):
+    def __init__(self, d: int, heads: int, ff: int, p: float, pre_ln: bool):
         super().__init__()
-        self.heads = heads
+        self.heads, self.pre_ln = heads, pre_ln
         self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
         self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
         self.inter, self.out = nn.Linear(d, ff), nn.Linear(ff, d)
         self.drop = nn.Dropout(p)
 
     def forward(self, x, bias):
+        if self.pre_ln:  # x + attention(ln1(x)), then + feed-forward(ln2(.))
+            x = x + self._attention(self.ln1(x), bias)
+            return x + self._feed_forward(self.ln2(x))
+        x = self.ln1(x + self._attention(x, bias))
+        return self.ln2(x + self._feed_forward(x))
+
+    def _attention(self, x, bias):
         b, t, d = x.shape
         split = lambda z: z.reshape(b, t, self.heads, d // self.heads).transpose(1, 2)  # noqa: E731
         q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
         probs = self.drop((q @ k.transpose(-1, -2) / math.sqrt(d // self.heads) + bias).softmax(-1))
-        x = self.ln1(x + self.drop(self.o((probs @ v).transpose(1, 2).reshape(b, t, d))))
-        return self.ln2(x + self.drop(self.out(F.gelu(self.inter(x)))))
+        return self.drop(self.o((probs @ v).transpose(1, 2).reshape(b, t, d)))
+
+    def _feed_forward(self, x):
+        return self.drop(self.out(F.gelu(self.inter(x))))
 
 
 class _Bert(nn.Module):
-    def __init__(self, layers: int = 3, d: int = 16):
+    def __init__(self, layers: int = 3, d: int = 16, pre_ln: bool = False):
         super().__init__()
         self.ln0, self.drop = nn.LayerNorm(d), nn.Dropout(0.1)
-        self.layers = nn.ModuleList(_BertLayer(d, 2, 32, 0.1) for _ in range(layers))
+        self.layers = nn.ModuleList(_BertLayer(d, 2, 32, 0.1, pre_ln) for _ in range(layers))
         self.head = nn.Linear(d, 4)
 
     def forward(self, x, mask, y):
@@ -70,21 +79,24 @@ def _batches(rng: np.random.Generator, batch: int = 4, tokens: int = 6):
              "y": rng.integers(0, 4, batch).astype(np.int64)} for _ in range(STEPS)]
 
 
-@pytest.fixture(scope="module")
-def bert(tmp_path_factory) -> Path:
-    """A 3-layer BERT-style encoder with its loss, exported in training mode (Dropout nodes kept)."""
-    torch.manual_seed(0)
-    model = _Bert().train()
+def _export(model: nn.Module, path: Path) -> Path:
+    """``model`` exported in training mode (Dropout nodes kept) with its loss as the first output."""
     feeds = _batches(np.random.default_rng(0))[0]
     buffer = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(model, tuple(torch.from_numpy(feeds[k]) for k in ("x", "mask", "y")), buffer,
+        torch.onnx.export(model.train(), tuple(torch.from_numpy(feeds[k]) for k in ("x", "mask", "y")), buffer,
                           dynamo=False, opset_version=17, training=torch.onnx.TrainingMode.TRAINING,
                           do_constant_folding=False, input_names=["x", "mask", "y"], output_names=["loss", "logits"])
-    path = tmp_path_factory.mktemp("bert") / "bert.onnx"
     path.write_bytes(buffer.getvalue())
     return path
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory) -> Path:
+    """A 3-layer post-LN BERT-style encoder with its loss."""
+    torch.manual_seed(0)
+    return _export(_Bert(), tmp_path_factory.mktemp("bert") / "bert.onnx")
 
 
 def _parameters(model: onnx.ModelProto, loss: str, **settings) -> TrainingParameters:
@@ -161,6 +173,20 @@ def test_number_recompute_layers_beyond_the_last_layer_is_clipped_with_a_warning
     with pytest.warns(UserWarning, match="number_recompute_layers 5 is larger than the limit 2"):
         *_, segments = _train(bert, feeds, transformer_layer_recompute=True, number_recompute_layers=5)
     assert segments == 2
+
+
+def test_pre_layer_norm_layers_are_found_too(tmp_path):
+    torch.manual_seed(0)
+    path = _export(_Bert(layers=3, pre_ln=True), tmp_path / "pre_ln.onnx")
+    feeds = _batches(np.random.default_rng(1))[:2]
+    losses, grads, _, saved, _ = _train(path, feeds)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r_losses, r_grads, _, r_saved, segments = _train(path, feeds, transformer_layer_recompute=True)
+    assert segments == 2 and r_saved < saved
+    np.testing.assert_allclose(r_losses, losses, rtol=0, atol=1e-6)
+    for name, grad in grads.items():
+        np.testing.assert_allclose(r_grads[name].numpy(), grad.numpy(), rtol=0, atol=1e-6, err_msg=name)
 
 
 def _transformer_fixture_with_loss(tmp_path: Path) -> Path:
