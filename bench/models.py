@@ -21,11 +21,13 @@ DATA_SEED = 1234
 
 
 class PooledEncoder(nn.Module):
-    """TransformerEncoder (post-LN, ReLU, no dropout, batch_first) + mean over tokens + Linear head."""
+    """TransformerEncoder (post-LN, batch_first; ReLU and no dropout by default) + mean over tokens + Linear head."""
 
-    def __init__(self, d_model: int, nhead: int, dim_feedforward: int, layers: int, classes: int) -> None:
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int, layers: int, classes: int,
+                 activation: str = "relu", dropout: float = 0.0) -> None:
         super().__init__()
-        layer = nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout=0.0, batch_first=True)
+        layer = nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout=dropout, activation=activation,
+                                           batch_first=True)
         self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.head = nn.Linear(d_model, classes)
 
@@ -102,6 +104,16 @@ def _gru() -> nn.Module:
 def _lstm() -> nn.Module:
     return LastStepRecurrent(nn.LSTM, 16, 32, 4)  # forward: ORT 1.19.2 trains no bidirectional LSTM
 
+
+def _encoder_gelu_dropout() -> nn.Module:
+    return PooledEncoder(d_model=256, nhead=4, dim_feedforward=1024, layers=4, classes=4, activation="gelu",
+                         dropout=0.1)
+
+
+# the encoder with GELU and dropout, for the legacy recompute settings (bench_recompute.py); not in MODELS
+ENCODER_GELU_DROPOUT = BenchModel(
+    "encoder_gelu_dropout", "TransformerEncoder(4 layers, d256, 4 heads, ff 1024, GELU, dropout 0.1) + mean-pool "
+    "+ Linear(256,4)", _encoder_gelu_dropout, (128, 256), 16, 4, steps=4, warmup=3)
 
 MODELS: dict[str, BenchModel] = {m.name: m for m in [
     BenchModel("mlp", "Linear(20,32)-ReLU-Linear(32,5)", _mlp, (20,), 64, 5, steps=1000, warmup=100),

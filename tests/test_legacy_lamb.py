@@ -77,3 +77,30 @@ def test_lamb_kernel_trust_ratio_bounds_and_zero_weights():
     torch.testing.assert_close(before - w2, 0.1 * 0.5 * r)  # the ratio ||w||/||r|| >> 0.5 is clamped
     with pytest.raises(ValueError, match="step"):
         lamb([w], [g], [m], [v], lr=0.1, step=0, alpha=0.9, beta=0.999, lambda_=0.0, epsilon=1e-6)
+
+
+def test_lamb_kernel_leaves_non_finite_elements_alone():
+    """ORT's lamb_impl.cu, per element: a non-finite direction is 0 and keeps its moments; a weight
+    whose update is not finite keeps its value. The other elements update as usual."""
+    big = torch.finfo(torch.float32).max
+    w = torch.tensor([1.0, 2.0, -3.0, big])
+    g = torch.tensor([0.5, float("inf"), float("nan"), -1.0])
+    m, v = torch.tensor([0.1, 0.2, 0.3, 0.4]), torch.tensor([0.01, 0.02, 0.03, 0.04])
+    m0, v0 = m.clone(), v.clone()
+    lamb([w], [g], [m], [v], lr=1.0, step=1, alpha=0.9, beta=0.999, lambda_=0.0, epsilon=1e-6, ratio_max=1e30)
+    w64, g64, m64, v64 = (t.double() for t in (torch.tensor([1.0, 2.0, -3.0, big]), g, m0, v0))
+    m_new, v_new = 0.9 * m64 + 0.1 * g64, 0.999 * v64 + 0.001 * g64 * g64
+    r = torch.where(torch.tensor([True, False, False, True]), m_new / (v_new.sqrt() + 1e-6), 0.0)
+    ratio = min(float((w64.float().square().sum() / r.float().square().sum()).sqrt()), 1e30)  # sum(w*w) is inf
+    assert ratio == 1e30
+    expected_w = torch.tensor([float(w64[0] - ratio * r[0]), 2.0, -3.0, float(w64[3] - ratio * r[3])])
+    torch.testing.assert_close(w, expected_w.float())
+    assert w[1] == 2.0 and w[2] == -3.0  # direction 0 for the inf and nan gradients
+    assert torch.isfinite(w).all()
+    torch.testing.assert_close(m, torch.tensor([float(m_new[0]), 0.2, 0.3, float(m_new[3])]))
+    torch.testing.assert_close(v, torch.tensor([float(v_new[0]), 0.02, 0.03, float(v_new[3])]))
+    w2 = torch.tensor([big, 1.0])
+    lamb([w2], [torch.tensor([-1.0, -1.0])], [torch.zeros(2)], [torch.zeros(2)], lr=1.0, step=1, alpha=0.9,
+         beta=0.999, lambda_=0.0, epsilon=1e-6, ratio_max=1e38)
+    assert w2[0] == big  # big + 3.16e38 overflows: the element keeps its value
+    assert 3e38 < w2[1] < 3.3e38  # 1 + 1e38 * 3.16: updated

@@ -9,7 +9,8 @@ import pytest
 import torch
 from corpus import Case, loss_of
 
-from ort_torch_train.api import CheckpointState, Module, Optimizer
+from ort_torch_train.api import CheckpointState, LinearLRScheduler, Module, Optimizer
+from ort_torch_train.optim.schedulers import linear_with_warmup
 from ort_torch_train.training.precision import GROWTH_TRACKER_PROPERTY, LOSS_SCALE_PROPERTY
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -74,6 +75,24 @@ def test_injected_overflow_skips_exactly_that_step():
     module.step(optimizer, *case.train_inputs(4))
     assert not optimizer.last_step_skipped and optimizer.skipped_steps == 1
     assert optimizer._engine.completed_steps == steps_before + 1
+
+
+def test_skipped_step_leaves_the_lr_schedule_alone():
+    case = Case(FIXTURES / "mlp_ce_adamw_sched")
+    module = Module(case.artifact("training_model.onnx"), case.load_state(), mixed_precision="fp16")
+    optimizer = Optimizer(case.artifact("optimizer_model.onnx"), module)
+    scheduler = LinearLRScheduler(optimizer, 2, 10, 0.01)
+    rates = []
+    for step in range(5):
+        if step == 3:
+            _overflow_step(case, module, optimizer, step)
+            assert optimizer.last_step_skipped
+        else:
+            module.step(optimizer, *case.train_inputs(step))
+        scheduler.step()
+        rates.append(optimizer.get_learning_rate())
+    clean = [linear_with_warmup(count, 2, 10) * 0.01 for count in (1, 2, 3, 3, 4)]  # step 3 did not count
+    np.testing.assert_allclose(rates, clean, rtol=1e-6)
 
 
 def test_checkpoint_mid_run_resumes_bit_exactly(tmp_path):

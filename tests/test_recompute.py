@@ -9,7 +9,9 @@ import pytest
 import torch
 from corpus import Case, loss_of
 
-from ort_torch_train.api import Module
+from torch._dynamo.utils import counters
+
+from ort_torch_train.api import Module, Optimizer
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -49,5 +51,20 @@ def test_recompute_setting_errors():
     for bad in (0, -1, "layers", 1.5):
         with pytest.raises(ValueError, match="recompute"):
             Module(case.artifact("training_model.onnx"), case.load_state(), recompute=bad)
-    with pytest.raises(ValueError, match="compile"):
-        Module(case.artifact("training_model.onnx"), case.load_state(), recompute=2, compile=True)
+
+
+def test_recompute_with_compile_compiles_the_checkpointed_forward():
+    """torch.func.grad (the one-graph compiled step) refuses checkpoint's saved-tensor hooks, so with
+    recompute the forward is compiled on its own and AOTAutograd recomputes its segments in backward."""
+    case = Case(FIXTURES / "transformer")
+    counters.clear()
+    runs = {}
+    for recompute, compile in ((None, False), (2, True)):
+        module = Module(case.artifact("training_model.onnx"), case.load_state(), recompute=recompute, compile=compile)
+        optimizer = Optimizer(case.artifact("optimizer_model.onnx"), module)
+        losses = [loss_of(module.step(optimizer, *case.train_inputs(s))) for s in range(3)]
+        runs[compile] = losses, {n: p.detach().numpy().copy() for n, p in module.training_state.params.items()}
+    assert counters["stats"]["unique_graphs"] == 1  # the train forward, once
+    np.testing.assert_allclose(runs[True][0], runs[False][0], rtol=0, atol=1e-6)
+    for name, value in runs[False][1].items():
+        np.testing.assert_allclose(runs[True][1][name], value, rtol=0, atol=1e-6, err_msg=name)

@@ -37,7 +37,9 @@ class Module(TrainingEngine):
     steps and reports them; the scale is saved in the checkpoint's properties). ``recompute=k`` (or
     True: about sqrt(op count)) runs the train forward as k segments under torch.utils.checkpoint,
     keeping only the tensors between segments for backward (less activation memory, one more
-    forward; see ``training/recompute.py``). ``session_options`` (an ORT
+    forward; see ``training/recompute.py``); with ``compile`` the train forward is compiled with
+    its checkpointed segments (AOTAutograd recomputes them in the compiled backward) and the
+    optimizer update runs after it, not in the same graph. ``session_options`` (an ORT
     SessionOptions) is accepted for compatibility and not used: threads are torch's
     (``torch.set_num_threads``).
     ``distributed=True`` trains data-parallel on torch.distributed (``process_group``, default the
@@ -68,10 +70,10 @@ class Module(TrainingEngine):
         self.precision = mixed_precision_of(mixed_precision, self.training_state)
         segments = recompute_segments(recompute)
         if segments is not None:
-            if compile:
-                raise ValueError("recompute: not supported with compile (a compiled step is one graph); "
-                                 "pass recompute=None or compile=False")
             self.train_graph.module_transform = partial(with_recompute, segments=segments)
+            if compile:  # torch.func.grad (the one-graph step) refuses checkpoint's saved-tensor hooks
+                self._compile_whole_step = False
+                self.train_graph.compile_arguments = self._compile_arguments
         self.checkpoint_state = state
         self.eval_model = eval_model
         self.session_options = session_options

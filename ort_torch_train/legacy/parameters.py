@@ -7,14 +7,15 @@ the pybind class, an instance accepts only the known attribute names (a typo rai
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
+
+from ort_torch_train.training.recompute_patterns import RecomputePlan
 
 OPTIMIZERS = ("SGDOptimizer", "AdamOptimizer", "LambOptimizer")
 
 # setting -> (value that is honoured, why any other value is not)
-_RECOMPUTE = ("ORT's per-subgraph recomputation is not mapped (the new API's Module(recompute=k) checkpoints "
-              "the forward in k segments)")
 UNSUPPORTED_SETTINGS: dict[str, tuple[Any, str]] = {
     "horizontal_parallel_size": (1, "Megatron horizontal parallelism is not implemented"),
     "pipeline_parallel_size": (1, "pipeline parallelism is not implemented"),
@@ -23,11 +24,9 @@ UNSUPPORTED_SETTINGS: dict[str, tuple[Any, str]] = {
     "deepspeed_zero_stage": (0, "ZeRO optimizer-state partitioning of the legacy optimizers is not implemented "
                                 "(ort_torch_train.api.Optimizer(shard_state=True) does it)"),
     "enable_adasum": (False, "Adasum gradient reduction is not implemented"),
-    "attn_dropout_recompute": (False, _RECOMPUTE),
-    "gelu_recompute": (False, _RECOMPUTE),
-    "transformer_layer_recompute": (False, _RECOMPUTE),
-    "number_recompute_layers": (0, _RECOMPUTE),
-    "use_memory_efficient_gradient": (False, "ORT's memory-efficient gradient graph is not implemented"),
+    "use_memory_efficient_gradient": (False, "ORT's memory-efficient gradient graph is not implemented "
+                                             "(the recompute settings and Module(recompute=k) save activation "
+                                             "memory with torch.utils.checkpoint)"),
     "set_gradients_as_graph_outputs": (False, "gradients as graph outputs are not implemented"),
     "sliced_schema": ({}, "sliced (model-parallel) tensors are not implemented"),
     "sliced_axes": ({}, "sliced (model-parallel) tensors are not implemented"),
@@ -46,6 +45,9 @@ class TrainingParameters:
     update skipped on inf/nan gradients), > 0 a static scale (inf/nan updates are skipped too).
     ``use_fp16_moments`` stores the Adam/Lamb moments in float16 (the update math stays float32).
     ``propagate_cast_ops_*`` are accepted and have no effect (autocast decides the casts).
+    ``gelu_recompute``, ``attn_dropout_recompute`` and ``transformer_layer_recompute`` (with
+    ``number_recompute_layers``: 0 = every layer but the last, ORT's default) recompute those
+    subgraphs in backward with torch.utils.checkpoint (``training/recompute_patterns.py``).
     """
 
     __slots__ = (
@@ -53,7 +55,8 @@ class TrainingParameters:
         "training_optimizer_name", "lr_params_feed_name", "optimizer_attributes_map",
         "optimizer_int_attributes_map", "optimizer_initial_state", "gradient_accumulation_steps",
         "enable_grad_norm_clip", "loss_scale", "use_mixed_precision", "use_fp16_moments",
-        "propagate_cast_ops_level", "propagate_cast_ops_allow",
+        "propagate_cast_ops_level", "propagate_cast_ops_allow", "gelu_recompute", "attn_dropout_recompute",
+        "transformer_layer_recompute", "number_recompute_layers",
         "world_rank", "world_size", "data_parallel_size", "allreduce_post_accumulation", *UNSUPPORTED_SETTINGS,
     )
 
@@ -75,6 +78,10 @@ class TrainingParameters:
         self.use_fp16_moments: bool = False
         self.propagate_cast_ops_level: int = 1
         self.propagate_cast_ops_allow: list[str] = []
+        self.gelu_recompute: bool = False
+        self.attn_dropout_recompute: bool = False
+        self.transformer_layer_recompute: bool = False
+        self.number_recompute_layers: int = 0
         # data parallelism on torch.distributed (legacy/distributed.py)
         self.world_rank: int = 0
         self.world_size: int = 1
@@ -115,9 +122,24 @@ def check_supported(parameters: TrainingParameters) -> None:
                          f"{optimizer!r}; expected one of {list(OPTIMIZERS)} (or '' for no optimizer)")
     if not parameters.loss_scale >= 0:
         raise ValueError(f"TrainingParameters.loss_scale must be >= 0 (0: dynamic), got {parameters.loss_scale!r}")
+    layers = parameters.number_recompute_layers
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 0:
+        raise ValueError(f"TrainingParameters.number_recompute_layers must be an int >= 0 (0: every transformer "
+                         f"layer but the last), got {layers!r}")
     steps = parameters.gradient_accumulation_steps
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"TrainingParameters.gradient_accumulation_steps must be an int >= 1, got {steps!r}")
     if not parameters.loss_output_name:
         raise ValueError("TrainingParameters.loss_output_name is empty: name the graph output that holds "
                          "the loss")
+
+
+def recompute_plan(parameters: TrainingParameters) -> RecomputePlan:
+    """What the recompute settings ask to recompute (falsy when nothing)."""
+    layers = parameters.transformer_layer_recompute
+    if parameters.number_recompute_layers and not layers:
+        warnings.warn(f"TrainingParameters.number_recompute_layers = {parameters.number_recompute_layers} has no "
+                      "effect without transformer_layer_recompute = True (as in ORT)", stacklevel=3)
+    return RecomputePlan(gelu=bool(parameters.gelu_recompute),
+                         attention_dropout=bool(parameters.attn_dropout_recompute),
+                         transformer_layers=parameters.number_recompute_layers if layers else None)

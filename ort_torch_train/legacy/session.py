@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -34,11 +35,12 @@ from ort_torch_train.legacy.distributed import legacy_data_parallel
 from ort_torch_train.legacy.graph import build_training_setup
 from ort_torch_train.legacy.metadata import ModelMetadata, NodeArg
 from ort_torch_train.legacy.optimizers import build_optimizer
-from ort_torch_train.legacy.parameters import TrainingParameters, check_supported
+from ort_torch_train.legacy.parameters import TrainingParameters, check_supported, recompute_plan
 from ort_torch_train.legacy.providers import choose_provider
 from ort_torch_train.optim.float32 import to_float32
 from ort_torch_train.training.engine import TrainingEngine
 from ort_torch_train.training.precision import MixedPrecision
+from ort_torch_train.training.recompute_patterns import with_pattern_recompute
 
 GROUP_ACCUMULATED_GRADIENTS = "Group_Accumulated_Gradients"
 GLOBAL_GRADIENT_NORM = "global_gradient_norm"
@@ -69,6 +71,10 @@ class TrainingSession:
         self._engine = TrainingEngine(setup.model, self.training_state, eval_model=setup.model,
                                       device=self._provider.device)
         self._engine._data_parallel = legacy_data_parallel(parameters, self._engine)
+        plan = recompute_plan(parameters)
+        if plan:
+            self._engine.train_graph.module_transform = partial(
+                with_pattern_recompute, plan=plan, user_inputs=len(self._engine.train_graph.layout.user_inputs))
         self._reduce_once = parameters.allreduce_post_accumulation
         self._trained = setup.trained
         self._optimizer = build_optimizer(

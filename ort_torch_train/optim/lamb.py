@@ -7,8 +7,9 @@ Reference: onnxruntime ``orttraining/training_ops/cuda/optimizer/lamb_impl.cu`` 
     g = g / s ;  m = alpha*m + (1-alpha)*g ;  v = beta*v + (1-beta)*g*g
     bc1 = 1 - alpha**t, bc2 = 1 - beta**t     (both 1 without bias correction)
     r = lambda*w + (m/bc1) / (sqrt(v/bc2) + epsilon)
-    ratio = clamp(||w|| / ||r||, ratio_min, ratio_max)   (1 when either norm is 0)
-    w = w - (lr*ratio) * r
+    per element where r is not finite: r = 0 and m, v keep their old values
+    ratio = clamp(sqrt(sum(w*w) / sum(r*r)), ratio_min, ratio_max)   (1 when either sum is 0)
+    w_new = w - (lr*ratio) * r ;  w = w_new where it is finite (an element stays put otherwise)
 """
 
 from __future__ import annotations
@@ -42,12 +43,13 @@ def lamb(params: Sequence[Tensor], grads: Sequence[Tensor], exp_avgs: Sequence[T
         g = g.float() if grad_scale is None else g.float() / grad_scale
         m = m_state.float() * alpha + g * one_minus_alpha
         v = v_state.float() * beta + g * one_minus_beta * g
-        direction = (m / bc1) / ((v / bc2).sqrt() + epsilon)
-        if lambda_ != 0.0:
-            direction = direction + w * lambda_
-        w_norm, r_norm = torch.linalg.vector_norm(w), torch.linalg.vector_norm(direction)
-        ratio = torch.where((w_norm != 0) & (r_norm != 0), w_norm / r_norm, torch.ones_like(w_norm))
-        ratio = ratio.clamp(min=ratio_min, max=ratio_max)
-        w.sub_(direction * (ratio * to_float32(lr)))
-        m_state.copy_(m)
-        v_state.copy_(v)
+        direction = w * lambda_ + (m / bc1) / ((v / bc2).sqrt() + epsilon)  # lambda 0 too: an inf w is nan
+        finite = direction.isfinite()
+        direction = torch.where(finite, direction, 0.0)
+        w_squares, r_squares = w.square().sum(), direction.square().sum()
+        ratio = (w_squares / r_squares).sqrt().clamp(min=ratio_min, max=ratio_max)
+        ratio = torch.where((w_squares != 0) & (r_squares != 0), ratio, torch.ones_like(ratio))
+        updated = w - direction * (ratio * to_float32(lr))
+        w.copy_(torch.where(updated.isfinite(), updated, w))
+        m_state.copy_(torch.where(finite, m, m_state))
+        v_state.copy_(torch.where(finite, v, v_state))

@@ -50,6 +50,7 @@ class TrainingEngine(nn.Module):
         super().__init__()
         target = parse_device(device)
         self._compile_arguments = compile_arguments(compile)
+        self._compile_whole_step = self._compile_arguments is not None  # else only the forward graphs compile
         self.training_state = state
         names = list(state.params)
         self.train_layout = training_layout(training_model, names)
@@ -87,7 +88,8 @@ class TrainingEngine(nn.Module):
         """The training graph pruned to its user outputs, under training semantics (never the
         eval graph: ORT trains what the training model computes).
 
-        It is never torch.compile'd on its own: compiled training runs a CompiledTrainStep around it.
+        Compiled training runs a CompiledTrainStep around it; only ``Module(recompute=...)`` compiles it
+        on its own (``_compile_whole_step`` False), its backward then running through autograd.
         """
         layout = self.train_layout
         graph = forward_graph(training_model, layout)
@@ -106,7 +108,7 @@ class TrainingEngine(nn.Module):
         """Forward and backward; gradients accumulate into the parameters' ``.grad``."""
         self._require_values("TrainStep")
         inputs = self._on_device(inputs)
-        if self._compile_arguments is not None and self.trainable_parameter_names:
+        if self._compile_whole_step and self.trainable_parameter_names:
             return self._compiled_step(inputs, None)
         data_parallel = self._data_parallel  # a failing forward leaves the gradients alone
         with autocast_or_null(self.precision, self.device):
@@ -133,7 +135,7 @@ class TrainingEngine(nn.Module):
             raise ValueError("train_and_update: the optimizer must update this module's training state and "
                              f"trainable parameters {self.trainable_parameter_names}; it updates "
                              f"{list(optimizer.param_names)}")
-        if self._compile_arguments is not None and optimizer.fuses_into_step and optimizer.loss_scaler is None:
+        if self._compile_whole_step and optimizer.fuses_into_step and optimizer.loss_scaler is None:
             self._require_values("TrainStep")
             outputs = self._compiled_step(self._on_device(inputs), optimizer)
         else:

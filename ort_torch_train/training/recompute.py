@@ -53,3 +53,21 @@ def with_recompute(module: fx.GraphModule, segments: int | bool) -> fx.GraphModu
         if name.startswith("submod_"):
             setattr(split, name, _Checkpointed(child))
     return split
+
+
+def checkpoint_ranges(module: fx.GraphModule, ops: list[fx.Node], ranges: list[tuple[int, int]]) -> fx.GraphModule:
+    """``module`` with each ``(first, last)`` run of ``ops`` (sorted, disjoint) as one checkpointed segment."""
+    partition, checkpointed, current, next_range = {}, set(), 0, 0
+    for index, node in enumerate(ops):
+        if next_range < len(ranges) and index == ranges[next_range][0]:
+            current += 1
+            checkpointed.add(current)
+        partition[node] = current
+        if next_range < len(ranges) and index == ranges[next_range][1]:
+            current += 1
+            next_range += 1
+    split = split_module(module, module, lambda node: partition[node], keep_original_order=True)
+    for number in checkpointed:
+        name = f"submod_{number}"
+        setattr(split, name, _Checkpointed(getattr(split, name)))
+    return split
