@@ -114,6 +114,32 @@ def legacy_train(rank: int = 0, world_size: int = 1) -> dict[str, np.ndarray]:
     return {"losses": np.array(losses), **{f"param/{n}": np.asarray(v) for n, v in state.items()}}
 
 
+def fp16_overflow(rank: int, world_size: int) -> dict[str, np.ndarray]:
+    """fp16 loss scaling, with and without sharded state: at step 2 rank 1 alone finds an inf in its
+    (already averaged) gradient, in the slice it owns; every rank must skip that step."""
+    from ort_torch_train.api import CheckpointState, Module, Optimizer
+
+    artifacts = MLP / "artifacts"
+    results = {}
+    for run, shard_state in (("ddp", False), ("sharded", True)):
+        state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
+        module = Module(artifacts / "training_model.onnx", state, distributed=True, mixed_precision="fp16")
+        optimizer = Optimizer(artifacts / "optimizer_model.onnx", module, shard_state=shard_state)
+        skipped = []
+        for step in range(4):
+            module(*part(batches(MLP, step), rank, world_size))
+            if step == 2 and rank == 1:
+                last = state.training_state.params[module.trainable_parameter_names[-1]]
+                last.grad.view(-1)[-1] = float("inf")
+            optimizer.step()
+            module.lazy_reset_grad()
+            skipped.append(optimizer.last_step_skipped)
+        results[f"{run}/skipped"] = np.array(skipped)
+        results[f"{run}/scale"] = np.array(module.precision.loss_scaler.get_scale())
+        results.update({f"{run}/param/{n}": p.data.copy() for n, p in state.parameters})
+    return results
+
+
 def misuse_errors(rank: int) -> dict[str, str]:
     """The errors raised by wrapping a Module in DDP and by ranks starting from different checkpoints."""
     import torch
@@ -180,6 +206,7 @@ def main() -> None:
                             first_step=10)
             np.savez(out / f"resumed_rank{rank}.npz", **resumed)
             np.savez(out / f"legacy_rank{rank}.npz", **legacy_train(rank, world_size))
+            np.savez(out / f"fp16_rank{rank}.npz", **fp16_overflow(rank, world_size))
             errors = misuse_errors(rank)
     (out / f"errors_rank{rank}.json").write_text(json.dumps(errors))
     if scenario != "lost_rank":

@@ -139,6 +139,20 @@ def test_legacy_session_on_two_ranks_trains_like_one_process(eager: Path) -> Non
             np.testing.assert_allclose(ranks[0][key], reference[key], rtol=0, atol=TOLERANCE, err_msg=key)
 
 
+def test_fp16_overflow_on_one_rank_skips_the_step_on_all(eager: Path) -> None:
+    """GradScaler semantics across ranks: the inf/nan flag is all-reduced, so both ranks skip step 2."""
+    ranks = rank_results(eager, "fp16")
+    for run in ("ddp", "sharded"):
+        for result in ranks:
+            assert result[f"{run}/skipped"].tolist() == [False, False, True, False], run
+            assert float(result[f"{run}/scale"]) == 2.0**15, run
+        for key in ranks[0]:
+            assert np.array_equal(ranks[0][key], ranks[1][key]), f"ranks differ on {key}"
+            if key.startswith("sharded/param/"):
+                np.testing.assert_allclose(ranks[0][key], ranks[0][key.replace("sharded", "ddp", 1)], rtol=0,
+                                           atol=TOLERANCE, err_msg=key)
+
+
 @pytest.mark.parametrize("case, expected", [("ddp_wrap", "distributed=True"),
                                             ("different_checkpoints", "same checkpoint")])
 def test_misuse_raises_on_every_rank(eager: Path, case: str, expected: str) -> None:

@@ -78,6 +78,8 @@ class TrainingSession:
         if parameters.use_mixed_precision:
             self._engine.precision = MixedPrecision("fp16", self.training_state, loss_scale=parameters.loss_scale)
         self._loss_scaler = self._engine.precision.loss_scaler if self._engine.precision is not None else None
+        if self._loss_scaler is not None and self._engine._data_parallel is not None:
+            self._loss_scaler.process_group = self._engine._data_parallel.group  # ranks agree on skipping
         self._lr_name = parameters.lr_params_feed_name if self._optimizer is not None else None
         self._accumulation_steps = parameters.gradient_accumulation_steps
         self._accumulated = 0
