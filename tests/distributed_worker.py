@@ -97,12 +97,14 @@ def train(run: str, rank: int = 0, world_size: int = 1, checkpoint: Path | None 
             **{f"param/{n}": v for n, v in params.items()}}
 
 
-def legacy_train(rank: int = 0, world_size: int = 1) -> dict[str, np.ndarray]:
-    """The legacy TrainingSession (Adam, 2-step accumulation reduced once) on this rank's share of 8 batches."""
+def legacy_train(rank: int = 0, world_size: int = 1, zero_stage: int = 0) -> dict[str, np.ndarray]:
+    """The legacy TrainingSession (Adam, 2-step accumulation reduced once) on this rank's share of 8
+    batches; its parameters and (whole, gathered under ZeRO stage 1) optimizer state."""
     from legacy_models import LR, params_for, session
 
     settings = {"world_rank": rank, "world_size": world_size, "data_parallel_size": world_size,
-                "gradient_accumulation_steps": 2, "allreduce_post_accumulation": True}
+                "gradient_accumulation_steps": 2, "allreduce_post_accumulation": True,
+                "deepspeed_zero_stage": zero_stage}
     sess = session(params_for("AdamOptimizer", **settings))
     rng = np.random.default_rng(3)
     losses = []
@@ -111,7 +113,11 @@ def legacy_train(rank: int = 0, world_size: int = 1) -> dict[str, np.ndarray]:
         x, y = part([x, y], rank, world_size)
         losses.append(float(sess.run(["loss"], {"x": x, "y": y, LR: np.array([0.02], np.float32)})[0]))
     state = sess.get_model_state()["full_precision"]
-    return {"losses": np.array(losses), **{f"param/{n}": np.asarray(v) for n, v in state.items()}}
+    moments = {f"moment/{w}/{k}": v for w, values in sess.get_optimizer_state().items() for k, v in values.items()}
+    held = getattr(sess._optimizer, "inner", sess._optimizer).moments  # the moments this rank keeps
+    return {"losses": np.array(losses), "held_moment_elements": np.array(sum(m.numel() for ms in held.values()
+                                                                             for m in ms)),
+            **{f"param/{n}": np.asarray(v) for n, v in state.items()}, **moments}
 
 
 def fp16_overflow(rank: int, world_size: int) -> dict[str, np.ndarray]:
@@ -206,6 +212,7 @@ def main() -> None:
                             first_step=10)
             np.savez(out / f"resumed_rank{rank}.npz", **resumed)
             np.savez(out / f"legacy_rank{rank}.npz", **legacy_train(rank, world_size))
+            np.savez(out / f"legacy_zero_rank{rank}.npz", **legacy_train(rank, world_size, zero_stage=1))
             np.savez(out / f"fp16_rank{rank}.npz", **fp16_overflow(rank, world_size))
             errors = misuse_errors(rank)
     (out / f"errors_rank{rank}.json").write_text(json.dumps(errors))

@@ -130,13 +130,19 @@ def test_one_process_checkpoint_continues_on_two_ranks(eager: Path) -> None:
             assert np.array_equal(ranks[0][key], ranks[1][key])
 
 
-def test_legacy_session_on_two_ranks_trains_like_one_process(eager: Path) -> None:
+@pytest.mark.parametrize("run", ["legacy", "legacy_zero"])
+def test_legacy_session_on_two_ranks_trains_like_one_process(eager: Path, run: str) -> None:
+    """world_size=2 (and deepspeed_zero_stage=1: Adam's state sharded, gathered whole by
+    get_optimizer_state) == the 1-process full-batch run."""
     reference = worker.legacy_train()
-    ranks = rank_results(eager, "legacy")
+    ranks = rank_results(eager, run)
     for key in reference:
-        if key.startswith("param/"):
+        if key.startswith(("param/", "moment/")):
             assert np.array_equal(ranks[0][key], ranks[1][key]), key
             np.testing.assert_allclose(ranks[0][key], reference[key], rtol=0, atol=TOLERANCE, err_msg=key)
+    held = [int(result["held_moment_elements"]) for result in ranks]  # moment elements each rank keeps
+    full = int(reference["held_moment_elements"])
+    assert held == [full, full] if run == "legacy" else sum(held) == full and max(held) <= full / 2 + 2, held
 
 
 def test_fp16_overflow_on_one_rank_skips_the_step_on_all(eager: Path) -> None:

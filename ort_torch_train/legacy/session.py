@@ -33,9 +33,9 @@ from ort_torch_train.graph.artifacts import load_model
 from ort_torch_train.legacy.distributed import legacy_data_parallel
 from ort_torch_train.legacy.graph import build_training_setup
 from ort_torch_train.legacy.metadata import ModelMetadata, NodeArg
-from ort_torch_train.legacy.optimizers import build_optimizer
 from ort_torch_train.legacy.parameters import TrainingParameters, check_supported
 from ort_torch_train.legacy.providers import choose_provider
+from ort_torch_train.legacy.zero import build_legacy_optimizer
 from ort_torch_train.optim.float32 import to_float32
 from ort_torch_train.training.engine import TrainingEngine
 from ort_torch_train.training.precision import MixedPrecision
@@ -71,10 +71,8 @@ class TrainingSession:
         self._engine._data_parallel = legacy_data_parallel(parameters, self._engine)
         self._reduce_once = parameters.allreduce_post_accumulation
         self._trained = setup.trained
-        self._optimizer = build_optimizer(
-            parameters.training_optimizer_name, {n: self.training_state.params[n] for n in self._trained},
-            parameters.optimizer_attributes_map, parameters.optimizer_int_attributes_map,
-            parameters.optimizer_initial_state, parameters.enable_grad_norm_clip, parameters.use_fp16_moments)
+        self._optimizer = build_legacy_optimizer(parameters, {n: self.training_state.params[n] for n in self._trained},
+                                                 self._engine._data_parallel)
         if parameters.use_mixed_precision:
             self._engine.precision = MixedPrecision("fp16", self.training_state, loss_scale=parameters.loss_scale)
         self._loss_scaler = self._engine.precision.loss_scaler if self._engine.precision is not None else None
