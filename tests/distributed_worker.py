@@ -151,8 +151,8 @@ def misuse_errors(rank: int) -> dict[str, str]:
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
-    from ort_torch_train.api import CheckpointState, Module
-    from ort_torch_train.errors import DistributedError
+    from ort_torch_train.api import CheckpointState, Module, Optimizer
+    from ort_torch_train.errors import CheckpointError, DistributedError
 
     artifacts = MLP / "artifacts"
     errors = {}
@@ -174,6 +174,11 @@ def misuse_errors(rank: int) -> dict[str, str]:
     module.eval()  # eval stays local: ranks evaluate different batches without any collective
     with torch.no_grad():
         module(*part(batches(MLP, 0), rank, 2))
+    Optimizer(artifacts / "optimizer_model.onnx", module, shard_state=True)
+    try:  # a rank's moment slices are not a checkpoint: only save_checkpoint gathers them
+        module.training_state.to_bytes(include_optimizer_state=True)
+    except CheckpointError as error:
+        errors["shard_saved_alone"] = str(error)
     return errors
 
 

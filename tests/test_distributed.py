@@ -160,7 +160,8 @@ def test_fp16_overflow_on_one_rank_skips_the_step_on_all(eager: Path) -> None:
 
 
 @pytest.mark.parametrize("case, expected", [("ddp_wrap", "distributed=True"),
-                                            ("different_checkpoints", "same checkpoint")])
+                                            ("different_checkpoints", "same checkpoint"),
+                                            ("shard_saved_alone", "but the parameter is")])
 def test_misuse_raises_on_every_rank(eager: Path, case: str, expected: str) -> None:
     for rank in range(WORLD_SIZE):
         errors = json.loads((eager / f"errors_rank{rank}.json").read_text())
