@@ -99,7 +99,8 @@ def train(run: str, rank: int = 0, world_size: int = 1, checkpoint: Path | None 
 
 def legacy_train(rank: int = 0, world_size: int = 1, zero_stage: int = 0) -> dict[str, np.ndarray]:
     """The legacy TrainingSession (Adam, 2-step accumulation reduced once) on this rank's share of 8
-    batches; its parameters and (whole, gathered under ZeRO stage 1) optimizer state."""
+    batches, then its state (get_state) loaded into a new session that trains on 2 more; the
+    parameters and (whole, gathered under ZeRO stage 1) optimizer state."""
     from legacy_models import LR, params_for, session
 
     settings = {"world_rank": rank, "world_size": world_size, "data_parallel_size": world_size,
@@ -108,7 +109,10 @@ def legacy_train(rank: int = 0, world_size: int = 1, zero_stage: int = 0) -> dic
     sess = session(params_for("AdamOptimizer", **settings))
     rng = np.random.default_rng(3)
     losses = []
-    for step in range(8):
+    for step in range(10):
+        if step == 8:
+            saved, sess = sess.get_state(), session(params_for("AdamOptimizer", **settings))
+            sess.load_state(saved, strict=True)
         x, y = rng.standard_normal((6, 4)).astype(np.float32), rng.integers(0, 3, 6).astype(np.int64)
         x, y = part([x, y], rank, world_size)
         losses.append(float(sess.run(["loss"], {"x": x, "y": y, LR: np.array([0.02], np.float32)})[0]))
