@@ -29,6 +29,7 @@ RUNS = {
     "transformer_adamw_sched": (TRANSFORMER, None, {}, STEPS),
     "mlp_sgd": (MLP_OPTIMIZERS, SGD_MODEL, {}, STEPS),
     "mlp_sharded_clip": (MLP_OPTIMIZERS, CLIP_MODEL, {"shard_state": True}, STEPS),
+    "mlp_adamw_sched_sharded": (MLP, None, {"shard_state": True}, STEPS),
     "mlp_accumulate": (MLP, None, {"accumulate": True}, 6),
     "transformer_sharded": (TRANSFORMER, None, {"shard_state": True}, 6),
     "mlp_compiled": (MLP, None, {"compile": True}, STEPS),
@@ -220,6 +221,9 @@ def main() -> None:
             resumed = train("mlp_adamw_sched", rank, world_size, checkpoint=out / "one_process_step10.ckpt",
                             first_step=10)
             np.savez(out / f"resumed_rank{rank}.npz", **resumed)
+            resumed = train("mlp_adamw_sched_sharded", rank, world_size, checkpoint=out / "one_process_step10.ckpt",
+                            first_step=10)
+            np.savez(out / f"resumed_sharded_rank{rank}.npz", **resumed)
             np.savez(out / f"legacy_rank{rank}.npz", **legacy_train(rank, world_size))
             np.savez(out / f"legacy_zero_rank{rank}.npz", **legacy_train(rank, world_size, zero_stage=1))
             np.savez(out / f"fp16_rank{rank}.npz", **fp16_overflow(rank, world_size))

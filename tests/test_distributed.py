@@ -126,9 +126,11 @@ def test_rank0_checkpoint_continues_in_one_process(eager: Path) -> None:
             np.testing.assert_allclose(resumed[key], reference[key], rtol=0, atol=TOLERANCE, err_msg=key)
 
 
-def test_one_process_checkpoint_continues_on_two_ranks(eager: Path) -> None:
+@pytest.mark.parametrize("run", ["resumed", "resumed_sharded"])
+def test_one_process_checkpoint_continues_on_two_ranks(eager: Path, run: str) -> None:
+    """A 1-process step-10 checkpoint continues on 2 ranks (moments cut to slices with shard_state)."""
     reference = worker.train("mlp_adamw_sched")
-    ranks = rank_results(eager, "resumed")
+    ranks = rank_results(eager, run)
     for key in reference:
         if key.startswith("param/"):
             np.testing.assert_allclose(ranks[0][key], reference[key], rtol=0, atol=TOLERANCE, err_msg=key)
