@@ -67,7 +67,7 @@ examples:
   ort-torch-train train artifacts/ --data train.npz --inputs x,y --steps 500 --lr 3e-3 \\
       --schedule linear --warmup 50 --eval-data test.npz --output run/ckpt
   ort-torch-train train artifacts/ --data train.npz --steps 500 --resume run/ckpt --output run/ckpt2
-  torchrun --nproc_per_node=2 -m ort_torch_train train artifacts/ --data train.npz --batch-size 64 \
+  torchrun --nproc_per_node=2 -m ort_torch_train train artifacts/ --data train.npz --batch-size 64 \\
       --steps 500 --shard-state --output run/ckpt      (data-parallel: each rank feeds 32 of the 64 rows)
   ort-torch-train train refcorpus/cnn/artifacts --data refcorpus/cnn/data.npz --inputs x_train,y_train \\
       --batched --steps 20 --eval-data refcorpus/cnn/data.npz --eval-inputs x_eval,y_eval"""

@@ -121,7 +121,6 @@ class ShardedOptimizerEngine(OptimizerEngine):
                                else self._owned_moments(name, param, start, stop, momentums.get(name)))
         for name in [n for n in momentums if n not in owned_names]:
             del momentums[name]
-        self._owned_names = owned_names
         self._params = self.shard.owned([param.detach() for param in params])
         self._grads = self.shard.owned([param.grad for param in params])
         self._moments = [[momentums[name][key] for name in owned_names] for key in self.spec.momentum_names]
@@ -153,8 +152,3 @@ class ShardedOptimizerEngine(OptimizerEngine):
                 for name, whole in zip(self.param_names, self.shard.gather(pieces, self._params[0])):
                     full[name][key] = whole.view(self.state.params[name].shape)
         return full
-
-    @property
-    def moment_bytes(self) -> int:
-        """Bytes of optimizer moments this rank holds."""
-        return sum(t.numel() * t.element_size() for moments in self._moments for t in moments)
