@@ -57,8 +57,9 @@ class ShardedLegacyOptimizer:
             piece = torch.nn.Parameter(param.detach().view(-1)[start:stop], requires_grad=False)
             piece.grad = param.grad.view(-1)[start:stop]  # views: the session's gradients, averaged in place
             pieces[name] = piece
-        owned_state = {weight: {key: self._cut(weight, key, value) for key, value in values.items()}
-                       for weight, values in initial_state.items() if weight in self._slices}
+        cut = {weight: {key: self._cut(weight, key, value) for key, value in values.items()}
+               for weight, values in initial_state.items() if weight in self.params}  # checked on every rank
+        owned_state = {weight: values for weight, values in cut.items() if weight in self._slices}
         self.inner = build(pieces, owned_state)
         self.clip_grad_norm = self.inner.clip_grad_norm
         self._wholes = [param.detach().view(-1) for param in self.params.values()]
@@ -97,17 +98,20 @@ class ShardedLegacyOptimizer:
         for prefix in (UPDATE_COUNT, MOMENT_1, MOMENT_2):
             weight = name.removeprefix(prefix + "_")
             if weight != name and weight in self.params:
-                return weight not in self._slices or self.inner.load_state_tensor(
-                    name, self._cut(weight, prefix, value))
+                piece = self._cut(weight, prefix, value)  # checked on every rank
+                return weight not in self._slices or self.inner.load_state_tensor(name, piece)
         return False
 
     def _cut(self, weight: str, key: str, value: object) -> object:
-        """This rank's slice of a whole moment (an update count is not sliced)."""
-        if key == UPDATE_COUNT:
+        """This rank's slice of a whole moment, after checking its shape (None where this rank owns
+        none of the weight); an update count (or any other value) is not sliced."""
+        if key not in (MOMENT_1, MOMENT_2):
             return value
         tensor = value.detach() if isinstance(value, Tensor) else torch.as_tensor(np.asarray(value))
         shape = tuple(self.params[weight].shape)
         if tuple(tensor.shape) != shape:
             raise ValueError(f"{key} of {weight!r}: expected shape {list(shape)}, got {list(tensor.shape)}")
+        if weight not in self._slices:
+            return None
         start, stop = self._slices[weight]
         return tensor.reshape(-1)[start:stop]
