@@ -23,6 +23,7 @@ class Launch:
     rank: int = 0
     world_size: int = 1
     owns_group: bool = False  # this command initialised the process group (and destroys it at the end)
+    device: str = "cpu"  # where this rank trains (NCCL reduces CUDA tensors only)
 
     @property
     def distributed(self) -> bool:
@@ -48,7 +49,7 @@ class Launch:
         """The mean of ``value`` over the ranks (the whole batch's loss from each rank's mean loss)."""
         if not self.distributed:
             return value
-        total = torch.tensor([value], dtype=torch.float64)
+        total = torch.tensor([value], dtype=torch.float64, device=self.device)
         dist.all_reduce(total)
         return float(total.item()) / self.world_size
 
@@ -67,7 +68,7 @@ def launch_from_environment(device: str) -> tuple[Launch, str]:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if world_size <= 1:
-        return Launch(), device
+        return Launch(device=device), device
     if device == "cuda":
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
     owns_group = not dist.is_initialized()
@@ -78,4 +79,4 @@ def launch_from_environment(device: str) -> tuple[Launch, str]:
         if device.startswith("cuda"):
             torch.cuda.set_device(torch.device(device))
         dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
-    return Launch(dist.get_rank(), dist.get_world_size(), owns_group), device
+    return Launch(dist.get_rank(), dist.get_world_size(), owns_group, device), device

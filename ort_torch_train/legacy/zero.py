@@ -80,7 +80,8 @@ class ShardedLegacyOptimizer:
             pieces = [owned[name][key] for name in self._slices]
             for name, tensor in zip(self.params, self.shard.gather(pieces, pieces[0])):
                 whole[name][key] = tensor.view(self.params[name].shape)
-        counts = torch.tensor([int(owned[name][UPDATE_COUNT]) if name in owned else 0 for name in self.params])
+        counts = torch.tensor([int(owned[name][UPDATE_COUNT]) if name in owned else 0 for name in self.params],
+                              device=pieces[0].device)  # NCCL: a CUDA tensor
         dist.all_reduce(counts, op=dist.ReduceOp.MAX, group=self.shard.group)
         for name, count in zip(self.params, counts.tolist()):
             whole[name][UPDATE_COUNT] = torch.tensor([count], dtype=torch.int64)
