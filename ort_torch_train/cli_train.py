@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from ort_torch_train.cli_data import (
     select_arrays,
     split_keys,
 )
+from ort_torch_train.cli_distributed import Launch, launch_from_environment
 from ort_torch_train.graph.artifacts import eval_layout, training_layout
 from ort_torch_train.cli_train_loop import MetricsSink, run_loop
 
@@ -65,6 +67,8 @@ examples:
   ort-torch-train train artifacts/ --data train.npz --inputs x,y --steps 500 --lr 3e-3 \\
       --schedule linear --warmup 50 --eval-data test.npz --output run/ckpt
   ort-torch-train train artifacts/ --data train.npz --steps 500 --resume run/ckpt --output run/ckpt2
+  torchrun --nproc_per_node=2 -m ort_torch_train train artifacts/ --data train.npz --batch-size 64 \\
+      --steps 500 --shard-state --output run/ckpt      (data-parallel: each rank feeds 32 of the 64 rows)
   ort-torch-train train refcorpus/cnn/artifacts --data refcorpus/cnn/data.npz --inputs x_train,y_train \\
       --batched --steps 20 --eval-data refcorpus/cnn/data.npz --eval-inputs x_eval,y_eval"""
 
@@ -83,18 +87,31 @@ class TrainingJob:
 
 
 def run_train(args: argparse.Namespace) -> None:
-    """Train, report (text or --json), save the checkpoint with its optimizer state."""
+    """Train, report (text or --json), save the checkpoint with its optimizer state; under torchrun
+    data-parallel, with rank 0 reporting and saving (``cli_distributed.py``)."""
+    if args.shard_state and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        raise CliError("--shard-state shards the optimizer state across ranks: launch 2 or more processes with "
+                       "`torchrun --nproc_per_node=N -m ort_torch_train train ...`")
+    launch, device = launch_from_environment(args.device)
+    try:
+        train(args, launch, device)
+    finally:
+        launch.close()
+
+
+def train(args: argparse.Namespace, launch: Launch, device: str) -> None:
+    """``run_train`` on this rank."""
     job = prepare(args)
-    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    module = Module(job.training_model, job.state, job.eval_model, device=device, compile=args.compile)
-    optimizer = Optimizer(job.optimizer_model, module)
+    module = Module(job.training_model, job.state, job.eval_model, device=device, compile=args.compile,
+                    distributed=launch.distributed)
+    optimizer = Optimizer(job.optimizer_model, module, shard_state=args.shard_state)
     optimizer_state = job.state.training_state.optimizer
     start = optimizer_state.step
     steps = args.steps or args.epochs * job.batches.steps_per_epoch
     lr = args.lr if args.lr is not None else optimizer_state.initial_learning_rate
     scheduler = make_scheduler(optimizer, args.schedule, args.warmup, args.total_steps or start + steps, lr)
     eval_before = evaluate(module, job.evaluation, job.batch_size) if job.evaluation else None
-    say = (lambda text: None) if args.json or args.quiet else print
+    say = (lambda text: None) if args.json or args.quiet or not launch.is_main else print
     if args.resume:
         say(f"resumed from {args.resume} at step {start}")
     output = Path(args.output)
@@ -105,16 +122,19 @@ def run_train(args: argparse.Namespace) -> None:
         say(f"step {step}: checkpoint saved to {output}")
 
     def one_step(step: int) -> tuple[float, float]:
-        loss = loss_value(module.step(optimizer, *job.batches[step]))  # module(...), optimizer.step(), reset grads
+        loss = loss_value(module.step(optimizer, *launch.rows(job.batches[step])))  # module(...), step, reset
+        loss = launch.mean(loss)
         scheduler.step()
         return loss, optimizer.get_learning_rate()
 
     torch.manual_seed(args.seed + start)
     module.train()
-    sink = MetricsSink(args.metrics, args.tensorboard, args.metrics_every)
+    sink = (MetricsSink(args.metrics, args.tensorboard, args.metrics_every) if launch.is_main
+            else MetricsSink(None, None, args.metrics_every))
+    where = f"training on {device}" + (f" x {launch.world_size} ranks" if launch.distributed else "")
     try:
         result = run_loop(one_step, range(start, start + steps), save, sink, args.save_every, bool(args.compile),
-                          args.quiet, f"training on {device}")
+                          args.quiet or not launch.is_main, where)
         eval_after = evaluate(module, job.evaluation, job.batch_size) if job.evaluation else None
         if eval_after is not None:
             sink.record(start + steps, eval_loss=eval_after)
@@ -122,14 +142,15 @@ def run_train(args: argparse.Namespace) -> None:
         sink.close()
     CheckpointState.save_checkpoint(job.state, output, include_optimizer_state=True)
     summary = {
-        "first_step": start + 1, "last_step": start + steps, "device": device,
+        "first_step": start + 1, "last_step": start + steps, "device": device, "world_size": launch.world_size,
         "loss_first": result.losses[0], "loss_last": result.losses[-1],
         "steps_per_s": None if math.isnan(result.steps_per_second) else result.steps_per_second,
         "train_seconds": result.seconds, "compile_seconds": result.compile_seconds,
         "eval_loss_before": eval_before, "eval_loss": eval_after, "checkpoint": str(output),
     }
     if args.json:
-        print(json.dumps(summary, indent=2))
+        if launch.is_main:
+            print(json.dumps(summary, indent=2))
         return
     compiling = f" after {result.compile_seconds:.1f} s compiling" if result.compile_seconds is not None else ""
     say(f"trained steps {start + 1}-{start + steps} on {device}: {result.steps_per_second:.1f} step/s{compiling}: "
@@ -234,6 +255,8 @@ def add_train_parser(commands: argparse._SubParsersAction, formatter: type, posi
     parser.add_argument("--compile", action="store_true",
                         help="run each step (forward, backward, update) as one torch.compile'd graph "
                              "(compiling takes seconds first; faster steps after)")
+    parser.add_argument("--shard-state", action="store_true",
+                        help="under torchrun: each rank keeps 1/N of the optimizer state (ZeRO stage 1)")
     parser.add_argument("--seed", type=int, default=0, metavar="N",
                         help="seed of the shuffling and of dropout (default 0)")
     parser.add_argument("--no-shuffle", action="store_true", help="keep the data's order")

@@ -29,6 +29,7 @@ RUNS = {
     "transformer_adamw_sched": (TRANSFORMER, None, {}, STEPS),
     "mlp_sgd": (MLP_OPTIMIZERS, SGD_MODEL, {}, STEPS),
     "mlp_sharded_clip": (MLP_OPTIMIZERS, CLIP_MODEL, {"shard_state": True}, STEPS),
+    "mlp_adamw_sched_sharded": (MLP, None, {"shard_state": True}, STEPS),
     "mlp_accumulate": (MLP, None, {"accumulate": True}, 6),
     "transformer_sharded": (TRANSFORMER, None, {"shard_state": True}, 6),
     "mlp_compiled": (MLP, None, {"compile": True}, STEPS),
@@ -97,21 +98,57 @@ def train(run: str, rank: int = 0, world_size: int = 1, checkpoint: Path | None 
             **{f"param/{n}": v for n, v in params.items()}}
 
 
-def legacy_train(rank: int = 0, world_size: int = 1) -> dict[str, np.ndarray]:
-    """The legacy TrainingSession (Adam, 2-step accumulation reduced once) on this rank's share of 8 batches."""
+def legacy_train(rank: int = 0, world_size: int = 1, zero_stage: int = 0) -> dict[str, np.ndarray]:
+    """The legacy TrainingSession (Adam, 2-step accumulation reduced once) on this rank's share of 8
+    batches, then its state (get_state) loaded into a new session that trains on 2 more; the
+    parameters and (whole, gathered under ZeRO stage 1) optimizer state."""
     from legacy_models import LR, params_for, session
 
     settings = {"world_rank": rank, "world_size": world_size, "data_parallel_size": world_size,
-                "gradient_accumulation_steps": 2, "allreduce_post_accumulation": True}
+                "gradient_accumulation_steps": 2, "allreduce_post_accumulation": True,
+                "deepspeed_zero_stage": zero_stage}
     sess = session(params_for("AdamOptimizer", **settings))
     rng = np.random.default_rng(3)
     losses = []
-    for step in range(8):
+    for step in range(10):
+        if step == 8:
+            saved, sess = sess.get_state(), session(params_for("AdamOptimizer", **settings))
+            sess.load_state(saved, strict=True)
         x, y = rng.standard_normal((6, 4)).astype(np.float32), rng.integers(0, 3, 6).astype(np.int64)
         x, y = part([x, y], rank, world_size)
         losses.append(float(sess.run(["loss"], {"x": x, "y": y, LR: np.array([0.02], np.float32)})[0]))
     state = sess.get_model_state()["full_precision"]
-    return {"losses": np.array(losses), **{f"param/{n}": np.asarray(v) for n, v in state.items()}}
+    moments = {f"moment/{w}/{k}": v for w, values in sess.get_optimizer_state().items() for k, v in values.items()}
+    held = getattr(sess._optimizer, "inner", sess._optimizer).moments  # the moments this rank keeps
+    return {"losses": np.array(losses), "held_moment_elements": np.array(sum(m.numel() for ms in held.values()
+                                                                             for m in ms)),
+            **{f"param/{n}": np.asarray(v) for n, v in state.items()}, **moments}
+
+
+def fp16_overflow(rank: int, world_size: int) -> dict[str, np.ndarray]:
+    """fp16 loss scaling, with and without sharded state: at step 2 rank 1 alone finds an inf in its
+    (already averaged) gradient, in the slice it owns; every rank must skip that step."""
+    from ort_torch_train.api import CheckpointState, Module, Optimizer
+
+    artifacts = MLP / "artifacts"
+    results = {}
+    for run, shard_state in (("ddp", False), ("sharded", True)):
+        state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
+        module = Module(artifacts / "training_model.onnx", state, distributed=True, mixed_precision="fp16")
+        optimizer = Optimizer(artifacts / "optimizer_model.onnx", module, shard_state=shard_state)
+        skipped = []
+        for step in range(4):
+            module(*part(batches(MLP, step), rank, world_size))
+            if step == 2 and rank == 1:
+                last = state.training_state.params[module.trainable_parameter_names[-1]]
+                last.grad.view(-1)[-1] = float("inf")
+            optimizer.step()
+            module.lazy_reset_grad()
+            skipped.append(optimizer.last_step_skipped)
+        results[f"{run}/skipped"] = np.array(skipped)
+        results[f"{run}/scale"] = np.array(module.precision.loss_scaler.get_scale())
+        results.update({f"{run}/param/{n}": p.data.copy() for n, p in state.parameters})
+    return results
 
 
 def misuse_errors(rank: int) -> dict[str, str]:
@@ -119,8 +156,8 @@ def misuse_errors(rank: int) -> dict[str, str]:
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
-    from ort_torch_train.api import CheckpointState, Module
-    from ort_torch_train.errors import DistributedError
+    from ort_torch_train.api import CheckpointState, Module, Optimizer
+    from ort_torch_train.errors import CheckpointError, DistributedError
 
     artifacts = MLP / "artifacts"
     errors = {}
@@ -142,6 +179,11 @@ def misuse_errors(rank: int) -> dict[str, str]:
     module.eval()  # eval stays local: ranks evaluate different batches without any collective
     with torch.no_grad():
         module(*part(batches(MLP, 0), rank, 2))
+    Optimizer(artifacts / "optimizer_model.onnx", module, shard_state=True)
+    try:  # a rank's moment slices are not a checkpoint: only save_checkpoint gathers them
+        module.training_state.to_bytes(include_optimizer_state=True)
+    except CheckpointError as error:
+        errors["shard_saved_alone"] = str(error)
     return errors
 
 
@@ -179,7 +221,12 @@ def main() -> None:
             resumed = train("mlp_adamw_sched", rank, world_size, checkpoint=out / "one_process_step10.ckpt",
                             first_step=10)
             np.savez(out / f"resumed_rank{rank}.npz", **resumed)
+            resumed = train("mlp_adamw_sched_sharded", rank, world_size, checkpoint=out / "one_process_step10.ckpt",
+                            first_step=10)
+            np.savez(out / f"resumed_sharded_rank{rank}.npz", **resumed)
             np.savez(out / f"legacy_rank{rank}.npz", **legacy_train(rank, world_size))
+            np.savez(out / f"legacy_zero_rank{rank}.npz", **legacy_train(rank, world_size, zero_stage=1))
+            np.savez(out / f"fp16_rank{rank}.npz", **fp16_overflow(rank, world_size))
             errors = misuse_errors(rank)
     (out / f"errors_rank{rank}.json").write_text(json.dumps(errors))
     if scenario != "lost_rank":

@@ -2,7 +2,8 @@
 
 The torch.compile path of pytorch_interop.py costs a minute of inductor compilation on a small CPU,
 so the main run uses --no-compile and ``test_pytorch_interop_compiled`` (marked ``compile``;
-deselect with ``-m "not compile"``) runs it compiled, with the fewest steps.
+deselect with ``-m "not compile"``) runs it compiled, with the fewest steps. train_ddp.py runs
+under torchrun in test_distributed_launch.py.
 """
 
 from __future__ import annotations

@@ -225,6 +225,18 @@ def test_unsupported_settings_raise_not_implemented(name):
         session(params_for(**{name: value}))
 
 
+@pytest.mark.parametrize("optimizer, stage, expected", [("AdamOptimizer", 2, "only stage 0"),
+                                                        ("LambOptimizer", 1, "not element-wise")])
+def test_zero_stages_that_are_not_implemented_raise(optimizer, stage, expected):
+    with pytest.raises(NotImplementedError, match=expected):
+        session(params_for(optimizer, deepspeed_zero_stage=stage))
+
+
+def test_zero_stage_1_in_one_process_trains_unsharded():
+    data, rates = batches(3), lrs(3)
+    assert train(session(params_for(deepspeed_zero_stage=1)), data, rates) == train(session(params_for()), data, rates)
+
+
 def test_ort_format_is_not_implemented(tmp_path):
     with pytest.raises(NotImplementedError, match="ORT format"):
         TrainingSession(str(tmp_path / "model.ort"), params_for())

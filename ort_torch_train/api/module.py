@@ -79,6 +79,8 @@ class Module(TrainingEngine):
         self.session_options = session_options
         if distributed:
             self._data_parallel = data_parallel(self, process_group)
+            if self.precision is not None and self.precision.loss_scaler is not None:
+                self.precision.loss_scaler.process_group = self._data_parallel.group
         elif process_group is not None:
             raise DistributedError("Module: process_group is given but distributed is False; pass distributed=True")
 

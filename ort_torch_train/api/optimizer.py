@@ -7,7 +7,6 @@ from typing import Any
 
 import onnx
 
-from ort_torch_train.errors import DistributedError
 from ort_torch_train.optim.engine import OptimizerEngine
 from ort_torch_train.optim.optimizer_model import read_optimizer_model
 from ort_torch_train.optim.schedulers import (
@@ -40,10 +39,6 @@ class Optimizer:
         spec = read_optimizer_model(optimizer_uri)
         precision = getattr(module, "precision", None)
         loss_scaler = None if precision is None else precision.loss_scaler
-        if shard_state and loss_scaler is not None:
-            raise DistributedError("Optimizer(shard_state=True) does not support fp16 loss scaling yet (each rank "
-                                   "would decide the inf/nan skip on its own shard); use mixed_precision='bf16' "
-                                   "or shard_state=False")
         if shard_state:
             self._engine = sharded_engine(spec, module, implementation)
         else:

@@ -162,6 +162,7 @@ class TrainingState:
         for and when there is one (ORT silently writes none otherwise)."""
         groups = []
         if include_optimizer_state and self.optimizer is not None:
+            self._check_momentums()  # a rank's slices of sharded moments are saved only gathered (save_checkpoint)
             opt = self.optimizer
             groups.append(OptimizerGroupRecord(
                 opt.group_name, opt.step, opt.initial_learning_rate,

@@ -81,12 +81,12 @@ def build_optimizer(name: str, params: Mapping[str, torch.nn.Parameter],
                     float_attributes: Mapping[str, Mapping[str, float]],
                     int_attributes: Mapping[str, Mapping[str, int]],
                     initial_state: Mapping[str, Mapping[str, object]], clip_grad_norm: bool,
-                    fp16_moments: bool = False) -> SGD | Adam | None:
+                    fp16_moments: bool = False, all_weights: Sequence[str] | None = None) -> SGD | Adam | None:
     """The optimizer ``training_optimizer_name`` names over the trained ``params``; None for "" or
     when no weight is trained (ORT then builds no optimizer graph, and takes no learning rate).
 
     ``fp16_moments`` stores Adam's and Lamb's moments in float16. As in ORT, both attribute maps need
-    an entry for every trained weight. Attribute names the
+    an entry for every trained weight (``all_weights`` when ``params`` are slices of some of them). Attribute names the
     optimizer does not read are ignored, as ORT does, with a warning.
     """
     if not name or not params:
@@ -95,7 +95,7 @@ def build_optimizer(name: str, params: Mapping[str, torch.nn.Parameter],
 
     floats = {"AdamOptimizer": ADAM_FLOAT_DEFAULTS, "LambOptimizer": LAMB_FLOAT_DEFAULTS}.get(name, {})
     ints = {"AdamOptimizer": ADAM_INT_DEFAULTS, "LambOptimizer": LAMB_INT_DEFAULTS}.get(name, {})
-    for weight in params:
+    for weight in all_weights if all_weights is not None else params:
         for what, maps in (("attribute", float_attributes), ("int attribute", int_attributes)):
             if weight not in maps:
                 raise ValueError(f"Failed to find {what} map for weight {weight}: TrainingParameters."

@@ -21,8 +21,6 @@ UNSUPPORTED_SETTINGS: dict[str, tuple[Any, str]] = {
     "pipeline_parallel_size": (1, "pipeline parallelism is not implemented"),
     "num_pipeline_micro_batches": (1, "pipeline parallelism is not implemented"),
     "pipeline_cut_info_string": ("", "pipeline parallelism is not implemented"),
-    "deepspeed_zero_stage": (0, "ZeRO optimizer-state partitioning of the legacy optimizers is not implemented "
-                                "(ort_torch_train.api.Optimizer(shard_state=True) does it)"),
     "enable_adasum": (False, "Adasum gradient reduction is not implemented"),
     "use_memory_efficient_gradient": (False, "ORT's memory-efficient gradient graph is not implemented "
                                              "(the recompute settings and Module(recompute=k) save activation "
@@ -57,7 +55,8 @@ class TrainingParameters:
         "enable_grad_norm_clip", "loss_scale", "use_mixed_precision", "use_fp16_moments",
         "propagate_cast_ops_level", "propagate_cast_ops_allow", "gelu_recompute", "attn_dropout_recompute",
         "transformer_layer_recompute", "number_recompute_layers",
-        "world_rank", "world_size", "data_parallel_size", "allreduce_post_accumulation", *UNSUPPORTED_SETTINGS,
+        "world_rank", "world_size", "data_parallel_size", "allreduce_post_accumulation", "deepspeed_zero_stage",
+        *UNSUPPORTED_SETTINGS,
     )
 
     def __init__(self) -> None:
@@ -87,6 +86,7 @@ class TrainingParameters:
         self.world_size: int = 1
         self.data_parallel_size: int = 1
         self.allreduce_post_accumulation: bool = False
+        self.deepspeed_zero_stage: int = 0  # 1: optimizer state sharded across the ranks (legacy/zero.py)
         for name, (default, _) in UNSUPPORTED_SETTINGS.items():
             setattr(self, name, type(default)(default))  # fresh containers per instance
 
@@ -117,6 +117,14 @@ def check_supported(parameters: TrainingParameters) -> None:
             raise NotImplementedError(f"TrainingParameters.{name} = {value!r} is not supported: {reason} "
                                       f"(only {honoured!r} is)")
     optimizer = parameters.training_optimizer_name
+    stage = parameters.deepspeed_zero_stage
+    if stage not in (0, 1):
+        raise NotImplementedError(f"TrainingParameters.deepspeed_zero_stage = {stage!r} is not supported: only "
+                                  "stage 0 (no sharding) and 1 (optimizer state sharded) are implemented")
+    if stage == 1 and optimizer == "LambOptimizer":
+        raise NotImplementedError("TrainingParameters.deepspeed_zero_stage = 1 with LambOptimizer is not "
+                                  "supported: LAMB's per-weight trust ratio is not element-wise; use "
+                                  "AdamOptimizer or SGDOptimizer, or stage 0")
     if optimizer and optimizer not in OPTIMIZERS:
         raise ValueError(f"TrainingParameters.training_optimizer_name: Failed to get Optimizer builder for "
                          f"{optimizer!r}; expected one of {list(OPTIMIZERS)} (or '' for no optimizer)")

@@ -34,9 +34,9 @@ from ort_torch_train.graph.artifacts import load_model
 from ort_torch_train.legacy.distributed import legacy_data_parallel
 from ort_torch_train.legacy.graph import build_training_setup
 from ort_torch_train.legacy.metadata import ModelMetadata, NodeArg
-from ort_torch_train.legacy.optimizers import build_optimizer
 from ort_torch_train.legacy.parameters import TrainingParameters, check_supported, recompute_plan
 from ort_torch_train.legacy.providers import choose_provider
+from ort_torch_train.legacy.zero import build_legacy_optimizer
 from ort_torch_train.optim.float32 import to_float32
 from ort_torch_train.training.engine import TrainingEngine
 from ort_torch_train.training.precision import MixedPrecision
@@ -77,13 +77,13 @@ class TrainingSession:
                 with_pattern_recompute, plan=plan, user_inputs=len(self._engine.train_graph.layout.user_inputs))
         self._reduce_once = parameters.allreduce_post_accumulation
         self._trained = setup.trained
-        self._optimizer = build_optimizer(
-            parameters.training_optimizer_name, {n: self.training_state.params[n] for n in self._trained},
-            parameters.optimizer_attributes_map, parameters.optimizer_int_attributes_map,
-            parameters.optimizer_initial_state, parameters.enable_grad_norm_clip, parameters.use_fp16_moments)
+        self._optimizer = build_legacy_optimizer(parameters, {n: self.training_state.params[n] for n in self._trained},
+                                                 self._engine._data_parallel)
         if parameters.use_mixed_precision:
             self._engine.precision = MixedPrecision("fp16", self.training_state, loss_scale=parameters.loss_scale)
         self._loss_scaler = self._engine.precision.loss_scaler if self._engine.precision is not None else None
+        if self._loss_scaler is not None and self._engine._data_parallel is not None:
+            self._loss_scaler.process_group = self._engine._data_parallel.group  # ranks agree on skipping
         self._lr_name = parameters.lr_params_feed_name if self._optimizer is not None else None
         self._accumulation_steps = parameters.gradient_accumulation_steps
         self._accumulated = 0

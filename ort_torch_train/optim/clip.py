@@ -5,26 +5,38 @@ Reference: onnxruntime ``orttraining/training_ops/cpu/optimizer/clip_grad_norm/c
     total_norm  = sqrt(sum over tensors of sum(g*g))
     coefficient = min(max_norm / (total_norm + 1e-6), 1)
     g *= coefficient                    (always applied; a no-op when coefficient is 1)
-Only the summation order of the norm differs from ORT (float rounding).
+Only the summation order of the norm differs from ORT (float rounding). With ``group`` each rank
+holds a slice of the gradients (sharded optimizer state): the squared norms are summed across ranks.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 CLIP_EPSILON = 1e-6
 
 
 @torch.no_grad()
-def clip_grad_norm_(grads: list[Tensor], max_norm: float) -> Tensor:
+def clip_grad_norm_(grads: list[Tensor], max_norm: float, group: Any = None) -> Tensor:
     """Scale ``grads`` in place so that their global L2 norm is at most ``max_norm``; return the norm.
 
     All grads must be on one device. The work stays on that device (no host synchronisation).
+    ``group``: a process group whose ranks each hold a disjoint slice of the gradients; the norm is
+    then that of all ranks' slices together (one all-reduce).
     """
     if len(grads) == 0:
         raise ValueError("clip_grad_norm_: grads must be a non-empty list of tensors; got an empty list")
-    total_norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    norms = torch.stack(torch._foreach_norm(grads))
+    if group is None:
+        total_norm = torch.linalg.vector_norm(norms)
+    else:
+        squared = norms.square().sum()
+        dist.all_reduce(squared, op=dist.ReduceOp.SUM, group=group)
+        total_norm = squared.sqrt()
     coefficient = torch.full_like(total_norm, max_norm).div_(total_norm + CLIP_EPSILON).clamp_(max=1.0)
     torch._foreach_mul_(grads, coefficient)
     return total_norm

@@ -90,7 +90,7 @@ class OptimizerEngine:
                 self.skipped_steps += 1
                 return False
         if self.spec.clip_max_norm is not None:
-            clip_grad_norm_(self._grads, self.spec.clip_max_norm)
+            self._clip_gradients()
         if not update_signal:
             return False
         optimizer_state = self.state.optimizer
@@ -107,6 +107,9 @@ class OptimizerEngine:
                 scratch=self._scratch)
         optimizer_state.step = step
         return True
+
+    def _clip_gradients(self) -> None:
+        clip_grad_norm_(self._grads, self.spec.clip_max_norm)
 
     def _prepare(self) -> None:
         if self._prepared_device is None or self._params[0].device != self._prepared_device:
@@ -151,6 +154,11 @@ class OptimizerEngine:
         self._params = params
         self._grads = [param.grad for param in params]
         self._moments = [[momentums[name][key] for name in self.param_names] for key in self.spec.momentum_names]
+        self._ready_kernel()
+
+    def _ready_kernel(self) -> None:
+        """Choose the kernel for the tensor lists and allocate its reused buffers."""
+        params = self._params
         self._implementation = self._choose_implementation()
         self._step_tensor = torch.zeros((), dtype=torch.float32, device=params[0].device)  # reused by "fused"
         self._scratch = None  # on CPU, fresh temporaries cost page faults at every step; CUDA caches them

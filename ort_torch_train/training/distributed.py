@@ -118,7 +118,8 @@ def require_identical(tensors: dict[Any, Tensor], group: Any, what: str) -> None
             dist.broadcast(reference, src=rank0, group=group)
             if not torch.equal(reference, tensor.detach()):
                 mismatched.append(key)
-    flag = torch.tensor([1.0 if mismatched else 0.0])
+    device = next(iter(tensors.values())).device if tensors else torch.device("cpu")  # NCCL: CUDA tensors
+    flag = torch.tensor([1.0 if mismatched else 0.0], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
     if flag.item():
         rank = dist.get_rank(group)
@@ -178,7 +179,7 @@ class DistributedCheckpoint:
                         state.optimizer.momentums = shard
             except Exception as error:  # raised after the barrier, so no rank waits forever
                 failure = error
-        flag = torch.tensor([0.0 if failure is None else 1.0])
+        flag = torch.tensor([0.0 if failure is None else 1.0], device=state.device)  # NCCL: a CUDA tensor
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
         if failure is not None:
             raise failure

@@ -6,6 +6,8 @@ low precision. ``LossScaler`` keeps ``torch.amp.GradScaler``'s semantics and run
 the scale before backward, the optimizer unscales the gradients and skips a step whose gradients
 hold inf or nan, after which the scale is multiplied by ``backoff_factor``; after ``growth_interval``
 clean steps in a row by ``growth_factor``. A static scaler (``dynamic=False``) never changes its scale.
+In a data-parallel run (``process_group`` set) the inf/nan flag is all-reduced (max) before the
+decision, as torch's sharded GradScaler does: a step is skipped on every rank or on none.
 The scale and the clean-step count live in the checkpoint's properties (``LOSS_SCALE_PROPERTY``,
 ``GROWTH_TRACKER_PROPERTY``), written at every optimizer step and read when a Module is built.
 """
@@ -15,7 +17,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 
+from typing import Any
+
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from ort_torch_train.checkpoint.state import TrainingState
@@ -78,6 +83,7 @@ class LossScaler:
         self.scale = torch.full((), scale, dtype=torch.float32)
         self._growth_tracker = torch.full((), tracker, dtype=torch.int32)
         self._found_inf = torch.zeros((), dtype=torch.float32)
+        self.process_group: Any = None  # the data-parallel group whose ranks must agree on skipping a step
         self._write_properties()
 
     def scaled(self, loss: Tensor) -> Tensor:
@@ -91,6 +97,8 @@ class LossScaler:
         self._found_inf.zero_()
         inverse = self.scale.double().reciprocal().float()
         torch._amp_foreach_non_finite_check_and_unscale_(grads, self._found_inf, inverse)
+        if self.process_group is not None:
+            dist.all_reduce(self._found_inf, op=dist.ReduceOp.MAX, group=self.process_group)
         found_inf = bool(self._found_inf.item())
         if self.dynamic:
             torch._amp_update_scale_(self.scale, self._growth_tracker, self._found_inf, self.growth_factor,
