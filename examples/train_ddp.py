@@ -13,6 +13,7 @@ Backends: gloo on CPU, NCCL with one GPU per process (``--device cuda``).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 from pathlib import Path
 
@@ -36,36 +37,42 @@ def main(argv: list[str] | None = None) -> dict:
 
     cuda = args.device.startswith("cuda")
     dist.init_process_group("nccl" if cuda else "gloo")  # env:// from torchrun
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    device = f"cuda:{rank % torch.cuda.device_count()}" if cuda else "cpu"
     try:
-        artifacts = args.case / "artifacts"
-        state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
-        module = Module(artifacts / "training_model.onnx", state, artifacts / "eval_model.onnx", device=device,
-                        distributed=True)
-        optimizer = Optimizer(artifacts / "optimizer_model.onnx", module, shard_state=args.shard_state)
-        scheduler = LinearLRScheduler(optimizer, 3, args.steps, 0.01)
-        keys = json.loads((args.case / "expected.json").read_text()).get("data_keys", {})
-        with np.load(args.case / "data.npz") as data:
-            train = [data[k] for k in keys.get("train") or ["x_train", "y_train"]]
-        losses = []
-        for step in range(args.steps):
-            batch = [array[step % len(array)] for array in train]
-            share = len(batch[0]) // world_size
-            loss = module(*[array[rank * share:(rank + 1) * share] for array in batch])
-            optimizer.step()
-            scheduler.step()
-            module.lazy_reset_grad()
-            losses.append(float(np.asarray(loss).reshape(-1)[0]))
-        args.out.mkdir(parents=True, exist_ok=True)
-        CheckpointState.save_checkpoint(state, args.out / "checkpoint", include_optimizer_state=True)
-        summary = {"rank": rank, "world_size": world_size, "first_loss": losses[0], "last_loss": losses[-1],
-                   "checkpoint": str(args.out / "checkpoint") if rank == 0 else None}
-        print(json.dumps(summary))
+        summary = train(args, f"cuda:{dist.get_rank() % torch.cuda.device_count()}" if cuda else "cpu")
+        gc.collect()  # the Module's DDP reducer goes while the interpreter is whole
+        dist.barrier()  # no rank tears the group down while a peer still talks to it
         return summary
     finally:
         dist.destroy_process_group()
 
+
+def train(args: argparse.Namespace, device: str) -> dict:
+    """ORT's loop on this rank's slice of each batch; rank 0 writes the checkpoint."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    artifacts = args.case / "artifacts"
+    state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
+    module = Module(artifacts / "training_model.onnx", state, artifacts / "eval_model.onnx", device=device,
+                    distributed=True)
+    optimizer = Optimizer(artifacts / "optimizer_model.onnx", module, shard_state=args.shard_state)
+    scheduler = LinearLRScheduler(optimizer, 3, args.steps, 0.01)
+    keys = json.loads((args.case / "expected.json").read_text()).get("data_keys", {})
+    with np.load(args.case / "data.npz") as data:
+        batches = [data[k] for k in keys.get("train") or ["x_train", "y_train"]]
+    losses = []
+    for step in range(args.steps):
+        batch = [array[step % len(array)] for array in batches]
+        share = len(batch[0]) // world_size
+        loss = module(*[array[rank * share:(rank + 1) * share] for array in batch])
+        optimizer.step()
+        scheduler.step()
+        module.lazy_reset_grad()
+        losses.append(float(np.asarray(loss).reshape(-1)[0]))
+    args.out.mkdir(parents=True, exist_ok=True)
+    CheckpointState.save_checkpoint(state, args.out / "checkpoint", include_optimizer_state=True)
+    summary = {"rank": rank, "world_size": world_size, "first_loss": losses[0], "last_loss": losses[-1],
+               "checkpoint": str(args.out / "checkpoint") if rank == 0 else None}
+    print(json.dumps(summary))
+    return summary
 
 if __name__ == "__main__":
     main()

@@ -7,6 +7,7 @@ the whole batch. Rank 0 prints, writes the metrics and the checkpoint (a collect
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 
@@ -53,10 +54,15 @@ class Launch:
         dist.all_reduce(total)
         return float(total.item()) / self.world_size
 
-    def close(self) -> None:
-        """Destroy the process group this command initialised."""
-        if self.owns_group:
-            dist.destroy_process_group()
+    def close(self, finished: bool) -> None:
+        """Destroy the process group this command initialised; after a finished run, once every rank is done
+        (a rank that tears gloo down while a peer still talks to it aborts)."""
+        if not self.owns_group:
+            return
+        gc.collect()  # the modules' DDP reducers and their work objects go while the interpreter is whole
+        if finished:
+            dist.barrier()
+        dist.destroy_process_group()
 
 
 def launch_from_environment(device: str) -> tuple[Launch, str]:

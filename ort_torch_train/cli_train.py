@@ -95,8 +95,10 @@ def run_train(args: argparse.Namespace) -> None:
     launch, device = launch_from_environment(args.device)
     try:
         train(args, launch, device)
-    finally:
-        launch.close()
+    except BaseException:
+        launch.close(finished=False)
+        raise
+    launch.close(finished=True)
 
 
 def train(args: argparse.Namespace, launch: Launch, device: str) -> None:

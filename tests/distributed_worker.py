@@ -8,6 +8,7 @@ MASTER_ADDR, MASTER_PORT). Each rank writes ``OUT_DIR/<run>_rank<r>.npz`` (losse
 from __future__ import annotations
 
 import datetime
+import gc
 import json
 import os
 import sys
@@ -230,6 +231,8 @@ def main() -> None:
             errors = misuse_errors(rank)
     (out / f"errors_rank{rank}.json").write_text(json.dumps(errors))
     if scenario != "lost_rank":
+        gc.collect()  # the Modules' DDP reducers go while the interpreter is whole (else gloo may abort at exit)
+        dist.barrier()
         dist.destroy_process_group()
 
 
