@@ -7,6 +7,7 @@ from .registry import ConversionContext, find_converter, normalize_domain, regis
 
 from . import (  # noqa: E402,F401  (registers converters)
     activations,
+    attention,
     bitwise,
     constants,
     conv,
