@@ -1,5 +1,5 @@
 """Resize (opset 11-19; nearest and linear; half_pixel, half_pixel_symmetric, pytorch_half_pixel,
-align_corners and asymmetric coordinates; opset 18 axes and keep_aspect_ratio_policy).
+align_corners and asymmetric coordinates; opset 18 axes and keep_aspect_ratio_policy) and Upsample (opset 7-9).
 
 Bilinear-family half_pixel/align_corners and nearest/asymmetric/floor resizes run as
 ``F.interpolate``; everything else gathers with per-axis index and weight tables computed from the
@@ -167,3 +167,17 @@ def _static_resize(shape, axes, attrs, scale_values, size_values) -> nn.Module:
         plan = {a: _axis_plan(shape[a], out, s, attrs, linear) for a, s, out in zip(axes, scales, sizes)}
         module = TableResize(plan)
     return module
+
+
+@register("Upsample", since=7)
+def upsample(node, graph, context: ConversionContext):
+    """Upsample (opset 7-9): a Resize by scales with asymmetric coordinates and floor nearest."""
+    node_attrs = attributes(node)
+    mode = "linear" if node_attrs.get("mode", "nearest") in ("linear", "bilinear") else "nearest"
+    attrs = {"mode": mode, "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}
+    shape = input_shape(node, graph, 0)
+    axes = list(range(len(shape)))
+    if "scales" in node_attrs or is_constant(node, graph, 1):
+        scales = torch.tensor(node_attrs["scales"]) if "scales" in node_attrs else constant_input(node, graph, 1)
+        return result(_static_resize(shape, axes, attrs, scales, None), node, node.input_values[:1])
+    return result(RuntimeResize(axes, attrs, sizes=False), node)

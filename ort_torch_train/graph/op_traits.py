@@ -39,6 +39,7 @@ _SHAPE_VALUE_INPUTS: dict[str, tuple[int, ...]] = {
     "Unsqueeze": (1,),
     "CenterCropPad": (1,),
     "Col2Im": (1, 2),
+    "AffineGrid": (1,),
     "MaxUnpool": (2,),
     "ReduceSum": (1,),
     "ReduceMean": (1,),
