@@ -27,6 +27,7 @@ from . import (  # noqa: E402,F401  (registers converters)
     resize,
     sequences,
     shape_ops,
+    signal,
     spatial,
     tensor_ops,
     unsigned,
