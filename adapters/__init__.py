@@ -23,6 +23,7 @@ from . import (  # noqa: E402,F401  (registers converters)
     normalization,
     padding,
     pooling,
+    random_ops,
     reduce,
     resize,
     sequences,

@@ -1,4 +1,4 @@
-"""Opset-23+ Attention (scaled dot-product attention with masks, KV cache, GQA, softcap) and RotaryEmbedding."""
+"""Opset-23+ Attention (masks, KV cache, GQA, softcap), RotaryEmbedding and TensorScatter (KV cache writes)."""
 
 from __future__ import annotations
 
@@ -170,3 +170,24 @@ def rotary_embedding_op(node, graph, context: ConversionContext):
     kwargs = dict(interleaved=bool(attrs.get("interleaved", 0)), rotary_dim=int(attrs.get("rotary_embedding_dim", 0)),
                   heads=int(attrs.get("num_heads", 0)))
     return result(Inline(rotary_embedding, **kwargs), node)
+
+
+def tensor_scatter(cache: torch.Tensor, update: torch.Tensor, write_indices: torch.Tensor | None = None, *,
+                   axis: int, circular: bool) -> torch.Tensor:
+    """ONNX TensorScatter: ``update`` written into ``cache`` along ``axis`` from each batch's write index."""
+    axis %= cache.dim()
+    batch, length = update.shape[0], update.shape[axis]
+    start = torch.zeros(batch, dtype=torch.int64, device=cache.device) if write_indices is None else write_indices
+    positions = start.to(torch.int64).reshape(batch, 1) + torch.arange(length, device=cache.device)
+    if circular:
+        positions = positions % cache.shape[axis]
+    shape = [batch] + [1] * (update.dim() - 1)
+    shape[axis] = length
+    return cache.scatter(axis, positions.reshape(shape).expand(update.shape), update)
+
+
+@register("TensorScatter", since=24)
+def tensor_scatter_op(node, graph, context: ConversionContext):
+    attrs = attributes(node)
+    return result(Inline(tensor_scatter, axis=attrs.get("axis", -2), circular=attrs.get("mode", "linear") == "circular"),
+                  node)

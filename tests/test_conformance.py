@@ -17,7 +17,7 @@ from onnx import TensorProto, helper
 from conformance import known_failures, run_all
 from ort_torch_train.graph.convert import TensorSpec, convert_graph
 
-PASSING_AT_LEAST = 1385
+PASSING_AT_LEAST = 1468
 
 
 @pytest.fixture(scope="module")
