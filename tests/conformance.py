@@ -5,11 +5,13 @@ outputs compared with ONNX's expected outputs at the case's tolerances. Outcomes
 ``unsupported`` (an UnsupportedOperatorError), ``wrong`` (converted, ran, numbers differ), ``error``
 (any other exception) and ``skipped`` (non-tensor inputs/outputs or too large, with the reason).
 
-Run directly for a report: ``python tests/conformance.py [--verbose] [op ...]``.
+Run directly for a report: ``python tests/conformance.py [--verbose] [--by-op] [op ...]``;
+``python tests/conformance.py --markdown docs/conformance.md`` rewrites the per-operator docs page.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 import warnings
 from collections import Counter
@@ -25,6 +27,7 @@ from ort_torch_train.errors import UnsupportedOperatorError
 from ort_torch_train.graph.convert import TensorSpec, convert_graph
 
 KNOWN_FAILURES_FILE = Path(__file__).with_name("conformance_known_failures.txt")
+DOCS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "conformance.md"
 MAX_ELEMENTS = 2_000_000  # cases with more input/output elements are skipped (time budget)
 
 
@@ -154,9 +157,44 @@ def summary(outcomes: list[Outcome]) -> Counter:
                    for o in outcomes)
 
 
+def by_operator(outcomes: list[Outcome]) -> dict[str, Counter]:
+    """Counts per operator; an ``_expanded`` case (the op's function body) counts for its op."""
+    known = known_failures()
+    ops = {o.case: o.op for o in outcomes}
+    table: dict[str, Counter] = {}
+    for o in outcomes:
+        op = ops.get(re.sub(r"_expanded.*$", "", o.case), o.op)
+        status = "known-failure" if o.case in known and o.status in ("error", "wrong") else o.status
+        table.setdefault(op, Counter())[status] += 1
+    return table
+
+
+def markdown(outcomes: list[Outcome]) -> str:
+    """The docs page: totals, then one row per operator."""
+    totals = summary(outcomes)
+    columns = ("pass", "wrong", "known-failure", "unsupported", "skipped")
+    lines = [
+        "# Operator conformance",
+        "",
+        "ONNX's backend node tests (`onnx.backend.test.case.node.collect_testcases`) run through the converter",
+        "by `tests/test_conformance.py`. Known failures are listed with their reason in",
+        "`tests/conformance_known_failures.txt`; unsupported cases raise `UnsupportedOperatorError`; skipped",
+        "cases have non-tensor or float8/int4/bfloat16/string data. Regenerate this page with",
+        "`python tests/conformance.py --markdown docs/conformance.md`.",
+        "",
+        f"Onnx {onnx.__version__}, {len(outcomes)} cases: " + ", ".join(f"**{totals[c]} {c}**" for c in columns) + ".",
+        "",
+        "| operator | " + " | ".join(columns) + " |",
+        "|---|" + "---:|" * len(columns),
+    ]
+    for op, counts in sorted(by_operator(outcomes).items(), key=lambda item: item[0].lower()):
+        lines.append(f"| {op} | " + " | ".join(str(counts[c] or "") for c in columns) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str]) -> None:
     verbose = "--verbose" in argv
-    ops = {a for a in argv if not a.startswith("--")} or None
+    ops = {a for a in argv if not a.startswith("--") and not a.endswith(".md")} or None
     outcomes = run_all(ops)
     known = known_failures()
     for outcome in outcomes:
@@ -164,12 +202,10 @@ def main(argv: list[str]) -> None:
         if verbose or flagged:
             print(f"{outcome.status:12} {outcome.op:24} {outcome.case}  {outcome.detail}")
     if "--by-op" in argv:
-        by_op: dict[str, Counter] = {}
-        for outcome in outcomes:
-            status = "known-failure" if outcome.case in known and outcome.status in ("error", "wrong") else outcome.status
-            by_op.setdefault(outcome.op, Counter())[status] += 1
-        for op, counts in sorted(by_op.items()):
+        for op, counts in sorted(by_operator(outcomes).items()):
             print(op, dict(counts))
+    if "--markdown" in argv:
+        Path(argv[argv.index("--markdown") + 1]).write_text(markdown(outcomes))
     print(dict(summary(outcomes)), "total", len(outcomes))
 
 
