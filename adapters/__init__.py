@@ -20,6 +20,7 @@ from . import (  # noqa: E402,F401  (registers converters)
     math_ops,
     losses,
     matmul,
+    ml_ops,
     normalization,
     padding,
     pooling,
@@ -31,6 +32,7 @@ from . import (  # noqa: E402,F401  (registers converters)
     signal,
     spatial,
     tensor_ops,
+    training_ops,
     unsigned,
 )
 
