@@ -24,6 +24,7 @@ from . import (  # noqa: E402,F401  (registers converters)
     normalization,
     padding,
     pooling,
+    quantize,
     random_ops,
     reduce,
     resize,
