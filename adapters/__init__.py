@@ -28,6 +28,7 @@ from . import (  # noqa: E402,F401  (registers converters)
     random_ops,
     reduce,
     resize,
+    sequence_mixers,
     sequences,
     shape_ops,
     signal,
