@@ -1,4 +1,4 @@
-"""Opset-23+ Attention (masks, KV cache, GQA, softcap), RotaryEmbedding and TensorScatter (KV cache writes)."""
+"""Attention (opset 23+: masks, KV cache, GQA, softcap), FlexAttention (preview), RotaryEmbedding, TensorScatter."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from torch import nn
 
 from ort_torch_train.dtypes import torch_dtype
 
-from .common import Inline, attributes, result
+from .common import Inline, attributes, input_dtype, input_shape, result
 from .registry import ConversionContext, register
 
 _NEG_INF = float("-inf")
@@ -191,3 +191,44 @@ def tensor_scatter_op(node, graph, context: ConversionContext):
     attrs = attributes(node)
     return result(Inline(tensor_scatter, axis=attrs.get("axis", -2), circular=attrs.get("mode", "linear") == "circular"),
                   node)
+
+
+class FlexAttention(nn.Module):
+    """ai.onnx.preview FlexAttention: softmax(score_mod(QK^T scaled)) -> prob_mod -> @V, the mods being
+    converted subgraphs over the whole score tensor; softmax in float32 for narrower inputs."""
+
+    def __init__(self, scale: float | None, softmax_dtype: torch.dtype | None, score_mod, prob_mod):
+        super().__init__()
+        self.scale, self.softmax_dtype = scale, softmax_dtype
+        self.score_mod, self.prob_mod = score_mod, prob_mod
+
+    def forward(self, q, k, v):
+        if q.shape[1] != k.shape[1]:
+            repeats = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
+        scale = self.scale if self.scale is not None else 1.0 / math.sqrt(q.shape[-1])
+        root = torch.tensor(math.sqrt(scale), dtype=torch.float32).to(q.dtype)
+        dtype = self.softmax_dtype or (torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype)
+        scores = ((q * root) @ (k * root).transpose(-1, -2)).to(dtype)
+        if self.score_mod is not None:
+            scores = self.score_mod(scores)[0].to(dtype)
+        probabilities = torch.softmax(scores, dim=-1)
+        if self.prob_mod is not None:
+            probabilities = self.prob_mod(probabilities)[0].to(dtype)
+        return (probabilities @ v.to(dtype)).to(v.dtype)
+
+
+@register("FlexAttention", domain="ai.onnx.preview", since=1)
+def flex_attention(node, graph, context: ConversionContext):
+    from ort_torch_train.graph.convert import TensorSpec, convert_graph  # (converts adapters' subgraphs)
+
+    attrs = attributes(node)
+    q_shape, k_shape = input_shape(node, graph, 0), input_shape(node, graph, 1)
+    precision = attrs.get("softmax_precision")
+    q_dtype = input_dtype(node, graph, 0)
+    dtype = torch_dtype(precision) if precision else (
+        torch.float32 if q_dtype in (torch.float16, torch.bfloat16) else q_dtype)
+    spec = TensorSpec((q_shape[0], q_shape[1], q_shape[2], k_shape[2]), dtype)
+    mods = [convert_graph(attrs[name].g, context.opsets, [spec], training=context.training) if name in attrs else None
+            for name in ("score_mod", "prob_mod")]
+    return result(FlexAttention(attrs.get("scale"), torch_dtype(precision) if precision else None, *mods), node)

@@ -57,3 +57,29 @@ POSITIONS = np.array([[0, 2, 1, 5], [3, 3, 4, 0]], dtype=np.int64)
 def test_rotary_embedding_matches_reference_and_gradchecks(inputs, attrs):
     check("RotaryEmbedding", inputs, opset=23, atol=1e-5, **attrs)
     check_gradients("RotaryEmbedding", inputs, opset=23, **attrs)
+
+
+def test_flex_attention_with_a_score_mod_subgraph_matches_reference_and_gradchecks():
+    from onnx import TensorProto, helper
+    from onnx.reference import ReferenceEvaluator
+
+    from ort_torch_train.graph.convert import TensorSpec, convert_graph
+
+    softcap = helper.make_graph(
+        [helper.make_node("Tanh", ["s"], ["t"]), helper.make_node("Mul", ["t", "two"], ["capped"])], "score_mod",
+        [helper.make_tensor_value_info("s", TensorProto.DOUBLE, None)],
+        [helper.make_tensor_value_info("capped", TensorProto.DOUBLE, None)],
+        [helper.make_tensor("two", TensorProto.DOUBLE, [], [2.0])])
+    node = helper.make_node("FlexAttention", ["q", "k", "v"], ["y"], domain="ai.onnx.preview", score_mod=softcap)
+    shapes = {"q": (1, 2, 3, 4), "k": (1, 1, 5, 4), "v": (1, 1, 5, 3)}
+    graph = helper.make_graph([node], "flex", [helper.make_tensor_value_info(n, TensorProto.DOUBLE, s)
+                                                for n, s in shapes.items()],
+                              [helper.make_tensor_value_info("y", TensorProto.DOUBLE, None)])
+    opsets = {"": 26, "ai.onnx.preview": 1}
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()])
+    inputs = [torch.from_numpy(rand(*s, seed=i).astype(np.float64)) for i, s in enumerate(shapes.values())]
+    gm = convert_graph(graph, opsets, [TensorSpec(tuple(t.shape), t.dtype) for t in inputs], training=True)
+    (expected,) = ReferenceEvaluator(model).run(None, {n: t.numpy() for n, t in zip(shapes, inputs)})
+    np.testing.assert_allclose(gm(*inputs)[0].detach().numpy(), expected, rtol=1e-10)
+    leaves = [t.clone().requires_grad_(True) for t in inputs]
+    assert torch.autograd.gradcheck(lambda *xs: gm(*xs)[0], leaves)

@@ -281,7 +281,7 @@ def _make_module(builder: _Builder, node: onnx.NodeProto, inputs: list[_Value | 
             context_graph.input.append(
                 onnx.helper.make_tensor_value_info(name, onnx_elem_type(value.example.dtype), list(value.example.shape))
             )
-    convert = converter_for(domain, node.op_type, opset, builder.training)
+    convert = converter_for(domain, node.op_type, opset, builder.training, builder.opsets)
     try:
         module, mapping = convert(node, context_graph)
     except Exception as exc:

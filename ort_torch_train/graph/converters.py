@@ -34,13 +34,15 @@ def has_converter(domain: str, op_type: str, opset: int) -> bool:
     )
 
 
-def converter_for(domain: str, op_type: str, opset: int, training: bool) -> NodeConverter:
-    """A function ``(node, one_node_graph) -> (module, mapping)`` for the operator."""
+def converter_for(
+    domain: str, op_type: str, opset: int, training: bool, opsets: dict[str, int] | None = None
+) -> NodeConverter:
+    """A function ``(node, one_node_graph) -> (module, mapping)`` for the operator (``opsets``: the graph's)."""
     import_onnx2torch()
     from onnx2torch.onnx_graph import OnnxGraph
 
     own = adapters.find_converter(domain, op_type, opset)
-    context = adapters.ConversionContext(training=training, opset=opset)
+    context = adapters.ConversionContext(training=training, opset=opset, opsets=dict(opsets or {}))
     fallback = None if own else _onnx2torch_converter(domain, op_type, opset)
     if own is None and fallback is None:
         raise unsupported_operator_error(domain, op_type, opset)
