@@ -22,6 +22,7 @@ from . import (  # noqa: E402,F401  (registers converters)
     matmul,
     ml_ops,
     normalization,
+    optional,
     padding,
     pooling,
     quantize,
