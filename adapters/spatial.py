@@ -1,4 +1,4 @@
-"""Sampling grids and image blocks: GridSample, AffineGrid, Col2Im."""
+"""Sampling grids and image blocks: GridSample, AffineGrid, Col2Im, DeformConv."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .common import Inline, attributes, result
+from .common import Inline, attributes, input_shape, result
 from .registry import ConversionContext, register
 
 _GRID_MODES = {"linear": "bilinear", "bilinear": "bilinear", "nearest": "nearest", "cubic": "bicubic",
@@ -65,3 +65,46 @@ def _block_positions(padded, block, dilations, strides, counts, device) -> torch
 def col2im_op(node, graph, context: ConversionContext):
     attrs = attributes(node)
     return result(Inline(col2im, attrs.get("dilations"), attrs.get("pads"), attrs.get("strides")), node)
+
+
+class DeformConv(torch.nn.Module):
+    """2-D DeformConv: each kernel tap samples the input bilinearly at its offset position (grid_sample,
+    zeros outside), weighted by the optional mask, then a (grouped) convolution sum."""
+
+    def __init__(self, attrs: dict, kernel: tuple[int, int]):
+        super().__init__()
+        self.kernel = tuple(attrs.get("kernel_shape", kernel))
+        self.strides, self.dilations = attrs.get("strides", [1, 1]), attrs.get("dilations", [1, 1])
+        self.pads = attrs.get("pads", [0, 0, 0, 0])
+        self.group, self.offset_group = attrs.get("group", 1), attrs.get("offset_group", 1)
+
+    def forward(self, x, weight, offset, bias=None, mask=None):
+        n, channels, height, width = x.shape
+        kh, kw = self.kernel
+        out_h, out_w = offset.shape[2:]
+        groups = self.offset_group
+        offset = offset.reshape(n, groups, kh, kw, 2, out_h, out_w)
+        rows = (torch.arange(kh, device=x.device) * self.dilations[0]).reshape(kh, 1, 1, 1) + \
+            (torch.arange(out_h, device=x.device) * self.strides[0] - self.pads[0]).reshape(1, 1, out_h, 1)
+        columns = (torch.arange(kw, device=x.device) * self.dilations[1]).reshape(1, kw, 1, 1) + \
+            (torch.arange(out_w, device=x.device) * self.strides[1] - self.pads[1]).reshape(1, 1, 1, out_w)
+        y = (rows + offset[:, :, :, :, 0]) / (height - 1) * 2 - 1  # [n, groups, kh, kw, out_h, out_w]
+        x_coordinate = (columns + offset[:, :, :, :, 1]) / (width - 1) * 2 - 1
+        grid = torch.stack((x_coordinate, y), dim=-1).to(x.dtype).reshape(n * groups, kh * kw * out_h, out_w, 2)
+        per_group = x.reshape(n * groups, channels // groups, height, width)
+        taps = F.grid_sample(per_group, grid, mode="bilinear", padding_mode="zeros", align_corners=True)
+        taps = taps.reshape(n, groups, channels // groups, kh, kw, out_h, out_w)
+        if mask is not None:
+            taps = taps * mask.reshape(n, groups, 1, kh, kw, out_h, out_w)
+        taps = taps.reshape(n, self.group, channels // self.group, kh, kw, out_h, out_w)
+        kernels = weight.reshape(self.group, weight.shape[0] // self.group, *weight.shape[1:])
+        out = torch.einsum("ngcklij,gockl->ngoij", taps, kernels).reshape(n, weight.shape[0], out_h, out_w)
+        return out if bias is None else out + bias.reshape(1, -1, 1, 1)
+
+
+@register("DeformConv", since=19)
+def deform_conv(node, graph, context: ConversionContext):
+    rank = len(input_shape(node, graph, 0)) - 2
+    if rank != 2:
+        raise NotImplementedError(f"DeformConv with {rank} spatial dimensions is not supported (2 are)")
+    return result(DeformConv(attributes(node), input_shape(node, graph, 1)[2:]), node)
