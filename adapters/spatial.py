@@ -1,4 +1,4 @@
-"""Sampling grids and image blocks: GridSample, AffineGrid, Col2Im, DeformConv."""
+"""Sampling grids and image blocks: GridSample, AffineGrid, Col2Im, DeformConv, RoiAlign."""
 
 from __future__ import annotations
 
@@ -108,3 +108,55 @@ def deform_conv(node, graph, context: ConversionContext):
     if rank != 2:
         raise NotImplementedError(f"DeformConv with {rank} spatial dimensions is not supported (2 are)")
     return result(DeformConv(attributes(node), input_shape(node, graph, 1)[2:]), node)
+
+
+def _roi_axis(start: float, bins: float, pooled: int, grid: int, size: int, device):
+    """Per sample along one axis (``pooled * grid``): low/high indices, low/high weights and validity."""
+    steps = torch.arange(pooled, dtype=torch.float64).reshape(-1, 1) * bins
+    position = (start + steps + (torch.arange(grid, dtype=torch.float64) + 0.5) * bins / grid).reshape(-1)
+    valid = (position >= -1.0) & (position <= size)
+    position = position.clamp(min=0)
+    low = position.floor().long()
+    at_edge = low >= size - 1
+    low = torch.where(at_edge, size - 1, low)
+    high = torch.where(at_edge, low, low + 1)
+    position = torch.where(at_edge, low.double(), position)
+    fraction = position - low
+    return low.to(device), high.to(device), (1 - fraction).to(device), fraction.to(device), valid.to(device)
+
+
+def roi_align(x: torch.Tensor, rois: torch.Tensor, batch_indices: torch.Tensor, *, pooled: tuple[int, int],
+              ratio: int, scale: float, half_pixel: bool, average: bool) -> torch.Tensor:
+    """ONNX RoiAlign: bilinear samples on a ``ratio`` (or adaptive) grid per bin, averaged or max-pooled
+    (max over the four weighted corners, as ONNX/ORT define it)."""
+    offset = 0.5 if half_pixel else 0.0
+    height, width = x.shape[2:]
+    outputs = []
+    for box, batch in zip(rois.tolist(), batch_indices.tolist()):
+        start_w, start_h, end_w, end_h = (v * scale - offset for v in box)
+        roi_w, roi_h = end_w - start_w, end_h - start_h
+        if not half_pixel:
+            roi_w, roi_h = max(roi_w, 1.0), max(roi_h, 1.0)
+        bin_h, bin_w = roi_h / pooled[0], roi_w / pooled[1]
+        grid_h = ratio if ratio > 0 else math.ceil(roi_h / pooled[0])
+        grid_w = ratio if ratio > 0 else math.ceil(roi_w / pooled[1])
+        y_low, y_high, hy, ly, valid_y = _roi_axis(start_h, bin_h, pooled[0], grid_h, height, x.device)
+        x_low, x_high, hx, lx, valid_x = _roi_axis(start_w, bin_w, pooled[1], grid_w, width, x.device)
+        feature = x[int(batch)]
+        corners = [feature[:, rows][:, :, columns] * (wy.reshape(-1, 1) * wx.reshape(1, -1)).to(x.dtype)
+                   for rows, wy in ((y_low, hy), (y_high, ly)) for columns, wx in ((x_low, hx), (x_high, lx))]
+        valid = (valid_y.reshape(-1, 1) & valid_x.reshape(1, -1)).to(x.dtype)
+        samples = (sum(corners) if average else torch.stack(corners).amax(0)) * valid
+        samples = samples.reshape(x.shape[1], pooled[0], grid_h, pooled[1], grid_w)
+        outputs.append(samples.sum((2, 4)) / max(grid_h * grid_w, 1) if average else samples.amax((2, 4)))
+    return torch.stack(outputs) if outputs else x.new_zeros(0, x.shape[1], *pooled)
+
+
+@register("RoiAlign", since=10)
+def roi_align_op(node, graph, context: ConversionContext):
+    attrs = attributes(node)
+    half_pixel = attrs.get("coordinate_transformation_mode", "half_pixel" if context.opset >= 16 else
+                           "output_half_pixel") == "half_pixel"
+    return result(Inline(roi_align, pooled=(attrs.get("output_height", 1), attrs.get("output_width", 1)),
+                         ratio=attrs.get("sampling_ratio", 0), scale=attrs.get("spatial_scale", 1.0),
+                         half_pixel=half_pixel, average=attrs.get("mode", "avg") == "avg"), node)

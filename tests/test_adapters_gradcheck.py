@@ -54,6 +54,8 @@ UNIT = np.tanh(X) * 0.9  # inside (-1, 1)
         ("CausalConvWithState", [rand(1, 2, 5), rand(2, 1, 3), rand(2), rand(1, 2, 2)], (), 27, {"activation": "silu"}),
         ("DeformConv", [rand(1, 2, 4, 4), rand(2, 1, 2, 2), 0.3 * rand(1, 8, 3, 3), rand(2), rand(1, 4, 3, 3, seed=3)], (),
          19, {"kernel_shape": [2, 2], "group": 2}),
+        ("RoiAlign", [rand(1, 2, 5, 5), np.array([[0.5, 0.3, 3.2, 4.1]], np.float32), np.array([0], np.int64)], (1, 2),
+         16, {"output_height": 2, "output_width": 3, "sampling_ratio": 2}),
         ("MaxUnpool", [rand(1, 1, 2, 2), np.array([[[[0, 3], [9, 14]]]], dtype=np.int64)], (1,), 22,
          {"kernel_shape": [2, 2], "strides": [2, 2]}),
     ],
