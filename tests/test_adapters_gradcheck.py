@@ -57,6 +57,8 @@ UNIT = np.tanh(X) * 0.9  # inside (-1, 1)
         ("RoiAlign", [rand(1, 2, 5, 5), np.array([[0.5, 0.3, 3.2, 4.1]], np.float32), np.array([0], np.int64)], (1, 2),
          16, {"output_height": 2, "output_width": 3, "sampling_ratio": 2}),
         ("GatherND", [rand(2, 3, 4), np.array([[[1], [0]], [[2], [-1]]], np.int64)], (1,), 13, {"batch_dims": 1}),
+        ("Resize", [rand(1, 1, 3, 4), None, np.array([1, 1, 1.5, 0.6], np.float32)], (2,), 19,
+         {"mode": "cubic", "antialias": 1, "exclude_outside": 1}),
         ("MaxUnpool", [rand(1, 1, 2, 2), np.array([[[[0, 3], [9, 14]]]], dtype=np.int64)], (1,), 22,
          {"kernel_shape": [2, 2], "strides": [2, 2]}),
     ],
