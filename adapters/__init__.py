@@ -11,6 +11,7 @@ from . import (  # noqa: E402,F401  (registers converters)
     bitwise,
     constants,
     conv,
+    detection,
     dropout,
     elementwise,
     group_norm,

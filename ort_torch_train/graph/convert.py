@@ -332,8 +332,9 @@ def _split_outputs(builder: _Builder, node: onnx.NodeProto, result: Any) -> dict
 
 
 def _call_signature(module: nn.Module, args: list) -> tuple[list, dict]:
-    """onnx2torch's convention: absent optional inputs after the first become keyword arguments."""
-    if None not in args:
+    """onnx2torch's convention: absent optional inputs after the first become keyword arguments (an
+    Inline call takes them positionally, as None, as its emitted fx call does)."""
+    if None not in args or isinstance(module, Inline):
         return args, {}
     first_absent = args.index(None)
     names = tuple(inspect.signature(module.forward).parameters)[first_absent : len(args)]
