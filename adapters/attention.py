@@ -189,8 +189,8 @@ def tensor_scatter(cache: torch.Tensor, update: torch.Tensor, write_indices: tor
 @register("TensorScatter", since=24)
 def tensor_scatter_op(node, graph, context: ConversionContext):
     attrs = attributes(node)
-    return result(Inline(tensor_scatter, axis=attrs.get("axis", -2), circular=attrs.get("mode", "linear") == "circular"),
-                  node)
+    circular = attrs.get("mode", "linear") == "circular"
+    return result(Inline(tensor_scatter, axis=attrs.get("axis", -2), circular=circular), node)
 
 
 class FlexAttention(nn.Module):

@@ -137,7 +137,8 @@ def test_loop_with_a_run_time_trip_count_reads_it_at_run_time():
 def test_scan_is_unrolled_with_directions_and_axes_and_trains():
     body = helper.make_graph(
         [helper.make_node("Add", ["s_in", "row"], ["s_out"]), helper.make_node("Tanh", ["s_out"], ["y"])],
-        "body", [_info("s_in", FLOAT, [2]), _info("row", FLOAT, [2])], [_info("s_out", FLOAT, [2]), _info("y", FLOAT, [2])],
+        "body", [_info("s_in", FLOAT, [2]), _info("row", FLOAT, [2])],
+        [_info("s_out", FLOAT, [2]), _info("y", FLOAT, [2])],
     )
     node = helper.make_node("Scan", ["s", "x"], ["s_final", "ys"], body=body, num_scan_inputs=1,
                             scan_input_axes=[1], scan_input_directions=[1], scan_output_axes=[-1])

@@ -170,8 +170,9 @@ def _convert_if(builder, node: onnx.NodeProto, index: int) -> None:
     examples = [builder.values[name].example for name in operands]
     results = [branch.module(*examples) for branch in converted]
     if _signature(results[0]) != _signature(results[1]):
+        shapes = f"then: {_signature(results[0])}, else: {_signature(results[1])}"
         raise _unsupported(node, "with a run-time condition its branches must give outputs of the same shapes "
-                                 f"and dtypes for torch.cond (then: {_signature(results[0])}, else: {_signature(results[1])})")
+                                 f"and dtypes for torch.cond ({shapes})")
     emitter = _Emitter(builder, node, index)
     module = _Cond(converted[0].module, converted[1].module)
     fx_args = [builder.fx_value(node.input[0]), *(builder.fx_value(name) for name in operands)]
