@@ -156,3 +156,45 @@ def test_scan_is_unrolled_with_directions_and_axes_and_trains():
     torch.testing.assert_close(outputs[1], torch.stack(ys, -1))
     outputs[1].sum().backward()
     assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_an_exported_torch_cond_trains_like_pytorch(tmp_path):
+    """The dynamo exporter turns torch.cond into an If on a run-time condition: it trains here as in PyTorch."""
+    import copy
+
+    import torch.nn.functional as F
+
+    from ort_torch_train.api import CheckpointState, Module, Optimizer
+    from ort_torch_train.artifacts import LossType, OptimType, generate_artifacts
+
+    class Gated(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.cond(x.sum() > 0, lambda x: self.a(x).relu(), lambda x: self.b(x).tanh(), (x,))
+
+    torch.manual_seed(0)
+    model = Gated()
+    reference = copy.deepcopy(model)
+    rng = np.random.default_rng(0)
+    batches = [(rng.standard_normal((2, 4)).astype(np.float32) + (1 if i % 2 else -1),
+                rng.integers(0, 3, 2).astype(np.int64)) for i in range(4)]  # both branches, in turn
+    generate_artifacts(model, loss=LossType.CrossEntropyLoss, optimizer=OptimType.SGD, artifact_directory=tmp_path,
+                       example_inputs=(torch.from_numpy(batches[0][0]),), exporter="dynamo")
+    assert "If" in {node.op_type for node in onnx.load(tmp_path / "training_model.onnx").graph.node}
+    module = Module(tmp_path / "training_model.onnx", CheckpointState.load_checkpoint(tmp_path / "checkpoint"))
+    optimizer = Optimizer(tmp_path / "optimizer_model.onnx", module)
+    optimizer.set_learning_rate(0.1)
+    torch_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for x, labels in batches:
+        loss = float(module(x, labels))
+        optimizer.step()
+        module.lazy_reset_grad()
+        expected = F.cross_entropy(reference(torch.from_numpy(x)), torch.from_numpy(labels))
+        expected.backward()
+        torch_optimizer.step()
+        torch_optimizer.zero_grad()
+        assert abs(loss - expected.item()) <= 1e-5
