@@ -58,24 +58,31 @@ class Attention(nn.Module):
         if past_key is not None:
             k, v = torch.cat((past_key, k), dim=2), torch.cat((past_value, v), dim=2)
         present_key, present_value = k, v
-        bias = self._bias(q, k.shape[2], attn_mask, past_key, nonpad_kv_seqlen)
         scale = self.scale if self.scale is not None else 1.0 / math.sqrt(q.shape[-1])
         if q.shape[1] != k.shape[1]:
             repeats = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
+        plain_causal = self.is_causal and attn_mask is None and past_key is None and nonpad_kv_seqlen is None
+        if plain_causal and self.left < 0 and self.right < 0 and self._fused(q):  # top-left causal, as torch's
+            y, qk = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale), None
+        else:
+            y, qk = self._attend(q, k, v, self._bias(q, k.shape[2], attn_mask, past_key, nonpad_kv_seqlen), scale)
+        if three_d:
+            y = y.transpose(1, 2).reshape(y.shape[0], y.shape[2], -1)
+        return (y, present_key, present_value, qk)[: self.outputs] if self.outputs > 1 else y
+
+    def _attend(self, q, k, v, bias, scale) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Y (and the qk output) under an additive ``bias``; rows no key may attend give zeros, as in ONNX,
+        with no NaN in the gradients."""
         masked_rows = None
-        if bias is not None:  # rows no key may attend give zeros (ONNX), and no NaN in the gradients
+        if bias is not None:
             masked_rows = torch.isneginf(bias.amax(dim=-1, keepdim=True))
             bias = bias.masked_fill(masked_rows, 0.0)
         if self._fused(q):
             y, qk = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale), None
         else:
             y, qk = self._explicit(q, k, v, bias, masked_rows, scale)
-        if masked_rows is not None:
-            y = y.masked_fill(masked_rows, 0.0)
-        if three_d:
-            y = y.transpose(1, 2).reshape(y.shape[0], y.shape[2], -1)
-        return (y, present_key, present_value, qk)[: self.outputs] if self.outputs > 1 else y
+        return (y if masked_rows is None else y.masked_fill(masked_rows, 0.0)), qk
 
     def _fused(self, q: torch.Tensor) -> bool:
         """Whether torch's fused kernel computes it (float16 on CPU: step by step, rounding as ONNX does)."""
