@@ -1,6 +1,8 @@
-"""ML and text-feature ops with a torch form: Binarizer, ArrayFeatureExtractor (ai.onnx.ml), TfIdfVectorizer."""
+"""ML and text-feature ops with a torch form: Binarizer, ArrayFeatureExtractor, TreeEnsemble (ai.onnx.ml), TfIdfVectorizer."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -92,3 +94,67 @@ def tfidf_vectorizer(node, graph, context: ConversionContext):
     if "pool_strings" in attrs:
         raise NotImplementedError("TfIdfVectorizer: pool_strings (string tokens) has no torch form; int64 pools do")
     return result(TfIdfVectorizer(attrs), node)
+
+
+_COMPARE = {0: lambda v, s: v <= s, 1: lambda v, s: v < s, 2: lambda v, s: v >= s, 3: lambda v, s: v > s,
+            4: lambda v, s: v == s, 5: lambda v, s: v != s, 6: lambda v, s: v in s}
+
+
+class TreeEnsemble(torch.nn.Module):
+    """ai.onnx.ml TreeEnsemble (opset 5): each tree sends a row to one leaf; leaf weights are summed,
+    averaged, or min/max-ed per target. Walked on the host: trees have no gradient."""
+
+    def __init__(self, attrs: dict):
+        super().__init__()
+        attrs = self.attrs = {name: _values(value) if hasattr(value, "to_torch") else value
+                              for name, value in attrs.items()}
+        self.splits = [float(v) for v in attrs["nodes_splits"]]
+        self.weights = [float(v) for v in attrs["leaf_weights"]]
+        members = [float(v) for v in attrs.get("membership_values", [])]
+        self.members: dict[int, set[float]] = {}
+        for node, mode in enumerate(attrs["nodes_modes"]):
+            if mode == 6:  # a NaN-terminated run of member values per set-membership node
+                end = next(i for i, v in enumerate(members) if math.isnan(v))
+                self.members[node], members = set(members[:end]), members[end + 1:]
+        self.aggregate, self.targets = attrs.get("aggregate_function", 1), attrs["n_targets"]
+
+    def _leaf(self, row: list[float], root: int) -> int:
+        a = self.attrs
+        node, leaf = root, bool(a["nodes_trueleafs"][root] and a["nodes_falseleafs"][root]
+                                and a["nodes_truenodeids"][root] == a["nodes_falsenodeids"][root])
+        while not leaf:
+            value = row[a["nodes_featureids"][node]]
+            split = self.members.get(node, self.splits[node])
+            missing = bool(a.get("nodes_missing_value_tracks_true", [0] * (node + 1))[node]) and math.isnan(value)
+            branch = "true" if missing or _COMPARE[a["nodes_modes"][node]](value, split) else "false"
+            node, leaf = a[f"nodes_{branch}nodeids"][node], bool(a[f"nodes_{branch}leafs"][node])
+        return node
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        roots, targets = self.attrs["tree_roots"], self.attrs["leaf_targetids"]
+        initial = {1: 0.0, 0: 0.0, 2: math.inf, 3: -math.inf}[self.aggregate]
+        rows = []
+        for row in x.tolist():
+            out = [initial] * self.targets
+            for root in roots:
+                leaf = self._leaf(row, root)
+                target, weight = targets[leaf], self.weights[leaf]
+                if self.aggregate in (0, 1):
+                    out[target] += weight / len(roots) if self.aggregate == 0 else weight
+                else:
+                    out[target] = (min if self.aggregate == 2 else max)(out[target], weight)
+            rows.append(out)
+        return torch.tensor(rows, dtype=x.dtype, device=x.device)
+
+
+def _values(tensor) -> list:
+    """A tensor attribute's values as a flat list."""
+    return tensor.to_torch().reshape(-1).tolist()
+
+
+@register("TreeEnsemble", domain=ML, since=5)
+def tree_ensemble(node, graph, context: ConversionContext):
+    attrs = attributes(node)
+    if attrs.get("post_transform", 0):
+        raise NotImplementedError("TreeEnsemble: post_transform other than NONE is not supported")
+    return result(TreeEnsemble(attrs), node)
