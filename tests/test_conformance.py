@@ -17,7 +17,7 @@ from onnx import TensorProto, helper
 from conformance import DOCS_PAGE, known_failures, markdown, run_all
 from ort_torch_train.graph.convert import TensorSpec, convert_graph
 
-PASSING_AT_LEAST = 1596
+PASSING_AT_LEAST = 1613
 
 
 @pytest.fixture(scope="module")
