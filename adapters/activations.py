@@ -119,3 +119,12 @@ _TRIGONOMETRY = {"Tan": torch.tan, "Asin": torch.asin, "Acos": torch.acos, "Atan
 
 for _op_type, _function in _TRIGONOMETRY.items():
     register(_op_type, since=7)(direct(_function))
+
+
+def swiglu(a: torch.Tensor, b: torch.Tensor, alpha: float) -> torch.Tensor:
+    return a * torch.sigmoid(alpha * a) * b
+
+
+@register("SwiGLU", since=28)
+def swiglu_op(node, graph, context: ConversionContext):
+    return result(Inline(swiglu, attributes(node).get("alpha", 1.0)), node)

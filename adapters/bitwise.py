@@ -1,8 +1,10 @@
-"""Bitwise ops: BitShift, BitwiseAnd/Or/Xor/Not (unsigned operands run on int64 views)."""
+"""Bitwise ops: BitShift, BitwiseAnd/Or/Xor/Not (unsigned operands run on int64 views), BitCast."""
 
 from __future__ import annotations
 
 import torch
+
+from ort_torch_train.dtypes import torch_dtype
 
 from .common import Inline, attributes, input_dtype, result
 from .registry import ConversionContext, register
@@ -60,3 +62,9 @@ def _bitwise_converter(function):
 
 for _op_type, _function in _BITWISE.items():
     register(_op_type, since=18)(_bitwise_converter(_function))
+
+
+@register("BitCast", since=26)
+def bit_cast(node, graph, context: ConversionContext):
+    """The same bits read as another dtype of the same width."""
+    return result(Inline("view", torch_dtype(attributes(node)["to"])), node)

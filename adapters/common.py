@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ort_torch_train.dtypes import torch_dtype
+from ort_torch_train.dtypes import tensor_from_proto, torch_dtype
 from ort_torch_train.onnx2torch_import import import_onnx2torch
 
 import_onnx2torch()
@@ -27,14 +27,14 @@ def is_constant(node, graph, position: int) -> bool:
 
 def constant_input(node, graph, position: int) -> torch.Tensor:
     """The value of constant input ``position``."""
-    return graph.initializers[node.input_values[position]].to_torch()
+    return tensor_from_proto(graph.initializers[node.input_values[position]].proto)  # (bfloat16 too)
 
 
 def input_shape(node, graph, position: int = 0) -> tuple[int, ...]:
     """The concrete shape of input ``position`` (constant or not)."""
     name = node.input_values[position]
     if name in graph.initializers:
-        return tuple(graph.initializers[name].to_torch().shape)
+        return tuple(graph.initializers[name].proto.dims)
     dims = graph.value_info[name].type.tensor_type.shape.dim
     return tuple(dim.dim_value for dim in dims)
 

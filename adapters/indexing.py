@@ -1,4 +1,4 @@
-"""Selecting and joining ops: Slice, Gather, GatherElements, Split, Concat, Where.
+"""Selecting and joining ops: Slice, Gather, GatherElements, GatherND (batch_dims), Split, Concat, Where.
 
 Constant starts/ends/indices/split sizes are baked into one torch call (narrow, select, getitem,
 split); non-constant ones fall back to functions that read them at run time.
@@ -199,3 +199,20 @@ def gather_elements(x: torch.Tensor, indices: torch.Tensor, axis: int) -> torch.
 def gather_elements_op(node, graph, context: ConversionContext):
     axis = normalize_axis(attributes(node).get("axis", 0), len(input_shape(node, graph, 0)))
     return result(Inline(gather_elements, axis), node)
+
+
+# GatherND -----------------------------------------------------------------------------------------
+def gather_nd(data: torch.Tensor, indices: torch.Tensor, batch_dims: int) -> torch.Tensor:
+    """ONNX GatherND: each index tuple (the last axis of ``indices``) picks a slice of ``data``, per batch."""
+    batch = math.prod(data.shape[:batch_dims])
+    depth = indices.shape[-1]
+    flat = data.reshape(batch, *data.shape[batch_dims:])
+    picks = indices.reshape(batch, -1, depth).to(torch.int64)
+    rows = torch.arange(batch, device=data.device).reshape(batch, 1).expand(batch, picks.shape[1])
+    gathered = flat[(rows, *picks.unbind(-1))]
+    return gathered.reshape(*indices.shape[:-1], *data.shape[batch_dims + depth:])
+
+
+@register("GatherND", since=11)
+def gather_nd_op(node, graph, context: ConversionContext):
+    return result(Inline(gather_nd, attributes(node).get("batch_dims", 0)), node)

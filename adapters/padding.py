@@ -1,4 +1,4 @@
-"""Pad (opset 2-21: constant, reflect, edge, wrap; pads as attribute or input; opset 18 axes input)."""
+"""Pad (opset 2-21: constant, reflect, edge, wrap; pads as attribute or input; opset 18 axes input), CenterCropPad."""
 
 from __future__ import annotations
 
@@ -96,3 +96,21 @@ def pad(node, graph, context: ConversionContext):
     value = scalar_constant(node, graph, 2) if has_input(node, 2) else 0
     per_axis = _per_axis(constant_ints(node, graph, 1), axes, rank)
     return result(Inline(pad_tensor, per_axis, mode, value), node, node.input_values[:1])
+
+
+def center_crop_pad(x: torch.Tensor, shape: torch.Tensor, axes: list[int]) -> torch.Tensor:
+    """ONNX CenterCropPad: each axis in ``axes`` centre-cropped or zero-padded to ``shape`` (read at run time)."""
+    pads = [0] * (2 * x.dim())
+    for axis, target in zip(axes, shape.tolist()):
+        difference = int(target) - x.shape[axis]
+        begin = difference // 2 if difference >= 0 else -((-difference) // 2)
+        position = 2 * (x.dim() - 1 - axis)  # F.pad: last dim first
+        pads[position], pads[position + 1] = begin, difference - begin
+    return F.pad(x, pads)
+
+
+@register("CenterCropPad", since=18)
+def center_crop_pad_op(node, graph, context: ConversionContext):
+    rank = len(input_shape(node, graph, 0))
+    axes = [normalize_axis(a, rank) for a in attributes(node).get("axes", range(rank))]
+    return result(Inline(center_crop_pad, axes), node)

@@ -1,4 +1,4 @@
-"""MaxPool (with ONNX's flattened Indices), AveragePool (incl. opset 19 dilations), GlobalAverage/MaxPool.
+"""MaxPool (with ONNX's flattened Indices), AveragePool (incl. opset 19 dilations), LpPool, MaxUnpool, GlobalAverage/MaxPool.
 
 torch's pooling runs directly when the ONNX pads are symmetric and small enough for it; otherwise
 the input is padded explicitly. ceil_mode follows ONNX: a last window starting in the right padding
@@ -177,3 +177,45 @@ def global_average_pool(node, graph, context: ConversionContext):
 @register("GlobalMaxPool", since=1)
 def global_max_pool(node, graph, context: ConversionContext):
     return result(Inline(torch.amax, _spatial_dims(node, graph), True), node)
+
+
+# LpPool -------------------------------------------------------------------------------------------
+def lp_pool(x: torch.Tensor, p: float, kernel, strides, dilations, begins, ends, out_sizes) -> torch.Tensor:
+    """ONNX LpPool: ``(sum over the window of |x|^p)^(1/p)``, pads counting as zeros."""
+    spans = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    padded = [n + b + e for n, b, e in zip(x.shape[2:], begins, ends)]
+    overflow = [max(0, (o - 1) * s + span - size) for o, s, span, size in zip(out_sizes, strides, spans, padded)]
+    powered = F.pad(x.abs().pow(p), _f_pad(begins, [e + extra for e, extra in zip(ends, overflow)]))
+    windows = _windows(powered, spans, strides, dilations)
+    return windows.sum(tuple(range(-len(kernel), 0))).pow(1.0 / p)
+
+
+@register("LpPool", since=2)
+def lp_pool_op(node, graph, context: ConversionContext):
+    sizes, kernel, strides, dilations, begins, ends, ceil_mode = _geometry(node, graph)
+    out_sizes = _output_sizes(sizes, kernel, strides, dilations, begins, ends, ceil_mode)
+    p = float(attributes(node).get("p", 2))
+    return result(Inline(lp_pool, p, kernel, strides, dilations, begins, ends, out_sizes), node)
+
+
+# MaxUnpool ----------------------------------------------------------------------------------------
+def max_unpool(x: torch.Tensor, indices: torch.Tensor, output_shape: torch.Tensor | None = None, *,
+               inferred: list[int]) -> torch.Tensor:
+    """ONNX MaxUnpool: values put back at their flat indices; ``output_shape`` (read at run time) pads the end."""
+    out = x.new_zeros(math.prod(inferred)).scatter(0, indices.reshape(-1), x.reshape(-1)).reshape(inferred)
+    if output_shape is None:
+        return out
+    extra = [int(want) - have for want, have in zip(output_shape.tolist(), inferred)]
+    return F.pad(out, [p for e in reversed(extra) for p in (0, e)])
+
+
+@register("MaxUnpool", since=9)
+def max_unpool_op(node, graph, context: ConversionContext):
+    attrs = attributes(node)
+    shape = input_shape(node, graph, 0)
+    kernel = list(attrs["kernel_shape"])
+    rank = len(kernel)
+    strides, pads = list(attrs.get("strides", [1] * rank)), list(attrs.get("pads", [0] * (2 * rank)))
+    inferred = [*shape[:2], *((n - 1) * s - (pads[i] + pads[rank + i]) + k
+                              for i, (n, s, k) in enumerate(zip(shape[2:], strides, kernel)))]
+    return result(Inline(max_unpool, inferred=inferred), node)

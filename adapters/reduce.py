@@ -6,6 +6,8 @@ only the elementwise part of composite reductions remains (ReduceLogSum -> log, 
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .common import Inline, attributes, constant_ints, has_input, input_shape, normalize_axis, result
@@ -23,13 +25,28 @@ def reduce_mean(x: torch.Tensor, dims: tuple[int, ...], keepdim: bool) -> torch.
 
 
 def reduce_max(x: torch.Tensor, dims: tuple[int, ...], keepdim: bool) -> torch.Tensor:
-    """Maximum over ``dims``."""
+    """Maximum over ``dims`` (over an empty set: the dtype's lowest value, -inf for floats, as ONNX)."""
+    if any(x.shape[d] == 0 for d in dims):
+        return _over_empty(x, dims, keepdim, lowest=True)
     return torch.amax(x, dims, keepdim) if dims else x
 
 
 def reduce_min(x: torch.Tensor, dims: tuple[int, ...], keepdim: bool) -> torch.Tensor:
-    """Minimum over ``dims``."""
+    """Minimum over ``dims`` (over an empty set: the dtype's highest value, +inf for floats, as ONNX)."""
+    if any(x.shape[d] == 0 for d in dims):
+        return _over_empty(x, dims, keepdim, lowest=False)
     return torch.amin(x, dims, keepdim) if dims else x
+
+
+def _over_empty(x: torch.Tensor, dims: tuple[int, ...], keepdim: bool, lowest: bool) -> torch.Tensor:
+    if x.dtype == torch.bool:
+        fill = not lowest
+    elif x.is_floating_point():
+        fill = -math.inf if lowest else math.inf
+    else:
+        fill = torch.iinfo(x.dtype).min if lowest else torch.iinfo(x.dtype).max
+    shape = [1 if d in dims else n for d, n in enumerate(x.shape) if keepdim or d not in dims]
+    return torch.full(shape, fill, dtype=x.dtype, device=x.device)
 
 
 def reduce_prod(x: torch.Tensor, dims: tuple[int, ...], keepdim: bool) -> torch.Tensor:
@@ -111,7 +128,8 @@ def _converter(op_type: str):
             dims = tuple(sorted({normalize_axis(axis, rank) for axis in axes}))
         else:  # noop_with_empty_axes: no reduction, but LogSum still takes the log, SumSquare squares...
             dims = () if noop_empty else tuple(range(rank))
-        function = _DIRECT.get(op_type, _REDUCERS[op_type]) if dims else _REDUCERS[op_type]
+        direct = dims and all(input_shape(node, graph, 0)[d] for d in dims)  # (torch refuses empty max/min)
+        function = _DIRECT.get(op_type, _REDUCERS[op_type]) if direct else _REDUCERS[op_type]
         return result(Inline(function, dims, keepdim), node, node.input_values[:1])
 
     return convert

@@ -8,8 +8,8 @@ A converter has onnx2torch's shape plus a context:
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import onnx
@@ -19,10 +19,12 @@ MICROSOFT = "com.microsoft"
 
 @dataclass(frozen=True)
 class ConversionContext:
-    """What a converter may need beyond the node: the semantics and opset of the graph."""
+    """What a converter may need beyond the node: the semantics and opset of the graph (``opsets``:
+    every domain's, for converting a subgraph attribute)."""
 
     training: bool
     opset: int
+    opsets: Mapping[str, int] = field(default_factory=dict)
 
 
 Converter = Callable[[Any, Any, ConversionContext], Any]

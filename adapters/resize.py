@@ -1,5 +1,7 @@
-"""Resize (opset 11-19; nearest and linear; half_pixel, half_pixel_symmetric, pytorch_half_pixel,
-align_corners and asymmetric coordinates; opset 18 axes and keep_aspect_ratio_policy).
+"""Resize (opset 11-19; nearest, linear and cubic; half_pixel, half_pixel_symmetric, pytorch_half_pixel,
+align_corners, asymmetric and tf_crop_and_resize coordinates; antialias; opset 18 axes and
+keep_aspect_ratio_policy) and Upsample (opset 7-9). Cubic, antialiased and tf_crop_and_resize resizes run
+as per-axis interpolation matrices (resize_matrix.py).
 
 Bilinear-family half_pixel/align_corners and nearest/asymmetric/floor resizes run as
 ``F.interpolate``; everything else gathers with per-axis index and weight tables computed from the
@@ -16,6 +18,7 @@ from torch import nn
 
 from .common import attributes, constant_input, has_input, input_shape, is_constant, normalize_axis, result
 from .registry import ConversionContext, register
+from .resize_matrix import MatrixResize
 
 _COORDINATES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric")
 _NEAREST = {
@@ -127,14 +130,17 @@ def resize(node, graph, context: ConversionContext):
     attrs.setdefault("coordinate_transformation_mode", "half_pixel")
     attrs.setdefault("nearest_mode", "round_prefer_floor")
     mode = attrs.get("mode", "nearest")
-    if mode not in ("nearest", "linear"):
-        raise NotImplementedError(f"Resize: attribute mode={mode!r} is not supported")
     coordinates = attrs["coordinate_transformation_mode"]
-    if coordinates not in _COORDINATES:
-        raise NotImplementedError(f"Resize: attribute coordinate_transformation_mode={coordinates!r} is not supported")
+    if mode not in ("nearest", "linear", "cubic") or coordinates not in (*_COORDINATES, "tf_crop_and_resize"):
+        raise NotImplementedError(f"Resize: mode={mode!r} with coordinate_transformation_mode={coordinates!r} "
+                                  "is not supported")
     shape = input_shape(node, graph, 0)
     axes = [normalize_axis(a, len(shape)) for a in attrs.get("axes", range(len(shape)))]
     target = 3 if has_input(node, 3) else 2
+    if mode == "cubic" or coordinates == "tf_crop_and_resize" or attrs.get("antialias", 0):
+        roi = node.input_values[1] if has_input(node, 1) else ""
+        return result(MatrixResize(axes, attrs, target == 3, _targets), node,
+                      [node.input_values[0], roi, node.input_values[target]])
     if not is_constant(node, graph, target):
         return result(RuntimeResize(axes, attrs, sizes=target == 3), node, [node.input_values[0], node.input_values[target]])
     values = constant_input(node, graph, target)
@@ -157,8 +163,6 @@ class RuntimeResize(nn.Module):
 def _static_resize(shape, axes, attrs, scale_values, size_values) -> nn.Module:
     mode = attrs.get("mode", "nearest")
     scales, sizes = _targets(scale_values, size_values, shape, axes, attrs)
-    if attrs.get("antialias", 0) and any(s < 1 for s in scales):
-        raise NotImplementedError("Resize: attribute antialias=1 with downsampling is not supported")
     kept = [i for i, (a, out) in enumerate(zip(axes, sizes)) if not (out == shape[a] and scales[i] == 1.0)]
     axes, scales, sizes = [axes[i] for i in kept], [scales[i] for i in kept], [sizes[i] for i in kept]
     linear = mode == "linear"
@@ -167,3 +171,17 @@ def _static_resize(shape, axes, attrs, scale_values, size_values) -> nn.Module:
         plan = {a: _axis_plan(shape[a], out, s, attrs, linear) for a, s, out in zip(axes, scales, sizes)}
         module = TableResize(plan)
     return module
+
+
+@register("Upsample", since=7)
+def upsample(node, graph, context: ConversionContext):
+    """Upsample (opset 7-9): a Resize by scales with asymmetric coordinates and floor nearest."""
+    node_attrs = attributes(node)
+    mode = "linear" if node_attrs.get("mode", "nearest") in ("linear", "bilinear") else "nearest"
+    attrs = {"mode": mode, "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}
+    shape = input_shape(node, graph, 0)
+    axes = list(range(len(shape)))
+    if "scales" in node_attrs or is_constant(node, graph, 1):
+        scales = torch.tensor(node_attrs["scales"]) if "scales" in node_attrs else constant_input(node, graph, 1)
+        return result(_static_resize(shape, axes, attrs, scales, None), node, node.input_values[:1])
+    return result(RuntimeResize(axes, attrs, sizes=False), node)

@@ -1,4 +1,4 @@
-"""Ops over whole axes or index maps: Softmax, LogSoftmax, Trilu, OneHot, ScatterElements, ScatterND."""
+"""Ops over whole axes or index maps: Softmax, LogSoftmax, Trilu, OneHot, ScatterElements, ScatterND, Unique."""
 
 from __future__ import annotations
 
@@ -141,3 +141,28 @@ def scatter_nd_op(node, graph, context: ConversionContext):
     if reduction not in ("none", "add", *_INDEX_REDUCE):
         raise NotImplementedError(f"ScatterND: attribute reduction={reduction!r} is not supported")
     return result(Inline(scatter_nd, reduction), node)
+
+
+# Unique -------------------------------------------------------------------------------------------
+def unique(x: torch.Tensor, axis: int | None, sort: bool, outputs: int):
+    """ONNX Unique: values (sorted, or in order of first occurrence), first indices, inverse indices, counts."""
+    flat, dim = (x.reshape(-1), 0) if axis is None else (x, axis)
+    values, inverse, counts = torch.unique(flat, sorted=True, return_inverse=True, return_counts=True, dim=dim)
+    size = flat.shape[dim]
+    first = torch.full((values.shape[dim],), size, dtype=torch.int64, device=x.device)
+    first = first.scatter_reduce(0, inverse, torch.arange(size, device=x.device), "amin")
+    if not sort:
+        order = torch.argsort(first)
+        rank = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=x.device))
+        values, first, inverse, counts = values.index_select(dim, order), first[order], rank[inverse], counts[order]
+    found = (values, first, inverse.reshape(-1), counts)[:outputs]
+    return found if outputs > 1 else values
+
+
+@register("Unique", since=11)
+def unique_op(node, graph, context: ConversionContext):
+    attrs = attributes(node)
+    axis = attrs.get("axis")
+    if axis is not None:
+        axis = normalize_axis(axis, len(input_shape(node, graph, 0)))
+    return result(Inline(unique, axis, bool(attrs.get("sorted", 1)), len(node.output_values)), node)

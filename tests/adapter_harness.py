@@ -171,11 +171,17 @@ def check_dynamic(
 
 
 def check_gradients(
-    op_type: str, inputs: Sequence[np.ndarray | None], *, constant: Sequence[int] = (), opset: int = 17, **attrs
+    op_type: str,
+    inputs: Sequence[np.ndarray | None],
+    *,
+    constant: Sequence[int] = (),
+    opset: int = 17,
+    outputs: int = 1,
+    **attrs,
 ) -> None:
     """Finite-difference gradcheck (float64) of the converted node w.r.t. its float non-constant inputs."""
     inputs = [v.astype(np.float64) if v is not None and v.dtype == np.float32 else v for v in inputs]
-    model = one_node_model(op_type, inputs, constant=constant, opset=opset, **attrs)
+    model = one_node_model(op_type, inputs, constant=constant, opset=opset, outputs=outputs, **attrs)
     gm, tensors = convert_model(model, inputs, training=True)
     wanted = [t.is_floating_point() for t in tensors]
     leaves = [t.clone().requires_grad_(w) for t, w in zip(tensors, wanted)]

@@ -3,13 +3,16 @@
 Each case is converted with ``convert_graph`` (its inputs as graph inputs, never constants) and its
 outputs compared with ONNX's expected outputs at the case's tolerances. Outcomes: ``pass``,
 ``unsupported`` (an UnsupportedOperatorError), ``wrong`` (converted, ran, numbers differ), ``error``
-(any other exception) and ``skipped`` (non-tensor inputs/outputs or too large, with the reason).
+(any other exception) and ``skipped`` (non-tensor inputs/outputs, float8/float4/int4/int2 or string
+data, or too large, with the reason). bfloat16 data runs (torch has the dtype).
 
-Run directly for a report: ``python tests/conformance.py [--verbose] [op ...]``.
+Run directly for a report: ``python tests/conformance.py [--verbose] [--by-op] [op ...]``;
+``python tests/conformance.py --markdown docs/conformance.md`` rewrites the per-operator docs page.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 import warnings
 from collections import Counter
@@ -25,6 +28,7 @@ from ort_torch_train.errors import UnsupportedOperatorError
 from ort_torch_train.graph.convert import TensorSpec, convert_graph
 
 KNOWN_FAILURES_FILE = Path(__file__).with_name("conformance_known_failures.txt")
+DOCS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "conformance.md"
 MAX_ELEMENTS = 2_000_000  # cases with more input/output elements are skipped (time budget)
 
 
@@ -59,8 +63,9 @@ def _skip_reason(model: onnx.ModelProto, data_sets: list) -> str | None:
             return "non-array test data"
         if any(v.dtype.kind in "OUS" for v in values):
             return "string tensors"
-        if any(v.dtype.kind == "V" or str(v.dtype).startswith(("float8", "int4", "uint4", "bfloat")) for v in values):
-            return "ml_dtypes tensors (float8/int4/bfloat16)"
+        if any(str(v.dtype) != "bfloat16" and (v.dtype.kind == "V" or str(v.dtype).startswith(
+                ("float8", "float4", "int4", "uint4", "int2", "uint2"))) for v in values):
+            return "ml_dtypes tensors (float8/float4/int4/int2)"
         if sum(v.size for v in values) > MAX_ELEMENTS:
             return f"more than {MAX_ELEMENTS} elements"
     return None
@@ -71,9 +76,20 @@ def _op_of(model: onnx.ModelProto, case_name: str) -> str:
     return ops[-1] if len(ops) == 1 else (ops[0] if ops else case_name)
 
 
+def _tensor(array: np.ndarray) -> torch.Tensor:
+    """A torch copy of a test array (ml_dtypes bfloat16 through its bits)."""
+    if str(array.dtype) == "bfloat16":
+        return torch.from_numpy(np.array(array, copy=True).view(np.uint16)).view(torch.bfloat16)
+    return torch.from_numpy(np.array(array, copy=True))
+
+
 def _matches(actual, expected: np.ndarray, rtol: float, atol: float) -> tuple[bool, str]:
     if not isinstance(actual, torch.Tensor):
         return False, f"output is {type(actual).__name__}, not a tensor"
+    if str(expected.dtype) == "bfloat16":
+        if actual.dtype != torch.bfloat16:
+            return False, f"dtype {actual.dtype} != expected bfloat16"
+        actual, expected = actual.float(), expected.astype(np.float32)
     got = actual.detach().cpu()
     if tuple(got.shape) != expected.shape:
         return False, f"shape {tuple(got.shape)} != expected {expected.shape}"
@@ -103,7 +119,7 @@ def run_case(case) -> Outcome:
         model = onnx.inliner.inline_local_functions(model)
     opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
     for inputs, expected_outputs in data_sets:
-        tensors = [torch.from_numpy(np.array(array, copy=True)) for array in inputs]
+        tensors = [_tensor(array) for array in inputs]
         specs = [TensorSpec(tuple(t.shape), t.dtype) for t in tensors]
         try:
             with warnings.catch_warnings():
@@ -154,9 +170,44 @@ def summary(outcomes: list[Outcome]) -> Counter:
                    for o in outcomes)
 
 
+def by_operator(outcomes: list[Outcome]) -> dict[str, Counter]:
+    """Counts per operator; an ``_expanded`` case (the op's function body) counts for its op."""
+    known = known_failures()
+    ops = {o.case: o.op for o in outcomes}
+    table: dict[str, Counter] = {}
+    for o in outcomes:
+        op = ops.get(re.sub(r"_expanded.*$", "", o.case), o.op)
+        status = "known-failure" if o.case in known and o.status in ("error", "wrong") else o.status
+        table.setdefault(op, Counter())[status] += 1
+    return table
+
+
+def markdown(outcomes: list[Outcome]) -> str:
+    """The docs page: totals, then one row per operator."""
+    totals = summary(outcomes)
+    columns = ("pass", "wrong", "known-failure", "unsupported", "skipped")
+    lines = [
+        "# Operator conformance",
+        "",
+        "ONNX's backend node tests (`onnx.backend.test.case.node.collect_testcases`) run through the converter",
+        "by `tests/test_conformance.py`. Known failures are listed with their reason in",
+        "`tests/conformance_known_failures.txt`; unsupported cases raise `UnsupportedOperatorError`; skipped",
+        "cases have non-tensor or float8/float4/int4/int2/string data. Regenerate this page with",
+        "`python tests/conformance.py --markdown docs/conformance.md`.",
+        "",
+        f"Onnx {onnx.__version__}, {len(outcomes)} cases: " + ", ".join(f"**{totals[c]} {c}**" for c in columns) + ".",
+        "",
+        "| operator | " + " | ".join(columns) + " |",
+        "|---|" + "---:|" * len(columns),
+    ]
+    for op, counts in sorted(by_operator(outcomes).items(), key=lambda item: item[0].lower()):
+        lines.append(f"| {op} | " + " | ".join(str(counts[c] or "") for c in columns) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str]) -> None:
     verbose = "--verbose" in argv
-    ops = {a for a in argv if not a.startswith("--")} or None
+    ops = {a for a in argv if not a.startswith("--") and not a.endswith(".md")} or None
     outcomes = run_all(ops)
     known = known_failures()
     for outcome in outcomes:
@@ -164,12 +215,10 @@ def main(argv: list[str]) -> None:
         if verbose or flagged:
             print(f"{outcome.status:12} {outcome.op:24} {outcome.case}  {outcome.detail}")
     if "--by-op" in argv:
-        by_op: dict[str, Counter] = {}
-        for outcome in outcomes:
-            status = "known-failure" if outcome.case in known and outcome.status in ("error", "wrong") else outcome.status
-            by_op.setdefault(outcome.op, Counter())[status] += 1
-        for op, counts in sorted(by_op.items()):
+        for op, counts in sorted(by_operator(outcomes).items()):
             print(op, dict(counts))
+    if "--markdown" in argv:
+        Path(argv[argv.index("--markdown") + 1]).write_text(markdown(outcomes))
     print(dict(summary(outcomes)), "total", len(outcomes))
 
 

@@ -15,6 +15,7 @@ from ort_torch_train.api.ortvalue import OrtValue, from_tensors, numpy_to_tensor
 from ort_torch_train.errors import DistributedError, InputTypeError, ModelError
 from ort_torch_train.graph.artifacts import ModelSource, load_model
 from ort_torch_train.graph.roles import check_slot
+from ort_torch_train.graph.string_inputs import parse_string_inputs
 from ort_torch_train.training.distributed import data_parallel
 from ort_torch_train.training.engine import TrainingEngine
 from ort_torch_train.training.precision import mixed_precision_of
@@ -106,7 +107,7 @@ class Module(TrainingEngine):
 
     def __call__(self, *user_inputs: Any) -> Any:
         names = self.input_names()
-        tensors, kind = to_tensors(user_inputs, names)
+        tensors, kind = to_tensors(self._parsed(user_inputs, names), names)
         with self.training_state.lock:
             if not self.training:
                 return from_tensors(self.eval_step(tensors), kind)
@@ -126,12 +127,17 @@ class Module(TrainingEngine):
         engine_for_step = getattr(optimizer, "engine_for_step", None)
         if engine_for_step is None:
             raise InputTypeError(f"optimizer: expected an ort_torch_train Optimizer, got {type(optimizer).__name__}")
-        tensors, kind = to_tensors(user_inputs, self.input_names())
+        names = self.input_names()
+        tensors, kind = to_tensors(self._parsed(user_inputs, names), names)
         with self.training_state.lock:
             if self._data_parallel is None:
                 return from_tensors(self.train_and_update(tensors, engine_for_step()), kind)
             with self._data_parallel.collective_errors("Module.step"):
                 return from_tensors(self.train_and_update(tensors, engine_for_step()), kind)
+
+    def _parsed(self, user_inputs: tuple, names: list[str]) -> list:
+        """String arrays of inputs that only feed a Cast to a number, parsed as ORT's Cast does."""
+        return parse_string_inputs(user_inputs, names, self._mode_graph()[0].string_casts)
 
     def get_parameters_size(self, trainable_only: bool = True) -> int:
         """Number of parameter elements (trainable ones only by default)."""

@@ -25,6 +25,7 @@ from torch import fx, nn
 from ort_torch_train.adapters.common import Inline
 from ort_torch_train.dtypes import onnx_elem_type, tensor_from_proto, tensor_to_proto, torch_dtype
 from ort_torch_train.errors import ModelError, UnsupportedOperatorError
+from ort_torch_train.graph.control_flow import CONTROL_FLOW_OPS, convert_control_flow, names_read
 from ort_torch_train.graph.converters import converter_for
 from ort_torch_train.graph.fuse import fuse_graph
 from ort_torch_train.graph.op_traits import (
@@ -62,7 +63,7 @@ class _Builder:
         self.values: dict[str, _Value] = {}
         self.fx_nodes: dict[str, fx.Node] = {}
         self.multi_outputs: dict[str, tuple[fx.Node, int]] = {}
-        self.consumed = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
+        self.consumed = names_read(graph)
         self._module_names: set[str] = set()
 
     # values -------------------------------------------------------------------------------
@@ -160,6 +161,9 @@ def _convert_node(builder: _Builder, node: onnx.NodeProto, index: int) -> None:
     present = [value for value in inputs if value is not None]
     domain = node.domain if node.domain != "ai.onnx" else ""
 
+    if domain == "" and node.op_type in CONTROL_FLOW_OPS:
+        convert_control_flow(builder, node, index)
+        return
     if domain == "" and node.op_type in ("Shape", "Size") and present[0].static_shape:
         _fold_shape(builder, node, present[0].example)
         return
@@ -277,7 +281,7 @@ def _make_module(builder: _Builder, node: onnx.NodeProto, inputs: list[_Value | 
             context_graph.input.append(
                 onnx.helper.make_tensor_value_info(name, onnx_elem_type(value.example.dtype), list(value.example.shape))
             )
-    convert = converter_for(domain, node.op_type, opset, builder.training)
+    convert = converter_for(domain, node.op_type, opset, builder.training, builder.opsets)
     try:
         module, mapping = convert(node, context_graph)
     except Exception as exc:
@@ -329,8 +333,9 @@ def _split_outputs(builder: _Builder, node: onnx.NodeProto, result: Any) -> dict
 
 
 def _call_signature(module: nn.Module, args: list) -> tuple[list, dict]:
-    """onnx2torch's convention: absent optional inputs after the first become keyword arguments."""
-    if None not in args:
+    """onnx2torch's convention: absent optional inputs after the first become keyword arguments (an
+    Inline call takes them positionally, as None, as its emitted fx call does)."""
+    if None not in args or isinstance(module, Inline):
         return args, {}
     first_absent = args.index(None)
     names = tuple(inspect.signature(module.forward).parameters)[first_absent : len(args)]

@@ -9,6 +9,7 @@ import onnx
 
 from ort_torch_train import adapters
 from ort_torch_train.errors import UnsupportedOperatorError
+from ort_torch_train.graph.control_flow import CONTROL_FLOW_OPS, subgraphs
 from ort_torch_train.onnx2torch_import import import_onnx2torch
 
 NodeConverter = Callable[[onnx.NodeProto, onnx.GraphProto], Any]
@@ -27,18 +28,21 @@ def _onnx2torch_converter(domain: str, op_type: str, opset: int):
 def has_converter(domain: str, op_type: str, opset: int) -> bool:
     """Whether some converter handles ``domain::op_type`` at ``opset``."""
     return (
-        adapters.find_converter(domain, op_type, opset) is not None
+        (domain == "" and op_type in CONTROL_FLOW_OPS)
+        or adapters.find_converter(domain, op_type, opset) is not None
         or _onnx2torch_converter(domain, op_type, opset) is not None
     )
 
 
-def converter_for(domain: str, op_type: str, opset: int, training: bool) -> NodeConverter:
-    """A function ``(node, one_node_graph) -> (module, mapping)`` for the operator."""
+def converter_for(
+    domain: str, op_type: str, opset: int, training: bool, opsets: dict[str, int] | None = None
+) -> NodeConverter:
+    """A function ``(node, one_node_graph) -> (module, mapping)`` for the operator (``opsets``: the graph's)."""
     import_onnx2torch()
     from onnx2torch.onnx_graph import OnnxGraph
 
     own = adapters.find_converter(domain, op_type, opset)
-    context = adapters.ConversionContext(training=training, opset=opset)
+    context = adapters.ConversionContext(training=training, opset=opset, opsets=dict(opsets or {}))
     fallback = None if own else _onnx2torch_converter(domain, op_type, opset)
     if own is None and fallback is None:
         raise unsupported_operator_error(domain, op_type, opset)
@@ -62,9 +66,11 @@ def unsupported_operator_error(domain: str, op_type: str, opset: int, node_name:
 
 
 def check_supported(graph: onnx.GraphProto, opsets: dict[str, int]) -> None:
-    """Raise UnsupportedOperatorError for the first node no converter handles."""
+    """Raise UnsupportedOperatorError for the first node (subgraphs included) no converter handles."""
     for node in graph.node:
         domain = adapters.normalize_domain(node.domain)
         opset = opsets.get(domain, 1)
         if not has_converter(domain, node.op_type, opset):
             raise unsupported_operator_error(domain, node.op_type, opset, node.name)
+        for subgraph in subgraphs(node):
+            check_supported(subgraph, opsets)

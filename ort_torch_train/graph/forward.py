@@ -17,6 +17,7 @@ from ort_torch_train.errors import InputError, InputTypeError
 from ort_torch_train.graph.artifacts import GraphLayout, declared_shape
 from ort_torch_train.graph.convert import TensorSpec, convert_graph
 from ort_torch_train.graph.converters import check_supported
+from ort_torch_train.graph.string_inputs import numeric_inputs
 
 Signature = tuple[tuple[torch.Size, torch.dtype], ...]
 CompileSetting = bool | str | Mapping[str, Any]
@@ -72,6 +73,7 @@ class ForwardGraph:
         cache_size: int = 16,
     ):
         check_supported(graph, opsets)
+        graph, self.string_casts = numeric_inputs(graph)  # string inputs parsed on the host (string_inputs.py)
         self.graph = graph
         self.opsets = opsets
         self.layout = layout
