@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from artifacts import prepare_artifacts
-from models import MODELS
+from models import DEFAULT_MODELS, MODELS
 from orchestrate import ConfigResult, Settings, run_model
 from report import HEADERS, machine_info, table_rows, write_results
 from timing import render_table
@@ -36,7 +36,7 @@ NO_ORT_ON_CUDA = ("onnxruntime-training's CUDA build is not installable here (on
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
+    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(DEFAULT_MODELS))
     parser.add_argument("--compile", action="store_true",
                         help="also time (b), (e), (f) and (g) (inductor compiles each model first: seconds to minutes)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] ((d) is CPU-only: n/a on cuda)")
