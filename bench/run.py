@@ -26,7 +26,7 @@ import torch
 from artifacts import prepare_artifacts
 from models import DEFAULT_MODELS, MODELS
 from orchestrate import ConfigResult, Settings, run_model
-from report import HEADERS, machine_info, table_rows, write_results
+from report import HEADERS, LABELS, machine_info, table_rows, write_results
 from timing import render_table
 
 BENCH = Path(__file__).resolve().parent
@@ -44,6 +44,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--warmup", type=int, help="untimed steps first (default: per model)")
     parser.add_argument("--threads", type=int, default=2, help="CPU threads of every configuration")
+    parser.add_argument("--configs", nargs="+", choices=list(LABELS),
+                        help="only these configurations (default: all that the other options select)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 5 steps, 1 round, 2 warmup steps")
     parser.add_argument("--no-ort", action="store_true", help="use this project's generator and skip ORT")
     parser.add_argument("--torch-inputs", action="store_true",
@@ -89,6 +91,7 @@ def benchmark(args: argparse.Namespace, command: str) -> int:
         ort_missing = NO_ORT_ON_CUDA if cuda else artifacts.ort_missing
         compiled = ["ours-compile", "ours-step", "ours-step-cpp"] if args.compile else []
         configs = ["ours", *compiled, "torch"] + (["torch-compile"] if args.compile else []) + ([] if ort_missing else ["ort"])
+        configs = [c for c in configs if args.configs is None or c in args.configs]
         results += run_model(model, artifacts, configs, settings, log_dir,
                              progress=lambda text: print(text, flush=True))
         if ort_missing:
