@@ -1,6 +1,6 @@
 """Benchmark a full training step: this project vs. hand-written eager PyTorch vs. onnxruntime-training 1.19.2.
 
-    .venv/bin/python bench/run.py [--models mlp cnn tinyformer encoder] [--compile] [--device cpu|cuda]
+    .venv/bin/python bench/run.py [--models mlp cnn tinyformer encoder | gpt128 tiny-llama ...] [--compile] [--configs ...]
                                   [--steps N] [--rounds R] [--warmup W] [--threads T] [--quick] [--no-ort]
     .venv/bin/python bench/run.py --profile MODEL [--profile-config ours|ours-compile] [--profile-steps N]
 
