@@ -95,7 +95,7 @@ def sweep(args: argparse.Namespace, command: str) -> int:
         print(f"- {note}")
     json_path, md_path = write_results(args.out, results, header, notes)
     plot_path = args.plot or json_path.with_suffix(".png")
-    plotted = plot(results, args.sizes, plot_path, f"{header['machine']['cpu']}, {args.threads} threads, "
+    plotted = plot(results, args.sizes, plot_path, f"{header['machine']['cpu']}, {args.threads} thread(s), "
                    f"{args.device}, load {header['machine']['load_average_1_5_15'][0]:.1f}")
     print(f"\nresults: {json_path}\n         {md_path}\n         {plotted}")
     return 1 if any(r.error and r.config != "ort" for r in results) else 0
