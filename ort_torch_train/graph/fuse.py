@@ -138,6 +138,8 @@ def _is_causal(module: fx.GraphModule, mask: fx.Node, scores_val: torch.Tensor) 
     lower = torch.ones(length, length, dtype=torch.bool).tril()
     if value.dtype == torch.bool:
         return bool(torch.equal(value, lower.expand_as(value)))
+    if not value.is_floating_point():
+        return False
     # the dtype's lowest value masks as -inf does: exp(lowest + score - max) is 0 for any finite scores
     masked = (value == -torch.inf) | (value == torch.finfo(value.dtype).min)
     return bool(torch.equal(masked, (~lower).expand_as(value)) and torch.all(value[~masked] == 0))
@@ -261,16 +263,22 @@ def _constant_expression(module: fx.GraphModule, node, depth: int):
     if depth > 8:
         return None
     if node.op == "get_attr":
-        value = module.get_buffer(node.target)
+        try:
+            value = module.get_buffer(node.target)  # a constant; parameters are not buffers
+        except AttributeError:
+            return None
         return value if value.numel() == 1 else None
     known = (node.op == "call_function" and node.target in _SCALAR_FUNCTIONS) or (
         node.op == "call_method" and node.target in _SCALAR_METHODS)
     if not known or node.kwargs:
         return None
     args = [_constant_expression(module, arg, depth + 1) for arg in node.args]
-    if any(value is None for value in args):
+    if any(value is None for value in args) or not isinstance(args[0], torch.Tensor) and node.op == "call_method":
         return None
-    result = node.target(*args) if node.op == "call_function" else getattr(args[0], node.target)(*args[1:])
+    try:
+        result = node.target(*args) if node.op == "call_function" else getattr(args[0], node.target)(*args[1:])
+    except (TypeError, RuntimeError):  # e.g. torch.sqrt of a Python number
+        return None
     return result if not isinstance(result, torch.Tensor) or result.numel() == 1 else None
 
 
