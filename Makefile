@@ -8,7 +8,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-EXTRAS ?= test examples docs
+EXTRAS ?= test examples docs bench
 
 .PHONY: train test docs bench fixtures ort-venv
 

@@ -1,11 +1,13 @@
 """Training artifacts for the benchmark models, cached under bench/.cache/ by a hash of the model spec.
 
-ORT 1.19.2's ``generate_artifacts`` makes them (in ``.venv-ort``, or ``ORT_TRAINING_PYTHON``) when it is
+The model is exported here (this venv has the model's packages, e.g. ``transformers``); ORT 1.19.2's
+``generate_artifacts`` then makes the artifacts (in ``.venv-ort``, or ``ORT_TRAINING_PYTHON``) when it is
 there; otherwise this project's generator does, and ORT cannot be timed. Run in the ORT venv as
 
-    python bench/artifacts.py MODEL DIRECTORY
+    python bench/artifacts.py DIRECTORY
 
-to export MODEL and generate its artifacts into DIRECTORY with onnxruntime-training.
+to generate the artifacts of DIRECTORY/base_model.onnx (trainable names in requires_grad.json) with
+onnxruntime-training.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import numpy as np
 import onnx
 import torch
 
-from models import MODELS, OPSET, BenchModel
+from models import OPSET, BenchModel
 
 BENCH = Path(__file__).resolve().parent
 ORT_PYTHON = Path(os.environ.get("ORT_TRAINING_PYTHON", BENCH.parent / ".venv-ort" / "bin" / "python"))
@@ -67,14 +69,13 @@ def export_base_model(model: BenchModel) -> tuple[onnx.ModelProto, list[str]]:
     return proto, [init.name for init in proto.graph.initializer if init.name in parameters]
 
 
-def generate_with_ort(model: BenchModel, directory: Path) -> None:
-    """Export and run onnxruntime-training's generate_artifacts (in the ORT venv; writes temp.onnx to the cwd)."""
+def generate_with_ort(directory: Path) -> None:
+    """onnxruntime-training's generate_artifacts on an exported model (in the ORT venv; writes temp.onnx to the cwd)."""
     import onnxruntime
     from onnxruntime.training import artifacts as ort_artifacts
 
     onnxruntime.set_default_logger_severity(3)
-    base, requires_grad = export_base_model(model)
-    onnx.save(base, str(directory / "base_model.onnx"))
+    requires_grad = json.loads((directory / "requires_grad.json").read_text())
     ort_artifacts.generate_artifacts(
         str(directory / "base_model.onnx"), requires_grad=requires_grad, frozen_params=[],
         loss=ort_artifacts.LossType.CrossEntropyLoss, optimizer=ort_artifacts.OptimType.AdamW,
@@ -143,8 +144,11 @@ def _run_our_generator(model: BenchModel, directory: Path) -> str:
 
 
 def _run_ort_generator(model: BenchModel, directory: Path) -> str:
+    base, requires_grad = export_base_model(model)
+    onnx.save(base, str(directory / "base_model.onnx"))
+    (directory / "requires_grad.json").write_text(json.dumps(requires_grad))
     with tempfile.TemporaryDirectory() as cwd:
-        proc = subprocess.run([str(ORT_PYTHON), str(Path(__file__).resolve()), model.name, str(directory)],
+        proc = subprocess.run([str(ORT_PYTHON), str(Path(__file__).resolve()), str(directory.resolve())],
                               capture_output=True, text=True, cwd=cwd, timeout=900)
     if proc.returncode != 0:
         lines = (proc.stderr or proc.stdout).strip().splitlines()
@@ -153,4 +157,4 @@ def _run_ort_generator(model: BenchModel, directory: Path) -> str:
 
 
 if __name__ == "__main__":
-    generate_with_ort(MODELS[sys.argv[1]], Path(sys.argv[2]))
+    generate_with_ort(Path(sys.argv[1]))

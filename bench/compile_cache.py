@@ -36,7 +36,7 @@ def child(artifacts: Path, cache_file: Path, mode: str, threads: int) -> dict:
     optimizer = Optimizer(artifacts / "optimizer_model.onnx", module)
     x, y = np.load(artifacts / "x.npy"), np.load(artifacts / "y.npy")
     module.train()
-    for _ in range(3):  # the first step compiles the accumulate variant, the next ones the reset one
+    for _ in range(3):  # the first step compiles (adding and overwriting gradients share one graph)
         module.step(optimizer, x, y)
         module.lazy_reset_grad()
     compile_s = time.perf_counter() - started

@@ -13,6 +13,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from lm_models import Decoder, tiny_transformer
+
 OPSET = 17
 LEARNING_RATE = 1e-3
 ADAMW_EPS = 1e-6  # onnxblock AdamW defaults: adam_mode 1, bias correction, weight decay 0
@@ -60,6 +62,8 @@ class BenchModel:
     classes: int
     steps: int  # timed steps per round by default
     warmup: int
+    vocab: int = 0  # > 0: fed token ids below ``vocab``
+    language_model: bool = False  # one label per token (the next one), ``classes`` == ``vocab``
 
     def build(self) -> nn.Module:
         """The model with seeded weights, in training mode (the same weights in every process)."""
@@ -67,9 +71,16 @@ class BenchModel:
         return self.build_module().train()
 
     def batch_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """The fixed (x float32, y int64) batch every step trains on."""
+        """The fixed batch every step trains on: x float32 (int64 token ids with ``vocab``), y int64 per
+        example (per token, the next one, flattened to batch x tokens for a language model)."""
         rng = np.random.default_rng(DATA_SEED)
-        x = rng.standard_normal((self.batch, *self.example_shape)).astype(np.float32)
+        if self.language_model:
+            tokens = rng.integers(0, self.vocab, size=(self.batch, self.example_shape[0] + 1)).astype(np.int64)
+            return tokens[:, :-1].copy(), tokens[:, 1:].reshape(-1).copy()
+        if self.vocab:
+            x = rng.integers(0, self.vocab, size=(self.batch, *self.example_shape)).astype(np.int64)
+        else:
+            x = rng.standard_normal((self.batch, *self.example_shape)).astype(np.float32)
         y = rng.integers(0, self.classes, size=self.batch).astype(np.int64)
         return x, y
 
@@ -115,6 +126,20 @@ ENCODER_GELU_DROPOUT = BenchModel(
     "encoder_gelu_dropout", "TransformerEncoder(4 layers, d256, 4 heads, ff 1024, GELU, dropout 0.1) + mean-pool "
     "+ Linear(256,4)", _encoder_gelu_dropout, (128, 256), 16, 4, steps=4, warmup=3)
 
+
+def _decoder(hidden: int) -> Callable[[], nn.Module]:
+    return lambda: Decoder(vocab=DECODER_VOCAB, hidden=hidden, heads=4, layers=2, tokens=DECODER_TOKENS)
+
+
+def _transformer(kind: str) -> Callable[[], nn.Module]:
+    return lambda: tiny_transformer(kind, vocab=TINY_VOCAB, classes=4, tokens=TINY_TOKENS)
+
+
+DECODER_VOCAB, DECODER_TOKENS = 512, 32
+TINY_VOCAB, TINY_TOKENS = 256, 8
+DECODER_SIZES = {32: (200, 20), 128: (60, 10), 512: (8, 3), 1024: (4, 2)}  # hidden: (steps, warmup)
+DEFAULT_MODELS = ("mlp", "cnn", "tinyformer", "encoder", "gru", "lstm")
+
 MODELS: dict[str, BenchModel] = {m.name: m for m in [
     BenchModel("mlp", "Linear(20,32)-ReLU-Linear(32,5)", _mlp, (20,), 64, 5, steps=1000, warmup=100),
     BenchModel("cnn", "Conv2d(1,4,3)-ReLU-MaxPool2d(2)-Flatten-Linear(100,10)", _cnn, (1, 12, 12), 64, 10,
@@ -127,4 +152,13 @@ MODELS: dict[str, BenchModel] = {m.name: m for m in [
                steps=200, warmup=20),
     BenchModel("lstm", "LSTM(16,32) over 20 steps + last step + Linear(32,4)", _lstm, (20, 16), 32, 4,
                steps=200, warmup=20),
+    *(BenchModel(f"gpt{hidden}", f"GPT-style decoder (2 pre-LN layers, hidden {hidden}, 4 heads, causal SDPA, GELU MLP, "
+                 f"vocab {DECODER_VOCAB}), LM loss on 8 x {DECODER_TOKENS} tokens", _decoder(hidden), (DECODER_TOKENS,),
+                 8, DECODER_VOCAB, steps=steps, warmup=warmup, vocab=DECODER_VOCAB, language_model=True)
+      for hidden, (steps, warmup) in DECODER_SIZES.items()),
+    *(BenchModel(f"tiny-{kind}", f"transformers {kind} (random init, hidden 32, 2 layers, 2 heads, vocab {TINY_VOCAB}"
+                 f"{', LM loss' if kind != 'bert' else ', 4 classes'}), 4 x {TINY_TOKENS} tokens", _transformer(kind),
+                 (TINY_TOKENS,), 4, TINY_VOCAB if kind != "bert" else 4, steps=200, warmup=20, vocab=TINY_VOCAB,
+                 language_model=kind != "bert")
+      for kind in ("gpt2", "llama", "bert")),
 ]}

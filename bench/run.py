@@ -1,6 +1,6 @@
 """Benchmark a full training step: this project vs. hand-written eager PyTorch vs. onnxruntime-training 1.19.2.
 
-    .venv/bin/python bench/run.py [--models mlp cnn tinyformer encoder] [--compile] [--device cpu|cuda]
+    .venv/bin/python bench/run.py [--models mlp cnn tinyformer encoder | gpt128 tiny-llama ...] [--compile] [--configs ...]
                                   [--steps N] [--rounds R] [--warmup W] [--threads T] [--quick] [--no-ort]
     .venv/bin/python bench/run.py --profile MODEL [--profile-config ours|ours-compile] [--profile-steps N]
 
@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 
 from artifacts import prepare_artifacts
-from models import MODELS
+from models import DEFAULT_MODELS, MODELS
 from orchestrate import ConfigResult, Settings, run_model
-from report import HEADERS, machine_info, table_rows, write_results
+from report import HEADERS, LABELS, machine_info, table_rows, write_results
 from timing import render_table
 
 BENCH = Path(__file__).resolve().parent
@@ -36,7 +36,7 @@ NO_ORT_ON_CUDA = ("onnxruntime-training's CUDA build is not installable here (on
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
+    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(DEFAULT_MODELS))
     parser.add_argument("--compile", action="store_true",
                         help="also time (b), (e), (f) and (g) (inductor compiles each model first: seconds to minutes)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] ((d) is CPU-only: n/a on cuda)")
@@ -44,6 +44,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--warmup", type=int, help="untimed steps first (default: per model)")
     parser.add_argument("--threads", type=int, default=2, help="CPU threads of every configuration")
+    parser.add_argument("--configs", nargs="+", choices=list(LABELS),
+                        help="only these configurations (default: all that the other options select)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 5 steps, 1 round, 2 warmup steps")
     parser.add_argument("--no-ort", action="store_true", help="use this project's generator and skip ORT")
     parser.add_argument("--torch-inputs", action="store_true",
@@ -89,6 +91,7 @@ def benchmark(args: argparse.Namespace, command: str) -> int:
         ort_missing = NO_ORT_ON_CUDA if cuda else artifacts.ort_missing
         compiled = ["ours-compile", "ours-step", "ours-step-cpp"] if args.compile else []
         configs = ["ours", *compiled, "torch"] + (["torch-compile"] if args.compile else []) + ([] if ort_missing else ["ort"])
+        configs = [c for c in configs if args.configs is None or c in args.configs]
         results += run_model(model, artifacts, configs, settings, log_dir,
                              progress=lambda text: print(text, flush=True))
         if ort_missing:

@@ -49,3 +49,23 @@ def test_model_rejected_by_the_onnx_checker_is_refused(mlp_case):
     gemm.attribute.extend([onnx.helper.make_attribute("beta", 1.0), onnx.helper.make_attribute("beta", 1.0)])
     with pytest.raises(ModelError, match="eval model fails the ONNX checker"):
         Module(mlp_case.artifact("training_model.onnx"), mlp_case.load_state(), evaluation.SerializeToString())
+
+
+def test_simplified_layer_norm_in_the_onnx_domain_passes_the_checker_and_unknown_ops_do_not():
+    """ORT's generate_artifacts fuses a Llama RMSNorm into SimplifiedLayerNormalization in the ONNX domain,
+    which ORT registers and ONNX does not: the checker accepts it (and leaves the model as it was)."""
+    from ort_torch_train.graph.model_checks import check_model
+
+    def model(op_type: str) -> onnx.ModelProto:
+        x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4])
+        y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 4])
+        scale = onnx.numpy_helper.from_array(np.ones(4, np.float32), "scale")
+        node = onnx.helper.make_node(op_type, ["x", "scale"], ["y"], axis=-1, epsilon=1e-6)
+        graph = onnx.helper.make_graph([node], "g", [x], [y], [scale])
+        return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+
+    ort_model = model("SimplifiedLayerNormalization")
+    check_model(ort_model, "training model")
+    assert ort_model.graph.node[0].domain == "" and len(ort_model.opset_import) == 1
+    with pytest.raises(ModelError, match="training model fails the ONNX checker: No Op registered for NoSuchNorm"):
+        check_model(model("NoSuchNorm"), "training model")

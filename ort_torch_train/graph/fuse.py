@@ -5,7 +5,10 @@
 * ``softmax((q [* s1]) @ (kT [* s2]) [* s3 | / s3] [+ mask], -1) @ v`` ->
   ``F.scaled_dot_product_attention(q, k, v, mask, scale=s1*s2*s3)`` (what nn.MultiheadAttention and
   F.scaled_dot_product_attention are exported as); also with ``where(constant, -inf, scores)``
-  (``masked_fill``) in place of the additive mask, which becomes a boolean mask. torch's fused
+  (``masked_fill``) in place of the additive mask, which becomes a boolean mask. A scale is a Python
+  number or a one-element constant computed from constants only (the dynamo exporter writes
+  ``sqrt(1 / sqrt(E))`` on q and on k before the transpose); it is folded into SDPA's ``scale``. A
+  causal mask (``-inf`` or the dtype's lowest value above the diagonal) becomes ``is_causal=True``. torch's fused
   attention kernel is much faster than the unfused sequence for short sequences (softmax alone has
   a ~75 us floor on CPU).
 
@@ -108,12 +111,13 @@ def _fuse_attention(module: fx.GraphModule) -> int:
         parts = _attention_parts(module, softmax.args[0])
         if parts is None:
             continue
-        query, key_transposed, mask, scale = parts
+        query, key_transposed, mask, scale, key_scaled = parts
         value = output.args[1]
         if not _same_batch(scores_val, query, key_transposed, value):
             continue
         with graph.inserting_before(output):
             key = _untransposed(graph, key_transposed)
+            key = _unscaled(module, key) if key_scaled else key
             causal = mask is not None and _is_causal(module, mask, scores_val)
             args = (query, key, value) if mask is None or causal else (query, key, value, mask)
             kwargs = {"scale": scale, "is_causal": True} if causal else {"scale": scale}
@@ -133,10 +137,12 @@ def _is_causal(module: fx.GraphModule, mask: fx.Node, scores_val: torch.Tensor) 
         return False
     lower = torch.ones(length, length, dtype=torch.bool).tril()
     if value.dtype == torch.bool:
-        expected = lower
-    else:
-        expected = torch.zeros(length, length, dtype=value.dtype).masked_fill(~lower, -torch.inf)
-    return bool(torch.equal(value, expected.expand_as(value)))
+        return bool(torch.equal(value, lower.expand_as(value)))
+    if not value.is_floating_point():
+        return False
+    # the dtype's lowest value masks as -inf does: exp(lowest + score - max) is 0 for any finite scores
+    masked = (value == -torch.inf) | (value == torch.finfo(value.dtype).min)
+    return bool(torch.equal(masked, (~lower).expand_as(value)) and torch.all(value[~masked] == 0))
 
 
 def _attention_parts(module: fx.GraphModule, scores: fx.Node):
@@ -148,7 +154,7 @@ def _attention_parts(module: fx.GraphModule, scores: fx.Node):
             return None
         mask, scores = found
     elif _is_call(scores, torch.add, 2) and len(scores.users) == 1:
-        scored = [arg for arg in scores.args if _leads_to_matmul(arg)]
+        scored = [arg for arg in scores.args if _leads_to_matmul(module, arg)]
         if len(scored) != 1:
             return None
         mask = scores.args[1] if scores.args[0] is scored[0] else scores.args[0]
@@ -157,19 +163,24 @@ def _attention_parts(module: fx.GraphModule, scores: fx.Node):
             return None
         scores = scored[0]
     scale = 1.0
-    factor = _scalar_factor(scores)
+    factor = _scalar_factor(module, scores)
     if factor is not None:
-        scale, scores = factor, scores.args[0]
+        scale, scores = factor, _unscaled(module, scores)
     if not (_is_call(scores, torch.matmul, 2) and len(scores.users) == 1):
         return None
     query, key_transposed = scores.args
     for operand in (query, key_transposed):
-        factor = _scalar_factor(operand)
+        factor = _scalar_factor(module, operand)
         if factor is not None:
             scale *= factor
-    query = query.args[0] if _scalar_factor(query) is not None else query
-    key_transposed = key_transposed.args[0] if _scalar_factor(key_transposed) is not None else key_transposed
-    return query, key_transposed, mask, scale
+    query = _unscaled(module, query) if _scalar_factor(module, query) is not None else query
+    if _scalar_factor(module, key_transposed) is not None:
+        key_transposed = _unscaled(module, key_transposed)
+    key = _transpose_input(key_transposed)
+    factor = None if key is None or len(key_transposed.users) != 1 else _scalar_factor(module, key)
+    if factor is not None:  # (k * s).transpose(-2, -1)
+        scale *= factor
+    return query, key_transposed, mask, scale, factor is not None
 
 
 def _where_mask(module: fx.GraphModule, where: fx.Node) -> tuple[fx.Node, fx.Node] | None:
@@ -181,7 +192,7 @@ def _where_mask(module: fx.GraphModule, where: fx.Node) -> tuple[fx.Node, fx.Nod
         return None
     for fill, scores, attend in ((if_true, if_false, ~condition_value), (if_false, if_true, condition_value)):
         fill_value = _constant(module, fill)
-        if fill_value is not None and _leads_to_matmul(scores) and bool(torch.all(fill_value == -torch.inf)):
+        if fill_value is not None and _leads_to_matmul(module, scores) and bool(torch.all(fill_value == -torch.inf)):
             name = f"attention_mask{len(module.constants._buffers)}"
             module.constants.register_buffer(name, attend.contiguous())
             with module.graph.inserting_before(where):
@@ -201,25 +212,74 @@ def _constant(module: fx.GraphModule, node) -> torch.Tensor | None:
     return None
 
 
-def _leads_to_matmul(node) -> bool:
-    """Whether ``node`` is a single-use matmul, possibly scaled by a Python float."""
-    if _scalar_factor(node) is not None:
-        node = node.args[0]
+def _leads_to_matmul(module: fx.GraphModule, node) -> bool:
+    """Whether ``node`` is a single-use matmul, possibly scaled by a constant."""
+    if _scalar_factor(module, node) is not None:
+        node = _unscaled(module, node)
     return _is_call(node, torch.matmul, 2) and len(node.users) == 1
 
 
-def _scalar_factor(node) -> float | None:
-    """``c`` for a single-use ``mul(x, c)`` (or ``1/c`` for ``div(x, c)``) with a Python float ``c``."""
+def _scalar_factor(module: fx.GraphModule, node) -> float | None:
+    """``c`` for a single-use ``mul(x, c)`` or ``mul(c, x)`` (``1/c`` for ``div(x, c)``) with a constant scalar ``c``."""
     if not isinstance(node, fx.Node) or len(node.users) != 1 or len(node.args) != 2 or node.kwargs:
         return None
-    constant = node.args[1]
-    if not isinstance(constant, float) or not isinstance(node.args[0], fx.Node):
+    if not (_is_call(node, torch.mul) or _is_call(node, torch.div)):
         return None
-    if _is_call(node, torch.mul):
-        return constant
-    if _is_call(node, torch.div) and constant != 0.0:
-        return 1.0 / constant
+    candidates = node.args[1:] if _is_call(node, torch.div) else node.args[::-1]
+    for constant in candidates:
+        other = node.args[0] if constant is node.args[1] else node.args[1]
+        value = _scalar_value(module, constant)
+        if value is None or not isinstance(other, fx.Node) or _scalar_value(module, other) is not None:
+            continue
+        if _is_call(node, torch.mul):
+            return value
+        return 1.0 / value if value != 0.0 else None
     return None
+
+
+def _unscaled(module: fx.GraphModule, node: fx.Node) -> fx.Node:
+    """The tensor operand of a ``mul``/``div`` by a constant scalar."""
+    first, second = node.args
+    return first if _scalar_value(module, second) is not None else second
+
+
+_SCALAR_FUNCTIONS = (torch.sqrt, torch.rsqrt, torch.reciprocal, torch.div, torch.mul, torch.add, torch.sub,
+                     torch.neg, torch.pow)
+_SCALAR_METHODS = ("to", "reshape", "squeeze", "unsqueeze", "float")
+
+
+def _scalar_value(module: fx.GraphModule, node, depth: int = 0) -> float | None:
+    """A Python number, or a one-element tensor computed from constant buffers and numbers only by
+    arithmetic and casts, as a float; None for anything else."""
+    value = _constant_expression(module, node, depth)
+    if isinstance(value, torch.Tensor):
+        return float(value) if value.numel() == 1 and value.is_floating_point() else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _constant_expression(module: fx.GraphModule, node, depth: int):
+    if not isinstance(node, fx.Node):
+        return node if isinstance(node, (int, float, torch.dtype)) else None
+    if depth > 8:
+        return None
+    if node.op == "get_attr":
+        try:
+            value = module.get_buffer(node.target)  # a constant; parameters are not buffers
+        except AttributeError:
+            return None
+        return value if value.numel() == 1 else None
+    known = (node.op == "call_function" and node.target in _SCALAR_FUNCTIONS) or (
+        node.op == "call_method" and node.target in _SCALAR_METHODS)
+    if not known or node.kwargs:
+        return None
+    args = [_constant_expression(module, arg, depth + 1) for arg in node.args]
+    if any(value is None for value in args) or not isinstance(args[0], torch.Tensor) and node.op == "call_method":
+        return None
+    try:
+        result = node.target(*args) if node.op == "call_function" else getattr(args[0], node.target)(*args[1:])
+    except (TypeError, RuntimeError):  # e.g. torch.sqrt of a Python number
+        return None
+    return result if not isinstance(result, torch.Tensor) or result.numel() == 1 else None
 
 
 def _same_batch(scores_val: torch.Tensor, query, key_transposed, value) -> bool:
@@ -237,12 +297,25 @@ def _same_batch(scores_val: torch.Tensor, query, key_transposed, value) -> bool:
     )
 
 
-def _untransposed(graph: fx.Graph, key_transposed: fx.Node) -> fx.Node:
-    """The key (..., S, E): the input of a last-two-dims permute, else a new transpose node."""
-    rank = _val(key_transposed).dim()
+def _transpose_input(node) -> fx.Node | None:
+    """``x`` for a permute or transpose of ``x`` that swaps (only) its last two dimensions, else None."""
+    node_val = _val(node)
+    if node_val is None or not isinstance(node, fx.Node) or not node.args:
+        return None
+    rank = node_val.dim()
     swap = tuple(range(rank - 2)) + (rank - 1, rank - 2)
-    if _is_call(key_transposed, "permute", 2) and tuple(key_transposed.args[1]) == swap:
-        return key_transposed.args[0]
+    if _is_call(node, "permute", 2) and tuple(node.args[1]) == swap:
+        return node.args[0]
+    if _is_call(node, "transpose", 3) and {d % rank for d in node.args[1:]} == {rank - 2, rank - 1}:
+        return node.args[0]
+    return None
+
+
+def _untransposed(graph: fx.Graph, key_transposed: fx.Node) -> fx.Node:
+    """The key (..., S, E): the input of a last-two-dims permute or transpose, else a new transpose node."""
+    key = _transpose_input(key_transposed)
+    if key is not None:
+        return key
     node = graph.call_method("transpose", (key_transposed, -2, -1))
     node.meta["val"] = _val(key_transposed).transpose(-2, -1)
     return node

@@ -16,6 +16,10 @@ from ort_torch_train.errors import ModelError
 from ort_torch_train.graph.artifacts import prune_graph
 
 _PROTOBUF_LIMIT = 2**31 - 1  # the checker serializes the model; larger ones are checked by path only
+# ops ORT registers in the ONNX domain that ONNX has no schema for (ORT's generate_artifacts fuses
+# a Llama RMSNorm into SimplifiedLayerNormalization); the checker sees them in ORT's own domain
+_ORT_OPS_IN_ONNX_DOMAIN = frozenset({"SimplifiedLayerNormalization"})
+_ORT_DOMAIN = "com.microsoft"
 
 
 def check_model(model: onnx.ModelProto, what: str, outputs: Iterable[str] | None = None) -> None:
@@ -29,7 +33,13 @@ def check_model(model: onnx.ModelProto, what: str, outputs: Iterable[str] | None
     typed = [value for value in graph.output if value.HasField("type")]  # ORT infers missing types
     del graph.output[:]
     graph.output.extend(typed)
-    model = onnx.helper.make_model(graph, opset_imports=model.opset_import,
+    opset_imports = list(model.opset_import)
+    ort_nodes = [node for node in graph.node if node.domain in ("", "ai.onnx") and node.op_type in _ORT_OPS_IN_ONNX_DOMAIN]
+    for node in ort_nodes:
+        node.domain = _ORT_DOMAIN
+    if ort_nodes and all(opset.domain != _ORT_DOMAIN for opset in opset_imports):
+        opset_imports.append(onnx.helper.make_opsetid(_ORT_DOMAIN, 1))
+    model = onnx.helper.make_model(graph, opset_imports=opset_imports,
                                    ir_version=model.ir_version, functions=model.functions)
     try:
         onnx.checker.check_model(model)

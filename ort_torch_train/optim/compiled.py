@@ -40,9 +40,17 @@ def adamw_scalars(*, lr: float, beta1: float, beta2: float, eps: float, weight_d
                   bias_correction1: float, bias_correction2: float, corrected_lr: float,
                   device: torch.device) -> Tensor:
     """The float32 scalars ``adamw_update`` reads, as one tensor on ``device`` (each value rounded once)."""
-    values = np.array([lr, beta1, 1.0 - beta1, beta2, 1.0 - beta2, eps, bias_correction1, bias_correction2,
-                       corrected_lr, weight_decay, lr * weight_decay], dtype=np.float32)
-    return torch.from_numpy(values).to(device, non_blocking=True)
+    values = adamw_scalar_values(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
+                                 bias_correction1=bias_correction1, bias_correction2=bias_correction2,
+                                 corrected_lr=corrected_lr)
+    return torch.from_numpy(np.array(values, dtype=np.float32)).to(device, non_blocking=True)
+
+
+def adamw_scalar_values(*, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
+                        bias_correction1: float, bias_correction2: float, corrected_lr: float) -> list[float]:
+    """The values of ``adamw_scalars`` in its order, as Python floats (to be stored as float32)."""
+    return [lr, beta1, 1.0 - beta1, beta2, 1.0 - beta2, eps, bias_correction1, bias_correction2,
+            corrected_lr, weight_decay, lr * weight_decay]
 
 
 def sgd_scalars(*, lr: float, device: torch.device) -> Tensor:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -17,7 +18,14 @@ from ort_torch_train.errors import CheckpointError
 from ort_torch_train.optim.adamw import IMPLEMENTATIONS as ADAMW_IMPLEMENTATIONS
 from ort_torch_train.optim.adamw import adamw_prepared, choose_adamw_implementation, ort_step_scalars
 from ort_torch_train.optim.clip import clip_grad_norm_
-from ort_torch_train.optim.compiled import FusedUpdate, adamw_scalars, adamw_update, sgd_scalars, sgd_update
+from ort_torch_train.optim.compiled import (
+    FusedUpdate,
+    adamw_scalar_values,
+    adamw_scalars,
+    adamw_update,
+    sgd_scalars,
+    sgd_update,
+)
 from ort_torch_train.optim.float32 import to_float32
 from ort_torch_train.optim.optimizer_model import OptimizerSpec
 from ort_torch_train.optim.schedulers import check_learning_rate
@@ -68,6 +76,7 @@ class OptimizerEngine:
         self._fused_update = (FusedUpdate(adamw_update, (spec.adam_mode, spec.weight_decay != 0.0), spec.clip_max_norm)
                               if spec.kind == "adamw" else FusedUpdate(sgd_update, (), spec.clip_max_norm))
         self._prepared_device: torch.device | None = None
+        self._host_scalars: tuple[np.ndarray, Tensor] | None = None  # next_step_scalars' CPU buffer
         self.loss_scaler = None
         self.last_step_skipped = False
         self.skipped_steps = 0
@@ -133,9 +142,17 @@ class OptimizerEngine:
         spec = self.spec
         bias_correction1, bias_correction2, corrected_lr = ort_step_scalars(
             self.state.optimizer.step + 1, self._learning_rate, spec.beta1, spec.beta2, spec.correct_bias)
-        return adamw_scalars(lr=self._learning_rate, beta1=spec.beta1, beta2=spec.beta2, eps=spec.epsilon,
-                             weight_decay=spec.weight_decay, bias_correction1=bias_correction1,
-                             bias_correction2=bias_correction2, corrected_lr=corrected_lr, device=device)
+        arguments = {"lr": self._learning_rate, "beta1": spec.beta1, "beta2": spec.beta2, "eps": spec.epsilon,
+                     "weight_decay": spec.weight_decay, "bias_correction1": bias_correction1,
+                     "bias_correction2": bias_correction2, "corrected_lr": corrected_lr}
+        if device.type != "cpu":
+            return adamw_scalars(**arguments, device=device)
+        # on CPU one host tensor, rewritten each step: the compiled step reads it before it returns
+        if self._host_scalars is None:
+            array = np.empty(len(adamw_scalar_values(**arguments)), np.float32)
+            self._host_scalars = (array, torch.from_numpy(array))
+        self._host_scalars[0][:] = adamw_scalar_values(**arguments)
+        return self._host_scalars[1]
 
     def count_step(self) -> None:
         """Count a step the fused update made."""

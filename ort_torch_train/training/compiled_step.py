@@ -3,7 +3,8 @@
 ``torch.func.grad`` traces the converted module's backward into the graph of its forward, so a step
 runs neither the autograd engine nor per-op Python. The gradients go straight into the parameters'
 ``.grad`` tensors (added to them, or copied over them after a reset) and an update given as a
-``FusedUpdate`` runs in the same graph on those gradients.
+``FusedUpdate`` runs in the same graph on those gradients. Whether the gradients are added to or
+overwritten is a boolean tensor, not a Python flag: one graph serves both, so a model compiles once.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ class CompiledTrainStep:
     """``step(inputs, trainable, frozen, grads, reset, states, scalars) -> outputs`` for one converted module.
 
     ``trainable``/``frozen`` are detached aliases of the parameters (updated in place), ``grads``
-    the trainable ones' ``.grad``. ``reset`` overwrites the gradients instead of adding to them.
+    the trainable ones' ``.grad``. ``reset`` overwrites the gradients instead of adding to them (the
+    compiled graph reads it as a tensor, so both cases share one compilation).
     ``states`` (lists of optimizer moments) and ``scalars`` feed ``update`` when there is one.
     ``reduction`` (data parallel) replaces the accumulated gradients by their average across ranks.
     """
@@ -62,6 +64,7 @@ class CompiledTrainStep:
         self._scaler = None if precision is None else precision.loss_scaler
         self._compiled = torch.compile(step, fullgraph=True, dynamic=False, **(compile_arguments or {}))
         self._called = False
+        self._reset_flags: dict[torch.device, tuple[Tensor, Tensor]] = {}
 
     def __call__(self, inputs: Sequence[Tensor], trainable: list[Tensor], frozen: list[Tensor],
                  grads: list[Tensor], reset: bool, states: Sequence[list[Tensor]] = (),
@@ -70,12 +73,20 @@ class CompiledTrainStep:
         loss_scale = None if self._scaler is None else self._scaler.scale.to(trainable[0].device)
         started = None if self._called else time.perf_counter()
         with torch.no_grad():
-            outputs = self._compiled(inputs, trainable, frozen, grads, reset, tuple(states), scalars, loss_scale)
+            outputs = self._compiled(inputs, trainable, frozen, grads, self._reset_flag(reset, trainable[0].device),
+                                     tuple(states), scalars, loss_scale)
         if started is not None:
             self._called = True
             log.info("compiled the train step for inputs %s in %.1f s", [tuple(t.shape) for t in inputs],
                      time.perf_counter() - started)
         return outputs
+
+    def _reset_flag(self, reset: bool, device: torch.device) -> Tensor:
+        """A 0-d boolean tensor on ``device`` (one per value, made once)."""
+        flags = self._reset_flags.get(device)
+        if flags is None:
+            flags = self._reset_flags[device] = (torch.tensor(False, device=device), torch.tensor(True, device=device))
+        return flags[reset]
 
 
 def _train_step_function(module: Callable, plan: ParameterPlan, update: FusedUpdate | None,
@@ -93,10 +104,8 @@ def _train_step_function(module: Callable, plan: ParameterPlan, update: FusedUpd
             return (loss if loss_scale is None else loss.float() * loss_scale), outputs
 
         gradients, outputs = torch.func.grad(loss_and_outputs, argnums=0, has_aux=True)(trainable, frozen)
-        if reset:
-            torch._foreach_copy_(grads, gradients)
-        else:
-            torch._foreach_add_(grads, gradients)
+        # where, not a multiplication by zero: a reset drops inf/NaN left in the gradients
+        torch._foreach_copy_(grads, [torch.where(reset, new, old + new) for old, new in zip(grads, gradients)])
         if reduction is not None:  # data parallel: average the accumulated gradients across ranks
             torch._foreach_copy_(grads, reduction(grads))
         if update is not None:
