@@ -34,13 +34,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def launch(scenario: str, out: Path, timeout: float) -> list[subprocess.CompletedProcess]:
-    """Run the worker on WORLD_SIZE ranks; fail (after killing them all) when one is stuck past ``timeout``."""
+def launch(scenario: str, out: Path, timeout: float, mpi: bool = False) -> list[subprocess.CompletedProcess]:
+    """Run the worker on WORLD_SIZE ranks, with torchrun's environment or (``mpi``) mpirun's; fail (after
+    killing them all) when one is stuck past ``timeout``."""
     port = free_port()
     procs = []
     for rank in range(WORLD_SIZE):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(WORLD_SIZE), "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+        ranks = ({"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(WORLD_SIZE)} if mpi else
+                 {"RANK": str(rank), "WORLD_SIZE": str(WORLD_SIZE), "LOCAL_RANK": str(rank)})
+        environ = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+        env = {**environ, **ranks, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
         procs.append(subprocess.Popen([sys.executable, str(Path(worker.__file__)), scenario, str(out)],
                                       env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True, start_new_session=True))
@@ -150,6 +153,18 @@ def test_legacy_session_on_two_ranks_trains_like_one_process(eager: Path, run: s
     held = [int(result["held_moment_elements"]) for result in ranks]  # moment elements each rank keeps
     full = int(reference["held_moment_elements"])
     assert held == [full, full] if run == "legacy" else sum(held) == full and max(held) <= full / 2 + 2, held
+
+
+def test_legacy_session_under_mpirun_environment_trains_like_one_process(tmp_path: Path) -> None:
+    """mpirun's OMPI_COMM_WORLD_RANK/SIZE (no RANK/WORLD_SIZE): the legacy session initialises the
+    process group itself and world_size=2 == the 1-process full-batch run."""
+    require_success(launch("legacy_mpi", tmp_path, timeout=90, mpi=True))
+    reference = worker.legacy_train()
+    ranks = rank_results(tmp_path, "legacy_mpi")
+    for key in reference:
+        if key.startswith(("param/", "moment/")):
+            assert np.array_equal(ranks[0][key], ranks[1][key]), key
+            np.testing.assert_allclose(ranks[0][key], reference[key], rtol=0, atol=TOLERANCE, err_msg=key)
 
 
 def test_fp16_overflow_on_one_rank_skips_the_step_on_all(eager: Path) -> None:
