@@ -1,6 +1,6 @@
-"""float64 gradchecks of converted ops, one small ONNX backend node case per operator.
+"""float64 gradchecks of converted ops on the smallest ONNX backend node cases of each operator.
 
-Each operator's smallest node case with floating inputs and outputs (not a known conformance
+Each operator's smallest node cases with floating inputs and outputs (not a known conformance
 failure, not an ``_expanded`` function body) is re-typed to float64: float inputs become DOUBLE graph
 inputs filled with random values shaped like the case's (integer inputs keep the case's values),
 then ``torch.autograd.gradcheck`` runs w.r.t. those float inputs on the floating outputs.
@@ -32,9 +32,9 @@ CASES_PER_OP = 2
 
 # Where the op's math needs it: the range the random float inputs are drawn from (|x| in [0.2, 1]
 # with random signs otherwise, away from the kinks at 0 of Relu, Abs, LeakyRelu ...).
-DOMAINS = {"Acosh": (1.5, 3.0), "Sqrt": (0.2, 2.0), "Log": (0.2, 2.0), "Pow": (0.2, 2.0), "Adam": (0.2, 2.0),
-           "Adagrad": (0.2, 2.0),
-           "ReduceLogSum": (0.2, 2.0)}
+POSITIVE = (0.2, 2.0)
+DOMAINS = {"Acosh": (1.5, 3.0), "Sqrt": POSITIVE, "Log": POSITIVE, "Pow": POSITIVE, "ReduceLogSum": POSITIVE,
+           "Adam": POSITIVE, "Adagrad": POSITIVE}  # the optimizers' squared-gradient accumulators
 
 # Float inputs that configure the op rather than carry data: kept at the case's values, not differentiated.
 SETTINGS_INPUTS = {
