@@ -34,7 +34,17 @@ class NegativeLogLikelihood(nn.Module):
         return (loss, log_prob) if self.from_scores else loss
 
     def _loss(self, log_prob: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
-        return F.nll_loss(log_prob, labels.long(), weight, ignore_index=self.ignore_index, reduction=self.reduction)
+        labels = labels.long()
+        if weight is None:
+            return F.nll_loss(log_prob, labels, ignore_index=self.ignore_index, reduction=self.reduction)
+        # weighted by hand: torch's nll_loss has no gradient w.r.t. its weight
+        picked = F.nll_loss(log_prob, labels, ignore_index=self.ignore_index, reduction="none")
+        valid = labels != self.ignore_index
+        weights = weight[torch.where(valid, labels, 0)] * valid
+        loss = picked * weights
+        if self.reduction == "none":
+            return loss
+        return loss.sum() if self.reduction == "sum" else loss.sum() / weights.sum()
 
     def _label_error(self, labels: torch.Tensor, classes: int) -> IndexError:
         bad = ((labels < 0) | (labels >= classes)) & (labels != self.ignore_index)

@@ -74,8 +74,12 @@ class DynamicPad(nn.Module):
 
     def forward(self, x, pads, constant_value=None, axes=None):
         axis_list = list(range(x.dim())) if axes is None else axes.tolist()
+        per_axis = _per_axis(pads.tolist(), axis_list, x.dim())
+        if self.mode == "constant" and constant_value is not None and constant_value.requires_grad:
+            outside = pad_tensor(torch.zeros_like(x), per_axis, "constant", 1) > 0  # the value's gradient
+            return torch.where(outside, constant_value.reshape(()), pad_tensor(x, per_axis, "constant", 0))
         value = 0 if constant_value is None else constant_value.item()
-        return pad_tensor(x, _per_axis(pads.tolist(), axis_list, x.dim()), self.mode, value)
+        return pad_tensor(x, per_axis, self.mode, value)
 
 
 @register("Pad", since=1)

@@ -44,7 +44,7 @@ def momentum(r, t, *tensors, alpha: float, beta: float, nesterov: bool, norm_coe
 
 def adam(r, t, *tensors, alpha: float, beta: float, epsilon: float, norm_coefficient: float,
          norm_coefficient_post: float) -> tuple:
-    steps = t.to(torch.float64)
+    steps = torch.where(t > 0, t, 1).to(torch.float64)  # no 0/0 at step 0: its NaN would reach R's gradient
     corrected = r * torch.sqrt(1 - beta**steps) / (1 - alpha**steps)
     rate = torch.where(t > 0, corrected.to(r.dtype), r)
     updates = []
