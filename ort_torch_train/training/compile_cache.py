@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import platform
 
 import torch
 
@@ -46,6 +47,7 @@ def load_compile_cache(path: str | os.PathLike) -> bool:
             return False
         if artifacts is not None and torch.compiler.load_cache_artifacts(artifacts) is None:
             raise ValueError("torch could not read its cache artifacts")
+        _trust_vector_isa_probe(content.get("vec_isa"))
     except Exception as exc:
         raise InputError(f"compile cache {os.fspath(path)!r}: expected a file written by save_compile_cache "
                          f"with torch {torch.__version__}; could not load it ({exc})") from exc
@@ -59,7 +61,38 @@ def save_compile_cache(path: str | os.PathLike) -> int:
     steps = precompiled.saved_steps()
     if saved is None and not steps:
         return 0
-    content = {"torch": torch.__version__, "artifacts": None if saved is None else saved[0], "steps": steps}
+    content = {"torch": torch.__version__, "artifacts": None if saved is None else saved[0], "steps": steps,
+               "vec_isa": _vector_isa_probe()}
     data = _MAGIC + pickle.dumps(content, protocol=pickle.HIGHEST_PROTOCOL)
     atomic_write_bytes(path, data)
     return len(data)
+
+
+def _vector_isa_probe() -> tuple[list[str], list[str]] | None:
+    """The x86 vector ISAs this CPU reports and those inductor's probe (building and loading a test
+    library in subprocesses, about a second per process) found working; None off x86."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return None
+    from torch._inductor import cpu_vec_isa
+
+    return _reported_isas(), [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()]
+
+
+def _reported_isas() -> list[str]:
+    from torch._inductor import cpu_vec_isa
+
+    reported = cpu_vec_isa.x86_isa_checker()
+    return [str(isa) for isa in cpu_vec_isa.supported_vec_isa_list if all(f in reported for f in str(isa).split())]
+
+
+def _trust_vector_isa_probe(saved: tuple[list[str], list[str]] | None) -> None:
+    """Skip inductor's vector ISA probe when the saving process probed the same CPU's ISAs and found
+    them all working (``cpp.vec_isa_ok``: the reported ISAs are taken as they are)."""
+    from torch._inductor import config
+
+    if saved is None or config.cpp.vec_isa_ok is not None:
+        return
+    reported, working = saved
+    if platform.machine() in ("x86_64", "AMD64") and reported == working == _reported_isas():
+        config.cpp.vec_isa_ok = True
+        log.info("compile cache: vector ISAs %s probed by the saving process; not probing again", working)
