@@ -68,7 +68,8 @@ class CompiledTrainStep:
         # a saved step (precompiled.py) when neither ranks, autocast nor a compile mode are in it
         self._precompile = None
         if reduction is None and precision is None and not {"mode", "options"} & compile_arguments.keys():
-            self._precompile = (step, module, (plan.sources, update), compile_arguments)
+            self._precompile = (step, module, (plan.sources, update, sorted(compile_arguments.items())),
+                                compile_arguments)
         self._called = False
         self._reset_flags: dict[torch.device, tuple[Tensor, Tensor]] = {}
 

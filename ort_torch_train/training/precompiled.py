@@ -45,7 +45,7 @@ def step_key(module: torch.nn.Module, parts: Sequence[object], args: Sequence[ob
     digest = hashlib.sha256(torch.__version__.encode())
     for name, submodule in module.named_modules():
         digest.update(f"{name}:{type(submodule).__qualname__}".encode())
-        digest.update(getattr(submodule, "code", "").encode())
+        digest.update(str(getattr(submodule, "code", "")).encode())
         for key, value in sorted(vars(submodule).items()):
             if key in ("_parameters", "_modules", "_graph", "_code") or "hook" in key or key.startswith("__"):
                 continue
