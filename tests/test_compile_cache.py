@@ -11,7 +11,17 @@ import numpy as np
 import pytest
 
 from ort_torch_train.errors import InputError
+from ort_torch_train.training import precompiled
 from ort_torch_train.training.compile_cache import _MAGIC, load_compile_cache, save_compile_cache
+
+
+@pytest.fixture(autouse=True)
+def _precompiling_stays_in_the_test(monkeypatch):
+    """load_compile_cache switches precompiling on for the process: off again for the next tests."""
+    from torch._inductor import config
+
+    monkeypatch.setattr(precompiled, "_steps", None)
+    monkeypatch.setattr(config.cpp, "vec_isa_ok", config.cpp.vec_isa_ok)
 
 
 def test_a_missing_cache_file_loads_nothing(tmp_path):
