@@ -21,7 +21,8 @@ def _precompiling_stays_in_the_test(monkeypatch):
     from torch._inductor import config
 
     monkeypatch.setattr(precompiled, "_steps", None)
-    monkeypatch.setattr(config.cpp, "vec_isa_ok", config.cpp.vec_isa_ok)
+    with config.patch({"cpp.vec_isa_ok": config.cpp.vec_isa_ok}):
+        yield
 
 
 def test_a_missing_cache_file_loads_nothing(tmp_path):
