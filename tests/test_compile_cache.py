@@ -9,7 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+from conftest import FIXTURES
+from corpus import Case
 
+from ort_torch_train.api import Module
 from ort_torch_train.errors import InputError
 from ort_torch_train.training import precompiled
 from ort_torch_train.training.compile_cache import _MAGIC, load_compile_cache, save_compile_cache
@@ -79,3 +83,21 @@ def test_a_cache_of_another_torch_version_is_ignored_with_a_log_line(tmp_path, c
     with caplog.at_level(logging.WARNING):
         assert load_compile_cache(path) is False
     assert "torch 1.0.0" in caplog.text
+
+
+def _converted(case, batch: int) -> tuple[torch.nn.Module, list[torch.Tensor]]:
+    module = Module(case.artifact("training_model.onnx"), case.load_state(), case.artifact("eval_model.onnx"))
+    inputs = [torch.from_numpy(np.ascontiguousarray(a[:batch])) for a in case.train_inputs(0)]
+    return module.train_graph.specialised(inputs, module._train_params, "key", lambda m: m), inputs
+
+
+def test_a_saved_step_is_found_only_for_the_same_model_update_and_signature(mlp_case):
+    """The key a saved step is stored under: equal for a rebuilt module, different for another batch
+    size, another model or another update (those compile, their guards being partly left out)."""
+    module, inputs = _converted(mlp_case, 4)
+    key = precompiled.step_key(module, ("adamw",), inputs)
+    assert precompiled.step_key(*_converted(mlp_case, 4)[:1], ("adamw",), _converted(mlp_case, 4)[1]) == key
+    assert precompiled.step_key(module, ("sgd",), inputs) != key
+    assert precompiled.step_key(*_converted(mlp_case, 2)[:1], ("adamw",), _converted(mlp_case, 2)[1]) != key
+    other = Case(FIXTURES / "l1")  # another loss (mlp_frozen: the same graph, its plan differs)
+    assert precompiled.step_key(*_converted(other, 4)[:1], ("adamw",), _converted(other, 4)[1]) != key

@@ -70,6 +70,8 @@ def precompiled_step(step: Callable, key: str, external: dict[str, object], args
         loaded = _load(data, external, args, key)
         if loaded is not None:
             return _guarded(loaded, fallback)
+    elif _steps:
+        log.info("no saved train step for this model, update and signature (%s); compiling it", key[:12])
     try:
         compiled = torch.compile(step, fullgraph=True, dynamic=False, options={"guard_filter_fn": _serializable},
                                  **compile_arguments).aot_compile((args, {}))
