@@ -1,9 +1,32 @@
 """save/load_compile_cache: a missing file is 'nothing cached yet', a foreign file a clear error."""
 
-import pytest
+import logging
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
 
+import numpy as np
+import pytest
+import torch
+from conftest import FIXTURES
+from corpus import Case
+
+from ort_torch_train.api import Module
 from ort_torch_train.errors import InputError
-from ort_torch_train.training.compile_cache import load_compile_cache, save_compile_cache
+from ort_torch_train.training import precompiled
+from ort_torch_train.training.compile_cache import _MAGIC, load_compile_cache, save_compile_cache
+
+
+@pytest.fixture(autouse=True)
+def _precompiling_stays_in_the_test(monkeypatch):
+    """load_compile_cache switches precompiling on for the process: off again for the next tests."""
+    from torch._inductor import config
+
+    monkeypatch.setattr(precompiled, "_steps", None)
+    with config.patch({"cpp.vec_isa_ok": config.cpp.vec_isa_ok}):
+        yield
 
 
 def test_a_missing_cache_file_loads_nothing(tmp_path):
@@ -21,3 +44,60 @@ def test_saving_with_nothing_compiled_writes_a_loadable_file_or_nothing(tmp_path
     path = tmp_path / "compile.cache"
     written = save_compile_cache(path)
     assert (written == 0 and not path.exists()) or (path.stat().st_size == written and load_compile_cache(path))
+
+
+def _train_in_a_process(case_dir: Path, cache: Path, out: Path, env: dict, *extra: str) -> tuple[dict, str]:
+    command = [sys.executable, str(Path(__file__).parent / "precompile_worker.py"), str(case_dir), str(cache),
+               str(out), *extra]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    with np.load(out) as saved:
+        return {key: saved[key] for key in saved.files}, result.stderr
+
+
+@pytest.mark.compile
+def test_a_saved_step_loads_in_a_new_process_and_trains_bitwise_alike(mlp_case, tmp_path):
+    """The second process loads the step instead of tracing it and trains bit for bit like the first;
+    a saved step that does not load is compiled again (logged), with the same results."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    cache = tmp_path / "compile.cache"
+    first, _ = _train_in_a_process(mlp_case.root, cache, tmp_path / "first.npz", env)
+    assert cache.is_file()
+    second, log = _train_in_a_process(mlp_case.root, cache, tmp_path / "second.npz", env)
+    assert "loaded the saved train step" in log
+    np.testing.assert_array_equal(second["losses"], first["losses"])
+    np.testing.assert_array_equal(second["params"], first["params"])
+
+    content = pickle.loads(cache.read_bytes()[len(_MAGIC):])
+    content["steps"] = {key: b"not a step" for key in content["steps"]}
+    cache.write_bytes(_MAGIC + pickle.dumps(content))
+    third, log = _train_in_a_process(mlp_case.root, cache, tmp_path / "third.npz", env)
+    assert "does not load" in log and "compiling it again" in log and "loaded the saved" not in log
+    np.testing.assert_array_equal(third["losses"], first["losses"])
+    np.testing.assert_array_equal(third["params"], first["params"])
+
+
+def test_a_cache_of_another_torch_version_is_ignored_with_a_log_line(tmp_path, caplog):
+    path = tmp_path / "compile.cache"
+    path.write_bytes(_MAGIC + pickle.dumps({"torch": "1.0.0", "artifacts": b"?", "steps": {"k": b"?"}}))
+    with caplog.at_level(logging.WARNING):
+        assert load_compile_cache(path) is False
+    assert "torch 1.0.0" in caplog.text
+
+
+def _converted(case, batch: int) -> tuple[torch.nn.Module, list[torch.Tensor]]:
+    module = Module(case.artifact("training_model.onnx"), case.load_state(), case.artifact("eval_model.onnx"))
+    inputs = [torch.from_numpy(np.ascontiguousarray(a[:batch])) for a in case.train_inputs(0)]
+    return module.train_graph.specialised(inputs, module._train_params, "key", lambda m: m), inputs
+
+
+def test_a_saved_step_is_found_only_for_the_same_model_update_and_signature(mlp_case):
+    """The key a saved step is stored under: equal for a rebuilt module, different for another batch
+    size, another model or another update (those compile, their guards being partly left out)."""
+    module, inputs = _converted(mlp_case, 4)
+    key = precompiled.step_key(module, ("adamw",), inputs)
+    assert precompiled.step_key(*_converted(mlp_case, 4)[:1], ("adamw",), _converted(mlp_case, 4)[1]) == key
+    assert precompiled.step_key(module, ("sgd",), inputs) != key
+    assert precompiled.step_key(*_converted(mlp_case, 2)[:1], ("adamw",), _converted(mlp_case, 2)[1]) != key
+    other = Case(FIXTURES / "l1")  # another loss (mlp_frozen: the same graph, its plan differs)
+    assert precompiled.step_key(*_converted(other, 4)[:1], ("adamw",), _converted(other, 4)[1]) != key

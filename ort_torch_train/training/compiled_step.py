@@ -21,6 +21,7 @@ from torch import Tensor
 
 from ort_torch_train.optim.clip import clip_grad_norm_
 from ort_torch_train.optim.compiled import FusedUpdate
+from ort_torch_train.training import precompiled
 from ort_torch_train.training.precision import MixedPrecision, autocast_or_null
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,13 @@ class CompiledTrainStep:
                  precision: MixedPrecision | None = None):
         step = _train_step_function(module, plan, update, reduction, precision)
         self._scaler = None if precision is None else precision.loss_scaler
-        self._compiled = torch.compile(step, fullgraph=True, dynamic=False, **(compile_arguments or {}))
+        compile_arguments = dict(compile_arguments or {})
+        self._compiled = torch.compile(step, fullgraph=True, dynamic=False, **compile_arguments)
+        # a saved step (precompiled.py) when neither ranks, autocast nor a compile mode are in it
+        self._precompile = None
+        if reduction is None and precision is None and not {"mode", "options"} & compile_arguments.keys():
+            self._precompile = (step, module, (plan.sources, update, sorted(compile_arguments.items())),
+                                compile_arguments)
         self._called = False
         self._reset_flags: dict[torch.device, tuple[Tensor, Tensor]] = {}
 
@@ -71,15 +78,28 @@ class CompiledTrainStep:
                  scalars: Tensor | None = None) -> tuple[Tensor, ...]:
         inputs = [t if t.is_contiguous() else t.contiguous() for t in inputs]
         loss_scale = None if self._scaler is None else self._scaler.scale.to(trainable[0].device)
+        arguments = (inputs, trainable, frozen, grads, self._reset_flag(reset, trainable[0].device), tuple(states),
+                     scalars, loss_scale)
         started = None if self._called else time.perf_counter()
         with torch.no_grad():
-            outputs = self._compiled(inputs, trainable, frozen, grads, self._reset_flag(reset, trainable[0].device),
-                                     tuple(states), scalars, loss_scale)
+            if self._precompile is not None:
+                self._precompiled(arguments)
+            outputs = self._compiled(*arguments)
         if started is not None:
             self._called = True
             log.info("compiled the train step for inputs %s in %.1f s", [tuple(t.shape) for t in inputs],
                      time.perf_counter() - started)
         return outputs
+
+    def _precompiled(self, arguments: tuple) -> None:
+        """Replace the compiled step by a saved or precompiled one, when precompiling is on."""
+        step, module, parts, compile_arguments = self._precompile
+        self._precompile = None
+        key = precompiled.step_key(module, parts, arguments)
+        external = {"module": module, "update": parts[1]}
+        found = precompiled.precompiled_step(step, key, external, arguments, compile_arguments, self._compiled)
+        if found is not None:
+            self._compiled = found
 
     def _reset_flag(self, reset: bool, device: torch.device) -> Tensor:
         """A 0-d boolean tensor on ``device`` (one per value, made once)."""

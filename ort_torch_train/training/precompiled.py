@@ -1,0 +1,146 @@
+"""Compiled train steps carried across processes whole, Dynamo's tracing included (torch's AOT precompile).
+
+Once ``compile_cache.load_compile_cache`` has switched it on, a ``CompiledTrainStep`` compiles with
+``torch.compile(...).aot_compile``, keeps the serialized result (``save_compiled_function``'s bytes)
+under a key naming the model, the update and the input signature, and ``save_compile_cache`` writes
+those next to torch's caches. A later process finding its key loads the step instead of tracing it;
+a step that does not load or whose guards reject the inputs is compiled again, with a log line.
+The module, update and other closure objects are the process's own (``external_data``), never pickled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch._dynamo.guards import CheckFunctionManager
+from torch._dynamo.types import GuardFilterEntry
+from torch._guards import TracingContext, tracing
+
+log = logging.getLogger(__name__)
+
+# serialized steps by key: the loaded file's and this process's own; None while precompiling is off
+_steps: dict[str, bytes] | None = None
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")  # reprs naming an object's address differ between processes
+
+
+def enable(steps: Mapping[str, bytes]) -> None:
+    """Precompile the steps compiled from now on; ``steps`` (from a saved cache) load instead of compiling."""
+    global _steps
+    _steps = {**(_steps or {}), **steps}
+
+
+def saved_steps() -> dict[str, bytes]:
+    """Every serialized step known to this process (loaded or compiled), by key."""
+    return dict(_steps or {})
+
+
+def step_key(module: torch.nn.Module, parts: Sequence[object], args: Sequence[object]) -> str:
+    """A digest of torch's version, the module (code, submodule settings, constant tensors), ``parts``
+    and the shapes, dtypes and devices of the tensors in ``args``."""
+    digest = hashlib.sha256(torch.__version__.encode())
+    for name, submodule in module.named_modules():
+        digest.update(f"{name}:{type(submodule).__qualname__}".encode())
+        digest.update(str(getattr(submodule, "code", "")).encode())
+        for key, value in sorted(vars(submodule).items()):
+            if key in ("_parameters", "_modules", "_graph", "_code") or "hook" in key or key.startswith("__"):
+                continue
+            _update(digest, key, value)
+    for part in parts:
+        digest.update(_ADDRESS.sub("", repr(part)).encode())
+    for tensor in _tensors(args):
+        digest.update(f"{tuple(tensor.shape)}:{tensor.stride()}:{tensor.dtype}:{tensor.device}:"
+                      f"{tensor.requires_grad}".encode())
+    return digest.hexdigest()
+
+
+def precompiled_step(step: Callable, key: str, external: dict[str, object], args: tuple,
+                     compile_arguments: Mapping[str, Any], fallback: Callable) -> Callable | None:
+    """``step`` loaded under ``key`` or compiled ahead for ``args`` (and kept for saving); None when
+    precompiling is off or torch cannot precompile this step. Inputs its guards reject go to ``fallback``."""
+    if _steps is None:
+        return None
+    external = {name: value for name, value in external.items() if value is not None}  # one id for all Nones
+    data = _steps.get(key)
+    if data is not None:
+        loaded = _load(data, external, args, key)
+        if loaded is not None:
+            return _guarded(loaded, fallback)
+    elif _steps:
+        log.info("no saved train step for this model, update and signature (%s); compiling it", key[:12])
+    try:
+        compiled = torch.compile(step, fullgraph=True, dynamic=False, options={"guard_filter_fn": _serializable},
+                                 **compile_arguments).aot_compile((args, {}))
+    except Exception as error:  # a backend or mode without precompile support: the usual compilation
+        log.info("cannot precompile the train step (%s); compiling it without precompile", error)
+        return None
+    try:
+        _steps[key] = type(compiled).serialize(compiled, external).serialized_data
+    except Exception as error:
+        log.info("cannot serialize the precompiled train step %s (%s); it will not be saved", key[:12], error)
+    return _guarded(compiled, fallback)
+
+
+def _load(data: bytes, external: dict[str, object], args: tuple, key: str) -> Any:
+    from torch._dynamo.aot_compile import AOTCompiledFunction
+
+    try:
+        with tracing(TracingContext(None)):  # unpickling the guards' sources installs guards
+            loaded = AOTCompiledFunction.deserialize(data, None, external)
+        matches = loaded.guard_check(*args)
+    except Exception as error:
+        log.warning("the saved train step %s does not load (%s); compiling it again", key[:12], error)
+        return None
+    if not matches:
+        log.warning("the saved train step %s does not match these inputs; compiling it again", key[:12])
+        return None
+    log.info("loaded the saved train step %s", key[:12])
+    return loaded
+
+
+def _guarded(compiled: Any, fallback: Callable) -> Callable:
+    """``compiled`` behind its guards: inputs they reject run ``fallback`` (a torch.compile'd step)."""
+    rejected = []
+
+    def call(*args: Any) -> Any:
+        if compiled.guard_check(*args):
+            return compiled.fn(*args)
+        if not rejected:
+            rejected.append(True)
+            log.warning("the precompiled train step's guards reject these inputs; compiling them")
+        return fallback(*args)
+
+    return call
+
+
+def _serializable(entries: Sequence[GuardFilterEntry]) -> list[bool]:
+    """The guards a saved step can keep: no globals, none on object identity or on a class defined
+    in a function (the fx module's); the step's key stands for what those checked."""
+    return [not (entry.is_global or entry.guard_type in CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
+                 or (entry.guard_type in ("TYPE_MATCH", "BUILTIN_MATCH")
+                     and "<locals>" in type(entry.value).__qualname__))
+            for entry in entries]
+
+
+def _update(digest: Any, key: str, value: object) -> None:
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu().contiguous()
+        digest.update(f"{key}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+        digest.update(tensor.view(-1).view(torch.uint8).numpy().tobytes())
+    elif isinstance(value, dict):
+        for inner_key, inner in value.items():
+            _update(digest, f"{key}.{inner_key}", inner)
+    elif not callable(value):
+        digest.update(_ADDRESS.sub("", f"{key}={value!r}").encode())
+
+
+def _tensors(value: object):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
