@@ -8,7 +8,10 @@ the gradients inside the compiled graph with traceable functional collectives. I
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import gc
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -19,6 +22,17 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ort_torch_train.errors import DistributedError
+
+_LIVE: weakref.WeakSet[DataParallel] = weakref.WeakSet()
+
+
+@atexit.register
+def _release_reducers() -> None:
+    """Free the DDP reducers before interpreter finalisation: one freed during it can abort the
+    process in gloo ("terminate called without an active exception", torch 2.13, ~1 exit in 10)."""
+    for data_parallel in list(_LIVE):
+        data_parallel._ddp = None
+    gc.collect()
 
 
 def require_process_group(process_group: Any, what: str) -> Any:
@@ -40,8 +54,9 @@ class DataParallel:
         self.world_size = dist.get_world_size(group)
         self.synchronise = True
         require_identical(dict(zip(names, params)), group, "parameters")
-        self._ddp = DistributedDataParallel(_TrainGraph(graph, params), process_group=group,
-                                            init_sync=False)
+        self._ddp: DistributedDataParallel | None = DistributedDataParallel(
+            _TrainGraph(graph, params), process_group=group, init_sync=False)
+        _LIVE.add(self)
 
     def forward(self, inputs: Sequence[Tensor]) -> tuple[Tensor, ...]:
         """The training graph's outputs; their backward all-reduces the gradients unless in ``no_sync``."""
