@@ -13,11 +13,28 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ort_torch_train.api import CheckpointState, Module, Optimizer
 from ort_torch_train.artifacts import LossType, OptimType, generate_artifacts
 
 STEPS = 6
 LEARNING_RATE = 0.01
 pytestmark = pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning", "ignore::UserWarning")
+
+
+def train_artifacts(directory: Path, x: torch.Tensor, y: torch.Tensor, steps: int,
+                    learning_rate: float) -> tuple[Module, list[float]]:
+    """ORT's loop on the artifacts in ``directory``, ``steps`` times on (x, y): the module and its losses."""
+    state = CheckpointState.load_checkpoint(str(directory / "checkpoint"))
+    module = Module(str(directory / "training_model.onnx"), state, str(directory / "eval_model.onnx"))
+    optimizer = Optimizer(str(directory / "optimizer_model.onnx"), module)
+    optimizer.set_learning_rate(learning_rate)
+    losses = []
+    for _ in range(steps):
+        module.train()
+        losses.append(float(module(x.numpy(), y.numpy())))
+        optimizer.step()
+        module.lazy_reset_grad()
+    return module, losses
 
 
 class GRUClassifier(nn.Module):
@@ -96,10 +113,6 @@ def _train_in_torch(model: nn.Module, x: torch.Tensor, y: torch.Tensor, attrs: d
 @pytest.mark.parametrize("exporter", EXPORTERS)
 @pytest.mark.parametrize("name", list(MODELS))
 def test_classifier_trains_like_plain_pytorch(name: str, exporter: str, tmp_path: Path) -> None:
-    from ort_torch_train.api.checkpoint_state import CheckpointState
-    from ort_torch_train.api.module import Module
-    from ort_torch_train.api.optimizer import Optimizer
-
     torch.manual_seed(0)
     model = MODELS[name]()
     x, y = _data(name)
@@ -109,17 +122,7 @@ def test_classifier_trains_like_plain_pytorch(name: str, exporter: str, tmp_path
     op_types = {n.op_type for n in onnx.load(tmp_path / "training_model.onnx").graph.node}
     assert name.upper() in op_types, sorted(op_types)
 
-    state = CheckpointState.load_checkpoint(str(tmp_path / "checkpoint"))
-    module = Module(str(tmp_path / "training_model.onnx"), state, str(tmp_path / "eval_model.onnx"))
-    optimizer = Optimizer(str(tmp_path / "optimizer_model.onnx"), module)
-    optimizer.set_learning_rate(LEARNING_RATE)
-    losses = []
-    for _ in range(STEPS):
-        module.train()
-        losses.append(float(module(x.numpy(), y.numpy())))
-        optimizer.step()
-        module.lazy_reset_grad()
-
+    module, losses = train_artifacts(tmp_path, x, y, STEPS, LEARNING_RATE)
     module.eval()
     eval_loss = float(module(x.numpy(), y.numpy()))
 

@@ -13,6 +13,7 @@ import onnx
 import pytest
 import torch
 from ort_peer import requires_ort, run_ort
+from test_rnn_classifiers import train_artifacts
 from torch import nn
 
 pytestmark = requires_ort
@@ -62,7 +63,6 @@ class Recurrent(nn.Module):
 
 @pytest.mark.parametrize("kind", [nn.GRU, nn.LSTM], ids=["gru", "lstm"])
 def test_ort_made_artifacts_train_with_orts_losses(kind: type[nn.Module], tmp_path: Path) -> None:
-    from ort_torch_train.api import CheckpointState, Module, Optimizer
 
     torch.manual_seed(0)
     model = Recurrent(kind)
@@ -82,15 +82,6 @@ def test_ort_made_artifacts_train_with_orts_losses(kind: type[nn.Module], tmp_pa
 
     training_model = onnx.load(tmp_path / "training_model.onnx")
     assert f"{kind.__name__}Training" in {node.op_type for node in training_model.graph.node}
-    state = CheckpointState.load_checkpoint(str(tmp_path / "checkpoint"))
-    module = Module(str(tmp_path / "training_model.onnx"), state, str(tmp_path / "eval_model.onnx"))
-    optimizer = Optimizer(str(tmp_path / "optimizer_model.onnx"), module)
-    optimizer.set_learning_rate(LEARNING_RATE)
-    losses = []
-    for _ in range(STEPS):
-        module.train()
-        losses.append(float(module(x.numpy(), y.numpy())))
-        optimizer.step()
-        module.lazy_reset_grad()
+    _, losses = train_artifacts(tmp_path, x, y, STEPS, LEARNING_RATE)
     assert losses[-1] < losses[0], losses
     np.testing.assert_allclose(losses, expected, rtol=0, atol=1e-5)
