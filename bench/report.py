@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from artifacts import ORT_PYTHON
-from orchestrate import ConfigResult
+from orchestrate import ConfigResult, Settings
 from timing import format_duration, render_table, spread
 
 LABELS = {"ours": "ours eager (a)", "ours-compile": "ours compile (b)", "ours-step": "ours one-graph step (e)",
@@ -20,6 +20,23 @@ LABELS = {"ours": "ours eager (a)", "ours-compile": "ours compile (b)", "ours-st
           "torch": "torch eager (c)", "torch-compile": "torch compiled (f)", "ort": "ORT 1.19.2 (d)"}
 HEADERS = ["model", "config", "step", "steps/s", "vs torch", "vs torch compiled", "vs ORT", "fwd+bwd",
            "fwd+bwd vs torch", "optimizer", "peak MB", "spread"]
+
+
+def run_header(command: str, settings: Settings, models: dict, torch_inputs: bool) -> dict:
+    """The result file's header for ``models`` (name -> BenchModel), printed as one line."""
+    header = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": command,
+              "machine": machine_info(settings.device),
+              "settings": {"threads": settings.threads, "device": settings.device, "rounds": settings.rounds,
+                           "torch_inputs": torch_inputs,
+                           "steps_per_round": {n: settings.steps_for(m) for n, m in models.items()},
+                           "warmup": {n: settings.warmup_for(m) for n, m in models.items()}},
+              "models": {n: m.describe() for n, m in models.items()},
+              "memory": "torch.cuda.max_memory_allocated" if settings.device.startswith("cuda")
+              else "peak RSS of the configuration's process"}
+    machine = header["machine"]
+    print(f"{machine['cpu']}, {machine['cores']} cores, load {machine['load_average_1_5_15']}, "
+          f"{settings.threads} threads, device {settings.device}", flush=True)
+    return header
 
 
 def machine_info(device: str) -> dict:

@@ -18,7 +18,6 @@ import argparse
 import os
 import shlex
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -26,7 +25,7 @@ import torch
 from artifacts import prepare_artifacts
 from models import DEFAULT_MODELS, MODELS
 from orchestrate import ConfigResult, Settings, run_model
-from report import HEADERS, LABELS, machine_info, table_rows, write_results
+from report import HEADERS, LABELS, run_header, table_rows, write_results
 from timing import render_table
 
 BENCH = Path(__file__).resolve().parent
@@ -70,16 +69,8 @@ def benchmark(args: argparse.Namespace, command: str) -> int:
     """Run every model, print the table, write the result files."""
     settings = Settings(args.threads, args.device, args.rounds, args.steps, args.warmup, args.torch_inputs)
     cuda = args.device.startswith("cuda")
-    header = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": command,
-              "machine": machine_info(args.device),
-              "settings": {"threads": args.threads, "device": args.device, "rounds": args.rounds,
-                           "torch_inputs": args.torch_inputs or cuda,
-                           "steps_per_round": {m: settings.steps_for(MODELS[m]) for m in args.models},
-                           "warmup": {m: settings.warmup_for(MODELS[m]) for m in args.models}},
-              "models": {m: MODELS[m].describe() for m in args.models},
-              "memory": "torch.cuda.max_memory_allocated" if cuda else "peak RSS of the configuration's process"}
-    print(f"{header['machine']['cpu']}, {header['machine']['cores']} cores, load "
-          f"{header['machine']['load_average_1_5_15']}, {args.threads} threads, device {args.device}", flush=True)
+    header = run_header(command, settings, {m: MODELS[m] for m in args.models},
+                        torch_inputs=args.torch_inputs or cuda)
     results: list[ConfigResult] = []
     notes: list[str] = []
     log_dir = args.cache / "logs"

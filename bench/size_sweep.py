@@ -17,7 +17,6 @@ import argparse
 import os
 import shlex
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -25,7 +24,7 @@ import torch
 from artifacts import prepare_artifacts
 from models import DECODER_SIZES, MODELS
 from orchestrate import ConfigResult, Settings, run_model
-from report import HEADERS, LABELS, machine_info, table_rows, write_results
+from report import HEADERS, LABELS, run_header, table_rows, write_results
 from run import NO_ORT_ON_CUDA, model_notes
 from timing import render_table
 
@@ -63,15 +62,7 @@ def sweep(args: argparse.Namespace, command: str) -> int:
     settings = Settings(args.threads, args.device, args.rounds, args.steps, args.warmup)
     cuda = args.device.startswith("cuda")
     names = [f"gpt{size}" for size in args.sizes]
-    header = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": command,
-              "machine": machine_info(args.device),
-              "settings": {"threads": args.threads, "device": args.device, "rounds": args.rounds,
-                           "torch_inputs": cuda, "steps_per_round": {n: settings.steps_for(MODELS[n]) for n in names},
-                           "warmup": {n: settings.warmup_for(MODELS[n]) for n in names}},
-              "models": {n: MODELS[n].describe() for n in names},
-              "memory": "torch.cuda.max_memory_allocated" if cuda else "peak RSS of the configuration's process"}
-    print(f"{header['machine']['cpu']}, {header['machine']['cores']} cores, load "
-          f"{header['machine']['load_average_1_5_15']}, {args.threads} threads, device {args.device}", flush=True)
+    header = run_header(command, settings, {n: MODELS[n] for n in names}, torch_inputs=cuda)
     results: list[ConfigResult] = []
     notes: list[str] = []
     log_dir = args.cache / "logs"
