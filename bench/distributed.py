@@ -12,7 +12,6 @@ rank holds.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import socket
@@ -59,8 +58,6 @@ def worker(directory: Path, steps: int, warmup: int, device: str, shard_state: b
     moments = state.training_state.optimizer.momentums
     moment_bytes = sum(t.numel() * t.element_size() for m in moments.values() for t in m.values())
     print(json.dumps({"world_size": world_size, "step_s": times, "moment_bytes": moment_bytes}), flush=True)
-    del module, optimizer
-    gc.collect()  # the DDP reducer goes while the interpreter is whole (else gloo may abort at exit)
     dist.barrier()
     dist.destroy_process_group()
 

@@ -13,7 +13,6 @@ Backends: gloo on CPU, NCCL with one GPU per process (``--device cuda``).
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 from pathlib import Path
 
@@ -39,7 +38,6 @@ def main(argv: list[str] | None = None) -> dict:
     dist.init_process_group("nccl" if cuda else "gloo")  # env:// from torchrun
     try:
         summary = train(args, f"cuda:{dist.get_rank() % torch.cuda.device_count()}" if cuda else "cpu")
-        gc.collect()  # the Module's DDP reducer goes while the interpreter is whole
         dist.barrier()  # no rank tears the group down while a peer still talks to it
         return summary
     finally:

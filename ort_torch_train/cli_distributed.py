@@ -7,7 +7,6 @@ the whole batch. Rank 0 prints, writes the metrics and the checkpoint (a collect
 
 from __future__ import annotations
 
-import gc
 import os
 from dataclasses import dataclass
 
@@ -56,10 +55,9 @@ class Launch:
 
     def close(self, finished: bool) -> None:
         """Destroy the process group this command initialised; after a finished run, once every rank is done
-        (a rank that tears gloo down while a peer still talks to it aborts)."""
+        (no rank leaves while a peer still waits on it)."""
         if not self.owns_group:
             return
-        gc.collect()  # the modules' DDP reducers and their work objects go while the interpreter is whole
         if finished:
             dist.barrier()
         dist.destroy_process_group()

@@ -8,7 +8,6 @@ MASTER_ADDR, MASTER_PORT). Each rank writes ``OUT_DIR/<run>_rank<r>.npz`` (losse
 from __future__ import annotations
 
 import datetime
-import gc
 import json
 import os
 import sys
@@ -212,7 +211,6 @@ def main() -> None:
     if scenario == "legacy_mpi":  # launched with mpirun's variables: the legacy session makes the group
         rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
         np.savez(out / f"legacy_mpi_rank{rank}.npz", **legacy_train(rank, int(os.environ["OMPI_COMM_WORLD_SIZE"])))
-        gc.collect()
         dist.barrier()
         dist.destroy_process_group()
         return
@@ -238,7 +236,6 @@ def main() -> None:
             errors = misuse_errors(rank)
     (out / f"errors_rank{rank}.json").write_text(json.dumps(errors))
     if scenario != "lost_rank":
-        gc.collect()  # the Modules' DDP reducers go while the interpreter is whole (else gloo may abort at exit)
         dist.barrier()
         dist.destroy_process_group()
 
