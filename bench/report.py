@@ -16,7 +16,7 @@ from orchestrate import ConfigResult, Settings
 from timing import format_duration, render_table, spread
 
 LABELS = {"ours": "ours eager (a)", "ours-compile": "ours compile (b)", "ours-step": "ours one-graph step (e)",
-          "ours-step-cpp": "ours one-graph step, C++ wrapper (g)",
+          "ours-step-py": "ours one-graph step, Python wrapper (g)",
           "torch": "torch eager (c)", "torch-compile": "torch compiled (f)", "ort": "ORT 1.19.2 (d)"}
 HEADERS = ["model", "config", "step", "steps/s", "vs torch", "vs torch compiled", "vs ORT", "fwd+bwd",
            "fwd+bwd vs torch", "optimizer", "peak MB", "spread"]

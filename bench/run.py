@@ -5,7 +5,7 @@
     .venv/bin/python bench/run.py --profile MODEL [--profile-config ours|ours-compile] [--profile-steps N]
 
 Each model is trained by (a) ort_torch_train eager, (b) ort_torch_train compile=True, its one-graph
-``Module.step`` (e) and that with inductor's C++ wrapper (g) (--compile), (c) the same model in eager
+``Module.step`` (e) and that with inductor's Python wrapper instead of the C++ one (g) (--compile), (c) the same model in eager
 PyTorch with fused AdamW and (f) that model through torch.compile (--compile), (d) onnxruntime-training
 on ORT's own artifacts;
 each in its own process, timed in interleaved rounds. Prints the table and writes it as JSON and
@@ -51,7 +51,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="feed (a) and (b) torch tensors instead of the numpy arrays ORT gets")
     parser.add_argument("--profile", choices=list(MODELS), metavar="MODEL",
                         help="print torch.profiler tables for (a) vs (c) instead of benchmarking")
-    parser.add_argument("--profile-config", choices=["ours", "ours-compile", "ours-step", "ours-step-cpp"], default="ours",
+    parser.add_argument("--profile-config", choices=["ours", "ours-compile", "ours-step", "ours-step-py"], default="ours",
                         help="profile (a) (default) or (b)")
     parser.add_argument("--profile-steps", type=int, default=20)
     parser.add_argument("--out", type=Path, default=BENCH / "results", help="where the JSON/Markdown go")
@@ -80,7 +80,7 @@ def benchmark(args: argparse.Namespace, command: str) -> int:
         artifacts = prepare_artifacts(model, args.cache, use_ort=not args.no_ort)
         print(f"{name}: artifacts by {artifacts.generator} ({artifacts.directory})", flush=True)
         ort_missing = NO_ORT_ON_CUDA if cuda else artifacts.ort_missing
-        compiled = ["ours-compile", "ours-step", "ours-step-cpp"] if args.compile else []
+        compiled = ["ours-compile", "ours-step", "ours-step-py"] if args.compile else []
         configs = ["ours", *compiled, "torch"] + (["torch-compile"] if args.compile else []) + ([] if ort_missing else ["ort"])
         configs = [c for c in configs if args.configs is None or c in args.configs]
         results += run_model(model, artifacts, configs, settings, log_dir,

@@ -5,7 +5,8 @@ Every runner trains the same model from the same weights on the same fixed batch
 - ``ours`` / ``ours-compile``: ``loss = module(x, y); optimizer.step(); module.lazy_reset_grad()`` with
   ``ort_torch_train.api`` on the artifacts (``compile=True`` for the second);
 - ``ours-step``: ``loss = module.step(optimizer, x, y)`` with ``compile=True``: the same three calls as one
-  compiled graph; ``ours-step-cpp``: the same with inductor's C++ wrapper (``{"options": {"cpp_wrapper": True}}``);
+  compiled graph (on CPU with inductor's C++ wrapper, the default); ``ours-step-py``: the same with the
+  Python wrapper (``{"options": {"cpp_wrapper": False}}``);
 - ``torch``: the model written in eager PyTorch, CrossEntropy, backward, ``torch.optim.AdamW(fused=True)``,
   ``zero_grad(set_to_none=False)``; ``torch-compile``: the same with model and loss through torch.compile;
 - ``ort``: the same loop as ``ours`` with onnxruntime-training (run in its own venv).
@@ -21,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-CONFIGS = ("ours", "ours-compile", "ours-step", "ours-step-cpp", "torch", "torch-compile", "ort")
-_COMPILE = {"ours": False, "ours-compile": True, "ours-step": True, "ours-step-cpp": {"options": {"cpp_wrapper": True}}}
+CONFIGS = ("ours", "ours-compile", "ours-step", "ours-step-py", "torch", "torch-compile", "ort")
+_COMPILE = {"ours": False, "ours-compile": True, "ours-step": True, "ours-step-py": {"options": {"cpp_wrapper": False}}}
 
 
 @dataclass

@@ -12,8 +12,9 @@ with ``compile=True``, from the outside in:
 - the ``CompiledTrainStep`` call (the step's own argument handling);
 - the torch.compile'd function alone (Dynamo's guards, AOTAutograd's and inductor's wrappers, the kernels);
 - that under ``torch.compiler.set_stance(skip_guard_eval_unsafe=True)`` (guards skipped);
-- with ``--cpp-wrapper``: ``module.step`` (torch tensors) compiled with inductor's C++ wrapper
-  (``compile={"options": {"cpp_wrapper": True}}``; one more compile, slower);
+- with ``--python-wrapper``: ``module.step`` (torch tensors) compiled with inductor's Python wrapper
+  (``compile={"options": {"cpp_wrapper": False}}``; one more compile) instead of the C++ one that
+  ``compile=True`` uses on CPU;
 - the hand-written model's eager step, for scale.
 
 The differences between consecutive layers are what each layer costs per step.
@@ -45,7 +46,7 @@ def block_median_us(call: Callable[[], object], calls: int) -> float:
     return statistics.median(times) * 1e6
 
 
-def layers(model_name: str, cpp_wrapper: bool = False) -> dict[str, Callable[[], object]]:
+def layers(model_name: str, python_wrapper: bool = False) -> dict[str, Callable[[], object]]:
     """The step at each layer, warmed up (compiled) and ready to call repeatedly."""
     from artifacts import prepare_artifacts
     from models import LEARNING_RATE, MODELS
@@ -102,9 +103,9 @@ def layers(model_name: str, cpp_wrapper: bool = False) -> dict[str, Callable[[],
         "torch.compile'd function": compiled_call,
         "  same, guards skipped": unguarded_call,
     }
-    if cpp_wrapper:
-        cpp_module, cpp_optimizer = compiled_module({"options": {"cpp_wrapper": True}})
-        steps["module.step, C++ wrapper, torch"] = lambda: cpp_module.step(cpp_optimizer, tx, ty)
+    if python_wrapper:
+        python_module, python_optimizer = compiled_module({"options": {"cpp_wrapper": False}})
+        steps["module.step, Python wrapper, torch"] = lambda: python_module.step(python_optimizer, tx, ty)
     steps["hand-written eager step (c)"] = torch_eager
     return steps
 
@@ -115,10 +116,11 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--blocks", type=int, default=15)
     parser.add_argument("--calls", type=int, default=200)
-    parser.add_argument("--cpp-wrapper", action="store_true", help="also time the step with inductor's C++ wrapper")
+    parser.add_argument("--python-wrapper", action="store_true",
+                        help="also time the step with inductor's Python wrapper")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    steps = layers(args.model, args.cpp_wrapper)
+    steps = layers(args.model, args.python_wrapper)
     for step in steps.values():  # warm every path (the guard-skipping stance included)
         for _ in range(20):
             step()

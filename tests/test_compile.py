@@ -228,3 +228,24 @@ def test_compiled_step_with_dropout_has_no_graph_break():
     assert all(np.isfinite(o).all() for step in outputs for o in step)
     assert dict(counters["graph_break"]) == {}
     assert counters["stats"]["unique_graphs"] == 2  # the step (adding or overwriting gradients alike) and eval
+
+
+def test_cpu_graphs_compile_with_the_cpp_wrapper_unless_told_otherwise():
+    from ort_torch_train.graph.forward import for_device
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert for_device({}, cpu) == {"options": {"cpp_wrapper": True}}
+    assert for_device({"options": {"max_autotune": True}}, cpu) == {"options": {"cpp_wrapper": True, "max_autotune": True}}
+    for kept in ({"options": {"cpp_wrapper": False}}, {"mode": "max-autotune"}, {"backend": "aot_eager"}):
+        assert for_device(kept, cpu) == kept
+    assert for_device({}, cuda) == {}
+
+
+def test_a_python_wrapper_step_matches_the_default_cpp_wrapper_step():
+    case = _case("transformer")
+    losses = []
+    for compile in (True, {"options": {"cpp_wrapper": False}}):
+        module = _module(case, compile)
+        optimizer = Optimizer(case.artifact("optimizer_model.onnx"), module)
+        losses.append([float(module.step(optimizer, *case.train_inputs(step))) for step in range(3)])
+    assert losses[0] == losses[1]

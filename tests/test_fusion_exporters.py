@@ -60,7 +60,7 @@ CASES = {
     "gpt": (TinyGPT, lambda: torch.randint(0, 11, (3, 8)),
             {"linear": 5, "attention": 1}, {"gelu": 1, "module_to_function": 3}),
     "llama": (TinyLlama, lambda: torch.randint(0, 11, (3, 8)),
-              {"linear": 5, "attention": 1, "rms_norm": 2, "silu": 1, "layer_norm": 1, "gelu": 1}, {}),
+              {"linear": 5, "attention": 1, "rms_norm": 2, "silu": 1, "layer_norm": 1, "gelu": 1, "rotary": 2}, {}),
 }
 
 
@@ -131,3 +131,84 @@ def test_a_permute_and_its_inverse_cancel_and_permute_chains_compose(monkeypatch
     assert methods.count("permute") == 1 and "transpose" not in methods and methods.count("reshape") <= 1
     for got, expected in zip(fused(x), Views()(x)):
         torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("alpha", [1.0, 1.702])
+def test_ort_fused_rms_norm_and_quick_gelu_become_torch_calls(alpha, monkeypatch):
+    """ORT's pre-training optimiser writes Llama's RMSNorm and SiLU as com.microsoft
+    SimplifiedLayerNormalization and QuickGelu (alpha 1): they become F.rms_norm and F.silu."""
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("SimplifiedLayerNormalization", ["x", "scale"], ["h"], axis=-1, epsilon=1e-6),
+             helper.make_node("QuickGelu", ["h"], ["g"], domain="com.microsoft", alpha=alpha),
+             helper.make_node("MatMul", ["g", "w"], ["y"])]
+    inputs = {"x": (2, 4, 8), "scale": (8,), "w": (8, 8)}
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs.items()],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, (2, 4, 8))])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    torch.manual_seed(0)
+    x, scale, w = torch.randn(2, 4, 8), torch.rand(8) + 0.5, torch.randn(8, 8)
+    specs = [TensorSpec(tuple(t.shape), t.dtype) for t in (x, scale, w)]
+    fused = _convert(proto, specs, True, monkeypatch)
+    unfused = _convert(proto, specs, False, monkeypatch)
+
+    targets = {n.target for n in fused.graph.nodes if n.op == "call_function"}
+    assert F.rms_norm in targets
+    assert (F.silu in targets) == (alpha == 1.0)
+    got, got_grads, weights = _outputs_and_grads(fused, x, [scale, w])
+    ref, ref_grads, _ = _outputs_and_grads(unfused, x, [scale, w], weights)
+    h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * scale
+    torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(got, (h * torch.sigmoid(alpha * h)) @ w, atol=1e-5, rtol=1e-5)
+    for fused_grad, reference in zip(got_grads, ref_grads):
+        torch.testing.assert_close(fused_grad, reference, atol=1e-5, rtol=1e-5)
+
+
+class RotaryFromPositions(nn.Module):
+    """Llama's rotary embedding with cos/sin computed from a position input (not constants)."""
+
+    def __init__(self, d: int = 8, heads: int = 2):
+        super().__init__()
+        self.heads, self.proj = heads, nn.Linear(d, d, bias=False)
+        half = d // heads // 2
+        self.register_buffer("inv_freq", 10000.0 ** (-torch.arange(half).float() / half))
+
+    def forward(self, x, positions):
+        batch, length, _ = x.shape
+        q = self.proj(x).reshape(batch, length, self.heads, -1).transpose(1, 2)
+        angles = positions[:, None] * self.inv_freq[None, :]
+        cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+        first, second = q[..., : q.shape[-1] // 2], q[..., q.shape[-1] // 2:]
+        return q * cos + torch.cat((-second, first), -1) * sin
+
+
+def test_rotary_with_computed_sin_fuses_with_one_sign_multiplication(monkeypatch):
+    import io
+    import warnings
+
+    import onnx
+
+    torch.manual_seed(0)
+    model, x, positions = RotaryFromPositions(), torch.randn(3, 5, 8), torch.arange(5).float() + 2.0
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (x, positions), buffer, opset_version=17, dynamo=False, do_constant_folding=False)
+    proto = onnx.load_from_string(buffer.getvalue())
+    names = _parameters_as_inputs(proto, dict(model.named_parameters()))
+    specs = [TensorSpec(tuple(t.shape), t.dtype) for t in (x, positions, model.proj.weight)]
+    fused = _convert(proto, specs, True, monkeypatch)
+    unfused = _convert(proto, specs, False, monkeypatch)
+
+    assert fused.meta["fusions"]["rotary"] == 1 and names == ["proj.weight"]
+    assert not {torch.neg} & {n.target for n in fused.graph.nodes if n.op == "call_function"}
+    assert [n.target for n in fused.graph.nodes if n.op == "get_attr" and "rotary_sign" in n.target] == ["rotary_sign"]
+    weight = model.proj.weight.detach().clone().requires_grad_()
+    reference_weight = weight.detach().clone().requires_grad_()
+    got, expected = fused(x, positions, weight)[0], unfused(x, positions, reference_weight)[0]
+    assert torch.equal(got, expected)  # the sign folds exactly
+    torch.testing.assert_close(got, model(x, positions))
+    upstream = torch.randn_like(got)
+    (got * upstream).sum().backward()
+    (expected * upstream).sum().backward()
+    torch.testing.assert_close(weight.grad, reference_weight.grad, atol=1e-6, rtol=1e-6)

@@ -7,6 +7,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import onnx
@@ -41,6 +42,17 @@ def compile_arguments(compile: CompileSetting) -> dict[str, Any] | None:
         return dict(compile)
     raise ValueError(f"compile: expected a bool, a torch.compile mode name or a dict with keys from "
                      f"{_COMPILE_KEYS}; got {compile!r}")
+
+
+def for_device(arguments: Mapping[str, Any], device: torch.device) -> dict[str, Any]:
+    """``arguments`` with inductor's C++ wrapper switched on for CPU graphs, unless a mode, another backend
+    or an explicit ``cpp_wrapper`` option says otherwise: it calls the kernels without per-call Python
+    (a fifth of a tiny transformer's compiled step) and compiles no slower."""
+    options = arguments.get("options") or {}
+    if device.type != "cpu" or "mode" in arguments or arguments.get("backend", "inductor") != "inductor" \
+            or "cpp_wrapper" in options:
+        return dict(arguments)
+    return {**arguments, "options": {"cpp_wrapper": True, **options}}
 
 
 @dataclass(frozen=True)
@@ -93,7 +105,8 @@ class ForwardGraph:
 
     def module_for(self, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> Callable:
         """The converted module for these inputs' shapes and dtypes (built on first use, then cached)."""
-        return self.specialised(inputs, params, "module", self._compiled_if_asked)
+        device = params[0].device if params else inputs[0].device
+        return self.specialised(inputs, params, "module", partial(self._compiled_if_asked, device=device))
 
     def specialised(self, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor], variant: Hashable,
                     build: Callable[[torch.nn.Module], Callable]) -> Callable:
@@ -119,10 +132,10 @@ class ForwardGraph:
             self._cache.popitem(last=False)
         return built
 
-    def _compiled_if_asked(self, module: torch.nn.Module) -> Callable:
+    def _compiled_if_asked(self, module: torch.nn.Module, device: torch.device) -> Callable:
         if self.compile_arguments is None:
             return module
-        return torch.compile(module, fullgraph=True, dynamic=False, **self.compile_arguments)
+        return torch.compile(module, fullgraph=True, dynamic=False, **for_device(self.compile_arguments, device))
 
     def clear(self) -> None:
         """Forget every specialisation (after a device move)."""

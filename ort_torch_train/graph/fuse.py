@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import fx
 
 from ort_torch_train.graph.fuse_patterns import fuse_patterns
+from ort_torch_train.graph.fuse_rotary import fuse_rotary
 from ort_torch_train.graph.fuse_util import is_call as _is_call
 from ort_torch_train.graph.fuse_util import only_user as _only_user
 from ort_torch_train.graph.fuse_util import val as _val
@@ -38,6 +39,7 @@ def fuse_graph(module: fx.GraphModule) -> Counter:
     """
     counts: Counter = Counter()
     fuse_patterns(module, counts)
+    fuse_rotary(module, counts)
     counts["linear"] = _fuse_linear(module.graph)
     counts["attention"] = _fuse_attention(module)
     module.graph.eliminate_dead_code()

@@ -4,7 +4,8 @@
 * ``pow 2 -> mean -> add eps -> sqrt -> reciprocal -> mul [* w]`` (T5/Llama RMSNorm) -> ``F.rms_norm``;
 * ``x * sigmoid(x)`` -> ``F.silu``;
 * ``x * 0.5 * (1 + erf(x / sqrt 2))`` and ``... (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`` -> ``F.gelu``;
-* the converters' LayerNormalization / Gelu modules -> plain ``F.layer_norm`` / ``F.gelu`` calls.
+* the converters' LayerNormalization / Gelu modules -> plain ``F.layer_norm`` / ``F.gelu`` calls, and
+  ORT's SimplifiedLayerNormalization / QuickGelu (alpha 1) -> ``F.rms_norm`` / ``F.silu``.
 
 Each pass only matches nodes whose intermediate results have no other reader, so replacing the
 last node of a pattern and dropping dead code removes the whole pattern.
@@ -269,13 +270,21 @@ def _module_call(module: fx.GraphModule, node: fx.Node) -> bool:
     if kind == "Gelu" and len(node.args) == 1:
         _replace(module.graph, node, F.gelu, node.args, {"approximate": submodule.approximate})
         return True
-    if kind != "LayerNorm" or submodule.outputs != 1 or submodule.simplified or len(node.args) not in (2, 3):
+    if kind == "QuickGelu" and len(node.args) == 1 and submodule.alpha == 1.0:  # ORT's fused SiLU
+        _replace(module.graph, node, F.silu, node.args)
+        return True
+    if kind != "LayerNorm" or submodule.outputs != 1 or len(node.args) not in (2, 3):
         return False
     shape = tuple(x_val.shape[submodule.axis % x_val.dim():])
     operands = [val(arg) for arg in node.args[1:]]
     if any(v is None or tuple(v.shape) != shape or v.dtype != x_val.dtype for v in operands):
         return False
     x, weight, *bias = node.args
+    if submodule.simplified:  # ORT's SimplifiedLayerNormalization: RMSNorm, statistics in float32
+        if x_val.dtype != torch.float32 or bias:
+            return False
+        _replace(module.graph, node, F.rms_norm, (x, shape, weight, submodule.epsilon))
+        return True
     _replace(module.graph, node, F.layer_norm, (x, shape, weight, bias[0] if bias else None, submodule.epsilon))
     return True
 

@@ -67,7 +67,7 @@ class CompiledTrainStep:
         self._compiled = torch.compile(step, fullgraph=True, dynamic=False, **compile_arguments)
         # a saved step (precompiled.py) when neither ranks, autocast nor a compile mode are in it
         self._precompile = None
-        if reduction is None and precision is None and not {"mode", "options"} & compile_arguments.keys():
+        if reduction is None and precision is None and "mode" not in compile_arguments:
             self._precompile = (step, module, (plan.sources, update, sorted(compile_arguments.items())),
                                 compile_arguments)
         self._called = False

@@ -25,7 +25,7 @@ from ort_torch_train.graph.artifacts import (
     training_layout,
 )
 from ort_torch_train.graph.model_checks import check_eval_pair, check_model
-from ort_torch_train.graph.forward import CompileSetting, ForwardGraph, compile_arguments
+from ort_torch_train.graph.forward import CompileSetting, ForwardGraph, compile_arguments, for_device
 from ort_torch_train.optim.engine import OptimizerEngine
 from ort_torch_train.training.binding import bind_parameters, parse_device
 from ort_torch_train.training.compiled_step import CompiledTrainStep, ParameterPlan
@@ -151,7 +151,8 @@ class TrainingEngine(nn.Module):
         step = self.train_graph.specialised(
             inputs, self._train_params, ("train step", update, reduction, precision),
             lambda module: CompiledTrainStep(module, self._train_plan, update=update, reduction=reduction,
-                                             compile_arguments=self._compile_arguments, precision=precision))
+                                             compile_arguments=for_device(self._compile_arguments, self.device),
+                                             precision=precision))
         trainable, frozen, grads = self._parameter_views()
         reset = self._gradient_reset.pending
         try:

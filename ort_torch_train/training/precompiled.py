@@ -73,8 +73,9 @@ def precompiled_step(step: Callable, key: str, external: dict[str, object], args
     elif _steps:
         log.info("no saved train step for this model, update and signature (%s); compiling it", key[:12])
     try:
-        compiled = torch.compile(step, fullgraph=True, dynamic=False, options={"guard_filter_fn": _serializable},
-                                 **compile_arguments).aot_compile((args, {}))
+        arguments = {**compile_arguments,
+                     "options": {**(compile_arguments.get("options") or {}), "guard_filter_fn": _serializable}}
+        compiled = torch.compile(step, fullgraph=True, dynamic=False, **arguments).aot_compile((args, {}))
     except Exception as error:  # a backend or mode without precompile support: the usual compilation
         log.info("cannot precompile the train step (%s); compiling it without precompile", error)
         return None
