@@ -27,13 +27,14 @@ def main() -> None:
     parser.add_argument("case", type=Path)
     parser.add_argument("cache", type=Path)
     parser.add_argument("out", type=Path)
+    parser.add_argument("--mixed-precision", choices=["bf16"])
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     torch.set_num_threads(1)
     load_compile_cache(args.cache)
     case = Case(args.case)
     module = Module(case.artifact("training_model.onnx"), case.load_state(), case.artifact("eval_model.onnx"),
-                    compile=True)
+                    compile=True, mixed_precision=args.mixed_precision)
     optimizer = Optimizer(case.artifact("optimizer_model.onnx"), module)
     losses = []
     for step in range(3):

@@ -233,10 +233,14 @@ def test_compiled_step_with_dropout_has_no_graph_break():
 def test_cpu_graphs_compile_with_the_cpp_wrapper_unless_told_otherwise():
     from ort_torch_train.graph.forward import for_device
 
+    from ort_torch_train.graph.onednn_linear import ONEDNN_MATMULS
+
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert for_device({}, cpu) == {"options": {"cpp_wrapper": True}}
-    assert for_device({"options": {"max_autotune": True}}, cpu) == {"options": {"cpp_wrapper": True, "max_autotune": True}}
-    for kept in ({"options": {"cpp_wrapper": False}}, {"mode": "max-autotune"}, {"backend": "aot_eager"}):
+    defaults = {"cpp_wrapper": True, "post_grad_custom_post_pass": ONEDNN_MATMULS}
+    assert for_device({}, cpu) == {"options": defaults}
+    assert for_device({"options": {"max_autotune": True}}, cpu) == {"options": {**defaults, "max_autotune": True}}
+    assert for_device({"options": {"cpp_wrapper": False}}, cpu) == {"options": {**defaults, "cpp_wrapper": False}}
+    for kept in ({"mode": "max-autotune"}, {"backend": "aot_eager"}):
         assert for_device(kept, cpu) == kept
     assert for_device({}, cuda) == {}
 

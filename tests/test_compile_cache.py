@@ -77,6 +77,21 @@ def test_a_saved_step_loads_in_a_new_process_and_trains_bitwise_alike(mlp_case, 
     np.testing.assert_array_equal(third["params"], first["params"])
 
 
+@pytest.mark.compile
+def test_a_saved_bf16_autocast_step_loads_and_trains_bitwise_alike(mlp_case, tmp_path):
+    """Mixed-precision steps are precompiled too; the saved bf16 step is not used for a float32 one."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    cache = tmp_path / "compile.cache"
+    bf16 = ("--mixed-precision", "bf16")
+    first, _ = _train_in_a_process(mlp_case.root, cache, tmp_path / "first.npz", env, *bf16)
+    second, log = _train_in_a_process(mlp_case.root, cache, tmp_path / "second.npz", env, *bf16)
+    assert "loaded the saved train step" in log
+    np.testing.assert_array_equal(second["losses"], first["losses"])
+    np.testing.assert_array_equal(second["params"], first["params"])
+    _, log = _train_in_a_process(mlp_case.root, cache, tmp_path / "float32.npz", env)
+    assert "no saved train step for this model" in log and "loaded the saved" not in log
+
+
 def test_a_cache_of_another_torch_version_is_ignored_with_a_log_line(tmp_path, caplog):
     path = tmp_path / "compile.cache"
     path.write_bytes(_MAGIC + pickle.dumps({"torch": "1.0.0", "artifacts": b"?", "steps": {"k": b"?"}}))

@@ -74,7 +74,10 @@ class Module(TrainingEngine):
             self.train_graph.module_transform = partial(with_recompute, segments=segments)
             if compile:  # torch.func.grad (the one-graph step) refuses checkpoint's saved-tensor hooks
                 self._compile_whole_step = False
-                self.train_graph.compile_arguments = self._compile_arguments
+                arguments = dict(self._compile_arguments)
+                if "mode" not in arguments:  # inductor's C++ wrapper cannot generate checkpoint's RNG replay
+                    arguments["options"] = {"cpp_wrapper": False, **(arguments.get("options") or {})}
+                self.train_graph.compile_arguments = arguments
         self.checkpoint_state = state
         self.eval_model = eval_model
         self.session_options = session_options

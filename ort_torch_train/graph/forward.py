@@ -18,6 +18,8 @@ from ort_torch_train.errors import InputError, InputTypeError
 from ort_torch_train.graph.artifacts import GraphLayout, declared_shape
 from ort_torch_train.graph.convert import TensorSpec, convert_graph
 from ort_torch_train.graph.converters import check_supported
+from ort_torch_train.graph.onednn_linear import ENABLED as ONEDNN_ENABLED
+from ort_torch_train.graph.onednn_linear import ONEDNN_MATMULS
 from ort_torch_train.graph.string_inputs import numeric_inputs
 
 Signature = tuple[tuple[torch.Size, torch.dtype], ...]
@@ -44,15 +46,18 @@ def compile_arguments(compile: CompileSetting) -> dict[str, Any] | None:
                      f"{_COMPILE_KEYS}; got {compile!r}")
 
 
-def for_device(arguments: Mapping[str, Any], device: torch.device) -> dict[str, Any]:
-    """``arguments`` with inductor's C++ wrapper switched on for CPU graphs, unless a mode, another backend
-    or an explicit ``cpp_wrapper`` option says otherwise: it calls the kernels without per-call Python
-    (a fifth of a tiny transformer's compiled step) and compiles no slower."""
-    options = arguments.get("options") or {}
-    if device.type != "cpu" or "mode" in arguments or arguments.get("backend", "inductor") != "inductor" \
-            or "cpp_wrapper" in options:
+def for_device(arguments: Mapping[str, Any], device: torch.device, *, cpp_wrapper: bool = True) -> dict[str, Any]:
+    """``arguments`` with this project's inductor defaults for CPU graphs, unless a mode or another
+    backend is asked for, or the option is set: the C++ wrapper (it calls the kernels without per-call
+    Python, a fifth of a tiny transformer's compiled step, and compiles no slower; ``cpp_wrapper=False``
+    for graphs it cannot generate: collectives, checkpointed random ops) and the pass sending large
+    float32 GEMMs to oneDNN (``onednn_linear.py``)."""
+    if device.type != "cpu" or "mode" in arguments or arguments.get("backend", "inductor") != "inductor":
         return dict(arguments)
-    return {**arguments, "options": {"cpp_wrapper": True, **options}}
+    defaults = {"cpp_wrapper": cpp_wrapper}
+    if ONEDNN_ENABLED:
+        defaults["post_grad_custom_post_pass"] = ONEDNN_MATMULS
+    return {**arguments, "options": {**defaults, **(arguments.get("options") or {})}}
 
 
 @dataclass(frozen=True)

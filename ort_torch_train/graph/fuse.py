@@ -30,6 +30,7 @@ from ort_torch_train.graph.fuse_util import is_call as _is_call
 from ort_torch_train.graph.fuse_util import only_user as _only_user
 from ort_torch_train.graph.fuse_util import val as _val
 from ort_torch_train.graph.fuse_views import fuse_views
+from ort_torch_train.graph.onednn_linear import use_onednn_linear
 
 
 def fuse_graph(module: fx.GraphModule) -> Counter:
@@ -46,6 +47,7 @@ def fuse_graph(module: fx.GraphModule) -> Counter:
     fuse_views(module.graph, counts)
     module.graph.eliminate_dead_code()
     _drop_unused_constants(module)
+    counts["onednn_linear"] = use_onednn_linear(module)
     module.meta["fusions"] = +counts
     return +counts
 

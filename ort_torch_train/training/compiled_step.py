@@ -65,11 +65,12 @@ class CompiledTrainStep:
         self._scaler = None if precision is None else precision.loss_scaler
         compile_arguments = dict(compile_arguments or {})
         self._compiled = torch.compile(step, fullgraph=True, dynamic=False, **compile_arguments)
-        # a saved step (precompiled.py) when neither ranks, autocast nor a compile mode are in it
+        # a saved step (precompiled.py) when neither ranks nor a compile mode are in it
         self._precompile = None
-        if reduction is None and precision is None and "mode" not in compile_arguments:
-            self._precompile = (step, module, (plan.sources, update, sorted(compile_arguments.items())),
-                                compile_arguments)
+        if reduction is None and "mode" not in compile_arguments:
+            setting = None if precision is None else precision.setting
+            self._precompile = (step, module, (plan.sources, update, sorted(compile_arguments.items()), setting),
+                                compile_arguments, precision)
         self._called = False
         self._reset_flags: dict[torch.device, tuple[Tensor, Tensor]] = {}
 
@@ -93,10 +94,10 @@ class CompiledTrainStep:
 
     def _precompiled(self, arguments: tuple) -> None:
         """Replace the compiled step by a saved or precompiled one, when precompiling is on."""
-        step, module, parts, compile_arguments = self._precompile
+        step, module, parts, compile_arguments, precision = self._precompile
         self._precompile = None
         key = precompiled.step_key(module, parts, arguments)
-        external = {"module": module, "update": parts[1]}
+        external = {"module": module, "update": parts[1], "precision": precision}
         found = precompiled.precompiled_step(step, key, external, arguments, compile_arguments, self._compiled)
         if found is not None:
             self._compiled = found

@@ -151,7 +151,8 @@ class TrainingEngine(nn.Module):
         step = self.train_graph.specialised(
             inputs, self._train_params, ("train step", update, reduction, precision),
             lambda module: CompiledTrainStep(module, self._train_plan, update=update, reduction=reduction,
-                                             compile_arguments=for_device(self._compile_arguments, self.device),
+                                             compile_arguments=for_device(self._compile_arguments, self.device,
+                                                                          cpp_wrapper=reduction is None),
                                              precision=precision))
         trainable, frozen, grads = self._parameter_views()
         reset = self._gradient_reset.pending
