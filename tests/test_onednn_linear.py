@@ -14,7 +14,7 @@ from ort_torch_train.graph.onednn_linear import linear
 pytestmark = pytest.mark.skipif(not onednn_linear.ENABLED, reason="oneDNN is not available in this torch build")
 
 
-def _operands(rows: int = 256, inputs: int = 128, outputs: int = 96, seed: int = 0):
+def _operands(rows: int = 256, inputs: int = 256, outputs: int = 96, seed: int = 0):
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(rows // 8, 8, inputs, generator=generator)
     weight = torch.randn(outputs, inputs, generator=generator) / inputs**0.5

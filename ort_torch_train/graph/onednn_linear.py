@@ -1,13 +1,14 @@
 """Float32 CPU GEMMs (forward and backward) on oneDNN instead of torch's BLAS: eager and compiled.
 
 torch's CPU build sends float32 ``mm`` to MKL, which on AMD CPUs takes a path at less than half the
-speed of oneDNN's or ORT's own GEMM (2 cores of an AMD EPYC: 185 vs 425 GFLOPS on 256 x 512 x 2048;
+speed of oneDNN's or ORT's own GEMM (2 cores of an AMD EPYC: 187 vs 436 GFLOPS on 256 x 512 x 2048;
 ``bench/gemm_backends.py``). ``linear`` sends large enough float32 CPU products, outside autocast, to
 oneDNN (``torch.ops.mkldnn._linear_pointwise``, the kernel inductor uses for frozen weights) through
 the ``ort_torch_train::onednn_linear`` custom op (opaque to torch.compile), whose backward is two more
-oneDNN products; everything
-else, and small products where oneDNN's ~14 us of primitive setup costs more than it saves, stays
-``F.linear``. Compiled graphs get the same through ``OneDnnMatmuls``, an inductor post-grad pass
+oneDNN products. Everything else stays ``F.linear``, small products too: there the custom op's
+dispatch and oneDNN's primitive setup (~20 us) cost more than they save.
+
+Compiled graphs get the same through ``OneDnnMatmuls``, an inductor post-grad pass
 (``forward.for_device`` adds it on CPU): torch.func.grad, which traces the one-graph step, cannot
 differentiate the Function inside torch.compile, but its differentiated graph's ``mm``/``addmm`` can
 be sent to the custom op afterwards. Results agree with ``F.linear`` to float32 rounding (a different
@@ -23,8 +24,9 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
-# multiply-accumulates from which oneDNN's setup pays off (256 x 128 x 128 is 1.5x faster, 32^3 3.5x slower)
-MIN_MACS = 1 << 21
+# multiply-accumulates from which oneDNN's setup pays off (bench/gemm_backends.py, 2 threads: 256 x 128 x 128,
+# 2^22, 1.1x faster than torch.mm; 256 x 128 x 512 1.75x; 256 x 512 x 2048 2.3x; 32 x 32 x 32 7x slower)
+MIN_MACS = 1 << 22
 ENABLED = os.environ.get("ORT_TORCH_TRAIN_ONEDNN_LINEAR", "1") != "0" and torch.backends.mkldnn.is_available()
 
 
