@@ -4,7 +4,8 @@ and ORT 1.19.2's MatMul (MLAS), at the sizes of the size sweep's linears and two
     .venv/bin/python bench/gemm_backends.py [--threads 2] [--calls 30]
 
 ORT runs in its venv (``ORT_TRAINING_PYTHON`` or ``.venv-ort``; skipped when absent). Prints microseconds
-per product and GFLOPS; the ratio decides ``onednn_linear.MIN_MACS``.
+per product and GFLOPS; the ratio decides ``onednn_linear.MIN_MACS`` (compiled graphs; eager calls use
+``EAGER_MIN_MACS``, which also covers the autograd Function's Python).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def main() -> int:
 
     from artifacts import ORT_PYTHON
 
-    from ort_torch_train.graph.onednn_linear import MIN_MACS
+    from ort_torch_train.graph.onednn_linear import EAGER_MIN_MACS, MIN_MACS
 
     torch.set_num_threads(args.threads)
     ort_times = {}
@@ -74,7 +75,8 @@ def main() -> int:
         answer = subprocess.run([str(ORT_PYTHON), "-c", _ORT_SCRIPT, str(args.threads), str(args.calls), json.dumps(SIZES)],
                                 capture_output=True, text=True, check=True)
         ort_times = json.loads(answer.stdout)
-    print(f"{args.threads} thread(s); oneDNN is used from {MIN_MACS} multiply-accumulates")
+    print(f"{args.threads} thread(s); oneDNN is used from {MIN_MACS} multiply-accumulates in compiled graphs, "
+          f"{EAGER_MIN_MACS} in eager ones")
     print(f"{'m x k x n':>16} {'torch.mm':>16} {'oneDNN':>16} {'ORT MatMul':>16}")
     for m, k, n in SIZES:
         a, b = torch.randn(m, k), torch.randn(k, n)

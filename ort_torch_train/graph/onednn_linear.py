@@ -27,6 +27,9 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_file
 # multiply-accumulates from which oneDNN's setup pays off (bench/gemm_backends.py, 2 threads: 256 x 128 x 128,
 # 2^22, 1.1x faster than torch.mm; 256 x 128 x 512 1.75x; 256 x 512 x 2048 2.3x; 32 x 32 x 32 7x slower)
 MIN_MACS = 1 << 22
+# eager calls also pay the autograd Function's Python (~15 us a forward and backward): gpt128's 2^22
+# projections got slower in eager mode, its 2^24 MLP products faster
+EAGER_MIN_MACS = 1 << 24
 ENABLED = os.environ.get("ORT_TORCH_TRAIN_ONEDNN_LINEAR", "1") != "0" and torch.backends.mkldnn.is_available()
 
 
@@ -44,7 +47,7 @@ def _use_onednn(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
         return False
     if torch.is_autocast_enabled("cpu") or torch._C._functorch.peek_interpreter_stack() is not None:
         return False  # autocast casts F.linear; compiled torch.func transforms mis-differentiate the Function
-    return x.numel() * weight.shape[0] >= MIN_MACS
+    return x.numel() * weight.shape[0] >= EAGER_MIN_MACS
 
 
 @torch.library.custom_op("ort_torch_train::onednn_linear", mutates_args=(), device_types="cpu")
@@ -95,7 +98,7 @@ def use_onednn_linear(module: torch.fx.GraphModule) -> int:
         x, weight = (arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None for arg in node.args[:2])
         if x is None or weight is None or x.dtype != torch.float32 or weight.dim() != 2:
             continue
-        if x.numel() * weight.shape[0] >= MIN_MACS:
+        if x.numel() * weight.shape[0] >= EAGER_MIN_MACS:
             node.target = linear
             count += 1
     return count
