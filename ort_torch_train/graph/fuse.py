@@ -12,7 +12,10 @@
   attention kernel is much faster than the unfused sequence for short sequences (softmax alone has
   a ~75 us floor on CPU).
 
-Both keep autograd exact up to float rounding. Nodes carry ``meta["val"]`` (a meta tensor) from
+Then (other files): norms, GELU and SiLU (``fuse_patterns.py``), rotary embedding (``fuse_rotary.py``),
+view chains (``fuse_views.py``) and large float32 linears pointed at oneDNN (``onednn_linear.py``).
+
+All keep autograd exact up to float rounding. Nodes carry ``meta["val"]`` (a meta tensor) from
 the conversion loop; a pattern whose shapes are unknown is left alone.
 """
 
