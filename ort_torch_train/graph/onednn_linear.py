@@ -45,9 +45,15 @@ def _use_onednn(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
         return False
     if x.dtype != torch.float32 or weight.dtype != torch.float32 or (bias is not None and bias.dtype != torch.float32):
         return False
-    if torch.is_autocast_enabled("cpu") or torch._C._functorch.peek_interpreter_stack() is not None:
+    if torch.is_autocast_enabled("cpu") or _in_functorch_transform():
         return False  # autocast casts F.linear; compiled torch.func transforms mis-differentiate the Function
     return x.numel() * weight.shape[0] >= EAGER_MIN_MACS
+
+
+def _in_functorch_transform() -> bool:
+    """Whether a torch.func transform is active (True when this torch cannot tell)."""
+    peek = getattr(torch._C._functorch, "peek_interpreter_stack", None)
+    return peek is None or peek() is not None
 
 
 @torch.library.custom_op("ort_torch_train::onednn_linear", mutates_args=(), device_types="cpu")
