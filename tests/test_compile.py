@@ -236,7 +236,7 @@ def test_cpu_graphs_compile_with_the_cpp_wrapper_unless_told_otherwise():
     from ort_torch_train.graph.onednn_linear import ONEDNN_MATMULS
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    defaults = {"cpp_wrapper": True, "post_grad_custom_post_pass": ONEDNN_MATMULS}
+    defaults = {"cpp_wrapper": True, "cpp.min_chunk_size": 16384, "post_grad_custom_post_pass": ONEDNN_MATMULS}
     assert for_device({}, cpu) == {"options": defaults}
     assert for_device({"options": {"max_autotune": True}}, cpu) == {"options": {**defaults, "max_autotune": True}}
     assert for_device({"options": {"cpp_wrapper": False}}, cpu) == {"options": {**defaults, "cpp_wrapper": False}}
