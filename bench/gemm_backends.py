@@ -72,8 +72,8 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     ort_times = {}
     if Path(ORT_PYTHON).exists():
-        answer = subprocess.run([str(ORT_PYTHON), "-c", _ORT_SCRIPT, str(args.threads), str(args.calls), json.dumps(SIZES)],
-                                capture_output=True, text=True, check=True)
+        command = [str(ORT_PYTHON), "-c", _ORT_SCRIPT, str(args.threads), str(args.calls), json.dumps(SIZES)]
+        answer = subprocess.run(command, capture_output=True, text=True, check=True)
         ort_times = json.loads(answer.stdout)
     print(f"{args.threads} thread(s); oneDNN is used from {MIN_MACS} multiply-accumulates in compiled graphs, "
           f"{EAGER_MIN_MACS} in eager ones")

@@ -143,9 +143,10 @@ def test_ort_fused_rms_norm_and_quick_gelu_become_torch_calls(alpha, monkeypatch
              helper.make_node("QuickGelu", ["h"], ["g"], domain="com.microsoft", alpha=alpha),
              helper.make_node("MatMul", ["g", "w"], ["y"])]
     inputs = {"x": (2, 4, 8), "scale": (8,), "w": (8, 8)}
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs.items()],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, (2, 4, 8))])
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    declared = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs.items()]
+    graph = helper.make_graph(nodes, "g", declared, [helper.make_tensor_value_info("y", TensorProto.FLOAT, (2, 4, 8))])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    proto = helper.make_model(graph, opset_imports=opsets)
     torch.manual_seed(0)
     x, scale, w = torch.randn(2, 4, 8), torch.rand(8) + 0.5, torch.randn(8, 8)
     specs = [TensorSpec(tuple(t.shape), t.dtype) for t in (x, scale, w)]

@@ -1,7 +1,7 @@
 """Rotary-embedding fusion: ``x * cos + cat(-x2, x1) * sin`` (Llama's ``rotate_half``) -> ``rotary_half``.
 
-Exporters write ``rotate_half(x) * sin`` as two Slices (or a Split), a Neg, a Concat and a Mul. Folding the sign
-into ``sin`` (``cat(-x2, x1) * sin == roll(x, half) * cat(-sin1, sin2)``, exact) leaves one roll and
+Exporters write ``rotate_half(x) * sin`` as two Slices (or a Split), a Neg, a Concat and a Mul.
+Folding the sign into ``sin`` (``cat(-x2, x1) * sin == roll(x, half) * cat(-sin1, sin2)``, exact) leaves one roll and
 two multiplications: bit-identical results, two ops and their backward fewer per rotation. A constant
 ``sin`` gets its signed copy as a new constant; a computed one gets one multiplication, shared by
 every rotation that reads it.
@@ -74,10 +74,10 @@ def _rotate_half_source(concat) -> fx.Node | None:
         return None
     x, axis, size = halves
     x_val = val(x)
-    last = x_val.dim() - 1 if x_val is not None else None
-    if last is None or x_val.shape[-1] != 2 * size or {axis % x_val.dim(), concat.kwargs["axis"] % x_val.dim()} != {last}:
+    if x_val is None or x_val.shape[-1] != 2 * size:
         return None
-    return x
+    rank = x_val.dim()
+    return x if {axis % rank, concat.kwargs["axis"] % rank} == {rank - 1} else None
 
 
 def _halves_of(first, second) -> tuple[fx.Node, int, int] | None:

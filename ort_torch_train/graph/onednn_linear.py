@@ -68,8 +68,7 @@ def _(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 
 
 class _OneDnnLinear(torch.autograd.Function):
-    """The custom op with its backward as two more oneDNN products (a Function with ``setup_context``:
-    torch.func transforms differentiate it in eager mode, torch.compile traces it as two graphs)."""
+    """The custom op with its backward as two more oneDNN products (eager graphs; compiled ones use the pass)."""
 
     @staticmethod
     def forward(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
