@@ -233,10 +233,10 @@ def test_compiled_step_with_dropout_has_no_graph_break():
 def test_cpu_graphs_compile_with_the_cpp_wrapper_unless_told_otherwise():
     from ort_torch_train.graph.forward import for_device
 
-    from ort_torch_train.graph.onednn_linear import ONEDNN_MATMULS
+    from ort_torch_train.graph.onednn_linear import CPU_MATMULS
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    defaults = {"cpp_wrapper": True, "cpp.min_chunk_size": 16384, "post_grad_custom_post_pass": ONEDNN_MATMULS}
+    defaults = {"cpp_wrapper": True, "cpp.min_chunk_size": 16384, "post_grad_custom_post_pass": CPU_MATMULS}
     assert for_device({}, cpu) == {"options": defaults}
     assert for_device({"options": {"max_autotune": True}}, cpu) == {"options": {**defaults, "max_autotune": True}}
     assert for_device({"options": {"cpp_wrapper": False}}, cpu) == {"options": {**defaults, "cpp_wrapper": False}}

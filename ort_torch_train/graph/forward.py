@@ -18,8 +18,8 @@ from ort_torch_train.errors import InputError, InputTypeError
 from ort_torch_train.graph.artifacts import GraphLayout, declared_shape
 from ort_torch_train.graph.convert import TensorSpec, convert_graph
 from ort_torch_train.graph.converters import check_supported
-from ort_torch_train.graph.onednn_linear import ENABLED as ONEDNN_ENABLED
-from ort_torch_train.graph.onednn_linear import ONEDNN_MATMULS
+from ort_torch_train.graph.onednn_linear import CPU_MATMULS
+from ort_torch_train.graph.small_attention import compiled_cpu_graph
 from ort_torch_train.graph.string_inputs import numeric_inputs
 
 Signature = tuple[tuple[torch.Size, torch.dtype], ...]
@@ -54,12 +54,11 @@ def for_device(arguments: Mapping[str, Any], device: torch.device, *, cpp_wrappe
     for graphs it cannot generate: collectives, checkpointed random ops), loops parallelised only from
     16384 elements a thread (inductor's default, 512, spends more on OpenMP's fork and join than it
     saves on small models: tiny-bert's step 480 -> 430 us on 2 threads) and the pass sending large
-    float32 GEMMs to oneDNN (``onednn_linear.py``)."""
+    float32 GEMMs to oneDNN and fusing small ones' bias adds (``onednn_linear.py``)."""
     if device.type != "cpu" or "mode" in arguments or arguments.get("backend", "inductor") != "inductor":
         return dict(arguments)
-    defaults = {"cpp_wrapper": cpp_wrapper, "cpp.min_chunk_size": MIN_CHUNK_SIZE}
-    if ONEDNN_ENABLED:
-        defaults["post_grad_custom_post_pass"] = ONEDNN_MATMULS
+    defaults = {"cpp_wrapper": cpp_wrapper, "cpp.min_chunk_size": MIN_CHUNK_SIZE,
+                "post_grad_custom_post_pass": CPU_MATMULS}
     return {**arguments, "options": {**defaults, **(arguments.get("options") or {})}}
 
 
@@ -143,7 +142,8 @@ class ForwardGraph:
     def _compiled_if_asked(self, module: torch.nn.Module, device: torch.device) -> Callable:
         if self.compile_arguments is None:
             return module
-        return torch.compile(module, fullgraph=True, dynamic=False, **for_device(self.compile_arguments, device))
+        return torch.compile(compiled_cpu_graph(module, device), fullgraph=True, dynamic=False,
+                             **for_device(self.compile_arguments, device))
 
     def clear(self) -> None:
         """Forget every specialisation (after a device move)."""

@@ -26,6 +26,7 @@ from ort_torch_train.graph.artifacts import (
 )
 from ort_torch_train.graph.model_checks import check_eval_pair, check_model
 from ort_torch_train.graph.forward import CompileSetting, ForwardGraph, compile_arguments, for_device
+from ort_torch_train.graph.small_attention import compiled_cpu_graph
 from ort_torch_train.optim.engine import OptimizerEngine
 from ort_torch_train.training.binding import bind_parameters, parse_device
 from ort_torch_train.training.compiled_step import CompiledTrainStep, ParameterPlan
@@ -150,7 +151,8 @@ class TrainingEngine(nn.Module):
         precision = self.precision
         step = self.train_graph.specialised(
             inputs, self._train_params, ("train step", update, reduction, precision),
-            lambda module: CompiledTrainStep(module, self._train_plan, update=update, reduction=reduction,
+            lambda module: CompiledTrainStep(compiled_cpu_graph(module, self.device), self._train_plan,
+                                             update=update, reduction=reduction,
                                              compile_arguments=for_device(self._compile_arguments, self.device,
                                                                           cpp_wrapper=reduction is None),
                                              precision=precision))
