@@ -68,9 +68,11 @@ class CausalAttention(nn.Module):
         return self.out(y.transpose(1, 2).reshape(batch, positions, width).mean(1))
 
 
-def _train(directory: Path, x: np.ndarray, y: np.ndarray, compile: bool) -> list[float]:
+def _train(directory: Path, x: np.ndarray, y: np.ndarray, compile: bool, mixed_precision: str | None = None
+           ) -> list[float]:
     state = CheckpointState.load_checkpoint(directory / "checkpoint")
-    module = Module(directory / "training_model.onnx", state, directory / "eval_model.onnx", compile=compile)
+    module = Module(directory / "training_model.onnx", state, directory / "eval_model.onnx", compile=compile,
+                    mixed_precision=mixed_precision)
     optimizer = Optimizer(directory / "optimizer_model.onnx", module)
     return [float(module.step(optimizer, x, y)) for _ in range(4)]
 
@@ -92,6 +94,10 @@ def test_a_compiled_step_rewrites_small_heads_and_trains_as_the_eager_step(heads
     compiled = _train(tmp_path, x.numpy(), y.numpy(), compile=True)
     assert [f.get("small_attention", 0) for f in fusions] == [rewritten] and fusions[0]["attention"] == 1
     np.testing.assert_allclose(compiled, _train(tmp_path, x.numpy(), y.numpy(), compile=False), rtol=0, atol=1e-5)
+    if rewritten:  # under bf16 autocast the compiled step keeps SDPA and follows the eager bf16 step
+        eager_bf16 = _train(tmp_path, x.numpy(), y.numpy(), compile=False, mixed_precision="bf16")
+        compiled_bf16 = _train(tmp_path, x.numpy(), y.numpy(), compile=True, mixed_precision="bf16")
+        np.testing.assert_allclose(compiled_bf16, eager_bf16, rtol=0, atol=2e-2)
 
 
 class Attend(nn.Module):
