@@ -61,7 +61,9 @@ def compiled_cpu_graph(module: torch.nn.Module, device: torch.device) -> torch.n
 
 def _small(node: fx.Node) -> bool:
     query, key = val(node.args[0]), val(node.args[1])
-    if query is None or key is None or query.dtype != torch.float32 or "dropout_p" in node.kwargs:
+    if query is None or key is None or query.dtype != torch.float32:
         return False
+    if len(node.args) > 4 or not set(node.kwargs) <= {"attn_mask", "scale", "is_causal"}:
+        return False  # dropout, grouped-query heads: SDPA's
     head = query.shape[-1]
     return head % HEAD_MULTIPLE == 0 and query.shape[-2] * key.shape[-2] <= MAX_SCORES
