@@ -245,6 +245,26 @@ def test_cpu_graphs_compile_with_the_cpp_wrapper_unless_told_otherwise():
     assert for_device({}, cuda) == {}
 
 
+@pytest.mark.compile
+def test_small_biased_products_compile_to_a_product_and_a_fused_add():
+    """The CPU defaults' post-grad pass splits a small ``addmm`` so that the bias add joins the next loop."""
+    from torch._inductor.utils import run_and_get_code
+
+    from ort_torch_train.graph.forward import for_device
+
+    torch._dynamo.reset()
+    x, weight, bias = torch.randn(32, 32), torch.randn(64, 32), torch.randn(64)
+
+    def layer(x, weight, bias):
+        return torch.nn.functional.gelu(torch.nn.functional.linear(x, weight, bias))
+
+    compiled = torch.compile(layer, fullgraph=True, **for_device({}, torch.device("cpu")))
+    output, code = run_and_get_code(compiled, x, weight, bias)
+    code = "".join(code)
+    assert "addmm_out" not in code and "mm_out" in code and "cpp_fused_addmm_gelu" in code  # bias add + GELU
+    torch.testing.assert_close(output, layer(x, weight, bias), atol=1e-5, rtol=1e-5)
+
+
 def test_a_python_wrapper_step_matches_the_default_cpp_wrapper_step():
     case = _case("transformer")
     losses = []
