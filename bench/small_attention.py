@@ -11,25 +11,15 @@ are timed in alternating blocks and the lowest block median of each is printed, 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
+from timing import block_median_us
 
 from ort_torch_train.graph.forward import MIN_CHUNK_SIZE
 from ort_torch_train.graph.small_attention import HEAD_MULTIPLE, MAX_SCORES, attention_products
 
 SHAPES = ("4x2x8x16", "4x2x8x8", "8x4x32x8", "8x4x32x32", "8x4x32x128", "4x4x64x32")
-
-
-def block_median_us(call, calls: int) -> float:
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -24,26 +24,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from timing import block_median_us
+
 BENCH = Path(__file__).resolve().parent
-
-
-def block_median_us(call: Callable[[], object], calls: int) -> float:
-    """Median microseconds of ``calls`` calls."""
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
 
 
 def layers(model_name: str, python_wrapper: bool = False) -> dict[str, Callable[[], object]]:

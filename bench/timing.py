@@ -23,6 +23,11 @@ def time_steps(step: Callable[[], object], count: int, sync: Callable[[], None] 
     return times
 
 
+def block_median_us(call: Callable[[], object], calls: int) -> float:
+    """Median microseconds of ``calls`` calls."""
+    return statistics.median(time_steps(call, calls)) * 1e6
+
+
 def time_phased_steps(phases: Sequence[tuple[str, Callable[[], object]]], count: int,
                       sync: Callable[[], None] | None = None) -> dict[str, list[float]]:
     """Seconds of each phase and of the whole step ("step") for ``count`` steps, phases run in order.
