@@ -7,7 +7,6 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import onnx
@@ -112,12 +111,11 @@ class ForwardGraph:
 
     def module_for(self, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> Callable:
         """The converted module for these inputs' shapes and dtypes (built on first use, then cached)."""
-        device = params[0].device if params else inputs[0].device
-        return self.specialised(inputs, params, "module", partial(self._compiled_if_asked, device=device))
+        return self.specialised(inputs, params, "module", self._compiled_if_asked)
 
     def specialised(self, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor], variant: Hashable,
-                    build: Callable[[torch.nn.Module], Callable]) -> Callable:
-        """``build(converted module)`` for these inputs' shapes and dtypes, cached under ``variant``."""
+                    build: Callable[[torch.nn.Module, torch.device], Callable]) -> Callable:
+        """``build(converted module, its device)`` for these inputs' shapes and dtypes, cached under ``variant``."""
         try:
             key = (variant, tuple((t.shape, t.dtype) for t in inputs))
         except AttributeError:
@@ -132,8 +130,9 @@ class ForwardGraph:
         module = convert_graph(self.graph, self.opsets, specs, training=self.training, examples=(*inputs, *params))
         if self.module_transform is not None:
             module = self.module_transform(module)
-        module.to(params[0].device if params else inputs[0].device)
-        built = build(module)
+        device = params[0].device if params else inputs[0].device
+        module.to(device)
+        built = build(module, device)
         self._cache[key] = built
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)

@@ -151,11 +151,11 @@ class TrainingEngine(nn.Module):
         precision = self.precision
         step = self.train_graph.specialised(
             inputs, self._train_params, ("train step", update, reduction, precision),
-            lambda module: CompiledTrainStep(compiled_cpu_graph(module, self.device), self._train_plan,
-                                             update=update, reduction=reduction,
-                                             compile_arguments=for_device(self._compile_arguments, self.device,
-                                                                          cpp_wrapper=reduction is None),
-                                             precision=precision))
+            lambda module, device: CompiledTrainStep(compiled_cpu_graph(module, device), self._train_plan,
+                                                     update=update, reduction=reduction,
+                                                     compile_arguments=for_device(self._compile_arguments, device,
+                                                                                  cpp_wrapper=reduction is None),
+                                                     precision=precision))
         trainable, frozen, grads = self._parameter_views()
         reset = self._gradient_reset.pending
         try:
