@@ -28,6 +28,7 @@ from ort_torch_train.errors import ModelError, UnsupportedOperatorError
 from ort_torch_train.graph.control_flow import CONTROL_FLOW_OPS, convert_control_flow, names_read
 from ort_torch_train.graph.converters import converter_for
 from ort_torch_train.graph.fuse import fuse_graph
+from ort_torch_train.graph.matrix_products import ProductRecorder
 from ort_torch_train.graph.op_traits import (
     is_random,
     output_shapes_static,
@@ -65,6 +66,8 @@ class _Builder:
         self.multi_outputs: dict[str, tuple[fx.Node, int]] = {}
         self.consumed = names_read(graph)
         self._module_names: set[str] = set()
+        # multiply-accumulates of the products the nodes' runs dispatch; None once some are not known
+        self.matrix_products: list[int] | None = []
 
     # values -------------------------------------------------------------------------------
     def fx_value(self, name: str) -> fx.Node | None:
@@ -146,6 +149,7 @@ def convert_graph(
     before = len(module.graph.nodes)
     fuse_graph(module)
     module.recompile()
+    module.meta["matrix_products"] = builder.matrix_products
     log.debug("converted %d ONNX nodes %s into %d fx nodes (%d after fusions)", len(graph.node),
               dict(Counter(node.op_type for node in graph.node)), before, len(module.graph.nodes))
     for parameter in module.parameters():  # weights a converter absorbed from constants
@@ -162,6 +166,7 @@ def _convert_node(builder: _Builder, node: onnx.NodeProto, index: int) -> None:
     domain = node.domain if node.domain != "ai.onnx" else ""
 
     if domain == "" and node.op_type in CONTROL_FLOW_OPS:
+        builder.matrix_products = None
         convert_control_flow(builder, node, index)
         return
     if domain == "" and node.op_type in ("Shape", "Size") and present[0].static_shape:
@@ -174,7 +179,13 @@ def _convert_node(builder: _Builder, node: onnx.NodeProto, index: int) -> None:
     foldable = all(value.const for value in present) and not is_random(domain, node.op_type)
     module, mapping_inputs = _make_module(builder, node, inputs)
     args = [builder.values[name].example if name else None for name in mapping_inputs]
-    result = _run(module, node, args)
+    if foldable or builder.matrix_products is None:
+        result = _run(module, node, args)
+    else:
+        with ProductRecorder(builder.matrix_products) as recorder:
+            result = _run(module, node, args)
+        if not recorder.complete:
+            builder.matrix_products = None
     outputs = _split_outputs(builder, node, result)
     static = output_shapes_static(domain, node.op_type, node.input, builder.values)
     if foldable:

@@ -22,6 +22,7 @@ from torch import Tensor
 from ort_torch_train.optim.clip import clip_grad_norm_
 from ort_torch_train.optim.compiled import FusedUpdate
 from ort_torch_train.training import precompiled
+from ort_torch_train.training.blas_threads import blas_threads_for
 from ort_torch_train.training.precision import MixedPrecision, autocast_or_null
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ class CompiledTrainStep:
                  reduction: Callable[[list[Tensor]], list[Tensor]] | None = None,
                  precision: MixedPrecision | None = None):
         step = _train_step_function(module, plan, update, reduction, precision)
+        self._module = module  # its matrix products decide the step's BLAS threads
         self._scaler = None if precision is None else precision.loss_scaler
         compile_arguments = dict(compile_arguments or {})
         self._compiled = torch.compile(step, fullgraph=True, dynamic=False, **compile_arguments)
@@ -82,7 +84,7 @@ class CompiledTrainStep:
         arguments = (inputs, trainable, frozen, grads, self._reset_flag(reset, trainable[0].device), tuple(states),
                      scalars, loss_scale)
         started = None if self._called else time.perf_counter()
-        with torch.no_grad():
+        with torch.no_grad(), blas_threads_for(self._module, trainable[0].device):
             if self._precompile is not None:
                 self._precompiled(arguments)
             outputs = self._compiled(*arguments)

@@ -29,6 +29,7 @@ from ort_torch_train.graph.forward import CompileSetting, ForwardGraph, compile_
 from ort_torch_train.graph.small_attention import compiled_cpu_graph
 from ort_torch_train.optim.engine import OptimizerEngine
 from ort_torch_train.training.binding import bind_parameters, parse_device
+from ort_torch_train.training.blas_threads import blas_threads_for
 from ort_torch_train.training.compiled_step import CompiledTrainStep, ParameterPlan
 from ort_torch_train.training.precision import MixedPrecision, autocast_or_null, backward, float32_outputs
 
@@ -112,18 +113,19 @@ class TrainingEngine(nn.Module):
         if self._compile_whole_step and self.trainable_parameter_names:
             return self._compiled_step(inputs, None)
         data_parallel = self._data_parallel  # a failing forward leaves the gradients alone
-        with autocast_or_null(self.precision, self.device):
-            outputs = (self.train_graph(inputs, self._train_params) if data_parallel is None
-                       else data_parallel.forward(inputs))
-        if self._gradient_reset.pending:
-            if self._grads is None:
-                self._grads = [self.training_state.params[n].grad for n in self.trainable_parameter_names]
-            if self._grads:
-                torch._foreach_zero_(self._grads)  # in place: the gradient tensors are never replaced
-            self._gradient_reset.pending = False
-        loss = outputs[0]
-        if loss.requires_grad:
-            backward(loss, self.precision)
+        module = self.train_graph.module_for(inputs, self._train_params) if data_parallel is None else None
+        with blas_threads_for(module, self.device):
+            with autocast_or_null(self.precision, self.device):
+                outputs = module(*inputs, *self._train_params) if module is not None else data_parallel.forward(inputs)
+            if self._gradient_reset.pending:
+                if self._grads is None:
+                    self._grads = [self.training_state.params[n].grad for n in self.trainable_parameter_names]
+                if self._grads:
+                    torch._foreach_zero_(self._grads)  # in place: the gradient tensors are never replaced
+                self._gradient_reset.pending = False
+            loss = outputs[0]
+            if loss.requires_grad:
+                backward(loss, self.precision)
         outputs = tuple(output.detach() for output in outputs)
         return outputs if self.precision is None else float32_outputs(outputs)
 
@@ -199,8 +201,10 @@ class TrainingEngine(nn.Module):
         self._require_values("EvalStep")
         if self.eval_graph is None:
             raise ModelError("Eval model was not provided: evaluation needs the eval model (eval_model_uri).")
-        with torch.no_grad(), autocast_or_null(self.precision, self.device):
-            outputs = self.eval_graph(self._on_device(inputs), self._eval_params)
+        inputs = self._on_device(inputs)
+        module = self.eval_graph.module_for(inputs, self._eval_params)
+        with torch.no_grad(), blas_threads_for(module, self.device), autocast_or_null(self.precision, self.device):
+            outputs = module(*inputs, *self._eval_params)
         return outputs if self.precision is None else float32_outputs(outputs)
 
     def lazy_reset_grad(self) -> None:
