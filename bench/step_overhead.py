@@ -10,7 +10,8 @@ with ``compile=True``, from the outside in:
 - ``module.step`` fed torch tensors;
 - the engine's ``train_and_update`` (no input conversion, no lock, no output wrapping);
 - the ``CompiledTrainStep`` call (the step's own argument handling);
-- the torch.compile'd function alone (Dynamo's guards, AOTAutograd's and inductor's wrappers, the kernels);
+- the torch.compile'd function alone (Dynamo's guards, AOTAutograd's and inductor's wrappers, the kernels;
+  under the step's BLAS thread setting, ``training/blas_threads.py``);
 - that under ``torch.compiler.set_stance(skip_guard_eval_unsafe=True)`` (guards skipped);
 - with ``--python-wrapper``: ``module.step`` (torch tensors) compiled with inductor's Python wrapper
   (``compile={"options": {"cpp_wrapper": False}}``; one more compile) instead of the C++ one that
@@ -43,6 +44,7 @@ def layers(model_name: str, python_wrapper: bool = False) -> dict[str, Callable[
     from runners import make_runner
 
     from ort_torch_train.api import CheckpointState, Module, Optimizer
+    from ort_torch_train.training.blas_threads import blas_threads_for
 
     directory = prepare_artifacts(MODELS[model_name], BENCH / ".cache", use_ort=True).directory
     x, y = np.load(directory / "x.npy"), np.load(directory / "y.npy")
@@ -63,6 +65,9 @@ def layers(model_name: str, python_wrapper: bool = False) -> dict[str, Callable[
     (compiled_step,) = module.train_graph._cache.values()
     trainable, frozen, grads = module._parameter_views()
     moments = engine_optimizer.moment_lists()
+    flat = module._flat_state(engine_optimizer)  # the step's flat buffers (training/flat_state.py), if any
+    if flat is not None:
+        trainable, grads, moments = [flat.params], [flat.grads], [[moment] for moment in flat.moments]
 
     def step_call() -> object:
         return compiled_step([tx, ty], trainable, frozen, grads, True, moments, engine_optimizer.next_step_scalars())
@@ -71,7 +76,7 @@ def layers(model_name: str, python_wrapper: bool = False) -> dict[str, Callable[
     scalars = engine_optimizer.next_step_scalars()
 
     def compiled_call() -> object:
-        with torch.no_grad():
+        with torch.no_grad(), blas_threads_for(compiled_step._module, trainable[0].device):
             return compiled_step._compiled([tx, ty], trainable, frozen, grads, flag, tuple(moments), scalars, None)
 
     def unguarded_call() -> object:

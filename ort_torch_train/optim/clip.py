@@ -30,7 +30,8 @@ def clip_grad_norm_(grads: list[Tensor], max_norm: float, group: Any = None) -> 
     """
     if len(grads) == 0:
         raise ValueError("clip_grad_norm_: grads must be a non-empty list of tensors; got an empty list")
-    norms = torch.stack(torch._foreach_norm(grads))
+    # one tensor (flat buffers): its norm directly (inductor's C++ wrapper crashes on a one-tensor _foreach_norm)
+    norms = torch.stack(torch._foreach_norm(grads)) if len(grads) > 1 else torch.linalg.vector_norm(grads[0]).reshape(1)
     if group is None:
         total_norm = torch.linalg.vector_norm(norms)
     else:

@@ -76,6 +76,7 @@ class OptimizerEngine:
         self._fused_update = (FusedUpdate(adamw_update, (spec.adam_mode, spec.weight_decay != 0.0), spec.clip_max_norm)
                               if spec.kind == "adamw" else FusedUpdate(sgd_update, (), spec.clip_max_norm))
         self._prepared_device: torch.device | None = None
+        self._prepared_generation: int | None = None  # the state's generation the tensor lists were built at
         self._host_scalars: tuple[np.ndarray, Tensor] | None = None  # next_step_scalars' CPU buffer
         self.loss_scaler = None
         self.last_step_skipped = False
@@ -121,8 +122,8 @@ class OptimizerEngine:
         clip_grad_norm_(self._grads, self.spec.clip_max_norm)
 
     def _prepare(self) -> None:
-        if self._prepared_device is None or self._params[0].device != self._prepared_device:
-            self.refresh()  # first step, or the module moved to another device
+        if self._prepared_generation != self.state.generation or self._params[0].device != self._prepared_device:
+            self.refresh()  # first step, or the state's tensors were replaced (a device move, flat buffers)
 
     # the update inside a compiled train step ----------------------------------------------------
     def fused_update(self) -> FusedUpdate:
@@ -130,8 +131,13 @@ class OptimizerEngine:
         self._prepare()
         return self._fused_update
 
+    @property
+    def update_moment_names(self) -> tuple[str, ...]:
+        """The names of the moments the fused update runs on (none for SGD)."""
+        return tuple(self.spec.momentum_names) if self.spec.kind == "adamw" else ()
+
     def moment_lists(self) -> list[list[Tensor]]:
-        """The moments the fused update runs on, one list per moment name (none for SGD)."""
+        """The moments the fused update runs on, one list per name of ``update_moment_names``."""
         return self._moments if self.spec.kind == "adamw" else []
 
     def next_step_scalars(self) -> Tensor:
@@ -182,6 +188,7 @@ class OptimizerEngine:
         if self._implementation == "foreach" and params[0].device.type == "cpu":
             self._scratch = make_scratch(params, 2 if self.spec.kind == "adamw" else 1)
         self._prepared_device = params[0].device
+        self._prepared_generation = self.state.generation
 
     def _choose_implementation(self) -> str:
         if self._requested_implementation is not None or self.spec.kind == "sgd":

@@ -23,6 +23,7 @@ from ort_torch_train.optim.clip import clip_grad_norm_
 from ort_torch_train.optim.compiled import FusedUpdate
 from ort_torch_train.training import precompiled
 from ort_torch_train.training.blas_threads import blas_threads_for
+from ort_torch_train.training.flat_state import FlatLayout
 from ort_torch_train.training.precision import MixedPrecision, autocast_or_null
 
 log = logging.getLogger(__name__)
@@ -52,8 +53,9 @@ class CompiledTrainStep:
     """``step(inputs, trainable, frozen, grads, reset, states, scalars) -> outputs`` for one converted module.
 
     ``trainable``/``frozen`` are detached aliases of the parameters (updated in place), ``grads``
-    the trainable ones' ``.grad``. ``reset`` overwrites the gradients instead of adding to them (the
-    compiled graph reads it as a tensor, so both cases share one compilation).
+    the trainable ones' ``.grad``; with a ``layout``, ``trainable``, ``grads`` and each list of
+    ``states`` hold one flat buffer laid out so (``flat_state.py``). ``reset`` overwrites the gradients
+    instead of adding to them (the compiled graph reads it as a tensor: one compilation for both).
     ``states`` (lists of optimizer moments) and ``scalars`` feed ``update`` when there is one.
     ``reduction`` (data parallel) replaces the accumulated gradients by their average across ranks.
     """
@@ -61,8 +63,8 @@ class CompiledTrainStep:
     def __init__(self, module: Callable[..., tuple[Tensor, ...]], plan: ParameterPlan, *,
                  update: FusedUpdate | None = None, compile_arguments: Mapping[str, Any] | None = None,
                  reduction: Callable[[list[Tensor]], list[Tensor]] | None = None,
-                 precision: MixedPrecision | None = None):
-        step = _train_step_function(module, plan, update, reduction, precision)
+                 precision: MixedPrecision | None = None, layout: FlatLayout | None = None):
+        step = _train_step_function(module, plan, update, reduction, precision, layout)
         self._module = module  # its matrix products decide the step's BLAS threads
         self._scaler = None if precision is None else precision.loss_scaler
         compile_arguments = dict(compile_arguments or {})
@@ -71,7 +73,7 @@ class CompiledTrainStep:
         self._precompile = None
         if reduction is None and "mode" not in compile_arguments:
             setting = None if precision is None else precision.setting
-            self._precompile = (step, module, (plan.sources, update, sorted(compile_arguments.items()), setting),
+            self._precompile = (step, module, (plan.sources, update, sorted(compile_arguments.items()), setting, layout),
                                 compile_arguments, precision)
         self._called = False
         self._reset_flags: dict[torch.device, tuple[Tensor, Tensor]] = {}
@@ -114,11 +116,13 @@ class CompiledTrainStep:
 
 def _train_step_function(module: Callable, plan: ParameterPlan, update: FusedUpdate | None,
                          reduction: Callable[[list[Tensor]], list[Tensor]] | None,
-                         precision: MixedPrecision | None) -> Callable:
+                         precision: MixedPrecision | None, layout: FlatLayout | None) -> Callable:
     sources = plan.sources
 
     def train_step(inputs, trainable, frozen, grads, reset, states, scalars, loss_scale):
         def loss_and_outputs(trainable, frozen):  # frozen is an input too: BatchNorm updates its statistics
+            if layout is not None:  # one flat buffer: the trainable parameters are views of it
+                trainable = layout.views(trainable[0])
             params = [trainable[i] if is_trainable else frozen[i] for is_trainable, i in sources]
             with autocast_or_null(precision, trainable[0].device):
                 outputs = module(*inputs, *params)

@@ -31,6 +31,7 @@ from ort_torch_train.optim.engine import OptimizerEngine
 from ort_torch_train.training.binding import bind_parameters, parse_device
 from ort_torch_train.training.blas_threads import blas_threads_for
 from ort_torch_train.training.compiled_step import CompiledTrainStep, ParameterPlan
+from ort_torch_train.training.flat_state import FlatState, flatten_state
 from ort_torch_train.training.precision import MixedPrecision, autocast_or_null, backward, float32_outputs
 
 
@@ -79,9 +80,9 @@ class TrainingEngine(nn.Module):
         self._train_plan = ParameterPlan.of(train_params, self.trainable_parameter_names)
         self._frozen_train_names = self._train_plan.frozen_names(train_params)
         self._views: tuple | None = None  # (state generation, trainable, frozen, grads) for compiled steps
+        self._flat: tuple | None = None  # (state generation, FlatState or None) for one-graph steps
         self._eval_params = [state.params[n] for n in self.eval_layout.params] if self.eval_layout else []
         self._gradient_reset = _GradientReset()
-        self._grads: list[torch.Tensor] | None = None  # built at the first reset (none exist while nominal)
         self._data_parallel = None  # a training.distributed.DataParallel when gradients are averaged across ranks
         self.precision: MixedPrecision | None = None  # autocast and loss scaling (precision.py)
         self.to(target)
@@ -118,10 +119,9 @@ class TrainingEngine(nn.Module):
             with autocast_or_null(self.precision, self.device):
                 outputs = module(*inputs, *self._train_params) if module is not None else data_parallel.forward(inputs)
             if self._gradient_reset.pending:
-                if self._grads is None:
-                    self._grads = [self.training_state.params[n].grad for n in self.trainable_parameter_names]
-                if self._grads:
-                    torch._foreach_zero_(self._grads)  # in place: the gradient tensors are never replaced
+                grads = self._parameter_views()[2]
+                if grads:
+                    torch._foreach_zero_(grads)  # in place: the gradient tensors are never replaced
                 self._gradient_reset.pending = False
             loss = outputs[0]
             if loss.requires_grad:
@@ -150,21 +150,26 @@ class TrainingEngine(nn.Module):
     def _compiled_step(self, inputs: list[torch.Tensor], optimizer: OptimizerEngine | None) -> tuple[torch.Tensor, ...]:
         update = None if optimizer is None else optimizer.fused_update()
         reduction = None if self._data_parallel is None else self._data_parallel.compiled_reduction()
+        flat = None if optimizer is None or reduction is not None else self._flat_state(optimizer)
+        layout = None if flat is None else flat.layout
         precision = self.precision
         step = self.train_graph.specialised(
-            inputs, self._train_params, ("train step", update, reduction, precision),
+            inputs, self._train_params, ("train step", update, reduction, precision, layout),
             lambda module, device: CompiledTrainStep(compiled_cpu_graph(module, device), self._train_plan,
                                                      update=update, reduction=reduction,
                                                      compile_arguments=for_device(self._compile_arguments, device,
                                                                                   cpp_wrapper=reduction is None),
-                                                     precision=precision))
+                                                     precision=precision, layout=layout))
         trainable, frozen, grads = self._parameter_views()
         reset = self._gradient_reset.pending
         try:
             if optimizer is None:
                 outputs = step(inputs, trainable, frozen, grads, reset)
-            else:
+            elif flat is None:
                 outputs = step(inputs, trainable, frozen, grads, reset, optimizer.moment_lists(),
+                               optimizer.next_step_scalars())
+            else:
+                outputs = step(inputs, [flat.params], frozen, [flat.grads], reset, [[m] for m in flat.moments],
                                optimizer.next_step_scalars())
             if precision is not None:
                 outputs = float32_outputs(outputs)
@@ -184,6 +189,15 @@ class TrainingEngine(nn.Module):
                 self.train_graph(inputs, [param.detach().clone() for param in self._train_params])
             except Exception as eager_error:
                 raise eager_error from error
+
+    def _flat_state(self, optimizer: OptimizerEngine) -> FlatState | None:
+        """The flat buffers behind the trainable parameters, gradients and moments (made at the first
+        one-graph step, again after the state replaced its tensors); None where they cannot share one."""
+        generation = self.training_state.generation
+        if self._flat is None or self._flat[0] != generation:
+            flat = flatten_state(self.training_state, self.trainable_parameter_names, optimizer.update_moment_names)
+            self._flat = (self.training_state.generation, flat)
+        return self._flat[1]
 
     def _parameter_views(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
         """Detached views of the trainable and frozen parameters, and the gradients, for compiled steps."""
@@ -307,6 +321,7 @@ class TrainingEngine(nn.Module):
 
     def _apply(self, fn, recurse: bool = True):
         super()._apply(fn, recurse)
+        self.training_state.generation += 1  # the parameters' tensors were replaced: flat buffers and views go stale
         optimizer = self.training_state.optimizer
         if optimizer is not None:
             for name, momentums in optimizer.momentums.items():
