@@ -65,7 +65,7 @@ def layers(model_name: str, python_wrapper: bool = False) -> dict[str, Callable[
     (compiled_step,) = module.train_graph._cache.values()
     trainable, frozen, grads = module._parameter_views()
     moments = engine_optimizer.moment_lists()
-    flat = module._flat_state(engine_optimizer)  # the step's flat buffers (training/flat_state.py), if any
+    flat = module.training_state.flat  # the step's flat buffers (checkpoint/flat_buffers.py), if any
     if flat is not None:
         trainable, grads, moments = [flat.params], [flat.grads], [[moment] for moment in flat.moments]
 

@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import threading
+from typing import Any
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -123,6 +124,8 @@ class TrainingState:
         # that calls from several threads are serialised: no lost step, no save of a half-updated state.
         self.lock = threading.RLock()
         self.generation = 0  # counts replacements of the tensors behind the parameters (views of them go stale)
+        self.flat: Any = None  # flat_buffers.FlatState behind the trainable tensors, once made
+        self.flat_generation_refused: int | None = None  # the generation whose tensors could not share buffers
         self._check_momentums()
         self._ensure_grads()
 

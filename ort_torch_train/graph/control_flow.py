@@ -181,13 +181,15 @@ def _convert_if(builder, node: onnx.NodeProto, index: int) -> None:
 
 
 class _Cond(nn.Module):
-    """``torch.cond`` over two converted branches (outputs copied: torch.cond forbids aliasing its inputs)."""
+    """``torch.cond`` over two converted branches. torch.cond forbids aliasing: the outputs are copied, and
+    so are the operands (parameters are views of one flat buffer, ``checkpoint/flat_buffers.py``)."""
 
     def __init__(self, then_branch: nn.Module, else_branch: nn.Module):
         super().__init__()
         self.then_branch, self.else_branch = then_branch, else_branch
 
     def forward(self, condition: torch.Tensor, *operands: torch.Tensor) -> tuple:
+        operands = tuple(operand.clone() for operand in operands)
         return torch.cond(condition.reshape(()), self._then, self._else, operands)
 
     def _then(self, *operands):

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ort_torch_train.checkpoint.flat_buffers import flat_buffers
 from ort_torch_train.checkpoint.state import OptimizerState, TrainingState
 from ort_torch_train.errors import CheckpointError
 from ort_torch_train.optim.adamw import IMPLEMENTATIONS as ADAMW_IMPLEMENTATIONS
@@ -174,9 +175,13 @@ class OptimizerEngine:
                 momentums[name] = {key: torch.zeros_like(param.detach()) for key in self.spec.momentum_names}
         for name, param in zip(self.param_names, params):
             _place_moments(name, param, momentums.get(name), self.spec.momentum_names)
-        self._params = params
-        self._grads = [param.grad for param in params]
-        self._moments = [[momentums[name][key] for name in self.param_names] for key in self.spec.momentum_names]
+        flat = flat_buffers(self.state, self.param_names, self.update_moment_names)
+        if flat is not None:  # one tensor per list: the kernels run one loop (the update is elementwise)
+            self._params, self._grads, self._moments = [flat.params], [flat.grads], [[m] for m in flat.moments]
+        else:
+            self._params = params
+            self._grads = [param.grad for param in params]
+            self._moments = [[momentums[name][key] for name in self.param_names] for key in self.update_moment_names]
         self._ready_kernel()
 
     def _ready_kernel(self) -> None:

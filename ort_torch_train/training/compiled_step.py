@@ -19,11 +19,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ort_torch_train.checkpoint.flat_buffers import FlatLayout
 from ort_torch_train.optim.clip import clip_grad_norm_
 from ort_torch_train.optim.compiled import FusedUpdate
 from ort_torch_train.training import precompiled
 from ort_torch_train.training.blas_threads import blas_threads_for
-from ort_torch_train.training.flat_state import FlatLayout
 from ort_torch_train.training.precision import MixedPrecision, autocast_or_null
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ class CompiledTrainStep:
 
     ``trainable``/``frozen`` are detached aliases of the parameters (updated in place), ``grads``
     the trainable ones' ``.grad``; with a ``layout``, ``trainable``, ``grads`` and each list of
-    ``states`` hold one flat buffer laid out so (``flat_state.py``). ``reset`` overwrites the gradients
+    ``states`` hold one flat buffer laid out so (``checkpoint/flat_buffers.py``). ``reset`` overwrites the gradients
     instead of adding to them (the compiled graph reads it as a tensor: one compilation for both).
     ``states`` (lists of optimizer moments) and ``scalars`` feed ``update`` when there is one.
     ``reduction`` (data parallel) replaces the accumulated gradients by their average across ranks.

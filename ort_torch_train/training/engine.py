@@ -14,6 +14,7 @@ import onnx
 import torch
 from torch import nn
 
+from ort_torch_train.checkpoint.flat_buffers import flat_buffers
 from ort_torch_train.checkpoint.state import TrainingState
 from ort_torch_train.errors import InputError, InputTypeError, ModelError, NominalStateError
 from ort_torch_train.graph.artifacts import (
@@ -31,7 +32,6 @@ from ort_torch_train.optim.engine import OptimizerEngine
 from ort_torch_train.training.binding import bind_parameters, parse_device
 from ort_torch_train.training.blas_threads import blas_threads_for
 from ort_torch_train.training.compiled_step import CompiledTrainStep, ParameterPlan
-from ort_torch_train.training.flat_state import FlatState, flatten_state
 from ort_torch_train.training.precision import MixedPrecision, autocast_or_null, backward, float32_outputs
 
 
@@ -80,7 +80,6 @@ class TrainingEngine(nn.Module):
         self._train_plan = ParameterPlan.of(train_params, self.trainable_parameter_names)
         self._frozen_train_names = self._train_plan.frozen_names(train_params)
         self._views: tuple | None = None  # (state generation, trainable, frozen, grads) for compiled steps
-        self._flat: tuple | None = None  # (state generation, FlatState or None) for one-graph steps
         self._eval_params = [state.params[n] for n in self.eval_layout.params] if self.eval_layout else []
         self._gradient_reset = _GradientReset()
         self._data_parallel = None  # a training.distributed.DataParallel when gradients are averaged across ranks
@@ -150,7 +149,8 @@ class TrainingEngine(nn.Module):
     def _compiled_step(self, inputs: list[torch.Tensor], optimizer: OptimizerEngine | None) -> tuple[torch.Tensor, ...]:
         update = None if optimizer is None else optimizer.fused_update()
         reduction = None if self._data_parallel is None else self._data_parallel.compiled_reduction()
-        flat = None if optimizer is None or reduction is not None else self._flat_state(optimizer)
+        flat = None if optimizer is None else flat_buffers(self.training_state, self.trainable_parameter_names,
+                                                           optimizer.update_moment_names)
         layout = None if flat is None else flat.layout
         precision = self.precision
         step = self.train_graph.specialised(
@@ -189,15 +189,6 @@ class TrainingEngine(nn.Module):
                 self.train_graph(inputs, [param.detach().clone() for param in self._train_params])
             except Exception as eager_error:
                 raise eager_error from error
-
-    def _flat_state(self, optimizer: OptimizerEngine) -> FlatState | None:
-        """The flat buffers behind the trainable parameters, gradients and moments (made at the first
-        one-graph step, again after the state replaced its tensors); None where they cannot share one."""
-        generation = self.training_state.generation
-        if self._flat is None or self._flat[0] != generation:
-            flat = flatten_state(self.training_state, self.trainable_parameter_names, optimizer.update_moment_names)
-            self._flat = (self.training_state.generation, flat)
-        return self._flat[1]
 
     def _parameter_views(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
         """Detached views of the trainable and frozen parameters, and the gradients, for compiled steps."""

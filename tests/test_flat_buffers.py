@@ -1,6 +1,6 @@
-"""One-graph steps move the trainable parameters, gradients and moments into one flat buffer each: the
-state keeps its tensors (now views of the buffers, values unchanged), eager optimizer steps and device
-moves afterwards see them, and a state that cannot share one buffer is left alone."""
+"""The optimizer moves the trainable parameters, gradients and moments into one flat buffer each: the
+state keeps its tensors (now views of the buffers, values unchanged), one-graph and eager steps share
+them, a device move makes new ones, and a state that cannot share one buffer is left alone."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from ort_torch_train.api import CheckpointState, Module, Optimizer
-from ort_torch_train.training.flat_state import flatten_state
+from ort_torch_train.checkpoint.flat_buffers import flatten_state
 
 MLP = Path(__file__).resolve().parent / "fixtures" / "mlp_ce_adamw_sched"
 
@@ -76,20 +76,21 @@ def test_one_graph_steps_then_eager_optimizer_steps_train_like_the_eager_loop():
             mixed.train_step([torch.from_numpy(x), torch.from_numpy(y)])
             mixed_optimizer.step()
             mixed.lazy_reset_grad()
-    assert mixed._flat is not None and mixed._flat[1] is not None
+    flat = mixed.training_state.flat
+    assert flat is not None and flat.generation == mixed.training_state.generation
     expected, got = _snapshot(eager), _snapshot(mixed)
     for key in expected:
         np.testing.assert_allclose(got[key], expected[key], rtol=0, atol=1e-5, err_msg=key)
 
 
-def test_a_device_move_makes_the_next_one_graph_step_flatten_again():
+def test_a_device_move_makes_the_next_step_flatten_again():
     module, optimizer = _module(compile=True)
     x, y = _batches()[0]
     module.step(optimizer, x, y)
-    first = module._flat[1]
+    first = module.training_state.flat
     module.to("cpu")
     module.step(optimizer, x, y)
-    second = module._flat[1]
+    second = module.training_state.flat
     assert second is not first and second.generation == module.training_state.generation
     assert all(_shares(p, second.params) for p in module.training_state.params.values() if p.requires_grad)
 

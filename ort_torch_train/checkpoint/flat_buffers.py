@@ -2,12 +2,13 @@
 
 A compiled step pays per tensor it takes (Dynamo's guards, AOTAutograd's and the C++ wrapper's work on
 each argument: ~0.5 us a tensor on the benchmarks' CPU), and tiny-bert's one-graph step took 166 of
-them: 42 parameters, their gradients and two moments each. So before its first one-graph step the
-engine copies the state's trainable parameters, gradients and moments into one buffer each and points
-the state's tensors at views of it: the Parameter objects, their ``.grad`` and the state's moment dict
-stay what they were, only their storage moves (once). The step then takes four tensors and updates
-them in one loop (AdamW and SGD are elementwise). A state whose tensors are replaced later (a device
-move, ``complete_nominal``) bumps its generation, and the next step moves them into new buffers.
+them: 42 parameters, their gradients and two moments each; an eager optimizer step pays per tensor
+too. So when the optimizer first readies its tensors, the state's trainable parameters, gradients and
+moments are copied into one buffer each and the state's tensors pointed at views of them: the
+Parameter objects, their ``.grad`` and the moment dict stay what they were, only their storage moves
+(once). Optimizer steps and one-graph steps then run on four tensors, the update as one loop (AdamW
+and SGD are elementwise). A state whose tensors are replaced later (a device move,
+``complete_nominal``) bumps its generation, and the next step moves them into new buffers.
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ort_torch_train.checkpoint.state import TrainingState
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ort_torch_train.checkpoint.state import TrainingState
 
 
 @dataclass(frozen=True)
@@ -42,10 +46,28 @@ class FlatState:
     """Flat buffers behind a state's trainable parameters, gradients and moments (one per moment name)."""
 
     generation: int
+    names: tuple[str, ...]
+    moment_names: tuple[str, ...]
     layout: FlatLayout
     params: Tensor
     grads: Tensor
     moments: tuple[Tensor, ...]
+
+
+def flat_buffers(state: TrainingState, names: Sequence[str], moment_names: Sequence[str]) -> FlatState | None:
+    """The state's flat buffers for these parameters and moments: those made before while the state's
+    tensors are still theirs (``state.flat``), else new ones (``flatten_state``); None where they cannot
+    share one buffer."""
+    flat = state.flat
+    if flat is not None and flat.generation == state.generation and flat.names == tuple(names) \
+            and flat.moment_names == tuple(moment_names):
+        return flat
+    if state.flat_generation_refused == state.generation:  # tried at this generation already: mixed tensors
+        return None
+    state.flat = flatten_state(state, names, moment_names)
+    if state.flat is None:
+        state.flat_generation_refused = state.generation
+    return state.flat
 
 
 def flatten_state(state: TrainingState, names: Sequence[str], moment_names: Sequence[str]) -> FlatState | None:
@@ -68,4 +90,4 @@ def flatten_state(state: TrainingState, names: Sequence[str], moment_names: Sequ
             for name, view in zip(names, layout.views(flat)):
                 state.optimizer.momentums[name][key] = view
     state.generation += 1  # every list of the old tensors (views, optimizer lists) is stale now
-    return FlatState(state.generation, layout, flat_params, flat_grads, flat_moments)
+    return FlatState(state.generation, tuple(names), tuple(moment_names), layout, flat_params, flat_grads, flat_moments)
