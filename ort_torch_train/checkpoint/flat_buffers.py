@@ -72,22 +72,28 @@ def flat_buffers(state: TrainingState, names: Sequence[str], moment_names: Seque
 
 def flatten_state(state: TrainingState, names: Sequence[str], moment_names: Sequence[str]) -> FlatState | None:
     """Move ``names``' parameters, gradients and ``moment_names`` moments into flat buffers (the state's
-    tensors become views of them); None, with nothing moved, unless all share one dtype and device."""
+    tensors become views of them); None, with nothing moved, unless all share one dtype and device.
+    One kind of tensor moves at a time, so the old copies held nowhere else are freed as it goes."""
     params = [state.params[name] for name in names]
-    moments = [[state.optimizer.momentums[name][key] for name in names] for key in moment_names]
-    tensors = [*params, *(param.grad for param in params), *(m for group in moments for m in group)]
-    if not params or any(t is None for t in tensors) or len({(t.dtype, t.device) for t in tensors}) != 1:
+    momentums = state.optimizer.momentums if moment_names else {}
+    kinds = {(t.dtype, t.device) if t is not None else None
+             for t in [*params, *(param.grad for param in params),
+                       *(momentums[name][key] for key in moment_names for name in names)]}
+    if not params or len(kinds) != 1 or None in kinds:
         return None
     layout = FlatLayout(tuple(tuple(param.shape) for param in params))
     with torch.no_grad():
         flat_params = torch.cat([param.detach().reshape(-1) for param in params])
+        for param, view in zip(params, layout.views(flat_params)):
+            param.data = view
         flat_grads = torch.cat([param.grad.reshape(-1) for param in params])
-        flat_moments = tuple(torch.cat([m.reshape(-1) for m in group]) for group in moments)
-        for param, value, grad in zip(params, layout.views(flat_params), layout.views(flat_grads)):
-            param.data = value
-            param.grad = grad
-        for key, flat in zip(moment_names, flat_moments):
-            for name, view in zip(names, layout.views(flat)):
-                state.optimizer.momentums[name][key] = view
+        for param, view in zip(params, layout.views(flat_grads)):
+            param.grad = view
+        flat_moments = []
+        for key in moment_names:
+            flat_moments.append(torch.cat([momentums[name][key].reshape(-1) for name in names]))
+            for name, view in zip(names, layout.views(flat_moments[-1])):
+                momentums[name][key] = view
     state.generation += 1  # every list of the old tensors (views, optimizer lists) is stale now
-    return FlatState(state.generation, tuple(names), tuple(moment_names), layout, flat_params, flat_grads, flat_moments)
+    return FlatState(state.generation, tuple(names), tuple(moment_names), layout, flat_params, flat_grads,
+                     tuple(flat_moments))

@@ -175,6 +175,7 @@ class OptimizerEngine:
                 momentums[name] = {key: torch.zeros_like(param.detach()) for key in self.spec.momentum_names}
         for name, param in zip(self.param_names, params):
             _place_moments(name, param, momentums.get(name), self.spec.momentum_names)
+        self._params = self._grads = self._moments = self._scratch = None  # the old tensors can go while they move
         flat = flat_buffers(self.state, self.param_names, self.update_moment_names)
         if flat is not None:  # one tensor per list: the kernels run one loop (the update is elementwise)
             self._params, self._grads, self._moments = [flat.params], [flat.grads], [[m] for m in flat.moments]
