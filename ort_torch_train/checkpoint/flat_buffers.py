@@ -54,13 +54,18 @@ class FlatState:
     moments: tuple[Tensor, ...]
 
 
+def current_flat(state: TrainingState, names: Sequence[str]) -> FlatState | None:
+    """The state's flat buffers while they still hold ``names``' parameters and gradients; nothing moves."""
+    flat = state.flat
+    return flat if flat is not None and flat.generation == state.generation and flat.names == tuple(names) else None
+
+
 def flat_buffers(state: TrainingState, names: Sequence[str], moment_names: Sequence[str]) -> FlatState | None:
     """The state's flat buffers for these parameters and moments: those made before while the state's
     tensors are still theirs (``state.flat``), else new ones (``flatten_state``); None where they cannot
     share one buffer."""
-    flat = state.flat
-    if flat is not None and flat.generation == state.generation and flat.names == tuple(names) \
-            and flat.moment_names == tuple(moment_names):
+    flat = current_flat(state, names)
+    if flat is not None and flat.moment_names == tuple(moment_names):
         return flat
     if state.flat_generation_refused == state.generation:  # tried at this generation already: mixed tensors
         return None

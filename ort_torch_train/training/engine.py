@@ -14,7 +14,7 @@ import onnx
 import torch
 from torch import nn
 
-from ort_torch_train.checkpoint.flat_buffers import flat_buffers
+from ort_torch_train.checkpoint.flat_buffers import current_flat, flat_buffers
 from ort_torch_train.checkpoint.state import TrainingState
 from ort_torch_train.errors import InputError, InputTypeError, ModelError, NominalStateError
 from ort_torch_train.graph.artifacts import (
@@ -118,7 +118,8 @@ class TrainingEngine(nn.Module):
             with autocast_or_null(self.precision, self.device):
                 outputs = module(*inputs, *self._train_params) if module is not None else data_parallel.forward(inputs)
             if self._gradient_reset.pending:
-                grads = self._parameter_views()[2]
+                flat = current_flat(self.training_state, self.trainable_parameter_names)
+                grads = self._parameter_views()[2] if flat is None else [flat.grads]
                 if grads:
                     torch._foreach_zero_(grads)  # in place: the gradient tensors are never replaced
                 self._gradient_reset.pending = False
@@ -149,8 +150,9 @@ class TrainingEngine(nn.Module):
     def _compiled_step(self, inputs: list[torch.Tensor], optimizer: OptimizerEngine | None) -> tuple[torch.Tensor, ...]:
         update = None if optimizer is None else optimizer.fused_update()
         reduction = None if self._data_parallel is None else self._data_parallel.compiled_reduction()
-        flat = None if optimizer is None else flat_buffers(self.training_state, self.trainable_parameter_names,
-                                                           optimizer.update_moment_names)
+        names = self.trainable_parameter_names
+        flat = (current_flat(self.training_state, names) if optimizer is None  # the optimizer makes them
+                else flat_buffers(self.training_state, names, optimizer.update_moment_names))
         layout = None if flat is None else flat.layout
         precision = self.precision
         step = self.train_graph.specialised(
@@ -164,7 +166,8 @@ class TrainingEngine(nn.Module):
         reset = self._gradient_reset.pending
         try:
             if optimizer is None:
-                outputs = step(inputs, trainable, frozen, grads, reset)
+                outputs = (step(inputs, trainable, frozen, grads, reset) if flat is None
+                           else step(inputs, [flat.params], frozen, [flat.grads], reset))
             elif flat is None:
                 outputs = step(inputs, trainable, frozen, grads, reset, optimizer.moment_lists(),
                                optimizer.next_step_scalars())
