@@ -104,3 +104,27 @@ def test_a_state_of_mixed_dtypes_is_left_alone():
     assert flatten_state(state, names, ("momentum0", "momentum1")) is None
     assert state.generation == generation
     assert all(np.array_equal(v, _snapshot(module)[k]) for k, v in before.items())
+
+
+def test_tensors_replaced_behind_the_state_are_seen_by_the_next_step():
+    """``param.data = ...`` and ``param.grad = ...`` (same values) between steps: training goes on as if
+    nothing happened, eager and one-graph alike (the replaced tensors get new buffers)."""
+    batches = _batches()[:6]
+    for compile in (False, True):
+        reference, reference_optimizer = _module(compile)
+        replaced, replaced_optimizer = _module(compile)
+        for step, (x, y) in enumerate(batches):
+            if step == 3:
+                for param in replaced.training_state.params.values():
+                    param.data = param.data.clone()
+                    param.grad = param.grad.clone()
+            for module, optimizer in ((reference, reference_optimizer), (replaced, replaced_optimizer)):
+                if compile:
+                    module.step(optimizer, x, y)
+                else:
+                    module(x, y)
+                    optimizer.step()
+                    module.lazy_reset_grad()
+        expected, got = _snapshot(reference), _snapshot(replaced)
+        for key in expected:
+            np.testing.assert_array_equal(got[key], expected[key], err_msg=f"compile={compile} {key}")

@@ -52,19 +52,40 @@ class FlatState:
     params: Tensor
     grads: Tensor
     moments: tuple[Tensor, ...]
+    parameters: tuple[torch.nn.Parameter, ...]  # the state's, whose data and .grad are views of the buffers
+    data_pointers: list[int]  # where the parameters' views start
+    grad_pointers: list[int]  # where their gradients' views start
+
+    def still_behind(self, gradients: bool) -> bool:
+        """Whether the parameters' data (and ``gradients``: their gradients) are still the views."""
+        if [p.data_ptr() for p in self.parameters] != self.data_pointers:
+            return False
+        try:
+            return not gradients or [p.grad.data_ptr() for p in self.parameters] == self.grad_pointers
+        except AttributeError:  # a gradient set to None
+            return False
 
 
-def current_flat(state: TrainingState, names: Sequence[str]) -> FlatState | None:
-    """The state's flat buffers while they still hold ``names``' parameters and gradients; nothing moves."""
+def current_flat(state: TrainingState, names: Sequence[str], *, gradients: bool = True) -> FlatState | None:
+    """The state's flat buffers while they still hold ``names``' parameters (and ``gradients``: their
+    gradients; a one-graph step writes the buffer's own); nothing moves. Tensors replaced behind the
+    state's back (``param.data = ...``, ``param.grad = ...``) count as a new generation: every list of the
+    old ones goes stale and the next optimizer refresh makes new buffers of the new tensors."""
     flat = state.flat
-    return flat if flat is not None and flat.generation == state.generation and flat.names == tuple(names) else None
+    if flat is None or flat.generation != state.generation or flat.names != tuple(names):
+        return None
+    if not flat.still_behind(gradients):
+        state.generation += 1
+        return None
+    return flat
 
 
-def flat_buffers(state: TrainingState, names: Sequence[str], moment_names: Sequence[str]) -> FlatState | None:
+def flat_buffers(state: TrainingState, names: Sequence[str], moment_names: Sequence[str], *,
+                 gradients: bool = True) -> FlatState | None:
     """The state's flat buffers for these parameters and moments: those made before while the state's
-    tensors are still theirs (``state.flat``), else new ones (``flatten_state``); None where they cannot
+    tensors are still theirs (``current_flat``), else new ones (``flatten_state``); None where they cannot
     share one buffer."""
-    flat = current_flat(state, names)
+    flat = current_flat(state, names, gradients=gradients)
     if flat is not None and flat.moment_names == tuple(moment_names):
         return flat
     if state.flat_generation_refused == state.generation:  # tried at this generation already: mixed tensors
@@ -101,4 +122,5 @@ def flatten_state(state: TrainingState, names: Sequence[str], moment_names: Sequ
                 momentums[name][key] = view
     state.generation += 1  # every list of the old tensors (views, optimizer lists) is stale now
     return FlatState(state.generation, tuple(names), tuple(moment_names), layout, flat_params, flat_grads,
-                     tuple(flat_moments))
+                     tuple(flat_moments), tuple(params), [p.data_ptr() for p in params],
+                     [p.grad.data_ptr() for p in params])

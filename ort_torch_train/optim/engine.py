@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ort_torch_train.checkpoint.flat_buffers import flat_buffers
+from ort_torch_train.checkpoint.flat_buffers import current_flat, flat_buffers
 from ort_torch_train.checkpoint.state import OptimizerState, TrainingState
 from ort_torch_train.errors import CheckpointError
 from ort_torch_train.optim.adamw import IMPLEMENTATIONS as ADAMW_IMPLEMENTATIONS
@@ -78,6 +78,7 @@ class OptimizerEngine:
                               if spec.kind == "adamw" else FusedUpdate(sgd_update, (), spec.clip_max_norm))
         self._prepared_device: torch.device | None = None
         self._prepared_generation: int | None = None  # the state's generation the tensor lists were built at
+        self._flat = None  # the flat buffers the tensor lists are, if any
         self._host_scalars: tuple[np.ndarray, Tensor] | None = None  # next_step_scalars' CPU buffer
         self.loss_scaler = None
         self.last_step_skipped = False
@@ -94,6 +95,8 @@ class OptimizerEngine:
         if not update_signal and not self.spec.has_update_signal:
             raise ValueError("OptimizerEngine.step: update_signal=False needs an optimizer model with an "
                              "update-signal input; this one has none")
+        if self._flat is not None:
+            current_flat(self.state, self.param_names)  # a new generation if tensors were replaced behind it
         self._prepare()
         if self.loss_scaler is not None:
             self.last_step_skipped = not self.loss_scaler.unscale_and_update(self._grads)
@@ -176,7 +179,7 @@ class OptimizerEngine:
         for name, param in zip(self.param_names, params):
             _place_moments(name, param, momentums.get(name), self.spec.momentum_names)
         self._params = self._grads = self._moments = self._scratch = None  # the old tensors can go while they move
-        flat = flat_buffers(self.state, self.param_names, self.update_moment_names)
+        flat = self._flat = flat_buffers(self.state, self.param_names, self.update_moment_names)
         if flat is not None:  # one tensor per list: the kernels run one loop (the update is elementwise)
             self._params, self._grads, self._moments = [flat.params], [flat.grads], [[m] for m in flat.moments]
         else:

@@ -152,7 +152,7 @@ class TrainingEngine(nn.Module):
         reduction = None if self._data_parallel is None else self._data_parallel.compiled_reduction()
         names = self.trainable_parameter_names
         flat = (current_flat(self.training_state, names) if optimizer is None  # the optimizer makes them
-                else flat_buffers(self.training_state, names, optimizer.update_moment_names))
+                else flat_buffers(self.training_state, names, optimizer.update_moment_names, gradients=False))
         layout = None if flat is None else flat.layout
         precision = self.precision
         step = self.train_graph.specialised(
