@@ -15,11 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
-
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ort_torch_train.checkpoint.state import TrainingState

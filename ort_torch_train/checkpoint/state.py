@@ -12,8 +12,8 @@ import logging
 import math
 import os
 import threading
-from typing import Any
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -23,6 +23,9 @@ from ort_torch_train.dtypes import dtype_name
 from .odtc import checkpoint_to_bytes, read_checkpoint, write_checkpoint
 from .records import CheckpointRecord, OptimizerGroupRecord
 from .safetensors import load_safetensors, save_safetensors
+
+if TYPE_CHECKING:
+    from .flat_buffers import FlatState
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -124,7 +127,7 @@ class TrainingState:
         # that calls from several threads are serialised: no lost step, no save of a half-updated state.
         self.lock = threading.RLock()
         self.generation = 0  # counts replacements of the tensors behind the parameters (views of them go stale)
-        self.flat: Any = None  # flat_buffers.FlatState behind the trainable tensors, once made
+        self.flat: FlatState | None = None  # the flat buffers behind the trainable tensors, once made
         self.flat_generation_refused: int | None = None  # the generation whose tensors could not share buffers
         self._check_momentums()
         self._ensure_grads()
