@@ -2,7 +2,8 @@
 
     python precompile_worker.py CASE_DIR CACHE_FILE OUT.npz
 
-Writes the losses and final parameters to OUT.npz; the log lines of precompiled.py go to stderr.
+Writes the losses, the final parameters and the eval step's outputs after training to OUT.npz; the log
+lines of precompiled.py go to stderr.
 """
 
 from __future__ import annotations
@@ -40,8 +41,11 @@ def main() -> None:
     for step in range(3):
         inputs = case.train_inputs(step)
         losses.append(np.asarray(module.step(optimizer, *inputs)))
+    module.eval()
+    evaluated = np.asarray(module(*case.eval_inputs()))
     save_compile_cache(args.cache)
-    np.savez(args.out, losses=np.stack(losses), params=module.get_contiguous_parameters().numpy())
+    np.savez(args.out, losses=np.stack(losses), params=module.get_contiguous_parameters().numpy(),
+             evaluated=evaluated)
 
 
 if __name__ == "__main__":

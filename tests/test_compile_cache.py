@@ -57,24 +57,26 @@ def _train_in_a_process(case_dir: Path, cache: Path, out: Path, env: dict, *extr
 
 @pytest.mark.compile
 def test_a_saved_step_loads_in_a_new_process_and_trains_bitwise_alike(mlp_case, tmp_path):
-    """The second process loads the step instead of tracing it and trains bit for bit like the first;
-    a saved step that does not load is compiled again (logged), with the same results."""
+    """The second process loads the train step and the eval graph instead of tracing them and trains and
+    evaluates bit for bit like the first; a saved step that does not load is compiled again (logged),
+    with the same results."""
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
     cache = tmp_path / "compile.cache"
     first, _ = _train_in_a_process(mlp_case.root, cache, tmp_path / "first.npz", env)
     assert cache.is_file()
     second, log = _train_in_a_process(mlp_case.root, cache, tmp_path / "second.npz", env)
-    assert "loaded the saved train step" in log
-    np.testing.assert_array_equal(second["losses"], first["losses"])
-    np.testing.assert_array_equal(second["params"], first["params"])
+    assert "loaded the saved train step" in log and "loaded the saved eval graph" in log
+    for name in ("losses", "params", "evaluated"):
+        np.testing.assert_array_equal(second[name], first[name])
 
     content = pickle.loads(cache.read_bytes()[len(_MAGIC):])
     content["steps"] = {key: b"not a step" for key in content["steps"]}
     cache.write_bytes(_MAGIC + pickle.dumps(content))
     third, log = _train_in_a_process(mlp_case.root, cache, tmp_path / "third.npz", env)
-    assert "does not load" in log and "compiling it again" in log and "loaded the saved" not in log
-    np.testing.assert_array_equal(third["losses"], first["losses"])
-    np.testing.assert_array_equal(third["params"], first["params"])
+    assert "saved train step" in log and "saved eval graph" in log and "loaded the saved" not in log
+    assert log.count("does not load") == 2 and "compiling it again" in log
+    for name in ("losses", "params", "evaluated"):
+        np.testing.assert_array_equal(third[name], first[name])
 
 
 @pytest.mark.compile
@@ -116,3 +118,21 @@ def test_a_saved_step_is_found_only_for_the_same_model_update_and_signature(mlp_
     assert precompiled.step_key(*_converted(mlp_case, 2)[:1], ("adamw",), _converted(mlp_case, 2)[1]) != key
     other = Case(FIXTURES / "l1")  # another loss (mlp_frozen: the same graph, its plan differs)
     assert precompiled.step_key(*_converted(other, 4)[:1], ("adamw",), _converted(other, 4)[1]) != key
+
+
+@pytest.mark.compile
+def test_the_eval_graph_is_precompiled_only_without_autograd(mlp_case):
+    """A differentiable eval-mode forward (parameters requiring grad) compiles without precompiling and
+    keeps its gradients; the eval step (no grad) is precompiled for saving."""
+    precompiled.enable({})
+    module = Module(mlp_case.artifact("training_model.onnx"), mlp_case.load_state(),
+                    mlp_case.artifact("eval_model.onnx"), compile=True)
+    module.eval()
+    inputs = mlp_case.eval_inputs()
+    loss = module.forward(*[torch.from_numpy(a) for a in inputs])
+    loss.backward()
+    assert precompiled.saved_steps() == {}
+    assert all(parameter.grad is not None for parameter in module.parameters() if parameter.requires_grad)
+    evaluated = module(*inputs)
+    assert len(precompiled.saved_steps()) == 1
+    np.testing.assert_allclose(evaluated, loss.detach().numpy(), rtol=1e-6)

@@ -23,6 +23,7 @@ from ort_torch_train.graph.string_inputs import numeric_inputs
 
 Signature = tuple[tuple[torch.Size, torch.dtype], ...]
 CompileSetting = bool | str | Mapping[str, Any]
+Compiler = Callable[[torch.nn.Module, Mapping[str, Any]], Callable]
 _COMPILE_KEYS = ("mode", "options", "backend")
 MIN_CHUNK_SIZE = 16384  # elements per thread from which inductor's CPU loops run in parallel
 
@@ -61,6 +62,11 @@ def for_device(arguments: Mapping[str, Any], device: torch.device, *, cpp_wrappe
     return {**arguments, "options": {**defaults, **(arguments.get("options") or {})}}
 
 
+def torch_compile(module: Callable, arguments: Mapping[str, Any]) -> Callable:
+    """``module`` through torch.compile with ``arguments``, whole (``fullgraph``) and for fixed shapes."""
+    return torch.compile(module, fullgraph=True, dynamic=False, **arguments)
+
+
 @dataclass(frozen=True)
 class InputDeclaration:
     """What the ONNX graph declares for one user input."""
@@ -88,6 +94,7 @@ class ForwardGraph:
         *,
         training: bool,
         compile: CompileSetting = False,
+        compiler: Compiler = torch_compile,
         cache_size: int = 16,
     ):
         check_supported(graph, opsets)
@@ -97,6 +104,7 @@ class ForwardGraph:
         self.layout = layout
         self.training = training
         self.compile_arguments = compile_arguments(compile)
+        self.compiler = compiler  # (converted module, torch.compile's arguments) -> the compiled callable
         self.cache_size = cache_size
         by_name = {value.name: value for value in graph.input}
         self.declarations = tuple(
@@ -141,8 +149,7 @@ class ForwardGraph:
     def _compiled_if_asked(self, module: torch.nn.Module, device: torch.device) -> Callable:
         if self.compile_arguments is None:
             return module
-        return torch.compile(compiled_cpu_graph(module, device), fullgraph=True, dynamic=False,
-                             **for_device(self.compile_arguments, device))
+        return self.compiler(compiled_cpu_graph(module, device), for_device(self.compile_arguments, device))
 
     def clear(self) -> None:
         """Forget every specialisation (after a device move)."""

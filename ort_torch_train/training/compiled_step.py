@@ -141,10 +141,10 @@ def _train_step_function(module: Callable, plan: ParameterPlan, update: FusedUpd
             update.kernel(trainable, grads, *states, scalars, *update.constants)
         return outputs
 
-    return _with_own_code(train_step)
+    return with_own_code(train_step)
 
 
-def _with_own_code(function: types.FunctionType) -> types.FunctionType:
+def with_own_code(function: types.FunctionType) -> types.FunctionType:
     """``function`` with a code object of its own: Dynamo counts recompilations per code object, and
     each (signature, update) pair is a step of its own, not a recompilation."""
     return types.FunctionType(function.__code__.replace(), function.__globals__, function.__name__,

@@ -31,6 +31,7 @@ from ort_torch_train.graph.small_attention import compiled_cpu_graph
 from ort_torch_train.optim.engine import OptimizerEngine
 from ort_torch_train.training.binding import bind_parameters, parse_device
 from ort_torch_train.training.blas_threads import blas_threads_for
+from ort_torch_train.training.compiled_forward import CompiledForward
 from ort_torch_train.training.compiled_step import CompiledTrainStep, ParameterPlan
 from ort_torch_train.training.precision import MixedPrecision, autocast_or_null, backward, float32_outputs
 
@@ -74,6 +75,7 @@ class TrainingEngine(nn.Module):
                 self.eval_layout,
                 training=False,
                 compile=compile,
+                compiler=CompiledForward,
             )
         bind_parameters(self, state.params)
         self._train_params = [state.params[n] for n in train_params]
@@ -81,6 +83,7 @@ class TrainingEngine(nn.Module):
         self._frozen_train_names = self._train_plan.frozen_names(train_params)
         self._views: tuple | None = None  # (state generation, trainable, frozen, grads) for compiled steps
         self._eval_params = [state.params[n] for n in self.eval_layout.params] if self.eval_layout else []
+        self._eval_aliases: list[torch.Tensor] = []  # _detached_eval_params
         self._gradient_reset = _GradientReset()
         self._data_parallel = None  # a training.distributed.DataParallel when gradients are averaged across ranks
         self.precision: MixedPrecision | None = None  # autocast and loss scaling (precision.py)
@@ -211,9 +214,19 @@ class TrainingEngine(nn.Module):
             raise ModelError("Eval model was not provided: evaluation needs the eval model (eval_model_uri).")
         inputs = self._on_device(inputs)
         module = self.eval_graph.module_for(inputs, self._eval_params)
+        params = self._eval_params if self.eval_graph.compile_arguments is None else self._detached_eval_params()
         with torch.no_grad(), blas_threads_for(module, self.device), autocast_or_null(self.precision, self.device):
-            outputs = module(*inputs, *self._eval_params)
+            outputs = module(*inputs, *params)
         return outputs if self.precision is None else float32_outputs(outputs)
+
+    def _detached_eval_params(self) -> list[torch.Tensor]:
+        """Detached aliases of the eval graph's parameters (a precompiled graph takes plain tensors),
+        made again when a parameter's tensor was replaced."""
+        aliases = self._eval_aliases
+        if len(aliases) != len(self._eval_params) or any(
+                alias.data_ptr() != param.data_ptr() for alias, param in zip(aliases, self._eval_params)):
+            aliases = self._eval_aliases = [param.detach() for param in self._eval_params]
+        return aliases
 
     def lazy_reset_grad(self) -> None:
         """Make the next train step overwrite the gradients instead of adding to them."""

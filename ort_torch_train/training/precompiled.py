@@ -1,6 +1,7 @@
-"""Compiled train steps carried across processes whole, Dynamo's tracing included (torch's AOT precompile).
+"""Compiled steps carried across processes whole, Dynamo's tracing included (torch's AOT precompile).
 
-Once ``compile_cache.load_compile_cache`` has switched it on, a ``CompiledTrainStep`` compiles with
+Once ``compile_cache.load_compile_cache`` has switched it on, a ``CompiledTrainStep`` (and a
+``CompiledForward``: the eval graph) compiles with
 ``torch.compile(...).aot_compile``, keeps the serialized result (``save_compiled_function``'s bytes)
 under a key naming the model, the update and the input signature, and ``save_compile_cache`` writes
 those next to torch's caches. A later process finding its key loads the step instead of tracing it;
@@ -59,34 +60,35 @@ def step_key(module: torch.nn.Module, parts: Sequence[object], args: Sequence[ob
 
 
 def precompiled_step(step: Callable, key: str, external: dict[str, object], args: tuple,
-                     compile_arguments: Mapping[str, Any], fallback: Callable) -> Callable | None:
+                     compile_arguments: Mapping[str, Any], fallback: Callable, what: str = "train step") -> Callable | None:
     """``step`` loaded under ``key`` or compiled ahead for ``args`` (and kept for saving); None when
-    precompiling is off or torch cannot precompile this step. Inputs its guards reject go to ``fallback``."""
+    precompiling is off or torch cannot precompile this step. Inputs its guards reject go to ``fallback``.
+    ``what`` names the step in log lines."""
     if _steps is None:
         return None
     external = {name: value for name, value in external.items() if value is not None}  # one id for all Nones
     data = _steps.get(key)
     if data is not None:
-        loaded = _load(data, external, args, key)
+        loaded = _load(data, external, args, key, what)
         if loaded is not None:
-            return _guarded(loaded, fallback)
+            return _guarded(loaded, fallback, what)
     elif _steps:
-        log.info("no saved train step for this model, update and signature (%s); compiling it", key[:12])
+        log.info("no saved %s for this model, update and signature (%s); compiling it", what, key[:12])
     try:
         arguments = {**compile_arguments,
                      "options": {**(compile_arguments.get("options") or {}), "guard_filter_fn": _serializable}}
         compiled = torch.compile(step, fullgraph=True, dynamic=False, **arguments).aot_compile((args, {}))
     except Exception as error:  # a backend or mode without precompile support: the usual compilation
-        log.info("cannot precompile the train step (%s); compiling it without precompile", error)
+        log.info("cannot precompile the %s (%s); compiling it without precompile", what, error)
         return None
     try:
         _steps[key] = type(compiled).serialize(compiled, external).serialized_data
     except Exception as error:
-        log.info("cannot serialize the precompiled train step %s (%s); it will not be saved", key[:12], error)
-    return _guarded(compiled, fallback)
+        log.info("cannot serialize the precompiled %s %s (%s); it will not be saved", what, key[:12], error)
+    return _guarded(compiled, fallback, what)
 
 
-def _load(data: bytes, external: dict[str, object], args: tuple, key: str) -> Any:
+def _load(data: bytes, external: dict[str, object], args: tuple, key: str, what: str) -> Any:
     from torch._dynamo.aot_compile import AOTCompiledFunction
 
     try:
@@ -94,16 +96,16 @@ def _load(data: bytes, external: dict[str, object], args: tuple, key: str) -> An
             loaded = AOTCompiledFunction.deserialize(data, None, external)
         matches = loaded.guard_check(*args)
     except Exception as error:
-        log.warning("the saved train step %s does not load (%s); compiling it again", key[:12], error)
+        log.warning("the saved %s %s does not load (%s); compiling it again", what, key[:12], error)
         return None
     if not matches:
-        log.warning("the saved train step %s does not match these inputs; compiling it again", key[:12])
+        log.warning("the saved %s %s does not match these inputs; compiling it again", what, key[:12])
         return None
-    log.info("loaded the saved train step %s", key[:12])
+    log.info("loaded the saved %s %s", what, key[:12])
     return loaded
 
 
-def _guarded(compiled: Any, fallback: Callable) -> Callable:
+def _guarded(compiled: Any, fallback: Callable, what: str) -> Callable:
     """``compiled`` behind its guards: inputs they reject run ``fallback`` (a torch.compile'd step)."""
     rejected = []
 
@@ -112,7 +114,7 @@ def _guarded(compiled: Any, fallback: Callable) -> Callable:
             return compiled.fn(*args)
         if not rejected:
             rejected.append(True)
-            log.warning("the precompiled train step's guards reject these inputs; compiling them")
+            log.warning("the precompiled %s's guards reject these inputs; compiling them", what)
         return fallback(*args)
 
     return call

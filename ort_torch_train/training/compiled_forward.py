@@ -1,0 +1,56 @@
+"""A converted forward graph through torch.compile, saved with the compile cache like the train steps.
+
+The eval graph of ``Module(compile=True)`` compiles on its own. With precompiling on
+(``compile_cache.load_compile_cache``), a first call without autograd (no grad mode, no argument
+requiring grad: the eval step passes detached parameters) loads the forward a former process saved
+for this model, signature and autocast setting, or precompiles it for ``save_compile_cache``
+(``precompiled.py``). Other calls, and a compile ``mode``, run a plain torch.compile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from ort_torch_train.graph.forward import torch_compile
+from ort_torch_train.training import precompiled
+from ort_torch_train.training.compiled_step import with_own_code
+
+_AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+class CompiledForward:
+    """``forward(*inputs, *params)`` of ``module`` compiled with torch.compile's ``arguments``."""
+
+    def __init__(self, module: torch.nn.Module, arguments: Mapping[str, Any]):
+        forward = _forward_of(module)
+        self.meta = getattr(module, "meta", {})  # its matrix products decide the BLAS threads
+        self._compiled = torch_compile(forward, arguments)
+        self._precompile = None if "mode" in arguments else (forward, module, dict(arguments))
+
+    def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self._precompile is not None and not torch.is_grad_enabled() and not any(a.requires_grad for a in args):
+            self._load_or_precompile(args)
+        return self._compiled(*args)
+
+    def _load_or_precompile(self, args: tuple) -> None:
+        forward, module, arguments = self._precompile
+        self._precompile = None
+        autocast = [(device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+                    for device in _AUTOCAST_DEVICES]
+        key = precompiled.step_key(module, ("forward", sorted(arguments.items()), autocast), args)
+        found = precompiled.precompiled_step(forward, key, {"module": module}, args, arguments, self._compiled,
+                                             what="eval graph")
+        if found is not None:
+            self._compiled = found
+
+
+def _forward_of(module: torch.nn.Module) -> Callable:
+    """``module``'s call as a function of its own (a precompiled function is a function, not a module)."""
+
+    def forward(*args):
+        return module(*args)
+
+    return with_own_code(forward)
