@@ -10,9 +10,11 @@ with ``compile=True``, from the outside in:
 - ``module.step`` fed torch tensors;
 - the engine's ``train_and_update`` (no input conversion, no lock, no output wrapping);
 - the ``CompiledTrainStep`` call (the step's own argument handling);
-- the torch.compile'd function alone (Dynamo's guards, AOTAutograd's and inductor's wrappers, the kernels;
+- the precompiled function alone (its guard check, AOTAutograd's and inductor's wrappers, the kernels;
   under the step's BLAS thread setting, ``training/blas_threads.py``);
-- that under ``torch.compiler.set_stance(skip_guard_eval_unsafe=True)`` (guards skipped);
+- that without its guard check (unsafe: for the measure only);
+- the same step through torch.compile's usual call instead (Dynamo's frame evaluation and guards), what
+  ``CompiledTrainStep`` ran before it precompiled every step (``training/precompiled.py``);
 - with ``--python-wrapper``: ``module.step`` (torch tensors) compiled with inductor's Python wrapper
   (``compile={"options": {"cpp_wrapper": False}}``; one more compile) instead of the C++ one that
   ``compile=True`` uses on CPU;
@@ -75,13 +77,14 @@ def layers(model_name: str, python_wrapper: bool = False) -> dict[str, Callable[
     flag = compiled_step._reset_flag(True, trainable[0].device)
     scalars = engine_optimizer.next_step_scalars()
 
-    def compiled_call() -> object:
-        with torch.no_grad(), blas_threads_for(compiled_step._module, trainable[0].device):
-            return compiled_step._compiled([tx, ty], trainable, frozen, grads, flag, tuple(moments), scalars, None)
+    guarded = compiled_step._compiled  # a precompiled.GuardedStep
+    arguments = ([tx, ty], trainable, frozen, grads, flag, tuple(moments), scalars, None)
 
-    def unguarded_call() -> object:
-        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-            return compiled_call()
+    def calling(function: Callable) -> Callable[[], object]:
+        def call() -> object:
+            with torch.no_grad(), blas_threads_for(compiled_step._module, trainable[0].device):
+                return function(*arguments)
+        return call
 
     torch_runner = make_runner("torch", directory, x, y, threads=torch.get_num_threads(), device="cpu",
                                lr=LEARNING_RATE, model_name=model_name)
@@ -95,8 +98,9 @@ def layers(model_name: str, python_wrapper: bool = False) -> dict[str, Callable[
         "module.step, torch in/out": lambda: module.step(optimizer, tx, ty),
         "engine.train_and_update": lambda: module.train_and_update([tx, ty], engine_optimizer),
         "CompiledTrainStep call": step_call,
-        "torch.compile'd function": compiled_call,
-        "  same, guards skipped": unguarded_call,
+        "precompiled function": calling(guarded),
+        "  without its guard check": calling(guarded.compiled.fn),
+        "  through torch.compile instead": calling(guarded.fallback),
     }
     if python_wrapper:
         python_module, python_optimizer = compiled_module({"options": {"cpp_wrapper": False}})
@@ -127,7 +131,7 @@ def main() -> int:
           f"{args.blocks} block medians ({args.calls} calls each)")
     previous = None
     for name, us in best.items():
-        delta = "" if previous is None or not name.startswith(("engine", "Compiled", "torch", " ")) else \
+        delta = "" if previous is None or not name.startswith(("engine", "Compiled", "precompiled", " ")) else \
             f"  (layer above: {previous - us:+.1f} us)"
         print(f"  {name:<30} {us:8.1f} us{delta}")
         previous = us

@@ -136,3 +136,23 @@ def test_the_eval_graph_is_precompiled_only_without_autograd(mlp_case):
     evaluated = module(*inputs)
     assert len(precompiled.saved_steps()) == 1
     np.testing.assert_allclose(evaluated, loss.detach().numpy(), rtol=1e-6)
+
+
+@pytest.mark.compile
+def test_a_precompiled_steps_guards_accept_its_inputs_and_reject_others(caplog):
+    """The guards of a precompiled step, checked from its closure and arguments by position, pass the
+    inputs it was compiled for and reject a new shape or constant, which run torch.compile's step."""
+    weight = torch.randn(3, 4)
+
+    def step(x, scale, *rest):
+        return (x @ weight.T) * scale + sum(rest)
+
+    x, bias = torch.randn(2, 4), torch.randn(3)
+    guarded = precompiled.precompiled_step(step, torch.nn.Module(), (), {}, (x, 2.0, bias), {},
+                                           torch.compile(step, fullgraph=True, dynamic=False))
+    torch.testing.assert_close(guarded(x, 2.0, bias), step(x, 2.0, bias))
+    assert not guarded.rejected
+    with caplog.at_level(logging.WARNING):
+        for args in ((torch.randn(5, 4), 2.0, bias), (x, 3.0, bias), (x, 2.0, bias, bias)):
+            torch.testing.assert_close(guarded(*args), step(*args))
+    assert guarded.rejected and caplog.text.count("guards reject these inputs") == 1

@@ -1,10 +1,10 @@
-"""A converted forward graph through torch.compile, saved with the compile cache like the train steps.
+"""A converted forward graph through torch.compile, precompiled like the train steps.
 
-The eval graph of ``Module(compile=True)`` compiles on its own. With precompiling on
-(``compile_cache.load_compile_cache``), a first call without autograd (no grad mode, no argument
-requiring grad: the eval step passes detached parameters) loads the forward a former process saved
-for this model, signature and autocast setting, or precompiles it for ``save_compile_cache``
-(``precompiled.py``). Other calls, and a compile ``mode``, run a plain torch.compile.
+The eval graph of ``Module(compile=True)`` compiles on its own. A first call without autograd (no
+grad mode, no argument requiring grad: the eval step passes detached parameters) compiles it ahead
+(``precompiled.py``: later calls skip Dynamo's frame evaluation) or, with a compile cache, loads the
+forward a former process saved for this model, signature and autocast setting. Other calls, and a
+compile ``mode``, run a plain torch.compile.
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ class CompiledForward:
         self._precompile = None
         autocast = [(device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
                     for device in _AUTOCAST_DEVICES]
-        key = precompiled.step_key(module, ("forward", sorted(arguments.items()), autocast), args)
-        found = precompiled.precompiled_step(forward, key, {"module": module}, args, arguments, self._compiled,
-                                             what="eval graph")
+        parts = ("forward", sorted(arguments.items()), autocast)
+        found = precompiled.precompiled_step(forward, module, parts, {"module": module}, args, arguments,
+                                             self._compiled, what="eval graph")
         if found is not None:
             self._compiled = found
 

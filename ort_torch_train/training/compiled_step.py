@@ -69,7 +69,7 @@ class CompiledTrainStep:
         self._scaler = None if precision is None else precision.loss_scaler
         compile_arguments = dict(compile_arguments or {})
         self._compiled = torch.compile(step, fullgraph=True, dynamic=False, **compile_arguments)
-        # a saved step (precompiled.py) when neither ranks nor a compile mode are in it
+        # precompiled (precompiled.py) when neither ranks nor a compile mode are in it
         self._precompile = None
         if reduction is None and "mode" not in compile_arguments:
             setting = None if precision is None else precision.setting
@@ -97,12 +97,12 @@ class CompiledTrainStep:
         return outputs
 
     def _precompiled(self, arguments: tuple) -> None:
-        """Replace the compiled step by a saved or precompiled one, when precompiling is on."""
+        """Replace the compiled step by a precompiled (or saved) one, where torch can precompile it."""
         step, module, parts, compile_arguments, precision = self._precompile
         self._precompile = None
-        key = precompiled.step_key(module, parts, arguments)
         external = {"module": module, "update": parts[1], "precision": precision}
-        found = precompiled.precompiled_step(step, key, external, arguments, compile_arguments, self._compiled)
+        found = precompiled.precompiled_step(step, module, parts, external, arguments, compile_arguments,
+                                             self._compiled)
         if found is not None:
             self._compiled = found
 
