@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.utils._pytree as pytree
 from conftest import FIXTURES
 from corpus import Case
 
@@ -141,15 +142,22 @@ def test_the_eval_graph_is_precompiled_only_without_autograd(mlp_case):
 @pytest.mark.compile
 def test_a_precompiled_steps_guards_accept_its_inputs_and_reject_others(caplog):
     """The guards of a precompiled step, checked from its closure and arguments by position, pass the
-    inputs it was compiled for and reject a new shape or constant, which run torch.compile's step."""
+    inputs it was compiled for (also after a new pytree registration) and reject a new shape or constant,
+    which run torch.compile's step."""
     weight = torch.randn(3, 4)
 
-    def step(x, scale, *rest):
-        return (x @ weight.T) * scale + sum(rest)
+    def step(x, scale, *rest):  # torch.func.grad, as in the train steps (its pytree flattening is guarded)
+        return torch.func.grad(lambda w: ((x @ w.T) * scale).square().sum())(weight) + sum(rest)
 
-    x, bias = torch.randn(2, 4), torch.randn(3)
+    x, bias = torch.randn(2, 4), torch.randn(4)
     guarded = precompiled.precompiled_step(step, torch.nn.Module(), (), {}, (x, 2.0, bias), {},
                                            torch.compile(step, fullgraph=True, dynamic=False))
+    torch.testing.assert_close(guarded(x, 2.0, bias), step(x, 2.0, bias))
+
+    class Registered:  # a library registering its classes (transformers does) leaves the step's guards alone
+        pass
+
+    pytree.register_pytree_node(Registered, lambda value: ([], None), lambda children, context: Registered())
     torch.testing.assert_close(guarded(x, 2.0, bias), step(x, 2.0, bias))
     assert not guarded.rejected
     with caplog.at_level(logging.WARNING):

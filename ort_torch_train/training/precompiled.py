@@ -14,6 +14,7 @@ process's own (``external_data``), never pickled.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import inspect
 import logging
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 # serialized steps by key: the loaded file's and this process's own; None while saving is off
 _steps: dict[str, bytes] | None = None
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")  # reprs naming an object's address differ between processes
+_ROOT = re.compile(r"[A-Za-z_]\w*")  # the variable a guard's source starts from
 
 
 def enable(steps: Mapping[str, bytes]) -> None:
@@ -80,7 +82,7 @@ def precompiled_step(step: Callable, module: torch.nn.Module, parts: Sequence[ob
         log.info("no saved %s for this model, update and signature (%s); compiling it", what, key[:12])
     try:
         arguments = {**compile_arguments,
-                     "options": {**(compile_arguments.get("options") or {}), "guard_filter_fn": _serializable}}
+                     "options": {**(compile_arguments.get("options") or {}), "guard_filter_fn": _guard_filter(step)}}
         compiled = torch.compile(step, fullgraph=True, dynamic=False, **arguments).aot_compile((args, {}))
     except Exception as error:  # a backend or mode without precompile support: the usual compilation
         log.info("cannot precompile the %s (%s); compiling it without precompile", what, error)
@@ -153,6 +155,35 @@ def _guard_check(compiled: Any) -> Callable[..., bool]:
         return manager.check(f_locals)
 
     return check
+
+
+def _guard_filter(step: Callable) -> Callable[[Sequence[GuardFilterEntry]], list[bool]]:
+    """``_serializable``, less the guards on ``step``'s immutable closure values (tuples of constants,
+    frozen dataclasses: the parameter plan, the flat layout: fixed for the step's life and named by its
+    key; most of tiny-bert's ~300 guards) and on torch's pytree registry (the steps take lists and
+    tuples, whose flattening no registration changes; importing a library that registers its classes,
+    as ``transformers`` does, would otherwise reject every later call)."""
+    fixed = {name for name, cell in zip(step.__code__.co_freevars, step.__closure__ or ())
+             if _immutable(cell.cell_contents)}
+
+    def keep(entries: Sequence[GuardFilterEntry]) -> list[bool]:
+        return [kept and _root(entry.name) not in fixed and "_pytree" not in entry.name
+                for kept, entry in zip(_serializable(entries), entries)]
+
+    return keep
+
+
+def _root(source: str) -> str:
+    match = _ROOT.match(source)
+    return "" if match is None else match[0]
+
+
+def _immutable(value: object) -> bool:
+    if isinstance(value, tuple):
+        return all(_immutable(item) for item in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return value.__dataclass_params__.frozen
+    return value is None or isinstance(value, (bool, int, float, str))
 
 
 def _serializable(entries: Sequence[GuardFilterEntry]) -> list[bool]:
