@@ -2,8 +2,9 @@
 
 A ``CompiledTrainStep`` (and a ``CompiledForward``: the eval graph) compiles with
 ``torch.compile(...).aot_compile`` and calls the result behind its guards, without Dynamo's frame
-evaluation (the mlp's one-graph step 72 -> 55 us). The guards kept are those a saved step can carry:
-none on globals or object identity, which the step's key stands for (``_serializable``).
+evaluation (the mlp's one-graph step 72 -> 55 us). The guards kept are those a saved step can carry,
+less those on values fixed for the step's life: none on globals, object identity, the step's immutable
+closure values or torch's pytree registry (``_guard_filter``); the step's key stands for them.
 Once ``compile_cache.load_compile_cache`` has switched saving on, each step's serialized form
 (``save_compiled_function``'s bytes) is kept under a key naming the model, the update and the input
 signature, and ``save_compile_cache`` writes those next to torch's caches. A later process finding
