@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from ort_torch_train.checkpoint.flat_buffers import FlatLayout
+from ort_torch_train.graph.forward import torch_compile
 from ort_torch_train.optim.clip import clip_grad_norm_
 from ort_torch_train.optim.compiled import FusedUpdate
 from ort_torch_train.training import precompiled
@@ -68,7 +69,7 @@ class CompiledTrainStep:
         self._module = module  # its matrix products decide the step's BLAS threads
         self._scaler = None if precision is None else precision.loss_scaler
         compile_arguments = dict(compile_arguments or {})
-        self._compiled = torch.compile(step, fullgraph=True, dynamic=False, **compile_arguments)
+        self._compiled = torch_compile(step, compile_arguments)
         # precompiled (precompiled.py) when neither ranks nor a compile mode are in it
         self._precompile = None
         if reduction is None and "mode" not in compile_arguments:

@@ -28,6 +28,8 @@ from torch._dynamo.guards import CheckFunctionManager
 from torch._dynamo.types import GuardFilterEntry
 from torch._guards import TracingContext, tracing
 
+from ort_torch_train.graph.forward import torch_compile
+
 log = logging.getLogger(__name__)
 
 # serialized steps by key: the loaded file's and this process's own; None while saving is off
@@ -84,7 +86,7 @@ def precompiled_step(step: Callable, module: torch.nn.Module, parts: Sequence[ob
     try:
         arguments = {**compile_arguments,
                      "options": {**(compile_arguments.get("options") or {}), "guard_filter_fn": _guard_filter(step)}}
-        compiled = torch.compile(step, fullgraph=True, dynamic=False, **arguments).aot_compile((args, {}))
+        compiled = torch_compile(step, arguments).aot_compile((args, {}))
     except Exception as error:  # a backend or mode without precompile support: the usual compilation
         log.info("cannot precompile the %s (%s); compiling it without precompile", what, error)
         return None
