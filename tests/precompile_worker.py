@@ -2,8 +2,9 @@
 
     python precompile_worker.py CASE_DIR CACHE_FILE OUT.npz
 
-Writes the losses, the final parameters and the eval step's outputs after training to OUT.npz; the log
-lines of precompiled.py go to stderr.
+Writes the losses, the final parameters, the eval step's outputs after training and the number of C++
+libraries inductor built (g++ runs, counted at ``CppBuilder.build``) to OUT.npz; the log lines of
+precompiled.py and compile_cache.py go to stderr.
 """
 
 from __future__ import annotations
@@ -23,6 +24,22 @@ from ort_torch_train.api import Module, Optimizer  # noqa: E402
 from ort_torch_train.training.compile_cache import load_compile_cache, save_compile_cache  # noqa: E402
 
 
+def count_library_builds() -> list[str]:
+    """The shared libraries inductor builds from now on (appended as they are built)."""
+    from torch._inductor.cpp_builder import CppBuilder
+
+    built, build = [], CppBuilder.build
+
+    def counted_build(builder: CppBuilder) -> object:
+        target = builder.get_target_file_path()
+        if target.endswith(".so"):
+            built.append(target)
+        return build(builder)
+
+    CppBuilder.build = counted_build
+    return built
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("case", type=Path)
@@ -32,6 +49,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     torch.set_num_threads(1)
+    library_builds = count_library_builds()
     load_compile_cache(args.cache)
     case = Case(args.case)
     module = Module(case.artifact("training_model.onnx"), case.load_state(), case.artifact("eval_model.onnx"),
@@ -45,7 +63,7 @@ def main() -> None:
     evaluated = np.asarray(module(*case.eval_inputs()))
     save_compile_cache(args.cache)
     np.savez(args.out, losses=np.stack(losses), params=module.get_contiguous_parameters().numpy(),
-             evaluated=evaluated)
+             evaluated=evaluated, library_builds=len(library_builds))
 
 
 if __name__ == "__main__":

@@ -58,15 +58,18 @@ def _train_in_a_process(case_dir: Path, cache: Path, out: Path, env: dict, *extr
 
 @pytest.mark.compile
 def test_a_saved_step_loads_in_a_new_process_and_trains_bitwise_alike(mlp_case, tmp_path):
-    """The second process loads the train step and the eval graph instead of tracing them and trains and
-    evaluates bit for bit like the first; a saved step that does not load is compiled again (logged),
-    with the same results."""
+    """A second process with an empty inductor cache dir (a new machine, a fresh /tmp) loads the train
+    step and the eval graph instead of tracing them, builds no C++ library (the file carries them) and
+    trains and evaluates bit for bit like the first; a saved step that does not load is compiled again
+    (logged), with the same results."""
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
     cache = tmp_path / "compile.cache"
     first, _ = _train_in_a_process(mlp_case.root, cache, tmp_path / "first.npz", env)
-    assert cache.is_file()
-    second, log = _train_in_a_process(mlp_case.root, cache, tmp_path / "second.npz", env)
+    assert cache.is_file() and first["library_builds"] > 0
+    empty_dir = {**env, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "empty-inductor")}
+    second, log = _train_in_a_process(mlp_case.root, cache, tmp_path / "second.npz", empty_dir)
     assert "loaded the saved train step" in log and "loaded the saved eval graph" in log
+    assert "restored" in log and second["library_builds"] == 0, log
     for name in ("losses", "params", "evaluated"):
         np.testing.assert_array_equal(second[name], first[name])
 
@@ -78,6 +81,34 @@ def test_a_saved_step_loads_in_a_new_process_and_trains_bitwise_alike(mlp_case, 
     assert log.count("does not load") == 2 and "compiling it again" in log
     for name in ("losses", "params", "evaluated"):
         np.testing.assert_array_equal(third[name], first[name])
+
+
+def _cache_with_libraries(path: Path, platform_: tuple, libraries: dict[str, bytes]) -> Path:
+    content = {"torch": torch.__version__, "artifacts": None, "steps": {}, "vec_isa": None,
+               "libraries": (platform_, libraries)}
+    path.write_bytes(_MAGIC + pickle.dumps(content))
+    return path
+
+
+def test_saved_libraries_are_written_only_into_the_cache_dir_and_only_on_their_platform(tmp_path, monkeypatch,
+                                                                                       caplog):
+    from ort_torch_train.training.compile_cache import _library_platform
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    here = _library_platform()
+    caplog.set_level(logging.INFO, logger="ort_torch_train.training.compile_cache")
+    assert load_compile_cache(_cache_with_libraries(tmp_path / "a.cache", here, {"ab/cabc.main.so": b"\x7fELF"}))
+    assert (tmp_path / "inductor" / "ab" / "cabc.main.so").read_bytes() == b"\x7fELF"
+    assert "restored 1 compiled libraries" in caplog.text
+
+    elsewhere = (*here[:-1], ["_is_some_other_cpu_supported"])
+    assert load_compile_cache(_cache_with_libraries(tmp_path / "b.cache", elsewhere, {"cd/ccd.so": b"\x7fELF"}))
+    assert not (tmp_path / "inductor" / "cd").exists() and "building them anew" in caplog.text
+
+    for escaping in ("../outside.so", "/abs/lib.so", "ab/../../x.so"):
+        with pytest.raises(InputError, match="b.cache.*not of the form <dir>/<file>"):
+            load_compile_cache(_cache_with_libraries(tmp_path / "b.cache", here, {escaping: b"x"}))
+    assert not (tmp_path / "outside.so").exists()
 
 
 @pytest.mark.compile
