@@ -13,6 +13,7 @@ from torch import nn
 
 import ort_torch_train.graph.convert as convert_module
 from ort_torch_train.graph.convert import TensorSpec, convert_graph
+from ort_torch_train.graph.fuse_rows import eager_graph
 
 
 class TinyLlama(nn.Module):
@@ -58,9 +59,10 @@ class TinyLlama(nn.Module):
 
 CASES = {
     "gpt": (TinyGPT, lambda: torch.randint(0, 11, (3, 8)),
-            {"linear": 5, "attention": 1}, {"gelu": 1, "module_to_function": 3}),
+            {"linear": 5, "attention": 1, "row_linear": 5}, {"gelu": 1, "module_to_function": 3}),
     "llama": (TinyLlama, lambda: torch.randint(0, 11, (3, 8)),
-              {"linear": 5, "attention": 1, "rms_norm": 2, "silu": 1, "layer_norm": 1, "gelu": 1, "rotary": 2}, {}),
+              {"linear": 5, "attention": 1, "rms_norm": 2, "silu": 1, "layer_norm": 1, "gelu": 1, "rotary": 2,
+               "row_linear": 5}, {}),
 }
 
 
@@ -93,7 +95,7 @@ def test_fusion_fires_and_matches_the_unfused_graph(name, dynamo, monkeypatch):
     names = _parameters_as_inputs(proto, named)
     parameters = [named[n] for n in names]
     specs = [TensorSpec(tuple(t.shape), t.dtype) for t in (x, *parameters)]
-    fused = _convert(proto, specs, True, monkeypatch)
+    fused = eager_graph(_convert(proto, specs, True, monkeypatch))  # and its rows on 2-D, as eager steps run it
     unfused = _convert(proto, specs, False, monkeypatch)
 
     counts = fused.meta["fusions"]
@@ -102,6 +104,7 @@ def test_fusion_fires_and_matches_the_unfused_graph(name, dynamo, monkeypatch):
     assert len(fused.graph.nodes) < len(unfused.graph.nodes)
     decomposed = {torch.erf, torch.tanh, torch.sqrt, torch.softmax, torch.sigmoid}
     assert not decomposed & {n.target for n in fused.graph.nodes if n.op == "call_function"}
+    assert all(n.args[0].meta["val"].dim() == 2 for n in fused.graph.nodes if n.target is F.linear)
     # the attention scale (dynamo: sqrt(1/sqrt(E)) on q and on k) folds into SDPA, the causal mask into is_causal
     attention = [n for n in fused.graph.nodes if n.target is F.scaled_dot_product_attention]
     head_dim = model.qkv.out_features // 3 // model.heads
@@ -150,7 +153,7 @@ def test_ort_fused_rms_norm_and_quick_gelu_become_torch_calls(alpha, monkeypatch
     torch.manual_seed(0)
     x, scale, w = torch.randn(2, 4, 8), torch.rand(8) + 0.5, torch.randn(8, 8)
     specs = [TensorSpec(tuple(t.shape), t.dtype) for t in (x, scale, w)]
-    fused = _convert(proto, specs, True, monkeypatch)
+    fused = eager_graph(_convert(proto, specs, True, monkeypatch))  # and its rows on 2-D, as eager steps run it
     unfused = _convert(proto, specs, False, monkeypatch)
 
     targets = {n.target for n in fused.graph.nodes if n.op == "call_function"}
@@ -198,7 +201,7 @@ def test_rotary_with_computed_sin_fuses_with_one_sign_multiplication(monkeypatch
     proto = onnx.load_from_string(buffer.getvalue())
     names = _parameters_as_inputs(proto, dict(model.named_parameters()))
     specs = [TensorSpec(tuple(t.shape), t.dtype) for t in (x, positions, model.proj.weight)]
-    fused = _convert(proto, specs, True, monkeypatch)
+    fused = eager_graph(_convert(proto, specs, True, monkeypatch))  # and its rows on 2-D, as eager steps run it
     unfused = _convert(proto, specs, False, monkeypatch)
 
     assert fused.meta["fusions"]["rotary"] == 1 and names == ["proj.weight"]

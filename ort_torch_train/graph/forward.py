@@ -17,6 +17,7 @@ from ort_torch_train.errors import InputError, InputTypeError
 from ort_torch_train.graph.artifacts import GraphLayout, declared_shape
 from ort_torch_train.graph.convert import TensorSpec, convert_graph
 from ort_torch_train.graph.converters import check_supported
+from ort_torch_train.graph.fuse_rows import eager_graph
 from ort_torch_train.graph.onednn_linear import CPU_MATMULS
 from ort_torch_train.graph.small_attention import compiled_cpu_graph
 from ort_torch_train.graph.string_inputs import numeric_inputs
@@ -148,7 +149,7 @@ class ForwardGraph:
 
     def _compiled_if_asked(self, module: torch.nn.Module, device: torch.device) -> Callable:
         if self.compile_arguments is None:
-            return module
+            return eager_graph(module)
         return self.compiler(compiled_cpu_graph(module, device), for_device(self.compile_arguments, device))
 
     def clear(self) -> None:
