@@ -28,6 +28,7 @@ _LINEAR = torch._C._nn.linear
 _ELEMENTWISE = {torch.add, torch.sub, torch.mul, torch.div, torch.relu, torch.tanh, torch.sigmoid,
                 torch._C._nn.gelu, F.gelu, F.silu, F.relu}
 _LAST_DIM_NORMS = {F.layer_norm: 1, F.rms_norm: 1}  # target -> position of normalized_shape
+_ELEMENTWISE_KEYWORDS = {"approximate"}  # GELU's
 
 
 def eager_graph(module: torch.nn.Module) -> torch.nn.Module:
@@ -60,7 +61,7 @@ def fuse_rows(graph: fx.Graph, counts: Counter) -> None:
                     flat[source] = graph.call_method("reshape", (source, tuple(_rows_of(val(source)).shape)))
                     flat[source].meta["val"] = _rows_of(val(source))
                 args[index] = flat[source]
-            flat[node] = graph.call_function(node.target, tuple(args))
+            flat[node] = graph.call_function(node.target, tuple(args), dict(node.kwargs))
         flat[node].meta["val"] = _rows_of(val(node))
         counts["row_linear"] += node.target is _LINEAR
     for node in reversed(converted):
@@ -76,7 +77,9 @@ def _row_args(node: fx.Node) -> list[int] | None:
     """The positions of ``node``'s row tensors (shaped ``[..., features]`` like its output, rank 3 or
     more) when ``node`` is row-wise and its other tensors broadcast over the last dim only; else None."""
     out = val(node)
-    if node.op != "call_function" or node.kwargs or out is None or out.dim() < 3 or not out.is_floating_point():
+    if node.op != "call_function" or out is None or out.dim() < 3 or not out.is_floating_point():
+        return None
+    if node.kwargs and (node.target not in _ELEMENTWISE or not set(node.kwargs) <= _ELEMENTWISE_KEYWORDS):
         return None
     leading = tuple(out.shape[:-1])
     if node.target is _LINEAR:
