@@ -27,7 +27,7 @@ from ort_torch_train.graph.fuse_views import fuse_views
 _LINEAR = torch._C._nn.linear
 _ELEMENTWISE = {torch.add, torch.sub, torch.mul, torch.div, torch.relu, torch.tanh, torch.sigmoid,
                 torch._C._nn.gelu, F.gelu, F.silu, F.relu}
-_LAST_DIM_NORMS = {F.layer_norm: 1, F.rms_norm: 1}  # target -> position of normalized_shape
+_LAST_DIM_NORMS = {F.layer_norm, F.rms_norm}  # (input, normalized_shape, weight[, bias], eps)
 _ELEMENTWISE_KEYWORDS = {"approximate"}  # GELU's
 
 
@@ -87,13 +87,12 @@ def _row_args(node: fx.Node) -> list[int] | None:
         rows = x is not None and tuple(x.shape[:-1]) == leading
         return [0] if rows and all(val(a) is not None and val(a).dim() <= 2 for a in node.args[1:]) else None
     if node.target in _LAST_DIM_NORMS:
-        shape_at = _LAST_DIM_NORMS[node.target]
-        shape = node.args[shape_at] if len(node.args) > shape_at else None
+        shape = node.args[1] if len(node.args) > 1 else None
         if not isinstance(shape, (tuple, list)) or list(shape) != [out.shape[-1]]:
             return None
         if val(node.args[0]) is None or val(node.args[0]).shape != out.shape:
             return None
-        others = [a for a in node.args[shape_at + 1:] if isinstance(a, fx.Node)]
+        others = [a for a in node.args[2:] if isinstance(a, fx.Node)]
         return [0] if all(val(a) is not None and val(a).dim() <= 1 for a in others) else None
     if node.target in _ELEMENTWISE:
         rows = []

@@ -147,9 +147,10 @@ def _restore_libraries(saved: tuple[tuple[object, ...], dict[str, bytes]] | None
     if not saved:
         return
     built_on, libraries = saved
-    if built_on != _library_platform():
+    here = _library_platform()
+    if built_on != here:
         log.info("compile cache: its compiled libraries were built on %s, this is %s; building them anew",
-                 built_on, _library_platform())
+                 built_on, here)
         return
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
