@@ -32,6 +32,7 @@ class Settings:
     steps: int | None  # timed steps per round; None: the model's default
     warmup: int | None  # None: the model's default
     torch_inputs: bool = False  # feed (a) and (b) torch tensors instead of numpy arrays
+    precision: str | None = None  # autocast dtype of the torch configurations (runners.PRECISIONS); None: float32
 
     def steps_for(self, model: BenchModel) -> int:
         return self.steps if self.steps is not None else model.steps
@@ -51,6 +52,7 @@ class ConfigResult:
     peak_memory_mb: float | None = None
     last_loss: float | None = None
     setup_s: float | None = None
+    attention_kernels: list[str] | None = None  # the attention ops/kernels of one profiled step (not ORT)
     error: str | None = None
 
     def median(self, phase: str = "step") -> float | None:
@@ -67,14 +69,19 @@ class WorkerProcess:
 
     def __init__(self, python: Path | str, config: str, model: BenchModel, artifacts: ArtifactSet,
                  settings: Settings, log: Path):
-        # inductor compiles in-process: its pool of compile subprocesses would otherwise keep booting
-        # in the background after a cache hit and steal the CPU from whichever configuration is timed
+        # On CPU inductor compiles in-process: its pool of compile subprocesses would otherwise keep booting
+        # in the background after a cache hit and steal the CPU from whichever configuration is timed.
+        # On CUDA the step runs on the GPU, and the pool compiles the Triton kernels in parallel.
         env = dict(os.environ, OMP_NUM_THREADS=str(settings.threads), MKL_NUM_THREADS=str(settings.threads),
-                   TORCHINDUCTOR_COMPILE_THREADS="1", PYTHONUNBUFFERED="1")
+                   PYTHONUNBUFFERED="1")
+        if not settings.device.startswith("cuda"):
+            env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
         command = [str(python), str(BENCH / "worker.py"), "--config", config, "--model", model.name,
                    "--artifacts", str(artifacts.directory), "--threads", str(settings.threads),
                    "--device", settings.device, "--lr", str(LEARNING_RATE),
                    "--warmup", str(settings.warmup_for(model))] + (["--torch-inputs"] if settings.torch_inputs else [])
+        if settings.precision and config != "ort":
+            command += ["--mixed-precision", settings.precision]
         self.log = log
         with open(log, "wb") as stderr:
             self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
@@ -180,4 +187,5 @@ def _call(result: ConfigResult, workers: dict[str, WorkerProcess], config: str, 
         result.setup_s = answer["setup_s"]
     if "peak_memory_mb" in answer:
         result.peak_memory_mb, result.last_loss = answer["peak_memory_mb"], answer["last_loss"]
+        result.attention_kernels = answer.get("attention_kernels")
     return answer

@@ -17,6 +17,7 @@ from timing import format_duration, render_table, spread
 
 LABELS = {"ours": "ours eager (a)", "ours-compile": "ours compile (b)", "ours-step": "ours one-graph step (e)",
           "ours-step-py": "ours one-graph step, Python wrapper (g)",
+          "ours-step-graphs": "ours one-graph step, CUDA graphs (h)",
           "torch": "torch eager (c)", "torch-compile": "torch compiled (f)", "ort": "ORT 1.19.2 (d)"}
 HEADERS = ["model", "config", "step", "steps/s", "vs torch", "vs torch compiled", "vs ORT", "fwd+bwd",
            "fwd+bwd vs torch", "optimizer", "peak MB", "spread"]
@@ -27,7 +28,7 @@ def run_header(command: str, settings: Settings, models: dict, torch_inputs: boo
     header = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": command,
               "machine": machine_info(settings.device),
               "settings": {"threads": settings.threads, "device": settings.device, "rounds": settings.rounds,
-                           "torch_inputs": torch_inputs,
+                           "torch_inputs": torch_inputs, "mixed_precision": settings.precision,
                            "steps_per_round": {n: settings.steps_for(m) for n, m in models.items()},
                            "warmup": {n: settings.warmup_for(m) for n, m in models.items()}},
               "models": {n: m.describe() for n, m in models.items()},
@@ -35,7 +36,7 @@ def run_header(command: str, settings: Settings, models: dict, torch_inputs: boo
               else "peak RSS of the configuration's process"}
     machine = header["machine"]
     print(f"{machine['cpu']}, {machine['cores']} cores, load {machine['load_average_1_5_15']}, "
-          f"{settings.threads} threads, device {settings.device}", flush=True)
+          f"{settings.threads} threads, device {settings.device}, {settings.precision or 'float32'}", flush=True)
     return header
 
 
@@ -108,7 +109,7 @@ def to_json(results: list[ConfigResult], header: dict) -> dict:
     entries = [{"model": r.model, "config": r.config, "label": LABELS[r.config], "error": r.error,
                 "median_s": {phase: r.median(phase) for phase in r.times}, "steps_timed": len(r.times.get("step", [])),
                 "round_medians_s": r.round_medians, "peak_memory_mb": r.peak_memory_mb, "last_loss": r.last_loss,
-                "setup_s": r.setup_s} for r in results]
+                "setup_s": r.setup_s, "attention_kernels": r.attention_kernels} for r in results]
     return {**header, "results": entries}
 
 
@@ -118,7 +119,9 @@ def markdown(results: list[ConfigResult], header: dict, notes: list[str]) -> str
     lines = [
         f"Measured {header['date']} on {machine['cpu']} ({machine['cores']} cores; load average 1/5/15 min "
         f"{_loads(machine['load_average_1_5_15'])} at the start, {_loads(machine['load_average_at_end'])} at the end), "
-        f"{header['settings']['threads']} threads, device {header['settings']['device']}; torch {machine['torch']}, "
+        f"{header['settings']['threads']} threads, device {header['settings']['device']}"
+        f"{'' if 'gpu' not in machine else ' (' + machine['gpu'] + ')'}, "
+        f"{header['settings'].get('mixed_precision') or 'float32'}; torch {machine['torch']}, "
         f"onnxruntime-training {machine['onnxruntime_training'] or 'not installed'}.",
         f"Command: `{header['command']}`",
         "",

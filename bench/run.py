@@ -22,15 +22,17 @@ from pathlib import Path
 
 import torch
 
-from artifacts import prepare_artifacts
+from artifacts import ArtifactSet, prepare_artifacts
 from models import DEFAULT_MODELS, MODELS
 from orchestrate import ConfigResult, Settings, run_model
 from report import HEADERS, LABELS, run_header, table_rows, write_results
+from runners import PRECISIONS
 from timing import render_table
 
 BENCH = Path(__file__).resolve().parent
 NO_ORT_ON_CUDA = ("onnxruntime-training's CUDA build is not installable here (only onnxruntime-training-cpu "
                   "1.19.2); ORT is timed on CPU only")
+NO_ORT_MIXED_PRECISION = "onnxruntime-training's CPU build trains float32 only: not timed with --mixed-precision"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -47,6 +49,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="only these configurations (default: all that the other options select)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 5 steps, 1 round, 2 warmup steps")
     parser.add_argument("--no-ort", action="store_true", help="use this project's generator and skip ORT")
+    parser.add_argument("--mixed-precision", choices=sorted(PRECISIONS),
+                        help="autocast dtype of every torch configuration (ORT is then not timed)")
     parser.add_argument("--torch-inputs", action="store_true",
                         help="feed (a) and (b) torch tensors instead of the numpy arrays ORT gets")
     parser.add_argument("--profile", choices=list(MODELS), metavar="MODEL",
@@ -67,7 +71,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def benchmark(args: argparse.Namespace, command: str) -> int:
     """Run every model, print the table, write the result files."""
-    settings = Settings(args.threads, args.device, args.rounds, args.steps, args.warmup, args.torch_inputs)
+    settings = Settings(args.threads, args.device, args.rounds, args.steps, args.warmup, args.torch_inputs,
+                        args.mixed_precision)
     cuda = args.device.startswith("cuda")
     header = run_header(command, settings, {m: MODELS[m] for m in args.models},
                         torch_inputs=args.torch_inputs or cuda)
@@ -79,8 +84,8 @@ def benchmark(args: argparse.Namespace, command: str) -> int:
         model = MODELS[name]
         artifacts = prepare_artifacts(model, args.cache, use_ort=not args.no_ort)
         print(f"{name}: artifacts by {artifacts.generator} ({artifacts.directory})", flush=True)
-        ort_missing = NO_ORT_ON_CUDA if cuda else artifacts.ort_missing
-        compiled = ["ours-compile", "ours-step", "ours-step-py"] if args.compile else []
+        ort_missing = ort_missing_reason(artifacts, cuda, args.mixed_precision)
+        compiled = ["ours-compile", "ours-step", "ours-step-py"] + (["ours-step-graphs"] if cuda else []) if args.compile else []
         configs = ["ours", *compiled, "torch"] + (["torch-compile"] if args.compile else []) + ([] if ort_missing else ["ort"])
         configs = [c for c in configs if args.configs is None or c in args.configs]
         results += run_model(model, artifacts, configs, settings, log_dir,
@@ -104,10 +109,18 @@ def benchmark(args: argparse.Namespace, command: str) -> int:
     return 1 if any(r.error and r.config != "ort" for r in results) else 0
 
 
+def ort_missing_reason(artifacts: ArtifactSet, cuda: bool, precision: str | None) -> str | None:
+    """Why ORT cannot be timed against this run (CUDA, mixed precision, no ORT artifacts), or None."""
+    return NO_ORT_ON_CUDA if cuda else NO_ORT_MIXED_PRECISION if precision else artifacts.ort_missing
+
+
 def model_notes(name: str, generator: str, results: list[ConfigResult]) -> list[str]:
-    """Where the artifacts came from, failures, and the final losses (all start from the same weights)."""
+    """Where the artifacts came from, failures, the final losses (all start from the same weights) and
+    the attention ops and kernels each configuration ran (where it ran any)."""
     notes = [f"{name}: artifacts made by {generator} generate_artifacts"]
     notes += [f"{name} / {r.config}: {r.error}" for r in results if r.error]
+    notes += [f"{name} / {r.config}: attention ran as {', '.join(r.attention_kernels)}"
+              for r in results if r.attention_kernels]
     losses = {r.config: r.last_loss for r in results if r.last_loss is not None}
     if losses:
         notes.append(f"{name}: last loss (same weights, batch and step count): "

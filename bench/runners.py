@@ -6,10 +6,14 @@ Every runner trains the same model from the same weights on the same fixed batch
   ``ort_torch_train.api`` on the artifacts (``compile=True`` for the second);
 - ``ours-step``: ``loss = module.step(optimizer, x, y)`` with ``compile=True``: the same three calls as one
   compiled graph (on CPU with inductor's C++ wrapper, the default); ``ours-step-py``: the same with the
-  Python wrapper (``{"options": {"cpp_wrapper": False}}``);
+  Python wrapper (``{"options": {"cpp_wrapper": False}}``); ``ours-step-graphs``: with ``compile="reduce-overhead"``
+  (CUDA graphs; CUDA only);
 - ``torch``: the model written in eager PyTorch, CrossEntropy, backward, ``torch.optim.AdamW(fused=True)``,
   ``zero_grad(set_to_none=False)``; ``torch-compile``: the same with model and loss through torch.compile;
 - ``ort``: the same loop as ``ours`` with onnxruntime-training (run in its own venv).
+
+``precision="bf16"`` runs every torch configuration's forward under ``torch.autocast`` (ours through
+``Module(mixed_precision="bf16")``); parameters and AdamW's moments stay float32.
 
 torch is imported only by the runners that use it, so the ORT worker's memory is ORT's alone.
 """
@@ -22,8 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
-CONFIGS = ("ours", "ours-compile", "ours-step", "ours-step-py", "torch", "torch-compile", "ort")
-_COMPILE = {"ours": False, "ours-compile": True, "ours-step": True, "ours-step-py": {"options": {"cpp_wrapper": False}}}
+CONFIGS = ("ours", "ours-compile", "ours-step", "ours-step-py", "ours-step-graphs", "torch", "torch-compile", "ort")
+_COMPILE = {"ours": False, "ours-compile": True, "ours-step": True, "ours-step-py": {"options": {"cpp_wrapper": False}},
+            "ours-step-graphs": "reduce-overhead"}
+PRECISIONS = {"bf16": "bfloat16"}  # --mixed-precision: torch.autocast dtype
 
 
 @dataclass
@@ -37,12 +43,17 @@ class Runner:
 
 
 def make_runner(config: str, artifacts: Path, x: np.ndarray, y: np.ndarray, *, threads: int, device: str,
-                lr: float, model_name: str, torch_inputs: bool = False) -> Runner:
+                lr: float, model_name: str, torch_inputs: bool = False, precision: str | None = None) -> Runner:
     """The runner of ``config`` (one of CONFIGS) with ``threads`` CPU threads.
 
     ``ours``/``ours-compile`` get numpy arrays, as ORT does, unless ``torch_inputs`` (always on CUDA).
+    ``precision``: None (float32) or a key of PRECISIONS; ORT has no mixed precision here.
     """
+    if precision is not None and precision not in PRECISIONS:
+        raise ValueError(f"precision: expected one of {sorted(PRECISIONS)} or None, got {precision!r}")
     if config == "ort":
+        if precision is not None:
+            raise ValueError(f"precision {precision!r}: onnxruntime-training's CPU build trains float32 only")
         return _ort_runner(artifacts, x, y, threads=threads, lr=lr)
     import torch
 
@@ -50,10 +61,12 @@ def make_runner(config: str, artifacts: Path, x: np.ndarray, y: np.ndarray, *, t
     if torch.get_num_interop_threads() != 1:  # settable once per process, before any parallel work
         torch.set_num_interop_threads(1)
     if config in ("torch", "torch-compile"):
-        return _torch_runner(model_name, x, y, device=device, lr=lr, compile=config == "torch-compile")
+        return _torch_runner(model_name, x, y, device=device, lr=lr, compile=config == "torch-compile",
+                             precision=precision)
     if config in _COMPILE:
         return _ours_runner(artifacts, x, y, device=device, lr=lr, compile=_COMPILE[config],
-                            one_graph=config.startswith("ours-step"), torch_inputs=torch_inputs or device.startswith("cuda"))
+                            one_graph=config.startswith("ours-step"), torch_inputs=torch_inputs or device.startswith("cuda"),
+                            precision=precision)
     raise ValueError(f"unknown config {config!r}; expected one of {CONFIGS}")
 
 
@@ -65,15 +78,15 @@ def _torch_device_hooks(device: str) -> tuple[Callable[[], None] | None, Callabl
     return None, None
 
 
-def _ours_runner(artifacts: Path, x: np.ndarray, y: np.ndarray, *, device: str, lr: float, compile: bool | dict,
-                 one_graph: bool, torch_inputs: bool) -> Runner:
+def _ours_runner(artifacts: Path, x: np.ndarray, y: np.ndarray, *, device: str, lr: float, compile: bool | str | dict,
+                 one_graph: bool, torch_inputs: bool, precision: str | None) -> Runner:
     import torch
 
     from ort_torch_train.api import CheckpointState, Module, Optimizer
 
     state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
     module = Module(artifacts / "training_model.onnx", state, artifacts / "eval_model.onnx", device=device,
-                    compile=compile)
+                    compile=compile, mixed_precision=precision)
     optimizer = Optimizer(artifacts / "optimizer_model.onnx", module)
     optimizer.set_learning_rate(lr)
     module.train()
@@ -94,7 +107,9 @@ def _ours_runner(artifacts: Path, x: np.ndarray, y: np.ndarray, *, device: str, 
 
 
 def _torch_runner(model_name: str, x: np.ndarray, y: np.ndarray, *, device: str, lr: float,
-                  compile: bool) -> Runner:
+                  compile: bool, precision: str | None) -> Runner:
+    import contextlib
+
     import torch
 
     from models import ADAMW_EPS, MODELS
@@ -106,7 +121,10 @@ def _torch_runner(model_name: str, x: np.ndarray, y: np.ndarray, *, device: str,
     loss = [None]
 
     def model_loss(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return criterion(model(inputs), targets)
+        autocast = (contextlib.nullcontext() if precision is None
+                    else torch.autocast(inputs.device.type, dtype=getattr(torch, PRECISIONS[precision])))
+        with autocast:
+            return criterion(model(inputs), targets)
 
     compute_loss = torch.compile(model_loss, fullgraph=True, dynamic=False) if compile else model_loss
 

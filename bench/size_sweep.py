@@ -1,14 +1,17 @@
 """Step time against model size: the same GPT-style decoder at several hidden sizes, five ways, one run.
 
     .venv/bin/python bench/size_sweep.py [--sizes 32 128 512] [--device cpu|cuda] [--threads 2]
-                                         [--rounds 5] [--quick] [--no-ort] [--plot PATH]
+                                         [--rounds 5] [--quick] [--no-ort] [--plot PATH] [--mixed-precision bf16]
 
 Each size (``gpt<hidden>`` in models.py: 2 pre-LN layers, 4 heads, causal SDPA, GELU MLP, LM loss on
 8 x 32 tokens) is trained by this project eager (a) and as one compiled step (``module.step``,
 ``compile=True``) (e), by the hand-written model in eager PyTorch (c) and through ``torch.compile`` (f),
 and by onnxruntime-training 1.19.2 (d), each in its own process, timed in interleaved rounds (as
-``run.py``). Prints the table, writes it under bench/results/ (JSON and Markdown) and plots step time
-and the ratio to ORT against hidden size as a PNG (needs matplotlib: ``pip install -e .[bench]``).
+``run.py``). On CUDA the one-graph step also runs with ``compile="reduce-overhead"`` (CUDA graphs) (h), ORT
+is not timed (its training build is CPU-only here), and the notes name the attention kernels each
+configuration launched (flash attention needs ``--mixed-precision bf16``: its kernels take 16-bit
+inputs). Prints the table, writes it under bench/results/ (JSON and Markdown) and plots step time and
+the ratio to ORT (without ORT: to (f)) against hidden size as a PNG (needs matplotlib: ``pip install -e .[bench]``).
 """
 
 from __future__ import annotations
@@ -25,11 +28,12 @@ from artifacts import prepare_artifacts
 from models import DECODER_SIZES, MODELS
 from orchestrate import ConfigResult, Settings, run_model
 from report import HEADERS, LABELS, run_header, table_rows, write_results
-from run import NO_ORT_ON_CUDA, model_notes
+from run import model_notes, ort_missing_reason
+from runners import PRECISIONS
 from timing import render_table
 
 BENCH = Path(__file__).resolve().parent
-CONFIGS = ["ours", "ours-step", "torch", "torch-compile", "ort"]
+CONFIGS = ["ours", "ours-step", "ours-step-graphs", "torch", "torch-compile", "ort"]
 CPU_SIZES, CUDA_SIZES = [32, 128, 512], [32, 128, 512, 1024]
 
 
@@ -44,6 +48,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, help="untimed steps first (default: per size)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 3 steps, 1 round, 2 warmup steps")
     parser.add_argument("--no-ort", action="store_true", help="use this project's generator and skip ORT")
+    parser.add_argument("--mixed-precision", choices=sorted(PRECISIONS),
+                        help="autocast dtype of every torch configuration (ORT is then not timed)")
     parser.add_argument("--out", type=Path, default=BENCH / "results", help="where the JSON/Markdown/PNG go")
     parser.add_argument("--plot", type=Path, help="the PNG's path (default: next to the results)")
     parser.add_argument("--cache", type=Path, default=BENCH / ".cache", help="artifact cache")
@@ -59,7 +65,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def sweep(args: argparse.Namespace, command: str) -> int:
     """Run every size, print the table, write the result files and the plot."""
-    settings = Settings(args.threads, args.device, args.rounds, args.steps, args.warmup)
+    settings = Settings(args.threads, args.device, args.rounds, args.steps, args.warmup, precision=args.mixed_precision)
     cuda = args.device.startswith("cuda")
     names = [f"gpt{size}" for size in args.sizes]
     header = run_header(command, settings, {n: MODELS[n] for n in names}, torch_inputs=cuda)
@@ -71,8 +77,8 @@ def sweep(args: argparse.Namespace, command: str) -> int:
         model = MODELS[name]
         artifacts = prepare_artifacts(model, args.cache, use_ort=not args.no_ort)
         print(f"{name}: artifacts by {artifacts.generator}", flush=True)
-        ort_missing = NO_ORT_ON_CUDA if cuda else artifacts.ort_missing
-        configs = [c for c in CONFIGS if c != "ort" or not ort_missing]
+        ort_missing = ort_missing_reason(artifacts, cuda, args.mixed_precision)
+        configs = [c for c in CONFIGS if (c != "ort" or not ort_missing) and (c != "ours-step-graphs" or cuda)]
         results += run_model(model, artifacts, configs, settings, log_dir, progress=lambda t: print(t, flush=True))
         if ort_missing:
             results.append(ConfigResult(name, "ort", error=ort_missing))
@@ -86,14 +92,17 @@ def sweep(args: argparse.Namespace, command: str) -> int:
         print(f"- {note}")
     json_path, md_path = write_results(args.out, results, header, notes)
     plot_path = args.plot or json_path.with_suffix(".png")
-    plotted = plot(results, args.sizes, plot_path, f"{header['machine']['cpu']}, {args.threads} thread(s), "
-                   f"{args.device}, load {header['machine']['load_average_1_5_15'][0]:.1f}")
+    machine = header["machine"]
+    device = f"{args.device} ({machine['gpu']})" if "gpu" in machine else args.device
+    plotted = plot(results, args.sizes, plot_path, f"{machine['cpu']}, {args.threads} thread(s), {device}, "
+                   f"{args.mixed_precision or 'float32'}, load {machine['load_average_1_5_15'][0]:.1f}")
     print(f"\nresults: {json_path}\n         {md_path}\n         {plotted}")
     return 1 if any(r.error and r.config != "ort" for r in results) else 0
 
 
 def plot(results: list[ConfigResult], sizes: list[int], path: Path, subtitle: str) -> str:
-    """Step time and the ratio to ORT against hidden size as a PNG; returns its path or why there is none."""
+    """Step time and the ratio to ORT (or to (f) where ORT did not run) against hidden size as a PNG;
+    returns its path or why there is none."""
     try:
         import matplotlib
 
@@ -102,19 +111,20 @@ def plot(results: list[ConfigResult], sizes: list[int], path: Path, subtitle: st
     except ImportError:
         return "no plot: matplotlib is not installed (pip install -e .[bench])"
     steps = {(r.model, r.config): r.median() for r in results if r.median() is not None and not r.error}
+    reference = "ort" if any(config == "ort" for _, config in steps) else "torch-compile"
     figure, (times_axis, ratio_axis) = plt.subplots(1, 2, figsize=(11, 4.5))
     for config in CONFIGS:
         points = [(size, steps[f"gpt{size}", config]) for size in sizes if (f"gpt{size}", config) in steps]
         if points:
             times_axis.plot(*zip(*[(s, t * 1e3) for s, t in points]), marker="o", label=LABELS[config])
-        ratios = [(s, t / steps[f"gpt{s}", "ort"]) for s, t in points if (f"gpt{s}", "ort") in steps]
-        if ratios and config != "ort":
+        ratios = [(s, t / steps[f"gpt{s}", reference]) for s, t in points if (f"gpt{s}", reference) in steps]
+        if ratios and config != reference:
             ratio_axis.plot(*zip(*ratios), marker="o", label=LABELS[config])
     times_axis.set(xscale="log", yscale="log", xlabel="hidden size", ylabel="step time (ms, median)",
                    title="training step time")
     ratio_axis.axhline(1.0, color="gray", linestyle="--", linewidth=1)
-    ratio_axis.set(xscale="log", yscale="log", xlabel="hidden size", ylabel="step time / ORT 1.19.2 (lower: faster)",
-                   title="ratio to ORT 1.19.2")
+    ratio_axis.set(xscale="log", yscale="log", xlabel="hidden size",
+                   ylabel=f"step time / {LABELS[reference]} (lower: faster)", title=f"ratio to {LABELS[reference]}")
     for axis in (times_axis, ratio_axis):
         axis.set_xticks(sizes, [str(s) for s in sizes])
         axis.minorticks_off()

@@ -1,4 +1,4 @@
-"""bench/run.py --quick end to end on the MLP: the table and the result files have their shape (no speed asserted)."""
+"""bench/run.py --quick end to end: the table and the result files have their shape (no speed asserted)."""
 
 from __future__ import annotations
 
@@ -45,3 +45,27 @@ def test_quick_benchmark_writes_table_and_results(tmp_path: Path) -> None:
     table = md_path.read_text()
     assert "| model | config | step | steps/s | vs torch | vs torch compiled | vs ORT |" in table
     assert "| mlp | ours eager (a) |" in table and "| mlp | ORT 1.19.2 (d) | n/a |" in table
+
+
+def test_mixed_precision_benchmark_names_the_attention_kernels(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "run.py"), "--quick", "--models", "gpt32", "--no-ort", "--threads", "1",
+         "--steps", "2", "--mixed-precision", "bf16", "--configs", "ours", "torch", "--out", str(out),
+         "--cache", str(tmp_path / "cache")],
+        capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    [json_path] = out.glob("*.json")
+    report = json.loads(json_path.read_text())
+    assert report["settings"]["mixed_precision"] == "bf16"
+    by_config = {entry["config"]: entry for entry in report["results"]}
+    assert "float32 only" in by_config["ort"]["error"]
+    for config in ("ours", "torch"):  # eager SDPA on CPU: the CPU flash-attention kernel, forward and backward
+        kernels = by_config[config]["attention_kernels"]
+        assert {"aten::_scaled_dot_product_flash_attention_for_cpu",
+                "aten::_scaled_dot_product_flash_attention_for_cpu_backward"} <= set(kernels), kernels
+        assert not any("Backward" in name or name.startswith("autograd::") for name in kernels)
+        assert f"gpt32 / {config}: attention ran as aten::" in proc.stdout
+    assert abs(by_config["ours"]["last_loss"] - by_config["torch"]["last_loss"]) < 0.05
+    assert "bf16; torch" in next(out.glob("*.md")).read_text()

@@ -75,3 +75,24 @@ def test_compiled_one_graph_step_on_cuda_matches_ort(case, compile):
         optimizer.set_learning_rate(case.lr_before(step))
         losses.append(loss_of(module.step(optimizer, *case.train_inputs(step))))
     np.testing.assert_allclose(losses, case.expected["train"]["losses"], rtol=0, atol=1e-5)
+
+
+def test_reduce_overhead_step_replays_one_cuda_graph(mlp_case):
+    from torch._dynamo.utils import counters
+
+    from ort_torch_train.api import Module
+
+    module = Module(mlp_case.artifact("training_model.onnx"), mlp_case.load_state(), device="cuda",
+                    compile="reduce-overhead")
+    optimizer = mlp_case.optimizer(module)
+    skips = counters["inductor"]["cudagraph_skips"]
+    losses = [module.step(optimizer, *mlp_case.train_inputs(step)) for step in range(3)]
+    kept = [float(loss) for loss in losses]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as profiler:
+        losses.append(module.step(optimizer, *mlp_case.train_inputs(3)))
+        torch.cuda.synchronize()
+    assert counters["inductor"]["cudagraph_skips"] == skips  # parameters, gradients and moments are static
+    assert "cudaGraphLaunch" in {event.name for event in profiler.events()}
+    # a returned loss is the caller's: later replays do not overwrite it
+    assert [float(loss) for loss in losses[:3]] == kept and len(set(kept)) == 3

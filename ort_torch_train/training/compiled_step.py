@@ -69,6 +69,7 @@ class CompiledTrainStep:
         self._module = module  # its matrix products decide the step's BLAS threads
         self._scaler = None if precision is None else precision.loss_scaler
         compile_arguments = dict(compile_arguments or {})
+        self._cuda_graphs = records_cuda_graphs(compile_arguments)
         self._compiled = torch_compile(step, compile_arguments)
         # precompiled (precompiled.py) when neither ranks nor a compile mode are in it
         self._precompile = None
@@ -87,10 +88,16 @@ class CompiledTrainStep:
         arguments = (inputs, trainable, frozen, grads, self._reset_flag(reset, trainable[0].device), tuple(states),
                      scalars, loss_scale)
         started = None if self._called else time.perf_counter()
+        cuda_graphs = self._cuda_graphs and trainable[0].is_cuda
+        if cuda_graphs:  # updated in place: CUDA graphs replay only on inputs at fixed addresses
+            for tensor in (*trainable, *frozen, *grads, *(t for moments in states for t in moments)):
+                torch._dynamo.mark_static_address(tensor)
         with torch.no_grad(), blas_threads_for(self._module, trainable[0].device):
             if self._precompile is not None:
                 self._precompiled(arguments)
             outputs = self._compiled(*arguments)
+        if cuda_graphs:  # the outputs live in the graph's memory, which the next replay overwrites
+            outputs = tuple(t.clone() for t in outputs)
         if started is not None:
             self._called = True
             log.info("compiled the train step for inputs %s in %.1f s", [tuple(t.shape) for t in inputs],
@@ -113,6 +120,12 @@ class CompiledTrainStep:
         if flags is None:
             flags = self._reset_flags[device] = (torch.tensor(False, device=device), torch.tensor(True, device=device))
         return flags[reset]
+
+
+def records_cuda_graphs(compile_arguments: Mapping[str, Any]) -> bool:
+    """Whether torch.compile with these arguments records CUDA graphs (on a CUDA device)."""
+    options = compile_arguments.get("options") or {}
+    return compile_arguments.get("mode") in ("reduce-overhead", "max-autotune") or bool(options.get("triton.cudagraphs"))
 
 
 def _train_step_function(module: Callable, plan: ParameterPlan, update: FusedUpdate | None,
