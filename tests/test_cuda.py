@@ -96,3 +96,27 @@ def test_reduce_overhead_step_replays_one_cuda_graph(mlp_case):
     assert "cudaGraphLaunch" in {event.name for event in profiler.events()}
     # a returned loss is the caller's: later replays do not overwrite it
     assert [float(loss) for loss in losses[:3]] == kept and len(set(kept)) == 3
+
+
+def test_reduce_overhead_three_call_loop_replays_cuda_graphs(mlp_case):
+    from torch._dynamo.utils import counters
+
+    from ort_torch_train.api import Module
+
+    module = Module(mlp_case.artifact("training_model.onnx"), mlp_case.load_state(), device="cuda",
+                    compile="reduce-overhead")
+    optimizer = mlp_case.optimizer(module)
+    skips = counters["inductor"]["cudagraph_skips"]
+    losses = []
+    for step in range(4):
+        optimizer.set_learning_rate(mlp_case.lr_before(step))
+        losses.append(loss_of(module(*mlp_case.train_inputs(step))))
+        optimizer.step()
+        module.lazy_reset_grad()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as profiler:
+        module(*mlp_case.train_inputs(4))
+        torch.cuda.synchronize()
+    assert counters["inductor"]["cudagraph_skips"] == skips
+    assert "cudaGraphLaunch" in {event.name for event in profiler.events()}
+    np.testing.assert_allclose(losses, mlp_case.expected["train"]["losses"][:4], rtol=0, atol=1e-5)
