@@ -69,3 +69,29 @@ def test_mixed_precision_benchmark_names_the_attention_kernels(tmp_path: Path) -
         assert f"gpt32 / {config}: attention ran as aten::" in proc.stdout
     assert abs(by_config["ours"]["last_loss"] - by_config["torch"]["last_loss"]) < 0.05
     assert "bf16; torch" in next(out.glob("*.md")).read_text()
+
+
+def test_eager_floor_counts_nodes_and_prints_each_model(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    from eager_floor import autograd_nodes
+
+    import torch
+
+    a, b = torch.ones(3, requires_grad=True), torch.ones(3, requires_grad=True)
+    assert autograd_nodes((a * b).sum()) == 4  # SumBackward0, MulBackward0, two AccumulateGrad
+    assert autograd_nodes((a * a).sum()) == 3  # a leaf reached twice is one node
+
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "eager_floor.py"), "--models", "mlp", "--no-ort", "--threads", "1",
+         "--blocks", "1", "--cache", str(tmp_path / "cache")],
+        capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ORT not timed: --no-ort given" in proc.stdout
+    [row] = [line.split() for line in proc.stdout.splitlines() if line.startswith("mlp ")]
+    step, untracked, forward, backward = map(float, row[1:5])
+    forward_ops, backward_ops, nodes = int(row[5]), int(row[7]), int(row[9])
+    tracked_op, node, backward_call = float(row[10]), float(row[12]), float(row[14])
+    assert min(step, untracked, forward, tracked_op, node, backward_call) > 0
+    assert forward_ops > 0 and backward_ops > 0 and nodes > forward_ops // 2
+    floor = forward_ops * tracked_op + nodes * node + backward_call
+    assert abs(float(row[15]) - floor) <= 1 and row[16:] == ["-", "-", "-"]
