@@ -1,13 +1,15 @@
 """Compile time of a fresh process, cold and with the compile caches of an earlier one.
 
-    python bench/compile_cache.py [--model tinyformer] [--threads 2]
+    python bench/compile_cache.py [--model tinyformer] [--threads 2] [--ranks 1]
 
 Four processes, one after another, each timing ``Module(compile=True)`` + its first three steps, then
 the eval graph's first call (``module.eval(); module(x, y)``) on its own:
 cold (an empty inductor cache dir, ``load_compile_cache`` finding no file; then ``save_compile_cache``),
 portable (a new empty cache dir, ``load_compile_cache`` of that file first), local (the first one's
 cache dir again, no file) and second (the first one's cache dir and its file: a second process on the
-same machine). ``--stages`` adds torch._dynamo.utils.compile_times() of each process.
+same machine). ``--stages`` adds torch._dynamo.utils.compile_times() of each process. ``--ranks 2``
+runs each of them as two data-parallel ranks (gloo, ``Module(distributed=True)``, half the batch each,
+``--threads`` each; rank 0 saves the file and reports).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -32,12 +35,19 @@ def child(artifacts: Path, cache_file: Path, mode: str, threads: int) -> dict:
     from ort_torch_train.training.compile_cache import load_compile_cache, save_compile_cache
 
     torch.set_num_threads(threads)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size > 1:
+        torch.distributed.init_process_group("gloo")
+    rank = int(os.environ.get("RANK", "0"))
     started = time.perf_counter()
     loaded = load_compile_cache(cache_file) if mode != "local" else False  # cold: no file yet, precompiles
     state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
-    module = Module(artifacts / "training_model.onnx", state, artifacts / "eval_model.onnx", compile=True)
+    module = Module(artifacts / "training_model.onnx", state, artifacts / "eval_model.onnx", compile=True,
+                    distributed=world_size > 1)
     optimizer = Optimizer(artifacts / "optimizer_model.onnx", module)
     x, y = np.load(artifacts / "x.npy"), np.load(artifacts / "y.npy")
+    share = len(x) // world_size
+    x, y = x[rank * share:(rank + 1) * share], y[rank * share:(rank + 1) * share]
     module.train()
     for _ in range(3):  # the first step compiles (adding and overwriting gradients share one graph)
         module.step(optimizer, x, y)
@@ -55,15 +65,35 @@ def child(artifacts: Path, cache_file: Path, mode: str, threads: int) -> dict:
         step_ms.append((time.perf_counter() - step_started) * 1e3)
     result = {"mode": mode, "compile_s": compile_s, "eval_s": eval_s, "next_step_ms": float(np.median(step_ms)), "loaded": loaded,
               "stages": torch._dynamo.utils.compile_times(repr="str", aggregate=True)}
-    if mode == "cold":
+    if mode == "cold" and rank == 0:
         result["saved_bytes"] = save_compile_cache(cache_file)
+    if world_size > 1:
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
     return result
+
+
+def run_process(artifacts: Path, cache_file: Path, mode: str, cache_dir: Path, threads: int, ranks: int) -> dict:
+    """One fresh process (or ``ranks`` of them, torchrun's environment) in ``mode``; rank 0's report."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [sys.executable, __file__, "--threads", str(threads), "--child", str(artifacts), str(cache_file), mode]
+    procs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={
+        **os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir), "RANK": str(rank), "WORLD_SIZE": str(ranks),
+        "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}) for rank in range(ranks)]
+    outputs = [proc.communicate() for proc in procs]
+    for proc, (_, stderr) in zip(procs, outputs):
+        if proc.returncode:
+            raise RuntimeError(f"{mode}: a process failed:\n{stderr[-3000:]}")
+    return json.loads(outputs[0][0].strip().splitlines()[-1])
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tinyformer")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--ranks", type=int, default=1, help="data-parallel ranks per process launch (gloo)")
     parser.add_argument("--stages", action="store_true", help="print where each process spent its compile time")
     parser.add_argument("--child", nargs=3, metavar=("ARTIFACTS", "CACHE_FILE", "MODE"))
     args = parser.parse_args()
@@ -81,14 +111,11 @@ def main() -> int:
         results = []
         for mode, cache_dir in (("cold", first_dir), ("portable", Path(scratch) / "inductor-b"), ("local", first_dir),
                                 ("second", first_dir)):
-            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir)}
-            command = [sys.executable, __file__, "--threads", str(args.threads),
-                       "--child", str(artifacts), str(cache_file), mode]
-            output = subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
-            results.append(json.loads(output.strip().splitlines()[-1]))
+            results.append(run_process(artifacts, cache_file, mode, cache_dir, args.threads, args.ranks))
     cold, cold_eval = results[0]["compile_s"], results[0]["eval_s"]
-    print(f"model {args.model}, {args.threads} threads: Module(compile=True) + 3 module.step, then the eval graph's "
-          f"first call, fresh process")
+    ranks = "" if args.ranks == 1 else f" x {args.ranks} data-parallel ranks"
+    print(f"model {args.model}, {args.threads} threads{ranks}: Module(compile=True) + 3 module.step, then the eval "
+          f"graph's first call, fresh process")
     for result in results:
         print(f"  {result['mode']:>8}: {result['compile_s']:7.2f} s  ({result['compile_s'] / cold:.1%} of cold)"
               f"  eval {result['eval_s']:5.2f} s  ({result['eval_s'] / cold_eval:.1%})"

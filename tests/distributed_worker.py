@@ -204,6 +204,30 @@ def lost_rank(rank: int) -> dict[str, str]:
     return {}
 
 
+def cached_compile(rank: int, world_size: int, cache: Path) -> dict[str, np.ndarray]:
+    """mlp_compiled with the compile cache ``cache`` loaded first (no file yet on the first launch) and
+    saved by rank 0 after; whether a file was found and how many saved steps loaded."""
+    import logging
+
+    import torch.distributed as dist
+
+    from ort_torch_train.training.compile_cache import load_compile_cache, save_compile_cache
+
+    messages = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logger = logging.getLogger("ort_torch_train.training.precompiled")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    found = load_compile_cache(cache)
+    result = train("mlp_compiled", rank, world_size)
+    dist.barrier()  # rank 0 writes the file once every rank has read it
+    if rank == 0:
+        save_compile_cache(cache)
+    loaded = sum(message.startswith("loaded the saved train step") for message in messages)
+    return {**result, "found": np.array(found), "loaded": np.array(loaded)}
+
+
 def main() -> None:
     import torch.distributed as dist
 
@@ -219,6 +243,9 @@ def main() -> None:
     errors = {}
     if scenario == "lost_rank":
         errors = lost_rank(rank)
+    elif scenario == "compiled_cache":
+        result = cached_compile(rank, world_size, out / "compile.cache")
+        np.savez(out / f"cached_compile_{'warm' if result['found'] else 'cold'}_rank{rank}.npz", **result)
     else:
         for run in SCENARIOS[scenario]:
             save_at = (10, out / f"{run}.ckpt") if run == "mlp_sharded_clip" else None

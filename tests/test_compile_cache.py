@@ -152,6 +152,26 @@ def test_a_saved_step_is_found_only_for_the_same_model_update_and_signature(mlp_
     assert precompiled.step_key(*_converted(other, 4)[:1], ("adamw",), _converted(other, 4)[1]) != key
 
 
+def test_a_saved_step_is_found_only_for_the_same_gradient_reduction(mlp_case):
+    """A data-parallel step's key names its group and world size: a step saved without the all-reduce
+    (one process, or inside ``no_sync``) or for another group or world is not loaded for it."""
+    import torch.distributed as dist
+
+    from ort_torch_train.training.distributed import GradientAverage
+
+    module, inputs = _converted(mlp_case, 4)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        world, other_group = dist.group.WORLD, dist.new_group([0])
+        keys = [precompiled.step_key(module, ("adamw", reduction), inputs)
+                for reduction in (None, GradientAverage(world, 1), GradientAverage(world, 2),
+                                  GradientAverage(other_group, 1))]
+        assert len(set(keys)) == 4
+        assert precompiled.step_key(module, ("adamw", GradientAverage(world, 1)), inputs) == keys[1]
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.mark.compile
 def test_the_eval_graph_is_precompiled_only_without_autograd(mlp_case):
     """A differentiable eval-mode forward (parameters requiring grad) compiles without precompiling and

@@ -224,3 +224,21 @@ def test_compiled_step_on_two_ranks(tmp_path: Path) -> None:
     require_success(launch("compiled", tmp_path, timeout=400))
     for run in worker.SCENARIOS["compiled"]:
         assert_same_training(tmp_path, run)
+
+
+@pytest.mark.compile
+def test_a_compiled_two_rank_step_loads_from_the_compile_cache_and_trains_bitwise_alike(tmp_path: Path) -> None:
+    """The first launch compiles the data-parallel step and saves it; the second loads it on both ranks."""
+    for _ in range(2):
+        require_success(launch("compiled_cache", tmp_path, timeout=400))
+    cold, warm = ([dict(np.load(tmp_path / f"cached_compile_{launch}_rank{rank}.npz")) for rank in range(2)]
+                  for launch in ("cold", "warm"))
+    for rank in range(2):
+        assert not cold[rank]["found"] and cold[rank]["loaded"] == 0
+        assert warm[rank]["found"] and warm[rank]["loaded"] >= 1, f"rank {rank} compiled the step again"
+        for key in cold[rank]:
+            if key.startswith("param/") or key == "losses":
+                np.testing.assert_array_equal(warm[rank][key], cold[rank][key], err_msg=f"rank {rank} {key}")
+    for key in warm[0]:
+        if key.startswith("param/"):
+            np.testing.assert_array_equal(warm[0][key], warm[1][key], err_msg=f"ranks differ on {key}")

@@ -71,12 +71,13 @@ class CompiledTrainStep:
         compile_arguments = dict(compile_arguments or {})
         self._cuda_graphs = records_cuda_graphs(compile_arguments)
         self._compiled = torch_compile(step, compile_arguments)
-        # precompiled (precompiled.py) when neither ranks nor a compile mode are in it
+        # precompiled (precompiled.py) unless a compile mode is asked for
         self._precompile = None
-        if reduction is None and "mode" not in compile_arguments:
+        if "mode" not in compile_arguments:
             setting = None if precision is None else precision.setting
-            self._precompile = (step, module, (plan.sources, update, sorted(compile_arguments.items()), setting, layout),
-                                compile_arguments, precision)
+            parts = (plan.sources, update, reduction, sorted(compile_arguments.items()), setting, layout)
+            external = {"module": module, "update": update, "reduction": reduction, "precision": precision}
+            self._precompile = (step, module, parts, external, compile_arguments)
         self._called = False
         self._reset_flags: dict[torch.device, tuple[Tensor, Tensor]] = {}
 
@@ -106,9 +107,8 @@ class CompiledTrainStep:
 
     def _precompiled(self, arguments: tuple) -> None:
         """Replace the compiled step by a precompiled (or saved) one, where torch can precompile it."""
-        step, module, parts, compile_arguments, precision = self._precompile
+        step, module, parts, external, compile_arguments = self._precompile
         self._precompile = None
-        external = {"module": module, "update": parts[1], "precision": precision}
         found = precompiled.precompiled_step(step, module, parts, external, arguments, compile_arguments,
                                              self._compiled)
         if found is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import gc
 import weakref
 from collections.abc import Iterator, Sequence
@@ -92,12 +93,15 @@ class DataParallel:
             raise
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
 class GradientAverage:
-    """Averages gradients across a process group inside a compiled graph (one coalesced all-reduce)."""
+    """Averages gradients across a process group inside a compiled graph (one coalesced all-reduce).
 
-    def __init__(self, group: Any, world_size: int):
-        self.group = group
-        self.world_size = world_size
+    Frozen: fixed for a compiled step's life, so a precompiled step keeps no guards on it; its repr,
+    naming the group and the world size, is part of a saved step's key (``precompiled.step_key``)."""
+
+    group: Any
+    world_size: int
 
     def __call__(self, grads: list[Tensor]) -> list[Tensor]:
         summed = funcol.all_reduce_coalesced(grads, "sum", self.group)
@@ -109,6 +113,9 @@ class GradientAverage:
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, GradientAverage) and other.group is self.group
                 and other.world_size == self.world_size)
+
+    def __repr__(self) -> str:
+        return f"GradientAverage(group={self.group.group_name!r}, world_size={self.world_size})"
 
 
 class _TrainGraph(nn.Module):
