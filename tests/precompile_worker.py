@@ -1,6 +1,6 @@
 """One process of tests/test_compile_cache.py: load the compile cache, train the MLP case compiled, save it.
 
-    python precompile_worker.py CASE_DIR CACHE_FILE OUT.npz
+    python precompile_worker.py CASE_DIR CACHE_FILE OUT.npz [--mixed-precision bf16] [--mode MODE]
 
 Writes the losses, the final parameters, the eval step's outputs after training and the number of C++
 libraries inductor built (g++ runs, counted at ``CppBuilder.build``) to OUT.npz; the log lines of
@@ -46,6 +46,7 @@ def main() -> None:
     parser.add_argument("cache", type=Path)
     parser.add_argument("out", type=Path)
     parser.add_argument("--mixed-precision", choices=["bf16"])
+    parser.add_argument("--mode", help="a torch.compile mode (compile=MODE instead of True)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     torch.set_num_threads(1)
@@ -53,7 +54,7 @@ def main() -> None:
     load_compile_cache(args.cache)
     case = Case(args.case)
     module = Module(case.artifact("training_model.onnx"), case.load_state(), case.artifact("eval_model.onnx"),
-                    compile=True, mixed_precision=args.mixed_precision)
+                    compile=args.mode or True, mixed_precision=args.mixed_precision)
     optimizer = Optimizer(case.artifact("optimizer_model.onnx"), module)
     losses = []
     for step in range(3):

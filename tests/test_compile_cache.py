@@ -126,6 +126,22 @@ def test_a_saved_bf16_autocast_step_loads_and_trains_bitwise_alike(mlp_case, tmp
     assert "no saved train step for this model" in log and "loaded the saved" not in log
 
 
+@pytest.mark.compile
+def test_a_saved_step_of_a_compile_mode_loads_and_trains_bitwise_alike(mlp_case, tmp_path):
+    """A ``compile=<mode>`` step and eval graph are precompiled too (the mode's inductor options); the
+    step saved for the mode is not used for ``compile=True``."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    cache = tmp_path / "compile.cache"
+    mode = ("--mode", "max-autotune")
+    first, _ = _train_in_a_process(mlp_case.root, cache, tmp_path / "first.npz", env, *mode)
+    second, log = _train_in_a_process(mlp_case.root, cache, tmp_path / "second.npz", env, *mode)
+    assert "loaded the saved train step" in log and "loaded the saved eval graph" in log
+    for name in ("losses", "params", "evaluated"):
+        np.testing.assert_array_equal(second[name], first[name])
+    _, log = _train_in_a_process(mlp_case.root, cache, tmp_path / "default.npz", env)
+    assert "no saved train step for this model" in log and "loaded the saved train step" not in log
+
+
 def test_a_cache_of_another_torch_version_is_ignored_with_a_log_line(tmp_path, caplog):
     path = tmp_path / "compile.cache"
     path.write_bytes(_MAGIC + pickle.dumps({"torch": "1.0.0", "artifacts": b"?", "steps": {"k": b"?"}}))

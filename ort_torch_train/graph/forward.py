@@ -63,6 +63,12 @@ def for_device(arguments: Mapping[str, Any], device: torch.device, *, cpp_wrappe
     return {**arguments, "options": {**defaults, **(arguments.get("options") or {})}}
 
 
+def records_cuda_graphs(arguments: Mapping[str, Any]) -> bool:
+    """Whether torch.compile with these arguments records CUDA graphs (on a CUDA device)."""
+    options = arguments.get("options") or {}
+    return arguments.get("mode") in ("reduce-overhead", "max-autotune") or bool(options.get("triton.cudagraphs"))
+
+
 def torch_compile(module: Callable, arguments: Mapping[str, Any]) -> Callable:
     """``module`` through torch.compile with ``arguments``, whole (``fullgraph``) and for fixed shapes."""
     return torch.compile(module, fullgraph=True, dynamic=False, **arguments)

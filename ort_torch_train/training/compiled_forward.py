@@ -4,7 +4,7 @@ The eval graph of ``Module(compile=True)`` compiles on its own. A first call wit
 grad mode, no argument requiring grad: the eval step passes detached parameters) compiles it ahead
 (``precompiled.py``: later calls skip Dynamo's frame evaluation) or, with a compile cache, loads the
 forward a former process saved for this model, signature and autocast setting. Other calls, and a
-compile ``mode``, run a plain torch.compile.
+graph recording CUDA graphs on CUDA, run a plain torch.compile.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ort_torch_train.graph.forward import torch_compile
+from ort_torch_train.graph.forward import records_cuda_graphs, torch_compile
 from ort_torch_train.training import precompiled
 from ort_torch_train.training.compiled_step import with_own_code
 
@@ -28,11 +28,15 @@ class CompiledForward:
         forward = _forward_of(module)
         self.meta = getattr(module, "meta", {})  # its matrix products decide the BLAS threads
         self._compiled = torch_compile(forward, arguments)
-        self._precompile = None if "mode" in arguments else (forward, module, dict(arguments))
+        self._precompile = (forward, module, dict(arguments))
+        self._cuda_graphs = records_cuda_graphs(arguments)  # recorded and replayed by torch.compile's call
 
     def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if self._precompile is not None and not torch.is_grad_enabled() and not any(a.requires_grad for a in args):
-            self._load_or_precompile(args)
+            if self._cuda_graphs and any(a.is_cuda for a in args):
+                self._precompile = None
+            else:
+                self._load_or_precompile(args)
         return self._compiled(*args)
 
     def _load_or_precompile(self, args: tuple) -> None:

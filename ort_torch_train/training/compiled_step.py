@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from ort_torch_train.checkpoint.flat_buffers import FlatLayout
-from ort_torch_train.graph.forward import torch_compile
+from ort_torch_train.graph.forward import records_cuda_graphs, torch_compile
 from ort_torch_train.optim.clip import clip_grad_norm_
 from ort_torch_train.optim.compiled import FusedUpdate
 from ort_torch_train.training import precompiled
@@ -71,13 +71,11 @@ class CompiledTrainStep:
         compile_arguments = dict(compile_arguments or {})
         self._cuda_graphs = records_cuda_graphs(compile_arguments)
         self._compiled = torch_compile(step, compile_arguments)
-        # precompiled (precompiled.py) unless a compile mode is asked for
-        self._precompile = None
-        if "mode" not in compile_arguments:
-            setting = None if precision is None else precision.setting
-            parts = (plan.sources, update, reduction, sorted(compile_arguments.items()), setting, layout)
-            external = {"module": module, "update": update, "reduction": reduction, "precision": precision}
-            self._precompile = (step, module, parts, external, compile_arguments)
+        # precompiled at the first call (precompiled.py), unless it records CUDA graphs on CUDA
+        setting = None if precision is None else precision.setting
+        parts = (plan.sources, update, reduction, sorted(compile_arguments.items()), setting, layout)
+        external = {"module": module, "update": update, "reduction": reduction, "precision": precision}
+        self._precompile = (step, module, parts, external, compile_arguments)
         self._called = False
         self._reset_flags: dict[torch.device, tuple[Tensor, Tensor]] = {}
 
@@ -95,7 +93,7 @@ class CompiledTrainStep:
                 torch._dynamo.mark_static_address(tensor)
         with torch.no_grad(), blas_threads_for(self._module, trainable[0].device):
             if self._precompile is not None:
-                self._precompiled(arguments)
+                self._precompiled(arguments, cuda_graphs)
             outputs = self._compiled(*arguments)
         if cuda_graphs:  # the outputs live in the graph's memory, which the next replay overwrites
             outputs = tuple(t.clone() for t in outputs)
@@ -105,10 +103,13 @@ class CompiledTrainStep:
                      time.perf_counter() - started)
         return outputs
 
-    def _precompiled(self, arguments: tuple) -> None:
-        """Replace the compiled step by a precompiled (or saved) one, where torch can precompile it."""
+    def _precompiled(self, arguments: tuple, cuda_graphs: bool) -> None:
+        """Replace the compiled step by a precompiled (or saved) one, where torch can precompile it
+        (CUDA graphs are recorded and replayed by torch.compile's own call)."""
         step, module, parts, external, compile_arguments = self._precompile
         self._precompile = None
+        if cuda_graphs:
+            return
         found = precompiled.precompiled_step(step, module, parts, external, arguments, compile_arguments,
                                              self._compiled)
         if found is not None:
@@ -120,12 +121,6 @@ class CompiledTrainStep:
         if flags is None:
             flags = self._reset_flags[device] = (torch.tensor(False, device=device), torch.tensor(True, device=device))
         return flags[reset]
-
-
-def records_cuda_graphs(compile_arguments: Mapping[str, Any]) -> bool:
-    """Whether torch.compile with these arguments records CUDA graphs (on a CUDA device)."""
-    options = compile_arguments.get("options") or {}
-    return compile_arguments.get("mode") in ("reduce-overhead", "max-autotune") or bool(options.get("triton.cudagraphs"))
 
 
 def _train_step_function(module: Callable, plan: ParameterPlan, update: FusedUpdate | None,

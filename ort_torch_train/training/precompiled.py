@@ -84,9 +84,7 @@ def precompiled_step(step: Callable, module: torch.nn.Module, parts: Sequence[ob
     elif _steps:
         log.info("no saved %s for this model, update and signature (%s); compiling it", what, key[:12])
     try:
-        arguments = {**compile_arguments,
-                     "options": {**(compile_arguments.get("options") or {}), "guard_filter_fn": _guard_filter(step)}}
-        compiled = torch_compile(step, arguments).aot_compile((args, {}))
+        compiled = torch_compile(step, _with_guard_filter(compile_arguments, step)).aot_compile((args, {}))
     except Exception as error:  # a backend or mode without precompile support: the usual compilation
         log.info("cannot precompile the %s (%s); compiling it without precompile", what, error)
         return None
@@ -96,6 +94,19 @@ def precompiled_step(step: Callable, module: torch.nn.Module, parts: Sequence[ob
         except Exception as error:
             log.info("cannot serialize the precompiled %s %s (%s); it will not be saved", what, key[:12], error)
     return GuardedStep(compiled, fallback, what)
+
+
+def _with_guard_filter(compile_arguments: Mapping[str, Any], step: Callable) -> dict[str, Any]:
+    """``compile_arguments`` with ``_guard_filter(step)`` among the options, a ``mode`` given as the
+    options it stands for (torch.compile takes a mode or options, not both)."""
+    from torch._inductor import list_mode_options
+
+    arguments = dict(compile_arguments)
+    options = dict(arguments.pop("options", None) or {})
+    mode = arguments.pop("mode", None)
+    if mode is not None:
+        options = {**list_mode_options(mode, dynamic=False), **options}
+    return {**arguments, "options": {**options, "guard_filter_fn": _guard_filter(step)}}
 
 
 def _load(data: bytes, external: dict[str, object], args: tuple, key: str, what: str) -> Any:
