@@ -112,34 +112,19 @@ def test_saved_libraries_are_written_only_into_the_cache_dir_and_only_on_their_p
 
 
 @pytest.mark.compile
-def test_a_saved_bf16_autocast_step_loads_and_trains_bitwise_alike(mlp_case, tmp_path):
-    """Mixed-precision steps are precompiled too; the saved bf16 step is not used for a float32 one."""
+def test_a_saved_bf16_step_of_a_compile_mode_loads_and_trains_bitwise_alike(mlp_case, tmp_path):
+    """Mixed-precision steps and ``compile=<mode>`` steps and eval graphs (the mode's inductor options)
+    are precompiled too; the saved step is not used for a float32 ``compile=True`` one."""
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
     cache = tmp_path / "compile.cache"
-    bf16 = ("--mixed-precision", "bf16")
-    first, _ = _train_in_a_process(mlp_case.root, cache, tmp_path / "first.npz", env, *bf16)
-    second, log = _train_in_a_process(mlp_case.root, cache, tmp_path / "second.npz", env, *bf16)
-    assert "loaded the saved train step" in log
-    np.testing.assert_array_equal(second["losses"], first["losses"])
-    np.testing.assert_array_equal(second["params"], first["params"])
-    _, log = _train_in_a_process(mlp_case.root, cache, tmp_path / "float32.npz", env)
-    assert "no saved train step for this model" in log and "loaded the saved" not in log
-
-
-@pytest.mark.compile
-def test_a_saved_step_of_a_compile_mode_loads_and_trains_bitwise_alike(mlp_case, tmp_path):
-    """A ``compile=<mode>`` step and eval graph are precompiled too (the mode's inductor options); the
-    step saved for the mode is not used for ``compile=True``."""
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
-    cache = tmp_path / "compile.cache"
-    mode = ("--mode", "max-autotune")
-    first, _ = _train_in_a_process(mlp_case.root, cache, tmp_path / "first.npz", env, *mode)
-    second, log = _train_in_a_process(mlp_case.root, cache, tmp_path / "second.npz", env, *mode)
+    settings = ("--mixed-precision", "bf16", "--mode", "max-autotune")
+    first, _ = _train_in_a_process(mlp_case.root, cache, tmp_path / "first.npz", env, *settings)
+    second, log = _train_in_a_process(mlp_case.root, cache, tmp_path / "second.npz", env, *settings)
     assert "loaded the saved train step" in log and "loaded the saved eval graph" in log
     for name in ("losses", "params", "evaluated"):
         np.testing.assert_array_equal(second[name], first[name])
-    _, log = _train_in_a_process(mlp_case.root, cache, tmp_path / "default.npz", env)
-    assert "no saved train step for this model" in log and "loaded the saved train step" not in log
+    _, log = _train_in_a_process(mlp_case.root, cache, tmp_path / "float32.npz", env)
+    assert "no saved train step for this model" in log and "loaded the saved" not in log
 
 
 def test_a_cache_of_another_torch_version_is_ignored_with_a_log_line(tmp_path, caplog):
