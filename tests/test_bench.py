@@ -83,7 +83,7 @@ def test_eager_floor_counts_nodes_and_prints_each_model(tmp_path: Path) -> None:
 
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "eager_floor.py"), "--models", "mlp", "--no-ort", "--threads", "1",
-         "--blocks", "1", "--cache", str(tmp_path / "cache")],
+         "--blocks", "1", "--rounds", "1", "--cache", str(tmp_path / "cache")],
         capture_output=True, text=True, timeout=180, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ORT not timed: --no-ort given" in proc.stdout
