@@ -179,6 +179,18 @@ def test_compile_takes_torch_compile_arguments(mlp_case):
     assert counters["stats"]["unique_graphs"] == 1 and dict(counters["graph_break"]) == {}
 
 
+def test_a_compile_mode_step_and_eval_graph_are_precompiled_and_train_like_eager(mlp_case, monkeypatch):
+    """``compile=<mode>`` (here one whose CUDA graphs a CPU step does not record) is precompiled as the
+    mode's inductor options: one saved step and one saved eval graph, and the eager loop's numbers."""
+    from ort_torch_train.training import precompiled
+
+    monkeypatch.setattr(precompiled, "_steps", {})  # saving on, as after load_compile_cache
+    eager = _train(mlp_case, compile=False, fused=False)
+    compiled = _train(mlp_case, compile="max-autotune", fused=True)
+    _assert_same_training(compiled, eager, atol=2e-6)
+    assert len(precompiled.saved_steps()) == 2
+
+
 @pytest.mark.parametrize("setting", ["", {"mode": None, "fullgraph": False}, 3])
 def test_compile_setting_is_checked(mlp_case, setting):
     with pytest.raises(ValueError, match="compile: expected a bool, a torch.compile mode name or a dict"):
