@@ -3,8 +3,6 @@
 Shipped as ``ort_torch_train.adapters``. Importing the package registers every converter.
 """
 
-from .registry import ConversionContext, find_converter, normalize_domain, register
-
 from . import (  # noqa: E402,F401  (registers converters)
     activations,
     attention,
@@ -18,8 +16,8 @@ from . import (  # noqa: E402,F401  (registers converters)
     indexing,
     instance_norm,
     linear,
-    math_ops,
     losses,
+    math_ops,
     matmul,
     ml_ops,
     normalization,
@@ -40,5 +38,6 @@ from . import (  # noqa: E402,F401  (registers converters)
     training_ops,
     unsigned,
 )
+from .registry import ConversionContext, find_converter, normalize_domain, register
 
 __all__ = ["ConversionContext", "find_converter", "normalize_domain", "register"]

@@ -89,7 +89,9 @@ def hard_sigmoid_op(node, graph, context: ConversionContext):
 @register("Selu", since=1)
 def selu_op(node, graph, context: ConversionContext):
     attrs = attributes(node)
-    return result(Inline(selu, attrs.get("alpha", 1.67326319217681884765625), attrs.get("gamma", 1.05070102214813232421875)), node)
+    return result(
+        Inline(selu, attrs.get("alpha", 1.67326319217681884765625), attrs.get("gamma", 1.05070102214813232421875)), node
+    )
 
 
 @register("Celu", since=12)
@@ -113,8 +115,17 @@ def shrink_op(node, graph, context: ConversionContext):
     return result(Inline(shrink, attrs.get("bias", 0.0), attrs.get("lambd", 0.5)), node)
 
 
-_TRIGONOMETRY = {"Tan": torch.tan, "Asin": torch.asin, "Acos": torch.acos, "Atan": torch.atan, "Sinh": torch.sinh,
-                 "Cosh": torch.cosh, "Asinh": torch.asinh, "Acosh": torch.acosh, "Atanh": torch.atanh}
+_TRIGONOMETRY = {
+    "Tan": torch.tan,
+    "Asin": torch.asin,
+    "Acos": torch.acos,
+    "Atan": torch.atan,
+    "Sinh": torch.sinh,
+    "Cosh": torch.cosh,
+    "Asinh": torch.asinh,
+    "Acosh": torch.acosh,
+    "Atanh": torch.atanh,
+}
 
 
 for _op_type, _function in _TRIGONOMETRY.items():

@@ -174,13 +174,17 @@ def rotary_embedding(x, cos_cache, sin_cache, position_ids=None, *, interleaved:
 @register("RotaryEmbedding", since=23)
 def rotary_embedding_op(node, graph, context: ConversionContext):
     attrs = attributes(node)
-    kwargs = dict(interleaved=bool(attrs.get("interleaved", 0)), rotary_dim=int(attrs.get("rotary_embedding_dim", 0)),
-                  heads=int(attrs.get("num_heads", 0)))
+    kwargs = dict(
+        interleaved=bool(attrs.get("interleaved", 0)),
+        rotary_dim=int(attrs.get("rotary_embedding_dim", 0)),
+        heads=int(attrs.get("num_heads", 0)),
+    )
     return result(Inline(rotary_embedding, **kwargs), node)
 
 
-def tensor_scatter(cache: torch.Tensor, update: torch.Tensor, write_indices: torch.Tensor | None = None, *,
-                   axis: int, circular: bool) -> torch.Tensor:
+def tensor_scatter(
+    cache: torch.Tensor, update: torch.Tensor, write_indices: torch.Tensor | None = None, *, axis: int, circular: bool
+) -> torch.Tensor:
     """ONNX TensorScatter: ``update`` written into ``cache`` along ``axis`` from each batch's write index."""
     axis %= cache.dim()
     batch, length = update.shape[0], update.shape[axis]
@@ -227,15 +231,20 @@ class FlexAttention(nn.Module):
 
 @register("FlexAttention", domain="ai.onnx.preview", since=1)
 def flex_attention(node, graph, context: ConversionContext):
-    from ort_torch_train.graph.convert import TensorSpec, convert_graph  # (converts adapters' subgraphs)
+    from ort_torch_train.convert.graph import TensorSpec, convert_graph  # (converts adapters' subgraphs)
 
     attrs = attributes(node)
     q_shape, k_shape = input_shape(node, graph, 0), input_shape(node, graph, 1)
     precision = attrs.get("softmax_precision")
     q_dtype = input_dtype(node, graph, 0)
-    dtype = torch_dtype(precision) if precision else (
-        torch.float32 if q_dtype in (torch.float16, torch.bfloat16) else q_dtype)
+    dtype = (
+        torch_dtype(precision)
+        if precision
+        else (torch.float32 if q_dtype in (torch.float16, torch.bfloat16) else q_dtype)
+    )
     spec = TensorSpec((q_shape[0], q_shape[1], q_shape[2], k_shape[2]), dtype)
-    mods = [convert_graph(attrs[name].g, context.opsets, [spec], training=context.training) if name in attrs else None
-            for name in ("score_mod", "prob_mod")]
+    mods = [
+        convert_graph(attrs[name].g, context.opsets, [spec], training=context.training) if name in attrs else None
+        for name in ("score_mod", "prob_mod")
+    ]
     return result(FlexAttention(attrs.get("scale"), torch_dtype(precision) if precision else None, *mods), node)

@@ -46,8 +46,12 @@ def bit_shift_op(node, graph, context: ConversionContext):
     return result(Inline(bit_shift, left=direction == "LEFT"), node)
 
 
-_BITWISE = {"BitwiseAnd": torch.bitwise_and, "BitwiseOr": torch.bitwise_or, "BitwiseXor": torch.bitwise_xor,
-            "BitwiseNot": torch.bitwise_not}
+_BITWISE = {
+    "BitwiseAnd": torch.bitwise_and,
+    "BitwiseOr": torch.bitwise_or,
+    "BitwiseXor": torch.bitwise_xor,
+    "BitwiseNot": torch.bitwise_not,
+}
 
 
 def _bitwise_converter(function):

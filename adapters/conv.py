@@ -63,8 +63,13 @@ def _conv2d_as_taps(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     for i in range(kernel_h):
         for j in range(kernel_w):
             top, left = i * dilation_h, j * dilation_w
-            window = x[:, None, :, top:top + (out_h - 1) * stride_h + 1:stride_h,
-                       left:left + (out_w - 1) * stride_w + 1:stride_w]  # N, 1, C, H', W'
+            window = x[
+                :,
+                None,
+                :,
+                top : top + (out_h - 1) * stride_h + 1 : stride_h,
+                left : left + (out_w - 1) * stride_w + 1 : stride_w,
+            ]  # N, 1, C, H', W'
             tap = (window * weight[None, :, :, i, j, None, None]).sum(2)
             out = tap if out is None else out + tap
     return out if bias is None else out + bias[None, :, None, None]
@@ -80,7 +85,9 @@ class ConvTranspose(nn.Module):
         self.strides, self.dilations, self.groups = tuple(strides), tuple(dilations), groups
         self.begins, self.ends = list(pads[:rank]), list(pads[rank:])
         self.output_padding = tuple(output_padding)
-        self.symmetric = self.begins == self.ends and all(p < max(s, d) for p, s, d in zip(output_padding, strides, dilations))
+        self.symmetric = self.begins == self.ends and all(
+            p < max(s, d) for p, s, d in zip(output_padding, strides, dilations)
+        )
 
     def forward(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if self.symmetric:
@@ -120,7 +127,9 @@ def conv(node, graph, context: ConversionContext):
     else:
         pads = [0] * (2 * rank) if auto_pad == "VALID" else attrs.get("pads", [0] * (2 * rank))
     groups = attrs.get("group", 1)
-    direct = rank == 2 and groups == 1 and _multiply_adds(node, graph, pads, kernel, strides, dilations) <= _DIRECT_MAX_MACS
+    direct = (
+        rank == 2 and groups == 1 and _multiply_adds(node, graph, pads, kernel, strides, dilations) <= _DIRECT_MAX_MACS
+    )
     return result(Conv(rank, strides, pads, dilations, groups, direct), node)
 
 
@@ -128,7 +137,7 @@ def _multiply_adds(node, graph, pads, kernel, strides, dilations) -> int:
     batch, channels, *sizes = input_shape(node, graph, 0)
     out_channels = input_shape(node, graph, 1)[0]
     total = batch * channels * out_channels
-    for size, begin, end, k, s, d in zip(sizes, pads[:len(sizes)], pads[len(sizes):], kernel, strides, dilations):
+    for size, begin, end, k, s, d in zip(sizes, pads[: len(sizes)], pads[len(sizes) :], kernel, strides, dilations):
         total *= k * ((size + begin + end - (k - 1) * d - 1) // s + 1)
     return total
 

@@ -30,22 +30,29 @@ def _overlaps(a: tuple, b: tuple, threshold: float) -> bool:
     return intersection / union > threshold
 
 
-def non_max_suppression(boxes: torch.Tensor, scores: torch.Tensor, max_per_class: torch.Tensor | None = None,
-                        iou_threshold: torch.Tensor | None = None, score_threshold: torch.Tensor | None = None, *,
-                        center_point: bool) -> torch.Tensor:
+def non_max_suppression(
+    boxes: torch.Tensor,
+    scores: torch.Tensor,
+    max_per_class: torch.Tensor | None = None,
+    iou_threshold: torch.Tensor | None = None,
+    score_threshold: torch.Tensor | None = None,
+    *,
+    center_point: bool,
+) -> torch.Tensor:
     """``[selected, 3]`` int64 rows ``(batch, class, box)``: per class, boxes by falling score (ties: lower
     index first), each kept unless it overlaps a kept one by more than ``iou_threshold``."""
     limit = max(int(max_per_class.reshape(-1)[0]), 0) if max_per_class is not None and max_per_class.numel() else 0
     iou = float(iou_threshold.reshape(-1)[0]) if iou_threshold is not None and iou_threshold.numel() else 0.0
-    floor = (float(score_threshold.reshape(-1)[0])
-             if score_threshold is not None and score_threshold.numel() else None)
+    floor = float(score_threshold.reshape(-1)[0]) if score_threshold is not None and score_threshold.numel() else None
     selected = []
     all_boxes, all_scores = boxes.tolist(), scores.tolist()
     for batch, (batch_boxes, batch_scores) in enumerate(zip(all_boxes, all_scores)):
         corners = [_corners(box, center_point) for box in batch_boxes]
         for klass, class_scores in enumerate(batch_scores):
-            order = sorted((i for i, s in enumerate(class_scores) if floor is None or s > floor),
-                           key=lambda i: (-class_scores[i], i))
+            order = sorted(
+                (i for i, s in enumerate(class_scores) if floor is None or s > floor),
+                key=lambda i: (-class_scores[i], i),
+            )
             kept: list[int] = []
             for index in order:
                 if len(kept) >= limit:

@@ -44,8 +44,10 @@ def _ratio(node, graph) -> float | None:
 def _active(node, graph, context: ConversionContext, training_mode_position: int) -> bool:
     """Training semantics, unless the node pins training_mode to a constant False."""
     inputs = node.input_values
-    if training_mode_position < len(inputs) and inputs[training_mode_position] and is_constant(
-        node, graph, training_mode_position
+    if (
+        training_mode_position < len(inputs)
+        and inputs[training_mode_position]
+        and is_constant(node, graph, training_mode_position)
     ):
         return context.training and bool(constant_input(node, graph, training_mode_position))
     return context.training
@@ -61,8 +63,12 @@ def dropout(node, graph, context: ConversionContext):
 @register("BitmaskDropout", domain=MICROSOFT)
 def bitmask_dropout(node, graph, context: ConversionContext):
     # The packed bitmask only feeds BitmaskDropoutGrad, which torch autograd replaces.
-    module = Dropout(_active(node, graph, context, 2), _ratio(node, graph), with_mask=False,
-                     extra_outputs=len(node.output_values) - 1)
+    module = Dropout(
+        _active(node, graph, context, 2),
+        _ratio(node, graph),
+        with_mask=False,
+        extra_outputs=len(node.output_values) - 1,
+    )
     return result(module, node)
 
 
@@ -83,8 +89,10 @@ class BiasDropout(nn.Module):
 @register("BiasDropout", domain=MICROSOFT)
 @register("BitmaskBiasDropout", domain=MICROSOFT)
 def bias_dropout(node, graph, context: ConversionContext):
-    attrs_ratio = float(constant_input(node, graph, 3)) if is_constant(node, graph, 3) else (
-        0.5 if len(node.input_values) <= 3 or not node.input_values[3] else None
+    attrs_ratio = (
+        float(constant_input(node, graph, 3))
+        if is_constant(node, graph, 3)
+        else (0.5 if len(node.input_values) <= 3 or not node.input_values[3] else None)
     )
     with_mask = node.operation_type == "BiasDropout" and len(node.output_values) > 1 and bool(node.output_values[1])
     extra = 0 if with_mask else len(node.output_values) - 1

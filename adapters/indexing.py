@@ -210,7 +210,7 @@ def gather_nd(data: torch.Tensor, indices: torch.Tensor, batch_dims: int) -> tor
     picks = indices.reshape(batch, -1, depth).to(torch.int64)
     rows = torch.arange(batch, device=data.device).reshape(batch, 1).expand(batch, picks.shape[1])
     gathered = flat[(rows, *picks.unbind(-1))]
-    return gathered.reshape(*indices.shape[:-1], *data.shape[batch_dims + depth:])
+    return gathered.reshape(*indices.shape[:-1], *data.shape[batch_dims + depth :])
 
 
 @register("GatherND", since=11)

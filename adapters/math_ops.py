@@ -14,7 +14,9 @@ from .common import Inline, attributes, input_dtype, input_shape, normalize_axis
 from .registry import ConversionContext, register
 
 
-def cumulative(x: torch.Tensor, axis: torch.Tensor | int, exclusive: bool, reverse: bool, product: bool) -> torch.Tensor:
+def cumulative(
+    x: torch.Tensor, axis: torch.Tensor | int, exclusive: bool, reverse: bool, product: bool
+) -> torch.Tensor:
     """ONNX CumSum/CumProd along ``axis`` (read at run time when not constant), in ``x``'s dtype."""
     dim = int(axis) % max(x.dim(), 1)
     if reverse:

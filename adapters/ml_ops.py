@@ -49,7 +49,7 @@ class TfIdfVectorizer(torch.nn.Module):
             end = starts[size] if size < len(starts) else len(pool)
             for first in range(start, end, size):
                 if self.min_size <= size <= self.max_size:
-                    self.grams[tuple(pool[first:first + size])] = self.columns[index]
+                    self.grams[tuple(pool[first : first + size])] = self.columns[index]
                 index += 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -72,7 +72,7 @@ class TfIdfVectorizer(torch.nn.Module):
                     last = start + (size - 1) * distance
                     if last >= len(row):
                         break
-                    yield tuple(row[start:last + 1:distance])
+                    yield tuple(row[start : last + 1 : distance])
             if smallest == 1:
                 smallest = 2
                 if smallest > self.max_size:
@@ -96,8 +96,15 @@ def tfidf_vectorizer(node, graph, context: ConversionContext):
     return result(TfIdfVectorizer(attrs), node)
 
 
-_COMPARE = {0: lambda v, s: v <= s, 1: lambda v, s: v < s, 2: lambda v, s: v >= s, 3: lambda v, s: v > s,
-            4: lambda v, s: v == s, 5: lambda v, s: v != s, 6: lambda v, s: v in s}
+_COMPARE = {
+    0: lambda v, s: v <= s,
+    1: lambda v, s: v < s,
+    2: lambda v, s: v >= s,
+    3: lambda v, s: v > s,
+    4: lambda v, s: v == s,
+    5: lambda v, s: v != s,
+    6: lambda v, s: v in s,
+}
 
 
 class TreeEnsemble(torch.nn.Module):
@@ -106,8 +113,9 @@ class TreeEnsemble(torch.nn.Module):
 
     def __init__(self, attrs: dict):
         super().__init__()
-        attrs = self.attrs = {name: _values(value) if hasattr(value, "to_torch") else value
-                              for name, value in attrs.items()}
+        attrs = self.attrs = {
+            name: _values(value) if hasattr(value, "to_torch") else value for name, value in attrs.items()
+        }
         self.splits = [float(v) for v in attrs["nodes_splits"]]
         self.weights = [float(v) for v in attrs["leaf_weights"]]
         members = [float(v) for v in attrs.get("membership_values", [])]
@@ -115,13 +123,19 @@ class TreeEnsemble(torch.nn.Module):
         for node, mode in enumerate(attrs["nodes_modes"]):
             if mode == 6:  # a NaN-terminated run of member values per set-membership node
                 end = next(i for i, v in enumerate(members) if math.isnan(v))
-                self.members[node], members = set(members[:end]), members[end + 1:]
+                self.members[node], members = set(members[:end]), members[end + 1 :]
         self.aggregate, self.targets = attrs.get("aggregate_function", 1), attrs["n_targets"]
 
     def _leaf(self, row: list[float], root: int) -> int:
         a = self.attrs
-        node, leaf = root, bool(a["nodes_trueleafs"][root] and a["nodes_falseleafs"][root]
-                                and a["nodes_truenodeids"][root] == a["nodes_falsenodeids"][root])
+        node, leaf = (
+            root,
+            bool(
+                a["nodes_trueleafs"][root]
+                and a["nodes_falseleafs"][root]
+                and a["nodes_truenodeids"][root] == a["nodes_falsenodeids"][root]
+            ),
+        )
         while not leaf:
             value = row[a["nodes_featureids"][node]]
             split = self.members.get(node, self.splits[node])

@@ -199,8 +199,9 @@ def lp_pool_op(node, graph, context: ConversionContext):
 
 
 # MaxUnpool ----------------------------------------------------------------------------------------
-def max_unpool(x: torch.Tensor, indices: torch.Tensor, output_shape: torch.Tensor | None = None, *,
-               inferred: list[int]) -> torch.Tensor:
+def max_unpool(
+    x: torch.Tensor, indices: torch.Tensor, output_shape: torch.Tensor | None = None, *, inferred: list[int]
+) -> torch.Tensor:
     """ONNX MaxUnpool: values put back at their flat indices; ``output_shape`` (read at run time) pads the end."""
     out = x.new_zeros(math.prod(inferred)).scatter(0, indices.reshape(-1), x.reshape(-1)).reshape(inferred)
     if output_shape is None:
@@ -216,6 +217,8 @@ def max_unpool_op(node, graph, context: ConversionContext):
     kernel = list(attrs["kernel_shape"])
     rank = len(kernel)
     strides, pads = list(attrs.get("strides", [1] * rank)), list(attrs.get("pads", [0] * (2 * rank)))
-    inferred = [*shape[:2], *((n - 1) * s - (pads[i] + pads[rank + i]) + k
-                              for i, (n, s, k) in enumerate(zip(shape[2:], strides, kernel)))]
+    inferred = [
+        *shape[:2],
+        *((n - 1) * s - (pads[i] + pads[rank + i]) + k for i, (n, s, k) in enumerate(zip(shape[2:], strides, kernel))),
+    ]
     return result(Inline(max_unpool, inferred=inferred), node)

@@ -53,8 +53,9 @@ def _dtype(attrs: dict) -> torch.dtype | None:
 @register("RandomUniformLike", since=1)
 def random_uniform_like(node, graph, context: ConversionContext):
     attrs = attributes(node)
-    return result(RandomUniformLike(_dtype(attrs), attrs.get("seed"), attrs.get("low", 0.0), attrs.get("high", 1.0)),
-                  node)
+    return result(
+        RandomUniformLike(_dtype(attrs), attrs.get("seed"), attrs.get("low", 0.0), attrs.get("high", 1.0)), node
+    )
 
 
 @register("Bernoulli", since=15)

@@ -132,20 +132,29 @@ def resize(node, graph, context: ConversionContext):
     mode = attrs.get("mode", "nearest")
     coordinates = attrs["coordinate_transformation_mode"]
     if mode not in ("nearest", "linear", "cubic") or coordinates not in (*_COORDINATES, "tf_crop_and_resize"):
-        raise NotImplementedError(f"Resize: mode={mode!r} with coordinate_transformation_mode={coordinates!r} "
-                                  "is not supported")
+        raise NotImplementedError(
+            f"Resize: mode={mode!r} with coordinate_transformation_mode={coordinates!r} is not supported"
+        )
     shape = input_shape(node, graph, 0)
     axes = [normalize_axis(a, len(shape)) for a in attrs.get("axes", range(len(shape)))]
     target = 3 if has_input(node, 3) else 2
     if mode == "cubic" or coordinates == "tf_crop_and_resize" or attrs.get("antialias", 0):
         roi = node.input_values[1] if has_input(node, 1) else ""
-        return result(MatrixResize(axes, attrs, target == 3, _targets), node,
-                      [node.input_values[0], roi, node.input_values[target]])
+        return result(
+            MatrixResize(axes, attrs, target == 3, _targets),
+            node,
+            [node.input_values[0], roi, node.input_values[target]],
+        )
     if not is_constant(node, graph, target):
-        return result(RuntimeResize(axes, attrs, sizes=target == 3), node, [node.input_values[0], node.input_values[target]])
+        return result(
+            RuntimeResize(axes, attrs, sizes=target == 3), node, [node.input_values[0], node.input_values[target]]
+        )
     values = constant_input(node, graph, target)
-    return result(_static_resize(shape, axes, attrs, *((None, values) if target == 3 else (values, None))), node,
-                  node.input_values[:1])
+    return result(
+        _static_resize(shape, axes, attrs, *((None, values) if target == 3 else (values, None))),
+        node,
+        node.input_values[:1],
+    )
 
 
 class RuntimeResize(nn.Module):

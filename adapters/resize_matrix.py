@@ -20,16 +20,21 @@ def _coefficients(ratio: float, scale: float, mode: str, attrs: dict) -> list[fl
         if float(ratio).is_integer():
             return [0.0, 1.0]
         rule = attrs.get("nearest_mode", "round_prefer_floor")
-        first = {"round_prefer_floor": ratio <= 0.5, "round_prefer_ceil": ratio < 0.5, "floor": True,
-                 "ceil": False}[rule]
+        first = {"round_prefer_floor": ratio <= 0.5, "round_prefer_ceil": ratio < 0.5, "floor": True, "ceil": False}[
+            rule
+        ]
         return [float(first), float(not first)]
     a = attrs.get("cubic_coeff_a", -0.75)
     if not attrs.get("antialias", 0):
         if mode == "linear":
             return [1 - ratio, ratio]
         r, s = ratio, 1 - ratio
-        return [((a * (r + 1) - 5 * a) * (r + 1) + 8 * a) * (r + 1) - 4 * a, ((a + 2) * r - (a + 3)) * r * r + 1,
-                ((a + 2) * s - (a + 3)) * s * s + 1, ((a * (s + 1) - 5 * a) * (s + 1) + 8 * a) * (s + 1) - 4 * a]
+        return [
+            ((a * (r + 1) - 5 * a) * (r + 1) + 8 * a) * (r + 1) - 4 * a,
+            ((a + 2) * r - (a + 3)) * r * r + 1,
+            ((a + 2) * s - (a + 3)) * s * s + 1,
+            ((a * (s + 1) - 5 * a) * (s + 1) + 8 * a) * (s + 1) - 4 * a,
+        ]
     scale = min(scale, 1.0)
     if mode == "linear":
         start = math.floor(-1 / scale) + 1

@@ -129,10 +129,17 @@ def _looped(config: RecurrentConfig, x, w, r, b, sequence_lens, h0, c0, p):
     ys, hs, cs = [], [], []
     for d in range(config.num_directions):
         y, h, c = recurrent_direction(
-            config.op_type, x, w[d], r[d], None if b is None else b[d], h0[d], None if c0 is None else c0[d],
-            None if p is None else p[d], lengths,
+            config.op_type,
+            x,
+            w[d],
+            r[d],
+            None if b is None else b[d],
+            h0[d],
+            None if c0 is None else c0[d],
+            None if p is None else p[d],
+            lengths,
             reverse=config.direction == "reverse" or d == 1,
-            activations=config.activations[d * per_direction:(d + 1) * per_direction],
+            activations=config.activations[d * per_direction : (d + 1) * per_direction],
             clip=config.clip,
             linear_before_reset=config.linear_before_reset,
             input_forget=config.input_forget,
@@ -161,10 +168,12 @@ def recurrent_config(node, op_type: str) -> RecurrentConfig:
     if len(names) < len(defaults) * directions:
         raise UnsupportedOperatorError(
             f"{op_type}: attribute activations={names} has {len(names)} functions, "
-            f"expected {len(defaults)} per direction ({direction})")
+            f"expected {len(defaults)} per direction ({direction})"
+        )
     names = names[: len(defaults) * directions]
-    activations = tuple(activation_specs(op_type, names, _floats(attrs.get("activation_alpha")),
-                                         _floats(attrs.get("activation_beta"))))
+    activations = tuple(
+        activation_specs(op_type, names, _floats(attrs.get("activation_alpha")), _floats(attrs.get("activation_beta")))
+    )
     clip = attrs.get("clip")
     clip = float(clip) if isinstance(clip, (int, float)) else None
     linear_before_reset = bool(attrs.get("linear_before_reset", 0))
@@ -180,8 +189,18 @@ def recurrent_config(node, op_type: str) -> RecurrentConfig:
         and (op_type != "GRU" or linear_before_reset)
     )
     standard = min(len(node.output_values), 3 if op_type == "LSTM" else 2)
-    return RecurrentConfig(op_type, direction, int(attrs.get("layout", 0)), activations, clip, linear_before_reset,
-                           input_forget, standard, len(node.output_values) - standard, fused)
+    return RecurrentConfig(
+        op_type,
+        direction,
+        int(attrs.get("layout", 0)),
+        activations,
+        clip,
+        linear_before_reset,
+        input_forget,
+        standard,
+        len(node.output_values) - standard,
+        fused,
+    )
 
 
 def check_shapes(node, graph, config: RecurrentConfig) -> None:
@@ -195,16 +214,24 @@ def check_shapes(node, graph, config: RecurrentConfig) -> None:
     batch, features = (x[0] if config.layout else x[1]), x[2]
     directions, gates = config.num_directions, len(_TORCH_GATE_ORDER[op_type])
     state = (batch, directions, hidden) if config.layout else (directions, batch, hidden)
-    expected = {"W": (directions, gates * hidden, features), "R": (directions, gates * hidden, hidden),
-                "B": (directions, 2 * gates * hidden), "sequence_lens": (batch,), "initial_h": state,
-                "initial_c": state, "P": (directions, 3 * hidden)}
+    expected = {
+        "W": (directions, gates * hidden, features),
+        "R": (directions, gates * hidden, hidden),
+        "B": (directions, 2 * gates * hidden),
+        "sequence_lens": (batch,),
+        "initial_h": state,
+        "initial_c": state,
+        "P": (directions, 3 * hidden),
+    }
     size = attributes(node).get("hidden_size", hidden)
     if size != hidden:
         raise ValueError(f"{op_type}: attribute hidden_size={size} but input R has hidden size {hidden}")
     for name, shape in expected.items():
         if name in shapes and tuple(shapes[name]) != shape:
-            raise ValueError(f"{op_type}: input {name} must have shape {list(shape)} (direction={config.direction}, "
-                             f"layout={config.layout}, X {list(x)}, hidden {hidden}), got {list(shapes[name])}")
+            raise ValueError(
+                f"{op_type}: input {name} must have shape {list(shape)} (direction={config.direction}, "
+                f"layout={config.layout}, X {list(x)}, hidden {hidden}), got {list(shapes[name])}"
+            )
 
 
 def _convert(node, graph, op_type: str):

@@ -45,8 +45,9 @@ class ActivationSpec:
         return _ACTIVATIONS[self.name][0](x, self.alpha, self.beta)
 
 
-def activation_specs(op_type: str, names: Sequence[str], alphas: Sequence[float],
-                     betas: Sequence[float]) -> list[ActivationSpec]:
+def activation_specs(
+    op_type: str, names: Sequence[str], alphas: Sequence[float], betas: Sequence[float]
+) -> list[ActivationSpec]:
     """The node's activations; alphas/betas are consumed in order by the functions that use them."""
     alpha_values, beta_values = iter(alphas), iter(betas)
     specs = []
@@ -54,13 +55,16 @@ def activation_specs(op_type: str, names: Sequence[str], alphas: Sequence[float]
         key = name.lower()
         if key not in _ACTIVATIONS:
             raise UnsupportedOperatorError(
-                f"{op_type}: attribute activations holds {name!r}; supported: {sorted(_ACTIVATIONS)}")
+                f"{op_type}: attribute activations holds {name!r}; supported: {sorted(_ACTIVATIONS)}"
+            )
         _, alpha, beta = _ACTIVATIONS[key]
-        specs.append(ActivationSpec(
-            key,
-            None if alpha is None else float(next(alpha_values, alpha)),
-            None if beta is None else float(next(beta_values, beta)),
-        ))
+        specs.append(
+            ActivationSpec(
+                key,
+                None if alpha is None else float(next(alpha_values, alpha)),
+                None if beta is None else float(next(beta_values, beta)),
+            )
+        )
     return specs
 
 
@@ -110,8 +114,9 @@ def recurrent_direction(
         elif op_type == "GRU":
             new_h = _gru_step(projected[step], h, r, recurrence_bias, hidden, activations, clip, linear_before_reset)
         else:
-            new_h, new_c = _lstm_step(projected[step] + F.linear(h, r, recurrence_bias), c, p, hidden,
-                                      activations, clip, input_forget)
+            new_h, new_c = _lstm_step(
+                projected[step] + F.linear(h, r, recurrence_bias), c, p, hidden, activations, clip, input_forget
+            )
             c = _keep(mask, new_c, c)
         h = _keep(mask, new_h, h)
         outputs[step] = _keep(mask, new_h, zeros)
@@ -130,9 +135,9 @@ def _gru_step(projected, h, r, recurrence_bias, hidden, activations, clip, linea
     z = f(_clip(x_z + h_z, clip))
     reset = f(_clip(x_r + h_r, clip))
     if linear_before_reset:
-        candidate = reset * F.linear(h, r[2 * hidden:], bias_h)
+        candidate = reset * F.linear(h, r[2 * hidden :], bias_h)
     else:
-        candidate = F.linear(reset * h, r[2 * hidden:], bias_h)
+        candidate = F.linear(reset * h, r[2 * hidden :], bias_h)
     n = g(_clip(x_h + candidate, clip))
     return (1 - z) * n + z * h
 

@@ -39,12 +39,14 @@ class LinearAttention(nn.Module):
         d_k, d_v = k.shape[-1], v.shape[-1]
         if decay is not None:  # per head (B, T, H) or per key dim (B, T, H * d_k) -> (B, H, T, 1 or d_k)
             per_head = decay.shape[-1] == self.kv_heads
-            decay = _wide(decay.reshape(batch, time, self.kv_heads, 1).transpose(1, 2) if per_head
-                          else _heads(decay, self.kv_heads))
+            decay = _wide(
+                decay.reshape(batch, time, self.kv_heads, 1).transpose(1, 2)
+                if per_head
+                else _heads(decay, self.kv_heads)
+            )
         if beta is not None:
             beta = _wide(beta.reshape(batch, time, beta.shape[-1], 1).transpose(1, 2))
-        state = (_wide(past_state) if past_state is not None
-                 else q.new_zeros(batch, self.kv_heads, d_k, d_v))
+        state = _wide(past_state) if past_state is not None else q.new_zeros(batch, self.kv_heads, d_k, d_v)
         scale = self.scale or 1.0 / math.sqrt(d_k)
         group = self.q_heads // self.kv_heads
         outputs = []
@@ -65,8 +67,12 @@ class LinearAttention(nn.Module):
 @register("LinearAttention", since=27)
 def linear_attention(node, graph, context: ConversionContext):
     attrs = attributes(node)
-    module = LinearAttention(attrs["q_num_heads"], attrs["kv_num_heads"], float(attrs.get("scale", 0.0)),
-                             attrs.get("update_rule", "gated_delta"))
+    module = LinearAttention(
+        attrs["q_num_heads"],
+        attrs["kv_num_heads"],
+        float(attrs.get("scale", 0.0)),
+        attrs.get("update_rule", "gated_delta"),
+    )
     return result(module, node)
 
 
@@ -84,7 +90,7 @@ class CausalConvWithState(nn.Module):
         out = F.conv1d(padded, weight, bias, groups=x.shape[1])
         if self.silu:
             out = F.silu(_wide(out)).to(x.dtype)
-        return out, padded[:, :, padded.shape[2] - width:]
+        return out, padded[:, :, padded.shape[2] - width :]
 
 
 @register("CausalConvWithState", since=27)

@@ -17,8 +17,9 @@ def _complex(x: torch.Tensor) -> torch.Tensor:
     return x[..., 0] if x.shape[-1] == 1 else torch.complex(x[..., 0], x[..., 1])
 
 
-def dft(x: torch.Tensor, length: torch.Tensor | None = None, axis: torch.Tensor | int = 1, *,
-        inverse: bool, onesided: bool) -> torch.Tensor:
+def dft(
+    x: torch.Tensor, length: torch.Tensor | None = None, axis: torch.Tensor | int = 1, *, inverse: bool, onesided: bool
+) -> torch.Tensor:
     """ONNX DFT along ``axis`` (an int or a scalar tensor read at run time)."""
     axis = int(axis) % x.dim()
     if length is None:
@@ -55,8 +56,14 @@ def dft_op(node, graph, context: ConversionContext):
     return result(DFT(axis, bool(attrs.get("inverse", 0)), bool(attrs.get("onesided", 0))), node)
 
 
-def stft(signal: torch.Tensor, frame_step: torch.Tensor, window: torch.Tensor | None = None,
-         frame_length: torch.Tensor | None = None, *, onesided: bool) -> torch.Tensor:
+def stft(
+    signal: torch.Tensor,
+    frame_step: torch.Tensor,
+    window: torch.Tensor | None = None,
+    frame_length: torch.Tensor | None = None,
+    *,
+    onesided: bool,
+) -> torch.Tensor:
     """ONNX STFT: windowed frames of ``signal`` ``[batch, length, 1 or 2]``, each transformed by a DFT."""
     if frame_length is not None:
         length = int(frame_length)
@@ -121,15 +128,23 @@ register("HammingWindow", since=17)(_window(hamming_window))
 register("BlackmanWindow", since=17)(_window(blackman_window))
 
 
-def mel_weight_matrix(bins: torch.Tensor, dft_length: torch.Tensor, sample_rate: torch.Tensor, lower: torch.Tensor,
-                      upper: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def mel_weight_matrix(
+    bins: torch.Tensor,
+    dft_length: torch.Tensor,
+    sample_rate: torch.Tensor,
+    lower: torch.Tensor,
+    upper: torch.Tensor,
+    dtype: torch.dtype,
+) -> torch.Tensor:
     """ONNX MelWeightMatrix ``[dft_length // 2 + 1, bins]``: triangular filters on the mel scale."""
     bins, dft_length, sample_rate = int(bins), int(dft_length), int(sample_rate)
     low_mel = 2595 * math.log1p(float(lower) / 700) / math.log(10)
     high_mel = 2595 * math.log1p(float(upper) / 700) / math.log(10)
     step = (high_mel - low_mel) / (bins + 2)
-    edges = [int(((dft_length + 1) * (700 * math.expm1((i * step + low_mel) / 2595 * math.log(10)))) // sample_rate)
-             for i in range(bins + 2)]
+    edges = [
+        int(((dft_length + 1) * (700 * math.expm1((i * step + low_mel) / 2595 * math.log(10)))) // sample_rate)
+        for i in range(bins + 2)
+    ]
     out = torch.zeros(dft_length // 2 + 1, bins, dtype=torch.float64)
     for i in range(bins):
         left, center, right = edges[i], edges[i + 1], edges[i + 2]

@@ -10,16 +10,28 @@ import torch.nn.functional as F
 from .common import Inline, attributes, input_shape, result
 from .registry import ConversionContext, register
 
-_GRID_MODES = {"linear": "bilinear", "bilinear": "bilinear", "nearest": "nearest", "cubic": "bicubic",
-               "bicubic": "bicubic"}
+_GRID_MODES = {
+    "linear": "bilinear",
+    "bilinear": "bilinear",
+    "nearest": "nearest",
+    "cubic": "bicubic",
+    "bicubic": "bicubic",
+}
 
 
 @register("GridSample", since=16)
 def grid_sample(node, graph, context: ConversionContext):
     attrs = attributes(node)
     mode = _GRID_MODES[attrs.get("mode", "linear" if context.opset >= 20 else "bilinear")]
-    return result(Inline(F.grid_sample, mode=mode, padding_mode=attrs.get("padding_mode", "zeros"),
-                         align_corners=bool(attrs.get("align_corners", 0))), node)
+    return result(
+        Inline(
+            F.grid_sample,
+            mode=mode,
+            padding_mode=attrs.get("padding_mode", "zeros"),
+            align_corners=bool(attrs.get("align_corners", 0)),
+        ),
+        node,
+    )
 
 
 def affine_grid(theta: torch.Tensor, size: torch.Tensor, align_corners: bool) -> torch.Tensor:
@@ -32,8 +44,14 @@ def affine_grid_op(node, graph, context: ConversionContext):
     return result(Inline(affine_grid, bool(attributes(node).get("align_corners", 0))), node)
 
 
-def col2im(x: torch.Tensor, image_shape: torch.Tensor, block_shape: torch.Tensor,
-           dilations: list[int] | None, pads: list[int] | None, strides: list[int] | None) -> torch.Tensor:
+def col2im(
+    x: torch.Tensor,
+    image_shape: torch.Tensor,
+    block_shape: torch.Tensor,
+    dilations: list[int] | None,
+    pads: list[int] | None,
+    strides: list[int] | None,
+) -> torch.Tensor:
     """ONNX Col2Im for any number of spatial dims: each column's block added back at its image position."""
     image, block = [int(v) for v in image_shape.tolist()], [int(v) for v in block_shape.tolist()]
     rank = len(image)
@@ -51,8 +69,11 @@ def col2im(x: torch.Tensor, image_shape: torch.Tensor, block_shape: torch.Tensor
 
 def _block_positions(padded, block, dilations, strides, counts, device) -> torch.Tensor:
     """Flat padded-image index of every (block offset..., block position...) pair, in Col2Im's column order."""
-    grids = torch.meshgrid(*[torch.arange(k, device=device) for k in block],
-                           *[torch.arange(c, device=device) for c in counts], indexing="ij")
+    grids = torch.meshgrid(
+        *[torch.arange(k, device=device) for k in block],
+        *[torch.arange(c, device=device) for c in counts],
+        indexing="ij",
+    )
     rank = len(block)
     flat = torch.zeros_like(grids[0])
     for axis in range(rank):
@@ -84,10 +105,12 @@ class DeformConv(torch.nn.Module):
         out_h, out_w = offset.shape[2:]
         groups = self.offset_group
         offset = offset.reshape(n, groups, kh, kw, 2, out_h, out_w)
-        rows = (torch.arange(kh, device=x.device) * self.dilations[0]).reshape(kh, 1, 1, 1) + \
-            (torch.arange(out_h, device=x.device) * self.strides[0] - self.pads[0]).reshape(1, 1, out_h, 1)
-        columns = (torch.arange(kw, device=x.device) * self.dilations[1]).reshape(1, kw, 1, 1) + \
-            (torch.arange(out_w, device=x.device) * self.strides[1] - self.pads[1]).reshape(1, 1, 1, out_w)
+        rows = (torch.arange(kh, device=x.device) * self.dilations[0]).reshape(kh, 1, 1, 1) + (
+            torch.arange(out_h, device=x.device) * self.strides[0] - self.pads[0]
+        ).reshape(1, 1, out_h, 1)
+        columns = (torch.arange(kw, device=x.device) * self.dilations[1]).reshape(1, kw, 1, 1) + (
+            torch.arange(out_w, device=x.device) * self.strides[1] - self.pads[1]
+        ).reshape(1, 1, 1, out_w)
         y = (rows + offset[:, :, :, :, 0]) / (height - 1) * 2 - 1  # [n, groups, kh, kw, out_h, out_w]
         x_coordinate = (columns + offset[:, :, :, :, 1]) / (width - 1) * 2 - 1
         grid = torch.stack((x_coordinate, y), dim=-1).to(x.dtype).reshape(n * groups, kh * kw * out_h, out_w, 2)
@@ -125,8 +148,17 @@ def _roi_axis(start: float, bins: float, pooled: int, grid: int, size: int, devi
     return low.to(device), high.to(device), (1 - fraction).to(device), fraction.to(device), valid.to(device)
 
 
-def roi_align(x: torch.Tensor, rois: torch.Tensor, batch_indices: torch.Tensor, *, pooled: tuple[int, int],
-              ratio: int, scale: float, half_pixel: bool, average: bool) -> torch.Tensor:
+def roi_align(
+    x: torch.Tensor,
+    rois: torch.Tensor,
+    batch_indices: torch.Tensor,
+    *,
+    pooled: tuple[int, int],
+    ratio: int,
+    scale: float,
+    half_pixel: bool,
+    average: bool,
+) -> torch.Tensor:
     """ONNX RoiAlign: bilinear samples on a ``ratio`` (or adaptive) grid per bin, averaged or max-pooled
     (max over the four weighted corners, as ONNX/ORT define it)."""
     offset = 0.5 if half_pixel else 0.0
@@ -143,8 +175,11 @@ def roi_align(x: torch.Tensor, rois: torch.Tensor, batch_indices: torch.Tensor, 
         y_low, y_high, hy, ly, valid_y = _roi_axis(start_h, bin_h, pooled[0], grid_h, height, x.device)
         x_low, x_high, hx, lx, valid_x = _roi_axis(start_w, bin_w, pooled[1], grid_w, width, x.device)
         feature = x[int(batch)]
-        corners = [feature[:, rows][:, :, columns] * (wy.reshape(-1, 1) * wx.reshape(1, -1)).to(x.dtype)
-                   for rows, wy in ((y_low, hy), (y_high, ly)) for columns, wx in ((x_low, hx), (x_high, lx))]
+        corners = [
+            feature[:, rows][:, :, columns] * (wy.reshape(-1, 1) * wx.reshape(1, -1)).to(x.dtype)
+            for rows, wy in ((y_low, hy), (y_high, ly))
+            for columns, wx in ((x_low, hx), (x_high, lx))
+        ]
         valid = (valid_y.reshape(-1, 1) & valid_x.reshape(1, -1)).to(x.dtype)
         samples = (sum(corners) if average else torch.stack(corners).amax(0)) * valid
         samples = samples.reshape(x.shape[1], pooled[0], grid_h, pooled[1], grid_w)
@@ -155,8 +190,18 @@ def roi_align(x: torch.Tensor, rois: torch.Tensor, batch_indices: torch.Tensor, 
 @register("RoiAlign", since=10)
 def roi_align_op(node, graph, context: ConversionContext):
     attrs = attributes(node)
-    half_pixel = attrs.get("coordinate_transformation_mode", "half_pixel" if context.opset >= 16 else
-                           "output_half_pixel") == "half_pixel"
-    return result(Inline(roi_align, pooled=(attrs.get("output_height", 1), attrs.get("output_width", 1)),
-                         ratio=attrs.get("sampling_ratio", 0), scale=attrs.get("spatial_scale", 1.0),
-                         half_pixel=half_pixel, average=attrs.get("mode", "avg") == "avg"), node)
+    half_pixel = (
+        attrs.get("coordinate_transformation_mode", "half_pixel" if context.opset >= 16 else "output_half_pixel")
+        == "half_pixel"
+    )
+    return result(
+        Inline(
+            roi_align,
+            pooled=(attrs.get("output_height", 1), attrs.get("output_width", 1)),
+            ratio=attrs.get("sampling_ratio", 0),
+            scale=attrs.get("spatial_scale", 1.0),
+            half_pixel=half_pixel,
+            average=attrs.get("mode", "avg") == "avg",
+        ),
+        node,
+    )

@@ -42,8 +42,9 @@ def momentum(r, t, *tensors, alpha: float, beta: float, nesterov: bool, norm_coe
     return _flatten(updates)
 
 
-def adam(r, t, *tensors, alpha: float, beta: float, epsilon: float, norm_coefficient: float,
-         norm_coefficient_post: float) -> tuple:
+def adam(
+    r, t, *tensors, alpha: float, beta: float, epsilon: float, norm_coefficient: float, norm_coefficient_post: float
+) -> tuple:
     steps = torch.where(t > 0, t, 1).to(torch.float64)  # no 0/0 at step 0: its NaN would reach R's gradient
     corrected = r * torch.sqrt(1 - beta**steps) / (1 - alpha**steps)
     rate = torch.where(t > 0, corrected.to(r.dtype), r)
@@ -60,20 +61,43 @@ def adam(r, t, *tensors, alpha: float, beta: float, epsilon: float, norm_coeffic
 @register("Adagrad", domain=TRAINING)
 def adagrad_op(node, graph, context: ConversionContext):
     attrs = attributes(node)
-    return result(Inline(adagrad, decay_factor=attrs.get("decay_factor", 0.0), epsilon=attrs.get("epsilon", 0.0),
-                         norm_coefficient=attrs.get("norm_coefficient", 0.0)), node)
+    return result(
+        Inline(
+            adagrad,
+            decay_factor=attrs.get("decay_factor", 0.0),
+            epsilon=attrs.get("epsilon", 0.0),
+            norm_coefficient=attrs.get("norm_coefficient", 0.0),
+        ),
+        node,
+    )
 
 
 @register("Momentum", domain=TRAINING)
 def momentum_op(node, graph, context: ConversionContext):
     attrs = attributes(node)
-    return result(Inline(momentum, alpha=attrs["alpha"], beta=attrs["beta"], nesterov=attrs["mode"] == "nesterov",
-                         norm_coefficient=attrs["norm_coefficient"]), node)
+    return result(
+        Inline(
+            momentum,
+            alpha=attrs["alpha"],
+            beta=attrs["beta"],
+            nesterov=attrs["mode"] == "nesterov",
+            norm_coefficient=attrs["norm_coefficient"],
+        ),
+        node,
+    )
 
 
 @register("Adam", domain=TRAINING)
 def adam_op(node, graph, context: ConversionContext):
     attrs = attributes(node)
-    return result(Inline(adam, alpha=attrs.get("alpha", 0.9), beta=attrs.get("beta", 0.999),
-                         epsilon=attrs.get("epsilon", 0.0), norm_coefficient=attrs.get("norm_coefficient", 0.0),
-                         norm_coefficient_post=attrs.get("norm_coefficient_post", 0.0)), node)
+    return result(
+        Inline(
+            adam,
+            alpha=attrs.get("alpha", 0.9),
+            beta=attrs.get("beta", 0.999),
+            epsilon=attrs.get("epsilon", 0.0),
+            norm_coefficient=attrs.get("norm_coefficient", 0.0),
+            norm_coefficient_post=attrs.get("norm_coefficient_post", 0.0),
+        ),
+        node,
+    )

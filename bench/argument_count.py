@@ -11,7 +11,6 @@ import argparse
 import sys
 
 import torch
-
 from timing import block_median_us
 
 

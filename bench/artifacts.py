@@ -28,7 +28,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 import torch
-
 from models import OPSET, BenchModel
 
 BENCH = Path(__file__).resolve().parent
@@ -56,10 +55,18 @@ def export_base_model(model: BenchModel) -> tuple[onnx.ModelProto, list[str]]:
     buffer = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(module, (torch.from_numpy(x),), buffer, dynamo=False, opset_version=OPSET,
-                          training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
-                          input_names=["input"], output_names=["logits"],
-                          dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}})
+        torch.onnx.export(
+            module,
+            (torch.from_numpy(x),),
+            buffer,
+            dynamo=False,
+            opset_version=OPSET,
+            training=torch.onnx.TrainingMode.TRAINING,
+            do_constant_folding=False,
+            input_names=["input"],
+            output_names=["logits"],
+            dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}},
+        )
     proto = onnx.load_from_string(buffer.getvalue())
     for node in proto.graph.node:
         if node.op_type == "LayerNormalization" and len(node.output) == 1:
@@ -77,9 +84,13 @@ def generate_with_ort(directory: Path) -> None:
     onnxruntime.set_default_logger_severity(3)
     requires_grad = json.loads((directory / "requires_grad.json").read_text())
     ort_artifacts.generate_artifacts(
-        str(directory / "base_model.onnx"), requires_grad=requires_grad, frozen_params=[],
-        loss=ort_artifacts.LossType.CrossEntropyLoss, optimizer=ort_artifacts.OptimType.AdamW,
-        artifact_directory=str(directory))
+        str(directory / "base_model.onnx"),
+        requires_grad=requires_grad,
+        frozen_params=[],
+        loss=ort_artifacts.LossType.CrossEntropyLoss,
+        optimizer=ort_artifacts.OptimType.AdamW,
+        artifact_directory=str(directory),
+    )
     print(json.dumps({"generator": f"onnxruntime-training {onnxruntime.__version__}"}))
 
 
@@ -89,8 +100,14 @@ def generate_with_ours(model: BenchModel, directory: Path) -> None:
 
     base, requires_grad = export_base_model(model)
     onnx.save(base, str(directory / "base_model.onnx"))
-    generate_artifacts(base, requires_grad=requires_grad, frozen_params=[], loss=LossType.CrossEntropyLoss,
-                       optimizer=OptimType.AdamW, artifact_directory=directory)
+    generate_artifacts(
+        base,
+        requires_grad=requires_grad,
+        frozen_params=[],
+        loss=LossType.CrossEntropyLoss,
+        optimizer=OptimType.AdamW,
+        artifact_directory=directory,
+    )
 
 
 def cache_key(model: BenchModel, generator: str) -> str:
@@ -148,8 +165,13 @@ def _run_ort_generator(model: BenchModel, directory: Path) -> str:
     onnx.save(base, str(directory / "base_model.onnx"))
     (directory / "requires_grad.json").write_text(json.dumps(requires_grad))
     with tempfile.TemporaryDirectory() as cwd:
-        proc = subprocess.run([str(ORT_PYTHON), str(Path(__file__).resolve()), str(directory.resolve())],
-                              capture_output=True, text=True, cwd=cwd, timeout=900)
+        proc = subprocess.run(
+            [str(ORT_PYTHON), str(Path(__file__).resolve()), str(directory.resolve())],
+            capture_output=True,
+            text=True,
+            cwd=cwd,
+            timeout=900,
+        )
     if proc.returncode != 0:
         lines = (proc.stderr or proc.stdout).strip().splitlines()
         raise RuntimeError(lines[-1] if lines else f"exit status {proc.returncode}")

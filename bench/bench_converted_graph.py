@@ -17,11 +17,10 @@ from collections.abc import Callable
 
 import onnx
 import torch
+from timing import interleaved_step_times, median
 from torch import nn
 
-from ort_torch_train.graph.convert import TensorSpec, convert_graph
-
-from timing import interleaved_step_times, median
+from ort_torch_train.convert.graph import TensorSpec, convert_graph
 
 
 class MLP(nn.Module):
@@ -37,8 +36,14 @@ class CNN(nn.Module):
     def __init__(self):
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+            nn.Conv2d(3, 16, 3, padding=1),
+            nn.BatchNorm2d(16),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.BatchNorm2d(32),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
         )
         self.head = nn.Linear(32, 10)
 
@@ -75,8 +80,14 @@ def export_with_parameter_inputs(model: nn.Module, x: torch.Tensor, dynamo: bool
         else:
             buffer = io.BytesIO()
             torch.onnx.export(
-                model, (x,), buffer, opset_version=17, dynamo=False, do_constant_folding=False,
-                training=torch.onnx.TrainingMode.TRAINING, input_names=["x"],
+                model,
+                (x,),
+                buffer,
+                opset_version=17,
+                dynamo=False,
+                do_constant_folding=False,
+                training=torch.onnx.TrainingMode.TRAINING,
+                input_names=["x"],
             )
             proto = onnx.load_from_string(buffer.getvalue())
     parameters = dict(model.named_parameters())
@@ -109,7 +120,10 @@ def run(name: str, dynamo: bool, steps: int) -> None:
 
     times = interleaved_step_times(
         {"eager": lambda: model(x).sum().backward(), "converted": lambda: gm(x, *copies)[0].sum().backward()},
-        rounds=steps, steps_per_round=1, warmup=max(steps // 10, 5))
+        rounds=steps,
+        steps_per_round=1,
+        warmup=max(steps // 10, 5),
+    )
     eager_us, converted_us = (median(times[name]) * 1e6 for name in ("eager", "converted"))
     print(
         f"{name:18s} eager {eager_us:9.0f} us  converted {converted_us:9.0f} us  ratio {converted_us / eager_us:5.3f}"

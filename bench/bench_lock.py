@@ -37,8 +37,10 @@ def main(iterations: int = 1_000_000, repeats: int = 5) -> None:
     costs = []
     for _ in range(repeats):  # interleaved, best of each
         costs.append(_per_iteration(locked, iterations) - _per_iteration(empty, iterations))
-    print(f"uncontended RLock acquire+release: {min(costs):.0f} ns (median {sorted(costs)[repeats // 2]:.0f} ns, "
-          f"{repeats} x {iterations} iterations; shared machine)")
+    print(
+        f"uncontended RLock acquire+release: {min(costs):.0f} ns (median {sorted(costs)[repeats // 2]:.0f} ns, "
+        f"{repeats} x {iterations} iterations; shared machine)"
+    )
 
 
 if __name__ == "__main__":

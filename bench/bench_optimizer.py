@@ -13,6 +13,7 @@ import argparse
 from collections.abc import Callable
 
 import torch
+from timing import interleaved_step_times, median, render_table
 
 from ort_torch_train.checkpoint.state import TrainingState
 from ort_torch_train.optim.adamw import adamw
@@ -20,11 +21,10 @@ from ort_torch_train.optim.engine import OptimizerEngine
 from ort_torch_train.optim.optimizer_model import OptimizerSpec
 from ort_torch_train.optim.scratch import make_scratch
 
-from timing import interleaved_step_times, median, render_table
 
-
-def transformer_shapes(layers: int = 4, d_model: int = 256, d_ff: int = 1024, vocab: int = 1000,
-                       context: int = 128) -> list[tuple[int, ...]]:
+def transformer_shapes(
+    layers: int = 4, d_model: int = 256, d_ff: int = 1024, vocab: int = 1000, context: int = 128
+) -> list[tuple[int, ...]]:
     """Parameter shapes of a small pre-LN transformer encoder."""
     shapes = [(vocab, d_model), (context, d_model)]
     for _ in range(layers):
@@ -58,9 +58,23 @@ def contenders(shapes: list[tuple[int, ...]], device: torch.device) -> dict[str,
 
         def step() -> None:
             counter[0] += 1
-            adamw(params, grads, m, v, step=counter[0], lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-6,
-                  weight_decay=0.01, adam_mode=adam_mode, correct_bias=True, implementation=implementation,
-                  scratch=scratch)
+            adamw(
+                params,
+                grads,
+                m,
+                v,
+                step=counter[0],
+                lr=1e-3,
+                beta1=0.9,
+                beta2=0.999,
+                eps=1e-6,
+                weight_decay=0.01,
+                adam_mode=adam_mode,
+                correct_bias=True,
+                implementation=implementation,
+                scratch=scratch,
+            )
+
         return step
 
     def torch_adamw(**flags) -> Callable[[], None]:
@@ -94,14 +108,21 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    print(f"torch {torch.__version__}, device {device}, threads {torch.get_num_threads()}, "
-          f"median of {args.iters} steps after {args.warmup} warmup")
+    print(
+        f"torch {torch.__version__}, device {device}, threads {torch.get_num_threads()}, "
+        f"median of {args.iters} steps after {args.warmup} warmup"
+    )
     for title, shapes in (("transformer 4 x d256", transformer_shapes()), ("mlp 20-32-5", MLP_SHAPES)):
         numel = sum(torch.Size(s).numel() for s in shapes)
         print(f"\n{title}: {len(shapes)} tensors, {numel:,} parameters")
         sync = torch.cuda.synchronize if device.type == "cuda" else None
-        times = interleaved_step_times(contenders(shapes, device), rounds=10, steps_per_round=max(1, args.iters // 10),
-                                       warmup=args.warmup, sync=sync)
+        times = interleaved_step_times(
+            contenders(shapes, device),
+            rounds=10,
+            steps_per_round=max(1, args.iters // 10),
+            warmup=args.warmup,
+            sync=sync,
+        )
         timings = {name: median(values) for name, values in times.items()}
         baseline = timings["torch AdamW fused"]
         rows = [[name, f"{seconds * 1e6:.1f}", f"{seconds / baseline:.2f}x"] for name, seconds in timings.items()]

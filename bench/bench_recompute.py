@@ -43,7 +43,6 @@ def _setting(text: str) -> bool | int | None:
 
 def child(model_name: str, device: str, steps: int, setting_text: str) -> dict:
     import torch
-
     from artifacts import prepare_artifacts
     from models import ENCODER_GELU_DROPOUT, MODELS
 
@@ -75,8 +74,13 @@ def child(model_name: str, device: str, steps: int, setting_text: str) -> dict:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     peak = torch.cuda.max_memory_allocated() if device == "cuda" else sampler.stop()
-    return {"setting": setting_text, "saved_mb": saved / 2**20, "peak_added_mb": (peak - base) / 2**20,
-            "median_step_s": float(np.median(times)), "losses": losses}
+    return {
+        "setting": setting_text,
+        "saved_mb": saved / 2**20,
+        "peak_added_mb": (peak - base) / 2**20,
+        "median_step_s": float(np.median(times)),
+        "losses": losses,
+    }
 
 
 def _module(directory: Path, setting_text: str, device: str, inputs):
@@ -97,8 +101,9 @@ def _legacy_session(directory: Path, setting_text: str, device: str, x: np.ndarr
 
     forward = onnx.load(directory / "base_model.onnx")
     forward.graph.input.append(helper.make_tensor_value_info("labels", TensorProto.INT64, ["batch"]))
-    forward.graph.node.append(helper.make_node("SoftmaxCrossEntropyLoss", [forward.graph.output[0].name, "labels"],
-                                               ["loss"]))
+    forward.graph.node.append(
+        helper.make_node("SoftmaxCrossEntropyLoss", [forward.graph.output[0].name, "labels"], ["loss"])
+    )
     forward.graph.output.append(helper.make_tensor_value_info("loss", TensorProto.FLOAT, []))
     weights = [init.name for init in forward.graph.initializer if init.data_type == TensorProto.FLOAT and init.dims]
     parameters = TrainingParameters()
@@ -121,11 +126,16 @@ def _legacy_settings(text: str) -> dict:
         return {}
     if what == "layers":
         return {"transformer_layer_recompute": True, "number_recompute_layers": int(count or 0)}
-    known = {"gelu": {"gelu_recompute": True}, "attn_dropout": {"attn_dropout_recompute": True},
-             "all": {"gelu_recompute": True, "attn_dropout_recompute": True, "transformer_layer_recompute": True}}
+    known = {
+        "gelu": {"gelu_recompute": True},
+        "attn_dropout": {"attn_dropout_recompute": True},
+        "all": {"gelu_recompute": True, "attn_dropout_recompute": True, "transformer_layer_recompute": True},
+    }
     if what not in known or count:
-        raise SystemExit(f"unknown setting {text!r}: expected none, true, a segment count, legacy, legacy:gelu, "
-                         "legacy:attn_dropout, legacy:layers[=N] or legacy:all")
+        raise SystemExit(
+            f"unknown setting {text!r}: expected none, true, a segment count, legacy, legacy:gelu, "
+            "legacy:attn_dropout, legacy:layers[=N] or legacy:all"
+        )
     return known[what]
 
 
@@ -181,22 +191,41 @@ def main() -> int:
         return 0
     rows = []
     for setting in args.settings:
-        done = subprocess.run([sys.executable, __file__, "--model", args.model, "--device", args.device,
-                               "--steps", str(args.steps), "--child", setting],
-                              capture_output=True, text=True, check=True, cwd=BENCH,
-                              env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"})
+        done = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--model",
+                args.model,
+                "--device",
+                args.device,
+                "--steps",
+                str(args.steps),
+                "--child",
+                setting,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=BENCH,
+            env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"},
+        )
         rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    print(f"| {args.model} on {args.device} | recompute | saved for backward (MB) | vs first | "
-          "peak memory added by the steps (MB) | vs first | median step (s) | vs first | max loss difference |")
+    print(
+        f"| {args.model} on {args.device} | recompute | saved for backward (MB) | vs first | "
+        "peak memory added by the steps (MB) | vs first | median step (s) | vs first | max loss difference |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         family = row["setting"].startswith("legacy")
         baseline = next(r for r in rows if r["setting"].startswith("legacy") == family)
         difference = max(abs(a - b) for a, b in zip(row["losses"], baseline["losses"]))
-        print(f"| | {row['setting']} | {row['saved_mb']:.1f} | {row['saved_mb'] / baseline['saved_mb']:.2f} | "
-              f"{row['peak_added_mb']:.1f} | {row['peak_added_mb'] / baseline['peak_added_mb']:.2f} | "
-              f"{row['median_step_s']:.3f} | {row['median_step_s'] / baseline['median_step_s']:.2f} | "
-              f"{difference:.1e} |")
+        print(
+            f"| | {row['setting']} | {row['saved_mb']:.1f} | {row['saved_mb'] / baseline['saved_mb']:.2f} | "
+            f"{row['peak_added_mb']:.1f} | {row['peak_added_mb'] / baseline['peak_added_mb']:.2f} | "
+            f"{row['median_step_s']:.3f} | {row['median_step_s'] / baseline['median_step_s']:.2f} | "
+            f"{difference:.1e} |"
+        )
     return 0
 
 

@@ -14,13 +14,21 @@ import argparse
 import sys
 
 import torch
-
 from timing import block_median_us
 
 from ort_torch_train.training import blas_threads
 
-SIZES = [(32, 32, 32), (32, 32, 64), (32, 64, 64), (64, 64, 64), (32, 128, 64), (64, 64, 128), (64, 128, 128),
-         (128, 128, 128), (256, 128, 128)]
+SIZES = [
+    (32, 32, 32),
+    (32, 32, 64),
+    (32, 64, 64),
+    (64, 64, 64),
+    (32, 128, 64),
+    (64, 64, 128),
+    (64, 128, 128),
+    (128, 128, 128),
+    (256, 128, 128),
+]
 
 
 def main() -> int:
@@ -44,8 +52,10 @@ def main() -> int:
             serial.append(block_median_us(lambda: torch.mm(a, b), calls))
             blas_threads._set_mkl_threads(previous)
         pick = "one thread" if blas_threads.serial_pays([m * k * n], args.threads) else f"{args.threads} threads"
-        print(f"{f'{m} x {k} x {n}':>16} {m * k * n:>9} {min(threaded):>10.2f} {min(serial):>9.2f} "
-              f"{min(serial) / min(threaded):>6.2f}  {pick}")
+        print(
+            f"{f'{m} x {k} x {n}':>16} {m * k * n:>9} {min(threaded):>10.2f} {min(serial):>9.2f} "
+            f"{min(serial) / min(threaded):>6.2f}  {pick}"
+        )
     return 0
 
 

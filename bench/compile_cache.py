@@ -32,7 +32,7 @@ def child(artifacts: Path, cache_file: Path, mode: str, threads: int) -> dict:
     import torch
 
     from ort_torch_train.api import CheckpointState, Module, Optimizer
-    from ort_torch_train.training.compile_cache import load_compile_cache, save_compile_cache
+    from ort_torch_train.training.compile.cache import load_compile_cache, save_compile_cache
 
     torch.set_num_threads(threads)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -42,12 +42,17 @@ def child(artifacts: Path, cache_file: Path, mode: str, threads: int) -> dict:
     started = time.perf_counter()
     loaded = load_compile_cache(cache_file) if mode != "local" else False  # cold: no file yet, precompiles
     state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
-    module = Module(artifacts / "training_model.onnx", state, artifacts / "eval_model.onnx", compile=True,
-                    distributed=world_size > 1)
+    module = Module(
+        artifacts / "training_model.onnx",
+        state,
+        artifacts / "eval_model.onnx",
+        compile=True,
+        distributed=world_size > 1,
+    )
     optimizer = Optimizer(artifacts / "optimizer_model.onnx", module)
     x, y = np.load(artifacts / "x.npy"), np.load(artifacts / "y.npy")
     share = len(x) // world_size
-    x, y = x[rank * share:(rank + 1) * share], y[rank * share:(rank + 1) * share]
+    x, y = x[rank * share : (rank + 1) * share], y[rank * share : (rank + 1) * share]
     module.train()
     for _ in range(3):  # the first step compiles (adding and overwriting gradients share one graph)
         module.step(optimizer, x, y)
@@ -63,8 +68,14 @@ def child(artifacts: Path, cache_file: Path, mode: str, threads: int) -> dict:
         step_started = time.perf_counter()
         module.step(optimizer, x, y)
         step_ms.append((time.perf_counter() - step_started) * 1e3)
-    result = {"mode": mode, "compile_s": compile_s, "eval_s": eval_s, "next_step_ms": float(np.median(step_ms)), "loaded": loaded,
-              "stages": torch._dynamo.utils.compile_times(repr="str", aggregate=True)}
+    result = {
+        "mode": mode,
+        "compile_s": compile_s,
+        "eval_s": eval_s,
+        "next_step_ms": float(np.median(step_ms)),
+        "loaded": loaded,
+        "stages": torch._dynamo.utils.compile_times(repr="str", aggregate=True),
+    }
     if mode == "cold" and rank == 0:
         result["saved_bytes"] = save_compile_cache(cache_file)
     if world_size > 1:
@@ -79,9 +90,24 @@ def run_process(artifacts: Path, cache_file: Path, mode: str, cache_dir: Path, t
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     command = [sys.executable, __file__, "--threads", str(threads), "--child", str(artifacts), str(cache_file), mode]
-    procs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={
-        **os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir), "RANK": str(rank), "WORLD_SIZE": str(ranks),
-        "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}) for rank in range(ranks)]
+    procs = [
+        subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={
+                **os.environ,
+                "TORCHINDUCTOR_CACHE_DIR": str(cache_dir),
+                "RANK": str(rank),
+                "WORLD_SIZE": str(ranks),
+                "LOCAL_RANK": str(rank),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+            },
+        )
+        for rank in range(ranks)
+    ]
     outputs = [proc.communicate() for proc in procs]
     for proc, (_, stderr) in zip(procs, outputs):
         if proc.returncode:
@@ -109,18 +135,26 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as scratch:
         cache_file, first_dir = Path(scratch) / "compile.cache", Path(scratch) / "inductor-a"
         results = []
-        for mode, cache_dir in (("cold", first_dir), ("portable", Path(scratch) / "inductor-b"), ("local", first_dir),
-                                ("second", first_dir)):
+        for mode, cache_dir in (
+            ("cold", first_dir),
+            ("portable", Path(scratch) / "inductor-b"),
+            ("local", first_dir),
+            ("second", first_dir),
+        ):
             results.append(run_process(artifacts, cache_file, mode, cache_dir, args.threads, args.ranks))
     cold, cold_eval = results[0]["compile_s"], results[0]["eval_s"]
     ranks = "" if args.ranks == 1 else f" x {args.ranks} data-parallel ranks"
-    print(f"model {args.model}, {args.threads} threads{ranks}: Module(compile=True) + 3 module.step, then the eval "
-          f"graph's first call, fresh process")
+    print(
+        f"model {args.model}, {args.threads} threads{ranks}: Module(compile=True) + 3 module.step, then the eval "
+        f"graph's first call, fresh process"
+    )
     for result in results:
-        print(f"  {result['mode']:>8}: {result['compile_s']:7.2f} s  ({result['compile_s'] / cold:.1%} of cold)"
-              f"  eval {result['eval_s']:5.2f} s  ({result['eval_s'] / cold_eval:.1%})"
-              f"  then a step {result['next_step_ms']:.2f} ms (median of 20)" + (f"  saved {result['saved_bytes']} bytes"
-                                                                  if "saved_bytes" in result else ""))
+        print(
+            f"  {result['mode']:>8}: {result['compile_s']:7.2f} s  ({result['compile_s'] / cold:.1%} of cold)"
+            f"  eval {result['eval_s']:5.2f} s  ({result['eval_s'] / cold_eval:.1%})"
+            f"  then a step {result['next_step_ms']:.2f} ms (median of 20)"
+            + (f"  saved {result['saved_bytes']} bytes" if "saved_bytes" in result else "")
+        )
         if args.stages:
             print("    " + result["stages"].replace("\n", "\n    "))
     return 0

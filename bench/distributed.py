@@ -42,7 +42,7 @@ def worker(directory: Path, steps: int, warmup: int, device: str, shard_state: b
     optimizer = Optimizer(directory / "optimizer_model.onnx", module, shard_state=shard_state)
     x, y = np.load(directory / "x.npy"), np.load(directory / "y.npy")
     share = len(x) // world_size
-    inputs = [torch.from_numpy(a[rank * share:(rank + 1) * share]).to(target) for a in (x, y)]
+    inputs = [torch.from_numpy(a[rank * share : (rank + 1) * share]).to(target) for a in (x, y)]
     times = []
     for step in range(warmup + steps):
         if cuda:
@@ -68,12 +68,35 @@ def run_world(world_size: int, shard_state: bool, directory: Path, args: argpars
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     threads = args.threads or max(1, (os.cpu_count() or 1) // world_size)
-    procs = [subprocess.Popen(
-        [sys.executable, __file__, "--worker", str(directory), "--steps", str(args.steps), "--warmup",
-         str(args.warmup), "--device", args.device, *(["--shard-state"] if shard_state else [])],
-        env={**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
-             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": str(threads)},
-        stdout=subprocess.PIPE, text=True) for rank in range(world_size)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--worker",
+                str(directory),
+                "--steps",
+                str(args.steps),
+                "--warmup",
+                str(args.warmup),
+                "--device",
+                args.device,
+                *(["--shard-state"] if shard_state else []),
+            ],
+            env={
+                **os.environ,
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world_size),
+                "LOCAL_RANK": str(rank),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "OMP_NUM_THREADS": str(threads),
+            },
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(world_size)
+    ]
     outputs = [proc.communicate(timeout=args.timeout)[0] for proc in procs]
     if any(proc.returncode for proc in procs):
         raise RuntimeError(f"world {world_size}: a rank failed")
@@ -87,8 +110,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--threads", type=int, default=0,
-                        help="torch threads per process (default: the cores divided among the ranks)")
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch threads per process (default: the cores divided among the ranks)"
+    )
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--worker", type=Path)
     parser.add_argument("--shard-state", action="store_true", help=argparse.SUPPRESS)  # a worker's setting
@@ -111,12 +135,21 @@ def main() -> None:
             times[name] += reports[0]["step_s"]
             moment_bytes[name] = [report["moment_bytes"] for report in reports]
     median = {name: statistics.median(t) for name, t in times.items()}
-    print(json.dumps({"model": args.model, "device": args.device, "global_batch": model.batch,
-                      "median_step_s": median,
-                      "speedup_vs_1_rank": {name: median["1 rank"] / m for name, m in median.items()},
-                      "moment_bytes_per_rank": moment_bytes,
-                      "threads_per_process": {n: args.threads or max(1, (os.cpu_count() or 1) // n) for n in (1, 2)},
-                      "cpu_count": os.cpu_count()}, indent=1))
+    print(
+        json.dumps(
+            {
+                "model": args.model,
+                "device": args.device,
+                "global_batch": model.batch,
+                "median_step_s": median,
+                "speedup_vs_1_rank": {name: median["1 rank"] / m for name, m in median.items()},
+                "moment_bytes_per_rank": moment_bytes,
+                "threads_per_process": {n: args.threads or max(1, (os.cpu_count() or 1) // n) for n in (1, 2)},
+                "cpu_count": os.cpu_count(),
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -89,10 +89,15 @@ def unit_costs(blocks: int) -> dict[str, float]:
         calls[f"forward {length}"] = lambda length=length: chain(length)
         calls[f"backward {length}"] = lambda length=length: chain(length).backward()
     times = lowest_block_medians(calls, blocks, 20)
-    per = {kind: (times[f"{kind} {CHAIN_LONG}"] - times[f"{kind} {CHAIN_SHORT}"]) / (CHAIN_LONG - CHAIN_SHORT)
-           for kind in ("forward", "backward")}
-    return {"tracked op": per["forward"], "node": per["backward"] - per["forward"],
-            "backward call": times[f"backward {CHAIN_SHORT}"] - CHAIN_SHORT * per["backward"]}
+    per = {
+        kind: (times[f"{kind} {CHAIN_LONG}"] - times[f"{kind} {CHAIN_SHORT}"]) / (CHAIN_LONG - CHAIN_SHORT)
+        for kind in ("forward", "backward")
+    }
+    return {
+        "tracked op": per["forward"],
+        "node": per["backward"] - per["forward"],
+        "backward call": times[f"backward {CHAIN_SHORT}"] - CHAIN_SHORT * per["backward"],
+    }
 
 
 def measure_model(artifacts: ArtifactSet, blocks: int) -> dict[str, float]:
@@ -129,9 +134,15 @@ def measure_model(artifacts: ArtifactSet, blocks: int) -> dict[str, float]:
         nodes = autograd_nodes(loss)
         with _OpCounter() as backward_ops:
             loss.backward()
-        times = lowest_block_medians({"forward untracked": forward_untracked,
-                                      "forward": lambda: converted(*inputs, *params),
-                                      "forward+backward": forward_backward}, blocks, 20)
+        times = lowest_block_medians(
+            {
+                "forward untracked": forward_untracked,
+                "forward": lambda: converted(*inputs, *params),
+                "forward+backward": forward_backward,
+            },
+            blocks,
+            20,
+        )
     return {**times, "forward ops": forward_ops.count, "backward ops": backward_ops.count, "nodes": nodes}
 
 
@@ -167,17 +178,43 @@ def main() -> int:
         units = unit_costs(args.blocks)
         floor = parts["forward ops"] * units["tracked op"] + parts["nodes"] * units["node"] + units["backward call"]
         ort = steps.get("ort")
-        ratio = (lambda value: "-" if ort is None else f"{value / ort:.2f}x")
-        rows.append([name, f"{steps['ours']:.0f}", f"{parts['forward untracked']:.0f}", f"{parts['forward']:.0f}",
-                     f"{parts['forward+backward'] - parts['forward']:.0f}",
-                     f"{parts['forward ops']} / {parts['backward ops']} / {parts['nodes']}",
-                     " / ".join(f"{units[kind]:.2f}" for kind in ("tracked op", "node", "backward call")),
-                     f"{floor:.0f}", "-" if ort is None else f"{ort:.0f}", ratio(steps["ours"]), ratio(floor)])
+        ratio = lambda value: "-" if ort is None else f"{value / ort:.2f}x"
+        rows.append(
+            [
+                name,
+                f"{steps['ours']:.0f}",
+                f"{parts['forward untracked']:.0f}",
+                f"{parts['forward']:.0f}",
+                f"{parts['forward+backward'] - parts['forward']:.0f}",
+                f"{parts['forward ops']} / {parts['backward ops']} / {parts['nodes']}",
+                " / ".join(f"{units[kind]:.2f}" for kind in ("tracked op", "node", "backward call")),
+                f"{floor:.0f}",
+                "-" if ort is None else f"{ort:.0f}",
+                ratio(steps["ours"]),
+                ratio(floor),
+            ]
+        )
     for reason in sorted(ort_missing):
         print(f"ORT not timed: {reason}")
     print(f"us, {args.threads} threads; unit costs: a recorded op / a backward node / a backward() call's fixed cost")
-    print(render_table(["model", "eager step (a)", "forward, no autograd", "forward", "backward",
-                        "ops fwd / bwd / nodes", "unit costs", "floor", "ORT step", "(a) / ORT", "floor / ORT"], rows))
+    print(
+        render_table(
+            [
+                "model",
+                "eager step (a)",
+                "forward, no autograd",
+                "forward",
+                "backward",
+                "ops fwd / bwd / nodes",
+                "unit costs",
+                "floor",
+                "ORT step",
+                "(a) / ORT",
+                "floor / ORT",
+            ],
+            rows,
+        )
+    )
     return 0
 
 

@@ -24,9 +24,9 @@ sys.path.insert(0, str(BENCH))
 from artifacts import prepare_artifacts  # noqa: E402
 from models import MODELS  # noqa: E402
 
-import ort_torch_train.graph.convert as convert_module  # noqa: E402
+import ort_torch_train.convert.graph as convert_module  # noqa: E402
 from ort_torch_train.api import CheckpointState, Module  # noqa: E402
-from ort_torch_train.graph.small_attention import compiled_cpu_graph  # noqa: E402
+from ort_torch_train.passes.small_attention import compiled_cpu_graph  # noqa: E402
 
 
 def converted_graphs(directory: Path) -> list[torch.fx.GraphModule]:
@@ -53,16 +53,22 @@ def count(directory: Path) -> tuple[Counter, int, int]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", choices=list(MODELS),
-                        default=["gpt32", "tiny-gpt2", "tiny-llama", "tiny-bert", "tinyformer", "encoder"])
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        choices=list(MODELS),
+        default=["gpt32", "tiny-gpt2", "tiny-llama", "tiny-bert", "tinyformer", "encoder"],
+    )
     args = parser.parse_args()
     for name in args.models:
         artifacts = prepare_artifacts(MODELS[name], BENCH / ".cache", use_ort=True)
         onnx_nodes = len(onnx.load(artifacts.directory / "training_model.onnx", load_external_data=False).graph.node)
         fusions, fused, unfused = count(artifacts.directory)
         shown = ", ".join(f"{kind} {n}" for kind, n in sorted(fusions.items()))
-        print(f"{name} ({artifacts.generator}; {onnx_nodes} ONNX nodes with the gradient graph): fx nodes "
-              f"{unfused} -> {fused}; fusions: {shown or 'none'}")
+        print(
+            f"{name} ({artifacts.generator}; {onnx_nodes} ONNX nodes with the gradient graph): fx nodes "
+            f"{unfused} -> {fused}; fusions: {shown or 'none'}"
+        )
     return 0
 
 

@@ -18,8 +18,15 @@ import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-SIZES = [(32, 32, 32), (32, 32, 64), (256, 128, 128), (256, 128, 512), (256, 512, 512), (256, 512, 2048),
-         (256, 2048, 512)]
+SIZES = [
+    (32, 32, 32),
+    (32, 32, 64),
+    (256, 128, 128),
+    (256, 128, 512),
+    (256, 512, 512),
+    (256, 512, 2048),
+    (256, 2048, 512),
+]
 
 _ORT_SCRIPT = """
 import json, sys, time
@@ -64,10 +71,9 @@ def main() -> int:
     args = parser.parse_args()
     sys.path.insert(0, str(BENCH))
     import torch
-
     from artifacts import ORT_PYTHON
 
-    from ort_torch_train.graph.onednn_linear import EAGER_MIN_MACS, MIN_MACS
+    from ort_torch_train.passes.onednn_linear import EAGER_MIN_MACS, MIN_MACS
 
     torch.set_num_threads(args.threads)
     ort_times = {}
@@ -75,15 +81,16 @@ def main() -> int:
         command = [str(ORT_PYTHON), "-c", _ORT_SCRIPT, str(args.threads), str(args.calls), json.dumps(SIZES)]
         answer = subprocess.run(command, capture_output=True, text=True, check=True)
         ort_times = json.loads(answer.stdout)
-    print(f"{args.threads} thread(s); oneDNN is used from {MIN_MACS} multiply-accumulates in compiled graphs, "
-          f"{EAGER_MIN_MACS} in eager ones")
+    print(
+        f"{args.threads} thread(s); oneDNN is used from {MIN_MACS} multiply-accumulates in compiled graphs, "
+        f"{EAGER_MIN_MACS} in eager ones"
+    )
     print(f"{'m x k x n':>16} {'torch.mm':>16} {'oneDNN':>16} {'ORT MatMul':>16}")
     for m, k, n in SIZES:
         a, b = torch.randn(m, k), torch.randn(k, n)
         weight = b.t()  # (n, k) as F.linear takes it, strided
         cells = []
-        for call in (lambda: torch.mm(a, b),
-                     lambda: torch.ops.ort_torch_train.onednn_linear(a, weight, None)):
+        for call in (lambda: torch.mm(a, b), lambda: torch.ops.ort_torch_train.onednn_linear(a, weight, None)):
             seconds = _seconds(call, args.calls)
             cells.append(f"{seconds * 1e6:8.1f} us {2 * m * k * n / seconds / 1e9:4.0f} GF")
         seconds = ort_times.get(f"{m}x{k}x{n}")

@@ -26,8 +26,10 @@ class DecoderBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         hidden = x.shape[-1]
-        q, k, v = (t.unflatten(-1, (self.heads, hidden // self.heads)).transpose(1, 2)
-                   for t in self.qkv(self.attention_norm(x)).split(hidden, dim=-1))
+        q, k, v = (
+            t.unflatten(-1, (self.heads, hidden // self.heads)).transpose(1, 2)
+            for t in self.qkv(self.attention_norm(x)).split(hidden, dim=-1)
+        )
         attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.projection(attended.transpose(1, 2).flatten(2))
         return x + self.mlp(self.mlp_norm(x))
@@ -63,26 +65,51 @@ class TransformersLogits(nn.Module):
         return logits.flatten(0, 1) if logits.dim() == 3 else logits
 
 
-def tiny_transformer(kind: str, vocab: int, hidden: int = 32, layers: int = 2, heads: int = 2,
-                     classes: int = 4, tokens: int = 8) -> nn.Module:
+def tiny_transformer(
+    kind: str, vocab: int, hidden: int = 32, layers: int = 2, heads: int = 2, classes: int = 4, tokens: int = 8
+) -> nn.Module:
     """A random-init ``transformers`` gpt2, llama (causal LMs) or bert (sequence classifier) from a config."""
     import transformers
 
     common = {"vocab_size": vocab, "attn_implementation": "eager"}
     if kind == "gpt2":
-        config = transformers.GPT2Config(n_embd=hidden, n_layer=layers, n_head=heads, n_positions=tokens,
-                                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False, bos_token_id=0,
-                                         eos_token_id=0, **common)
+        config = transformers.GPT2Config(
+            n_embd=hidden,
+            n_layer=layers,
+            n_head=heads,
+            n_positions=tokens,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            use_cache=False,
+            bos_token_id=0,
+            eos_token_id=0,
+            **common,
+        )
         return TransformersLogits(transformers.GPT2LMHeadModel(config))
     if kind == "llama":
-        config = transformers.LlamaConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                                          num_attention_heads=heads, num_key_value_heads=heads,
-                                          max_position_embeddings=tokens, use_cache=False, **common)
+        config = transformers.LlamaConfig(
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=heads,
+            max_position_embeddings=tokens,
+            use_cache=False,
+            **common,
+        )
         return TransformersLogits(transformers.LlamaForCausalLM(config))
     if kind == "bert":
-        config = transformers.BertConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                                         intermediate_size=2 * hidden, max_position_embeddings=tokens,
-                                         num_labels=classes, hidden_dropout_prob=0.0,
-                                         attention_probs_dropout_prob=0.0, **common)
+        config = transformers.BertConfig(
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            intermediate_size=2 * hidden,
+            max_position_embeddings=tokens,
+            num_labels=classes,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+            **common,
+        )
         return TransformersLogits(transformers.BertForSequenceClassification(config))
     raise ValueError(f"unknown transformers model {kind!r}; expected gpt2, llama or bert")

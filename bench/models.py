@@ -11,9 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch import nn
-
 from lm_models import Decoder, tiny_transformer
+from torch import nn
 
 OPSET = 17
 LEARNING_RATE = 1e-3
@@ -25,11 +24,20 @@ DATA_SEED = 1234
 class PooledEncoder(nn.Module):
     """TransformerEncoder (post-LN, batch_first; ReLU and no dropout by default) + mean over tokens + Linear head."""
 
-    def __init__(self, d_model: int, nhead: int, dim_feedforward: int, layers: int, classes: int,
-                 activation: str = "relu", dropout: float = 0.0) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        nhead: int,
+        dim_feedforward: int,
+        layers: int,
+        classes: int,
+        activation: str = "relu",
+        dropout: float = 0.0,
+    ) -> None:
         super().__init__()
-        layer = nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout=dropout, activation=activation,
-                                           batch_first=True)
+        layer = nn.TransformerEncoderLayer(
+            d_model, nhead, dim_feedforward, dropout=dropout, activation=activation, batch_first=True
+        )
         self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.head = nn.Linear(d_model, classes)
 
@@ -40,8 +48,9 @@ class PooledEncoder(nn.Module):
 class LastStepRecurrent(nn.Module):
     """A batch-first GRU or LSTM + Linear head on the last time step's output."""
 
-    def __init__(self, kind: type[nn.GRU] | type[nn.LSTM], features: int, hidden: int, classes: int,
-                 bidirectional: bool = False) -> None:
+    def __init__(
+        self, kind: type[nn.GRU] | type[nn.LSTM], features: int, hidden: int, classes: int, bidirectional: bool = False
+    ) -> None:
         super().__init__()
         self.rnn = kind(features, hidden, batch_first=True, bidirectional=bidirectional)
         self.head = nn.Linear(hidden * (2 if bidirectional else 1), classes)
@@ -86,10 +95,15 @@ class BenchModel:
 
     def describe(self) -> dict:
         """What defines the benchmark (for reports and the artifact cache key)."""
-        return {"name": self.name, "description": self.description, "input": [self.batch, *self.example_shape],
-                "classes": self.classes, "loss": "CrossEntropyLoss (mean)",
-                "optimizer": f"AdamW (onnxblock: adam_mode 1, eps {ADAMW_EPS}, weight_decay 0), lr {LEARNING_RATE}",
-                "export": f"torch.onnx.export legacy, opset {OPSET}, TrainingMode.TRAINING, no constant folding"}
+        return {
+            "name": self.name,
+            "description": self.description,
+            "input": [self.batch, *self.example_shape],
+            "classes": self.classes,
+            "loss": "CrossEntropyLoss (mean)",
+            "optimizer": f"AdamW (onnxblock: adam_mode 1, eps {ADAMW_EPS}, weight_decay 0), lr {LEARNING_RATE}",
+            "export": f"torch.onnx.export legacy, opset {OPSET}, TrainingMode.TRAINING, no constant folding",
+        }
 
 
 def _mlp() -> nn.Module:
@@ -117,14 +131,22 @@ def _lstm() -> nn.Module:
 
 
 def _encoder_gelu_dropout() -> nn.Module:
-    return PooledEncoder(d_model=256, nhead=4, dim_feedforward=1024, layers=4, classes=4, activation="gelu",
-                         dropout=0.1)
+    return PooledEncoder(
+        d_model=256, nhead=4, dim_feedforward=1024, layers=4, classes=4, activation="gelu", dropout=0.1
+    )
 
 
 # the encoder with GELU and dropout, for the legacy recompute settings (bench_recompute.py); not in MODELS
 ENCODER_GELU_DROPOUT = BenchModel(
-    "encoder_gelu_dropout", "TransformerEncoder(4 layers, d256, 4 heads, ff 1024, GELU, dropout 0.1) + mean-pool "
-    "+ Linear(256,4)", _encoder_gelu_dropout, (128, 256), 16, 4, steps=4, warmup=3)
+    "encoder_gelu_dropout",
+    "TransformerEncoder(4 layers, d256, 4 heads, ff 1024, GELU, dropout 0.1) + mean-pool + Linear(256,4)",
+    _encoder_gelu_dropout,
+    (128, 256),
+    16,
+    4,
+    steps=4,
+    warmup=3,
+)
 
 
 def _decoder(hidden: int) -> Callable[[], nn.Module]:
@@ -140,25 +162,77 @@ TINY_VOCAB, TINY_TOKENS = 256, 8
 DECODER_SIZES = {32: (200, 20), 128: (60, 10), 512: (8, 3), 1024: (4, 2)}  # hidden: (steps, warmup)
 DEFAULT_MODELS = ("mlp", "cnn", "tinyformer", "encoder", "gru", "lstm")
 
-MODELS: dict[str, BenchModel] = {m.name: m for m in [
-    BenchModel("mlp", "Linear(20,32)-ReLU-Linear(32,5)", _mlp, (20,), 64, 5, steps=1000, warmup=100),
-    BenchModel("cnn", "Conv2d(1,4,3)-ReLU-MaxPool2d(2)-Flatten-Linear(100,10)", _cnn, (1, 12, 12), 64, 10,
-               steps=500, warmup=50),
-    BenchModel("tinyformer", "TransformerEncoderLayer(d16, 2 heads, ff 32) + mean-pool + Linear(16,4)",
-               _tinyformer, (12, 16), 16, 4, steps=300, warmup=30),
-    BenchModel("encoder", "TransformerEncoder(4 layers, d256, 4 heads, ff 1024) + mean-pool + Linear(256,4)",
-               _encoder, (128, 256), 16, 4, steps=4, warmup=3),
-    BenchModel("gru", "GRU(16,32) over 20 steps + last step + Linear(32,4)", _gru, (20, 16), 32, 4,
-               steps=200, warmup=20),
-    BenchModel("lstm", "LSTM(16,32) over 20 steps + last step + Linear(32,4)", _lstm, (20, 16), 32, 4,
-               steps=200, warmup=20),
-    *(BenchModel(f"gpt{hidden}", f"GPT-style decoder (2 pre-LN layers, hidden {hidden}, 4 heads, causal SDPA, GELU MLP, "
-                 f"vocab {DECODER_VOCAB}), LM loss on 8 x {DECODER_TOKENS} tokens", _decoder(hidden), (DECODER_TOKENS,),
-                 8, DECODER_VOCAB, steps=steps, warmup=warmup, vocab=DECODER_VOCAB, language_model=True)
-      for hidden, (steps, warmup) in DECODER_SIZES.items()),
-    *(BenchModel(f"tiny-{kind}", f"transformers {kind} (random init, hidden 32, 2 layers, 2 heads, vocab {TINY_VOCAB}"
-                 f"{', LM loss' if kind != 'bert' else ', 4 classes'}), 4 x {TINY_TOKENS} tokens", _transformer(kind),
-                 (TINY_TOKENS,), 4, TINY_VOCAB if kind != "bert" else 4, steps=200, warmup=20, vocab=TINY_VOCAB,
-                 language_model=kind != "bert")
-      for kind in ("gpt2", "llama", "bert")),
-]}
+MODELS: dict[str, BenchModel] = {
+    m.name: m
+    for m in [
+        BenchModel("mlp", "Linear(20,32)-ReLU-Linear(32,5)", _mlp, (20,), 64, 5, steps=1000, warmup=100),
+        BenchModel(
+            "cnn",
+            "Conv2d(1,4,3)-ReLU-MaxPool2d(2)-Flatten-Linear(100,10)",
+            _cnn,
+            (1, 12, 12),
+            64,
+            10,
+            steps=500,
+            warmup=50,
+        ),
+        BenchModel(
+            "tinyformer",
+            "TransformerEncoderLayer(d16, 2 heads, ff 32) + mean-pool + Linear(16,4)",
+            _tinyformer,
+            (12, 16),
+            16,
+            4,
+            steps=300,
+            warmup=30,
+        ),
+        BenchModel(
+            "encoder",
+            "TransformerEncoder(4 layers, d256, 4 heads, ff 1024) + mean-pool + Linear(256,4)",
+            _encoder,
+            (128, 256),
+            16,
+            4,
+            steps=4,
+            warmup=3,
+        ),
+        BenchModel(
+            "gru", "GRU(16,32) over 20 steps + last step + Linear(32,4)", _gru, (20, 16), 32, 4, steps=200, warmup=20
+        ),
+        BenchModel(
+            "lstm", "LSTM(16,32) over 20 steps + last step + Linear(32,4)", _lstm, (20, 16), 32, 4, steps=200, warmup=20
+        ),
+        *(
+            BenchModel(
+                f"gpt{hidden}",
+                f"GPT-style decoder (2 pre-LN layers, hidden {hidden}, 4 heads, causal SDPA, GELU MLP, "
+                f"vocab {DECODER_VOCAB}), LM loss on 8 x {DECODER_TOKENS} tokens",
+                _decoder(hidden),
+                (DECODER_TOKENS,),
+                8,
+                DECODER_VOCAB,
+                steps=steps,
+                warmup=warmup,
+                vocab=DECODER_VOCAB,
+                language_model=True,
+            )
+            for hidden, (steps, warmup) in DECODER_SIZES.items()
+        ),
+        *(
+            BenchModel(
+                f"tiny-{kind}",
+                f"transformers {kind} (random init, hidden 32, 2 layers, 2 heads, vocab {TINY_VOCAB}"
+                f"{', LM loss' if kind != 'bert' else ', 4 classes'}), 4 x {TINY_TOKENS} tokens",
+                _transformer(kind),
+                (TINY_TOKENS,),
+                4,
+                TINY_VOCAB if kind != "bert" else 4,
+                steps=200,
+                warmup=20,
+                vocab=TINY_VOCAB,
+                language_model=kind != "bert",
+            )
+            for kind in ("gpt2", "llama", "bert")
+        ),
+    ]
+}

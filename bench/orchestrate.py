@@ -67,25 +67,45 @@ class WorkerError(RuntimeError):
 class WorkerProcess:
     """bench/worker.py for one configuration, with its stderr in a log file."""
 
-    def __init__(self, python: Path | str, config: str, model: BenchModel, artifacts: ArtifactSet,
-                 settings: Settings, log: Path):
+    def __init__(
+        self, python: Path | str, config: str, model: BenchModel, artifacts: ArtifactSet, settings: Settings, log: Path
+    ):
         # On CPU inductor compiles in-process: its pool of compile subprocesses would otherwise keep booting
         # in the background after a cache hit and steal the CPU from whichever configuration is timed.
         # On CUDA the step runs on the GPU, and the pool compiles the Triton kernels in parallel.
-        env = dict(os.environ, OMP_NUM_THREADS=str(settings.threads), MKL_NUM_THREADS=str(settings.threads),
-                   PYTHONUNBUFFERED="1")
+        env = dict(
+            os.environ,
+            OMP_NUM_THREADS=str(settings.threads),
+            MKL_NUM_THREADS=str(settings.threads),
+            PYTHONUNBUFFERED="1",
+        )
         if not settings.device.startswith("cuda"):
             env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
-        command = [str(python), str(BENCH / "worker.py"), "--config", config, "--model", model.name,
-                   "--artifacts", str(artifacts.directory), "--threads", str(settings.threads),
-                   "--device", settings.device, "--lr", str(LEARNING_RATE),
-                   "--warmup", str(settings.warmup_for(model))] + (["--torch-inputs"] if settings.torch_inputs else [])
+        command = [
+            str(python),
+            str(BENCH / "worker.py"),
+            "--config",
+            config,
+            "--model",
+            model.name,
+            "--artifacts",
+            str(artifacts.directory),
+            "--threads",
+            str(settings.threads),
+            "--device",
+            settings.device,
+            "--lr",
+            str(LEARNING_RATE),
+            "--warmup",
+            str(settings.warmup_for(model)),
+        ] + (["--torch-inputs"] if settings.torch_inputs else [])
         if settings.precision and config != "ort":
             command += ["--mixed-precision", settings.precision]
         self.log = log
         with open(log, "wb") as stderr:
-            self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
-                                            cwd=BENCH, env=env)
+            self.process = subprocess.Popen(
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, cwd=BENCH, env=env
+            )
         self._buffer = b""
 
     def request(self, command: str, timeout: float) -> dict:
@@ -121,15 +141,17 @@ class WorkerProcess:
         self.process.wait()
 
 
-def run_model(model: BenchModel, artifacts: ArtifactSet, configs: list[str], settings: Settings,
-              log_dir: Path, progress=print) -> list[ConfigResult]:
+def run_model(
+    model: BenchModel, artifacts: ArtifactSet, configs: list[str], settings: Settings, log_dir: Path, progress=print
+) -> list[ConfigResult]:
     """Start every configuration, then time them in rounds A B C D A B C D ...; one result per config."""
     results = {config: ConfigResult(model.name, config) for config in configs}
     workers: dict[str, WorkerProcess] = {}
     for config in configs:
         python = ORT_PYTHON if config == "ort" else sys.executable
-        workers[config] = WorkerProcess(python, config, model, artifacts, settings,
-                                        log_dir / f"{model.name}-{config}.log")
+        workers[config] = WorkerProcess(
+            python, config, model, artifacts, settings, log_dir / f"{model.name}-{config}.log"
+        )
     try:
         for config in list(workers):
             _call(results[config], workers, config, lambda w: w.receive(SETUP_TIMEOUT_S), "setup")
@@ -139,8 +161,13 @@ def run_model(model: BenchModel, artifacts: ArtifactSet, configs: list[str], set
         for round_index in range(settings.rounds):
             for config in list(workers):
                 with _others_stopped(workers, config):
-                    answer = _call(results[config], workers, config,
-                                   lambda w: w.request(f"run {steps}", RUN_TIMEOUT_S), f"round {round_index + 1}")
+                    answer = _call(
+                        results[config],
+                        workers,
+                        config,
+                        lambda w: w.request(f"run {steps}", RUN_TIMEOUT_S),
+                        f"round {round_index + 1}",
+                    )
                 if answer:
                     for phase, values in answer.items():
                         results[config].times.setdefault(phase, []).extend(values)

@@ -10,33 +10,62 @@ import time
 from pathlib import Path
 
 import torch
-
 from artifacts import ORT_PYTHON
 from orchestrate import ConfigResult, Settings
 from timing import format_duration, render_table, spread
 
-LABELS = {"ours": "ours eager (a)", "ours-compile": "ours compile (b)", "ours-step": "ours one-graph step (e)",
-          "ours-step-py": "ours one-graph step, Python wrapper (g)",
-          "ours-step-graphs": "ours one-graph step, CUDA graphs (h)",
-          "torch": "torch eager (c)", "torch-compile": "torch compiled (f)", "ort": "ORT 1.19.2 (d)"}
-HEADERS = ["model", "config", "step", "steps/s", "vs torch", "vs torch compiled", "vs ORT", "fwd+bwd",
-           "fwd+bwd vs torch", "optimizer", "peak MB", "spread"]
+LABELS = {
+    "ours": "ours eager (a)",
+    "ours-compile": "ours compile (b)",
+    "ours-step": "ours one-graph step (e)",
+    "ours-step-py": "ours one-graph step, Python wrapper (g)",
+    "ours-step-graphs": "ours one-graph step, CUDA graphs (h)",
+    "torch": "torch eager (c)",
+    "torch-compile": "torch compiled (f)",
+    "ort": "ORT 1.19.2 (d)",
+}
+HEADERS = [
+    "model",
+    "config",
+    "step",
+    "steps/s",
+    "vs torch",
+    "vs torch compiled",
+    "vs ORT",
+    "fwd+bwd",
+    "fwd+bwd vs torch",
+    "optimizer",
+    "peak MB",
+    "spread",
+]
 
 
 def run_header(command: str, settings: Settings, models: dict, torch_inputs: bool) -> dict:
     """The result file's header for ``models`` (name -> BenchModel), printed as one line."""
-    header = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": command,
-              "machine": machine_info(settings.device),
-              "settings": {"threads": settings.threads, "device": settings.device, "rounds": settings.rounds,
-                           "torch_inputs": torch_inputs, "mixed_precision": settings.precision,
-                           "steps_per_round": {n: settings.steps_for(m) for n, m in models.items()},
-                           "warmup": {n: settings.warmup_for(m) for n, m in models.items()}},
-              "models": {n: m.describe() for n, m in models.items()},
-              "memory": "torch.cuda.max_memory_allocated" if settings.device.startswith("cuda")
-              else "peak RSS of the configuration's process"}
+    header = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "command": command,
+        "machine": machine_info(settings.device),
+        "settings": {
+            "threads": settings.threads,
+            "device": settings.device,
+            "rounds": settings.rounds,
+            "torch_inputs": torch_inputs,
+            "mixed_precision": settings.precision,
+            "steps_per_round": {n: settings.steps_for(m) for n, m in models.items()},
+            "warmup": {n: settings.warmup_for(m) for n, m in models.items()},
+        },
+        "models": {n: m.describe() for n, m in models.items()},
+        "memory": "torch.cuda.max_memory_allocated"
+        if settings.device.startswith("cuda")
+        else "peak RSS of the configuration's process",
+    }
     machine = header["machine"]
-    print(f"{machine['cpu']}, {machine['cores']} cores, load {machine['load_average_1_5_15']}, "
-          f"{settings.threads} threads, device {settings.device}, {settings.precision or 'float32'}", flush=True)
+    print(
+        f"{machine['cpu']}, {machine['cores']} cores, load {machine['load_average_1_5_15']}, "
+        f"{settings.threads} threads, device {settings.device}, {settings.precision or 'float32'}",
+        flush=True,
+    )
     return header
 
 
@@ -50,9 +79,15 @@ def machine_info(device: str) -> dict:
                 break
     except OSError:
         pass
-    info = {"cpu": cpu, "cores": os.cpu_count(), "load_average_1_5_15": list(os.getloadavg()),
-            "platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
-            "onnxruntime_training": ort_training_version()}
+    info = {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "load_average_1_5_15": list(os.getloadavg()),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "onnxruntime_training": ort_training_version(),
+    }
     if device.startswith("cuda") and torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(device)
     return info
@@ -62,8 +97,12 @@ def ort_training_version() -> str | None:
     """onnxruntime's version in the ORT venv, or None without one."""
     if not ORT_PYTHON.exists():
         return None
-    proc = subprocess.run([str(ORT_PYTHON), "-c", "import onnxruntime; print(onnxruntime.__version__)"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [str(ORT_PYTHON), "-c", "import onnxruntime; print(onnxruntime.__version__)"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return proc.stdout.strip() or None
 
 
@@ -91,25 +130,43 @@ def table_rows(results: list[ConfigResult]) -> list[list[str]]:
             rows.append([result.model, LABELS[result.config], "n/a"] + ["-"] * (len(HEADERS) - 3))
             continue
         forward_backward = result.median("forward+backward")
-        rows.append([
-            result.model, LABELS[result.config], format_duration(step), _rate(step),
-            _ratio(step, torch_result and torch_result.median()),
-            _ratio(step, compiled_result and compiled_result.median()), _ratio(step, ort_result and ort_result.median()),
-            _duration(forward_backward),
-            _ratio(forward_backward, torch_result and torch_result.median("forward+backward")),
-            _duration(result.median("optimizer")),
-            f"{result.peak_memory_mb:.0f}" if result.peak_memory_mb is not None else "-",
-            f"{spread(result.round_medians) * 100:.0f}%",
-        ])
+        rows.append(
+            [
+                result.model,
+                LABELS[result.config],
+                format_duration(step),
+                _rate(step),
+                _ratio(step, torch_result and torch_result.median()),
+                _ratio(step, compiled_result and compiled_result.median()),
+                _ratio(step, ort_result and ort_result.median()),
+                _duration(forward_backward),
+                _ratio(forward_backward, torch_result and torch_result.median("forward+backward")),
+                _duration(result.median("optimizer")),
+                f"{result.peak_memory_mb:.0f}" if result.peak_memory_mb is not None else "-",
+                f"{spread(result.round_medians) * 100:.0f}%",
+            ]
+        )
     return rows
 
 
 def to_json(results: list[ConfigResult], header: dict) -> dict:
     """Everything measured: medians, per-round medians, memory, final loss, errors."""
-    entries = [{"model": r.model, "config": r.config, "label": LABELS[r.config], "error": r.error,
-                "median_s": {phase: r.median(phase) for phase in r.times}, "steps_timed": len(r.times.get("step", [])),
-                "round_medians_s": r.round_medians, "peak_memory_mb": r.peak_memory_mb, "last_loss": r.last_loss,
-                "setup_s": r.setup_s, "attention_kernels": r.attention_kernels} for r in results]
+    entries = [
+        {
+            "model": r.model,
+            "config": r.config,
+            "label": LABELS[r.config],
+            "error": r.error,
+            "median_s": {phase: r.median(phase) for phase in r.times},
+            "steps_timed": len(r.times.get("step", [])),
+            "round_medians_s": r.round_medians,
+            "peak_memory_mb": r.peak_memory_mb,
+            "last_loss": r.last_loss,
+            "setup_s": r.setup_s,
+            "attention_kernels": r.attention_kernels,
+        }
+        for r in results
+    ]
     return {**header, "results": entries}
 
 

@@ -27,8 +27,13 @@ from pathlib import Path
 import numpy as np
 
 CONFIGS = ("ours", "ours-compile", "ours-step", "ours-step-py", "ours-step-graphs", "torch", "torch-compile", "ort")
-_COMPILE = {"ours": False, "ours-compile": True, "ours-step": True, "ours-step-py": {"options": {"cpp_wrapper": False}},
-            "ours-step-graphs": "reduce-overhead"}
+_COMPILE = {
+    "ours": False,
+    "ours-compile": True,
+    "ours-step": True,
+    "ours-step-py": {"options": {"cpp_wrapper": False}},
+    "ours-step-graphs": "reduce-overhead",
+}
 PRECISIONS = {"bf16": "bfloat16"}  # --mixed-precision: torch.autocast dtype
 
 
@@ -42,8 +47,19 @@ class Runner:
     peak_memory_mb: Callable[[], float] | None = None  # device memory; None: the process's peak RSS
 
 
-def make_runner(config: str, artifacts: Path, x: np.ndarray, y: np.ndarray, *, threads: int, device: str,
-                lr: float, model_name: str, torch_inputs: bool = False, precision: str | None = None) -> Runner:
+def make_runner(
+    config: str,
+    artifacts: Path,
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    threads: int,
+    device: str,
+    lr: float,
+    model_name: str,
+    torch_inputs: bool = False,
+    precision: str | None = None,
+) -> Runner:
     """The runner of ``config`` (one of CONFIGS) with ``threads`` CPU threads.
 
     ``ours``/``ours-compile`` get numpy arrays, as ORT does, unless ``torch_inputs`` (always on CUDA).
@@ -59,12 +75,21 @@ def make_runner(config: str, artifacts: Path, x: np.ndarray, y: np.ndarray, *, t
     if torch.get_num_interop_threads() != 1:  # settable once per process, before any parallel work
         torch.set_num_interop_threads(1)
     if config in ("torch", "torch-compile"):
-        return _torch_runner(model_name, x, y, device=device, lr=lr, compile=config == "torch-compile",
-                             precision=precision)
+        return _torch_runner(
+            model_name, x, y, device=device, lr=lr, compile=config == "torch-compile", precision=precision
+        )
     if config in _COMPILE:
-        return _ours_runner(artifacts, x, y, device=device, lr=lr, compile=_COMPILE[config],
-                            one_graph=config.startswith("ours-step"), torch_inputs=torch_inputs or device.startswith("cuda"),
-                            precision=precision)
+        return _ours_runner(
+            artifacts,
+            x,
+            y,
+            device=device,
+            lr=lr,
+            compile=_COMPILE[config],
+            one_graph=config.startswith("ours-step"),
+            torch_inputs=torch_inputs or device.startswith("cuda"),
+            precision=precision,
+        )
     raise ValueError(f"unknown config {config!r}; expected one of {CONFIGS}")
 
 
@@ -76,15 +101,31 @@ def _torch_device_hooks(device: str) -> tuple[Callable[[], None] | None, Callabl
     return None, None
 
 
-def _ours_runner(artifacts: Path, x: np.ndarray, y: np.ndarray, *, device: str, lr: float, compile: bool | str | dict,
-                 one_graph: bool, torch_inputs: bool, precision: str | None) -> Runner:
+def _ours_runner(
+    artifacts: Path,
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    device: str,
+    lr: float,
+    compile: bool | str | dict,
+    one_graph: bool,
+    torch_inputs: bool,
+    precision: str | None,
+) -> Runner:
     import torch
 
     from ort_torch_train.api import CheckpointState, Module, Optimizer
 
     state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
-    module = Module(artifacts / "training_model.onnx", state, artifacts / "eval_model.onnx", device=device,
-                    compile=compile, mixed_precision=precision)
+    module = Module(
+        artifacts / "training_model.onnx",
+        state,
+        artifacts / "eval_model.onnx",
+        device=device,
+        compile=compile,
+        mixed_precision=precision,
+    )
     optimizer = Optimizer(artifacts / "optimizer_model.onnx", module)
     optimizer.set_learning_rate(lr)
     module.train()
@@ -99,17 +140,20 @@ def _ours_runner(artifacts: Path, x: np.ndarray, y: np.ndarray, *, device: str, 
         loss[0] = module.step(optimizer, x, y)
 
     sync, peak = _torch_device_hooks(device)
-    phases = [("forward+backward", forward_backward), ("optimizer", optimizer.step),
-              ("reset grad", module.lazy_reset_grad)]
+    phases = [
+        ("forward+backward", forward_backward),
+        ("optimizer", optimizer.step),
+        ("reset grad", module.lazy_reset_grad),
+    ]
     return Runner([("full step", full_step)] if one_graph else phases, sync, lambda: float(loss[0]), peak)
 
 
-def _torch_runner(model_name: str, x: np.ndarray, y: np.ndarray, *, device: str, lr: float,
-                  compile: bool, precision: str | None) -> Runner:
+def _torch_runner(
+    model_name: str, x: np.ndarray, y: np.ndarray, *, device: str, lr: float, compile: bool, precision: str | None
+) -> Runner:
     import contextlib
 
     import torch
-
     from models import ADAMW_EPS, MODELS
 
     model = MODELS[model_name].build().to(device)
@@ -119,8 +163,11 @@ def _torch_runner(model_name: str, x: np.ndarray, y: np.ndarray, *, device: str,
     loss = [None]
 
     def model_loss(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        autocast = (contextlib.nullcontext() if precision is None
-                    else torch.autocast(inputs.device.type, dtype=getattr(torch, PRECISIONS[precision])))
+        autocast = (
+            contextlib.nullcontext()
+            if precision is None
+            else torch.autocast(inputs.device.type, dtype=getattr(torch, PRECISIONS[precision]))
+        )
         with autocast:
             return criterion(model(inputs), targets)
 
@@ -131,8 +178,11 @@ def _torch_runner(model_name: str, x: np.ndarray, y: np.ndarray, *, device: str,
         loss[0].backward()
 
     sync, peak = _torch_device_hooks(device)
-    phases = [("forward+backward", forward_backward), ("optimizer", optimizer.step),
-              ("reset grad", lambda: optimizer.zero_grad(set_to_none=False))]
+    phases = [
+        ("forward+backward", forward_backward),
+        ("optimizer", optimizer.step),
+        ("reset grad", lambda: optimizer.zero_grad(set_to_none=False)),
+    ]
     return Runner(phases, sync, lambda: float(loss[0]), peak)
 
 
@@ -145,8 +195,13 @@ def _ort_runner(artifacts: Path, x: np.ndarray, y: np.ndarray, *, threads: int, 
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     state = CheckpointState.load_checkpoint(str(artifacts / "checkpoint"))
-    module = Module(str(artifacts / "training_model.onnx"), state, str(artifacts / "eval_model.onnx"),
-                    device="cpu", session_options=options)
+    module = Module(
+        str(artifacts / "training_model.onnx"),
+        state,
+        str(artifacts / "eval_model.onnx"),
+        device="cpu",
+        session_options=options,
+    )
     optimizer = Optimizer(str(artifacts / "optimizer_model.onnx"), module)
     optimizer.set_learning_rate(lr)
     module.train()
@@ -155,6 +210,9 @@ def _ort_runner(artifacts: Path, x: np.ndarray, y: np.ndarray, *, threads: int, 
     def forward_backward() -> None:
         loss[0] = module(x, y)
 
-    phases = [("forward+backward", forward_backward), ("optimizer", optimizer.step),
-              ("reset grad", module.lazy_reset_grad)]
+    phases = [
+        ("forward+backward", forward_backward),
+        ("optimizer", optimizer.step),
+        ("reset grad", module.lazy_reset_grad),
+    ]
     return Runner(phases, None, lambda: float(loss[0]))

@@ -23,7 +23,6 @@ import sys
 from pathlib import Path
 
 import torch
-
 from artifacts import prepare_artifacts
 from models import DECODER_SIZES, MODELS
 from orchestrate import ConfigResult, Settings, run_model
@@ -39,8 +38,13 @@ CPU_SIZES, CUDA_SIZES = [32, 128, 512], [32, 128, 512, 1024]
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", nargs="+", type=int, choices=list(DECODER_SIZES),
-                        help=f"hidden sizes (default {CPU_SIZES} on CPU, {CUDA_SIZES} on CUDA)")
+    parser.add_argument(
+        "--sizes",
+        nargs="+",
+        type=int,
+        choices=list(DECODER_SIZES),
+        help=f"hidden sizes (default {CPU_SIZES} on CPU, {CUDA_SIZES} on CUDA)",
+    )
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] ((d) is CPU-only: n/a on cuda)")
     parser.add_argument("--threads", type=int, default=2, help="CPU threads of every configuration")
     parser.add_argument("--rounds", type=int, default=5)
@@ -48,8 +52,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, help="untimed steps first (default: per size)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 3 steps, 1 round, 2 warmup steps")
     parser.add_argument("--no-ort", action="store_true", help="use this project's generator and skip ORT")
-    parser.add_argument("--mixed-precision", choices=sorted(PRECISIONS),
-                        help="autocast dtype of every torch configuration (ORT is then not timed)")
+    parser.add_argument(
+        "--mixed-precision",
+        choices=sorted(PRECISIONS),
+        help="autocast dtype of every torch configuration (ORT is then not timed)",
+    )
     parser.add_argument("--out", type=Path, default=BENCH / "results", help="where the JSON/Markdown/PNG go")
     parser.add_argument("--plot", type=Path, help="the PNG's path (default: next to the results)")
     parser.add_argument("--cache", type=Path, default=BENCH / ".cache", help="artifact cache")
@@ -84,8 +91,11 @@ def sweep(args: argparse.Namespace, command: str) -> int:
             results.append(ConfigResult(name, "ort", error=ort_missing))
         notes += model_notes(name, artifacts.generator, [r for r in results if r.model == name])
     header["machine"]["load_average_at_end"] = list(os.getloadavg())
-    notes.append("(a), (e) and (d) are fed numpy arrays (the ORT API), (c) and (f) torch tensors"
-                 if not cuda else "all but (d) are fed torch tensors on the device")
+    notes.append(
+        "(a), (e) and (d) are fed numpy arrays (the ORT API), (c) and (f) torch tensors"
+        if not cuda
+        else "all but (d) are fed torch tensors on the device"
+    )
     print()
     print(render_table(HEADERS, table_rows(results), left=2))
     for note in notes:
@@ -94,8 +104,13 @@ def sweep(args: argparse.Namespace, command: str) -> int:
     plot_path = args.plot or json_path.with_suffix(".png")
     machine = header["machine"]
     device = f"{args.device} ({machine['gpu']})" if "gpu" in machine else args.device
-    plotted = plot(results, args.sizes, plot_path, f"{machine['cpu']}, {args.threads} thread(s), {device}, "
-                   f"{args.mixed_precision or 'float32'}, load {machine['load_average_1_5_15'][0]:.1f}")
+    plotted = plot(
+        results,
+        args.sizes,
+        plot_path,
+        f"{machine['cpu']}, {args.threads} thread(s), {device}, "
+        f"{args.mixed_precision or 'float32'}, load {machine['load_average_1_5_15'][0]:.1f}",
+    )
     print(f"\nresults: {json_path}\n         {md_path}\n         {plotted}")
     return 1 if any(r.error and r.config != "ort" for r in results) else 0
 
@@ -120,11 +135,17 @@ def plot(results: list[ConfigResult], sizes: list[int], path: Path, subtitle: st
         ratios = [(s, t / steps[f"gpt{s}", reference]) for s, t in points if (f"gpt{s}", reference) in steps]
         if ratios and config != reference:
             ratio_axis.plot(*zip(*ratios), marker="o", label=LABELS[config])
-    times_axis.set(xscale="log", yscale="log", xlabel="hidden size", ylabel="step time (ms, median)",
-                   title="training step time")
+    times_axis.set(
+        xscale="log", yscale="log", xlabel="hidden size", ylabel="step time (ms, median)", title="training step time"
+    )
     ratio_axis.axhline(1.0, color="gray", linestyle="--", linewidth=1)
-    ratio_axis.set(xscale="log", yscale="log", xlabel="hidden size",
-                   ylabel=f"step time / {LABELS[reference]} (lower: faster)", title=f"ratio to {LABELS[reference]}")
+    ratio_axis.set(
+        xscale="log",
+        yscale="log",
+        xlabel="hidden size",
+        ylabel=f"step time / {LABELS[reference]} (lower: faster)",
+        title=f"ratio to {LABELS[reference]}",
+    )
     for axis in (times_axis, ratio_axis):
         axis.set_xticks(sizes, [str(s) for s in sizes])
         axis.minorticks_off()

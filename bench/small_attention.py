@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from timing import block_median_us
 
-from ort_torch_train.graph.forward import MIN_CHUNK_SIZE
-from ort_torch_train.graph.small_attention import HEAD_MULTIPLE, MAX_SCORES, attention_products
+from ort_torch_train.passes.small_attention import HEAD_MULTIPLE, MAX_SCORES, attention_products
+from ort_torch_train.training.compile.settings import MIN_CHUNK_SIZE
 
 SHAPES = ("4x2x8x16", "4x2x8x8", "8x4x32x8", "8x4x32x32", "8x4x32x128", "4x4x64x32")
 

@@ -33,7 +33,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
 from timing import block_median_us
 
 BENCH = Path(__file__).resolve().parent
@@ -53,8 +52,12 @@ def layers(model_name: str, python_wrapper: bool = False) -> dict[str, Callable[
     tx, ty = torch.from_numpy(x), torch.from_numpy(y)
 
     def compiled_module(compile: bool | dict) -> tuple[Module, Optimizer]:
-        module = Module(directory / "training_model.onnx", CheckpointState.load_checkpoint(directory / "checkpoint"),
-                        directory / "eval_model.onnx", compile=compile)
+        module = Module(
+            directory / "training_model.onnx",
+            CheckpointState.load_checkpoint(directory / "checkpoint"),
+            directory / "eval_model.onnx",
+            compile=compile,
+        )
         optimizer = Optimizer(directory / "optimizer_model.onnx", module)
         optimizer.set_learning_rate(LEARNING_RATE)
         module.train()
@@ -84,10 +87,12 @@ def layers(model_name: str, python_wrapper: bool = False) -> dict[str, Callable[
         def call() -> object:
             with torch.no_grad(), blas_threads_for(compiled_step._module, trainable[0].device):
                 return function(*arguments)
+
         return call
 
-    torch_runner = make_runner("torch", directory, x, y, threads=torch.get_num_threads(), device="cpu",
-                               lr=LEARNING_RATE, model_name=model_name)
+    torch_runner = make_runner(
+        "torch", directory, x, y, threads=torch.get_num_threads(), device="cpu", lr=LEARNING_RATE, model_name=model_name
+    )
 
     def torch_eager() -> None:
         for _, phase in torch_runner.phases:
@@ -115,8 +120,9 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--blocks", type=int, default=15)
     parser.add_argument("--calls", type=int, default=200)
-    parser.add_argument("--python-wrapper", action="store_true",
-                        help="also time the step with inductor's Python wrapper")
+    parser.add_argument(
+        "--python-wrapper", action="store_true", help="also time the step with inductor's Python wrapper"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     steps = layers(args.model, args.python_wrapper)
@@ -127,12 +133,17 @@ def main() -> int:
     for _ in range(args.blocks):
         for name, step in steps.items():
             best[name] = min(best[name], block_median_us(step, args.calls))
-    print(f"{args.model}, {args.threads} thread(s), load average {os.getloadavg()[0]:.1f}: lowest of "
-          f"{args.blocks} block medians ({args.calls} calls each)")
+    print(
+        f"{args.model}, {args.threads} thread(s), load average {os.getloadavg()[0]:.1f}: lowest of "
+        f"{args.blocks} block medians ({args.calls} calls each)"
+    )
     previous = None
     for name, us in best.items():
-        delta = "" if previous is None or not name.startswith(("engine", "Compiled", "precompiled", " ")) else \
-            f"  (layer above: {previous - us:+.1f} us)"
+        delta = (
+            ""
+            if previous is None or not name.startswith(("engine", "Compiled", "precompiled", " "))
+            else f"  (layer above: {previous - us:+.1f} us)"
+        )
         print(f"  {name:<30} {us:8.1f} us{delta}")
         previous = us
     return 0

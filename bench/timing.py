@@ -28,8 +28,9 @@ def block_median_us(call: Callable[[], object], calls: int) -> float:
     return statistics.median(time_steps(call, calls)) * 1e6
 
 
-def time_phased_steps(phases: Sequence[tuple[str, Callable[[], object]]], count: int,
-                      sync: Callable[[], None] | None = None) -> dict[str, list[float]]:
+def time_phased_steps(
+    phases: Sequence[tuple[str, Callable[[], object]]], count: int, sync: Callable[[], None] | None = None
+) -> dict[str, list[float]]:
     """Seconds of each phase and of the whole step ("step") for ``count`` steps, phases run in order.
 
     With ``sync`` (a device), every phase waits for its queued work, so phases are timed apart.
@@ -50,8 +51,14 @@ def time_phased_steps(phases: Sequence[tuple[str, Callable[[], object]]], count:
     return times
 
 
-def interleaved_step_times(steps: dict[str, Callable[[], object]], *, rounds: int, steps_per_round: int,
-                           warmup: int, sync: Callable[[], None] | None = None) -> dict[str, list[float]]:
+def interleaved_step_times(
+    steps: dict[str, Callable[[], object]],
+    *,
+    rounds: int,
+    steps_per_round: int,
+    warmup: int,
+    sync: Callable[[], None] | None = None,
+) -> dict[str, list[float]]:
     """Per-step seconds of each contender, run in rounds A B C A B C ... so load drift hits all alike."""
     for step in steps.values():
         time_steps(step, warmup, sync)
@@ -89,12 +96,15 @@ def peak_rss_mb() -> float:
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
 
 
-def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, left: int = 1,
-                 markdown: bool = False) -> str:
+def render_table(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], *, left: int = 1, markdown: bool = False
+) -> str:
     """A text or Markdown table: the first ``left`` columns left-aligned, the others right-aligned."""
     if markdown:
-        lines = ["| " + " | ".join(headers) + " |",
-                 "|" + "|".join(["---"] * left + ["---:"] * (len(headers) - left)) + "|"]
+        lines = [
+            "| " + " | ".join(headers) + " |",
+            "|" + "|".join(["---"] * left + ["---:"] * (len(headers) - left)) + "|",
+        ]
         lines += ["| " + " | ".join(row) + " |" for row in rows]
         return "\n".join(lines)
     widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows)]

@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from runners import CONFIGS, PRECISIONS, Runner, make_runner
 from timing import peak_rss_mb, time_phased_steps
 
@@ -50,9 +49,18 @@ def main() -> int:
 
     started = time.perf_counter()
     x, y = np.load(args.artifacts / "x.npy"), np.load(args.artifacts / "y.npy")
-    runner = make_runner(args.config, args.artifacts, x, y, threads=args.threads, device=args.device,
-                         lr=args.lr, model_name=args.model, torch_inputs=args.torch_inputs,
-                         precision=args.mixed_precision)
+    runner = make_runner(
+        args.config,
+        args.artifacts,
+        x,
+        y,
+        threads=args.threads,
+        device=args.device,
+        lr=args.lr,
+        model_name=args.model,
+        torch_inputs=args.torch_inputs,
+        precision=args.mixed_precision,
+    )
     time_phased_steps(runner.phases, args.warmup, runner.sync)
     answer({"ready": True, "setup_s": time.perf_counter() - started})
     for line in sys.stdin:
@@ -82,8 +90,9 @@ def attention_kernels(runner: Runner) -> list[str]:
             runner.sync()
     names = {e.name.removeprefix("void ").split("<")[0].split("(")[0] for e in profiler.events()}
     autograd = re.compile(r"^autograd::|Backward\d*$")  # the autograd nodes around the ops
-    return sorted(n for n in names if any(word in n.lower() for word in ("attention", "flash", "fmha"))
-                  and not autograd.search(n))
+    return sorted(
+        n for n in names if any(word in n.lower() for word in ("attention", "flash", "fmha")) and not autograd.search(n)
+    )
 
 
 if __name__ == "__main__":

@@ -104,12 +104,16 @@ def continue_training(args: argparse.Namespace) -> dict:
         "inference_outputs": run_inference_model(inference, eval_feeds),
     }
     ort_text = "" if summary["ort_eval_loss_before"] is None else f" (ORT: {summary['ort_eval_loss_before']:.4f})"
-    print(f"continued {case.name} from {start.name} (step {summary['start_step']}) on {device}: "
-          f"{len(losses)} steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}; "
-          f"eval loss {eval_before:.4f}{ort_text} -> {eval_after:.4f} "
-          f"(onnxruntime on the saved checkpoint: {summary['onnxruntime_eval_loss']:.4f})")
-    print(f"wrote {checkpoint} (step {summary['end_step']}, with optimizer state) and {inference} "
-          f"(outputs {summary['inference_outputs']})")
+    print(
+        f"continued {case.name} from {start.name} (step {summary['start_step']}) on {device}: "
+        f"{len(losses)} steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}; "
+        f"eval loss {eval_before:.4f}{ort_text} -> {eval_after:.4f} "
+        f"(onnxruntime on the saved checkpoint: {summary['onnxruntime_eval_loss']:.4f})"
+    )
+    print(
+        f"wrote {checkpoint} (step {summary['end_step']}, with optimizer state) and {inference} "
+        f"(outputs {summary['inference_outputs']})"
+    )
     return summary
 
 
@@ -154,8 +158,10 @@ def ort_session(path: Path):
 def onnxruntime_eval_loss(eval_model: Path, state: CheckpointState, inputs: dict[str, np.ndarray]) -> float:
     """onnxruntime's loss of the eval model fed ``inputs`` and the checkpoint's parameters."""
     session = ort_session(eval_model)
-    feeds = {value.name: inputs[value.name] if value.name in inputs else state.parameters[value.name].data
-             for value in session.get_inputs()}
+    feeds = {
+        value.name: inputs[value.name] if value.name in inputs else state.parameters[value.name].data
+        for value in session.get_inputs()
+    }
     return float(np.mean(session.run(None, feeds)[0]))
 
 
@@ -172,18 +178,33 @@ def run_inference_model(path: Path, inputs: dict[str, np.ndarray]) -> dict[str, 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("case", nargs="?", help="ORT case folder (default: tests/fixtures/cnn or another found)")
-    parser.add_argument("--checkpoint", help="checkpoint to continue from (default: the case's "
-                        "final_checkpoint_with_optimizer, else artifacts/checkpoint)")
+    parser.add_argument(
+        "--checkpoint",
+        help="checkpoint to continue from (default: the case's "
+        "final_checkpoint_with_optimizer, else artifacts/checkpoint)",
+    )
     parser.add_argument("--steps", type=int, default=None, help="steps to train (default: one pass over x_train)")
-    parser.add_argument("--train-keys", nargs="+", metavar="KEY",
-                        help="data.npz arrays of the training inputs, batched [steps, batch, ...] "
-                        "(default: expected.json's data_keys, else x_train y_train)")
-    parser.add_argument("--eval-keys", nargs="+", metavar="KEY", help="data.npz arrays of the eval inputs "
-                        "(default: expected.json's data_keys, else x_eval y_eval)")
+    parser.add_argument(
+        "--train-keys",
+        nargs="+",
+        metavar="KEY",
+        help="data.npz arrays of the training inputs, batched [steps, batch, ...] "
+        "(default: expected.json's data_keys, else x_train y_train)",
+    )
+    parser.add_argument(
+        "--eval-keys",
+        nargs="+",
+        metavar="KEY",
+        help="data.npz arrays of the eval inputs (default: expected.json's data_keys, else x_eval y_eval)",
+    )
     parser.add_argument("--lr", type=float, default=0.01)
-    parser.add_argument("--outputs", nargs="+", metavar="NAME",
-                        help="graph values the inference model returns (default: the case's recorded "
-                        "ones, else the eval model's outputs after the loss)")
+    parser.add_argument(
+        "--outputs",
+        nargs="+",
+        metavar="NAME",
+        help="graph values the inference model returns (default: the case's recorded "
+        "ones, else the eval model's outputs after the loss)",
+    )
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     parser.add_argument("--out", default="runs/continue", help="output folder")
     return parser.parse_args(argv)

@@ -24,16 +24,17 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, TensorDataset
+from train_digits import load_data, make_artifacts
 
 from ort_torch_train.api import CheckpointState, Module, Optimizer
-from train_digits import load_data, make_artifacts
 
 
 def batches(images: np.ndarray, labels: np.ndarray, batch_size: int, seed: int):
     """Endless shuffled batches of torch tensors from a DataLoader."""
     dataset = TensorDataset(torch.from_numpy(images), torch.from_numpy(labels))
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True,
-                        generator=torch.Generator().manual_seed(seed))
+    loader = DataLoader(
+        dataset, batch_size=batch_size, shuffle=True, drop_last=True, generator=torch.Generator().manual_seed(seed)
+    )
     while True:
         yield from loader
 
@@ -56,12 +57,18 @@ def interop_demo(args: argparse.Namespace) -> dict:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
     state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
-    module = Module(artifacts / "training_model.onnx", state, artifacts / "eval_model.onnx", device=str(device),
-                    compile=args.compile)
+    module = Module(
+        artifacts / "training_model.onnx",
+        state,
+        artifacts / "eval_model.onnx",
+        device=str(device),
+        compile=args.compile,
+    )
     optimizer = Optimizer(artifacts / "optimizer_model.onnx", module)
     optimizer.set_learning_rate(args.lr)
-    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer.torch_optimizer, max_lr=args.lr,
-                                                    total_steps=args.steps, cycle_momentum=False)
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(
+        optimizer.torch_optimizer, max_lr=args.lr, total_steps=args.steps, cycle_momentum=False
+    )
     autocast_dtype = torch.bfloat16
     losses, learning_rates, autocast_checks = [], [], []
     module.train()
@@ -91,17 +98,22 @@ def interop_demo(args: argparse.Namespace) -> dict:
         "learning_rates": learning_rates,
         "scheduler_lr_matches": all(
             math.isclose(lr, float(np.float32(expected)), rel_tol=1e-6)
-            for lr, expected in zip(learning_rates[1:], scheduler_lrs(args))),
+            for lr, expected in zip(learning_rates[1:], scheduler_lrs(args))
+        ),
         "autocast_dtype": str(autocast_dtype).removeprefix("torch."),
         "autocast_steps": len(autocast_checks),
         "autocast_max_relative_gap": autocast_gap,
         "state_dict_names_match": names_match,
         "torch_model_max_abs_difference": max_output_difference,
     }
-    print(f"trained {args.steps} steps on {device} (compile={args.compile}): loss {losses[0]:.4f} -> {losses[-1]:.4f}; "
-          f"lr from OneCycleLR peaked at {max(learning_rates):.4g}")
-    print(f"autocast {summary['autocast_dtype']}: {len(autocast_checks)} steps, loss within "
-          f"{100 * autocast_gap:.2f}% of float32")
+    print(
+        f"trained {args.steps} steps on {device} (compile={args.compile}): loss {losses[0]:.4f} -> {losses[-1]:.4f}; "
+        f"lr from OneCycleLR peaked at {max(learning_rates):.4g}"
+    )
+    print(
+        f"autocast {summary['autocast_dtype']}: {len(autocast_checks)} steps, loss within "
+        f"{100 * autocast_gap:.2f}% of float32"
+    )
     print(f"state_dict -> torch model: names match {names_match}, logits differ by at most {max_output_difference:.2e}")
     return summary
 
@@ -109,8 +121,9 @@ def interop_demo(args: argparse.Namespace) -> dict:
 def scheduler_lrs(args: argparse.Namespace) -> list[float]:
     """The learning rates OneCycleLR sets after each step (a plain torch optimizer as the reference)."""
     reference = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=args.lr)
-    scheduler = torch.optim.lr_scheduler.OneCycleLR(reference, max_lr=args.lr, total_steps=args.steps,
-                                                    cycle_momentum=False)
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(
+        reference, max_lr=args.lr, total_steps=args.steps, cycle_momentum=False
+    )
     rates = []
     for _ in range(args.steps - 1):
         reference.step()
@@ -119,8 +132,9 @@ def scheduler_lrs(args: argparse.Namespace) -> list[float]:
     return rates
 
 
-def compare_with_torch_model(module: Module, torch_model: torch.nn.Module, images: np.ndarray,
-                             labels: np.ndarray) -> tuple[bool, float]:
+def compare_with_torch_model(
+    module: Module, torch_model: torch.nn.Module, images: np.ndarray, labels: np.ndarray
+) -> tuple[bool, float]:
     """Load the module's state_dict into the torch model; compare its logits with the eval graph's."""
     state_dict = {name: tensor.cpu() for name, tensor in module.state_dict().items()}
     names_match = set(state_dict) == set(torch_model.state_dict())
@@ -139,8 +153,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--autocast-steps", type=int, default=5, help="last steps run under torch.autocast")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=5e-3, help="peak learning rate of OneCycleLR")
-    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
-                        help="run the graphs through torch.compile (default on)")
+    parser.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the graphs through torch.compile (default on)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     parser.add_argument("--out", default="runs/interop", help="output folder")

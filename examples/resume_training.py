@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from train_digits import load_data, make_artifacts, open_training, train_step
 
 from ort_torch_train.api import CheckpointState, LinearLRScheduler
-from train_digits import load_data, make_artifacts, open_training, train_step
 
 
 def batch_rows(step: int, samples: int, batch_size: int, seed: int) -> np.ndarray:
@@ -30,17 +30,24 @@ def batch_rows(step: int, samples: int, batch_size: int, seed: int) -> np.ndarra
     per_epoch = samples // batch_size
     epoch, position = divmod(step, per_epoch)
     order = np.random.default_rng([seed, epoch]).permutation(samples)
-    return order[position * batch_size:(position + 1) * batch_size]
+    return order[position * batch_size : (position + 1) * batch_size]
 
 
-def run(args: argparse.Namespace, artifacts: Path, checkpoint: Path, first: int, last: int,
-        data: tuple[np.ndarray, np.ndarray]) -> tuple[CheckpointState, list[float]]:
+def run(
+    args: argparse.Namespace,
+    artifacts: Path,
+    checkpoint: Path,
+    first: int,
+    last: int,
+    data: tuple[np.ndarray, np.ndarray],
+) -> tuple[CheckpointState, list[float]]:
     """Train steps ``first`` .. ``last - 1`` starting from ``checkpoint``; return the state and the losses."""
     state, module, optimizer = open_training(artifacts, checkpoint, args.device)
     if state.training_state.optimizer.step != first:
         raise RuntimeError(f"{checkpoint} is not at step {first}")
-    scheduler = LinearLRScheduler(optimizer, warmup_step_count=args.steps // 10, total_step_count=args.steps,
-                                  initial_lr=args.lr)
+    scheduler = LinearLRScheduler(
+        optimizer, warmup_step_count=args.steps // 10, total_step_count=args.steps, initial_lr=args.lr
+    )
     images, labels = data
     losses = []
     for step in range(first, last):
@@ -69,7 +76,7 @@ def resume_demo(args: argparse.Namespace) -> dict:
     for step, (a, b) in enumerate(zip(uninterrupted, first_part + second_part), start=1):
         marker = "  <- resumed from the checkpoint" if step == args.resume_at + 1 else ""
         print(f"{step:>5} {a:>15.9f} {b:>16.9f}{marker}")
-    same_losses = uninterrupted[args.resume_at:] == second_part and uninterrupted[:args.resume_at] == first_part
+    same_losses = uninterrupted[args.resume_at :] == second_part and uninterrupted[: args.resume_at] == first_part
     final_a, final_b = uninterrupted_state.state_dict(), resumed_state.state_dict()
     same_parameters = all(torch.equal(final_a[name], final_b[name]) for name in final_a)
     summary = {
@@ -82,8 +89,10 @@ def resume_demo(args: argparse.Namespace) -> dict:
         "bit_exact_parameters": same_parameters,
         "final_loss": uninterrupted[-1],
     }
-    print(f"losses after the resume equal the uninterrupted run's: {same_losses}; "
-          f"final parameters equal: {same_parameters}")
+    print(
+        f"losses after the resume equal the uninterrupted run's: {same_losses}; "
+        f"final parameters equal: {same_parameters}"
+    )
     return summary
 
 

@@ -49,8 +49,9 @@ def train(args: argparse.Namespace, device: str) -> dict:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     artifacts = args.case / "artifacts"
     state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
-    module = Module(artifacts / "training_model.onnx", state, artifacts / "eval_model.onnx", device=device,
-                    distributed=True)
+    module = Module(
+        artifacts / "training_model.onnx", state, artifacts / "eval_model.onnx", device=device, distributed=True
+    )
     optimizer = Optimizer(artifacts / "optimizer_model.onnx", module, shard_state=args.shard_state)
     scheduler = LinearLRScheduler(optimizer, 3, args.steps, 0.01)
     keys = json.loads((args.case / "expected.json").read_text()).get("data_keys", {})
@@ -60,17 +61,23 @@ def train(args: argparse.Namespace, device: str) -> dict:
     for step in range(args.steps):
         batch = [array[step % len(array)] for array in batches]
         share = len(batch[0]) // world_size
-        loss = module(*[array[rank * share:(rank + 1) * share] for array in batch])
+        loss = module(*[array[rank * share : (rank + 1) * share] for array in batch])
         optimizer.step()
         scheduler.step()
         module.lazy_reset_grad()
         losses.append(float(np.asarray(loss).reshape(-1)[0]))
     args.out.mkdir(parents=True, exist_ok=True)
     CheckpointState.save_checkpoint(state, args.out / "checkpoint", include_optimizer_state=True)
-    summary = {"rank": rank, "world_size": world_size, "first_loss": losses[0], "last_loss": losses[-1],
-               "checkpoint": str(args.out / "checkpoint") if rank == 0 else None}
+    summary = {
+        "rank": rank,
+        "world_size": world_size,
+        "first_loss": losses[0],
+        "last_loss": losses[-1],
+        "checkpoint": str(args.out / "checkpoint") if rank == 0 else None,
+    }
     print(json.dumps(summary))
     return summary
+
 
 if __name__ == "__main__":
     main()

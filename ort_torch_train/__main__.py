@@ -2,6 +2,6 @@
 
 import sys
 
-from ort_torch_train.cli import main
+from ort_torch_train.cli.main import main
 
 sys.exit(main())

@@ -26,10 +26,27 @@ ONNX_TO_TORCH: dict[int, torch.dtype] = {
 TORCH_TO_ONNX: dict[torch.dtype, int] = {dtype: code for code, dtype in ONNX_TO_TORCH.items()}
 
 ELEM_TYPE_NAMES: dict[int, str] = {
-    0: "UNDEFINED", 1: "FLOAT", 2: "UINT8", 3: "INT8", 4: "UINT16", 5: "INT16", 6: "INT32",
-    7: "INT64", 8: "STRING", 9: "BOOL", 10: "FLOAT16", 11: "DOUBLE", 12: "UINT32", 13: "UINT64",
-    14: "COMPLEX64", 15: "COMPLEX128", 16: "BFLOAT16", 17: "FLOAT8E4M3FN", 18: "FLOAT8E4M3FNUZ",
-    19: "FLOAT8E5M2", 20: "FLOAT8E5M2FNUZ",
+    0: "UNDEFINED",
+    1: "FLOAT",
+    2: "UINT8",
+    3: "INT8",
+    4: "UINT16",
+    5: "INT16",
+    6: "INT32",
+    7: "INT64",
+    8: "STRING",
+    9: "BOOL",
+    10: "FLOAT16",
+    11: "DOUBLE",
+    12: "UINT32",
+    13: "UINT64",
+    14: "COMPLEX64",
+    15: "COMPLEX128",
+    16: "BFLOAT16",
+    17: "FLOAT8E4M3FN",
+    18: "FLOAT8E4M3FNUZ",
+    19: "FLOAT8E5M2",
+    20: "FLOAT8E5M2FNUZ",
 }
 
 

@@ -15,10 +15,23 @@ class ProgressBar:
     seconds and at the end. ``disable=True`` shows nothing (a quiet mode).
     """
 
-    def __init__(self, total: int, description: str = "", stream: TextIO | None = None, disable: bool = False,
-                 mininterval: float = 1.0):
-        self.bar = tqdm(total=max(int(total), 1), desc=description, file=stream or sys.stderr, unit="step",
-                        disable=disable, mininterval=mininterval, dynamic_ncols=True)
+    def __init__(
+        self,
+        total: int,
+        description: str = "",
+        stream: TextIO | None = None,
+        disable: bool = False,
+        mininterval: float = 1.0,
+    ):
+        self.bar = tqdm(
+            total=max(int(total), 1),
+            desc=description,
+            file=stream or sys.stderr,
+            unit="step",
+            disable=disable,
+            mininterval=mininterval,
+            dynamic_ncols=True,
+        )
         self.metrics: dict[str, str] = {}
 
     def update(self, steps: int = 1, **metrics: float) -> None:

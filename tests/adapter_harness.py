@@ -17,8 +17,8 @@ import torch
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
-from ort_torch_train.graph.convert import TensorSpec, convert_graph
-from ort_torch_train.graph.converters import converter_for
+from ort_torch_train.convert.graph import TensorSpec, convert_graph
+from ort_torch_train.convert.registry import converter_for
 
 INT64_MAX = 2**63 - 1
 INT64_MIN = -(2**63)
@@ -192,4 +192,3 @@ def check_gradients(
         return tuple(o for o in gm(*args) if o.is_floating_point())
 
     assert torch.autograd.gradcheck(function, [t for t, w in zip(leaves, wanted) if w], eps=1e-6, atol=1e-5)
-

@@ -24,8 +24,8 @@ import onnx
 import torch
 from onnx.backend.test.case.node import collect_testcases
 
+from ort_torch_train.convert.graph import TensorSpec, convert_graph
 from ort_torch_train.errors import UnsupportedOperatorError
-from ort_torch_train.graph.convert import TensorSpec, convert_graph
 
 KNOWN_FAILURES_FILE = Path(__file__).with_name("conformance_known_failures.txt")
 DOCS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "conformance.md"
@@ -63,8 +63,11 @@ def _skip_reason(model: onnx.ModelProto, data_sets: list) -> str | None:
             return "non-array test data"
         if any(v.dtype.kind in "OUS" for v in values):
             return "string tensors"
-        if any(str(v.dtype) != "bfloat16" and (v.dtype.kind == "V" or str(v.dtype).startswith(
-                ("float8", "float4", "int4", "uint4", "int2", "uint2"))) for v in values):
+        if any(
+            str(v.dtype) != "bfloat16"
+            and (v.dtype.kind == "V" or str(v.dtype).startswith(("float8", "float4", "int4", "uint4", "int2", "uint2")))
+            for v in values
+        ):
             return "ml_dtypes tensors (float8/float4/int4/int2)"
         if sum(v.size for v in values) > MAX_ELEMENTS:
             return f"more than {MAX_ELEMENTS} elements"
@@ -166,8 +169,9 @@ def known_failures() -> dict[str, str]:
 
 def summary(outcomes: list[Outcome]) -> Counter:
     known = known_failures()
-    return Counter("known-failure" if o.case in known and o.status in ("error", "wrong") else o.status
-                   for o in outcomes)
+    return Counter(
+        "known-failure" if o.case in known and o.status in ("error", "wrong") else o.status for o in outcomes
+    )
 
 
 def by_operator(outcomes: list[Outcome]) -> dict[str, Counter]:

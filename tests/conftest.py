@@ -17,15 +17,19 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 def corpus_cases() -> list[Path]:
     """Every case directory of the refcorpus and of tests/fixtures."""
-    return [case for root in (REFCORPUS, FIXTURES) if root.is_dir()
-            for case in sorted(root.iterdir()) if (case / "expected.json").is_file()]
+    return [
+        case
+        for root in (REFCORPUS, FIXTURES)
+        if root.is_dir()
+        for case in sorted(root.iterdir())
+        if (case / "expected.json").is_file()
+    ]
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "corpus_case" in metafunc.fixturenames:
         cases = corpus_cases()
-        metafunc.parametrize("corpus_case", cases,
-                             ids=[f"{case.parent.name}/{case.name}" for case in cases])
+        metafunc.parametrize("corpus_case", cases, ids=[f"{case.parent.name}/{case.name}" for case in cases])
 
 
 @pytest.fixture

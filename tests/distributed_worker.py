@@ -36,15 +36,24 @@ RUNS = {
     "mlp_compiled_sharded": (MLP_OPTIMIZERS, CLIP_MODEL, {"compile": True, "shard_state": True}, 6),
 }
 SCENARIOS = {
-    "eager": ["mlp_adamw_sched", "transformer_adamw_sched", "mlp_sgd", "mlp_sharded_clip", "mlp_accumulate",
-              "transformer_sharded"],
+    "eager": [
+        "mlp_adamw_sched",
+        "transformer_adamw_sched",
+        "mlp_sgd",
+        "mlp_sharded_clip",
+        "mlp_accumulate",
+        "transformer_sharded",
+    ],
     "compiled": ["mlp_compiled", "mlp_compiled_sharded"],
 }
 
 
 def batches(fixture: Path, step: int) -> list[np.ndarray]:
     """The fixture's inputs of one step (the full batch)."""
-    keys = json.loads((fixture / "expected.json").read_text()).get("data_keys", {}).get("train") or ["x_train", "y_train"]
+    keys = json.loads((fixture / "expected.json").read_text()).get("data_keys", {}).get("train") or [
+        "x_train",
+        "y_train",
+    ]
     with np.load(fixture / "data.npz") as data:
         return [data[key][step] for key in keys]
 
@@ -52,21 +61,35 @@ def batches(fixture: Path, step: int) -> list[np.ndarray]:
 def part(arrays: list[np.ndarray], index: int, count: int) -> list[np.ndarray]:
     """The index-th of ``count`` equal slices of a batch."""
     size = len(arrays[0]) // count
-    return [array[index * size:(index + 1) * size] for array in arrays]
+    return [array[index * size : (index + 1) * size] for array in arrays]
 
 
-def train(run: str, rank: int = 0, world_size: int = 1, checkpoint: Path | None = None,
-          save_at: tuple[int, Path] | None = None, first_step: int = 0) -> dict[str, np.ndarray]:
+def train(
+    run: str,
+    rank: int = 0,
+    world_size: int = 1,
+    checkpoint: Path | None = None,
+    save_at: tuple[int, Path] | None = None,
+    first_step: int = 0,
+) -> dict[str, np.ndarray]:
     """Train ``run`` on this rank's share of each batch; return the losses and final parameters."""
     from ort_torch_train.api import CheckpointState, LinearLRScheduler, Module, Optimizer
 
     fixture, optimizer_model, options, steps = RUNS[run]
     artifacts = fixture / "artifacts"
     state = CheckpointState.load_checkpoint(checkpoint or artifacts / "checkpoint")
-    module = Module(artifacts / "training_model.onnx", state, artifacts / "eval_model.onnx",
-                    compile=options.get("compile", False), distributed=world_size > 1)
-    optimizer = Optimizer(optimizer_model or artifacts / "optimizer_model.onnx", module,
-                          shard_state=options.get("shard_state", False) and world_size > 1)
+    module = Module(
+        artifacts / "training_model.onnx",
+        state,
+        artifacts / "eval_model.onnx",
+        compile=options.get("compile", False),
+        distributed=world_size > 1,
+    )
+    optimizer = Optimizer(
+        optimizer_model or artifacts / "optimizer_model.onnx",
+        module,
+        shard_state=options.get("shard_state", False) and world_size > 1,
+    )
     scheduler = LinearLRScheduler(optimizer, 3, STEPS, 0.01)
     losses = []
     for step in range(first_step, steps):
@@ -94,8 +117,11 @@ def train(run: str, rank: int = 0, world_size: int = 1, checkpoint: Path | None 
     params = {name: p.data.copy() for name, p in state.parameters}
     moments = state.training_state.optimizer.momentums
     moment_bytes = sum(t.numel() * t.element_size() for m in moments.values() for t in m.values())
-    return {"losses": np.array(losses, dtype=np.float64), "moment_bytes": np.array(moment_bytes),
-            **{f"param/{n}": v for n, v in params.items()}}
+    return {
+        "losses": np.array(losses, dtype=np.float64),
+        "moment_bytes": np.array(moment_bytes),
+        **{f"param/{n}": v for n, v in params.items()},
+    }
 
 
 def legacy_train(rank: int = 0, world_size: int = 1, zero_stage: int = 0) -> dict[str, np.ndarray]:
@@ -104,9 +130,14 @@ def legacy_train(rank: int = 0, world_size: int = 1, zero_stage: int = 0) -> dic
     parameters and (whole, gathered under ZeRO stage 1) optimizer state."""
     from legacy_models import LR, params_for, session
 
-    settings = {"world_rank": rank, "world_size": world_size, "data_parallel_size": world_size,
-                "gradient_accumulation_steps": 2, "allreduce_post_accumulation": True,
-                "deepspeed_zero_stage": zero_stage}
+    settings = {
+        "world_rank": rank,
+        "world_size": world_size,
+        "data_parallel_size": world_size,
+        "gradient_accumulation_steps": 2,
+        "allreduce_post_accumulation": True,
+        "deepspeed_zero_stage": zero_stage,
+    }
     sess = session(params_for("AdamOptimizer", **settings))
     rng = np.random.default_rng(3)
     losses = []
@@ -120,9 +151,12 @@ def legacy_train(rank: int = 0, world_size: int = 1, zero_stage: int = 0) -> dic
     state = sess.get_model_state()["full_precision"]
     moments = {f"moment/{w}/{k}": v for w, values in sess.get_optimizer_state().items() for k, v in values.items()}
     held = getattr(sess._optimizer, "inner", sess._optimizer).moments  # the moments this rank keeps
-    return {"losses": np.array(losses), "held_moment_elements": np.array(sum(m.numel() for ms in held.values()
-                                                                             for m in ms)),
-            **{f"param/{n}": np.asarray(v) for n, v in state.items()}, **moments}
+    return {
+        "losses": np.array(losses),
+        "held_moment_elements": np.array(sum(m.numel() for ms in held.values() for m in ms)),
+        **{f"param/{n}": np.asarray(v) for n, v in state.items()},
+        **moments,
+    }
 
 
 def fp16_overflow(rank: int, world_size: int) -> dict[str, np.ndarray]:
@@ -174,8 +208,12 @@ def misuse_errors(rank: int) -> dict[str, str]:
         Module(artifacts / "training_model.onnx", state, distributed=True)
     except DistributedError as error:
         errors["different_checkpoints"] = str(error)
-    module = Module(artifacts / "training_model.onnx", CheckpointState.load_checkpoint(artifacts / "checkpoint"),
-                    artifacts / "eval_model.onnx", distributed=True)
+    module = Module(
+        artifacts / "training_model.onnx",
+        CheckpointState.load_checkpoint(artifacts / "checkpoint"),
+        artifacts / "eval_model.onnx",
+        distributed=True,
+    )
     module.eval()  # eval stays local: ranks evaluate different batches without any collective
     with torch.no_grad():
         module(*part(batches(MLP, 0), rank, 2))
@@ -193,8 +231,9 @@ def lost_rank(rank: int) -> dict[str, str]:
     from ort_torch_train.errors import DistributedError
 
     artifacts = MLP / "artifacts"
-    module = Module(artifacts / "training_model.onnx", CheckpointState.load_checkpoint(artifacts / "checkpoint"),
-                    distributed=True)
+    module = Module(
+        artifacts / "training_model.onnx", CheckpointState.load_checkpoint(artifacts / "checkpoint"), distributed=True
+    )
     if rank == 1:
         os._exit(0)
     try:
@@ -211,12 +250,12 @@ def cached_compile(rank: int, world_size: int, cache: Path) -> dict[str, np.ndar
 
     import torch.distributed as dist
 
-    from ort_torch_train.training.compile_cache import load_compile_cache, save_compile_cache
+    from ort_torch_train.training.compile.cache import load_compile_cache, save_compile_cache
 
     messages = []
     handler = logging.Handler(logging.INFO)
     handler.emit = lambda record: messages.append(record.getMessage())
-    logger = logging.getLogger("ort_torch_train.training.precompiled")
+    logger = logging.getLogger("ort_torch_train.training.compile.precompiled")
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     found = load_compile_cache(cache)
@@ -251,11 +290,13 @@ def main() -> None:
             save_at = (10, out / f"{run}.ckpt") if run == "mlp_sharded_clip" else None
             np.savez(out / f"{run}_rank{rank}.npz", **train(run, rank, world_size, save_at=save_at))
         if scenario == "eager":
-            resumed = train("mlp_adamw_sched", rank, world_size, checkpoint=out / "one_process_step10.ckpt",
-                            first_step=10)
+            resumed = train(
+                "mlp_adamw_sched", rank, world_size, checkpoint=out / "one_process_step10.ckpt", first_step=10
+            )
             np.savez(out / f"resumed_rank{rank}.npz", **resumed)
-            resumed = train("mlp_adamw_sched_sharded", rank, world_size, checkpoint=out / "one_process_step10.ckpt",
-                            first_step=10)
+            resumed = train(
+                "mlp_adamw_sched_sharded", rank, world_size, checkpoint=out / "one_process_step10.ckpt", first_step=10
+            )
             np.savez(out / f"resumed_sharded_rank{rank}.npz", **resumed)
             np.savez(out / f"legacy_rank{rank}.npz", **legacy_train(rank, world_size))
             np.savez(out / f"legacy_zero_rank{rank}.npz", **legacy_train(rank, world_size, zero_stage=1))

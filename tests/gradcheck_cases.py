@@ -19,11 +19,11 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 import torch
+from conformance import _array, _op_of, _skip_reason, known_failures, node_cases
 from onnx import TensorProto
 
-from conformance import _array, _op_of, _skip_reason, known_failures, node_cases
+from ort_torch_train.convert.graph import TensorSpec, convert_graph
 from ort_torch_train.errors import UnsupportedOperatorError
-from ort_torch_train.graph.convert import TensorSpec, convert_graph
 
 FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16)
 MAX_FULL = 300  # input and output elements up to which gradcheck runs in full mode (fast mode above)
@@ -33,14 +33,24 @@ CASES_PER_OP = 2
 # Where the op's math needs it: the range the random float inputs are drawn from (|x| in [0.2, 1]
 # with random signs otherwise, away from the kinks at 0 of Relu, Abs, LeakyRelu ...).
 POSITIVE = (0.2, 2.0)
-DOMAINS = {"Acosh": (1.5, 3.0), "Sqrt": POSITIVE, "Log": POSITIVE, "Pow": POSITIVE, "ReduceLogSum": POSITIVE,
-           "Adam": POSITIVE, "Adagrad": POSITIVE}  # the optimizers' squared-gradient accumulators
+DOMAINS = {
+    "Acosh": (1.5, 3.0),
+    "Sqrt": POSITIVE,
+    "Log": POSITIVE,
+    "Pow": POSITIVE,
+    "ReduceLogSum": POSITIVE,
+    "Adam": POSITIVE,
+    "Adagrad": POSITIVE,
+}  # the optimizers' squared-gradient accumulators
 
 # Float inputs that configure the op rather than carry data: kept at the case's values, not differentiated.
 SETTINGS_INPUTS = {
     "Resize": ({1, 2}, "roi and scales define the output grid"),
     "Upsample": ({1}, "scales define the output shape"),
-    "RoiAlign": ({1}, "box coordinates are read on the host (as torchvision's roi_align, gradients reach the features only)"),
+    "RoiAlign": (
+        {1},
+        "box coordinates are read on the host (as torchvision's roi_align, gradients reach the features only)",
+    ),
 }
 
 # Operators with floating inputs and outputs that are not gradchecked, with the reason (reviewed).
@@ -127,9 +137,14 @@ def candidates(ops: set[str] | None = None) -> dict[str, list[Candidate]]:
         op = _op_of(model, case.name)
         settings = SETTINGS_INPUTS.get(op, (set(), ""))[0]
         generator = np.random.default_rng(len(found))
-        values = [np.array(v, dtype=np.float64) if is_float and i in settings
-                  else _random_like(v, op, generator) if is_float else np.array(v)
-                  for i, (v, is_float) in enumerate(zip(inputs, float_in))]
+        values = [
+            np.array(v, dtype=np.float64)
+            if is_float and i in settings
+            else _random_like(v, op, generator)
+            if is_float
+            else np.array(v)
+            for i, (v, is_float) in enumerate(zip(inputs, float_in))
+        ]
         candidate = Candidate(case.name, op, _as_float64(model), values, sum(v.size for v in outputs))
         usable = any(candidate.differentiable) and candidate.float_elements <= MAX_ELEMENTS
         found.setdefault(op, []).extend([candidate] if usable else [])
@@ -163,8 +178,14 @@ def gradcheck(candidate: Candidate) -> None:
             return tuple(o for o in module(*args) if o.is_floating_point())
 
     leaves = [t.clone().requires_grad_() for t, w in zip(tensors, wanted) if w]
-    torch.autograd.gradcheck(function, leaves, eps=1e-6, atol=1e-5, rtol=1e-4,
-                             fast_mode=max(candidate.float_elements, candidate.output_elements) > MAX_FULL)
+    torch.autograd.gradcheck(
+        function,
+        leaves,
+        eps=1e-6,
+        atol=1e-5,
+        rtol=1e-4,
+        fast_mode=max(candidate.float_elements, candidate.output_elements) > MAX_FULL,
+    )
 
 
 def main(argv: list[str]) -> None:

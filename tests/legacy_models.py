@@ -16,6 +16,7 @@ def F32(value: float) -> float:  # noqa: N802
     """``value`` rounded to float32."""
     return float(np.float32(value))
 
+
 WEIGHTS = ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
 LR = "Learning_Rate"
 
@@ -29,23 +30,37 @@ def forward_model(seed: int = 0) -> onnx.ModelProto:
     """
     rng = np.random.default_rng(seed)
     init = lambda name, shape: numpy_helper.from_array(  # noqa: E731
-        (rng.standard_normal(shape) * 0.4).astype(np.float32), name)
-    nodes = [helper.make_node("Gemm", ["x", "fc1.weight", "fc1.bias"], ["h"], transB=1),
-             helper.make_node("Relu", ["h"], ["r"]),
-             helper.make_node("Gemm", ["r", "fc2.weight", "fc2.bias"], ["z"], transB=1),
-             helper.make_node("Mul", ["z", "scale"], ["zs"]),
-             helper.make_node("Reshape", ["zs", "shape"], ["logits"]),
-             helper.make_node("SoftmaxCrossEntropyLoss", ["logits", "y"], ["loss"], reduction="mean")]
+        (rng.standard_normal(shape) * 0.4).astype(np.float32), name
+    )
+    nodes = [
+        helper.make_node("Gemm", ["x", "fc1.weight", "fc1.bias"], ["h"], transB=1),
+        helper.make_node("Relu", ["h"], ["r"]),
+        helper.make_node("Gemm", ["r", "fc2.weight", "fc2.bias"], ["z"], transB=1),
+        helper.make_node("Mul", ["z", "scale"], ["zs"]),
+        helper.make_node("Reshape", ["zs", "shape"], ["logits"]),
+        helper.make_node("SoftmaxCrossEntropyLoss", ["logits", "y"], ["loss"], reduction="mean"),
+    ]
     graph = helper.make_graph(
-        nodes, "mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4]),
-         helper.make_tensor_value_info("y", TensorProto.INT64, ["N"])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 3]),
-         helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])],
-        [init("fc1.weight", (6, 4)), init("fc1.bias", (6,)), init("fc2.weight", (3, 6)), init("fc2.bias", (3,)),
-         numpy_helper.from_array(np.array(1.0, np.float32), "scale"),
-         numpy_helper.from_array(np.array([-1, 3], np.int64), "shape"),
-         init("unused.weight", (2,))])
+        nodes,
+        "mlp",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4]),
+            helper.make_tensor_value_info("y", TensorProto.INT64, ["N"]),
+        ],
+        [
+            helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 3]),
+            helper.make_tensor_value_info("loss", TensorProto.FLOAT, []),
+        ],
+        [
+            init("fc1.weight", (6, 4)),
+            init("fc1.bias", (6,)),
+            init("fc2.weight", (3, 6)),
+            init("fc2.bias", (3,)),
+            numpy_helper.from_array(np.array(1.0, np.float32), "scale"),
+            numpy_helper.from_array(np.array([-1, 3], np.int64), "shape"),
+            init("unused.weight", (2,)),
+        ],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="tests")
     model.metadata_props.add(key="author", value="legacy-tests")
     return model
@@ -53,16 +68,18 @@ def forward_model(seed: int = 0) -> onnx.ModelProto:
 
 def batches(count: int, seed: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:
     rng = np.random.default_rng(seed)
-    return [(rng.standard_normal((5, 4)).astype(np.float32), rng.integers(0, 3, 5).astype(np.int64))
-            for _ in range(count)]
+    return [
+        (rng.standard_normal((5, 4)).astype(np.float32), rng.integers(0, 3, 5).astype(np.int64)) for _ in range(count)
+    ]
 
 
 def lrs(count: int) -> list[float]:
     return [F32(0.05 - 0.004 * i) for i in range(count)]
 
 
-def params_for(optimizer: str = "AdamOptimizer", weights=WEIGHTS, floats=None, ints=None,
-               **settings) -> TrainingParameters:
+def params_for(
+    optimizer: str = "AdamOptimizer", weights=WEIGHTS, floats=None, ints=None, **settings
+) -> TrainingParameters:
     p = TrainingParameters()
     p.loss_output_name = "loss"
     p.immutable_weights = {"Mul": [(1, 1.0)]}  # keep `scale` a constant: the trained set is WEIGHTS
@@ -79,8 +96,10 @@ def session(parameters: TrainingParameters, **kwargs) -> TrainingSession:
 
 
 def train(sess: TrainingSession, data, rates, lr_name: str = LR) -> list[float]:
-    return [float(sess.run(["loss"], {"x": x, "y": y, lr_name: np.array([lr], np.float32)})[0])
-            for (x, y), lr in zip(data, rates)]
+    return [
+        float(sess.run(["loss"], {"x": x, "y": y, lr_name: np.array([lr], np.float32)})[0])
+        for (x, y), lr in zip(data, rates)
+    ]
 
 
 def initial(name: str) -> np.ndarray:
@@ -106,9 +125,13 @@ def training_artifact(forward: onnx.ModelProto) -> onnx.ModelProto:
 
 def optimizer_artifact(op: str, **attributes) -> bytes:
     seq = lambda n: helper.make_tensor_sequence_value_info(n, TensorProto.FLOAT, None)  # noqa: E731
-    inputs = [helper.make_tensor_value_info("learning_rate", TensorProto.FLOAT, [1]),
-              helper.make_tensor_value_info("step", TensorProto.INT64, [1]),
-              seq("params"), seq("gradients"), seq("first_order_moments")]
+    inputs = [
+        helper.make_tensor_value_info("learning_rate", TensorProto.FLOAT, [1]),
+        helper.make_tensor_value_info("step", TensorProto.INT64, [1]),
+        seq("params"),
+        seq("gradients"),
+        seq("first_order_moments"),
+    ]
     if op == "AdamWOptimizer":
         inputs.append(seq("second_order_moments"))
         node_inputs = ["learning_rate", "step", "params", "gradients", "first_order_moments", "second_order_moments"]

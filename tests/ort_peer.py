@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-ORT_PYTHON = Path(os.environ.get(
-    "ORT_TRAINING_PYTHON", Path(__file__).resolve().parents[1] / ".venv-ort" / "bin" / "python"))
+ORT_PYTHON = Path(
+    os.environ.get("ORT_TRAINING_PYTHON", Path(__file__).resolve().parents[1] / ".venv-ort" / "bin" / "python")
+)
 
 requires_ort = [
     pytest.mark.ort_peer,
-    pytest.mark.skipif(not ORT_PYTHON.exists(),
-                       reason=f"no onnxruntime-training python at {ORT_PYTHON}"),
+    pytest.mark.skipif(not ORT_PYTHON.exists(), reason=f"no onnxruntime-training python at {ORT_PYTHON}"),
 ]
 
 
@@ -31,8 +31,9 @@ def run_ort(script: str, *args: str | os.PathLike, timeout: float = 300) -> obje
     The script must print one JSON value as the last line of its stdout; it is returned. A failing
     script fails the calling test with its stderr.
     """
-    result = subprocess.run([str(ORT_PYTHON), "-c", script, *map(str, args)],
-                            capture_output=True, text=True, timeout=timeout, check=False)
+    result = subprocess.run(
+        [str(ORT_PYTHON), "-c", script, *map(str, args)], capture_output=True, text=True, timeout=timeout, check=False
+    )
     if result.returncode != 0:
         pytest.fail(f"ORT script failed ({result.returncode}):\n{result.stderr[-4000:]}")
     lines = result.stdout.strip().splitlines()

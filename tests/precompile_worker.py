@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from corpus import Case  # noqa: E402
 
 from ort_torch_train.api import Module, Optimizer  # noqa: E402
-from ort_torch_train.training.compile_cache import load_compile_cache, save_compile_cache  # noqa: E402
+from ort_torch_train.training.compile.cache import load_compile_cache, save_compile_cache  # noqa: E402
 
 
 def count_library_builds() -> list[str]:
@@ -53,8 +53,13 @@ def main() -> None:
     library_builds = count_library_builds()
     load_compile_cache(args.cache)
     case = Case(args.case)
-    module = Module(case.artifact("training_model.onnx"), case.load_state(), case.artifact("eval_model.onnx"),
-                    compile=args.mode or True, mixed_precision=args.mixed_precision)
+    module = Module(
+        case.artifact("training_model.onnx"),
+        case.load_state(),
+        case.artifact("eval_model.onnx"),
+        compile=args.mode or True,
+        mixed_precision=args.mixed_precision,
+    )
     optimizer = Optimizer(case.artifact("optimizer_model.onnx"), module)
     losses = []
     for step in range(3):
@@ -63,8 +68,13 @@ def main() -> None:
     module.eval()
     evaluated = np.asarray(module(*case.eval_inputs()))
     save_compile_cache(args.cache)
-    np.savez(args.out, losses=np.stack(losses), params=module.get_contiguous_parameters().numpy(),
-             evaluated=evaluated, library_builds=len(library_builds))
+    np.savez(
+        args.out,
+        losses=np.stack(losses),
+        params=module.get_contiguous_parameters().numpy(),
+        evaluated=evaluated,
+        library_builds=len(library_builds),
+    )
 
 
 if __name__ == "__main__":

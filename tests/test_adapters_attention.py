@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from adapter_harness import check, check_gradients, convert_model, one_node_model, rand
 
 Q, K, V = rand(1, 2, 3, 4), rand(1, 1, 5, 4), rand(1, 1, 5, 3)  # GQA: 2 query heads over 1 KV head
@@ -63,18 +62,23 @@ def test_flex_attention_with_a_score_mod_subgraph_matches_reference_and_gradchec
     from onnx import TensorProto, helper
     from onnx.reference import ReferenceEvaluator
 
-    from ort_torch_train.graph.convert import TensorSpec, convert_graph
+    from ort_torch_train.convert.graph import TensorSpec, convert_graph
 
     softcap = helper.make_graph(
-        [helper.make_node("Tanh", ["s"], ["t"]), helper.make_node("Mul", ["t", "two"], ["capped"])], "score_mod",
+        [helper.make_node("Tanh", ["s"], ["t"]), helper.make_node("Mul", ["t", "two"], ["capped"])],
+        "score_mod",
         [helper.make_tensor_value_info("s", TensorProto.DOUBLE, None)],
         [helper.make_tensor_value_info("capped", TensorProto.DOUBLE, None)],
-        [helper.make_tensor("two", TensorProto.DOUBLE, [], [2.0])])
+        [helper.make_tensor("two", TensorProto.DOUBLE, [], [2.0])],
+    )
     node = helper.make_node("FlexAttention", ["q", "k", "v"], ["y"], domain="ai.onnx.preview", score_mod=softcap)
     shapes = {"q": (1, 2, 3, 4), "k": (1, 1, 5, 4), "v": (1, 1, 5, 3)}
-    graph = helper.make_graph([node], "flex", [helper.make_tensor_value_info(n, TensorProto.DOUBLE, s)
-                                                for n, s in shapes.items()],
-                              [helper.make_tensor_value_info("y", TensorProto.DOUBLE, None)])
+    graph = helper.make_graph(
+        [node],
+        "flex",
+        [helper.make_tensor_value_info(n, TensorProto.DOUBLE, s) for n, s in shapes.items()],
+        [helper.make_tensor_value_info("y", TensorProto.DOUBLE, None)],
+    )
     opsets = {"": 26, "ai.onnx.preview": 1}
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()])
     inputs = [torch.from_numpy(rand(*s, seed=i).astype(np.float64)) for i, s in enumerate(shapes.values())]

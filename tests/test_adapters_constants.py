@@ -30,7 +30,12 @@ def test_constant_string_is_unsupported():
 
 
 @pytest.mark.parametrize(
-    "value", [None, onnx.numpy_helper.from_array(np.array([3], np.int32)), onnx.numpy_helper.from_array(np.array([1.5], np.float32))]
+    "value",
+    [
+        None,
+        onnx.numpy_helper.from_array(np.array([3], np.int32)),
+        onnx.numpy_helper.from_array(np.array([1.5], np.float32)),
+    ],
 )
 def test_constant_of_shape(value):
     attrs = {} if value is None else {"value": value}
@@ -38,9 +43,7 @@ def test_constant_of_shape(value):
     check_dynamic("ConstantOfShape", [np.array([2, 3], I64)], opset=20, **attrs)
 
 
-@pytest.mark.parametrize(
-    "start, limit, delta", [(0, 5, 1), (10, 2, -3), (1, 1, 1), (0.5, 2.0, 0.25), (3, 0, 1)]
-)
+@pytest.mark.parametrize("start, limit, delta", [(0, 5, 1), (10, 2, -3), (1, 1, 1), (0.5, 2.0, 0.25), (3, 0, 1)])
 def test_range(start, limit, delta):
     dtype = np.float32 if isinstance(start, float) else np.int64
     inputs = [np.array(v, dtype) for v in (start, limit, delta)]

@@ -53,8 +53,26 @@ def test_pow_gradient():
     check_gradients("Pow", [np.abs(rand(2, 3)) + 0.5, rand(2, 3)])
 
 
-UNARY = ["Neg", "Abs", "Sqrt", "Reciprocal", "Exp", "Log", "Erf", "Tanh", "Sigmoid", "Relu", "Floor", "Ceil",
-         "Round", "Sign", "Sin", "Cos", "Softplus", "Softsign"]
+UNARY = [
+    "Neg",
+    "Abs",
+    "Sqrt",
+    "Reciprocal",
+    "Exp",
+    "Log",
+    "Erf",
+    "Tanh",
+    "Sigmoid",
+    "Relu",
+    "Floor",
+    "Ceil",
+    "Round",
+    "Sign",
+    "Sin",
+    "Cos",
+    "Softplus",
+    "Softsign",
+]
 
 
 @pytest.mark.parametrize("op", UNARY)
@@ -71,7 +89,9 @@ def test_round_half_to_even():
     check("Round", [np.array([0.5, 1.5, 2.5, -0.5, -1.5], np.float32)], opset=11)
 
 
-@pytest.mark.parametrize("op, attrs", [("LeakyRelu", {}), ("LeakyRelu", {"alpha": 0.2}), ("Elu", {"alpha": 0.5}), ("Mish", {})])
+@pytest.mark.parametrize(
+    "op, attrs", [("LeakyRelu", {}), ("LeakyRelu", {"alpha": 0.2}), ("Elu", {"alpha": 0.5}), ("Mish", {})]
+)
 def test_activations(op, attrs):
     opset = 18 if op == "Mish" else 16
     check(op, [rand(3, 4)], opset=opset, atol=1e-5, **attrs)
@@ -116,7 +136,11 @@ def test_clip(bounds):
     x = rand(3, 4)
     attrs = {k: v for k, v in (("min", low), ("max", high)) if v is not None}
     check("Clip", [x], opset=6, **attrs)
-    inputs = [x, None if low is None else np.array(low, np.float32), None if high is None else np.array(high, np.float32)]
+    inputs = [
+        x,
+        None if low is None else np.array(low, np.float32),
+        None if high is None else np.array(high, np.float32),
+    ]
     while inputs[-1] is None and len(inputs) > 1:
         inputs.pop()
     check("Clip", inputs, constant=[1, 2], opset=13)
@@ -124,7 +148,9 @@ def test_clip(bounds):
 
 
 def test_clip_integers_and_gradient():
-    check("Clip", [rand(3, 4, dtype=np.int64), np.array(-2, np.int64), np.array(3, np.int64)], constant=[1, 2], opset=12)
+    check(
+        "Clip", [rand(3, 4, dtype=np.int64), np.array(-2, np.int64), np.array(3, np.int64)], constant=[1, 2], opset=12
+    )
     check_gradients("Clip", [rand(3, 4), np.array(-0.5), np.array(0.5)], constant=[1, 2], opset=13)
 
 

@@ -12,7 +12,9 @@ F32 = onnx.TensorProto.FLOAT
 
 def _model(nodes, inputs, initializers=(), opset=17):
     graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info(n, F32, list(v.shape)) for n, v in inputs],
+        nodes,
+        "g",
+        [helper.make_tensor_value_info(n, F32, list(v.shape)) for n, v in inputs],
         [helper.make_tensor_value_info("out0", F32, None)],
         [onnx.numpy_helper.from_array(v, n) for n, v in initializers],
     )
@@ -72,14 +74,19 @@ def _attention_nodes(mask: bool, softmax_output: str = "p"):
 
 
 def test_scaled_attention_with_additive_mask_becomes_sdpa():
-    scale = np.array(8 ** -0.25, np.float32)
+    scale = np.array(8**-0.25, np.float32)
     mask = np.triu(np.full((5, 5), -np.inf, np.float32), 1)
     nodes = _attention_nodes(mask=True) + [helper.make_node("MatMul", ["p", "in2"], ["out0"])]
-    feeds = [("in0", rand(2, 3, 5, 8)), ("in1", rand(2, 3, 5, 8, seed=1)), ("in2", rand(2, 3, 5, 4, seed=2)), ("in3", mask)]
+    feeds = [
+        ("in0", rand(2, 3, 5, 8)),
+        ("in1", rand(2, 3, 5, 8, seed=1)),
+        ("in2", rand(2, 3, 5, 4, seed=2)),
+        ("in3", mask),
+    ]
     gm, leaves, got = _check_against_reference(_model(nodes, feeds, [("s", scale)]), feeds)
     assert F.scaled_dot_product_attention in _targets(gm) and torch.softmax not in _targets(gm)
     q, k, v, m = (t.detach().double().requires_grad_() for t in leaves)
-    expected = torch.softmax(q @ k.transpose(-1, -2) / 8 ** 0.5 + m, -1) @ v
+    expected = torch.softmax(q @ k.transpose(-1, -2) / 8**0.5 + m, -1) @ v
     got.sum().backward()
     expected.sum().backward()
     for fused, reference in zip(leaves[:3], (q, k, v)):
@@ -106,10 +113,13 @@ def test_masked_fill_attention_becomes_sdpa_with_a_boolean_mask():
         helper.make_node("MatMul", ["p", "in2"], ["out0"]),
     ]
     feeds = [("in0", rand(2, 3, 5, 8)), ("in1", rand(2, 3, 5, 8, seed=1)), ("in2", rand(2, 3, 5, 4, seed=2))]
-    constants = [("d", np.array(8 ** 0.5, np.float32)), ("fill", np.array(-np.inf, np.float32)), ("hidden", hidden)]
+    constants = [("d", np.array(8**0.5, np.float32)), ("fill", np.array(-np.inf, np.float32)), ("hidden", hidden)]
     graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info(n, F32, list(v.shape)) for n, v in feeds],
-        [helper.make_tensor_value_info("out0", F32, None)], [onnx.numpy_helper.from_array(v, n) for n, v in constants],
+        nodes,
+        "g",
+        [helper.make_tensor_value_info(n, F32, list(v.shape)) for n, v in feeds],
+        [helper.make_tensor_value_info("out0", F32, None)],
+        [onnx.numpy_helper.from_array(v, n) for n, v in constants],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     gm, leaves, got = _check_against_reference(model, feeds)

@@ -34,13 +34,25 @@ def test_slice_opset_9_attributes():
 
 
 def test_slice_gradient_with_negative_step():
-    inputs = [rand(4, 5), np.array([-1, 1], I64), np.array([INT64_MIN, 5], I64), np.array([0, 1], I64), np.array([-2, 2], I64)]
+    inputs = [
+        rand(4, 5),
+        np.array([-1, 1], I64),
+        np.array([INT64_MIN, 5], I64),
+        np.array([0, 1], I64),
+        np.array([-2, 2], I64),
+    ]
     check_gradients("Slice", inputs, constant=[1, 2, 3, 4])
 
 
 @pytest.mark.parametrize(
     "indices",
-    [np.array(1, I64), np.array(-1, I64), np.array([2, 0, -1], I64), np.array([1, 2], I64), np.array([[0, 1], [-2, 2]], I64)],
+    [
+        np.array(1, I64),
+        np.array(-1, I64),
+        np.array([2, 0, -1], I64),
+        np.array([1, 2], I64),
+        np.array([[0, 1], [-2, 2]], I64),
+    ],
 )
 @pytest.mark.parametrize("axis", [0, 1, -1])
 def test_gather(indices, axis):

@@ -38,7 +38,11 @@ RESIZES = [
     ({"mode": "nearest"}, [1, 1, 2, 2], None),
     ({"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}, None, [2, 3, 8, 15]),
     ({"mode": "nearest", "nearest_mode": "round_prefer_ceil"}, [1, 1, 1.7, 0.6], None),
-    ({"mode": "nearest", "nearest_mode": "ceil", "coordinate_transformation_mode": "align_corners"}, None, [2, 3, 7, 4]),
+    (
+        {"mode": "nearest", "nearest_mode": "ceil", "coordinate_transformation_mode": "align_corners"},
+        None,
+        [2, 3, 7, 4],
+    ),
     ({"mode": "linear"}, [1, 1, 2, 2], None),
     ({"mode": "linear"}, [1, 1, 1.5, 0.5], None),
     ({"mode": "linear", "coordinate_transformation_mode": "align_corners"}, None, [2, 3, 9, 7]),
@@ -54,7 +58,12 @@ def test_resize(attrs, scales, sizes, opset):
     if attrs.get("coordinate_transformation_mode") == "half_pixel_symmetric" and opset < 19:
         pytest.skip("half_pixel_symmetric is new in opset 19")
     x = rand(2, 3, 4, 5)
-    inputs = [x, None, None if scales is None else np.array(scales, np.float32), None if sizes is None else np.array(sizes, I64)]
+    inputs = [
+        x,
+        None,
+        None if scales is None else np.array(scales, np.float32),
+        None if sizes is None else np.array(sizes, I64),
+    ]
     while inputs[-1] is None:
         inputs.pop()
     check("Resize", inputs, constant=[2, 3], opset=opset, atol=1e-5, **attrs)
@@ -66,7 +75,9 @@ def test_resize(attrs, scales, sizes, opset):
 def test_resize_axes_and_aspect_ratio(policy):
     x = rand(2, 3, 4, 5)
     inputs = [x, None, None, np.array([7, 6], I64)]
-    check("Resize", inputs, constant=[3], opset=18, atol=1e-5, mode="linear", axes=[3, 2], keep_aspect_ratio_policy=policy)
+    check(
+        "Resize", inputs, constant=[3], opset=18, atol=1e-5, mode="linear", axes=[3, 2], keep_aspect_ratio_policy=policy
+    )
 
 
 @pytest.mark.parametrize("opset, affine_shape", [(18, (2,)), (21, (6,))])

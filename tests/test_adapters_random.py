@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from onnx import TensorProto
-
 from adapter_harness import convert_model, one_node_model
+from onnx import TensorProto
 
 
 def _draw(op_type: str, x: np.ndarray, training: bool = False, **attrs):
@@ -15,8 +14,9 @@ def _draw(op_type: str, x: np.ndarray, training: bool = False, **attrs):
 
 
 def test_random_uniform_like_draws_in_range_with_the_asked_dtype_and_fresh_values_per_call():
-    gm, tensors = _draw("RandomUniformLike", np.zeros((40, 50), np.float32), low=-2.0, high=3.0,
-                        dtype=TensorProto.DOUBLE)
+    gm, tensors = _draw(
+        "RandomUniformLike", np.zeros((40, 50), np.float32), low=-2.0, high=3.0, dtype=TensorProto.DOUBLE
+    )
     (first,), (second,) = gm(*tensors), gm(*tensors)
     assert first.shape == (40, 50) and first.dtype == torch.float64
     assert first.min() >= -2.0 and first.max() < 3.0 and first.std() > 1.0
@@ -24,8 +24,10 @@ def test_random_uniform_like_draws_in_range_with_the_asked_dtype_and_fresh_value
 
 
 def test_random_uniform_like_with_a_seed_repeats_across_conversions():
-    draws = [gm(*tensors)[0] for gm, tensors in (_draw("RandomUniformLike", np.zeros(8, np.float32), seed=5.0)
-                                                  for _ in range(2))]
+    draws = [
+        gm(*tensors)[0]
+        for gm, tensors in (_draw("RandomUniformLike", np.zeros(8, np.float32), seed=5.0) for _ in range(2))
+    ]
     torch.testing.assert_close(draws[0], draws[1])
     assert draws[0].dtype == torch.float32
 

@@ -4,8 +4,18 @@ import numpy as np
 import pytest
 from adapter_harness import check, check_dynamic, check_gradients, rand
 
-OPS = ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum",
-       "ReduceLogSumExp", "ReduceSumSquare"]
+OPS = [
+    "ReduceSum",
+    "ReduceMean",
+    "ReduceMax",
+    "ReduceMin",
+    "ReduceProd",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
+    "ReduceSumSquare",
+]
 AXES = [None, [1], [-1, 0]]
 
 

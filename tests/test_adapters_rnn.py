@@ -8,8 +8,8 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-
 from adapter_harness import check, check_gradients, convert_model, one_node_model, rand
+
 from ort_torch_train.adapters.rnn import Recurrent
 from ort_torch_train.errors import ModelError, UnsupportedOperatorError
 
@@ -17,8 +17,17 @@ SEQ, BATCH, INPUT, HIDDEN = 5, 3, 4, 3
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 
 
-def rnn_inputs(op_type: str, directions: int, *, bias=True, lengths=False, initial=False, peepholes=False,
-               layout=0, dtype=np.float32) -> list:
+def rnn_inputs(
+    op_type: str,
+    directions: int,
+    *,
+    bias=True,
+    lengths=False,
+    initial=False,
+    peepholes=False,
+    layout=0,
+    dtype=np.float32,
+) -> list:
     """X, W, R, B, sequence_lens, initial_h[, initial_c, P] (None where absent)."""
     gates = GATES[op_type]
     x = rand(SEQ, BATCH, INPUT, seed=1) if layout == 0 else rand(BATCH, SEQ, INPUT, seed=1)
@@ -32,8 +41,10 @@ def rnn_inputs(op_type: str, directions: int, *, bias=True, lengths=False, initi
         rand(*state, seed=5) if initial else None,
     ]
     if op_type == "LSTM":
-        values += [rand(*state, seed=6) if initial else None,
-                   rand(directions, 3 * HIDDEN, seed=7) if peepholes else None]
+        values += [
+            rand(*state, seed=6) if initial else None,
+            rand(directions, 3 * HIDDEN, seed=7) if peepholes else None,
+        ]
     while values[-1] is None:
         values.pop()
     return [None if v is None else (v.astype(dtype) if v.dtype.kind == "f" else v) for v in values]
@@ -61,8 +72,18 @@ def test_matches_onnxruntime(op_type, case, input_options, attrs, direction):
     inputs = rnn_inputs(op_type, directions, **input_options)
     variants = [{"linear_before_reset": 0}, {"linear_before_reset": 1}] if op_type == "GRU" else [{}]
     for variant in variants:
-        check(op_type, inputs, outputs=_outputs(op_type), opset=14, atol=1e-5, reference="ort",
-              hidden_size=HIDDEN, direction=direction, **attrs, **variant)
+        check(
+            op_type,
+            inputs,
+            outputs=_outputs(op_type),
+            opset=14,
+            atol=1e-5,
+            reference="ort",
+            hidden_size=HIDDEN,
+            direction=direction,
+            **attrs,
+            **variant,
+        )
 
 
 @pytest.mark.parametrize(
@@ -70,10 +91,24 @@ def test_matches_onnxruntime(op_type, case, input_options, attrs, direction):
     [
         ("LSTM", {}, {"peepholes": True, "initial": True, "lengths": True}),
         ("LSTM", {"input_forget": 1}, {"initial": True}),
-        ("LSTM", {"activations": ["HardSigmoid", "LeakyRelu", "ScaledTanh"] * 2,
-                  "activation_alpha": [0.3, 0.1, 0.9, 0.25, 0.05, 1.1], "activation_beta": [0.4, 1.2, 0.6, 0.8]}, {}),
-        ("GRU", {"activations": ["Softsign", "Elu", "Affine", "Softplus"], "activation_alpha": [0.7, 0.5],
-                 "activation_beta": [0.1]}, {}),
+        (
+            "LSTM",
+            {
+                "activations": ["HardSigmoid", "LeakyRelu", "ScaledTanh"] * 2,
+                "activation_alpha": [0.3, 0.1, 0.9, 0.25, 0.05, 1.1],
+                "activation_beta": [0.4, 1.2, 0.6, 0.8],
+            },
+            {},
+        ),
+        (
+            "GRU",
+            {
+                "activations": ["Softsign", "Elu", "Affine", "Softplus"],
+                "activation_alpha": [0.7, 0.5],
+                "activation_beta": [0.1],
+            },
+            {},
+        ),
         ("RNN", {"activations": ["Relu", "ThresholdedRelu"], "activation_alpha": [0.1]}, {}),
         ("RNN", {"activations": ["Relu", "Relu"]}, {"initial": True}),
     ],
@@ -81,8 +116,17 @@ def test_matches_onnxruntime(op_type, case, input_options, attrs, direction):
 def test_activations_peepholes_input_forget_match_onnxruntime(op_type, attrs, input_options):
     pytest.importorskip("onnxruntime")
     inputs = rnn_inputs(op_type, 2, **input_options)
-    check(op_type, inputs, outputs=_outputs(op_type), opset=14, atol=1e-5, reference="ort",
-          hidden_size=HIDDEN, direction="bidirectional", **attrs)
+    check(
+        op_type,
+        inputs,
+        outputs=_outputs(op_type),
+        opset=14,
+        atol=1e-5,
+        reference="ort",
+        hidden_size=HIDDEN,
+        direction="bidirectional",
+        **attrs,
+    )
 
 
 @pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
@@ -93,8 +137,16 @@ def test_fused_and_looped_paths_agree(op_type, layout, direction):
     directions = 2 if direction == "bidirectional" else 1
     inputs = rnn_inputs(op_type, directions, initial=True, layout=layout)
     attrs = {"linear_before_reset": 1} if op_type == "GRU" else {}
-    model = one_node_model(op_type, inputs, outputs=_outputs(op_type), opset=14, hidden_size=HIDDEN,
-                           direction=direction, layout=layout, **attrs)
+    model = one_node_model(
+        op_type,
+        inputs,
+        outputs=_outputs(op_type),
+        opset=14,
+        hidden_size=HIDDEN,
+        direction=direction,
+        layout=layout,
+        **attrs,
+    )
     gm, tensors = convert_model(model, inputs)
     (node,) = [m for m in gm.modules() if isinstance(m, Recurrent)]
     assert node.config.fused
@@ -150,8 +202,9 @@ def test_gradients_of_every_output(op_type, fused):
     """gradcheck (float64) of Y, Y_h (and Y_c) w.r.t. X, W, R, B and the initial states."""
     inputs = rnn_inputs(op_type, 2, initial=True, dtype=np.float64)
     attrs = {"linear_before_reset": 1} if op_type == "GRU" else {}
-    model = one_node_model(op_type, inputs, outputs=_outputs(op_type), opset=14, hidden_size=HIDDEN,
-                           direction="bidirectional", **attrs)
+    model = one_node_model(
+        op_type, inputs, outputs=_outputs(op_type), opset=14, hidden_size=HIDDEN, direction="bidirectional", **attrs
+    )
     gm, tensors = convert_model(model, inputs, training=True)
     (node,) = [m for m in gm.modules() if isinstance(m, Recurrent)]
     node.config = dataclasses.replace(node.config, fused=fused)

@@ -47,7 +47,9 @@ def test_scatter_elements(reduction, axis):
     opset = 18 if reduction in ("max", "min") else 16
     check("ScatterElements", [data, indices, updates], constant=[1], opset=opset, axis=axis, reduction=reduction)
     if reduction in ("none", "add"):
-        check_gradients("ScatterElements", [data, indices, updates], constant=[1], opset=opset, axis=axis, reduction=reduction)
+        check_gradients(
+            "ScatterElements", [data, indices, updates], constant=[1], opset=opset, axis=axis, reduction=reduction
+        )
 
 
 def test_scatter_elements_opset_11():
@@ -58,7 +60,7 @@ def test_scatter_elements_opset_11():
 @pytest.mark.parametrize("indices", [np.array([[1], [-4]], I64), np.array([[0, 2], [3, 1], [1, 1]], I64)])
 def test_scatter_nd(reduction, opset, indices):
     data = rand(4, 3, 2)
-    updates = rand(*indices.shape[:-1], *data.shape[indices.shape[-1]:], seed=4)
+    updates = rand(*indices.shape[:-1], *data.shape[indices.shape[-1] :], seed=4)
     reference = "ort" if (indices < 0).any() else "onnx"  # onnx.reference does not wrap negative indices
     attrs = {} if opset < 16 else {"reduction": reduction}
     check("ScatterND", [data, indices, updates], constant=[1], opset=opset, reference=reference, **attrs)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from ort_torch_train.api import CheckpointState, Module, OrtValue
+from ort_torch_train.api import CheckpointState, OrtValue
 from ort_torch_train.errors import NominalStateError
 
 
@@ -43,7 +43,9 @@ def test_save_while_another_thread_trains_writes_consistent_states(mlp_case, tmp
                 module(*inputs)
                 optimizer.step()
                 state.properties["step"] = module.training_state.optimizer.step
-                state.properties["checksum"] = float(sum(p.detach().double().sum() for p in state.training_state.params.values()))
+                state.properties["checksum"] = float(
+                    sum(p.detach().double().sum() for p in state.training_state.params.values())
+                )
 
     worker = threading.Thread(target=train)
     worker.start()
@@ -54,7 +56,9 @@ def test_save_while_another_thread_trains_writes_consistent_states(mlp_case, tmp
             if "step" in saved.properties:
                 params = saved.training_state.params.values()
                 assert saved.training_state.optimizer.step == saved.properties["step"]
-                assert float(sum(p.detach().double().sum() for p in params)) == pytest.approx(saved.properties["checksum"], rel=1e-6)
+                assert float(sum(p.detach().double().sum() for p in params)) == pytest.approx(
+                    saved.properties["checksum"], rel=1e-6
+                )
     finally:
         stop.set()
         worker.join(timeout=60)
@@ -75,9 +79,14 @@ def test_failed_step_after_lazy_reset_keeps_the_gradients(mlp_case):
 def test_nominal_state_errors_carry_orts_texts(mlp_case):
     state = CheckpointState.load_checkpoint(mlp_case.artifact("nominal_checkpoint"))
     name = mlp_case.param_names[0]
-    with pytest.raises(NominalStateError, match=r"^Cannot get parameter from a nominal state\. Please load the parameter states first"):
+    with pytest.raises(
+        NominalStateError, match=r"^Cannot get parameter from a nominal state\. Please load the parameter states first"
+    ):
         state.parameters[name].data
-    with pytest.raises(NominalStateError, match=r"^Cannot copy parameter to a nominal state\. Please load all the parameter states first"):
+    with pytest.raises(
+        NominalStateError,
+        match=r"^Cannot copy parameter to a nominal state\. Please load all the parameter states first",
+    ):
         state.parameters[name] = np.zeros(1, np.float32)
 
 

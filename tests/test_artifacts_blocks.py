@@ -15,7 +15,14 @@ from test_artifacts_errors import PARAMS, linear_model
 from test_artifacts_support import WeightedMseL1
 
 from ort_torch_train.artifacts import (
-    BCEWithLogitsLoss, CrossEntropyLoss, L1Loss, LossType, MSELoss, OptimType, build_artifacts, generate_artifacts,
+    BCEWithLogitsLoss,
+    CrossEntropyLoss,
+    L1Loss,
+    LossType,
+    MSELoss,
+    OptimType,
+    build_artifacts,
+    generate_artifacts,
 )
 
 RNG = np.random.default_rng(1)
@@ -40,23 +47,43 @@ def logits() -> torch.Tensor:
 CASES = [
     (LossType.MSELoss, "target", TARGET, lambda y: F.mse_loss(y, torch.from_numpy(TARGET))),
     (LossType.L1Loss, "target", TARGET, lambda y: F.l1_loss(y, torch.from_numpy(TARGET))),
-    (LossType.BCEWithLogitsLoss, "target", BINARY,
-     lambda y: F.binary_cross_entropy_with_logits(y, torch.from_numpy(BINARY))),
+    (
+        LossType.BCEWithLogitsLoss,
+        "target",
+        BINARY,
+        lambda y: F.binary_cross_entropy_with_logits(y, torch.from_numpy(BINARY)),
+    ),
     (LossType.CrossEntropyLoss, "labels", LABELS, lambda y: F.cross_entropy(y, torch.from_numpy(LABELS))),
     (MSELoss(reduction="sum"), "target", TARGET, lambda y: F.mse_loss(y, torch.from_numpy(TARGET), reduction="sum")),
     (L1Loss(reduction="none"), "target", TARGET, lambda y: F.l1_loss(y, torch.from_numpy(TARGET), reduction="none")),
-    (BCEWithLogitsLoss(weight=np.array([2.0, 0.5], np.float32), pos_weight=np.array([3.0, 1.0], np.float32)),
-     "target", BINARY, lambda y: F.binary_cross_entropy_with_logits(
-         y, torch.from_numpy(BINARY), weight=torch.tensor([2.0, 0.5]), pos_weight=torch.tensor([3.0, 1.0]))),
-    (CrossEntropyLoss(weight=np.array([0.3, 1.7], np.float32), ignore_index=1), "labels", LABELS,
-     lambda y: F.cross_entropy(y, torch.from_numpy(LABELS), weight=torch.tensor([0.3, 1.7]), ignore_index=1)),
-    (WeightedMseL1(), "target", TARGET,
-     lambda y: 0.7 * F.mse_loss(y, torch.from_numpy(TARGET)) + 0.3 * F.l1_loss(y, torch.from_numpy(TARGET))),
+    (
+        BCEWithLogitsLoss(weight=np.array([2.0, 0.5], np.float32), pos_weight=np.array([3.0, 1.0], np.float32)),
+        "target",
+        BINARY,
+        lambda y: F.binary_cross_entropy_with_logits(
+            y, torch.from_numpy(BINARY), weight=torch.tensor([2.0, 0.5]), pos_weight=torch.tensor([3.0, 1.0])
+        ),
+    ),
+    (
+        CrossEntropyLoss(weight=np.array([0.3, 1.7], np.float32), ignore_index=1),
+        "labels",
+        LABELS,
+        lambda y: F.cross_entropy(y, torch.from_numpy(LABELS), weight=torch.tensor([0.3, 1.7]), ignore_index=1),
+    ),
+    (
+        WeightedMseL1(),
+        "target",
+        TARGET,
+        lambda y: 0.7 * F.mse_loss(y, torch.from_numpy(TARGET)) + 0.3 * F.l1_loss(y, torch.from_numpy(TARGET)),
+    ),
 ]
 
 
-@pytest.mark.parametrize(("loss", "target_name", "target", "torch_loss"), CASES,
-                         ids=[type(c[0]).__name__ if not isinstance(c[0], LossType) else c[0].name for c in CASES])
+@pytest.mark.parametrize(
+    ("loss", "target_name", "target", "torch_loss"),
+    CASES,
+    ids=[type(c[0]).__name__ if not isinstance(c[0], LossType) else c[0].name for c in CASES],
+)
 def test_loss_blocks_compute_torch_losses(loss, target_name, target, torch_loss) -> None:
     artifacts = build_artifacts(linear_model(), PARAMS, None, loss)
     eval_model = artifacts.eval_model
@@ -79,8 +106,9 @@ def test_custom_loss_trains_with_torch_gradients(tmp_path: Path) -> None:
     from ort_torch_train.api.checkpoint_state import CheckpointState
     from ort_torch_train.api.module import Module
 
-    generate_artifacts(linear_model(), requires_grad=PARAMS, loss=WeightedMseL1(), optimizer=OptimType.SGD,
-                       artifact_directory=tmp_path)
+    generate_artifacts(
+        linear_model(), requires_grad=PARAMS, loss=WeightedMseL1(), optimizer=OptimType.SGD, artifact_directory=tmp_path
+    )
     state = CheckpointState.load_checkpoint(str(tmp_path / "checkpoint"))
     module = Module(str(tmp_path / "training_model.onnx"), state, str(tmp_path / "eval_model.onnx"))
     loss = module(X, TARGET)
@@ -104,8 +132,14 @@ def two_output_model() -> onnx.ModelProto:
 
 
 def test_additional_outputs_follow_the_loss() -> None:
-    artifacts = build_artifacts(two_output_model(), PARAMS, None, LossType.CrossEntropyLoss,
-                                additional_output_names=["probs", "logits"], loss_input_names=["logits"])
+    artifacts = build_artifacts(
+        two_output_model(),
+        PARAMS,
+        None,
+        LossType.CrossEntropyLoss,
+        additional_output_names=["probs", "logits"],
+        loss_input_names=["logits"],
+    )
     for model in (artifacts.eval_model, artifacts.training_model):
         assert [v.name for v in model.graph.output][1:] == ["probs", "logits"]
     loss, probs, raw = run_eval_model(artifacts.eval_model, {"input": X, "labels": LABELS})

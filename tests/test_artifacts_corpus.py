@@ -27,8 +27,11 @@ LOSS_ATOL = 1e-5
 @pytest.fixture
 def generated(corpus_case: Path, tmp_path: Path) -> Path:
     """Our artifacts for the case's base model, made with the arguments ORT was given."""
-    generate_artifacts(str(corpus_case / "base_model.onnx"), artifact_directory=tmp_path,
-                       **generate_arguments(load_expected(corpus_case)))
+    generate_artifacts(
+        str(corpus_case / "base_model.onnx"),
+        artifact_directory=tmp_path,
+        **generate_arguments(load_expected(corpus_case)),
+    )
     return tmp_path
 
 
@@ -49,8 +52,11 @@ def test_training_model_interface_matches_ort(corpus_case: Path, generated: Path
     """Our training model has ORT's user inputs, parameter inputs and user outputs (no gradient graph)."""
     ours = onnx.load(generated / "training_model.onnx")
     theirs = onnx.load(corpus_case / "artifacts" / "training_model.onnx")
-    ort_inputs = [v.name for v in theirs.graph.input
-                  if not v.name.endswith("_grad.accumulation.buffer") and v.name != "lazy_reset_grad"]
+    ort_inputs = [
+        v.name
+        for v in theirs.graph.input
+        if not v.name.endswith("_grad.accumulation.buffer") and v.name != "lazy_reset_grad"
+    ]
     ort_outputs = [v.name for v in theirs.graph.output if not v.name.endswith("_grad.accumulation.out")]
     renumber = dict(zip(ort_outputs, [v.name for v in ours.graph.output]))  # loss names carry ORT's counter
     assert [v.name for v in ours.graph.input] == ort_inputs

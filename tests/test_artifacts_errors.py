@@ -19,17 +19,26 @@ def linear_model(opset: int = 17) -> onnx.ModelProto:
     """input[batch,3] -> Gemm(fc.weight[2,3], fc.bias[2]) -> logits[batch,2]."""
     rng = np.random.default_rng(0)
     graph = helper.make_graph(
-        [helper.make_node("Gemm", ["input", "fc.weight", "fc.bias"], ["logits"], transB=1)], "linear",
+        [helper.make_node("Gemm", ["input", "fc.weight", "fc.bias"], ["logits"], transB=1)],
+        "linear",
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 3])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 2])],
-        [numpy_helper.from_array(rng.standard_normal((2, 3)).astype(np.float32), "fc.weight"),
-         numpy_helper.from_array(np.zeros(2, np.float32), "fc.bias")])
+        [
+            numpy_helper.from_array(rng.standard_normal((2, 3)).astype(np.float32), "fc.weight"),
+            numpy_helper.from_array(np.zeros(2, np.float32), "fc.bias"),
+        ],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
 
 
 def generate(directory: Path, model: onnx.ModelProto | None = None, **kwargs) -> None:
-    arguments = {"requires_grad": PARAMS, "loss": LossType.MSELoss, "optimizer": OptimType.AdamW,
-                 "artifact_directory": directory, **kwargs}
+    arguments = {
+        "requires_grad": PARAMS,
+        "loss": LossType.MSELoss,
+        "optimizer": OptimType.AdamW,
+        "artifact_directory": directory,
+        **kwargs,
+    }
     generate_artifacts(model if model is not None else linear_model(), **arguments)
 
 
@@ -42,18 +51,27 @@ def assert_fails_cleanly(directory: Path, error: type[Exception], match: str, **
 def test_the_valid_baseline_writes_four_files(tmp_path: Path) -> None:
     generate(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "checkpoint", "eval_model.onnx", "optimizer_model.onnx", "training_model.onnx"]
+        "checkpoint",
+        "eval_model.onnx",
+        "optimizer_model.onnx",
+        "training_model.onnx",
+    ]
 
 
 def test_unknown_parameter_is_named_with_valid_ones(tmp_path: Path) -> None:
-    assert_fails_cleanly(tmp_path, ModelError, r"requires_grad: 'fc.wieght' is not among .*'fc.weight', 'fc.bias'",
-                         requires_grad=["fc.wieght"])
+    assert_fails_cleanly(
+        tmp_path,
+        ModelError,
+        r"requires_grad: 'fc.wieght' is not among .*'fc.weight', 'fc.bias'",
+        requires_grad=["fc.wieght"],
+    )
     assert_fails_cleanly(tmp_path, ModelError, r"frozen_params: 'nope'", frozen_params=["nope"])
 
 
 def test_parameter_both_trainable_and_frozen(tmp_path: Path) -> None:
-    assert_fails_cleanly(tmp_path, ModelError, r"cannot be frozen and require gradient.*fc.bias",
-                         frozen_params=["fc.bias"])
+    assert_fails_cleanly(
+        tmp_path, ModelError, r"cannot be frozen and require gradient.*fc.bias", frozen_params=["fc.bias"]
+    )
 
 
 def test_a_string_instead_of_a_list(tmp_path: Path) -> None:
@@ -66,20 +84,27 @@ def test_no_parameter_selected(tmp_path: Path) -> None:
 
 
 def test_optimizer_without_trainable_parameters(tmp_path: Path) -> None:
-    assert_fails_cleanly(tmp_path, ModelError, "needs at least one trainable parameter",
-                         requires_grad=None, frozen_params=PARAMS)
+    assert_fails_cleanly(
+        tmp_path, ModelError, "needs at least one trainable parameter", requires_grad=None, frozen_params=PARAMS
+    )
 
 
 def test_model_without_initializers(tmp_path: Path) -> None:
     model = linear_model()
-    model.graph.input.extend(helper.make_tensor_value_info(i.name, i.data_type, i.dims) for i in model.graph.initializer)
+    model.graph.input.extend(
+        helper.make_tensor_value_info(i.name, i.data_type, i.dims) for i in model.graph.initializer
+    )
     del model.graph.initializer[:]
     assert_fails_cleanly(tmp_path, ModelError, "has no initializers", model=model)
 
 
 def test_additional_output_that_does_not_exist(tmp_path: Path) -> None:
-    assert_fails_cleanly(tmp_path, ModelError, r"additional_output_names: 'logitz' is not among .*'logits'",
-                         additional_output_names=["logitz"])
+    assert_fails_cleanly(
+        tmp_path,
+        ModelError,
+        r"additional_output_names: 'logitz' is not among .*'logits'",
+        additional_output_names=["logitz"],
+    )
 
 
 def test_loss_input_that_does_not_exist(tmp_path: Path) -> None:
@@ -116,8 +141,12 @@ def test_artifact_directory_that_is_a_file(tmp_path: Path) -> None:
 
 def test_ort_format_and_custom_op_library_are_rejected(tmp_path: Path) -> None:
     assert_fails_cleanly(tmp_path, NotImplementedError, "ort_format=True is not supported", ort_format=True)
-    assert_fails_cleanly(tmp_path, NotImplementedError, r"custom_op_library.*ort_torch_train\.adapters\.register",
-                         custom_op_library="libcustom.so")
+    assert_fails_cleanly(
+        tmp_path,
+        NotImplementedError,
+        r"custom_op_library.*ort_torch_train\.adapters\.register",
+        custom_op_library="libcustom.so",
+    )
 
 
 def test_unknown_keyword_for_an_onnx_model(tmp_path: Path) -> None:
@@ -139,5 +168,6 @@ def test_invalid_custom_loss_is_reported_before_writing(tmp_path: Path) -> None:
 
 
 def test_duplicate_outputs(tmp_path: Path) -> None:
-    assert_fails_cleanly(tmp_path, ModelError, "would repeat", loss=None, optimizer=None,
-                         additional_output_names=["logits"])
+    assert_fails_cleanly(
+        tmp_path, ModelError, "would repeat", loss=None, optimizer=None, additional_output_names=["logits"]
+    )

@@ -88,10 +88,19 @@ def test_ort_loads_and_trains_with_our_checkpoint_eval_and_optimizer_models(tmp_
     for index, case in enumerate(cases):
         expected = load_expected(case)
         ours = tmp_path / str(index)
-        generate_artifacts(str(case / "base_model.onnx"), artifact_directory=ours,
-                           **{**generate_arguments(expected), "nominal_checkpoint": True})
-        jobs.append({"case": str(case), "ours": str(ours), "keys": input_keys(expected),
-                     "lrs": expected["train"]["lr_before_each_step"]})
+        generate_artifacts(
+            str(case / "base_model.onnx"),
+            artifact_directory=ours,
+            **{**generate_arguments(expected), "nominal_checkpoint": True},
+        )
+        jobs.append(
+            {
+                "case": str(case),
+                "ours": str(ours),
+                "keys": input_keys(expected),
+                "lrs": expected["train"]["lr_before_each_step"],
+            }
+        )
         expectations[str(case)] = expected
     results = run_ort(CORPUS_SCRIPT, json.dumps(jobs), timeout=600)
 
@@ -99,7 +108,8 @@ def test_ort_loads_and_trains_with_our_checkpoint_eval_and_optimizer_models(tmp_
         expected = expectations[case]
         spec = expected["generate_artifacts"]
         assert sorted(result["parameters"]) == sorted(
-            [[name, True] for name in spec["requires_grad"]] + [[name, False] for name in spec["frozen_params"]])
+            [[name, True] for name in spec["requires_grad"]] + [[name, False] for name in spec["frozen_params"]]
+        )
         assert result["same_values"], case
         assert result.get("nominal_parameter_count") == len(result["parameters"]), result.get("nominal_error")
         assert "Gradient buffer input not provided for param" in result["our_training_model"], case
@@ -120,8 +130,14 @@ def test_ort_runs_the_eval_models_of_exported_torch_modules(tmp_path: Path) -> N
             directory = tmp_path / f"{family}-{exporter}"
             torch.manual_seed(0)
             x, y = data(family)
-            generate_artifacts(build(), loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
-                               artifact_directory=directory, example_inputs=(x,), exporter=exporter)
+            generate_artifacts(
+                build(),
+                loss=LossType.CrossEntropyLoss,
+                optimizer=OptimType.AdamW,
+                artifact_directory=directory,
+                example_inputs=(x,),
+                exporter=exporter,
+            )
             state = CheckpointState.load_checkpoint(str(directory / "checkpoint"))
             module = Module(str(directory / "training_model.onnx"), state, str(directory / "eval_model.onnx"))
             ours.append(np.asarray(module.eval()(x.numpy(), y.numpy())).item())

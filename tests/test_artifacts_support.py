@@ -17,8 +17,12 @@ import onnx
 from ort_torch_train.artifacts import Add, Block, Constant, L1Loss, LossType, MSELoss, Mul, OptimType
 
 _GENERATED = re.compile(r"^onnx::(.+)::(\d+)$")
-LOSSES = {"ce": LossType.CrossEntropyLoss, "mse": LossType.MSELoss, "bce": LossType.BCEWithLogitsLoss,
-          "l1": LossType.L1Loss}
+LOSSES = {
+    "ce": LossType.CrossEntropyLoss,
+    "mse": LossType.MSELoss,
+    "bce": LossType.BCEWithLogitsLoss,
+    "l1": LossType.L1Loss,
+}
 
 
 class WeightedMseL1(Block):
@@ -40,9 +44,14 @@ def generate_arguments(expected: dict) -> dict:
     """generate_artifacts keyword arguments from an expected.json's ``generate_artifacts`` record."""
     spec = expected["generate_artifacts"]
     loss = WeightedMseL1() if spec["loss"].startswith("custom") else LOSSES[spec["loss"]]
-    return {"requires_grad": spec["requires_grad"], "frozen_params": spec["frozen_params"], "loss": loss,
-            "optimizer": OptimType[spec["optimizer"]], "nominal_checkpoint": spec["nominal_checkpoint"],
-            "additional_output_names": spec["additional_output_names"]}
+    return {
+        "requires_grad": spec["requires_grad"],
+        "frozen_params": spec["frozen_params"],
+        "loss": loss,
+        "optimizer": OptimType[spec["optimizer"]],
+        "nominal_checkpoint": spec["nominal_checkpoint"],
+        "additional_output_names": spec["additional_output_names"],
+    }
 
 
 def load_expected(case: Path) -> dict:
@@ -110,11 +119,15 @@ def graph_differences(ours: onnx.ModelProto, theirs: onnx.ModelProto) -> list[st
         problems.append(f"opset_import {a.opset_import} != {b.opset_import}")
     for what in ("input", "output", "initializer"):
         if list(getattr(a.graph, what)) != list(getattr(b.graph, what)):
-            problems.append(f"graph {what}s differ: {[v.name for v in getattr(a.graph, what)]} vs "
-                            f"{[v.name for v in getattr(b.graph, what)]}")
+            problems.append(
+                f"graph {what}s differ: {[v.name for v in getattr(a.graph, what)]} vs "
+                f"{[v.name for v in getattr(b.graph, what)]}"
+            )
     if len(a.graph.node) != len(b.graph.node):
-        problems.append(f"{len(a.graph.node)} nodes vs {len(b.graph.node)}: "
-                        f"{[n.op_type for n in a.graph.node]} vs {[n.op_type for n in b.graph.node]}")
+        problems.append(
+            f"{len(a.graph.node)} nodes vs {len(b.graph.node)}: "
+            f"{[n.op_type for n in a.graph.node]} vs {[n.op_type for n in b.graph.node]}"
+        )
     for index, (x, y) in enumerate(zip(a.graph.node, b.graph.node)):
         if x != y:
             problems.append(f"node {index} differs:\n{x}\nvs\n{y}")

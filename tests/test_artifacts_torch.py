@@ -101,8 +101,13 @@ FAMILIES = {"mlp": MLP, "cnn": CNN, "resnet": ResNet, "gpt": GPT}
 HAS_ONNXSCRIPT = importlib.util.find_spec("onnxscript") is not None
 EXPORTERS = [
     pytest.param("legacy", id="legacy"),
-    pytest.param("dynamo", id="dynamo", marks=pytest.mark.skipif(
-        not HAS_ONNXSCRIPT, reason="the dynamo exporter needs onnxscript, which is not installed")),
+    pytest.param(
+        "dynamo",
+        id="dynamo",
+        marks=pytest.mark.skipif(
+            not HAS_ONNXSCRIPT, reason="the dynamo exporter needs onnxscript, which is not installed"
+        ),
+    ),
 ]
 
 
@@ -122,8 +127,15 @@ def test_family_trains_and_exports_for_inference(family: str, exporter: str, tmp
     torch.manual_seed(0)
     model = FAMILIES[family]()
     x, y = data(family)
-    generate_artifacts(model, loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW, artifact_directory=tmp_path,
-                       example_inputs=(x,), exporter=exporter, additional_output_names=["output"])
+    generate_artifacts(
+        model,
+        loss=LossType.CrossEntropyLoss,
+        optimizer=OptimType.AdamW,
+        artifact_directory=tmp_path,
+        example_inputs=(x,),
+        exporter=exporter,
+        additional_output_names=["output"],
+    )
 
     checkpoint = read_checkpoint(tmp_path / "checkpoint")
     assert sorted(checkpoint.trainable) == sorted(name for name, _ in model.named_parameters())
@@ -153,8 +165,13 @@ def test_export_leaves_the_module_untouched_and_follows_requires_grad(tmp_path: 
     model = CNN().eval()
     model.features[0].requires_grad_(False)
     before = {name: value.clone() for name, value in model.state_dict().items()}
-    generate_artifacts(model, loss=LossType.CrossEntropyLoss, optimizer=OptimType.SGD, artifact_directory=tmp_path,
-                       example_inputs=torch.randn(2, 1, 8, 8))
+    generate_artifacts(
+        model,
+        loss=LossType.CrossEntropyLoss,
+        optimizer=OptimType.SGD,
+        artifact_directory=tmp_path,
+        example_inputs=torch.randn(2, 1, 8, 8),
+    )
     assert not model.training
     assert all(torch.equal(before[name], value) for name, value in model.state_dict().items())
     checkpoint = read_checkpoint(tmp_path / "checkpoint")

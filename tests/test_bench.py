@@ -13,9 +13,27 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_quick_benchmark_writes_table_and_results(tmp_path: Path) -> None:
     out, cache = tmp_path / "results", tmp_path / "cache"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "run.py"), "--quick", "--models", "mlp", "--no-ort", "--threads", "1",
-         "--steps", "3", "--out", str(out), "--cache", str(cache)],
-        capture_output=True, text=True, timeout=180, cwd=ROOT)
+        [
+            sys.executable,
+            str(ROOT / "bench" / "run.py"),
+            "--quick",
+            "--models",
+            "mlp",
+            "--no-ort",
+            "--threads",
+            "1",
+            "--steps",
+            "3",
+            "--out",
+            str(out),
+            "--cache",
+            str(cache),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
     assert "model  config" in proc.stdout
@@ -50,10 +68,32 @@ def test_quick_benchmark_writes_table_and_results(tmp_path: Path) -> None:
 def test_mixed_precision_benchmark_names_the_attention_kernels(tmp_path: Path) -> None:
     out = tmp_path / "results"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "run.py"), "--quick", "--models", "gpt32", "--no-ort", "--threads", "1",
-         "--steps", "2", "--mixed-precision", "bf16", "--configs", "ours", "torch", "--out", str(out),
-         "--cache", str(tmp_path / "cache")],
-        capture_output=True, text=True, timeout=300, cwd=ROOT)
+        [
+            sys.executable,
+            str(ROOT / "bench" / "run.py"),
+            "--quick",
+            "--models",
+            "gpt32",
+            "--no-ort",
+            "--threads",
+            "1",
+            "--steps",
+            "2",
+            "--mixed-precision",
+            "bf16",
+            "--configs",
+            "ours",
+            "torch",
+            "--out",
+            str(out),
+            "--cache",
+            str(tmp_path / "cache"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
     [json_path] = out.glob("*.json")
@@ -63,8 +103,10 @@ def test_mixed_precision_benchmark_names_the_attention_kernels(tmp_path: Path) -
     assert "float32 only" in by_config["ort"]["error"]
     for config in ("ours", "torch"):  # eager SDPA on CPU: the CPU flash-attention kernel, forward and backward
         kernels = by_config[config]["attention_kernels"]
-        assert {"aten::_scaled_dot_product_flash_attention_for_cpu",
-                "aten::_scaled_dot_product_flash_attention_for_cpu_backward"} <= set(kernels), kernels
+        assert {
+            "aten::_scaled_dot_product_flash_attention_for_cpu",
+            "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+        } <= set(kernels), kernels
         assert not any("Backward" in name or name.startswith("autograd::") for name in kernels)
         assert f"gpt32 / {config}: attention ran as aten::" in proc.stdout
     assert abs(by_config["ours"]["last_loss"] - by_config["torch"]["last_loss"]) < 0.05
@@ -73,18 +115,34 @@ def test_mixed_precision_benchmark_names_the_attention_kernels(tmp_path: Path) -
 
 def test_eager_floor_counts_nodes_and_prints_each_model(tmp_path: Path) -> None:
     sys.path.insert(0, str(ROOT / "bench"))
-    from eager_floor import autograd_nodes
-
     import torch
+    from eager_floor import autograd_nodes
 
     a, b = torch.ones(3, requires_grad=True), torch.ones(3, requires_grad=True)
     assert autograd_nodes((a * b).sum()) == 4  # SumBackward0, MulBackward0, two AccumulateGrad
     assert autograd_nodes((a * a).sum()) == 3  # a leaf reached twice is one node
 
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "eager_floor.py"), "--models", "mlp", "--no-ort", "--threads", "1",
-         "--blocks", "1", "--rounds", "1", "--cache", str(tmp_path / "cache")],
-        capture_output=True, text=True, timeout=180, cwd=ROOT)
+        [
+            sys.executable,
+            str(ROOT / "bench" / "eager_floor.py"),
+            "--models",
+            "mlp",
+            "--no-ort",
+            "--threads",
+            "1",
+            "--blocks",
+            "1",
+            "--rounds",
+            "1",
+            "--cache",
+            str(tmp_path / "cache"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ORT not timed: --no-ort given" in proc.stdout
     [row] = [line.split() for line in proc.stdout.splitlines() if line.startswith("mlp ")]

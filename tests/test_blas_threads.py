@@ -14,7 +14,7 @@ from torch import nn
 
 from ort_torch_train.api import CheckpointState, Module, Optimizer
 from ort_torch_train.artifacts import LossType, OptimType, generate_artifacts
-from ort_torch_train.graph.matrix_products import ProductRecorder
+from ort_torch_train.convert.matrix_products import ProductRecorder
 from ort_torch_train.training import blas_threads
 from ort_torch_train.training.blas_threads import SERIAL_MACS_PER_THREAD, serial_pays
 
@@ -113,8 +113,14 @@ class _Wide(nn.Module):
 
 @needs_mkl
 def test_large_product_steps_keep_every_thread(two_threads, tmp_path):
-    generate_artifacts(_Wide(), requires_grad=["layer.weight", "layer.bias"], loss=LossType.MSELoss,
-                       optimizer=OptimType.AdamW, artifact_directory=tmp_path, example_inputs=(torch.randn(256, 512),))
+    generate_artifacts(
+        _Wide(),
+        requires_grad=["layer.weight", "layer.bias"],
+        loss=LossType.MSELoss,
+        optimizer=OptimType.AdamW,
+        artifact_directory=tmp_path,
+        example_inputs=(torch.randn(256, 512),),
+    )
     state = CheckpointState.load_checkpoint(tmp_path / "checkpoint")
     module = Module(tmp_path / "training_model.onnx", state, tmp_path / "eval_model.onnx")
     optimizer = Optimizer(tmp_path / "optimizer_model.onnx", module)

@@ -24,11 +24,16 @@ def _record(generation: int, external: bool, numel: int = 4096) -> CheckpointRec
     """A checkpoint whose every number says which generation wrote it."""
     value = float(generation)
     params = {f"w{i}": torch.full((numel,), value) for i in range(3)}
-    moments = {name: {"momentum0": torch.full((numel,), value), "momentum1": torch.full((numel,), value)}
-               for name in params}
+    moments = {
+        name: {"momentum0": torch.full((numel,), value), "momentum1": torch.full((numel,), value)} for name in params
+    }
     return CheckpointRecord(
-        trainable=params, frozen={}, optimizer_groups=[OptimizerGroupRecord("group0", generation, 0.1, moments)],
-        properties={"generation": generation}, has_external_data=external)
+        trainable=params,
+        frozen={},
+        optimizer_groups=[OptimizerGroupRecord("group0", generation, 0.1, moments)],
+        properties={"generation": generation},
+        has_external_data=external,
+    )
 
 
 def _generation(path: Path) -> int:
@@ -125,8 +130,10 @@ def test_interrupted_commit_is_read_and_finished(tmp_path: Path) -> None:
 def test_full_disk_keeps_old_pair(tmp_path: Path) -> None:
     mount = tmp_path / "small"
     mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)],
-                      capture_output=True).returncode != 0:
+    if (
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True).returncode
+        != 0
+    ):
         pytest.skip("tmpfs mount not permitted here")
     try:
         path = mount / "checkpoint"

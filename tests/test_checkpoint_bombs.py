@@ -88,6 +88,7 @@ def test_memory_bomb_is_refused_fast_and_small(make) -> None:
 def test_inspect_refuses_the_bomb(tmp_path) -> None:
     path = tmp_path / "bomb"
     path.write_bytes(shared_dims_bomb())
-    result = subprocess.run([sys.executable, "-m", "ort_torch_train", "inspect", str(path)],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "ort_torch_train", "inspect", str(path)], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode != 0 and "shared with" in result.stderr and "Traceback" not in result.stderr

@@ -19,7 +19,12 @@ from onnx import TensorProto, helper
 
 from ort_torch_train.checkpoint.fbs_reader import VERIFICATION_FAILED
 from ort_torch_train.checkpoint.odtc import (
-    CheckpointRecord, checkpoint_to_bytes, external_data_path, read_checkpoint, write_checkpoint)
+    CheckpointRecord,
+    checkpoint_to_bytes,
+    external_data_path,
+    read_checkpoint,
+    write_checkpoint,
+)
 from ort_torch_train.checkpoint.records import OptimizerGroupRecord
 from ort_torch_train.errors import CheckpointError
 
@@ -27,8 +32,15 @@ FLOAT, INT64, STRING, COMPLEX64 = 1, 7, 8, 14
 ONE_FLOAT = struct.pack("<f", 1.0)
 
 
-def craft(tensors: list[dict], *, version: int = 2, frozen: list[dict] | None = None,
-          external: bool = False, nominal: bool = False, ints: list[tuple[str, int]] = ()) -> bytes:
+def craft(
+    tensors: list[dict],
+    *,
+    version: int = 2,
+    frozen: list[dict] | None = None,
+    external: bool = False,
+    nominal: bool = False,
+    ints: list[tuple[str, int]] = (),
+) -> bytes:
     """An ODTC buffer with exactly the given fields; a tensor dict holds any of name, dims,
     data_type, raw, external_offset (absent keys are left out of the table)."""
     b = flatbuffers.Builder(1024)
@@ -120,9 +132,13 @@ def test_crafted_builder_makes_valid_files() -> None:
 
 def test_nominal_tensors_keep_dtype_and_ignore_data() -> None:
     """ORT re-saves a nominal state with scalar dims and 4 bytes of data per tensor."""
-    record = read_checkpoint(craft([{**GOOD, "dims": []}, {"name": "e", "dims": [], "raw": b""}],
-                                   frozen=[{**GOOD, "name": "i", "data_type": INT64, "dims": []}],
-                                   nominal=True))
+    record = read_checkpoint(
+        craft(
+            [{**GOOD, "dims": []}, {"name": "e", "dims": [], "raw": b""}],
+            frozen=[{**GOOD, "name": "i", "data_type": INT64, "dims": []}],
+            nominal=True,
+        )
+    )
     assert record.is_nominal
     assert [(t.dtype, t.numel()) for t in record.trainable.values()] == [(torch.float32, 0)] * 2
     assert record.frozen["i"].dtype == torch.int64 and record.frozen["i"].numel() == 0
@@ -130,8 +146,12 @@ def test_nominal_tensors_keep_dtype_and_ignore_data() -> None:
 
 def test_external_offset_beyond_side_file(tmp_path: Path) -> None:
     path = tmp_path / "ckpt"
-    path.write_bytes(craft([{**{k: v for k, v in GOOD.items() if k != "raw"},
-                             "dims": [2**20], "external_offset": 2**62}], external=True))
+    path.write_bytes(
+        craft(
+            [{**{k: v for k, v in GOOD.items() if k != "raw"}, "dims": [2**20], "external_offset": 2**62}],
+            external=True,
+        )
+    )
     external_data_path(path).write_bytes(bytes(16))
     with pytest.raises(CheckpointError, match="Failed reading external checkpoint data"):
         read_checkpoint(path)
@@ -152,10 +172,15 @@ def sample_checkpoint() -> bytes:
     gen = torch.Generator().manual_seed(1)
     weight = torch.randn(4, 3, generator=gen)
     record = CheckpointRecord(
-        {"w": weight, "b": torch.randn(4, generator=gen)}, {"steps": torch.arange(3)},
-        optimizer_groups=[OptimizerGroupRecord("group0", 2, 0.01, {"w": {
-            "momentum0": torch.randn(4, 3, generator=gen), "momentum1": torch.rand(4, 3)}})],
-        properties={"epoch": 1, "loss": 0.5, "tag": "x"})
+        {"w": weight, "b": torch.randn(4, generator=gen)},
+        {"steps": torch.arange(3)},
+        optimizer_groups=[
+            OptimizerGroupRecord(
+                "group0", 2, 0.01, {"w": {"momentum0": torch.randn(4, 3, generator=gen), "momentum1": torch.rand(4, 3)}}
+            )
+        ],
+        properties={"epoch": 1, "loss": 0.5, "tag": "x"},
+    )
     return checkpoint_to_bytes(record)
 
 
@@ -170,8 +195,11 @@ def load_or_reject(data: bytes) -> CheckpointRecord | None:
         assert time.perf_counter() - start < 1.0
 
 
-@pytest.mark.parametrize("data", [b"", b"\x00", bytes(7), bytes(8), b"ODTC" * 2, b"\xff" * 64],
-                         ids=["empty", "1 byte", "7 zeros", "8 zeros", "ODTCODTC", "0xff"])
+@pytest.mark.parametrize(
+    "data",
+    [b"", b"\x00", bytes(7), bytes(8), b"ODTC" * 2, b"\xff" * 64],
+    ids=["empty", "1 byte", "7 zeros", "8 zeros", "ODTCODTC", "0xff"],
+)
 def test_tiny_inputs_fail_verification(data: bytes) -> None:
     with pytest.raises(CheckpointError, match=VERIFICATION_FAILED):
         read_checkpoint(data)
@@ -182,9 +210,12 @@ def test_wrong_identifier_and_onnx_file() -> None:
     data[4:8] = b"ORTM"
     with pytest.raises(CheckpointError, match="file identifier is b'ORTM'"):
         read_checkpoint(bytes(data))
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
     with pytest.raises(CheckpointError, match=VERIFICATION_FAILED):
         read_checkpoint(onnx.helper.make_model(graph).SerializeToString())
 
@@ -228,7 +259,7 @@ def test_fuzzed_mutations_load_or_raise_checkpoint_error() -> None:
             mutated[position] ^= 1 << rng.randrange(8)
         else:  # an aligned 32-bit word (offsets, lengths, vtable entries) set to an odd value
             position = rng.randrange(len(data) // 4) * 4
-            mutated[position:position + 4] = struct.pack("<I", rng.choice(words))
+            mutated[position : position + 4] = struct.pack("<I", rng.choice(words))
         record = load_or_reject(bytes(mutated))
         outcomes["loaded" if record is not None else "rejected"] += 1
     assert outcomes["rejected"] > 50 and outcomes["loaded"] > 50  # both paths were exercised

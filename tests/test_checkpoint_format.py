@@ -13,8 +13,13 @@ import torch
 
 from ort_torch_train.checkpoint.fbs_reader import FlatBuffer
 from ort_torch_train.checkpoint.odtc import (
-    CheckpointRecord, OptimizerGroupRecord, checkpoint_to_bytes, external_data_path,
-    read_checkpoint, write_checkpoint)
+    CheckpointRecord,
+    OptimizerGroupRecord,
+    checkpoint_to_bytes,
+    external_data_path,
+    read_checkpoint,
+    write_checkpoint,
+)
 from ort_torch_train.checkpoint.tensor_bytes import tensor_to_bytes
 from ort_torch_train.errors import CheckpointError
 
@@ -26,8 +31,7 @@ def same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and tensor_to_bytes(a) == tensor_to_bytes(b)
 
 
-def assert_same_tensors(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor],
-                        ordered: bool = True) -> None:
+def assert_same_tensors(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], ordered: bool = True) -> None:
     assert (list(got) if ordered else sorted(got)) == (list(want) if ordered else sorted(want))
     for name, tensor in want.items():
         assert same_tensor(got[name], tensor), name
@@ -42,7 +46,8 @@ def assert_same_records(got: CheckpointRecord, want: CheckpointRecord, ordered: 
     for g, w in zip(got.optimizer_groups, want.optimizer_groups):
         assert (g.name, g.step, g.initial_learning_rate) == (w.name, w.step, w.initial_learning_rate)
         assert (list(g.momentums) if ordered else sorted(g.momentums)) == (
-            list(w.momentums) if ordered else sorted(w.momentums))
+            list(w.momentums) if ordered else sorted(w.momentums)
+        )
         for param, moments in w.momentums.items():
             assert_same_tensors(g.momentums[param], moments, ordered)
 
@@ -53,38 +58,55 @@ def rich_record() -> CheckpointRecord:
     weight = torch.randn(3, 4, generator=gen)
     weight[0, 0] = float("nan")
     trainable = {
-        "w.f32": weight, "b.f64": torch.randn(5, generator=gen, dtype=torch.float64),
+        "w.f32": weight,
+        "b.f64": torch.randn(5, generator=gen, dtype=torch.float64),
         "h.f16": torch.randn(2, 3, generator=gen).half(),
         "bf.bf16": torch.randn(7, generator=gen).bfloat16(),
-        "scalar": torch.tensor(1.5), "层.weight": torch.randn(2, 2, generator=gen),
+        "scalar": torch.tensor(1.5),
+        "层.weight": torch.randn(2, 2, generator=gen),
     }
     frozen = {
         "i8": torch.tensor([-128, 0, 127], dtype=torch.int8),
         "i16": torch.tensor([-32768, 32767], dtype=torch.int16),
         "i32": torch.tensor([[-(2**31), 2**31 - 1]], dtype=torch.int32),
-        "i64": torch.tensor([-(2**63), 2**63 - 1, 7]), "u8": torch.arange(250, 256, dtype=torch.uint8),
+        "i64": torch.tensor([-(2**63), 2**63 - 1, 7]),
+        "u8": torch.arange(250, 256, dtype=torch.uint8),
         "u16": torch.tensor([65535], dtype=torch.uint16),
-        "flags": torch.tensor([True, False, True]), "empty": torch.empty(0, 3),
+        "flags": torch.tensor([True, False, True]),
+        "empty": torch.empty(0, 3),
     }
-    moments = {name: {"momentum0": torch.randn(t.shape, generator=gen, dtype=t.dtype),
-                      "momentum1": torch.rand(t.shape, generator=gen, dtype=t.dtype)}
-               for name, t in trainable.items() if t.dtype in (torch.float32, torch.float64)}
-    properties = {"epoch": 3, "max": 2**63 - 1, "min": -(2**63), "best_loss": 0.25,
-                  "tag": "héllo ✓", "empty": ""}
-    return CheckpointRecord(trainable, frozen, False,
-                            [OptimizerGroupRecord("group0", 7, 0.009999999776482582, moments)],
-                            properties)
+    moments = {
+        name: {
+            "momentum0": torch.randn(t.shape, generator=gen, dtype=t.dtype),
+            "momentum1": torch.rand(t.shape, generator=gen, dtype=t.dtype),
+        }
+        for name, t in trainable.items()
+        if t.dtype in (torch.float32, torch.float64)
+    }
+    properties = {"epoch": 3, "max": 2**63 - 1, "min": -(2**63), "best_loss": 0.25, "tag": "héllo ✓", "empty": ""}
+    return CheckpointRecord(
+        trainable, frozen, False, [OptimizerGroupRecord("group0", 7, 0.009999999776482582, moments)], properties
+    )
 
 
 def sorted_record(record: CheckpointRecord) -> CheckpointRecord:
     """The record in the order ORT writes it (tensors sorted by name)."""
-    groups = [OptimizerGroupRecord(g.name, g.step, g.initial_learning_rate,
-                                   {p: dict(sorted(g.momentums[p].items()))
-                                    for p in sorted(g.momentums)})
-              for g in record.optimizer_groups]
-    return CheckpointRecord(dict(sorted(record.trainable.items())),
-                            dict(sorted(record.frozen.items())), record.is_nominal, groups,
-                            record.properties)
+    groups = [
+        OptimizerGroupRecord(
+            g.name,
+            g.step,
+            g.initial_learning_rate,
+            {p: dict(sorted(g.momentums[p].items())) for p in sorted(g.momentums)},
+        )
+        for g in record.optimizer_groups
+    ]
+    return CheckpointRecord(
+        dict(sorted(record.trainable.items())),
+        dict(sorted(record.frozen.items())),
+        record.is_nominal,
+        groups,
+        record.properties,
+    )
 
 
 # ---- the reference corpus (and tests/fixtures) ------------------------------------------------------
@@ -119,8 +141,7 @@ def test_generated_checkpoint_matches_expected(corpus_case: Path) -> None:
     if nominal_path.exists():
         nominal = read_checkpoint(nominal_path)
         assert nominal.is_nominal
-        assert (list(nominal.trainable), list(nominal.frozen)) == (
-            list(record.trainable), list(record.frozen))
+        assert (list(nominal.trainable), list(nominal.frozen)) == (list(record.trainable), list(record.frozen))
         for name, tensor in {**nominal.trainable, **nominal.frozen}.items():
             assert tensor.numel() == 0 and str(tensor.dtype) == f"torch.{params[name]['dtype']}"
 
@@ -140,8 +161,7 @@ def test_saved_checkpoint_matches_expected(corpus_case: Path, file_name: str) ->
     groups = expected["final_checkpoint_optimizer_groups"]
     assert [g.name for g in record.optimizer_groups] == [g["group_name"] for g in groups]
     for group, want in zip(record.optimizer_groups, groups):
-        assert (group.step, group.initial_learning_rate) == (
-            want["step"], want["initial_learning_rate"])
+        assert (group.step, group.initial_learning_rate) == (want["step"], want["initial_learning_rate"])
         assert list(group.momentums) == want["params"]
         for param, moments in group.momentums.items():
             assert list(moments) == want["momentum_names"]
@@ -151,8 +171,7 @@ def test_saved_checkpoint_matches_expected(corpus_case: Path, file_name: str) ->
 
 
 @pytest.mark.parametrize("file_name", FINAL_FILES)
-def test_saved_checkpoint_written_back_byte_identical(corpus_case: Path, file_name: str,
-                                                      tmp_path: Path) -> None:
+def test_saved_checkpoint_written_back_byte_identical(corpus_case: Path, file_name: str, tmp_path: Path) -> None:
     load_case(corpus_case, file_name)
     original = (corpus_case / file_name).read_bytes()
     record = read_checkpoint(original)
@@ -161,8 +180,7 @@ def test_saved_checkpoint_written_back_byte_identical(corpus_case: Path, file_na
     assert (tmp_path / "checkpoint").read_bytes() == original
 
 
-def test_generated_checkpoints_written_back_byte_identical(corpus_case: Path,
-                                                           tmp_path: Path) -> None:
+def test_generated_checkpoints_written_back_byte_identical(corpus_case: Path, tmp_path: Path) -> None:
     for name in ("checkpoint", "nominal_checkpoint"):
         path = corpus_case / "artifacts" / name
         if path.exists():
@@ -200,18 +218,21 @@ def test_read_tensors_are_owned_writable_cpu_copies() -> None:
 def test_device_and_non_contiguous_tensors_are_written_as_values() -> None:
     base = torch.arange(12.0).reshape(3, 4)
     record = CheckpointRecord({"t": base.t()}, {})
-    assert same_tensor(read_checkpoint(checkpoint_to_bytes(record)).trainable["t"],
-                       base.t().contiguous())
+    assert same_tensor(read_checkpoint(checkpoint_to_bytes(record)).trainable["t"], base.t().contiguous())
 
 
 def test_write_rejects_what_a_checkpoint_cannot_hold(tmp_path: Path) -> None:
     bad_records = {
-        CheckpointError: [CheckpointRecord({"c": torch.zeros(2, dtype=torch.complex64)}, {}),
-                          CheckpointRecord({"a": torch.zeros(1)}, {"a": torch.zeros(1)}),
-                          CheckpointRecord({}, {}, properties={"big": 2**63})],
-        TypeError: [CheckpointRecord({}, {}, properties={"flag": True}),
-                    CheckpointRecord({}, {}, properties={"none": None}),
-                    CheckpointRecord({"n": np.zeros(2)}, {})],
+        CheckpointError: [
+            CheckpointRecord({"c": torch.zeros(2, dtype=torch.complex64)}, {}),
+            CheckpointRecord({"a": torch.zeros(1)}, {"a": torch.zeros(1)}),
+            CheckpointRecord({}, {}, properties={"big": 2**63}),
+        ],
+        TypeError: [
+            CheckpointRecord({}, {}, properties={"flag": True}),
+            CheckpointRecord({}, {}, properties={"none": None}),
+            CheckpointRecord({"n": np.zeros(2)}, {}),
+        ],
     }
     for error, records in bad_records.items():
         for record in records:
@@ -235,8 +256,11 @@ def tensor_tables(path: Path) -> list:
 def write_order(record: CheckpointRecord) -> list[torch.Tensor]:
     """The record's tensors in the order ORT writes them."""
     record = sorted_record(record)
-    return [*record.trainable.values(), *record.frozen.values(),
-            *(m for g in record.optimizer_groups for ms in g.momentums.values() for m in ms.values())]
+    return [
+        *record.trainable.values(),
+        *record.frozen.values(),
+        *(m for g in record.optimizer_groups for ms in g.momentums.values() for m in ms.values()),
+    ]
 
 
 def test_external_data_layout_and_round_trip(tmp_path: Path) -> None:
@@ -272,8 +296,7 @@ def test_artifact_layout_keeps_order_and_small_tensors_inline(tmp_path: Path) ->
         assert (table.vector(4, 1, "raw_data") is not None) == inline
 
 
-def test_loaded_external_checkpoint_saves_parameters_external_and_moments_inline(
-        tmp_path: Path) -> None:
+def test_loaded_external_checkpoint_saves_parameters_external_and_moments_inline(tmp_path: Path) -> None:
     record = rich_record()
     record.has_external_data = True  # as read from a checkpoint with external data
     write_checkpoint(record, tmp_path / "ckpt")
@@ -305,9 +328,12 @@ def test_external_data_errors(tmp_path: Path) -> None:
 
 # ---- nominal ---------------------------------------------------------------------------------------
 def test_nominal_checkpoint_round_trip(tmp_path: Path) -> None:
-    record = CheckpointRecord({"w": torch.empty(0), "b": torch.empty(0, dtype=torch.float64)},
-                              {"f": torch.empty(0, dtype=torch.int64)}, is_nominal=True,
-                              properties={"k": "v"})
+    record = CheckpointRecord(
+        {"w": torch.empty(0), "b": torch.empty(0, dtype=torch.float64)},
+        {"f": torch.empty(0, dtype=torch.int64)},
+        is_nominal=True,
+        properties={"k": "v"},
+    )
     write_checkpoint(record, tmp_path / "nominal", external_data_threshold=0)
     assert not external_data_path(tmp_path / "nominal").exists()
     for table in tensor_tables(tmp_path / "nominal"):

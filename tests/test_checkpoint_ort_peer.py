@@ -12,15 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from ort_peer import requires_ort, run_ort
-from ort_torch_train.checkpoint.odtc import (
-    CheckpointRecord, external_data_path, read_checkpoint, write_checkpoint)
+
+from ort_torch_train.checkpoint.odtc import CheckpointRecord, external_data_path, read_checkpoint, write_checkpoint
 from ort_torch_train.checkpoint.state import TrainingState
 
 pytestmark = requires_ort
 
-ORT_SCRIPT = r'''
+ORT_SCRIPT = r"""
 import json, sys
 import numpy as np
 from onnxruntime.training.api import CheckpointState, Module, Optimizer
@@ -56,7 +55,7 @@ def train(checkpoint, steps, lr=None):
 report["full_losses"] = train(f"{work}/full", 1)
 report["resume_losses"] = train(f"{work}/with_optimizer", 2, lr=0.01)
 print(json.dumps(report))
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +79,14 @@ def peer(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, dict]:
 
     mixed = CheckpointRecord(
         {"w": torch.randn(3, 2, generator=torch.Generator().manual_seed(0))},
-        {"b": torch.tensor([True, False]), "d": torch.arange(3, dtype=torch.float64),
-         "i": torch.arange(-2, 3), "s": torch.tensor(2.5), "u": torch.arange(3, dtype=torch.uint8)})
+        {
+            "b": torch.tensor([True, False]),
+            "d": torch.arange(3, dtype=torch.float64),
+            "i": torch.arange(-2, 3),
+            "s": torch.tensor(2.5),
+            "u": torch.arange(3, dtype=torch.uint8),
+        },
+    )
     write_checkpoint(mixed, work / "external_mixed", external_data_threshold=0)
     mixed.trainable["big"] = torch.arange(40.0)  # >= 64 bytes: external in the artifact layout
     write_checkpoint(mixed, work / "artifact_external", external_data_threshold=0, artifact=True)
@@ -100,8 +105,7 @@ def ours(work: Path, name: str) -> dict[str, np.ndarray]:
 def test_ort_reads_our_parameters_exactly(peer: tuple[Path, dict, dict], name: str) -> None:
     work, report, _ = peer
     record = read_checkpoint(work / name)
-    assert report[name]["params"] == [[n, n in record.trainable]
-                                      for n in sorted({**record.trainable, **record.frozen})]
+    assert report[name]["params"] == [[n, n in record.trainable] for n in sorted({**record.trainable, **record.frozen})]
     theirs = np.load(work / f"{name}.ort.npz")
     for param, value in ours(work, name).items():
         assert theirs[param].dtype == value.dtype and np.array_equal(theirs[param], value), param
@@ -109,8 +113,7 @@ def test_ort_reads_our_parameters_exactly(peer: tuple[Path, dict, dict], name: s
 
 def test_ort_reads_our_properties(peer: tuple[Path, dict, dict]) -> None:
     _, report, expected = peer
-    assert report["full"]["properties"] == {"best_loss": 0.125, "big": -(2**40), "epoch": 7,
-                                            "tag": "ours ✓"}
+    assert report["full"]["properties"] == {"best_loss": 0.125, "big": -(2**40), "epoch": 7, "tag": "ours ✓"}
     assert report["with_optimizer"]["properties"] == expected["properties_readback"]
 
 

@@ -12,8 +12,7 @@ import torch
 from ort_torch_train.api import CheckpointState, Parameter, Parameters, Properties
 from ort_torch_train.checkpoint.odtc import CheckpointRecord, OptimizerGroupRecord, read_checkpoint
 from ort_torch_train.checkpoint.state import OptimizerState, TrainingState
-from ort_torch_train.errors import (
-    CheckpointError, NominalStateError, ParameterDataError, SafetensorsError)
+from ort_torch_train.errors import CheckpointError, NominalStateError, ParameterDataError, SafetensorsError
 
 NOMINAL_TEXT = r"nominal state. Please load (the model parameters|the parameter states|all the parameter states) first"
 
@@ -22,16 +21,21 @@ def small_state(optimizer: bool = False) -> TrainingState:
     record = CheckpointRecord(
         {"w": torch.arange(12.0).reshape(4, 3), "b": torch.zeros(4)},
         {"frozen": torch.ones(2), "count": torch.tensor([3])},
-        properties={"epoch": 2})
+        properties={"epoch": 2},
+    )
     if optimizer:
-        record.optimizer_groups = [OptimizerGroupRecord("group0", 5, 0.01, {
-            "w": {"momentum0": torch.ones(4, 3), "momentum1": torch.full((4, 3), 2.0)}})]
+        record.optimizer_groups = [
+            OptimizerGroupRecord(
+                "group0", 5, 0.01, {"w": {"momentum0": torch.ones(4, 3), "momentum1": torch.full((4, 3), 2.0)}}
+            )
+        ]
     return TrainingState.from_record(record)
 
 
 def nominal_state() -> TrainingState:
-    return TrainingState.from_record(CheckpointRecord(
-        {"w": torch.empty(0), "b": torch.empty(0)}, {"frozen": torch.empty(0)}, is_nominal=True))
+    return TrainingState.from_record(
+        CheckpointRecord({"w": torch.empty(0), "b": torch.empty(0)}, {"frozen": torch.empty(0)}, is_nominal=True)
+    )
 
 
 # ---- TrainingState ----------------------------------------------------------------------------------
@@ -55,11 +59,9 @@ def test_set_parameter_data_in_place_with_ort_texts() -> None:
     assert state.params["count"].tolist() == [9]
     with pytest.raises(KeyError, match="Parameter nope not found."):
         state.set_parameter_data("nope", np.zeros(1))
-    with pytest.raises(ParameterDataError,
-                       match=r"Parameter data shape mismatch\. Expected: \{4,3\}, Got: \{3,3\}"):
+    with pytest.raises(ParameterDataError, match=r"Parameter data shape mismatch\. Expected: \{4,3\}, Got: \{3,3\}"):
         state.set_parameter_data("w", np.zeros((3, 3), np.float32))
-    with pytest.raises(ParameterDataError,
-                       match="Parameter data type mismatch. Expected: float32, Got: float64"):
+    with pytest.raises(ParameterDataError, match="Parameter data type mismatch. Expected: float32, Got: float64"):
         state.set_parameter_data("w", np.zeros((4, 3)))
     with pytest.raises(TypeError, match="list"):
         state.set_parameter_data("w", [[0.0] * 3] * 4)
@@ -92,10 +94,12 @@ def test_to_record_writes_the_group_only_when_there_is_one(tmp_path: Path) -> No
     assert TrainingState.load(state.to_bytes(True)).optimizer.step == 5
 
 
-@pytest.mark.parametrize("file_name,with_optimizer", [
-    ("final_checkpoint_with_optimizer", True), ("final_checkpoint_no_optimizer", False)])
-def test_state_saves_ort_files_byte_identical(corpus_case: Path, file_name: str,
-                                              with_optimizer: bool, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "file_name,with_optimizer", [("final_checkpoint_with_optimizer", True), ("final_checkpoint_no_optimizer", False)]
+)
+def test_state_saves_ort_files_byte_identical(
+    corpus_case: Path, file_name: str, with_optimizer: bool, tmp_path: Path
+) -> None:
     if not (corpus_case / file_name).exists():
         pytest.skip(f"{corpus_case / file_name} absent")
     original = (corpus_case / file_name).read_bytes()
@@ -107,8 +111,7 @@ def test_state_saves_ort_files_byte_identical(corpus_case: Path, file_name: str,
 
 def test_invalid_optimizer_state_is_rejected() -> None:
     record = small_state(optimizer=True).to_record(True)
-    two = CheckpointRecord(record.trainable, record.frozen,
-                           optimizer_groups=record.optimizer_groups * 2)
+    two = CheckpointRecord(record.trainable, record.frozen, optimizer_groups=record.optimizer_groups * 2)
     with pytest.raises(CheckpointError, match="2 optimizer groups"):
         TrainingState.from_record(two)
     record.optimizer_groups[0].momentums["ghost"] = {"momentum0": torch.zeros(1)}
@@ -130,9 +133,13 @@ def test_properties_are_typed_like_ort() -> None:
     state.set_property("n", np.int64(-(2**63)))
     state.set_property("s", "text")
     assert isinstance(state.get_property("n"), int)
-    for value, error, text in [(True, TypeError, "bool"), (None, TypeError, "NoneType"),
-                               ([1], TypeError, "list"), (2**63, ValueError, "int64"),
-                               (1e39, ValueError, "float32")]:
+    for value, error, text in [
+        (True, TypeError, "bool"),
+        (None, TypeError, "NoneType"),
+        ([1], TypeError, "list"),
+        (2**63, ValueError, "int64"),
+        (1e39, ValueError, "float32"),
+    ]:
         with pytest.raises(error, match=text):
             state.set_property("bad", value)
     with pytest.raises(KeyError, match="Property bad not found."):
@@ -143,8 +150,12 @@ def test_nominal_state_names_work_and_data_access_raises() -> None:
     state = nominal_state()
     assert state.trainable_names() == ["w", "b"] and state.is_nominal
     assert all(p.grad is None for p in state.params.values())
-    for access in (lambda: state.parameter("w"), state.tensors, state.state_dict,
-                   lambda: state.set_parameter_data("w", np.zeros(1, np.float32))):
+    for access in (
+        lambda: state.parameter("w"),
+        state.tensors,
+        state.state_dict,
+        lambda: state.set_parameter_data("w", np.zeros(1, np.float32)),
+    ):
         with pytest.raises(NominalStateError, match=NOMINAL_TEXT):
             access()
     with pytest.raises(KeyError, match="Parameter nope not found."):
@@ -166,8 +177,12 @@ def test_complete_nominal() -> None:
         state.complete_nominal(values)
 
 
-DEVICES = ["cpu", pytest.param("cuda", marks=[
-    pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")])]
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
+    ),
+]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -203,6 +218,7 @@ def test_safetensors_round_trip_in_place(tmp_path: Path) -> None:
 
 def test_safetensors_load_checks_everything_before_changing_anything(tmp_path: Path) -> None:
     from ort_torch_train.checkpoint.safetensors import save_safetensors
+
     state = small_state()
     bad = {**state.state_dict(), "b": torch.ones(4), "w": torch.ones(3, 3)}
     save_safetensors(bad, tmp_path / "bad.safetensors")
@@ -213,8 +229,8 @@ def test_safetensors_load_checks_everything_before_changing_anything(tmp_path: P
 
 def test_nominal_state_completed_from_safetensors(tmp_path: Path) -> None:
     from ort_torch_train.checkpoint.safetensors import save_safetensors
-    save_safetensors({"w": torch.ones(3), "b": torch.ones(1), "frozen": torch.ones(2)},
-                     tmp_path / "p.safetensors")
+
+    save_safetensors({"w": torch.ones(3), "b": torch.ones(1), "frozen": torch.ones(2)}, tmp_path / "p.safetensors")
     state = nominal_state()
     state.load_safetensors(tmp_path / "p.safetensors")
     assert not state.is_nominal and state.params["w"].tolist() == [1.0] * 3
@@ -287,8 +303,7 @@ def test_checkpoint_state_face_on_a_nominal_state() -> None:
 
 
 def test_bfloat16_parameter_data_says_why() -> None:
-    state = CheckpointState(TrainingState.from_record(
-        CheckpointRecord({"h": torch.ones(2, dtype=torch.bfloat16)}, {})))
+    state = CheckpointState(TrainingState.from_record(CheckpointRecord({"h": torch.ones(2, dtype=torch.bfloat16)}, {})))
     with pytest.raises(TypeError, match="bfloat16"):
         state.parameters["h"].data
     assert state.tensors()["h"].dtype == torch.bfloat16

@@ -15,7 +15,7 @@ import torch
 
 from ort_torch_train.checkpoint.records import CheckpointRecord
 from ort_torch_train.checkpoint.state import TrainingState
-from ort_torch_train.cli import main
+from ort_torch_train.cli.main import main
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 REFCORPUS = Path(__file__).resolve().parents[2] / "shared" / "refcorpus"
@@ -90,17 +90,21 @@ def test_inspect_json_matches_what_ort_recorded(capsys, cnn) -> None:
     training = report["training_model"]
     assert [v["name"] for v in training["inputs"]] == expected["train_mode"]["input_names"]
     assert [v["name"] for v in training["outputs"]] == expected["train_mode"]["output_names"]
-    assert {p["name"]: {"requires_grad": p["trainable"], "shape": p["shape"], "dtype": p["dtype"]}
-            for p in report["parameters"]} == expected["parameters"]
+    assert {
+        p["name"]: {"requires_grad": p["trainable"], "shape": p["shape"], "dtype": p["dtype"]}
+        for p in report["parameters"]
+    } == expected["parameters"]
     assert report["optimizer"]["algorithm"] == "AdamW"
     assert report["optimizer"]["hyperparameters"]["beta2"] == 0.999
-    assert report["checkpoint"] == {"nominal": False, "external_data": False, "optimizer_groups": [],
-                                    "properties": {}}
+    assert report["checkpoint"] == {"nominal": False, "external_data": False, "optimizer_groups": [], "properties": {}}
 
 
 def test_inspect_individual_files_and_a_saved_checkpoint(capsys, cnn) -> None:
-    files = [cnn / "artifacts" / "optimizer_model.onnx", cnn / "artifacts" / "training_model.onnx",
-             cnn / "final_checkpoint_with_optimizer"]
+    files = [
+        cnn / "artifacts" / "optimizer_model.onnx",
+        cnn / "artifacts" / "training_model.onnx",
+        cnn / "final_checkpoint_with_optimizer",
+    ]
     code, out, _ = run_cli(capsys, "inspect", *files, "--json")
     report = json.loads(out)
     assert code == 0
@@ -117,10 +121,31 @@ def test_train_replays_ort_scheduled_run(capsys, tmp_path, compiled) -> None:
     expected = json.loads((case / "expected.json").read_text())
     data = case / "data.npz"
     code, out, err = run_cli(
-        capsys, "train", case / "artifacts", "--data", data, "--inputs", "x_train,y_train", "--batched",
-        "--no-shuffle", "--steps", 20, "--lr", 0.01, "--schedule", "linear", "--warmup", 3,
-        "--eval-data", data, "--eval-inputs", "x_eval,y_eval", "--output", tmp_path / "trained",
-        *(["--compile"] if compiled else []))
+        capsys,
+        "train",
+        case / "artifacts",
+        "--data",
+        data,
+        "--inputs",
+        "x_train,y_train",
+        "--batched",
+        "--no-shuffle",
+        "--steps",
+        20,
+        "--lr",
+        0.01,
+        "--schedule",
+        "linear",
+        "--warmup",
+        3,
+        "--eval-data",
+        data,
+        "--eval-inputs",
+        "x_eval,y_eval",
+        "--output",
+        tmp_path / "trained",
+        *(["--compile"] if compiled else []),
+    )
     assert code == 0, err
     assert "20/20" in err  # the progress bar
     assert ("s compiling" in out) == compiled  # the rate excludes compilation, reported on its own
@@ -134,8 +159,9 @@ def test_train_then_resume_equals_one_uninterrupted_run(capsys, tmp_path, cnn) -
     data = sample_major_npz(cnn, tmp_path / "train.npz")
     common = ["train", cnn / "artifacts", "--data", data, "--batch-size", 8, "--lr", 0.01]
     assert run_cli(capsys, *common, "--steps", 5, "--output", tmp_path / "first")[0] == 0
-    code, out, err = run_cli(capsys, *common, "--steps", 3, "--resume", tmp_path / "first",
-                             "--output", tmp_path / "second")
+    code, out, err = run_cli(
+        capsys, *common, "--steps", 3, "--resume", tmp_path / "first", "--output", tmp_path / "second"
+    )
     assert code == 0, err
     assert "resumed from" in out and "at step 5" in out and "trained steps 6-8" in out
     assert run_cli(capsys, *common, "--steps", 8, "--output", tmp_path / "whole")[0] == 0
@@ -149,8 +175,11 @@ def test_train_then_resume_equals_one_uninterrupted_run(capsys, tmp_path, cnn) -
 # ---- convert ----------------------------------------------------------------------------------------
 def test_convert_round_trip_ort_safetensors_pt_ort(capsys, tmp_path, cnn) -> None:
     source = cnn / "final_checkpoint_with_optimizer"
-    hops = [(source, tmp_path / "model.safetensors"), (tmp_path / "model.safetensors", tmp_path / "model.pt"),
-            (tmp_path / "model.pt", tmp_path / "checkpoint")]
+    hops = [
+        (source, tmp_path / "model.safetensors"),
+        (tmp_path / "model.safetensors", tmp_path / "model.pt"),
+        (tmp_path / "model.pt", tmp_path / "checkpoint"),
+    ]
     for src, dst in hops:
         code, _, err = run_cli(capsys, "convert", src, dst, "--template", source)
         assert code == 0, err
@@ -169,8 +198,16 @@ def test_convert_with_explicit_formats_and_a_nominal_template(capsys, tmp_path) 
     case = ort_case("mlp_ce_adamw_sched", "mlp")
     weights = tmp_path / "weights.bin"
     assert run_cli(capsys, "convert", case / "artifacts" / "checkpoint", weights, "--to", "pt")[0] == 0
-    code, _, err = run_cli(capsys, "convert", weights, tmp_path / "complete", "--from", "pt",
-                           "--template", case / "artifacts" / "nominal_checkpoint")
+    code, _, err = run_cli(
+        capsys,
+        "convert",
+        weights,
+        tmp_path / "complete",
+        "--from",
+        "pt",
+        "--template",
+        case / "artifacts" / "nominal_checkpoint",
+    )
     assert code == 0, err
     state = TrainingState.load(tmp_path / "complete")
     assert not state.is_nominal
@@ -216,16 +253,24 @@ ERRORS = {
     "train-missing-folder": (["train", "{tmp}/nope", "--data", "{good}", "--steps", "1"], "not found"),
     "train-missing-data": (["train", "{artifacts}", "--data", "{tmp}/nope.npz", "--steps", "1"], "data file not found"),
     "train-data-not-npz": (["train", "{artifacts}", "--data", "{tmp}/garbage", "--steps", "1"], "not a readable .npz"),
-    "train-unmatched-names": (["train", "{artifacts}", "--data", "{case}/data.npz", "--steps", "1"],
-                              "no array named 'input'"),
+    "train-unmatched-names": (
+        ["train", "{artifacts}", "--data", "{case}/data.npz", "--steps", "1"],
+        "no array named 'input'",
+    ),
     "train-inputs-count": ([*TRAIN, "--inputs", "input"], "names 1 arrays but the model has 2 inputs"),
     "train-inputs-unknown": ([*TRAIN, "--inputs", "input,nope"], "has no array 'nope'"),
-    "train-dtype": (["train", "{artifacts}", "--data", "{tmp}/f64.npz", "--steps", "1"],
-                    "is float64, the model expects float32"),
-    "train-shape": (["train", "{artifacts}", "--data", "{tmp}/shape.npz", "--steps", "1"],
-                    "dimension 2 is 10, expected 12"),
-    "train-batched-data-without-flag": (["train", "{artifacts}", "--data", "{case}/data.npz", "--inputs",
-                                         "x_train,y_train", "--steps", "1"], "need --batched"),
+    "train-dtype": (
+        ["train", "{artifacts}", "--data", "{tmp}/f64.npz", "--steps", "1"],
+        "is float64, the model expects float32",
+    ),
+    "train-shape": (
+        ["train", "{artifacts}", "--data", "{tmp}/shape.npz", "--steps", "1"],
+        "dimension 2 is 10, expected 12",
+    ),
+    "train-batched-data-without-flag": (
+        ["train", "{artifacts}", "--data", "{case}/data.npz", "--inputs", "x_train,y_train", "--steps", "1"],
+        "need --batched",
+    ),
     "train-lengths": (["train", "{artifacts}", "--data", "{tmp}/lengths.npz", "--steps", "1"], "differ in length"),
     "train-batch-too-large": ([*TRAIN, "--batch-size", "100000"], "fewer than the batch size"),
     "train-resume-missing": ([*TRAIN, "--resume", "{tmp}/nope"], "checkpoint to resume not found"),

@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
+from test_cli import ort_case, run_cli, sample_major_npz
 
 from ort_torch_train.checkpoint.state import TrainingState
-from test_cli import ort_case, run_cli, sample_major_npz
 
 
 @pytest.fixture
@@ -28,9 +28,28 @@ def cnn_data(tmp_path) -> tuple[Path, Path]:
 def test_json_summary_metrics_lines_and_periodic_saves(capsys, tmp_path, cnn_data) -> None:
     artifacts, data = cnn_data
     metrics = tmp_path / "logs" / "metrics.jsonl"
-    code, out, err = run_cli(capsys, "train", artifacts, "--data", data, "--batch-size", 8, "--steps", 7,
-                             "--metrics", metrics, "--metrics-every", 3, "--save-every", 3, "--eval-data", data,
-                             "--output", tmp_path / "ckpt", "--json")
+    code, out, err = run_cli(
+        capsys,
+        "train",
+        artifacts,
+        "--data",
+        data,
+        "--batch-size",
+        8,
+        "--steps",
+        7,
+        "--metrics",
+        metrics,
+        "--metrics-every",
+        3,
+        "--save-every",
+        3,
+        "--eval-data",
+        data,
+        "--output",
+        tmp_path / "ckpt",
+        "--json",
+    )
     assert code == 0, err
     summary = json.loads(out)  # stdout is the JSON summary only
     assert summary["first_step"] == 1 and summary["last_step"] == 7
@@ -61,9 +80,23 @@ def test_sigint_saves_a_checkpoint_that_resumes_exactly(capsys, tmp_path, cnn_da
     metrics = tmp_path / "metrics.jsonl"
     common = ["train", str(artifacts), "--data", str(data), "--batch-size", "8"]
     process = subprocess.Popen(
-        [sys.executable, "-m", "ort_torch_train", "-v", *common, "--steps", "100000", "--metrics", str(metrics),
-         "--output", str(tmp_path / "interrupted")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "ort_torch_train",
+            "-v",
+            *common,
+            "--steps",
+            "100000",
+            "--metrics",
+            str(metrics),
+            "--output",
+            str(tmp_path / "interrupted"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 240
         while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
@@ -83,8 +116,9 @@ def test_sigint_saves_a_checkpoint_that_resumes_exactly(capsys, tmp_path, cnn_da
     assert json.loads(metrics.read_text().splitlines()[-1])["step"] == done
     assert f"step {done}: checkpoint saved" in out
 
-    code, out, err = run_cli(capsys, *common, "--steps", 2, "--resume", tmp_path / "interrupted",
-                             "--output", tmp_path / "resumed")
+    code, out, err = run_cli(
+        capsys, *common, "--steps", 2, "--resume", tmp_path / "interrupted", "--output", tmp_path / "resumed"
+    )
     assert code == 0, err
     assert f"at step {done}" in out
     assert run_cli(capsys, *common, "--steps", done + 2, "--output", tmp_path / "whole")[0] == 0
@@ -96,8 +130,13 @@ def test_log_level_from_the_environment() -> None:
         assert all(isinstance(h, logging.NullHandler) for h in logging.getLogger("ort_torch_train").handlers)
     checkpoint = ort_case("cnn") / "artifacts" / "checkpoint"
     code = f"from ort_torch_train.checkpoint.state import TrainingState; TrainingState.load({str(checkpoint)!r})"
-    loud = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "ORT_TORCH_TRAIN_LOG": "debug"})
+    loud = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "ORT_TORCH_TRAIN_LOG": "debug"},
+    )
     assert loud.returncode == 0 and loud.stdout == "", loud.stderr
     assert "ort_torch_train.checkpoint.state INFO: loaded checkpoint" in loud.stderr
 
@@ -105,8 +144,21 @@ def test_log_level_from_the_environment() -> None:
 @pytest.mark.skipif(importlib.util.find_spec("tensorboard") is not None, reason="tensorboard is installed")
 def test_tensorboard_without_the_package_is_a_clear_error(capsys, tmp_path, cnn_data) -> None:
     artifacts, data = cnn_data
-    code, _, err = run_cli(capsys, "train", artifacts, "--data", data, "--steps", 1, "--batch-size", 8,
-                           "--tensorboard", tmp_path / "tb", "--output", tmp_path / "ckpt")
+    code, _, err = run_cli(
+        capsys,
+        "train",
+        artifacts,
+        "--data",
+        data,
+        "--steps",
+        1,
+        "--batch-size",
+        8,
+        "--tensorboard",
+        tmp_path / "tb",
+        "--output",
+        tmp_path / "ckpt",
+    )
     assert code == 1
     assert "--tensorboard needs the tensorboard package" in err and "Traceback" not in err
 
@@ -116,8 +168,22 @@ def test_tensorboard_scalars(capsys, tmp_path, cnn_data) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     artifacts, data = cnn_data
-    code, _, err = run_cli(capsys, "train", artifacts, "--data", data, "--steps", 3, "--batch-size", 8,
-                           "--tensorboard", tmp_path / "tb", "--output", tmp_path / "ckpt", "--quiet")
+    code, _, err = run_cli(
+        capsys,
+        "train",
+        artifacts,
+        "--data",
+        data,
+        "--steps",
+        3,
+        "--batch-size",
+        8,
+        "--tensorboard",
+        tmp_path / "tb",
+        "--output",
+        tmp_path / "ckpt",
+        "--quiet",
+    )
     assert code == 0, err
     events = EventAccumulator(str(tmp_path / "tb"))
     events.Reload()

@@ -14,8 +14,19 @@ from ort_torch_train.api import Module, Optimizer
 STEPS = 6
 # Every deterministic fixture: CE + AdamW, conv + pooling, a transformer layer, frozen parameters, extra
 # user outputs, BatchNorm running statistics, MSE + SGD, BCE, L1, a custom loss, AdamW with weight decay.
-COMPILED_CASES = ("mlp_ce_adamw_sched", "cnn", "transformer", "mlp_frozen", "mlp_additional_outputs",
-                  "bn_frozen_stats", "regress_mse_sgd", "bce", "l1", "custom_loss", "mlp_optimizers")
+COMPILED_CASES = (
+    "mlp_ce_adamw_sched",
+    "cnn",
+    "transformer",
+    "mlp_frozen",
+    "mlp_additional_outputs",
+    "bn_frozen_stats",
+    "regress_mse_sgd",
+    "bce",
+    "l1",
+    "custom_loss",
+    "mlp_optimizers",
+)
 VARIANTS = ("adamw_wd_clip", "adamw_mode0_wd_clip", "sgd_clip")
 
 
@@ -26,8 +37,9 @@ def _case(name: str) -> Case:
 
 
 def _module(case: Case, compile: bool) -> Module:
-    return Module(case.artifact("training_model.onnx"), case.load_state(), case.artifact("eval_model.onnx"),
-                  compile=compile)
+    return Module(
+        case.artifact("training_model.onnx"), case.load_state(), case.artifact("eval_model.onnx"), compile=compile
+    )
 
 
 def _train(case: Case, *, compile: bool, fused: bool, optimizer_model=None, steps: int = STEPS):
@@ -93,7 +105,9 @@ def test_compiled_train_step_and_separate_optimizer_match_eager(mlp_case):
     compiled = _train(mlp_case, compile=True, fused=False)
     _assert_same_training(compiled, eager, atol=1e-6)
     assert dict(counters["graph_break"]) == {}
-    assert counters["stats"]["unique_graphs"] == 2  # the step (adding or overwriting gradients alike) and eval  # train step (adding / after a reset), eval forward
+    assert (
+        counters["stats"]["unique_graphs"] == 2
+    )  # the step (adding or overwriting gradients alike) and eval  # train step (adding / after a reset), eval forward
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -182,7 +196,7 @@ def test_compile_takes_torch_compile_arguments(mlp_case):
 def test_a_compile_mode_step_and_eval_graph_are_precompiled_and_train_like_eager(mlp_case, monkeypatch):
     """``compile=<mode>`` (here one whose CUDA graphs a CPU step does not record) is precompiled as the
     mode's inductor options: one saved step and one saved eval graph, and the eager loop's numbers."""
-    from ort_torch_train.training import precompiled
+    from ort_torch_train.training.compile import precompiled
 
     monkeypatch.setattr(precompiled, "_steps", {})  # saving on, as after load_compile_cache
     eager = _train(mlp_case, compile=False, fused=False)
@@ -243,9 +257,8 @@ def test_compiled_step_with_dropout_has_no_graph_break():
 
 
 def test_cpu_graphs_compile_with_the_cpp_wrapper_unless_told_otherwise():
-    from ort_torch_train.graph.forward import for_device
-
-    from ort_torch_train.graph.onednn_linear import CPU_MATMULS
+    from ort_torch_train.passes.onednn_linear import CPU_MATMULS
+    from ort_torch_train.training.compile.settings import for_device
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     defaults = {"cpp_wrapper": True, "cpp.min_chunk_size": 16384, "post_grad_custom_post_pass": CPU_MATMULS}
@@ -262,7 +275,7 @@ def test_small_biased_products_compile_to_a_product_and_a_fused_add():
     """The CPU defaults' post-grad pass splits a small ``addmm`` so that the bias add joins the next loop."""
     from torch._inductor.utils import run_and_get_code
 
-    from ort_torch_train.graph.forward import for_device
+    from ort_torch_train.training.compile.settings import for_device
 
     torch._dynamo.reset()
     x, weight, bias = torch.randn(32, 32), torch.randn(64, 32), torch.randn(64)

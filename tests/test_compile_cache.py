@@ -16,8 +16,8 @@ from corpus import Case
 
 from ort_torch_train.api import Module
 from ort_torch_train.errors import InputError
-from ort_torch_train.training import precompiled
-from ort_torch_train.training.compile_cache import _MAGIC, load_compile_cache, save_compile_cache
+from ort_torch_train.training.compile import precompiled
+from ort_torch_train.training.compile.cache import _MAGIC, load_compile_cache, save_compile_cache
 
 
 @pytest.fixture(autouse=True)
@@ -48,8 +48,14 @@ def test_saving_with_nothing_compiled_writes_a_loadable_file_or_nothing(tmp_path
 
 
 def _train_in_a_process(case_dir: Path, cache: Path, out: Path, env: dict, *extra: str) -> tuple[dict, str]:
-    command = [sys.executable, str(Path(__file__).parent / "precompile_worker.py"), str(case_dir), str(cache),
-               str(out), *extra]
+    command = [
+        sys.executable,
+        str(Path(__file__).parent / "precompile_worker.py"),
+        str(case_dir),
+        str(cache),
+        str(out),
+        *extra,
+    ]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     with np.load(out) as saved:
@@ -73,7 +79,7 @@ def test_a_saved_step_loads_in_a_new_process_and_trains_bitwise_alike(mlp_case, 
     for name in ("losses", "params", "evaluated"):
         np.testing.assert_array_equal(second[name], first[name])
 
-    content = pickle.loads(cache.read_bytes()[len(_MAGIC):])
+    content = pickle.loads(cache.read_bytes()[len(_MAGIC) :])
     content["steps"] = {key: b"not a step" for key in content["steps"]}
     cache.write_bytes(_MAGIC + pickle.dumps(content))
     third, log = _train_in_a_process(mlp_case.root, cache, tmp_path / "third.npz", env)
@@ -84,19 +90,23 @@ def test_a_saved_step_loads_in_a_new_process_and_trains_bitwise_alike(mlp_case, 
 
 
 def _cache_with_libraries(path: Path, platform_: tuple, libraries: dict[str, bytes]) -> Path:
-    content = {"torch": torch.__version__, "artifacts": None, "steps": {}, "vec_isa": None,
-               "libraries": (platform_, libraries)}
+    content = {
+        "torch": torch.__version__,
+        "artifacts": None,
+        "steps": {},
+        "vec_isa": None,
+        "libraries": (platform_, libraries),
+    }
     path.write_bytes(_MAGIC + pickle.dumps(content))
     return path
 
 
-def test_saved_libraries_are_written_only_into_the_cache_dir_and_only_on_their_platform(tmp_path, monkeypatch,
-                                                                                       caplog):
-    from ort_torch_train.training.compile_cache import _library_platform
+def test_saved_libraries_are_written_only_into_the_cache_dir_and_only_on_their_platform(tmp_path, monkeypatch, caplog):
+    from ort_torch_train.training.compile.cache import _library_platform
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     here = _library_platform()
-    caplog.set_level(logging.INFO, logger="ort_torch_train.training.compile_cache")
+    caplog.set_level(logging.INFO, logger="ort_torch_train.training.compile.cache")
     assert load_compile_cache(_cache_with_libraries(tmp_path / "a.cache", here, {"ab/cabc.main.so": b"\x7fELF"}))
     assert (tmp_path / "inductor" / "ab" / "cabc.main.so").read_bytes() == b"\x7fELF"
     assert "restored 1 compiled libraries" in caplog.text
@@ -158,15 +168,21 @@ def test_a_saved_step_is_found_only_for_the_same_gradient_reduction(mlp_case):
     (one process, or inside ``no_sync``) or for another group or world is not loaded for it."""
     import torch.distributed as dist
 
-    from ort_torch_train.training.distributed import GradientAverage
+    from ort_torch_train.distributed.data_parallel import GradientAverage
 
     module, inputs = _converted(mlp_case, 4)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         world, other_group = dist.group.WORLD, dist.new_group([0])
-        keys = [precompiled.step_key(module, ("adamw", reduction), inputs)
-                for reduction in (None, GradientAverage(world, 1), GradientAverage(world, 2),
-                                  GradientAverage(other_group, 1))]
+        keys = [
+            precompiled.step_key(module, ("adamw", reduction), inputs)
+            for reduction in (
+                None,
+                GradientAverage(world, 1),
+                GradientAverage(world, 2),
+                GradientAverage(other_group, 1),
+            )
+        ]
         assert len(set(keys)) == 4
         assert precompiled.step_key(module, ("adamw", GradientAverage(world, 1)), inputs) == keys[1]
     finally:
@@ -178,8 +194,12 @@ def test_the_eval_graph_is_precompiled_only_without_autograd(mlp_case):
     """A differentiable eval-mode forward (parameters requiring grad) compiles without precompiling and
     keeps its gradients; the eval step (no grad) is precompiled for saving."""
     precompiled.enable({})
-    module = Module(mlp_case.artifact("training_model.onnx"), mlp_case.load_state(),
-                    mlp_case.artifact("eval_model.onnx"), compile=True)
+    module = Module(
+        mlp_case.artifact("training_model.onnx"),
+        mlp_case.load_state(),
+        mlp_case.artifact("eval_model.onnx"),
+        compile=True,
+    )
     module.eval()
     inputs = mlp_case.eval_inputs()
     loss = module.forward(*[torch.from_numpy(a) for a in inputs])
@@ -202,8 +222,9 @@ def test_a_precompiled_steps_guards_accept_its_inputs_and_reject_others(caplog):
         return torch.func.grad(lambda w: ((x @ w.T) * scale).square().sum())(weight) + sum(rest)
 
     x, bias = torch.randn(2, 4), torch.randn(4)
-    guarded = precompiled.precompiled_step(step, torch.nn.Module(), (), {}, (x, 2.0, bias), {},
-                                           torch.compile(step, fullgraph=True, dynamic=False))
+    guarded = precompiled.precompiled_step(
+        step, torch.nn.Module(), (), {}, (x, 2.0, bias), {}, torch.compile(step, fullgraph=True, dynamic=False)
+    )
     torch.testing.assert_close(guarded(x, 2.0, bias), step(x, 2.0, bias))
 
     class Registered:  # a library registering its classes (transformers does) leaves the step's guards alone

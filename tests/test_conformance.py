@@ -12,10 +12,10 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from conformance import DOCS_PAGE, known_failures, markdown, run_all
 from onnx import TensorProto, helper
 
-from conformance import DOCS_PAGE, known_failures, markdown, run_all
-from ort_torch_train.graph.convert import TensorSpec, convert_graph
+from ort_torch_train.convert.graph import TensorSpec, convert_graph
 
 PASSING_AT_LEAST = 1631
 
@@ -27,8 +27,9 @@ def outcomes():
 
 def test_no_wrong_numbers_and_no_unlisted_failures(outcomes):
     known = known_failures()
-    unexpected = [f"{o.case}: {o.status} {o.detail}" for o in outcomes
-                  if o.status in ("wrong", "error") and o.case not in known]
+    unexpected = [
+        f"{o.case}: {o.status} {o.detail}" for o in outcomes if o.status in ("wrong", "error") and o.case not in known
+    ]
     assert not unexpected, "\n".join(unexpected)
 
 
@@ -49,13 +50,16 @@ def test_passing_count_does_not_drop(outcomes):
 
 def test_docs_page_has_the_current_figures(outcomes):
     assert DOCS_PAGE.read_text() == markdown(outcomes), (
-        "docs/conformance.md is stale: run python tests/conformance.py --markdown docs/conformance.md")
+        "docs/conformance.md is stale: run python tests/conformance.py --markdown docs/conformance.md"
+    )
 
 
 def _one_node(op_type: str, inputs: list[tuple[str, int, list[int]]], **attrs) -> onnx.GraphProto:
     node = helper.make_node(op_type, [name for name, _, _ in inputs], ["y"], **attrs)
     return helper.make_graph(
-        [node], "g", [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
+        [node],
+        "g",
+        [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
         [helper.make_tensor_value_info("y", TensorProto.UNDEFINED, None)],
     )
 
@@ -84,11 +88,21 @@ def test_shape_inputs_are_read_at_run_time(op_type, data, first, second):
 def test_slice_steps_and_resize_sizes_are_read_at_run_time():
     data = np.arange(40, dtype=np.float32).reshape(1, 1, 5, 8)
     x = torch.from_numpy(data)
-    slicing = _one_node("Slice", [("x", TensorProto.FLOAT, [1, 1, 5, 8]), ("b", TensorProto.INT64, [1]),
-                                  ("e", TensorProto.INT64, [1]), ("a", TensorProto.INT64, [1]),
-                                  ("st", TensorProto.INT64, [1])])
-    resizing = _one_node("Resize", [("x", TensorProto.FLOAT, [1, 1, 5, 8]), ("", 0, []), ("", 0, []),
-                                    ("sz", TensorProto.INT64, [4])], mode="linear")
+    slicing = _one_node(
+        "Slice",
+        [
+            ("x", TensorProto.FLOAT, [1, 1, 5, 8]),
+            ("b", TensorProto.INT64, [1]),
+            ("e", TensorProto.INT64, [1]),
+            ("a", TensorProto.INT64, [1]),
+            ("st", TensorProto.INT64, [1]),
+        ],
+    )
+    resizing = _one_node(
+        "Resize",
+        [("x", TensorProto.FLOAT, [1, 1, 5, 8]), ("", 0, []), ("", 0, []), ("sz", TensorProto.INT64, [4])],
+        mode="linear",
+    )
     cases = [
         (slicing, [[0], [8], [3], [1]], [[7], [-9], [3], [-2]]),
         (resizing, [[1, 1, 10, 16]], [[1, 1, 3, 4]]),
@@ -96,12 +110,15 @@ def test_slice_steps_and_resize_sizes_are_read_at_run_time():
     for graph, first, second in cases:
         graph.ClearField("input")
         names = [name for name in graph.node[0].input if name]
-        graph.input.extend([helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 5, 8])] + [
-            helper.make_tensor_value_info(n, TensorProto.INT64, [len(v)]) for n, v in zip(names[1:], first)])
+        graph.input.extend(
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 5, 8])]
+            + [helper.make_tensor_value_info(n, TensorProto.INT64, [len(v)]) for n, v in zip(names[1:], first)]
+        )
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
         example = [x, *(torch.tensor(v) for v in first)]
-        module = convert_graph(graph, {"": 19}, [TensorSpec(tuple(t.shape), t.dtype) for t in example],
-                               training=False, examples=example)
+        module = convert_graph(
+            graph, {"": 19}, [TensorSpec(tuple(t.shape), t.dtype) for t in example], training=False, examples=example
+        )
         for values in (first, second):
             feeds = {"x": data, **{n: np.array(v, dtype=np.int64) for n, v in zip(names[1:], values)}}
             (expected,) = onnx.reference.ReferenceEvaluator(model).run(None, feeds)
@@ -124,8 +141,12 @@ def test_third_party_converter_registration():
 
     try:
         node = helper.make_node("ScaledTanh", ["x"], ["y"], domain="com.example", scale=3.0)
-        graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
-                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+        graph = helper.make_graph(
+            [node],
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+        )
         x = torch.randn(2, 3, requires_grad=True)
         (y,) = convert_graph(graph, {"": 18, "com.example": 1}, [TensorSpec((2, 3), torch.float32)], training=True)(x)
         torch.testing.assert_close(y, 3.0 * torch.tanh(x))
@@ -136,11 +157,15 @@ def test_third_party_converter_registration():
 
 
 def test_unsupported_operator_message_points_to_registration():
+    from ort_torch_train.convert.registry import check_supported
     from ort_torch_train.errors import UnsupportedOperatorError
-    from ort_torch_train.graph.converters import check_supported
 
     node = helper.make_node("NoSuchOp", ["x"], ["y"], domain="com.example")
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
     with pytest.raises(UnsupportedOperatorError, match=r"NoSuchOp.*ort_torch_train.adapters.register"):
         check_supported(graph, {"com.example": 1})

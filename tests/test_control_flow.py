@@ -9,10 +9,10 @@ import torch
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
+from ort_torch_train.convert.control_flow import _Cond, _RunTimeLoop
+from ort_torch_train.convert.graph import TensorSpec, convert_graph
+from ort_torch_train.convert.registry import check_supported
 from ort_torch_train.errors import UnsupportedOperatorError
-from ort_torch_train.graph.control_flow import _Cond, _RunTimeLoop
-from ort_torch_train.graph.convert import TensorSpec, convert_graph
-from ort_torch_train.graph.converters import check_supported
 
 FLOAT, INT64, BOOL = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
 
@@ -27,8 +27,11 @@ def _branch(name: str, op_type: str, output: str = "b_out") -> onnx.GraphProto:
 
 
 def _if_model(condition_constant: bool | None) -> onnx.ModelProto:
-    nodes = [helper.make_node("If", ["c"], ["y"], then_branch=_branch("then", "Sin", "t"),
-                              else_branch=_branch("else", "Exp", "e"))]
+    nodes = [
+        helper.make_node(
+            "If", ["c"], ["y"], then_branch=_branch("then", "Sin", "t"), else_branch=_branch("else", "Exp", "e")
+        )
+    ]
     inputs = [_info("x", FLOAT, [2, 3])]
     initializers = []
     if condition_constant is None:
@@ -90,12 +93,15 @@ def test_unsupported_operator_inside_a_branch_is_found_before_conversion():
 def _loop_model(trip_is_input: bool, trip: int = 3) -> onnx.ModelProto:
     """acc <- acc * w + iteration; scan output: acc after each step."""
     body = helper.make_graph(
-        [helper.make_node("Mul", ["acc_in", "w"], ["scaled"]),
-         helper.make_node("Cast", ["i"], ["i_float"], to=FLOAT),
-         helper.make_node("Add", ["scaled", "i_float"], ["acc_out"]),
-         helper.make_node("Identity", ["cond_in"], ["cond_out"]),
-         helper.make_node("Identity", ["acc_out"], ["scan_out"])],
-        "body", [_info("i", INT64, []), _info("cond_in", BOOL, []), _info("acc_in", FLOAT, [3])],
+        [
+            helper.make_node("Mul", ["acc_in", "w"], ["scaled"]),
+            helper.make_node("Cast", ["i"], ["i_float"], to=FLOAT),
+            helper.make_node("Add", ["scaled", "i_float"], ["acc_out"]),
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+            helper.make_node("Identity", ["acc_out"], ["scan_out"]),
+        ],
+        "body",
+        [_info("i", INT64, []), _info("cond_in", BOOL, []), _info("acc_in", FLOAT, [3])],
         [_info("cond_out", BOOL, []), _info("acc_out", FLOAT, [3]), _info("scan_out", FLOAT, [3])],
     )
     inputs = [_info("acc", FLOAT, [3]), _info("w", FLOAT, [3])]
@@ -104,8 +110,13 @@ def _loop_model(trip_is_input: bool, trip: int = 3) -> onnx.ModelProto:
         inputs.append(_info("M", INT64, []))
     else:
         initializers.append(onnx.numpy_helper.from_array(np.array(trip, dtype=np.int64), "M"))
-    graph = helper.make_graph([helper.make_node("Loop", ["M", "c", "acc"], ["final", "steps"], body=body)], "loop",
-                              inputs, [_info("final", FLOAT, [3]), _info("steps", FLOAT, [None, 3])], initializers)
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["M", "c", "acc"], ["final", "steps"], body=body)],
+        "loop",
+        inputs,
+        [_info("final", FLOAT, [3]), _info("steps", FLOAT, [None, 3])],
+        initializers,
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -138,13 +149,26 @@ def test_loop_with_a_run_time_trip_count_reads_it_at_run_time():
 def test_scan_is_unrolled_with_directions_and_axes_and_trains():
     body = helper.make_graph(
         [helper.make_node("Add", ["s_in", "row"], ["s_out"]), helper.make_node("Tanh", ["s_out"], ["y"])],
-        "body", [_info("s_in", FLOAT, [2]), _info("row", FLOAT, [2])],
+        "body",
+        [_info("s_in", FLOAT, [2]), _info("row", FLOAT, [2])],
         [_info("s_out", FLOAT, [2]), _info("y", FLOAT, [2])],
     )
-    node = helper.make_node("Scan", ["s", "x"], ["s_final", "ys"], body=body, num_scan_inputs=1,
-                            scan_input_axes=[1], scan_input_directions=[1], scan_output_axes=[-1])
-    graph = helper.make_graph([node], "scan", [_info("s", FLOAT, [2]), _info("x", FLOAT, [2, 4])],
-                              [_info("s_final", FLOAT, [2]), _info("ys", FLOAT, [2, 4])])
+    node = helper.make_node(
+        "Scan",
+        ["s", "x"],
+        ["s_final", "ys"],
+        body=body,
+        num_scan_inputs=1,
+        scan_input_axes=[1],
+        scan_input_directions=[1],
+        scan_output_axes=[-1],
+    )
+    graph = helper.make_graph(
+        [node],
+        "scan",
+        [_info("s", FLOAT, [2]), _info("x", FLOAT, [2, 4])],
+        [_info("s_final", FLOAT, [2]), _info("ys", FLOAT, [2, 4])],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     s, x = torch.randn(2), torch.randn(2, 4, requires_grad=True)
     gm = _convert(model, [s, x])
@@ -181,10 +205,18 @@ def test_an_exported_torch_cond_trains_like_pytorch(tmp_path):
     model = Gated()
     reference = copy.deepcopy(model)
     rng = np.random.default_rng(0)
-    batches = [(rng.standard_normal((2, 4)).astype(np.float32) + (1 if i % 2 else -1),
-                rng.integers(0, 3, 2).astype(np.int64)) for i in range(4)]  # both branches, in turn
-    generate_artifacts(model, loss=LossType.CrossEntropyLoss, optimizer=OptimType.SGD, artifact_directory=tmp_path,
-                       example_inputs=(torch.from_numpy(batches[0][0]),), exporter="dynamo")
+    batches = [
+        (rng.standard_normal((2, 4)).astype(np.float32) + (1 if i % 2 else -1), rng.integers(0, 3, 2).astype(np.int64))
+        for i in range(4)
+    ]  # both branches, in turn
+    generate_artifacts(
+        model,
+        loss=LossType.CrossEntropyLoss,
+        optimizer=OptimType.SGD,
+        artifact_directory=tmp_path,
+        example_inputs=(torch.from_numpy(batches[0][0]),),
+        exporter="dynamo",
+    )
     assert "If" in {node.op_type for node in onnx.load(tmp_path / "training_model.onnx").graph.node}
     module = Module(tmp_path / "training_model.onnx", CheckpointState.load_checkpoint(tmp_path / "checkpoint"))
     optimizer = Optimizer(tmp_path / "optimizer_model.onnx", module)

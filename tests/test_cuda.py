@@ -67,8 +67,7 @@ def test_compiled_one_graph_step_on_cuda_matches_ort(case, compile):
     from ort_torch_train.api import Module
 
     evaluation = case.artifact("eval_model.onnx")
-    module = Module(case.artifact("training_model.onnx"), case.load_state(), evaluation, device="cuda",
-                    compile=compile)
+    module = Module(case.artifact("training_model.onnx"), case.load_state(), evaluation, device="cuda", compile=compile)
     optimizer = case.optimizer(module)
     losses = []
     for step in range(case.steps):
@@ -82,14 +81,16 @@ def test_reduce_overhead_step_replays_one_cuda_graph(mlp_case):
 
     from ort_torch_train.api import Module
 
-    module = Module(mlp_case.artifact("training_model.onnx"), mlp_case.load_state(), device="cuda",
-                    compile="reduce-overhead")
+    module = Module(
+        mlp_case.artifact("training_model.onnx"), mlp_case.load_state(), device="cuda", compile="reduce-overhead"
+    )
     optimizer = mlp_case.optimizer(module)
     skips = counters["inductor"]["cudagraph_skips"]
     losses = [module.step(optimizer, *mlp_case.train_inputs(step)) for step in range(3)]
     kept = [float(loss) for loss in losses]
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                            torch.profiler.ProfilerActivity.CUDA]) as profiler:
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    ) as profiler:
         losses.append(module.step(optimizer, *mlp_case.train_inputs(3)))
         torch.cuda.synchronize()
     assert counters["inductor"]["cudagraph_skips"] == skips  # parameters, gradients and moments are static
@@ -103,8 +104,9 @@ def test_reduce_overhead_three_call_loop_replays_cuda_graphs(mlp_case):
 
     from ort_torch_train.api import Module
 
-    module = Module(mlp_case.artifact("training_model.onnx"), mlp_case.load_state(), device="cuda",
-                    compile="reduce-overhead")
+    module = Module(
+        mlp_case.artifact("training_model.onnx"), mlp_case.load_state(), device="cuda", compile="reduce-overhead"
+    )
     optimizer = mlp_case.optimizer(module)
     skips = counters["inductor"]["cudagraph_skips"]
     losses = []
@@ -113,8 +115,9 @@ def test_reduce_overhead_three_call_loop_replays_cuda_graphs(mlp_case):
         losses.append(loss_of(module(*mlp_case.train_inputs(step))))
         optimizer.step()
         module.lazy_reset_grad()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                            torch.profiler.ProfilerActivity.CUDA]) as profiler:
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    ) as profiler:
         module(*mlp_case.train_inputs(4))
         torch.cuda.synchronize()
     assert counters["inductor"]["cudagraph_skips"] == skips

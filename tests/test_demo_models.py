@@ -23,10 +23,19 @@ LR = 0.1
 def train_both(model: nn.Module, batches, directory: Path, **export) -> tuple[list[float], list[float]]:
     """Losses of ``model`` trained as artifacts through Module/Optimizer and as itself with torch.optim.SGD."""
     reference = copy.deepcopy(model)
-    generate_artifacts(model, loss=LossType.CrossEntropyLoss, optimizer=OptimType.SGD, artifact_directory=directory,
-                       example_inputs=tuple(torch.from_numpy(a) for a in batches[0][:-1]), **export)
-    module = Module(directory / "training_model.onnx", CheckpointState.load_checkpoint(directory / "checkpoint"),
-                    directory / "eval_model.onnx")
+    generate_artifacts(
+        model,
+        loss=LossType.CrossEntropyLoss,
+        optimizer=OptimType.SGD,
+        artifact_directory=directory,
+        example_inputs=tuple(torch.from_numpy(a) for a in batches[0][:-1]),
+        **export,
+    )
+    module = Module(
+        directory / "training_model.onnx",
+        CheckpointState.load_checkpoint(directory / "checkpoint"),
+        directory / "eval_model.onnx",
+    )
     optimizer = Optimizer(directory / "optimizer_model.onnx", module)
     optimizer.set_learning_rate(LR)
     ours = []
@@ -56,9 +65,18 @@ def test_roberta_from_a_config_trains_like_pytorch(tmp_path: Path) -> None:
         def __init__(self) -> None:
             super().__init__()
             config = transformers.RobertaConfig(
-                vocab_size=vocab, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
-                max_position_embeddings=24, type_vocab_size=1, num_labels=labels, pad_token_id=1,
-                hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+                vocab_size=vocab,
+                hidden_size=16,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                intermediate_size=32,
+                max_position_embeddings=24,
+                type_vocab_size=1,
+                num_labels=labels,
+                pad_token_id=1,
+                hidden_dropout_prob=0.0,
+                attention_probs_dropout_prob=0.0,
+            )
             self.roberta = transformers.RobertaForSequenceClassification(config)
 
         def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -92,8 +110,9 @@ class MobileNetV3Block(nn.Module):
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1, bias=False), nn.BatchNorm2d(8), nn.Hardswish())
         self.expand = nn.Sequential(nn.Conv2d(8, 16, 1, bias=False), nn.BatchNorm2d(16), nn.Hardswish())
-        self.depthwise = nn.Sequential(nn.Conv2d(16, 16, 3, 1, 1, groups=16, bias=False), nn.BatchNorm2d(16),
-                                       nn.Hardswish())
+        self.depthwise = nn.Sequential(
+            nn.Conv2d(16, 16, 3, 1, 1, groups=16, bias=False), nn.BatchNorm2d(16), nn.Hardswish()
+        )
         self.se = SqueezeExcite(16, 4)
         self.project = nn.Sequential(nn.Conv2d(16, 8, 1, bias=False), nn.BatchNorm2d(8))
         self.head = nn.Linear(8, classes)
@@ -107,8 +126,10 @@ class MobileNetV3Block(nn.Module):
 @pytest.mark.parametrize("opset", [22, 23])
 def test_mobilenetv3_block_exported_at_a_modern_opset_trains_like_pytorch(tmp_path: Path, opset: int) -> None:
     rng = np.random.default_rng(0)
-    batches = [(rng.standard_normal((4, 3, 12, 12)).astype(np.float32), rng.integers(0, 4, 4).astype(np.int64))
-               for _ in range(3)]
+    batches = [
+        (rng.standard_normal((4, 3, 12, 12)).astype(np.float32), rng.integers(0, 4, 4).astype(np.int64))
+        for _ in range(3)
+    ]
     torch.manual_seed(0)
     ours, theirs = train_both(MobileNetV3Block(), batches, tmp_path, exporter="dynamo", opset_version=opset)
     np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-5)

@@ -14,12 +14,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import distributed_worker as worker
 import numpy as np
 import pytest
 import torch.distributed as dist
-
-import distributed_worker as worker
 from ort_peer import requires_ort, run_ort
+
 from ort_torch_train.api import CheckpointState, Module, Optimizer
 from ort_torch_train.errors import DistributedError
 
@@ -40,13 +40,24 @@ def launch(scenario: str, out: Path, timeout: float, mpi: bool = False) -> list[
     port = free_port()
     procs = []
     for rank in range(WORLD_SIZE):
-        ranks = ({"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(WORLD_SIZE)} if mpi else
-                 {"RANK": str(rank), "WORLD_SIZE": str(WORLD_SIZE), "LOCAL_RANK": str(rank)})
+        ranks = (
+            {"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(WORLD_SIZE)}
+            if mpi
+            else {"RANK": str(rank), "WORLD_SIZE": str(WORLD_SIZE), "LOCAL_RANK": str(rank)}
+        )
         environ = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
         env = {**environ, **ranks, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
-        procs.append(subprocess.Popen([sys.executable, str(Path(worker.__file__)), scenario, str(out)],
-                                      env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True, start_new_session=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(Path(worker.__file__)), scenario, str(out)],
+                env=env,
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+        )
     results = []
     try:
         for proc in procs:
@@ -177,13 +188,19 @@ def test_fp16_overflow_on_one_rank_skips_the_step_on_all(eager: Path) -> None:
         for key in ranks[0]:
             assert np.array_equal(ranks[0][key], ranks[1][key]), f"ranks differ on {key}"
             if key.startswith("sharded/param/"):
-                np.testing.assert_allclose(ranks[0][key], ranks[0][key.replace("sharded", "ddp", 1)], rtol=0,
-                                           atol=TOLERANCE, err_msg=key)
+                np.testing.assert_allclose(
+                    ranks[0][key], ranks[0][key.replace("sharded", "ddp", 1)], rtol=0, atol=TOLERANCE, err_msg=key
+                )
 
 
-@pytest.mark.parametrize("case, expected", [("ddp_wrap", "distributed=True"),
-                                            ("different_checkpoints", "same checkpoint"),
-                                            ("shard_saved_alone", "but the parameter is")])
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("ddp_wrap", "distributed=True"),
+        ("different_checkpoints", "same checkpoint"),
+        ("shard_saved_alone", "but the parameter is"),
+    ],
+)
 def test_misuse_raises_on_every_rank(eager: Path, case: str, expected: str) -> None:
     for rank in range(WORLD_SIZE):
         errors = json.loads((eager / f"errors_rank{rank}.json").read_text())
@@ -210,9 +227,11 @@ def test_distributed_needs_a_process_group() -> None:
 @pytest.mark.ort_peer
 @requires_ort[1]
 def test_ort_loads_the_rank0_checkpoint(eager: Path) -> None:
-    script = ("import sys, json\nfrom onnxruntime.training.api import CheckpointState\n"
-              "s = CheckpointState.load_checkpoint(sys.argv[1])\n"
-              "print(json.dumps({n: p.data.tolist() for n, p in s.parameters}))")
+    script = (
+        "import sys, json\nfrom onnxruntime.training.api import CheckpointState\n"
+        "s = CheckpointState.load_checkpoint(sys.argv[1])\n"
+        "print(json.dumps({n: p.data.tolist() for n, p in s.parameters}))"
+    )
     theirs = run_ort(script, eager / "mlp_sharded_clip.ckpt")
     ours = CheckpointState.load_checkpoint(eager / "mlp_sharded_clip.ckpt")
     for name, param in ours.parameters:
@@ -231,8 +250,10 @@ def test_a_compiled_two_rank_step_loads_from_the_compile_cache_and_trains_bitwis
     """The first launch compiles the data-parallel step and saves it; the second loads it on both ranks."""
     for _ in range(2):
         require_success(launch("compiled_cache", tmp_path, timeout=400))
-    cold, warm = ([dict(np.load(tmp_path / f"cached_compile_{launch}_rank{rank}.npz")) for rank in range(2)]
-                  for launch in ("cold", "warm"))
+    cold, warm = (
+        [dict(np.load(tmp_path / f"cached_compile_{launch}_rank{rank}.npz")) for rank in range(2)]
+        for launch in ("cold", "warm")
+    )
     for rank in range(2):
         assert not cold[rank]["found"] and cold[rank]["loaded"] == 0
         assert warm[rank]["found"] and warm[rank]["loaded"] >= 1, f"rank {rank} compiled the step again"

@@ -12,8 +12,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PUBLIC_MODULES = ["ort_torch_train.api", "ort_torch_train.artifacts", "ort_torch_train.session",
-                  "ort_torch_train.errors", "ort_torch_train.logs", "ort_torch_train.legacy"]
+PUBLIC_MODULES = [
+    "ort_torch_train.api",
+    "ort_torch_train.artifacts",
+    "ort_torch_train.session",
+    "ort_torch_train.errors",
+    "ort_torch_train.logs",
+    "ort_torch_train.legacy",
+]
 
 
 def public_names_without_docstring() -> list[str]:
@@ -25,7 +31,9 @@ def public_names_without_docstring() -> list[str]:
         names = getattr(module, "__all__", [name for name in vars(module) if not name.startswith("_")])
         for name in names:
             obj = getattr(module, name)
-            if not (inspect.isclass(obj) or inspect.isfunction(obj)) or not obj.__module__.startswith("ort_torch_train"):
+            if not (inspect.isclass(obj) or inspect.isfunction(obj)) or not obj.__module__.startswith(
+                "ort_torch_train"
+            ):
                 continue
             if not inspect.getdoc(obj):
                 missing.append(f"{module_name}.{name}")
@@ -45,8 +53,24 @@ def test_every_public_name_has_a_docstring() -> None:
 
 @pytest.mark.skipif(importlib.util.find_spec("mkdocstrings") is None, reason="the docs extra is not installed")
 def test_api_reference_builds_strict(tmp_path) -> None:
-    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-f", str(ROOT / "mkdocs.yml"),
-                             "-d", str(tmp_path / "site")], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "--quiet",
+            "-f",
+            str(ROOT / "mkdocs.yml"),
+            "-d",
+            str(tmp_path / "site"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     page = (tmp_path / "site" / "api" / "index.html").read_text()
     for name in ("CheckpointState", "lazy_reset_grad", "generate_artifacts", "TrainingSession", "ModelError"):

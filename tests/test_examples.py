@@ -76,7 +76,8 @@ def check_interop(summary: dict) -> None:
 
 def test_pytorch_interop(example, tmp_path) -> None:
     summary = example("pytorch_interop").main(
-        ["--no-compile", "--steps", "12", "--autocast-steps", "3", "--out", str(tmp_path)])
+        ["--no-compile", "--steps", "12", "--autocast-steps", "3", "--out", str(tmp_path)]
+    )
     check_interop(summary)
     assert summary["autocast_steps"] == 3 and summary["autocast_max_relative_gap"] < 0.02
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ort_torch_train.graph.convert import TensorSpec, convert_graph
+from ort_torch_train.convert.graph import TensorSpec, convert_graph
 
 
 class MLP(nn.Module):
@@ -32,8 +32,14 @@ class CNN(nn.Module):
     def __init__(self):
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(8, 8, 3, stride=2), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+            nn.Conv2d(3, 8, 3, padding=1),
+            nn.BatchNorm2d(8),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(8, 8, 3, stride=2),
+            nn.BatchNorm2d(8),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
         )
         self.head = nn.Linear(8, 4)
 
@@ -95,8 +101,15 @@ def _export(model: nn.Module, x: torch.Tensor, dynamo: bool) -> onnx.ModelProto:
         if dynamo:
             return torch.onnx.export(model, (x,), dynamo=True, optimize=False, verbose=False).model_proto
         buffer = io.BytesIO()
-        torch.onnx.export(model, (x,), buffer, opset_version=17, dynamo=False, do_constant_folding=False,
-                          training=torch.onnx.TrainingMode.TRAINING)
+        torch.onnx.export(
+            model,
+            (x,),
+            buffer,
+            opset_version=17,
+            dynamo=False,
+            do_constant_folding=False,
+            training=torch.onnx.TrainingMode.TRAINING,
+        )
         return onnx.load_from_string(buffer.getvalue())
 
 

@@ -51,12 +51,16 @@ def test_optimizer_variant_trajectory_matches_ort(variant):
     [group] = spec["optimizer_groups"]
     assert state.optimizer.step == group["step"]
     for name in case.param_names:
-        np.testing.assert_allclose(state.params[name].detach().numpy(), case.arrays[f"{variant}__final__{name}"],
-                                   rtol=0, atol=1e-4)
+        np.testing.assert_allclose(
+            state.params[name].detach().numpy(), case.arrays[f"{variant}__final__{name}"], rtol=0, atol=1e-4
+        )
         for momentum in group["momentum_names"]:
-            np.testing.assert_allclose(state.optimizer.momentums[name][momentum].numpy(),
-                                       case.arrays[f"{variant}__optim_state__group0__{name}__{momentum}"],
-                                       rtol=0, atol=1e-4)
+            np.testing.assert_allclose(
+                state.optimizer.momentums[name][momentum].numpy(),
+                case.arrays[f"{variant}__optim_state__group0__{name}__{momentum}"],
+                rtol=0,
+                atol=1e-4,
+            )
 
 
 def test_batchnorm_running_statistics_follow_ort():
@@ -74,8 +78,13 @@ def test_batchnorm_running_statistics_follow_ort():
             # turns into steps of ~lr*noise/eps: that bias (and so the running mean) drifts by ~1.5e-6 a
             # step between any two implementations, while the loss does not depend on it.
             tolerance = 1e-4 if name.endswith("running_mean") else 1e-6
-            np.testing.assert_allclose(module.training_state.params[name].detach().numpy(), recorded,
-                                       rtol=0, atol=tolerance, err_msg=f"{name} after step {step}")
+            np.testing.assert_allclose(
+                module.training_state.params[name].detach().numpy(),
+                recorded,
+                rtol=0,
+                atol=tolerance,
+                err_msg=f"{name} after step {step}",
+            )
         optimizer.step()
         module.lazy_reset_grad()
 
@@ -84,8 +93,9 @@ def test_dropout_is_active_in_training_and_identity_in_eval():
     case = _fixture("bn_dropout")
     observed = case.expected["dropout_observation"]
     relu, dropped = observed["relu_output"], observed["dropout_output"]
-    training, evaluation = (_with_outputs(case.artifact(name), [relu, dropped])
-                            for name in ("training_model.onnx", "eval_model.onnx"))
+    training, evaluation = (
+        _with_outputs(case.artifact(name), [relu, dropped]) for name in ("training_model.onnx", "eval_model.onnx")
+    )
     module = Module(training, case.load_state(), evaluation)
     positive = zeroed = 0
     scales = []
@@ -143,8 +153,9 @@ def test_linear_scheduler_run_matches_ort():
     scheduler_spec = case.expected["scheduler"]
     module = case.module()
     optimizer = case.optimizer(module)
-    scheduler = LinearLRScheduler(optimizer, scheduler_spec["warmup_step_count"],
-                                  scheduler_spec["total_step_count"], scheduler_spec["initial_lr"])
+    scheduler = LinearLRScheduler(
+        optimizer, scheduler_spec["warmup_step_count"], scheduler_spec["total_step_count"], scheduler_spec["initial_lr"]
+    )
     lrs, losses = [], []
     for step in range(case.steps):
         lrs.append(optimizer.get_learning_rate())

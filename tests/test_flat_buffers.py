@@ -10,15 +10,19 @@ import numpy as np
 import torch
 
 from ort_torch_train.api import CheckpointState, Module, Optimizer
-from ort_torch_train.checkpoint.flat_buffers import flatten_state
+from ort_torch_train.training.flat_params import flatten_state
 
 MLP = Path(__file__).resolve().parent / "fixtures" / "mlp_ce_adamw_sched"
 
 
 def _module(compile: bool) -> tuple[Module, Optimizer]:
     artifacts = MLP / "artifacts"
-    module = Module(artifacts / "training_model.onnx", CheckpointState.load_checkpoint(artifacts / "checkpoint"),
-                    artifacts / "eval_model.onnx", compile=compile)
+    module = Module(
+        artifacts / "training_model.onnx",
+        CheckpointState.load_checkpoint(artifacts / "checkpoint"),
+        artifacts / "eval_model.onnx",
+        compile=compile,
+    )
     return module, Optimizer(artifacts / "optimizer_model.onnx", module)
 
 
@@ -54,7 +58,9 @@ def test_flattening_keeps_the_state_tensors_and_values_as_views_of_the_buffers()
     for name in names:
         param = state.params[name]
         assert _shares(param, flat.params) and _shares(param.grad, flat.grads)
-        assert [_shares(state.optimizer.momentums[name][k], m) for k, m in zip(("momentum0", "momentum1"), flat.moments)] == [True, True]
+        assert [
+            _shares(state.optimizer.momentums[name][k], m) for k, m in zip(("momentum0", "momentum1"), flat.moments)
+        ] == [True, True]
     after = _snapshot(module)
     assert after.keys() == before.keys()
     for key in before:

@@ -11,9 +11,9 @@ import torch.nn.functional as F
 from test_exporters import TinyGPT, _export, _parameters_as_inputs
 from torch import nn
 
-import ort_torch_train.graph.convert as convert_module
-from ort_torch_train.graph.convert import TensorSpec, convert_graph
-from ort_torch_train.graph.fuse_rows import eager_graph
+import ort_torch_train.convert.graph as convert_module
+from ort_torch_train.convert.graph import TensorSpec, convert_graph
+from ort_torch_train.passes.fuse_rows import eager_graph
 
 
 class TinyLlama(nn.Module):
@@ -58,11 +58,27 @@ class TinyLlama(nn.Module):
 
 
 CASES = {
-    "gpt": (TinyGPT, lambda: torch.randint(0, 11, (3, 8)),
-            {"linear": 5, "attention": 1, "row_linear": 5}, {"gelu": 1, "module_to_function": 3}),
-    "llama": (TinyLlama, lambda: torch.randint(0, 11, (3, 8)),
-              {"linear": 5, "attention": 1, "rms_norm": 2, "silu": 1, "layer_norm": 1, "gelu": 1, "rotary": 2,
-               "row_linear": 5}, {}),
+    "gpt": (
+        TinyGPT,
+        lambda: torch.randint(0, 11, (3, 8)),
+        {"linear": 5, "attention": 1, "row_linear": 5},
+        {"gelu": 1, "module_to_function": 3},
+    ),
+    "llama": (
+        TinyLlama,
+        lambda: torch.randint(0, 11, (3, 8)),
+        {
+            "linear": 5,
+            "attention": 1,
+            "rms_norm": 2,
+            "silu": 1,
+            "layer_norm": 1,
+            "gelu": 1,
+            "rotary": 2,
+            "row_linear": 5,
+        },
+        {},
+    ),
 }
 
 
@@ -142,9 +158,11 @@ def test_ort_fused_rms_norm_and_quick_gelu_become_torch_calls(alpha, monkeypatch
     SimplifiedLayerNormalization and QuickGelu (alpha 1): they become F.rms_norm and F.silu."""
     from onnx import TensorProto, helper
 
-    nodes = [helper.make_node("SimplifiedLayerNormalization", ["x", "scale"], ["h"], axis=-1, epsilon=1e-6),
-             helper.make_node("QuickGelu", ["h"], ["g"], domain="com.microsoft", alpha=alpha),
-             helper.make_node("MatMul", ["g", "w"], ["y"])]
+    nodes = [
+        helper.make_node("SimplifiedLayerNormalization", ["x", "scale"], ["h"], axis=-1, epsilon=1e-6),
+        helper.make_node("QuickGelu", ["h"], ["g"], domain="com.microsoft", alpha=alpha),
+        helper.make_node("MatMul", ["g", "w"], ["y"]),
+    ]
     inputs = {"x": (2, 4, 8), "scale": (8,), "w": (8, 8)}
     declared = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs.items()]
     graph = helper.make_graph(nodes, "g", declared, [helper.make_tensor_value_info("y", TensorProto.FLOAT, (2, 4, 8))])
@@ -182,7 +200,7 @@ class RotaryFromPositions(nn.Module):
         q = self.proj(x).reshape(batch, length, self.heads, -1).transpose(1, 2)
         angles = positions[:, None] * self.inv_freq[None, :]
         cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
-        first, second = q[..., : q.shape[-1] // 2], q[..., q.shape[-1] // 2:]
+        first, second = q[..., : q.shape[-1] // 2], q[..., q.shape[-1] // 2 :]
         return q * cos + torch.cat((-second, first), -1) * sin
 
 

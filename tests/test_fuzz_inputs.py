@@ -6,7 +6,8 @@ import importlib.util
 from pathlib import Path
 
 _spec = importlib.util.spec_from_file_location(
-    "fuzz_inputs", Path(__file__).resolve().parent.parent / "tools" / "fuzz_inputs.py")
+    "fuzz_inputs", Path(__file__).resolve().parent.parent / "tools" / "fuzz_inputs.py"
+)
 fuzz_inputs = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fuzz_inputs)
 
@@ -26,8 +27,12 @@ def test_safetensors_header_bombs_raise_project_errors(tmp_path) -> None:
 
     from ort_torch_train.checkpoint.safetensors import load_safetensors
     from ort_torch_train.errors import SafetensorsError
-    for header in (b"[" * 100_000 + b"]" * 100_000, b'{"a": ' + b"9" * 5000 + b"}",
-                   b'{"w": {"dtype": ["F32"], "shape": [1], "data_offsets": [0, 4]}}'):
+
+    for header in (
+        b"[" * 100_000 + b"]" * 100_000,
+        b'{"a": ' + b"9" * 5000 + b"}",
+        b'{"w": {"dtype": ["F32"], "shape": [1], "data_offsets": [0, 4]}}',
+    ):
         path = tmp_path / "bomb.safetensors"
         path.write_bytes(struct.pack("<Q", len(header)) + header + bytes(4))
         with pytest.raises(SafetensorsError):

@@ -9,12 +9,12 @@ operators with only integer/bool inputs or outputs (comparisons, ArgMax, shape o
 from __future__ import annotations
 
 import pytest
-
 from gradcheck_cases import CASES_PER_OP, NOT_DIFFERENTIABLE, SETTINGS_INPUTS, candidates, gradcheck
 
 CANDIDATES = candidates()
-CHECKED = [case for op, cases in sorted(CANDIDATES.items()) if op not in NOT_DIFFERENTIABLE
-           for case in cases[:CASES_PER_OP]]
+CHECKED = [
+    case for op, cases in sorted(CANDIDATES.items()) if op not in NOT_DIFFERENTIABLE for case in cases[:CASES_PER_OP]
+]
 
 
 @pytest.mark.parametrize("candidate", CHECKED, ids=[c.case for c in CHECKED])

@@ -28,8 +28,16 @@ def lamb_reference(data, rates, floats: dict[str, dict], bias: int, clip: bool):
         losses.append(loss.item())
         norm = math.sqrt(sum(float((g[n] ** 2).sum()) for n in WEIGHTS))
         for n in WEIGHTS:
-            a = {"alpha": 0.9, "beta": 0.999, "lambda": 0.0, "epsilon": 1e-6, "max_norm_clip": 1.0,
-                 "ratio_min": -math.inf, "ratio_max": math.inf, **floats[n]}
+            a = {
+                "alpha": 0.9,
+                "beta": 0.999,
+                "lambda": 0.0,
+                "epsilon": 1e-6,
+                "max_norm_clip": 1.0,
+                "ratio_min": -math.inf,
+                "ratio_max": math.inf,
+                **floats[n],
+            }
             a = {k: F32(val) for k, val in a.items()}
             gn = g[n] / (norm / a["max_norm_clip"]) if clip and norm > a["max_norm_clip"] else g[n]
             m[n] = a["alpha"] * m[n] + (1 - a["alpha"]) * gn
@@ -72,8 +80,19 @@ def test_lamb_kernel_trust_ratio_bounds_and_zero_weights():
     torch.testing.assert_close(w, -0.1 * r)  # ||w|| = 0: ratio 1
     w2 = torch.full((3,), 10.0)
     before = w2.clone()
-    lamb([w2], [g], [torch.zeros(3)], [torch.zeros(3)], lr=0.1, step=1, alpha=0.9, beta=0.999, lambda_=0.0,
-         epsilon=1e-6, ratio_max=0.5)
+    lamb(
+        [w2],
+        [g],
+        [torch.zeros(3)],
+        [torch.zeros(3)],
+        lr=0.1,
+        step=1,
+        alpha=0.9,
+        beta=0.999,
+        lambda_=0.0,
+        epsilon=1e-6,
+        ratio_max=0.5,
+    )
     torch.testing.assert_close(before - w2, 0.1 * 0.5 * r)  # the ratio ||w||/||r|| >> 0.5 is clamped
     with pytest.raises(ValueError, match="step"):
         lamb([w], [g], [m], [v], lr=0.1, step=0, alpha=0.9, beta=0.999, lambda_=0.0, epsilon=1e-6)
@@ -100,7 +119,18 @@ def test_lamb_kernel_leaves_non_finite_elements_alone():
     torch.testing.assert_close(m, torch.tensor([float(m_new[0]), 0.2, 0.3, float(m_new[3])]))
     torch.testing.assert_close(v, torch.tensor([float(v_new[0]), 0.02, 0.03, float(v_new[3])]))
     w2 = torch.tensor([big, 1.0])
-    lamb([w2], [torch.tensor([-1.0, -1.0])], [torch.zeros(2)], [torch.zeros(2)], lr=1.0, step=1, alpha=0.9,
-         beta=0.999, lambda_=0.0, epsilon=1e-6, ratio_max=1e38)
+    lamb(
+        [w2],
+        [torch.tensor([-1.0, -1.0])],
+        [torch.zeros(2)],
+        [torch.zeros(2)],
+        lr=1.0,
+        step=1,
+        alpha=0.9,
+        beta=0.999,
+        lambda_=0.0,
+        epsilon=1e-6,
+        ratio_max=1e38,
+    )
     assert w2[0] == big  # big + 3.16e38 overflows: the element keeps its value
     assert 3e38 < w2[1] < 3.3e38  # 1 + 1e38 * 3.16: updated

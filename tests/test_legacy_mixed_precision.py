@@ -19,10 +19,13 @@ def test_fp16_moments_within_1e_3_of_float32_moments_after_20_steps(optimizer):
     full_state, half_state = full.get_state(), half.get_state()
     for n in WEIGHTS:
         assert half_state[f"Moment_1_{n}"].dtype == np.float16
-        np.testing.assert_allclose(half_state[n], full_state[n], rtol=0, atol=5e-3)  # v's fp16 rounding, 20 steps at lr 0.05
+        np.testing.assert_allclose(
+            half_state[n], full_state[n], rtol=0, atol=5e-3
+        )  # v's fp16 rounding, 20 steps at lr 0.05
         for moment in ("Moment_1", "Moment_2"):
-            np.testing.assert_allclose(half_state[f"{moment}_{n}"].astype(np.float32), full_state[f"{moment}_{n}"],
-                                       rtol=0, atol=1e-3)
+            np.testing.assert_allclose(
+                half_state[f"{moment}_{n}"].astype(np.float32), full_state[f"{moment}_{n}"], rtol=0, atol=1e-3
+            )
 
 
 @pytest.mark.parametrize("loss_scale", [0.0, 1024.0])

@@ -75,8 +75,14 @@ class _Bert(nn.Module):
 def _batches(rng: np.random.Generator, batch: int = 4, tokens: int = 6):
     mask = np.ones((batch, tokens), np.float32)
     mask[:, tokens - 1] = 0
-    return [{"x": rng.standard_normal((batch, tokens, 16)).astype(np.float32), "mask": mask,
-             "y": rng.integers(0, 4, batch).astype(np.int64)} for _ in range(STEPS)]
+    return [
+        {
+            "x": rng.standard_normal((batch, tokens, 16)).astype(np.float32),
+            "mask": mask,
+            "y": rng.integers(0, 4, batch).astype(np.int64),
+        }
+        for _ in range(STEPS)
+    ]
 
 
 def _export(model: nn.Module, path: Path) -> Path:
@@ -85,9 +91,17 @@ def _export(model: nn.Module, path: Path) -> Path:
     buffer = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(model.train(), tuple(torch.from_numpy(feeds[k]) for k in ("x", "mask", "y")), buffer,
-                          dynamo=False, opset_version=17, training=torch.onnx.TrainingMode.TRAINING,
-                          do_constant_folding=False, input_names=["x", "mask", "y"], output_names=["loss", "logits"])
+        torch.onnx.export(
+            model.train(),
+            tuple(torch.from_numpy(feeds[k]) for k in ("x", "mask", "y")),
+            buffer,
+            dynamo=False,
+            opset_version=17,
+            training=torch.onnx.TrainingMode.TRAINING,
+            do_constant_folding=False,
+            input_names=["x", "mask", "y"],
+            output_names=["loss", "logits"],
+        )
     path.write_bytes(buffer.getvalue())
     return path
 
@@ -144,14 +158,24 @@ def baseline(bert):
     return feeds, _train(bert, feeds)
 
 
-@pytest.mark.parametrize("settings, segments", [
-    ({"gelu_recompute": True}, 3),
-    ({"attn_dropout_recompute": True}, 3),
-    ({"transformer_layer_recompute": True}, 2),  # 0: every layer but the last (ORT's default)
-    ({"transformer_layer_recompute": True, "number_recompute_layers": 1}, 1),
-    ({"transformer_layer_recompute": True, "number_recompute_layers": 1, "gelu_recompute": True,
-      "attn_dropout_recompute": True}, 5),  # layer 0 whole, the GELU and dropout of layers 1 and 2
-])
+@pytest.mark.parametrize(
+    "settings, segments",
+    [
+        ({"gelu_recompute": True}, 3),
+        ({"attn_dropout_recompute": True}, 3),
+        ({"transformer_layer_recompute": True}, 2),  # 0: every layer but the last (ORT's default)
+        ({"transformer_layer_recompute": True, "number_recompute_layers": 1}, 1),
+        (
+            {
+                "transformer_layer_recompute": True,
+                "number_recompute_layers": 1,
+                "gelu_recompute": True,
+                "attn_dropout_recompute": True,
+            },
+            5,
+        ),  # layer 0 whole, the GELU and dropout of layers 1 and 2
+    ],
+)
 def test_recompute_settings_match_the_run_without_them(bert, baseline, settings, segments):
     feeds, (losses, grads, state, saved, none) = baseline
     assert none == 0
@@ -203,14 +227,20 @@ def _transformer_fixture_with_loss(tmp_path: Path) -> Path:
 def test_a_graph_without_the_patterns_warns_and_trains_unchanged(tmp_path):
     path = _transformer_fixture_with_loss(tmp_path)
     rng = np.random.default_rng(0)
-    feeds = [{"input": rng.standard_normal((4, 6, 16)).astype(np.float32),
-              "mask": np.ones((4, 6), np.float32), "labels": rng.integers(0, 4, 4).astype(np.int64)}
-             for _ in range(2)]
+    feeds = [
+        {
+            "input": rng.standard_normal((4, 6, 16)).astype(np.float32),
+            "mask": np.ones((4, 6), np.float32),
+            "labels": rng.integers(0, 4, 4).astype(np.int64),
+        }
+        for _ in range(2)
+    ]
     losses, _, state, saved, _ = _train(path, feeds)
-    for setting, message in [("gelu_recompute", "gelu_recompute: the graph has no GELU read by a MatMul"),
-                             ("attn_dropout_recompute", "attn_dropout_recompute: the graph has no Dropout between "
-                                                        "a Softmax and a MatMul"),
-                             ("transformer_layer_recompute", "the graph has 1 transformer layer")]:
+    for setting, message in [
+        ("gelu_recompute", "gelu_recompute: the graph has no GELU read by a MatMul"),
+        ("attn_dropout_recompute", "attn_dropout_recompute: the graph has no Dropout between a Softmax and a MatMul"),
+        ("transformer_layer_recompute", "the graph has 1 transformer layer"),
+    ]:
         with pytest.warns(UserWarning, match=message):
             r_losses, _, r_state, r_saved, segments = _train(path, feeds, **{setting: True})
         assert segments == 0 and r_saved == saved
@@ -222,8 +252,9 @@ def test_a_graph_without_the_patterns_warns_and_trains_unchanged(tmp_path):
 def test_recompute_setting_errors(bert):
     model = onnx.load(bert)
     with pytest.raises(ValueError, match="number_recompute_layers must be an int >= 0"):
-        TrainingSession(str(bert), _parameters(model, "loss", transformer_layer_recompute=True,
-                                               number_recompute_layers=-1))
+        TrainingSession(
+            str(bert), _parameters(model, "loss", transformer_layer_recompute=True, number_recompute_layers=-1)
+        )
     with pytest.warns(UserWarning, match="no effect without transformer_layer_recompute"):
         TrainingSession(str(bert), _parameters(model, "loss", number_recompute_layers=2))
     with pytest.raises(NotImplementedError, match="use_memory_efficient_gradient.*torch.utils.checkpoint"):

@@ -44,8 +44,9 @@ def test_adam_matches_the_module_path(mode):
     floats = {"alpha": 0.9, "beta": 0.999, "lambda": 0.01, "epsilon": 1e-6}
     sess = session(params_for(floats=floats, ints={"weight_decay_mode": mode}, enable_grad_norm_clip=False))
     losses = train(sess, data, rates)
-    adamw = optimizer_artifact("AdamWOptimizer", alpha=0.9, beta=0.999, epsilon=1e-6, weight_decay=0.01,
-                               adam_mode=mode, correct_bias=1)
+    adamw = optimizer_artifact(
+        "AdamWOptimizer", alpha=0.9, beta=0.999, epsilon=1e-6, weight_decay=0.01, adam_mode=mode, correct_bias=1
+    )
     expected, weights = module_losses(adamw, data, rates)
     np.testing.assert_allclose(losses, expected, rtol=0, atol=1e-6)
     for name, value in sess.get_model_state()["full_precision"].items():
@@ -94,8 +95,9 @@ def reference_run(data, rates, floats: dict[str, dict], ints: dict[str, dict], s
     return losses, w, m, v, t
 
 
-@pytest.mark.parametrize("mode, bias, clip, steps", [
-    (0, 1, False, 1), (1, 1, False, 1), (0, 0, True, 1), (1, 0, True, 2), (0, 1, True, 3)])
+@pytest.mark.parametrize(
+    "mode, bias, clip, steps", [(0, 1, False, 1), (1, 1, False, 1), (0, 0, True, 1), (1, 0, True, 2), (0, 1, True, 3)]
+)
 def test_adam_matches_the_float64_legacy_formulas(mode, bias, clip, steps):
     data, rates = batches(9), lrs(9)
     floats = {n: {"alpha": 0.85, "beta": 0.99, "epsilon": 1e-6, "max_norm_clip": 0.5} for n in WEIGHTS}

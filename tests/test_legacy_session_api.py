@@ -128,9 +128,16 @@ def test_save_as_onnx_writes_the_trained_weights(tmp_path):
 def test_run_outputs_inputs_and_metadata():
     sess = session(params_for(gradient_accumulation_steps=2), sess_options="opts")
     assert [(a.name, a.type, a.shape) for a in sess.get_inputs()] == [
-        ("x", "tensor(float)", ["N", 4]), ("y", "tensor(int64)", ["N"]), (LR, "tensor(float)", [1])]
-    assert [a.name for a in sess.get_outputs()] == ["logits", "loss", "Group_Accumulated_Gradients",
-                                                    "global_gradient_norm"]
+        ("x", "tensor(float)", ["N", 4]),
+        ("y", "tensor(int64)", ["N"]),
+        (LR, "tensor(float)", [1]),
+    ]
+    assert [a.name for a in sess.get_outputs()] == [
+        "logits",
+        "loss",
+        "Group_Accumulated_Gradients",
+        "global_gradient_norm",
+    ]
     x, y = batches(1)[0]
     feed = {"x": x, "y": y, LR: np.array([0.01], np.float32)}
     logits, loss, flag, norm = sess.run(None, feed)
@@ -225,8 +232,9 @@ def test_unsupported_settings_raise_not_implemented(name):
         session(params_for(**{name: value}))
 
 
-@pytest.mark.parametrize("optimizer, stage, expected", [("AdamOptimizer", 2, "only stage 0"),
-                                                        ("LambOptimizer", 1, "not element-wise")])
+@pytest.mark.parametrize(
+    "optimizer, stage, expected", [("AdamOptimizer", 2, "only stage 0"), ("LambOptimizer", 1, "not element-wise")]
+)
 def test_zero_stages_that_are_not_implemented_raise(optimizer, stage, expected):
     with pytest.raises(NotImplementedError, match=expected):
         session(params_for(optimizer, deepspeed_zero_stage=stage))

@@ -47,8 +47,9 @@ def test_curve_within_two_percent_of_float32(float32_curves, name, mixed_precisi
     assert abs(losses[-1] - reference[-1]) <= 0.02 * abs(reference[-1]), (losses[-1], reference[-1])
     assert losses != reference  # autocast really ran in low precision
     assert all(p.dtype == torch.float32 for p in module.training_state.params.values())  # master weights
-    assert all(m.dtype == torch.float32 for ms in module.training_state.optimizer.momentums.values()
-               for m in ms.values())
+    assert all(
+        m.dtype == torch.float32 for ms in module.training_state.optimizer.momentums.values() for m in ms.values()
+    )
     assert optimizer.skipped_steps == 0 and optimizer._engine.completed_steps == STEPS
 
 
@@ -128,8 +129,12 @@ def test_scale_grows_after_growth_interval_clean_steps():
 
 def test_bf16_eval_and_bad_setting():
     case = Case(FIXTURES / "mlp_ce_adamw_sched")
-    module = Module(case.artifact("training_model.onnx"), case.load_state(), case.artifact("eval_model.onnx"),
-                    mixed_precision="bf16")
+    module = Module(
+        case.artifact("training_model.onnx"),
+        case.load_state(),
+        case.artifact("eval_model.onnx"),
+        mixed_precision="bf16",
+    )
     assert module.precision.loss_scaler is None
     module.eval()
     outputs = module(*case.eval_inputs())

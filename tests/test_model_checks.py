@@ -31,7 +31,9 @@ def test_eval_model_with_a_different_parameter_is_refused(mlp_case):
     evaluation = _eval_model(mlp_case)
     parameter = next(value for value in evaluation.graph.input if value.name in mlp_case.param_names)
     parameter.type.tensor_type.shape.dim[0].dim_value += 1
-    with pytest.raises(ModelError, match=rf"eval model does not match the training model: parameter '{parameter.name}'"):
+    with pytest.raises(
+        ModelError, match=rf"eval model does not match the training model: parameter '{parameter.name}'"
+    ):
         Module(mlp_case.artifact("training_model.onnx"), mlp_case.load_state(), evaluation.SerializeToString())
 
 

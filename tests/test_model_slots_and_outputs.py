@@ -22,8 +22,11 @@ def open_case(name: str) -> tuple[Path, CheckpointState]:
 
 def test_optimizer_model_as_training_model_is_named() -> None:
     artifacts, state = open_case("cnn")
-    with pytest.raises(ModelError, match=r"train_model_uri: got an optimizer model \(it holds AdamWOptimizer\); "
-                                         r"expected the training model \(training_model.onnx"):
+    with pytest.raises(
+        ModelError,
+        match=r"train_model_uri: got an optimizer model \(it holds AdamWOptimizer\); "
+        r"expected the training model \(training_model.onnx",
+    ):
         Module(artifacts / "optimizer_model.onnx", state)
 
 
@@ -46,12 +49,18 @@ def test_generate_artifacts_records_the_outputs_and_the_export_error_lists_them(
     base = onnx.load(FIXTURES / "cnn" / "artifacts" / "eval_model.onnx")
     # a base model: the CNN's eval graph cut before its loss, parameters back as initializers
     state = CheckpointState.load_checkpoint(FIXTURES / "cnn" / "artifacts" / "checkpoint")
-    module = Module(FIXTURES / "cnn" / "artifacts" / "training_model.onnx", state,
-                    FIXTURES / "cnn" / "artifacts" / "eval_model.onnx")
+    module = Module(
+        FIXTURES / "cnn" / "artifacts" / "training_model.onnx",
+        state,
+        FIXTURES / "cnn" / "artifacts" / "eval_model.onnx",
+    )
     module.export_model_for_inferencing(tmp_path / "base.onnx", ["logits"])
-    generate_artifacts(onnx.load(tmp_path / "base.onnx"), requires_grad=[i.name for i in base.graph.input
-                                                                           if i.name in state.parameters],
-                       loss=LossType.CrossEntropyLoss, artifact_directory=tmp_path / "artifacts")
+    generate_artifacts(
+        onnx.load(tmp_path / "base.onnx"),
+        requires_grad=[i.name for i in base.graph.input if i.name in state.parameters],
+        loss=LossType.CrossEntropyLoss,
+        artifact_directory=tmp_path / "artifacts",
+    )
     state = CheckpointState.load_checkpoint(tmp_path / "artifacts" / "checkpoint")
     module = Module(tmp_path / "artifacts" / "training_model.onnx", state, tmp_path / "artifacts" / "eval_model.onnx")
     assert module.exportable_output_names()[0] == "logits"

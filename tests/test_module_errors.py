@@ -26,9 +26,13 @@ def test_wrong_number_of_inputs(module, mlp_case):
 
 def test_wrong_dtype_is_not_cast(module, mlp_case):
     x, y = mlp_case.train_inputs(0)
-    with pytest.raises(InputTypeError, match=r"input 'input'.*Actual: \(tensor\(double\)\), expected: \(tensor\(float\)\)"):
+    with pytest.raises(
+        InputTypeError, match=r"input 'input'.*Actual: \(tensor\(double\)\), expected: \(tensor\(float\)\)"
+    ):
         module(x.astype(np.float64), y)
-    with pytest.raises(InputTypeError, match=r"input 'labels'.*Actual: \(tensor\(int32\)\), expected: \(tensor\(int64\)\)"):
+    with pytest.raises(
+        InputTypeError, match=r"input 'labels'.*Actual: \(tensor\(int32\)\), expected: \(tensor\(int64\)\)"
+    ):
         module(x, y.astype(np.int32))
 
 
@@ -118,7 +122,9 @@ def test_nominal_checkpoint_is_completed_by_copy_buffer(mlp_case):
     with pytest.raises(NominalStateError, match="Cannot copy parameters from a nominal checkpoint state"):
         module.get_contiguous_parameters()
     buffer = mlp_case.arrays["init_contiguous_all"]
-    with pytest.raises(NominalStateError, match=r"all parameters need to be loaded into the model \(trainable_only = false\)"):
+    with pytest.raises(
+        NominalStateError, match=r"all parameters need to be loaded into the model \(trainable_only = false\)"
+    ):
         module.copy_buffer_to_parameters(buffer, trainable_only=True)
     with pytest.raises(InputError, match=f"Parameters buffer size incorrect. Expected:{buffer.size}, Actual:5"):
         module.copy_buffer_to_parameters(buffer[:5], trainable_only=False)

@@ -11,7 +11,11 @@ LOSS_ATOL = 1e-5
 
 
 def _grads(case, module) -> dict[str, np.ndarray]:
-    return {name: p.grad.detach().cpu().numpy().copy() for name, p in module.training_state.params.items() if p.requires_grad}
+    return {
+        name: p.grad.detach().cpu().numpy().copy()
+        for name, p in module.training_state.params.items()
+        if p.requires_grad
+    }
 
 
 def _assert_grads(actual: dict, case, key: str) -> None:
@@ -75,7 +79,9 @@ def test_copy_buffer_round_trips(case):
     module.copy_buffer_to_parameters(buffer, trainable_only=False)
     np.testing.assert_array_equal(module.get_contiguous_parameters().numpy(), buffer)
     for name in case.param_names:
-        np.testing.assert_array_equal(module.training_state.params[name].detach().numpy(), case.arrays[f"final__{name}"])
+        np.testing.assert_array_equal(
+            module.training_state.params[name].detach().numpy(), case.arrays[f"final__{name}"]
+        )
 
 
 def test_input_and_output_names(case):

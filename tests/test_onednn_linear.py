@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ort_torch_train.graph import onednn_linear
-from ort_torch_train.graph.forward import for_device
-from ort_torch_train.graph.onednn_linear import linear
+from ort_torch_train.passes import onednn_linear
+from ort_torch_train.passes.onednn_linear import linear
+from ort_torch_train.training.compile.settings import for_device
 
 pytestmark = pytest.mark.skipif(not onednn_linear.ENABLED, reason="oneDNN is not available in this torch build")
 
@@ -78,7 +78,8 @@ def test_compiled_func_grad_sends_its_gemms_to_onednn_and_matches_eager():
 
     (grad_weight, grad_bias), code = run_and_get_code(compiled, weight, bias)
     assert "onednn_linear" in "".join(code)
-    expected_weight, expected_bias = torch.func.grad(
-        lambda w, b: (F.linear(x, w, b) * upstream).sum(), argnums=(0, 1))(weight, bias)
+    expected_weight, expected_bias = torch.func.grad(lambda w, b: (F.linear(x, w, b) * upstream).sum(), argnums=(0, 1))(
+        weight, bias
+    )
     torch.testing.assert_close(grad_weight, expected_weight, atol=1e-4, rtol=1e-5)
     torch.testing.assert_close(grad_bias, expected_bias, atol=1e-4, rtol=1e-5)

@@ -26,15 +26,19 @@ from ort_torch_train.optim.optimizer_model import OptimizerSpec, read_optimizer_
 
 F32 = lambda x: float(np.float32(x))  # noqa: E731
 NAMES = ["fc2.weight", "fc1.bias", "fc1.weight"]  # training-graph order, not the state's
-HF_ADAMW = OptimizerSpec("adamw", beta1=F32(0.9), beta2=F32(0.999), epsilon=F32(1e-6), weight_decay=0.0,
-                         adam_mode=1, correct_bias=True)
+HF_ADAMW = OptimizerSpec(
+    "adamw", beta1=F32(0.9), beta2=F32(0.999), epsilon=F32(1e-6), weight_decay=0.0, adam_mode=1, correct_bias=True
+)
 
 
 def make_state(seed: int = 0, frozen: bool = True) -> TrainingState:
     gen = torch.Generator().manual_seed(seed)
     shapes = {"fc1.weight": (8, 4), "fc1.bias": (8,), "fc2.weight": (3, 8), "frozen.weight": (2, 2)}
-    params = {n: torch.nn.Parameter(torch.randn(s, generator=gen), requires_grad=n != "frozen.weight")
-              for n, s in shapes.items() if frozen or n != "frozen.weight"}
+    params = {
+        n: torch.nn.Parameter(torch.randn(s, generator=gen), requires_grad=n != "frozen.weight")
+        for n, s in shapes.items()
+        if frozen or n != "frozen.weight"
+    }
     return TrainingState(params)
 
 
@@ -48,15 +52,21 @@ def optimizer_model(kind: str = "adamw", clip: float | None = None, signal: bool
     seq = lambda n: helper.make_tensor_sequence_value_info(n, TensorProto.FLOAT, None)  # noqa: E731
     names = ["learning_rate", "step", "params", "gradients", "first_order_moments"]
     names += ["second_order_moments"] if kind == "adamw" else []
-    inputs = [helper.make_tensor_value_info("learning_rate", TensorProto.FLOAT, [1]),
-              helper.make_tensor_value_info("step", TensorProto.INT64, [1])] + [seq(n) for n in names[2:]]
+    inputs = [
+        helper.make_tensor_value_info("learning_rate", TensorProto.FLOAT, [1]),
+        helper.make_tensor_value_info("step", TensorProto.INT64, [1]),
+    ] + [seq(n) for n in names[2:]]
     nodes, grads = [], "gradients"
     if clip is not None:
-        nodes.append(helper.make_node("InplaceClipGradNorm", ["gradients"], ["clipped"], domain="com.microsoft",
-                                      max_norm=clip))
+        nodes.append(
+            helper.make_node("InplaceClipGradNorm", ["gradients"], ["clipped"], domain="com.microsoft", max_norm=clip)
+        )
         grads = "clipped"
-    op_inputs = (["learning_rate", "step", "params", grads, "first_order_moments", "second_order_moments"]
-                 if kind == "adamw" else ["learning_rate", "params", grads])
+    op_inputs = (
+        ["learning_rate", "step", "params", grads, "first_order_moments", "second_order_moments"]
+        if kind == "adamw"
+        else ["learning_rate", "params", grads]
+    )
     if signal:
         inputs.append(helper.make_tensor_value_info("update_signal", TensorProto.BOOL, [1]))
         op_inputs.append("update_signal")
@@ -98,8 +108,21 @@ def test_engine_steps_like_the_kernel_with_step_plus_one():
         set_grads(state, step)
         set_grads(reference, step)
         assert engine.step() is True
-        adamw(ref_params, [reference.params[n].grad for n in NAMES], ref_m, ref_v, step=step, lr=0.01, beta1=0.9,
-              beta2=0.999, eps=1e-6, weight_decay=0.0, adam_mode=1, correct_bias=True, implementation="foreach")
+        adamw(
+            ref_params,
+            [reference.params[n].grad for n in NAMES],
+            ref_m,
+            ref_v,
+            step=step,
+            lr=0.01,
+            beta1=0.9,
+            beta2=0.999,
+            eps=1e-6,
+            weight_decay=0.0,
+            adam_mode=1,
+            correct_bias=True,
+            implementation="foreach",
+        )
         assert state.optimizer.step == engine.completed_steps == step
     for name, expected, m in zip(NAMES, ref_params, ref_m):
         assert torch.equal(state.params[name].detach(), expected)
@@ -126,8 +149,9 @@ def test_resume_from_a_saved_checkpoint_is_bit_exact(implementation):
     _train(resumed, 3, start=3, implementation=implementation)
     for name in NAMES:
         assert torch.equal(resumed.params[name], continuous.params[name])
-        assert torch.equal(resumed.optimizer.momentums[name]["momentum1"],
-                           continuous.optimizer.momentums[name]["momentum1"])
+        assert torch.equal(
+            resumed.optimizer.momentums[name]["momentum1"], continuous.optimizer.momentums[name]["momentum1"]
+        )
 
 
 def test_default_implementation():
@@ -207,8 +231,10 @@ def test_update_signal_skips_the_update_and_the_count():
 
 def test_nominal_state_gets_its_moments_at_the_first_step():
     loaded = make_state()
-    nominal = TrainingState({n: torch.nn.Parameter(torch.empty(0), requires_grad=p.requires_grad)
-                             for n, p in loaded.params.items()}, is_nominal=True)
+    nominal = TrainingState(
+        {n: torch.nn.Parameter(torch.empty(0), requires_grad=p.requires_grad) for n, p in loaded.params.items()},
+        is_nominal=True,
+    )
     engine = OptimizerEngine(HF_ADAMW, nominal, NAMES)
     with pytest.raises(NominalStateError, match="nominal state"):
         engine.step()
@@ -315,8 +341,9 @@ def _refcorpus_run(model: str, schedule: bool, implementation: str | None):
     module = module_api.Module(str(root / "artifacts" / "training_model.onnx"), state)
     optimizer = Optimizer(root / "artifacts" / "optimizer_model.onnx", module)
     if implementation is not None:
-        optimizer._engine = OptimizerEngine(optimizer._engine.spec, state, module.trainable_parameter_names,
-                                            implementation=implementation)
+        optimizer._engine = OptimizerEngine(
+            optimizer._engine.spec, state, module.trainable_parameter_names, implementation=implementation
+        )
     # mlp's LinearLRScheduler(opt, 3, 20, 0.01) ran as warmup=20, total=3 in ORT (swapped binding); for
     # steps 0..20 that is the same schedule as warmup=20, total=20.
     scheduler = LinearLRScheduler(optimizer, 20, 20, 0.01) if schedule else None
@@ -334,9 +361,17 @@ def _refcorpus_run(model: str, schedule: bool, implementation: str | None):
 
 
 @pytest.mark.skipif(not REFCORPUS.is_dir(), reason="refcorpus not available")
-@pytest.mark.parametrize("model,schedule,implementation", [
-    ("mlp", True, None), ("mlp", True, "foreach"), ("mlp_frozen", False, None), ("cnn", False, None),
-    ("bce", False, None), ("regress_mse", False, None)])
+@pytest.mark.parametrize(
+    "model,schedule,implementation",
+    [
+        ("mlp", True, None),
+        ("mlp", True, "foreach"),
+        ("mlp_frozen", False, None),
+        ("cnn", False, None),
+        ("bce", False, None),
+        ("regress_mse", False, None),
+    ],
+)
 def test_training_matches_ort_recorded_run(model, schedule, implementation):
     expected, arrays, state, lrs, losses = _refcorpus_run(model, schedule, implementation)
     assert lrs == [F32(x) for x in expected["train"]["lr_before_each_step"]]

@@ -22,21 +22,46 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 def _random_problem(seed: int, device: str = "cpu"):
     gen = torch.Generator().manual_seed(seed)
     params = [torch.randn(s, generator=gen) for s in SHAPES]
-    grads = [[torch.randn(s, generator=gen) * 10.0 ** float(torch.empty(()).uniform_(-3, 1, generator=gen))
-              for s in SHAPES] for _ in range(STEPS)]
+    grads = [
+        [torch.randn(s, generator=gen) * 10.0 ** float(torch.empty(()).uniform_(-3, 1, generator=gen)) for s in SHAPES]
+        for _ in range(STEPS)
+    ]
     return [p.to(device) for p in params], [[g.to(device) for g in gs] for gs in grads]
 
 
-def _run_adamw(params, grads_per_step, *, lr=0.01, eps=1e-6, weight_decay=0.0, adam_mode=1, correct_bias=True,
-               implementation=None, with_scratch=False):
+def _run_adamw(
+    params,
+    grads_per_step,
+    *,
+    lr=0.01,
+    eps=1e-6,
+    weight_decay=0.0,
+    adam_mode=1,
+    correct_bias=True,
+    implementation=None,
+    with_scratch=False,
+):
     params = [p.clone() for p in params]
     exp_avgs = [torch.zeros_like(p) for p in params]
     exp_avg_sqs = [torch.zeros_like(p) for p in params]
     scratch = make_scratch(params, 2) if with_scratch else None
     for step, grads in enumerate(grads_per_step, start=1):
-        adamw(params, [g.clone() for g in grads], exp_avgs, exp_avg_sqs, step=step, lr=lr, beta1=BETA1,
-              beta2=BETA2, eps=eps, weight_decay=weight_decay, adam_mode=adam_mode, correct_bias=correct_bias,
-              implementation=implementation, scratch=scratch)
+        adamw(
+            params,
+            [g.clone() for g in grads],
+            exp_avgs,
+            exp_avg_sqs,
+            step=step,
+            lr=lr,
+            beta1=BETA1,
+            beta2=BETA2,
+            eps=eps,
+            weight_decay=weight_decay,
+            adam_mode=adam_mode,
+            correct_bias=correct_bias,
+            implementation=implementation,
+            scratch=scratch,
+        )
     return params, exp_avgs, exp_avg_sqs
 
 
@@ -86,8 +111,9 @@ def test_adamw_matches_float64_reference(case, device):
         got = _run_adamw(params, grads, implementation=implementation, **case)
         for got_list, expected_list in zip(got, expected):
             for a, b in zip(got_list, expected_list):
-                torch.testing.assert_close(a.double().cpu(), b, rtol=1e-5, atol=2e-6,
-                                           msg=lambda m: f"{implementation}: {m}")
+                torch.testing.assert_close(
+                    a.double().cpu(), b, rtol=1e-5, atol=2e-6, msg=lambda m: f"{implementation}: {m}"
+                )
 
 
 @pytest.mark.parametrize("case", ADAMW_CASES, ids=_case_id)
@@ -126,16 +152,18 @@ def test_foreach_follows_ort_float32_op_order(adam_mode):
     else:
         w = w - (lr_corrected * m / (sqrt(v) + eps))
         w = w - (lr * wd) * w
-    got, got_m, got_v = _run_adamw(params[:1], [grads[0][:1]], weight_decay=0.05, adam_mode=adam_mode,
-                                   implementation="foreach")
+    got, got_m, got_v = _run_adamw(
+        params[:1], [grads[0][:1]], weight_decay=0.05, adam_mode=adam_mode, implementation="foreach"
+    )
     np.testing.assert_array_equal(got_m[0].numpy(), m)
     np.testing.assert_array_equal(got_v[0].numpy(), v)
     np.testing.assert_array_equal(got[0].numpy(), w)
 
 
 def test_ort_step_scalars_are_float32_like_ort():
-    bc1, bc2, lr_corrected = ort_step_scalars(3, float(np.float32(0.01)), float(np.float32(0.9)),
-                                              float(np.float32(0.999)), True)
+    bc1, bc2, lr_corrected = ort_step_scalars(
+        3, float(np.float32(0.01)), float(np.float32(0.9)), float(np.float32(0.999)), True
+    )
     f = np.float32
     assert bc1 == f(1) - f(float(f(0.9)) ** 3)
     assert bc2 == f(1) - f(float(f(0.999)) ** 3)
@@ -143,8 +171,10 @@ def test_ort_step_scalars_are_float32_like_ort():
     assert ort_step_scalars(3, 0.5, 0.9, 0.999, False) == (1.0, 1.0, 0.5)
 
 
-@pytest.mark.parametrize("adam_mode,lr,weight_decay,correct_bias",
-                         [(1, 0.0, 0.0, True), (1, 0.5, 2.0, True), (1, 0.5, 2.0, False), (0, 0.0, 0.1, True)])
+@pytest.mark.parametrize(
+    "adam_mode,lr,weight_decay,correct_bias",
+    [(1, 0.0, 0.0, True), (1, 0.5, 2.0, True), (1, 0.5, 2.0, False), (0, 0.0, 0.1, True)],
+)
 def test_fused_falls_back_where_its_scalars_degenerate(adam_mode, lr, weight_decay, correct_bias):
     params, grads = _random_problem(3)
     case = dict(lr=lr, weight_decay=weight_decay, adam_mode=adam_mode, correct_bias=correct_bias)
@@ -188,8 +218,20 @@ def test_adamw_rejects_bad_arguments():
 
 def test_adamw_updates_parameters_that_require_grad():
     params = [torch.nn.Parameter(torch.ones(3))]
-    adamw(params, [torch.ones(3)], [torch.zeros(3)], [torch.zeros(3)], step=1, lr=0.1, beta1=0.9, beta2=0.999,
-          eps=1e-8, weight_decay=0.0, adam_mode=1, correct_bias=True)
+    adamw(
+        params,
+        [torch.ones(3)],
+        [torch.zeros(3)],
+        [torch.zeros(3)],
+        step=1,
+        lr=0.1,
+        beta1=0.9,
+        beta2=0.999,
+        eps=1e-8,
+        weight_decay=0.0,
+        adam_mode=1,
+        correct_bias=True,
+    )
     assert params[0].requires_grad and torch.all(params[0] < 1)
 
 

@@ -40,7 +40,7 @@ CASES = {  # name: (optimizer node attributes or "sgd", clip max_norm, learning 
     "sgd-clip": ("sgd", 0.5, 0.05),
 }
 
-ORT_SCRIPT = r'''
+ORT_SCRIPT = r"""
 import json, sys
 import numpy as np, onnx
 from onnx import TensorProto, helper
@@ -91,7 +91,7 @@ for name, (attrs, max_norm, lr) in cases.items():
     for i in range(count):
         results[f"{name}/w_{i}"], results[f"{name}/m_{i}"], results[f"{name}/v_{i}"] = w[i], m[i], v[i]
 np.savez(f"{work}/results.npz", **results)
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -106,8 +106,7 @@ def ort_run(tmp_path_factory):
     np.savez(work / "data.npz", **data)
     (work / "cases.json").write_text(__import__("json").dumps(CASES))
     (work / "run_ort.py").write_text(ORT_SCRIPT)
-    subprocess.run([str(ORT_PYTHON), str(work / "run_ort.py"), str(work)], check=True, capture_output=True,
-                   timeout=120)
+    subprocess.run([str(ORT_PYTHON), str(work / "run_ort.py"), str(work)], check=True, capture_output=True, timeout=120)
     return work, data, dict(np.load(work / "results.npz"))
 
 
@@ -124,9 +123,21 @@ def _replay(work: Path, data: dict, name: str, implementation: str | None):
         if spec.kind == "sgd":
             sgd(w, grads, lr=lr, implementation=implementation)
         else:
-            adamw(w, grads, m, v, step=step + 1, lr=lr, beta1=spec.beta1, beta2=spec.beta2, eps=spec.epsilon,
-                  weight_decay=spec.weight_decay, adam_mode=spec.adam_mode, correct_bias=spec.correct_bias,
-                  implementation=implementation)
+            adamw(
+                w,
+                grads,
+                m,
+                v,
+                step=step + 1,
+                lr=lr,
+                beta1=spec.beta1,
+                beta2=spec.beta2,
+                eps=spec.epsilon,
+                weight_decay=spec.weight_decay,
+                adam_mode=spec.adam_mode,
+                correct_bias=spec.correct_bias,
+                implementation=implementation,
+            )
     return spec, w, m, v
 
 

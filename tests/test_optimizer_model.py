@@ -24,24 +24,41 @@ def seq(name, elem=TensorProto.FLOAT):
 
 
 def graph_inputs(names):
-    types = {"learning_rate": (TensorProto.FLOAT, [1]), "step": (TensorProto.INT64, [1]),
-             "update_signal": (TensorProto.BOOL, [1])}
+    types = {
+        "learning_rate": (TensorProto.FLOAT, [1]),
+        "step": (TensorProto.INT64, [1]),
+        "update_signal": (TensorProto.BOOL, [1]),
+    }
     return [helper.make_tensor_value_info(n, *types[n]) if n in types else seq(n) for n in names]
 
 
-def build(kind="adamw", attrs=None, clip=None, inputs=None, node_inputs=None, extra_nodes=(), signal=False,
-          outputs=("flag",), initializers=(), domain="com.microsoft") -> onnx.ModelProto:
+def build(
+    kind="adamw",
+    attrs=None,
+    clip=None,
+    inputs=None,
+    node_inputs=None,
+    extra_nodes=(),
+    signal=False,
+    outputs=("flag",),
+    initializers=(),
+    domain="com.microsoft",
+) -> onnx.ModelProto:
     """An optimizer model in ORT's layout, with any part overridable."""
     op = "AdamWOptimizer" if kind == "adamw" else "SGDOptimizerV2"
     names = ADAMW_NAMES if kind == "adamw" else ADAMW_NAMES[:5]
     grads = "gradients"
     nodes = []
     if clip is not None:
-        nodes.append(helper.make_node("InplaceClipGradNorm", ["gradients"], ["clipped"], domain="com.microsoft",
-                                      **clip))
+        nodes.append(
+            helper.make_node("InplaceClipGradNorm", ["gradients"], ["clipped"], domain="com.microsoft", **clip)
+        )
         grads = "clipped"
-    default_node_inputs = (["learning_rate", "step", "params", grads, "first_order_moments", "second_order_moments"]
-                           if kind == "adamw" else ["learning_rate", "params", grads])
+    default_node_inputs = (
+        ["learning_rate", "step", "params", grads, "first_order_moments", "second_order_moments"]
+        if kind == "adamw"
+        else ["learning_rate", "params", grads]
+    )
     node_inputs = list(node_inputs or default_node_inputs) + (["update_signal"] if signal else [])
     attrs = HF_ATTRS if attrs is None and kind == "adamw" else (attrs or {})
     nodes.append(helper.make_node(op, node_inputs, ["flag"], domain=domain, **attrs))
@@ -60,9 +77,15 @@ def test_ort_made_optimizer_models(corpus_case):
         assert spec.kind == "sgd" and spec.momentum_names == ("momentum0",)
     else:
         a = node["attributes"]
-        assert spec == OptimizerSpec("adamw", beta1=a["alpha"], beta2=a["beta"], epsilon=a["epsilon"],
-                                     weight_decay=a["weight_decay"], adam_mode=a["adam_mode"],
-                                     correct_bias=bool(a["correct_bias"]))
+        assert spec == OptimizerSpec(
+            "adamw",
+            beta1=a["alpha"],
+            beta2=a["beta"],
+            epsilon=a["epsilon"],
+            weight_decay=a["weight_decay"],
+            adam_mode=a["adam_mode"],
+            correct_bias=bool(a["correct_bias"]),
+        )
         assert (spec.adam_mode, spec.correct_bias, spec.epsilon) == (1, True, F32(1e-6))
         assert spec.momentum_names == ("momentum0", "momentum1")
     assert spec.clip_max_norm is None and not spec.has_update_signal
@@ -71,8 +94,15 @@ def test_ort_made_optimizer_models(corpus_case):
 def test_missing_attributes_take_ort_schema_defaults():
     """ORT fills missing attributes from the op schema: weight_decay 0.01, not the kernel's 0."""
     spec = read_optimizer_model(build(attrs={}))
-    assert spec == OptimizerSpec("adamw", beta1=F32(0.9), beta2=F32(0.999), epsilon=F32(1e-8),
-                                 weight_decay=F32(0.01), adam_mode=0, correct_bias=True)
+    assert spec == OptimizerSpec(
+        "adamw",
+        beta1=F32(0.9),
+        beta2=F32(0.999),
+        epsilon=F32(1e-8),
+        weight_decay=F32(0.01),
+        adam_mode=0,
+        correct_bias=True,
+    )
 
 
 def test_clip_update_signal_and_sources(tmp_path):
@@ -84,8 +114,9 @@ def test_clip_update_signal_and_sources(tmp_path):
     path = tmp_path / "optimizer_model.onnx"
     onnx.save(sgd, path)
     assert read_optimizer_model(path) == read_optimizer_model(str(path)) == read_optimizer_model(path.read_bytes())
-    trailing_empty = build(node_inputs=["learning_rate", "step", "params", "gradients", "first_order_moments",
-                                        "second_order_moments", ""])
+    trailing_empty = build(
+        node_inputs=["learning_rate", "step", "params", "gradients", "first_order_moments", "second_order_moments", ""]
+    )
     assert not read_optimizer_model(trailing_empty).has_update_signal
 
 
@@ -95,28 +126,44 @@ def _node(op, inputs, outputs, domain="com.microsoft", **attrs):
 
 
 REJECTED = {
-    "another op": (build(extra_nodes=[_node("Identity", ["flag"], ["copy"], domain="")]),
-                   "unsupported node .*ai.onnx::Identity"),
+    "another op": (
+        build(extra_nodes=[_node("Identity", ["flag"], ["copy"], domain="")]),
+        "unsupported node .*ai.onnx::Identity",
+    ),
     "default-domain optimizer": (build(domain=""), "unsupported node .*ai.onnx::AdamWOptimizer"),
-    "two optimizer nodes": (build(extra_nodes=[_node("AdamWOptimizer", ADAMW_NAMES, ["flag2"], **HF_ATTRS)]),
-                            "found nodes .*AdamWOptimizer.*AdamWOptimizer"),
-    "adamw and sgd": (build(extra_nodes=[_node("SGDOptimizerV2", ["learning_rate", "params", "gradients"], ["f2"])]),
-                      "expected one com.microsoft AdamWOptimizer or SGDOptimizerV2 node"),
-    "clip after the optimizer": (build(extra_nodes=[_node("InplaceClipGradNorm", ["gradients"], ["c"])]),
-                                 "found nodes .*AdamWOptimizer.*InplaceClipGradNorm"),
+    "two optimizer nodes": (
+        build(extra_nodes=[_node("AdamWOptimizer", ADAMW_NAMES, ["flag2"], **HF_ATTRS)]),
+        "found nodes .*AdamWOptimizer.*AdamWOptimizer",
+    ),
+    "adamw and sgd": (
+        build(extra_nodes=[_node("SGDOptimizerV2", ["learning_rate", "params", "gradients"], ["f2"])]),
+        "expected one com.microsoft AdamWOptimizer or SGDOptimizerV2 node",
+    ),
+    "clip after the optimizer": (
+        build(extra_nodes=[_node("InplaceClipGradNorm", ["gradients"], ["c"])]),
+        "found nodes .*AdamWOptimizer.*InplaceClipGradNorm",
+    ),
     "no nodes": (helper.make_model(helper.make_graph([], "g", graph_inputs(ADAMW_NAMES), [])), "found nodes \\[\\]"),
     "unexpected graph input": (build(inputs=ADAMW_NAMES + ["extra"]), "unexpected graph inputs .*found .*'extra'"),
     "missing graph input": (build(inputs=ADAMW_NAMES[:5]), "unexpected graph inputs for AdamWOptimizer"),
     "sgd with second moments": (build("sgd", inputs=ADAMW_NAMES), "unexpected graph inputs for SGDOptimizerV2"),
     "reordered graph inputs": (build(inputs=["step", "learning_rate"] + ADAMW_NAMES[2:]), "unexpected graph inputs"),
-    "swapped node inputs": (build(node_inputs=["learning_rate", "step", "gradients", "params", "first_order_moments",
-                                               "second_order_moments"]), "AdamWOptimizer inputs must be"),
+    "swapped node inputs": (
+        build(
+            node_inputs=["learning_rate", "step", "gradients", "params", "first_order_moments", "second_order_moments"]
+        ),
+        "AdamWOptimizer inputs must be",
+    ),
     "signal not a graph input": (build(node_inputs=ADAMW_NAMES + ["flag_in"]), "AdamWOptimizer inputs must be"),
     "extra graph output": (build(outputs=("flag", "params")), "graph outputs \\['flag', 'params'\\]"),
-    "initializer": (build(initializers=[helper.make_tensor("eps", TensorProto.FLOAT, [1], [1e-6])]),
-                    "expected no initializers; found \\['eps'\\]"),
-    "mode 0 without bias correction": (build(attrs=dict(adam_mode=0, correct_bias=0)),
-                                       "adam_mode 0 .* requires correct_bias 1"),
+    "initializer": (
+        build(initializers=[helper.make_tensor("eps", TensorProto.FLOAT, [1], [1e-6])]),
+        "expected no initializers; found \\['eps'\\]",
+    ),
+    "mode 0 without bias correction": (
+        build(attrs=dict(adam_mode=0, correct_bias=0)),
+        "adam_mode 0 .* requires correct_bias 1",
+    ),
     "adam_mode 2": (build(attrs=dict(adam_mode=2)), "adam_mode must be 0 or 1; found 2"),
     "correct_bias 3": (build(attrs=dict(adam_mode=1, correct_bias=3)), "correct_bias must be 0 or 1; found 3"),
     "beta1 of 1": (build(attrs=dict(alpha=1.0)), r"alpha must be in \[0, 1\); found 1.0"),
@@ -138,12 +185,15 @@ def test_rejected_layouts(case):
         read_optimizer_model(model)
 
 
-@pytest.mark.parametrize("name,elem,message", [
-    ("learning_rate", "int64", "'learning_rate' must be a float tensor; found"),
-    ("step", "float", "'step' must be a int64 tensor"),
-    ("params", "tensor", "'params' must be a sequence of float tensors"),
-    ("gradients", "double-seq", "'gradients' must be a sequence of float tensors"),
-])
+@pytest.mark.parametrize(
+    "name,elem,message",
+    [
+        ("learning_rate", "int64", "'learning_rate' must be a float tensor; found"),
+        ("step", "float", "'step' must be a int64 tensor"),
+        ("params", "tensor", "'params' must be a sequence of float tensors"),
+        ("gradients", "double-seq", "'gradients' must be a sequence of float tensors"),
+    ],
+)
 def test_rejected_input_types(name, elem, message):
     model = build()
     index = ADAMW_NAMES.index(name)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import numpy as np
 import onnx
 import pytest
 
 from ort_torch_train.api import CheckpointState, Module
-from ort_torch_train.cli import build_parser
+from ort_torch_train.cli.main import build_parser
 from ort_torch_train.errors import ModelError, PropertyError
 
 

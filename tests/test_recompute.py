@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 from corpus import Case, loss_of
-
 from torch._dynamo.utils import counters
 
 from ort_torch_train.api import Module, Optimizer

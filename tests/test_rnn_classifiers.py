@@ -21,8 +21,9 @@ LEARNING_RATE = 0.01
 pytestmark = pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning", "ignore::UserWarning")
 
 
-def train_artifacts(directory: Path, x: torch.Tensor, y: torch.Tensor, steps: int,
-                    learning_rate: float) -> tuple[Module, list[float]]:
+def train_artifacts(
+    directory: Path, x: torch.Tensor, y: torch.Tensor, steps: int, learning_rate: float
+) -> tuple[Module, list[float]]:
     """ORT's loop on the artifacts in ``directory``, ``steps`` times on (x, y): the module and its losses."""
     state = CheckpointState.load_checkpoint(str(directory / "checkpoint"))
     module = Module(str(directory / "training_model.onnx"), state, str(directory / "eval_model.onnx"))
@@ -77,9 +78,14 @@ def _data(name: str) -> tuple[torch.Tensor, torch.Tensor]:
 MODELS = {"gru": GRUClassifier, "lstm": LSTMClassifier}
 EXPORTERS = [
     pytest.param("legacy", id="legacy"),
-    pytest.param("dynamo", id="dynamo", marks=pytest.mark.skipif(
-        importlib.util.find_spec("onnxscript") is None,
-        reason="the dynamo exporter needs onnxscript, which is not installed")),
+    pytest.param(
+        "dynamo",
+        id="dynamo",
+        marks=pytest.mark.skipif(
+            importlib.util.find_spec("onnxscript") is None,
+            reason="the dynamo exporter needs onnxscript, which is not installed",
+        ),
+    ),
 ]
 
 
@@ -117,8 +123,14 @@ def test_classifier_trains_like_plain_pytorch(name: str, exporter: str, tmp_path
     model = MODELS[name]()
     x, y = _data(name)
     reference = copy.deepcopy(model)
-    generate_artifacts(model, loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW, artifact_directory=tmp_path,
-                       example_inputs=(x,), exporter=exporter)
+    generate_artifacts(
+        model,
+        loss=LossType.CrossEntropyLoss,
+        optimizer=OptimType.AdamW,
+        artifact_directory=tmp_path,
+        example_inputs=(x,),
+        exporter=exporter,
+    )
     op_types = {n.op_type for n in onnx.load(tmp_path / "training_model.onnx").graph.node}
     assert name.upper() in op_types, sorted(op_types)
 

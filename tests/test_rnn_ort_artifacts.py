@@ -71,8 +71,17 @@ def test_ort_made_artifacts_train_with_orts_losses(kind: type[nn.Module], tmp_pa
     buffer = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(model, (x,), buffer, dynamo=False, opset_version=17, do_constant_folding=False,
-                          training=torch.onnx.TrainingMode.TRAINING, input_names=["tokens"], output_names=["logits"])
+        torch.onnx.export(
+            model,
+            (x,),
+            buffer,
+            dynamo=False,
+            opset_version=17,
+            do_constant_folding=False,
+            training=torch.onnx.TrainingMode.TRAINING,
+            input_names=["tokens"],
+            output_names=["logits"],
+        )
     base = onnx.load_from_string(buffer.getvalue())
     onnx.save(base, tmp_path / "base.onnx")
     np.savez(tmp_path / "data.npz", x=x.numpy(), y=y.numpy())

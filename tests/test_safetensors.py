@@ -16,12 +16,19 @@ from ort_torch_train.errors import SafetensorsError
 def sample_tensors() -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(0)
     return {
-        "w": torch.randn(3, 4, generator=gen), "d": torch.randn(2, generator=gen).double(),
-        "h": torch.randn(5, generator=gen).half(), "bf": torch.randn(3, generator=gen).bfloat16(),
-        "i64": torch.tensor([-(2**63), 2**63 - 1]), "i32": torch.tensor([7], dtype=torch.int32),
-        "i16": torch.tensor([-3], dtype=torch.int16), "i8": torch.tensor([-128], dtype=torch.int8),
-        "u8": torch.tensor([255], dtype=torch.uint8), "flags": torch.tensor([True, False]),
-        "scalar": torch.tensor(2.5), "empty": torch.empty(0, 4), "模型.权重": torch.ones(1),
+        "w": torch.randn(3, 4, generator=gen),
+        "d": torch.randn(2, generator=gen).double(),
+        "h": torch.randn(5, generator=gen).half(),
+        "bf": torch.randn(3, generator=gen).bfloat16(),
+        "i64": torch.tensor([-(2**63), 2**63 - 1]),
+        "i32": torch.tensor([7], dtype=torch.int32),
+        "i16": torch.tensor([-3], dtype=torch.int16),
+        "i8": torch.tensor([-128], dtype=torch.int8),
+        "u8": torch.tensor([255], dtype=torch.uint8),
+        "flags": torch.tensor([True, False]),
+        "scalar": torch.tensor(2.5),
+        "empty": torch.empty(0, 4),
+        "模型.权重": torch.ones(1),
     }
 
 
@@ -49,7 +56,7 @@ def test_layout_is_aligned_and_contiguous(tmp_path: Path) -> None:
     data = path.read_bytes()
     header_size = struct.unpack_from("<Q", data)[0]
     assert header_size % 8 == 0
-    header = json.loads(data[8:8 + header_size])
+    header = json.loads(data[8 : 8 + header_size])
     assert "__metadata__" not in header
     position = 0
     for name, entry in sorted(header.items(), key=lambda item: item[1]["data_offsets"]):
@@ -86,9 +93,12 @@ BAD_FILES = {
     "trailing bytes": ({"t": ENTRY}, bytes(12), "cover 8 bytes"),
     "missing data": ({"t": ENTRY}, bytes(4), "cover 8 bytes"),
     "bad metadata": ({"__metadata__": {"k": 1}}, b"", "must map str to str"),
-    "duplicate name": (b'{"t": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}, '
-                       b'"t": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}}', b"",
-                       "more than once"),
+    "duplicate name": (
+        b'{"t": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}, '
+        b'"t": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}}',
+        b"",
+        "more than once",
+    ),
 }
 
 
@@ -102,8 +112,9 @@ def test_malformed_files_are_rejected(case: str, tmp_path: Path) -> None:
         load_safetensors(path)
 
 
-@pytest.mark.parametrize("data", [b"", bytes(7), struct.pack("<Q", 2**63) + b"{}"],
-                         ids=["empty", "7 bytes", "absurd header length"])
+@pytest.mark.parametrize(
+    "data", [b"", bytes(7), struct.pack("<Q", 2**63) + b"{}"], ids=["empty", "7 bytes", "absurd header length"]
+)
 def test_truncated_or_absurd_header_is_rejected(data: bytes, tmp_path: Path) -> None:
     (tmp_path / "bad").write_bytes(data)
     with pytest.raises(SafetensorsError):

@@ -34,8 +34,7 @@ def test_linear_matches_ort_recorded_learning_rates():
     initial_lr = scheduler["initial_lr"]
     # The validated function needs warmup <= total: for completed steps 0..20 (< warmup, then == warmup)
     # total=3 and total=warmup give the same factors, max(0, negative) and 0.
-    replay = [scheduled_learning_rate(initial_lr, linear_with_warmup(s, warmup, max(total, warmup)))
-              for s in range(21)]
+    replay = [scheduled_learning_rate(initial_lr, linear_with_warmup(s, warmup, max(total, warmup))) for s in range(21)]
     assert [float(F32(x)) for x in expected["train"]["lr_before_each_step"]] == replay[:20]
     assert arrays["lr_after_each_step"].tolist() == replay[1:]
     assert expected["lr_after_setup"] == replay[0] == 0.0
@@ -72,30 +71,36 @@ def test_scheduled_learning_rate_is_a_float32_product():
     assert scheduled_learning_rate(0.01, 1 / 3) == float(F32(0.01) * F32(1 / 3))
 
 
-@pytest.mark.parametrize("call,message", [
-    (lambda: linear_with_warmup(-1, 2, 5), "step must be >= 0"),
-    (lambda: linear_with_warmup(0, -2, 5), "warmup step count must be >= 0"),
-    (lambda: linear_with_warmup(0, 2, -5), "total step count must be >= 0"),
-    (lambda: linear_with_warmup(0, 30, 20), r"warmup step count \(30\) must not exceed total step count \(20\)"),
-    (lambda: cosine_with_warmup(0, 1, 5, min_ratio=-0.1), r"min_ratio must be a number in \[0, 1\]"),
-    (lambda: cosine_with_warmup(0, 1, 5, min_ratio=float("nan")), r"min_ratio must be a number in \[0, 1\]"),
-    (lambda: constant_with_warmup(0, -1), "warmup must be >= 0"),
-    (lambda: check_learning_rate(float("nan")), "learning rate must be finite and >= 0; got nan"),
-    (lambda: check_learning_rate(-0.1), "learning rate must be finite and >= 0; got -0.1"),
-    (lambda: check_learning_rate(float("inf")), "learning rate must be finite"),
-    (lambda: check_learning_rate(1e39), "must fit in float32"),
-])
+@pytest.mark.parametrize(
+    "call,message",
+    [
+        (lambda: linear_with_warmup(-1, 2, 5), "step must be >= 0"),
+        (lambda: linear_with_warmup(0, -2, 5), "warmup step count must be >= 0"),
+        (lambda: linear_with_warmup(0, 2, -5), "total step count must be >= 0"),
+        (lambda: linear_with_warmup(0, 30, 20), r"warmup step count \(30\) must not exceed total step count \(20\)"),
+        (lambda: cosine_with_warmup(0, 1, 5, min_ratio=-0.1), r"min_ratio must be a number in \[0, 1\]"),
+        (lambda: cosine_with_warmup(0, 1, 5, min_ratio=float("nan")), r"min_ratio must be a number in \[0, 1\]"),
+        (lambda: constant_with_warmup(0, -1), "warmup must be >= 0"),
+        (lambda: check_learning_rate(float("nan")), "learning rate must be finite and >= 0; got nan"),
+        (lambda: check_learning_rate(-0.1), "learning rate must be finite and >= 0; got -0.1"),
+        (lambda: check_learning_rate(float("inf")), "learning rate must be finite"),
+        (lambda: check_learning_rate(1e39), "must fit in float32"),
+    ],
+)
 def test_validation_errors(call, message):
     with pytest.raises(ValueError, match=message):
         call()
 
 
-@pytest.mark.parametrize("call", [
-    lambda: linear_with_warmup(1.5, 2, 5),
-    lambda: linear_with_warmup(True, 2, 5),
-    lambda: constant_with_warmup(0, "3"),
-    lambda: check_learning_rate("0.1"),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: linear_with_warmup(1.5, 2, 5),
+        lambda: linear_with_warmup(True, 2, 5),
+        lambda: constant_with_warmup(0, "3"),
+        lambda: check_learning_rate("0.1"),
+    ],
+)
 def test_type_errors(call):
     with pytest.raises(TypeError):
         call()

@@ -14,7 +14,7 @@ from torch import nn
 import ort_torch_train.training.engine as engine_module
 from ort_torch_train.api import CheckpointState, Module, Optimizer
 from ort_torch_train.artifacts import LossType, OptimType, generate_artifacts
-from ort_torch_train.graph.small_attention import attention_products, compiled_cpu_graph
+from ort_torch_train.passes.small_attention import attention_products, compiled_cpu_graph
 
 pytestmark = pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
 SHAPE = (4, 2, 8, 16)  # batch, heads, positions, head size: tiny-bert's
@@ -62,17 +62,22 @@ class CausalAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, positions, width = x.shape
-        q, k, v = (t.reshape(batch, positions, self.heads, -1).transpose(1, 2)
-                   for t in self.qkv(x).split(width, -1))
+        q, k, v = (t.reshape(batch, positions, self.heads, -1).transpose(1, 2) for t in self.qkv(x).split(width, -1))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.out(y.transpose(1, 2).reshape(batch, positions, width).mean(1))
 
 
-def _train(directory: Path, x: np.ndarray, y: np.ndarray, compile: bool, mixed_precision: str | None = None
-           ) -> list[float]:
+def _train(
+    directory: Path, x: np.ndarray, y: np.ndarray, compile: bool, mixed_precision: str | None = None
+) -> list[float]:
     state = CheckpointState.load_checkpoint(directory / "checkpoint")
-    module = Module(directory / "training_model.onnx", state, directory / "eval_model.onnx", compile=compile,
-                    mixed_precision=mixed_precision)
+    module = Module(
+        directory / "training_model.onnx",
+        state,
+        directory / "eval_model.onnx",
+        compile=compile,
+        mixed_precision=mixed_precision,
+    )
     optimizer = Optimizer(directory / "optimizer_model.onnx", module)
     return [float(module.step(optimizer, x, y)) for _ in range(4)]
 
@@ -81,8 +86,13 @@ def _train(directory: Path, x: np.ndarray, y: np.ndarray, compile: bool, mixed_p
 def test_a_compiled_step_rewrites_small_heads_and_trains_as_the_eager_step(heads, rewritten, tmp_path, monkeypatch):
     torch.manual_seed(0)
     x, y = torch.randn(4, 8, 32), torch.randint(0, 3, (4,))
-    generate_artifacts(CausalAttention(heads), loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
-                       artifact_directory=tmp_path, example_inputs=(x,))
+    generate_artifacts(
+        CausalAttention(heads),
+        loss=LossType.CrossEntropyLoss,
+        optimizer=OptimType.AdamW,
+        artifact_directory=tmp_path,
+        example_inputs=(x,),
+    )
     fusions = []
 
     def recorded(module, device):

@@ -12,8 +12,8 @@ from ort_peer import requires_ort, run_ort
 
 from ort_torch_train.api import CheckpointState, Module, Optimizer
 from ort_torch_train.artifacts import LossType, OptimType, generate_artifacts
+from ort_torch_train.convert.string_inputs import numeric_inputs
 from ort_torch_train.errors import InputTypeError, UnsupportedOperatorError
-from ort_torch_train.graph.string_inputs import numeric_inputs
 
 RNG = np.random.default_rng(3)
 FEATURES = RNG.standard_normal((5, 4, 3)).astype(np.float32)  # five batches
@@ -24,21 +24,35 @@ def text_model(input_type: int = TensorProto.STRING, reader: str = "Cast") -> on
     """text[batch, 3] -> Cast(float) -> Gemm(fc.weight, fc.bias) -> Relu -> logits[batch, 2]."""
     attrs = {"to": TensorProto.FLOAT} if reader == "Cast" else {}
     graph = helper.make_graph(
-        [helper.make_node(reader, ["text"], ["features"], **attrs),
-         helper.make_node("Gemm", ["features", "fc.weight", "fc.bias"], ["hidden"], transB=1),
-         helper.make_node("Relu", ["hidden"], ["logits"])],
-        "text", [helper.make_tensor_value_info("text", input_type, ["batch", 3])],
+        [
+            helper.make_node(reader, ["text"], ["features"], **attrs),
+            helper.make_node("Gemm", ["features", "fc.weight", "fc.bias"], ["hidden"], transB=1),
+            helper.make_node("Relu", ["hidden"], ["logits"]),
+        ],
+        "text",
+        [helper.make_tensor_value_info("text", input_type, ["batch", 3])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 2])],
-        [numpy_helper.from_array(np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32), "fc.weight"),
-         numpy_helper.from_array(np.full(2, 0.5, np.float32), "fc.bias")])
+        [
+            numpy_helper.from_array(np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32), "fc.weight"),
+            numpy_helper.from_array(np.full(2, 0.5, np.float32), "fc.bias"),
+        ],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 def train(directory: Path, model: onnx.ModelProto, batches) -> list[float]:
-    generate_artifacts(model, requires_grad=["fc.weight", "fc.bias"], loss=LossType.MSELoss,
-                       optimizer=OptimType.AdamW, artifact_directory=directory)
-    module = Module(directory / "training_model.onnx", CheckpointState.load_checkpoint(directory / "checkpoint"),
-                    directory / "eval_model.onnx")
+    generate_artifacts(
+        model,
+        requires_grad=["fc.weight", "fc.bias"],
+        loss=LossType.MSELoss,
+        optimizer=OptimType.AdamW,
+        artifact_directory=directory,
+    )
+    module = Module(
+        directory / "training_model.onnx",
+        CheckpointState.load_checkpoint(directory / "checkpoint"),
+        directory / "eval_model.onnx",
+    )
     optimizer = Optimizer(directory / "optimizer_model.onnx", module)
     losses = []
     for features, target in zip(batches, TARGETS):

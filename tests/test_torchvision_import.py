@@ -15,7 +15,7 @@ PROBE = textwrap.dedent(
     {setup}
     import onnx
     import ort_torch_train.api
-    from ort_torch_train.graph.converters import converter_for
+    from ort_torch_train.convert.registry import converter_for
     from ort_torch_train.onnx2torch_import import import_onnx2torch
     import_onnx2torch()
     converter_for("", "NonMaxSuppression", 17, False)  # a converter module that imports torchvision
@@ -81,9 +81,11 @@ def test_working_torchvision_is_used(tmp_path):
 
 @pytest.mark.parametrize("setup", [BLOCK_TORCHVISION, BREAK_TORCHVISION])
 def test_stand_in_never_reaches_the_user(setup):
-    code = setup + "\nimport ort_torch_train.graph.converters, sys\n" \
-        "from ort_torch_train.onnx2torch_import import import_onnx2torch\nimport_onnx2torch()\n" \
+    code = (
+        setup + "\nimport ort_torch_train.convert.registry, sys\n"
+        "from ort_torch_train.onnx2torch_import import import_onnx2torch\nimport_onnx2torch()\n"
         "try:\n    import torchvision\n    print('imported')\nexcept Exception as e:\n    print(type(e).__name__)\n"
+    )
     result = subprocess.run([sys.executable, "-c", "import sys\n" + code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] in ("ModuleNotFoundError", "RuntimeError")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from corpus import loss_of
 
 from ort_torch_train.api import CheckpointState

@@ -80,7 +80,9 @@ def test_buffers_and_size_dispatch(case):
     sizes = case.expected["parameters_size"]
     assert session.GetParametersSize(True) == sizes["trainable_only_True"]
     assert session.GetParametersSize(False) == sizes["trainable_only_False"]
-    np.testing.assert_array_equal(session.CopyParametersToBuffer(True).numpy(), case.arrays["init_contiguous_trainable"])
+    np.testing.assert_array_equal(
+        session.CopyParametersToBuffer(True).numpy(), case.arrays["init_contiguous_trainable"]
+    )
     session.FromBuffer(case.arrays["final_contiguous_all"])
     np.testing.assert_array_equal(session.ToBuffer(False).numpy(), case.arrays["final_contiguous_all"])
     session.FromBuffer(case.arrays["init_contiguous_trainable"])
@@ -157,7 +159,9 @@ def test_export_from_a_session_built_from_bytes(case, tmp_path):
 
 
 def test_missing_optimizer_and_scheduler_are_clear(mlp_case):
-    session = TrainingSession(load_checkpoint(mlp_case.artifact("checkpoint")), mlp_case.artifact("training_model.onnx"))
+    session = TrainingSession(
+        load_checkpoint(mlp_case.artifact("checkpoint")), mlp_case.artifact("training_model.onnx")
+    )
     with pytest.raises(ModelError, match="Optimizer model was not provided"):
         session.OptimizerStep()
     with pytest.raises(ModelError, match="No learning rate scheduler"):

@@ -23,8 +23,15 @@ class BertClassifier(torch.nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        config = transformers.BertConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                         intermediate_size=32, max_position_embeddings=32, num_labels=LABELS)
+        config = transformers.BertConfig(
+            vocab_size=VOCAB,
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+            max_position_embeddings=32,
+            num_labels=LABELS,
+        )
         self.bert = transformers.BertForSequenceClassification(config)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -46,9 +53,14 @@ def test_bert_trains_with_a_dynamic_sequence_length(tmp_path) -> None:
     torch.manual_seed(0)
     example = (torch.randint(0, VOCAB, (2, 8)), torch.ones(2, 8, dtype=torch.int64))
     sequence = {0: "batch", 1: "sequence"}
-    generate_artifacts(BertClassifier(), loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
-                       artifact_directory=tmp_path / "dynamic", example_inputs=example,
-                       dynamic_axes={"input_ids": sequence, "attention_mask": sequence, "output": {0: "batch"}})
+    generate_artifacts(
+        BertClassifier(),
+        loss=LossType.CrossEntropyLoss,
+        optimizer=OptimType.AdamW,
+        artifact_directory=tmp_path / "dynamic",
+        example_inputs=example,
+        dynamic_axes={"input_ids": sequence, "attention_mask": sequence, "output": {0: "batch"}},
+    )
     module, optimizer = open_module(tmp_path / "dynamic")
     optimizer.set_learning_rate(1e-2)
     rng = np.random.default_rng(0)
@@ -63,8 +75,13 @@ def test_bert_trains_with_a_dynamic_sequence_length(tmp_path) -> None:
     module.eval()
     assert np.isfinite(float(module(*batch(rng, 20))))  # a length never trained on
 
-    generate_artifacts(BertClassifier(), loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
-                       artifact_directory=tmp_path / "fixed", example_inputs=example)
+    generate_artifacts(
+        BertClassifier(),
+        loss=LossType.CrossEntropyLoss,
+        optimizer=OptimType.AdamW,
+        artifact_directory=tmp_path / "fixed",
+        example_inputs=example,
+    )
     fixed, _ = open_module(tmp_path / "fixed")
     with pytest.raises(InputError, match=r"Got: 5 Expected: 8 .*dynamic_axes=\{'input_ids': \{1: "):
         fixed(*batch(rng, 5))

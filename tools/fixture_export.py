@@ -7,16 +7,14 @@ import tempfile
 import warnings
 from pathlib import Path
 
+import fixture_io as fio
 import numpy as np
 import onnx
 import torch
+from fixture_specs import FixtureSpec, WeightedMseL1
 from onnx import numpy_helper
-
 from onnxruntime.training import artifacts as ort_artifacts
 from onnxruntime.training.onnxblock import _graph_utils
-
-import fixture_io as fio
-from fixture_specs import FixtureSpec, WeightedMseL1
 
 OPSET = 17
 
@@ -35,9 +33,16 @@ def export_model(spec: FixtureSpec, model: torch.nn.Module, data: dict[str, np.n
     buf = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(model, args, buf, dynamo=False, opset_version=OPSET,
-                          training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
-                          **export_kwargs(spec))
+        torch.onnx.export(
+            model,
+            args,
+            buf,
+            dynamo=False,
+            opset_version=OPSET,
+            training=torch.onnx.TrainingMode.TRAINING,
+            do_constant_folding=False,
+            **export_kwargs(spec),
+        )
     model.load_state_dict(state)  # tracing in training mode may touch BatchNorm buffers
     proto = onnx.load_from_string(buf.getvalue())
     if proto.ir_version > 10:
@@ -99,8 +104,12 @@ def artifacts_args(spec: FixtureSpec, base: onnx.ModelProto, model: torch.nn.Mod
 
 def loss_argument(spec: FixtureSpec):
     """The `loss=` argument for generate_artifacts."""
-    table = {"ce": ort_artifacts.LossType.CrossEntropyLoss, "mse": ort_artifacts.LossType.MSELoss,
-             "bce": ort_artifacts.LossType.BCEWithLogitsLoss, "l1": ort_artifacts.LossType.L1Loss}
+    table = {
+        "ce": ort_artifacts.LossType.CrossEntropyLoss,
+        "mse": ort_artifacts.LossType.MSELoss,
+        "bce": ort_artifacts.LossType.BCEWithLogitsLoss,
+        "l1": ort_artifacts.LossType.L1Loss,
+    }
     return WeightedMseL1() if spec.loss == "custom" else table[spec.loss]
 
 
@@ -109,9 +118,15 @@ def reset_name_counter() -> None:
     _graph_utils._GRAPH_TOKEN = 0  # noqa: SLF001 - deliberate, for reproducible names
 
 
-def generate(spec: FixtureSpec, base_path: Path, out_dir: Path, args: dict,
-             additional_output_names: list[str] | None = None, probe: bool = False,
-             keep_original_eval: Path | None = None) -> list[str]:
+def generate(
+    spec: FixtureSpec,
+    base_path: Path,
+    out_dir: Path,
+    args: dict,
+    additional_output_names: list[str] | None = None,
+    probe: bool = False,
+    keep_original_eval: Path | None = None,
+) -> list[str]:
     """Run generate_artifacts on the saved base model; returns the eval-model BatchNorm patches.
 
     probe=True makes throw-away artifacts (no nominal checkpoint, given additional outputs).
@@ -120,10 +135,15 @@ def generate(spec: FixtureSpec, base_path: Path, out_dir: Path, args: dict,
     reset_name_counter()
     optim = {"AdamW": ort_artifacts.OptimType.AdamW, "SGD": ort_artifacts.OptimType.SGD}[spec.optimizer]
     ort_artifacts.generate_artifacts(
-        str(base_path), requires_grad=args["requires_grad"], frozen_params=args["frozen_params"],
-        loss=loss_argument(spec), optimizer=optim, artifact_directory=str(out_dir),
+        str(base_path),
+        requires_grad=args["requires_grad"],
+        frozen_params=args["frozen_params"],
+        loss=loss_argument(spec),
+        optimizer=optim,
+        artifact_directory=str(out_dir),
         nominal_checkpoint=spec.nominal_checkpoint and not probe,
-        additional_output_names=additional_output_names if probe else spec.additional_output_names)
+        additional_output_names=additional_output_names if probe else spec.additional_output_names,
+    )
     return trim_eval_batchnorm_outputs(out_dir / "eval_model.onnx", keep_original_eval)
 
 

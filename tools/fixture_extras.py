@@ -10,18 +10,16 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import fixture_io as fio
 import numpy as np
 import onnx
+from fixture_export import generate, reset_name_counter
+from fixture_record import FixtureRun, as_tuple, capture, loss_of, maxabs, param_values, session_options
+from fixture_specs import STEPS
 from onnx import numpy_helper
 from onnxruntime.capi.onnxruntime_inference_collection import OrtValue
 from onnxruntime.training import onnxblock
 from onnxruntime.training.api import CheckpointState, Module, Optimizer
-
-import fixture_io as fio
-from fixture_export import generate, reset_name_counter
-from fixture_record import (FixtureRun, as_tuple, capture, loss_of, maxabs, param_values,
-                            session_options)
-from fixture_specs import STEPS
 
 # ----------------------------------------------------------------------------- nominal checkpoint
 
@@ -36,12 +34,15 @@ def nominal_behaviour(run: FixtureRun, init: dict[str, np.ndarray], first_loss: 
     state = CheckpointState.load_checkpoint(str(run.art / "nominal_checkpoint"))
     names = list(state._state.parameter_names())  # noqa: SLF001
     first = sorted(names)[-1]
-    info: dict = {"parameter_names": names,
-                  "iterate_state_parameters": capture(lambda: list(state.parameters)),
-                  "len_state_parameters": capture(lambda: len(state.parameters)),
-                  f"contains_{first}": capture(lambda: first in state.parameters)}
-    module = Module(str(run.art / "training_model.onnx"), state, str(run.art / "eval_model.onnx"),
-                    session_options=session_options())
+    info: dict = {
+        "parameter_names": names,
+        "iterate_state_parameters": capture(lambda: list(state.parameters)),
+        "len_state_parameters": capture(lambda: len(state.parameters)),
+        f"contains_{first}": capture(lambda: first in state.parameters),
+    }
+    module = Module(
+        str(run.art / "training_model.onnx"), state, str(run.art / "eval_model.onnx"), session_options=session_options()
+    )
     info.update({f"get_parameters_size_{t}": module.get_parameters_size(t) for t in (True, False)})
     b0 = run.batch("train", 0)
     buf = full_buffer(run, init, state)
@@ -50,16 +51,21 @@ def nominal_behaviour(run: FixtureRun, init: dict[str, np.ndarray], first_loss: 
     info["eval_before_loading_params"] = capture(lambda: module.eval()(*run.batch("eval")))
     module.train()
     info["export_before_loading_params"] = capture(
-        lambda: module.export_model_for_inferencing(str(run.out / "_never.onnx"), ["logits"]))
+        lambda: module.export_model_for_inferencing(str(run.out / "_never.onnx"), ["logits"])
+    )
     info["get_contiguous_parameters_before_loading"] = capture(lambda: module.get_contiguous_parameters(False))
     info["copy_buffer_to_parameters_with_python_OrtValue"] = capture(
-        lambda: module.copy_buffer_to_parameters(OrtValue.ortvalue_from_numpy(buf), False))
+        lambda: module.copy_buffer_to_parameters(OrtValue.ortvalue_from_numpy(buf), False)
+    )
     info["copy_buffer_to_parameters_trainable_only_True"] = capture(
-        lambda: module.copy_buffer_to_parameters(OrtValue.ortvalue_from_numpy(buf)._ortvalue, True))
+        lambda: module.copy_buffer_to_parameters(OrtValue.ortvalue_from_numpy(buf)._ortvalue, True)
+    )
     info["copy_buffer_to_parameters_trainable_only_False"] = capture(
-        lambda: module.copy_buffer_to_parameters(OrtValue.ortvalue_from_numpy(buf)._ortvalue, False))
+        lambda: module.copy_buffer_to_parameters(OrtValue.ortvalue_from_numpy(buf)._ortvalue, False)
+    )
     info["param_data_after_loading_equals_init"] = capture(
-        lambda: all(np.array_equal(state.parameters[n].data, init[n]) for n in names))
+        lambda: all(np.array_equal(state.parameters[n].data, init[n]) for n in names)
+    )
     info["loss_after_loading_params"] = capture(lambda: loss_of(module(*b0)))
     info["expected_loss_same_as_full_checkpoint_first_call"] = first_loss
     with tempfile.TemporaryDirectory() as tmp:
@@ -92,10 +98,13 @@ def dropout_probe(run: FixtureRun, args: dict) -> dict:
     ratios_arr = np.array(ratios)
     return {
         "how": "separate throw-away artifacts with additional_output_names=[ReLU output, Dropout output]; "
-               "20 train calls on the train batches; counts over positions where ReLU output > 0",
-        "relu_output": relu_out, "dropout_output": drop_out,
-        "train_fraction_zeroed": 1.0 - kept / total, "positive_positions": total,
-        "kept_scale_min": float(ratios_arr.min()), "kept_scale_max": float(ratios_arr.max()),
+        "20 train calls on the train batches; counts over positions where ReLU output > 0",
+        "relu_output": relu_out,
+        "dropout_output": drop_out,
+        "train_fraction_zeroed": 1.0 - kept / total,
+        "positive_positions": total,
+        "kept_scale_min": float(ratios_arr.min()),
+        "kept_scale_max": float(ratios_arr.max()),
         "eval_dropout_is_identity": bool(np.array_equal(relu_e, drop_e)),
     }
 
@@ -123,9 +132,11 @@ def batchnorm_stats_check(run: FixtureRun, lr: float) -> dict:
             diffs[key] = max(diffs[key], maxabs(new_var, exp_var))
         opt.step()
         module.lazy_reset_grad()
-    return {"how": "before each train call compute h = x @ W0.T + b0 from the current parameters; after it "
-                   "compare ORT's running stats with 0.9*old + 0.1*batch_stat (max abs diff over 20 steps)",
-            "max_abs_diff": diffs}
+    return {
+        "how": "before each train call compute h = x @ W0.T + b0 from the current parameters; after it "
+        "compare ORT's running stats with 0.9*old + 0.1*batch_stat (max abs diff over 20 steps)",
+        "max_abs_diff": diffs,
+    }
 
 
 # ----------------------------------------------------------------------------- optimizer variants
@@ -146,16 +157,42 @@ class Variant:
 MAX_NORM = 0.25
 
 VARIANTS = [
-    Variant("adamw_wd_clip", "onnxblock.optim.AdamW(weight_decay=0.01, clip_grad=ClipGradNorm(0.25))",
-            "AdamW", {"weight_decay": 0.01}, MAX_NORM),
-    Variant("adamw_mode0_wd_clip", "adamw_wd_clip with the AdamWOptimizer attribute edited to adam_mode=0",
-            "AdamW", {"weight_decay": 0.01}, MAX_NORM, {"adam_mode": 0}),
-    Variant("adamw_nocorrect_wd_clip", "adamw_wd_clip with correct_bias=0 (adam_mode stays 1)",
-            "AdamW", {"weight_decay": 0.01, "bias_correction": False}, MAX_NORM),
-    Variant("adamw_betas_eps_wd", "onnxblock.optim.AdamW(betas=(0.8, 0.95), eps=1e-8, weight_decay=0.05), no clip",
-            "AdamW", {"betas": (0.8, 0.95), "eps": 1e-8, "weight_decay": 0.05}),
-    Variant("adamw_mode0_nocorrect", "AdamW with adam_mode=0 and correct_bias=0 (ORT requires correct_bias=1 "
-            "for mode 0)", "AdamW", {"bias_correction": False}, None, {"adam_mode": 0}),
+    Variant(
+        "adamw_wd_clip",
+        "onnxblock.optim.AdamW(weight_decay=0.01, clip_grad=ClipGradNorm(0.25))",
+        "AdamW",
+        {"weight_decay": 0.01},
+        MAX_NORM,
+    ),
+    Variant(
+        "adamw_mode0_wd_clip",
+        "adamw_wd_clip with the AdamWOptimizer attribute edited to adam_mode=0",
+        "AdamW",
+        {"weight_decay": 0.01},
+        MAX_NORM,
+        {"adam_mode": 0},
+    ),
+    Variant(
+        "adamw_nocorrect_wd_clip",
+        "adamw_wd_clip with correct_bias=0 (adam_mode stays 1)",
+        "AdamW",
+        {"weight_decay": 0.01, "bias_correction": False},
+        MAX_NORM,
+    ),
+    Variant(
+        "adamw_betas_eps_wd",
+        "onnxblock.optim.AdamW(betas=(0.8, 0.95), eps=1e-8, weight_decay=0.05), no clip",
+        "AdamW",
+        {"betas": (0.8, 0.95), "eps": 1e-8, "weight_decay": 0.05},
+    ),
+    Variant(
+        "adamw_mode0_nocorrect",
+        "AdamW with adam_mode=0 and correct_bias=0 (ORT requires correct_bias=1 for mode 0)",
+        "AdamW",
+        {"bias_correction": False},
+        None,
+        {"adam_mode": 0},
+    ),
     Variant("sgd", "onnxblock.optim.SGD()", "SGD"),
     Variant("sgd_clip", "onnxblock.optim.SGD(clip_grad=ClipGradNorm(0.25))", "SGD", {}, MAX_NORM),
 ]
@@ -179,8 +216,13 @@ def build_optimizer_model(variant: Variant, trainable: list[onnx.TensorProto], p
 
 
 RUNNER = Path(__file__).resolve().parent / "fixture_optim_runner.py"
-RUNNER_ENV = {"PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-              "LC_ALL": "C"}
+RUNNER_ENV = {
+    "PYTHONHASHSEED": "0",
+    "OMP_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "LC_ALL": "C",
+}
 
 
 def _stage_runner_dir(run: FixtureRun, path: Path, job: dict, tmp: Path) -> None:
@@ -198,15 +240,23 @@ def run_variant(run: FixtureRun, variant: Variant, path: Path, lr: float) -> tup
     job = {"lr": lr, "keys": [i.key for i in run.spec.inputs], "tag": variant.name}
     with tempfile.TemporaryDirectory() as tmp:
         _stage_runner_dir(run, path, job, Path(tmp))
-        proc = subprocess.run(fio.no_aslr_prefix() + [sys.executable, str(RUNNER)], capture_output=True,
-                              text=True, cwd=tmp, env=RUNNER_ENV)
+        proc = subprocess.run(
+            fio.no_aslr_prefix() + [sys.executable, str(RUNNER)],
+            capture_output=True,
+            text=True,
+            cwd=tmp,
+            env=RUNNER_ENV,
+        )
         if proc.returncode:
             raise RuntimeError(f"optimizer runner failed for {variant.name}:\n{proc.stderr}")
         info = json.loads((Path(tmp) / "result.json").read_text())
         with np.load(Path(tmp) / "arrays.npz") as npz:
             arrays = {k: npz[k] for k in npz.files}
-    info["run_in"] = ("tools/fixture_optim_runner.py: setarch -R (when available), env " + json.dumps(RUNNER_ENV)
-                      + ", no arguments, fixed file names")
+    info["run_in"] = (
+        "tools/fixture_optim_runner.py: setarch -R (when available), env "
+        + json.dumps(RUNNER_ENV)
+        + ", no arguments, fixed file names"
+    )
     return info, arrays
 
 
@@ -219,9 +269,12 @@ def optimizer_variants(run: FixtureRun, lr: float) -> tuple[dict, dict]:
     info, arrays = {}, {}
     for v in VARIANTS:
         path = out_dir / f"{v.name}.onnx"
-        entry = {"file": f"optimizers/{v.name}.onnx", "description": v.description, "built_with":
-                 {"block": f"onnxblock.optim.{v.kind}", "kwargs": v.block_kwargs, "clip_max_norm": v.max_norm},
-                 "attribute_edits": v.edits}
+        entry = {
+            "file": f"optimizers/{v.name}.onnx",
+            "description": v.description,
+            "built_with": {"block": f"onnxblock.optim.{v.kind}", "kwargs": v.block_kwargs, "clip_max_norm": v.max_norm},
+            "attribute_edits": v.edits,
+        }
         entry["model"] = build_optimizer_model(v, trainable, path)
         result, arr = run_variant(run, v, path, lr)
         entry.update(result)

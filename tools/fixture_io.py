@@ -18,13 +18,13 @@ import sys
 import tempfile
 import zipfile
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
-
 from onnxruntime.tools.ort_format_model.ort_flatbuffers_py.fbs import Checkpoint as FbsCheckpoint
 
 _ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
@@ -54,8 +54,11 @@ def no_aslr_prefix() -> list[str]:
     except OSError:
         ok = False
     if not ok:
-        print("warning: `setarch -R` unavailable; gradient-clipping optimizer variants may differ in the "
-              "last bits between reruns", file=sys.stderr)
+        print(
+            "warning: `setarch -R` unavailable; gradient-clipping optimizer variants may differ in the "
+            "last bits between reruns",
+            file=sys.stderr,
+        )
     return prefix if ok else []
 
 
@@ -110,8 +113,9 @@ def _value_info_dict(vi: onnx.ValueInfoProto) -> dict:
     tt = t.tensor_type
     shape = None
     if tt.HasField("shape"):
-        shape = [d.dim_param if d.dim_param else (d.dim_value if d.HasField("dim_value") else None)
-                 for d in tt.shape.dim]
+        shape = [
+            d.dim_param if d.dim_param else (d.dim_value if d.HasField("dim_value") else None) for d in tt.shape.dim
+        ]
     return {"name": vi.name, "kind": "tensor", "dtype": _DTYPE_NAMES.get(tt.elem_type, tt.elem_type), "shape": shape}
 
 
@@ -146,8 +150,18 @@ def node_dict(node: onnx.NodeProto) -> dict:
 
 
 # Default-domain ops whose attributes and wiring matter to a re-implementation.
-_KEY_OPS = {"LayerNormalization", "BatchNormalization", "Dropout", "SoftmaxCrossEntropyLoss",
-            "Conv", "MaxPool", "Gemm", "Softmax", "ConvGrad", "MaxPoolGrad"}
+_KEY_OPS = {
+    "LayerNormalization",
+    "BatchNormalization",
+    "Dropout",
+    "SoftmaxCrossEntropyLoss",
+    "Conv",
+    "MaxPool",
+    "Gemm",
+    "Softmax",
+    "ConvGrad",
+    "MaxPoolGrad",
+}
 
 
 def graph_summary(path: Path) -> dict:
@@ -163,12 +177,14 @@ def graph_summary(path: Path) -> dict:
         "op_counts": dict(sorted(counts.items())),
         "inputs": [_value_info_dict(v) for v in g.input],
         "outputs": [_value_info_dict(v) for v in g.output],
-        "initializers": [{"name": i.name, "dtype": _DTYPE_NAMES[i.data_type], "dims": list(i.dims)}
-                         for i in g.initializer],
+        "initializers": [
+            {"name": i.name, "dtype": _DTYPE_NAMES[i.data_type], "dims": list(i.dims)} for i in g.initializer
+        ],
         "com_microsoft_nodes": [node_dict(n) for n in g.node if n.domain == "com.microsoft"],
         "other_domain_nodes": [node_dict(n) for n in g.node if n.domain not in ("", "ai.onnx", "com.microsoft")],
-        "key_default_domain_nodes": [node_dict(n) for n in g.node
-                                     if n.domain in ("", "ai.onnx") and n.op_type in _KEY_OPS],
+        "key_default_domain_nodes": [
+            node_dict(n) for n in g.node if n.domain in ("", "ai.onnx") and n.op_type in _KEY_OPS
+        ],
         "file_bytes": path.stat().st_size,
     }
 
@@ -179,8 +195,15 @@ def optimizer_node_summary(path: Path) -> dict:
     return {
         "inputs": [v.name for v in model.graph.input],
         "outputs": [v.name for v in model.graph.output],
-        "nodes": [{"op_type": n.op_type, "domain": n.domain, "inputs": list(n.input),
-                   "attributes": {a.name: _attr_value(a) for a in n.attribute}} for n in model.graph.node],
+        "nodes": [
+            {
+                "op_type": n.op_type,
+                "domain": n.domain,
+                "inputs": list(n.input),
+                "attributes": {a.name: _attr_value(a) for a in n.attribute},
+            }
+            for n in model.graph.node
+        ],
     }
 
 
@@ -229,8 +252,9 @@ def read_checkpoint(path: Path, with_data: bool = False) -> dict:
     }
     if ms is not None:
         out["module_state"] = {
-            "requires_grad_params": [_fbs_tensor(ms.RequiresGradParams(j), with_data)
-                                     for j in range(ms.RequiresGradParamsLength())],
+            "requires_grad_params": [
+                _fbs_tensor(ms.RequiresGradParams(j), with_data) for j in range(ms.RequiresGradParamsLength())
+            ],
             "frozen_params": [_fbs_tensor(ms.FrozenParams(j), with_data) for j in range(ms.FrozenParamsLength())],
             "is_nominal_state": bool(ms.IsNominalState()),
             "has_external_data": bool(ms.HasExternalData()),
@@ -240,37 +264,53 @@ def read_checkpoint(path: Path, with_data: bool = False) -> dict:
         states = []
         for s in range(grp.OptimizerStatesLength()):
             st = grp.OptimizerStates(s)
-            states.append({"param_name": _fbs_str(st.ParamName()),
-                           "momentums": [_fbs_tensor(st.Momentums(m), with_data)
-                                         for m in range(st.MomentumsLength())]})
-        out["optimizer_groups"].append({
-            "group_name": _fbs_str(grp.GroupName()),
-            "step": int(grp.Step()),
-            "initial_learning_rate": float(grp.InitialLearningRate()),
-            "optimizer_states": states,
-        })
+            states.append(
+                {
+                    "param_name": _fbs_str(st.ParamName()),
+                    "momentums": [_fbs_tensor(st.Momentums(m), with_data) for m in range(st.MomentumsLength())],
+                }
+            )
+        out["optimizer_groups"].append(
+            {
+                "group_name": _fbs_str(grp.GroupName()),
+                "step": int(grp.Step()),
+                "initial_learning_rate": float(grp.InitialLearningRate()),
+                "optimizer_states": states,
+            }
+        )
     bag = ck.PropertyBag()
     if bag is not None:
         out["property_bag"] = {
-            "ints": [{"name": _fbs_str(bag.Ints(j).Name()), "value": int(bag.Ints(j).Value())}
-                     for j in range(bag.IntsLength())],
-            "floats": [{"name": _fbs_str(bag.Floats(j).Name()), "value": float(bag.Floats(j).Value())}
-                       for j in range(bag.FloatsLength())],
-            "strings": [{"name": _fbs_str(bag.Strings(j).Name()), "value": _fbs_str(bag.Strings(j).Value())}
-                        for j in range(bag.StringsLength())],
+            "ints": [
+                {"name": _fbs_str(bag.Ints(j).Name()), "value": int(bag.Ints(j).Value())}
+                for j in range(bag.IntsLength())
+            ],
+            "floats": [
+                {"name": _fbs_str(bag.Floats(j).Name()), "value": float(bag.Floats(j).Value())}
+                for j in range(bag.FloatsLength())
+            ],
+            "strings": [
+                {"name": _fbs_str(bag.Strings(j).Name()), "value": _fbs_str(bag.Strings(j).Value())}
+                for j in range(bag.StringsLength())
+            ],
         }
     return out
 
 
 def optimizer_groups_summary(ck: dict) -> list[dict]:
     """Compact per-group view like refcorpus' final_checkpoint_optimizer_groups."""
-    return [{
-        "group_name": g["group_name"],
-        "step": g["step"],
-        "initial_learning_rate": g["initial_learning_rate"],
-        "params": [s["param_name"] for s in g["optimizer_states"]],
-        "momentum_names": [m["name"] for m in g["optimizer_states"][0]["momentums"]] if g["optimizer_states"] else [],
-    } for g in ck["optimizer_groups"]]
+    return [
+        {
+            "group_name": g["group_name"],
+            "step": g["step"],
+            "initial_learning_rate": g["initial_learning_rate"],
+            "params": [s["param_name"] for s in g["optimizer_states"]],
+            "momentum_names": [m["name"] for m in g["optimizer_states"][0]["momentums"]]
+            if g["optimizer_states"]
+            else [],
+        }
+        for g in ck["optimizer_groups"]
+    ]
 
 
 def optimizer_state_arrays(ck: dict, prefix: str = "") -> dict[str, np.ndarray]:

@@ -19,11 +19,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import fixture_io as fio  # noqa: E402
 import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 from onnxruntime.training.api import CheckpointState, Module, Optimizer  # noqa: E402
-
-import fixture_io as fio  # noqa: E402
 
 STEPS = 20
 
@@ -55,8 +54,10 @@ def trajectory(optim: Path, lr: float, keys: list[str], tag: str) -> tuple[dict,
     try:
         opt = Optimizer(str(optim), module)
     except Exception as exc:  # noqa: BLE001 - ORT's refusal is what gets recorded
-        return {"error_at": "Optimizer(...)", "error": {"type": type(exc).__qualname__,
-                                                        "message": fio.scrub(str(exc))}}, {}
+        return {
+            "error_at": "Optimizer(...)",
+            "error": {"type": type(exc).__qualname__, "message": fio.scrub(str(exc))},
+        }, {}
     opt.set_learning_rate(lr)
     losses, before, after = [], [], []
     for i in range(STEPS):
@@ -71,9 +72,15 @@ def trajectory(optim: Path, lr: float, keys: list[str], tag: str) -> tuple[dict,
     CheckpointState.save_checkpoint(state, "final_checkpoint", include_optimizer_state=True)
     parsed = fio.read_checkpoint(Path("final_checkpoint"), with_data=True)
     changed = any(abs(a - b) > 1e-6 * max(1.0, a) for a, b in zip(before, after))
-    info = {"losses": losses, "eval_loss": eval_loss, "grad_norm_before_step": before,
-            "grad_norm_after_step": after, "optimizer_step_changed_grad_buffers": changed, "lr": lr,
-            "optimizer_groups": fio.optimizer_groups_summary(parsed)}
+    info = {
+        "losses": losses,
+        "eval_loss": eval_loss,
+        "grad_norm_before_step": before,
+        "grad_norm_after_step": after,
+        "optimizer_step_changed_grad_buffers": changed,
+        "lr": lr,
+        "optimizer_groups": fio.optimizer_groups_summary(parsed),
+    }
     arrays = {f"{tag}__train_losses": np.array(losses, np.float32), f"{tag}__eval_loss": np.float32(eval_loss)}
     arrays.update({f"{tag}__final__{n}": np.array(p.data) for n, p in state.parameters})
     arrays.update(fio.optimizer_state_arrays(parsed, prefix=f"{tag}__"))

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+import fixture_io as fio
 import numpy as np
 import onnx
 import onnxruntime as ort
 import torch
-from onnxruntime.training.api import CheckpointState, LinearLRScheduler, Module, Optimizer
-
-import fixture_io as fio
 from fixture_export import initializer_arrays, torch_reference
 from fixture_specs import STEPS, FixtureSpec, torch_loss
+from onnxruntime.training.api import CheckpointState, LinearLRScheduler, Module, Optimizer
 
 
 @dataclass
@@ -38,8 +38,12 @@ class FixtureRun:
     def open(self, checkpoint: Path | None = None) -> tuple[CheckpointState, Module]:
         """A fresh CheckpointState (default: artifacts/checkpoint) and Module with the eval model."""
         state = CheckpointState.load_checkpoint(str(checkpoint or self.art / "checkpoint"))
-        module = Module(str(self.art / "training_model.onnx"), state, str(self.art / "eval_model.onnx"),
-                        session_options=session_options())
+        module = Module(
+            str(self.art / "training_model.onnx"),
+            state,
+            str(self.art / "eval_model.onnx"),
+            session_options=session_options(),
+        )
         return state, module
 
     def param_order(self, state: CheckpointState) -> list[str]:
@@ -62,8 +66,11 @@ def capture(fn: Callable[[], Any]) -> dict:
     try:
         result = fn()
     except Exception as exc:  # noqa: BLE001 - recording ORT's behaviour is the point
-        return {"raised": True, "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
-                "message": fio.scrub(str(exc))}
+        return {
+            "raised": True,
+            "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
+            "message": fio.scrub(str(exc)),
+        }
     return {"raised": False, "result": str(result)}
 
 
@@ -104,21 +111,28 @@ def record_setup(run: FixtureRun) -> tuple[dict, dict]:
     state, module = run.open()
     info: dict = {"checkpoint_parameter_order": [n for n, _ in state.parameters], "parameters": {}}
     for name, p in state.parameters:
-        info["parameters"][name] = {"requires_grad": bool(p.requires_grad), "shape": list(p.data.shape),
-                                    "dtype": str(p.data.dtype)}
+        info["parameters"][name] = {
+            "requires_grad": bool(p.requires_grad),
+            "shape": list(p.data.shape),
+            "dtype": str(p.data.dtype),
+        }
     info["parameters_size"] = {f"trainable_only_{t}": module.get_parameters_size(t) for t in (True, False)}
     for mode in ("train", "eval"):
         module.train(mode == "train")
         info[f"{mode}_mode"] = {"input_names": module.input_names(), "output_names": module.output_names()}
     info["grad_before_any_train_step"] = {
         n: {"shape": None if g is None else list(g.shape), "all_zero": None if g is None else bool(not g.any())}
-        for n, g in grads(state).items()}
+        for n, g in grads(state).items()
+    }
     values = param_values(state)
     arrays = {f"init__{n}": v for n, v in values.items()}
     arrays["init_contiguous_trainable"] = contiguous(module, True)
     arrays["init_contiguous_all"] = contiguous(module, False)
-    info["get_contiguous_parameters_return_type"] = type(module.get_contiguous_parameters()).__module__ + "." + \
-        type(module.get_contiguous_parameters()).__qualname__
+    info["get_contiguous_parameters_return_type"] = (
+        type(module.get_contiguous_parameters()).__module__
+        + "."
+        + type(module.get_contiguous_parameters()).__qualname__
+    )
     info["contiguous_buffer_order"] = buffer_order(run, state, values, arrays)
     return info, arrays
 
@@ -141,8 +155,8 @@ def buffer_order(run: FixtureRun, state: CheckpointState, values: dict, arrays: 
         "all_matches_checkpoint_file_order": same(arrays["init_contiguous_all"], flat(ck_order)),
         "checkpoint_file_order": ck_order,
         "note": "checkpoint_file_order = tensor order inside artifacts/checkpoint (generate_artifacts writes "
-                "the exported-initializer order); checkpoint_parameter_order = CheckpointState iteration "
-                "(name-sorted)",
+        "the exported-initializer order); checkpoint_parameter_order = CheckpointState iteration "
+        "(name-sorted)",
     }
 
 
@@ -169,7 +183,9 @@ def gradient_semantics(run: FixtureRun) -> tuple[dict, dict]:
     g_after_eval = grads(state)
     live = [n for n, g in g1.items() if g is not None]
     info = {
-        "loss_call1": losses[0], "loss_call2_no_reset": losses[1], "loss_call3_after_lazy_reset": losses[2],
+        "loss_call1": losses[0],
+        "loss_call2_no_reset": losses[1],
+        "loss_call3_after_lazy_reset": losses[2],
         "grad_is_None_for": [n for n, g in g1.items() if g is None],
         "accum2_equals_2x_step1_maxabs": max([maxabs(g2[n], 2 * g1[n]) for n in live], default=0.0),
         "after_reset_equals_step1_maxabs": max([maxabs(g3[n], g1[n]) for n in live], default=0.0),
@@ -185,8 +201,9 @@ def gradient_semantics(run: FixtureRun) -> tuple[dict, dict]:
     return info, arrays
 
 
-def torch_crosscheck(run: FixtureRun, init: dict[str, np.ndarray], ort_loss: float,
-                     ort_grads: dict[str, np.ndarray]) -> dict:
+def torch_crosscheck(
+    run: FixtureRun, init: dict[str, np.ndarray], ort_loss: float, ort_grads: dict[str, np.ndarray]
+) -> dict:
     """First-step loss and gradients from torch autograd on the same weights and batch."""
     values = {**initializer_arrays(run.base), **init}
     model = torch_reference(run.spec.build_model, values).train()
@@ -196,8 +213,7 @@ def torch_crosscheck(run: FixtureRun, init: dict[str, np.ndarray], ort_loss: flo
     named = dict(model.named_parameters())
     diffs = {n: maxabs(named[n].grad.numpy(), g) for n, g in ort_grads.items() if n in named}
     t_loss = loss.item()
-    return {"torch_loss": t_loss, "ort_loss": ort_loss, "abs_diff": abs(t_loss - ort_loss),
-            "grad_max_abs_diff": diffs}
+    return {"torch_loss": t_loss, "ort_loss": ort_loss, "abs_diff": abs(t_loss - ort_loss), "grad_max_abs_diff": diffs}
 
 
 # ----------------------------------------------------------------------------- training
@@ -221,13 +237,15 @@ def make_optimizer(run: FixtureRun, module: Module, path: Path | None = None) ->
         # ORT 1.19.2's binding swaps warmup/total (also with keywords, the wrapper passes them on
         # positionally), so pass (total, warmup) to obtain the documented warmup=3, total=20.
         sched = LinearLRScheduler(opt, s["total_step_count"], s["warmup_step_count"], s["initial_lr"])
-        info["scheduler"] = {"type": "LinearLRScheduler", **s,
-                             "semantics": "documented (lr = initial*step/max(1,warmup) while step<warmup, else "
-                                          "initial*max(0,(total-step)/max(1,total-warmup)))",
-                             "ort_call": f"LinearLRScheduler(optimizer, {s['total_step_count']}, "
-                                         f"{s['warmup_step_count']}, {s['initial_lr']})  # binding swaps the two",
-                             "call_order": "loss=module(...); optimizer.step(); scheduler.step(); "
-                                           "module.lazy_reset_grad()"}
+        info["scheduler"] = {
+            "type": "LinearLRScheduler",
+            **s,
+            "semantics": "documented (lr = initial*step/max(1,warmup) while step<warmup, else "
+            "initial*max(0,(total-step)/max(1,total-warmup)))",
+            "ort_call": f"LinearLRScheduler(optimizer, {s['total_step_count']}, "
+            f"{s['warmup_step_count']}, {s['initial_lr']})  # binding swaps the two",
+            "call_order": "loss=module(...); optimizer.step(); scheduler.step(); module.lazy_reset_grad()",
+        }
     else:
         opt.set_learning_rate(run.spec.lr)
         info["scheduler"] = None
@@ -235,8 +253,9 @@ def make_optimizer(run: FixtureRun, module: Module, path: Path | None = None) ->
     return opt, sched, info
 
 
-def train_steps(run: FixtureRun, state: CheckpointState, module: Module, opt: Optimizer,
-                sched: Any) -> tuple[dict, dict]:
+def train_steps(
+    run: FixtureRun, state: CheckpointState, module: Module, opt: Optimizer, sched: Any
+) -> tuple[dict, dict]:
     """The 20-step loop; records losses, lrs, additional outputs and (optionally) frozen params."""
     losses, before, after, extra = [], [], [], []
     frozen = [n for n, p in state.parameters if not p.requires_grad] if run.spec.track_frozen_each_step else []
@@ -260,12 +279,22 @@ def train_steps(run: FixtureRun, state: CheckpointState, module: Module, opt: Op
             tracked[n].append(now)
             changed_in_call |= {n} if not np.array_equal(prev[n], mid[n]) else set()
             changed_in_step |= {n} if not np.array_equal(mid[n], now) else set()
-    info = {"steps": STEPS, "lr": run.spec.lr, "losses": [loss_of(v) for v in losses],
-            "loss_return": {"type": f"{type(losses[0]).__module__}.{type(losses[0]).__name__}",
-                            "shape": list(np.shape(losses[0])), "dtype": str(np.asarray(losses[0]).dtype)},
-            "lr_before_each_step": before, "lr_after_each_step": after}
-    arrays = {"train_losses": np.array([loss_of(v) for v in losses], np.float32),
-              "lr_after_each_step": np.array(after, np.float32)}
+    info = {
+        "steps": STEPS,
+        "lr": run.spec.lr,
+        "losses": [loss_of(v) for v in losses],
+        "loss_return": {
+            "type": f"{type(losses[0]).__module__}.{type(losses[0]).__name__}",
+            "shape": list(np.shape(losses[0])),
+            "dtype": str(np.asarray(losses[0]).dtype),
+        },
+        "lr_before_each_step": before,
+        "lr_after_each_step": after,
+    }
+    arrays = {
+        "train_losses": np.array([loss_of(v) for v in losses], np.float32),
+        "lr_after_each_step": np.array(after, np.float32),
+    }
     names = module.output_names()[1:]
     for j, name in enumerate(names):
         arrays[f"train_output__{name}"] = np.stack([e[j] for e in extra])
@@ -281,9 +310,11 @@ def scheduler_check(sched: dict, info: dict) -> dict:
     """Compare recorded lrs with the documented formula (step = completed optimizer steps)."""
     want_before = [documented_lr(sched, i) for i in range(STEPS)]
     want_after = [documented_lr(sched, i + 1) for i in range(STEPS)]
-    return {"documented_lr_before_each_step": want_before,
-            "max_abs_diff_before": max(abs(a - b) for a, b in zip(info["lr_before_each_step"], want_before)),
-            "max_abs_diff_after": max(abs(a - b) for a, b in zip(info["lr_after_each_step"], want_after))}
+    return {
+        "documented_lr_before_each_step": want_before,
+        "max_abs_diff_before": max(abs(a - b) for a, b in zip(info["lr_before_each_step"], want_before)),
+        "max_abs_diff_after": max(abs(a - b) for a, b in zip(info["lr_after_each_step"], want_after)),
+    }
 
 
 def scheduler_keyword_probe(run: FixtureRun) -> dict:
@@ -291,18 +322,24 @@ def scheduler_keyword_probe(run: FixtureRun) -> dict:
     s = run.spec.scheduler
     _, module = run.open()
     opt = Optimizer(str(run.art / "optimizer_model.onnx"), module)
-    sched = LinearLRScheduler(opt, warmup_step_count=s["warmup_step_count"],
-                              total_step_count=s["total_step_count"], initial_lr=s["initial_lr"])
+    sched = LinearLRScheduler(
+        opt,
+        warmup_step_count=s["warmup_step_count"],
+        total_step_count=s["total_step_count"],
+        initial_lr=s["initial_lr"],
+    )
     lrs = []
     for _ in range(5):
         lrs.append(opt.get_learning_rate())
         opt.step()  # no train step yet: zero gradients, parameters unchanged, step count advances
         sched.step()
     swapped = {**s, "warmup_step_count": s["total_step_count"], "total_step_count": s["warmup_step_count"]}
-    return {"call": f"LinearLRScheduler(optimizer, warmup_step_count={s['warmup_step_count']}, "
-                    f"total_step_count={s['total_step_count']}, initial_lr={s['initial_lr']})",
-            "lr_before_steps_0_to_4": lrs,
-            "matches_swapped_counts": all(abs(a - documented_lr(swapped, i)) < 1e-9 for i, a in enumerate(lrs))}
+    return {
+        "call": f"LinearLRScheduler(optimizer, warmup_step_count={s['warmup_step_count']}, "
+        f"total_step_count={s['total_step_count']}, initial_lr={s['initial_lr']})",
+        "lr_before_steps_0_to_4": lrs,
+        "matches_swapped_counts": all(abs(a - documented_lr(swapped, i)) < 1e-9 for i, a in enumerate(lrs)),
+    }
 
 
 def evaluate(run: FixtureRun, module: Module) -> tuple[float, dict]:
@@ -326,8 +363,12 @@ def save_checkpoints(run: FixtureRun, state: CheckpointState) -> dict:
     with_opt, no_opt = run.out / "final_checkpoint_with_optimizer", run.out / "final_checkpoint_no_optimizer"
     CheckpointState.save_checkpoint(state, str(with_opt), include_optimizer_state=True)
     CheckpointState.save_checkpoint(state, str(no_opt), include_optimizer_state=False)
-    info["saved_checkpoints"] = {"with_optimizer": with_opt.name, "bytes_with": with_opt.stat().st_size,
-                                 "no_optimizer": no_opt.name, "bytes_without": no_opt.stat().st_size}
+    info["saved_checkpoints"] = {
+        "with_optimizer": with_opt.name,
+        "bytes_with": with_opt.stat().st_size,
+        "no_optimizer": no_opt.name,
+        "bytes_without": no_opt.stat().st_size,
+    }
     if run.spec.properties:
         info["properties_readback"] = dict(CheckpointState.load_checkpoint(str(with_opt)).properties)
         info["properties_readback_no_optimizer"] = dict(CheckpointState.load_checkpoint(str(no_opt)).properties)
@@ -340,21 +381,28 @@ def inference_export(run: FixtureRun, module: Module, final: dict[str, np.ndarra
     path = run.out / "inference_model.onnx"
     module.export_model_for_inferencing(str(path), outputs)
     sess = ort.InferenceSession(str(path), session_options(), providers=["CPUExecutionProvider"])
-    feeds = {inp.name: run.data[f"{inp.key}_eval"] for inp in run.spec.inputs if inp.name in
-             {i.name for i in sess.get_inputs()}}
+    feeds = {
+        inp.name: run.data[f"{inp.key}_eval"]
+        for inp in run.spec.inputs
+        if inp.name in {i.name for i in sess.get_inputs()}
+    }
     results = dict(zip(outputs, sess.run(outputs, feeds)))
     summary = fio.graph_summary(path)
     values = {**initializer_arrays(run.base), **final}
     ref = torch_reference(run.spec.build_model, values).eval()
     with torch.no_grad():
         torch_out = ref(*(torch.from_numpy(run.data[f"{i.key}_eval"]) for i in run.spec.inputs)).numpy()
-    info = {"graph_output_names": outputs, "inputs": summary["inputs"], "outputs": summary["outputs"],
-            "op_counts": summary["op_counts"],
-            "initializers": [i["name"] for i in summary["initializers"] if i["name"] in final],
-            "other_initializers": [i["name"] for i in summary["initializers"] if i["name"] not in final],
-            "output_shapes": {k: list(v.shape) for k, v in results.items()},
-            "logits_shape": list(results["logits"].shape),
-            "max_abs_diff_vs_torch_eval_with_final_params": maxabs(results["logits"], torch_out)}
+    info = {
+        "graph_output_names": outputs,
+        "inputs": summary["inputs"],
+        "outputs": summary["outputs"],
+        "op_counts": summary["op_counts"],
+        "initializers": [i["name"] for i in summary["initializers"] if i["name"] in final],
+        "other_initializers": [i["name"] for i in summary["initializers"] if i["name"] not in final],
+        "output_shapes": {k: list(v.shape) for k, v in results.items()},
+        "logits_shape": list(results["logits"].shape),
+        "max_abs_diff_vs_torch_eval_with_final_params": maxabs(results["logits"], torch_out),
+    }
     return info, results
 
 
@@ -372,12 +420,16 @@ def _two_steps(run: FixtureRun, module: Module, opt: Optimizer) -> list[float]:
 def resume(run: FixtureRun, module: Module, opt: Optimizer) -> dict:
     """2 more steps on x_train[0]: in-process vs. reloaded saved checkpoints (lr set explicitly)."""
     opt.set_learning_rate(run.spec.lr)
-    info = {"what": "after the 20 steps (+eval, saves, export): 2 more steps on train batch 0 in-process vs. "
-                    "after reloading saved checkpoints into fresh Module+Optimizer; lr explicitly set to the "
-                    "fixture lr in all three",
-            "in_process_losses": _two_steps(run, module, opt)}
-    for tag, name in (("with_optimizer", "final_checkpoint_with_optimizer"),
-                      ("no_optimizer", "final_checkpoint_no_optimizer")):
+    info = {
+        "what": "after the 20 steps (+eval, saves, export): 2 more steps on train batch 0 in-process vs. "
+        "after reloading saved checkpoints into fresh Module+Optimizer; lr explicitly set to the "
+        "fixture lr in all three",
+        "in_process_losses": _two_steps(run, module, opt),
+    }
+    for tag, name in (
+        ("with_optimizer", "final_checkpoint_with_optimizer"),
+        ("no_optimizer", "final_checkpoint_no_optimizer"),
+    ):
         _, mod2 = run.open(run.out / name)
         opt2 = Optimizer(str(run.art / "optimizer_model.onnx"), mod2)
         if tag == "with_optimizer":

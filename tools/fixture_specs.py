@@ -6,14 +6,13 @@ losses actually go down. Torch weights come from torch.manual_seed(spec.seed).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import torch
-from torch import nn
-
 from onnxruntime.training import onnxblock
+from torch import nn
 
 STEPS = 20
 
@@ -94,8 +93,9 @@ def _randomise_bn_stats(model: nn.Module) -> nn.Module:
 
 def bn_dropout() -> nn.Module:
     """Linear(12,16)-BatchNorm1d(16)-ReLU-Dropout(0.5)-Linear(16,3)."""
-    return _randomise_bn_stats(nn.Sequential(
-        nn.Linear(12, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.5), nn.Linear(16, 3)))
+    return _randomise_bn_stats(
+        nn.Sequential(nn.Linear(12, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.5), nn.Linear(16, 3))
+    )
 
 
 def bn_mlp() -> nn.Module:
@@ -221,50 +221,137 @@ def _bn_stats(names: list[str]) -> list[str]:
 
 FIXTURES: list[FixtureSpec] = [
     FixtureSpec(
-        "mlp_ce_adamw_sched", "Linear(20,32)-ReLU-Linear(32,5), CrossEntropyLoss, AdamW, LinearLRScheduler "
+        "mlp_ce_adamw_sched",
+        "Linear(20,32)-ReLU-Linear(32,5), CrossEntropyLoss, AdamW, LinearLRScheduler "
         "(documented semantics warmup=3, total=20, initial_lr=0.01), nominal checkpoint, properties",
-        1, mlp, _X, "ce", "classes:5",
+        1,
+        mlp,
+        _X,
+        "ce",
+        "classes:5",
         scheduler={"warmup_step_count": 3, "total_step_count": 20, "initial_lr": 0.01},
-        nominal_checkpoint=True, properties={"epoch": 3, "best_loss": 0.25, "tag": "fixtures"}),
-    FixtureSpec("mlp_frozen", "Linear(20,32)-ReLU-Linear(32,5), CrossEntropyLoss, AdamW, first Linear frozen",
-                2, mlp, _X, "ce", "classes:5", frozen=_first_linear),
-    FixtureSpec("mlp_additional_outputs", "Linear(20,32)-ReLU-Linear(32,5), CrossEntropyLoss, AdamW, "
-                "additional_output_names=['logits']", 3, mlp, _X, "ce", "classes:5",
-                additional_output_names=["logits"]),
-    FixtureSpec("cnn", "Conv2d(1,4,3)-ReLU-MaxPool2d(2)-Flatten-Linear(100,10), 1x12x12, CrossEntropyLoss, AdamW",
-                4, cnn, [InputSpec("input", "x", (1, 12, 12))], "ce", "classes:10"),
-    FixtureSpec("regress_mse_sgd", "Linear(8,16)-Tanh-Linear(16,1), MSELoss, SGD lr 0.05",
-                5, regressor, [InputSpec("input", "x", (8,))], "mse", "regress:1", optimizer="SGD", lr=0.05),
-    FixtureSpec("bce", "Linear(6,1), BCEWithLogitsLoss, AdamW", 6, logistic, [InputSpec("input", "x", (6,))],
-                "bce", "binary"),
-    FixtureSpec("l1", "Linear(8,16)-ReLU-Linear(16,2), L1Loss, AdamW", 7, l1_regressor,
-                [InputSpec("input", "x", (8,))], "l1", "regress:2"),
+        nominal_checkpoint=True,
+        properties={"epoch": 3, "best_loss": 0.25, "tag": "fixtures"},
+    ),
     FixtureSpec(
-        "transformer", "TransformerEncoderLayer(d_model=16, nhead=2, dim_feedforward=32, dropout=0.0, "
+        "mlp_frozen",
+        "Linear(20,32)-ReLU-Linear(32,5), CrossEntropyLoss, AdamW, first Linear frozen",
+        2,
+        mlp,
+        _X,
+        "ce",
+        "classes:5",
+        frozen=_first_linear,
+    ),
+    FixtureSpec(
+        "mlp_additional_outputs",
+        "Linear(20,32)-ReLU-Linear(32,5), CrossEntropyLoss, AdamW, additional_output_names=['logits']",
+        3,
+        mlp,
+        _X,
+        "ce",
+        "classes:5",
+        additional_output_names=["logits"],
+    ),
+    FixtureSpec(
+        "cnn",
+        "Conv2d(1,4,3)-ReLU-MaxPool2d(2)-Flatten-Linear(100,10), 1x12x12, CrossEntropyLoss, AdamW",
+        4,
+        cnn,
+        [InputSpec("input", "x", (1, 12, 12))],
+        "ce",
+        "classes:10",
+    ),
+    FixtureSpec(
+        "regress_mse_sgd",
+        "Linear(8,16)-Tanh-Linear(16,1), MSELoss, SGD lr 0.05",
+        5,
+        regressor,
+        [InputSpec("input", "x", (8,))],
+        "mse",
+        "regress:1",
+        optimizer="SGD",
+        lr=0.05,
+    ),
+    FixtureSpec(
+        "bce", "Linear(6,1), BCEWithLogitsLoss, AdamW", 6, logistic, [InputSpec("input", "x", (6,))], "bce", "binary"
+    ),
+    FixtureSpec(
+        "l1",
+        "Linear(8,16)-ReLU-Linear(16,2), L1Loss, AdamW",
+        7,
+        l1_regressor,
+        [InputSpec("input", "x", (8,))],
+        "l1",
+        "regress:2",
+    ),
+    FixtureSpec(
+        "transformer",
+        "TransformerEncoderLayer(d_model=16, nhead=2, dim_feedforward=32, dropout=0.0, "
         "batch_first=True) + masked mean-pool + Linear(16,4), CrossEntropyLoss, AdamW; two user inputs "
-        "input[B,6,16] (float) and mask[B,6] (float 0/1)", 8, TinyTransformer,
-        [InputSpec("input", "x", (6, 16)), InputSpec("mask", "mask", (6,), "mask")], "ce", "classes:4", batch=4,
-        eval_batch=8),
-    FixtureSpec("bn_dropout", "Linear(12,16)-BatchNorm1d(16)-ReLU-Dropout(0.5)-Linear(16,3), CrossEntropyLoss, "
-                "AdamW; BatchNorm running stats stay constants", 9, bn_dropout,
-                [InputSpec("input", "x", (12,))], "ce", "classes:3", stochastic=True),
-    FixtureSpec("bn_frozen_stats", "Linear(12,16)-BatchNorm1d(16)-ReLU-Linear(16,3), CrossEntropyLoss, AdamW; "
-                "BatchNorm running_mean/running_var in frozen_params", 10, bn_mlp,
-                [InputSpec("input", "x", (12,))], "ce", "classes:3", frozen=_bn_stats, track_frozen_each_step=True),
-    FixtureSpec("custom_loss", "Linear(8,16)-Tanh-Linear(16,1), custom onnxblock loss 0.7*MSELoss + 0.3*L1Loss "
-                "(Constant/Mul/Add blocks), AdamW", 11, regressor, [InputSpec("input", "x", (8,))],
-                "custom", "regress:1"),
-    FixtureSpec("mlp_optimizers", "Linear(20,32)-ReLU-Linear(32,5), CrossEntropyLoss; default AdamW artifacts "
-                "plus several onnxblock-built optimizer models in optimizers/", 12, mlp, _X, "ce", "classes:5",
-                optimizer_variants=True, notes=[
-                    "InplaceClipGradNorm (CPU) adds the per-tensor squared norms in the iteration order of "
-                    "ORT's parameter hash map (absl, salted with memory addresses), so the *_clip trajectories "
-                    "differ by ~1 ulp between processes (seen in 5 of 20 plain runs). The variants are "
-                    "therefore run by tools/fixture_optim_runner.py with ASLR off (setarch -R), "
-                    "PYTHONHASHSEED=0, a fixed minimal environment and fixed file names, which made reruns "
-                    "bit-identical here; another machine may land on a different summation order. Compare the "
-                    "clip variants with a tolerance (~1e-6 relative); the other variants reproduce bitwise "
-                    "under ORT."]),
+        "input[B,6,16] (float) and mask[B,6] (float 0/1)",
+        8,
+        TinyTransformer,
+        [InputSpec("input", "x", (6, 16)), InputSpec("mask", "mask", (6,), "mask")],
+        "ce",
+        "classes:4",
+        batch=4,
+        eval_batch=8,
+    ),
+    FixtureSpec(
+        "bn_dropout",
+        "Linear(12,16)-BatchNorm1d(16)-ReLU-Dropout(0.5)-Linear(16,3), CrossEntropyLoss, "
+        "AdamW; BatchNorm running stats stay constants",
+        9,
+        bn_dropout,
+        [InputSpec("input", "x", (12,))],
+        "ce",
+        "classes:3",
+        stochastic=True,
+    ),
+    FixtureSpec(
+        "bn_frozen_stats",
+        "Linear(12,16)-BatchNorm1d(16)-ReLU-Linear(16,3), CrossEntropyLoss, AdamW; "
+        "BatchNorm running_mean/running_var in frozen_params",
+        10,
+        bn_mlp,
+        [InputSpec("input", "x", (12,))],
+        "ce",
+        "classes:3",
+        frozen=_bn_stats,
+        track_frozen_each_step=True,
+    ),
+    FixtureSpec(
+        "custom_loss",
+        "Linear(8,16)-Tanh-Linear(16,1), custom onnxblock loss 0.7*MSELoss + 0.3*L1Loss "
+        "(Constant/Mul/Add blocks), AdamW",
+        11,
+        regressor,
+        [InputSpec("input", "x", (8,))],
+        "custom",
+        "regress:1",
+    ),
+    FixtureSpec(
+        "mlp_optimizers",
+        "Linear(20,32)-ReLU-Linear(32,5), CrossEntropyLoss; default AdamW artifacts "
+        "plus several onnxblock-built optimizer models in optimizers/",
+        12,
+        mlp,
+        _X,
+        "ce",
+        "classes:5",
+        optimizer_variants=True,
+        notes=[
+            "InplaceClipGradNorm (CPU) adds the per-tensor squared norms in the iteration order of "
+            "ORT's parameter hash map (absl, salted with memory addresses), so the *_clip trajectories "
+            "differ by ~1 ulp between processes (seen in 5 of 20 plain runs). The variants are "
+            "therefore run by tools/fixture_optim_runner.py with ASLR off (setarch -R), "
+            "PYTHONHASHSEED=0, a fixed minimal environment and fixed file names, which made reruns "
+            "bit-identical here; another machine may land on a different summation order. Compare the "
+            "clip variants with a tolerance (~1e-6 relative); the other variants reproduce bitwise "
+            "under ORT."
+        ],
+    ),
 ]
 
 BY_NAME = {f.name: f for f in FIXTURES}

@@ -25,8 +25,9 @@ from ort_torch_train.checkpoint.odtc import read_checkpoint
 from ort_torch_train.checkpoint.safetensors import load_safetensors, save_safetensors
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "mlp_ce_adamw_sched"
-PROJECT_ERRORS = tuple(cls for _, cls in inspect.getmembers(errors, inspect.isclass)
-                       if cls.__module__ == errors.__name__)
+PROJECT_ERRORS = tuple(
+    cls for _, cls in inspect.getmembers(errors, inspect.isclass) if cls.__module__ == errors.__name__
+)
 EDGE_WORDS = [0, 1, 3, 4, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF, 2**20, 2**16]
 
 
@@ -42,11 +43,11 @@ def mutate(data: bytes, rng: random.Random) -> bytes:
             out[position] ^= 1 << rng.randrange(8)
         elif kind == 2 and len(out) >= 4:
             position = rng.randrange(len(out) // 4) * 4
-            out[position:position + 4] = struct.pack("<I", rng.choice(EDGE_WORDS))
+            out[position : position + 4] = struct.pack("<I", rng.choice(EDGE_WORDS))
         elif kind == 3:
-            del out[position:position + rng.randint(1, 64)]
+            del out[position : position + rng.randint(1, 64)]
         else:
-            out[position:position] = out[position:position + rng.randint(1, 64)] * rng.randint(1, 4)
+            out[position:position] = out[position : position + rng.randint(1, 64)] * rng.randint(1, 4)
     return bytes(out)
 
 
@@ -60,6 +61,7 @@ def _safetensors_target(directory: Path):
     def load(data: bytes) -> None:
         path.write_bytes(data)
         load_safetensors(path)
+
     return load
 
 

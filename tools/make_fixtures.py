@@ -22,17 +22,24 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import fixture_extras as fx  # noqa: E402
+import fixture_io as fio  # noqa: E402
+import fixture_record as rec  # noqa: E402
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 import torch  # noqa: E402
-
-import fixture_extras as fx  # noqa: E402
-import fixture_io as fio  # noqa: E402
-import fixture_record as rec  # noqa: E402
-from fixture_export import (OPSET, artifacts_args, error_without_batchnorm_trim,  # noqa: E402
-                            error_without_layernorm_patch, export_kwargs, export_model, generate,
-                            patch_layernorm_outputs, torch_param_names)
+from fixture_export import (  # noqa: E402
+    OPSET,
+    artifacts_args,
+    error_without_batchnorm_trim,
+    error_without_layernorm_patch,
+    export_kwargs,
+    export_model,
+    generate,
+    patch_layernorm_outputs,
+    torch_param_names,
+)
 from fixture_specs import BY_NAME, FIXTURES, FixtureSpec, make_data  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,21 +61,40 @@ def header(spec: FixtureSpec, base: onnx.ModelProto, model: torch.nn.Module, arg
     inits = [i.name for i in base.graph.initializer]
     kw = export_kwargs(spec)
     return {
-        "name": spec.name, "description": spec.description, "opset": OPSET, "seed": spec.seed,
-        "versions": {"onnxruntime": ort.__version__, "torch": torch.__version__, "onnx": onnx.__version__,
-                     "numpy": np.__version__},
-        "export": {"exporter": "torch.onnx.export legacy (dynamo=False)", "training": "TrainingMode.TRAINING",
-                   "do_constant_folding": False, **kw},
-        "generate_artifacts": {**args, "loss": spec.loss if spec.loss != "custom" else
-                               "custom onnxblock: tools/fixture_specs.py WeightedMseL1 (0.7*MSE + 0.3*L1)",
-                               "optimizer": spec.optimizer, "nominal_checkpoint": spec.nominal_checkpoint,
-                               "additional_output_names": spec.additional_output_names},
-        "data_keys": {"train": [f"{i.key}_train" for i in spec.inputs] + ["y_train"],
-                      "eval": [f"{i.key}_eval" for i in spec.inputs] + ["y_eval"],
-                      "inputs": {i.name: f"{i.key}_train / {i.key}_eval" for i in spec.inputs},
-                      "target": "y_train / y_eval",
-                      "call": "module(" + ", ".join(f"{i.key}_train[i]" for i in spec.inputs) + ", y_train[i])"},
-        "batch": spec.batch, "eval_batch": spec.eval_batch,
+        "name": spec.name,
+        "description": spec.description,
+        "opset": OPSET,
+        "seed": spec.seed,
+        "versions": {
+            "onnxruntime": ort.__version__,
+            "torch": torch.__version__,
+            "onnx": onnx.__version__,
+            "numpy": np.__version__,
+        },
+        "export": {
+            "exporter": "torch.onnx.export legacy (dynamo=False)",
+            "training": "TrainingMode.TRAINING",
+            "do_constant_folding": False,
+            **kw,
+        },
+        "generate_artifacts": {
+            **args,
+            "loss": spec.loss
+            if spec.loss != "custom"
+            else "custom onnxblock: tools/fixture_specs.py WeightedMseL1 (0.7*MSE + 0.3*L1)",
+            "optimizer": spec.optimizer,
+            "nominal_checkpoint": spec.nominal_checkpoint,
+            "additional_output_names": spec.additional_output_names,
+        },
+        "data_keys": {
+            "train": [f"{i.key}_train" for i in spec.inputs] + ["y_train"],
+            "eval": [f"{i.key}_eval" for i in spec.inputs] + ["y_eval"],
+            "inputs": {i.name: f"{i.key}_train / {i.key}_eval" for i in spec.inputs},
+            "target": "y_train / y_eval",
+            "call": "module(" + ", ".join(f"{i.key}_train[i]" for i in spec.inputs) + ", y_train[i])",
+        },
+        "batch": spec.batch,
+        "eval_batch": spec.eval_batch,
         "base_model_initializers": inits,
         "torch_params_missing_from_initializers": [n for n in torch_param_names(model) if n not in inits],
         "torch_buffers": [n for n, _ in model.named_buffers()],
@@ -92,20 +118,27 @@ def export_and_generate(spec: FixtureSpec, out: Path) -> tuple[rec.FixtureRun, d
         (out / "unpatched").mkdir(exist_ok=True)
         (out / "unpatched" / "base_model.onnx").write_bytes(raw)
         patches["base_model_layernorm_outputs_added"] = {
-            "nodes": ln, "why": "ORT's gradient builder needs LayerNormalization's Mean/InvStdDev outputs",
-            "original": "unpatched/base_model.onnx"}
+            "nodes": ln,
+            "why": "ORT's gradient builder needs LayerNormalization's Mean/InvStdDev outputs",
+            "original": "unpatched/base_model.onnx",
+        }
     onnx.save(base, str(out / "base_model.onnx"))
     args = artifacts_args(spec, base, model)
     if ln:
         patches["base_model_layernorm_outputs_added"]["ort_error_without_patch"] = error_without_layernorm_patch(
-            spec, out / "unpatched" / "base_model.onnx", args)
-    if bn := generate(spec, out / "base_model.onnx", out / "artifacts", args,
-                      keep_original_eval=out / "unpatched" / "eval_model.onnx"):
+            spec, out / "unpatched" / "base_model.onnx", args
+        )
+    if bn := generate(
+        spec, out / "base_model.onnx", out / "artifacts", args, keep_original_eval=out / "unpatched" / "eval_model.onnx"
+    ):
         patches["eval_model_batchnorm_outputs_trimmed"] = {
-            "nodes": bn, "why": "eval BatchNormalization(training_mode=0) kept 3 outputs; ORT refuses to load it",
+            "nodes": bn,
+            "why": "eval BatchNormalization(training_mode=0) kept 3 outputs; ORT refuses to load it",
             "original": "unpatched/eval_model.onnx",
-            "ort_error_without_patch": error_without_batchnorm_trim(out / "artifacts",
-                                                                    out / "unpatched" / "eval_model.onnx")}
+            "ort_error_without_patch": error_without_batchnorm_trim(
+                out / "artifacts", out / "unpatched" / "eval_model.onnx"
+            ),
+        }
     return rec.FixtureRun(spec, out, data, base), header(spec, base, model, args, patches)
 
 
@@ -120,8 +153,11 @@ def record_training(run: rec.FixtureRun, exp: dict, arrays: dict) -> None:
     if run.spec.scheduler:
         exp["scheduler"]["check"] = rec.scheduler_check(run.spec.scheduler, train)
         exp["scheduler"]["keyword_call_probe"] = rec.scheduler_keyword_probe(run)
-    train["loop"] = "module.train(); loss=module(...); optimizer.step(); " + \
-        ("scheduler.step(); " if sched else "") + "module.lazy_reset_grad()"
+    train["loop"] = (
+        "module.train(); loss=module(...); optimizer.step(); "
+        + ("scheduler.step(); " if sched else "")
+        + "module.lazy_reset_grad()"
+    )
     train["eval_loss"], eval_arrays = rec.evaluate(run, module)
     train["eval"] = "module.eval(); module(x_eval, ..., y_eval)"
     exp["train"] = train
@@ -144,12 +180,12 @@ def record_extras(run: rec.FixtureRun, exp: dict, arrays: dict) -> None:
     """Nominal checkpoint, dropout probe, BatchNorm stats check and optimizer variants."""
     spec = run.spec
     if spec.nominal_checkpoint:
-        init = {k[len("init__"):]: v for k, v in arrays.items() if k.startswith("init__")}
-        exp["nominal_checkpoint_behaviour"] = fx.nominal_behaviour(
-            run, init, exp["gradient_semantics"]["loss_call1"])
+        init = {k[len("init__") :]: v for k, v in arrays.items() if k.startswith("init__")}
+        exp["nominal_checkpoint_behaviour"] = fx.nominal_behaviour(run, init, exp["gradient_semantics"]["loss_call1"])
     if spec.stochastic:
-        exp["dropout_observation"] = fx.dropout_probe(run, {k: exp["generate_artifacts"][k]
-                                                            for k in ("requires_grad", "frozen_params")})
+        exp["dropout_observation"] = fx.dropout_probe(
+            run, {k: exp["generate_artifacts"][k] for k in ("requires_grad", "frozen_params")}
+        )
         exp["nondeterministic_training"] = True
         exp["nondeterminism_note"] = (
             "Dropout(p=0.5) draws from ORT's RNG (seeded here with onnxruntime.set_seed), which a torch "
@@ -158,7 +194,8 @@ def record_extras(run: rec.FixtureRun, exp: dict, arrays: dict) -> None:
             "the eval graph has no randomness (Dropout is identity, BatchNorm uses the constant running stats), "
             "so gradient_semantics.eval_loss_initial_params (eval before any optimizer step), eval_loss and "
             "inference_outputs are exact functions of the init__* / final__* parameters; dropout_observation "
-            "gives the observed drop fraction and the scale of kept values.")
+            "gives the observed drop fraction and the scale of kept values."
+        )
     if spec.track_frozen_each_step:
         exp["running_stats_check"] = fx.batchnorm_stats_check(run, spec.lr)
     if spec.optimizer_variants:
@@ -171,10 +208,15 @@ def write_summaries(out: Path) -> None:
     graphs = {str(p.relative_to(out)): fio.graph_summary(p) for p in sorted(out.rglob("*.onnx"))}
     graphs = {k.removeprefix("artifacts/"): v for k, v in graphs.items()}
     fio.save_json(out / "graphs.json", graphs)
-    cks = [out / "artifacts" / "checkpoint", out / "artifacts" / "nominal_checkpoint",
-           out / "final_checkpoint_with_optimizer", out / "final_checkpoint_no_optimizer"]
-    fio.save_json(out / "checkpoint_dump.json",
-                  {str(p.relative_to(out)): fio.read_checkpoint(p) for p in cks if p.exists()})
+    cks = [
+        out / "artifacts" / "checkpoint",
+        out / "artifacts" / "nominal_checkpoint",
+        out / "final_checkpoint_with_optimizer",
+        out / "final_checkpoint_no_optimizer",
+    ]
+    fio.save_json(
+        out / "checkpoint_dump.json", {str(p.relative_to(out)): fio.read_checkpoint(p) for p in cks if p.exists()}
+    )
 
 
 def build_fixture(spec: FixtureSpec, root: Path) -> None:
@@ -189,10 +231,13 @@ def build_fixture(spec: FixtureSpec, root: Path) -> None:
     exp["gradient_semantics"], grad_arrays = rec.gradient_semantics(run)
     arrays.update(grad_arrays)
     if not spec.stochastic:
-        init = {k[len("init__"):]: v for k, v in arrays.items() if k.startswith("init__")}
+        init = {k[len("init__") :]: v for k, v in arrays.items() if k.startswith("init__")}
         exp["torch_crosscheck_first_step"] = rec.torch_crosscheck(
-            run, init, exp["gradient_semantics"]["loss_call1"],
-            {k[len("grad_step1__"):]: v for k, v in grad_arrays.items() if k.startswith("grad_step1__")})
+            run,
+            init,
+            exp["gradient_semantics"]["loss_call1"],
+            {k[len("grad_step1__") :]: v for k, v in grad_arrays.items() if k.startswith("grad_step1__")},
+        )
     record_training(run, exp, arrays)
     record_extras(run, exp, arrays)
     fio.save_npz(out / "arrays.npz", arrays)

@@ -23,8 +23,9 @@ def _to_numpy(tensor: torch.Tensor, what: str) -> np.ndarray:
     """A numpy view of a CPU tensor (zero-copy), or a host copy of a tensor on another device."""
     tensor = tensor.detach()
     if tensor.dtype == torch.bfloat16:
-        raise TypeError(f"{what} is bfloat16, which numpy cannot represent; "
-                        "use CheckpointState.tensors() for the torch tensor")
+        raise TypeError(
+            f"{what} is bfloat16, which numpy cannot represent; use CheckpointState.tensors() for the torch tensor"
+        )
     return tensor.numpy() if tensor.device.type == "cpu" else tensor.cpu().numpy()
 
 
@@ -136,8 +137,9 @@ class CheckpointState:
         return cls(TrainingState.load(checkpoint_uri))
 
     @classmethod
-    def save_checkpoint(cls, state: CheckpointState, checkpoint_uri: str | os.PathLike,
-                        include_optimizer_state: bool = False) -> None:
+    def save_checkpoint(
+        cls, state: CheckpointState, checkpoint_uri: str | os.PathLike, include_optimizer_state: bool = False
+    ) -> None:
         """Save the state to a checkpoint file (atomically). In a distributed run rank 0 writes it and
         the other ranks wait (every rank calls it)."""
         if not isinstance(state, CheckpointState):

@@ -12,11 +12,11 @@ import numpy as np
 import torch
 
 from ort_torch_train.api.ortvalue import OrtValue, from_tensors, numpy_to_tensor, to_tensors
+from ort_torch_train.convert.string_inputs import parse_string_inputs
+from ort_torch_train.distributed.data_parallel import data_parallel
 from ort_torch_train.errors import DistributedError, InputTypeError, ModelError
-from ort_torch_train.graph.artifacts import ModelSource, load_model
+from ort_torch_train.graph.layout import ModelSource, load_model
 from ort_torch_train.graph.roles import check_slot
-from ort_torch_train.graph.string_inputs import parse_string_inputs
-from ort_torch_train.training.distributed import data_parallel
 from ort_torch_train.training.engine import TrainingEngine
 from ort_torch_train.training.precision import mixed_precision_of
 from ort_torch_train.training.recompute import RecomputeSetting, recompute_segments, with_recompute
@@ -91,9 +91,11 @@ class Module(TrainingEngine):
     @property
     def _ddp_params_and_buffers_to_ignore(self) -> list[str]:
         """Read by DistributedDataParallel's constructor: a Module refuses to be wrapped."""
-        raise DistributedError("Module must not be wrapped in DistributedDataParallel (its call runs the backward "
-                               "inside DDP's forward, and Module.step would bypass DDP): construct it with "
-                               "Module(..., distributed=True) and keep ORT's loop")
+        raise DistributedError(
+            "Module must not be wrapped in DistributedDataParallel (its call runs the backward "
+            "inside DDP's forward, and Module.step would bypass DDP): construct it with "
+            "Module(..., distributed=True) and keep ORT's loop"
+        )
 
     @property
     def distributed(self) -> bool:

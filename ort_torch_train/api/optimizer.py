@@ -7,6 +7,7 @@ from typing import Any
 
 import onnx
 
+from ort_torch_train.distributed.data_parallel import sharded_engine
 from ort_torch_train.optim.engine import OptimizerEngine
 from ort_torch_train.optim.optimizer_model import read_optimizer_model
 from ort_torch_train.optim.schedulers import (
@@ -17,7 +18,6 @@ from ort_torch_train.optim.schedulers import (
     scheduled_learning_rate,
 )
 from ort_torch_train.optim.torch_adapter import TorchOptimizerAdapter
-from ort_torch_train.training.distributed import sharded_engine
 
 
 class Optimizer:
@@ -34,16 +34,23 @@ class Optimizer:
             only its shard of the optimizer state (``optim/sharded.py``).
     """
 
-    def __init__(self, optimizer_uri: str | os.PathLike | bytes | onnx.ModelProto, module: Any, *,
-                 implementation: str | None = None, shard_state: bool = False):
+    def __init__(
+        self,
+        optimizer_uri: str | os.PathLike | bytes | onnx.ModelProto,
+        module: Any,
+        *,
+        implementation: str | None = None,
+        shard_state: bool = False,
+    ):
         spec = read_optimizer_model(optimizer_uri)
         precision = getattr(module, "precision", None)
         loss_scaler = None if precision is None else precision.loss_scaler
         if shard_state:
             self._engine = sharded_engine(spec, module, implementation)
         else:
-            self._engine = OptimizerEngine(spec, module.training_state, module.trainable_parameter_names,
-                                           implementation=implementation)
+            self._engine = OptimizerEngine(
+                spec, module.training_state, module.trainable_parameter_names, implementation=implementation
+            )
         self._engine.loss_scaler = loss_scaler
         self._torch_optimizer: TorchOptimizerAdapter | None = None
 
@@ -138,8 +145,14 @@ class CosineLRScheduler(_MultiplicativeLRScheduler):
     """Linear warmup to ``initial_lr``, then cosine decay to ``min_lr_ratio * initial_lr`` at
     ``total_step_count``."""
 
-    def __init__(self, optimizer: Optimizer, warmup_step_count: int, total_step_count: int, initial_lr: float,
-                 min_lr_ratio: float = 0.0):
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        warmup_step_count: int,
+        total_step_count: int,
+        initial_lr: float,
+        min_lr_ratio: float = 0.0,
+    ):
         check_schedule_counts(warmup_step_count, total_step_count)
         cosine_with_warmup(0, warmup_step_count, total_step_count, min_lr_ratio)  # validates min_lr_ratio
         self.warmup_step_count = warmup_step_count

@@ -79,16 +79,18 @@ class Block(ABC):
         self.base = _context().model
         return self.build(*args, **kwargs)
 
-    def add_node(self, op_type: str, inputs: Sequence[str], outputs: Sequence[str] | None = None,
-                 domain: str = "", **attributes) -> list[str]:
+    def add_node(
+        self, op_type: str, inputs: Sequence[str], outputs: Sequence[str] | None = None, domain: str = "", **attributes
+    ) -> list[str]:
         """Append one node; ``outputs`` are name tokens (default: ``<op>_output``). Returns output names.
 
         Attributes whose value is None are left out, as ``onnx.helper.make_node`` does.
         """
         tokens = outputs if outputs is not None else [f"{op_type.lower()}_output"]
         names = [generate_graph_name(token) for token in tokens]
-        node = onnx.helper.make_node(op_type, list(inputs), names, name=generate_graph_name(op_type),
-                                     domain=domain or None, **attributes)
+        node = onnx.helper.make_node(
+            op_type, list(inputs), names, name=generate_graph_name(op_type), domain=domain or None, **attributes
+        )
         self.base.graph.node.append(node)
         return names
 
@@ -218,7 +220,9 @@ class Constant(Block):
 
     def build(self) -> str:
         """The block's output name(s), its nodes added to the model being built."""
-        return self.add_initializer("initializer", onnx.helper.make_tensor("", onnx.TensorProto.FLOAT, [1], [self._value]))
+        return self.add_initializer(
+            "initializer", onnx.helper.make_tensor("", onnx.TensorProto.FLOAT, [1], [self._value])
+        )
 
 
 class PassThrough(Block):

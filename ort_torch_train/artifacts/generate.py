@@ -31,19 +31,25 @@ import torch
 
 from ort_torch_train.artifacts.blocks import Block, PassThrough, building
 from ort_torch_train.artifacts.graph_edit import (
-    ORT_MAX_OPSET, default_opset, disable_training_mode, move_initializers_to_inputs, ort_ir_version, ort_loadable,
-    register_graph_outputs, trim_inference_batchnorm_outputs,
+    ORT_MAX_OPSET,
+    default_opset,
+    disable_training_mode,
+    move_initializers_to_inputs,
+    ort_ir_version,
+    ort_loadable,
+    register_graph_outputs,
+    trim_inference_batchnorm_outputs,
 )
 from ort_torch_train.artifacts.losses import LOSS_BLOCKS, LossType
 from ort_torch_train.artifacts.optimizers import OPTIMIZER_BLOCKS, OptimType, build_optimizer_model
 from ort_torch_train.artifacts.parameters import check_arguments, selected_parameters
 from ort_torch_train.checkpoint.odtc import CheckpointRecord, write_checkpoint
+from ort_torch_train.convert.registry import check_supported
 from ort_torch_train.dtypes import tensor_from_proto
 from ort_torch_train.errors import ModelError
 from ort_torch_train.export.inference import save_model
 from ort_torch_train.export.outputs import record_model_outputs
-from ort_torch_train.graph.artifacts import load_model, opsets_of
-from ort_torch_train.graph.converters import check_supported
+from ort_torch_train.graph.layout import load_model, opsets_of
 from ort_torch_train.optim.optimizer_model import read_optimizer_model
 
 TRAINING_MODEL_NOTE = (
@@ -104,19 +110,23 @@ def generate_artifacts(
     if ort_format:
         raise NotImplementedError(
             "ort_format=True is not supported: convert the generated .onnx files with onnxruntime's "
-            "`python -m onnxruntime.tools.convert_onnx_models_to_ort` where ORT-format models are needed")
+            "`python -m onnxruntime.tools.convert_onnx_models_to_ort` where ORT-format models are needed"
+        )
     if custom_op_library is not None:
-        raise NotImplementedError("custom_op_library is not supported: custom operator libraries cannot run in "
-                                  "PyTorch; register a torch converter for each custom operator with "
-                                  "ort_torch_train.adapters.register (docs/converters.md)")
+        raise NotImplementedError(
+            "custom_op_library is not supported: custom operator libraries cannot run in "
+            "PyTorch; register a torch converter for each custom operator with "
+            "ort_torch_train.adapters.register (docs/converters.md)"
+        )
     directory = Path.cwd() if artifact_directory is None else Path(os.fsdecode(artifact_directory))
     if directory.exists() and not directory.is_dir():
         raise NotADirectoryError(f"artifact_directory {str(directory)!r} is a file, expected a directory")
     base, torch_split = _base_model(model, extra_options)
     if torch_split is not None and requires_grad is None and frozen_params is None:
         requires_grad, frozen_params = torch_split
-    artifacts = build_artifacts(base, requires_grad, frozen_params, loss, optimizer,
-                                additional_output_names, loss_input_names)
+    artifacts = build_artifacts(
+        base, requires_grad, frozen_params, loss, optimizer, additional_output_names, loss_input_names
+    )
     artifacts.write(directory, prefix, nominal_checkpoint)
 
 
@@ -131,7 +141,8 @@ def build_artifacts(
 ) -> Artifacts:
     """The artifacts of ``generate_artifacts`` in memory (``base`` is not modified)."""
     trainable_names, frozen_names = check_arguments(
-        base, requires_grad, frozen_params, additional_output_names, loss_input_names)
+        base, requires_grad, frozen_params, additional_output_names, loss_input_names
+    )
     loss_block = _loss_block(loss)
     optimizer_block = _optimizer_block(optimizer)
     if optimizer_block is not None and not trainable_names:
@@ -140,8 +151,9 @@ def build_artifacts(
     names = itertools.count(1)  # onnxblock's name counter, fresh for every call
     model = copy.deepcopy(base)
     with building(model, names):
-        outputs = _outputs(loss_block(*(loss_input_names or [v.name for v in base.graph.output])),
-                           additional_output_names)
+        outputs = _outputs(
+            loss_block(*(loss_input_names or [v.name for v in base.graph.output])), additional_output_names
+        )
     _check_model(model, loss_block)
     model = onnx.shape_inference.infer_shapes(model)
     register_graph_outputs(model, outputs)
@@ -159,21 +171,27 @@ def build_artifacts(
     record_model_outputs(eval_model, (value.name for value in base.graph.output))
     eval_model.ir_version = ort_ir_version(eval_model)
     if not ort_loadable(eval_model):
-        warnings.warn(f"the models use IR version {eval_model.ir_version} / opset {default_opset(eval_model)}: "
-                      f"onnxruntime(-training) 1.19.2 loads IR <= 10 / opset <= {ORT_MAX_OPSET} only "
-                      "(ort_torch_train's Module trains them)", stacklevel=3)
+        warnings.warn(
+            f"the models use IR version {eval_model.ir_version} / opset {default_opset(eval_model)}: "
+            f"onnxruntime(-training) 1.19.2 loads IR <= 10 / opset <= {ORT_MAX_OPSET} only "
+            "(ort_torch_train's Module trains them)",
+            stacklevel=3,
+        )
 
     optimizer_model = None
     if optimizer_block is not None:
         optimizer_model = build_optimizer_model(optimizer_block, (trainable, frozen), default_opset(base), names)
         read_optimizer_model(optimizer_model)  # the layout ORT and this project's Optimizer accept
-    checkpoint = CheckpointRecord(trainable={p.name: tensor_from_proto(p) for p in trainable},
-                                  frozen={p.name: tensor_from_proto(p) for p in frozen})
+    checkpoint = CheckpointRecord(
+        trainable={p.name: tensor_from_proto(p) for p in trainable},
+        frozen={p.name: tensor_from_proto(p) for p in frozen},
+    )
     return Artifacts(training_model, eval_model, optimizer_model, checkpoint)
 
 
 def nominal(record: CheckpointRecord) -> CheckpointRecord:
     """The nominal checkpoint of ``record``: same names and dtypes, no data."""
+
     def empty(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {name: torch.empty(0, dtype=tensor.dtype) for name, tensor in tensors.items()}
 
@@ -188,15 +206,19 @@ def _base_model(model, extra_options) -> tuple[onnx.ModelProto, tuple[list[str],
         exported = export_module(model, extra_options)
         return exported.model, (exported.requires_grad, exported.frozen_params)
     if extra_options:
-        raise TypeError(f"generate_artifacts() got unexpected keyword argument(s) {sorted(extra_options)} "
-                        "(export options apply to a torch.nn.Module only)")
+        raise TypeError(
+            f"generate_artifacts() got unexpected keyword argument(s) {sorted(extra_options)} "
+            "(export options apply to a torch.nn.Module only)"
+        )
     if isinstance(model, onnx.ModelProto):
         proto = model
     elif isinstance(model, (str, os.PathLike)):
         proto = load_model(model, "base model")
     else:
-        raise TypeError(f"model must be an onnx.ModelProto, a path to an ONNX file or a torch.nn.Module with "
-                        f"example_inputs=; got {type(model).__name__}")
+        raise TypeError(
+            f"model must be an onnx.ModelProto, a path to an ONNX file or a torch.nn.Module with "
+            f"example_inputs=; got {type(model).__name__}"
+        )
     return proto, None
 
 
@@ -207,9 +229,11 @@ def _loss_block(loss) -> Block:
         return LOSS_BLOCKS[loss]()
     if isinstance(loss, Block):
         return loss
-    raise ModelError(f"Unknown loss provided {type(loss).__name__} ({loss!r}). Expected loss to be one of "
-                     f"{[t.name for t in LossType]} (ort_torch_train.artifacts.LossType) or an "
-                     "ort_torch_train.artifacts.Block.")
+    raise ModelError(
+        f"Unknown loss provided {type(loss).__name__} ({loss!r}). Expected loss to be one of "
+        f"{[t.name for t in LossType]} (ort_torch_train.artifacts.LossType) or an "
+        "ort_torch_train.artifacts.Block."
+    )
 
 
 def _optimizer_block(optimizer) -> Block | None:
@@ -217,9 +241,11 @@ def _optimizer_block(optimizer) -> Block | None:
         return optimizer
     if isinstance(optimizer, OptimType):
         return OPTIMIZER_BLOCKS[optimizer]()
-    raise TypeError(f"Unknown optimizer provided {type(optimizer).__name__} ({optimizer!r}). Expected optimizer to "
-                    f"be one of {[t.name for t in OptimType]} (ort_torch_train.artifacts.OptimType) or an "
-                    "ort_torch_train.artifacts.Block.")
+    raise TypeError(
+        f"Unknown optimizer provided {type(optimizer).__name__} ({optimizer!r}). Expected optimizer to "
+        f"be one of {[t.name for t in OptimType]} (ort_torch_train.artifacts.OptimType) or an "
+        "ort_torch_train.artifacts.Block."
+    )
 
 
 def _outputs(loss_output, additional_output_names) -> list[str]:
@@ -227,8 +253,10 @@ def _outputs(loss_output, additional_output_names) -> list[str]:
     names += list(additional_output_names or [])
     duplicated = sorted({name for name in names if names.count(name) > 1})
     if duplicated:
-        raise ModelError(f"graph outputs would repeat {duplicated}: the outputs are the loss output(s) then "
-                         f"additional_output_names, {names}")
+        raise ModelError(
+            f"graph outputs would repeat {duplicated}: the outputs are the loss output(s) then "
+            f"additional_output_names, {names}"
+        )
     return names
 
 
@@ -236,5 +264,6 @@ def _check_model(model: onnx.ModelProto, loss_block: Block) -> None:
     try:
         onnx.checker.check_model(model, full_check=True)
     except Exception as exc:
-        raise ModelError(f"the base model plus the loss {type(loss_block).__name__} is not a valid ONNX model: "
-                         f"{exc}") from exc
+        raise ModelError(
+            f"the base model plus the loss {type(loss_block).__name__} is not a valid ONNX model: {exc}"
+        ) from exc

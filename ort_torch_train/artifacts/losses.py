@@ -9,7 +9,19 @@ import numpy as np
 import onnx
 
 from ort_torch_train.artifacts.blocks import (
-    Abs, Add, Block, Log, Mul, Neg, PassThrough, Pow, ReduceMean, ReduceSum, Sigmoid, Sub, generate_graph_name,
+    Abs,
+    Add,
+    Block,
+    Log,
+    Mul,
+    Neg,
+    PassThrough,
+    Pow,
+    ReduceMean,
+    ReduceSum,
+    Sigmoid,
+    Sub,
+    generate_graph_name,
     input_unless_exists,
 )
 from ort_torch_train.artifacts.graph_edit import find_value_info, node_arg_exists
@@ -83,8 +95,13 @@ class CrossEntropyLoss(Block):
         if not node_arg_exists(self.base, labels_name):
             self.base.graph.input.append(_labels_like(self.base.graph, scores_input_name, labels_name))
         inputs = [scores_input_name, labels_name] + ([weight_name] if self._weight is not None else [])
-        loss_name, _ = self.add_node("SoftmaxCrossEntropyLoss", inputs, outputs=["loss", "log_prob"],
-                                     reduction=self._reduction, ignore_index=self._ignore_index)
+        loss_name, _ = self.add_node(
+            "SoftmaxCrossEntropyLoss",
+            inputs,
+            outputs=["loss", "log_prob"],
+            reduction=self._reduction,
+            ignore_index=self._ignore_index,
+        )
         return loss_name
 
 
@@ -106,12 +123,20 @@ class BCEWithLogitsLoss(Block):
     ``target`` is float, shaped like the output.
     """
 
-    def __init__(self, weight: np.ndarray | None = None, reduction: str = "mean",
-                 pos_weight: np.ndarray | None = None) -> None:
+    def __init__(
+        self, weight: np.ndarray | None = None, reduction: str = "mean", pos_weight: np.ndarray | None = None
+    ) -> None:
         super().__init__()
         self._weight, self._pos_weight = weight, pos_weight
         self._reduce = _reduction(reduction)
-        self._sigmoid, self._log, self._sub, self._add, self._mul, self._neg = Sigmoid(), Log(), Sub(), Add(), Mul(), Neg()
+        self._sigmoid, self._log, self._sub, self._add, self._mul, self._neg = (
+            Sigmoid(),
+            Log(),
+            Sub(),
+            Add(),
+            Mul(),
+            Neg(),
+        )
 
     def build(self, loss_input_name: str, target_name: str = "target") -> str:
         """The block's output name(s), its nodes added to the model being built."""

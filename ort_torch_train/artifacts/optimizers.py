@@ -36,10 +36,16 @@ class ClipGradNorm(Block):
 
     def build(self, gradients_name: str) -> str:
         """The block's output name(s), its nodes added to the model being built."""
-        (clipped,) = self.add_node("InplaceClipGradNorm", [gradients_name], outputs=["clip_grad_norm_output"],
-                                   domain=MICROSOFT, max_norm=self._max_norm)
+        (clipped,) = self.add_node(
+            "InplaceClipGradNorm",
+            [gradients_name],
+            outputs=["clip_grad_norm_output"],
+            domain=MICROSOFT,
+            max_norm=self._max_norm,
+        )
         self.base.graph.value_info.append(
-            onnx.helper.make_tensor_sequence_value_info(clipped, onnx.TensorProto.FLOAT, None))
+            onnx.helper.make_tensor_sequence_value_info(clipped, onnx.TensorProto.FLOAT, None)
+        )
         return clipped
 
 
@@ -54,10 +60,12 @@ class _Optimizer(Block):
         """The optimizer node's output name; its inputs are ``parameters``' values, gradients and moments."""
         trainable, _ = parameters
         graph = self.base.graph
-        graph.input.extend([
-            onnx.helper.make_tensor_value_info("learning_rate", onnx.TensorProto.FLOAT, [1]),
-            onnx.helper.make_tensor_value_info("step", onnx.TensorProto.INT64, [1]),
-        ])
+        graph.input.extend(
+            [
+                onnx.helper.make_tensor_value_info("learning_rate", onnx.TensorProto.FLOAT, [1]),
+                onnx.helper.make_tensor_value_info("step", onnx.TensorProto.INT64, [1]),
+            ]
+        )
         for name in ("params", "gradients", "first_order_moments"):
             graph.input.append(onnx.helper.make_tensor_sequence_value_info(name, trainable[0].data_type, None))
         gradients = self._clip_grad("gradients") if self._clip_grad is not None else "gradients"
@@ -72,43 +80,61 @@ class _Optimizer(Block):
 class AdamW(_Optimizer):
     """``com.microsoft.AdamWOptimizer`` with onnxblock's defaults (adam_mode=1: the HF/transformers AdamW)."""
 
-    def __init__(self, bias_correction: bool = True, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
-                 weight_decay: float = 0.0, clip_grad: ClipGradNorm | None = None) -> None:
+    def __init__(
+        self,
+        bias_correction: bool = True,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
+        clip_grad: ClipGradNorm | None = None,
+    ) -> None:
         super().__init__(clip_grad)
         self._attributes = {
-            "alpha": float(betas[0]), "beta": float(betas[1]), "epsilon": float(eps),
-            "weight_decay": float(weight_decay), "correct_bias": 1 if bias_correction else 0, "adam_mode": 1,
+            "alpha": float(betas[0]),
+            "beta": float(betas[1]),
+            "epsilon": float(eps),
+            "weight_decay": float(weight_decay),
+            "correct_bias": 1 if bias_correction else 0,
+            "adam_mode": 1,
         }
 
     def _update_node(self, gradients: str, elem_type: int) -> str:
         self.base.graph.input.append(
-            onnx.helper.make_tensor_sequence_value_info("second_order_moments", elem_type, None))
+            onnx.helper.make_tensor_sequence_value_info("second_order_moments", elem_type, None)
+        )
         inputs = ["learning_rate", "step", "params", gradients, "first_order_moments", "second_order_moments"]
-        return self.add_node("AdamWOptimizer", inputs, outputs=["adamw.updated_flag"], domain=MICROSOFT,
-                             **self._attributes)[0]
+        return self.add_node(
+            "AdamWOptimizer", inputs, outputs=["adamw.updated_flag"], domain=MICROSOFT, **self._attributes
+        )[0]
 
 
 class SGD(_Optimizer):
     """``com.microsoft.SGDOptimizerV2(learning_rate, params, gradients)``: ``w -= lr * g``."""
 
     def _update_node(self, gradients: str, elem_type: int) -> str:
-        return self.add_node("SGDOptimizerV2", ["learning_rate", "params", gradients],
-                             outputs=["update_completed"], domain=MICROSOFT)[0]
+        return self.add_node(
+            "SGDOptimizerV2", ["learning_rate", "params", gradients], outputs=["update_completed"], domain=MICROSOFT
+        )[0]
 
 
 OPTIMIZER_BLOCKS = {OptimType.AdamW: AdamW, OptimType.SGD: SGD}
 
 
-def build_optimizer_model(block: Block, parameters: Parameters, opset: int | None,
-                          counter: Iterator[int]) -> onnx.ModelProto:
+def build_optimizer_model(
+    block: Block, parameters: Parameters, opset: int | None, counter: Iterator[int]
+) -> onnx.ModelProto:
     """The optimizer model ``block`` builds for ``parameters`` on an empty model (ORT's ``empty_base``).
 
     The default-domain opset is the base model's, capped at 21 (the graph has no default-domain node).
     """
     model = onnx.ModelProto(ir_version=ORT_MAX_IR_VERSION, producer_name="orttraining")
     model.graph.name = "graph"
-    model.opset_import.extend([onnx.helper.make_opsetid(MICROSOFT, 1),
-                               onnx.helper.make_opsetid("", min(opset or ORT_MAX_OPSET, ORT_MAX_OPSET))])
+    model.opset_import.extend(
+        [
+            onnx.helper.make_opsetid(MICROSOFT, 1),
+            onnx.helper.make_opsetid("", min(opset or ORT_MAX_OPSET, ORT_MAX_OPSET)),
+        ]
+    )
     with building(model, counter):
         outputs = block(parameters)
     model = onnx.shape_inference.infer_shapes(model)

@@ -20,17 +20,23 @@ def check_arguments(
     """Raise a clear error for any name the model lacks; return the (trainable, frozen) name sets."""
     initializers = [init.name for init in base.graph.initializer]
     if not initializers:
-        raise ModelError("the model has no initializers, so it has no parameters to train (export it with its "
-                         "weights as initializers, e.g. torch.onnx.export(..., export_params=True))")
+        raise ModelError(
+            "the model has no initializers, so it has no parameters to train (export it with its "
+            "weights as initializers, e.g. torch.onnx.export(..., export_params=True))"
+        )
     trainable = _names("requires_grad", requires_grad, initializers, "initializer")
     frozen = _names("frozen_params", frozen_params, initializers, "initializer")
     if trainable & frozen:
-        raise ModelError("A parameter cannot be frozen and require gradient computation at the same time "
-                         f"{sorted(trainable & frozen)}")
+        raise ModelError(
+            "A parameter cannot be frozen and require gradient computation at the same time "
+            f"{sorted(trainable & frozen)}"
+        )
     if not trainable and not frozen:
-        raise ModelError("no parameters selected: requires_grad and frozen_params are both empty (ORT's generator "
-                         "treats None as 'no parameter', not 'all'); pass requires_grad=[...], e.g. from "
-                         f"{_listing(initializers)}")
+        raise ModelError(
+            "no parameters selected: requires_grad and frozen_params are both empty (ORT's generator "
+            "treats None as 'no parameter', not 'all'); pass requires_grad=[...], e.g. from "
+            f"{_listing(initializers)}"
+        )
     values = sorted(value_names(base.graph))
     _names("additional_output_names", additional_output_names, values, "value")
     _names("loss_input_names", loss_input_names, values, "value")
@@ -53,8 +59,7 @@ def _names(argument: str, names: Sequence[str] | None, known: Sequence[str], wha
     known_set = set(known)
     for name in names:
         if name not in known_set:
-            raise ModelError(f"{argument}: {name!r} is not among the model's {what}s, which include "
-                             f"{_listing(known)}")
+            raise ModelError(f"{argument}: {name!r} is not among the model's {what}s, which include {_listing(known)}")
     return set(names)
 
 

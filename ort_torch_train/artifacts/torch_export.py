@@ -21,7 +21,8 @@ import torch
 from ort_torch_train.errors import ModelError
 
 EXPORT_OPTIONS = frozenset(
-    {"example_inputs", "input_names", "output_names", "dynamic_axes", "dynamic_shapes", "exporter", "opset_version"})
+    {"example_inputs", "input_names", "output_names", "dynamic_axes", "dynamic_shapes", "exporter", "opset_version"}
+)
 LEGACY_DEFAULT_OPSET = 17
 
 
@@ -38,8 +39,10 @@ def export_module(module: torch.nn.Module, options: dict[str, Any]) -> TorchExpo
     """Export ``module`` with ``options`` (``example_inputs`` required; see ``EXPORT_OPTIONS``)."""
     unknown = sorted(set(options) - EXPORT_OPTIONS)
     if unknown:
-        raise TypeError(f"generate_artifacts() got unexpected keyword argument(s) {unknown}; "
-                        f"a torch.nn.Module accepts {sorted(EXPORT_OPTIONS)}")
+        raise TypeError(
+            f"generate_artifacts() got unexpected keyword argument(s) {unknown}; "
+            f"a torch.nn.Module accepts {sorted(EXPORT_OPTIONS)}"
+        )
     if "example_inputs" not in options:
         raise TypeError("generate_artifacts(torch_module, ...) needs example_inputs= (a tensor or a tuple of tensors)")
     args = _as_tuple(options["example_inputs"])
@@ -104,22 +107,41 @@ def _legacy_export(module, args, input_names, output_names, dynamic_axes, opset_
     buffer = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", (DeprecationWarning, FutureWarning, UserWarning))
-        torch.onnx.export(module, args, buffer, dynamo=False, opset_version=opset_version or LEGACY_DEFAULT_OPSET,
-                          training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
-                          input_names=input_names, output_names=output_names, dynamic_axes=dynamic_axes)
+        torch.onnx.export(
+            module,
+            args,
+            buffer,
+            dynamo=False,
+            opset_version=opset_version or LEGACY_DEFAULT_OPSET,
+            training=torch.onnx.TrainingMode.TRAINING,
+            do_constant_folding=False,
+            input_names=input_names,
+            output_names=output_names,
+            dynamic_axes=dynamic_axes,
+        )
     return onnx.load_from_string(buffer.getvalue())
 
 
 def _dynamo_export(module, args, input_names, output_names, dynamic_axes, options) -> onnx.ModelProto:
     if importlib.util.find_spec("onnxscript") is None:
-        raise ModelError("exporter='dynamo' needs the onnxscript package (pip install onnxscript); "
-                         "or use the default exporter='legacy'")
+        raise ModelError(
+            "exporter='dynamo' needs the onnxscript package (pip install onnxscript); "
+            "or use the default exporter='legacy'"
+        )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", (DeprecationWarning, FutureWarning, UserWarning))
-        program = torch.onnx.export(module, args, dynamo=True, optimize=False, verbose=False,
-                                    opset_version=options.get("opset_version"), input_names=input_names,
-                                    output_names=output_names, dynamic_axes=dynamic_axes,
-                                    dynamic_shapes=options.get("dynamic_shapes"))
+        program = torch.onnx.export(
+            module,
+            args,
+            dynamo=True,
+            optimize=False,
+            verbose=False,
+            opset_version=options.get("opset_version"),
+            input_names=input_names,
+            output_names=output_names,
+            dynamic_axes=dynamic_axes,
+            dynamic_shapes=options.get("dynamic_shapes"),
+        )
     return program.model_proto
 
 
@@ -129,8 +151,12 @@ def _parameter_split(module: torch.nn.Module, model: onnx.ModelProto) -> tuple[l
     initializers = [init.name for init in model.graph.initializer]
     missing = [name for name, trainable in flags.items() if trainable and name not in initializers]
     if missing:
-        warnings.warn(f"torch parameters {missing} are not initializers of the exported model (unused by forward "
-                      "or renamed by the exporter) and will not be trained; pass requires_grad= to choose",
-                      stacklevel=3)
-    return ([name for name in initializers if flags.get(name) is True],
-            [name for name in initializers if flags.get(name) is False])
+        warnings.warn(
+            f"torch parameters {missing} are not initializers of the exported model (unused by forward "
+            "or renamed by the exporter) and will not be trained; pass requires_grad= to choose",
+            stacklevel=3,
+        )
+    return (
+        [name for name in initializers if flags.get(name) is True],
+        [name for name in initializers if flags.get(name) is False],
+    )

@@ -45,8 +45,10 @@ class FlatBuffer:
         self.budget -= nbytes
         if self.budget < 0:
             raise verification_error(
-                where, f"the strings and vectors referenced add up to more than the {self.size} bytes "
-                "of the buffer (overlapping or shared data)")
+                where,
+                f"the strings and vectors referenced add up to more than the {self.size} bytes "
+                "of the buffer (overlapping or shared data)",
+            )
 
     def claim(self, value: object, where: str, what: str) -> None:
         """Fail if the decoded object value (a shared vector) was already claimed by another field."""
@@ -66,8 +68,8 @@ class FlatBuffer:
         """Fail unless bytes [pos, pos + length) lie inside the buffer."""
         if pos < 0 or length < 0 or pos + length > self.size:
             raise verification_error(
-                where, f"{what} at byte {pos} ({length} bytes) runs past the end of the "
-                f"{self.size}-byte buffer")
+                where, f"{what} at byte {pos} ({length} bytes) runs past the end of the {self.size}-byte buffer"
+            )
 
     def check_alignment(self, pos: int, align: int, where: str, what: str) -> None:
         """Fail unless pos is a multiple of align, as FlatBuffers' Verifier requires."""
@@ -93,21 +95,24 @@ class FlatBuffer:
         """The root table, after checking the size and the 4-byte file identifier."""
         if self.size < 8:
             raise verification_error(
-                "header", f"the buffer holds {self.size} bytes, fewer than the 8 of a FlatBuffers "
-                "header (root offset and file identifier)")
+                "header",
+                f"the buffer holds {self.size} bytes, fewer than the 8 of a FlatBuffers "
+                "header (root offset and file identifier)",
+            )
         found = bytes(self.data[4:8])
         if found != identifier:
             raise verification_error(
-                "header", f"file identifier is {found!r}, expected {identifier!r} (not an ORT "
-                "training checkpoint)")
+                "header", f"file identifier is {found!r}, expected {identifier!r} (not an ORT training checkpoint)"
+            )
         return self.table(self.follow(0, "root"), "root")
 
     def table(self, pos: int, where: str) -> Table:
         """The table starting at pos, with its vtable checked; a table referenced twice is refused
         (FlatBuffers writers, ORT's included, never share tables)."""
         if ("table", pos) in self.decoded:
-            raise verification_error(where, f"the table at byte {pos} is shared with "
-                                     f"{self.decoded[('table', pos)]}; each needs its own")
+            raise verification_error(
+                where, f"the table at byte {pos} is shared with {self.decoded[('table', pos)]}; each needs its own"
+            )
         self.decoded[("table", pos)] = where
         return self._table(pos, where)
 
@@ -126,8 +131,7 @@ class FlatBuffer:
     def vector(self, pos: int, elem_size: int, where: str) -> tuple[int, int]:
         """(first element position, element count) of the vector whose length field is at pos."""
         count = self.unpack(_UOFFSET, pos, where, "vector length")
-        self.check_range(pos + 4, count * elem_size, where,
-                         f"vector of {count} elements of {elem_size} bytes")
+        self.check_range(pos + 4, count * elem_size, where, f"vector of {count} elements of {elem_size} bytes")
         return pos + 4, count
 
     def string(self, pos: int, where: str) -> str:
@@ -141,10 +145,9 @@ class FlatBuffer:
         if self.data[start + length] != 0:
             raise verification_error(where, f"string at byte {pos} is not zero-terminated")
         try:
-            return bytes(self.data[start:start + length]).decode("utf-8")
+            return bytes(self.data[start : start + length]).decode("utf-8")
         except UnicodeDecodeError as error:
-            raise verification_error(where, f"string at byte {pos} is not valid UTF-8 ({error})") \
-                from None
+            raise verification_error(where, f"string at byte {pos} is not valid UTF-8 ({error})") from None
 
 
 class Table:
@@ -153,8 +156,7 @@ class Table:
     __slots__ = ("buf", "pos", "vtable", "vtable_size", "where")
 
     def __init__(self, buf: FlatBuffer, pos: int, vtable: int, vtable_size: int, where: str):
-        self.buf, self.pos, self.vtable, self.vtable_size, self.where = (
-            buf, pos, vtable, vtable_size, where)
+        self.buf, self.pos, self.vtable, self.vtable_size, self.where = (buf, pos, vtable, vtable_size, where)
 
     def _field_pos(self, slot: int) -> int | None:
         entry = 4 + 2 * slot
@@ -200,21 +202,39 @@ class Table:
             start, count = self.buf.vector(target, elem_size, where)
             self.buf.charge(count * elem_size, where)
             return decode(start, count, where)
+
         return self.buf.memo(kind, target, first_decode)
 
     def int64s(self, slot: int, name: str) -> list[int] | None:
         """A [int64] field as a list, or None when absent."""
-        return self._decoded_vector(slot, 8, name, "int64s", lambda start, count, where: list(
-            struct.unpack_from(f"<{count}q", self.buf.data, start)))
+        return self._decoded_vector(
+            slot,
+            8,
+            name,
+            "int64s",
+            lambda start, count, where: list(struct.unpack_from(f"<{count}q", self.buf.data, start)),
+        )
 
     def tables(self, slot: int, name: str) -> list[Table] | None:
         """A vector-of-tables field, or None when absent."""
-        return self._decoded_vector(slot, 4, name, "tables", lambda start, count, where: [
-            self.buf.table(self.buf.follow(start + 4 * i, f"{where}[{i}]"), f"{where}[{i}]")
-            for i in range(count)])
+        return self._decoded_vector(
+            slot,
+            4,
+            name,
+            "tables",
+            lambda start, count, where: [
+                self.buf.table(self.buf.follow(start + 4 * i, f"{where}[{i}]"), f"{where}[{i}]") for i in range(count)
+            ],
+        )
 
     def strings(self, slot: int, name: str) -> list[str] | None:
         """A vector-of-strings field, or None when absent."""
-        return self._decoded_vector(slot, 4, name, "strings", lambda start, count, where: [
-            self.buf.string(self.buf.follow(start + 4 * i, f"{where}[{i}]"), f"{where}[{i}]")
-            for i in range(count)])
+        return self._decoded_vector(
+            slot,
+            4,
+            name,
+            "strings",
+            lambda start, count, where: [
+                self.buf.string(self.buf.follow(start + 4 * i, f"{where}[{i}]"), f"{where}[{i}]") for i in range(count)
+            ],
+        )

@@ -36,14 +36,21 @@ from typing import BinaryIO
 from ..errors import CheckpointError
 from ..fileio import atomic_write_bytes
 from .odtc_read import CHECKPOINT_VERSION, FILE_IDENTIFIER, decode_checkpoint
-from .pair import PairReader, commit_pair, drop_manifest, remove_stale_files
 from .odtc_write import ExternalDataPlan, check_record, data_bytes, encode_checkpoint
+from .pair import PairReader, commit_pair, drop_manifest, remove_stale_files
 from .records import CheckpointRecord, OptimizerGroupRecord
 from .tensor_bytes import tensor_to_bytes
 
 __all__ = [
-    "ARTIFACT_MIN_EXTERNAL_BYTES", "CHECKPOINT_VERSION", "EXTERNAL_DATA_THRESHOLD", "FILE_IDENTIFIER", "CheckpointRecord",
-    "OptimizerGroupRecord", "checkpoint_to_bytes", "external_data_path", "read_checkpoint",
+    "ARTIFACT_MIN_EXTERNAL_BYTES",
+    "CHECKPOINT_VERSION",
+    "EXTERNAL_DATA_THRESHOLD",
+    "FILE_IDENTIFIER",
+    "CheckpointRecord",
+    "OptimizerGroupRecord",
+    "checkpoint_to_bytes",
+    "external_data_path",
+    "read_checkpoint",
     "write_checkpoint",
 ]
 
@@ -77,7 +84,8 @@ class _ExternalDataFile:
         if self.checkpoint_path is None:
             raise CheckpointError(
                 "External data is present in the checkpoint but the checkpoint path is not "
-                "provided. External data with loading from buffer is not supported.")
+                "provided. External data with loading from buffer is not supported."
+            )
         path = self.data_file or external_data_path(self.checkpoint_path)
         if self.pair is not None:
             self.pair.check_data_file()
@@ -85,17 +93,20 @@ class _ExternalDataFile:
         if not path.is_file():
             raise CheckpointError(
                 f"Failed to open checkpoint's external data file: {str(path)!r} (the "
-                f"checkpoint {str(self.checkpoint_path)!r} declares external data).")
+                f"checkpoint {str(self.checkpoint_path)!r} declares external data)."
+            )
         size = path.stat().st_size
         if offset + nbytes > size:
             raise CheckpointError(
                 f"Failed reading external checkpoint data. {what} needs bytes [{offset}, "
-                f"{offset + nbytes}) of {str(path)!r}, which holds {size} bytes.")
+                f"{offset + nbytes}) of {str(path)!r}, which holds {size} bytes."
+            )
         self.total_read += nbytes
         if self.total_read > size:
             raise CheckpointError(
                 f"Checkpoint is invalid. Tensors share external data: together they read more "
-                f"than the {size} bytes of {str(path)!r}.")
+                f"than the {size} bytes of {str(path)!r}."
+            )
         with open(path, "rb") as file:
             file.seek(offset)
             return file.read(nbytes)
@@ -129,9 +140,13 @@ def checkpoint_to_bytes(record: CheckpointRecord, *, artifact: bool = False) -> 
     return bytes(encode_checkpoint(record, artifact=artifact))
 
 
-def write_checkpoint(record: CheckpointRecord, path: str | os.PathLike,
-                     external_data_threshold: int = EXTERNAL_DATA_THRESHOLD, *,
-                     artifact: bool = False) -> None:
+def write_checkpoint(
+    record: CheckpointRecord,
+    path: str | os.PathLike,
+    external_data_threshold: int = EXTERNAL_DATA_THRESHOLD,
+    *,
+    artifact: bool = False,
+) -> None:
     """Write the checkpoint to path atomically (layouts as in checkpoint_to_bytes).
 
     Parameter data goes to "<path>.data" when record.has_external_data is set (ORT's rule on
@@ -144,15 +159,15 @@ def write_checkpoint(record: CheckpointRecord, path: str | os.PathLike,
     check_record(record, artifact)
     param_bytes = data_bytes(record, include_optimizer=False)
     moment_bytes = data_bytes(record) - param_bytes
-    external = not record.is_nominal and (
-        record.has_external_data or param_bytes > external_data_threshold)
+    external = not record.is_nominal and (record.has_external_data or param_bytes > external_data_threshold)
     if not external:
         remove_stale_files(Path(path))
         atomic_write_bytes(path, encode_checkpoint(record, artifact=artifact))
         drop_manifest(Path(path))
         return
-    plan = ExternalDataPlan(momentums=moment_bytes > external_data_threshold,
-                            min_bytes=ARTIFACT_MIN_EXTERNAL_BYTES if artifact else 0)
+    plan = ExternalDataPlan(
+        momentums=moment_bytes > external_data_threshold, min_bytes=ARTIFACT_MIN_EXTERNAL_BYTES if artifact else 0
+    )
     encoded = encode_checkpoint(record, plan, artifact)
 
     def write_data(file: BinaryIO) -> None:

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import CheckpointError
 from ort_torch_train.dtypes import elem_type_name, torch_dtype
+
+from ..errors import CheckpointError
 from .fbs_reader import FlatBuffer, Table
 from .records import CheckpointRecord, OptimizerGroupRecord
 from .tensor_bytes import tensor_from_bytes
@@ -118,17 +119,19 @@ class _TensorMaker:
         if length != nbytes:
             raise _invalid(
                 f"{label} holds {length} bytes of raw_data, but dims {entry.dims} of "
-                f"{elem_type_name(entry.data_type)} need {nbytes}.")
+                f"{elem_type_name(entry.data_type)} need {nbytes}."
+            )
         self.inline_bytes += length
         if self.inline_bytes > self.buf.size:
             raise _invalid("tensors share raw_data: their total size exceeds the buffer size.")
-        return self.buf.data[start:start + length]
+        return self.buf.data[start : start + length]
 
     def _external(self, entry: _TensorEntry, label: str, nbytes: int) -> bytes | bytearray:
         if self.read_external is None:
             raise _invalid(
                 f"{label} has an external_data_offset, but the module state does not declare "
-                "external data (has_external_data is false).")
+                "external data (has_external_data is false)."
+            )
         return self.read_external(entry.external_offset, nbytes, label)
 
 
@@ -162,16 +165,16 @@ def _group_entries(tables: list[Table] | None) -> list[_GroupEntry]:
                 raise _invalid(f"{state.where} has no param_name.")
             if param_name in momentums:
                 raise _invalid(f"{table.where} ({name!r}) lists parameter {param_name!r} twice.")
-            momentums[param_name] = _tensor_entries(state.tables(1, "momentums"),
-                                                    f"{state.where}.momentums")
+            momentums[param_name] = _tensor_entries(state.tables(1, "momentums"), f"{state.where}.momentums")
         groups.append(_GroupEntry(name, step, learning_rate, momentums))
     _check_unique([group.name for group in groups], "optimizer_groups")
     return groups
 
 
 def _optimizer_group(group: _GroupEntry, maker: _TensorMaker) -> OptimizerGroupRecord:
-    momentums = {param: {entry.name: maker.full(entry) for entry in entries}
-                 for param, entries in group.momentums.items()}
+    momentums = {
+        param: {entry.name: maker.full(entry) for entry in entries} for param, entries in group.momentums.items()
+    }
     return OptimizerGroupRecord(group.name, group.step, group.initial_learning_rate, momentums)
 
 
@@ -195,8 +198,7 @@ def _properties(table: Table | None) -> dict[str, int | float | str]:
     return dict(found)
 
 
-def decode_checkpoint(data: bytes | bytearray | memoryview,
-                      read_external: ExternalReader) -> CheckpointRecord:
+def decode_checkpoint(data: bytes | bytearray | memoryview, read_external: ExternalReader) -> CheckpointRecord:
     """Verify and decode an ODTC buffer; read_external is called for tensor data that lies in
     the external data file."""
     buf = FlatBuffer(data)
@@ -208,15 +210,15 @@ def decode_checkpoint(data: bytes | bytearray | memoryview,
     trainable = frozen = []
     is_nominal = has_external = False
     if module is not None:
-        trainable = _tensor_entries(module.tables(0, "requires_grad_params"),
-                                    "module_state.requires_grad_params")
+        trainable = _tensor_entries(module.tables(0, "requires_grad_params"), "module_state.requires_grad_params")
         frozen = _tensor_entries(module.tables(1, "frozen_params"), "module_state.frozen_params")
         is_nominal = bool(module.scalar(2, "<B", 0, "is_nominal_state"))
         has_external = bool(module.scalar(3, "<B", 0, "has_external_data"))
     properties = _properties(property_table)
     if version != CHECKPOINT_VERSION:
-        raise _invalid(f"Checkpoint version {version} is not supported "
-                       f"(this reader supports version {CHECKPOINT_VERSION} only).")
+        raise _invalid(
+            f"Checkpoint version {version} is not supported (this reader supports version {CHECKPOINT_VERSION} only)."
+        )
     _check_unique([entry.name for entry in trainable + frozen], "module_state")
 
     maker = _TensorMaker(buf, read_external if has_external else None)

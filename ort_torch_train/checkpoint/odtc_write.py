@@ -16,8 +16,9 @@ import flatbuffers
 import numpy as np
 import torch
 
-from ..errors import CheckpointError
 from ort_torch_train.dtypes import onnx_elem_type
+
+from ..errors import CheckpointError
 from .odtc_read import CHECKPOINT_VERSION, FILE_IDENTIFIER
 from .records import CheckpointRecord
 from .tensor_bytes import tensor_to_bytes
@@ -44,8 +45,7 @@ class ExternalDataPlan:
         return offset
 
 
-def iter_record_tensors(record: CheckpointRecord,
-                        include_optimizer: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_record_tensors(record: CheckpointRecord, include_optimizer: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
     """(description, tensor) for every tensor of the record, in the order they are written."""
     for kind, tensors in (("trainable", record.trainable), ("frozen", record.frozen)):
         for name in sorted(tensors):
@@ -65,8 +65,10 @@ def data_bytes(record: CheckpointRecord, include_optimizer: bool = True) -> int:
 def check_record(record: CheckpointRecord, artifact: bool = False) -> None:
     """Fail with a clear message when the record cannot be written as an ORT checkpoint."""
     if artifact and (record.optimizer_groups or record.properties):
-        raise CheckpointError("an artifact checkpoint (generate_artifacts' layout) holds "
-                              "parameters only: this record has optimizer groups or properties")
+        raise CheckpointError(
+            "an artifact checkpoint (generate_artifacts' layout) holds "
+            "parameters only: this record has optimizer groups or properties"
+        )
     overlap = set(record.trainable) & set(record.frozen)
     if overlap:
         raise CheckpointError(f"parameters {sorted(overlap)} are both trainable and frozen")
@@ -84,8 +86,7 @@ def check_record(record: CheckpointRecord, artifact: bool = False) -> None:
         if not isinstance(name, str):
             raise TypeError(f"property names must be str, got {type(name).__name__} {name!r}")
         if isinstance(value, bool) or not isinstance(value, int | float | str):
-            raise TypeError(f"property {name!r} must be int, float or str, "
-                            f"got {type(value).__name__}")
+            raise TypeError(f"property {name!r} must be int, float or str, got {type(value).__name__}")
         if isinstance(value, int) and not INT64_LIMITS[0] <= value <= INT64_LIMITS[1]:
             raise CheckpointError(f"property {name!r} = {value} does not fit in int64")
 
@@ -93,16 +94,18 @@ def check_record(record: CheckpointRecord, artifact: bool = False) -> None:
 class _Encoder:
     """One checkpoint being built; mirrors ORT's save::From* functions."""
 
-    def __init__(self, record: CheckpointRecord, external: ExternalDataPlan | None,
-                 artifact: bool) -> None:
+    def __init__(self, record: CheckpointRecord, external: ExternalDataPlan | None, artifact: bool) -> None:
         self.record = record
         self.external = external
         self.artifact = artifact
         param_bytes = data_bytes(record, include_optimizer=False)
         moment_bytes = data_bytes(record) - param_bytes
-        size_hint = (1024 + 256 * sum(1 for _ in iter_record_tensors(record))
-                     + (0 if external else param_bytes)
-                     + (0 if external and external.momentums else moment_bytes))
+        size_hint = (
+            1024
+            + 256 * sum(1 for _ in iter_record_tensors(record))
+            + (0 if external else param_bytes)
+            + (0 if external and external.momentums else moment_bytes)
+        )
         self.builder = flatbuffers.Builder(min(size_hint, flatbuffers.Builder.MAX_BUFFER_SIZE))
 
     def tensor(self, name: str, tensor: torch.Tensor, external: bool) -> int:
@@ -222,11 +225,12 @@ class _Encoder:
         if property_bag is not None:
             b.PrependUOffsetTRelativeSlot(3, property_bag, 0)
         b.Finish(b.EndObject(), file_identifier=FILE_IDENTIFIER)
-        return memoryview(b.Bytes)[b.Head():]  # the finished buffer, without copying it
+        return memoryview(b.Bytes)[b.Head() :]  # the finished buffer, without copying it
 
 
-def encode_checkpoint(record: CheckpointRecord, external: ExternalDataPlan | None = None,
-                      artifact: bool = False) -> memoryview:
+def encode_checkpoint(
+    record: CheckpointRecord, external: ExternalDataPlan | None = None, artifact: bool = False
+) -> memoryview:
     """The ODTC bytes for record; with a plan, tensor data goes to the plan's offsets instead.
     artifact: lay it out like generate_artifacts (record order; no optimizer state, properties)."""
     check_record(record, artifact)
@@ -235,4 +239,5 @@ def encode_checkpoint(record: CheckpointRecord, external: ExternalDataPlan | Non
     except flatbuffers.builder.BuilderSizeError as error:
         raise CheckpointError(
             f"checkpoint too large for one FlatBuffer (2 GiB): {error}; "
-            "write it to a file so that tensor data goes to the external data file") from None
+            "write it to a file so that tensor data goes to the external data file"
+        ) from None

@@ -71,8 +71,7 @@ def _read_manifest(path: Path) -> dict | None:
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError) as error:
-        raise CheckpointError(f"checkpoint manifest {str(manifest_path(path))!r} cannot be read: "
-                              f"{error}") from None
+        raise CheckpointError(f"checkpoint manifest {str(manifest_path(path))!r} cannot be read: {error}") from None
     try:
         manifest = json.loads(text)
         for key in ("checkpoint", "data"):
@@ -82,7 +81,8 @@ def _read_manifest(path: Path) -> dict | None:
     except (ValueError, KeyError, TypeError) as error:
         raise CheckpointError(
             f"checkpoint manifest {str(manifest_path(path))!r} is malformed ({error!r}); expected "
-            "JSON with the size and digest of the checkpoint and of its data file") from None
+            "JSON with the size and digest of the checkpoint and of its data file"
+        ) from None
     return manifest
 
 
@@ -111,8 +111,7 @@ def remove_stale_files(path: Path) -> None:
                 pass
 
 
-def commit_pair(path: Path, encoded: bytes | bytearray | memoryview,
-                write_data: Callable[[BinaryIO], None]) -> None:
+def commit_pair(path: Path, encoded: bytes | bytearray | memoryview, write_data: Callable[[BinaryIO], None]) -> None:
     """Replace the checkpoint at path and its data file as one unit (see the module docstring)."""
     remove_stale_files(path)
     data_path = Path(os.fspath(path) + ".data")
@@ -172,4 +171,5 @@ class PairReader:
             f"checkpoint {str(self.path)!r} and its external data file {str(self.data_file)!r} do "
             f"not belong together (torn pair): the {newer} matches {str(manifest_path(self.path))!r}"
             f" but the {older} does not. One of them was replaced without the other (an "
-            "interrupted save by another tool, or a copied file); restore both files together.")
+            "interrupted save by another tool, or a copied file); restore both files together."
+        )

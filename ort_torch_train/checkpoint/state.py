@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ..errors import CheckpointError, NominalStateError, ParameterDataError, PropertyError, SafetensorsError
 from ort_torch_train.dtypes import dtype_name
+
+from ..errors import CheckpointError, NominalStateError, ParameterDataError, PropertyError, SafetensorsError
 from .odtc import checkpoint_to_bytes, read_checkpoint, write_checkpoint
 from .records import CheckpointRecord, OptimizerGroupRecord
 from .safetensors import load_safetensors, save_safetensors
@@ -67,8 +68,7 @@ def normalize_property(name: str, value: object) -> int | float | str:
         if math.isfinite(value) and abs(value) > FLOAT32_MAX:
             raise PropertyError(f"Property {name!r} value {float(value)} does not fit in float32")
         return float(np.float32(value))
-    raise PropertyError(f"Property {name!r} value has type {type(value).__name__}; "
-                    "properties hold int, float or str")
+    raise PropertyError(f"Property {name!r} value has type {type(value).__name__}; properties hold int, float or str")
 
 
 def _require_utf8(text: str, what: str) -> None:
@@ -76,8 +76,9 @@ def _require_utf8(text: str, what: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as error:
-        raise PropertyError(f"{what} cannot be stored: it is not valid Unicode text ({error.reason} at "
-                            f"position {error.start})") from None
+        raise PropertyError(
+            f"{what} cannot be stored: it is not valid Unicode text ({error.reason} at position {error.start})"
+        ) from None
 
 
 def _shape_text(shape: torch.Size | tuple[int, ...]) -> str:
@@ -91,37 +92,41 @@ def _as_tensor(name: str, value: object) -> torch.Tensor:
         try:
             return torch.as_tensor(np.asarray(value))
         except TypeError:
-            raise TypeError(f"Parameter {name} data has numpy dtype {value.dtype}, "
-                            "which no torch tensor can hold") from None
-    raise TypeError(f"Parameter {name} data must be a numpy.ndarray or torch.Tensor, "
-                    f"got {type(value).__name__}")
+            raise TypeError(
+                f"Parameter {name} data has numpy dtype {value.dtype}, which no torch tensor can hold"
+            ) from None
+    raise TypeError(f"Parameter {name} data must be a numpy.ndarray or torch.Tensor, got {type(value).__name__}")
 
 
 def _check_dtype(name: str, expected: torch.dtype, got: torch.dtype) -> None:
     if got != expected:
-        raise ParameterDataError(f"Parameter {name}: Parameter data type mismatch. "
-                                 f"Expected: {dtype_name(expected)}, Got: {dtype_name(got)}")
+        raise ParameterDataError(
+            f"Parameter {name}: Parameter data type mismatch. Expected: {dtype_name(expected)}, Got: {dtype_name(got)}"
+        )
 
 
 def _check_same_names(expected: set[str], got: set[str], what: str, error: type) -> None:
     missing, unexpected = sorted(expected - got), sorted(got - expected)
     if missing or unexpected:
-        raise error(f"{what} must hold exactly the state's parameters; missing: {missing}, "
-                    f"unexpected: {unexpected}")
+        raise error(f"{what} must hold exactly the state's parameters; missing: {missing}, unexpected: {unexpected}")
 
 
 class TrainingState:
     """Parameters (checkpoint file order), optimizer state and properties of a training run."""
 
-    def __init__(self, params: dict[str, torch.nn.Parameter], *, is_nominal: bool = False,
-                 optimizer: OptimizerState | None = None,
-                 properties: dict[str, int | float | str] | None = None,
-                 has_external_data: bool = False) -> None:
+    def __init__(
+        self,
+        params: dict[str, torch.nn.Parameter],
+        *,
+        is_nominal: bool = False,
+        optimizer: OptimizerState | None = None,
+        properties: dict[str, int | float | str] | None = None,
+        has_external_data: bool = False,
+    ) -> None:
         self.params = params
         self.is_nominal = is_nominal
         self.optimizer = optimizer
-        self.properties = {name: normalize_property(name, value)
-                           for name, value in (properties or {}).items()}
+        self.properties = {name: normalize_property(name, value) for name, value in (properties or {}).items()}
         self.has_external_data = has_external_data  # save like ORT: keep data in "<path>.data"
         # Held by every state-changing call of Module, Optimizer and CheckpointState (and by saves), so
         # that calls from several threads are serialised: no lost step, no save of a half-updated state.
@@ -146,22 +151,25 @@ class TrainingState:
         both = sorted(set(record.trainable) & set(record.frozen))
         if both:
             raise CheckpointError(f"parameters {both} are listed as both trainable and frozen")
-        params = {name: _new_parameter(name, tensor, True)
-                  for name, tensor in record.trainable.items()}
-        params.update((name, _new_parameter(name, tensor, False))
-                      for name, tensor in record.frozen.items())
+        params = {name: _new_parameter(name, tensor, True) for name, tensor in record.trainable.items()}
+        params.update((name, _new_parameter(name, tensor, False)) for name, tensor in record.frozen.items())
         groups = record.optimizer_groups
         if len(groups) > 1:
             raise CheckpointError(
                 f"the checkpoint holds {len(groups)} optimizer groups "
-                f"{[group.name for group in groups]}; only one group is supported (as in ORT)")
+                f"{[group.name for group in groups]}; only one group is supported (as in ORT)"
+            )
         optimizer = None
         if groups:
             group = groups[0]
-            optimizer = OptimizerState(group.name, group.step, group.initial_learning_rate,
-                                       group.momentums)
-        return cls(params, is_nominal=record.is_nominal, optimizer=optimizer,
-                   properties=record.properties, has_external_data=record.has_external_data)
+            optimizer = OptimizerState(group.name, group.step, group.initial_learning_rate, group.momentums)
+        return cls(
+            params,
+            is_nominal=record.is_nominal,
+            optimizer=optimizer,
+            properties=record.properties,
+            has_external_data=record.has_external_data,
+        )
 
     def to_record(self, include_optimizer_state: bool = False) -> CheckpointRecord:
         """The state as a record sharing the live tensors; the optimizer group only when asked
@@ -170,14 +178,22 @@ class TrainingState:
         if include_optimizer_state and self.optimizer is not None:
             self._check_momentums()  # a rank's slices of sharded moments are saved only gathered (save_checkpoint)
             opt = self.optimizer
-            groups.append(OptimizerGroupRecord(
-                opt.group_name, opt.step, opt.initial_learning_rate,
-                {param: dict(moments) for param, moments in opt.momentums.items()}))
+            groups.append(
+                OptimizerGroupRecord(
+                    opt.group_name,
+                    opt.step,
+                    opt.initial_learning_rate,
+                    {param: dict(moments) for param, moments in opt.momentums.items()},
+                )
+            )
         return CheckpointRecord(
             trainable={n: p.detach() for n, p in self.params.items() if p.requires_grad},
             frozen={n: p.detach() for n, p in self.params.items() if not p.requires_grad},
-            is_nominal=self.is_nominal, optimizer_groups=groups,
-            properties=dict(self.properties), has_external_data=self.has_external_data)
+            is_nominal=self.is_nominal,
+            optimizer_groups=groups,
+            properties=dict(self.properties),
+            has_external_data=self.has_external_data,
+        )
 
     def save(self, path: str | os.PathLike, include_optimizer_state: bool = False) -> None:
         """Write an ORT checkpoint file atomically (the property bag is always saved)."""
@@ -206,23 +222,26 @@ class TrainingState:
     def require_loaded(self, action: str) -> None:
         """Raise NominalStateError (ORT's text) when the state is nominal."""
         if self.is_nominal:
-            raise NominalStateError(f"Cannot {action} with a nominal state. "
-                                    "Please load the model parameters first.")
+            raise NominalStateError(f"Cannot {action} with a nominal state. Please load the model parameters first.")
 
     def parameter(self, name: str) -> torch.nn.Parameter:
         """The live parameter; KeyError("Parameter X not found."); NominalStateError if nominal."""
         if name not in self.params:
             raise KeyError(f"Parameter {name} not found.")
         if self.is_nominal:
-            raise NominalStateError(f"Cannot get parameter from a nominal state. Please load the parameter states "
-                                    f"first (parameter {name!r}).")
+            raise NominalStateError(
+                f"Cannot get parameter from a nominal state. Please load the parameter states "
+                f"first (parameter {name!r})."
+            )
         return self.params[name]
 
     def set_parameter_data(self, name: str, value: np.ndarray | torch.Tensor) -> None:
         """Copy value into the parameter in place, after checking name, shape and dtype."""
         if name in self.params and self.is_nominal:
-            raise NominalStateError(f"Cannot copy parameter to a nominal state. Please load all the parameter "
-                                    f"states first (parameter {name!r}).")
+            raise NominalStateError(
+                f"Cannot copy parameter to a nominal state. Please load all the parameter "
+                f"states first (parameter {name!r})."
+            )
         param = self.parameter(name)
         tensor = self._checked_value(name, value)
         with self.lock, torch.no_grad():
@@ -234,7 +253,8 @@ class TrainingState:
         if tensor.shape != param.shape:
             raise ParameterDataError(
                 f"Parameter {name}: Parameter data shape mismatch. "
-                f"Expected: {_shape_text(param.shape)}, Got: {_shape_text(tensor.shape)}")
+                f"Expected: {_shape_text(param.shape)}, Got: {_shape_text(tensor.shape)}"
+            )
         _check_dtype(name, param.dtype, tensor.dtype)
         return tensor
 
@@ -269,8 +289,7 @@ class TrainingState:
         exactly, shapes and dtypes are checked before anything changes. Completes a nominal state.
         """
         tensors, _ = load_safetensors(path)
-        _check_same_names(set(self.params), set(tensors), f"safetensors file {str(path)!r}",
-                          SafetensorsError)
+        _check_same_names(set(self.params), set(tensors), f"safetensors file {str(path)!r}", SafetensorsError)
         if self.is_nominal:
             self.complete_nominal(tensors)
             return
@@ -282,10 +301,11 @@ class TrainingState:
     def complete_nominal(self, values: dict[str, torch.Tensor | np.ndarray]) -> None:
         """Give every parameter of a nominal state its value (copied); clears is_nominal."""
         if not self.is_nominal:
-            raise RuntimeError("complete_nominal() needs a nominal state; this state already "
-                               "holds parameter values (use set_parameter_data)")
-        _check_same_names(set(self.params), set(values), "complete_nominal() values",
-                          ParameterDataError)
+            raise RuntimeError(
+                "complete_nominal() needs a nominal state; this state already "
+                "holds parameter values (use set_parameter_data)"
+            )
+        _check_same_names(set(self.params), set(values), "complete_nominal() values", ParameterDataError)
         tensors = {name: _as_tensor(name, value) for name, value in values.items()}
         for name, tensor in tensors.items():
             _check_dtype(name, self.params[name].dtype, tensor.dtype)
@@ -323,20 +343,24 @@ class TrainingState:
             return
         for name, moments in self.optimizer.momentums.items():
             if name not in self.params:
-                raise CheckpointError(f"optimizer group {self.optimizer.group_name!r} holds "
-                                      f"moments for {name!r}, which is not a parameter")
+                raise CheckpointError(
+                    f"optimizer group {self.optimizer.group_name!r} holds "
+                    f"moments for {name!r}, which is not a parameter"
+                )
             param = self.params[name]
             for moment_name, moment in moments.items():
-                if not self.is_nominal and (moment.shape != param.shape
-                                            or moment.dtype != param.dtype):
+                if not self.is_nominal and (moment.shape != param.shape or moment.dtype != param.dtype):
                     raise CheckpointError(
                         f"optimizer moment {moment_name!r} of {name!r} is "
                         f"{dtype_name(moment.dtype)}{_shape_text(moment.shape)}, but the "
-                        f"parameter is {dtype_name(param.dtype)}{_shape_text(param.shape)}")
+                        f"parameter is {dtype_name(param.dtype)}{_shape_text(param.shape)}"
+                    )
 
 
 def _new_parameter(name: str, tensor: torch.Tensor, trainable: bool) -> torch.nn.Parameter:
     if trainable and not (tensor.is_floating_point() or tensor.is_complex()):
-        raise CheckpointError(f"trainable parameter {name!r} has dtype {dtype_name(tensor.dtype)}; "
-                              "only floating-point parameters can require gradients")
+        raise CheckpointError(
+            f"trainable parameter {name!r} has dtype {dtype_name(tensor.dtype)}; "
+            "only floating-point parameters can require gradients"
+        )
     return torch.nn.Parameter(tensor, requires_grad=trainable)

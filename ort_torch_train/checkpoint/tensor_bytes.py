@@ -15,8 +15,7 @@ def tensor_to_bytes(tensor: torch.Tensor) -> bytes:
     return flat.numpy().tobytes()
 
 
-def tensor_from_bytes(data: bytes | bytearray | memoryview, dtype: torch.dtype,
-                      shape: list[int]) -> torch.Tensor:
+def tensor_from_bytes(data: bytes | bytearray | memoryview, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
     """A new CPU tensor owning a copy of little-endian data (unaligned input is fine).
 
     The caller has checked that len(data) == prod(shape) * dtype.itemsize. Bool bytes other than

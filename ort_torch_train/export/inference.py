@@ -18,9 +18,9 @@ import torch
 
 from ort_torch_train.dtypes import tensor_to_proto
 from ort_torch_train.errors import ModelError, NominalStateError
-from ort_torch_train.fileio import atomic_write_bytes
 from ort_torch_train.export.outputs import exportable_output_names
-from ort_torch_train.graph.artifacts import prune_graph
+from ort_torch_train.fileio import atomic_write_bytes
+from ort_torch_train.graph.layout import prune_graph
 
 # Current onnxruntime releases load IR <= 10 models from every opset this project writes.
 MAX_IR_VERSION = 10

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 import onnx
 
 from ort_torch_train.errors import ModelError
-from ort_torch_train.graph.artifacts import prune_graph
+from ort_torch_train.graph.layout import prune_graph
 
 _PROTOBUF_LIMIT = 2**31 - 1  # the checker serializes the model; larger ones are checked by path only
 # ops ORT registers in the ONNX domain that ONNX has no schema for (ORT's generate_artifacts fuses
@@ -34,13 +34,16 @@ def check_model(model: onnx.ModelProto, what: str, outputs: Iterable[str] | None
     del graph.output[:]
     graph.output.extend(typed)
     opset_imports = list(model.opset_import)
-    ort_nodes = [node for node in graph.node if node.domain in ("", "ai.onnx") and node.op_type in _ORT_OPS_IN_ONNX_DOMAIN]
+    ort_nodes = [
+        node for node in graph.node if node.domain in ("", "ai.onnx") and node.op_type in _ORT_OPS_IN_ONNX_DOMAIN
+    ]
     for node in ort_nodes:
         node.domain = _ORT_DOMAIN
     if ort_nodes and all(opset.domain != _ORT_DOMAIN for opset in opset_imports):
         opset_imports.append(onnx.helper.make_opsetid(_ORT_DOMAIN, 1))
-    model = onnx.helper.make_model(graph, opset_imports=opset_imports,
-                                   ir_version=model.ir_version, functions=model.functions)
+    model = onnx.helper.make_model(
+        graph, opset_imports=opset_imports, ir_version=model.ir_version, functions=model.functions
+    )
     try:
         onnx.checker.check_model(model)
     except (onnx.checker.ValidationError, ValueError, RuntimeError) as error:
@@ -79,13 +82,21 @@ def _check_initializer_sizes(model: onnx.ModelProto, what: str) -> None:
             if init.data_type in _PACKED_IN_INT32 and expected:
                 continue  # packed types: leave to the checker
         if held != expected:
-            raise ModelError(f"{what}: initializer {init.name!r} holds {held} {unit} but dims "
-                             f"{list(init.dims)} need {expected}")
+            raise ModelError(
+                f"{what}: initializer {init.name!r} holds {held} {unit} but dims {list(init.dims)} need {expected}"
+            )
 
 
-_PACKED_IN_INT32 = {onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.INT4, onnx.TensorProto.UINT4,
-                    getattr(onnx.TensorProto, "FLOAT8E4M3FN", -1), getattr(onnx.TensorProto, "FLOAT8E5M2", -1),
-                    getattr(onnx.TensorProto, "FLOAT8E4M3FNUZ", -1), getattr(onnx.TensorProto, "FLOAT8E5M2FNUZ", -1)}
+_PACKED_IN_INT32 = {
+    onnx.TensorProto.FLOAT16,
+    onnx.TensorProto.BFLOAT16,
+    onnx.TensorProto.INT4,
+    onnx.TensorProto.UINT4,
+    getattr(onnx.TensorProto, "FLOAT8E4M3FN", -1),
+    getattr(onnx.TensorProto, "FLOAT8E5M2", -1),
+    getattr(onnx.TensorProto, "FLOAT8E4M3FNUZ", -1),
+    getattr(onnx.TensorProto, "FLOAT8E5M2FNUZ", -1),
+}
 
 
 def _input_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
@@ -98,8 +109,7 @@ def _describe(type_proto: onnx.TypeProto) -> str:
     return f"{onnx.TensorProto.DataType.Name(tensor.elem_type)}{dims if tensor.HasField('shape') else ''}"
 
 
-def check_eval_pair(training_model: onnx.ModelProto, eval_model: onnx.ModelProto,
-                    param_names: Iterable[str]) -> None:
+def check_eval_pair(training_model: onnx.ModelProto, eval_model: onnx.ModelProto, param_names: Iterable[str]) -> None:
     """Refuse an eval model whose parameters or user inputs disagree with the training model's."""
     params = set(param_names)
     train, evaluate = _input_types(training_model), _input_types(eval_model)
@@ -117,4 +127,5 @@ def check_eval_pair(training_model: onnx.ModelProto, eval_model: onnx.ModelProto
             role = "parameter" if name in params else "user input"
             raise ModelError(
                 f"eval model does not match the training model: {role} {name!r} is declared "
-                f"{_describe(eval_type)} in the eval model, {_describe(train_type)} in the training model")
+                f"{_describe(eval_type)} in the eval model, {_describe(train_type)} in the training model"
+            )

@@ -5,11 +5,14 @@ from __future__ import annotations
 import onnx
 
 from ort_torch_train.errors import ModelError
-from ort_torch_train.graph.artifacts import GRAD_BUFFER_SUFFIX, LAZY_RESET_GRAD
+from ort_torch_train.graph.layout import GRAD_BUFFER_SUFFIX, LAZY_RESET_GRAD
 
 OPTIMIZER_OPS = ("AdamWOptimizer", "SGDOptimizerV2", "InplaceClipGradNorm")
-FILE_NAMES = {"training_model": "training_model.onnx", "eval_model": "eval_model.onnx",
-              "optimizer_model": "optimizer_model.onnx"}
+FILE_NAMES = {
+    "training_model": "training_model.onnx",
+    "eval_model": "eval_model.onnx",
+    "optimizer_model": "optimizer_model.onnx",
+}
 
 
 def model_role(model: onnx.ModelProto) -> str:
@@ -33,5 +36,6 @@ def check_slot(model: onnx.ModelProto, slot: str, argument: str) -> None:
     if not fits:
         op = next((node.op_type for node in model.graph.node if node.op_type in OPTIMIZER_OPS), None)
         what = f"an optimizer model (it holds {op})" if op else f"a {role.replace('_', ' ')} (it has gradient buffers)"
-        raise ModelError(f"{argument}: got {what}; expected the {slot.replace('_', ' ')} "
-                         f"({FILE_NAMES[slot]} of generate_artifacts)")
+        raise ModelError(
+            f"{argument}: got {what}; expected the {slot.replace('_', ' ')} ({FILE_NAMES[slot]} of generate_artifacts)"
+        )

@@ -12,8 +12,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from ort_torch_train.distributed.data_parallel import DataParallel, data_parallel
 from ort_torch_train.errors import DistributedError
-from ort_torch_train.training.distributed import DataParallel, data_parallel
 
 
 def legacy_data_parallel(parameters: Any, engine: Any) -> DataParallel | None:
@@ -22,15 +22,19 @@ def legacy_data_parallel(parameters: Any, engine: Any) -> DataParallel | None:
     if world_size == 1 and parameters.data_parallel_size == 1:
         return None
     if parameters.data_parallel_size != world_size:
-        raise NotImplementedError(f"TrainingParameters.data_parallel_size = {parameters.data_parallel_size} with "
-                                  f"world_size = {world_size}: only pure data parallelism "
-                                  "(data_parallel_size == world_size) is implemented")
+        raise NotImplementedError(
+            f"TrainingParameters.data_parallel_size = {parameters.data_parallel_size} with "
+            f"world_size = {world_size}: only pure data parallelism "
+            "(data_parallel_size == world_size) is implemented"
+        )
     if not dist.is_initialized():
         _init_from_environment(world_rank, world_size)
     if (dist.get_rank(), dist.get_world_size()) != (world_rank, world_size):
-        raise DistributedError(f"TrainingParameters.world_rank/world_size = {world_rank}/{world_size}, but the "
-                               f"process group has this process as rank {dist.get_rank()} of "
-                               f"{dist.get_world_size()}")
+        raise DistributedError(
+            f"TrainingParameters.world_rank/world_size = {world_rank}/{world_size}, but the "
+            f"process group has this process as rank {dist.get_rank()} of "
+            f"{dist.get_world_size()}"
+        )
     return data_parallel(engine, None)
 
 
@@ -42,8 +46,10 @@ def _init_from_environment(world_rank: int, world_size: int) -> None:
             environ[name] = environ[mpi_name]
     missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in environ]
     if missing:
-        raise DistributedError(f"TrainingParameters.world_size = {world_size}: no process group is initialised "
-                               f"and the environment lacks {missing} (launch with torchrun, or set them for mpirun)")
+        raise DistributedError(
+            f"TrainingParameters.world_size = {world_size}: no process group is initialised "
+            f"and the environment lacks {missing} (launch with torchrun, or set them for mpirun)"
+        )
     dist.init_process_group(backend="nccl" if _on_cuda() else "gloo", rank=world_rank, world_size=world_size)
 
 

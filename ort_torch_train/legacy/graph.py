@@ -27,17 +27,53 @@ from ort_torch_train.dtypes import tensor_from_proto
 from ort_torch_train.errors import ModelError
 
 # gradient_graph_builder.h (ORT 1.13): inputs through which no gradient flows
-STOP_GRADIENT_EDGES: dict[str, frozenset[int]] = {op: frozenset(indices) for op, indices in {
-    "Not": {0}, "And": {0, 1}, "BatchNormalization": {3, 4}, "BatchNormInternal": {3, 4}, "Or": {0, 1},
-    "Xor": {0, 1}, "Equal": {0, 1}, "Less": {0, 1}, "LessOrEqual": {0, 1}, "Greater": {0, 1},
-    "GreaterOrEqual": {0, 1}, "IsInf": {0}, "IsNaN": {0}, "NonZero": {0}, "Pow": {1}, "Gather": {1},
-    "GatherElements": {1}, "GatherND": {1}, "Shape": {0}, "Size": {0}, "Reshape": {1}, "Expand": {1},
-    "Dropout": {1, 2}, "Slice": {1, 2, 3, 4}, "SparseSoftmaxCrossEntropy": {1, 2},
-    "SoftmaxCrossEntropyLoss": {1, 2}, "SoftmaxCrossEntropyLossInternal": {1, 2, 3},
-    "ConstantOfShape": {0}, "Scatter": {1}, "ScatterElements": {1}, "ScatterND": {1}, "OneHot": {0, 1, 2},
-    "Where": {0}, "Range": {0, 1, 2}, "Tile": {1}, "BroadcastGradientArgs": {0, 1}, "TopK": {1},
-    "Squeeze": {1}, "Unsqueeze": {1}, "ReduceSum": {1}, "Split": {1}, "Clip": {1, 2},
-}.items()}
+STOP_GRADIENT_EDGES: dict[str, frozenset[int]] = {
+    op: frozenset(indices)
+    for op, indices in {
+        "Not": {0},
+        "And": {0, 1},
+        "BatchNormalization": {3, 4},
+        "BatchNormInternal": {3, 4},
+        "Or": {0, 1},
+        "Xor": {0, 1},
+        "Equal": {0, 1},
+        "Less": {0, 1},
+        "LessOrEqual": {0, 1},
+        "Greater": {0, 1},
+        "GreaterOrEqual": {0, 1},
+        "IsInf": {0},
+        "IsNaN": {0},
+        "NonZero": {0},
+        "Pow": {1},
+        "Gather": {1},
+        "GatherElements": {1},
+        "GatherND": {1},
+        "Shape": {0},
+        "Size": {0},
+        "Reshape": {1},
+        "Expand": {1},
+        "Dropout": {1, 2},
+        "Slice": {1, 2, 3, 4},
+        "SparseSoftmaxCrossEntropy": {1, 2},
+        "SoftmaxCrossEntropyLoss": {1, 2},
+        "SoftmaxCrossEntropyLossInternal": {1, 2, 3},
+        "ConstantOfShape": {0},
+        "Scatter": {1},
+        "ScatterElements": {1},
+        "ScatterND": {1},
+        "OneHot": {0, 1, 2},
+        "Where": {0},
+        "Range": {0, 1, 2},
+        "Tile": {1},
+        "BroadcastGradientArgs": {0, 1},
+        "TopK": {1},
+        "Squeeze": {1},
+        "Unsqueeze": {1},
+        "ReduceSum": {1},
+        "Split": {1},
+        "Clip": {1, 2},
+    }.items()
+}
 TRAINABLE_TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)
 
 
@@ -51,21 +87,28 @@ class TrainingSetup:
     trained: tuple[str, ...]
 
 
-def build_training_setup(forward: onnx.ModelProto, loss_name: str, weights_to_train: Iterable[str],
-                         weights_not_to_train: Iterable[str],
-                         immutable_weights: Mapping[str, Iterable[tuple[int, float]]]) -> TrainingSetup:
+def build_training_setup(
+    forward: onnx.ModelProto,
+    loss_name: str,
+    weights_to_train: Iterable[str],
+    weights_not_to_train: Iterable[str],
+    immutable_weights: Mapping[str, Iterable[tuple[int, float]]],
+) -> TrainingSetup:
     """The training graph and parameters for ``forward`` trained on its output ``loss_name``."""
     graph = forward.graph
     initializers = {init.name: init for init in graph.initializer}
     _check_loss(graph, loss_name)
     not_trained = set(weights_not_to_train)
-    trained = _weights_to_train(graph, initializers, loss_name, set(weights_to_train),
-                                _immutable_table(immutable_weights)) - not_trained
+    trained = (
+        _weights_to_train(graph, initializers, loss_name, set(weights_to_train), _immutable_table(immutable_weights))
+        - not_trained
+    )
     trained = {name for name in trained if initializers[name].data_type in TRAINABLE_TYPES}
     frozen = not_trained & set(initializers)
     order = [name for name in initializers if name in trained or name in frozen]
-    params = {name: torch.nn.Parameter(tensor_from_proto(initializers[name]), requires_grad=name in trained)
-              for name in order}
+    params = {
+        name: torch.nn.Parameter(tensor_from_proto(initializers[name]), requires_grad=name in trained) for name in order
+    }
     model = _with_parameter_inputs(forward, order, loss_name)
     return TrainingSetup(model, params, tuple(name for name in order if name in trained))
 
@@ -73,40 +116,57 @@ def build_training_setup(forward: onnx.ModelProto, loss_name: str, weights_to_tr
 def _check_loss(graph: onnx.GraphProto, loss_name: str) -> None:
     outputs = [value.name for value in graph.output]
     if loss_name not in outputs:
-        raise ModelError(f"TrainingParameters.loss_output_name {loss_name!r} is not an output of the model; "
-                         f"its outputs are {outputs}")
+        raise ModelError(
+            f"TrainingParameters.loss_output_name {loss_name!r} is not an output of the model; "
+            f"its outputs are {outputs}"
+        )
 
 
-def _immutable_table(immutable_weights: Mapping[str, Iterable[tuple[int, float]]]
-                     ) -> dict[str, list[tuple[int, float]]]:
+def _immutable_table(
+    immutable_weights: Mapping[str, Iterable[tuple[int, float]]],
+) -> dict[str, list[tuple[int, float]]]:
     table = {}
     for op_type, entries in immutable_weights.items():
         table[op_type] = []
         for entry in entries:
             if len(entry) != 2:
-                raise ValueError(f"TrainingParameters.immutable_weights[{op_type!r}]: expected (input index, "
-                                 f"value) pairs, got {entry!r}")
+                raise ValueError(
+                    f"TrainingParameters.immutable_weights[{op_type!r}]: expected (input index, "
+                    f"value) pairs, got {entry!r}"
+                )
             table[op_type].append((int(entry[0]), float(torch.tensor(entry[1], dtype=torch.float32))))
     return table
 
 
-def _weights_to_train(graph: onnx.GraphProto, initializers: dict[str, TensorProto], loss_name: str,
-                      requested: set[str], immutable: dict[str, list[tuple[int, float]]]) -> set[str]:
+def _weights_to_train(
+    graph: onnx.GraphProto,
+    initializers: dict[str, TensorProto],
+    loss_name: str,
+    requested: set[str],
+    immutable: dict[str, list[tuple[int, float]]],
+) -> set[str]:
     consumed = {name for node in graph.node for name in node.input}
     unused = sorted(requested - consumed)
     if unused:
-        warnings.warn(f"weights_to_train: no node reads {unused}; they are excluded from training (as in ORT)",
-                      stacklevel=4)
+        warnings.warn(
+            f"weights_to_train: no node reads {unused}; they are excluded from training (as in ORT)", stacklevel=4
+        )
     requested -= set(unused)
     missing = sorted(requested - set(initializers))
     if missing:
-        raise ModelError(f"weights_to_train: {missing} are not initializers of the model "
-                         f"(its initializers are {sorted(initializers)})")
+        raise ModelError(
+            f"weights_to_train: {missing} are not initializers of the model "
+            f"(its initializers are {sorted(initializers)})"
+        )
     return requested or _reachable_initializers(graph, initializers, loss_name, immutable)
 
 
-def _reachable_initializers(graph: onnx.GraphProto, initializers: dict[str, TensorProto], loss_name: str,
-                            immutable: dict[str, list[tuple[int, float]]]) -> set[str]:
+def _reachable_initializers(
+    graph: onnx.GraphProto,
+    initializers: dict[str, TensorProto],
+    loss_name: str,
+    immutable: dict[str, list[tuple[int, float]]],
+) -> set[str]:
     """ORT's reverse walk from the loss, stopping at stop-gradient inputs."""
     producers = {output: node for node in graph.node for output in node.output if output}
     found: set[str] = set()
@@ -129,8 +189,9 @@ def _reachable_initializers(graph: onnx.GraphProto, initializers: dict[str, Tens
     return found
 
 
-def _is_immutable(node: onnx.NodeProto, index: int, tensor: TensorProto,
-                  immutable: dict[str, list[tuple[int, float]]]) -> bool:
+def _is_immutable(
+    node: onnx.NodeProto, index: int, tensor: TensorProto, immutable: dict[str, list[tuple[int, float]]]
+) -> bool:
     if tensor.data_type != TensorProto.FLOAT or len(tensor.dims) != 0:
         return False
     value = float(onnx.numpy_helper.to_array(tensor))
@@ -149,8 +210,9 @@ def _with_parameter_inputs(forward: onnx.ModelProto, params: list[str], loss_nam
     kept = _copies(init for init in graph.initializer if init.name not in param_set)
     del graph.input[:]
     graph.input.extend(user_inputs)
-    graph.input.extend(helper.make_tensor_value_info(name, by_name[name].data_type, list(by_name[name].dims))
-                       for name in params)
+    graph.input.extend(
+        helper.make_tensor_value_info(name, by_name[name].data_type, list(by_name[name].dims)) for name in params
+    )
     del graph.initializer[:]
     graph.initializer.extend(kept)
     outputs = sorted(_copies(graph.output), key=lambda value: value.name != loss_name)

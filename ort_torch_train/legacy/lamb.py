@@ -19,8 +19,15 @@ from ort_torch_train.legacy.optimizers import Adam
 from ort_torch_train.optim.float32 import to_float32
 from ort_torch_train.optim.lamb import lamb
 
-LAMB_FLOAT_DEFAULTS = {"alpha": 0.9, "beta": 0.999, "lambda": 0.0, "epsilon": 1e-6, "max_norm_clip": 1.0,
-                       "ratio_min": float("-inf"), "ratio_max": float("inf")}
+LAMB_FLOAT_DEFAULTS = {
+    "alpha": 0.9,
+    "beta": 0.999,
+    "lambda": 0.0,
+    "epsilon": 1e-6,
+    "max_norm_clip": 1.0,
+    "ratio_min": float("-inf"),
+    "ratio_max": float("inf"),
+}
 LAMB_INT_DEFAULTS = {"do_bias_correction": 0}
 
 
@@ -47,14 +54,25 @@ def lamb_attributes(weight: str, floats: Mapping[str, float], ints: Mapping[str,
         if not values[name] >= 0:
             raise ValueError(f"LambOptimizer for weight {weight!r}: attribute {name} must be >= 0, got {values[name]}")
     if values["ratio_min"] > values["ratio_max"]:
-        raise ValueError(f"LambOptimizer for weight {weight!r}: ratio_min {values['ratio_min']} exceeds "
-                         f"ratio_max {values['ratio_max']}")
+        raise ValueError(
+            f"LambOptimizer for weight {weight!r}: ratio_min {values['ratio_min']} exceeds "
+            f"ratio_max {values['ratio_max']}"
+        )
     if values["do_bias_correction"] not in (0, 1):
-        raise ValueError(f"LambOptimizer for weight {weight!r}: do_bias_correction must be 0 or 1, "
-                         f"got {values['do_bias_correction']}")
-    return LambAttributes(values["alpha"], values["beta"], values["lambda"], values["epsilon"],
-                          values["max_norm_clip"], values["ratio_min"], values["ratio_max"],
-                          bool(values["do_bias_correction"]))
+        raise ValueError(
+            f"LambOptimizer for weight {weight!r}: do_bias_correction must be 0 or 1, "
+            f"got {values['do_bias_correction']}"
+        )
+    return LambAttributes(
+        values["alpha"],
+        values["beta"],
+        values["lambda"],
+        values["epsilon"],
+        values["max_norm_clip"],
+        values["ratio_min"],
+        values["ratio_max"],
+        bool(values["do_bias_correction"]),
+    )
 
 
 class Lamb(Adam):
@@ -68,10 +86,23 @@ class Lamb(Adam):
             a = self.attributes[name]
             scale = None
             if self.clip_grad_norm:
-                scale = torch.where(grad_norm > a.max_norm_clip, grad_norm / a.max_norm_clip,
-                                    torch.ones_like(grad_norm))
-            lamb([param], [param.grad], [self.moments[name][0]], [self.moments[name][1]], lr=learning_rate,
-                 step=self.update_counts[name], alpha=a.alpha, beta=a.beta, lambda_=a.lambda_, epsilon=a.epsilon,
-                 ratio_min=a.ratio_min, ratio_max=a.ratio_max, do_bias_correction=a.do_bias_correction,
-                 grad_scale=scale)
+                scale = torch.where(
+                    grad_norm > a.max_norm_clip, grad_norm / a.max_norm_clip, torch.ones_like(grad_norm)
+                )
+            lamb(
+                [param],
+                [param.grad],
+                [self.moments[name][0]],
+                [self.moments[name][1]],
+                lr=learning_rate,
+                step=self.update_counts[name],
+                alpha=a.alpha,
+                beta=a.beta,
+                lambda_=a.lambda_,
+                epsilon=a.epsilon,
+                ratio_min=a.ratio_min,
+                ratio_max=a.ratio_max,
+                do_bias_correction=a.do_bias_correction,
+                grad_scale=scale,
+            )
             self.update_counts[name] += 1

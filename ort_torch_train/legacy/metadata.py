@@ -21,8 +21,9 @@ class NodeArg:
     def from_value_info(cls, value: onnx.ValueInfoProto) -> NodeArg:
         """The NodeArg of a declared graph input or output."""
         tensor_type = value.type.tensor_type
-        shape = [dim.dim_value if dim.HasField("dim_value") else (dim.dim_param or None)
-                 for dim in tensor_type.shape.dim]
+        shape = [
+            dim.dim_value if dim.HasField("dim_value") else (dim.dim_param or None) for dim in tensor_type.shape.dim
+        ]
         return cls(value.name, ort_tensor_type(tensor_type.elem_type), shape)
 
 
@@ -41,8 +42,15 @@ class ModelMetadata:
     @classmethod
     def from_model(cls, model: onnx.ModelProto) -> ModelMetadata:
         """The metadata ``model`` declares."""
-        return cls(model.producer_name, model.graph.name, model.domain, model.doc_string, model.graph.doc_string,
-                   model.model_version, {prop.key: prop.value for prop in model.metadata_props})
+        return cls(
+            model.producer_name,
+            model.graph.name,
+            model.domain,
+            model.doc_string,
+            model.graph.doc_string,
+            model.model_version,
+            {prop.key: prop.value for prop in model.metadata_props},
+        )
 
 
 @dataclass

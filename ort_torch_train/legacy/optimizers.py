@@ -71,17 +71,30 @@ def adam_attributes(weight: str, floats: Mapping[str, float], ints: Mapping[str,
             raise ValueError(f"AdamOptimizer for weight {weight!r}: attribute {name} must be >= 0, got {values[name]}")
     for name in ADAM_INT_DEFAULTS:
         if values[name] not in (0, 1):
-            raise ValueError(f"AdamOptimizer for weight {weight!r}: attribute {name} must be 0 or 1, "
-                             f"got {values[name]}")
-    return AdamAttributes(values["alpha"], values["beta"], values["lambda"], values["epsilon"],
-                          values["max_norm_clip"], bool(values["do_bias_correction"]), values["weight_decay_mode"])
+            raise ValueError(
+                f"AdamOptimizer for weight {weight!r}: attribute {name} must be 0 or 1, got {values[name]}"
+            )
+    return AdamAttributes(
+        values["alpha"],
+        values["beta"],
+        values["lambda"],
+        values["epsilon"],
+        values["max_norm_clip"],
+        bool(values["do_bias_correction"]),
+        values["weight_decay_mode"],
+    )
 
 
-def build_optimizer(name: str, params: Mapping[str, torch.nn.Parameter],
-                    float_attributes: Mapping[str, Mapping[str, float]],
-                    int_attributes: Mapping[str, Mapping[str, int]],
-                    initial_state: Mapping[str, Mapping[str, object]], clip_grad_norm: bool,
-                    fp16_moments: bool = False, all_weights: Sequence[str] | None = None) -> SGD | Adam | None:
+def build_optimizer(
+    name: str,
+    params: Mapping[str, torch.nn.Parameter],
+    float_attributes: Mapping[str, Mapping[str, float]],
+    int_attributes: Mapping[str, Mapping[str, int]],
+    initial_state: Mapping[str, Mapping[str, object]],
+    clip_grad_norm: bool,
+    fp16_moments: bool = False,
+    all_weights: Sequence[str] | None = None,
+) -> SGD | Adam | None:
     """The optimizer ``training_optimizer_name`` names over the trained ``params``; None for "" or
     when no weight is trained (ORT then builds no optimizer graph, and takes no learning rate).
 
@@ -98,32 +111,46 @@ def build_optimizer(name: str, params: Mapping[str, torch.nn.Parameter],
     for weight in all_weights if all_weights is not None else params:
         for what, maps in (("attribute", float_attributes), ("int attribute", int_attributes)):
             if weight not in maps:
-                raise ValueError(f"Failed to find {what} map for weight {weight}: TrainingParameters."
-                                 f"optimizer_{what.replace(' ', '_')}s_map needs an entry (a dict, maybe "
-                                 "empty) for every trained weight")
+                raise ValueError(
+                    f"Failed to find {what} map for weight {weight}: TrainingParameters."
+                    f"optimizer_{what.replace(' ', '_')}s_map needs an entry (a dict, maybe "
+                    "empty) for every trained weight"
+                )
     _check_attribute_names(name, float_attributes, floats, ints, "optimizer_attributes_map")
     _check_attribute_names(name, int_attributes, ints, floats, "optimizer_int_attributes_map")
     if name == "SGDOptimizer":
         return SGD(params)
     if name == "LambOptimizer":
-        return Lamb(params, {weight: lamb_attributes(weight, float_attributes[weight], int_attributes[weight])
-                             for weight in params}, initial_state, clip_grad_norm, fp16_moments)
-    attributes = {weight: adam_attributes(weight, float_attributes[weight], int_attributes[weight])
-                  for weight in params}
+        return Lamb(
+            params,
+            {weight: lamb_attributes(weight, float_attributes[weight], int_attributes[weight]) for weight in params},
+            initial_state,
+            clip_grad_norm,
+            fp16_moments,
+        )
+    attributes = {
+        weight: adam_attributes(weight, float_attributes[weight], int_attributes[weight]) for weight in params
+    }
     return Adam(params, attributes, initial_state, clip_grad_norm, fp16_moments)
 
 
-def _check_attribute_names(optimizer: str, maps: Mapping[str, Mapping[str, object]], known: Mapping,
-                           other: Mapping, where: str) -> None:
+def _check_attribute_names(
+    optimizer: str, maps: Mapping[str, Mapping[str, object]], known: Mapping, other: Mapping, where: str
+) -> None:
     names = {key for attributes in maps.values() for key in attributes}
     misplaced = sorted(names & set(other))
     if misplaced:
-        raise ValueError(f"TrainingParameters.{where}: {misplaced} belong in the other attribute map "
-                         f"(floats: {sorted(ADAM_FLOAT_DEFAULTS)}, ints: {sorted(ADAM_INT_DEFAULTS)})")
+        raise ValueError(
+            f"TrainingParameters.{where}: {misplaced} belong in the other attribute map "
+            f"(floats: {sorted(ADAM_FLOAT_DEFAULTS)}, ints: {sorted(ADAM_INT_DEFAULTS)})"
+        )
     ignored = sorted(names - set(known))
     if ignored:
-        warnings.warn(f"TrainingParameters.{where}: {optimizer} reads no attribute {ignored}; they are "
-                      f"ignored (as in ORT). It reads {sorted(known) or 'none'}.", stacklevel=4)
+        warnings.warn(
+            f"TrainingParameters.{where}: {optimizer} reads no attribute {ignored}; they are "
+            f"ignored (as in ORT). It reads {sorted(known) or 'none'}.",
+            stacklevel=4,
+        )
 
 
 class SGD:
@@ -155,16 +182,23 @@ class SGD:
 class Adam:
     """AdamOptimizer for each trained weight, with ORT's per-weight moments and update counts."""
 
-    def __init__(self, params: Mapping[str, torch.nn.Parameter], attributes: Mapping[str, AdamAttributes],
-                 initial_state: Mapping[str, Mapping[str, object]], clip_grad_norm: bool,
-                 fp16_moments: bool = False):
+    def __init__(
+        self,
+        params: Mapping[str, torch.nn.Parameter],
+        attributes: Mapping[str, AdamAttributes],
+        initial_state: Mapping[str, Mapping[str, object]],
+        clip_grad_norm: bool,
+        fp16_moments: bool = False,
+    ):
         self.params = dict(params)
         self.attributes = dict(attributes)
         self.clip_grad_norm = clip_grad_norm
         self.update_counts = {name: 1 for name in self.params}
         dtype = torch.float16 if fp16_moments else None
-        self.moments = {name: (torch.zeros_like(p.detach(), dtype=dtype), torch.zeros_like(p.detach(), dtype=dtype))
-                        for name, p in self.params.items()}
+        self.moments = {
+            name: (torch.zeros_like(p.detach(), dtype=dtype), torch.zeros_like(p.detach(), dtype=dtype))
+            for name, p in self.params.items()
+        }
         for weight, values in initial_state.items():
             if weight in self.params:
                 for prefix in (UPDATE_COUNT, MOMENT_1, MOMENT_2):
@@ -182,10 +216,20 @@ class Adam:
         for (attributes, count), names in groups.items():
             params = [self.params[n] for n in names]
             stored = [self.moments[n][0] for n in names], [self.moments[n][1] for n in names]
-            moments = stored if stored[0][0].dtype == torch.float32 else ([m.float() for m in stored[0]],
-                                                                          [v.float() for v in stored[1]])
-            adam_update(params, [p.grad for p in params], *moments, learning_rate=learning_rate, update_count=count,
-                        attributes=attributes, grad_norm=grad_norm if self.clip_grad_norm else None)
+            moments = (
+                stored
+                if stored[0][0].dtype == torch.float32
+                else ([m.float() for m in stored[0]], [v.float() for v in stored[1]])
+            )
+            adam_update(
+                params,
+                [p.grad for p in params],
+                *moments,
+                learning_rate=learning_rate,
+                update_count=count,
+                attributes=attributes,
+                grad_norm=grad_norm if self.clip_grad_norm else None,
+            )
             if moments is not stored:  # fp16 moments: float32 math, float16 storage
                 torch._foreach_copy_(stored[0] + stored[1], moments[0] + moments[1])
             for name in names:
@@ -193,14 +237,22 @@ class Adam:
 
     def state_tensors(self) -> dict[str, Tensor]:
         """ORT's optimizer-state initializers: ``Moment_1_<w>``, ``Moment_2_<w>``, ``Update_Count_<w>``."""
-        return {f"{prefix}_{weight}": value for weight, values in self.optimizer_state().items()
-                for prefix, value in values.items()}
+        return {
+            f"{prefix}_{weight}": value
+            for weight, values in self.optimizer_state().items()
+            for prefix, value in values.items()
+        }
 
     def optimizer_state(self) -> dict[str, dict[str, Tensor]]:
         """``{weight: {"Moment_1": m, "Moment_2": v, "Update_Count": int64[1]}}`` (live moments)."""
-        return {weight: {MOMENT_1: m1, MOMENT_2: m2,
-                         UPDATE_COUNT: torch.tensor([self.update_counts[weight]], dtype=torch.int64)}
-                for weight, (m1, m2) in self.moments.items()}
+        return {
+            weight: {
+                MOMENT_1: m1,
+                MOMENT_2: m2,
+                UPDATE_COUNT: torch.tensor([self.update_counts[weight]], dtype=torch.int64),
+            }
+            for weight, (m1, m2) in self.moments.items()
+        }
 
     def load_state_tensor(self, name: str, value: object) -> bool:
         """Load one ``<prefix>_<weight>`` tensor; False when ``name`` is not an optimizer-state tensor."""
@@ -225,28 +277,39 @@ class Adam:
 
 def _check(tensor: Tensor, dtype: torch.dtype, shape: tuple[int, ...], what: str) -> None:
     if tensor.dtype != dtype or tuple(tensor.shape) != shape:
-        raise ValueError(f"{what}: expected {str(dtype).removeprefix('torch.')} of shape {list(shape)}, "
-                         f"got {str(tensor.dtype).removeprefix('torch.')} of shape {list(tensor.shape)}")
+        raise ValueError(
+            f"{what}: expected {str(dtype).removeprefix('torch.')} of shape {list(shape)}, "
+            f"got {str(tensor.dtype).removeprefix('torch.')} of shape {list(tensor.shape)}"
+        )
 
 
 def bias_correction(coefficient: float, update_count: int, enabled: bool) -> float:
     """``1 - coefficient^t`` as ORT computes it (in double, then rounded to float32); 1 when disabled."""
     if not enabled or update_count <= 0:
         return 1.0
-    return to_float32(1.0 - coefficient ** update_count)
+    return to_float32(1.0 - coefficient**update_count)
 
 
 @torch.no_grad()
-def adam_update(params: Sequence[Tensor], grads: Sequence[Tensor], exp_avgs: Sequence[Tensor],
-                exp_avg_sqs: Sequence[Tensor], *, learning_rate: float, update_count: int,
-                attributes: AdamAttributes, grad_norm: Tensor | None) -> None:
+def adam_update(
+    params: Sequence[Tensor],
+    grads: Sequence[Tensor],
+    exp_avgs: Sequence[Tensor],
+    exp_avg_sqs: Sequence[Tensor],
+    *,
+    learning_rate: float,
+    update_count: int,
+    attributes: AdamAttributes,
+    grad_norm: Tensor | None,
+) -> None:
     """One legacy AdamOptimizer update in place (``grads`` are scaled in place when clipping)."""
     a = attributes
     lr = to_float32(learning_rate)
     params, grads, m1, m2 = list(params), list(grads), list(exp_avgs), list(exp_avg_sqs)
     if grad_norm is not None:
-        torch._foreach_div_(grads, torch.where(grad_norm > a.max_norm_clip, grad_norm / a.max_norm_clip,
-                                               torch.ones_like(grad_norm)))
+        torch._foreach_div_(
+            grads, torch.where(grad_norm > a.max_norm_clip, grad_norm / a.max_norm_clip, torch.ones_like(grad_norm))
+        )
     torch._foreach_mul_(m1, a.alpha)
     torch._foreach_add_(m1, torch._foreach_mul(grads, to_float32(1.0 - a.alpha)))
     squared = torch._foreach_mul(grads, to_float32(1.0 - a.beta))

@@ -22,9 +22,12 @@ UNSUPPORTED_SETTINGS: dict[str, tuple[Any, str]] = {
     "num_pipeline_micro_batches": (1, "pipeline parallelism is not implemented"),
     "pipeline_cut_info_string": ("", "pipeline parallelism is not implemented"),
     "enable_adasum": (False, "Adasum gradient reduction is not implemented"),
-    "use_memory_efficient_gradient": (False, "ORT's memory-efficient gradient graph is not implemented "
-                                             "(the recompute settings and Module(recompute=k) save activation "
-                                             "memory with torch.utils.checkpoint)"),
+    "use_memory_efficient_gradient": (
+        False,
+        "ORT's memory-efficient gradient graph is not implemented "
+        "(the recompute settings and Module(recompute=k) save activation "
+        "memory with torch.utils.checkpoint)",
+    ),
     "set_gradients_as_graph_outputs": (False, "gradients as graph outputs are not implemented"),
     "sliced_schema": ({}, "sliced (model-parallel) tensors are not implemented"),
     "sliced_axes": ({}, "sliced (model-parallel) tensors are not implemented"),
@@ -49,13 +52,31 @@ class TrainingParameters:
     """
 
     __slots__ = (
-        "loss_output_name", "weights_to_train", "weights_not_to_train", "immutable_weights",
-        "training_optimizer_name", "lr_params_feed_name", "optimizer_attributes_map",
-        "optimizer_int_attributes_map", "optimizer_initial_state", "gradient_accumulation_steps",
-        "enable_grad_norm_clip", "loss_scale", "use_mixed_precision", "use_fp16_moments",
-        "propagate_cast_ops_level", "propagate_cast_ops_allow", "gelu_recompute", "attn_dropout_recompute",
-        "transformer_layer_recompute", "number_recompute_layers",
-        "world_rank", "world_size", "data_parallel_size", "allreduce_post_accumulation", "deepspeed_zero_stage",
+        "loss_output_name",
+        "weights_to_train",
+        "weights_not_to_train",
+        "immutable_weights",
+        "training_optimizer_name",
+        "lr_params_feed_name",
+        "optimizer_attributes_map",
+        "optimizer_int_attributes_map",
+        "optimizer_initial_state",
+        "gradient_accumulation_steps",
+        "enable_grad_norm_clip",
+        "loss_scale",
+        "use_mixed_precision",
+        "use_fp16_moments",
+        "propagate_cast_ops_level",
+        "propagate_cast_ops_allow",
+        "gelu_recompute",
+        "attn_dropout_recompute",
+        "transformer_layer_recompute",
+        "number_recompute_layers",
+        "world_rank",
+        "world_size",
+        "data_parallel_size",
+        "allreduce_post_accumulation",
+        "deepspeed_zero_stage",
         *UNSUPPORTED_SETTINGS,
     )
 
@@ -93,13 +114,16 @@ class TrainingParameters:
     def set_optimizer_initial_state(self, state: Mapping[str, Mapping[str, Any]]) -> None:
         """Initial optimizer state per weight: ``{weight: {"Moment_1"|"Moment_2"|"Update_Count": array}}``."""
         if not isinstance(state, Mapping) or not all(isinstance(v, Mapping) for v in state.values()):
-            raise TypeError("set_optimizer_initial_state: expected {weight name: {state name: array}}, "
-                            f"got {type(state).__name__}")
+            raise TypeError(
+                "set_optimizer_initial_state: expected {weight name: {state name: array}}, "
+                f"got {type(state).__name__}"
+            )
         self.optimizer_initial_state = {weight: dict(values) for weight, values in state.items()}
 
     def __repr__(self) -> str:
-        changed = {name: getattr(self, name) for name in self.__slots__
-                   if getattr(self, name) != getattr(_DEFAULTS, name)}
+        changed = {
+            name: getattr(self, name) for name in self.__slots__ if getattr(self, name) != getattr(_DEFAULTS, name)
+        }
         return f"TrainingParameters({', '.join(f'{k}={v!r}' for k, v in changed.items())})"
 
 
@@ -109,45 +133,59 @@ _DEFAULTS = TrainingParameters()
 def check_supported(parameters: TrainingParameters) -> None:
     """Raise NotImplementedError for a setting this project cannot honour, ValueError for a bad one."""
     if not isinstance(parameters, TrainingParameters):
-        raise TypeError(f"parameters: expected an ort_torch_train.legacy.TrainingParameters, "
-                        f"got {type(parameters).__name__}")
+        raise TypeError(
+            f"parameters: expected an ort_torch_train.legacy.TrainingParameters, got {type(parameters).__name__}"
+        )
     for name, (honoured, reason) in UNSUPPORTED_SETTINGS.items():
         value = getattr(parameters, name)
         if bool(value) if isinstance(honoured, (dict, list)) else value != honoured:
-            raise NotImplementedError(f"TrainingParameters.{name} = {value!r} is not supported: {reason} "
-                                      f"(only {honoured!r} is)")
+            raise NotImplementedError(
+                f"TrainingParameters.{name} = {value!r} is not supported: {reason} (only {honoured!r} is)"
+            )
     optimizer = parameters.training_optimizer_name
     stage = parameters.deepspeed_zero_stage
     if stage not in (0, 1):
-        raise NotImplementedError(f"TrainingParameters.deepspeed_zero_stage = {stage!r} is not supported: only "
-                                  "stage 0 (no sharding) and 1 (optimizer state sharded) are implemented")
+        raise NotImplementedError(
+            f"TrainingParameters.deepspeed_zero_stage = {stage!r} is not supported: only "
+            "stage 0 (no sharding) and 1 (optimizer state sharded) are implemented"
+        )
     if stage == 1 and optimizer == "LambOptimizer":
-        raise NotImplementedError("TrainingParameters.deepspeed_zero_stage = 1 with LambOptimizer is not "
-                                  "supported: LAMB's per-weight trust ratio is not element-wise; use "
-                                  "AdamOptimizer or SGDOptimizer, or stage 0")
+        raise NotImplementedError(
+            "TrainingParameters.deepspeed_zero_stage = 1 with LambOptimizer is not "
+            "supported: LAMB's per-weight trust ratio is not element-wise; use "
+            "AdamOptimizer or SGDOptimizer, or stage 0"
+        )
     if optimizer and optimizer not in OPTIMIZERS:
-        raise ValueError(f"TrainingParameters.training_optimizer_name: Failed to get Optimizer builder for "
-                         f"{optimizer!r}; expected one of {list(OPTIMIZERS)} (or '' for no optimizer)")
+        raise ValueError(
+            f"TrainingParameters.training_optimizer_name: Failed to get Optimizer builder for "
+            f"{optimizer!r}; expected one of {list(OPTIMIZERS)} (or '' for no optimizer)"
+        )
     if not parameters.loss_scale >= 0:
         raise ValueError(f"TrainingParameters.loss_scale must be >= 0 (0: dynamic), got {parameters.loss_scale!r}")
     layers = parameters.number_recompute_layers
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < 0:
-        raise ValueError(f"TrainingParameters.number_recompute_layers must be an int >= 0 (0: every transformer "
-                         f"layer but the last), got {layers!r}")
+        raise ValueError(
+            f"TrainingParameters.number_recompute_layers must be an int >= 0 (0: every transformer "
+            f"layer but the last), got {layers!r}"
+        )
     steps = parameters.gradient_accumulation_steps
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"TrainingParameters.gradient_accumulation_steps must be an int >= 1, got {steps!r}")
     if not parameters.loss_output_name:
-        raise ValueError("TrainingParameters.loss_output_name is empty: name the graph output that holds "
-                         "the loss")
+        raise ValueError("TrainingParameters.loss_output_name is empty: name the graph output that holds the loss")
 
 
 def recompute_plan(parameters: TrainingParameters) -> RecomputePlan:
     """What the recompute settings ask to recompute (falsy when nothing)."""
     layers = parameters.transformer_layer_recompute
     if parameters.number_recompute_layers and not layers:
-        warnings.warn(f"TrainingParameters.number_recompute_layers = {parameters.number_recompute_layers} has no "
-                      "effect without transformer_layer_recompute = True (as in ORT)", stacklevel=3)
-    return RecomputePlan(gelu=bool(parameters.gelu_recompute),
-                         attention_dropout=bool(parameters.attn_dropout_recompute),
-                         transformer_layers=parameters.number_recompute_layers if layers else None)
+        warnings.warn(
+            f"TrainingParameters.number_recompute_layers = {parameters.number_recompute_layers} has no "
+            "effect without transformer_layer_recompute = True (as in ORT)",
+            stacklevel=3,
+        )
+    return RecomputePlan(
+        gelu=bool(parameters.gelu_recompute),
+        attention_dropout=bool(parameters.attn_dropout_recompute),
+        transformer_layers=parameters.number_recompute_layers if layers else None,
+    )

@@ -35,20 +35,25 @@ def available_providers() -> list[str]:
 def choose_provider(providers: Sequence | None, provider_options: Sequence | None) -> ProviderChoice:
     """The device for ``providers`` (all available ones when None), with ORT's checks and warnings."""
     available = available_providers()
-    requested = _normalize(providers, provider_options, available) if providers is not None else \
-        [(name, {}) for name in available]
+    requested = (
+        _normalize(providers, provider_options, available)
+        if providers is not None
+        else [(name, {}) for name in available]
+    )
     for name, options in requested:
         if name == CUDA and CUDA in available:
             index = _device_id(options)
-            return ProviderChoice(torch.device("cuda", index), [CUDA, CPU],
-                                  {CUDA: {**options, "device_id": str(index)}, CPU: {}})
+            return ProviderChoice(
+                torch.device("cuda", index), [CUDA, CPU], {CUDA: {**options, "device_id": str(index)}, CPU: {}}
+            )
         if name == CPU:
             return ProviderChoice(torch.device("cpu"), [CPU], {CPU: options})
     return ProviderChoice(torch.device("cpu"), [CPU], {CPU: {}})
 
 
-def _normalize(providers: Sequence, provider_options: Sequence | None,
-               available: list[str]) -> list[tuple[str, dict[str, str]]]:
+def _normalize(
+    providers: Sequence, provider_options: Sequence | None, available: list[str]
+) -> list[tuple[str, dict[str, str]]]:
     if isinstance(providers, str) or not isinstance(providers, Sequence):
         raise ValueError("'providers' should be a sequence.")
     if provider_options is not None:
@@ -66,16 +71,23 @@ def _normalize(providers: Sequence, provider_options: Sequence | None,
         for provider in providers:
             if isinstance(provider, str):
                 pairs.append((provider, {}))
-            elif (isinstance(provider, tuple) and len(provider) == 2 and isinstance(provider[0], str)
-                  and isinstance(provider[1], Mapping)):
+            elif (
+                isinstance(provider, tuple)
+                and len(provider) == 2
+                and isinstance(provider[0], str)
+                and isinstance(provider[1], Mapping)
+            ):
                 pairs.append(provider)
             else:
                 raise ValueError("'providers' values must be either strings or (string, dict) tuples.")
     normalized: dict[str, dict[str, str]] = {}
     for name, options in pairs:
         if name not in available:
-            warnings.warn(f"Specified provider '{name}' is not in available provider names."
-                          f"Available providers: '{', '.join(available)}'", stacklevel=4)
+            warnings.warn(
+                f"Specified provider '{name}' is not in available provider names."
+                f"Available providers: '{', '.join(available)}'",
+                stacklevel=4,
+            )
         if name in normalized:
             warnings.warn(f"Duplicate provider '{name}' encountered, ignoring.", stacklevel=4)
             continue
@@ -87,6 +99,5 @@ def _device_id(options: Mapping[str, str]) -> int:
     text = options.get("device_id", "0")
     count = torch.cuda.device_count()
     if not text.isdigit() or int(text) >= count:
-        raise ValueError(f"CUDAExecutionProvider option device_id: expected an integer in [0, {count}), "
-                         f"got {text!r}")
+        raise ValueError(f"CUDAExecutionProvider option device_id: expected an integer in [0, {count}), got {text!r}")
     return int(text)

@@ -30,7 +30,7 @@ from ort_torch_train.checkpoint.state import TrainingState
 from ort_torch_train.dtypes import ort_tensor_type, tensor_to_proto
 from ort_torch_train.errors import CheckpointError, InputError, InputTypeError
 from ort_torch_train.fileio import atomic_write_bytes
-from ort_torch_train.graph.artifacts import load_model
+from ort_torch_train.graph.layout import load_model
 from ort_torch_train.legacy.distributed import legacy_data_parallel
 from ort_torch_train.legacy.graph import build_training_setup
 from ort_torch_train.legacy.metadata import ModelMetadata, NodeArg
@@ -58,27 +58,40 @@ class TrainingSession:
             (``CUDAExecutionProvider`` -> ``cuda:<device_id>``, ``CPUExecutionProvider`` -> ``cpu``).
     """
 
-    def __init__(self, path_or_bytes: str | os.PathLike | bytes, parameters: TrainingParameters,
-                 sess_options: Any = None, providers: Sequence | None = None,
-                 provider_options: Sequence[Mapping[str, Any]] | None = None):
+    def __init__(
+        self,
+        path_or_bytes: str | os.PathLike | bytes,
+        parameters: TrainingParameters,
+        sess_options: Any = None,
+        providers: Sequence | None = None,
+        provider_options: Sequence[Mapping[str, Any]] | None = None,
+    ):
         check_supported(parameters)
         self._forward_model = _load_forward_model(path_or_bytes)
         self._provider = choose_provider(providers, provider_options)
         self._sess_options = sess_options
-        setup = build_training_setup(self._forward_model, parameters.loss_output_name, parameters.weights_to_train,
-                                     parameters.weights_not_to_train, parameters.immutable_weights)
+        setup = build_training_setup(
+            self._forward_model,
+            parameters.loss_output_name,
+            parameters.weights_to_train,
+            parameters.weights_not_to_train,
+            parameters.immutable_weights,
+        )
         self.training_state = TrainingState(setup.params)
-        self._engine = TrainingEngine(setup.model, self.training_state, eval_model=setup.model,
-                                      device=self._provider.device)
+        self._engine = TrainingEngine(
+            setup.model, self.training_state, eval_model=setup.model, device=self._provider.device
+        )
         self._engine._data_parallel = legacy_data_parallel(parameters, self._engine)
         plan = recompute_plan(parameters)
         if plan:
             self._engine.train_graph.module_transform = partial(
-                with_pattern_recompute, plan=plan, user_inputs=len(self._engine.train_graph.layout.user_inputs))
+                with_pattern_recompute, plan=plan, user_inputs=len(self._engine.train_graph.layout.user_inputs)
+            )
         self._reduce_once = parameters.allreduce_post_accumulation
         self._trained = setup.trained
-        self._optimizer = build_legacy_optimizer(parameters, {n: self.training_state.params[n] for n in self._trained},
-                                                 self._engine._data_parallel)
+        self._optimizer = build_legacy_optimizer(
+            parameters, {n: self.training_state.params[n] for n in self._trained}, self._engine._data_parallel
+        )
         if parameters.use_mixed_precision:
             self._engine.precision = MixedPrecision("fp16", self.training_state, loss_scale=parameters.loss_scale)
         self._loss_scaler = self._engine.precision.loss_scaler if self._engine.precision is not None else None
@@ -92,8 +105,9 @@ class TrainingSession:
         self._outputs = self._output_args()
 
     # ---- the step ---------------------------------------------------------------------------------
-    def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any],
-            run_options: Any = None) -> list[np.ndarray]:
+    def run(
+        self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], run_options: Any = None
+    ) -> list[np.ndarray]:
         """One training step (or evaluation, see ``run_options``); returns the requested outputs."""
         names = list(output_names) if output_names else [arg.name for arg in self._outputs]
         known = {arg.name for arg in self._outputs}
@@ -104,14 +118,17 @@ class TrainingSession:
         evaluate = getattr(run_options, "training_mode", True) is False
         path_only = bool(getattr(run_options, "only_execute_path_to_fetches", False))
         if evaluate and wants_gradients:
-            raise ValueError(f"run: {[n for n in names if n in _GRADIENT_OUTPUTS]} need gradients, which "
-                             "run_options.training_mode=False does not compute")
+            raise ValueError(
+                f"run: {[n for n in names if n in _GRADIENT_OUTPUTS]} need gradients, which "
+                "run_options.training_mode=False does not compute"
+            )
         inputs, learning_rate = self._feeds(input_feed, needs_lr=not (evaluate or path_only))
         if evaluate or (path_only and not wants_gradients):
             results = self._forward(inputs, training=not evaluate)
         else:
-            results = self._train_step(inputs, learning_rate, may_update=not path_only,
-                                       wants_norm=GLOBAL_GRADIENT_NORM in names)
+            results = self._train_step(
+                inputs, learning_rate, may_update=not path_only, wants_norm=GLOBAL_GRADIENT_NORM in names
+            )
         return [results[name].detach().cpu().clone().numpy() for name in names]
 
     def _forward(self, inputs: list[torch.Tensor], training: bool) -> dict[str, torch.Tensor]:
@@ -124,8 +141,9 @@ class TrainingSession:
             outputs = engine.eval_step(inputs)
         return dict(zip(engine.output_names(training=True), outputs))
 
-    def _train_step(self, inputs: list[torch.Tensor], learning_rate: float | None, may_update: bool,
-                    wants_norm: bool) -> dict[str, torch.Tensor]:
+    def _train_step(
+        self, inputs: list[torch.Tensor], learning_rate: float | None, may_update: bool, wants_norm: bool
+    ) -> dict[str, torch.Tensor]:
         engine = self._engine
         if self._accumulation_steps == 1:
             engine.lazy_reset_grad()  # no accumulation buffer in ORT's graph: each run's gradient stands alone
@@ -171,8 +189,7 @@ class TrainingSession:
         if missing:
             raise InputError(f"Missing Input: {missing[0]}")
         inputs = [_as_tensor(input_feed[name], name) for name in user_inputs]
-        learning_rate = _learning_rate(input_feed[self._lr_name], self._lr_name) \
-            if needs_lr and self._lr_name else None
+        learning_rate = _learning_rate(input_feed[self._lr_name], self._lr_name) if needs_lr and self._lr_name else None
         return inputs, learning_rate
 
     # ---- metadata ---------------------------------------------------------------------------------
@@ -249,8 +266,10 @@ class TrainingSession:
         """``{weight: {"Moment_1": ..., "Moment_2": ..., "Update_Count": ...}}`` (empty for SGD)."""
         if self._optimizer is None:
             return {}
-        return {weight: {key: _numpy(value) for key, value in values.items()}
-                for weight, values in self._optimizer.optimizer_state().items()}
+        return {
+            weight: {key: _numpy(value) for key, value in values.items()}
+            for weight, values in self._optimizer.optimizer_state().items()
+        }
 
     def get_partition_info_map(self) -> dict[str, dict[str, list[int]]]:
         """Weight partitioning (ZeRO/Megatron): none here."""
@@ -270,8 +289,9 @@ class TrainingSession:
 def _load_forward_model(path_or_bytes: Any) -> onnx.ModelProto:
     if isinstance(path_or_bytes, (str, os.PathLike)):
         if os.fspath(path_or_bytes).endswith(".ort"):
-            raise NotImplementedError(f"{os.fspath(path_or_bytes)!r}: ORT format models are not supported; "
-                                      "give the ONNX model")
+            raise NotImplementedError(
+                f"{os.fspath(path_or_bytes)!r}: ORT format models are not supported; give the ONNX model"
+            )
         return load_model(path_or_bytes, "model")
     if isinstance(path_or_bytes, bytes):
         return load_model(path_or_bytes, "model")
@@ -287,8 +307,10 @@ def _as_tensor(value: Any, name: str) -> torch.Tensor:
 def _learning_rate(value: Any, name: str) -> float:
     array = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
     if array.dtype != np.float32:
-        raise InputTypeError(f"Unexpected input data type for input {name!r}. Actual: "
-                             f"({_type_name(array.dtype)}), expected: (tensor(float))")
+        raise InputTypeError(
+            f"Unexpected input data type for input {name!r}. Actual: "
+            f"({_type_name(array.dtype)}), expected: (tensor(float))"
+        )
     if array.size != 1:
         raise InputError(f"input {name!r} (the learning rate): expected float[1], got shape {list(array.shape)}")
     learning_rate = float(array.reshape(()))

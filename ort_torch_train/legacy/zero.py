@@ -17,22 +17,33 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from ort_torch_train.distributed.zero import FlatShard
 from ort_torch_train.errors import DistributedError
 from ort_torch_train.legacy.optimizers import MOMENT_1, MOMENT_2, UPDATE_COUNT, build_optimizer
-from ort_torch_train.optim.sharded import FlatShard
 
 
 def build_legacy_optimizer(parameters: Any, params: Mapping[str, torch.nn.Parameter], data_parallel: Any) -> Any:
     """The optimizer ``parameters`` name over the trained ``params``; under ZeRO stage 1 in a
     data-parallel run, over this rank's slice of them."""
-    def build(weights: Mapping[str, torch.nn.Parameter], initial_state: Mapping) -> Any:
-        return build_optimizer(parameters.training_optimizer_name, weights, parameters.optimizer_attributes_map,
-                               parameters.optimizer_int_attributes_map, initial_state,
-                               parameters.enable_grad_norm_clip, parameters.use_fp16_moments,
-                               all_weights=list(params))
 
-    if parameters.deepspeed_zero_stage == 0 or data_parallel is None or not parameters.training_optimizer_name \
-            or not params:
+    def build(weights: Mapping[str, torch.nn.Parameter], initial_state: Mapping) -> Any:
+        return build_optimizer(
+            parameters.training_optimizer_name,
+            weights,
+            parameters.optimizer_attributes_map,
+            parameters.optimizer_int_attributes_map,
+            initial_state,
+            parameters.enable_grad_norm_clip,
+            parameters.use_fp16_moments,
+            all_weights=list(params),
+        )
+
+    if (
+        parameters.deepspeed_zero_stage == 0
+        or data_parallel is None
+        or not parameters.training_optimizer_name
+        or not params
+    ):
         return build(params, parameters.optimizer_initial_state)
     return ShardedLegacyOptimizer(build, params, parameters.optimizer_initial_state, data_parallel.group)
 
@@ -40,25 +51,34 @@ def build_legacy_optimizer(parameters: Any, params: Mapping[str, torch.nn.Parame
 class ShardedLegacyOptimizer:
     """A legacy optimizer over this rank's slice of the trained weights, with the legacy optimizer's face."""
 
-    def __init__(self, build: Callable[[Mapping[str, torch.nn.Parameter], Mapping], Any],
-                 params: Mapping[str, torch.nn.Parameter], initial_state: Mapping[str, Mapping[str, object]],
-                 group: Any):
+    def __init__(
+        self,
+        build: Callable[[Mapping[str, torch.nn.Parameter], Mapping], Any],
+        params: Mapping[str, torch.nn.Parameter],
+        initial_state: Mapping[str, Mapping[str, object]],
+        group: Any,
+    ):
         self.params = dict(params)
         self.shard = FlatShard([p.numel() for p in self.params.values()], group)
         names = list(self.params)
         self._slices = {names[index]: (start, stop) for index, start, stop in self.shard.pieces}
         if not self._slices:
-            raise DistributedError(f"TrainingParameters.deepspeed_zero_stage = 1: rank {self.shard.rank} of "
-                                   f"{self.shard.world_size} owns no element of the {sum(self.shard.numels)} "
-                                   "trained ones; use fewer ranks or stage 0")
+            raise DistributedError(
+                f"TrainingParameters.deepspeed_zero_stage = 1: rank {self.shard.rank} of "
+                f"{self.shard.world_size} owns no element of the {sum(self.shard.numels)} "
+                "trained ones; use fewer ranks or stage 0"
+            )
         pieces = {}
         for name, (start, stop) in self._slices.items():
             param = self.params[name]
             piece = torch.nn.Parameter(param.detach().view(-1)[start:stop], requires_grad=False)
             piece.grad = param.grad.view(-1)[start:stop]  # views: the session's gradients, averaged in place
             pieces[name] = piece
-        cut = {weight: {key: self._cut(weight, key, value) for key, value in values.items()}
-               for weight, values in initial_state.items() if weight in self.params}  # checked on every rank
+        cut = {
+            weight: {key: self._cut(weight, key, value) for key, value in values.items()}
+            for weight, values in initial_state.items()
+            if weight in self.params
+        }  # checked on every rank
         owned_state = {weight: values for weight, values in cut.items() if weight in self._slices}
         self.inner = build(pieces, owned_state)
         self.clip_grad_norm = self.inner.clip_grad_norm
@@ -80,8 +100,9 @@ class ShardedLegacyOptimizer:
             pieces = [owned[name][key] for name in self._slices]
             for name, tensor in zip(self.params, self.shard.gather(pieces, pieces[0])):
                 whole[name][key] = tensor.view(self.params[name].shape)
-        counts = torch.tensor([int(owned[name][UPDATE_COUNT]) if name in owned else 0 for name in self.params],
-                              device=pieces[0].device)  # NCCL: a CUDA tensor
+        counts = torch.tensor(
+            [int(owned[name][UPDATE_COUNT]) if name in owned else 0 for name in self.params], device=pieces[0].device
+        )  # NCCL: a CUDA tensor
         dist.all_reduce(counts, op=dist.ReduceOp.MAX, group=self.shard.group)
         for name, count in zip(self.params, counts.tolist()):
             whole[name][UPDATE_COUNT] = torch.tensor([count], dtype=torch.int64)
@@ -89,8 +110,11 @@ class ShardedLegacyOptimizer:
 
     def state_tensors(self) -> dict[str, Tensor]:
         """ORT's optimizer-state initializers, whole (a collective)."""
-        return {f"{prefix}_{weight}": value for weight, values in self.optimizer_state().items()
-                for prefix, value in values.items()}
+        return {
+            f"{prefix}_{weight}": value
+            for weight, values in self.optimizer_state().items()
+            for prefix, value in values.items()
+        }
 
     def load_state_tensor(self, name: str, value: object) -> bool:
         """Load this rank's slice of one ``<prefix>_<weight>`` tensor; False when it is not a state tensor."""

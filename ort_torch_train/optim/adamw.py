@@ -33,8 +33,9 @@ _FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _LARGEST_EXACT_FLOAT32_STEP = 2**24  # the fused kernel reads the step from a float32 tensor
 
 
-def ort_step_scalars(step: int, lr: float, beta1: float, beta2: float, correct_bias: bool
-                     ) -> tuple[float, float, float]:
+def ort_step_scalars(
+    step: int, lr: float, beta1: float, beta2: float, correct_bias: bool
+) -> tuple[float, float, float]:
     """Return ``(bias_correction1, bias_correction2, corrected_lr)`` as ORT computes them in float32."""
     if not correct_bias:
         return 1.0, 1.0, lr
@@ -44,16 +45,30 @@ def ort_step_scalars(step: int, lr: float, beta1: float, beta2: float, correct_b
     return bias_correction1, bias_correction2, to_float32(lr * ratio)
 
 
-def choose_adamw_implementation(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor],
-                                exp_avg_sqs: list[Tensor]) -> str:
+def choose_adamw_implementation(
+    params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], exp_avg_sqs: list[Tensor]
+) -> str:
     """Return "fused" when ``torch._fused_adamw_`` can run these tensors, else "foreach"."""
     return "fused" if _fused_kernel_accepts(params, grads, exp_avgs, exp_avg_sqs) else "foreach"
 
 
-def adamw(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], exp_avg_sqs: list[Tensor],
-          *, step: int, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
-          adam_mode: int, correct_bias: bool, implementation: str | None = None,
-          scratch: tuple[list[Tensor], list[Tensor]] | None = None) -> None:
+def adamw(
+    params: list[Tensor],
+    grads: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    *,
+    step: int,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    adam_mode: int,
+    correct_bias: bool,
+    implementation: str | None = None,
+    scratch: tuple[list[Tensor], list[Tensor]] | None = None,
+) -> None:
     """Apply one ORT AdamWOptimizer update in place to ``params``, ``exp_avgs`` and ``exp_avg_sqs``.
 
     ``step`` is the 1-based step fed to ORT's node. Hyperparameters are used as float32, as in ORT.
@@ -63,24 +78,51 @@ def adamw(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], exp
     ``scratch`` (two lists from ``make_scratch(params, 2)``) lets "foreach" run without allocating temporaries.
     """
     lr, beta1, beta2, eps, weight_decay = (to_float32(x) for x in (lr, beta1, beta2, eps, weight_decay))
-    _check_arguments(params, grads, exp_avgs, exp_avg_sqs, step, beta1, beta2, adam_mode, correct_bias,
-                     implementation)
+    _check_arguments(params, grads, exp_avgs, exp_avg_sqs, step, beta1, beta2, adam_mode, correct_bias, implementation)
     step = int(step)
     if implementation is None:
         implementation = choose_adamw_implementation(params, grads, exp_avgs, exp_avg_sqs)
     elif implementation == "fused" and not _fused_kernel_accepts(params, grads, exp_avgs, exp_avg_sqs):
-        raise ValueError("adamw: implementation 'fused' needs all tensors on one cpu or cuda device with "
-                         f"one floating dtype; got devices {_devices(params)} and dtypes {_dtypes(params)}")
-    adamw_prepared(params, grads, exp_avgs, exp_avg_sqs, step=step, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
-                   weight_decay=weight_decay, adam_mode=adam_mode, correct_bias=correct_bias,
-                   implementation=implementation, scratch=scratch)
+        raise ValueError(
+            "adamw: implementation 'fused' needs all tensors on one cpu or cuda device with "
+            f"one floating dtype; got devices {_devices(params)} and dtypes {_dtypes(params)}"
+        )
+    adamw_prepared(
+        params,
+        grads,
+        exp_avgs,
+        exp_avg_sqs,
+        step=step,
+        lr=lr,
+        beta1=beta1,
+        beta2=beta2,
+        eps=eps,
+        weight_decay=weight_decay,
+        adam_mode=adam_mode,
+        correct_bias=correct_bias,
+        implementation=implementation,
+        scratch=scratch,
+    )
 
 
-def adamw_prepared(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], exp_avg_sqs: list[Tensor],
-                   *, step: int, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
-                   adam_mode: int, correct_bias: bool, implementation: str,
-                   scratch: tuple[list[Tensor], list[Tensor]] | None = None,
-                   step_tensor: Tensor | None = None) -> None:
+def adamw_prepared(
+    params: list[Tensor],
+    grads: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    *,
+    step: int,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    adam_mode: int,
+    correct_bias: bool,
+    implementation: str,
+    scratch: tuple[list[Tensor], list[Tensor]] | None = None,
+    step_tensor: Tensor | None = None,
+) -> None:
     """``adamw`` without the argument checks, for callers that validated once (the optimizer engine).
 
     Hyperparameters must already be float32 values and ``implementation`` a concrete choice that
@@ -88,13 +130,34 @@ def adamw_prepared(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Ten
     "fused" instead of allocating one per step.
     """
     with torch.no_grad():
-        if implementation == "fused" and _fused_step(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1, beta2,
-                                                     eps, weight_decay, adam_mode, correct_bias, step_tensor):
+        if implementation == "fused" and _fused_step(
+            params,
+            grads,
+            exp_avgs,
+            exp_avg_sqs,
+            step,
+            lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+            adam_mode,
+            correct_bias,
+            step_tensor,
+        ):
             return
         bias_correction1, bias_correction2, corrected_lr = ort_step_scalars(step, lr, beta1, beta2, correct_bias)
-        scalars = dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay, adam_mode=adam_mode,
-                       bias_correction1=bias_correction1, bias_correction2=bias_correction2,
-                       corrected_lr=corrected_lr)
+        scalars = dict(
+            lr=lr,
+            beta1=beta1,
+            beta2=beta2,
+            eps=eps,
+            weight_decay=weight_decay,
+            adam_mode=adam_mode,
+            bias_correction1=bias_correction1,
+            bias_correction2=bias_correction2,
+            corrected_lr=corrected_lr,
+        )
         if implementation == "single":
             _single_update(params, grads, exp_avgs, exp_avg_sqs, **scalars)
         elif implementation == "compiled":
@@ -103,8 +166,23 @@ def adamw_prepared(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Ten
             _foreach_update(params, grads, exp_avgs, exp_avg_sqs, scratch=scratch, **scalars)
 
 
-def _foreach_update(params, grads, exp_avgs, exp_avg_sqs, *, lr, beta1, beta2, eps, weight_decay,
-                    adam_mode, bias_correction1, bias_correction2, corrected_lr, scratch) -> None:
+def _foreach_update(
+    params,
+    grads,
+    exp_avgs,
+    exp_avg_sqs,
+    *,
+    lr,
+    beta1,
+    beta2,
+    eps,
+    weight_decay,
+    adam_mode,
+    bias_correction1,
+    bias_correction2,
+    corrected_lr,
+    scratch,
+) -> None:
     work, update = scratch if scratch is not None else (None, None)
     if adam_mode == 0 and weight_decay != 0.0:
         decay = scaled_copy(params, lr, work)
@@ -133,8 +211,22 @@ def _foreach_update(params, grads, exp_avgs, exp_avg_sqs, *, lr, beta1, beta2, e
         torch._foreach_sub_(params, scaled_copy(params, to_float32(lr * weight_decay), work))
 
 
-def _single_update(params, grads, exp_avgs, exp_avg_sqs, *, lr, beta1, beta2, eps, weight_decay,
-                   adam_mode, bias_correction1, bias_correction2, corrected_lr) -> None:
+def _single_update(
+    params,
+    grads,
+    exp_avgs,
+    exp_avg_sqs,
+    *,
+    lr,
+    beta1,
+    beta2,
+    eps,
+    weight_decay,
+    adam_mode,
+    bias_correction1,
+    bias_correction2,
+    corrected_lr,
+) -> None:
     one_minus_beta1, one_minus_beta2 = to_float32(1.0 - beta1), to_float32(1.0 - beta2)
     decay_after = to_float32(lr * weight_decay)
     for w, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
@@ -150,8 +242,21 @@ def _single_update(params, grads, exp_avgs, exp_avg_sqs, *, lr, beta1, beta2, ep
                 w.sub_(w * decay_after)
 
 
-def _fused_step(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1, beta2, eps, weight_decay,
-                adam_mode, correct_bias, step_tensor=None) -> bool:
+def _fused_step(
+    params,
+    grads,
+    exp_avgs,
+    exp_avg_sqs,
+    step,
+    lr,
+    beta1,
+    beta2,
+    eps,
+    weight_decay,
+    adam_mode,
+    correct_bias,
+    step_tensor=None,
+) -> bool:
     """Run ``torch._fused_adamw_``; return False (nothing done) when the step's scalars do not fit it.
 
     torch's kernel is mode 0. Mode 1 is mode 0 with per-step scalars (bc1, bc2 as torch computes them):
@@ -174,9 +279,21 @@ def _fused_step(params, grads, exp_avgs, exp_avg_sqs, step, lr, beta1, beta2, ep
         step_tensor = torch.full((), float(step), dtype=torch.float32, device=params[0].device)
     else:
         step_tensor.fill_(float(step))
-    torch._fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, [], [step_tensor] * len(params), lr=lr,
-                        beta1=beta1, beta2=beta2, weight_decay=weight_decay, eps=eps, amsgrad=False,
-                        maximize=False)
+    torch._fused_adamw_(
+        params,
+        grads,
+        exp_avgs,
+        exp_avg_sqs,
+        [],
+        [step_tensor] * len(params),
+        lr=lr,
+        beta1=beta1,
+        beta2=beta2,
+        weight_decay=weight_decay,
+        eps=eps,
+        amsgrad=False,
+        maximize=False,
+    )
     return True
 
 
@@ -187,15 +304,17 @@ def _fused_kernel_accepts(*tensor_lists: list[Tensor]) -> bool:
     return all(t.device == first.device and t.dtype == first.dtype for ts in tensor_lists for t in ts)
 
 
-def _check_arguments(params, grads, exp_avgs, exp_avg_sqs, step, beta1, beta2, adam_mode, correct_bias,
-                     implementation) -> None:
+def _check_arguments(
+    params, grads, exp_avgs, exp_avg_sqs, step, beta1, beta2, adam_mode, correct_bias, implementation
+) -> None:
     counts = (len(params), len(grads), len(exp_avgs), len(exp_avg_sqs))
     if counts[0] == 0 or len(set(counts)) != 1:
-        raise ValueError("adamw: params, grads, exp_avgs and exp_avg_sqs must be non-empty lists of one "
-                         f"length; got lengths {counts}")
+        raise ValueError(
+            "adamw: params, grads, exp_avgs and exp_avg_sqs must be non-empty lists of one "
+            f"length; got lengths {counts}"
+        )
     if implementation not in (None, *IMPLEMENTATIONS):
-        raise ValueError(f"adamw: implementation must be one of {IMPLEMENTATIONS} or None; "
-                         f"got {implementation!r}")
+        raise ValueError(f"adamw: implementation must be one of {IMPLEMENTATIONS} or None; got {implementation!r}")
     if not isinstance(step, numbers.Integral) or isinstance(step, bool) or step < 1:
         raise ValueError(f"adamw: step must be an int >= 1 (completed steps + 1); got {step!r}")
     for name, beta in (("beta1", beta1), ("beta2", beta2)):

@@ -36,21 +36,57 @@ def _compiled(function: Callable) -> Callable:
     return _COMPILED[function]
 
 
-def adamw_scalars(*, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
-                  bias_correction1: float, bias_correction2: float, corrected_lr: float,
-                  device: torch.device) -> Tensor:
+def adamw_scalars(
+    *,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    bias_correction1: float,
+    bias_correction2: float,
+    corrected_lr: float,
+    device: torch.device,
+) -> Tensor:
     """The float32 scalars ``adamw_update`` reads, as one tensor on ``device`` (each value rounded once)."""
-    values = adamw_scalar_values(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
-                                 bias_correction1=bias_correction1, bias_correction2=bias_correction2,
-                                 corrected_lr=corrected_lr)
+    values = adamw_scalar_values(
+        lr=lr,
+        beta1=beta1,
+        beta2=beta2,
+        eps=eps,
+        weight_decay=weight_decay,
+        bias_correction1=bias_correction1,
+        bias_correction2=bias_correction2,
+        corrected_lr=corrected_lr,
+    )
     return torch.from_numpy(np.array(values, dtype=np.float32)).to(device, non_blocking=True)
 
 
-def adamw_scalar_values(*, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
-                        bias_correction1: float, bias_correction2: float, corrected_lr: float) -> list[float]:
+def adamw_scalar_values(
+    *,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    bias_correction1: float,
+    bias_correction2: float,
+    corrected_lr: float,
+) -> list[float]:
     """The values of ``adamw_scalars`` in its order, as Python floats (to be stored as float32)."""
-    return [lr, beta1, 1.0 - beta1, beta2, 1.0 - beta2, eps, bias_correction1, bias_correction2,
-            corrected_lr, weight_decay, lr * weight_decay]
+    return [
+        lr,
+        beta1,
+        1.0 - beta1,
+        beta2,
+        1.0 - beta2,
+        eps,
+        bias_correction1,
+        bias_correction2,
+        corrected_lr,
+        weight_decay,
+        lr * weight_decay,
+    ]
 
 
 def sgd_scalars(*, lr: float, device: torch.device) -> Tensor:
@@ -58,13 +94,34 @@ def sgd_scalars(*, lr: float, device: torch.device) -> Tensor:
     return torch.from_numpy(np.array(-lr, dtype=np.float32)).to(device, non_blocking=True)
 
 
-def compiled_adamw(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], exp_avg_sqs: list[Tensor], *,
-                   lr: float, beta1: float, beta2: float, eps: float, weight_decay: float, adam_mode: int,
-                   bias_correction1: float, bias_correction2: float, corrected_lr: float) -> None:
+def compiled_adamw(
+    params: list[Tensor],
+    grads: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    *,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    adam_mode: int,
+    bias_correction1: float,
+    bias_correction2: float,
+    corrected_lr: float,
+) -> None:
     """ORT's AdamW update (the "single" math) run by a torch.compile'd kernel."""
-    scalars = adamw_scalars(lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
-                            bias_correction1=bias_correction1, bias_correction2=bias_correction2,
-                            corrected_lr=corrected_lr, device=params[0].device)
+    scalars = adamw_scalars(
+        lr=lr,
+        beta1=beta1,
+        beta2=beta2,
+        eps=eps,
+        weight_decay=weight_decay,
+        bias_correction1=bias_correction1,
+        bias_correction2=bias_correction2,
+        corrected_lr=corrected_lr,
+        device=params[0].device,
+    )
     _compiled(adamw_update)(params, grads, exp_avgs, exp_avg_sqs, scalars, adam_mode, weight_decay != 0.0)
 
 
@@ -74,8 +131,15 @@ def compiled_sgd(params: list[Tensor], grads: list[Tensor], negative_lr: float) 
     _compiled(sgd_update)(params, grads, scalar)
 
 
-def adamw_update(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], exp_avg_sqs: list[Tensor],
-                 scalars: Tensor, adam_mode: int, decays: bool) -> None:
+def adamw_update(
+    params: list[Tensor],
+    grads: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    scalars: Tensor,
+    adam_mode: int,
+    decays: bool,
+) -> None:
     """ORT's AdamW in its float32 op order, reading the step's values from ``adamw_scalars``."""
     lr, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, bc1, bc2, corrected_lr, wd, decay_after = scalars.unbind()
     for w, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):

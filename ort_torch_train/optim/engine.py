@@ -13,7 +13,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ort_torch_train.checkpoint.flat_buffers import current_flat, flat_buffers
 from ort_torch_train.checkpoint.state import OptimizerState, TrainingState
 from ort_torch_train.errors import CheckpointError
 from ort_torch_train.optim.adamw import IMPLEMENTATIONS as ADAMW_IMPLEMENTATIONS
@@ -33,6 +32,7 @@ from ort_torch_train.optim.schedulers import check_learning_rate
 from ort_torch_train.optim.scratch import make_scratch
 from ort_torch_train.optim.sgd import IMPLEMENTATIONS as SGD_IMPLEMENTATIONS
 from ort_torch_train.optim.sgd import sgd
+from ort_torch_train.training.flat_params import current_flat, flat_buffers
 
 DEFAULT_LEARNING_RATE = to_float32(0.001)
 GROUP_NAME = "group0"
@@ -52,8 +52,14 @@ class OptimizerEngine:
 
     fuses_into_step = True  # a compiled train step may run this update in its own graph
 
-    def __init__(self, spec: OptimizerSpec, state: TrainingState, param_names: Sequence[str], *,
-                 implementation: str | None = None):
+    def __init__(
+        self,
+        spec: OptimizerSpec,
+        state: TrainingState,
+        param_names: Sequence[str],
+        *,
+        implementation: str | None = None,
+    ):
         names = list(param_names)
         if not names:
             raise ValueError("OptimizerEngine: the model has no trainable parameters to optimize")
@@ -61,21 +67,29 @@ class OptimizerEngine:
             raise ValueError(f"OptimizerEngine: param_names must be unique; got {names}")
         allowed = ADAMW_IMPLEMENTATIONS if spec.kind == "adamw" else SGD_IMPLEMENTATIONS
         if implementation not in (None, *allowed):
-            raise ValueError(f"OptimizerEngine: implementation for {spec.kind} must be one of {allowed} or None; "
-                             f"got {implementation!r}")
+            raise ValueError(
+                f"OptimizerEngine: implementation for {spec.kind} must be one of {allowed} or None; "
+                f"got {implementation!r}"
+            )
         self.spec = spec
         self.state = state
         self.param_names = tuple(names)
         self._requested_implementation = implementation
         self._learning_rate = DEFAULT_LEARNING_RATE
         if state.optimizer is None:
-            state.optimizer = OptimizerState(group_name=GROUP_NAME, step=0,
-                                             initial_learning_rate=DEFAULT_LEARNING_RATE, momentums={})
+            state.optimizer = OptimizerState(
+                group_name=GROUP_NAME, step=0, initial_learning_rate=DEFAULT_LEARNING_RATE, momentums={}
+            )
         elif state.optimizer.group_name != GROUP_NAME:
-            raise CheckpointError(f"optimizer state group is named {state.optimizer.group_name!r}; "
-                                  f"ORT uses exactly one group, {GROUP_NAME!r}")
-        self._fused_update = (FusedUpdate(adamw_update, (spec.adam_mode, spec.weight_decay != 0.0), spec.clip_max_norm)
-                              if spec.kind == "adamw" else FusedUpdate(sgd_update, (), spec.clip_max_norm))
+            raise CheckpointError(
+                f"optimizer state group is named {state.optimizer.group_name!r}; "
+                f"ORT uses exactly one group, {GROUP_NAME!r}"
+            )
+        self._fused_update = (
+            FusedUpdate(adamw_update, (spec.adam_mode, spec.weight_decay != 0.0), spec.clip_max_norm)
+            if spec.kind == "adamw"
+            else FusedUpdate(sgd_update, (), spec.clip_max_norm)
+        )
         self._prepared_device: torch.device | None = None
         self._prepared_generation: int | None = None  # the state's generation the tensor lists were built at
         self._flat = None  # the flat buffers the tensor lists are, if any
@@ -93,8 +107,10 @@ class OptimizerEngine:
         ``update_signal=False`` (only for models with an update-signal input) skips the update.
         """
         if not update_signal and not self.spec.has_update_signal:
-            raise ValueError("OptimizerEngine.step: update_signal=False needs an optimizer model with an "
-                             "update-signal input; this one has none")
+            raise ValueError(
+                "OptimizerEngine.step: update_signal=False needs an optimizer model with an "
+                "update-signal input; this one has none"
+            )
         if self._flat is not None:
             current_flat(self.state, self.param_names)  # a new generation if tensors were replaced behind it
         self._prepare()
@@ -111,14 +127,30 @@ class OptimizerEngine:
         step = optimizer_state.step + 1
         spec = self.spec
         if spec.kind == "adamw":
-            adamw_prepared(self._params, self._grads, *self._moments, step=step, lr=self._learning_rate,
-                           beta1=spec.beta1, beta2=spec.beta2, eps=spec.epsilon, weight_decay=spec.weight_decay,
-                           adam_mode=spec.adam_mode, correct_bias=spec.correct_bias,
-                           implementation=self._implementation, scratch=self._scratch,
-                           step_tensor=self._step_tensor)
+            adamw_prepared(
+                self._params,
+                self._grads,
+                *self._moments,
+                step=step,
+                lr=self._learning_rate,
+                beta1=spec.beta1,
+                beta2=spec.beta2,
+                eps=spec.epsilon,
+                weight_decay=spec.weight_decay,
+                adam_mode=spec.adam_mode,
+                correct_bias=spec.correct_bias,
+                implementation=self._implementation,
+                scratch=self._scratch,
+                step_tensor=self._step_tensor,
+            )
         else:
-            sgd(self._params, self._grads, lr=self._learning_rate, implementation=self._implementation,
-                scratch=self._scratch)
+            sgd(
+                self._params,
+                self._grads,
+                lr=self._learning_rate,
+                implementation=self._implementation,
+                scratch=self._scratch,
+            )
         optimizer_state.step = step
         return True
 
@@ -151,10 +183,18 @@ class OptimizerEngine:
             return sgd_scalars(lr=self._learning_rate, device=device)
         spec = self.spec
         bias_correction1, bias_correction2, corrected_lr = ort_step_scalars(
-            self.state.optimizer.step + 1, self._learning_rate, spec.beta1, spec.beta2, spec.correct_bias)
-        arguments = {"lr": self._learning_rate, "beta1": spec.beta1, "beta2": spec.beta2, "eps": spec.epsilon,
-                     "weight_decay": spec.weight_decay, "bias_correction1": bias_correction1,
-                     "bias_correction2": bias_correction2, "corrected_lr": corrected_lr}
+            self.state.optimizer.step + 1, self._learning_rate, spec.beta1, spec.beta2, spec.correct_bias
+        )
+        arguments = {
+            "lr": self._learning_rate,
+            "beta1": spec.beta1,
+            "beta2": spec.beta2,
+            "eps": spec.epsilon,
+            "weight_decay": spec.weight_decay,
+            "bias_correction1": bias_correction1,
+            "bias_correction2": bias_correction2,
+            "corrected_lr": corrected_lr,
+        }
         if device.type != "cpu":
             return adamw_scalars(**arguments, device=device)
         # on CPU one host tensor, rewritten each step: the compiled step reads it before it returns
@@ -238,15 +278,16 @@ class OptimizerEngine:
 
 def _trainable_parameter(state: TrainingState, name: str) -> torch.nn.Parameter:
     if name not in state.params:
-        raise KeyError(f"trainable parameter {name!r} is not in the training state "
-                       f"(it holds {sorted(state.params)})")
+        raise KeyError(f"trainable parameter {name!r} is not in the training state (it holds {sorted(state.params)})")
     param = state.params[name]
     if not param.requires_grad:
         raise ValueError(f"parameter {name!r} is listed as trainable but does not require grad")
     if param.grad is None or param.grad.shape != param.shape or param.grad.device != param.device:
         found = "none" if param.grad is None else f"{tuple(param.grad.shape)} on {param.grad.device}"
-        raise ValueError(f"trainable parameter {name!r} needs a gradient buffer of shape "
-                         f"{tuple(param.shape)} on {param.device}; found {found}")
+        raise ValueError(
+            f"trainable parameter {name!r} needs a gradient buffer of shape "
+            f"{tuple(param.shape)} on {param.device}; found {found}"
+        )
     return param
 
 
@@ -259,8 +300,10 @@ def _place_moments(name: str, param: Tensor, moments: dict[str, Tensor] | None, 
             raise CheckpointError(f"optimizer state of parameter {name!r} lacks {key!r}; found {sorted(moments)}")
         moment = moments[key]
         if moment.shape != param.shape or moment.dtype != param.dtype:
-            raise CheckpointError(f"optimizer state {name!r}/{key!r} is {moment.dtype} of shape "
-                                  f"{tuple(moment.shape)}; the parameter is {param.dtype} of shape "
-                                  f"{tuple(param.shape)}")
+            raise CheckpointError(
+                f"optimizer state {name!r}/{key!r} is {moment.dtype} of shape "
+                f"{tuple(moment.shape)}; the parameter is {param.dtype} of shape "
+                f"{tuple(param.shape)}"
+            )
         if moment.device != param.device:
             moments[key] = moment.to(param.device)

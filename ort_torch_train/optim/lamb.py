@@ -23,10 +23,23 @@ from ort_torch_train.optim.float32 import to_float32
 
 
 @torch.no_grad()
-def lamb(params: Sequence[Tensor], grads: Sequence[Tensor], exp_avgs: Sequence[Tensor],
-         exp_avg_sqs: Sequence[Tensor], *, lr: float, step: int, alpha: float, beta: float, lambda_: float,
-         epsilon: float, ratio_min: float = float("-inf"), ratio_max: float = float("inf"),
-         do_bias_correction: bool = False, grad_scale: Tensor | None = None) -> None:
+def lamb(
+    params: Sequence[Tensor],
+    grads: Sequence[Tensor],
+    exp_avgs: Sequence[Tensor],
+    exp_avg_sqs: Sequence[Tensor],
+    *,
+    lr: float,
+    step: int,
+    alpha: float,
+    beta: float,
+    lambda_: float,
+    epsilon: float,
+    ratio_min: float = float("-inf"),
+    ratio_max: float = float("inf"),
+    do_bias_correction: bool = False,
+    grad_scale: Tensor | None = None,
+) -> None:
     """Apply one LambOptimizer update in place to ``params``, ``exp_avgs`` and ``exp_avg_sqs``.
 
     ``grads`` are left unchanged. Moments may be float16 (``use_fp16_moments``): the math runs in float32.

@@ -29,8 +29,14 @@ _NODE_INPUTS = {ADAMW_OP: ADAMW_INPUTS, SGD_OP: ("learning_rate", "params", "gra
 # Defaults of missing attributes: ORT fills them from the op SCHEMA (training_op_defs.cc) before the
 # kernel reads them, so weight_decay defaults to 0.01 (the schema), not 0 (adamwbase.h). Observed
 # with onnxruntime-training 1.19.2; floats are float32 attributes.
-_ADAMW_DEFAULTS = {"alpha": to_float32(0.9), "beta": to_float32(0.999), "epsilon": to_float32(1e-8),
-                   "weight_decay": to_float32(0.01), "adam_mode": 0, "correct_bias": 1}
+_ADAMW_DEFAULTS = {
+    "alpha": to_float32(0.9),
+    "beta": to_float32(0.999),
+    "epsilon": to_float32(1e-8),
+    "weight_decay": to_float32(0.01),
+    "adam_mode": 0,
+    "correct_bias": 1,
+}
 _CLIP_DEFAULTS = {"max_norm": 1.0, "norm_type": "fro"}
 
 
@@ -75,10 +81,17 @@ def parse_optimizer_graph(graph: onnx.GraphProto) -> OptimizerSpec:
         _attributes(optimizer_node, {})
         return OptimizerSpec("sgd", clip_max_norm=clip_max_norm, has_update_signal=has_update_signal)
     attrs = _adamw_attributes(optimizer_node)
-    return OptimizerSpec("adamw", beta1=attrs["alpha"], beta2=attrs["beta"], epsilon=attrs["epsilon"],
-                         weight_decay=attrs["weight_decay"], adam_mode=attrs["adam_mode"],
-                         correct_bias=bool(attrs["correct_bias"]), clip_max_norm=clip_max_norm,
-                         has_update_signal=has_update_signal)
+    return OptimizerSpec(
+        "adamw",
+        beta1=attrs["alpha"],
+        beta2=attrs["beta"],
+        epsilon=attrs["epsilon"],
+        weight_decay=attrs["weight_decay"],
+        adam_mode=attrs["adam_mode"],
+        correct_bias=bool(attrs["correct_bias"]),
+        clip_max_norm=clip_max_norm,
+        has_update_signal=has_update_signal,
+    )
 
 
 def _load(model) -> onnx.ModelProto:
@@ -105,8 +118,10 @@ def _split_nodes(nodes) -> tuple[onnx.NodeProto, onnx.NodeProto | None]:
     expected = f"one {MS_DOMAIN} {ADAMW_OP} or {SGD_OP} node, optionally preceded by one {CLIP_OP} node"
     for node in nodes:
         if node.domain != MS_DOMAIN or node.op_type not in (ADAMW_OP, SGD_OP, CLIP_OP):
-            raise ModelError(f"optimizer model: unsupported node {node.name!r} "
-                             f"({node.domain or 'ai.onnx'}::{node.op_type}); expected {expected}")
+            raise ModelError(
+                f"optimizer model: unsupported node {node.name!r} "
+                f"({node.domain or 'ai.onnx'}::{node.op_type}); expected {expected}"
+            )
     if [n.op_type for n in nodes] not in ([ADAMW_OP], [SGD_OP], [CLIP_OP, ADAMW_OP], [CLIP_OP, SGD_OP]):
         raise ModelError(f"optimizer model: expected {expected}; found nodes {found}")
     return nodes[-1], (nodes[0] if len(nodes) == 2 else None)
@@ -119,8 +134,10 @@ def _check_graph_inputs(graph: onnx.GraphProto, node: onnx.NodeProto, kind: str)
     signal = _update_signal_name(node)
     if names != list(expected) and names != [*expected, signal]:
         optional = f" (+ the update signal {signal!r})" if signal else ""
-        raise ModelError(f"optimizer model: unexpected graph inputs for {node.op_type}; expected "
-                         f"{list(expected)}{optional}, found {names}")
+        raise ModelError(
+            f"optimizer model: unexpected graph inputs for {node.op_type}; expected "
+            f"{list(expected)}{optional}, found {names}"
+        )
     for value in graph.input:
         _check_input_type(value, signal)
     return len(names) > len(expected)
@@ -148,55 +165,68 @@ def _check_input_type(value: onnx.ValueInfoProto, signal: str) -> None:
         ok = t.WhichOneof("value") == "tensor_type" and t.tensor_type.elem_type == tensor_type[value.name]
     else:
         expected = "a sequence of float tensors"
-        ok = (t.WhichOneof("value") == "sequence_type"
-              and t.sequence_type.elem_type.WhichOneof("value") == "tensor_type"
-              and t.sequence_type.elem_type.tensor_type.elem_type == TensorProto.FLOAT)
+        ok = (
+            t.WhichOneof("value") == "sequence_type"
+            and t.sequence_type.elem_type.WhichOneof("value") == "tensor_type"
+            and t.sequence_type.elem_type.tensor_type.elem_type == TensorProto.FLOAT
+        )
     if not ok:
-        raise ModelError(f"optimizer model: graph input {value.name!r} must be {expected}; found "
-                         f"{onnx.helper.printable_type(t) or 'no type'}")
+        raise ModelError(
+            f"optimizer model: graph input {value.name!r} must be {expected}; found "
+            f"{onnx.helper.printable_type(t) or 'no type'}"
+        )
 
 
 def _check_clip_node(clip: onnx.NodeProto, optimizer: onnx.NodeProto) -> str:
     """Check that the clip node reads ``gradients`` and feeds the optimizer; return its output name."""
     if list(clip.input) != ["gradients"] or len(clip.output) != 1:
-        raise ModelError(f"optimizer model: {CLIP_OP} must take exactly ['gradients'] and produce one "
-                         f"output; found inputs {list(clip.input)}, outputs {list(clip.output)}")
+        raise ModelError(
+            f"optimizer model: {CLIP_OP} must take exactly ['gradients'] and produce one "
+            f"output; found inputs {list(clip.input)}, outputs {list(clip.output)}"
+        )
     return clip.output[0]
 
 
 def _check_node_inputs(node: onnx.NodeProto, gradients: str, has_update_signal: bool) -> None:
     expected = [gradients if name == "gradients" else name for name in _NODE_INPUTS[node.op_type]]
     found = _present_inputs(node)
-    if found[:len(expected)] != expected or len(found) > len(expected) + 1 or (
-            len(found) > len(expected) and not has_update_signal):
-        raise ModelError(f"optimizer model: {node.op_type} inputs must be {expected} "
-                         f"(+ an update-signal graph input); found {found}")
+    if (
+        found[: len(expected)] != expected
+        or len(found) > len(expected) + 1
+        or (len(found) > len(expected) and not has_update_signal)
+    ):
+        raise ModelError(
+            f"optimizer model: {node.op_type} inputs must be {expected} (+ an update-signal graph input); found {found}"
+        )
 
 
 def _check_graph_outputs(graph: onnx.GraphProto, node: onnx.NodeProto) -> None:
     outputs = [o.name for o in graph.output]
     if len(node.output) != 1 or outputs != [node.output[0]]:
-        raise ModelError(f"optimizer model: expected {node.op_type} to have one output, the graph's only "
-                         f"output (the updated flag); found node outputs {list(node.output)}, "
-                         f"graph outputs {outputs}")
+        raise ModelError(
+            f"optimizer model: expected {node.op_type} to have one output, the graph's only "
+            f"output (the updated flag); found node outputs {list(node.output)}, "
+            f"graph outputs {outputs}"
+        )
 
 
 def _adamw_attributes(node: onnx.NodeProto) -> dict:
     attrs = _attributes(node, _ADAMW_DEFAULTS)
     for name in ("alpha", "beta"):
         if not 0.0 <= attrs[name] < 1.0:
-            raise ModelError(f"optimizer model: {ADAMW_OP} attribute {name} must be in [0, 1); "
-                             f"found {attrs[name]}")
+            raise ModelError(f"optimizer model: {ADAMW_OP} attribute {name} must be in [0, 1); found {attrs[name]}")
     for name in ("epsilon", "weight_decay"):
         if not (math.isfinite(attrs[name]) and attrs[name] >= 0.0):
-            raise ModelError(f"optimizer model: {ADAMW_OP} attribute {name} must be finite and >= 0; "
-                             f"found {attrs[name]}")
+            raise ModelError(
+                f"optimizer model: {ADAMW_OP} attribute {name} must be finite and >= 0; found {attrs[name]}"
+            )
     for name in ("adam_mode", "correct_bias"):
         if attrs[name] not in (0, 1):
             raise ModelError(f"optimizer model: {ADAMW_OP} attribute {name} must be 0 or 1; found {attrs[name]}")
     if attrs["adam_mode"] == 0 and attrs["correct_bias"] != 1:
-        raise ModelError(f"optimizer model: {ADAMW_OP} with adam_mode 0 (torch AdamW) requires "
-                         "correct_bias 1; found correct_bias 0")
+        raise ModelError(
+            f"optimizer model: {ADAMW_OP} with adam_mode 0 (torch AdamW) requires correct_bias 1; found correct_bias 0"
+        )
     return attrs
 
 
@@ -205,8 +235,9 @@ def _clip_max_norm(node: onnx.NodeProto) -> float:
     if attrs["norm_type"] != "fro":
         raise ModelError(f"optimizer model: {CLIP_OP} supports norm_type 'fro' only; found {attrs['norm_type']!r}")
     if not (math.isfinite(attrs["max_norm"]) and attrs["max_norm"] >= 0.0):
-        raise ModelError(f"optimizer model: {CLIP_OP} attribute max_norm must be finite and >= 0; "
-                         f"found {attrs['max_norm']}")
+        raise ModelError(
+            f"optimizer model: {CLIP_OP} attribute max_norm must be finite and >= 0; found {attrs['max_norm']}"
+        )
     return attrs["max_norm"]
 
 
@@ -216,13 +247,17 @@ def _attributes(node: onnx.NodeProto, defaults: dict) -> dict:
     values = dict(defaults)
     for attr in node.attribute:
         if attr.name not in defaults:
-            raise ModelError(f"optimizer model: {node.op_type} has unknown attribute {attr.name!r}; "
-                             f"expected some of {sorted(defaults)}")
+            raise ModelError(
+                f"optimizer model: {node.op_type} has unknown attribute {attr.name!r}; "
+                f"expected some of {sorted(defaults)}"
+            )
         expected_type = onnx_types[type(defaults[attr.name])]
         if attr.type != expected_type:
-            raise ModelError(f"optimizer model: {node.op_type} attribute {attr.name!r} must be "
-                             f"{AttributeProto.AttributeType.Name(expected_type)}; found "
-                             f"{AttributeProto.AttributeType.Name(attr.type)}")
+            raise ModelError(
+                f"optimizer model: {node.op_type} attribute {attr.name!r} must be "
+                f"{AttributeProto.AttributeType.Name(expected_type)}; found "
+                f"{AttributeProto.AttributeType.Name(attr.type)}"
+            )
         value = onnx.helper.get_attribute_value(attr)
         values[attr.name] = value.decode() if isinstance(value, bytes) else value
     return values

@@ -18,8 +18,14 @@ IMPLEMENTATIONS = ("foreach", "single", "compiled")
 
 
 @torch.no_grad()
-def sgd(params: list[Tensor], grads: list[Tensor], *, lr: float, implementation: str | None = None,
-        scratch: tuple[list[Tensor]] | None = None) -> None:
+def sgd(
+    params: list[Tensor],
+    grads: list[Tensor],
+    *,
+    lr: float,
+    implementation: str | None = None,
+    scratch: tuple[list[Tensor]] | None = None,
+) -> None:
     """Apply ``w -= lr * g`` in place to every param; lr is used as float32, as in ORT.
 
     ``implementation``: "foreach" (the default), "single" (a per-tensor loop) or "compiled" (that
@@ -27,8 +33,9 @@ def sgd(params: list[Tensor], grads: list[Tensor], *, lr: float, implementation:
     list from ``make_scratch(params, 1)``) lets "foreach" run without allocating a temporary.
     """
     if len(params) == 0 or len(params) != len(grads):
-        raise ValueError("sgd: params and grads must be non-empty lists of one length; got lengths "
-                         f"({len(params)}, {len(grads)})")
+        raise ValueError(
+            f"sgd: params and grads must be non-empty lists of one length; got lengths ({len(params)}, {len(grads)})"
+        )
     if implementation not in (None, *IMPLEMENTATIONS):
         raise ValueError(f"sgd: implementation must be one of {IMPLEMENTATIONS} or None; got {implementation!r}")
     negative_lr = -to_float32(lr)

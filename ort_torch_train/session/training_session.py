@@ -16,7 +16,7 @@ import torch
 from ort_torch_train.api import CheckpointState, LinearLRScheduler, Module, Optimizer
 from ort_torch_train.api.ortvalue import OrtValue, from_tensors, to_tensors
 from ort_torch_train.errors import InputError, ModelError
-from ort_torch_train.graph.artifacts import ModelSource, load_model
+from ort_torch_train.graph.layout import ModelSource, load_model
 
 
 class TrainingSession:
@@ -37,8 +37,9 @@ class TrainingSession:
     ):
         self.checkpoint_state = checkpoint_state
         evaluation = load_model(eval_model, "eval model") if _given(eval_model) else None
-        self.module = Module(load_model(train_model, "training model"), checkpoint_state, evaluation, device,
-                             session_options)
+        self.module = Module(
+            load_model(train_model, "training model"), checkpoint_state, evaluation, device, session_options
+        )
         self.optimizer = Optimizer(optimizer_model, self.module) if _given(optimizer_model) else None
         self.scheduler: LinearLRScheduler | None = None
 
@@ -85,7 +86,9 @@ class TrainingSession:
         return self.optimizer
 
     # export and model IO ----------------------------------------------------------------------
-    def export_model_for_inferencing(self, inference_model_path: str | os.PathLike, graph_output_names: Sequence[str]) -> None:
+    def export_model_for_inferencing(
+        self, inference_model_path: str | os.PathLike, graph_output_names: Sequence[str]
+    ) -> None:
         """Write the eval model, cut to ``graph_output_names``, with the current parameters baked in."""
         self.module.export_model_for_inferencing(inference_model_path, list(graph_output_names))
 

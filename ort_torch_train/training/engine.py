@@ -14,10 +14,9 @@ import onnx
 import torch
 from torch import nn
 
-from ort_torch_train.checkpoint.flat_buffers import current_flat, flat_buffers
 from ort_torch_train.checkpoint.state import TrainingState
 from ort_torch_train.errors import InputError, InputTypeError, ModelError, NominalStateError
-from ort_torch_train.graph.artifacts import (
+from ort_torch_train.graph.layout import (
     GraphLayout,
     declared_shape,
     eval_layout,
@@ -26,13 +25,15 @@ from ort_torch_train.graph.artifacts import (
     training_layout,
 )
 from ort_torch_train.graph.model_checks import check_eval_pair, check_model
-from ort_torch_train.graph.forward import CompileSetting, ForwardGraph, compile_arguments, for_device
-from ort_torch_train.graph.small_attention import compiled_cpu_graph
 from ort_torch_train.optim.engine import OptimizerEngine
+from ort_torch_train.passes.small_attention import compiled_cpu_graph
 from ort_torch_train.training.binding import bind_parameters, parse_device
 from ort_torch_train.training.blas_threads import blas_threads_for
-from ort_torch_train.training.compiled_forward import CompiledForward
-from ort_torch_train.training.compiled_step import CompiledTrainStep, ParameterPlan
+from ort_torch_train.training.compile.forward import CompiledForward
+from ort_torch_train.training.compile.settings import CompileSetting, compile_arguments, for_device
+from ort_torch_train.training.compile.step import CompiledTrainStep, ParameterPlan
+from ort_torch_train.training.flat_params import current_flat, flat_buffers
+from ort_torch_train.training.forward_graph import ForwardGraph
 from ort_torch_train.training.precision import MixedPrecision, autocast_or_null, backward, float32_outputs
 
 
@@ -138,9 +139,11 @@ class TrainingEngine(nn.Module):
         With ``compile`` the three run as one compiled graph.
         """
         if optimizer.state is not self.training_state or optimizer.param_names != self._trainable_name_tuple:
-            raise ValueError("train_and_update: the optimizer must update this module's training state and "
-                             f"trainable parameters {self.trainable_parameter_names}; it updates "
-                             f"{list(optimizer.param_names)}")
+            raise ValueError(
+                "train_and_update: the optimizer must update this module's training state and "
+                f"trainable parameters {self.trainable_parameter_names}; it updates "
+                f"{list(optimizer.param_names)}"
+            )
         if self._compile_whole_step and optimizer.fuses_into_step and optimizer.loss_scaler is None:
             self._require_values("TrainStep")
             outputs = self._compiled_step(self._on_device(inputs), optimizer)
@@ -154,29 +157,50 @@ class TrainingEngine(nn.Module):
         update = None if optimizer is None else optimizer.fused_update()
         reduction = None if self._data_parallel is None else self._data_parallel.compiled_reduction()
         names = self.trainable_parameter_names
-        flat = (current_flat(self.training_state, names) if optimizer is None  # the optimizer makes them
-                else flat_buffers(self.training_state, names, optimizer.update_moment_names, gradients=False))
+        flat = (
+            current_flat(self.training_state, names)
+            if optimizer is None  # the optimizer makes them
+            else flat_buffers(self.training_state, names, optimizer.update_moment_names, gradients=False)
+        )
         layout = None if flat is None else flat.layout
         precision = self.precision
         step = self.train_graph.specialised(
-            inputs, self._train_params, ("train step", update, reduction, precision, layout),
-            lambda module, device: CompiledTrainStep(compiled_cpu_graph(module, device), self._train_plan,
-                                                     update=update, reduction=reduction,
-                                                     compile_arguments=for_device(self._compile_arguments, device,
-                                                                                  cpp_wrapper=reduction is None),
-                                                     precision=precision, layout=layout))
+            inputs,
+            self._train_params,
+            ("train step", update, reduction, precision, layout),
+            lambda module, device: CompiledTrainStep(
+                compiled_cpu_graph(module, device),
+                self._train_plan,
+                update=update,
+                reduction=reduction,
+                compile_arguments=for_device(self._compile_arguments, device, cpp_wrapper=reduction is None),
+                precision=precision,
+                layout=layout,
+            ),
+        )
         trainable, frozen, grads = self._parameter_views()
         reset = self._gradient_reset.pending
         try:
             if optimizer is None:
-                outputs = (step(inputs, trainable, frozen, grads, reset) if flat is None
-                           else step(inputs, [flat.params], frozen, [flat.grads], reset))
+                outputs = (
+                    step(inputs, trainable, frozen, grads, reset)
+                    if flat is None
+                    else step(inputs, [flat.params], frozen, [flat.grads], reset)
+                )
             elif flat is None:
-                outputs = step(inputs, trainable, frozen, grads, reset, optimizer.moment_lists(),
-                               optimizer.next_step_scalars())
+                outputs = step(
+                    inputs, trainable, frozen, grads, reset, optimizer.moment_lists(), optimizer.next_step_scalars()
+                )
             else:
-                outputs = step(inputs, [flat.params], frozen, [flat.grads], reset, [[m] for m in flat.moments],
-                               optimizer.next_step_scalars())
+                outputs = step(
+                    inputs,
+                    [flat.params],
+                    frozen,
+                    [flat.grads],
+                    reset,
+                    [[m] for m in flat.moments],
+                    optimizer.next_step_scalars(),
+                )
             if precision is not None:
                 outputs = float32_outputs(outputs)
         except RuntimeError as error:
@@ -224,7 +248,8 @@ class TrainingEngine(nn.Module):
         made again when a parameter's tensor was replaced."""
         aliases = self._eval_aliases
         if len(aliases) != len(self._eval_params) or any(
-                alias.data_ptr() != param.data_ptr() for alias, param in zip(aliases, self._eval_params)):
+            alias.data_ptr() != param.data_ptr() for alias, param in zip(aliases, self._eval_params)
+        ):
             aliases = self._eval_aliases = [param.detach() for param in self._eval_params]
         return aliases
 
@@ -242,13 +267,14 @@ class TrainingEngine(nn.Module):
     def _on_device(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         device = self.device
         return [
-            t.to(device, non_blocking=True) if isinstance(t, torch.Tensor) and t.device != device else t
-            for t in inputs
+            t.to(device, non_blocking=True) if isinstance(t, torch.Tensor) and t.device != device else t for t in inputs
         ]
 
     def _require_values(self, action: str) -> None:
         if self.training_state.is_nominal:
-            raise NominalStateError(f"Cannot perform {action} with a nominal state. Please load the model parameters first.")
+            raise NominalStateError(
+                f"Cannot perform {action} with a nominal state. Please load the model parameters first."
+            )
 
     # names ------------------------------------------------------------------------------------
     def input_names(self, training: bool | None = None) -> list[str]:
@@ -301,7 +327,9 @@ class TrainingEngine(nn.Module):
         if not isinstance(buffer, torch.Tensor):
             raise InputTypeError(f"buffer: expected a 1-D float32 tensor, got {type(buffer).__name__}")
         if buffer.dtype != torch.float32 or buffer.dim() != 1:
-            raise InputTypeError(f"buffer: expected a 1-D float32 tensor, got {buffer.dtype} of shape {tuple(buffer.shape)}")
+            raise InputTypeError(
+                f"buffer: expected a 1-D float32 tensor, got {buffer.dtype} of shape {tuple(buffer.shape)}"
+            )
         names = self._ordered_names(trainable_only)
         expected = self.parameters_size(trainable_only)
         if buffer.numel() != expected:

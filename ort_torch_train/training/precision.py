@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-
 from typing import Any
 
 import torch
@@ -43,8 +42,9 @@ class MixedPrecision:
         self.dtype = _DTYPES[setting]
         self.loss_scaler = None
         if setting == "fp16":
-            self.loss_scaler = (LossScaler(state) if loss_scale == 0
-                                else LossScaler(state, init_scale=loss_scale, dynamic=False))
+            self.loss_scaler = (
+                LossScaler(state) if loss_scale == 0 else LossScaler(state, init_scale=loss_scale, dynamic=False)
+            )
 
     def autocast(self, device: torch.device) -> contextlib.AbstractContextManager:
         """The autocast context for a forward on ``device``."""
@@ -69,8 +69,16 @@ def float32_outputs(outputs: Sequence[Tensor]) -> tuple[Tensor, ...]:
 class LossScaler:
     """GradScaler semantics over a TrainingState's properties (see the module docstring)."""
 
-    def __init__(self, state: TrainingState, *, init_scale: float = 2.0**16, growth_factor: float = 2.0,
-                 backoff_factor: float = 0.5, growth_interval: int = 2000, dynamic: bool = True):
+    def __init__(
+        self,
+        state: TrainingState,
+        *,
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        dynamic: bool = True,
+    ):
         if not init_scale > 0:
             raise ValueError(f"loss scale: expected a positive number, got {init_scale!r}")
         self.state = state
@@ -101,8 +109,14 @@ class LossScaler:
             dist.all_reduce(self._found_inf, op=dist.ReduceOp.MAX, group=self.process_group)
         found_inf = bool(self._found_inf.item())
         if self.dynamic:
-            torch._amp_update_scale_(self.scale, self._growth_tracker, self._found_inf, self.growth_factor,
-                                     self.backoff_factor, self.growth_interval)
+            torch._amp_update_scale_(
+                self.scale,
+                self._growth_tracker,
+                self._found_inf,
+                self.growth_factor,
+                self.backoff_factor,
+                self.growth_interval,
+            )
         self._write_properties()
         return not found_inf
 

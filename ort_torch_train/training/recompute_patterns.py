@@ -59,17 +59,22 @@ def with_pattern_recompute(module: fx.GraphModule, plan: RecomputePlan, user_inp
     if plan.gelu:
         local += _found("gelu_recompute", "GELU read by a MatMul", _gelu_regions(module, ops, position))
     if plan.attention_dropout:
-        local += _found("attn_dropout_recompute", "Dropout between a Softmax and a MatMul (attention dropout)",
-                        _attention_dropout_regions(module, ops, position))
-    ranges += [(first, last) for first, last in local
-               if not any(start <= last and first <= end for start, end in ranges)]  # inside a recomputed layer
+        local += _found(
+            "attn_dropout_recompute",
+            "Dropout between a Softmax and a MatMul (attention dropout)",
+            _attention_dropout_regions(module, ops, position),
+        )
+    ranges += [
+        (first, last) for first, last in local if not any(start <= last and first <= end for start, end in ranges)
+    ]  # inside a recomputed layer
     return checkpoint_ranges(module, ops, _merged(ranges)) if ranges else module
 
 
 def _found(setting: str, pattern: str, regions: list[tuple[int, int]]) -> list[tuple[int, int]]:
     if not regions:
-        warnings.warn(f"TrainingParameters.{setting}: the graph has no {pattern}; nothing is recomputed for it",
-                      stacklevel=2)
+        warnings.warn(
+            f"TrainingParameters.{setting}: the graph has no {pattern}; nothing is recomputed for it", stacklevel=2
+        )
     return regions
 
 
@@ -93,7 +98,8 @@ def _kind(module: fx.GraphModule, node: fx.Node) -> str:
 
 def _is_matmul(node: fx.Node) -> bool:
     return (node.op == "call_function" and node.target in _MATMULS) or (
-        node.op == "call_method" and node.target in ("matmul", "bmm", "mm"))
+        node.op == "call_method" and node.target in ("matmul", "bmm", "mm")
+    )
 
 
 def _readers(node: fx.Node) -> list[fx.Node]:
@@ -107,8 +113,9 @@ def _readers(node: fx.Node) -> list[fx.Node]:
     return readers
 
 
-def _region_into_matmuls(module: fx.GraphModule, start: fx.Node, position: dict[fx.Node, int],
-                         through_dropout: bool = False) -> tuple[int, int] | None:
+def _region_into_matmuls(
+    module: fx.GraphModule, start: fx.Node, position: dict[fx.Node, int], through_dropout: bool = False
+) -> tuple[int, int] | None:
     readers = _readers(start)
     if through_dropout and len(readers) == 1 and _kind(module, readers[0]) == "Dropout":
         readers = _readers(readers[0])
@@ -128,8 +135,10 @@ def _gelu_regions(module: fx.GraphModule, ops: list[fx.Node], position: dict) ->
 
 
 def _is_softmax(node) -> bool:
-    return isinstance(node, fx.Node) and ((node.op == "call_function" and node.target in _SOFTMAXES) or (
-        node.op == "call_method" and node.target == "softmax"))
+    return isinstance(node, fx.Node) and (
+        (node.op == "call_function" and node.target in _SOFTMAXES)
+        or (node.op == "call_method" and node.target == "softmax")
+    )
 
 
 def _attention_dropout_regions(module: fx.GraphModule, ops: list[fx.Node], position: dict) -> list[tuple[int, int]]:
@@ -144,27 +153,37 @@ def _attention_dropout_regions(module: fx.GraphModule, ops: list[fx.Node], posit
 
 
 # ---- transformer layers ---------------------------------------------------------------------------
-def _layer_ranges(module: fx.GraphModule, ops: list[fx.Node], position: dict, user_inputs: int,
-                  wanted: int) -> list[tuple[int, int]]:
+def _layer_ranges(
+    module: fx.GraphModule, ops: list[fx.Node], position: dict, user_inputs: int, wanted: int
+) -> list[tuple[int, int]]:
     attention = [position[node] for node in ops if _is_attention(module, node)]
     cuts = _cut_positions(module, ops, position, user_inputs)
     ends = []
     for previous, current in zip(attention, attention[1:]):
         between = [cut for cut in cuts if previous < cut < current]
         if not between:
-            warnings.warn("TrainingParameters.transformer_layer_recompute: the attentions at graph positions "
-                          f"{previous} and {current} are not separated by a single hidden state; no layer is "
-                          "recomputed", stacklevel=3)
+            warnings.warn(
+                "TrainingParameters.transformer_layer_recompute: the attentions at graph positions "
+                f"{previous} and {current} are not separated by a single hidden state; no layer is "
+                "recomputed",
+                stacklevel=3,
+            )
             return []
         ends.append(between[-1])
     limit = len(ends)  # every layer but the last
     if limit == 0:
-        warnings.warn(f"TrainingParameters.transformer_layer_recompute: the graph has {len(attention)} "
-                      "transformer layer(s); the last layer is never recomputed, so nothing is", stacklevel=3)
+        warnings.warn(
+            f"TrainingParameters.transformer_layer_recompute: the graph has {len(attention)} "
+            "transformer layer(s); the last layer is never recomputed, so nothing is",
+            stacklevel=3,
+        )
         return []
     if wanted > limit:
-        warnings.warn(f"TrainingParameters.number_recompute_layers {wanted} is larger than the limit {limit} "
-                      f"({limit + 1} layers, the last is never recomputed); clipped to {limit}", stacklevel=3)
+        warnings.warn(
+            f"TrainingParameters.number_recompute_layers {wanted} is larger than the limit {limit} "
+            f"({limit + 1} layers, the last is never recomputed); clipped to {limit}",
+            stacklevel=3,
+        )
     count = limit if wanted == 0 else min(wanted, limit)
     before_first = [cut for cut in cuts if cut < attention[0]]
     starts = [before_first[-1] + 1 if before_first else 0] + [end + 1 for end in ends]

@@ -1,0 +1,90 @@
+"""``train`` under torchrun: the process group, each rank's rows of a step's batch, rank-0-only output.
+
+A step's batch (``--batch-size`` rows, or one ready-made ``--batched`` batch) is the global batch:
+rank r of W feeds its r-th of W equal slices, so W ranks follow the trajectory of one process on
+the whole batch. Rank 0 prints, writes the metrics and the checkpoint (a collective save).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ort_torch_train.cli.common import CliError
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Where this process stands in a torchrun launch (rank 0 of 1 outside one)."""
+
+    rank: int = 0
+    world_size: int = 1
+    owns_group: bool = False  # this command initialised the process group (and destroys it at the end)
+    device: str = "cpu"  # where this rank trains (NCCL reduces CUDA tensors only)
+
+    @property
+    def distributed(self) -> bool:
+        """Whether gradients are averaged across several ranks."""
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        """Whether this rank prints and writes the logs."""
+        return self.rank == 0
+
+    def rows(self, batch: list[torch.Tensor]) -> list[torch.Tensor]:
+        """This rank's slice of a step's batch (all of it outside a launch)."""
+        if not self.distributed:
+            return batch
+        size, remainder = divmod(batch[0].shape[0], self.world_size)
+        if remainder:
+            raise CliError(
+                f"a batch of {batch[0].shape[0]} rows does not split evenly over {self.world_size} "
+                "ranks: use a batch size that is a multiple of the number of processes"
+            )
+        return [tensor[self.rank * size : (self.rank + 1) * size] for tensor in batch]
+
+    def mean(self, value: float) -> float:
+        """The mean of ``value`` over the ranks (the whole batch's loss from each rank's mean loss)."""
+        if not self.distributed:
+            return value
+        total = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.all_reduce(total)
+        return float(total.item()) / self.world_size
+
+    def close(self, finished: bool) -> None:
+        """Destroy the process group this command initialised; after a finished run, once every rank is done
+        (no rank leaves while a peer still waits on it)."""
+        if not self.owns_group:
+            return
+        if finished:
+            dist.barrier()
+        dist.destroy_process_group()
+
+
+def launch_from_environment(device: str) -> tuple[Launch, str]:
+    """The launch torchrun's environment describes (WORLD_SIZE > 1) and this rank's device.
+
+    ``device`` "auto" is cuda:LOCAL_RANK when CUDA is available (NCCL), else cpu (gloo).
+    """
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if world_size <= 1:
+        return Launch(device=device), device
+    if device == "cuda":
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+    owns_group = not dist.is_initialized()
+    if owns_group:
+        if "MASTER_ADDR" not in os.environ:
+            raise CliError(
+                f"WORLD_SIZE is {world_size} but MASTER_ADDR is not set: launch with "
+                "`torchrun --nproc_per_node=N -m ort_torch_train train ...`"
+            )
+        if device.startswith("cuda"):
+            torch.cuda.set_device(torch.device(device))
+        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    return Launch(dist.get_rank(), dist.get_world_size(), owns_group, device), device

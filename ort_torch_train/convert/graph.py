@@ -1,0 +1,359 @@
+"""Convert an ONNX graph into a torch.fx GraphModule specialised to one input signature.
+
+One pass in topological order. Each node is either folded into a constant (all inputs constant,
+or a Shape/Size of a tensor whose shape the signature fixes), dropped as a no-op for these shapes,
+or converted (the project's adapters first, then onnx2torch) into one ``call_module``. Every kept
+node also runs once on example tensors, so later nodes see concrete shapes and constants: that is
+what turns the shape arithmetic of exported graphs into plain Python values.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from operator import getitem
+from typing import Any
+
+import onnx
+import torch
+from torch import fx, nn
+
+from ort_torch_train.adapters.common import Inline
+from ort_torch_train.convert.control_flow import CONTROL_FLOW_OPS, convert_control_flow, names_read
+from ort_torch_train.convert.matrix_products import ProductRecorder
+from ort_torch_train.convert.op_traits import (
+    is_random,
+    output_shapes_static,
+)
+from ort_torch_train.convert.registry import converter_for
+from ort_torch_train.dtypes import onnx_elem_type, tensor_from_proto, tensor_to_proto, torch_dtype
+from ort_torch_train.errors import ModelError, UnsupportedOperatorError
+from ort_torch_train.passes.fuse import fuse_graph
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Shape and dtype of one graph input for a specialisation."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+@dataclass
+class _Value:
+    example: Any  # a tensor (or a non-tensor a converter returned), None for an absent optional
+    const: bool
+    static_shape: bool
+
+
+class _Builder:
+    """State of one conversion pass."""
+
+    def __init__(self, graph: onnx.GraphProto, opsets: dict[str, int], training: bool):
+        self.onnx_graph = graph
+        self.opsets = opsets
+        self.training = training
+        self.fx_graph = fx.Graph()
+        self.root = nn.Module()
+        self.constants = nn.Module()
+        self.root.add_module("constants", self.constants)
+        self.values: dict[str, _Value] = {}
+        self.fx_nodes: dict[str, fx.Node] = {}
+        self.multi_outputs: dict[str, tuple[fx.Node, int]] = {}
+        self.consumed = names_read(graph)
+        self._module_names: set[str] = set()
+        # multiply-accumulates of the products the nodes' runs dispatch; None once some are not known
+        self.matrix_products: list[int] | None = []
+
+    # values -------------------------------------------------------------------------------
+    def fx_value(self, name: str) -> fx.Node | None:
+        """The fx node carrying ``name`` ('' gives None), materialising constants lazily."""
+        if name == "":
+            return None
+        if name in self.fx_nodes:
+            return self.fx_nodes[name]
+        if name in self.multi_outputs:
+            producer, index = self.multi_outputs[name]
+            node = self.fx_graph.call_function(getitem, (producer, index))
+        else:
+            buffer_name = f"c{len(self.constants._buffers)}"
+            self.constants.register_buffer(buffer_name, self.values[name].example)
+            node = self.fx_graph.get_attr(f"constants.{buffer_name}")
+        node.meta["val"] = _meta_value(self.values[name].example)
+        self.fx_nodes[name] = node
+        return node
+
+    def alias(self, output: str, source: str) -> None:
+        self.values[output] = self.values[source]
+        if source in self.fx_nodes or source in self.multi_outputs or not self.values[source].const:
+            self.fx_nodes[output] = self.fx_value(source)
+
+    def module_name(self, node: onnx.NodeProto, index: int) -> str:
+        base = re.sub(r"\W", "_", node.name or node.op_type).strip("_") or node.op_type
+        name = f"n{index}_{base}"[:80]
+        while name in self._module_names:
+            name += "_"
+        self._module_names.add(name)
+        return name
+
+
+log = logging.getLogger(__name__)
+
+
+def convert_graph(
+    graph: onnx.GraphProto,
+    opsets: dict[str, int],
+    input_specs: Sequence[TensorSpec],
+    *,
+    training: bool,
+    examples: Sequence[torch.Tensor] | None = None,
+) -> fx.GraphModule:
+    """Build ``gm(*graph_inputs) -> tuple(graph_outputs)`` for inputs of ``input_specs``.
+
+    ``examples`` (values matching the specs) only drive the example runs: nodes whose shapes
+    depend on non-constant values are emitted in their run-time form either way. Without them the
+    examples are zeros, which value-dependent nodes (a Reshape to a shape input) cannot run on.
+    """
+    if len(input_specs) != len(graph.input):
+        raise ValueError(f"graph has {len(graph.input)} inputs, {len(input_specs)} specs were given")
+    builder = _Builder(graph, opsets, training)
+    used_placeholder_names: set[str] = set()
+    if examples is None:
+        examples = [torch.zeros(spec.shape, dtype=spec.dtype) for spec in input_specs]
+    for value_info, spec, example in zip(graph.input, input_specs, examples):
+        name = re.sub(r"\W", "_", value_info.name) or "input"
+        if not name.isidentifier() or name in used_placeholder_names:
+            name = f"input_{len(used_placeholder_names)}"
+        used_placeholder_names.add(name)
+        builder.fx_nodes[value_info.name] = builder.fx_graph.placeholder(name)
+        builder.fx_nodes[value_info.name].meta["val"] = torch.empty(spec.shape, dtype=spec.dtype, device="meta")
+        builder.values[value_info.name] = _Value(example.detach().to("cpu", copy=True), False, True)  # runs may write
+    graph_inputs = {value_info.name for value_info in graph.input}
+    for initializer in graph.initializer:
+        if initializer.name not in graph_inputs:
+            builder.values[initializer.name] = _Value(tensor_from_proto(initializer), True, True)
+
+    # Example runs must not consume the random numbers training draws (dropout masks stay reproducible).
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        for index, node in enumerate(graph.node):
+            _convert_node(builder, node, index)
+
+    outputs = [builder.fx_value(output.name) for output in graph.output]
+    builder.fx_graph.output(tuple(outputs))
+    module = fx.GraphModule(builder.root, builder.fx_graph, class_name="ConvertedGraph")
+    module.graph.eliminate_dead_code()
+    before = len(module.graph.nodes)
+    fuse_graph(module)
+    module.recompile()
+    module.meta["matrix_products"] = builder.matrix_products
+    log.debug(
+        "converted %d ONNX nodes %s into %d fx nodes (%d after fusions)",
+        len(graph.node),
+        dict(Counter(node.op_type for node in graph.node)),
+        before,
+        len(module.graph.nodes),
+    )
+    for parameter in module.parameters():  # weights a converter absorbed from constants
+        parameter.requires_grad_(False)
+    return module
+
+
+def _convert_node(builder: _Builder, node: onnx.NodeProto, index: int) -> None:
+    missing = [name for name in node.input if name and name not in builder.values]
+    if missing:
+        raise ModelError(f"node {node.name!r} ({node.op_type}) reads {missing[0]!r}, which nothing produces before it")
+    inputs = [builder.values.get(name) if name else None for name in node.input]
+    present = [value for value in inputs if value is not None]
+    domain = node.domain if node.domain != "ai.onnx" else ""
+
+    if domain == "" and node.op_type in CONTROL_FLOW_OPS:
+        builder.matrix_products = None
+        convert_control_flow(builder, node, index)
+        return
+    if domain == "" and node.op_type in ("Shape", "Size") and present[0].static_shape:
+        _fold_shape(builder, node, present[0].example)
+        return
+    if _is_noop(builder, node, inputs):
+        builder.alias(node.output[0], node.input[0])
+        return
+
+    foldable = all(value.const for value in present) and not is_random(domain, node.op_type)
+    module, mapping_inputs = _make_module(builder, node, inputs)
+    args = [builder.values[name].example if name else None for name in mapping_inputs]
+    if foldable or builder.matrix_products is None:
+        result = _run(module, node, args)
+    else:
+        with ProductRecorder(builder.matrix_products) as recorder:
+            result = _run(module, node, args)
+        if not recorder.complete:
+            builder.matrix_products = None
+    outputs = _split_outputs(builder, node, result)
+    static = output_shapes_static(domain, node.op_type, node.input, builder.values)
+    if foldable:
+        for name, value in outputs.items():
+            builder.values[name] = _Value(value, True, True)
+        return
+    if _reshapes_to_same(node, domain, inputs, outputs):
+        builder.alias(node.output[0], node.input[0])
+        return
+
+    fx_node = _emit(builder, node, index, module, [builder.fx_value(name) for name in mapping_inputs])
+    multi = isinstance(result, (tuple, list))
+    fx_node.meta["val"] = None if multi else _meta_value(result)
+    for position, name in enumerate(node.output):
+        if not name or name not in outputs:
+            continue
+        builder.values[name] = _Value(outputs[name], False, static)
+        if multi:
+            builder.multi_outputs[name] = (fx_node, position)
+        else:
+            builder.fx_nodes[name] = fx_node
+
+
+def _emit(builder: _Builder, node: onnx.NodeProto, index: int, module: nn.Module, fx_args: list) -> fx.Node:
+    """One fx node running ``module``: a plain call for Inline results, else a call_module."""
+    if isinstance(module, Inline):
+        args = (*fx_args, *module.extra_args)
+        if isinstance(module.function, str):
+            return builder.fx_graph.call_method(module.function, args, module.kwargs)
+        return builder.fx_graph.call_function(module.function, args, module.kwargs)
+    call_args, call_kwargs = _call_signature(module, fx_args)
+    module_name = builder.module_name(node, index)
+    builder.root.add_module(module_name, module)
+    return builder.fx_graph.call_module(module_name, tuple(call_args), call_kwargs)
+
+
+def _meta_value(example: Any) -> torch.Tensor | None:
+    """Shape and dtype of an example value without its data (fx's ``meta["val"]``), for fusion passes."""
+    return example.to("meta") if isinstance(example, torch.Tensor) else None
+
+
+def _fold_shape(builder: _Builder, node: onnx.NodeProto, example: torch.Tensor) -> None:
+    if node.op_type == "Size":
+        value = torch.tensor(example.numel(), dtype=torch.int64)
+    else:
+        attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        dims = list(example.shape)
+        value = torch.tensor(dims[slice(attributes.get("start", 0), attributes.get("end"))], dtype=torch.int64)
+    builder.values[node.output[0]] = _Value(value, True, True)
+
+
+def _is_noop(builder: _Builder, node: onnx.NodeProto, inputs: list[_Value | None]) -> bool:
+    """Identity, a Cast to the same dtype, or an inactive Dropout whose mask nobody reads."""
+    if node.domain not in ("", "ai.onnx") or not inputs or inputs[0] is None:
+        return False
+    example = inputs[0].example
+    if node.op_type == "Identity":
+        return isinstance(example, torch.Tensor)
+    if node.op_type == "Cast":
+        to = next(a.i for a in node.attribute if a.name == "to")
+        return isinstance(example, torch.Tensor) and torch_dtype(to) == example.dtype
+    if node.op_type == "Dropout":
+        mask_read = len(node.output) > 1 and node.output[1] in builder.consumed
+        return not mask_read and (not builder.training or _constant_zero_ratio(builder, node))
+    return False
+
+
+def _constant_zero_ratio(builder: _Builder, node: onnx.NodeProto) -> bool:
+    ratio = next((a.f for a in node.attribute if a.name == "ratio"), None)
+    if ratio is None and len(node.input) > 1 and node.input[1]:
+        value = builder.values[node.input[1]]
+        ratio = float(value.example) if value.const else None
+    return ratio == 0.0
+
+
+def _reshapes_to_same(node: onnx.NodeProto, domain: str, inputs: list, outputs: dict[str, Any]) -> bool:
+    """A Reshape/Flatten/Squeeze/Unsqueeze/Expand whose output has its input's shape and dtype."""
+    if domain != "" or node.op_type not in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Expand"):
+        return False
+    source, result = inputs[0].example, outputs.get(node.output[0])
+    shape_inputs_const = all(value is None or value.const for value in inputs[1:])
+    return (
+        shape_inputs_const
+        and isinstance(result, torch.Tensor)
+        and result.shape == source.shape
+        and result.dtype == source.dtype
+    )
+
+
+def _make_module(builder: _Builder, node: onnx.NodeProto, inputs: list[_Value | None]) -> tuple[nn.Module, tuple]:
+    """Convert ``node`` in a one-node graph holding its constant inputs and concrete input shapes."""
+    domain = node.domain if node.domain != "ai.onnx" else ""
+    opset = builder.opsets.get(domain, 1)
+    context_graph = onnx.GraphProto(name="node")
+    context_graph.node.append(_without_unread_outputs(builder, node))
+    seen: set[str] = set()
+    for name, value in zip(node.input, inputs):
+        if not name or name in seen or value is None:
+            continue
+        seen.add(name)
+        if value.const and isinstance(value.example, torch.Tensor):
+            context_graph.initializer.append(tensor_to_proto(value.example, name))
+        elif isinstance(value.example, torch.Tensor):
+            context_graph.input.append(
+                onnx.helper.make_tensor_value_info(name, onnx_elem_type(value.example.dtype), list(value.example.shape))
+            )
+    convert = converter_for(domain, node.op_type, opset, builder.training, builder.opsets)
+    try:
+        module, mapping = convert(node, context_graph)
+    except Exception as exc:
+        kind = UnsupportedOperatorError if isinstance(exc, UnsupportedOperatorError) else ModelError
+        raise kind(
+            f"cannot convert node {node.name!r} ({domain or 'ai.onnx'}::{node.op_type}, opset {opset}): {exc}"
+        ) from exc
+    return module, tuple(mapping.inputs)
+
+
+def _without_unread_outputs(builder: _Builder, node: onnx.NodeProto) -> onnx.NodeProto:
+    """A copy of ``node`` whose trailing outputs nobody reads are dropped (not computed at all).
+
+    Split keeps them all: without a split input its output count decides the chunk sizes.
+    """
+    if node.op_type == "Split":
+        return node
+    read = [position for position, name in enumerate(node.output) if name and name in builder.consumed]
+    keep = (read[-1] + 1) if read else 1
+    if keep == len(node.output):
+        return node
+    trimmed = onnx.NodeProto()
+    trimmed.CopyFrom(node)
+    del trimmed.output[keep:]
+    return trimmed
+
+
+def _run(module: nn.Module, node: onnx.NodeProto, args: list) -> Any:
+    call_args, call_kwargs = _call_signature(module, args)
+    try:
+        return module(*call_args, **call_kwargs)
+    except IndexError:
+        raise  # an index out of range in the example values (the user's data): as it would at run time
+    except Exception as exc:
+        raise ModelError(f"node {node.name!r} ({node.op_type}) failed on example inputs: {exc}") from exc
+
+
+def _split_outputs(builder: _Builder, node: onnx.NodeProto, result: Any) -> dict[str, Any]:
+    names = list(node.output)
+    if isinstance(result, (tuple, list)):
+        return {name: value for name, value in zip(names, result) if name}
+    read_later = [name for name in names[1:] if name and name in builder.consumed]
+    if read_later:
+        raise ModelError(
+            f"the converter of node {node.name!r} ({node.op_type}) returns one output, "
+            f"but its output {read_later[0]!r} is used"
+        )
+    return {names[0]: result}
+
+
+def _call_signature(module: nn.Module, args: list) -> tuple[list, dict]:
+    """onnx2torch's convention: absent optional inputs after the first become keyword arguments (an
+    Inline call takes them positionally, as None, as its emitted fx call does)."""
+    if None not in args or isinstance(module, Inline):
+        return args, {}
+    first_absent = args.index(None)
+    names = tuple(inspect.signature(module.forward).parameters)[first_absent : len(args)]
+    kwargs = {name: value for name, value in zip(names, args[first_absent:]) if value is not None}
+    return args[:first_absent], kwargs

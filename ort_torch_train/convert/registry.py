@@ -1,0 +1,76 @@
+"""Converter lookup: the project's adapters first, then onnx2torch's registry."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import onnx
+
+from ort_torch_train import adapters
+from ort_torch_train.convert.control_flow import CONTROL_FLOW_OPS, subgraphs
+from ort_torch_train.errors import UnsupportedOperatorError
+from ort_torch_train.onnx2torch_import import import_onnx2torch
+
+NodeConverter = Callable[[onnx.NodeProto, onnx.GraphProto], Any]
+
+
+def _onnx2torch_converter(domain: str, op_type: str, opset: int):
+    import_onnx2torch()
+    from onnx2torch.node_converters import get_converter
+
+    try:
+        return get_converter(operation_type=op_type, version=opset, domain=domain)
+    except NotImplementedError:
+        return None
+
+
+def has_converter(domain: str, op_type: str, opset: int) -> bool:
+    """Whether some converter handles ``domain::op_type`` at ``opset``."""
+    return (
+        (domain == "" and op_type in CONTROL_FLOW_OPS)
+        or adapters.find_converter(domain, op_type, opset) is not None
+        or _onnx2torch_converter(domain, op_type, opset) is not None
+    )
+
+
+def converter_for(
+    domain: str, op_type: str, opset: int, training: bool, opsets: dict[str, int] | None = None
+) -> NodeConverter:
+    """A function ``(node, one_node_graph) -> (module, mapping)`` for the operator (``opsets``: the graph's)."""
+    import_onnx2torch()
+    from onnx2torch.onnx_graph import OnnxGraph
+
+    own = adapters.find_converter(domain, op_type, opset)
+    context = adapters.ConversionContext(training=training, opset=opset, opsets=dict(opsets or {}))
+    fallback = None if own else _onnx2torch_converter(domain, op_type, opset)
+    if own is None and fallback is None:
+        raise unsupported_operator_error(domain, op_type, opset)
+
+    def convert(node: onnx.NodeProto, graph: onnx.GraphProto):
+        onnx_graph = OnnxGraph(graph)
+        onnx_node = next(iter(onnx_graph.nodes.values()))
+        if own is not None:
+            return own(onnx_node, onnx_graph, context)
+        return fallback(onnx_node, onnx_graph)
+
+    return convert
+
+
+def unsupported_operator_error(domain: str, op_type: str, opset: int, node_name: str = "") -> UnsupportedOperatorError:
+    where = f" (node {node_name!r})" if node_name else ""
+    return UnsupportedOperatorError(
+        f"no converter for operator {op_type} of domain {domain or 'ai.onnx'} at opset {opset}{where}; "
+        f"register one with ort_torch_train.adapters.register (docs/converters.md)"
+    )
+
+
+def check_supported(graph: onnx.GraphProto, opsets: dict[str, int]) -> None:
+    """Raise UnsupportedOperatorError for the first node (subgraphs included) no converter handles."""
+    for node in graph.node:
+        domain = adapters.normalize_domain(node.domain)
+        opset = opsets.get(domain, 1)
+        if not has_converter(domain, node.op_type, opset):
+            raise unsupported_operator_error(domain, node.op_type, opset, node.name)
+        for subgraph in subgraphs(node):
+            check_supported(subgraph, opsets)

@@ -1,0 +1,231 @@
+"""Data-parallel training on torch.distributed: gradients averaged across the ranks of a process group.
+
+Eager steps run the forward through ``DistributedDataParallel`` over the training graph, so DDP's
+reducer all-reduces the gradients in buckets while the backward runs. Compiled steps all-reduce
+the gradients inside the compiled graph with traceable functional collectives. Inside
+``no_sync()`` steps accumulate locally; the next step outside it reduces the accumulated gradients.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import gc
+import weakref
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
+
+from ort_torch_train.errors import DistributedError
+
+_LIVE: weakref.WeakSet[DataParallel] = weakref.WeakSet()
+
+
+@atexit.register
+def _release_reducers() -> None:
+    """Free the DDP reducers before interpreter finalisation: one freed during it can abort the
+    process in gloo ("terminate called without an active exception", torch 2.13, ~1 exit in 10)."""
+    for data_parallel in list(_LIVE):
+        data_parallel._ddp = None
+    gc.collect()
+
+
+def require_process_group(process_group: Any, what: str) -> Any:
+    """The process group to use (the default one when ``process_group`` is None); raises without one."""
+    if not dist.is_available():
+        raise DistributedError(f"{what}: torch.distributed is not available in this torch build")
+    if not dist.is_initialized():
+        raise DistributedError(
+            f"{what}: expected an initialised process group (torch.distributed."
+            "init_process_group, e.g. under torchrun); none is initialised"
+        )
+    return process_group if process_group is not None else dist.group.WORLD
+
+
+class DataParallel:
+    """Averages a training engine's gradients across the ranks of ``group`` (see the module doc)."""
+
+    def __init__(self, graph: Any, names: Sequence[str], params: Sequence[nn.Parameter], group: Any):
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        self.synchronise = True
+        require_identical(dict(zip(names, params)), group, "parameters")
+        self._ddp: DistributedDataParallel | None = DistributedDataParallel(
+            _TrainGraph(graph, params), process_group=group, init_sync=False
+        )
+        _LIVE.add(self)
+
+    def forward(self, inputs: Sequence[Tensor]) -> tuple[Tensor, ...]:
+        """The training graph's outputs; their backward all-reduces the gradients unless in ``no_sync``."""
+        self._ddp.require_backward_grad_sync = self.synchronise
+        return self._ddp(list(inputs))
+
+    def compiled_reduction(self) -> GradientAverage | None:
+        """The reduction a compiled step runs on its accumulated gradients (None inside ``no_sync``)."""
+        return GradientAverage(self.group, self.world_size) if self.synchronise else None
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Steps inside accumulate gradients locally; the next step outside reduces them."""
+        previous, self.synchronise = self.synchronise, False
+        try:
+            yield
+        finally:
+            self.synchronise = previous
+
+    @contextlib.contextmanager
+    def collective_errors(self, action: str) -> Iterator[None]:
+        """Turn a failed or timed-out collective into a DistributedError naming this rank."""
+        try:
+            yield
+        except DistributedError:
+            raise
+        except RuntimeError as error:
+            text = str(error)
+            if any(
+                word in text
+                for word in ("gloo", "Gloo", "NCCL", "nccl", "timed out", "Timed out", "Connection", "closed", "peer")
+            ):
+                raise DistributedError(
+                    f"{action} on rank {self.rank} of {self.world_size}: a collective "
+                    f"failed (a rank died, timed out or diverged): {text}"
+                ) from error
+            raise
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class GradientAverage:
+    """Averages gradients across a process group inside a compiled graph (one coalesced all-reduce).
+
+    Frozen: fixed for a compiled step's life, so a precompiled step keeps no guards on it; its repr,
+    naming the group and the world size, is part of a saved step's key (``precompiled.step_key``)."""
+
+    group: Any
+    world_size: int
+
+    def __call__(self, grads: list[Tensor]) -> list[Tensor]:
+        summed = funcol.all_reduce_coalesced(grads, "sum", self.group)
+        return torch._foreach_div(summed, float(self.world_size))
+
+    def __hash__(self) -> int:
+        return hash((GradientAverage, id(self.group), self.world_size))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, GradientAverage) and other.group is self.group and other.world_size == self.world_size
+
+    def __repr__(self) -> str:
+        return f"GradientAverage(group={self.group.group_name!r}, world_size={self.world_size})"
+
+
+class _TrainGraph(nn.Module):
+    """The training graph over the engine's own parameters (the same Parameter objects), for DDP."""
+
+    def __init__(self, graph: Any, params: Sequence[nn.Parameter]):
+        super().__init__()
+        self.params = nn.ParameterList(params)
+        self._graph = [graph]  # a list: keeps the graph out of the module tree
+
+    def forward(self, inputs: list[Tensor]) -> tuple[Tensor, ...]:
+        return tuple(self._graph[0](inputs, list(self.params)))
+
+
+def require_identical(tensors: dict[Any, Tensor], group: Any, what: str) -> None:
+    """Raise on every rank when the ranks' ``tensors`` differ (compared bitwise with rank 0's)."""
+    rank0 = dist.get_global_rank(group, 0) if group is not dist.group.WORLD else 0
+    mismatched = []
+    with torch.no_grad():
+        for key, tensor in tensors.items():
+            reference = tensor.detach().clone()
+            dist.broadcast(reference, src=rank0, group=group)
+            if not torch.equal(reference, tensor.detach()):
+                mismatched.append(key)
+    device = next(iter(tensors.values())).device if tensors else torch.device("cpu")  # NCCL: CUDA tensors
+    flag = torch.tensor([1.0 if mismatched else 0.0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+    if flag.item():
+        rank = dist.get_rank(group)
+        detail = f"this rank's {what} {mismatched[:3]} differ" if mismatched else f"this rank's {what} match"
+        raise DistributedError(
+            f"ranks start from different {what}: every rank must load the same checkpoint "
+            f"(rank {rank}: {detail} from rank 0's)"
+        )
+
+
+def data_parallel(engine: Any, process_group: Any) -> DataParallel:
+    """Data parallelism for a training engine whose ranks all hold the same parameters."""
+    group = require_process_group(process_group, "Module(distributed=True)")
+    engine._require_values("distributed training")
+    name_of = {id(param): name for name, param in engine.training_state.params.items()}
+    params = engine._train_params
+    parallel = DataParallel(engine.train_graph, [name_of[id(p)] for p in params], params, group)
+    engine.training_state.distributed_checkpoint = DistributedCheckpoint(group)
+    return parallel
+
+
+def sharded_engine(spec: Any, module: Any, implementation: str | None) -> Any:
+    """A ZeRO-1 optimizer engine over a distributed module's trainable parameters."""
+    from ort_torch_train.distributed.zero import ShardedOptimizerEngine
+
+    data_parallel = getattr(module, "_data_parallel", None)
+    if data_parallel is None:
+        raise DistributedError(
+            "Optimizer(shard_state=True) needs a distributed Module (Module(..., distributed=True)); this one is not"
+        )
+    engine = ShardedOptimizerEngine(
+        spec,
+        module.training_state,
+        module.trainable_parameter_names,
+        data_parallel.group,
+        implementation=implementation,
+    )
+    checkpoint_coordinator(module.training_state).sharded = engine
+    return engine
+
+
+class DistributedCheckpoint:
+    """Saves a data-parallel run's checkpoint once: rank 0 writes (moments gathered from their shards
+    first), the other ranks write nothing and wait at a barrier."""
+
+    def __init__(self, group: Any):
+        self.group = group
+        self.sharded: Any = None  # the ShardedOptimizerEngine holding the moments, if any
+
+    def save(self, state: Any, path: Any, include_optimizer_state: bool) -> None:
+        """Write ``state`` to ``path`` from rank 0 (a collective: every rank calls it)."""
+        gathered = None
+        if include_optimizer_state and self.sharded is not None:
+            gathered = self.sharded.gathered_momentums()
+        failure: Exception | None = None
+        if dist.get_rank(self.group) == 0:
+            try:
+                if gathered is None:
+                    state.save(path, include_optimizer_state)
+                else:
+                    shard, state.optimizer.momentums = state.optimizer.momentums, gathered
+                    try:
+                        state.save(path, include_optimizer_state)
+                    finally:
+                        state.optimizer.momentums = shard
+            except Exception as error:  # raised after the barrier, so no rank waits forever
+                failure = error
+        flag = torch.tensor([0.0 if failure is None else 1.0], device=state.device)  # NCCL: a CUDA tensor
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        if failure is not None:
+            raise failure
+        if flag.item():
+            raise DistributedError(f"save_checkpoint: rank 0 failed to write {path}")
+
+
+def checkpoint_coordinator(state: Any) -> DistributedCheckpoint:
+    """The DistributedCheckpoint attached to a training state by a distributed Module."""
+    coordinator = getattr(state, "distributed_checkpoint", None)
+    if coordinator is None:
+        raise DistributedError("the training state has no distributed Module (Module(..., distributed=True))")
+    return coordinator

@@ -1,0 +1,177 @@
+"""Float32 CPU GEMMs (forward and backward) on oneDNN instead of torch's BLAS: eager and compiled.
+
+torch's CPU build sends float32 ``mm`` to MKL, which on AMD CPUs takes a path at less than half the
+speed of oneDNN's or ORT's own GEMM (2 cores of an AMD EPYC: 187 vs 436 GFLOPS on 256 x 512 x 2048;
+``bench/gemm_backends.py``). ``linear`` sends large enough float32 CPU products, outside autocast, to
+oneDNN (``torch.ops.mkldnn._linear_pointwise``, the kernel inductor uses for frozen weights) through
+the ``ort_torch_train::onednn_linear`` custom op (opaque to torch.compile), whose backward is two more
+oneDNN products. Everything else stays ``F.linear``, small products too: there the custom op's
+dispatch and oneDNN's primitive setup (~20 us) cost more than they save.
+
+Compiled graphs get the same through ``CpuMatmuls``, an inductor post-grad pass
+(``forward.for_device`` adds it on CPU): torch.func.grad, which traces the one-graph step, cannot
+differentiate the Function inside torch.compile, but its differentiated graph's ``mm``/``addmm`` can
+be sent to the custom op afterwards (the same pass splits small ``addmm`` into ``mm`` and a fused add).
+Results agree with ``F.linear`` to float32 rounding (a different summation order).
+``ORT_TORCH_TRAIN_ONEDNN_LINEAR=0`` turns oneDNN off in both.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+
+# multiply-accumulates from which oneDNN's setup pays off (bench/gemm_backends.py, 2 threads: 256 x 128 x 128,
+# 2^22, 1.1x faster than torch.mm; 256 x 128 x 512 1.75x; 256 x 512 x 2048 2.3x; 32 x 32 x 32 7x slower)
+MIN_MACS = 1 << 22
+# eager calls also pay the autograd Function's Python (~15 us a forward and backward): gpt128's 2^22
+# projections got slower in eager mode, its 2^24 MLP products faster
+EAGER_MIN_MACS = 1 << 24
+ENABLED = os.environ.get("ORT_TORCH_TRAIN_ONEDNN_LINEAR", "1") != "0" and torch.backends.mkldnn.is_available()
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear(x, weight, bias)``, on oneDNN for large float32 CPU products outside autocast."""
+    if _use_onednn(x, weight, bias):
+        return _OneDnnLinear.apply(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+def _use_onednn(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
+    if not ENABLED or x.device.type != "cpu" or weight.device.type != "cpu" or weight.dim() != 2 or x.dim() < 2:
+        return False
+    if x.dtype != torch.float32 or weight.dtype != torch.float32 or (bias is not None and bias.dtype != torch.float32):
+        return False
+    if torch.is_autocast_enabled("cpu") or _in_functorch_transform():
+        return False  # autocast casts F.linear; compiled torch.func transforms mis-differentiate the Function
+    return x.numel() * weight.shape[0] >= EAGER_MIN_MACS
+
+
+def _in_functorch_transform() -> bool:
+    """Whether a torch.func transform is active (True when this torch cannot tell)."""
+    peek = getattr(torch._C._functorch, "peek_interpreter_stack", None)
+    return peek is None or peek() is not None
+
+
+@torch.library.custom_op("ort_torch_train::onednn_linear", mutates_args=(), device_types="cpu")
+def _onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``x @ weight.T (+ bias)`` on oneDNN; strided ``x`` and ``weight`` are read as they are."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+@_onednn_linear.register_fake
+def _(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+class _OneDnnLinear(torch.autograd.Function):
+    """The custom op with its backward as two more oneDNN products (eager graphs; compiled ones use the pass)."""
+
+    @staticmethod
+    def forward(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        return _onednn_linear(x, weight, bias)
+
+    @staticmethod
+    def setup_context(ctx, inputs: tuple, output: Tensor) -> None:
+        x, weight, bias = inputs
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+        x, weight = ctx.saved_tensors
+        grad_x = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            grad_x = _onednn_linear(grad, weight.t(), None)  # grad @ weight
+        rows = grad.reshape(-1, grad.shape[-1])
+        if ctx.needs_input_grad[1]:
+            grad_weight = _onednn_linear(rows.t(), x.reshape(-1, x.shape[-1]).t(), None)  # grad.T @ x
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_bias = rows.sum(0)
+        return grad_x, grad_weight, grad_bias
+
+
+def use_onednn_linear(module: torch.fx.GraphModule) -> int:
+    """Point the float32 ``F.linear`` calls of ``module.graph`` that are large enough at ``linear``; how many."""
+    count = 0
+    for node in module.graph.nodes:
+        if node.op != "call_function" or node.target is not F.linear or node.kwargs or len(node.args) < 2:
+            continue
+        x, weight = (arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None for arg in node.args[:2])
+        if x is None or weight is None or x.dtype != torch.float32 or weight.dim() != 2:
+            continue
+        if x.numel() * weight.shape[0] >= EAGER_MIN_MACS:
+            node.target = linear
+            count += 1
+    return count
+
+
+class CpuMatmuls(CustomGraphPass):
+    """Inductor post-grad pass over float32 CPU ``mm``/``addmm`` (forward and backward, after AOTAutograd
+    has differentiated the graph): large products -> the oneDNN custom op (what compiled graphs get
+    instead of ``linear``); small ``addmm`` -> ``mm`` and an add that inductor fuses into the loop reading
+    the product (BLAS otherwise copies the bias into the output first: tiny-bert's step 3-5% faster)."""
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        for node in list(graph.nodes):
+            operands = _matmul_operands(node)
+            if operands is None:
+                continue
+            a, b, bias = operands
+            large = _macs(a, b) >= MIN_MACS
+            if (large and not ENABLED) or (not large and bias is None):
+                continue
+            with graph.inserting_before(node):
+                if large:
+                    transposed = graph.call_function(torch.ops.aten.permute.default, (b, [1, 0]))
+                    transposed.meta["val"] = b.meta["val"].t()
+                    product = graph.call_function(
+                        torch.ops.ort_torch_train.onednn_linear.default, (a, transposed, bias)
+                    )
+                else:
+                    unbiased = graph.call_function(torch.ops.aten.mm.default, (a, b))
+                    unbiased.meta["val"] = node.meta["val"]
+                    product = graph.call_function(torch.ops.aten.add.Tensor, (unbiased, bias))
+            product.meta = dict(node.meta)
+            node.replace_all_uses_with(product)
+            graph.erase_node(node)
+
+    def uuid(self) -> bytes:
+        return get_hash_for_files((__file__,)) + bytes([ENABLED])
+
+    def __repr__(self) -> str:  # in precompiled steps' keys
+        return f"CpuMatmuls({self.uuid().hex()})"
+
+
+def _matmul_operands(node: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node | None] | None:
+    """``(a, b, bias)`` of a float32 CPU ``mm(a, b)`` or ``addmm(bias, a, b)`` with a 1-D bias."""
+    aten = torch.ops.aten
+    if node.op != "call_function" or node.target not in (aten.mm.default, aten.addmm.default):
+        return None
+    if node.target is aten.mm.default:
+        (a, b), bias = node.args, None
+    else:
+        if node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
+            return None
+        bias, a, b = node.args
+        bias_val = bias.meta.get("val") if isinstance(bias, torch.fx.Node) else None
+        if bias_val is None or bias_val.dim() != 1 or bias_val.dtype != torch.float32:
+            return None
+    a_val, b_val = (arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None for arg in (a, b))
+    if a_val is None or b_val is None or a_val.device.type != "cpu":
+        return None
+    if a_val.dtype != torch.float32 or b_val.dtype != torch.float32:
+        return None
+    return a, b, bias
+
+
+def _macs(a: torch.fx.Node, b: torch.fx.Node) -> int:
+    a_val, b_val = a.meta["val"], b.meta["val"]
+    return a_val.shape[0] * a_val.shape[1] * b_val.shape[1]
+
+
+CPU_MATMULS = CpuMatmuls()

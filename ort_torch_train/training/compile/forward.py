@@ -1,0 +1,63 @@
+"""A converted forward graph through torch.compile, precompiled like the train steps.
+
+The eval graph of ``Module(compile=True)`` compiles on its own. A first call without autograd (no
+grad mode, no argument requiring grad: the eval step passes detached parameters) compiles it ahead
+(``precompiled.py``: later calls skip Dynamo's frame evaluation) or, with a compile cache, loads the
+forward a former process saved for this model, signature and autocast setting. Other calls, and a
+graph recording CUDA graphs on CUDA, run a plain torch.compile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from ort_torch_train.training.compile import precompiled
+from ort_torch_train.training.compile.settings import records_cuda_graphs, torch_compile
+from ort_torch_train.training.compile.step import with_own_code
+
+_AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+class CompiledForward:
+    """``forward(*inputs, *params)`` of ``module`` compiled with torch.compile's ``arguments``."""
+
+    def __init__(self, module: torch.nn.Module, arguments: Mapping[str, Any]):
+        forward = _forward_of(module)
+        self.meta = getattr(module, "meta", {})  # its matrix products decide the BLAS threads
+        self._compiled = torch_compile(forward, arguments)
+        self._precompile = (forward, module, dict(arguments))
+        self._cuda_graphs = records_cuda_graphs(arguments)  # recorded and replayed by torch.compile's call
+
+    def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self._precompile is not None and not torch.is_grad_enabled() and not any(a.requires_grad for a in args):
+            if self._cuda_graphs and any(a.is_cuda for a in args):
+                self._precompile = None
+            else:
+                self._load_or_precompile(args)
+        return self._compiled(*args)
+
+    def _load_or_precompile(self, args: tuple) -> None:
+        forward, module, arguments = self._precompile
+        self._precompile = None
+        autocast = [
+            (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+            for device in _AUTOCAST_DEVICES
+        ]
+        parts = ("forward", sorted(arguments.items()), autocast)
+        found = precompiled.precompiled_step(
+            forward, module, parts, {"module": module}, args, arguments, self._compiled, what="eval graph"
+        )
+        if found is not None:
+            self._compiled = found
+
+
+def _forward_of(module: torch.nn.Module) -> Callable:
+    """``module``'s call as a function of its own (a precompiled function is a function, not a module)."""
+
+    def forward(*args):
+        return module(*args)
+
+    return with_own_code(forward)

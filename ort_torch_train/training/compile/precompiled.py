@@ -1,0 +1,247 @@
+"""Compiled steps as torch's AOT-precompiled functions, carried across processes whole, Dynamo's tracing included.
+
+A ``CompiledTrainStep`` (and a ``CompiledForward``: the eval graph) compiles with
+``torch.compile(...).aot_compile`` and calls the result behind its guards, without Dynamo's frame
+evaluation (the mlp's one-graph step 72 -> 55 us). The guards kept are those a saved step can carry,
+less those on values fixed for the step's life: none on globals, object identity, the step's immutable
+closure values or torch's pytree registry (``_guard_filter``); the step's key stands for them.
+Once ``compile_cache.load_compile_cache`` has switched saving on, each step's serialized form
+(``save_compiled_function``'s bytes) is kept under a key naming the model, the update and the input
+signature, and ``save_compile_cache`` writes those next to torch's caches. A later process finding
+its key loads the step instead of tracing it; a step that does not load or whose guards reject the
+inputs is compiled again, with a log line. The module, update and other closure objects are the
+process's own (``external_data``), never pickled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import inspect
+import logging
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch._dynamo.guards import CheckFunctionManager
+from torch._dynamo.types import GuardFilterEntry
+from torch._guards import TracingContext, tracing
+
+from ort_torch_train.training.compile.settings import torch_compile
+
+log = logging.getLogger(__name__)
+
+# serialized steps by key: the loaded file's and this process's own; None while saving is off
+_steps: dict[str, bytes] | None = None
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")  # reprs naming an object's address differ between processes
+_ROOT = re.compile(r"[A-Za-z_]\w*")  # the variable a guard's source starts from
+
+
+def enable(steps: Mapping[str, bytes]) -> None:
+    """Keep the steps compiled from now on for saving; ``steps`` (from a saved cache) load instead of compiling."""
+    global _steps
+    _steps = {**(_steps or {}), **steps}
+
+
+def saved_steps() -> dict[str, bytes]:
+    """Every serialized step known to this process (loaded or compiled), by key."""
+    return dict(_steps or {})
+
+
+def step_key(module: torch.nn.Module, parts: Sequence[object], args: Sequence[object]) -> str:
+    """A digest of torch's version, the module (code, submodule settings, constant tensors), ``parts``
+    and the shapes, dtypes and devices of the tensors in ``args``."""
+    digest = hashlib.sha256(torch.__version__.encode())
+    for name, submodule in module.named_modules():
+        digest.update(f"{name}:{type(submodule).__qualname__}".encode())
+        digest.update(str(getattr(submodule, "code", "")).encode())
+        for key, value in sorted(vars(submodule).items()):
+            if key in ("_parameters", "_modules", "_graph", "_code") or "hook" in key or key.startswith("__"):
+                continue
+            _update(digest, key, value)
+    for part in parts:
+        digest.update(_ADDRESS.sub("", repr(part)).encode())
+    for tensor in _tensors(args):
+        digest.update(
+            f"{tuple(tensor.shape)}:{tensor.stride()}:{tensor.dtype}:{tensor.device}:{tensor.requires_grad}".encode()
+        )
+    return digest.hexdigest()
+
+
+def precompiled_step(
+    step: Callable,
+    module: torch.nn.Module,
+    parts: Sequence[object],
+    external: dict[str, object],
+    args: tuple,
+    compile_arguments: Mapping[str, Any],
+    fallback: Callable,
+    what: str = "train step",
+) -> GuardedStep | None:
+    """``step`` compiled ahead for ``args`` (or, with saving on, loaded from a saved step under
+    ``step_key(module, parts, args)``, and kept for saving), behind its guards: inputs they reject go to
+    ``fallback``. None when torch cannot precompile this step. ``what`` names the step in log lines."""
+    key = None if _steps is None else step_key(module, parts, args)
+    external = {name: value for name, value in external.items() if value is not None}  # one id for all Nones
+    data = None if key is None else _steps.get(key)
+    if data is not None:
+        loaded = _load(data, external, args, key, what)
+        if loaded is not None:
+            return GuardedStep(loaded, fallback, what)
+    elif _steps:
+        log.info("no saved %s for this model, update and signature (%s); compiling it", what, key[:12])
+    try:
+        compiled = torch_compile(step, _with_guard_filter(compile_arguments, step)).aot_compile((args, {}))
+    except Exception as error:  # a backend or mode without precompile support: the usual compilation
+        log.info("cannot precompile the %s (%s); compiling it without precompile", what, error)
+        return None
+    if key is not None:
+        try:
+            _steps[key] = type(compiled).serialize(compiled, external).serialized_data
+        except Exception as error:
+            log.info("cannot serialize the precompiled %s %s (%s); it will not be saved", what, key[:12], error)
+    return GuardedStep(compiled, fallback, what)
+
+
+def _with_guard_filter(compile_arguments: Mapping[str, Any], step: Callable) -> dict[str, Any]:
+    """``compile_arguments`` with ``_guard_filter(step)`` among the options, a ``mode`` given as the
+    options it stands for (torch.compile takes a mode or options, not both)."""
+    from torch._inductor import list_mode_options
+
+    arguments = dict(compile_arguments)
+    options = dict(arguments.pop("options", None) or {})
+    mode = arguments.pop("mode", None)
+    if mode is not None:
+        options = {**list_mode_options(mode, dynamic=False), **options}
+    return {**arguments, "options": {**options, "guard_filter_fn": _guard_filter(step)}}
+
+
+def _load(data: bytes, external: dict[str, object], args: tuple, key: str, what: str) -> Any:
+    from torch._dynamo.aot_compile import AOTCompiledFunction
+
+    try:
+        with tracing(TracingContext(None)):  # unpickling the guards' sources installs guards
+            loaded = AOTCompiledFunction.deserialize(data, None, external)
+        matches = loaded.guard_check(*args)
+    except Exception as error:
+        log.warning("the saved %s %s does not load (%s); compiling it again", what, key[:12], error)
+        return None
+    if not matches:
+        log.warning("the saved %s %s does not match these inputs; compiling it again", what, key[:12])
+        return None
+    log.info("loaded the saved %s %s", what, key[:12])
+    return loaded
+
+
+class GuardedStep:
+    """A precompiled step behind its guards: inputs they reject run ``fallback`` (a torch.compile'd step)."""
+
+    __slots__ = ("compiled", "fallback", "what", "rejected", "_check")
+
+    def __init__(self, compiled: Any, fallback: Callable, what: str):
+        self.compiled, self.fallback, self.what, self.rejected = compiled, fallback, what, False
+        self._check = _guard_check(compiled)
+
+    def __call__(self, *args: Any) -> Any:
+        if self._check(*args):
+            return self.compiled.fn(*args)
+        if not self.rejected:
+            self.rejected = True
+            log.warning("the precompiled %s's guards reject these inputs; compiling them", self.what)
+        return self.fallback(*args)
+
+
+def _guard_check(compiled: Any) -> Callable[..., bool]:
+    """``compiled.guard_check`` for positional arguments, without its per-call ``inspect`` binding (~7 us
+    of the mlp's 60 us step): the guards read the step's locals, its closure and its arguments by name."""
+    try:
+        artifacts = compiled._artifacts
+        manager, parameters, env = (
+            artifacts.guard_manager,
+            list(artifacts.signature.parameters.values()),
+            artifacts.runtime_env,
+        )
+        closure = dict(zip(env.bytecode.co_freevars, (cell.cell_contents for cell in env.closure or ())))
+    except (AttributeError, ValueError):  # another torch's internals: its own check
+        return compiled.guard_check
+    positional = [p.name for p in parameters if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    rest = [p.name for p in parameters if p.kind is inspect.Parameter.VAR_POSITIONAL]
+    if manager is None or len(positional) + len(rest) != len(parameters):
+        return compiled.guard_check
+
+    def check(*args: Any) -> bool:
+        if len(args) < len(positional) or (len(args) > len(positional) and not rest):
+            return compiled.guard_check(*args)
+        f_locals = dict(closure)
+        f_locals.update(zip(positional, args))
+        if rest:
+            f_locals[rest[0]] = args[len(positional) :]
+        return manager.check(f_locals)
+
+    return check
+
+
+def _guard_filter(step: Callable) -> Callable[[Sequence[GuardFilterEntry]], list[bool]]:
+    """``_serializable``, less the guards on ``step``'s immutable closure values (tuples of constants,
+    frozen dataclasses: the parameter plan, the flat layout: fixed for the step's life and named by its
+    key; most of tiny-bert's ~300 guards) and on torch's pytree registry (the steps take lists and
+    tuples, whose flattening no registration changes; importing a library that registers its classes,
+    as ``transformers`` does, would otherwise reject every later call)."""
+    fixed = {
+        name for name, cell in zip(step.__code__.co_freevars, step.__closure__ or ()) if _immutable(cell.cell_contents)
+    }
+
+    def keep(entries: Sequence[GuardFilterEntry]) -> list[bool]:
+        return [
+            kept and _root(entry.name) not in fixed and "_pytree" not in entry.name
+            for kept, entry in zip(_serializable(entries), entries)
+        ]
+
+    return keep
+
+
+def _root(source: str) -> str:
+    match = _ROOT.match(source)
+    return "" if match is None else match[0]
+
+
+def _immutable(value: object) -> bool:
+    if isinstance(value, tuple):
+        return all(_immutable(item) for item in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return value.__dataclass_params__.frozen
+    return value is None or isinstance(value, (bool, int, float, str))
+
+
+def _serializable(entries: Sequence[GuardFilterEntry]) -> list[bool]:
+    """The guards a saved step can keep: no globals, none on object identity or on a class defined
+    in a function (the fx module's); the step's key stands for what those checked."""
+    return [
+        not (
+            entry.is_global
+            or entry.guard_type in CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
+            or (entry.guard_type in ("TYPE_MATCH", "BUILTIN_MATCH") and "<locals>" in type(entry.value).__qualname__)
+        )
+        for entry in entries
+    ]
+
+
+def _update(digest: Any, key: str, value: object) -> None:
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu().contiguous()
+        digest.update(f"{key}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+        digest.update(tensor.view(-1).view(torch.uint8).numpy().tobytes())
+    elif isinstance(value, dict):
+        for inner_key, inner in value.items():
+            _update(digest, f"{key}.{inner_key}", inner)
+    elif not callable(value):
+        digest.update(_ADDRESS.sub("", f"{key}={value!r}").encode())
+
+
+def _tensors(value: object):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)

@@ -1,0 +1,197 @@
+"""A train step as one torch.compile'd graph: forward, backward and, optionally, the optimizer update.
+
+``torch.func.grad`` traces the converted module's backward into the graph of its forward, so a step
+runs neither the autograd engine nor per-op Python. The gradients go straight into the parameters'
+``.grad`` tensors (added to them, or copied over them after a reset) and an update given as a
+``FusedUpdate`` runs in the same graph on those gradients. Whether the gradients are added to or
+overwritten is a boolean tensor, not a Python flag: one graph serves both, so a model compiles once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import types
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ort_torch_train.optim.clip import clip_grad_norm_
+from ort_torch_train.optim.compiled import FusedUpdate
+from ort_torch_train.training.blas_threads import blas_threads_for
+from ort_torch_train.training.compile import precompiled
+from ort_torch_train.training.compile.settings import records_cuda_graphs, torch_compile
+from ort_torch_train.training.flat_params import FlatLayout
+from ort_torch_train.training.precision import MixedPrecision, autocast_or_null
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ParameterPlan:
+    """Where each graph parameter comes from: ``(True, i)`` the i-th trainable, ``(False, i)`` the i-th frozen."""
+
+    sources: tuple[tuple[bool, int], ...]
+
+    @classmethod
+    def of(cls, graph_names: Sequence[str], trainable_names: Sequence[str]) -> ParameterPlan:
+        """The plan for a graph taking ``graph_names``; the frozen ones keep the graph's order."""
+        trainable_index = {name: i for i, name in enumerate(trainable_names)}
+        frozen = [name for name in graph_names if name not in trainable_index]
+        frozen_index = {name: i for i, name in enumerate(frozen)}
+        return cls(
+            tuple((True, trainable_index[n]) if n in trainable_index else (False, frozen_index[n]) for n in graph_names)
+        )
+
+    def frozen_names(self, graph_names: Sequence[str]) -> list[str]:
+        """The graph's frozen parameter names, in the order the step takes them."""
+        return [name for name, (trainable, _) in zip(graph_names, self.sources) if not trainable]
+
+
+class CompiledTrainStep:
+    """``step(inputs, trainable, frozen, grads, reset, states, scalars) -> outputs`` for one converted module.
+
+    ``trainable``/``frozen`` are detached aliases of the parameters (updated in place), ``grads``
+    the trainable ones' ``.grad``; with a ``layout``, ``trainable``, ``grads`` and each list of
+    ``states`` hold one flat buffer laid out so (``checkpoint/flat_buffers.py``). ``reset`` overwrites the gradients
+    instead of adding to them (the compiled graph reads it as a tensor: one compilation for both).
+    ``states`` (lists of optimizer moments) and ``scalars`` feed ``update`` when there is one.
+    ``reduction`` (data parallel) replaces the accumulated gradients by their average across ranks.
+    """
+
+    def __init__(
+        self,
+        module: Callable[..., tuple[Tensor, ...]],
+        plan: ParameterPlan,
+        *,
+        update: FusedUpdate | None = None,
+        compile_arguments: Mapping[str, Any] | None = None,
+        reduction: Callable[[list[Tensor]], list[Tensor]] | None = None,
+        precision: MixedPrecision | None = None,
+        layout: FlatLayout | None = None,
+    ):
+        step = _train_step_function(module, plan, update, reduction, precision, layout)
+        self._module = module  # its matrix products decide the step's BLAS threads
+        self._scaler = None if precision is None else precision.loss_scaler
+        compile_arguments = dict(compile_arguments or {})
+        self._cuda_graphs = records_cuda_graphs(compile_arguments)
+        self._compiled = torch_compile(step, compile_arguments)
+        # precompiled at the first call (precompiled.py), unless it records CUDA graphs on CUDA
+        setting = None if precision is None else precision.setting
+        parts = (plan.sources, update, reduction, sorted(compile_arguments.items()), setting, layout)
+        external = {"module": module, "update": update, "reduction": reduction, "precision": precision}
+        self._precompile = (step, module, parts, external, compile_arguments)
+        self._called = False
+        self._reset_flags: dict[torch.device, tuple[Tensor, Tensor]] = {}
+
+    def __call__(
+        self,
+        inputs: Sequence[Tensor],
+        trainable: list[Tensor],
+        frozen: list[Tensor],
+        grads: list[Tensor],
+        reset: bool,
+        states: Sequence[list[Tensor]] = (),
+        scalars: Tensor | None = None,
+    ) -> tuple[Tensor, ...]:
+        inputs = [t if t.is_contiguous() else t.contiguous() for t in inputs]
+        loss_scale = None if self._scaler is None else self._scaler.scale.to(trainable[0].device)
+        arguments = (
+            inputs,
+            trainable,
+            frozen,
+            grads,
+            self._reset_flag(reset, trainable[0].device),
+            tuple(states),
+            scalars,
+            loss_scale,
+        )
+        started = None if self._called else time.perf_counter()
+        cuda_graphs = self._cuda_graphs and trainable[0].is_cuda
+        if cuda_graphs:  # updated in place: CUDA graphs replay only on inputs at fixed addresses
+            for tensor in (*trainable, *frozen, *grads, *(t for moments in states for t in moments)):
+                torch._dynamo.mark_static_address(tensor)
+        with torch.no_grad(), blas_threads_for(self._module, trainable[0].device):
+            if self._precompile is not None:
+                self._precompiled(arguments, cuda_graphs)
+            outputs = self._compiled(*arguments)
+        if cuda_graphs:  # the outputs live in the graph's memory, which the next replay overwrites
+            outputs = tuple(t.clone() for t in outputs)
+        if started is not None:
+            self._called = True
+            log.info(
+                "compiled the train step for inputs %s in %.1f s",
+                [tuple(t.shape) for t in inputs],
+                time.perf_counter() - started,
+            )
+        return outputs
+
+    def _precompiled(self, arguments: tuple, cuda_graphs: bool) -> None:
+        """Replace the compiled step by a precompiled (or saved) one, where torch can precompile it
+        (CUDA graphs are recorded and replayed by torch.compile's own call)."""
+        step, module, parts, external, compile_arguments = self._precompile
+        self._precompile = None
+        if cuda_graphs:
+            return
+        found = precompiled.precompiled_step(
+            step, module, parts, external, arguments, compile_arguments, self._compiled
+        )
+        if found is not None:
+            self._compiled = found
+
+    def _reset_flag(self, reset: bool, device: torch.device) -> Tensor:
+        """A 0-d boolean tensor on ``device`` (one per value, made once)."""
+        flags = self._reset_flags.get(device)
+        if flags is None:
+            flags = self._reset_flags[device] = (torch.tensor(False, device=device), torch.tensor(True, device=device))
+        return flags[reset]
+
+
+def _train_step_function(
+    module: Callable,
+    plan: ParameterPlan,
+    update: FusedUpdate | None,
+    reduction: Callable[[list[Tensor]], list[Tensor]] | None,
+    precision: MixedPrecision | None,
+    layout: FlatLayout | None,
+) -> Callable:
+    sources = plan.sources
+
+    def train_step(inputs, trainable, frozen, grads, reset, states, scalars, loss_scale):
+        def loss_and_outputs(trainable, frozen):  # frozen is an input too: BatchNorm updates its statistics
+            if layout is not None:  # one flat buffer: the trainable parameters are views of it
+                trainable = layout.views(trainable[0])
+            params = [trainable[i] if is_trainable else frozen[i] for is_trainable, i in sources]
+            with autocast_or_null(precision, trainable[0].device):
+                outputs = module(*inputs, *params)
+            loss = outputs[0]
+            loss = loss if loss.dim() == 0 else loss.sum()  # a non-scalar loss: ORT's ones seed
+            return (loss if loss_scale is None else loss.float() * loss_scale), outputs
+
+        gradients, outputs = torch.func.grad(loss_and_outputs, argnums=0, has_aux=True)(trainable, frozen)
+        # where, not a multiplication by zero: a reset drops inf/NaN left in the gradients
+        torch._foreach_copy_(grads, [torch.where(reset, new, old + new) for old, new in zip(grads, gradients)])
+        if reduction is not None:  # data parallel: average the accumulated gradients across ranks
+            torch._foreach_copy_(grads, reduction(grads))
+        if update is not None:
+            if update.clip_max_norm is not None:
+                clip_grad_norm_(grads, update.clip_max_norm)
+            update.kernel(trainable, grads, *states, scalars, *update.constants)
+        return outputs
+
+    return with_own_code(train_step)
+
+
+def with_own_code(function: types.FunctionType) -> types.FunctionType:
+    """``function`` with a code object of its own: Dynamo counts recompilations per code object, and
+    each (signature, update) pair is a step of its own, not a recompilation."""
+    return types.FunctionType(
+        function.__code__.replace(),
+        function.__globals__,
+        function.__name__,
+        function.__defaults__,
+        function.__closure__,
+    )

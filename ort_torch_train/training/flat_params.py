@@ -1,0 +1,140 @@
+"""The trainable parameters, their gradients and each optimizer moment as one flat buffer apiece.
+
+A compiled step pays per tensor it takes (Dynamo's guards, AOTAutograd's and the C++ wrapper's work on
+each argument: ~0.5 us a tensor on the benchmarks' CPU), and tiny-bert's one-graph step took 166 of
+them: 42 parameters, their gradients and two moments each; an eager optimizer step pays per tensor
+too. So when the optimizer first readies its tensors, the state's trainable parameters, gradients and
+moments are copied into one buffer each and the state's tensors pointed at views of them: the
+Parameter objects, their ``.grad`` and the moment dict stay what they were, only their storage moves
+(once). Optimizer steps and one-graph steps then run on four tensors, the update as one loop (AdamW
+and SGD are elementwise). A state whose tensors are replaced later (a device move,
+``complete_nominal``) bumps its generation, and the next step moves them into new buffers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from ort_torch_train.checkpoint.state import TrainingState
+
+
+@dataclass(frozen=True)
+class FlatLayout:
+    """The shapes of the tensors laid end to end in a flat buffer."""
+
+    shapes: tuple[tuple[int, ...], ...]
+
+    @property
+    def sizes(self) -> list[int]:
+        """Element counts, in order."""
+        return [torch.Size(shape).numel() for shape in self.shapes]
+
+    def views(self, flat: Tensor) -> list[Tensor]:
+        """The tensors as views of ``flat``."""
+        return [piece.view(shape) for piece, shape in zip(flat.split(self.sizes), self.shapes)]
+
+
+@dataclass(frozen=True)
+class FlatState:
+    """Flat buffers behind a state's trainable parameters, gradients and moments (one per moment name)."""
+
+    generation: int
+    names: tuple[str, ...]
+    moment_names: tuple[str, ...]
+    layout: FlatLayout
+    params: Tensor
+    grads: Tensor
+    moments: tuple[Tensor, ...]
+    parameters: tuple[torch.nn.Parameter, ...]  # the state's, whose data and .grad are views of the buffers
+    data_pointers: list[int]  # where the parameters' views start
+    grad_pointers: list[int]  # where their gradients' views start
+
+    def still_behind(self, gradients: bool) -> bool:
+        """Whether the parameters' data (and ``gradients``: their gradients) are still the views."""
+        if [p.data_ptr() for p in self.parameters] != self.data_pointers:
+            return False
+        try:
+            return not gradients or [p.grad.data_ptr() for p in self.parameters] == self.grad_pointers
+        except AttributeError:  # a gradient set to None
+            return False
+
+
+def current_flat(state: TrainingState, names: Sequence[str], *, gradients: bool = True) -> FlatState | None:
+    """The state's flat buffers while they still hold ``names``' parameters (and ``gradients``: their
+    gradients; a one-graph step writes the buffer's own); nothing moves. Tensors replaced behind the
+    state's back (``param.data = ...``, ``param.grad = ...``) count as a new generation: every list of the
+    old ones goes stale and the next optimizer refresh makes new buffers of the new tensors."""
+    flat = state.flat
+    if flat is None or flat.generation != state.generation or flat.names != tuple(names):
+        return None
+    if not flat.still_behind(gradients):
+        state.generation += 1
+        return None
+    return flat
+
+
+def flat_buffers(
+    state: TrainingState, names: Sequence[str], moment_names: Sequence[str], *, gradients: bool = True
+) -> FlatState | None:
+    """The state's flat buffers for these parameters and moments: those made before while the state's
+    tensors are still theirs (``current_flat``), else new ones (``flatten_state``); None where they cannot
+    share one buffer."""
+    flat = current_flat(state, names, gradients=gradients)
+    if flat is not None and flat.moment_names == tuple(moment_names):
+        return flat
+    if state.flat_generation_refused == state.generation:  # tried at this generation already: mixed tensors
+        return None
+    state.flat = flatten_state(state, names, moment_names)
+    if state.flat is None:
+        state.flat_generation_refused = state.generation
+    return state.flat
+
+
+def flatten_state(state: TrainingState, names: Sequence[str], moment_names: Sequence[str]) -> FlatState | None:
+    """Move ``names``' parameters, gradients and ``moment_names`` moments into flat buffers (the state's
+    tensors become views of them); None, with nothing moved, unless all share one dtype and device.
+    One kind of tensor moves at a time, so the old copies held nowhere else are freed as it goes."""
+    params = [state.params[name] for name in names]
+    momentums = state.optimizer.momentums if moment_names else {}
+    kinds = {
+        (t.dtype, t.device) if t is not None else None
+        for t in [
+            *params,
+            *(param.grad for param in params),
+            *(momentums[name][key] for key in moment_names for name in names),
+        ]
+    }
+    if not params or len(kinds) != 1 or None in kinds:
+        return None
+    layout = FlatLayout(tuple(tuple(param.shape) for param in params))
+    with torch.no_grad():
+        flat_params = torch.cat([param.detach().reshape(-1) for param in params])
+        for param, view in zip(params, layout.views(flat_params)):
+            param.data = view
+        flat_grads = torch.cat([param.grad.reshape(-1) for param in params])
+        for param, view in zip(params, layout.views(flat_grads)):
+            param.grad = view
+        flat_moments = []
+        for key in moment_names:
+            flat_moments.append(torch.cat([momentums[name][key].reshape(-1) for name in names]))
+            for name, view in zip(names, layout.views(flat_moments[-1])):
+                momentums[name][key] = view
+    state.generation += 1  # every list of the old tensors (views, optimizer lists) is stale now
+    return FlatState(
+        state.generation,
+        tuple(names),
+        tuple(moment_names),
+        layout,
+        flat_params,
+        flat_grads,
+        tuple(flat_moments),
+        tuple(params),
+        [p.data_ptr() for p in params],
+        [p.grad.data_ptr() for p in params],
+    )
