@@ -143,7 +143,7 @@ def test_additional_outputs_follow_the_loss() -> None:
     for model in (artifacts.eval_model, artifacts.training_model):
         assert [v.name for v in model.graph.output][1:] == ["probs", "logits"]
     loss, probs, raw = run_eval_model(artifacts.eval_model, {"input": X, "labels": LABELS})
-    np.testing.assert_allclose(raw, logits().numpy(), rtol=1e-6)
+    np.testing.assert_allclose(raw, logits().numpy(), rtol=1e-6, atol=1e-7)  # onnxruntime's GEMM differs per CPU ISA
     np.testing.assert_allclose(probs, torch.softmax(logits(), -1).numpy(), rtol=1e-5)
     np.testing.assert_allclose(loss, F.cross_entropy(logits(), torch.from_numpy(LABELS)).item(), rtol=1e-5)
 

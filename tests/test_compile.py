@@ -92,7 +92,10 @@ def test_compiled_full_step_matches_eager_in_one_graph(name):
     compiled = _train(case, compile=True, fused=True)
     # BatchNorm cancels the gradient of the bias before it: AdamW turns that gradient's rounding noise
     # into lr-sized steps, so that bias (and nothing downstream) differs by float noise (see test_training_parity)
-    _assert_same_training(compiled, eager, atol=2e-6, parameter_atol=1e-4 if name.startswith("bn_") else None)
+    # The transformer has parameters whose gradient is near zero: AdamW turns a last-bit difference there (the
+    # CPU's vector width decides the order of the compiled reductions) into a step of up to 1e-5 as well.
+    parameter_atol = 1e-4 if name.startswith("bn_") else 1e-5 if name == "transformer" else None
+    _assert_same_training(compiled, eager, atol=2e-6, parameter_atol=parameter_atol)
     assert dict(counters["graph_break"]) == {}
     # the full step adding to the gradients (the first) and overwriting them (after a reset), and eval
     assert counters["stats"]["unique_graphs"] == 2  # the step (adding or overwriting gradients alike) and eval
