@@ -6,7 +6,7 @@ a world of N ranks gives each rank 1/N of the fixed batch (strong scaling). Conf
 alike; the report gives each one's median step time, the ratios and the optimizer-moment bytes each
 rank holds.
 
-    .venv/bin/python bench/distributed.py [--model encoder] [--steps 4] [--warmup 2] [--rounds 2] [--threads N] [--device cpu]
+    .venv/bin/python bench/experiments/distributed.py [--model encoder] [--steps 4] [--warmup 2] [--rounds 2] [--threads N] [--device cpu]
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-BENCH = Path(__file__).resolve().parent
+BENCH = Path(__file__).resolve().parents[1]
+HARNESS = BENCH / "harness"
+sys.path.insert(0, str(HARNESS))
 
 
 def worker(directory: Path, steps: int, warmup: int, device: str, shard_state: bool) -> None:
@@ -120,8 +122,7 @@ def main() -> None:
     if args.worker is not None:
         worker(args.worker, args.steps, args.warmup, args.device, args.shard_state)
         return
-    sys.path.insert(0, str(BENCH))
-    from artifacts import prepare_artifacts
+    from model_artifacts import prepare_artifacts
     from models import MODELS
 
     model = MODELS[args.model]

@@ -1,6 +1,6 @@
 """One compiled attention, forward and backward, as SDPA and as ``attention_products`` (graph/small_attention.py).
 
-    .venv/bin/python bench/small_attention.py [--threads 2] [--shapes 4x2x8x16 8x4x32x32 ...]
+    .venv/bin/python bench/experiments/small_attention.py [--threads 2] [--shapes 4x2x8x16 8x4x32x32 ...]
 
 Each shape (batch x heads x positions x head size, causal) is compiled both ways with the defaults
 ``compile=True`` uses on CPU (C++ wrapper, loops parallel from 16384 elements a thread); the two
@@ -11,13 +11,19 @@ are timed in alternating blocks and the lowest block median of each is printed, 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from timing import block_median_us
 
 from ort_torch_train.passes.small_attention import HEAD_MULTIPLE, MAX_SCORES, attention_products
 from ort_torch_train.training.compile.settings import MIN_CHUNK_SIZE
+
+HARNESS = Path(__file__).resolve().parents[1] / "harness"
+sys.path.insert(0, str(HARNESS))
+
+from timing import block_median_us  # noqa: E402
 
 SHAPES = ("4x2x8x16", "4x2x8x8", "8x4x32x8", "8x4x32x32", "8x4x32x128", "4x4x64x32")
 

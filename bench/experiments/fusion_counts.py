@@ -1,6 +1,6 @@
 """How many of each pattern fusion fire in the converted training graph of each benchmark model.
 
-    .venv/bin/python bench/fusion_counts.py [--models gpt32 tiny-gpt2 tiny-llama tiny-bert ...]
+    .venv/bin/python bench/experiments/fusion_counts.py [--models gpt32 tiny-gpt2 tiny-llama tiny-bert ...]
 
 Converts each model's training graph (ORT's artifacts when its venv is there) for the benchmark batch
 and prints the fusion counts (``module.meta["fusions"]`` of the eager graph, ``row_linear`` included,
@@ -18,10 +18,11 @@ import numpy as np
 import onnx
 import torch
 
-BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH))
+BENCH = Path(__file__).resolve().parents[1]
+HARNESS = BENCH / "harness"
+sys.path.insert(0, str(HARNESS))
 
-from artifacts import prepare_artifacts  # noqa: E402
+from model_artifacts import prepare_artifacts  # noqa: E402
 from models import MODELS  # noqa: E402
 
 import ort_torch_train.convert.graph as convert_module  # noqa: E402

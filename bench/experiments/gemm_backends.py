@@ -1,7 +1,7 @@
 """Float32 GEMM speed on this CPU: torch's BLAS (``torch.mm``), oneDNN (this project's ``onednn_linear``)
 and ORT 1.19.2's MatMul (MLAS), at the sizes of the size sweep's linears and two tiny ones.
 
-    .venv/bin/python bench/gemm_backends.py [--threads 2] [--calls 30]
+    .venv/bin/python bench/experiments/gemm_backends.py [--threads 2] [--calls 30]
 
 ORT runs in its venv (``ORT_TRAINING_PYTHON`` or ``.venv-ort``; skipped when absent). Prints microseconds
 per product and GFLOPS; the ratio decides ``onednn_linear.MIN_MACS`` (compiled graphs; eager calls use
@@ -17,7 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
+HARNESS = Path(__file__).resolve().parents[1] / "harness"
+sys.path.insert(0, str(HARNESS))
 SIZES = [
     (32, 32, 32),
     (32, 32, 64),
@@ -69,9 +70,8 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--calls", type=int, default=30)
     args = parser.parse_args()
-    sys.path.insert(0, str(BENCH))
     import torch
-    from artifacts import ORT_PYTHON
+    from model_artifacts import ORT_PYTHON
 
     from ort_torch_train.passes.onednn_linear import EAGER_MIN_MACS, MIN_MACS
 

@@ -1,6 +1,6 @@
 """Step time against model size: the same GPT-style decoder at several hidden sizes, five ways, one run.
 
-    .venv/bin/python bench/size_sweep.py [--sizes 32 128 512] [--device cpu|cuda] [--threads 2]
+    .venv/bin/python bench/experiments/size_sweep.py [--sizes 32 128 512] [--device cpu|cuda] [--threads 2]
                                          [--rounds 5] [--quick] [--no-ort] [--plot PATH] [--mixed-precision bf16]
 
 Each size (``gpt<hidden>`` in models.py: 2 pre-LN layers, 4 heads, causal SDPA, GELU MLP, LM loss on
@@ -23,15 +23,19 @@ import sys
 from pathlib import Path
 
 import torch
-from artifacts import prepare_artifacts
-from models import DECODER_SIZES, MODELS
-from orchestrate import ConfigResult, Settings, run_model
-from report import HEADERS, LABELS, run_header, table_rows, write_results
-from run import model_notes, ort_missing_reason
-from runners import PRECISIONS
-from timing import render_table
 
-BENCH = Path(__file__).resolve().parent
+BENCH = Path(__file__).resolve().parents[1]
+HARNESS = BENCH / "harness"
+sys.path.insert(0, str(HARNESS))
+
+from model_artifacts import prepare_artifacts  # noqa: E402
+from models import DECODER_SIZES, MODELS  # noqa: E402
+from orchestrate import ConfigResult, Settings, run_model  # noqa: E402
+from report import HEADERS, LABELS, run_header, table_rows, write_results  # noqa: E402
+from run import model_notes, ort_missing_reason  # noqa: E402
+from runners import PRECISIONS  # noqa: E402
+from timing import render_table  # noqa: E402
+
 CONFIGS = ["ours", "ours-step", "ours-step-graphs", "torch", "torch-compile", "ort"]
 CPU_SIZES, CUDA_SIZES = [32, 128, 512], [32, 128, 512, 1024]
 
@@ -162,7 +166,7 @@ def plot(results: list[ConfigResult], sizes: list[int], path: Path, subtitle: st
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     python = os.path.relpath(sys.executable) if Path(sys.executable).is_relative_to(Path.cwd()) else sys.executable
-    command = shlex.join([python, "bench/size_sweep.py", *(sys.argv[1:] if argv is None else argv)])
+    command = shlex.join([python, "bench/experiments/size_sweep.py", *(sys.argv[1:] if argv is None else argv)])
     return sweep(args, command)
 
 

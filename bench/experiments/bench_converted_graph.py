@@ -5,22 +5,28 @@ turned into graph inputs (as ORT's eval models feed them), the graph is converte
 ``convert_graph(training=True)``, outputs and gradients are checked against the eager model, and
 ``out.sum().backward()`` is timed for both, interleaved, median of ``--steps``.
 
-    python bench/bench_converted_graph.py [--dynamo] [--steps 200] [--only transformer_small]
+    python bench/experiments/bench_converted_graph.py [--dynamo] [--steps 200] [--only transformer_small]
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import sys
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 import onnx
 import torch
-from timing import interleaved_step_times, median
 from torch import nn
 
 from ort_torch_train.convert.graph import TensorSpec, convert_graph
+
+HARNESS = Path(__file__).resolve().parents[1] / "harness"
+sys.path.insert(0, str(HARNESS))
+
+from timing import interleaved_step_times, median  # noqa: E402
 
 
 class MLP(nn.Module):

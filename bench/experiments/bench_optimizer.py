@@ -1,6 +1,6 @@
 """Time one optimizer step: this project's ORT AdamW against torch.optim.AdamW on the same parameters.
 
-    python bench/bench_optimizer.py [--device cpu|cuda] [--iters 200] [--warmup 20] [--threads N]
+    python bench/experiments/bench_optimizer.py [--device cpu|cuda] [--iters 200] [--warmup 20] [--threads N]
 
 Parameter sets: a 4-layer d_model=256 transformer (embeddings, attention, FFN, LayerNorms) and the
 refcorpus MLP (Linear(20,32)-ReLU-Linear(32,5)). Prints the median step time and its ratio to
@@ -10,16 +10,22 @@ refcorpus MLP (Linear(20,32)-ReLU-Linear(32,5)). Prints the median step time and
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
-from timing import interleaved_step_times, median, render_table
 
 from ort_torch_train.checkpoint.state import TrainingState
 from ort_torch_train.optim.adamw import adamw
 from ort_torch_train.optim.engine import OptimizerEngine
 from ort_torch_train.optim.optimizer_model import OptimizerSpec
 from ort_torch_train.optim.scratch import make_scratch
+
+HARNESS = Path(__file__).resolve().parents[1] / "harness"
+sys.path.insert(0, str(HARNESS))
+
+from timing import interleaved_step_times, median, render_table  # noqa: E402
 
 
 def transformer_shapes(

@@ -4,7 +4,7 @@ The model is exported here (this venv has the model's packages, e.g. ``transform
 ``generate_artifacts`` then makes the artifacts (in ``.venv-ort``, or ``ORT_TRAINING_PYTHON``) when it is
 there; otherwise this project's generator does, and ORT cannot be timed. Run in the ORT venv as
 
-    python bench/artifacts.py DIRECTORY
+    python bench/harness/model_artifacts.py DIRECTORY
 
 to generate the artifacts of DIRECTORY/base_model.onnx (trainable names in requires_grad.json) with
 onnxruntime-training.
@@ -30,8 +30,8 @@ import onnx
 import torch
 from models import OPSET, BenchModel
 
-BENCH = Path(__file__).resolve().parent
-ORT_PYTHON = Path(os.environ.get("ORT_TRAINING_PYTHON", BENCH.parent / ".venv-ort" / "bin" / "python"))
+HARNESS = Path(__file__).resolve().parent
+ORT_PYTHON = Path(os.environ.get("ORT_TRAINING_PYTHON", HARNESS.parents[1] / ".venv-ort" / "bin" / "python"))
 ARTIFACT_FILES = ("training_model.onnx", "eval_model.onnx", "optimizer_model.onnx", "checkpoint")
 
 
@@ -111,10 +111,10 @@ def generate_with_ours(model: BenchModel, directory: Path) -> None:
 
 
 def cache_key(model: BenchModel, generator: str) -> str:
-    """A hash of the model spec, the generator, torch's version and this code (models.py, artifacts.py)."""
+    """A hash of the model spec, the generator, torch's version and this code (models.py, model_artifacts.py)."""
     digest = hashlib.sha256(json.dumps([model.describe(), generator, torch.__version__]).encode())
-    for source in ("models.py", "artifacts.py"):
-        digest.update((BENCH / source).read_bytes())
+    for source in ("models.py", "model_artifacts.py"):
+        digest.update((HARNESS / source).read_bytes())
     return digest.hexdigest()[:16]
 
 

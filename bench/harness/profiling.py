@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from artifacts import ArtifactSet
+from model_artifacts import ArtifactSet
 from models import LEARNING_RATE, BenchModel
 from report import LABELS
 from runners import Runner, make_runner

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The checks that need a CUDA device, in one command for a lent GPU machine:
 #
-#     OUT=DIR bash bench/gpu_session.sh
+#     OUT=DIR bash bench/experiments/gpu_session.sh
 #
 # Installs this checkout (editable, without dependencies; wheels in .whl/ first, e.g. onnx2torch where the
 # machine lacks it), then, each stage under its own time limit in seconds (0 skips the stage):
@@ -11,8 +11,8 @@
 # STEPS sets the timed steps per round. Everything printed goes to $OUT/session.log, the sweeps' files
 # to $OUT/bf16 and $OUT/fp32, the benchmark workers' logs to $OUT/worker_logs.tgz.
 #
-# As run on a lent H100 (README, "On an H100"), with .whl holding onnx2torch's wheel:
-#     SIZES="512 1024" STEPS=50 TEST_TIMEOUT=0 FP32_TIMEOUT=0 bash bench/gpu_session.sh
+# As run on a lent H100 (docs/performance.md, "H100"), with .whl holding onnx2torch's wheel:
+#     SIZES="512 1024" STEPS=50 TEST_TIMEOUT=0 FP32_TIMEOUT=0 bash bench/experiments/gpu_session.sh
 set -u
 OUT=${OUT:-/tmp/gpu-session}
 PY=${PYTHON:-python3}
@@ -38,7 +38,7 @@ sweep() {  # precision sizes time-limit
     stage "size sweep, $1, hidden $2"
     local option=""
     [ "$1" = bf16 ] && option="--mixed-precision bf16"
-    timeout "$3" $PY bench/size_sweep.py --device cuda --sizes $2 --no-ort --rounds 3 --steps ${STEPS:-30} --warmup 10 \
+    timeout "$3" $PY bench/experiments/size_sweep.py --device cuda --sizes $2 --no-ort --rounds 3 --steps ${STEPS:-30} --warmup 10 \
         $option --out "$OUT/$1" --cache /tmp/bench-cache
 }
 

@@ -2,7 +2,7 @@
 ``training/blas_threads.py``'s rule (one thread while the products average under 2^16
 multiply-accumulates per extra thread) comes from.
 
-    .venv/bin/python bench/blas_threads.py [--threads 2] [--blocks 7]
+    .venv/bin/python bench/experiments/blas_threads.py [--threads 2] [--blocks 7]
 
 Prints microseconds per product (lowest of ``--blocks`` block medians, the two settings interleaved)
 and what the rule picks for a step made of products of that size alone.
@@ -12,11 +12,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import torch
-from timing import block_median_us
 
 from ort_torch_train.training import blas_threads
+
+HARNESS = Path(__file__).resolve().parents[1] / "harness"
+sys.path.insert(0, str(HARNESS))
+
+from timing import block_median_us  # noqa: E402
 
 SIZES = [
     (32, 32, 32),

@@ -1,6 +1,6 @@
 """What an eager training step costs, against this machine's cost of one trivial op and one autograd node.
 
-    .venv/bin/python bench/eager_floor.py [--models tiny-gpt2 tiny-llama tiny-bert] [--threads 2] [--rounds 5]
+    .venv/bin/python bench/experiments/eager_floor.py [--models tiny-gpt2 tiny-llama tiny-bert] [--threads 2] [--rounds 5]
                                           [--blocks 9] [--no-ort] [--cache bench/.cache]
 
 For each model: the eager step of ORT's loop (config (a): ``module(x, y)``, ``optimizer.step()``,
@@ -27,10 +27,11 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH))
+BENCH = Path(__file__).resolve().parents[1]
+HARNESS = BENCH / "harness"
+sys.path.insert(0, str(HARNESS))
 
-from artifacts import ArtifactSet, prepare_artifacts  # noqa: E402
+from model_artifacts import ArtifactSet, prepare_artifacts  # noqa: E402
 from models import MODELS  # noqa: E402
 from orchestrate import Settings, run_model  # noqa: E402
 from timing import block_median_us, render_table  # noqa: E402

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import torch
-from artifacts import ORT_PYTHON
+from model_artifacts import ORT_PYTHON
 from orchestrate import ConfigResult, Settings
 from timing import format_duration, render_table, spread
 

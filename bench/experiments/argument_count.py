@@ -2,16 +2,21 @@
 same update of one flat tensor of their total size, through ``torch.compile`` with the C++ wrapper.
 Why ``checkpoint/flat_buffers.py`` hands one-graph steps four flat buffers instead of four tensors a parameter.
 
-    .venv/bin/python bench/argument_count.py [--threads 2] [--elements 32] [--blocks 7]
+    .venv/bin/python bench/experiments/argument_count.py [--threads 2] [--elements 32] [--blocks 7]
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import torch
-from timing import block_median_us
+
+HARNESS = Path(__file__).resolve().parents[1] / "harness"
+sys.path.insert(0, str(HARNESS))
+
+from timing import block_median_us  # noqa: E402
 
 
 def _scale(tensors: list[torch.Tensor]) -> None:

@@ -1,6 +1,6 @@
 """A benchmark worker: one configuration in its own process, driven over stdin/stdout.
 
-    python bench/worker.py --config ours --model mlp --artifacts DIR --threads 2 --device cpu --lr 1e-3 --warmup 20
+    python bench/harness/worker.py --config ours --model mlp --artifacts DIR --threads 2 --device cpu --lr 1e-3 --warmup 20
 
 It builds the runner, runs the warmup steps and answers ``ready``; then each ``run N`` line times
 N steps and answers the per-step phase times; ``quit`` answers the peak memory, the last loss and the

@@ -1,6 +1,6 @@
 """Compile time of a fresh process, cold and with the compile caches of an earlier one.
 
-    python bench/compile_cache.py [--model tinyformer] [--threads 2] [--ranks 1]
+    python bench/experiments/compile_cache.py [--model tinyformer] [--threads 2] [--ranks 1]
 
 Four processes, one after another, each timing ``Module(compile=True)`` + its first three steps, then
 the eval graph's first call (``module.eval(); module(x, y)``) on its own:
@@ -24,7 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
+BENCH = Path(__file__).resolve().parents[1]
+HARNESS = BENCH / "harness"
+sys.path.insert(0, str(HARNESS))
 
 
 def child(artifacts: Path, cache_file: Path, mode: str, threads: int) -> dict:
@@ -127,8 +129,7 @@ def main() -> int:
         print(json.dumps(child(Path(args.child[0]), Path(args.child[1]), args.child[2], args.threads)))
         return 0
 
-    sys.path.insert(0, str(BENCH))
-    from artifacts import prepare_artifacts
+    from model_artifacts import prepare_artifacts
     from models import MODELS
 
     artifacts = prepare_artifacts(MODELS[args.model], BENCH / ".cache", use_ort=False).directory

@@ -15,8 +15,8 @@ settings of one API). The first column is exact: the bytes of the tensors the fo
 backward (distinct storages, counted by ``torch.autograd.graph.saved_tensors_hooks``); ratios are
 against the first setting of the same API.
 
-    python bench/bench_recompute.py [--model encoder] [--device cpu|cuda] [--steps 3] [--settings none 4 true]
-    python bench/bench_recompute.py --model encoder_gelu_dropout --settings legacy legacy:gelu \
+    python bench/experiments/bench_recompute.py [--model encoder] [--device cpu|cuda] [--steps 3] [--settings none 4 true]
+    python bench/experiments/bench_recompute.py --model encoder_gelu_dropout --settings legacy legacy:gelu \
         legacy:attn_dropout legacy:layers legacy:all
 """
 
@@ -33,7 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
-BENCH = Path(__file__).resolve().parent
+BENCH = Path(__file__).resolve().parents[1]
+HARNESS = BENCH / "harness"
+sys.path.insert(0, str(HARNESS))
 
 
 def _setting(text: str) -> bool | int | None:
@@ -43,7 +45,7 @@ def _setting(text: str) -> bool | int | None:
 
 def child(model_name: str, device: str, steps: int, setting_text: str) -> dict:
     import torch
-    from artifacts import prepare_artifacts
+    from model_artifacts import prepare_artifacts
     from models import ENCODER_GELU_DROPOUT, MODELS
 
     torch.set_num_threads(2)

@@ -1,6 +1,6 @@
 """Fixed cost of one compiled training step, layer by layer, on a small model (default: the mlp).
 
-    .venv/bin/python bench/step_overhead.py [--model mlp] [--threads 1] [--blocks 15] [--calls 200]
+    .venv/bin/python bench/experiments/step_overhead.py [--model mlp] [--threads 1] [--blocks 15] [--calls 200]
 
 Times, in one process and interleaved (blocks of ``--calls`` calls, A B C ... A B C ...; reported: the
 lowest block median, the least disturbed by other load), each layer of ``module.step(optimizer, x, y)``
@@ -33,14 +33,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from timing import block_median_us
 
-BENCH = Path(__file__).resolve().parent
+BENCH = Path(__file__).resolve().parents[1]
+HARNESS = BENCH / "harness"
+sys.path.insert(0, str(HARNESS))
+
+from timing import block_median_us  # noqa: E402
 
 
 def layers(model_name: str, python_wrapper: bool = False) -> dict[str, Callable[[], object]]:
     """The step at each layer, warmed up (compiled) and ready to call repeatedly."""
-    from artifacts import prepare_artifacts
+    from model_artifacts import prepare_artifacts
     from models import LEARNING_RATE, MODELS
     from runners import make_runner
 
@@ -150,5 +153,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(BENCH))
     sys.exit(main())

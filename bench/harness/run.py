@@ -1,8 +1,8 @@
 """Benchmark a full training step: this project vs. hand-written eager PyTorch vs. onnxruntime-training 1.19.2.
 
-    .venv/bin/python bench/run.py [--models mlp cnn tinyformer encoder | gpt128 tiny-llama ...] [--compile] [--configs ...]
+    .venv/bin/python bench/harness/run.py [--models mlp cnn tinyformer encoder | gpt128 tiny-llama ...] [--compile] [--configs ...]
                                   [--steps N] [--rounds R] [--warmup W] [--threads T] [--quick] [--no-ort]
-    .venv/bin/python bench/run.py --profile MODEL [--profile-config ours|ours-compile] [--profile-steps N]
+    .venv/bin/python bench/harness/run.py --profile MODEL [--profile-config ours|ours-compile] [--profile-steps N]
 
 Each model is trained by (a) ort_torch_train eager, (b) ort_torch_train compile=True, its one-graph
 ``Module.step`` (e) and that with inductor's Python wrapper instead of the C++ one (g) (--compile), (c) the same model in eager
@@ -21,14 +21,14 @@ import sys
 from pathlib import Path
 
 import torch
-from artifacts import ArtifactSet, prepare_artifacts
+from model_artifacts import ArtifactSet, prepare_artifacts
 from models import DEFAULT_MODELS, MODELS
 from orchestrate import ConfigResult, Settings, run_model
 from report import HEADERS, LABELS, run_header, table_rows, write_results
 from runners import PRECISIONS
 from timing import render_table
 
-BENCH = Path(__file__).resolve().parent
+BENCH = Path(__file__).resolve().parents[1]
 NO_ORT_ON_CUDA = (
     "onnxruntime-training's CUDA build is not installable here (only onnxruntime-training-cpu "
     "1.19.2); ORT is timed on CPU only"
@@ -169,7 +169,7 @@ def model_notes(name: str, generator: str, results: list[ConfigResult]) -> list[
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     python = os.path.relpath(sys.executable) if Path(sys.executable).is_relative_to(Path.cwd()) else sys.executable
-    command = shlex.join([python, "bench/run.py", *(sys.argv[1:] if argv is None else argv)])
+    command = shlex.join([python, "bench/harness/run.py", *(sys.argv[1:] if argv is None else argv)])
     if args.profile:
         from profiling import profile_model
 

@@ -13,11 +13,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from artifacts import ORT_PYTHON, ArtifactSet
+from model_artifacts import ORT_PYTHON, ArtifactSet
 from models import LEARNING_RATE, BenchModel
 from timing import median
 
-BENCH = Path(__file__).resolve().parent
+HARNESS = Path(__file__).resolve().parent
 SETUP_TIMEOUT_S = 1800  # inductor compiles the encoder's graphs in minutes on two cores
 RUN_TIMEOUT_S = 1800
 
@@ -65,7 +65,7 @@ class WorkerError(RuntimeError):
 
 
 class WorkerProcess:
-    """bench/worker.py for one configuration, with its stderr in a log file."""
+    """bench/harness/worker.py for one configuration, with its stderr in a log file."""
 
     def __init__(
         self, python: Path | str, config: str, model: BenchModel, artifacts: ArtifactSet, settings: Settings, log: Path
@@ -83,7 +83,7 @@ class WorkerProcess:
             env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
         command = [
             str(python),
-            str(BENCH / "worker.py"),
+            str(HARNESS / "worker.py"),
             "--config",
             config,
             "--model",
@@ -104,7 +104,7 @@ class WorkerProcess:
         self.log = log
         with open(log, "wb") as stderr:
             self.process = subprocess.Popen(
-                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, cwd=BENCH, env=env
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, cwd=HARNESS, env=env
             )
         self._buffer = b""
 

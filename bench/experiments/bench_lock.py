@@ -3,7 +3,7 @@
 Times an uncontended ``with state.lock:`` (the TrainingState's RLock) against an empty loop, in
 one run, and prints the cost per acquisition in nanoseconds.
 
-    python bench/bench_lock.py
+    python bench/experiments/bench_lock.py
 """
 
 from __future__ import annotations
