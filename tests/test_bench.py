@@ -1,4 +1,4 @@
-"""bench/run.py --quick end to end: the table and the result files have their shape (no speed asserted)."""
+"""bench/harness/run.py --quick end to end: the table and the result files have their shape (no speed asserted)."""
 
 from __future__ import annotations
 
