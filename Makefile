@@ -37,7 +37,7 @@ docs: $(STAMP)
 
 # make bench BENCH_ARGS="--compile"   (bench/README.md lists the options)
 bench: $(STAMP)
-	$(PY) bench/run.py $(BENCH_ARGS)
+	$(PY) bench/harness/run.py $(BENCH_ARGS)
 
 # onnxruntime-training 1.19.2 in its own venv: regenerates tests/fixtures and joins the benchmarks.
 ORT_VENV := .venv-ort

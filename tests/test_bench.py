@@ -1,4 +1,4 @@
-"""bench/run.py --quick end to end: the table and the result files have their shape (no speed asserted)."""
+"""bench/harness/run.py --quick end to end: the table and the result files have their shape (no speed asserted)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def test_quick_benchmark_writes_table_and_results(tmp_path: Path) -> None:
     proc = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "bench" / "run.py"),
+            str(ROOT / "bench" / "harness" / "run.py"),
             "--quick",
             "--models",
             "mlp",
@@ -70,7 +70,7 @@ def test_mixed_precision_benchmark_names_the_attention_kernels(tmp_path: Path) -
     proc = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "bench" / "run.py"),
+            str(ROOT / "bench" / "harness" / "run.py"),
             "--quick",
             "--models",
             "gpt32",
@@ -114,7 +114,7 @@ def test_mixed_precision_benchmark_names_the_attention_kernels(tmp_path: Path) -
 
 
 def test_eager_floor_counts_nodes_and_prints_each_model(tmp_path: Path) -> None:
-    sys.path.insert(0, str(ROOT / "bench"))
+    sys.path.insert(0, str(ROOT / "bench" / "experiments"))
     import torch
     from eager_floor import autograd_nodes
 
@@ -125,7 +125,7 @@ def test_eager_floor_counts_nodes_and_prints_each_model(tmp_path: Path) -> None:
     proc = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "bench" / "eager_floor.py"),
+            str(ROOT / "bench" / "experiments" / "eager_floor.py"),
             "--models",
             "mlp",
             "--no-ort",

@@ -94,7 +94,7 @@ def generate_artifacts(
     loss_input_names: Sequence[str] | None = None,
     **extra_options,
 ) -> None:
-    """Write training_model.onnx, eval_model.onnx, checkpoint [, nominal_checkpoint][, optimizer_model.onnx].
+    """Write training_model.onnx, eval_model.onnx, checkpoint and, if asked, nominal_checkpoint, optimizer_model.onnx.
 
     As ORT: parameters are the initializers named in ``requires_grad`` (trained) or ``frozen_params``
     (kept, not trained); ``None`` selects none. ``loss`` is a ``LossType``, a ``Block`` or None (the model's
