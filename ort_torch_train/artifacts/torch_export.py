@@ -19,6 +19,7 @@ import onnx
 import torch
 
 from ort_torch_train.errors import ModelError
+from ort_torch_train.torch_internals import tree_leaves
 
 EXPORT_OPTIONS = frozenset(
     {"example_inputs", "input_names", "output_names", "dynamic_axes", "dynamic_shapes", "exporter", "opset_version"}
@@ -92,7 +93,7 @@ def _default_output_names(module: torch.nn.Module, args: tuple[torch.Tensor, ...
             outputs = module.eval()(*args)
     finally:
         module.train(was_training)
-    count = len(torch.utils._pytree.tree_leaves(outputs))
+    count = len(tree_leaves(outputs))
     return ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
 
 

@@ -1,9 +1,8 @@
 """The trainable parameters, their gradients and each optimizer moment as one flat buffer apiece.
 
 A compiled step pays per tensor it takes (Dynamo's guards, AOTAutograd's and the C++ wrapper's work on
-each argument: ~0.5 us a tensor on the benchmarks' CPU), and tiny-bert's one-graph step took 166 of
-them: 42 parameters, their gradients and two moments each; an eager optimizer step pays per tensor
-too. So when the optimizer first readies its tensors, the state's trainable parameters, gradients and
+each argument), and a one-graph step takes every parameter, its gradient and its moments; an eager
+optimizer step pays per tensor too. So when the optimizer first readies its tensors, the state's trainable parameters, gradients and
 moments are copied into one buffer each and the state's tensors pointed at views of them: the
 Parameter objects, their ``.grad`` and the moment dict stay what they were, only their storage moves
 (once). Optimizer steps and one-graph steps then run on four tensors, the update as one loop (AdamW

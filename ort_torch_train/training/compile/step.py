@@ -21,6 +21,7 @@ from torch import Tensor
 
 from ort_torch_train.optim.clip import clip_grad_norm_
 from ort_torch_train.optim.compiled import FusedUpdate
+from ort_torch_train.torch_internals import mark_static_address
 from ort_torch_train.training.blas_threads import blas_threads_for
 from ort_torch_train.training.compile import precompiled
 from ort_torch_train.training.compile.settings import records_cuda_graphs, torch_compile
@@ -56,7 +57,7 @@ class CompiledTrainStep:
 
     ``trainable``/``frozen`` are detached aliases of the parameters (updated in place), ``grads``
     the trainable ones' ``.grad``; with a ``layout``, ``trainable``, ``grads`` and each list of
-    ``states`` hold one flat buffer laid out so (``checkpoint/flat_buffers.py``). ``reset`` overwrites the gradients
+    ``states`` hold one flat buffer laid out so (``training/flat_params.py``). ``reset`` overwrites the gradients
     instead of adding to them (the compiled graph reads it as a tensor: one compilation for both).
     ``states`` (lists of optimizer moments) and ``scalars`` feed ``update`` when there is one.
     ``reduction`` (data parallel) replaces the accumulated gradients by their average across ranks.
@@ -113,7 +114,7 @@ class CompiledTrainStep:
         cuda_graphs = self._cuda_graphs and trainable[0].is_cuda
         if cuda_graphs:  # updated in place: CUDA graphs replay only on inputs at fixed addresses
             for tensor in (*trainable, *frozen, *grads, *(t for moments in states for t in moments)):
-                torch._dynamo.mark_static_address(tensor)
+                mark_static_address(tensor)
         with torch.no_grad(), blas_threads_for(self._module, trainable[0].device):
             if self._precompile is not None:
                 self._precompiled(arguments, cuda_graphs)
