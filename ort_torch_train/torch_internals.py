@@ -33,6 +33,7 @@ __all__ = [
     # Dynamo, torch.compile's precompile (``torch.compile(...).aot_compile``): a compiled function saved
     # and loaded whole with its guards; a guard filter (its entries' type) keeps those a saved one can carry
     "AOTCompiledFunction",
+    "aot_compile",
     "GuardFilterEntry",
     "UNSERIALIZABLE_GUARD_TYPES",
     "fast_guard_check",
@@ -70,6 +71,11 @@ __all__ = [
 UNSERIALIZABLE_GUARD_TYPES = CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
 mark_static_address = torch._dynamo.mark_static_address
 tree_leaves = torch.utils._pytree.tree_leaves
+
+
+def aot_compile(compiled: Any, args: tuple) -> Any:
+    """``compiled`` (a torch.compile'd function) compiled ahead for the positional ``args``."""
+    return compiled.aot_compile((args, {}))
 
 
 def serialize_aot_compiled(compiled: Any, external: dict[str, object]) -> bytes:

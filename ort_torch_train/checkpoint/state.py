@@ -26,7 +26,7 @@ from .records import CheckpointRecord, OptimizerGroupRecord
 from .safetensors import load_safetensors, save_safetensors
 
 if TYPE_CHECKING:
-    from .flat_buffers import FlatState
+    from ort_torch_train.training.flat_params import FlatState
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 FLOAT32_MAX = float(np.finfo(np.float32).max)

@@ -15,11 +15,11 @@ process's own (``external_data``), never pickled.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import logging
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,6 +27,7 @@ import torch
 from ort_torch_train.torch_internals import (
     UNSERIALIZABLE_GUARD_TYPES,
     GuardFilterEntry,
+    aot_compile,
     fast_guard_check,
     list_mode_options,
     load_aot_compiled,
@@ -77,7 +78,7 @@ def precompiled_step(
     step: Callable,
     module: torch.nn.Module,
     parts: Sequence[object],
-    external: dict[str, object],
+    external: Mapping[str, object],
     args: tuple,
     compile_arguments: Mapping[str, Any],
     fallback: Callable,
@@ -86,26 +87,46 @@ def precompiled_step(
     """``step`` compiled ahead for ``args`` (or, with saving on, loaded from a saved step under
     ``step_key(module, parts, args)``, and kept for saving), behind its guards: inputs they reject go to
     ``fallback``. None when torch cannot precompile this step. ``what`` names the step in log lines."""
-    key = None if _steps is None else step_key(module, parts, args)
-    external = {name: value for name, value in external.items() if value is not None}  # one id for all Nones
-    data = None if key is None else _steps.get(key)
-    if data is not None:
-        loaded = _load(data, external, args, key, what)
-        if loaded is not None:
-            return GuardedStep(loaded, fallback, what)
-    elif _steps:
-        log.info("no saved %s for this model, update and signature (%s); compiling it", what, key[:12])
+    steps = _steps
+    key = None if steps is None else step_key(module, parts, args)
+    external_data = {name: value for name, value in external.items() if value is not None}  # one id for all Nones
+    if steps is not None and key is not None:
+        data = steps.get(key)
+        if data is not None:
+            loaded = _load(data, external_data, args, key, what)
+            if loaded is not None:
+                return GuardedStep(loaded, fallback, what)
+        elif steps:
+            log.info("no saved %s for this model, update and signature (%s); compiling it", what, key[:12])
     try:
-        compiled = torch_compile(step, _with_guard_filter(compile_arguments, step)).aot_compile((args, {}))
+        compiled = aot_compile(torch_compile(step, _with_guard_filter(compile_arguments, step)), args)
     except Exception as error:  # a backend or mode without precompile support: the usual compilation
         log.info("cannot precompile the %s (%s); compiling it without precompile", what, error)
         return None
-    if key is not None:
+    if steps is not None and key is not None:
         try:
-            _steps[key] = serialize_aot_compiled(compiled, external)
+            steps[key] = serialize_aot_compiled(compiled, external_data)
         except Exception as error:
             log.info("cannot serialize the precompiled %s %s (%s); it will not be saved", what, key[:12], error)
     return GuardedStep(compiled, fallback, what)
+
+
+@dataclass(frozen=True)
+class Precompile:
+    """A step's ``precompiled_step`` arguments known before its first call."""
+
+    step: Callable
+    module: torch.nn.Module
+    external: Mapping[str, object]
+    compile_arguments: Mapping[str, Any]
+    what: str
+
+    def replacing(self, fallback: Callable, parts: Sequence[object], args: tuple) -> Callable:
+        """The precompiled (or saved) step for ``args``, else ``fallback`` (torch cannot precompile it)."""
+        found = precompiled_step(
+            self.step, self.module, parts, self.external, args, self.compile_arguments, fallback, self.what
+        )
+        return fallback if found is None else found
 
 
 def _with_guard_filter(compile_arguments: Mapping[str, Any], step: Callable) -> dict[str, Any]:
@@ -178,8 +199,9 @@ def _root(source: str) -> str:
 def _immutable(value: object) -> bool:
     if isinstance(value, tuple):
         return all(_immutable(item) for item in value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return value.__dataclass_params__.frozen
+    params = getattr(value, "__dataclass_params__", None)  # a dataclass's settings
+    if params is not None and not isinstance(value, type):
+        return bool(params.frozen)
     return value is None or isinstance(value, (bool, int, float, str))
 
 
@@ -208,7 +230,7 @@ def _update(digest: Any, key: str, value: object) -> None:
         digest.update(_ADDRESS.sub("", f"{key}={value!r}").encode())
 
 
-def _tensors(value: object):
+def _tensors(value: object) -> Iterator[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         yield value
     elif isinstance(value, (list, tuple)):

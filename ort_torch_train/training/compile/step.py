@@ -65,7 +65,7 @@ class CompiledTrainStep:
 
     def __init__(
         self,
-        module: Callable[..., tuple[Tensor, ...]],
+        module: torch.nn.Module,
         plan: ParameterPlan,
         *,
         update: FusedUpdate | None = None,
@@ -83,8 +83,16 @@ class CompiledTrainStep:
         # precompiled at the first call (precompiled.py), unless it records CUDA graphs on CUDA
         setting = None if precision is None else precision.setting
         parts = (plan.sources, update, reduction, sorted(compile_arguments.items()), setting, layout)
-        external = {"module": module, "update": update, "reduction": reduction, "precision": precision}
-        self._precompile = (step, module, parts, external, compile_arguments)
+        external: dict[str, object] = {
+            "module": module,
+            "update": update,
+            "reduction": reduction,
+            "precision": precision,
+        }
+        self._precompile: precompiled.Precompile | None = precompiled.Precompile(
+            step, module, external, compile_arguments, "train step"
+        )
+        self._precompile_parts = parts
         self._called = False
         self._reset_flags: dict[torch.device, tuple[Tensor, Tensor]] = {}
 
@@ -133,15 +141,9 @@ class CompiledTrainStep:
     def _precompiled(self, arguments: tuple, cuda_graphs: bool) -> None:
         """Replace the compiled step by a precompiled (or saved) one, where torch can precompile it
         (CUDA graphs are recorded and replayed by torch.compile's own call)."""
-        step, module, parts, external, compile_arguments = self._precompile
-        self._precompile = None
-        if cuda_graphs:
-            return
-        found = precompiled.precompiled_step(
-            step, module, parts, external, arguments, compile_arguments, self._compiled
-        )
-        if found is not None:
-            self._compiled = found
+        precompile, self._precompile = self._precompile, None
+        if precompile is not None and not cuda_graphs:
+            self._compiled = precompile.replacing(self._compiled, self._precompile_parts, arguments)
 
     def _reset_flag(self, reset: bool, device: torch.device) -> Tensor:
         """A 0-d boolean tensor on ``device`` (one per value, made once)."""
@@ -186,9 +188,11 @@ def _train_step_function(
     return with_own_code(train_step)
 
 
-def with_own_code(function: types.FunctionType) -> types.FunctionType:
-    """``function`` with a code object of its own: Dynamo counts recompilations per code object, and
-    each (signature, update) pair is a step of its own, not a recompilation."""
+def with_own_code(function: Callable) -> types.FunctionType:
+    """``function`` (a Python function) with a code object of its own: Dynamo counts recompilations per
+    code object, and each (signature, update) pair is a step of its own, not a recompilation."""
+    if not isinstance(function, types.FunctionType):
+        raise TypeError(f"expected a Python function, got {function!r}")
     return types.FunctionType(
         function.__code__.replace(),
         function.__globals__,
