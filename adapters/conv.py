@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import attributes, input_shape, result
+from .common import OperationConverterResult, attributes, input_shape, result
 from .registry import ConversionContext, register
+
+if TYPE_CHECKING:
+    from onnx2torch.onnx_graph import OnnxGraph
+    from onnx2torch.onnx_node import OnnxNode
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 # Below this many multiply-adds a 2-D conv runs as a sum over its kernel taps under torch.compile:
@@ -59,7 +64,7 @@ def _conv2d_as_taps(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     (stride_h, stride_w), (dilation_h, dilation_w) = strides, dilations
     out_h = (x.shape[2] - (kernel_h - 1) * dilation_h - 1) // stride_h + 1
     out_w = (x.shape[3] - (kernel_w - 1) * dilation_w - 1) // stride_w + 1
-    out = None
+    out: torch.Tensor | None = None
     for i in range(kernel_h):
         for j in range(kernel_w):
             top, left = i * dilation_h, j * dilation_w
@@ -72,6 +77,8 @@ def _conv2d_as_taps(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
             ]  # N, 1, C, H', W'
             tap = (window * weight[None, :, :, i, j, None, None]).sum(2)
             out = tap if out is None else out + tap
+    if out is None:
+        raise ValueError("a convolution kernel without taps")
     return out if bias is None else out + bias[None, :, None, None]
 
 
@@ -106,7 +113,7 @@ class ConvTranspose(nn.Module):
         return out
 
 
-def _common(node, graph):
+def _common(node: OnnxNode, graph: OnnxGraph):
     attrs = attributes(node)
     weight_shape = input_shape(node, graph, 1)
     rank = len(weight_shape) - 2
@@ -119,7 +126,7 @@ def _common(node, graph):
 
 
 @register("Conv", since=1)
-def conv(node, graph, context: ConversionContext):
+def conv(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs, rank, kernel, strides, dilations = _common(node, graph)
     auto_pad = attrs.get("auto_pad", "NOTSET")
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
@@ -133,7 +140,7 @@ def conv(node, graph, context: ConversionContext):
     return result(Conv(rank, strides, pads, dilations, groups, direct), node)
 
 
-def _multiply_adds(node, graph, pads, kernel, strides, dilations) -> int:
+def _multiply_adds(node: OnnxNode, graph: OnnxGraph, pads, kernel, strides, dilations) -> int:
     batch, channels, *sizes = input_shape(node, graph, 0)
     out_channels = input_shape(node, graph, 1)[0]
     total = batch * channels * out_channels
@@ -143,7 +150,7 @@ def _multiply_adds(node, graph, pads, kernel, strides, dilations) -> int:
 
 
 @register("ConvTranspose", since=1)
-def conv_transpose(node, graph, context: ConversionContext):
+def conv_transpose(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs, rank, kernel, strides, dilations = _common(node, graph)
     output_padding = attrs.get("output_padding", [0] * rank)
     auto_pad = attrs.get("auto_pad", "NOTSET")

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import attributes, constant_input, is_constant, result
+from .common import OperationConverterResult, attributes, constant_input, is_constant, result
 from .registry import MICROSOFT, ConversionContext, register
+
+if TYPE_CHECKING:
+    from onnx2torch.onnx_graph import OnnxGraph
+    from onnx2torch.onnx_node import OnnxNode
 
 
 class Dropout(nn.Module):
@@ -32,7 +38,7 @@ class Dropout(nn.Module):
         return (y, mask) + (None,) * self.extra_outputs
 
 
-def _ratio(node, graph) -> float | None:
+def _ratio(node: OnnxNode, graph: OnnxGraph) -> float | None:
     attrs = attributes(node)
     if "ratio" in attrs:  # opset < 12
         return float(attrs["ratio"])
@@ -41,7 +47,7 @@ def _ratio(node, graph) -> float | None:
     return 0.5
 
 
-def _active(node, graph, context: ConversionContext, training_mode_position: int) -> bool:
+def _active(node: OnnxNode, graph: OnnxGraph, context: ConversionContext, training_mode_position: int) -> bool:
     """Training semantics, unless the node pins training_mode to a constant False."""
     inputs = node.input_values
     if (
@@ -54,14 +60,14 @@ def _active(node, graph, context: ConversionContext, training_mode_position: int
 
 
 @register("Dropout", since=1)
-def dropout(node, graph, context: ConversionContext):
+def dropout(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     with_mask = len(node.output_values) > 1 and bool(node.output_values[1])
     module = Dropout(_active(node, graph, context, 2), _ratio(node, graph), with_mask)
     return result(module, node)
 
 
 @register("BitmaskDropout", domain=MICROSOFT)
-def bitmask_dropout(node, graph, context: ConversionContext):
+def bitmask_dropout(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     # The packed bitmask only feeds BitmaskDropoutGrad, which torch autograd replaces.
     module = Dropout(
         _active(node, graph, context, 2),
@@ -88,7 +94,7 @@ class BiasDropout(nn.Module):
 
 @register("BiasDropout", domain=MICROSOFT)
 @register("BitmaskBiasDropout", domain=MICROSOFT)
-def bias_dropout(node, graph, context: ConversionContext):
+def bias_dropout(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs_ratio = (
         float(constant_input(node, graph, 3))
         if is_constant(node, graph, 3)

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import attributes, is_constant, result
+from .common import OperationConverterResult, attributes, is_constant, result
 from .registry import MICROSOFT, ConversionContext, register
+
+if TYPE_CHECKING:
+    from onnx2torch.onnx_graph import OnnxGraph
+    from onnx2torch.onnx_node import OnnxNode
 
 
 class BatchNorm(nn.Module):
@@ -43,7 +49,7 @@ class BatchNorm(nn.Module):
         return y
 
 
-def _batch_norm(node, graph, context: ConversionContext):
+def _batch_norm(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     if attrs.get("spatial", 1) != 1:
         raise NotImplementedError("BatchNormalization with spatial=0 is not supported")
@@ -88,7 +94,7 @@ class LayerNorm(nn.Module):
         return (y, mean, torch.rsqrt(var + self.epsilon))[: self.outputs]
 
 
-def _layer_norm(node, graph, context: ConversionContext, simplified: bool = False):
+def _layer_norm(node: OnnxNode, graph: OnnxGraph, context: ConversionContext, simplified: bool = False):
     attrs = attributes(node)
     module = LayerNorm(attrs.get("axis", -1), attrs.get("epsilon", 1e-5), len(node.output_values), simplified)
     return result(module, node)
@@ -99,7 +105,7 @@ register("LayerNormalization", domain=MICROSOFT)(_layer_norm)
 
 
 @register("SimplifiedLayerNormalization", since=1)
-def simplified_layer_norm(node, graph, context: ConversionContext):
+def simplified_layer_norm(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return _layer_norm(node, graph, context, simplified=True)
 
 
@@ -118,5 +124,5 @@ class SkipLayerNorm(nn.Module):
 
 
 @register("SkipLayerNormalization", domain=MICROSOFT)
-def skip_layer_norm(node, graph, context: ConversionContext):
+def skip_layer_norm(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(SkipLayerNorm(attributes(node).get("epsilon", 1e-5), len(node.output_values)), node)

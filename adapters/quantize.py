@@ -3,13 +3,19 @@ MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv (integer sums exact in fl
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
 from ort_torch_train.dtypes import torch_dtype
 
-from .common import Inline, attributes, input_shape, normalize_axis, result
+from .common import Inline, OperationConverterResult, attributes, input_shape, normalize_axis, result
 from .registry import ConversionContext, register
+
+if TYPE_CHECKING:
+    from onnx2torch.onnx_graph import OnnxGraph
+    from onnx2torch.onnx_node import OnnxNode
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 
@@ -47,7 +53,7 @@ def dequantize(x, scale, zero_point=None, *, axis: int, block: int) -> torch.Ten
     return values.to(scale.dtype) * _along(scale, x, axis, block)
 
 
-def _axis_block(node, graph) -> tuple[int, int]:
+def _axis_block(node: OnnxNode, graph: OnnxGraph) -> tuple[int, int]:
     """The quantisation axis (unused, so not checked, for per-tensor parameters) and block size."""
     attrs = attributes(node)
     axis, rank = attrs.get("axis", 1), len(input_shape(node, graph, 0))
@@ -55,14 +61,14 @@ def _axis_block(node, graph) -> tuple[int, int]:
 
 
 @register("QuantizeLinear", since=10)
-def quantize_linear(node, graph, context: ConversionContext):
+def quantize_linear(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     axis, block = _axis_block(node, graph)
     dtype = torch_dtype(attributes(node).get("output_dtype", 0) or 2)  # default uint8
     return result(Inline(quantize, axis=axis, block=block, dtype=dtype), node)
 
 
 @register("DequantizeLinear", since=10)
-def dequantize_linear(node, graph, context: ConversionContext):
+def dequantize_linear(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     axis, block = _axis_block(node, graph)
     return result(Inline(dequantize, axis=axis, block=block), node)
 
@@ -76,7 +82,7 @@ def dynamic_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch
 
 
 @register("DynamicQuantizeLinear", since=11)
-def dynamic_quantize_linear(node, graph, context: ConversionContext):
+def dynamic_quantize_linear(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(Inline(dynamic_quantize), node)
 
 
@@ -95,7 +101,7 @@ def matmul_integer(a, b, a_zero_point=None, b_zero_point=None) -> torch.Tensor:
 
 
 @register("MatMulInteger", since=10)
-def matmul_integer_op(node, graph, context: ConversionContext):
+def matmul_integer_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(Inline(matmul_integer), node)
 
 
@@ -113,7 +119,7 @@ def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, 
 
 
 @register("QLinearMatMul", since=10)
-def qlinear_matmul_op(node, graph, context: ConversionContext):
+def qlinear_matmul_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(Inline(qlinear_matmul), node)
 
 
@@ -150,10 +156,10 @@ class QLinearConv(IntegerConv):
 
 
 @register("ConvInteger", since=10)
-def conv_integer(node, graph, context: ConversionContext):
+def conv_integer(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(IntegerConv(attributes(node), len(input_shape(node, graph, 0)) - 2), node)
 
 
 @register("QLinearConv", since=10)
-def qlinear_conv(node, graph, context: ConversionContext):
+def qlinear_conv(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(QLinearConv(attributes(node), len(input_shape(node, graph, 0)) - 2), node)

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from ort_torch_train.dtypes import torch_dtype
 
-from .common import attributes, result
+from .common import OperationConverterResult, attributes, result
 from .registry import ConversionContext, register
+
+if TYPE_CHECKING:
+    from onnx2torch.onnx_graph import OnnxGraph
+    from onnx2torch.onnx_node import OnnxNode
 
 
 class _Seeded(nn.Module):
@@ -51,7 +57,7 @@ def _dtype(attrs: dict) -> torch.dtype | None:
 
 
 @register("RandomUniformLike", since=1)
-def random_uniform_like(node, graph, context: ConversionContext):
+def random_uniform_like(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     return result(
         RandomUniformLike(_dtype(attrs), attrs.get("seed"), attrs.get("low", 0.0), attrs.get("high", 1.0)), node
@@ -59,6 +65,6 @@ def random_uniform_like(node, graph, context: ConversionContext):
 
 
 @register("Bernoulli", since=15)
-def bernoulli(node, graph, context: ConversionContext):
+def bernoulli(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     return result(Bernoulli(_dtype(attrs), attrs.get("seed")), node)

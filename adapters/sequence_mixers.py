@@ -4,13 +4,18 @@ CausalConvWithState (depthwise causal conv1d carrying its last k-1 inputs)."""
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import attributes, result
+from .common import OperationConverterResult, attributes, result
 from .registry import ConversionContext, register
+
+if TYPE_CHECKING:
+    from onnx2torch.onnx_graph import OnnxGraph
+    from onnx2torch.onnx_node import OnnxNode
 
 
 def _heads(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -65,7 +70,7 @@ class LinearAttention(nn.Module):
 
 
 @register("LinearAttention", since=27)
-def linear_attention(node, graph, context: ConversionContext):
+def linear_attention(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     module = LinearAttention(
         attrs["q_num_heads"],
@@ -94,5 +99,5 @@ class CausalConvWithState(nn.Module):
 
 
 @register("CausalConvWithState", since=27)
-def causal_conv_with_state(node, graph, context: ConversionContext):
+def causal_conv_with_state(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(CausalConvWithState(attributes(node).get("activation", "none") in ("silu", "swish")), node)

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
 from ort_torch_train.dtypes import torch_dtype
 
-from .common import Inline, attributes, result
+from .common import Inline, OperationConverterResult, attributes, result
 from .registry import ConversionContext, register
+
+if TYPE_CHECKING:
+    from onnx2torch.onnx_graph import OnnxGraph
+    from onnx2torch.onnx_node import OnnxNode
 
 
 def _complex(x: torch.Tensor) -> torch.Tensor:
@@ -50,7 +55,7 @@ class DFT(torch.nn.Module):
 
 
 @register("DFT", since=17)
-def dft_op(node, graph, context: ConversionContext):
+def dft_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     axis = attrs.get("axis", 1 if context.opset < 20 else -2)
     return result(DFT(axis, bool(attrs.get("inverse", 0)), bool(attrs.get("onesided", 0))), node)
@@ -87,7 +92,7 @@ class STFT(torch.nn.Module):
 
 
 @register("STFT", since=17)
-def stft_op(node, graph, context: ConversionContext):
+def stft_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(STFT(bool(attributes(node).get("onesided", 1))), node)
 
 
@@ -115,7 +120,7 @@ def blackman_window(size: torch.Tensor, periodic: bool, dtype: torch.dtype) -> t
 
 
 def _window(function):
-    def convert(node, graph, context: ConversionContext):
+    def convert(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
         attrs = attributes(node)
         dtype = torch_dtype(attrs.get("output_datatype", 1))
         return result(Inline(function, bool(attrs.get("periodic", 1)), dtype), node)
@@ -129,9 +134,9 @@ register("BlackmanWindow", since=17)(_window(blackman_window))
 
 
 def mel_weight_matrix(
-    bins: torch.Tensor,
-    dft_length: torch.Tensor,
-    sample_rate: torch.Tensor,
+    bins: torch.Tensor | int,
+    dft_length: torch.Tensor | int,
+    sample_rate: torch.Tensor | int,
     lower: torch.Tensor,
     upper: torch.Tensor,
     dtype: torch.dtype,
@@ -159,5 +164,5 @@ def mel_weight_matrix(
 
 
 @register("MelWeightMatrix", since=17)
-def mel_weight_matrix_op(node, graph, context: ConversionContext):
+def mel_weight_matrix_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(Inline(mel_weight_matrix, torch_dtype(attributes(node).get("output_datatype", 1))), node)

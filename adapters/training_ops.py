@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from .common import Inline, attributes, result
+from .common import Inline, OperationConverterResult, attributes, result
 from .registry import ConversionContext, register
+
+if TYPE_CHECKING:
+    from onnx2torch.onnx_graph import OnnxGraph
+    from onnx2torch.onnx_node import OnnxNode
 
 TRAINING = "ai.onnx.preview.training"
 
@@ -59,7 +65,7 @@ def adam(
 
 
 @register("Adagrad", domain=TRAINING)
-def adagrad_op(node, graph, context: ConversionContext):
+def adagrad_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     return result(
         Inline(
@@ -73,7 +79,7 @@ def adagrad_op(node, graph, context: ConversionContext):
 
 
 @register("Momentum", domain=TRAINING)
-def momentum_op(node, graph, context: ConversionContext):
+def momentum_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     return result(
         Inline(
@@ -88,7 +94,7 @@ def momentum_op(node, graph, context: ConversionContext):
 
 
 @register("Adam", domain=TRAINING)
-def adam_op(node, graph, context: ConversionContext):
+def adam_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     return result(
         Inline(

@@ -7,11 +7,17 @@ Mod of uint64 values at or above 2**63 are out of reach (they would divide negat
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from .common import input_dtype
 from .registry import wrap_converters
+
+if TYPE_CHECKING:
+    from onnx2torch.onnx_graph import OnnxGraph
+    from onnx2torch.onnx_node import OnnxNode
 
 _UNSIGNED = (torch.uint16, torch.uint32, torch.uint64)
 _SIGN_BIT = -(2**63)
@@ -44,7 +50,7 @@ class OnSigned(nn.Module):
 
 def _on_signed(op_type: str):
     def wrapper(convert):
-        def converted(node, graph, context):
+        def converted(node: OnnxNode, graph: OnnxGraph, context):
             converted_result = convert(node, graph, context)
             dtype = input_dtype(node, graph, 0)
             if dtype not in _UNSIGNED:
