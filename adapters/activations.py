@@ -20,11 +20,11 @@ if TYPE_CHECKING:
 class Gelu(nn.Module):
     """``gelu(x [+ bias])``, exact (erf) or tanh-approximated."""
 
-    def __init__(self, approximate: str):
+    def __init__(self, approximate: str) -> None:
         super().__init__()
         self.approximate = approximate
 
-    def forward(self, x, bias=None):
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return F.gelu(x if bias is None else x + bias, approximate=self.approximate)
 
 
@@ -47,11 +47,11 @@ def fast_gelu(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> O
 class QuickGelu(nn.Module):
     """com.microsoft QuickGelu: ``x * sigmoid(alpha * x)``."""
 
-    def __init__(self, alpha: float):
+    def __init__(self, alpha: float) -> None:
         super().__init__()
         self.alpha = alpha
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * torch.sigmoid(self.alpha * x)
 
 

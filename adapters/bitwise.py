@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -38,7 +39,7 @@ def bit_shift(x: torch.Tensor, y: torch.Tensor, left: bool) -> torch.Tensor:
     return _back(a >> b, x.dtype)
 
 
-def bitwise(function):
+def bitwise(function: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     def run(*inputs: torch.Tensor) -> torch.Tensor:
         return _back(function(*(_as_signed(x) for x in inputs)), inputs[0].dtype)
 

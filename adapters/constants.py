@@ -27,7 +27,7 @@ class ConstantValue(nn.Module):
 
     value: torch.Tensor
 
-    def __init__(self, value: torch.Tensor):
+    def __init__(self, value: torch.Tensor) -> None:
         super().__init__()
         self.register_buffer("value", value)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -38,7 +39,15 @@ def _same_pads(auto_pad: str, sizes, kernel, strides, dilations) -> list[int]:
 class Conv(nn.Module):
     """ONNX Conv: x, w[, b] with static attributes."""
 
-    def __init__(self, rank: int, strides, pads, dilations, groups: int, direct: bool = False):
+    def __init__(
+        self,
+        rank: int,
+        strides: Sequence[int],
+        pads: Sequence[int],
+        dilations: Sequence[int],
+        groups: int,
+        direct: bool = False,
+    ) -> None:
         super().__init__()
         self.conv = _CONV[rank]
         self.direct = direct  # a sum over kernel taps when compiled (see _DIRECT_MAX_MACS)
@@ -85,7 +94,15 @@ def _conv2d_as_taps(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
 class ConvTranspose(nn.Module):
     """ONNX ConvTranspose: x, w[, b]; asymmetric pads and output_shape by cropping a full result."""
 
-    def __init__(self, rank: int, strides, pads, dilations, groups: int, output_padding):
+    def __init__(
+        self,
+        rank: int,
+        strides: Sequence[int],
+        pads: Sequence[int],
+        dilations: Sequence[int],
+        groups: int,
+        output_padding: Sequence[int],
+    ) -> None:
         super().__init__()
         self.conv = _CONV_TRANSPOSE[rank]
         self.rank = rank

@@ -19,12 +19,14 @@ if TYPE_CHECKING:
 class Dropout(nn.Module):
     """``y = x * mask / (1 - ratio)`` when active, ``y = x`` otherwise; returns ``(y, mask)`` when asked."""
 
-    def __init__(self, active: bool, ratio: float | None, with_mask: bool, extra_outputs: int = 0):
+    def __init__(self, active: bool, ratio: float | None, with_mask: bool, extra_outputs: int = 0) -> None:
         super().__init__()
         self.active, self.ratio, self.with_mask = active, ratio, with_mask
         self.extra_outputs = extra_outputs
 
-    def forward(self, x, ratio=None, training_mode=None):
+    def forward(
+        self, x: torch.Tensor, ratio: torch.Tensor | None = None, training_mode: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor | None, ...]:
         p = self.ratio if self.ratio is not None else (0.5 if ratio is None else float(ratio))
         if not self.active or p == 0.0:
             y, mask = x, (torch.ones_like(x, dtype=torch.bool) if self.with_mask else None)
@@ -81,11 +83,18 @@ def bitmask_dropout(node: OnnxNode, graph: OnnxGraph, context: ConversionContext
 class BiasDropout(nn.Module):
     """com.microsoft BiasDropout: ``dropout(x + bias) + residual``."""
 
-    def __init__(self, dropout_module: Dropout):
+    def __init__(self, dropout_module: Dropout) -> None:
         super().__init__()
         self.dropout = dropout_module
 
-    def forward(self, x, bias, residual=None, ratio=None, training_mode=None):
+    def forward(
+        self,
+        x: torch.Tensor,
+        bias: torch.Tensor,
+        residual: torch.Tensor | None = None,
+        ratio: torch.Tensor | None = None,
+        training_mode: torch.Tensor | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor | None, ...]:
         out = self.dropout(x + bias, ratio)
         y, rest = (out[0], out[1:]) if isinstance(out, tuple) else (out, ())
         y = y if residual is None else y + residual

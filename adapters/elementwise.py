@@ -233,7 +233,9 @@ for _op_type, (_function, _pairwise) in _VARIADIC.items():
 class DynamicClip(nn.Module):
     """Clip with bounds read at run time."""
 
-    def forward(self, x, min=None, max=None):  # noqa: A002  (ONNX's names)
+    def forward(
+        self, x: torch.Tensor, min: torch.Tensor | None = None, max: torch.Tensor | None = None
+    ) -> torch.Tensor:  # noqa: A002  (ONNX's names)
         return torch.clamp(x, min, max)
 
 

@@ -36,7 +36,9 @@ def group_norm(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> 
     return result(Inline(group_norm_per_group_affine, groups, epsilon), node)
 
 
-def group_norm_per_channel(x: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, groups: int, epsilon: float):
+def group_norm_per_channel(
+    x: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, groups: int, epsilon: float
+) -> torch.Tensor:
     """Opset 21 GroupNormalization: torch's group_norm with per-channel scale and bias."""
     return F.group_norm(x, groups, scale, bias, epsilon)
 

@@ -81,10 +81,17 @@ def _static_slice(flips: tuple[int, ...], index: tuple[slice, ...]) -> Inline:
 class DynamicSlice(nn.Module):
     """Slice whose starts/ends/axes/steps are read at run time."""
 
-    def forward(self, x, starts, ends, axes=None, steps=None):
-        axes = None if axes is None else axes.tolist()
-        steps = None if steps is None else steps.tolist()
-        flips, index = _slice_plan(x.shape, starts.tolist(), ends.tolist(), axes, steps)
+    def forward(
+        self,
+        x: torch.Tensor,
+        starts: torch.Tensor,
+        ends: torch.Tensor,
+        axes: torch.Tensor | None = None,
+        steps: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        axis_list = None if axes is None else axes.tolist()
+        step_list = None if steps is None else steps.tolist()
+        flips, index = _slice_plan(x.shape, starts.tolist(), ends.tolist(), axis_list, step_list)
         return flip_and_slice(x, flips, index) if flips else x[index]
 
 

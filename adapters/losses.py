@@ -21,14 +21,16 @@ _TORCH_DEFAULT_IGNORE = -100
 class NegativeLogLikelihood(nn.Module):
     """ONNX NegativeLogLikelihoodLoss on log-probabilities, optionally from raw scores."""
 
-    def __init__(self, reduction: str, ignore_index: int | None, from_scores: bool, labels_name: str):
+    def __init__(self, reduction: str, ignore_index: int | None, from_scores: bool, labels_name: str) -> None:
         super().__init__()
         self.reduction = reduction
         self.ignore_index = _TORCH_DEFAULT_IGNORE if ignore_index is None else ignore_index
         self.from_scores = from_scores
         self.labels_name = labels_name
 
-    def forward(self, scores: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor | None = None):
+    def forward(
+        self, scores: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         log_prob = torch.log_softmax(scores, dim=1) if self.from_scores else scores
         if torch.compiler.is_compiling():
             loss = self._loss(log_prob, labels, weight)

@@ -70,7 +70,7 @@ def nonzero_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> 
     return result(Inline(nonzero), node)
 
 
-def top_k_stable(x: torch.Tensor, k: torch.Tensor | int, axis: int, largest: bool):
+def top_k_stable(x: torch.Tensor, k: torch.Tensor | int, axis: int, largest: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Top k with ties taken in index order (ONNX's rule), via a stable full sort."""
     values, indices = torch.sort(x, dim=axis, descending=largest, stable=True)
     return values.narrow(axis, 0, int(k)), indices.narrow(axis, 0, int(k))

@@ -18,11 +18,11 @@ if TYPE_CHECKING:
 class FusedMatMul(nn.Module):
     """``alpha * op(A) @ op(B)``, op transposing the last two dims when asked."""
 
-    def __init__(self, alpha: float, trans_a: bool, trans_b: bool):
+    def __init__(self, alpha: float, trans_a: bool, trans_b: bool) -> None:
         super().__init__()
         self.alpha, self.trans_a, self.trans_b = alpha, trans_a, trans_b
 
-    def forward(self, a, b):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         if self.trans_a:
             a = a.transpose(-1, -2)
         if self.trans_b:

@@ -41,7 +41,7 @@ class TfIdfVectorizer(torch.nn.Module):
     """ONNX TfIdfVectorizer over int64 tokens: counts of the pool's n-grams (with skips) per row, weighted
     as TF, IDF or TFIDF. Counted on the host: integer bookkeeping, no gradient."""
 
-    def __init__(self, attrs: dict):
+    def __init__(self, attrs: dict) -> None:
         super().__init__()
         self.min_size, self.max_size = attrs["min_gram_length"], attrs["max_gram_length"]
         self.max_skip, self.mode = attrs["max_skip_count"], attrs["mode"]
@@ -116,7 +116,7 @@ class TreeEnsemble(torch.nn.Module):
     """ai.onnx.ml TreeEnsemble (opset 5): each tree sends a row to one leaf; leaf weights are summed,
     averaged, or min/max-ed per target. Walked on the host: trees have no gradient."""
 
-    def __init__(self, attrs: dict):
+    def __init__(self, attrs: dict) -> None:
         super().__init__()
         attrs = self.attrs = {
             name: _values(value) if hasattr(value, "to_torch") else value for name, value in attrs.items()

@@ -77,11 +77,17 @@ def _per_axis(pads: list[int] | None, axes: list[int] | None, rank: int) -> dict
 class DynamicPad(nn.Module):
     """Pad whose pads, constant value or axes are read at run time."""
 
-    def __init__(self, mode: str):
+    def __init__(self, mode: str) -> None:
         super().__init__()
         self.mode = mode
 
-    def forward(self, x, pads, constant_value=None, axes=None):
+    def forward(
+        self,
+        x: torch.Tensor,
+        pads: torch.Tensor,
+        constant_value: torch.Tensor | None = None,
+        axes: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         axis_list = list(range(x.dim())) if axes is None else axes.tolist()
         per_axis = _per_axis(pads.tolist(), axis_list, x.dim())
         if self.mode == "constant" and constant_value is not None and constant_value.requires_grad:

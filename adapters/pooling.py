@@ -8,7 +8,7 @@ is dropped.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import EllipsisType
 from typing import TYPE_CHECKING, Any
 
@@ -89,7 +89,7 @@ def max_pool(
     out_sizes: list[int],
     with_indices: bool,
     column_major: bool,
-):
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """ONNX MaxPool; with ``with_indices`` also the flattened (N, C, *spatial) index of each maximum."""
     rank = len(kernel)
     native = _torch_native(kernel, dilations, begins, ends)
@@ -134,7 +134,16 @@ def max_pool_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) ->
 
 
 # AveragePool --------------------------------------------------------------------------------------
-def average_pool(x: torch.Tensor, kernel, strides, dilations, begins, ends, out_sizes, count_include_pad: bool):
+def average_pool(
+    x: torch.Tensor,
+    kernel: Sequence[int],
+    strides: Sequence[int],
+    dilations: Sequence[int],
+    begins: Sequence[int],
+    ends: Sequence[int],
+    out_sizes: Sequence[int],
+    count_include_pad: bool,
+) -> torch.Tensor:
     """ONNX AveragePool by explicit windows: any pads, dilations, ceil overflow excluded from the count."""
     rank = len(kernel)
     spans = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
@@ -189,7 +198,16 @@ def global_max_pool(node: OnnxNode, graph: OnnxGraph, context: ConversionContext
 
 
 # LpPool -------------------------------------------------------------------------------------------
-def lp_pool(x: torch.Tensor, p: float, kernel, strides, dilations, begins, ends, out_sizes) -> torch.Tensor:
+def lp_pool(
+    x: torch.Tensor,
+    p: float,
+    kernel: Sequence[int],
+    strides: Sequence[int],
+    dilations: Sequence[int],
+    begins: Sequence[int],
+    ends: Sequence[int],
+    out_sizes: Sequence[int],
+) -> torch.Tensor:
     """ONNX LpPool: ``(sum over the window of |x|^p)^(1/p)``, pads counting as zeros."""
     spans = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
     padded = [n + b + e for n, b, e in zip(x.shape[2:], begins, ends)]

@@ -36,7 +36,15 @@ def _saturate(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return values.round().clamp(info.min, info.max).to(dtype)
 
 
-def quantize(x, scale, zero_point=None, *, axis: int, block: int, dtype: torch.dtype) -> torch.Tensor:
+def quantize(
+    x: torch.Tensor,
+    scale: torch.Tensor,
+    zero_point: torch.Tensor | None = None,
+    *,
+    axis: int,
+    block: int,
+    dtype: torch.dtype,
+) -> torch.Tensor:
     """``saturate(round(x / scale) + zero_point)`` (round half to even)."""
     dtype = zero_point.dtype if zero_point is not None else dtype
     values = x / _along(scale, x, axis, block)
@@ -45,7 +53,9 @@ def quantize(x, scale, zero_point=None, *, axis: int, block: int, dtype: torch.d
     return _saturate(values, dtype)
 
 
-def dequantize(x, scale, zero_point=None, *, axis: int, block: int) -> torch.Tensor:
+def dequantize(
+    x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None = None, *, axis: int, block: int
+) -> torch.Tensor:
     """``(x - zero_point) * scale`` in the scale's dtype."""
     values = x.to(torch.int32)
     if zero_point is not None:
@@ -95,7 +105,9 @@ def _centred(x: torch.Tensor, zero_point: torch.Tensor | None, shape: tuple[int,
     return values - (zero_point.reshape(shape) if shape is not None and zero_point.numel() > 1 else zero_point)
 
 
-def matmul_integer(a, b, a_zero_point=None, b_zero_point=None) -> torch.Tensor:
+def matmul_integer(
+    a: torch.Tensor, b: torch.Tensor, a_zero_point: torch.Tensor | None = None, b_zero_point: torch.Tensor | None = None
+) -> torch.Tensor:
     """int32 ``(a - a_zero_point) @ (b - b_zero_point)``; a per-row ``a_zero_point`` applies along rows."""
     return (_centred(a, a_zero_point, (-1, 1)) @ _centred(b, b_zero_point)).to(torch.int32)
 
@@ -112,7 +124,16 @@ def _requantize(values: torch.Tensor, multiplier: torch.Tensor, zero_point, like
     return _saturate(values, zero_point.dtype if zero_point is not None else like.dtype)
 
 
-def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point=None) -> torch.Tensor:
+def qlinear_matmul(
+    a: torch.Tensor,
+    a_scale: torch.Tensor,
+    a_zero_point: torch.Tensor | None,
+    b: torch.Tensor,
+    b_scale: torch.Tensor,
+    b_zero_point: torch.Tensor | None,
+    y_scale: torch.Tensor,
+    y_zero_point: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Integer matmul of the centred operands, requantised by ``a_scale * b_scale / y_scale``."""
     product = _centred(a, a_zero_point) @ _centred(b, b_zero_point)
     return _requantize(product, a_scale * b_scale / y_scale, y_zero_point, a)
@@ -126,7 +147,7 @@ def qlinear_matmul_op(node: OnnxNode, graph: OnnxGraph, context: ConversionConte
 class IntegerConv(torch.nn.Module):
     """Convolution of centred integer operands in float64 (ConvInteger; QLinearConv requantises it)."""
 
-    def __init__(self, attrs: dict, rank: int):
+    def __init__(self, attrs: dict, rank: int) -> None:
         super().__init__()
         if attrs.get("auto_pad", "NOTSET") != "NOTSET":
             raise NotImplementedError(f"attribute auto_pad={attrs['auto_pad']!r} is not supported for integer convs")
@@ -135,19 +156,42 @@ class IntegerConv(torch.nn.Module):
         self.strides, self.dilations = attrs.get("strides", [1] * rank), attrs.get("dilations", [1] * rank)
         self.group, self.rank = attrs.get("group", 1), rank
 
-    def convolve(self, x, w, x_zero_point=None, w_zero_point=None) -> torch.Tensor:
+    def convolve(
+        self,
+        x: torch.Tensor,
+        w: torch.Tensor,
+        x_zero_point: torch.Tensor | None = None,
+        w_zero_point: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         x = F.pad(_centred(x, x_zero_point), self.pads)
         w = _centred(w, w_zero_point, (-1,) + (1,) * (w.dim() - 1))
         return _CONV[self.rank](x, w, None, self.strides, 0, self.dilations, self.group)
 
-    def forward(self, x, w, x_zero_point=None, w_zero_point=None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        w: torch.Tensor,
+        x_zero_point: torch.Tensor | None = None,
+        w_zero_point: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         return self.convolve(x, w, x_zero_point, w_zero_point).to(torch.int32)
 
 
 class QLinearConv(IntegerConv):
     """QLinearConv: the integer conv (plus int32 bias) requantised by ``x_scale * w_scale / y_scale``."""
 
-    def forward(self, x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point=None, bias=None):
+    def forward(  # type: ignore[override]  # ONNX QLinearConv: scales and zero points between the operands
+        self,
+        x: torch.Tensor,
+        x_scale: torch.Tensor,
+        x_zero_point: torch.Tensor | None,
+        w: torch.Tensor,
+        w_scale: torch.Tensor,
+        w_zero_point: torch.Tensor | None,
+        y_scale: torch.Tensor,
+        y_zero_point: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         values = self.convolve(x, w, x_zero_point, w_zero_point)
         if bias is not None:
             values = values + bias.to(torch.float64).reshape(-1, *[1] * self.rank)

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 class _Seeded(nn.Module):
     """Draws from torch's default generator, or from one seeded once by the ``seed`` attribute."""
 
-    def __init__(self, dtype: torch.dtype | None, seed: float | None):
+    def __init__(self, dtype: torch.dtype | None, seed: float | None) -> None:
         super().__init__()
         self.dtype, self.seed = dtype, seed
         self._generators: dict[torch.device, torch.Generator] = {}
@@ -36,7 +36,7 @@ class _Seeded(nn.Module):
 class RandomUniformLike(_Seeded):
     """Uniform draws in ``[low, high)`` of the input's shape (dtype: the attribute's, else the input's)."""
 
-    def __init__(self, dtype, seed, low: float, high: float):
+    def __init__(self, dtype: torch.dtype | None, seed: float | None, low: float, high: float) -> None:
         super().__init__(dtype, seed)
         self.low, self.high = low, high
 

@@ -62,7 +62,7 @@ def _source_coordinate(x: int, size: int, out: int, scale: float, mode: str) -> 
 class TableResize(nn.Module):
     """Separable resize: per axis, gather one (nearest) or two (linear) source rows and blend."""
 
-    def __init__(self, plan: dict[int, tuple[list[int], list[int], list[float] | None]]):
+    def __init__(self, plan: dict[int, tuple[list[int], list[int], list[float] | None]]) -> None:
         super().__init__()
         self.axes = list(plan)
         for axis, (low, high, weights) in plan.items():
@@ -130,7 +130,7 @@ def _interpolate(scales, sizes, shape, axes, attrs, linear: bool):
 class InterpolateTo(nn.Module):
     """``F.interpolate`` to a fixed size."""
 
-    def __init__(self, size: tuple[int, ...], mode: str, align_corners: bool | None):
+    def __init__(self, size: tuple[int, ...], mode: str, align_corners: bool | None) -> None:
         super().__init__()
         self.size, self.mode, self.align_corners = size, mode, align_corners
 
@@ -174,7 +174,7 @@ def resize(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> Oper
 class RuntimeResize(nn.Module):
     """Resize to scales or sizes read at run time (the index tables are built on each call)."""
 
-    def __init__(self, axes: list[int], attrs: dict, sizes: bool):
+    def __init__(self, axes: list[int], attrs: dict, sizes: bool) -> None:
         super().__init__()
         self.axes, self.attrs, self.sizes = axes, attrs, sizes
 

@@ -54,11 +54,21 @@ class RecurrentConfig:
 class Recurrent(nn.Module):
     """An ONNX RNN/GRU/LSTM node: returns ``Y, Y_h[, Y_c]`` (as many as the node has outputs)."""
 
-    def __init__(self, config: RecurrentConfig):
+    def __init__(self, config: RecurrentConfig) -> None:
         super().__init__()
         self.config = config
 
-    def forward(self, x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p=None):
+    def forward(
+        self,
+        x: torch.Tensor,
+        w: torch.Tensor,
+        r: torch.Tensor,
+        b: torch.Tensor | None = None,
+        sequence_lens: torch.Tensor | None = None,
+        initial_h: torch.Tensor | None = None,
+        initial_c: torch.Tensor | None = None,
+        p: torch.Tensor | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor | None, ...]:
         return recurrent(x, w, r, b, sequence_lens, initial_h, initial_c, p, config=self.config)
 
 

@@ -46,11 +46,13 @@ def dft(
 class DFT(torch.nn.Module):
     """Module form: ``dft_length`` and (opset 20) ``axis`` are optional inputs."""
 
-    def __init__(self, axis: int, inverse: bool, onesided: bool):
+    def __init__(self, axis: int, inverse: bool, onesided: bool) -> None:
         super().__init__()
         self.axis, self.inverse, self.onesided = axis, inverse, onesided
 
-    def forward(self, x, dft_length=None, axis=None):
+    def forward(
+        self, x: torch.Tensor, dft_length: torch.Tensor | None = None, axis: torch.Tensor | None = None
+    ) -> torch.Tensor:
         return dft(x, dft_length, self.axis if axis is None else axis, inverse=self.inverse, onesided=self.onesided)
 
 
@@ -83,11 +85,17 @@ def stft(
 class STFT(torch.nn.Module):
     """Module form: ``window`` and ``frame_length`` are optional inputs."""
 
-    def __init__(self, onesided: bool):
+    def __init__(self, onesided: bool) -> None:
         super().__init__()
         self.onesided = onesided
 
-    def forward(self, signal, frame_step, window=None, frame_length=None):
+    def forward(
+        self,
+        signal: torch.Tensor,
+        frame_step: torch.Tensor,
+        window: torch.Tensor | None = None,
+        frame_length: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         return stft(signal, frame_step, window, frame_length, onesided=self.onesided)
 
 

@@ -106,7 +106,14 @@ class DeformConv(torch.nn.Module):
         self.pads = attrs.get("pads", [0, 0, 0, 0])
         self.group, self.offset_group = attrs.get("group", 1), attrs.get("offset_group", 1)
 
-    def forward(self, x, weight, offset, bias=None, mask=None):
+    def forward(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        offset: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         n, channels, height, width = x.shape
         kh, kw = self.kernel
         out_h, out_w = offset.shape[2:]

@@ -99,7 +99,9 @@ def one_hot_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> 
 _SCATTER_REDUCE = {"add": "sum", "mul": "prod", "max": "amax", "min": "amin"}
 
 
-def scatter_elements(data: torch.Tensor, indices: torch.Tensor, updates: torch.Tensor, axis: int, reduce: str | None):
+def scatter_elements(
+    data: torch.Tensor, indices: torch.Tensor, updates: torch.Tensor, axis: int, reduce: str | None
+) -> torch.Tensor:
     """ONNX ScatterElements (negative indices count from the end)."""
     indices = indices.to(torch.int64).remainder(data.shape[axis])
     if reduce is None:
@@ -150,7 +152,7 @@ def scatter_nd_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) 
 
 
 # Unique -------------------------------------------------------------------------------------------
-def unique(x: torch.Tensor, axis: int | None, sort: bool, outputs: int):
+def unique(x: torch.Tensor, axis: int | None, sort: bool, outputs: int) -> torch.Tensor | tuple[torch.Tensor, ...]:
     """ONNX Unique: values (sorted, or in order of first occurrence), first indices, inverse indices, counts."""
     flat, dim = (x.reshape(-1), 0) if axis is None else (x, axis)
     values, inverse, counts = torch.unique(flat, sorted=True, return_inverse=True, return_counts=True, dim=dim)

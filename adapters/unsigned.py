@@ -28,7 +28,7 @@ _ARITHMETIC = ("Add", "Sub", "Mul", "Div", "Mod", "Equal")
 class OnSigned(nn.Module):
     """Runs ``inner`` on int64 views of unsigned operands and casts numbers back to ``dtype``."""
 
-    def __init__(self, inner: nn.Module, dtype: torch.dtype, ordered: bool):
+    def __init__(self, inner: nn.Module, dtype: torch.dtype, ordered: bool) -> None:
         super().__init__()
         self.inner, self.dtype, self.ordered = inner, dtype, ordered
         self.flip = ordered and dtype == torch.uint64
@@ -39,7 +39,7 @@ class OnSigned(nn.Module):
         x = x.view(torch.int64) if self.dtype == torch.uint64 else x.to(torch.int64)
         return x ^ _SIGN_BIT if self.flip else x
 
-    def forward(self, *inputs):
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
         out = self.inner(*(self._signed(x) for x in inputs))
         if out.dtype == torch.bool:
             return out

@@ -83,7 +83,9 @@ class CrossEntropyLoss(Block):
     ``labels`` is int64, shaped like the scores without their last (class) dimension.
     """
 
-    def __init__(self, weight: np.ndarray | None = None, reduction: str = "mean", ignore_index: int | None = None):
+    def __init__(
+        self, weight: np.ndarray | None = None, reduction: str = "mean", ignore_index: int | None = None
+    ) -> None:
         super().__init__()
         self._weight, self._reduction, self._ignore_index = weight, _check_reduction(reduction), ignore_index
 

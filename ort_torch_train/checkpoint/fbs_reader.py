@@ -161,7 +161,7 @@ class Table:
 
     __slots__ = ("buf", "pos", "vtable", "vtable_size", "where")
 
-    def __init__(self, buf: FlatBuffer, pos: int, vtable: int, vtable_size: int, where: str):
+    def __init__(self, buf: FlatBuffer, pos: int, vtable: int, vtable_size: int, where: str) -> None:
         self.buf, self.pos, self.vtable, self.vtable_size, self.where = (buf, pos, vtable, vtable_size, where)
 
     def _field_pos(self, slot: int) -> int | None:

@@ -125,7 +125,7 @@ class Batches:
     uninterrupted run would have seen.
     """
 
-    def __init__(self, arrays: dict[str, np.ndarray], batch_size: int, batched: bool, shuffle: bool, seed: int):
+    def __init__(self, arrays: dict[str, np.ndarray], batch_size: int, batched: bool, shuffle: bool, seed: int) -> None:
         self.tensors = [torch.from_numpy(np.ascontiguousarray(array)) for array in arrays.values()]
         self.units = self.tensors[0].shape[0]  # samples, or batches when already batched
         self.batch_size = 1 if batched else batch_size

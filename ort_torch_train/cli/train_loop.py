@@ -43,7 +43,7 @@ class LoopResult:
 class MetricsSink:
     """JSONL lines (``--metrics``) and TensorBoard scalars (``--tensorboard``), either optional."""
 
-    def __init__(self, metrics_path: str | None, tensorboard_dir: str | None, every: int):
+    def __init__(self, metrics_path: str | None, tensorboard_dir: str | None, every: int) -> None:
         self.every = every
         self.file: IO[str] | None = None
         self.writer: Any = None

@@ -24,7 +24,7 @@ _AUTOCAST_DEVICES = ("cpu", "cuda")
 class CompiledForward:
     """``forward(*inputs, *params)`` of ``module`` compiled with torch.compile's ``arguments``."""
 
-    def __init__(self, module: torch.nn.Module, arguments: Mapping[str, Any]):
+    def __init__(self, module: torch.nn.Module, arguments: Mapping[str, Any]) -> None:
         forward = _forward_of(module)
         self.meta = getattr(module, "meta", {})  # its matrix products decide the BLAS threads
         self._compiled = torch_compile(forward, arguments)

@@ -159,7 +159,7 @@ class GuardedStep:
 
     __slots__ = ("compiled", "fallback", "what", "rejected", "_check")
 
-    def __init__(self, compiled: Any, fallback: Callable, what: str):
+    def __init__(self, compiled: Any, fallback: Callable, what: str) -> None:
         self.compiled, self.fallback, self.what, self.rejected = compiled, fallback, what, False
         self._check = fast_guard_check(compiled)
 

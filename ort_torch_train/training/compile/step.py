@@ -73,7 +73,7 @@ class CompiledTrainStep:
         reduction: Callable[[list[Tensor]], list[Tensor]] | None = None,
         precision: MixedPrecision | None = None,
         layout: FlatLayout | None = None,
-    ):
+    ) -> None:
         step = _train_step_function(module, plan, update, reduction, precision, layout)
         self._module = module  # its matrix products decide the step's BLAS threads
         self._scaler = None if precision is None else precision.loss_scaler
