@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import IO, Any
 
 from ort_torch_train.cli.common import CliError
@@ -91,9 +92,9 @@ class MetricsSink:
 @contextmanager
 def deferred_interrupt() -> Iterator[Callable[[], bool]]:
     """Within: the first SIGINT only sets a flag (read by the yielded function); a second one interrupts."""
-    requested = []
+    requested: list[int] = []
 
-    def handler(signum, frame):
+    def handler(signum: int, frame: FrameType | None) -> None:
         if requested:
             raise KeyboardInterrupt
         requested.append(signum)
