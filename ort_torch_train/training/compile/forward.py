@@ -16,7 +16,6 @@ import torch
 
 from ort_torch_train.training.compile import precompiled
 from ort_torch_train.training.compile.settings import records_cuda_graphs, torch_compile
-from ort_torch_train.training.compile.step import with_own_code
 
 _AUTOCAST_DEVICES = ("cpu", "cuda")
 
@@ -58,4 +57,4 @@ def _forward_of(module: torch.nn.Module) -> Callable:
     def forward(*args: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return module(*args)
 
-    return with_own_code(forward)
+    return precompiled.with_own_code(forward)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -74,7 +75,7 @@ def step_key(module: torch.nn.Module, parts: Sequence[object], args: Sequence[ob
     return digest.hexdigest()
 
 
-def precompiled_step(
+def _precompiled_step(
     step: Callable,
     module: torch.nn.Module,
     parts: Sequence[object],
@@ -123,7 +124,7 @@ class Precompile:
 
     def replacing(self, fallback: Callable, parts: Sequence[object], args: tuple) -> Callable:
         """The precompiled (or saved) step for ``args``, else ``fallback`` (torch cannot precompile it)."""
-        found = precompiled_step(
+        found = _precompiled_step(
             self.step, self.module, parts, self.external, args, self.compile_arguments, fallback, self.what
         )
         return fallback if found is None else found
@@ -236,3 +237,17 @@ def _tensors(value: object) -> Iterator[torch.Tensor]:
     elif isinstance(value, (list, tuple)):
         for item in value:
             yield from _tensors(item)
+
+
+def with_own_code(function: Callable) -> types.FunctionType:
+    """``function`` (a Python function) with a code object of its own: Dynamo counts recompilations per
+    code object, and each (signature, update) pair is a step of its own, not a recompilation."""
+    if not isinstance(function, types.FunctionType):
+        raise TypeError(f"expected a Python function, got {function!r}")
+    return types.FunctionType(
+        function.__code__.replace(),
+        function.__globals__,
+        function.__name__,
+        function.__defaults__,
+        function.__closure__,
+    )

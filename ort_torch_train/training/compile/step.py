@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import time
-import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -185,18 +184,4 @@ def _train_step_function(
             update.kernel(trainable, grads, *states, scalars, *update.constants)
         return outputs
 
-    return with_own_code(train_step)
-
-
-def with_own_code(function: Callable) -> types.FunctionType:
-    """``function`` (a Python function) with a code object of its own: Dynamo counts recompilations per
-    code object, and each (signature, update) pair is a step of its own, not a recompilation."""
-    if not isinstance(function, types.FunctionType):
-        raise TypeError(f"expected a Python function, got {function!r}")
-    return types.FunctionType(
-        function.__code__.replace(),
-        function.__globals__,
-        function.__name__,
-        function.__defaults__,
-        function.__closure__,
-    )
+    return precompiled.with_own_code(train_step)
