@@ -75,7 +75,7 @@ def step_key(module: torch.nn.Module, parts: Sequence[object], args: Sequence[ob
     return digest.hexdigest()
 
 
-def _precompiled_step(
+def precompiled_step(
     step: Callable,
     module: torch.nn.Module,
     parts: Sequence[object],
@@ -124,7 +124,7 @@ class Precompile:
 
     def replacing(self, fallback: Callable, parts: Sequence[object], args: tuple) -> Callable:
         """The precompiled (or saved) step for ``args``, else ``fallback`` (torch cannot precompile it)."""
-        found = _precompiled_step(
+        found = precompiled_step(
             self.step, self.module, parts, self.external, args, self.compile_arguments, fallback, self.what
         )
         return fallback if found is None else found
