@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import torch
 
 from ort_torch_train.dtypes import torch_dtype
 
-from .common import Inline, attributes, input_dtype, result
+from .common import Inline, OperationConverterResult, attributes, input_dtype, result
 from .registry import ConversionContext, register
+
+if TYPE_CHECKING:
+    from onnx2torch.onnx_graph import OnnxGraph
+    from onnx2torch.onnx_node import OnnxNode
 
 _WIDEN = {torch.uint16: torch.int64, torch.uint32: torch.int64, torch.uint64: torch.int64}
 
@@ -32,7 +39,7 @@ def bit_shift(x: torch.Tensor, y: torch.Tensor, left: bool) -> torch.Tensor:
     return _back(a >> b, x.dtype)
 
 
-def bitwise(function):
+def bitwise(function: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     def run(*inputs: torch.Tensor) -> torch.Tensor:
         return _back(function(*(_as_signed(x) for x in inputs)), inputs[0].dtype)
 
@@ -40,7 +47,7 @@ def bitwise(function):
 
 
 @register("BitShift", since=11)
-def bit_shift_op(node, graph, context: ConversionContext):
+def bit_shift_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     direction = attributes(node)["direction"]
     direction = direction.decode() if isinstance(direction, bytes) else direction
     return result(Inline(bit_shift, left=direction == "LEFT"), node)
@@ -57,7 +64,7 @@ _BITWISE = {
 def _bitwise_converter(function):
     wrapped = bitwise(function)
 
-    def convert(node, graph, context: ConversionContext):
+    def convert(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
         direct = input_dtype(node, graph, 0) not in _WIDEN
         return result(Inline(function if direct else wrapped), node)
 
@@ -69,6 +76,6 @@ for _op_type, _function in _BITWISE.items():
 
 
 @register("BitCast", since=26)
-def bit_cast(node, graph, context: ConversionContext):
+def bit_cast(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     """The same bits read as another dtype of the same width."""
     return result(Inline("view", torch_dtype(attributes(node)["to"])), node)

@@ -6,20 +6,28 @@ modules here compute them once (and at run time only when their inputs are not c
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import onnx
 import torch
 from torch import nn
 
 from ort_torch_train.dtypes import tensor_from_proto, torch_dtype
 
-from .common import Inline, attributes, input_dtype, result
+from .common import Inline, OperationConverterResult, attributes, input_dtype, result
 from .registry import ConversionContext, register
+
+if TYPE_CHECKING:
+    from onnx2torch.onnx_graph import OnnxGraph
+    from onnx2torch.onnx_node import OnnxNode
 
 
 class ConstantValue(nn.Module):
     """Returns a fixed tensor."""
 
-    def __init__(self, value: torch.Tensor):
+    value: torch.Tensor
+
+    def __init__(self, value: torch.Tensor) -> None:
         super().__init__()
         self.register_buffer("value", value)
 
@@ -27,7 +35,7 @@ class ConstantValue(nn.Module):
         return self.value
 
 
-def _constant_tensor(node) -> torch.Tensor:
+def _constant_tensor(node: OnnxNode) -> torch.Tensor:
     present = [attribute for attribute in node.proto.attribute]
     if len(present) != 1:
         raise ValueError(f"Constant needs exactly one value attribute, got {[a.name for a in present]}")
@@ -47,7 +55,7 @@ def _constant_tensor(node) -> torch.Tensor:
 
 
 @register("Constant", since=1)
-def constant(node, graph, context: ConversionContext):
+def constant(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(ConstantValue(_constant_tensor(node)), node)
 
 
@@ -57,7 +65,7 @@ def constant_of_shape(shape: torch.Tensor, value: float | int | bool, dtype: tor
 
 
 @register("ConstantOfShape", since=9)
-def constant_of_shape_op(node, graph, context: ConversionContext):
+def constant_of_shape_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     value = attributes(node).get("value")
     fill = tensor_from_proto(value.proto) if value is not None else torch.zeros(1, dtype=torch.float32)
     if fill.numel() != 1:
@@ -74,12 +82,12 @@ def range_of(start: torch.Tensor, limit: torch.Tensor, delta: torch.Tensor) -> t
 
 
 @register("Range", since=11)
-def range_op(node, graph, context: ConversionContext):
+def range_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(Inline(range_of), node)
 
 
 @register("Cast", since=1)
-def cast(node, graph, context: ConversionContext):
+def cast(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     to = attributes(node)["to"]
     if isinstance(to, str):  # opset 1-5 spells the type name
         to = onnx.TensorProto.DataType.Value(to.upper())
@@ -91,5 +99,5 @@ def cast(node, graph, context: ConversionContext):
 
 
 @register("CastLike", since=15)
-def cast_like(node, graph, context: ConversionContext):
+def cast_like(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(Inline("to", input_dtype(node, graph, 1)), node, node.input_values[:1])

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import attributes, input_shape, result
+from .common import OperationConverterResult, attributes, input_shape, result
 from .registry import ConversionContext, register
+
+if TYPE_CHECKING:
+    from onnx2torch.onnx_graph import OnnxGraph
+    from onnx2torch.onnx_node import OnnxNode
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 # Below this many multiply-adds a 2-D conv runs as a sum over its kernel taps under torch.compile:
@@ -33,7 +39,15 @@ def _same_pads(auto_pad: str, sizes, kernel, strides, dilations) -> list[int]:
 class Conv(nn.Module):
     """ONNX Conv: x, w[, b] with static attributes."""
 
-    def __init__(self, rank: int, strides, pads, dilations, groups: int, direct: bool = False):
+    def __init__(
+        self,
+        rank: int,
+        strides: Sequence[int],
+        pads: Sequence[int],
+        dilations: Sequence[int],
+        groups: int,
+        direct: bool = False,
+    ) -> None:
         super().__init__()
         self.conv = _CONV[rank]
         self.direct = direct  # a sum over kernel taps when compiled (see _DIRECT_MAX_MACS)
@@ -59,7 +73,7 @@ def _conv2d_as_taps(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     (stride_h, stride_w), (dilation_h, dilation_w) = strides, dilations
     out_h = (x.shape[2] - (kernel_h - 1) * dilation_h - 1) // stride_h + 1
     out_w = (x.shape[3] - (kernel_w - 1) * dilation_w - 1) // stride_w + 1
-    out = None
+    out: torch.Tensor | None = None
     for i in range(kernel_h):
         for j in range(kernel_w):
             top, left = i * dilation_h, j * dilation_w
@@ -72,13 +86,23 @@ def _conv2d_as_taps(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
             ]  # N, 1, C, H', W'
             tap = (window * weight[None, :, :, i, j, None, None]).sum(2)
             out = tap if out is None else out + tap
+    if out is None:
+        raise ValueError("a convolution kernel without taps")
     return out if bias is None else out + bias[None, :, None, None]
 
 
 class ConvTranspose(nn.Module):
     """ONNX ConvTranspose: x, w[, b]; asymmetric pads and output_shape by cropping a full result."""
 
-    def __init__(self, rank: int, strides, pads, dilations, groups: int, output_padding):
+    def __init__(
+        self,
+        rank: int,
+        strides: Sequence[int],
+        pads: Sequence[int],
+        dilations: Sequence[int],
+        groups: int,
+        output_padding: Sequence[int],
+    ) -> None:
         super().__init__()
         self.conv = _CONV_TRANSPOSE[rank]
         self.rank = rank
@@ -106,7 +130,7 @@ class ConvTranspose(nn.Module):
         return out
 
 
-def _common(node, graph):
+def _common(node: OnnxNode, graph: OnnxGraph):
     attrs = attributes(node)
     weight_shape = input_shape(node, graph, 1)
     rank = len(weight_shape) - 2
@@ -119,7 +143,7 @@ def _common(node, graph):
 
 
 @register("Conv", since=1)
-def conv(node, graph, context: ConversionContext):
+def conv(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs, rank, kernel, strides, dilations = _common(node, graph)
     auto_pad = attrs.get("auto_pad", "NOTSET")
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
@@ -133,7 +157,7 @@ def conv(node, graph, context: ConversionContext):
     return result(Conv(rank, strides, pads, dilations, groups, direct), node)
 
 
-def _multiply_adds(node, graph, pads, kernel, strides, dilations) -> int:
+def _multiply_adds(node: OnnxNode, graph: OnnxGraph, pads, kernel, strides, dilations) -> int:
     batch, channels, *sizes = input_shape(node, graph, 0)
     out_channels = input_shape(node, graph, 1)[0]
     total = batch * channels * out_channels
@@ -143,7 +167,7 @@ def _multiply_adds(node, graph, pads, kernel, strides, dilations) -> int:
 
 
 @register("ConvTranspose", since=1)
-def conv_transpose(node, graph, context: ConversionContext):
+def conv_transpose(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs, rank, kernel, strides, dilations = _common(node, graph)
     output_padding = attrs.get("output_padding", [0] * rank)
     auto_pad = attrs.get("auto_pad", "NOTSET")

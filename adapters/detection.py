@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from .common import Inline, attributes, result
+from .common import Inline, OperationConverterResult, attributes, result
 from .registry import ConversionContext, register
+
+if TYPE_CHECKING:
+    from onnx2torch.onnx_graph import OnnxGraph
+    from onnx2torch.onnx_node import OnnxNode
 
 
 def _corners(box: list[float], center_point: bool) -> tuple[float, float, float, float]:
@@ -64,5 +70,5 @@ def non_max_suppression(
 
 
 @register("NonMaxSuppression", since=10)
-def non_max_suppression_op(node, graph, context: ConversionContext):
+def non_max_suppression_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(Inline(non_max_suppression, center_point=bool(attributes(node).get("center_point_box", 0))), node)

@@ -2,23 +2,31 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import attributes, constant_input, is_constant, result
+from .common import OperationConverterResult, attributes, constant_input, is_constant, result
 from .registry import MICROSOFT, ConversionContext, register
+
+if TYPE_CHECKING:
+    from onnx2torch.onnx_graph import OnnxGraph
+    from onnx2torch.onnx_node import OnnxNode
 
 
 class Dropout(nn.Module):
     """``y = x * mask / (1 - ratio)`` when active, ``y = x`` otherwise; returns ``(y, mask)`` when asked."""
 
-    def __init__(self, active: bool, ratio: float | None, with_mask: bool, extra_outputs: int = 0):
+    def __init__(self, active: bool, ratio: float | None, with_mask: bool, extra_outputs: int = 0) -> None:
         super().__init__()
         self.active, self.ratio, self.with_mask = active, ratio, with_mask
         self.extra_outputs = extra_outputs
 
-    def forward(self, x, ratio=None, training_mode=None):
+    def forward(
+        self, x: torch.Tensor, ratio: torch.Tensor | None = None, training_mode: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor | None, ...]:
         p = self.ratio if self.ratio is not None else (0.5 if ratio is None else float(ratio))
         if not self.active or p == 0.0:
             y, mask = x, (torch.ones_like(x, dtype=torch.bool) if self.with_mask else None)
@@ -32,7 +40,7 @@ class Dropout(nn.Module):
         return (y, mask) + (None,) * self.extra_outputs
 
 
-def _ratio(node, graph) -> float | None:
+def _ratio(node: OnnxNode, graph: OnnxGraph) -> float | None:
     attrs = attributes(node)
     if "ratio" in attrs:  # opset < 12
         return float(attrs["ratio"])
@@ -41,7 +49,7 @@ def _ratio(node, graph) -> float | None:
     return 0.5
 
 
-def _active(node, graph, context: ConversionContext, training_mode_position: int) -> bool:
+def _active(node: OnnxNode, graph: OnnxGraph, context: ConversionContext, training_mode_position: int) -> bool:
     """Training semantics, unless the node pins training_mode to a constant False."""
     inputs = node.input_values
     if (
@@ -54,14 +62,14 @@ def _active(node, graph, context: ConversionContext, training_mode_position: int
 
 
 @register("Dropout", since=1)
-def dropout(node, graph, context: ConversionContext):
+def dropout(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     with_mask = len(node.output_values) > 1 and bool(node.output_values[1])
     module = Dropout(_active(node, graph, context, 2), _ratio(node, graph), with_mask)
     return result(module, node)
 
 
 @register("BitmaskDropout", domain=MICROSOFT)
-def bitmask_dropout(node, graph, context: ConversionContext):
+def bitmask_dropout(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     # The packed bitmask only feeds BitmaskDropoutGrad, which torch autograd replaces.
     module = Dropout(
         _active(node, graph, context, 2),
@@ -75,11 +83,18 @@ def bitmask_dropout(node, graph, context: ConversionContext):
 class BiasDropout(nn.Module):
     """com.microsoft BiasDropout: ``dropout(x + bias) + residual``."""
 
-    def __init__(self, dropout_module: Dropout):
+    def __init__(self, dropout_module: Dropout) -> None:
         super().__init__()
         self.dropout = dropout_module
 
-    def forward(self, x, bias, residual=None, ratio=None, training_mode=None):
+    def forward(
+        self,
+        x: torch.Tensor,
+        bias: torch.Tensor,
+        residual: torch.Tensor | None = None,
+        ratio: torch.Tensor | None = None,
+        training_mode: torch.Tensor | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor | None, ...]:
         out = self.dropout(x + bias, ratio)
         y, rest = (out[0], out[1:]) if isinstance(out, tuple) else (out, ())
         y = y if residual is None else y + residual
@@ -88,7 +103,7 @@ class BiasDropout(nn.Module):
 
 @register("BiasDropout", domain=MICROSOFT)
 @register("BitmaskBiasDropout", domain=MICROSOFT)
-def bias_dropout(node, graph, context: ConversionContext):
+def bias_dropout(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs_ratio = (
         float(constant_input(node, graph, 3))
         if is_constant(node, graph, 3)

@@ -7,17 +7,31 @@ in as a Python number (``torch.mul(x, 0.125)``), so no constant tensor is read a
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import Inline, attributes, has_input, input_dtype, input_shape, result, scalar_constant
+from .common import (
+    Inline,
+    OperationConverterResult,
+    attributes,
+    has_input,
+    input_dtype,
+    input_shape,
+    result,
+    scalar_constant,
+)
 from .registry import ConversionContext, register
 from .shape_ops import identity
 
+if TYPE_CHECKING:
+    from onnx2torch.onnx_graph import OnnxGraph
+    from onnx2torch.onnx_node import OnnxNode
 
-def _bakeable_scalar(node, graph, position: int) -> float | int | bool | None:
+
+def _bakeable_scalar(node: OnnxNode, graph: OnnxGraph, position: int) -> float | int | bool | None:
     """Input ``position`` as a Python number if it is a one-element constant that broadcasting
     cannot widen (its rank is at most the other operand's)."""
     value = scalar_constant(node, graph, position)
@@ -27,7 +41,7 @@ def _bakeable_scalar(node, graph, position: int) -> float | int | bool | None:
     return value
 
 
-def _binary(node, graph, function, reflected=None) -> object:
+def _binary(node: OnnxNode, graph: OnnxGraph, function, reflected=None) -> object:
     """``function(a, b)`` with a scalar constant baked in; ``reflected(b, a)`` computes ``function(a, b)``."""
     second = _bakeable_scalar(node, graph, 1)
     if second is not None:
@@ -40,17 +54,17 @@ def _binary(node, graph, function, reflected=None) -> object:
 
 # Arithmetic ---------------------------------------------------------------------------------------
 @register("Add", since=1)
-def add(node, graph, context: ConversionContext):
+def add(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return _binary(node, graph, torch.add, torch.add)
 
 
 @register("Sub", since=1)
-def sub(node, graph, context: ConversionContext):
+def sub(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return _binary(node, graph, torch.sub, torch.rsub)
 
 
 @register("Mul", since=1)
-def mul(node, graph, context: ConversionContext):
+def mul(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return _binary(node, graph, torch.mul, torch.mul)
 
 
@@ -66,7 +80,7 @@ def truncating_div(a: torch.Tensor, b: torch.Tensor | int) -> torch.Tensor:
 
 
 @register("Div", since=1)
-def div(node, graph, context: ConversionContext):
+def div(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     if input_dtype(node, graph, 0).is_floating_point:
         return _binary(node, graph, torch.div, "__rtruediv__")
     return _binary(node, graph, truncating_div)
@@ -78,7 +92,7 @@ def pow_keep_dtype(base: torch.Tensor, exponent: torch.Tensor | float | int) -> 
 
 
 @register("Pow", since=1)
-def pow_op(node, graph, context: ConversionContext):
+def pow_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     exponent_dtype = input_dtype(node, graph, 1)
     base_dtype = input_dtype(node, graph, 0)
     same_result = base_dtype.is_floating_point or not exponent_dtype.is_floating_point
@@ -114,7 +128,7 @@ _UNARY = {
 def _direct(function):
     """A converter emitting ``function(*inputs)``."""
 
-    def convert(node, graph, context: ConversionContext):
+    def convert(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
         return result(Inline(function), node)
 
     return convert
@@ -125,12 +139,12 @@ for _op_type, _function in _UNARY.items():
 
 
 @register("LeakyRelu", since=1)
-def leaky_relu(node, graph, context: ConversionContext):
+def leaky_relu(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(Inline(F.leaky_relu, attributes(node).get("alpha", 0.01)), node)
 
 
 @register("Elu", since=1)
-def elu(node, graph, context: ConversionContext):
+def elu(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(Inline(F.elu, attributes(node).get("alpha", 1.0)), node)
 
 
@@ -144,7 +158,7 @@ def is_inf(x: torch.Tensor, negative: bool, positive: bool) -> torch.Tensor:
 
 
 @register("IsInf", since=10)
-def is_inf_op(node, graph, context: ConversionContext):
+def is_inf_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     return result(Inline(is_inf, bool(attrs.get("detect_negative", 1)), bool(attrs.get("detect_positive", 1))), node)
 
@@ -160,7 +174,7 @@ _COMPARISONS = {  # op: (function, function with the operands swapped)
 
 
 def _comparison(function, swapped):
-    def convert(node, graph, context: ConversionContext):
+    def convert(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
         return _binary(node, graph, function, swapped)
 
     return convert
@@ -203,7 +217,7 @@ _VARIADIC = {  # op: (any number of inputs, two inputs)
 
 
 def _variadic(function, pairwise):
-    def convert(node, graph, context: ConversionContext):
+    def convert(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
         if len(node.input_values) == 2 and pairwise is not None:
             return result(Inline(pairwise), node)
         return result(Inline(function), node)
@@ -219,12 +233,14 @@ for _op_type, (_function, _pairwise) in _VARIADIC.items():
 class DynamicClip(nn.Module):
     """Clip with bounds read at run time."""
 
-    def forward(self, x, min=None, max=None):  # noqa: A002  (ONNX's names)
+    def forward(
+        self, x: torch.Tensor, min: torch.Tensor | None = None, max: torch.Tensor | None = None
+    ) -> torch.Tensor:  # noqa: A002  (ONNX's names)
         return torch.clamp(x, min, max)
 
 
 @register("Clip", since=1)
-def clip(node, graph, context: ConversionContext):
+def clip(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     if context.opset < 11:
         attrs = attributes(node)
         low, high = attrs.get("min"), attrs.get("max")

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
-from .common import Inline, attributes, input_shape, normalize_axis, result
+from .common import Inline, OperationConverterResult, attributes, input_shape, normalize_axis, result
 from .registry import ConversionContext, register
+
+if TYPE_CHECKING:
+    from onnx2torch.onnx_graph import OnnxGraph
+    from onnx2torch.onnx_node import OnnxNode
 
 
 def group_norm_per_group_affine(
@@ -21,7 +27,7 @@ def group_norm_per_group_affine(
 
 
 @register("GroupNormalization", since=18)
-def group_norm(node, graph, context: ConversionContext):
+def group_norm(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     groups, epsilon = attrs["num_groups"], attrs.get("epsilon", 1e-5)
     channels = input_shape(node, graph, 0)[1]
@@ -30,7 +36,9 @@ def group_norm(node, graph, context: ConversionContext):
     return result(Inline(group_norm_per_group_affine, groups, epsilon), node)
 
 
-def group_norm_per_channel(x: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, groups: int, epsilon: float):
+def group_norm_per_channel(
+    x: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, groups: int, epsilon: float
+) -> torch.Tensor:
     """Opset 21 GroupNormalization: torch's group_norm with per-channel scale and bias."""
     return F.group_norm(x, groups, scale, bias, epsilon)
 
@@ -46,7 +54,7 @@ def rms_norm(x: torch.Tensor, scale: torch.Tensor, axis: int, epsilon: float) ->
 
 
 @register("RMSNormalization", since=23)
-def rms_normalization(node, graph, context: ConversionContext):
+def rms_normalization(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     axis = normalize_axis(attrs.get("axis", -1), len(input_shape(node, graph, 0)))
     return result(Inline(rms_norm, axis, attrs.get("epsilon", 1e-5)), node)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import operator
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +16,7 @@ from torch import nn
 
 from .common import (
     Inline,
+    OperationConverterResult,
     attributes,
     constant_input,
     constant_ints,
@@ -25,6 +27,10 @@ from .common import (
     result,
 )
 from .registry import MICROSOFT, ConversionContext, register
+
+if TYPE_CHECKING:
+    from onnx2torch.onnx_graph import OnnxGraph
+    from onnx2torch.onnx_node import OnnxNode
 
 _INT64_MAX = 2**63 - 1
 
@@ -75,15 +81,22 @@ def _static_slice(flips: tuple[int, ...], index: tuple[slice, ...]) -> Inline:
 class DynamicSlice(nn.Module):
     """Slice whose starts/ends/axes/steps are read at run time."""
 
-    def forward(self, x, starts, ends, axes=None, steps=None):
-        axes = None if axes is None else axes.tolist()
-        steps = None if steps is None else steps.tolist()
-        flips, index = _slice_plan(x.shape, starts.tolist(), ends.tolist(), axes, steps)
+    def forward(
+        self,
+        x: torch.Tensor,
+        starts: torch.Tensor,
+        ends: torch.Tensor,
+        axes: torch.Tensor | None = None,
+        steps: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        axis_list = None if axes is None else axes.tolist()
+        step_list = None if steps is None else steps.tolist()
+        flips, index = _slice_plan(x.shape, starts.tolist(), ends.tolist(), axis_list, step_list)
         return flip_and_slice(x, flips, index) if flips else x[index]
 
 
 @register("Slice", since=1)
-def slice_op(node, graph, context: ConversionContext):
+def slice_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     shape = input_shape(node, graph, 0)
     if context.opset < 10:
         attrs = attributes(node)
@@ -108,7 +121,7 @@ def gather(data: torch.Tensor, indices: torch.Tensor, axis: int, wrap_negative: 
 
 
 @register("Gather", since=1)
-def gather_op(node, graph, context: ConversionContext):
+def gather_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     shape = input_shape(node, graph, 0)
     axis = normalize_axis(attributes(node).get("axis", 0), len(shape))
     if not is_constant(node, graph, 1):
@@ -138,7 +151,7 @@ def split_dynamic(x: torch.Tensor, split: torch.Tensor, axis: int) -> tuple[torc
 
 
 @register("Split", since=1)
-def split(node, graph, context: ConversionContext):
+def split(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     shape = input_shape(node, graph, 0)
     axis = normalize_axis(attrs.get("axis", 0), len(shape))
@@ -163,7 +176,7 @@ def concat(*tensors: torch.Tensor, axis: int) -> torch.Tensor:
 
 
 @register("Concat", since=1)
-def concat_op(node, graph, context: ConversionContext):
+def concat_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     rank = max(len(input_shape(node, graph, position)) for position in range(len(node.input_values)))
     axis = normalize_axis(attributes(node).get("axis", 1 if context.opset < 4 else 0), rank)
     return result(Inline(concat, axis=axis), node)
@@ -176,7 +189,7 @@ def concat_with_lengths(*tensors: torch.Tensor, axis: int) -> tuple[torch.Tensor
 
 
 @register("ConcatTraining", domain=MICROSOFT)
-def concat_training(node, graph, context: ConversionContext):
+def concat_training(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     rank = max(len(input_shape(node, graph, position)) for position in range(len(node.input_values)))
     axis = normalize_axis(attributes(node).get("axis", 0), rank)
     if len(node.output_values) == 1:
@@ -185,7 +198,7 @@ def concat_training(node, graph, context: ConversionContext):
 
 
 @register("Where", since=9)
-def where(node, graph, context: ConversionContext):
+def where(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(Inline(torch.where), node)
 
 
@@ -196,7 +209,7 @@ def gather_elements(x: torch.Tensor, indices: torch.Tensor, axis: int) -> torch.
 
 
 @register("GatherElements", since=11)
-def gather_elements_op(node, graph, context: ConversionContext):
+def gather_elements_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     axis = normalize_axis(attributes(node).get("axis", 0), len(input_shape(node, graph, 0)))
     return result(Inline(gather_elements, axis), node)
 
@@ -209,10 +222,11 @@ def gather_nd(data: torch.Tensor, indices: torch.Tensor, batch_dims: int) -> tor
     flat = data.reshape(batch, *data.shape[batch_dims:])
     picks = indices.reshape(batch, -1, depth).to(torch.int64)
     rows = torch.arange(batch, device=data.device).reshape(batch, 1).expand(batch, picks.shape[1])
-    gathered = flat[(rows, *picks.unbind(-1))]
+    index = (rows, *picks.unbind(-1))
+    gathered = flat[index]
     return gathered.reshape(*indices.shape[:-1], *data.shape[batch_dims + depth :])
 
 
 @register("GatherND", since=11)
-def gather_nd_op(node, graph, context: ConversionContext):
+def gather_nd_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(Inline(gather_nd, attributes(node).get("batch_dims", 0)), node)

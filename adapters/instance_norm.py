@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
-from .common import Inline, attributes, input_shape, normalize_axis, result
+from .common import Inline, OperationConverterResult, attributes, input_shape, normalize_axis, result
 from .registry import ConversionContext, register
+
+if TYPE_CHECKING:
+    from onnx2torch.onnx_graph import OnnxGraph
+    from onnx2torch.onnx_node import OnnxNode
 
 
 def instance_norm(x: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, epsilon: float) -> torch.Tensor:
@@ -14,7 +20,7 @@ def instance_norm(x: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, epsi
 
 
 @register("InstanceNormalization", since=1)
-def instance_norm_op(node, graph, context: ConversionContext):
+def instance_norm_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(Inline(instance_norm, attributes(node).get("epsilon", 1e-5)), node)
 
 
@@ -24,7 +30,7 @@ def lp_norm(x: torch.Tensor, axis: int, p: int) -> torch.Tensor:
 
 
 @register("LpNormalization", since=1)
-def lp_norm_op(node, graph, context: ConversionContext):
+def lp_norm_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     axis = normalize_axis(attrs.get("axis", -1), len(input_shape(node, graph, 0)))
     return result(Inline(lp_norm, axis, attrs.get("p", 2)), node)
@@ -36,7 +42,7 @@ def mean_variance_norm(x: torch.Tensor, axes: tuple[int, ...]) -> torch.Tensor:
 
 
 @register("MeanVarianceNormalization", since=9)
-def mean_variance_norm_op(node, graph, context: ConversionContext):
+def mean_variance_norm_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     rank = len(input_shape(node, graph, 0))
     axes = tuple(normalize_axis(a, rank) for a in attributes(node).get("axes", [0, 2, 3]))
     return result(Inline(mean_variance_norm, axes), node)

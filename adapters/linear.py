@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
-from .common import Inline, attributes, has_input, input_shape, result
+from .common import Inline, OperationConverterResult, attributes, has_input, input_shape, result
 from .registry import ConversionContext, register
+
+if TYPE_CHECKING:
+    from onnx2torch.onnx_graph import OnnxGraph
+    from onnx2torch.onnx_node import OnnxNode
 
 
 def gemm(
@@ -34,7 +40,7 @@ def gemm_without_c(a: torch.Tensor, b: torch.Tensor, *, alpha: float, trans_a: b
 
 
 @register("Gemm", since=1)
-def gemm_op(node, graph, context: ConversionContext):
+def gemm_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
     trans_a, trans_b = bool(attrs.get("transA", 0)), bool(attrs.get("transB", 0))
@@ -57,5 +63,5 @@ def gemm_op(node, graph, context: ConversionContext):
 
 
 @register("MatMul", since=1)
-def matmul(node, graph, context: ConversionContext):
+def matmul(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(Inline(torch.matmul), node)

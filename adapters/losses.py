@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import attributes, constant_input, result
+from .common import OperationConverterResult, attributes, constant_input, result
 from .registry import MICROSOFT, ConversionContext, register
+
+if TYPE_CHECKING:
+    from onnx2torch.onnx_graph import OnnxGraph
+    from onnx2torch.onnx_node import OnnxNode
 
 _TORCH_DEFAULT_IGNORE = -100
 
@@ -15,14 +21,16 @@ _TORCH_DEFAULT_IGNORE = -100
 class NegativeLogLikelihood(nn.Module):
     """ONNX NegativeLogLikelihoodLoss on log-probabilities, optionally from raw scores."""
 
-    def __init__(self, reduction: str, ignore_index: int | None, from_scores: bool, labels_name: str):
+    def __init__(self, reduction: str, ignore_index: int | None, from_scores: bool, labels_name: str) -> None:
         super().__init__()
         self.reduction = reduction
         self.ignore_index = _TORCH_DEFAULT_IGNORE if ignore_index is None else ignore_index
         self.from_scores = from_scores
         self.labels_name = labels_name
 
-    def forward(self, scores: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor | None = None):
+    def forward(
+        self, scores: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         log_prob = torch.log_softmax(scores, dim=1) if self.from_scores else scores
         if torch.compiler.is_compiling():
             loss = self._loss(log_prob, labels, weight)
@@ -55,13 +63,13 @@ class NegativeLogLikelihood(nn.Module):
         )
 
 
-def _ignore_index(node, graph) -> int | None:
+def _ignore_index(node: OnnxNode, graph: OnnxGraph) -> int | None:
     if len(node.input_values) > 3 and node.input_values[3]:  # ORT's internal ops take it as an input
         return int(constant_input(node, graph, 3).item())
     return attributes(node).get("ignore_index")
 
 
-def _convert(node, graph, from_scores: bool):
+def _convert(node: OnnxNode, graph: OnnxGraph, from_scores: bool):
     attrs = attributes(node)
     module = NegativeLogLikelihood(
         reduction=attrs.get("reduction", "mean"),
@@ -73,20 +81,24 @@ def _convert(node, graph, from_scores: bool):
 
 
 @register("SoftmaxCrossEntropyLoss", since=12)
-def softmax_cross_entropy(node, graph, context: ConversionContext):
+def softmax_cross_entropy(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return _convert(node, graph, from_scores=True)
 
 
 @register("NegativeLogLikelihoodLoss", since=12)
-def negative_log_likelihood(node, graph, context: ConversionContext):
+def negative_log_likelihood(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return _convert(node, graph, from_scores=False)
 
 
 @register("SoftmaxCrossEntropyLossInternal", domain=MICROSOFT)
-def softmax_cross_entropy_internal(node, graph, context: ConversionContext):
+def softmax_cross_entropy_internal(
+    node: OnnxNode, graph: OnnxGraph, context: ConversionContext
+) -> OperationConverterResult:
     return _convert(node, graph, from_scores=True)
 
 
 @register("NegativeLogLikelihoodLossInternal", domain=MICROSOFT)
-def negative_log_likelihood_internal(node, graph, context: ConversionContext):
+def negative_log_likelihood_internal(
+    node: OnnxNode, graph: OnnxGraph, context: ConversionContext
+) -> OperationConverterResult:
     return _convert(node, graph, from_scores=False)

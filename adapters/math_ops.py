@@ -6,12 +6,27 @@ CumSum replaces onnx2torch's, which defaults ``reverse`` to 1 (ONNX: 0) and wide
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from ort_torch_train.dtypes import torch_dtype
 
-from .common import Inline, attributes, input_dtype, input_shape, normalize_axis, result, scalar_constant
+from .common import (
+    Inline,
+    OperationConverterResult,
+    attributes,
+    input_dtype,
+    input_shape,
+    normalize_axis,
+    result,
+    scalar_constant,
+)
 from .registry import ConversionContext, register
+
+if TYPE_CHECKING:
+    from onnx2torch.onnx_graph import OnnxGraph
+    from onnx2torch.onnx_node import OnnxNode
 
 
 def cumulative(
@@ -30,7 +45,7 @@ def cumulative(
 
 
 def _cumulative(product: bool):
-    def convert(node, graph, context: ConversionContext):
+    def convert(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
         attrs = attributes(node)
         flags = (bool(attrs.get("exclusive", 0)), bool(attrs.get("reverse", 0)), product)
         axis = scalar_constant(node, graph, 1)
@@ -51,18 +66,18 @@ def nonzero(x: torch.Tensor) -> torch.Tensor:
 
 
 @register("NonZero", since=9)
-def nonzero_op(node, graph, context: ConversionContext):
+def nonzero_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(Inline(nonzero), node)
 
 
-def top_k_stable(x: torch.Tensor, k: torch.Tensor | int, axis: int, largest: bool):
+def top_k_stable(x: torch.Tensor, k: torch.Tensor | int, axis: int, largest: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Top k with ties taken in index order (ONNX's rule), via a stable full sort."""
     values, indices = torch.sort(x, dim=axis, descending=largest, stable=True)
     return values.narrow(axis, 0, int(k)), indices.narrow(axis, 0, int(k))
 
 
 @register("TopK", since=10)
-def top_k_op(node, graph, context: ConversionContext):
+def top_k_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     axis = normalize_axis(attrs.get("axis", -1), len(input_shape(node, graph, 0)))
     largest = bool(attrs.get("largest", 1))
@@ -78,12 +93,12 @@ def mod(a: torch.Tensor, b: torch.Tensor, fmod: bool) -> torch.Tensor:
 
 
 @register("Mod", since=10)
-def mod_op(node, graph, context: ConversionContext):
+def mod_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(Inline(mod, fmod=bool(attributes(node).get("fmod", 0))), node)
 
 
 @register("Einsum", since=12)
-def einsum_op(node, graph, context: ConversionContext):
+def einsum_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     equation = attributes(node)["equation"]
     equation = equation.decode() if isinstance(equation, bytes) else equation
     return result(Inline(einsum, equation=equation.replace(" ", "")), node)
@@ -106,7 +121,7 @@ def hardmax_flattened(x: torch.Tensor, axis: int) -> torch.Tensor:
 
 
 @register("Hardmax", since=1)
-def hardmax_op(node, graph, context: ConversionContext):
+def hardmax_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     rank = len(input_shape(node, graph, 0))
     axis = normalize_axis(attributes(node).get("axis", -1 if context.opset >= 13 else 1), rank)
     if context.opset >= 13 or axis == rank - 1:
@@ -115,7 +130,7 @@ def hardmax_op(node, graph, context: ConversionContext):
 
 
 @register("EyeLike", since=9)
-def eye_like_op(node, graph, context: ConversionContext):
+def eye_like_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     dtype = torch_dtype(attrs["dtype"]) if "dtype" in attrs else input_dtype(node, graph, 0)
     return result(Inline(diagonal_ones, attrs.get("k", 0), dtype), node)
@@ -145,7 +160,7 @@ def space_to_depth(x: torch.Tensor, block: int, column_row: bool) -> torch.Tenso
 def _block_rearrange_op(function):
     """A converter calling ``function(x, blocksize, column_row)``; ``mode="CRD"`` is column-row order."""
 
-    def convert(node, graph, context: ConversionContext):
+    def convert(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
         attrs = attributes(node)
         mode = attrs.get("mode", "DCR")
         mode = mode.decode() if isinstance(mode, bytes) else mode
@@ -167,7 +182,7 @@ def compress(x: torch.Tensor, condition: torch.Tensor, axis: int | None) -> torc
 
 
 @register("Compress", since=9)
-def compress_op(node, graph, context: ConversionContext):
+def compress_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     axis = attributes(node).get("axis")
     if axis is not None:
         axis = normalize_axis(axis, len(input_shape(node, graph, 0)))
@@ -188,11 +203,11 @@ def reverse_sequence(x: torch.Tensor, lengths: torch.Tensor, batch_axis: int, ti
 
 
 @register("ReverseSequence", since=10)
-def reverse_sequence_op(node, graph, context: ConversionContext):
+def reverse_sequence_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     return result(Inline(reverse_sequence, attrs.get("batch_axis", 1), attrs.get("time_axis", 0)), node)
 
 
 @register("Det", since=11)
-def det_op(node, graph, context: ConversionContext):
+def det_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(Inline(torch.linalg.det), node)

@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
-from .common import attributes, result
+from .common import OperationConverterResult, attributes, result
 from .registry import MICROSOFT, ConversionContext, register
+
+if TYPE_CHECKING:
+    from onnx2torch.onnx_graph import OnnxGraph
+    from onnx2torch.onnx_node import OnnxNode
 
 
 class FusedMatMul(nn.Module):
     """``alpha * op(A) @ op(B)``, op transposing the last two dims when asked."""
 
-    def __init__(self, alpha: float, trans_a: bool, trans_b: bool):
+    def __init__(self, alpha: float, trans_a: bool, trans_b: bool) -> None:
         super().__init__()
         self.alpha, self.trans_a, self.trans_b = alpha, trans_a, trans_b
 
-    def forward(self, a, b):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         if self.trans_a:
             a = a.transpose(-1, -2)
         if self.trans_b:
@@ -26,7 +32,7 @@ class FusedMatMul(nn.Module):
 
 
 @register("FusedMatMul", domain=MICROSOFT)
-def fused_matmul(node, graph, context: ConversionContext):
+def fused_matmul(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     if attrs.get("transBatchA", 0) or attrs.get("transBatchB", 0):
         raise NotImplementedError("FusedMatMul with transBatchA/transBatchB is not supported")

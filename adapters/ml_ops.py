@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
-from .common import Inline, attributes, result
+from .common import Inline, OperationConverterResult, attributes, result
 from .registry import ConversionContext, register
+
+if TYPE_CHECKING:
+    from onnx2torch.onnx_graph import OnnxGraph
+    from onnx2torch.onnx_node import OnnxNode
 
 ML = "ai.onnx.ml"
 
@@ -23,12 +28,12 @@ def extract_features(data: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
 
 
 @register("Binarizer", domain=ML)
-def binarizer(node, graph, context: ConversionContext):
+def binarizer(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(Inline(binarize, float(attributes(node).get("threshold", 0.0))), node)
 
 
 @register("ArrayFeatureExtractor", domain=ML)
-def array_feature_extractor(node, graph, context: ConversionContext):
+def array_feature_extractor(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(Inline(extract_features), node)
 
 
@@ -36,7 +41,7 @@ class TfIdfVectorizer(torch.nn.Module):
     """ONNX TfIdfVectorizer over int64 tokens: counts of the pool's n-grams (with skips) per row, weighted
     as TF, IDF or TFIDF. Counted on the host: integer bookkeeping, no gradient."""
 
-    def __init__(self, attrs: dict):
+    def __init__(self, attrs: dict) -> None:
         super().__init__()
         self.min_size, self.max_size = attrs["min_gram_length"], attrs["max_gram_length"]
         self.max_skip, self.mode = attrs["max_skip_count"], attrs["mode"]
@@ -89,7 +94,7 @@ class TfIdfVectorizer(torch.nn.Module):
 
 
 @register("TfIdfVectorizer", since=9)
-def tfidf_vectorizer(node, graph, context: ConversionContext):
+def tfidf_vectorizer(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     if "pool_strings" in attrs:
         raise NotImplementedError("TfIdfVectorizer: pool_strings (string tokens) has no torch form; int64 pools do")
@@ -111,7 +116,7 @@ class TreeEnsemble(torch.nn.Module):
     """ai.onnx.ml TreeEnsemble (opset 5): each tree sends a row to one leaf; leaf weights are summed,
     averaged, or min/max-ed per target. Walked on the host: trees have no gradient."""
 
-    def __init__(self, attrs: dict):
+    def __init__(self, attrs: dict) -> None:
         super().__init__()
         attrs = self.attrs = {
             name: _values(value) if hasattr(value, "to_torch") else value for name, value in attrs.items()
@@ -167,7 +172,7 @@ def _values(tensor) -> list:
 
 
 @register("TreeEnsemble", domain=ML, since=5)
-def tree_ensemble(node, graph, context: ConversionContext):
+def tree_ensemble(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     if attrs.get("post_transform", 0):
         raise NotImplementedError("TreeEnsemble: post_transform other than NONE is not supported")

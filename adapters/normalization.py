@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import attributes, is_constant, result
+from .common import OperationConverterResult, attributes, is_constant, result
 from .registry import MICROSOFT, ConversionContext, register
+
+if TYPE_CHECKING:
+    from onnx2torch.onnx_graph import OnnxGraph
+    from onnx2torch.onnx_node import OnnxNode
 
 
 class BatchNorm(nn.Module):
@@ -16,14 +22,18 @@ class BatchNorm(nn.Module):
     as ORT does: ``running = momentum * running + (1 - momentum) * batch`` with the biased variance.
     """
 
-    def __init__(self, epsilon: float, momentum: float, batch_statistics: bool, update_running: bool, outputs: int):
+    def __init__(
+        self, epsilon: float, momentum: float, batch_statistics: bool, update_running: bool, outputs: int
+    ) -> None:
         super().__init__()
         self.epsilon, self.momentum = epsilon, momentum
         self.batch_statistics, self.update_running = batch_statistics, update_running
         self.outputs = outputs
         self._is_impure = update_running  # keep the node even if its output were unused
 
-    def forward(self, x, scale, bias, mean, var):
+    def forward(
+        self, x: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, mean: torch.Tensor, var: torch.Tensor
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
         if not self.batch_statistics:
             y = F.batch_norm(x, mean, var, scale, bias, training=False, eps=self.epsilon)
             return y if self.outputs == 1 else (y, mean, var)
@@ -43,7 +53,7 @@ class BatchNorm(nn.Module):
         return y
 
 
-def _batch_norm(node, graph, context: ConversionContext):
+def _batch_norm(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     if attrs.get("spatial", 1) != 1:
         raise NotImplementedError("BatchNormalization with spatial=0 is not supported")
@@ -65,11 +75,13 @@ register("BatchNormInternal", domain=MICROSOFT)(_batch_norm)
 class LayerNorm(nn.Module):
     """ONNX LayerNormalization over dims ``axis..``; optionally also returns Mean and InvStdDev."""
 
-    def __init__(self, axis: int, epsilon: float, outputs: int, simplified: bool = False):
+    def __init__(self, axis: int, epsilon: float, outputs: int, simplified: bool = False) -> None:
         super().__init__()
         self.axis, self.epsilon, self.outputs, self.simplified = axis, epsilon, outputs, simplified
 
-    def forward(self, x, scale, bias=None):
+    def forward(
+        self, x: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
         axis = self.axis % x.dim()
         dims = tuple(range(axis, x.dim()))
         if self.simplified:
@@ -88,7 +100,7 @@ class LayerNorm(nn.Module):
         return (y, mean, torch.rsqrt(var + self.epsilon))[: self.outputs]
 
 
-def _layer_norm(node, graph, context: ConversionContext, simplified: bool = False):
+def _layer_norm(node: OnnxNode, graph: OnnxGraph, context: ConversionContext, simplified: bool = False):
     attrs = attributes(node)
     module = LayerNorm(attrs.get("axis", -1), attrs.get("epsilon", 1e-5), len(node.output_values), simplified)
     return result(module, node)
@@ -99,24 +111,31 @@ register("LayerNormalization", domain=MICROSOFT)(_layer_norm)
 
 
 @register("SimplifiedLayerNormalization", since=1)
-def simplified_layer_norm(node, graph, context: ConversionContext):
+def simplified_layer_norm(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return _layer_norm(node, graph, context, simplified=True)
 
 
 class SkipLayerNorm(nn.Module):
     """com.microsoft SkipLayerNormalization: LayerNorm(input + skip + bias); returns the sum as 4th output."""
 
-    def __init__(self, epsilon: float, outputs: int):
+    def __init__(self, epsilon: float, outputs: int) -> None:
         super().__init__()
         self.norm = LayerNorm(-1, epsilon, 3)
         self.outputs = outputs
 
-    def forward(self, x, skip, gamma, beta=None, bias=None):
+    def forward(
+        self,
+        x: torch.Tensor,
+        skip: torch.Tensor,
+        gamma: torch.Tensor,
+        beta: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
         total = x + skip if bias is None else x + skip + bias
         y, mean, inv_std = self.norm(total, gamma, beta)
         return y if self.outputs == 1 else (y, mean, inv_std, total)[: self.outputs]
 
 
 @register("SkipLayerNormalization", domain=MICROSOFT)
-def skip_layer_norm(node, graph, context: ConversionContext):
+def skip_layer_norm(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(SkipLayerNorm(attributes(node).get("epsilon", 1e-5), len(node.output_values)), node)

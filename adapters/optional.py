@@ -3,10 +3,16 @@ values themselves have no torch form)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from .common import Inline, result
+from .common import Inline, OperationConverterResult, result
 from .registry import ConversionContext, register
+
+if TYPE_CHECKING:
+    from onnx2torch.onnx_graph import OnnxGraph
+    from onnx2torch.onnx_node import OnnxNode
 
 
 def has_element(x: torch.Tensor | None = None) -> torch.Tensor:
@@ -15,7 +21,7 @@ def has_element(x: torch.Tensor | None = None) -> torch.Tensor:
 
 
 @register("OptionalHasElement", since=15)
-def optional_has_element(node, graph, context: ConversionContext):
+def optional_has_element(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(Inline(has_element), node)
 
 
@@ -25,5 +31,5 @@ def get_element(x: torch.Tensor) -> torch.Tensor:
 
 
 @register("OptionalGetElement", since=15)
-def optional_get_element(node, graph, context: ConversionContext):
+def optional_get_element(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(Inline(get_element), node)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .common import (
     Inline,
+    OperationConverterResult,
     attributes,
     constant_ints,
     has_input,
@@ -18,6 +21,10 @@ from .common import (
     scalar_constant,
 )
 from .registry import ConversionContext, register
+
+if TYPE_CHECKING:
+    from onnx2torch.onnx_graph import OnnxGraph
+    from onnx2torch.onnx_node import OnnxNode
 
 _TORCH_MODES = {"reflect": "reflect", "edge": "replicate", "wrap": "circular"}
 
@@ -58,7 +65,9 @@ def pad_tensor(x: torch.Tensor, pads: dict[int, tuple[int, int]], mode: str, val
     return pad_by_index(x, pads, mode)
 
 
-def _per_axis(pads: list[int], axes: list[int], rank: int) -> dict[int, tuple[int, int]]:
+def _per_axis(pads: list[int] | None, axes: list[int] | None, rank: int) -> dict[int, tuple[int, int]]:
+    if pads is None or axes is None:
+        raise ValueError("Pad: its pads and axes must be given as constants")
     count = len(axes)
     if len(pads) != 2 * count:
         raise ValueError(f"Pad: {len(pads)} pads for {count} axes")
@@ -68,11 +77,17 @@ def _per_axis(pads: list[int], axes: list[int], rank: int) -> dict[int, tuple[in
 class DynamicPad(nn.Module):
     """Pad whose pads, constant value or axes are read at run time."""
 
-    def __init__(self, mode: str):
+    def __init__(self, mode: str) -> None:
         super().__init__()
         self.mode = mode
 
-    def forward(self, x, pads, constant_value=None, axes=None):
+    def forward(
+        self,
+        x: torch.Tensor,
+        pads: torch.Tensor,
+        constant_value: torch.Tensor | None = None,
+        axes: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         axis_list = list(range(x.dim())) if axes is None else axes.tolist()
         per_axis = _per_axis(pads.tolist(), axis_list, x.dim())
         if self.mode == "constant" and constant_value is not None and constant_value.requires_grad:
@@ -83,7 +98,7 @@ class DynamicPad(nn.Module):
 
 
 @register("Pad", since=1)
-def pad(node, graph, context: ConversionContext):
+def pad(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     mode = attrs.get("mode", "constant")
     if mode not in ("constant", *_TORCH_MODES):
@@ -114,7 +129,7 @@ def center_crop_pad(x: torch.Tensor, shape: torch.Tensor, axes: list[int]) -> to
 
 
 @register("CenterCropPad", since=18)
-def center_crop_pad_op(node, graph, context: ConversionContext):
+def center_crop_pad_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     rank = len(input_shape(node, graph, 0))
     axes = [normalize_axis(a, rank) for a in attributes(node).get("axes", range(rank))]
     return result(Inline(center_crop_pad, axes), node)

@@ -8,18 +8,27 @@ is dropped.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
+from types import EllipsisType
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
-from .common import Inline, attributes, input_shape, result
+from .common import Inline, OperationConverterResult, attributes, input_shape, result
 from .registry import ConversionContext, register
 
-_MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
+if TYPE_CHECKING:
+    from onnx2torch.onnx_graph import OnnxGraph
+    from onnx2torch.onnx_node import OnnxNode
+
+_MAX_POOL: dict[int, Callable[..., Any]] = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
 _AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
 
 
-def _geometry(node, graph) -> tuple[list[int], list[int], list[int], list[int], list[int], list[int], bool]:
+def _geometry(
+    node: OnnxNode, graph: OnnxGraph
+) -> tuple[list[int], list[int], list[int], list[int], list[int], list[int], bool]:
     """sizes, kernel, strides, dilations, pad begins, pad ends, ceil_mode (auto_pad resolved)."""
     attrs = attributes(node)
     sizes = list(input_shape(node, graph, 0)[2:])
@@ -80,18 +89,17 @@ def max_pool(
     out_sizes: list[int],
     with_indices: bool,
     column_major: bool,
-):
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """ONNX MaxPool; with ``with_indices`` also the flattened (N, C, *spatial) index of each maximum."""
     rank = len(kernel)
     native = _torch_native(kernel, dilations, begins, ends)
     source = x if native else F.pad(x, _f_pad(begins, ends), value=-math.inf)
     padding = begins if native else [0] * rank
     pooled = _MAX_POOL[rank](source, kernel, strides, padding, dilations, ceil_mode, return_indices=with_indices)
-    y, indices = pooled if with_indices else (pooled, None)
-    y = y[(Ellipsis, *(slice(0, size) for size in out_sizes))]
+    cropped: tuple[EllipsisType | slice, ...] = (Ellipsis, *(slice(0, size) for size in out_sizes))
     if not with_indices:
-        return y
-    indices = indices[(Ellipsis, *(slice(0, size) for size in out_sizes))]
+        return pooled[cropped]
+    y, indices = pooled[0][cropped], pooled[1][cropped]
     return y, _onnx_indices(indices, x.shape, source.shape, [0] * rank if native else begins, column_major)
 
 
@@ -114,7 +122,7 @@ def _onnx_indices(indices: torch.Tensor, shape, pooled_shape, begins, column_maj
 
 
 @register("MaxPool", since=1)
-def max_pool_op(node, graph, context: ConversionContext):
+def max_pool_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     sizes, kernel, strides, dilations, begins, ends, ceil_mode = _geometry(node, graph)
     out_sizes = _output_sizes(sizes, kernel, strides, dilations, begins, ends, ceil_mode)
     with_indices = len(node.output_values) > 1 and bool(node.output_values[1])
@@ -126,7 +134,16 @@ def max_pool_op(node, graph, context: ConversionContext):
 
 
 # AveragePool --------------------------------------------------------------------------------------
-def average_pool(x: torch.Tensor, kernel, strides, dilations, begins, ends, out_sizes, count_include_pad: bool):
+def average_pool(
+    x: torch.Tensor,
+    kernel: Sequence[int],
+    strides: Sequence[int],
+    dilations: Sequence[int],
+    begins: Sequence[int],
+    ends: Sequence[int],
+    out_sizes: Sequence[int],
+    count_include_pad: bool,
+) -> torch.Tensor:
     """ONNX AveragePool by explicit windows: any pads, dilations, ceil overflow excluded from the count."""
     rank = len(kernel)
     spans = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
@@ -150,11 +167,12 @@ def _windows(x: torch.Tensor, spans, strides, dilations) -> torch.Tensor:
     """(N, C, *out, *kernel) view of the windows of ``x`` (already padded)."""
     for axis, (span, stride) in enumerate(zip(spans, strides)):
         x = x.unfold(2 + axis, span, stride)
-    return x[(Ellipsis, *(slice(None, None, d) for d in dilations))]
+    index: tuple[EllipsisType | slice, ...] = (Ellipsis, *(slice(None, None, d) for d in dilations))
+    return x[index]
 
 
 @register("AveragePool", since=1)
-def average_pool_op(node, graph, context: ConversionContext):
+def average_pool_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     sizes, kernel, strides, dilations, begins, ends, ceil_mode = _geometry(node, graph)
     include_pad = bool(attributes(node).get("count_include_pad", 0))
     out_sizes = _output_sizes(sizes, kernel, strides, dilations, begins, ends, ceil_mode)
@@ -165,22 +183,31 @@ def average_pool_op(node, graph, context: ConversionContext):
 
 
 # Global pools -------------------------------------------------------------------------------------
-def _spatial_dims(node, graph) -> tuple[int, ...]:
+def _spatial_dims(node: OnnxNode, graph: OnnxGraph) -> tuple[int, ...]:
     return tuple(range(2, len(input_shape(node, graph, 0))))
 
 
 @register("GlobalAveragePool", since=1)
-def global_average_pool(node, graph, context: ConversionContext):
+def global_average_pool(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(Inline(torch.mean, _spatial_dims(node, graph), True), node)
 
 
 @register("GlobalMaxPool", since=1)
-def global_max_pool(node, graph, context: ConversionContext):
+def global_max_pool(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(Inline(torch.amax, _spatial_dims(node, graph), True), node)
 
 
 # LpPool -------------------------------------------------------------------------------------------
-def lp_pool(x: torch.Tensor, p: float, kernel, strides, dilations, begins, ends, out_sizes) -> torch.Tensor:
+def lp_pool(
+    x: torch.Tensor,
+    p: float,
+    kernel: Sequence[int],
+    strides: Sequence[int],
+    dilations: Sequence[int],
+    begins: Sequence[int],
+    ends: Sequence[int],
+    out_sizes: Sequence[int],
+) -> torch.Tensor:
     """ONNX LpPool: ``(sum over the window of |x|^p)^(1/p)``, pads counting as zeros."""
     spans = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
     padded = [n + b + e for n, b, e in zip(x.shape[2:], begins, ends)]
@@ -191,7 +218,7 @@ def lp_pool(x: torch.Tensor, p: float, kernel, strides, dilations, begins, ends,
 
 
 @register("LpPool", since=2)
-def lp_pool_op(node, graph, context: ConversionContext):
+def lp_pool_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     sizes, kernel, strides, dilations, begins, ends, ceil_mode = _geometry(node, graph)
     out_sizes = _output_sizes(sizes, kernel, strides, dilations, begins, ends, ceil_mode)
     p = float(attributes(node).get("p", 2))
@@ -211,7 +238,7 @@ def max_unpool(
 
 
 @register("MaxUnpool", since=9)
-def max_unpool_op(node, graph, context: ConversionContext):
+def max_unpool_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     shape = input_shape(node, graph, 0)
     kernel = list(attrs["kernel_shape"])

@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from ort_torch_train.dtypes import torch_dtype
 
-from .common import attributes, result
+from .common import OperationConverterResult, attributes, result
 from .registry import ConversionContext, register
+
+if TYPE_CHECKING:
+    from onnx2torch.onnx_graph import OnnxGraph
+    from onnx2torch.onnx_node import OnnxNode
 
 
 class _Seeded(nn.Module):
     """Draws from torch's default generator, or from one seeded once by the ``seed`` attribute."""
 
-    def __init__(self, dtype: torch.dtype | None, seed: float | None):
+    def __init__(self, dtype: torch.dtype | None, seed: float | None) -> None:
         super().__init__()
         self.dtype, self.seed = dtype, seed
         self._generators: dict[torch.device, torch.Generator] = {}
@@ -30,7 +36,7 @@ class _Seeded(nn.Module):
 class RandomUniformLike(_Seeded):
     """Uniform draws in ``[low, high)`` of the input's shape (dtype: the attribute's, else the input's)."""
 
-    def __init__(self, dtype, seed, low: float, high: float):
+    def __init__(self, dtype: torch.dtype | None, seed: float | None, low: float, high: float) -> None:
         super().__init__(dtype, seed)
         self.low, self.high = low, high
 
@@ -51,7 +57,7 @@ def _dtype(attrs: dict) -> torch.dtype | None:
 
 
 @register("RandomUniformLike", since=1)
-def random_uniform_like(node, graph, context: ConversionContext):
+def random_uniform_like(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     return result(
         RandomUniformLike(_dtype(attrs), attrs.get("seed"), attrs.get("low", 0.0), attrs.get("high", 1.0)), node
@@ -59,6 +65,6 @@ def random_uniform_like(node, graph, context: ConversionContext):
 
 
 @register("Bernoulli", since=15)
-def bernoulli(node, graph, context: ConversionContext):
+def bernoulli(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     return result(Bernoulli(_dtype(attrs), attrs.get("seed")), node)

@@ -7,11 +7,25 @@ only the elementwise part of composite reductions remains (ReduceLogSum -> log, 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
-from .common import Inline, attributes, constant_ints, has_input, input_shape, normalize_axis, result
+from .common import (
+    Inline,
+    OperationConverterResult,
+    attributes,
+    constant_ints,
+    has_input,
+    input_shape,
+    normalize_axis,
+    result,
+)
 from .registry import ConversionContext, register
+
+if TYPE_CHECKING:
+    from onnx2torch.onnx_graph import OnnxGraph
+    from onnx2torch.onnx_node import OnnxNode
 
 
 def reduce_sum(x: torch.Tensor, dims: tuple[int, ...], keepdim: bool) -> torch.Tensor:
@@ -39,6 +53,7 @@ def reduce_min(x: torch.Tensor, dims: tuple[int, ...], keepdim: bool) -> torch.T
 
 
 def _over_empty(x: torch.Tensor, dims: tuple[int, ...], keepdim: bool, lowest: bool) -> torch.Tensor:
+    fill: bool | float | int
     if x.dtype == torch.bool:
         fill = not lowest
     elif x.is_floating_point():
@@ -113,7 +128,7 @@ def reduce_dynamic(x: torch.Tensor, axes: torch.Tensor, op_type: str, keepdim: b
 
 
 def _converter(op_type: str):
-    def convert(node, graph, context: ConversionContext):
+    def convert(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
         attrs = attributes(node)
         keepdim = bool(attrs.get("keepdims", 1))
         noop_empty = bool(attrs.get("noop_with_empty_axes", 0))

@@ -11,14 +11,28 @@ concrete shapes.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import attributes, constant_input, has_input, input_shape, is_constant, normalize_axis, result
+from .common import (
+    OperationConverterResult,
+    attributes,
+    constant_input,
+    has_input,
+    input_shape,
+    is_constant,
+    normalize_axis,
+    result,
+)
 from .registry import ConversionContext, register
 from .resize_matrix import MatrixResize
+
+if TYPE_CHECKING:
+    from onnx2torch.onnx_graph import OnnxGraph
+    from onnx2torch.onnx_node import OnnxNode
 
 _COORDINATES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric")
 _NEAREST = {
@@ -48,7 +62,7 @@ def _source_coordinate(x: int, size: int, out: int, scale: float, mode: str) -> 
 class TableResize(nn.Module):
     """Separable resize: per axis, gather one (nearest) or two (linear) source rows and blend."""
 
-    def __init__(self, plan: dict[int, tuple[list[int], list[int], list[float] | None]]):
+    def __init__(self, plan: dict[int, tuple[list[int], list[int], list[float] | None]]) -> None:
         super().__init__()
         self.axes = list(plan)
         for axis, (low, high, weights) in plan.items():
@@ -116,7 +130,7 @@ def _interpolate(scales, sizes, shape, axes, attrs, linear: bool):
 class InterpolateTo(nn.Module):
     """``F.interpolate`` to a fixed size."""
 
-    def __init__(self, size: tuple[int, ...], mode: str, align_corners: bool | None):
+    def __init__(self, size: tuple[int, ...], mode: str, align_corners: bool | None) -> None:
         super().__init__()
         self.size, self.mode, self.align_corners = size, mode, align_corners
 
@@ -125,7 +139,7 @@ class InterpolateTo(nn.Module):
 
 
 @register("Resize", since=11)
-def resize(node, graph, context: ConversionContext):
+def resize(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = dict(attributes(node))
     attrs.setdefault("coordinate_transformation_mode", "half_pixel")
     attrs.setdefault("nearest_mode", "round_prefer_floor")
@@ -160,7 +174,7 @@ def resize(node, graph, context: ConversionContext):
 class RuntimeResize(nn.Module):
     """Resize to scales or sizes read at run time (the index tables are built on each call)."""
 
-    def __init__(self, axes: list[int], attrs: dict, sizes: bool):
+    def __init__(self, axes: list[int], attrs: dict, sizes: bool) -> None:
         super().__init__()
         self.axes, self.attrs, self.sizes = axes, attrs, sizes
 
@@ -183,7 +197,7 @@ def _static_resize(shape, axes, attrs, scale_values, size_values) -> nn.Module:
 
 
 @register("Upsample", since=7)
-def upsample(node, graph, context: ConversionContext):
+def upsample(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     """Upsample (opset 7-9): a Resize by scales with asymmetric coordinates and floor nearest."""
     node_attrs = attributes(node)
     mode = "linear" if node_attrs.get("mode", "nearest") in ("linear", "bilinear") else "nearest"

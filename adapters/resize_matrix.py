@@ -8,6 +8,7 @@ positions of tf_crop_and_resize take ``extrapolation_value`` as ONNX's recursive
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import lru_cache
 
 import torch
@@ -97,13 +98,15 @@ def axis_matrix(size: int, out: int, scale: float, roi: tuple[float, float], att
 class MatrixResize(nn.Module):
     """Resize by per-axis matrices built from the run-time roi and scales/sizes (cached per value)."""
 
-    def __init__(self, axes: list[int], attrs: dict, sizes: bool, targets):
+    def __init__(self, axes: list[int], attrs: dict, sizes: bool, targets: Callable[..., tuple]) -> None:
         super().__init__()
         self.axes, self.sizes, self.targets, self.options = axes, sizes, targets, attrs
         self.attrs = tuple(sorted((k, v) for k, v in attrs.items() if isinstance(v, (int, float, str))))
         self.extrapolation = float(attrs.get("extrapolation_value", 0.0))
 
-    def forward(self, x: torch.Tensor, roi: torch.Tensor | None = None, target: torch.Tensor | None = None):
+    def forward(
+        self, x: torch.Tensor, roi: torch.Tensor | None = None, target: torch.Tensor | None = None
+    ) -> torch.Tensor:
         values = (None, target) if self.sizes else (target, None)
         scales, sizes = self.targets(*values, tuple(x.shape), self.axes, self.options)
         dtype = x.dtype

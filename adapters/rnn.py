@@ -10,15 +10,20 @@ every other node runs the per-timestep loop of ``rnn_cells``. onnxruntime-traini
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import _VF, nn
 
 from ort_torch_train.errors import UnsupportedOperatorError
 
-from .common import attributes, has_input, input_shape, result
+from .common import OperationConverterResult, attributes, has_input, input_shape, result
 from .registry import MICROSOFT, ConversionContext, register
 from .rnn_cells import ActivationSpec, activation_specs, recurrent_direction
+
+if TYPE_CHECKING:
+    from onnx2torch.onnx_graph import OnnxGraph
+    from onnx2torch.onnx_node import OnnxNode
 
 _DEFAULT_ACTIVATIONS = {"RNN": ("Tanh",), "GRU": ("Sigmoid", "Tanh"), "LSTM": ("Sigmoid", "Tanh", "Tanh")}
 _TORCH_GATE_ORDER = {"RNN": (0,), "GRU": (1, 0, 2), "LSTM": (0, 2, 3, 1)}
@@ -49,11 +54,21 @@ class RecurrentConfig:
 class Recurrent(nn.Module):
     """An ONNX RNN/GRU/LSTM node: returns ``Y, Y_h[, Y_c]`` (as many as the node has outputs)."""
 
-    def __init__(self, config: RecurrentConfig):
+    def __init__(self, config: RecurrentConfig) -> None:
         super().__init__()
         self.config = config
 
-    def forward(self, x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p=None):
+    def forward(
+        self,
+        x: torch.Tensor,
+        w: torch.Tensor,
+        r: torch.Tensor,
+        b: torch.Tensor | None = None,
+        sequence_lens: torch.Tensor | None = None,
+        initial_h: torch.Tensor | None = None,
+        initial_c: torch.Tensor | None = None,
+        p: torch.Tensor | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor | None, ...]:
         return recurrent(x, w, r, b, sequence_lens, initial_h, initial_c, p, config=self.config)
 
 
@@ -126,7 +141,7 @@ def _looped(config: RecurrentConfig, x, w, r, b, sequence_lens, h0, c0, p):
     """The per-timestep loop, one direction after the other."""
     per_direction = len(_DEFAULT_ACTIVATIONS[config.op_type])
     lengths = None if sequence_lens is None else sequence_lens.to(device=x.device, dtype=torch.int64)
-    ys, hs, cs = [], [], []
+    ys, hs, cs = [], [], []  # cs: the cell states of an LSTM
     for d in range(config.num_directions):
         y, h, c = recurrent_direction(
             config.op_type,
@@ -146,7 +161,8 @@ def _looped(config: RecurrentConfig, x, w, r, b, sequence_lens, h0, c0, p):
         )
         ys.append(y)
         hs.append(h)
-        cs.append(c)
+        if c is not None:
+            cs.append(c)
     return torch.stack(ys, 1), torch.stack(hs), None if c0 is None else torch.stack(cs)
 
 
@@ -154,7 +170,7 @@ def _floats(value) -> list[float]:
     return [float(v) for v in value] if isinstance(value, list) else []
 
 
-def recurrent_config(node, op_type: str) -> RecurrentConfig:
+def recurrent_config(node: OnnxNode, op_type: str) -> RecurrentConfig:
     """The node's attributes and present inputs, checked."""
     attrs = attributes(node)
     direction = attrs.get("direction", "forward")
@@ -162,7 +178,8 @@ def recurrent_config(node, op_type: str) -> RecurrentConfig:
         raise UnsupportedOperatorError(f"{op_type}: attribute direction={direction!r}, expected one of {_DIRECTIONS}")
     directions = 2 if direction == "bidirectional" else 1
     defaults = _DEFAULT_ACTIVATIONS[op_type]
-    names = attrs.get("activations") if isinstance(attrs.get("activations"), list) else list(defaults) * directions
+    given = attrs.get("activations")
+    names = given if isinstance(given, list) else list(defaults) * directions
     if len(names) == len(defaults) and directions == 2:
         names = names * 2
     if len(names) < len(defaults) * directions:
@@ -203,7 +220,7 @@ def recurrent_config(node, op_type: str) -> RecurrentConfig:
     )
 
 
-def check_shapes(node, graph, config: RecurrentConfig) -> None:
+def check_shapes(node: OnnxNode, graph: OnnxGraph, config: RecurrentConfig) -> None:
     """Raise ValueError naming the first input whose shape does not fit X, R and the attributes."""
     op_type = config.op_type
     shapes = {name: input_shape(node, graph, i) for i, name in enumerate(_INPUTS) if has_input(node, i)}
@@ -234,7 +251,7 @@ def check_shapes(node, graph, config: RecurrentConfig) -> None:
             )
 
 
-def _convert(node, graph, op_type: str):
+def _convert(node: OnnxNode, graph: OnnxGraph, op_type: str):
     config = recurrent_config(node, op_type)
     check_shapes(node, graph, config)
     return result(Recurrent(config), node)
@@ -243,12 +260,12 @@ def _convert(node, graph, op_type: str):
 @register("RNN", since=7)
 @register("GRU", since=7)
 @register("LSTM", since=7)
-def recurrent_op(node, graph, context: ConversionContext):
+def recurrent_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return _convert(node, graph, node.operation_type)
 
 
 @register("GRUTraining", domain=MICROSOFT)
 @register("LSTMTraining", domain=MICROSOFT)
-def recurrent_training_op(node, graph, context: ConversionContext):
+def recurrent_training_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     """ORT's forward GRU/LSTM: the ONNX op, plus gate/cell intermediates for its gradient node (autograd here)."""
     return _convert(node, graph, node.operation_type.removesuffix("Training"))

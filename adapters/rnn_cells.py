@@ -105,8 +105,8 @@ def recurrent_direction(
     projected = F.linear(x, w, input_bias)  # every step's input projection at once
     hidden = r.shape[-1]
     steps = range(x.shape[0] - 1, -1, -1) if reverse else range(x.shape[0])
-    outputs: list[torch.Tensor | None] = [None] * x.shape[0]
     zeros = torch.zeros_like(h)
+    outputs = [zeros] * x.shape[0]  # every step's output replaces its placeholder
     for step in steps:
         mask = _masked(step, lengths)
         if op_type == "RNN":
@@ -114,6 +114,7 @@ def recurrent_direction(
         elif op_type == "GRU":
             new_h = _gru_step(projected[step], h, r, recurrence_bias, hidden, activations, clip, linear_before_reset)
         else:
+            assert c is not None, "an LSTM has a cell state"
             new_h, new_c = _lstm_step(
                 projected[step] + F.linear(h, r, recurrence_bias), c, p, hidden, activations, clip, input_forget
             )

@@ -4,13 +4,18 @@ CausalConvWithState (depthwise causal conv1d carrying its last k-1 inputs)."""
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import attributes, result
+from .common import OperationConverterResult, attributes, result
 from .registry import ConversionContext, register
+
+if TYPE_CHECKING:
+    from onnx2torch.onnx_graph import OnnxGraph
+    from onnx2torch.onnx_node import OnnxNode
 
 
 def _heads(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -28,12 +33,20 @@ class LinearAttention(nn.Module):
     """ONNX LinearAttention: the state ``S (d_k x d_v)`` per KV head is decayed, delta-corrected, written
     with ``k v^T`` and read with ``q`` at each step (float32 accumulation; query heads share KV heads)."""
 
-    def __init__(self, q_heads: int, kv_heads: int, scale: float, rule: str):
+    def __init__(self, q_heads: int, kv_heads: int, scale: float, rule: str) -> None:
         super().__init__()
         self.q_heads, self.kv_heads, self.scale = q_heads, kv_heads, scale
         self.gating, self.delta = rule in ("gated", "gated_delta"), rule in ("delta", "gated_delta")
 
-    def forward(self, query, key, value, past_state=None, decay=None, beta=None):
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        past_state: torch.Tensor | None = None,
+        decay: torch.Tensor | None = None,
+        beta: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         batch, time, _ = query.shape
         q, k, v = _heads(query, self.q_heads), _heads(key, self.kv_heads), _heads(value, self.kv_heads)
         d_k, d_v = k.shape[-1], v.shape[-1]
@@ -49,12 +62,14 @@ class LinearAttention(nn.Module):
         state = _wide(past_state) if past_state is not None else q.new_zeros(batch, self.kv_heads, d_k, d_v)
         scale = self.scale or 1.0 / math.sqrt(d_k)
         group = self.q_heads // self.kv_heads
+        if (self.gating and decay is None) or (self.delta and beta is None):
+            raise ValueError("LinearAttention: the gated rules need a decay input, the delta rules a beta input")
         outputs = []
         for step in range(time):
             k_t, v_t = k[:, :, step], v[:, :, step]
-            if self.gating:
+            if self.gating and decay is not None:
                 state = state * torch.exp(decay[:, :, step]).unsqueeze(-1)
-            if self.delta:
+            if self.delta and beta is not None:
                 v_t = beta[:, :, step] * (v_t - torch.einsum("bhdm,bhd->bhm", state, k_t))
             state = state + k_t.unsqueeze(-1) * v_t.unsqueeze(-2)
             read = state.repeat_interleave(group, dim=1) if group > 1 else state
@@ -65,7 +80,7 @@ class LinearAttention(nn.Module):
 
 
 @register("LinearAttention", since=27)
-def linear_attention(node, graph, context: ConversionContext):
+def linear_attention(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     module = LinearAttention(
         attrs["q_num_heads"],
@@ -79,11 +94,17 @@ def linear_attention(node, graph, context: ConversionContext):
 class CausalConvWithState(nn.Module):
     """Depthwise conv1d over ``[past_state (or zeros), input]``; also returns the last ``k - 1`` positions."""
 
-    def __init__(self, silu: bool):
+    def __init__(self, silu: bool) -> None:
         super().__init__()
         self.silu = silu
 
-    def forward(self, x, weight, bias=None, past_state=None):
+    def forward(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        past_state: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         width = weight.shape[2] - 1
         past = x.new_zeros(x.shape[0], x.shape[1], width) if past_state is None else past_state
         padded = torch.cat((past, x), dim=2)
@@ -94,5 +115,5 @@ class CausalConvWithState(nn.Module):
 
 
 @register("CausalConvWithState", since=27)
-def causal_conv_with_state(node, graph, context: ConversionContext):
+def causal_conv_with_state(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(CausalConvWithState(attributes(node).get("activation", "none") in ("silu", "swish")), node)

@@ -5,18 +5,33 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
-from .common import Inline, attributes, constant_ints, has_input, input_shape, is_constant, normalize_axis, result
+from .common import (
+    Inline,
+    OperationConverterResult,
+    attributes,
+    constant_ints,
+    has_input,
+    input_shape,
+    is_constant,
+    normalize_axis,
+    result,
+)
 from .registry import ConversionContext, register
+
+if TYPE_CHECKING:
+    from onnx2torch.onnx_graph import OnnxGraph
+    from onnx2torch.onnx_node import OnnxNode
 
 
 class TensorSequence(Sequence):
     """An ONNX sequence value. Not a tuple, so the conversion loop treats it as ONE output."""
 
-    def __init__(self, tensors: Sequence[torch.Tensor]):
+    def __init__(self, tensors: Iterable[torch.Tensor]) -> None:
         self.tensors = tuple(tensors)
 
     def __getitem__(self, index):
@@ -33,7 +48,7 @@ def split_to_sequence(x: torch.Tensor, sizes: list[int], axis: int, squeeze: boo
 
 
 @register("SplitToSequence", since=11)
-def split_to_sequence_op(node, graph, context: ConversionContext):
+def split_to_sequence_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     shape = input_shape(node, graph, 0)
     axis = normalize_axis(attrs.get("axis", 0), len(shape))
@@ -56,7 +71,7 @@ def sequence_at_dynamic(sequence: TensorSequence, position: torch.Tensor) -> tor
 
 
 @register("SequenceAt", since=11)
-def sequence_at(node, graph, context: ConversionContext):
+def sequence_at(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     position = constant_ints(node, graph, 1)
     if position is None:
         return result(Inline(sequence_at_dynamic), node)
@@ -69,7 +84,7 @@ def sequence_construct(*tensors: torch.Tensor) -> TensorSequence:
 
 
 @register("SequenceConstruct", since=11)
-def sequence_construct_op(node, graph, context: ConversionContext):
+def sequence_construct_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(Inline(sequence_construct), node)
 
 
@@ -79,7 +94,7 @@ def sequence_length(sequence: TensorSequence) -> torch.Tensor:
 
 
 @register("SequenceLength", since=11)
-def sequence_length_op(node, graph, context: ConversionContext):
+def sequence_length_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(Inline(sequence_length), node)
 
 
@@ -89,6 +104,6 @@ def concat_from_sequence(sequence: TensorSequence, axis: int, new_axis: bool) ->
 
 
 @register("ConcatFromSequence", since=11)
-def concat_from_sequence_op(node, graph, context: ConversionContext):
+def concat_from_sequence_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     return result(Inline(concat_from_sequence, attrs["axis"], bool(attrs.get("new_axis", 0))), node)

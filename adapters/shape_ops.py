@@ -7,11 +7,25 @@ the target baked in; a non-constant shape input falls back to a function reading
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
-from .common import Inline, attributes, constant_ints, has_input, input_shape, normalize_axis, result
+from .common import (
+    Inline,
+    OperationConverterResult,
+    attributes,
+    constant_ints,
+    has_input,
+    input_shape,
+    normalize_axis,
+    result,
+)
 from .registry import ConversionContext, register
+
+if TYPE_CHECKING:
+    from onnx2torch.onnx_graph import OnnxGraph
+    from onnx2torch.onnx_node import OnnxNode
 
 
 # Reshape ------------------------------------------------------------------------------------------
@@ -28,7 +42,7 @@ def reshape_dynamic(x: torch.Tensor, shape: torch.Tensor, allowzero: bool) -> to
 
 
 @register("Reshape", since=1)
-def reshape(node, graph, context: ConversionContext):
+def reshape(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     allowzero = bool(attrs.get("allowzero", 0))
     if context.opset < 5:
@@ -41,7 +55,7 @@ def reshape(node, graph, context: ConversionContext):
 
 
 # Squeeze / Unsqueeze / Flatten --------------------------------------------------------------------
-def _axes(node, graph, context: ConversionContext, since_input: int) -> list[int] | None:
+def _axes(node: OnnxNode, graph: OnnxGraph, context: ConversionContext, since_input: int) -> list[int] | None:
     """The axes of Squeeze/Unsqueeze: an attribute before ``since_input``, an input from it on."""
     if context.opset < since_input:
         return attributes(node).get("axes")
@@ -54,7 +68,7 @@ def squeeze_dynamic(x: torch.Tensor, axes: torch.Tensor) -> torch.Tensor:
 
 
 @register("Squeeze", since=1)
-def squeeze(node, graph, context: ConversionContext):
+def squeeze(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     shape = input_shape(node, graph, 0)
     axes = _axes(node, graph, context, since_input=13)
     if axes is None and context.opset >= 13 and has_input(node, 1):
@@ -83,7 +97,7 @@ def unsqueeze_dynamic(x: torch.Tensor, axes: torch.Tensor) -> torch.Tensor:
 
 
 @register("Unsqueeze", since=1)
-def unsqueeze(node, graph, context: ConversionContext):
+def unsqueeze(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     axes = _axes(node, graph, context, since_input=13)
     if axes is None:
         return result(Inline(unsqueeze_dynamic), node)
@@ -94,7 +108,7 @@ def unsqueeze(node, graph, context: ConversionContext):
 
 
 @register("Flatten", since=1)
-def flatten(node, graph, context: ConversionContext):
+def flatten(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     shape = input_shape(node, graph, 0)
     axis = attributes(node).get("axis", 1)
     axis = axis + len(shape) if axis < 0 else axis
@@ -111,7 +125,7 @@ def expand_dynamic(x: torch.Tensor, shape: torch.Tensor) -> torch.Tensor:
 
 
 @register("Expand", since=8)
-def expand(node, graph, context: ConversionContext):
+def expand(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     shape = constant_ints(node, graph, 1)
     if shape is None:
         return result(Inline(expand_dynamic), node)
@@ -125,7 +139,7 @@ def tile_dynamic(x: torch.Tensor, repeats: torch.Tensor) -> torch.Tensor:
 
 
 @register("Tile", since=6)
-def tile(node, graph, context: ConversionContext):
+def tile(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     repeats = constant_ints(node, graph, 1)
     if repeats is None:
         return result(Inline(tile_dynamic), node)
@@ -133,7 +147,7 @@ def tile(node, graph, context: ConversionContext):
 
 
 @register("Transpose", since=1)
-def transpose(node, graph, context: ConversionContext):
+def transpose(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     rank = len(input_shape(node, graph, 0))
     perm = attributes(node).get("perm", list(reversed(range(rank))))
     return result(Inline("permute", tuple(normalize_axis(axis, rank) for axis in perm)), node)
@@ -146,7 +160,7 @@ def identity(x: torch.Tensor) -> torch.Tensor:
 
 
 @register("Identity", since=1)
-def identity_op(node, graph, context: ConversionContext):
+def identity_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(Inline(identity), node)
 
 
@@ -156,7 +170,7 @@ def shape_of(x: torch.Tensor, start: int, end: int | None) -> torch.Tensor:
 
 
 @register("Shape", since=1)
-def shape(node, graph, context: ConversionContext):
+def shape(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     return result(Inline(shape_of, attrs.get("start", 0), attrs.get("end")), node)
 
@@ -167,5 +181,5 @@ def size_of(x: torch.Tensor) -> torch.Tensor:
 
 
 @register("Size", since=1)
-def size(node, graph, context: ConversionContext):
+def size(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(Inline(size_of), node)

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
 from ort_torch_train.dtypes import torch_dtype
 
-from .common import Inline, attributes, result
+from .common import Inline, OperationConverterResult, attributes, result
 from .registry import ConversionContext, register
+
+if TYPE_CHECKING:
+    from onnx2torch.onnx_graph import OnnxGraph
+    from onnx2torch.onnx_node import OnnxNode
 
 
 def _complex(x: torch.Tensor) -> torch.Tensor:
@@ -41,16 +46,18 @@ def dft(
 class DFT(torch.nn.Module):
     """Module form: ``dft_length`` and (opset 20) ``axis`` are optional inputs."""
 
-    def __init__(self, axis: int, inverse: bool, onesided: bool):
+    def __init__(self, axis: int, inverse: bool, onesided: bool) -> None:
         super().__init__()
         self.axis, self.inverse, self.onesided = axis, inverse, onesided
 
-    def forward(self, x, dft_length=None, axis=None):
+    def forward(
+        self, x: torch.Tensor, dft_length: torch.Tensor | None = None, axis: torch.Tensor | None = None
+    ) -> torch.Tensor:
         return dft(x, dft_length, self.axis if axis is None else axis, inverse=self.inverse, onesided=self.onesided)
 
 
 @register("DFT", since=17)
-def dft_op(node, graph, context: ConversionContext):
+def dft_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     axis = attrs.get("axis", 1 if context.opset < 20 else -2)
     return result(DFT(axis, bool(attrs.get("inverse", 0)), bool(attrs.get("onesided", 0))), node)
@@ -78,16 +85,22 @@ def stft(
 class STFT(torch.nn.Module):
     """Module form: ``window`` and ``frame_length`` are optional inputs."""
 
-    def __init__(self, onesided: bool):
+    def __init__(self, onesided: bool) -> None:
         super().__init__()
         self.onesided = onesided
 
-    def forward(self, signal, frame_step, window=None, frame_length=None):
+    def forward(
+        self,
+        signal: torch.Tensor,
+        frame_step: torch.Tensor,
+        window: torch.Tensor | None = None,
+        frame_length: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         return stft(signal, frame_step, window, frame_length, onesided=self.onesided)
 
 
 @register("STFT", since=17)
-def stft_op(node, graph, context: ConversionContext):
+def stft_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(STFT(bool(attributes(node).get("onesided", 1))), node)
 
 
@@ -115,7 +128,7 @@ def blackman_window(size: torch.Tensor, periodic: bool, dtype: torch.dtype) -> t
 
 
 def _window(function):
-    def convert(node, graph, context: ConversionContext):
+    def convert(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
         attrs = attributes(node)
         dtype = torch_dtype(attrs.get("output_datatype", 1))
         return result(Inline(function, bool(attrs.get("periodic", 1)), dtype), node)
@@ -129,9 +142,9 @@ register("BlackmanWindow", since=17)(_window(blackman_window))
 
 
 def mel_weight_matrix(
-    bins: torch.Tensor,
-    dft_length: torch.Tensor,
-    sample_rate: torch.Tensor,
+    bins: torch.Tensor | int,
+    dft_length: torch.Tensor | int,
+    sample_rate: torch.Tensor | int,
     lower: torch.Tensor,
     upper: torch.Tensor,
     dtype: torch.dtype,
@@ -159,5 +172,5 @@ def mel_weight_matrix(
 
 
 @register("MelWeightMatrix", since=17)
-def mel_weight_matrix_op(node, graph, context: ConversionContext):
+def mel_weight_matrix_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(Inline(mel_weight_matrix, torch_dtype(attributes(node).get("output_datatype", 1))), node)

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import math
+from types import EllipsisType
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from .common import Inline, attributes, input_shape, result
+from .common import Inline, OperationConverterResult, attributes, input_shape, result
 from .registry import ConversionContext, register
+
+if TYPE_CHECKING:
+    from onnx2torch.onnx_graph import OnnxGraph
+    from onnx2torch.onnx_node import OnnxNode
 
 _GRID_MODES = {
     "linear": "bilinear",
@@ -20,7 +26,7 @@ _GRID_MODES = {
 
 
 @register("GridSample", since=16)
-def grid_sample(node, graph, context: ConversionContext):
+def grid_sample(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     mode = _GRID_MODES[attrs.get("mode", "linear" if context.opset >= 20 else "bilinear")]
     return result(
@@ -40,7 +46,7 @@ def affine_grid(theta: torch.Tensor, size: torch.Tensor, align_corners: bool) ->
 
 
 @register("AffineGrid", since=20)
-def affine_grid_op(node, graph, context: ConversionContext):
+def affine_grid_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(Inline(affine_grid, bool(attributes(node).get("align_corners", 0))), node)
 
 
@@ -64,7 +70,8 @@ def col2im(
     out = x.new_zeros(batch, channels, math.prod(padded))
     out = out.index_add(2, index, x.reshape(batch, channels, -1))
     out = out.reshape(batch, channels, *padded)
-    return out[(Ellipsis, *(slice(pads[i], pads[i] + n) for i, n in enumerate(image)))]
+    inside: tuple[EllipsisType | slice, ...] = (Ellipsis, *(slice(pads[i], pads[i] + n) for i, n in enumerate(image)))
+    return out[inside]
 
 
 def _block_positions(padded, block, dilations, strides, counts, device) -> torch.Tensor:
@@ -83,7 +90,7 @@ def _block_positions(padded, block, dilations, strides, counts, device) -> torch
 
 
 @register("Col2Im", since=18)
-def col2im_op(node, graph, context: ConversionContext):
+def col2im_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     return result(Inline(col2im, attrs.get("dilations"), attrs.get("pads"), attrs.get("strides")), node)
 
@@ -92,14 +99,21 @@ class DeformConv(torch.nn.Module):
     """2-D DeformConv: each kernel tap samples the input bilinearly at its offset position (grid_sample,
     zeros outside), weighted by the optional mask, then a (grouped) convolution sum."""
 
-    def __init__(self, attrs: dict, kernel: tuple[int, int]):
+    def __init__(self, attrs: dict, kernel: tuple[int, ...]) -> None:
         super().__init__()
         self.kernel = tuple(attrs.get("kernel_shape", kernel))
         self.strides, self.dilations = attrs.get("strides", [1, 1]), attrs.get("dilations", [1, 1])
         self.pads = attrs.get("pads", [0, 0, 0, 0])
         self.group, self.offset_group = attrs.get("group", 1), attrs.get("offset_group", 1)
 
-    def forward(self, x, weight, offset, bias=None, mask=None):
+    def forward(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        offset: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         n, channels, height, width = x.shape
         kh, kw = self.kernel
         out_h, out_w = offset.shape[2:]
@@ -126,7 +140,7 @@ class DeformConv(torch.nn.Module):
 
 
 @register("DeformConv", since=19)
-def deform_conv(node, graph, context: ConversionContext):
+def deform_conv(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     rank = len(input_shape(node, graph, 0)) - 2
     if rank != 2:
         raise NotImplementedError(f"DeformConv with {rank} spatial dimensions is not supported (2 are)")
@@ -188,7 +202,7 @@ def roi_align(
 
 
 @register("RoiAlign", since=10)
-def roi_align_op(node, graph, context: ConversionContext):
+def roi_align_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     half_pixel = (
         attrs.get("coordinate_transformation_mode", "half_pixel" if context.opset >= 16 else "output_half_pixel")

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
 from .common import (
     Inline,
+    OperationConverterResult,
     attributes,
     constant_input,
     constant_ints,
@@ -18,6 +20,10 @@ from .common import (
     result,
 )
 from .registry import ConversionContext, register
+
+if TYPE_CHECKING:
+    from onnx2torch.onnx_graph import OnnxGraph
+    from onnx2torch.onnx_node import OnnxNode
 
 
 # Softmax / LogSoftmax -----------------------------------------------------------------------------
@@ -31,7 +37,7 @@ def flattened_softmax(x: torch.Tensor, axis: int, log: bool) -> torch.Tensor:
 def _softmax(log: bool):
     function = torch.log_softmax if log else torch.softmax
 
-    def convert(node, graph, context: ConversionContext):
+    def convert(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
         rank = len(input_shape(node, graph, 0))
         default = -1 if context.opset >= 13 else 1
         axis = normalize_axis(attributes(node).get("axis", default), rank)
@@ -53,7 +59,7 @@ def trilu_dynamic(x: torch.Tensor, k: torch.Tensor, upper: bool) -> torch.Tensor
 
 
 @register("Trilu", since=14)
-def trilu(node, graph, context: ConversionContext):
+def trilu(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     upper = bool(attributes(node).get("upper", 1))
     function = torch.triu if upper else torch.tril
     if not has_input(node, 1):
@@ -80,7 +86,7 @@ def one_hot_dynamic(indices: torch.Tensor, depth: torch.Tensor, values: torch.Te
 
 
 @register("OneHot", since=9)
-def one_hot_op(node, graph, context: ConversionContext):
+def one_hot_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     rank = len(input_shape(node, graph, 0))
     axis = normalize_axis(attributes(node).get("axis", -1), rank + 1)
     if not is_constant(node, graph, 1):
@@ -93,7 +99,9 @@ def one_hot_op(node, graph, context: ConversionContext):
 _SCATTER_REDUCE = {"add": "sum", "mul": "prod", "max": "amax", "min": "amin"}
 
 
-def scatter_elements(data: torch.Tensor, indices: torch.Tensor, updates: torch.Tensor, axis: int, reduce: str | None):
+def scatter_elements(
+    data: torch.Tensor, indices: torch.Tensor, updates: torch.Tensor, axis: int, reduce: str | None
+) -> torch.Tensor:
     """ONNX ScatterElements (negative indices count from the end)."""
     indices = indices.to(torch.int64).remainder(data.shape[axis])
     if reduce is None:
@@ -103,7 +111,7 @@ def scatter_elements(data: torch.Tensor, indices: torch.Tensor, updates: torch.T
 
 @register("ScatterElements", since=11)
 @register("Scatter", since=9)
-def scatter_elements_op(node, graph, context: ConversionContext):
+def scatter_elements_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     axis = normalize_axis(attrs.get("axis", 0), len(input_shape(node, graph, 0)))
     reduction = attrs.get("reduction", "none")
@@ -136,7 +144,7 @@ def scatter_nd(data: torch.Tensor, indices: torch.Tensor, updates: torch.Tensor,
 
 
 @register("ScatterND", since=11)
-def scatter_nd_op(node, graph, context: ConversionContext):
+def scatter_nd_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     reduction = attributes(node).get("reduction", "none")
     if reduction not in ("none", "add", *_INDEX_REDUCE):
         raise NotImplementedError(f"ScatterND: attribute reduction={reduction!r} is not supported")
@@ -144,7 +152,7 @@ def scatter_nd_op(node, graph, context: ConversionContext):
 
 
 # Unique -------------------------------------------------------------------------------------------
-def unique(x: torch.Tensor, axis: int | None, sort: bool, outputs: int):
+def unique(x: torch.Tensor, axis: int | None, sort: bool, outputs: int) -> torch.Tensor | tuple[torch.Tensor, ...]:
     """ONNX Unique: values (sorted, or in order of first occurrence), first indices, inverse indices, counts."""
     flat, dim = (x.reshape(-1), 0) if axis is None else (x, axis)
     values, inverse, counts = torch.unique(flat, sorted=True, return_inverse=True, return_counts=True, dim=dim)
@@ -160,7 +168,7 @@ def unique(x: torch.Tensor, axis: int | None, sort: bool, outputs: int):
 
 
 @register("Unique", since=11)
-def unique_op(node, graph, context: ConversionContext):
+def unique_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     axis = attrs.get("axis")
     if axis is not None:

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from .common import Inline, attributes, result
+from .common import Inline, OperationConverterResult, attributes, result
 from .registry import ConversionContext, register
+
+if TYPE_CHECKING:
+    from onnx2torch.onnx_graph import OnnxGraph
+    from onnx2torch.onnx_node import OnnxNode
 
 TRAINING = "ai.onnx.preview.training"
 
@@ -21,7 +27,14 @@ def _flatten(updates: list[tuple]) -> tuple:
     return tuple(update[k] for k in range(len(updates[0])) for update in updates)
 
 
-def adagrad(r, t, *tensors, decay_factor: float, epsilon: float, norm_coefficient: float) -> tuple:
+def adagrad(
+    r: torch.Tensor,
+    t: torch.Tensor,
+    *tensors: torch.Tensor,
+    decay_factor: float,
+    epsilon: float,
+    norm_coefficient: float,
+) -> tuple:
     rate = r / (1 + t * decay_factor)
     updates = []
     for x, g, h in _groups(tensors, 3):
@@ -31,7 +44,15 @@ def adagrad(r, t, *tensors, decay_factor: float, epsilon: float, norm_coefficien
     return _flatten(updates)
 
 
-def momentum(r, t, *tensors, alpha: float, beta: float, nesterov: bool, norm_coefficient: float) -> tuple:
+def momentum(
+    r: torch.Tensor,
+    t: torch.Tensor,
+    *tensors: torch.Tensor,
+    alpha: float,
+    beta: float,
+    nesterov: bool,
+    norm_coefficient: float,
+) -> tuple:
     beta_now = torch.where(t > 0, beta, 1.0)
     updates = []
     for x, g, v in _groups(tensors, 3):
@@ -43,7 +64,14 @@ def momentum(r, t, *tensors, alpha: float, beta: float, nesterov: bool, norm_coe
 
 
 def adam(
-    r, t, *tensors, alpha: float, beta: float, epsilon: float, norm_coefficient: float, norm_coefficient_post: float
+    r: torch.Tensor,
+    t: torch.Tensor,
+    *tensors: torch.Tensor,
+    alpha: float,
+    beta: float,
+    epsilon: float,
+    norm_coefficient: float,
+    norm_coefficient_post: float,
 ) -> tuple:
     steps = torch.where(t > 0, t, 1).to(torch.float64)  # no 0/0 at step 0: its NaN would reach R's gradient
     corrected = r * torch.sqrt(1 - beta**steps) / (1 - alpha**steps)
@@ -59,7 +87,7 @@ def adam(
 
 
 @register("Adagrad", domain=TRAINING)
-def adagrad_op(node, graph, context: ConversionContext):
+def adagrad_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     return result(
         Inline(
@@ -73,7 +101,7 @@ def adagrad_op(node, graph, context: ConversionContext):
 
 
 @register("Momentum", domain=TRAINING)
-def momentum_op(node, graph, context: ConversionContext):
+def momentum_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     return result(
         Inline(
@@ -88,7 +116,7 @@ def momentum_op(node, graph, context: ConversionContext):
 
 
 @register("Adam", domain=TRAINING)
-def adam_op(node, graph, context: ConversionContext):
+def adam_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     return result(
         Inline(

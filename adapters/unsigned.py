@@ -7,11 +7,17 @@ Mod of uint64 values at or above 2**63 are out of reach (they would divide negat
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from .common import input_dtype
 from .registry import wrap_converters
+
+if TYPE_CHECKING:
+    from onnx2torch.onnx_graph import OnnxGraph
+    from onnx2torch.onnx_node import OnnxNode
 
 _UNSIGNED = (torch.uint16, torch.uint32, torch.uint64)
 _SIGN_BIT = -(2**63)
@@ -22,7 +28,7 @@ _ARITHMETIC = ("Add", "Sub", "Mul", "Div", "Mod", "Equal")
 class OnSigned(nn.Module):
     """Runs ``inner`` on int64 views of unsigned operands and casts numbers back to ``dtype``."""
 
-    def __init__(self, inner: nn.Module, dtype: torch.dtype, ordered: bool):
+    def __init__(self, inner: nn.Module, dtype: torch.dtype, ordered: bool) -> None:
         super().__init__()
         self.inner, self.dtype, self.ordered = inner, dtype, ordered
         self.flip = ordered and dtype == torch.uint64
@@ -33,7 +39,7 @@ class OnSigned(nn.Module):
         x = x.view(torch.int64) if self.dtype == torch.uint64 else x.to(torch.int64)
         return x ^ _SIGN_BIT if self.flip else x
 
-    def forward(self, *inputs):
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
         out = self.inner(*(self._signed(x) for x in inputs))
         if out.dtype == torch.bool:
             return out
@@ -44,7 +50,7 @@ class OnSigned(nn.Module):
 
 def _on_signed(op_type: str):
     def wrapper(convert):
-        def converted(node, graph, context):
+        def converted(node: OnnxNode, graph: OnnxGraph, context):
             converted_result = convert(node, graph, context)
             dtype = input_dtype(node, graph, 0)
             if dtype not in _UNSIGNED:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:
+def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> None:
     """Call ``write(file)`` on a temp file beside ``path``, then atomically replace ``path``.
 
     A failure at any point leaves the previous file at ``path`` untouched.

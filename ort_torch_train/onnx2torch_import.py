@@ -12,7 +12,9 @@ import importlib
 import importlib.machinery
 import sys
 import types
+from collections.abc import Callable
 from types import ModuleType
+from typing import NoReturn
 
 
 def _real_torchvision_importable() -> bool:
@@ -27,8 +29,8 @@ def _real_torchvision_importable() -> bool:
         return False
 
 
-def _unavailable(name: str):
-    def fail(*args, **kwargs):
+def _unavailable(name: str) -> Callable[..., NoReturn]:
+    def fail(*args: object, **kwargs: object) -> NoReturn:
         raise RuntimeError(f"torchvision.ops.{name} is needed by this graph but torchvision cannot be imported")
 
     return fail
@@ -39,7 +41,7 @@ def _stand_ins() -> dict[str, ModuleType]:
     for name in ("nms", "box_convert", "roi_align"):
         setattr(ops, name, _unavailable(name))
     root = types.ModuleType("torchvision")
-    root.ops = ops
+    vars(root)["ops"] = ops
     for module in (root, ops):
         module.__spec__ = importlib.machinery.ModuleSpec(module.__name__, loader=None)
     return {"torchvision": root, "torchvision.ops": ops}

@@ -22,7 +22,7 @@ class ProgressBar:
         stream: TextIO | None = None,
         disable: bool = False,
         mininterval: float = 1.0,
-    ):
+    ) -> None:
         self.bar = tqdm(
             total=max(int(total), 1),
             desc=description,

@@ -28,6 +28,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Any
 
 import onnx
 
@@ -72,15 +73,27 @@ class Block(ABC):
         self.base: onnx.ModelProto | None = None
 
     @abstractmethod
-    def build(self, *args, **kwargs):
+    def build(self, *args: Any, **kwargs: Any) -> Any:
         """Append nodes to ``self.base``; return the name (or tuple of names) of the result."""
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self.base = _context().model
         return self.build(*args, **kwargs)
 
+    @property
+    def _model(self) -> onnx.ModelProto:
+        """``self.base`` while a call builds it."""
+        if self.base is None:
+            raise RuntimeError(f"{type(self).__name__} builds only when called inside a model being built")
+        return self.base
+
     def add_node(
-        self, op_type: str, inputs: Sequence[str], outputs: Sequence[str] | None = None, domain: str = "", **attributes
+        self,
+        op_type: str,
+        inputs: Sequence[str],
+        outputs: Sequence[str] | None = None,
+        domain: str = "",
+        **attributes: Any,
     ) -> list[str]:
         """Append one node; ``outputs`` are name tokens (default: ``<op>_output``). Returns output names.
 
@@ -91,14 +104,14 @@ class Block(ABC):
         node = onnx.helper.make_node(
             op_type, list(inputs), names, name=generate_graph_name(op_type), domain=domain or None, **attributes
         )
-        self.base.graph.node.append(node)
+        self._model.graph.node.append(node)
         return names
 
     def add_initializer(self, token: str, tensor: onnx.TensorProto) -> str:
         """Append ``tensor`` as an initializer under a new name; returns the name."""
         named = copy.deepcopy(tensor)
         named.name = generate_graph_name(token)
-        self.base.graph.initializer.append(named)
+        self._model.graph.initializer.append(named)
         return named.name
 
 
@@ -137,7 +150,7 @@ class Div(_BinaryOp):
 class _UnaryOp(Block):
     op_type = ""
 
-    def __init__(self, **attributes) -> None:
+    def __init__(self, **attributes: Any) -> None:
         super().__init__()
         self._attributes = attributes
 
@@ -242,7 +255,7 @@ class InputLike(Block):
 
     def build(self, input_name: str | None = None) -> str:
         """The block's output name(s), its nodes added to the model being built."""
-        graph = self.base.graph
+        graph = self._model.graph
         template = find_value_info(graph.input, self._like) or find_value_info(graph.output, self._like)
         if template is None:
             raise LookupError(f"Could not find input or output with name {self._like}")
@@ -254,6 +267,6 @@ class InputLike(Block):
 
 def input_unless_exists(block: Block, name: str, like: str) -> str:
     """``name`` if some node already reads or writes it, else a new input ``name`` shaped like ``like``."""
-    if node_arg_exists(block.base, name):
+    if node_arg_exists(block._model, name):
         return name
     return InputLike(like)(name)

@@ -25,6 +25,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import onnx
 import torch
@@ -92,7 +93,7 @@ def generate_artifacts(
     additional_output_names: Sequence[str] | None = None,
     nominal_checkpoint: bool = False,
     loss_input_names: Sequence[str] | None = None,
-    **extra_options,
+    **extra_options: Any,
 ) -> None:
     """Write training_model.onnx, eval_model.onnx, checkpoint and, if asked, nominal_checkpoint, optimizer_model.onnx.
 
@@ -198,7 +199,9 @@ def nominal(record: CheckpointRecord) -> CheckpointRecord:
     return CheckpointRecord(trainable=empty(record.trainable), frozen=empty(record.frozen), is_nominal=True)
 
 
-def _base_model(model, extra_options) -> tuple[onnx.ModelProto, tuple[list[str], list[str]] | None]:
+def _base_model(
+    model: onnx.ModelProto | str | os.PathLike | torch.nn.Module, extra_options: dict[str, Any]
+) -> tuple[onnx.ModelProto, tuple[list[str], list[str]] | None]:
     """The ONNX base model (exporting a torch module), with torch's (trainable, frozen) split for a module."""
     if isinstance(model, torch.nn.Module):
         from ort_torch_train.artifacts.torch_export import export_module
@@ -222,7 +225,7 @@ def _base_model(model, extra_options) -> tuple[onnx.ModelProto, tuple[list[str],
     return proto, None
 
 
-def _loss_block(loss) -> Block:
+def _loss_block(loss: LossType | Block | None) -> Block:
     if loss is None:
         return PassThrough()
     if isinstance(loss, LossType):
@@ -236,7 +239,7 @@ def _loss_block(loss) -> Block:
     )
 
 
-def _optimizer_block(optimizer) -> Block | None:
+def _optimizer_block(optimizer: OptimType | Block | None) -> Block | None:
     if optimizer is None or isinstance(optimizer, Block):
         return optimizer
     if isinstance(optimizer, OptimType):
@@ -248,7 +251,7 @@ def _optimizer_block(optimizer) -> Block | None:
     )
 
 
-def _outputs(loss_output, additional_output_names) -> list[str]:
+def _outputs(loss_output: str | Sequence[str], additional_output_names: Sequence[str] | None) -> list[str]:
     names = [loss_output] if isinstance(loss_output, str) else list(loss_output)
     names += list(additional_output_names or [])
     duplicated = sorted({name for name in names if names.count(name) > 1})

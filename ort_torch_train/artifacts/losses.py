@@ -83,7 +83,9 @@ class CrossEntropyLoss(Block):
     ``labels`` is int64, shaped like the scores without their last (class) dimension.
     """
 
-    def __init__(self, weight: np.ndarray | None = None, reduction: str = "mean", ignore_index: int | None = None):
+    def __init__(
+        self, weight: np.ndarray | None = None, reduction: str = "mean", ignore_index: int | None = None
+    ) -> None:
         super().__init__()
         self._weight, self._reduction, self._ignore_index = weight, _check_reduction(reduction), ignore_index
 
@@ -91,9 +93,9 @@ class CrossEntropyLoss(Block):
         """The block's output name(s), its nodes added to the model being built."""
         weight_name = generate_graph_name("celoss.weight")
         if self._weight is not None:
-            self.base.graph.initializer.append(onnx.numpy_helper.from_array(np.asarray(self._weight), weight_name))
-        if not node_arg_exists(self.base, labels_name):
-            self.base.graph.input.append(_labels_like(self.base.graph, scores_input_name, labels_name))
+            self._model.graph.initializer.append(onnx.numpy_helper.from_array(np.asarray(self._weight), weight_name))
+        if not node_arg_exists(self._model, labels_name):
+            self._model.graph.input.append(_labels_like(self._model.graph, scores_input_name, labels_name))
         inputs = [scores_input_name, labels_name] + ([weight_name] if self._weight is not None else [])
         loss_name, _ = self.add_node(
             "SoftmaxCrossEntropyLoss",
@@ -140,7 +142,7 @@ class BCEWithLogitsLoss(Block):
 
     def build(self, loss_input_name: str, target_name: str = "target") -> str:
         """The block's output name(s), its nodes added to the model being built."""
-        graph = self.base.graph
+        graph = self._model.graph
         pos_weight_name = generate_graph_name("bceloss.pos_weight")
         if self._pos_weight is not None:
             graph.initializer.append(onnx.numpy_helper.from_array(np.asarray(self._pos_weight), pos_weight_name))
@@ -151,7 +153,7 @@ class BCEWithLogitsLoss(Block):
         for _ in range(2):
             ones.append(generate_graph_name("bceloss.sub_ones"))
             graph.initializer.append(onnx.helper.make_tensor(ones[-1], onnx.TensorProto.FLOAT, [1], [1.0]))
-        if not node_arg_exists(self.base, target_name):
+        if not node_arg_exists(self._model, target_name):
             target = find_value_info(graph.output, loss_input_name)
             if target is None:
                 raise LookupError(f"The provided output name {loss_input_name} is not a graph output.")

@@ -43,7 +43,7 @@ class ClipGradNorm(Block):
             domain=MICROSOFT,
             max_norm=self._max_norm,
         )
-        self.base.graph.value_info.append(
+        self._model.graph.value_info.append(
             onnx.helper.make_tensor_sequence_value_info(clipped, onnx.TensorProto.FLOAT, None)
         )
         return clipped
@@ -59,7 +59,7 @@ class _Optimizer(Block):
     def build(self, parameters: Parameters) -> str:
         """The optimizer node's output name; its inputs are ``parameters``' values, gradients and moments."""
         trainable, _ = parameters
-        graph = self.base.graph
+        graph = self._model.graph
         graph.input.extend(
             [
                 onnx.helper.make_tensor_value_info("learning_rate", onnx.TensorProto.FLOAT, [1]),
@@ -99,7 +99,7 @@ class AdamW(_Optimizer):
         }
 
     def _update_node(self, gradients: str, elem_type: int) -> str:
-        self.base.graph.input.append(
+        self._model.graph.input.append(
             onnx.helper.make_tensor_sequence_value_info("second_order_moments", elem_type, None)
         )
         inputs = ["learning_rate", "step", "params", gradients, "first_order_moments", "second_order_moments"]

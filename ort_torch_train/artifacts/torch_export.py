@@ -12,6 +12,7 @@ import importlib.util
 import inspect
 import io
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,7 @@ import onnx
 import torch
 
 from ort_torch_train.errors import ModelError
+from ort_torch_train.torch_internals import tree_leaves
 
 EXPORT_OPTIONS = frozenset(
     {"example_inputs", "input_names", "output_names", "dynamic_axes", "dynamic_shapes", "exporter", "opset_version"}
@@ -92,25 +94,34 @@ def _default_output_names(module: torch.nn.Module, args: tuple[torch.Tensor, ...
             outputs = module.eval()(*args)
     finally:
         module.train(was_training)
-    count = len(torch.utils._pytree.tree_leaves(outputs))
+    count = len(tree_leaves(outputs))
     return ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
 
 
-def _batch_axes(args, input_names, output_names) -> dict[str, dict[int, str]]:
+def _batch_axes(
+    args: tuple[torch.Tensor, ...], input_names: Sequence[str], output_names: Sequence[str]
+) -> dict[str, dict[int, str]]:
     """Dimension 0 of every input and output named 'batch'."""
     axes = {name: {0: "batch"} for name, arg in zip(input_names, args) if arg.dim() > 0}
     axes.update({name: {0: "batch"} for name in output_names})
     return axes
 
 
-def _legacy_export(module, args, input_names, output_names, dynamic_axes, opset_version) -> onnx.ModelProto:
+def _legacy_export(
+    module: torch.nn.Module,
+    args: tuple[torch.Tensor, ...],
+    input_names: list[str],
+    output_names: list[str],
+    dynamic_axes: dict | None,
+    opset_version: int | None,
+) -> onnx.ModelProto:
     buffer = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", (DeprecationWarning, FutureWarning, UserWarning))
         torch.onnx.export(
             module,
             args,
-            buffer,
+            buffer,  # type: ignore[arg-type]  # the legacy exporter writes to a file object too
             dynamo=False,
             opset_version=opset_version or LEGACY_DEFAULT_OPSET,
             training=torch.onnx.TrainingMode.TRAINING,
@@ -122,7 +133,14 @@ def _legacy_export(module, args, input_names, output_names, dynamic_axes, opset_
     return onnx.load_from_string(buffer.getvalue())
 
 
-def _dynamo_export(module, args, input_names, output_names, dynamic_axes, options) -> onnx.ModelProto:
+def _dynamo_export(
+    module: torch.nn.Module,
+    args: tuple[torch.Tensor, ...],
+    input_names: list[str],
+    output_names: list[str],
+    dynamic_axes: dict | None,
+    options: dict[str, Any],
+) -> onnx.ModelProto:
     if importlib.util.find_spec("onnxscript") is None:
         raise ModelError(
             "exporter='dynamo' needs the onnxscript package (pip install onnxscript); "
@@ -142,6 +160,8 @@ def _dynamo_export(module, args, input_names, output_names, dynamic_axes, option
             dynamic_axes=dynamic_axes,
             dynamic_shapes=options.get("dynamic_shapes"),
         )
+    if program is None:
+        raise ModelError("torch.onnx.export's dynamo exporter returned no program")
     return program.model_proto
 
 

@@ -15,6 +15,8 @@ times at one shared vector cannot make the reader do more work or use more memor
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
+from typing import Any
 
 from ..errors import CheckpointError
 
@@ -57,7 +59,7 @@ class FlatBuffer:
             raise verification_error(where, f"{what} is shared with {self.decoded[key]}; each needs its own")
         self.decoded[key] = where
 
-    def memo(self, kind: str, pos: int, decode):
+    def memo(self, kind: str, pos: int, decode: Callable[[], Any]) -> Any:
         """decode() once per (kind, position)."""
         key = (kind, pos)
         if key not in self.decoded:
@@ -82,9 +84,13 @@ class FlatBuffer:
         self.check_range(pos, fmt.size, where, what)
         return fmt.unpack_from(self.data, pos)[0]
 
+    def unpack_int(self, fmt: struct.Struct, pos: int, where: str, what: str) -> int:
+        """``unpack`` for an integer format."""
+        return int(self.unpack(fmt, pos, where, what))
+
     def follow(self, pos: int, where: str) -> int:
         """Target of the uoffset stored at pos (always forward, never 0, inside the buffer)."""
-        offset = self.unpack(_UOFFSET, pos, where, "offset")
+        offset = self.unpack_int(_UOFFSET, pos, where, "offset")
         if offset == 0:
             raise verification_error(where, f"offset at byte {pos} is 0")
         target = pos + offset
@@ -120,9 +126,9 @@ class FlatBuffer:
         self.tables_seen += 1
         if self.tables_seen > MAX_TABLES:
             raise verification_error(where, f"more than {MAX_TABLES} tables")
-        vtable_delta = self.unpack(_SOFFSET, pos, where, "table")
+        vtable_delta = self.unpack_int(_SOFFSET, pos, where, "table")
         vtable = pos - vtable_delta
-        vtable_size = self.unpack(_VOFFSET, vtable, where, "vtable")
+        vtable_size = self.unpack_int(_VOFFSET, vtable, where, "vtable")
         if vtable_size < 4 or vtable_size % 2:
             raise verification_error(where, f"vtable at byte {vtable} has invalid size {vtable_size}")
         self.check_range(vtable, vtable_size, where, "vtable")
@@ -130,7 +136,7 @@ class FlatBuffer:
 
     def vector(self, pos: int, elem_size: int, where: str) -> tuple[int, int]:
         """(first element position, element count) of the vector whose length field is at pos."""
-        count = self.unpack(_UOFFSET, pos, where, "vector length")
+        count = self.unpack_int(_UOFFSET, pos, where, "vector length")
         self.check_range(pos + 4, count * elem_size, where, f"vector of {count} elements of {elem_size} bytes")
         return pos + 4, count
 
@@ -155,7 +161,7 @@ class Table:
 
     __slots__ = ("buf", "pos", "vtable", "vtable_size", "where")
 
-    def __init__(self, buf: FlatBuffer, pos: int, vtable: int, vtable_size: int, where: str):
+    def __init__(self, buf: FlatBuffer, pos: int, vtable: int, vtable_size: int, where: str) -> None:
         self.buf, self.pos, self.vtable, self.vtable_size, self.where = (buf, pos, vtable, vtable_size, where)
 
     def _field_pos(self, slot: int) -> int | None:
@@ -192,7 +198,9 @@ class Table:
         target, where = self._target(slot, name)
         return None if target is None else self.buf.vector(target, elem_size, where)
 
-    def _decoded_vector(self, slot: int, elem_size: int, name: str, kind: str, decode) -> list | None:
+    def _decoded_vector(
+        self, slot: int, elem_size: int, name: str, kind: str, decode: Callable[[int, int, str], list]
+    ) -> list | None:
         """decode(start, count, where) of a vector field, once per vector, charged to the budget."""
         target, where = self._target(slot, name)
         if target is None:

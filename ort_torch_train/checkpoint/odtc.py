@@ -31,13 +31,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import BinaryIO
 
 from ..errors import CheckpointError
 from ..fileio import atomic_write_bytes
 from .odtc_read import CHECKPOINT_VERSION, FILE_IDENTIFIER, decode_checkpoint
 from .odtc_write import ExternalDataPlan, check_record, data_bytes, encode_checkpoint
-from .pair import PairReader, commit_pair, drop_manifest, remove_stale_files
+from .pair import PairReader, Writer, commit_pair, drop_manifest, remove_stale_files
 from .records import CheckpointRecord, OptimizerGroupRecord
 from .tensor_bytes import tensor_to_bytes
 
@@ -170,7 +169,7 @@ def write_checkpoint(
     )
     encoded = encode_checkpoint(record, plan, artifact)
 
-    def write_data(file: BinaryIO) -> None:
+    def write_data(file: Writer) -> None:
         position = 0
         for offset, tensor in plan.chunks:
             file.write(b"\0" * (offset - position))

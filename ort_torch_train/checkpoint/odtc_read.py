@@ -100,10 +100,11 @@ class _TensorMaker:
         nbytes = math.prod(entry.dims) * dtype.itemsize
         if nbytes >= 2**63:
             raise _invalid(f"{label} has dims {entry.dims} whose size overflows int64.")
+        data: bytes | bytearray | memoryview
         if entry.external_offset >= 0:
             data = self._external(entry, label, nbytes)
         elif entry.raw_data is not None:
-            data = self._inline(entry, label, nbytes)
+            data = self._inline(entry, entry.raw_data, label, nbytes)
         else:
             raise _invalid(f"{label} has neither raw_data nor an external_data_offset.")
         return tensor_from_bytes(data, dtype, entry.dims)
@@ -114,8 +115,8 @@ class _TensorMaker:
         except ValueError as error:
             raise _invalid(f"{entry.where}: {error}") from None
 
-    def _inline(self, entry: _TensorEntry, label: str, nbytes: int) -> memoryview:
-        start, length = entry.raw_data
+    def _inline(self, entry: _TensorEntry, raw_data: tuple[int, int], label: str, nbytes: int) -> memoryview:
+        start, length = raw_data
         if length != nbytes:
             raise _invalid(
                 f"{label} holds {length} bytes of raw_data, but dims {entry.dims} of "

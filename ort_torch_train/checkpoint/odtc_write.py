@@ -118,14 +118,16 @@ class _Encoder:
         for dim in reversed(dims):
             b.PrependInt64(dim)
         dims_offset = b.EndVector()
-        external = external and tensor.numel() * tensor.dtype.itemsize >= self.external.min_bytes
-        raw_offset = None if external else b.CreateByteVector(tensor_to_bytes(tensor))
+        plan = self.external if external else None
+        if plan is not None and tensor.numel() * tensor.dtype.itemsize < plan.min_bytes:
+            plan = None  # small enough to stay inline
+        raw_offset = None if plan is not None else b.CreateByteVector(tensor_to_bytes(tensor))
         b.StartObject(7)
         b.PrependUOffsetTRelativeSlot(0, name_offset, 0)
         b.PrependUOffsetTRelativeSlot(2, dims_offset, 0)
         b.PrependInt32Slot(3, onnx_elem_type(tensor.dtype, name), 0)
-        if external:
-            b.PrependInt64Slot(6, self.external.place(tensor), -1)
+        if plan is not None:
+            b.PrependInt64Slot(6, plan.place(tensor), -1)
         else:
             b.PrependUOffsetTRelativeSlot(4, raw_offset, 0)
         return b.EndObject()

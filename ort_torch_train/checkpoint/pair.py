@@ -24,7 +24,7 @@ import os
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 from ..errors import CheckpointError
 from ..fileio import atomic_write, atomic_write_bytes
@@ -51,6 +51,12 @@ def _digest_file(path: Path) -> dict[str, int | str]:
 
 def _digest_bytes(data: bytes | bytearray | memoryview) -> dict[str, int | str]:
     return {"size": len(data), _DIGEST: hashlib.blake2b(data).hexdigest()}
+
+
+class Writer(Protocol):
+    """A binary file open for writing, as far as a data file's writer uses it."""
+
+    def write(self, data: bytes | bytearray | memoryview, /) -> int: ...
 
 
 class _HashingWriter:
@@ -111,7 +117,7 @@ def remove_stale_files(path: Path) -> None:
                 pass
 
 
-def commit_pair(path: Path, encoded: bytes | bytearray | memoryview, write_data: Callable[[BinaryIO], None]) -> None:
+def commit_pair(path: Path, encoded: bytes | bytearray | memoryview, write_data: Callable[[Writer], None]) -> None:
     """Replace the checkpoint at path and its data file as one unit (see the module docstring)."""
     remove_stale_files(path)
     data_path = Path(os.fspath(path) + ".data")

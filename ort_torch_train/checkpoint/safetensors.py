@@ -14,6 +14,7 @@ import os
 import struct
 from collections import Counter
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
@@ -83,7 +84,7 @@ def save_safetensors(
     header_bytes = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     header_bytes += b" " * (-len(header_bytes) % 8)
 
-    def write(file) -> None:
+    def write(file: BinaryIO) -> None:
         file.write(struct.pack("<Q", len(header_bytes)))
         file.write(header_bytes)
         for name in order:

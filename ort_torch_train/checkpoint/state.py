@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -26,7 +27,7 @@ from .records import CheckpointRecord, OptimizerGroupRecord
 from .safetensors import load_safetensors, save_safetensors
 
 if TYPE_CHECKING:
-    from .flat_buffers import FlatState
+    from ort_torch_train.training.flat_params import FlatState
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -46,7 +47,7 @@ class OptimizerState:
 log = logging.getLogger(__name__)
 
 
-def _source_text(source: object) -> str:
+def _source_text(source: str | os.PathLike | bytes | bytearray | memoryview) -> str:
     return f"({len(source)} bytes)" if isinstance(source, (bytes, bytearray, memoryview)) else repr(os.fspath(source))
 
 
@@ -298,7 +299,7 @@ class TrainingState:
             for name, tensor in checked.items():
                 self.params[name].copy_(tensor)
 
-    def complete_nominal(self, values: dict[str, torch.Tensor | np.ndarray]) -> None:
+    def complete_nominal(self, values: Mapping[str, torch.Tensor | np.ndarray]) -> None:
         """Give every parameter of a nominal state its value (copied); clears is_nominal."""
         if not self.is_nominal:
             raise RuntimeError(

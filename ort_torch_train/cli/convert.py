@@ -130,7 +130,7 @@ def write_ort(tensors: dict[str, torch.Tensor], path: Path, template: TrainingSt
     template.save(path, include_optimizer_state=False)
 
 
-def add_convert_parser(commands: argparse._SubParsersAction, formatter: type) -> None:
+def add_convert_parser(commands: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
     """Register ``convert`` and its options."""
     parser = commands.add_parser(
         "convert",

@@ -82,7 +82,7 @@ def check_arrays(arrays: dict[str, np.ndarray], specs: list[InputSpec], source: 
         if array.ndim == 0:
             raise CliError(f"{label} is a scalar; expected one row per {'batch' if batched else 'sample'}")
         if spec.shape is not None:
-            _check_shape(label, array.shape, spec, batched)
+            _check_shape(label, array.shape, spec, spec.shape, batched)
         lengths[spec.name] = array.shape[0]
     if len(set(lengths.values())) > 1:
         listed = ", ".join(f"{name} {length}" for name, length in lengths.items())
@@ -100,20 +100,23 @@ def check_batch_size(specs: list[InputSpec], batch_size: int) -> None:
             )
 
 
-def _check_shape(label: str, shape: tuple[int, ...], spec: InputSpec, batched: bool) -> None:
+def _check_shape(
+    label: str, shape: tuple[int, ...], spec: InputSpec, declared_shape: list[int | str | None], batched: bool
+) -> None:
+    """``shape`` fits ``spec``'s ``declared_shape``."""
     fed = shape[1:] if batched else (None, *shape[1:])  # one step's input; None: the batch size, chosen later
-    if len(fed) != len(spec.shape):
+    if len(fed) != len(declared_shape):
         layout = "[steps, batch, ...]" if batched else "[samples, ...]"
-        looks_batched = not batched and len(fed) == len(spec.shape) + 1
+        looks_batched = not batched and len(fed) == len(declared_shape) + 1
         hint = " (arrays already cut into batches need --batched)" if looks_batched else ""
         raise CliError(
-            f"{label} has shape {list(shape)}, but input {spec.name!r} is {shape_text(spec.shape)}: "
-            f"expected {len(spec.shape) + (1 if batched else 0)} dimensions laid out {layout}{hint}"
+            f"{label} has shape {list(shape)}, but input {spec.name!r} is {shape_text(declared_shape)}: "
+            f"expected {len(declared_shape) + (1 if batched else 0)} dimensions laid out {layout}{hint}"
         )
-    for axis, (got, declared) in enumerate(zip(fed, spec.shape)):
+    for axis, (got, declared) in enumerate(zip(fed, declared_shape)):
         if got is not None and isinstance(declared, int) and got != declared:
             raise CliError(
-                f"{label} has shape {list(shape)}, but input {spec.name!r} is {shape_text(spec.shape)}: "
+                f"{label} has shape {list(shape)}, but input {spec.name!r} is {shape_text(declared_shape)}: "
                 f"dimension {axis + batched} is {got}, expected {declared}"
             )
 
@@ -125,7 +128,7 @@ class Batches:
     uninterrupted run would have seen.
     """
 
-    def __init__(self, arrays: dict[str, np.ndarray], batch_size: int, batched: bool, shuffle: bool, seed: int):
+    def __init__(self, arrays: dict[str, np.ndarray], batch_size: int, batched: bool, shuffle: bool, seed: int) -> None:
         self.tensors = [torch.from_numpy(np.ascontiguousarray(array)) for array in arrays.values()]
         self.units = self.tensors[0].shape[0]  # samples, or batches when already batched
         self.batch_size = 1 if batched else batch_size

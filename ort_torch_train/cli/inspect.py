@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 from dataclasses import asdict
 from typing import Any
 
@@ -23,7 +24,7 @@ from ort_torch_train.cli.common import (
     value_shape,
 )
 from ort_torch_train.dtypes import dtype_name
-from ort_torch_train.graph.layout import eval_layout, opsets_of, training_layout
+from ort_torch_train.graph.layout import GraphLayout, eval_layout, opsets_of, training_layout
 from ort_torch_train.optim.optimizer_model import read_optimizer_model
 
 DESCRIPTION = """\
@@ -71,7 +72,7 @@ def inspect_artifacts(paths: ArtifactPaths) -> dict[str, Any]:
     return report
 
 
-def _describe_optimizer(path) -> dict[str, Any]:
+def _describe_optimizer(path: str | os.PathLike) -> dict[str, Any]:
     spec = read_optimizer_model(path)
     hyperparameters = {k: v for k, v in asdict(spec).items() if k != "kind"}
     if spec.kind == "sgd":  # SGDOptimizerV2 has no attributes: only the clipping and the update signal apply
@@ -89,17 +90,19 @@ def _mismatched_parameters(state: TrainingState, training: onnx.ModelProto) -> l
     for name, param in state.params.items():
         if name not in declared:
             problems.append(f"{name} is no input of it")
-        elif (
+            continue
+        shape = declared[name]
+        if (
             not state.is_nominal
-            and declared[name] is not None
-            and all(isinstance(d, int) for d in declared[name])
-            and declared[name] != list(param.shape)
+            and shape is not None
+            and all(isinstance(d, int) for d in shape)
+            and shape != list(param.shape)
         ):
-            problems.append(f"{name} is {list(param.shape)}, the model declares {declared[name]}")
+            problems.append(f"{name} is {list(param.shape)}, the model declares {shape}")
     return problems
 
 
-def _describe_model(model: onnx.ModelProto, layout) -> dict[str, Any]:
+def _describe_model(model: onnx.ModelProto, layout: GraphLayout) -> dict[str, Any]:
     values = {v.name: v for v in (*model.graph.input, *model.graph.output, *model.graph.value_info)}
 
     def describe(name: str) -> dict[str, Any]:
@@ -118,6 +121,7 @@ def _describe_parameters(state: TrainingState | None, names: list[str], models: 
     declared = {v.name: v for model in models for v in model.graph.input}
     described = []
     for name in names:
+        shape: list[int] | list[int | str | None] | None
         if state is not None and not state.is_nominal:
             param = state.params[name]
             dtype, shape = dtype_name(param.dtype), list(param.shape)
@@ -230,10 +234,11 @@ def _numel(shape: list | None) -> int | None:
 
 
 def _count(sizes: list[int | None]) -> str:
-    return "?" if any(size is None for size in sizes) else f"{sum(sizes):,}"
+    known = [size for size in sizes if size is not None]
+    return "?" if len(known) < len(sizes) else f"{sum(known):,}"
 
 
-def add_inspect_parser(commands: argparse._SubParsersAction, formatter: type) -> None:
+def add_inspect_parser(commands: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
     """Register ``inspect`` and its options."""
     parser = commands.add_parser(
         "inspect",

@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,6 +117,7 @@ def train(args: argparse.Namespace, launch: Launch, device: str) -> None:
     )
     optimizer = Optimizer(job.optimizer_model, module, shard_state=args.shard_state)
     optimizer_state = job.state.training_state.optimizer
+    assert optimizer_state is not None, "the Optimizer gives the state its optimizer state"
     start = optimizer_state.step
     steps = args.steps or args.epochs * job.batches.steps_per_epoch
     lr = args.lr if args.lr is not None else optimizer_state.initial_learning_rate
@@ -217,7 +219,7 @@ def prepare(args: argparse.Namespace) -> TrainingJob:
     check_arrays(arrays, train_specs, repr(args.data), batched=args.batched)
     batches = Batches(arrays, batch_size, args.batched, shuffle=not args.no_shuffle, seed=args.seed)
     evaluation = None
-    if args.eval_data:
+    if args.eval_data and eval_model is not None:  # checked above: eval data comes with an eval model
         eval_specs = input_specs(eval_model, list(eval_layout(eval_model, param_names).user_inputs))
         keys = split_keys(args.eval_inputs or args.inputs)
         evaluation = select_arrays(load_npz(args.eval_data), eval_specs, keys, repr(args.eval_data), "--eval-inputs")
@@ -225,7 +227,9 @@ def prepare(args: argparse.Namespace) -> TrainingJob:
     return TrainingJob(state, training_model, eval_model, optimizer_model, batches, evaluation, batch_size)
 
 
-def make_scheduler(optimizer: Optimizer, schedule: str, warmup: int, total: int, lr: float):
+def make_scheduler(
+    optimizer: Optimizer, schedule: str, warmup: int, total: int, lr: float
+) -> LinearLRScheduler | CosineLRScheduler | ConstantWithWarmupLRScheduler:
     """The ORT scheduler for ``schedule``; it sets the checkpointed initial learning rate to ``lr``."""
     if warmup > total:
         raise CliError(f"--warmup {warmup} exceeds the schedule's {total} total steps")
@@ -236,7 +240,7 @@ def make_scheduler(optimizer: Optimizer, schedule: str, warmup: int, total: int,
     return ConstantWithWarmupLRScheduler(optimizer, warmup, lr)
 
 
-def loss_value(outputs) -> float:
+def loss_value(outputs: torch.Tensor | tuple[torch.Tensor, ...]) -> float:
     """The loss (first output) of a step's outputs, as a float (the mean of an unreduced loss)."""
     loss = outputs[0] if isinstance(outputs, tuple) else outputs
     return float(loss.float().mean())
@@ -256,7 +260,11 @@ def evaluate(module: Module, arrays: dict, batch_size: int) -> float:
 
 
 def add_train_parser(
-    commands: argparse._SubParsersAction, formatter: type, positive_int, non_negative_int, learning_rate
+    commands: argparse._SubParsersAction,
+    formatter: type[argparse.HelpFormatter],
+    positive_int: Callable[[str], int],
+    non_negative_int: Callable[[str], int],
+    learning_rate: Callable[[str], float],
 ) -> None:
     """Register ``train`` and its options."""
     parser = commands.add_parser(

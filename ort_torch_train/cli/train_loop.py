@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import IO, Any
 
 from ort_torch_train.cli.common import CliError
@@ -43,7 +44,7 @@ class LoopResult:
 class MetricsSink:
     """JSONL lines (``--metrics``) and TensorBoard scalars (``--tensorboard``), either optional."""
 
-    def __init__(self, metrics_path: str | None, tensorboard_dir: str | None, every: int):
+    def __init__(self, metrics_path: str | None, tensorboard_dir: str | None, every: int) -> None:
         self.every = every
         self.file: IO[str] | None = None
         self.writer: Any = None
@@ -91,9 +92,9 @@ class MetricsSink:
 @contextmanager
 def deferred_interrupt() -> Iterator[Callable[[], bool]]:
     """Within: the first SIGINT only sets a flag (read by the yielded function); a second one interrupts."""
-    requested = []
+    requested: list[int] = []
 
-    def handler(signum, frame):
+    def handler(signum: int, frame: FrameType | None) -> None:
         if requested:
             raise KeyboardInterrupt
         requested.append(signum)

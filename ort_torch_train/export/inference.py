@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 import torch
 
+from ort_torch_train.checkpoint.state import TrainingState
 from ort_torch_train.dtypes import tensor_to_proto
 from ort_torch_train.errors import ModelError, NominalStateError
 from ort_torch_train.export.outputs import exportable_output_names
@@ -58,7 +60,7 @@ def inference_model(
 
 def export_inference_model(
     eval_model: onnx.ModelProto | None,
-    state,
+    state: TrainingState,
     path: str | os.PathLike,
     graph_output_names: Sequence[str],
 ) -> None:
@@ -108,7 +110,7 @@ def _constant_value(node: onnx.NodeProto) -> onnx.TensorProto | None:
         tensor = onnx.TensorProto()
         tensor.CopyFrom(value)
         return tensor
-    arrays = {
+    arrays: dict[str, Callable[[Any], np.ndarray]] = {
         "value_float": lambda v: np.array(v, dtype=np.float32),
         "value_floats": lambda v: np.array(v, dtype=np.float32),
         "value_int": lambda v: np.array(v, dtype=np.int64),

@@ -1,13 +1,11 @@
 """One BLAS thread for steps whose matrix products are too small to share out.
 
 torch's CPU build runs float32 products on MKL with every intra-op thread (torch turns MKL's own
-sizing off). At 2 threads on the benchmarks' AMD EPYC a 32 x 32 x 64 product then takes 3.2 us
-against 2.4 us on one thread; one thread wins up to about 2^17 multiply-accumulates and loses beyond
-(``bench/blas_threads.py``). That is ORT's rule too: MLAS gives a product one thread per 2^16 of them.
-So a CPU step whose products (``module.meta["matrix_products"]``) average under 2^16 per thread that
-an extra thread would take over runs its BLAS calls on one thread, through MKL's thread-local count
-(``MKL_Set_Num_Threads_Local``, restored after the step). Inductor's loops, oneDNN and attention keep
-every thread. Without MKL (other CPUs' builds) nothing changes.
+sizing off), though small products run faster on one thread. ORT's rule: MLAS gives a product one
+thread per 2^16 multiply-accumulates. So a CPU step whose products (``module.meta["matrix_products"]``)
+average under 2^16 per thread that an extra thread would take over runs its BLAS calls on one thread,
+through MKL's thread-local count (``MKL_Set_Num_Threads_Local``, restored after the step). Inductor's
+loops, oneDNN and attention keep every thread. Without MKL (other CPUs' builds) nothing changes.
 """
 
 from __future__ import annotations

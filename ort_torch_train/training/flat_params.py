@@ -1,9 +1,8 @@
 """The trainable parameters, their gradients and each optimizer moment as one flat buffer apiece.
 
 A compiled step pays per tensor it takes (Dynamo's guards, AOTAutograd's and the C++ wrapper's work on
-each argument: ~0.5 us a tensor on the benchmarks' CPU), and tiny-bert's one-graph step took 166 of
-them: 42 parameters, their gradients and two moments each; an eager optimizer step pays per tensor
-too. So when the optimizer first readies its tensors, the state's trainable parameters, gradients and
+each argument), and a one-graph step takes every parameter, its gradient and its moments; an eager
+optimizer step pays per tensor too. So when the optimizer first readies its tensors, the state's trainable parameters, gradients and
 moments are copied into one buffer each and the state's tensors pointed at views of them: the
 Parameter objects, their ``.grad`` and the moment dict stay what they were, only their storage moves
 (once). Optimizer steps and one-graph steps then run on four tensors, the update as one loop (AdamW
@@ -59,10 +58,10 @@ class FlatState:
         """Whether the parameters' data (and ``gradients``: their gradients) are still the views."""
         if [p.data_ptr() for p in self.parameters] != self.data_pointers:
             return False
-        try:
-            return not gradients or [p.grad.data_ptr() for p in self.parameters] == self.grad_pointers
-        except AttributeError:  # a gradient set to None
-            return False
+        if not gradients:
+            return True
+        # a gradient set to None counts as moved
+        return [None if p.grad is None else p.grad.data_ptr() for p in self.parameters] == self.grad_pointers
 
 
 def current_flat(state: TrainingState, names: Sequence[str], *, gradients: bool = True) -> FlatState | None:
@@ -101,24 +100,23 @@ def flatten_state(state: TrainingState, names: Sequence[str], moment_names: Sequ
     tensors become views of them); None, with nothing moved, unless all share one dtype and device.
     One kind of tensor moves at a time, so the old copies held nowhere else are freed as it goes."""
     params = [state.params[name] for name in names]
-    momentums = state.optimizer.momentums if moment_names else {}
+    grads = [param.grad for param in params]
+    momentums = state.optimizer.momentums if moment_names and state.optimizer is not None else {}
     kinds = {
         (t.dtype, t.device) if t is not None else None
-        for t in [
-            *params,
-            *(param.grad for param in params),
-            *(momentums[name][key] for key in moment_names for name in names),
-        ]
+        for t in [*params, *grads, *(momentums[name][key] for key in moment_names for name in names)]
     }
     if not params or len(kinds) != 1 or None in kinds:
         return None
+    grads_present = [grad for grad in grads if grad is not None]  # all of them: a None is a kind of its own
     layout = FlatLayout(tuple(tuple(param.shape) for param in params))
     with torch.no_grad():
         flat_params = torch.cat([param.detach().reshape(-1) for param in params])
         for param, view in zip(params, layout.views(flat_params)):
             param.data = view
-        flat_grads = torch.cat([param.grad.reshape(-1) for param in params])
-        for param, view in zip(params, layout.views(flat_grads)):
+        flat_grads = torch.cat([grad.reshape(-1) for grad in grads_present])
+        grad_views = layout.views(flat_grads)
+        for param, view in zip(params, grad_views):
             param.grad = view
         flat_moments = []
         for key in moment_names:
@@ -136,5 +134,5 @@ def flatten_state(state: TrainingState, names: Sequence[str], moment_names: Sequ
         tuple(flat_moments),
         tuple(params),
         [p.data_ptr() for p in params],
-        [p.grad.data_ptr() for p in params],
+        [view.data_ptr() for view in grad_views],
     )

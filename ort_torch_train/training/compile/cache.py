@@ -27,6 +27,7 @@ import torch
 
 from ort_torch_train.errors import InputError
 from ort_torch_train.fileio import atomic_write_bytes
+from ort_torch_train.torch_internals import codecache, cpu_features, cpu_vec_isa, inductor_cache_dir, inductor_config
 from ort_torch_train.training.compile import precompiled
 
 log = logging.getLogger(__name__)
@@ -88,17 +89,13 @@ def save_compile_cache(path: str | os.PathLike) -> int:
 
 def _vector_isa_probe() -> tuple[list[str], list[str]] | None:
     """The x86 vector ISAs this CPU reports and those inductor's probe (building and loading a test
-    library in subprocesses, about a second per process) found working; None off x86."""
+    library in subprocesses) found working; None off x86."""
     if platform.machine() not in ("x86_64", "AMD64"):
         return None
-    from torch._inductor import cpu_vec_isa
-
     return _reported_isas(), [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()]
 
 
 def _reported_isas() -> list[str]:
-    from torch._inductor import cpu_vec_isa
-
     reported = cpu_vec_isa.x86_isa_checker()
     return [str(isa) for isa in cpu_vec_isa.supported_vec_isa_list if all(f in reported for f in str(isa).split())]
 
@@ -106,33 +103,23 @@ def _reported_isas() -> list[str]:
 def _trust_vector_isa_probe(saved: tuple[list[str], list[str]] | None) -> None:
     """Skip inductor's vector ISA probe when the saving process probed the same CPU's ISAs and found
     them all working (``cpp.vec_isa_ok``: the reported ISAs are taken as they are)."""
-    from torch._inductor import config
-
-    if saved is None or config.cpp.vec_isa_ok is not None:
+    if saved is None or inductor_config.cpp.vec_isa_ok is not None:
         return
     reported, working = saved
     if platform.machine() in ("x86_64", "AMD64") and reported == working == _reported_isas():
-        config.cpp.vec_isa_ok = True
+        inductor_config.cpp.vec_isa_ok = True
         log.info("compile cache: vector ISAs %s probed by the saving process; not probing again", working)
 
 
 def _library_platform() -> tuple[object, ...]:
     """What loading a compiled library depends on besides torch: Python, OS, C library, CPU features."""
-    features = sorted(
-        name
-        for name in dir(torch.cpu)
-        if name.startswith("_is_") and name.endswith("_supported") and getattr(torch.cpu, name)()
-    )
-    return sys.implementation.cache_tag, platform.system(), platform.machine(), platform.libc_ver(), features
+    return sys.implementation.cache_tag, platform.system(), platform.machine(), platform.libc_ver(), cpu_features()
 
 
 def _compiled_libraries() -> dict[str, bytes]:
     """The C++ libraries inductor built or loaded for this process's steps and kernels, and its vector-ISA
     probes' test libraries (built again in every process with an empty cache dir), by path under its cache dir."""
-    from torch._inductor import codecache
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
-
-    root = Path(cache_dir())
+    root = Path(inductor_cache_dir())
     keys = {
         key
         for code_cache in (codecache.CppCodeCache, codecache.CppPythonBindingsCodeCache, codecache.CppWrapperCodeCache)
@@ -149,8 +136,6 @@ def _compiled_libraries() -> dict[str, bytes]:
 
 def _vector_isa_probe_sources(root: Path) -> list[Path]:
     """The sources inductor's vector-ISA probes wrote under ``root``: files holding one of their test programs."""
-    from torch._inductor import cpu_vec_isa
-
     classes, programs = [cpu_vec_isa.VecISA], set()
     while classes:
         isa = classes.pop()
@@ -175,9 +160,7 @@ def _restore_libraries(saved: tuple[tuple[object, ...], dict[str, bytes]] | None
             "compile cache: its compiled libraries were built on %s, this is %s; building them anew", built_on, here
         )
         return
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
-
-    root = Path(cache_dir())
+    root = Path(inductor_cache_dir())
     restored = 0
     for name, data in libraries.items():
         parts = PurePosixPath(name).parts

@@ -16,7 +16,6 @@ import torch
 
 from ort_torch_train.training.compile import precompiled
 from ort_torch_train.training.compile.settings import records_cuda_graphs, torch_compile
-from ort_torch_train.training.compile.step import with_own_code
 
 _AUTOCAST_DEVICES = ("cpu", "cuda")
 
@@ -24,40 +23,38 @@ _AUTOCAST_DEVICES = ("cpu", "cuda")
 class CompiledForward:
     """``forward(*inputs, *params)`` of ``module`` compiled with torch.compile's ``arguments``."""
 
-    def __init__(self, module: torch.nn.Module, arguments: Mapping[str, Any]):
+    def __init__(self, module: torch.nn.Module, arguments: Mapping[str, Any]) -> None:
         forward = _forward_of(module)
         self.meta = getattr(module, "meta", {})  # its matrix products decide the BLAS threads
         self._compiled = torch_compile(forward, arguments)
-        self._precompile = (forward, module, dict(arguments))
+        self._precompile: precompiled.Precompile | None = precompiled.Precompile(
+            forward, module, {"module": module}, dict(arguments), "eval graph"
+        )
         self._cuda_graphs = records_cuda_graphs(arguments)  # recorded and replayed by torch.compile's call
 
     def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if self._precompile is not None and not torch.is_grad_enabled() and not any(a.requires_grad for a in args):
+        precompile = self._precompile
+        if precompile is not None and not torch.is_grad_enabled() and not any(a.requires_grad for a in args):
             if self._cuda_graphs and any(a.is_cuda for a in args):
                 self._precompile = None
             else:
-                self._load_or_precompile(args)
+                self._load_or_precompile(precompile, args)
         return self._compiled(*args)
 
-    def _load_or_precompile(self, args: tuple) -> None:
-        forward, module, arguments = self._precompile
+    def _load_or_precompile(self, precompile: precompiled.Precompile, args: tuple) -> None:
         self._precompile = None
         autocast = [
             (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
             for device in _AUTOCAST_DEVICES
         ]
-        parts = ("forward", sorted(arguments.items()), autocast)
-        found = precompiled.precompiled_step(
-            forward, module, parts, {"module": module}, args, arguments, self._compiled, what="eval graph"
-        )
-        if found is not None:
-            self._compiled = found
+        parts = ("forward", sorted(precompile.compile_arguments.items()), autocast)
+        self._compiled = precompile.replacing(self._compiled, parts, args)
 
 
 def _forward_of(module: torch.nn.Module) -> Callable:
     """``module``'s call as a function of its own (a precompiled function is a function, not a module)."""
 
-    def forward(*args):
+    def forward(*args: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return module(*args)
 
-    return with_own_code(forward)
+    return precompiled.with_own_code(forward)

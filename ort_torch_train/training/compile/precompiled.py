@@ -2,7 +2,7 @@
 
 A ``CompiledTrainStep`` (and a ``CompiledForward``: the eval graph) compiles with
 ``torch.compile(...).aot_compile`` and calls the result behind its guards, without Dynamo's frame
-evaluation (the mlp's one-graph step 72 -> 55 us). The guards kept are those a saved step can carry,
+evaluation. The guards kept are those a saved step can carry,
 less those on values fixed for the step's life: none on globals, object identity, the step's immutable
 closure values or torch's pytree registry (``_guard_filter``); the step's key stands for them.
 Once ``compile_cache.load_compile_cache`` has switched saving on, each step's serialized form
@@ -15,19 +15,25 @@ process's own (``external_data``), never pickled.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import inspect
 import logging
 import re
-from collections.abc import Callable, Mapping, Sequence
+import types
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch._dynamo.guards import CheckFunctionManager
-from torch._dynamo.types import GuardFilterEntry
-from torch._guards import TracingContext, tracing
 
+from ort_torch_train.torch_internals import (
+    UNSERIALIZABLE_GUARD_TYPES,
+    GuardFilterEntry,
+    aot_compile,
+    fast_guard_check,
+    list_mode_options,
+    load_aot_compiled,
+    serialize_aot_compiled,
+)
 from ort_torch_train.training.compile.settings import torch_compile
 
 log = logging.getLogger(__name__)
@@ -73,7 +79,7 @@ def precompiled_step(
     step: Callable,
     module: torch.nn.Module,
     parts: Sequence[object],
-    external: dict[str, object],
+    external: Mapping[str, object],
     args: tuple,
     compile_arguments: Mapping[str, Any],
     fallback: Callable,
@@ -82,33 +88,51 @@ def precompiled_step(
     """``step`` compiled ahead for ``args`` (or, with saving on, loaded from a saved step under
     ``step_key(module, parts, args)``, and kept for saving), behind its guards: inputs they reject go to
     ``fallback``. None when torch cannot precompile this step. ``what`` names the step in log lines."""
-    key = None if _steps is None else step_key(module, parts, args)
-    external = {name: value for name, value in external.items() if value is not None}  # one id for all Nones
-    data = None if key is None else _steps.get(key)
-    if data is not None:
-        loaded = _load(data, external, args, key, what)
-        if loaded is not None:
-            return GuardedStep(loaded, fallback, what)
-    elif _steps:
-        log.info("no saved %s for this model, update and signature (%s); compiling it", what, key[:12])
+    steps = _steps
+    key = None if steps is None else step_key(module, parts, args)
+    external_data = {name: value for name, value in external.items() if value is not None}  # one id for all Nones
+    if steps is not None and key is not None:
+        data = steps.get(key)
+        if data is not None:
+            loaded = _load(data, external_data, args, key, what)
+            if loaded is not None:
+                return GuardedStep(loaded, fallback, what)
+        elif steps:
+            log.info("no saved %s for this model, update and signature (%s); compiling it", what, key[:12])
     try:
-        compiled = torch_compile(step, _with_guard_filter(compile_arguments, step)).aot_compile((args, {}))
+        compiled = aot_compile(torch_compile(step, _with_guard_filter(compile_arguments, step)), args)
     except Exception as error:  # a backend or mode without precompile support: the usual compilation
         log.info("cannot precompile the %s (%s); compiling it without precompile", what, error)
         return None
-    if key is not None:
+    if steps is not None and key is not None:
         try:
-            _steps[key] = type(compiled).serialize(compiled, external).serialized_data
+            steps[key] = serialize_aot_compiled(compiled, external_data)
         except Exception as error:
             log.info("cannot serialize the precompiled %s %s (%s); it will not be saved", what, key[:12], error)
     return GuardedStep(compiled, fallback, what)
 
 
+@dataclass(frozen=True)
+class Precompile:
+    """A step's ``precompiled_step`` arguments known before its first call."""
+
+    step: Callable
+    module: torch.nn.Module
+    external: Mapping[str, object]
+    compile_arguments: Mapping[str, Any]
+    what: str
+
+    def replacing(self, fallback: Callable, parts: Sequence[object], args: tuple) -> Callable:
+        """The precompiled (or saved) step for ``args``, else ``fallback`` (torch cannot precompile it)."""
+        found = precompiled_step(
+            self.step, self.module, parts, self.external, args, self.compile_arguments, fallback, self.what
+        )
+        return fallback if found is None else found
+
+
 def _with_guard_filter(compile_arguments: Mapping[str, Any], step: Callable) -> dict[str, Any]:
     """``compile_arguments`` with ``_guard_filter(step)`` among the options, a ``mode`` given as the
     options it stands for (torch.compile takes a mode or options, not both)."""
-    from torch._inductor import list_mode_options
-
     arguments = dict(compile_arguments)
     options = dict(arguments.pop("options", None) or {})
     mode = arguments.pop("mode", None)
@@ -118,11 +142,8 @@ def _with_guard_filter(compile_arguments: Mapping[str, Any], step: Callable) -> 
 
 
 def _load(data: bytes, external: dict[str, object], args: tuple, key: str, what: str) -> Any:
-    from torch._dynamo.aot_compile import AOTCompiledFunction
-
     try:
-        with tracing(TracingContext(None)):  # unpickling the guards' sources installs guards
-            loaded = AOTCompiledFunction.deserialize(data, None, external)
+        loaded = load_aot_compiled(data, external)
         matches = loaded.guard_check(*args)
     except Exception as error:
         log.warning("the saved %s %s does not load (%s); compiling it again", what, key[:12], error)
@@ -139,9 +160,9 @@ class GuardedStep:
 
     __slots__ = ("compiled", "fallback", "what", "rejected", "_check")
 
-    def __init__(self, compiled: Any, fallback: Callable, what: str):
+    def __init__(self, compiled: Any, fallback: Callable, what: str) -> None:
         self.compiled, self.fallback, self.what, self.rejected = compiled, fallback, what, False
-        self._check = _guard_check(compiled)
+        self._check = fast_guard_check(compiled)
 
     def __call__(self, *args: Any) -> Any:
         if self._check(*args):
@@ -152,40 +173,10 @@ class GuardedStep:
         return self.fallback(*args)
 
 
-def _guard_check(compiled: Any) -> Callable[..., bool]:
-    """``compiled.guard_check`` for positional arguments, without its per-call ``inspect`` binding (~7 us
-    of the mlp's 60 us step): the guards read the step's locals, its closure and its arguments by name."""
-    try:
-        artifacts = compiled._artifacts
-        manager, parameters, env = (
-            artifacts.guard_manager,
-            list(artifacts.signature.parameters.values()),
-            artifacts.runtime_env,
-        )
-        closure = dict(zip(env.bytecode.co_freevars, (cell.cell_contents for cell in env.closure or ())))
-    except (AttributeError, ValueError):  # another torch's internals: its own check
-        return compiled.guard_check
-    positional = [p.name for p in parameters if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
-    rest = [p.name for p in parameters if p.kind is inspect.Parameter.VAR_POSITIONAL]
-    if manager is None or len(positional) + len(rest) != len(parameters):
-        return compiled.guard_check
-
-    def check(*args: Any) -> bool:
-        if len(args) < len(positional) or (len(args) > len(positional) and not rest):
-            return compiled.guard_check(*args)
-        f_locals = dict(closure)
-        f_locals.update(zip(positional, args))
-        if rest:
-            f_locals[rest[0]] = args[len(positional) :]
-        return manager.check(f_locals)
-
-    return check
-
-
 def _guard_filter(step: Callable) -> Callable[[Sequence[GuardFilterEntry]], list[bool]]:
     """``_serializable``, less the guards on ``step``'s immutable closure values (tuples of constants,
     frozen dataclasses: the parameter plan, the flat layout: fixed for the step's life and named by its
-    key; most of tiny-bert's ~300 guards) and on torch's pytree registry (the steps take lists and
+    key) and on torch's pytree registry (the steps take lists and
     tuples, whose flattening no registration changes; importing a library that registers its classes,
     as ``transformers`` does, would otherwise reject every later call)."""
     fixed = {
@@ -209,8 +200,9 @@ def _root(source: str) -> str:
 def _immutable(value: object) -> bool:
     if isinstance(value, tuple):
         return all(_immutable(item) for item in value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return value.__dataclass_params__.frozen
+    params = getattr(value, "__dataclass_params__", None)  # a dataclass's settings
+    if params is not None and not isinstance(value, type):
+        return bool(params.frozen)
     return value is None or isinstance(value, (bool, int, float, str))
 
 
@@ -220,7 +212,7 @@ def _serializable(entries: Sequence[GuardFilterEntry]) -> list[bool]:
     return [
         not (
             entry.is_global
-            or entry.guard_type in CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
+            or entry.guard_type in UNSERIALIZABLE_GUARD_TYPES
             or (entry.guard_type in ("TYPE_MATCH", "BUILTIN_MATCH") and "<locals>" in type(entry.value).__qualname__)
         )
         for entry in entries
@@ -239,9 +231,23 @@ def _update(digest: Any, key: str, value: object) -> None:
         digest.update(_ADDRESS.sub("", f"{key}={value!r}").encode())
 
 
-def _tensors(value: object):
+def _tensors(value: object) -> Iterator[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         yield value
     elif isinstance(value, (list, tuple)):
         for item in value:
             yield from _tensors(item)
+
+
+def with_own_code(function: Callable) -> types.FunctionType:
+    """``function`` (a Python function) with a code object of its own: Dynamo counts recompilations per
+    code object, and each (signature, update) pair is a step of its own, not a recompilation."""
+    if not isinstance(function, types.FunctionType):
+        raise TypeError(f"expected a Python function, got {function!r}")
+    return types.FunctionType(
+        function.__code__.replace(),
+        function.__globals__,
+        function.__name__,
+        function.__defaults__,
+        function.__closure__,
+    )

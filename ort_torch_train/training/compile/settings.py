@@ -38,11 +38,10 @@ def compile_arguments(compile: CompileSetting) -> dict[str, Any] | None:
 def for_device(arguments: Mapping[str, Any], device: torch.device, *, cpp_wrapper: bool = True) -> dict[str, Any]:
     """``arguments`` with this project's inductor defaults for CPU graphs, unless a mode or another
     backend is asked for, or the option is set: the C++ wrapper (it calls the kernels without per-call
-    Python, a fifth of a tiny transformer's compiled step, and compiles no slower; ``cpp_wrapper=False``
-    for graphs it cannot generate: collectives, checkpointed random ops), loops parallelised only from
-    16384 elements a thread (inductor's default, 512, spends more on OpenMP's fork and join than it
-    saves on small models: tiny-bert's step 480 -> 430 us on 2 threads) and the pass sending large
-    float32 GEMMs to oneDNN and fusing small ones' bias adds (``onednn_linear.py``)."""
+    Python; ``cpp_wrapper=False`` for graphs it cannot generate: collectives, checkpointed random ops),
+    loops parallelised only from ``MIN_CHUNK_SIZE`` elements a thread (inductor's default, 512, spends
+    more on OpenMP's fork and join than it saves on small models) and the pass sending large float32
+    GEMMs to oneDNN and fusing small ones' bias adds (``onednn_linear.py``)."""
     if device.type != "cpu" or "mode" in arguments or arguments.get("backend", "inductor") != "inductor":
         return dict(arguments)
     defaults = {

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import time
-import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +20,7 @@ from torch import Tensor
 
 from ort_torch_train.optim.clip import clip_grad_norm_
 from ort_torch_train.optim.compiled import FusedUpdate
+from ort_torch_train.torch_internals import mark_static_address
 from ort_torch_train.training.blas_threads import blas_threads_for
 from ort_torch_train.training.compile import precompiled
 from ort_torch_train.training.compile.settings import records_cuda_graphs, torch_compile
@@ -56,7 +56,7 @@ class CompiledTrainStep:
 
     ``trainable``/``frozen`` are detached aliases of the parameters (updated in place), ``grads``
     the trainable ones' ``.grad``; with a ``layout``, ``trainable``, ``grads`` and each list of
-    ``states`` hold one flat buffer laid out so (``checkpoint/flat_buffers.py``). ``reset`` overwrites the gradients
+    ``states`` hold one flat buffer laid out so (``training/flat_params.py``). ``reset`` overwrites the gradients
     instead of adding to them (the compiled graph reads it as a tensor: one compilation for both).
     ``states`` (lists of optimizer moments) and ``scalars`` feed ``update`` when there is one.
     ``reduction`` (data parallel) replaces the accumulated gradients by their average across ranks.
@@ -64,7 +64,7 @@ class CompiledTrainStep:
 
     def __init__(
         self,
-        module: Callable[..., tuple[Tensor, ...]],
+        module: torch.nn.Module,
         plan: ParameterPlan,
         *,
         update: FusedUpdate | None = None,
@@ -72,7 +72,7 @@ class CompiledTrainStep:
         reduction: Callable[[list[Tensor]], list[Tensor]] | None = None,
         precision: MixedPrecision | None = None,
         layout: FlatLayout | None = None,
-    ):
+    ) -> None:
         step = _train_step_function(module, plan, update, reduction, precision, layout)
         self._module = module  # its matrix products decide the step's BLAS threads
         self._scaler = None if precision is None else precision.loss_scaler
@@ -82,8 +82,16 @@ class CompiledTrainStep:
         # precompiled at the first call (precompiled.py), unless it records CUDA graphs on CUDA
         setting = None if precision is None else precision.setting
         parts = (plan.sources, update, reduction, sorted(compile_arguments.items()), setting, layout)
-        external = {"module": module, "update": update, "reduction": reduction, "precision": precision}
-        self._precompile = (step, module, parts, external, compile_arguments)
+        external: dict[str, object] = {
+            "module": module,
+            "update": update,
+            "reduction": reduction,
+            "precision": precision,
+        }
+        self._precompile: precompiled.Precompile | None = precompiled.Precompile(
+            step, module, external, compile_arguments, "train step"
+        )
+        self._precompile_parts = parts
         self._called = False
         self._reset_flags: dict[torch.device, tuple[Tensor, Tensor]] = {}
 
@@ -113,7 +121,7 @@ class CompiledTrainStep:
         cuda_graphs = self._cuda_graphs and trainable[0].is_cuda
         if cuda_graphs:  # updated in place: CUDA graphs replay only on inputs at fixed addresses
             for tensor in (*trainable, *frozen, *grads, *(t for moments in states for t in moments)):
-                torch._dynamo.mark_static_address(tensor)
+                mark_static_address(tensor)
         with torch.no_grad(), blas_threads_for(self._module, trainable[0].device):
             if self._precompile is not None:
                 self._precompiled(arguments, cuda_graphs)
@@ -132,15 +140,9 @@ class CompiledTrainStep:
     def _precompiled(self, arguments: tuple, cuda_graphs: bool) -> None:
         """Replace the compiled step by a precompiled (or saved) one, where torch can precompile it
         (CUDA graphs are recorded and replayed by torch.compile's own call)."""
-        step, module, parts, external, compile_arguments = self._precompile
-        self._precompile = None
-        if cuda_graphs:
-            return
-        found = precompiled.precompiled_step(
-            step, module, parts, external, arguments, compile_arguments, self._compiled
-        )
-        if found is not None:
-            self._compiled = found
+        precompile, self._precompile = self._precompile, None
+        if precompile is not None and not cuda_graphs:
+            self._compiled = precompile.replacing(self._compiled, self._precompile_parts, arguments)
 
     def _reset_flag(self, reset: bool, device: torch.device) -> Tensor:
         """A 0-d boolean tensor on ``device`` (one per value, made once)."""
@@ -182,16 +184,4 @@ def _train_step_function(
             update.kernel(trainable, grads, *states, scalars, *update.constants)
         return outputs
 
-    return with_own_code(train_step)
-
-
-def with_own_code(function: types.FunctionType) -> types.FunctionType:
-    """``function`` with a code object of its own: Dynamo counts recompilations per code object, and
-    each (signature, update) pair is a step of its own, not a recompilation."""
-    return types.FunctionType(
-        function.__code__.replace(),
-        function.__globals__,
-        function.__name__,
-        function.__defaults__,
-        function.__closure__,
-    )
+    return precompiled.with_own_code(train_step)

@@ -1,0 +1,142 @@
+"""The private torch APIs this project uses, each named once here with the reason no public one serves.
+
+The rest of the package reaches torch's internals only through these names, so a torch upgrade that
+moves one breaks here. Not wrapped, as they are aten operators with stable schemas that torch's own
+optimizers call: ``torch._foreach_*`` (one kernel launch for a list of tensors), ``torch._fused_adamw_``
+(AdamW's fused kernel), ``torch._amp_foreach_non_finite_check_and_unscale_`` and
+``torch._amp_update_scale_`` (GradScaler's kernels).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch._dynamo
+import torch.distributed._functional_collectives as functional_collectives
+import torch.utils._pytree
+from torch import Tensor
+from torch._dynamo.aot_compile import AOTCompiledFunction
+from torch._dynamo.guards import CheckFunctionManager
+from torch._dynamo.types import GuardFilterEntry
+from torch._guards import TracingContext, tracing
+from torch._inductor import codecache, cpu_vec_isa, list_mode_options
+from torch._inductor import config as inductor_config
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+from torch._inductor.runtime.cache_dir_utils import cache_dir as inductor_cache_dir
+from torch._ops import HigherOrderOperator
+from torch.utils._python_dispatch import TorchDispatchMode
+
+__all__ = [
+    # Dynamo, torch.compile's precompile (``torch.compile(...).aot_compile``): a compiled function saved
+    # and loaded whole with its guards; a guard filter (its entries' type) keeps those a saved one can carry
+    "AOTCompiledFunction",
+    "aot_compile",
+    "GuardFilterEntry",
+    "UNSERIALIZABLE_GUARD_TYPES",
+    "fast_guard_check",
+    "load_aot_compiled",
+    "serialize_aot_compiled",
+    # Dynamo: CUDA graphs replay only on inputs at fixed addresses
+    "mark_static_address",
+    # inductor: the options a mode stands for (torch.compile takes a mode or options, not both)
+    "list_mode_options",
+    # inductor: the C++ libraries its code caches built under its cache dir, which the compile cache carries
+    "codecache",
+    "inductor_cache_dir",
+    # inductor: its vector ISA probe and the setting (``cpp.vec_isa_ok``) that skips it where a saved probe holds
+    "cpu_vec_isa",
+    "inductor_config",
+    # inductor: custom post-grad passes (the oneDNN linear pass) and the hash that keys them in its caches
+    "CustomGraphPass",
+    "get_hash_for_files",
+    # the CPU features a compiled library depends on, which torch reports only privately
+    "cpu_features",
+    # functorch: whether a transform is active; its interpreter stack has no public accessor
+    "in_functorch_transform",
+    # the oneDNN kernel inductor runs for frozen weights' linear layers; no public op reaches it
+    "onednn_linear_pointwise",
+    # a dispatch mode recording the matrix products a graph runs, and the higher-order ops (torch.cond,
+    # ...) it cannot look into: no public dispatch-mode API
+    "TorchDispatchMode",
+    "HigherOrderOperator",
+    # collectives torch.compile can trace into a data-parallel step's graph
+    "functional_collectives",
+    # pytree: a module's outputs counted as torch.onnx.export flattens them
+    "tree_leaves",
+]
+
+UNSERIALIZABLE_GUARD_TYPES = CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
+mark_static_address = torch._dynamo.mark_static_address
+tree_leaves = torch.utils._pytree.tree_leaves
+
+
+def aot_compile(compiled: Any, args: tuple) -> Any:
+    """``compiled`` (a torch.compile'd function) compiled ahead for the positional ``args``."""
+    return compiled.aot_compile((args, {}))
+
+
+def serialize_aot_compiled(compiled: Any, external: dict[str, object]) -> bytes:
+    """The bytes of a precompiled function; the ``external`` closure objects are left out, by name."""
+    return type(compiled).serialize(compiled, external).serialized_data
+
+
+def load_aot_compiled(data: bytes, external: dict[str, object]) -> AOTCompiledFunction:
+    """A precompiled function from ``serialize_aot_compiled``'s bytes, given its ``external`` objects."""
+    with tracing(TracingContext(None)):  # unpickling the guards' sources installs guards
+        return AOTCompiledFunction.deserialize(data, None, external)
+
+
+def fast_guard_check(compiled: Any) -> Callable[..., bool]:
+    """``compiled.guard_check`` for positional arguments, without its per-call ``inspect`` binding: the
+    guards read the function's locals, its closure and its arguments by name (its private artifacts)."""
+    try:
+        artifacts = compiled._artifacts
+        manager, parameters, env = (
+            artifacts.guard_manager,
+            list(artifacts.signature.parameters.values()),
+            artifacts.runtime_env,
+        )
+        closure = dict(zip(env.bytecode.co_freevars, (cell.cell_contents for cell in env.closure or ())))
+    except (AttributeError, ValueError):  # another torch's internals: its own check
+        return compiled.guard_check
+    positional = [p.name for p in parameters if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    rest = [p.name for p in parameters if p.kind is inspect.Parameter.VAR_POSITIONAL]
+    if manager is None or len(positional) + len(rest) != len(parameters):
+        return compiled.guard_check
+
+    def check(*args: Any) -> bool:
+        if len(args) < len(positional) or (len(args) > len(positional) and not rest):
+            return compiled.guard_check(*args)
+        f_locals = dict(closure)
+        f_locals.update(zip(positional, args))
+        if rest:
+            f_locals[rest[0]] = args[len(positional) :]
+        return manager.check(f_locals)
+
+    return check
+
+
+def cpu_features() -> list[str]:
+    """The CPU features torch reports as supported (``torch.cpu._is_*_supported``), sorted: what a
+    compiled library built here needs from a CPU."""
+    return sorted(
+        name
+        for name in dir(torch.cpu)
+        if name.startswith("_is_") and name.endswith("_supported") and getattr(torch.cpu, name)()
+    )
+
+
+def in_functorch_transform() -> bool:
+    """Whether a torch.func transform is active (True when this torch cannot tell): functorch's
+    interpreter stack has no public accessor."""
+    peek = getattr(torch._C._functorch, "peek_interpreter_stack", None)
+    return peek is None or peek() is not None
+
+
+def onednn_linear_pointwise(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``x @ weight.T (+ bias)`` on oneDNN, strided inputs read as they are: the mkldnn kernel inductor
+    uses for frozen weights, which no public op reaches."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
