@@ -21,7 +21,7 @@ from torch import Tensor
 from ort_torch_train.checkpoint.state import TrainingState
 from ort_torch_train.errors import CheckpointError, DistributedError
 from ort_torch_train.optim.clip import clip_grad_norm_
-from ort_torch_train.optim.engine import OptimizerEngine, gradients, trainable_parameter
+from ort_torch_train.optim.engine import OptimizerEngine, gradient_buffers, trainable_parameter
 from ort_torch_train.optim.optimizer_model import OptimizerSpec
 
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
@@ -136,7 +136,7 @@ class ShardedOptimizerEngine(OptimizerEngine):
         for name in [n for n in momentums if n not in owned_names]:
             del momentums[name]
         self._params = self.shard.owned([param.detach() for param in params])
-        self._grads = self.shard.owned(gradients(params))
+        self._grads = self.shard.owned(gradient_buffers(params))
         self._moments = [[momentums[name][key] for name in owned_names] for key in self.spec.momentum_names]
         self._ready_kernel()
 

@@ -1,6 +1,6 @@
 """``deepspeed_zero_stage=1`` for the legacy optimizers: state sharded element-wise across the ranks.
 
-The same partition as ``Optimizer(shard_state=True)`` (``optim/sharded.py``): each rank runs the
+The same partition as ``Optimizer(shard_state=True)`` (``distributed/zero.py``): each rank runs the
 legacy SGD/Adam kernel on its contiguous slice of the flattened trained weights, keeping only that
 slice's moments, then one all_gather writes every updated weight back. Adam's kernel is element-wise
 given the global gradient norm, which the session computes from the averaged gradients. Reading or
@@ -19,7 +19,9 @@ from torch import Tensor
 
 from ort_torch_train.distributed.zero import FlatShard
 from ort_torch_train.errors import DistributedError
-from ort_torch_train.legacy.optimizers import MOMENT_1, MOMENT_2, UPDATE_COUNT, build_optimizer
+from ort_torch_train.legacy.moments import MOMENT_1, MOMENT_2, STATE_PREFIXES, UPDATE_COUNT
+from ort_torch_train.legacy.optimizers import build_optimizer
+from ort_torch_train.optim.engine import gradient_buffers
 
 
 def build_legacy_optimizer(parameters: Any, params: Mapping[str, torch.nn.Parameter], data_parallel: Any) -> Any:
@@ -71,8 +73,9 @@ class ShardedLegacyOptimizer:
         pieces = {}
         for name, (start, stop) in self._slices.items():
             param = self.params[name]
+            (grad,) = gradient_buffers([param])
             piece = torch.nn.Parameter(param.detach().view(-1)[start:stop], requires_grad=False)
-            piece.grad = param.grad.view(-1)[start:stop]  # views: the session's gradients, averaged in place
+            piece.grad = grad.view(-1)[start:stop]  # views: the session's gradients, averaged in place
             pieces[name] = piece
         cut = {
             weight: {key: self._cut(weight, key, value) for key, value in values.items()}
@@ -120,7 +123,7 @@ class ShardedLegacyOptimizer:
         """Load this rank's slice of one ``<prefix>_<weight>`` tensor; False when it is not a state tensor."""
         if not hasattr(self.inner, "moments"):  # SGD: no state tensor
             return False
-        for prefix in (UPDATE_COUNT, MOMENT_1, MOMENT_2):
+        for prefix in STATE_PREFIXES:
             weight = name.removeprefix(prefix + "_")
             if weight != name and weight in self.params:
                 piece = self._cut(weight, prefix, value)  # checked on every rank

@@ -210,7 +210,7 @@ class OptimizerEngine:
             self._params, self._grads, self._moments = [flat.params], [flat.grads], [[m] for m in flat.moments]
         else:
             self._params = list(params)
-            self._grads = gradients(params)
+            self._grads = gradient_buffers(params)
             self._moments = [[momentums[name][key] for name in self.param_names] for key in self.update_moment_names]
         self._ready_kernel()
 
@@ -271,9 +271,14 @@ class OptimizerEngine:
         return [self.state.params[name] for name in self.param_names]
 
 
-def gradients(params: Sequence[Tensor]) -> list[Tensor]:
-    """The gradient buffers of ``params``, each checked by ``trainable_parameter`` to exist."""
-    return [param.grad for param in params if param.grad is not None]
+def gradient_buffers(params: Sequence[Tensor]) -> list[Tensor]:
+    """The ``.grad`` of each of ``params``; ValueError when one has none."""
+    grads = []
+    for param in params:
+        if param.grad is None:
+            raise ValueError(f"a parameter of shape {tuple(param.shape)} has no gradient buffer")
+        grads.append(param.grad)
+    return grads
 
 
 def trainable_parameter(state: TrainingState, name: str) -> torch.nn.Parameter:

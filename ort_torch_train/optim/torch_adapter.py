@@ -7,7 +7,7 @@ from typing import overload
 
 import torch
 
-from ort_torch_train.optim.engine import OptimizerEngine, gradients
+from ort_torch_train.optim.engine import OptimizerEngine, gradient_buffers
 
 
 class TorchOptimizerAdapter(torch.optim.Optimizer):
@@ -44,4 +44,4 @@ class TorchOptimizerAdapter(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the gradient buffers in place (they are kept: ORT's gradients are never None)."""
-        torch._foreach_zero_(gradients(self.engine.parameters))
+        torch._foreach_zero_(gradient_buffers(self.engine.parameters))
