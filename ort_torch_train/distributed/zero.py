@@ -31,7 +31,7 @@ class FlatShard:
     """This rank's contiguous slice of a list of tensors flattened end to end, and the collective
     that reassembles the whole from every rank's slice."""
 
-    def __init__(self, numels: Sequence[int], group: Any):
+    def __init__(self, numels: Sequence[int], group: Any) -> None:
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)

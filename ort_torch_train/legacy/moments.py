@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Generic, TypeVar, get_type_hints
+from typing import Generic, TypeAlias, TypeVar, get_type_hints
 
 import numpy as np
 import torch
@@ -20,6 +20,7 @@ STATE_PREFIXES = (UPDATE_COUNT, MOMENT_1, MOMENT_2)
 NON_NEGATIVE_ATTRIBUTES = ("alpha", "beta", "lambda", "epsilon")
 
 Attributes = TypeVar("Attributes", bound="NodeAttributes")
+InitialState: TypeAlias = Mapping[str, Mapping[str, object]]  # {weight: {state prefix: value}}
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ class PerWeightMoments(Generic[Attributes]):
         self,
         params: Mapping[str, torch.nn.Parameter],
         attributes: Mapping[str, Attributes],
-        initial_state: Mapping[str, Mapping[str, object]],
+        initial_state: InitialState,
         clip_grad_norm: bool,
         fp16_moments: bool = False,
     ) -> None:

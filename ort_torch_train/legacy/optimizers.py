@@ -31,18 +31,20 @@ import math
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import torch
 from torch import Tensor
 
 from ort_torch_train.legacy.lamb import LAMB_FLOAT_DEFAULTS, LAMB_INT_DEFAULTS, Lamb, lamb_attributes
-from ort_torch_train.legacy.moments import NodeAttributes, PerWeightMoments, clip_divisor, node_attributes
+from ort_torch_train.legacy.moments import InitialState, NodeAttributes, PerWeightMoments, clip_divisor, node_attributes
 from ort_torch_train.optim.engine import gradient_buffers
 from ort_torch_train.optim.float32 import to_float32
 from ort_torch_train.optim.sgd import SGDHyperparameters, sgd
 
 ADAM_FLOAT_DEFAULTS = {"alpha": 0.9, "beta": 0.999, "lambda": 0.0, "epsilon": 1e-8, "max_norm_clip": 1.0}
 ADAM_INT_DEFAULTS = {"do_bias_correction": 1, "weight_decay_mode": 0}
+LegacyOptimizer: TypeAlias = "SGD | Adam | Lamb"
 
 
 @dataclass(frozen=True)
@@ -65,20 +67,17 @@ def build_optimizer(
     params: Mapping[str, torch.nn.Parameter],
     float_attributes: Mapping[str, Mapping[str, float]],
     int_attributes: Mapping[str, Mapping[str, int]],
-    initial_state: Mapping[str, Mapping[str, object]],
+    initial_state: InitialState,
     clip_grad_norm: bool,
     fp16_moments: bool = False,
     all_weights: Sequence[str] | None = None,
-) -> SGD | Adam | Lamb | None:
-    """The optimizer ``training_optimizer_name`` names over the trained ``params``; None for "" or
-    when no weight is trained (ORT then builds no optimizer graph, and takes no learning rate).
+) -> LegacyOptimizer:
+    """The optimizer ``name`` (``training_optimizer_name``, not "") names over the trained ``params``.
 
     ``fp16_moments`` stores Adam's and Lamb's moments in float16. As in ORT, both attribute maps need
     an entry for every trained weight (``all_weights`` when ``params`` are slices of some of them). Attribute names the
     optimizer does not read are ignored, as ORT does, with a warning.
     """
-    if not name or not params:
-        return None
     floats = {"AdamOptimizer": ADAM_FLOAT_DEFAULTS, "LambOptimizer": LAMB_FLOAT_DEFAULTS}.get(name, {})
     ints = {"AdamOptimizer": ADAM_INT_DEFAULTS, "LambOptimizer": LAMB_INT_DEFAULTS}.get(name, {})
     for weight in all_weights if all_weights is not None else params:
