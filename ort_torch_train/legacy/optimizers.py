@@ -1,4 +1,5 @@
-"""The legacy per-weight optimizers ``com.microsoft.SGDOptimizer`` and ``AdamOptimizer`` over torch tensors.
+"""The legacy per-weight optimizers ``com.microsoft.SGDOptimizer`` and ``AdamOptimizer`` over torch tensors,
+and ``build_optimizer`` for them and ``LambOptimizer`` (``legacy/lamb.py``).
 
 Graph construction (ORT 1.13, ``core/graph/optimizer/*_optimizer_builder.cc``): one node per trained
 weight; the learning rate is the graph input ``lr_params_feed_name`` (float[1]); Adam keeps per-weight
