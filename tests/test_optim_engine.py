@@ -20,7 +20,7 @@ from ort_torch_train.api.optimizer import (
 )
 from ort_torch_train.checkpoint.state import OptimizerState, TrainingState
 from ort_torch_train.errors import CheckpointError, NominalStateError
-from ort_torch_train.optim.adamw import adamw
+from ort_torch_train.optim.adamw import AdamWHyperparameters, adamw
 from ort_torch_train.optim.engine import DEFAULT_LEARNING_RATE, OptimizerEngine
 from ort_torch_train.optim.optimizer_model import OptimizerSpec, read_optimizer_model
 
@@ -113,14 +113,10 @@ def test_engine_steps_like_the_kernel_with_step_plus_one():
             [reference.params[n].grad for n in NAMES],
             ref_m,
             ref_v,
+            AdamWHyperparameters(
+                lr=0.01, beta1=0.9, beta2=0.999, eps=1e-6, weight_decay=0.0, adam_mode=1, correct_bias=True
+            ),
             step=step,
-            lr=0.01,
-            beta1=0.9,
-            beta2=0.999,
-            eps=1e-6,
-            weight_decay=0.0,
-            adam_mode=1,
-            correct_bias=True,
             implementation="foreach",
         )
         assert state.optimizer.step == engine.completed_steps == step

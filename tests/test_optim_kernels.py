@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from ort_torch_train.optim.adamw import adamw, choose_adamw_implementation, ort_step_scalars
+from ort_torch_train.optim.adamw import AdamWHyperparameters, adamw, choose_adamw_implementation, ort_step_scalars
 from ort_torch_train.optim.clip import clip_grad_norm_
 from ort_torch_train.optim.scratch import make_scratch
-from ort_torch_train.optim.sgd import sgd
+from ort_torch_train.optim.sgd import SGDHyperparameters, sgd
 
 SHAPES = [(16, 9), (9,), (3, 5, 2), (1,)]
 STEPS = 5
@@ -45,20 +45,15 @@ def _run_adamw(
     exp_avgs = [torch.zeros_like(p) for p in params]
     exp_avg_sqs = [torch.zeros_like(p) for p in params]
     scratch = make_scratch(params, 2) if with_scratch else None
+    hyperparameters = AdamWHyperparameters(lr, BETA1, BETA2, eps, weight_decay, adam_mode, correct_bias)
     for step, grads in enumerate(grads_per_step, start=1):
         adamw(
             params,
             [g.clone() for g in grads],
             exp_avgs,
             exp_avg_sqs,
+            hyperparameters,
             step=step,
-            lr=lr,
-            beta1=BETA1,
-            beta2=BETA2,
-            eps=eps,
-            weight_decay=weight_decay,
-            adam_mode=adam_mode,
-            correct_bias=correct_bias,
             implementation=implementation,
             scratch=scratch,
         )
@@ -198,7 +193,8 @@ def test_default_implementation_choice():
 def test_adamw_rejects_bad_arguments():
     params, grads = _random_problem(5)
     m, v = [torch.zeros_like(p) for p in params], [torch.zeros_like(p) for p in params]
-    base = dict(step=1, lr=0.01, beta1=0.9, beta2=0.999, eps=1e-6, weight_decay=0.0, adam_mode=1, correct_bias=True)
+    base = dict(lr=0.01, beta1=0.9, beta2=0.999, eps=1e-6, weight_decay=0.0, adam_mode=1, correct_bias=True)
+    hyperparameters = AdamWHyperparameters(**base)
     bad = [
         (dict(step=0), "step must be an int >= 1"),
         (dict(adam_mode=2), "adam_mode must be 0"),
@@ -208,12 +204,14 @@ def test_adamw_rejects_bad_arguments():
         (dict(implementation="bogus"), "implementation must be one of"),
     ]
     for override, message in bad:
+        arguments = {"step": 1, **override}
+        hyper = {key: arguments.pop(key) for key in list(arguments) if key in base}
         with pytest.raises(ValueError, match=message):
-            adamw(params, grads[0], m, v, **{**base, **override})
+            adamw(params, grads[0], m, v, AdamWHyperparameters(**{**base, **hyper}), **arguments)
     with pytest.raises(ValueError, match=r"lengths \(4, 3, 4, 4\)"):
-        adamw(params, grads[0][:3], m, v, **base)
+        adamw(params, grads[0][:3], m, v, hyperparameters, step=1)
     with pytest.raises(ValueError, match="one floating dtype"):
-        adamw(params, grads[0], m, v[:-1] + [v[-1].double()], **{**base, "implementation": "fused"})
+        adamw(params, grads[0], m, v[:-1] + [v[-1].double()], hyperparameters, step=1, implementation="fused")
 
 
 def test_adamw_updates_parameters_that_require_grad():
@@ -223,14 +221,10 @@ def test_adamw_updates_parameters_that_require_grad():
         [torch.ones(3)],
         [torch.zeros(3)],
         [torch.zeros(3)],
+        AdamWHyperparameters(
+            lr=0.1, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, adam_mode=1, correct_bias=True
+        ),
         step=1,
-        lr=0.1,
-        beta1=0.9,
-        beta2=0.999,
-        eps=1e-8,
-        weight_decay=0.0,
-        adam_mode=1,
-        correct_bias=True,
     )
     assert params[0].requires_grad and torch.all(params[0] < 1)
 
@@ -242,7 +236,7 @@ def test_sgd_rounds_like_ort(implementation):
     expected = [p.numpy() + (-np.float32(0.05)) * g.numpy() for p, g in zip(params, grads[0])]
     for scratch in (None, make_scratch(params, 1)):
         got = [p.clone() for p in params]
-        sgd(got, grads[0], lr=0.05, implementation=implementation, scratch=scratch)
+        sgd(got, grads[0], SGDHyperparameters(lr=0.05), implementation=implementation, scratch=scratch)
         for a, b in zip(got, expected):
             np.testing.assert_array_equal(a.numpy(), b)
 
@@ -250,9 +244,9 @@ def test_sgd_rounds_like_ort(implementation):
 def test_sgd_rejects_bad_arguments():
     params, grads = _random_problem(7)
     with pytest.raises(ValueError, match=r"lengths \(4, 2\)"):
-        sgd(params, grads[0][:2], lr=0.1)
+        sgd(params, grads[0][:2], SGDHyperparameters(lr=0.1))
     with pytest.raises(ValueError, match="implementation must be one of"):
-        sgd(params, grads[0], lr=0.1, implementation="fused")
+        sgd(params, grads[0], SGDHyperparameters(lr=0.1), implementation="fused")
 
 
 @pytest.mark.parametrize("max_norm", [0.5, 1e6])

@@ -18,7 +18,7 @@ import torch
 from ort_torch_train.optim.adamw import adamw
 from ort_torch_train.optim.clip import clip_grad_norm_
 from ort_torch_train.optim.optimizer_model import read_optimizer_model
-from ort_torch_train.optim.sgd import sgd
+from ort_torch_train.optim.sgd import SGDHyperparameters, sgd
 
 ORT_PYTHON = Path(os.environ.get("ORT_TRAINING_PYTHON", Path(__file__).resolve().parents[1] / ".venv-ort/bin/python"))
 pytestmark = [
@@ -120,24 +120,11 @@ def _replay(work: Path, data: dict, name: str, implementation: str | None):
         grads = [torch.from_numpy(data[f"g_{step}_{i}"].copy()) for i in range(len(SHAPES))]
         if spec.clip_max_norm is not None:
             clip_grad_norm_(grads, spec.clip_max_norm)
-        if spec.kind == "sgd":
-            sgd(w, grads, lr=lr, implementation=implementation)
+        hyperparameters = spec.hyperparameters(lr)
+        if isinstance(hyperparameters, SGDHyperparameters):
+            sgd(w, grads, hyperparameters, implementation=implementation)
         else:
-            adamw(
-                w,
-                grads,
-                m,
-                v,
-                step=step + 1,
-                lr=lr,
-                beta1=spec.beta1,
-                beta2=spec.beta2,
-                eps=spec.epsilon,
-                weight_decay=spec.weight_decay,
-                adam_mode=spec.adam_mode,
-                correct_bias=spec.correct_bias,
-                implementation=implementation,
-            )
+            adamw(w, grads, m, v, hyperparameters, step=step + 1, implementation=implementation)
     return spec, w, m, v
 
 

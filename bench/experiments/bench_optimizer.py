@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from ort_torch_train.checkpoint.state import TrainingState
-from ort_torch_train.optim.adamw import adamw
+from ort_torch_train.optim.adamw import AdamWHyperparameters, adamw
 from ort_torch_train.optim.engine import OptimizerEngine
 from ort_torch_train.optim.optimizer_model import OptimizerSpec
 from ort_torch_train.optim.scratch import make_scratch
@@ -69,14 +69,8 @@ def contenders(shapes: list[tuple[int, ...]], device: torch.device) -> dict[str,
                 grads,
                 m,
                 v,
+                AdamWHyperparameters(1e-3, 0.9, 0.999, 1e-6, 0.01, adam_mode, True),
                 step=counter[0],
-                lr=1e-3,
-                beta1=0.9,
-                beta2=0.999,
-                eps=1e-6,
-                weight_decay=0.01,
-                adam_mode=adam_mode,
-                correct_bias=True,
                 implementation=implementation,
                 scratch=scratch,
             )

@@ -21,7 +21,7 @@ from torch import Tensor
 from ort_torch_train.checkpoint.state import TrainingState
 from ort_torch_train.errors import CheckpointError, DistributedError
 from ort_torch_train.optim.clip import clip_grad_norm_
-from ort_torch_train.optim.engine import OptimizerEngine, _trainable_parameter
+from ort_torch_train.optim.engine import OptimizerEngine, gradient_buffers, trainable_parameter
 from ort_torch_train.optim.optimizer_model import OptimizerSpec
 
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
@@ -31,7 +31,7 @@ class FlatShard:
     """This rank's contiguous slice of a list of tensors flattened end to end, and the collective
     that reassembles the whole from every rank's slice."""
 
-    def __init__(self, numels: Sequence[int], group: Any):
+    def __init__(self, numels: Sequence[int], group: Any) -> None:
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
@@ -115,15 +115,15 @@ class ShardedOptimizerEngine(OptimizerEngine):
             self.shard.gather_into(self._whole_params, self._params)
         return True
 
-    def _clip_gradients(self) -> None:
-        clip_grad_norm_(self._grads, self.spec.clip_max_norm, group=self.group)
+    def _clip_gradients(self, max_norm: float) -> None:
+        clip_grad_norm_(self._grads, max_norm, group=self.group)
 
     def refresh(self) -> None:
         """(Re)build the slices the kernel runs on; a checkpoint's whole moments are cut to this rank's."""
         self.state.require_loaded("perform OptimizerStep")
-        params = [_trainable_parameter(self.state, name) for name in self.param_names]
+        params = [trainable_parameter(self.state, name) for name in self.param_names]
         self._whole_params = [param.detach().view(-1) for param in params]
-        momentums = self.state.optimizer.momentums
+        momentums = self._optimizer_state.momentums
         owned_names = [self.param_names[index] for index, _, _ in self.shard.pieces]
         fresh = not momentums  # no moments yet: zeros, as in ORT
         for (index, start, stop), name in zip(self.shard.pieces, owned_names):
@@ -136,7 +136,7 @@ class ShardedOptimizerEngine(OptimizerEngine):
         for name in [n for n in momentums if n not in owned_names]:
             del momentums[name]
         self._params = self.shard.owned([param.detach() for param in params])
-        self._grads = self.shard.owned([param.grad for param in params])
+        self._grads = self.shard.owned(gradient_buffers(params))
         self._moments = [[momentums[name][key] for name in owned_names] for key in self.spec.momentum_names]
         self._ready_kernel()
 

@@ -12,11 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
-from ort_torch_train.legacy.optimizers import Adam
-from ort_torch_train.optim.float32 import to_float32
+from ort_torch_train.legacy.moments import NodeAttributes, PerWeightMoments, clip_divisor, node_attributes
+from ort_torch_train.optim.engine import gradient_buffers
 from ort_torch_train.optim.lamb import lamb
 
 LAMB_FLOAT_DEFAULTS = {
@@ -32,14 +31,9 @@ LAMB_INT_DEFAULTS = {"do_bias_correction": 0}
 
 
 @dataclass(frozen=True)
-class LambAttributes:
-    """One LambOptimizer node's attributes (floats rounded to float32)."""
+class LambAttributes(NodeAttributes):
+    """One LambOptimizer node's attributes."""
 
-    alpha: float
-    beta: float
-    lambda_: float
-    epsilon: float
-    max_norm_clip: float
     ratio_min: float
     ratio_max: float
     do_bias_correction: bool
@@ -47,51 +41,29 @@ class LambAttributes:
 
 def lamb_attributes(weight: str, floats: Mapping[str, float], ints: Mapping[str, int]) -> LambAttributes:
     """The attributes of ``weight``'s node over the defaults, checked."""
-    values = {**{k: to_float32(v) for k, v in LAMB_FLOAT_DEFAULTS.items()}, **LAMB_INT_DEFAULTS}
-    values.update({k: to_float32(v) for k, v in floats.items() if k in LAMB_FLOAT_DEFAULTS})
-    values.update({k: int(v) for k, v in ints.items() if k in LAMB_INT_DEFAULTS})
-    for name in ("alpha", "beta", "lambda", "epsilon"):
-        if not values[name] >= 0:
-            raise ValueError(f"LambOptimizer for weight {weight!r}: attribute {name} must be >= 0, got {values[name]}")
-    if values["ratio_min"] > values["ratio_max"]:
-        raise ValueError(
-            f"LambOptimizer for weight {weight!r}: ratio_min {values['ratio_min']} exceeds "
-            f"ratio_max {values['ratio_max']}"
-        )
-    if values["do_bias_correction"] not in (0, 1):
-        raise ValueError(
-            f"LambOptimizer for weight {weight!r}: do_bias_correction must be 0 or 1, "
-            f"got {values['do_bias_correction']}"
-        )
-    return LambAttributes(
-        values["alpha"],
-        values["beta"],
-        values["lambda"],
-        values["epsilon"],
-        values["max_norm_clip"],
-        values["ratio_min"],
-        values["ratio_max"],
-        bool(values["do_bias_correction"]),
+    attributes = node_attributes(
+        LambAttributes, "LambOptimizer", weight, floats, ints, LAMB_FLOAT_DEFAULTS, LAMB_INT_DEFAULTS
     )
+    if attributes.ratio_min > attributes.ratio_max:
+        raise ValueError(
+            f"LambOptimizer for weight {weight!r}: ratio_min {attributes.ratio_min} exceeds "
+            f"ratio_max {attributes.ratio_max}"
+        )
+    return attributes
 
 
-class Lamb(Adam):
-    """LambOptimizer for each trained weight (state handling shared with Adam)."""
+class Lamb(PerWeightMoments[LambAttributes]):
+    """LambOptimizer for each trained weight: one update per weight (its trust ratio is per tensor)."""
 
     def step(self, learning_rate: float, grad_norm: Tensor | None = None) -> None:
         """One update from the accumulated gradients (``grad_norm`` needed when clipping is on)."""
-        if self.clip_grad_norm and grad_norm is None:
-            raise ValueError("Lamb.step: gradient clipping is enabled but no global gradient norm was given")
-        for name, param in self.params.items():
+        norm = self._clip_norm(grad_norm)
+        params = list(self.params.values())
+        for name, param, grad in zip(self.params, params, gradient_buffers(params)):
             a = self.attributes[name]
-            scale = None
-            if self.clip_grad_norm:
-                scale = torch.where(
-                    grad_norm > a.max_norm_clip, grad_norm / a.max_norm_clip, torch.ones_like(grad_norm)
-                )
             lamb(
                 [param],
-                [param.grad],
+                [grad],
                 [self.moments[name][0]],
                 [self.moments[name][1]],
                 lr=learning_rate,
@@ -103,6 +75,6 @@ class Lamb(Adam):
                 ratio_min=a.ratio_min,
                 ratio_max=a.ratio_max,
                 do_bias_correction=a.do_bias_correction,
-                grad_scale=scale,
+                grad_scale=None if norm is None else clip_divisor(norm, a.max_norm_clip),
             )
             self.update_counts[name] += 1

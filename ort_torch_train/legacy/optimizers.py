@@ -1,4 +1,5 @@
-"""The legacy per-weight optimizers ``com.microsoft.SGDOptimizer`` and ``AdamOptimizer`` over torch tensors.
+"""The legacy per-weight optimizers ``com.microsoft.SGDOptimizer`` and ``AdamOptimizer`` over torch tensors,
+and ``build_optimizer`` for them and ``LambOptimizer`` (``legacy/lamb.py``).
 
 Graph construction (ORT 1.13, ``core/graph/optimizer/*_optimizer_builder.cc``): one node per trained
 weight; the learning rate is the graph input ``lr_params_feed_name`` (float[1]); Adam keeps per-weight
@@ -31,57 +32,34 @@ import math
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeAlias
 
-import numpy as np
 import torch
 from torch import Tensor
 
+from ort_torch_train.legacy.lamb import LAMB_FLOAT_DEFAULTS, LAMB_INT_DEFAULTS, Lamb, lamb_attributes
+from ort_torch_train.legacy.moments import InitialState, NodeAttributes, PerWeightMoments, clip_divisor, node_attributes
+from ort_torch_train.optim.engine import gradient_buffers
 from ort_torch_train.optim.float32 import to_float32
-from ort_torch_train.optim.sgd import sgd
+from ort_torch_train.optim.sgd import SGDHyperparameters, sgd
 
 ADAM_FLOAT_DEFAULTS = {"alpha": 0.9, "beta": 0.999, "lambda": 0.0, "epsilon": 1e-8, "max_norm_clip": 1.0}
 ADAM_INT_DEFAULTS = {"do_bias_correction": 1, "weight_decay_mode": 0}
-UPDATE_COUNT, MOMENT_1, MOMENT_2 = "Update_Count", "Moment_1", "Moment_2"
+LegacyOptimizer: TypeAlias = "SGD | Adam | Lamb"
 
 
 @dataclass(frozen=True)
-class AdamAttributes:
-    """One AdamOptimizer node's attributes (floats rounded to float32, as ONNX stores them)."""
+class AdamAttributes(NodeAttributes):
+    """One AdamOptimizer node's attributes."""
 
-    alpha: float
-    beta: float
-    lambda_: float
-    epsilon: float
-    max_norm_clip: float
     do_bias_correction: bool
     weight_decay_mode: int
 
 
 def adam_attributes(weight: str, floats: Mapping[str, float], ints: Mapping[str, int]) -> AdamAttributes:
     """The attributes of ``weight``'s node, checked like ORT's kernel constructor."""
-    values = {**{k: to_float32(v) for k, v in ADAM_FLOAT_DEFAULTS.items()}, **ADAM_INT_DEFAULTS}
-    for name, value in floats.items():
-        if name in ADAM_FLOAT_DEFAULTS:
-            values[name] = to_float32(value)
-    for name, value in ints.items():
-        if name in ADAM_INT_DEFAULTS:
-            values[name] = int(value)
-    for name in ("alpha", "beta", "lambda", "epsilon"):
-        if not values[name] >= 0:
-            raise ValueError(f"AdamOptimizer for weight {weight!r}: attribute {name} must be >= 0, got {values[name]}")
-    for name in ADAM_INT_DEFAULTS:
-        if values[name] not in (0, 1):
-            raise ValueError(
-                f"AdamOptimizer for weight {weight!r}: attribute {name} must be 0 or 1, got {values[name]}"
-            )
-    return AdamAttributes(
-        values["alpha"],
-        values["beta"],
-        values["lambda"],
-        values["epsilon"],
-        values["max_norm_clip"],
-        bool(values["do_bias_correction"]),
-        values["weight_decay_mode"],
+    return node_attributes(
+        AdamAttributes, "AdamOptimizer", weight, floats, ints, ADAM_FLOAT_DEFAULTS, ADAM_INT_DEFAULTS
     )
 
 
@@ -90,22 +68,17 @@ def build_optimizer(
     params: Mapping[str, torch.nn.Parameter],
     float_attributes: Mapping[str, Mapping[str, float]],
     int_attributes: Mapping[str, Mapping[str, int]],
-    initial_state: Mapping[str, Mapping[str, object]],
+    initial_state: InitialState,
     clip_grad_norm: bool,
     fp16_moments: bool = False,
     all_weights: Sequence[str] | None = None,
-) -> SGD | Adam | None:
-    """The optimizer ``training_optimizer_name`` names over the trained ``params``; None for "" or
-    when no weight is trained (ORT then builds no optimizer graph, and takes no learning rate).
+) -> LegacyOptimizer:
+    """The optimizer ``name`` (``training_optimizer_name``, not "") names over the trained ``params``.
 
     ``fp16_moments`` stores Adam's and Lamb's moments in float16. As in ORT, both attribute maps need
     an entry for every trained weight (``all_weights`` when ``params`` are slices of some of them). Attribute names the
     optimizer does not read are ignored, as ORT does, with a warning.
     """
-    if not name or not params:
-        return None
-    from ort_torch_train.legacy.lamb import LAMB_FLOAT_DEFAULTS, LAMB_INT_DEFAULTS, Lamb, lamb_attributes
-
     floats = {"AdamOptimizer": ADAM_FLOAT_DEFAULTS, "LambOptimizer": LAMB_FLOAT_DEFAULTS}.get(name, {})
     ints = {"AdamOptimizer": ADAM_INT_DEFAULTS, "LambOptimizer": LAMB_INT_DEFAULTS}.get(name, {})
     for weight in all_weights if all_weights is not None else params:
@@ -135,7 +108,11 @@ def build_optimizer(
 
 
 def _check_attribute_names(
-    optimizer: str, maps: Mapping[str, Mapping[str, object]], known: Mapping, other: Mapping, where: str
+    optimizer: str,
+    maps: Mapping[str, Mapping[str, object]],
+    known: Mapping[str, object],
+    other: Mapping[str, object],
+    where: str,
 ) -> None:
     names = {key for attributes in maps.values() for key in attributes}
     misplaced = sorted(names & set(other))
@@ -158,13 +135,13 @@ class SGD:
 
     clip_grad_norm = False
 
-    def __init__(self, params: Mapping[str, torch.nn.Parameter]):
+    def __init__(self, params: Mapping[str, torch.nn.Parameter]) -> None:
         self.params = dict(params)
 
     def step(self, learning_rate: float, grad_norm: Tensor | None = None) -> None:
         """One update from the accumulated gradients (``grad_norm`` is unused, as in ORT)."""
-        params = list(self.params.values())
-        sgd(params, [p.grad for p in params], lr=learning_rate)
+        params: list[Tensor] = list(self.params.values())
+        sgd(params, gradient_buffers(params), SGDHyperparameters(learning_rate))
 
     def state_tensors(self) -> dict[str, Tensor]:
         """ORT's optimizer-state initializers: none for SGD."""
@@ -174,47 +151,23 @@ class SGD:
         """``get_optimizer_state()``'s content: empty for SGD."""
         return {}
 
-    def load_state_tensor(self, name: str, value: Tensor) -> bool:
+    def load_state_tensor(self, name: str, value: object) -> bool:
         """Load one optimizer-state tensor; False when ``name`` is not one."""
         return False
 
 
-class Adam:
+class Adam(PerWeightMoments[AdamAttributes]):
     """AdamOptimizer for each trained weight, with ORT's per-weight moments and update counts."""
-
-    def __init__(
-        self,
-        params: Mapping[str, torch.nn.Parameter],
-        attributes: Mapping[str, AdamAttributes],
-        initial_state: Mapping[str, Mapping[str, object]],
-        clip_grad_norm: bool,
-        fp16_moments: bool = False,
-    ):
-        self.params = dict(params)
-        self.attributes = dict(attributes)
-        self.clip_grad_norm = clip_grad_norm
-        self.update_counts = {name: 1 for name in self.params}
-        dtype = torch.float16 if fp16_moments else None
-        self.moments = {
-            name: (torch.zeros_like(p.detach(), dtype=dtype), torch.zeros_like(p.detach(), dtype=dtype))
-            for name, p in self.params.items()
-        }
-        for weight, values in initial_state.items():
-            if weight in self.params:
-                for prefix in (UPDATE_COUNT, MOMENT_1, MOMENT_2):
-                    if prefix in values:
-                        self._load(weight, prefix, values[prefix], "set_optimizer_initial_state")
 
     def step(self, learning_rate: float, grad_norm: Tensor | None = None) -> None:
         """One update from the accumulated gradients; ``grad_norm`` (their global L2 norm) is
         required when gradient clipping is on."""
-        if self.clip_grad_norm and grad_norm is None:
-            raise ValueError("Adam.step: gradient clipping is enabled but no global gradient norm was given")
+        norm = self._clip_norm(grad_norm)
         groups: dict[tuple[AdamAttributes, int], list[str]] = {}
         for name in self.params:
             groups.setdefault((self.attributes[name], self.update_counts[name]), []).append(name)
         for (attributes, count), names in groups.items():
-            params = [self.params[n] for n in names]
+            params: list[Tensor] = [self.params[n] for n in names]
             stored = [self.moments[n][0] for n in names], [self.moments[n][1] for n in names]
             moments = (
                 stored
@@ -223,64 +176,17 @@ class Adam:
             )
             adam_update(
                 params,
-                [p.grad for p in params],
+                gradient_buffers(params),
                 *moments,
                 learning_rate=learning_rate,
                 update_count=count,
                 attributes=attributes,
-                grad_norm=grad_norm if self.clip_grad_norm else None,
+                grad_norm=norm,
             )
             if moments is not stored:  # fp16 moments: float32 math, float16 storage
                 torch._foreach_copy_(stored[0] + stored[1], moments[0] + moments[1])
             for name in names:
                 self.update_counts[name] = count + 1
-
-    def state_tensors(self) -> dict[str, Tensor]:
-        """ORT's optimizer-state initializers: ``Moment_1_<w>``, ``Moment_2_<w>``, ``Update_Count_<w>``."""
-        return {
-            f"{prefix}_{weight}": value
-            for weight, values in self.optimizer_state().items()
-            for prefix, value in values.items()
-        }
-
-    def optimizer_state(self) -> dict[str, dict[str, Tensor]]:
-        """``{weight: {"Moment_1": m, "Moment_2": v, "Update_Count": int64[1]}}`` (live moments)."""
-        return {
-            weight: {
-                MOMENT_1: m1,
-                MOMENT_2: m2,
-                UPDATE_COUNT: torch.tensor([self.update_counts[weight]], dtype=torch.int64),
-            }
-            for weight, (m1, m2) in self.moments.items()
-        }
-
-    def load_state_tensor(self, name: str, value: object) -> bool:
-        """Load one ``<prefix>_<weight>`` tensor; False when ``name`` is not an optimizer-state tensor."""
-        for prefix in (UPDATE_COUNT, MOMENT_1, MOMENT_2):
-            weight = name.removeprefix(prefix + "_")
-            if weight != name and weight in self.params:
-                self._load(weight, prefix, value, "load_state")
-                return True
-        return False
-
-    def _load(self, weight: str, prefix: str, value: object, where: str) -> None:
-        tensor = torch.as_tensor(np.asarray(value)) if not isinstance(value, Tensor) else value.detach()
-        if prefix == UPDATE_COUNT:
-            _check(tensor, torch.int64, (1,), f"{where}: {prefix} of {weight!r}")
-            self.update_counts[weight] = int(tensor.reshape(()))
-            return
-        moment = self.moments[weight][0 if prefix == MOMENT_1 else 1]
-        _check(tensor, moment.dtype, tuple(moment.shape), f"{where}: {prefix} of {weight!r}")
-        with torch.no_grad():
-            moment.copy_(tensor)
-
-
-def _check(tensor: Tensor, dtype: torch.dtype, shape: tuple[int, ...], what: str) -> None:
-    if tensor.dtype != dtype or tuple(tensor.shape) != shape:
-        raise ValueError(
-            f"{what}: expected {str(dtype).removeprefix('torch.')} of shape {list(shape)}, "
-            f"got {str(tensor.dtype).removeprefix('torch.')} of shape {list(tensor.shape)}"
-        )
 
 
 def bias_correction(coefficient: float, update_count: int, enabled: bool) -> float:
@@ -307,9 +213,7 @@ def adam_update(
     lr = to_float32(learning_rate)
     params, grads, m1, m2 = list(params), list(grads), list(exp_avgs), list(exp_avg_sqs)
     if grad_norm is not None:
-        torch._foreach_div_(
-            grads, torch.where(grad_norm > a.max_norm_clip, grad_norm / a.max_norm_clip, torch.ones_like(grad_norm))
-        )
+        torch._foreach_div_(grads, clip_divisor(grad_norm, a.max_norm_clip))
     torch._foreach_mul_(m1, a.alpha)
     torch._foreach_add_(m1, torch._foreach_mul(grads, to_float32(1.0 - a.alpha)))
     squared = torch._foreach_mul(grads, to_float32(1.0 - a.beta))

@@ -1,6 +1,6 @@
 """``deepspeed_zero_stage=1`` for the legacy optimizers: state sharded element-wise across the ranks.
 
-The same partition as ``Optimizer(shard_state=True)`` (``optim/sharded.py``): each rank runs the
+The same partition as ``Optimizer(shard_state=True)`` (``distributed/zero.py``): each rank runs the
 legacy SGD/Adam kernel on its contiguous slice of the flattened trained weights, keeping only that
 slice's moments, then one all_gather writes every updated weight back. Adam's kernel is element-wise
 given the global gradient norm, which the session computes from the averaged gradients. Reading or
@@ -17,16 +17,24 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from ort_torch_train.distributed.data_parallel import DataParallel
 from ort_torch_train.distributed.zero import FlatShard
 from ort_torch_train.errors import DistributedError
-from ort_torch_train.legacy.optimizers import MOMENT_1, MOMENT_2, UPDATE_COUNT, build_optimizer
+from ort_torch_train.legacy.moments import MOMENT_1, MOMENT_2, STATE_PREFIXES, UPDATE_COUNT
+from ort_torch_train.legacy.optimizers import InitialState, LegacyOptimizer, build_optimizer
+from ort_torch_train.legacy.parameters import TrainingParameters
+from ort_torch_train.optim.engine import gradient_buffers
 
 
-def build_legacy_optimizer(parameters: Any, params: Mapping[str, torch.nn.Parameter], data_parallel: Any) -> Any:
+def build_legacy_optimizer(
+    parameters: TrainingParameters,
+    params: Mapping[str, torch.nn.Parameter],
+    data_parallel: DataParallel | None,
+) -> LegacyOptimizer | ShardedLegacyOptimizer | None:
     """The optimizer ``parameters`` name over the trained ``params``; under ZeRO stage 1 in a
-    data-parallel run, over this rank's slice of them."""
+    data-parallel run, over this rank's slice of them. None for no optimizer name or no trained weight."""
 
-    def build(weights: Mapping[str, torch.nn.Parameter], initial_state: Mapping) -> Any:
+    def build(weights: Mapping[str, torch.nn.Parameter], initial_state: InitialState) -> LegacyOptimizer:
         return build_optimizer(
             parameters.training_optimizer_name,
             weights,
@@ -38,12 +46,9 @@ def build_legacy_optimizer(parameters: Any, params: Mapping[str, torch.nn.Parame
             all_weights=list(params),
         )
 
-    if (
-        parameters.deepspeed_zero_stage == 0
-        or data_parallel is None
-        or not parameters.training_optimizer_name
-        or not params
-    ):
+    if not parameters.training_optimizer_name or not params:
+        return None  # ORT then builds no optimizer graph, and takes no learning rate
+    if parameters.deepspeed_zero_stage == 0 or data_parallel is None:
         return build(params, parameters.optimizer_initial_state)
     return ShardedLegacyOptimizer(build, params, parameters.optimizer_initial_state, data_parallel.group)
 
@@ -53,11 +58,11 @@ class ShardedLegacyOptimizer:
 
     def __init__(
         self,
-        build: Callable[[Mapping[str, torch.nn.Parameter], Mapping], Any],
+        build: Callable[[Mapping[str, torch.nn.Parameter], InitialState], LegacyOptimizer],
         params: Mapping[str, torch.nn.Parameter],
-        initial_state: Mapping[str, Mapping[str, object]],
+        initial_state: InitialState,
         group: Any,
-    ):
+    ) -> None:
         self.params = dict(params)
         self.shard = FlatShard([p.numel() for p in self.params.values()], group)
         names = list(self.params)
@@ -71,8 +76,9 @@ class ShardedLegacyOptimizer:
         pieces = {}
         for name, (start, stop) in self._slices.items():
             param = self.params[name]
+            (grad,) = gradient_buffers([param])
             piece = torch.nn.Parameter(param.detach().view(-1)[start:stop], requires_grad=False)
-            piece.grad = param.grad.view(-1)[start:stop]  # views: the session's gradients, averaged in place
+            piece.grad = grad.view(-1)[start:stop]  # views: the session's gradients, averaged in place
             pieces[name] = piece
         cut = {
             weight: {key: self._cut(weight, key, value) for key, value in values.items()}
@@ -120,7 +126,7 @@ class ShardedLegacyOptimizer:
         """Load this rank's slice of one ``<prefix>_<weight>`` tensor; False when it is not a state tensor."""
         if not hasattr(self.inner, "moments"):  # SGD: no state tensor
             return False
-        for prefix in (UPDATE_COUNT, MOMENT_1, MOMENT_2):
+        for prefix in STATE_PREFIXES:
             weight = name.removeprefix(prefix + "_")
             if weight != name and weight in self.params:
                 piece = self._cut(weight, prefix, value)  # checked on every rank

@@ -3,14 +3,16 @@
 The optimizer core over a TrainingState is ``ort_torch_train.optim.engine.OptimizerEngine``.
 """
 
-from ort_torch_train.optim.adamw import adamw
+from ort_torch_train.optim.adamw import AdamWHyperparameters, adamw
 from ort_torch_train.optim.clip import clip_grad_norm_
 from ort_torch_train.optim.optimizer_model import OptimizerSpec, read_optimizer_model
 from ort_torch_train.optim.schedulers import constant_with_warmup, cosine_with_warmup, linear_with_warmup
-from ort_torch_train.optim.sgd import sgd
+from ort_torch_train.optim.sgd import SGDHyperparameters, sgd
 
 __all__ = [
+    "AdamWHyperparameters",
     "OptimizerSpec",
+    "SGDHyperparameters",
     "adamw",
     "clip_grad_norm_",
     "constant_with_warmup",

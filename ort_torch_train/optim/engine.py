@@ -7,6 +7,7 @@ the checkpoint brought them; ``state.optimizer.step`` counts completed steps and
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
@@ -16,23 +17,23 @@ from torch import Tensor
 from ort_torch_train.checkpoint.state import OptimizerState, TrainingState
 from ort_torch_train.errors import CheckpointError
 from ort_torch_train.optim.adamw import IMPLEMENTATIONS as ADAMW_IMPLEMENTATIONS
-from ort_torch_train.optim.adamw import adamw_prepared, choose_adamw_implementation, ort_step_scalars
-from ort_torch_train.optim.clip import clip_grad_norm_
-from ort_torch_train.optim.compiled import (
-    FusedUpdate,
-    adamw_scalar_values,
-    adamw_scalars,
-    adamw_update,
-    sgd_scalars,
-    sgd_update,
+from ort_torch_train.optim.adamw import (
+    AdamWHyperparameters,
+    adamw_prepared,
+    adamw_step_scalars,
+    choose_adamw_implementation,
+    single_tensor_adamw,
 )
+from ort_torch_train.optim.clip import clip_grad_norm_
+from ort_torch_train.optim.compiled import FusedUpdate, scalar_tensor
 from ort_torch_train.optim.float32 import to_float32
 from ort_torch_train.optim.optimizer_model import OptimizerSpec
 from ort_torch_train.optim.schedulers import check_learning_rate
 from ort_torch_train.optim.scratch import make_scratch
 from ort_torch_train.optim.sgd import IMPLEMENTATIONS as SGD_IMPLEMENTATIONS
-from ort_torch_train.optim.sgd import sgd
-from ort_torch_train.training.flat_params import current_flat, flat_buffers
+from ort_torch_train.optim.sgd import sgd, single_tensor_sgd
+from ort_torch_train.training.flat_params import FlatState, current_flat, flat_buffers
+from ort_torch_train.training.precision import LossScaler
 
 DEFAULT_LEARNING_RATE = to_float32(0.001)
 GROUP_NAME = "group0"
@@ -59,7 +60,7 @@ class OptimizerEngine:
         param_names: Sequence[str],
         *,
         implementation: str | None = None,
-    ):
+    ) -> None:
         names = list(param_names)
         if not names:
             raise ValueError("OptimizerEngine: the model has no trainable parameters to optimize")
@@ -75,7 +76,7 @@ class OptimizerEngine:
         self.state = state
         self.param_names = tuple(names)
         self._requested_implementation = implementation
-        self._learning_rate = DEFAULT_LEARNING_RATE
+        self._hyperparameters = spec.hyperparameters(DEFAULT_LEARNING_RATE)
         if state.optimizer is None:
             state.optimizer = OptimizerState(
                 group_name=GROUP_NAME, step=0, initial_learning_rate=DEFAULT_LEARNING_RATE, momentums={}
@@ -86,15 +87,22 @@ class OptimizerEngine:
                 f"ORT uses exactly one group, {GROUP_NAME!r}"
             )
         self._fused_update = (
-            FusedUpdate(adamw_update, (spec.adam_mode, spec.weight_decay != 0.0), spec.clip_max_norm)
+            FusedUpdate(single_tensor_adamw, (spec.adam_mode, spec.weight_decay != 0.0), spec.clip_max_norm)
             if spec.kind == "adamw"
-            else FusedUpdate(sgd_update, (), spec.clip_max_norm)
+            else FusedUpdate(single_tensor_sgd, (), spec.clip_max_norm)
         )
+        # the tensor lists the kernel runs on, built by refresh()
+        self._params: list[Tensor] = []
+        self._grads: list[Tensor] = []
+        self._moments: list[list[Tensor]] = []
+        self._scratch: tuple[list[Tensor], ...] | None = None
+        self._step_tensor: Tensor | None = None
+        self._implementation = ""
         self._prepared_device: torch.device | None = None
         self._prepared_generation: int | None = None  # the state's generation the tensor lists were built at
-        self._flat = None  # the flat buffers the tensor lists are, if any
+        self._flat: FlatState | None = None  # the flat buffers the tensor lists are, if any
         self._host_scalars: tuple[np.ndarray, Tensor] | None = None  # next_step_scalars' CPU buffer
-        self.loss_scaler = None
+        self.loss_scaler: LossScaler | None = None
         self.last_step_skipped = False
         self.skipped_steps = 0
         if not state.is_nominal:  # a nominal state gets its moments at the first step, as in ORT
@@ -120,42 +128,32 @@ class OptimizerEngine:
                 self.skipped_steps += 1
                 return False
         if self.spec.clip_max_norm is not None:
-            self._clip_gradients()
+            self._clip_gradients(self.spec.clip_max_norm)
         if not update_signal:
             return False
-        optimizer_state = self.state.optimizer
+        optimizer_state = self._optimizer_state
         step = optimizer_state.step + 1
-        spec = self.spec
-        if spec.kind == "adamw":
+        hyperparameters = self._hyperparameters
+        if isinstance(hyperparameters, AdamWHyperparameters):
+            exp_avgs, exp_avg_sqs = self._moments
             adamw_prepared(
                 self._params,
                 self._grads,
-                *self._moments,
+                exp_avgs,
+                exp_avg_sqs,
+                hyperparameters,
                 step=step,
-                lr=self._learning_rate,
-                beta1=spec.beta1,
-                beta2=spec.beta2,
-                eps=spec.epsilon,
-                weight_decay=spec.weight_decay,
-                adam_mode=spec.adam_mode,
-                correct_bias=spec.correct_bias,
                 implementation=self._implementation,
                 scratch=self._scratch,
                 step_tensor=self._step_tensor,
             )
         else:
-            sgd(
-                self._params,
-                self._grads,
-                lr=self._learning_rate,
-                implementation=self._implementation,
-                scratch=self._scratch,
-            )
+            sgd(self._params, self._grads, hyperparameters, implementation=self._implementation, scratch=self._scratch)
         optimizer_state.step = step
         return True
 
-    def _clip_gradients(self) -> None:
-        clip_grad_norm_(self._grads, self.spec.clip_max_norm)
+    def _clip_gradients(self, max_norm: float) -> None:
+        clip_grad_norm_(self._grads, max_norm)
 
     def _prepare(self) -> None:
         if self._prepared_generation != self.state.generation or self._params[0].device != self._prepared_device:
@@ -179,52 +177,40 @@ class OptimizerEngine:
     def next_step_scalars(self) -> Tensor:
         """The next step's scalars, computed as ORT computes them, for the fused update."""
         device = self._params[0].device
-        if self.spec.kind == "sgd":
-            return sgd_scalars(lr=self._learning_rate, device=device)
-        spec = self.spec
-        bias_correction1, bias_correction2, corrected_lr = ort_step_scalars(
-            self.state.optimizer.step + 1, self._learning_rate, spec.beta1, spec.beta2, spec.correct_bias
-        )
-        arguments = {
-            "lr": self._learning_rate,
-            "beta1": spec.beta1,
-            "beta2": spec.beta2,
-            "eps": spec.epsilon,
-            "weight_decay": spec.weight_decay,
-            "bias_correction1": bias_correction1,
-            "bias_correction2": bias_correction2,
-            "corrected_lr": corrected_lr,
-        }
+        hyperparameters = self._hyperparameters
+        if not isinstance(hyperparameters, AdamWHyperparameters):
+            return scalar_tensor(-hyperparameters.lr, device)
+        scalars = adamw_step_scalars(hyperparameters, self._optimizer_state.step + 1)
         if device.type != "cpu":
-            return adamw_scalars(**arguments, device=device)
+            return scalar_tensor(scalars, device)
         # on CPU one host tensor, rewritten each step: the compiled step reads it before it returns
         if self._host_scalars is None:
-            array = np.empty(len(adamw_scalar_values(**arguments)), np.float32)
+            array = np.empty(len(scalars), np.float32)
             self._host_scalars = (array, torch.from_numpy(array))
-        self._host_scalars[0][:] = adamw_scalar_values(**arguments)
+        self._host_scalars[0][:] = scalars
         return self._host_scalars[1]
 
     def count_step(self) -> None:
         """Count a step the fused update made."""
-        self.state.optimizer.step += 1
+        self._optimizer_state.step += 1
 
     def refresh(self) -> None:
         """(Re)build the tensor lists the kernel runs on, creating zero moments when there are none."""
         self.state.require_loaded("perform OptimizerStep")
-        params = [_trainable_parameter(self.state, name) for name in self.param_names]
-        momentums = self.state.optimizer.momentums
+        params = [trainable_parameter(self.state, name) for name in self.param_names]
+        momentums = self._optimizer_state.momentums
         if not momentums:
             for name, param in zip(self.param_names, params):
                 momentums[name] = {key: torch.zeros_like(param.detach()) for key in self.spec.momentum_names}
         for name, param in zip(self.param_names, params):
             _place_moments(name, param, momentums.get(name), self.spec.momentum_names)
-        self._params = self._grads = self._moments = self._scratch = None  # the old tensors can go while they move
+        self._params, self._grads, self._moments, self._scratch = [], [], [], None  # the old tensors can go
         flat = self._flat = flat_buffers(self.state, self.param_names, self.update_moment_names)
         if flat is not None:  # one tensor per list: the kernels run one loop (the update is elementwise)
             self._params, self._grads, self._moments = [flat.params], [flat.grads], [[m] for m in flat.moments]
         else:
-            self._params = params
-            self._grads = [param.grad for param in params]
+            self._params = list(params)
+            self._grads = gradient_buffers(params)
             self._moments = [[momentums[name][key] for name in self.param_names] for key in self.update_moment_names]
         self._ready_kernel()
 
@@ -242,33 +228,42 @@ class OptimizerEngine:
     def _choose_implementation(self) -> str:
         if self._requested_implementation is not None or self.spec.kind == "sgd":
             return self._requested_implementation or "foreach"
-        return choose_adamw_implementation(self._params, self._grads, *self._moments)
+        exp_avgs, exp_avg_sqs = self._moments
+        return choose_adamw_implementation(self._params, self._grads, exp_avgs, exp_avg_sqs)
 
     # learning rate and counters ---------------------------------------------------------------
     @property
     def learning_rate(self) -> float:
         """The learning rate fed at the next step (a float32 value)."""
-        return self._learning_rate
+        return self._hyperparameters.lr
 
     def set_learning_rate(self, learning_rate: float) -> None:
         """Set the learning rate (stored as float32); NaN, infinite or negative values are refused."""
-        self._learning_rate = to_float32(check_learning_rate(learning_rate))
+        value = to_float32(check_learning_rate(learning_rate))
+        self._hyperparameters = dataclasses.replace(self._hyperparameters, lr=value)
 
     @property
     def initial_learning_rate(self) -> float:
         """The checkpointed initial learning rate (what ORT's LinearLRScheduler scales)."""
-        return self.state.optimizer.initial_learning_rate
+        return self._optimizer_state.initial_learning_rate
 
     def set_initial_learning_rate(self, learning_rate: float) -> None:
         """Set the initial learning rate (saved in the checkpoint) and the current one to it."""
         value = to_float32(check_learning_rate(learning_rate, "initial learning rate"))
-        self.state.optimizer.initial_learning_rate = value
-        self._learning_rate = value
+        self._optimizer_state.initial_learning_rate = value
+        self._hyperparameters = dataclasses.replace(self._hyperparameters, lr=value)
 
     @property
     def completed_steps(self) -> int:
         """Number of optimizer steps taken, including those restored from the checkpoint."""
-        return int(self.state.optimizer.step)
+        return int(self._optimizer_state.step)
+
+    @property
+    def _optimizer_state(self) -> OptimizerState:
+        optimizer_state = self.state.optimizer
+        if optimizer_state is None:  # created by __init__: only a caller that dropped it gets here
+            raise ValueError("OptimizerEngine: the training state has lost its optimizer state")
+        return optimizer_state
 
     @property
     def parameters(self) -> list[torch.nn.Parameter]:
@@ -276,7 +271,17 @@ class OptimizerEngine:
         return [self.state.params[name] for name in self.param_names]
 
 
-def _trainable_parameter(state: TrainingState, name: str) -> torch.nn.Parameter:
+def gradient_buffers(params: Sequence[Tensor]) -> list[Tensor]:
+    """The ``.grad`` of each of ``params``; ValueError when one has none."""
+    grads = []
+    for param in params:
+        if param.grad is None:
+            raise ValueError(f"a parameter of shape {tuple(param.shape)} has no gradient buffer")
+        grads.append(param.grad)
+    return grads
+
+
+def trainable_parameter(state: TrainingState, name: str) -> torch.nn.Parameter:
     if name not in state.params:
         raise KeyError(f"trainable parameter {name!r} is not in the training state (it holds {sorted(state.params)})")
     param = state.params[name]

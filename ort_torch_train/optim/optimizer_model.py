@@ -18,7 +18,9 @@ import onnx
 from onnx import AttributeProto, TensorProto
 
 from ort_torch_train.errors import ModelError
+from ort_torch_train.optim.adamw import AdamWHyperparameters
 from ort_torch_train.optim.float32 import to_float32
+from ort_torch_train.optim.sgd import SGDHyperparameters
 
 MS_DOMAIN = "com.microsoft"
 ADAMW_OP, SGD_OP, CLIP_OP = "AdamWOptimizer", "SGDOptimizerV2", "InplaceClipGradNorm"
@@ -58,6 +60,20 @@ class OptimizerSpec:
     def momentum_names(self) -> tuple[str, ...]:
         """Per-parameter optimizer state names, as ORT stores them in the checkpoint."""
         return ("momentum0", "momentum1") if self.kind == "adamw" else ("momentum0",)
+
+    def hyperparameters(self, learning_rate: float) -> AdamWHyperparameters | SGDHyperparameters:
+        """The kernel's hyperparameters: this model's attributes and ``learning_rate``."""
+        if self.kind == "sgd":
+            return SGDHyperparameters(learning_rate)
+        return AdamWHyperparameters(
+            lr=learning_rate,
+            beta1=self.beta1,
+            beta2=self.beta2,
+            eps=self.epsilon,
+            weight_decay=self.weight_decay,
+            adam_mode=self.adam_mode,
+            correct_bias=self.correct_bias,
+        )
 
 
 def read_optimizer_model(model: str | os.PathLike | bytes | onnx.ModelProto) -> OptimizerSpec:

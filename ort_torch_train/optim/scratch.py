@@ -18,7 +18,7 @@ def make_scratch(params: list[Tensor], lists: int) -> tuple[list[Tensor], ...]:
 def scaled_copy(tensors: list[Tensor], factor: float, out: list[Tensor] | None) -> list[Tensor]:
     """``tensors * factor`` written into ``out``, or into new tensors when ``out`` is None."""
     if out is None:
-        return torch._foreach_mul(tensors, factor)
+        return list(torch._foreach_mul(tensors, factor))
     torch._foreach_copy_(out, tensors)
     if factor != 1.0:
         torch._foreach_mul_(out, factor)

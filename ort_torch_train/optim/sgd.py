@@ -1,36 +1,45 @@
-"""ORT's ``com.microsoft.SGDOptimizerV2`` as an in-place torch kernel.
+"""ORT's ``com.microsoft.SGDOptimizerV2`` as in-place torch kernels.
 
 Reference: onnxruntime ``orttraining/training_ops/cpu/optimizer/sgd/sgd.cc`` (1.19.2), in float32:
-``delta = -lr * g ; w = w + delta`` (no momentum, no weight decay). Both implementations round the
+``delta = -lr * g ; w = w + delta`` (no momentum, no weight decay). Every implementation rounds the
 product before the addition, as ORT does (``add_(g, alpha=-lr)`` would fuse them into one FMA).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
-from ort_torch_train.optim.compiled import compiled_sgd
+from ort_torch_train.optim.compiled import compiled, scalar_tensor
 from ort_torch_train.optim.float32 import to_float32
 from ort_torch_train.optim.scratch import scaled_copy
 
 IMPLEMENTATIONS = ("foreach", "single", "compiled")
 
 
+@dataclass(frozen=True)
+class SGDHyperparameters:
+    """The learning rate: SGDOptimizerV2 has no attribute."""
+
+    lr: float
+
+
 @torch.no_grad()
 def sgd(
     params: list[Tensor],
     grads: list[Tensor],
+    hyperparameters: SGDHyperparameters,
     *,
-    lr: float,
     implementation: str | None = None,
-    scratch: tuple[list[Tensor]] | None = None,
+    scratch: tuple[list[Tensor], ...] | None = None,
 ) -> None:
     """Apply ``w -= lr * g`` in place to every param; lr is used as float32, as in ORT.
 
-    ``implementation``: "foreach" (the default), "single" (a per-tensor loop) or "compiled" (that
-    loop through torch.compile). ``scratch`` (one
-    list from ``make_scratch(params, 1)``) lets "foreach" run without allocating a temporary.
+    ``implementation``: "foreach" (the default), "single" (``single_tensor_sgd``, a per-tensor loop)
+    or "compiled" (that loop through torch.compile). ``scratch`` (one list from
+    ``make_scratch(params, 1)``) lets "foreach" run without allocating a temporary.
     """
     if len(params) == 0 or len(params) != len(grads):
         raise ValueError(
@@ -38,15 +47,20 @@ def sgd(
         )
     if implementation not in (None, *IMPLEMENTATIONS):
         raise ValueError(f"sgd: implementation must be one of {IMPLEMENTATIONS} or None; got {implementation!r}")
-    negative_lr = -to_float32(lr)
+    negative_lr = -to_float32(hyperparameters.lr)
     if implementation == "single":
-        _single_update(params, grads, negative_lr)
+        single_tensor_sgd(params, grads, negative_lr)
     elif implementation == "compiled":
-        compiled_sgd(params, grads, negative_lr)
+        compiled(single_tensor_sgd)(params, grads, scalar_tensor(negative_lr, params[0].device))
     else:
         torch._foreach_add_(params, scaled_copy(grads, negative_lr, scratch[0] if scratch else None))
 
 
-def _single_update(params: list[Tensor], grads: list[Tensor], negative_lr: float) -> None:
+def single_tensor_sgd(params: list[Tensor], grads: list[Tensor], negative_lr: float | Tensor) -> None:
+    """``w += (-lr) * g``, the product rounded first as in ORT (traceable by torch.compile).
+
+    ``negative_lr``: a float32 value, or a 0-d float32 tensor of it (compiled: it changes without a
+    recompilation).
+    """
     for w, g in zip(params, grads):
         w.add_(g * negative_lr)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import overload
 
 import torch
 
-from ort_torch_train.optim.engine import OptimizerEngine
+from ort_torch_train.optim.engine import OptimizerEngine, gradient_buffers
 
 
 class TorchOptimizerAdapter(torch.optim.Optimizer):
@@ -17,9 +18,15 @@ class TorchOptimizerAdapter(torch.optim.Optimizer):
     with the CheckpointState, not with ``state_dict()``).
     """
 
-    def __init__(self, engine: OptimizerEngine):
+    def __init__(self, engine: OptimizerEngine) -> None:
         self.engine = engine
         super().__init__(engine.parameters, {"lr": engine.learning_rate})
+
+    @overload
+    def step(self, closure: None = None) -> None: ...
+
+    @overload
+    def step(self, closure: Callable[[], float]) -> float: ...
 
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
         """Apply ``param_groups[0]["lr"]``, then run one optimizer step; return the closure's loss."""
@@ -37,4 +44,4 @@ class TorchOptimizerAdapter(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the gradient buffers in place (they are kept: ORT's gradients are never None)."""
-        torch._foreach_zero_([p.grad for p in self.engine.parameters])
+        torch._foreach_zero_(gradient_buffers(self.engine.parameters))
