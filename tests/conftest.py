@@ -4,9 +4,10 @@ A test that takes a ``corpus_case`` argument runs once per case directory (one h
 ``expected.json``) under the shared refcorpus and under ``tests/fixtures``, as found at collection
 time; with none present it is skipped.
 
-Markers applied here: ``unit`` / ``parity`` / ``integration`` from the folder, and ``cuda`` for a
-parametrization on a CUDA device. ``compile``, ``distributed``, ``ort_peer`` and ``slow`` are set on the
-tests themselves (``tests.helpers.ort_peer.requires_ort`` carries ``ort_peer``).
+Markers applied here: ``unit`` / ``parity`` / ``integration`` from the folder, ``cuda`` for a
+parametrization on a CUDA device and ``compile`` for one with a true ``compile`` / ``compiled`` parameter.
+Otherwise ``compile``, ``distributed``, ``ort_peer`` and ``slow`` are set on the tests themselves
+(``tests.helpers.ort_peer.requires_ort`` carries ``ort_peer``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,12 @@ def _on_cuda(item: pytest.Item) -> bool:
     )
 
 
+def _compiles(item: pytest.Item) -> bool:
+    """Whether the item is parametrized to compile (a true ``compile`` or ``compiled`` parameter)."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return any(bool(params.get(name)) for name in ("compile", "compiled"))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         folder = Path(item.path).resolve().relative_to(TESTS).parts[0]
@@ -45,6 +52,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(folder)
         if _on_cuda(item) and item.get_closest_marker("cuda") is None:
             item.add_marker("cuda")
+        if _compiles(item) and item.get_closest_marker("compile") is None:
+            item.add_marker("compile")
 
 
 @pytest.fixture

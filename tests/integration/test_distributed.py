@@ -115,11 +115,13 @@ def assert_same_training(out: Path, run: str) -> None:
     np.testing.assert_allclose(mean_loss, reference["losses"], rtol=0, atol=TOLERANCE, err_msg=run)
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("run", worker.SCENARIOS["eager"])
 def test_two_ranks_train_like_one_process(eager: Path, run: str) -> None:
     assert_same_training(eager, run)
 
 
+@pytest.mark.distributed
 def test_sharded_state_holds_half_the_moments(eager: Path) -> None:
     """ZeRO-1, element-wise: each rank holds the moments of its half of the flattened parameters, even
     for the MLP whose first weight is 77% of it."""
@@ -130,6 +132,7 @@ def test_sharded_state_holds_half_the_moments(eager: Path) -> None:
         assert max(per_rank) <= full / WORLD_SIZE + 8, (run, per_rank, full)
 
 
+@pytest.mark.distributed
 def test_rank0_checkpoint_continues_in_one_process(eager: Path) -> None:
     """The sharded run's rank-0 checkpoint (moments gathered) continues identically in 1 process."""
     path = eager / "mlp_sharded_clip.ckpt"
@@ -140,6 +143,7 @@ def test_rank0_checkpoint_continues_in_one_process(eager: Path) -> None:
             np.testing.assert_allclose(resumed[key], reference[key], rtol=0, atol=TOLERANCE, err_msg=key)
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("run", ["resumed", "resumed_sharded"])
 def test_one_process_checkpoint_continues_on_two_ranks(eager: Path, run: str) -> None:
     """A 1-process step-10 checkpoint continues on 2 ranks (moments cut to slices with shard_state)."""
@@ -151,6 +155,7 @@ def test_one_process_checkpoint_continues_on_two_ranks(eager: Path, run: str) ->
             assert np.array_equal(ranks[0][key], ranks[1][key])
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("run", ["legacy", "legacy_zero"])
 def test_legacy_session_on_two_ranks_trains_like_one_process(eager: Path, run: str) -> None:
     """world_size=2 (and deepspeed_zero_stage=1: Adam's state sharded, gathered whole by
@@ -166,6 +171,7 @@ def test_legacy_session_on_two_ranks_trains_like_one_process(eager: Path, run: s
     assert held == [full, full] if run == "legacy" else sum(held) == full and max(held) <= full / 2 + 2, held
 
 
+@pytest.mark.distributed
 def test_legacy_session_under_mpirun_environment_trains_like_one_process(tmp_path: Path) -> None:
     """mpirun's OMPI_COMM_WORLD_RANK/SIZE (no RANK/WORLD_SIZE): the legacy session initialises the
     process group itself and world_size=2 == the 1-process full-batch run."""
@@ -178,6 +184,7 @@ def test_legacy_session_under_mpirun_environment_trains_like_one_process(tmp_pat
             np.testing.assert_allclose(ranks[0][key], reference[key], rtol=0, atol=TOLERANCE, err_msg=key)
 
 
+@pytest.mark.distributed
 def test_fp16_overflow_on_one_rank_skips_the_step_on_all(eager: Path) -> None:
     """GradScaler semantics across ranks: the inf/nan flag is all-reduced, so both ranks skip step 2."""
     ranks = rank_results(eager, "fp16")
@@ -193,6 +200,7 @@ def test_fp16_overflow_on_one_rank_skips_the_step_on_all(eager: Path) -> None:
                 )
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize(
     "case, expected",
     [
@@ -207,6 +215,7 @@ def test_misuse_raises_on_every_rank(eager: Path, case: str, expected: str) -> N
         assert expected in errors.get(case, ""), f"rank {rank}: {errors}"
 
 
+@pytest.mark.distributed
 def test_lost_rank_raises_within_the_timeout(tmp_path: Path) -> None:
     results = launch("lost_rank", tmp_path, timeout=60)
     require_success(results)
@@ -224,6 +233,7 @@ def test_distributed_needs_a_process_group() -> None:
         Optimizer(artifacts / "optimizer_model.onnx", module, shard_state=True)
 
 
+@pytest.mark.distributed
 @pytest.mark.ort_peer
 @requires_ort[1]
 def test_ort_loads_the_rank0_checkpoint(eager: Path) -> None:
@@ -238,6 +248,7 @@ def test_ort_loads_the_rank0_checkpoint(eager: Path) -> None:
         np.testing.assert_array_equal(np.asarray(theirs[name], dtype=np.float32), param.data)
 
 
+@pytest.mark.distributed
 @pytest.mark.compile
 def test_compiled_step_on_two_ranks(tmp_path: Path) -> None:
     require_success(launch("compiled", tmp_path, timeout=400))
@@ -245,6 +256,7 @@ def test_compiled_step_on_two_ranks(tmp_path: Path) -> None:
         assert_same_training(tmp_path, run)
 
 
+@pytest.mark.distributed
 @pytest.mark.compile
 def test_a_compiled_two_rank_step_loads_from_the_compile_cache_and_trains_bitwise_alike(tmp_path: Path) -> None:
     """The first launch compiles the data-parallel step and saves it; the second loads it on both ranks."""

@@ -67,6 +67,7 @@ def assert_same_parameters(ours: Path, reference: dict[str, np.ndarray]) -> None
         np.testing.assert_allclose(params[name], value, rtol=0, atol=TOLERANCE, err_msg=name)
 
 
+@pytest.mark.distributed
 def test_train_cli_under_torchrun_trains_like_one_process(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
     artifacts, data = worker.MLP / "artifacts", worker.MLP / "data.npz"
     common = [
@@ -131,6 +132,7 @@ def test_train_cli_shard_state_needs_a_launch(capsys: pytest.CaptureFixture, tmp
     assert code != 0 and "--shard-state" in err and "torchrun" in err
 
 
+@pytest.mark.distributed
 def test_train_ddp_example_trains_like_one_process(tmp_path: Path) -> None:
     launched = torchrun(
         ROOT / "examples" / "train_ddp.py", worker.MLP, "--steps", worker.STEPS, "--shard-state", "--out", tmp_path

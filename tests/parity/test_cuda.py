@@ -62,6 +62,7 @@ def test_module_moves_between_devices(mlp_case):
     assert optimizer._engine.state.optimizer.momentums[mlp_case.trainable_names[0]]["momentum0"].device.type == "cuda"
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("compile", [True, "reduce-overhead"])
 def test_compiled_one_graph_step_on_cuda_matches_ort(case, compile):
     _deterministic(case)
@@ -77,6 +78,7 @@ def test_compiled_one_graph_step_on_cuda_matches_ort(case, compile):
     np.testing.assert_allclose(losses, case.expected["train"]["losses"], rtol=0, atol=1e-5)
 
 
+@pytest.mark.compile
 def test_reduce_overhead_step_replays_one_cuda_graph(mlp_case):
     from torch._dynamo.utils import counters
 
@@ -100,6 +102,7 @@ def test_reduce_overhead_step_replays_one_cuda_graph(mlp_case):
     assert [float(loss) for loss in losses[:3]] == kept and len(set(kept)) == 3
 
 
+@pytest.mark.compile
 def test_reduce_overhead_three_call_loop_replays_cuda_graphs(mlp_case):
     from torch._dynamo.utils import counters
 

@@ -30,6 +30,7 @@ def test_conv_matches_the_reference(case):
     check("Conv", inputs, atol=1e-5, **attrs)
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("case", CASES)
 def test_small_conv_compiles_to_kernel_taps_with_the_same_values_and_gradients(case, bias):

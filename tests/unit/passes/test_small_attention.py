@@ -82,6 +82,7 @@ def _train(
     return [float(module.step(optimizer, x, y)) for _ in range(4)]
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("heads,rewritten", [(2, 1), (4, 0)], ids=["head16", "head8"])
 def test_a_compiled_step_rewrites_small_heads_and_trains_as_the_eager_step(heads, rewritten, tmp_path, monkeypatch):
     torch.manual_seed(0)

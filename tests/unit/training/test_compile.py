@@ -83,6 +83,7 @@ def _listed(outputs) -> list[np.ndarray]:
     return [np.asarray(o) for o in (outputs if isinstance(outputs, tuple) else [outputs])]
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("name", COMPILED_CASES)
 def test_compiled_full_step_matches_eager_in_one_graph(name):
     case = _case(name)
@@ -98,6 +99,7 @@ def test_compiled_full_step_matches_eager_in_one_graph(name):
     assert counters["stats"]["unique_graphs"] == 2  # the step (adding or overwriting gradients alike) and eval
 
 
+@pytest.mark.compile
 def test_compiled_train_step_and_separate_optimizer_match_eager(mlp_case):
     torch._dynamo.reset()
     counters.clear()
@@ -110,6 +112,7 @@ def test_compiled_train_step_and_separate_optimizer_match_eager(mlp_case):
     )  # the step (adding or overwriting gradients alike) and eval  # train step (adding / after a reset), eval forward
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_fused_update_clips_and_decays_like_the_eager_kernels(variant):
     case = _case("mlp_optimizers")
@@ -125,6 +128,7 @@ def test_module_step_without_compile_is_the_three_calls(mlp_case):
     _assert_same_training(fused, eager, atol=0)
 
 
+@pytest.mark.compile
 def test_compiled_step_accumulates_until_reset_like_eager(mlp_case):
     """Adding to and overwriting the gradients share one compiled graph (the reset is a tensor flag)."""
     inputs = mlp_case.train_inputs(0)
@@ -168,6 +172,7 @@ def test_module_step_refuses_eval_mode_and_foreign_optimizers(mlp_case):
         module.step(other, *mlp_case.train_inputs(0))
 
 
+@pytest.mark.compile
 def test_compiled_step_names_bad_labels_and_leaves_the_state_untouched(mlp_case):
     module, reference = _module(mlp_case, compile=True), _module(mlp_case, compile=False)
     x, y = mlp_case.train_inputs(0)
@@ -181,6 +186,7 @@ def test_compiled_step_names_bad_labels_and_leaves_the_state_untouched(mlp_case)
             torch.testing.assert_close(param.grad, reference.get_parameter(name).grad, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.compile
 def test_compile_takes_torch_compile_arguments(mlp_case):
     torch._dynamo.reset()
     counters.clear()
@@ -193,6 +199,7 @@ def test_compile_takes_torch_compile_arguments(mlp_case):
     assert counters["stats"]["unique_graphs"] == 1 and dict(counters["graph_break"]) == {}
 
 
+@pytest.mark.compile
 def test_a_compile_mode_step_and_eval_graph_are_precompiled_and_train_like_eager(mlp_case, monkeypatch):
     """``compile=<mode>`` (here one whose CUDA graphs a CPU step does not record) is precompiled as the
     mode's inductor options: one saved step and one saved eval graph, and the eager loop's numbers."""
@@ -211,6 +218,7 @@ def test_compile_setting_is_checked(mlp_case, setting):
         Module(mlp_case.artifact("training_model.onnx"), mlp_case.load_state(), compile=setting)
 
 
+@pytest.mark.compile
 def test_compiled_step_specialises_for_a_new_batch_size(mlp_case):
     """A last, smaller batch gets its own compiled step; both train as eager does."""
     losses = {}
@@ -245,6 +253,7 @@ def test_module_step_applies_a_torch_scheduler_learning_rate(mlp_case):
     assert results[0][1] == results[1][1] == pytest.approx(1e-3 / 8)
 
 
+@pytest.mark.compile
 def test_compiled_step_with_dropout_has_no_graph_break():
     """Dropout draws from inductor's RNG when compiled, so only the structure and finiteness are compared."""
     case = _case("bn_dropout")
@@ -290,6 +299,7 @@ def test_small_biased_products_compile_to_a_product_and_a_fused_add():
     torch.testing.assert_close(output, layer(x, weight, bias), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.compile
 def test_a_python_wrapper_step_matches_the_default_cpp_wrapper_step():
     case = _case("transformer")
     losses = []

@@ -5,6 +5,7 @@ them, a device move makes new ones, and a state that cannot share one buffer is 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from ort_torch_train.api import CheckpointState, Module, Optimizer
@@ -66,6 +67,7 @@ def test_flattening_keeps_the_state_tensors_and_values_as_views_of_the_buffers()
         np.testing.assert_array_equal(after[key], before[key], err_msg=key)
 
 
+@pytest.mark.compile
 def test_one_graph_steps_then_eager_optimizer_steps_train_like_the_eager_loop():
     """Compiled steps flatten the state; eager optimizer steps after them update the same views."""
     batches = _batches()[:6]
@@ -88,6 +90,7 @@ def test_one_graph_steps_then_eager_optimizer_steps_train_like_the_eager_loop():
         np.testing.assert_allclose(got[key], expected[key], rtol=0, atol=1e-5, err_msg=key)
 
 
+@pytest.mark.compile
 def test_a_device_move_makes_the_next_step_flatten_again():
     module, optimizer = _module(compile=True)
     x, y = _batches()[0]
@@ -111,6 +114,7 @@ def test_a_state_of_mixed_dtypes_is_left_alone():
     assert all(np.array_equal(v, _snapshot(module)[k]) for k, v in before.items())
 
 
+@pytest.mark.compile
 def test_tensors_replaced_behind_the_state_are_seen_by_the_next_step():
     """``param.data = ...`` and ``param.grad = ...`` (same values) between steps: training goes on as if
     nothing happened, eager and one-graph alike (the replaced tensors get new buffers)."""

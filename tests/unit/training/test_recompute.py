@@ -49,6 +49,7 @@ def test_recompute_setting_errors():
             Module(case.artifact("training_model.onnx"), case.load_state(), recompute=bad)
 
 
+@pytest.mark.compile
 def test_recompute_with_compile_compiles_the_checkpointed_forward():
     """torch.func.grad (the one-graph compiled step) refuses checkpoint's saved-tensor hooks, so with
     recompute the forward is compiled on its own and AOTAutograd recomputes its segments in backward."""
