@@ -10,11 +10,16 @@ Run directly for a report: ``python -m tests.helpers.gradcheck_cases [op ...]``.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import hashlib
+import json
 import re
 import sys
 import time
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -23,8 +28,12 @@ from onnx import TensorProto
 
 from ort_torch_train.convert.graph import TensorSpec, convert_graph
 from ort_torch_train.errors import UnsupportedOperatorError
-from tests.helpers.conformance import _array, _op_of, _skip_reason, known_failures, node_cases
+from tests.helpers import conformance
+from tests.helpers.conformance import KNOWN_FAILURES_FILE, _array, _op_of, _skip_reason, known_failures, node_cases
+from tests.helpers.paths import ROOT
 
+CONFORMANCE = Path(conformance.__file__)
+NAMES_CACHE = ROOT / ".pytest_cache" / "gradcheck_case_names.json"
 FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16)
 MAX_FULL = 300  # input and output elements up to which gradcheck runs in full mode (fast mode above)
 MAX_ELEMENTS = 20_000  # cases with more float input elements are not candidates
@@ -151,6 +160,48 @@ def candidates(ops: set[str] | None = None) -> dict[str, list[Candidate]]:
     for cases in found.values():
         cases.sort(key=lambda c: (c.float_elements + c.output_elements, c.case))
     return found
+
+
+@functools.cache
+def all_candidates() -> dict[str, list[Candidate]]:
+    """``candidates()`` of every operator, computed once per process."""
+    return candidates()
+
+
+@functools.cache
+def checked() -> dict[str, Candidate]:
+    """The gradchecked node cases by name: the ``CASES_PER_OP`` smallest of each operator not listed in
+    ``NOT_DIFFERENTIABLE``."""
+    return {
+        case.case: case
+        for op, cases in sorted(all_candidates().items())
+        if op not in NOT_DIFFERENTIABLE
+        for case in cases[:CASES_PER_OP]
+    }
+
+
+def checked_case_names() -> list[str]:
+    """The names of ``checked()``, remembered in .pytest_cache for this onnx and these helpers, so that
+    collecting the tests does not build every node case (that happens when they run)."""
+    key = hashlib.sha256(
+        b"\0".join(
+            [
+                onnx.__version__.encode(),
+                *(path.read_bytes() for path in (Path(__file__), CONFORMANCE, KNOWN_FAILURES_FILE)),
+            ]
+        )
+    ).hexdigest()
+    try:
+        cached = json.loads(NAMES_CACHE.read_text())
+        if cached["key"] == key:
+            return cached["names"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    names = list(checked())
+    with contextlib.suppress(OSError):
+        NAMES_CACHE.parent.mkdir(parents=True, exist_ok=True)
+        NAMES_CACHE.write_text(json.dumps({"key": key, "names": names}))
+    return names
 
 
 def module_of(candidate: Candidate) -> tuple[torch.nn.Module, list[torch.Tensor]]:
