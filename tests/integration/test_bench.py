@@ -7,10 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.helpers.paths import ROOT
 from tests.helpers.scripts import load_script
 
 
+@pytest.mark.slow
 def test_quick_benchmark_writes_table_and_results(tmp_path: Path) -> None:
     out, cache = tmp_path / "results", tmp_path / "cache"
     proc = subprocess.run(
@@ -66,6 +69,7 @@ def test_quick_benchmark_writes_table_and_results(tmp_path: Path) -> None:
     assert "| mlp | ours eager (a) |" in table and "| mlp | ORT 1.19.2 (d) | n/a |" in table
 
 
+@pytest.mark.slow
 def test_mixed_precision_benchmark_names_the_attention_kernels(tmp_path: Path) -> None:
     out = tmp_path / "results"
     proc = subprocess.run(
@@ -114,6 +118,7 @@ def test_mixed_precision_benchmark_names_the_attention_kernels(tmp_path: Path) -
     assert "bf16; torch" in next(out.glob("*.md")).read_text()
 
 
+@pytest.mark.slow
 def test_eager_floor_counts_nodes_and_prints_each_model(tmp_path: Path) -> None:
     import torch
 

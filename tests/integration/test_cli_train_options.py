@@ -75,6 +75,7 @@ def test_save_every_reports_each_save_and_quiet_prints_nothing(capsys, tmp_path,
     assert (tmp_path / "a").read_bytes() == (tmp_path / "b").read_bytes()
 
 
+@pytest.mark.slow
 def test_sigint_saves_a_checkpoint_that_resumes_exactly(capsys, tmp_path, cnn_data) -> None:
     artifacts, data = cnn_data
     metrics = tmp_path / "metrics.jsonl"
@@ -125,6 +126,7 @@ def test_sigint_saves_a_checkpoint_that_resumes_exactly(capsys, tmp_path, cnn_da
     assert (tmp_path / "resumed").read_bytes() == (tmp_path / "whole").read_bytes()
 
 
+@pytest.mark.slow
 def test_log_level_from_the_environment() -> None:
     if "ORT_TORCH_TRAIN_LOG" not in os.environ:  # silent by default: only a NullHandler
         assert all(isinstance(h, logging.NullHandler) for h in logging.getLogger("ort_torch_train").handlers)

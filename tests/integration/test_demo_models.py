@@ -57,6 +57,7 @@ def train_both(model: nn.Module, batches, directory: Path, **export) -> tuple[li
     return ours, theirs
 
 
+@pytest.mark.slow
 def test_roberta_from_a_config_trains_like_pytorch(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
     vocab, labels = 50, 3
@@ -123,6 +124,7 @@ class MobileNetV3Block(nn.Module):
         return self.head(F.adaptive_avg_pool2d(x, 1).flatten(1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("opset", [22, 23])
 def test_mobilenetv3_block_exported_at_a_modern_opset_trains_like_pytorch(tmp_path: Path, opset: int) -> None:
     rng = np.random.default_rng(0)

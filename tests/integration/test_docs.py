@@ -51,6 +51,7 @@ def test_every_public_name_has_a_docstring() -> None:
     assert public_names_without_docstring() == []
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("mkdocstrings") is None, reason="the docs extra is not installed")
 def test_api_reference_builds_strict(tmp_path) -> None:
     result = subprocess.run(

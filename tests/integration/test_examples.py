@@ -20,6 +20,7 @@ from tests.helpers.paths import FIXTURES, REFCORPUS
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_train_digits(example, tmp_path) -> None:
     summary = example("train_digits").main(["--epochs", "8", "--out", str(tmp_path)])
     assert summary["steps"] == 8 * (1437 // 32)
@@ -34,6 +35,7 @@ def test_train_digits(example, tmp_path) -> None:
     assert (tmp_path / "training.png").read_bytes().startswith(PNG_SIGNATURE)
 
 
+@pytest.mark.slow
 def test_resume_training_is_bit_exact(example, tmp_path) -> None:
     summary = example("resume_training").main(["--steps", "12", "--resume-at", "5", "--out", str(tmp_path)])
     assert summary["bit_exact_losses"] and summary["bit_exact_parameters"]
@@ -42,6 +44,7 @@ def test_resume_training_is_bit_exact(example, tmp_path) -> None:
     assert saved.optimizer.step == 5 and saved.optimizer.momentums
 
 
+@pytest.mark.slow
 def test_continue_ort_artifacts(example, tmp_path) -> None:
     if not any(root.is_dir() for root in (FIXTURES, REFCORPUS)):
         pytest.skip("no ORT case folder present")
@@ -63,6 +66,7 @@ def check_interop(summary: dict) -> None:
     assert summary["torch_model_max_abs_difference"] < 1e-5
 
 
+@pytest.mark.slow
 def test_pytorch_interop(example, tmp_path) -> None:
     summary = example("pytorch_interop").main(
         ["--no-compile", "--steps", "12", "--autocast-steps", "3", "--out", str(tmp_path)]
@@ -71,6 +75,7 @@ def test_pytorch_interop(example, tmp_path) -> None:
     assert summary["autocast_steps"] == 3 and summary["autocast_max_relative_gap"] < 0.02
 
 
+@pytest.mark.slow
 @pytest.mark.compile
 def test_pytorch_interop_compiled(example, tmp_path) -> None:
     """The example with torch.compile (about a minute of compilation on 2 CPU cores)."""

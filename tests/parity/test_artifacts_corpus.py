@@ -86,6 +86,7 @@ def test_checkpoint_is_ort_s_byte_for_byte(corpus_case: Path, generated: Path, n
     assert (generated / name).read_bytes() == (corpus_case / "artifacts" / name).read_bytes()
 
 
+@pytest.mark.slow
 def test_training_matches_ort_losses(corpus_case: Path, generated: Path) -> None:
     expected = load_expected(corpus_case)
     if "nondeterminism_note" in expected:

@@ -28,6 +28,7 @@ def _variants():
     return list(Case(root).expected["optimizer_variants"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", _variants())
 def test_optimizer_variant_trajectory_matches_ort(variant):
     case = _fixture("mlp_optimizers")

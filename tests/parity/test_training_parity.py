@@ -76,6 +76,7 @@ def test_resume_from_ort_written_checkpoint(case, saved):
     np.testing.assert_allclose(losses, resume[key], rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_resume_from_own_checkpoint_is_bit_exact(case, tmp_path):
     _deterministic(case)
     half = case.steps // 2

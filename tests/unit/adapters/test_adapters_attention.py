@@ -13,6 +13,7 @@ CAUSAL_PAST = dict(is_causal=1)
 NO_ROW_FOR_QUERY_1 = np.array([[True, True, False, True, True], [False] * 5, [True] * 5])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "inputs, outputs, attrs",
     [

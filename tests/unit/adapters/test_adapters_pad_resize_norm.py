@@ -8,6 +8,7 @@ from tests.helpers.adapter_harness import check, check_dynamic, check_gradients,
 I64 = np.int64
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["constant", "reflect", "edge"])
 @pytest.mark.parametrize("pads", [[0, 0, 1, 2, 0, 0, 2, 1], [0, 1, 0, 0, 0, 0, 1, 1], [0, 0, -1, 1, 0, 0, 1, -2]])
 def test_pad(mode, pads):
@@ -81,6 +82,7 @@ def test_resize_axes_and_aspect_ratio(policy):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("opset, affine_shape", [(18, (2,)), (21, (6,))])
 def test_group_normalization(opset, affine_shape):
     inputs = [rand(2, 6, 3, 2), rand(*affine_shape, seed=1), rand(*affine_shape, seed=2)]

@@ -25,6 +25,7 @@ def outcomes():
     return run_all()
 
 
+@pytest.mark.slow
 def test_no_wrong_numbers_and_no_unlisted_failures(outcomes):
     known = known_failures()
     unexpected = [
@@ -33,6 +34,7 @@ def test_no_wrong_numbers_and_no_unlisted_failures(outcomes):
     assert not unexpected, "\n".join(unexpected)
 
 
+@pytest.mark.slow
 def test_known_failures_still_fail(outcomes):
     by_case = {o.case: o for o in outcomes}
     known = known_failures()
@@ -43,11 +45,13 @@ def test_known_failures_still_fail(outcomes):
     assert not stale, f"no such node case: {stale}"
 
 
+@pytest.mark.slow
 def test_passing_count_does_not_drop(outcomes):
     passing = sum(o.status == "pass" for o in outcomes)
     assert passing >= PASSING_AT_LEAST, f"{passing} node cases pass, expected at least {PASSING_AT_LEAST}"
 
 
+@pytest.mark.slow
 def test_docs_page_has_the_current_figures(outcomes):
     assert DOCS_PAGE.read_text() == markdown(outcomes), (
         "docs/conformance.md is stale: run python -m tests.helpers.conformance --markdown docs/conformance.md"

@@ -22,17 +22,20 @@ from tests.helpers.gradcheck_cases import (
 CHECKED = checked_case_names()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("candidate", CHECKED, ids=CHECKED)
 def test_gradients_match_finite_differences(candidate):
     gradcheck(checked()[candidate])
 
 
+@pytest.mark.slow
 def test_every_floating_operator_is_gradchecked_or_listed():
     unchecked = sorted(op for op, cases in all_candidates().items() if not cases and op not in NOT_DIFFERENTIABLE)
     assert not unchecked, f"no small node case to gradcheck; add one or list with a reason: {unchecked}"
     assert len({c.op for c in checked().values()}) >= 139
 
 
+@pytest.mark.slow
 def test_lists_are_reviewed_and_current():
     assert all(NOT_DIFFERENTIABLE.values()) and all(reason for _, reason in SETTINGS_INPUTS.values())
     stale = sorted((set(NOT_DIFFERENTIABLE) | set(SETTINGS_INPUTS)) - set(all_candidates()))

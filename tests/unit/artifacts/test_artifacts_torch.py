@@ -121,6 +121,7 @@ def open_training(directory: Path):
     return state, module, Optimizer(str(directory / "optimizer_model.onnx"), module)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("exporter", EXPORTERS)
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_family_trains_and_exports_for_inference(family: str, exporter: str, tmp_path: Path) -> None:

@@ -116,6 +116,7 @@ def _train_in_torch(model: nn.Module, x: torch.Tensor, y: torch.Tensor, attrs: d
     return losses
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("exporter", EXPORTERS)
 @pytest.mark.parametrize("name", list(MODELS))
 def test_classifier_trains_like_plain_pytorch(name: str, exporter: str, tmp_path: Path) -> None:

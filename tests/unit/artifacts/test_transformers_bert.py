@@ -12,7 +12,6 @@ from ort_torch_train.api import CheckpointState, Module, Optimizer
 from ort_torch_train.artifacts import LossType, OptimType, generate_artifacts
 from ort_torch_train.errors import InputError
 
-transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.filterwarnings("ignore")
 
 VOCAB, LABELS = 50, 3
@@ -23,6 +22,7 @@ class BertClassifier(torch.nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
+        transformers = pytest.importorskip("transformers")
         config = transformers.BertConfig(
             vocab_size=VOCAB,
             hidden_size=16,
@@ -49,6 +49,7 @@ def open_module(directory) -> tuple[Module, Optimizer]:
     return module, Optimizer(directory / "optimizer_model.onnx", module)
 
 
+@pytest.mark.slow
 def test_bert_trains_with_a_dynamic_sequence_length(tmp_path) -> None:
     torch.manual_seed(0)
     example = (torch.randint(0, VOCAB, (2, 8)), torch.ones(2, 8, dtype=torch.int64))

@@ -61,6 +61,7 @@ def _save_forever(path: Path, external: bool) -> None:
         write_checkpoint(_record(generation, external), path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("external", [True, False], ids=["external-data", "inline"])
 def test_kill_during_save_leaves_old_or_new_pair(tmp_path: Path, external: bool) -> None:
     path = tmp_path / "checkpoint"

@@ -85,6 +85,7 @@ def test_memory_bomb_is_refused_fast_and_small(make) -> None:
     assert elapsed < 1.0 and peak < 100 * 2**20, (elapsed, peak)
 
 
+@pytest.mark.slow
 def test_inspect_refuses_the_bomb(tmp_path) -> None:
     path = tmp_path / "bomb"
     path.write_bytes(shared_dims_bomb())

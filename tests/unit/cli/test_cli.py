@@ -64,6 +64,7 @@ def test_help_describes_and_shows_examples(capsys, command) -> None:
     assert "examples:" in out and "ort-torch-train" in out
 
 
+@pytest.mark.slow
 def test_python_dash_m_runs_the_cli() -> None:
     result = subprocess.run([sys.executable, "-m", "ort_torch_train", "--version"], capture_output=True, text=True)
     assert result.returncode == 0 and result.stdout.strip() == "ort-torch-train 0.1.0"
@@ -153,6 +154,7 @@ def test_train_replays_ort_scheduled_run(capsys, tmp_path, compiled) -> None:
             np.testing.assert_allclose(value.numpy(), arrays[f"final__{name}"], rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_train_then_resume_equals_one_uninterrupted_run(capsys, tmp_path, cnn) -> None:
     data = sample_major_npz(cnn, tmp_path / "train.npz")
     common = ["train", cnn / "artifacts", "--data", data, "--batch-size", 8, "--lr", 0.01]

@@ -183,6 +183,7 @@ def test_scan_is_unrolled_with_directions_and_axes_and_trains():
     assert x.grad is not None and torch.isfinite(x.grad).all()
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore")
 def test_an_exported_torch_cond_trains_like_pytorch(tmp_path):
     """The dynamo exporter turns torch.cond into an If on a run-time condition: it trains here as in PyTorch."""

@@ -123,6 +123,7 @@ def _parameters_as_inputs(proto: onnx.ModelProto, parameters: dict[str, torch.Te
     return [init.name for init in moved]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dynamo", [False, True], ids=["legacy17", "dynamo"])
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_exported_model_trains_like_torch(name, dynamo):

@@ -57,16 +57,19 @@ def _probe(setup: str, extra_path: str | None = None) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_absent_torchvision():
     seen = _probe(BLOCK_TORCHVISION)
     assert seen["torchvision_in_sys_modules"] is False  # no stand-in left behind
 
 
+@pytest.mark.slow
 def test_broken_torchvision():
     seen = _probe(BREAK_TORCHVISION)
     assert seen["torchvision_in_sys_modules"] is False
 
 
+@pytest.mark.slow
 def test_working_torchvision_is_used(tmp_path):
     package = tmp_path / "torchvision"
     (package / "ops").mkdir(parents=True)
@@ -79,6 +82,7 @@ def test_working_torchvision_is_used(tmp_path):
     assert seen["torchvision_file"] == str(package / "__init__.py")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("setup", [BLOCK_TORCHVISION, BREAK_TORCHVISION])
 def test_stand_in_never_reaches_the_user(setup):
     code = (

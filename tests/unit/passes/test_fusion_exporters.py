@@ -98,6 +98,7 @@ def _outputs_and_grads(gm, x, parameters, weights=None):
     return out.detach(), [c.grad for c in copies], weights
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dynamo", [False, True], ids=["legacy17", "dynamo"])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_fusion_fires_and_matches_the_unfused_graph(name, dynamo, monkeypatch):

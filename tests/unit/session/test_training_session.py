@@ -38,6 +38,7 @@ def _python_api_run(case, steps: int) -> tuple[list[float], float, np.ndarray]:
     return losses, eval_loss, module.get_contiguous_parameters().numpy()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("from_bytes", [False, True], ids=["paths", "bytes"])
 def test_training_loop_equals_python_api(case, from_bytes):
     if not case.deterministic:
