@@ -1,7 +1,7 @@
 # Two commands set everything up on a fresh machine (both create or reuse .venv):
 #   make train   the main job: a real training run
 #   make test    lint and types (make lint), then the whole test suite
-#   make test-fast   lint, then the unit tests without compile/distributed/slow/ORT-venv ones (a couple of minutes)
+#   make test-fast   lint, then the unit tests not marked compile, distributed, slow or ort_peer (under 90 s)
 # torch is pinned through constraints.txt so that a CPU-only machine takes the local
 # torch 2.13.0 CPU wheel and never pulls CUDA packages.
 
@@ -44,7 +44,7 @@ FAST_MARKERS := not compile and not distributed and not slow and not ort_peer
 test-fast: lint
 	$(PY) -m pytest -q -m "$(FAST_MARKERS)" tests/unit tests/integration/test_distributed.py
 
-# the API reference (mkdocs + mkdocstrings) into site/; the test suite builds it too (tests/test_docs.py)
+# the API reference (mkdocs + mkdocstrings) into site/; the test suite builds it too (tests/integration/test_docs.py)
 docs: $(STAMP)
 	$(PY) -m mkdocs build --strict
 
