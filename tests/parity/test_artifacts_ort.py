@@ -80,6 +80,7 @@ print(json.dumps(losses))
 """
 
 
+@pytest.mark.slow
 def test_ort_loads_and_trains_with_our_checkpoint_eval_and_optimizer_models(tmp_path: Path) -> None:
     cases = corpus_cases()
     if not cases:
@@ -118,6 +119,7 @@ def test_ort_loads_and_trains_with_our_checkpoint_eval_and_optimizer_models(tmp_
             np.testing.assert_allclose(result["eval_loss"], expected["train"]["eval_loss"], rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_ort_runs_the_eval_models_of_exported_torch_modules(tmp_path: Path) -> None:
     """ORT 1.19.2's InferenceSession computes the same loss on our eval models as our Module."""
     from ort_torch_train.api.checkpoint_state import CheckpointState

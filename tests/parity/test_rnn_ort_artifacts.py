@@ -62,6 +62,7 @@ class Recurrent(nn.Module):
         return self.head(self.rnn(self.embed(tokens))[0][:, -1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", [nn.GRU, nn.LSTM], ids=["gru", "lstm"])
 def test_ort_made_artifacts_train_with_orts_losses(kind: type[nn.Module], tmp_path: Path) -> None:
 
