@@ -1,6 +1,7 @@
 # Two commands set everything up on a fresh machine (both create or reuse .venv):
 #   make train   the main job: a real training run
-#   make test    the whole test suite
+#   make test    lint and types (make lint), then the whole test suite
+#   make test-fast   lint, then the unit tests not marked compile, distributed, slow or ort_peer (under 90 s)
 # torch is pinned through constraints.txt so that a CPU-only machine takes the local
 # torch 2.13.0 CPU wheel and never pulls CUDA packages.
 
@@ -10,7 +11,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 EXTRAS ?= test examples docs bench
 
-.PHONY: train test docs bench fixtures ort-venv
+.PHONY: train lint test test-fast docs bench fixtures ort-venv
 
 # onnx2torch goes in without its declared dependencies: it declares torchvision, which this project
 # never uses and which PyPI serves as a build that does not import beside a CPU torch
@@ -28,10 +29,22 @@ $(STAMP): pyproject.toml constraints.txt tools/requirements.py
 train: $(STAMP)
 	$(PY) examples/train_digits.py
 
-test: $(STAMP)
+# ruff and mypy come with the test extra; their settings are in pyproject.toml
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy
+
+test: lint
 	$(PY) -m pytest -q
 
-# the API reference (mkdocs + mkdocstrings) into site/; the test suite builds it too (tests/test_docs.py)
+# tests/unit (every package) without the tests marked compile, distributed, slow or ort_peer, and the
+# distributed package's single-process check
+FAST_MARKERS := not compile and not distributed and not slow and not ort_peer
+test-fast: lint
+	$(PY) -m pytest -q -m "$(FAST_MARKERS)" tests/unit tests/integration/test_distributed.py
+
+# the API reference (mkdocs + mkdocstrings) into site/; the test suite builds it too (tests/integration/test_docs.py)
 docs: $(STAMP)
 	$(PY) -m mkdocs build --strict
 

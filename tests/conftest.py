@@ -1,8 +1,13 @@
-"""Shared test fixtures: where the reference corpus lives, and the corpus cases to parametrize over.
+"""Shared fixtures, and the markers every test gets from where it lives and what it runs.
 
 A test that takes a ``corpus_case`` argument runs once per case directory (one holding
 ``expected.json``) under the shared refcorpus and under ``tests/fixtures``, as found at collection
 time; with none present it is skipped.
+
+Markers applied here: ``unit`` / ``parity`` / ``integration`` from the folder, ``cuda`` for a
+parametrization on a CUDA device and ``compile`` for one with a true ``compile`` / ``compiled`` parameter.
+Otherwise ``compile``, ``distributed``, ``ort_peer`` and ``slow`` are set on the tests themselves
+(``tests.helpers.ort_peer.requires_ort`` carries ``ort_peer``).
 """
 
 from __future__ import annotations
@@ -11,25 +16,44 @@ from pathlib import Path
 
 import pytest
 
-REFCORPUS = Path(__file__).resolve().parents[2] / "shared" / "refcorpus"
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+from tests.helpers.corpus import Case, corpus_cases
+from tests.helpers.paths import FIXTURES, REFCORPUS
 
-
-def corpus_cases() -> list[Path]:
-    """Every case directory of the refcorpus and of tests/fixtures."""
-    return [
-        case
-        for root in (REFCORPUS, FIXTURES)
-        if root.is_dir()
-        for case in sorted(root.iterdir())
-        if (case / "expected.json").is_file()
-    ]
+TESTS = Path(__file__).resolve().parent
+FOLDER_MARKERS = ("unit", "parity", "integration")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "corpus_case" in metafunc.fixturenames:
         cases = corpus_cases()
         metafunc.parametrize("corpus_case", cases, ids=[f"{case.parent.name}/{case.name}" for case in cases])
+
+
+def _on_cuda(item: pytest.Item) -> bool:
+    """Whether one of the item's parameters names a CUDA device."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return any(
+        str(value).startswith("cuda")
+        for value in params.values()
+        if isinstance(value, str) or type(value).__name__ == "device"
+    )
+
+
+def _compiles(item: pytest.Item) -> bool:
+    """Whether the item is parametrized to compile (a true ``compile`` or ``compiled`` parameter)."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return any(bool(params.get(name)) for name in ("compile", "compiled"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        folder = Path(item.path).resolve().relative_to(TESTS).parts[0]
+        if folder in FOLDER_MARKERS:
+            item.add_marker(folder)
+        if _on_cuda(item) and item.get_closest_marker("cuda") is None:
+            item.add_marker("cuda")
+        if _compiles(item) and item.get_closest_marker("compile") is None:
+            item.add_marker("compile")
 
 
 @pytest.fixture
@@ -41,18 +65,14 @@ def refcorpus() -> Path:
 
 
 @pytest.fixture
-def case(corpus_case: Path):
+def case(corpus_case: Path) -> Case:
     """The reference case behind ``corpus_case``."""
-    from corpus import Case
-
     return Case(corpus_case)
 
 
 @pytest.fixture
-def mlp_case():
+def mlp_case() -> Case:
     """An MLP + CrossEntropy + AdamW case with a nominal checkpoint (fixture, else refcorpus)."""
-    from corpus import Case
-
     for root in (FIXTURES / "mlp_ce_adamw_sched", REFCORPUS / "mlp"):
         if (root / "expected.json").is_file():
             return Case(root)

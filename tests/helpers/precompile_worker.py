@@ -1,0 +1,78 @@
+"""One process of tests/unit/training/test_compile_cache.py: load the compile cache, train the MLP case compiled, save it.
+
+    python -m tests.helpers.precompile_worker CASE_DIR CACHE_FILE OUT.npz [--mixed-precision bf16] [--mode MODE]
+
+Writes the losses, the final parameters, the eval step's outputs after training and the number of C++
+libraries inductor built (g++ runs, counted at ``CppBuilder.build``) to OUT.npz; the log lines of
+precompiled.py and compile_cache.py go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ort_torch_train.api import Module, Optimizer
+from ort_torch_train.training.compile.cache import load_compile_cache, save_compile_cache
+from tests.helpers.corpus import Case
+
+
+def count_library_builds() -> list[str]:
+    """The shared libraries inductor builds from now on (appended as they are built)."""
+    from torch._inductor.cpp_builder import CppBuilder
+
+    built, build = [], CppBuilder.build
+
+    def counted_build(builder: CppBuilder) -> object:
+        target = builder.get_target_file_path()
+        if target.endswith(".so"):
+            built.append(target)
+        return build(builder)
+
+    CppBuilder.build = counted_build
+    return built
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("case", type=Path)
+    parser.add_argument("cache", type=Path)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--mixed-precision", choices=["bf16"])
+    parser.add_argument("--mode", help="a torch.compile mode (compile=MODE instead of True)")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    torch.set_num_threads(1)
+    library_builds = count_library_builds()
+    load_compile_cache(args.cache)
+    case = Case(args.case)
+    module = Module(
+        case.artifact("training_model.onnx"),
+        case.load_state(),
+        case.artifact("eval_model.onnx"),
+        compile=args.mode or True,
+        mixed_precision=args.mixed_precision,
+    )
+    optimizer = Optimizer(case.artifact("optimizer_model.onnx"), module)
+    losses = []
+    for step in range(3):
+        inputs = case.train_inputs(step)
+        losses.append(np.asarray(module.step(optimizer, *inputs)))
+    module.eval()
+    evaluated = np.asarray(module(*case.eval_inputs()))
+    save_compile_cache(args.cache)
+    np.savez(
+        args.out,
+        losses=np.stack(losses),
+        params=module.get_contiguous_parameters().numpy(),
+        evaluated=evaluated,
+        library_builds=len(library_builds),
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,379 @@
+"""OptimizerEngine over a TrainingState, the ORT-shaped Optimizer / LR schedulers, and the torch adapter."""
+
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+from ort_torch_train.api.optimizer import (
+    ConstantWithWarmupLRScheduler,
+    CosineLRScheduler,
+    LinearLRScheduler,
+    Optimizer,
+)
+from ort_torch_train.checkpoint.state import OptimizerState, TrainingState
+from ort_torch_train.errors import CheckpointError, NominalStateError
+from ort_torch_train.optim.adamw import AdamWHyperparameters, adamw
+from ort_torch_train.optim.engine import DEFAULT_LEARNING_RATE, OptimizerEngine
+from ort_torch_train.optim.optimizer_model import OptimizerSpec, read_optimizer_model
+from tests.helpers.paths import REFCORPUS
+
+F32 = lambda x: float(np.float32(x))  # noqa: E731
+NAMES = ["fc2.weight", "fc1.bias", "fc1.weight"]  # training-graph order, not the state's
+HF_ADAMW = OptimizerSpec(
+    "adamw", beta1=F32(0.9), beta2=F32(0.999), epsilon=F32(1e-6), weight_decay=0.0, adam_mode=1, correct_bias=True
+)
+
+
+def make_state(seed: int = 0, frozen: bool = True) -> TrainingState:
+    gen = torch.Generator().manual_seed(seed)
+    shapes = {"fc1.weight": (8, 4), "fc1.bias": (8,), "fc2.weight": (3, 8), "frozen.weight": (2, 2)}
+    params = {
+        n: torch.nn.Parameter(torch.randn(s, generator=gen), requires_grad=n != "frozen.weight")
+        for n, s in shapes.items()
+        if frozen or n != "frozen.weight"
+    }
+    return TrainingState(params)
+
+
+def set_grads(state: TrainingState, seed: int) -> None:
+    gen = torch.Generator().manual_seed(1000 + seed)
+    for name in NAMES:
+        state.params[name].grad.copy_(torch.randn(state.params[name].shape, generator=gen))
+
+
+def optimizer_model(kind: str = "adamw", clip: float | None = None, signal: bool = False, **attrs) -> bytes:
+    seq = lambda n: helper.make_tensor_sequence_value_info(n, TensorProto.FLOAT, None)  # noqa: E731
+    names = ["learning_rate", "step", "params", "gradients", "first_order_moments"]
+    names += ["second_order_moments"] if kind == "adamw" else []
+    inputs = [
+        helper.make_tensor_value_info("learning_rate", TensorProto.FLOAT, [1]),
+        helper.make_tensor_value_info("step", TensorProto.INT64, [1]),
+    ] + [seq(n) for n in names[2:]]
+    nodes, grads = [], "gradients"
+    if clip is not None:
+        nodes.append(
+            helper.make_node("InplaceClipGradNorm", ["gradients"], ["clipped"], domain="com.microsoft", max_norm=clip)
+        )
+        grads = "clipped"
+    op_inputs = (
+        ["learning_rate", "step", "params", grads, "first_order_moments", "second_order_moments"]
+        if kind == "adamw"
+        else ["learning_rate", "params", grads]
+    )
+    if signal:
+        inputs.append(helper.make_tensor_value_info("update_signal", TensorProto.BOOL, [1]))
+        op_inputs.append("update_signal")
+    op = "AdamWOptimizer" if kind == "adamw" else "SGDOptimizerV2"
+    nodes.append(helper.make_node(op, op_inputs, ["flag"], domain="com.microsoft", **attrs))
+    flag = helper.make_tensor_value_info("flag", TensorProto.BOOL, [1])
+    graph = helper.make_graph(nodes, "optimizer", inputs, [flag])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("com.microsoft", 1)]).SerializeToString()
+
+
+def fake_module(state: TrainingState) -> SimpleNamespace:
+    return SimpleNamespace(training_state=state, trainable_parameter_names=list(NAMES))
+
+
+# ---- engine ---------------------------------------------------------------------------------------
+def test_engine_creates_zero_moments_in_the_state():
+    state = make_state()
+    engine = OptimizerEngine(HF_ADAMW, state, NAMES)
+    assert state.optimizer == OptimizerState("group0", 0, F32(0.001), state.optimizer.momentums)
+    assert sorted(state.optimizer.momentums) == sorted(NAMES)  # frozen params get none
+    for name in NAMES:
+        moments = state.optimizer.momentums[name]
+        assert sorted(moments) == ["momentum0", "momentum1"]
+        assert all(torch.equal(m, torch.zeros_like(state.params[name])) for m in moments.values())
+    assert engine.learning_rate == F32(0.001) == DEFAULT_LEARNING_RATE
+    sgd_state = make_state()
+    OptimizerEngine(OptimizerSpec("sgd"), sgd_state, NAMES)
+    assert all(list(m) == ["momentum0"] for m in sgd_state.optimizer.momentums.values())
+
+
+def test_engine_steps_like_the_kernel_with_step_plus_one():
+    state, reference = make_state(), make_state()
+    engine = OptimizerEngine(HF_ADAMW, state, NAMES, implementation="foreach")
+    ref_params = [reference.params[n].detach() for n in NAMES]
+    ref_m = [torch.zeros_like(p) for p in ref_params]
+    ref_v = [torch.zeros_like(p) for p in ref_params]
+    engine.set_learning_rate(0.01)
+    for step in range(1, 4):
+        set_grads(state, step)
+        set_grads(reference, step)
+        assert engine.step() is True
+        adamw(
+            ref_params,
+            [reference.params[n].grad for n in NAMES],
+            ref_m,
+            ref_v,
+            AdamWHyperparameters(
+                lr=0.01, beta1=0.9, beta2=0.999, eps=1e-6, weight_decay=0.0, adam_mode=1, correct_bias=True
+            ),
+            step=step,
+            implementation="foreach",
+        )
+        assert state.optimizer.step == engine.completed_steps == step
+    for name, expected, m in zip(NAMES, ref_params, ref_m):
+        assert torch.equal(state.params[name].detach(), expected)
+        assert torch.equal(state.optimizer.momentums[name]["momentum0"], m)
+    assert state.params["frozen.weight"].grad is None
+
+
+def _train(state, steps, start=0, implementation=None):
+    engine = OptimizerEngine(HF_ADAMW, state, NAMES, implementation=implementation)
+    engine.set_learning_rate(0.01)
+    for step in range(start, start + steps):
+        set_grads(state, step)
+        engine.step()
+
+
+@pytest.mark.parametrize("implementation", ["fused", "foreach"])
+def test_resume_from_a_saved_checkpoint_is_bit_exact(implementation):
+    continuous = make_state()
+    _train(continuous, 6, implementation=implementation)
+    first = make_state()
+    _train(first, 3, implementation=implementation)
+    resumed = TrainingState.load(first.to_bytes(include_optimizer_state=True))
+    assert resumed.optimizer.step == 3
+    _train(resumed, 3, start=3, implementation=implementation)
+    for name in NAMES:
+        assert torch.equal(resumed.params[name], continuous.params[name])
+        assert torch.equal(
+            resumed.optimizer.momentums[name]["momentum1"], continuous.optimizer.momentums[name]["momentum1"]
+        )
+
+
+def test_default_implementation():
+    assert OptimizerEngine(HF_ADAMW, make_state(), NAMES)._implementation == "fused"
+    no_bias_correction = OptimizerSpec("adamw", adam_mode=1, correct_bias=False)
+    assert OptimizerEngine(no_bias_correction, make_state(), NAMES)._implementation == "fused"
+    assert OptimizerEngine(OptimizerSpec("sgd"), make_state(), NAMES)._implementation == "foreach"
+    foreach = OptimizerEngine(HF_ADAMW, make_state(), NAMES, implementation="foreach")
+    assert len(foreach._scratch) == 2 and foreach._scratch[0][0].shape == foreach._params[0].shape
+
+
+def test_engine_rejects_moments_that_do_not_fit():
+    state = make_state()
+    OptimizerEngine(OptimizerSpec("sgd"), state, NAMES)  # SGD leaves momentum0 only
+    with pytest.raises(CheckpointError, match="lacks 'momentum1'"):
+        OptimizerEngine(HF_ADAMW, state, NAMES)
+    state.optimizer.momentums["fc1.bias"]["momentum0"] = torch.zeros(3)
+    with pytest.raises(CheckpointError, match=r"'fc1.bias'/'momentum0' is torch.float32 of shape \(3,\)"):
+        OptimizerEngine(OptimizerSpec("sgd"), state, NAMES)
+    del state.optimizer.momentums["fc1.bias"]
+    with pytest.raises(CheckpointError, match="Parameter fc1.bias not found"):
+        OptimizerEngine(OptimizerSpec("sgd"), state, NAMES)
+    state.optimizer.group_name = "group1"
+    with pytest.raises(CheckpointError, match="'group1'"):
+        OptimizerEngine(OptimizerSpec("sgd"), state, NAMES)
+
+
+def test_engine_rejects_bad_parameter_names():
+    with pytest.raises(ValueError, match="no trainable parameters"):
+        OptimizerEngine(HF_ADAMW, make_state(), [])
+    with pytest.raises(ValueError, match="unique"):
+        OptimizerEngine(HF_ADAMW, make_state(), ["fc1.bias", "fc1.bias"])
+    with pytest.raises(KeyError, match="'nope' is not in the training state"):
+        OptimizerEngine(HF_ADAMW, make_state(), ["nope"])
+    with pytest.raises(ValueError, match="does not require grad"):
+        OptimizerEngine(HF_ADAMW, make_state(), ["frozen.weight"])
+    with pytest.raises(ValueError, match="implementation for adamw must be one of"):
+        OptimizerEngine(HF_ADAMW, make_state(), NAMES, implementation="magic")
+    with pytest.raises(ValueError, match="implementation for sgd must be one of"):
+        OptimizerEngine(OptimizerSpec("sgd"), make_state(), NAMES, implementation="fused")
+
+
+def test_learning_rate_is_float32_and_validated():
+    engine = OptimizerEngine(HF_ADAMW, make_state(), NAMES)
+    engine.set_learning_rate(0.1)
+    assert engine.learning_rate == F32(0.1) != 0.1
+    for bad in (float("nan"), -1.0, float("inf"), 1e39):
+        with pytest.raises(ValueError, match="learning rate must"):
+            engine.set_learning_rate(bad)
+    with pytest.raises(TypeError, match="real number"):
+        engine.set_learning_rate("0.1")
+    assert engine.learning_rate == F32(0.1)
+
+
+def test_clip_scales_the_accumulated_gradients_in_place():
+    state = make_state()
+    engine = OptimizerEngine(read_optimizer_model(optimizer_model("sgd", clip=0.5)), state, NAMES)
+    set_grads(state, 0)
+    grads = [state.params[n].grad for n in NAMES]
+    engine.step()
+    assert state.params[NAMES[0]].grad is grads[0]
+    total = math.sqrt(sum(float((g.double() ** 2).sum()) for g in grads))
+    assert total == pytest.approx(0.5, rel=1e-5)
+
+
+def test_update_signal_skips_the_update_and_the_count():
+    state = make_state()
+    engine = OptimizerEngine(read_optimizer_model(optimizer_model("adamw", signal=True, adam_mode=1)), state, NAMES)
+    set_grads(state, 0)
+    before = {n: state.params[n].detach().clone() for n in NAMES}
+    assert engine.step(update_signal=False) is False
+    assert state.optimizer.step == 0 and all(torch.equal(state.params[n], before[n]) for n in NAMES)
+    assert engine.step() is True and state.optimizer.step == 1
+    with pytest.raises(ValueError, match="no update-signal input|has none"):
+        OptimizerEngine(HF_ADAMW, make_state(), NAMES).step(update_signal=False)
+
+
+def test_nominal_state_gets_its_moments_at_the_first_step():
+    loaded = make_state()
+    nominal = TrainingState(
+        {n: torch.nn.Parameter(torch.empty(0), requires_grad=p.requires_grad) for n, p in loaded.params.items()},
+        is_nominal=True,
+    )
+    engine = OptimizerEngine(HF_ADAMW, nominal, NAMES)
+    with pytest.raises(NominalStateError, match="nominal state"):
+        engine.step()
+    nominal.complete_nominal({n: p.detach() for n, p in loaded.params.items()})
+    engine.step()
+    assert nominal.optimizer.step == 1 and sorted(nominal.optimizer.momentums) == sorted(NAMES)
+
+
+# ---- ORT-shaped faces -----------------------------------------------------------------------------
+def test_optimizer_face(tmp_path):
+    path = tmp_path / "optimizer_model.onnx"
+    path.write_bytes(optimizer_model("adamw", adam_mode=1, epsilon=1e-6, weight_decay=0.0))
+    state = make_state()
+    optimizer = Optimizer(path, fake_module(state))
+    assert optimizer.get_learning_rate() == F32(0.001)
+    optimizer.set_learning_rate(0.02)
+    assert optimizer.get_learning_rate() == F32(0.02)
+    set_grads(state, 0)
+    before = state.params["fc1.weight"].detach().clone()
+    optimizer.step()
+    assert state.optimizer.step == 1 and not torch.equal(before, state.params["fc1.weight"])
+    with pytest.raises(ValueError):
+        optimizer.set_learning_rate(-1)
+
+
+def test_linear_scheduler_documented_semantics():
+    state = make_state()
+    optimizer = Optimizer(optimizer_model("sgd"), fake_module(state))
+    scheduler = LinearLRScheduler(optimizer, 2, 6, 0.1)
+    assert optimizer.get_learning_rate() == 0.0  # applied at construction, warmup starts at 0
+    assert state.optimizer.initial_learning_rate == F32(0.1)
+    lrs = []
+    for _ in range(8):
+        optimizer.step()
+        scheduler.step()
+        lrs.append(optimizer.get_learning_rate())
+    expected = [0.05, 0.1, 0.075, 0.05, 0.025, 0.0, 0.0, 0.0]
+    assert lrs == [F32(F32(0.1) * F32(e / 0.1)) for e in expected]
+
+
+def test_scheduler_validation():
+    optimizer = Optimizer(optimizer_model("sgd"), fake_module(make_state()))
+    with pytest.raises(ValueError, match=r"warmup step count \(30\) must not exceed total step count \(20\)"):
+        LinearLRScheduler(optimizer, 30, 20, 0.1)
+    with pytest.raises(ValueError, match="must be >= 0"):
+        CosineLRScheduler(optimizer, -1, 20, 0.1)
+    with pytest.raises(ValueError, match="initial learning rate must be finite"):
+        ConstantWithWarmupLRScheduler(optimizer, 2, float("nan"))
+    with pytest.raises(ValueError, match="min_ratio"):
+        CosineLRScheduler(optimizer, 0, 10, 0.1, min_lr_ratio=2.0)
+    with pytest.raises(TypeError, match="ort_torch_train Optimizer"):
+        LinearLRScheduler(object(), 1, 2, 0.1)
+
+
+def test_cosine_and_constant_schedulers():
+    optimizer = Optimizer(optimizer_model("sgd"), fake_module(make_state()))
+    cosine = CosineLRScheduler(optimizer, 0, 4, 1.0, min_lr_ratio=0.5)
+    assert optimizer.get_learning_rate() == 1.0
+    for _ in range(2):
+        optimizer.step()
+    cosine.step()
+    assert optimizer.get_learning_rate() == F32(0.75)
+    constant = ConstantWithWarmupLRScheduler(optimizer, 4, 0.2)  # 2 steps done: half way up
+    assert optimizer.get_learning_rate() == F32(0.1)
+    for _ in range(3):
+        optimizer.step()
+    constant.step()
+    assert optimizer.get_learning_rate() == F32(0.2)
+
+
+def test_torch_lr_scheduler_drives_the_learning_rate():
+    state = make_state()
+    optimizer = Optimizer(optimizer_model("sgd"), fake_module(state))
+    torch_optimizer = optimizer.torch_optimizer
+    assert isinstance(torch_optimizer, torch.optim.Optimizer)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(torch_optimizer, lambda epoch: 0.5**epoch)
+    seen = []
+    for step in range(3):
+        set_grads(state, step)
+        before = state.params["fc1.bias"].detach().clone()
+        grad = state.params["fc1.bias"].grad.clone()
+        optimizer.step()
+        seen.append(optimizer.get_learning_rate())
+        torch.testing.assert_close(state.params["fc1.bias"].detach(), before - seen[-1] * grad)
+        scheduler.step()
+    assert seen == [F32(0.001), F32(0.0005), F32(0.00025)]
+    optimizer.set_learning_rate(0.3)
+    assert torch_optimizer.param_groups[0]["lr"] == F32(0.3)
+    torch_optimizer.zero_grad()
+    assert all(torch.count_nonzero(state.params[n].grad) == 0 for n in NAMES)
+    assert state.optimizer.step == 3
+
+
+# ---- with the Module, against ORT's recorded runs -------------------------------------------------
+
+
+def _refcorpus_run(model: str, schedule: bool, implementation: str | None):
+    module_api = pytest.importorskip("ort_torch_train.api.module")
+    root = REFCORPUS / model
+    expected = json.loads((root / "expected.json").read_text())
+    data = np.load(root / "data.npz")
+    state = TrainingState.load(root / "artifacts" / "checkpoint")
+    module = module_api.Module(str(root / "artifacts" / "training_model.onnx"), state)
+    optimizer = Optimizer(root / "artifacts" / "optimizer_model.onnx", module)
+    if implementation is not None:
+        optimizer._engine = OptimizerEngine(
+            optimizer._engine.spec, state, module.trainable_parameter_names, implementation=implementation
+        )
+    # mlp's LinearLRScheduler(opt, 3, 20, 0.01) ran as warmup=20, total=3 in ORT (swapped binding); for
+    # steps 0..20 that is the same schedule as warmup=20, total=20.
+    scheduler = LinearLRScheduler(optimizer, 20, 20, 0.01) if schedule else None
+    lrs, losses = [], []
+    for i in range(20):
+        if scheduler is None:
+            optimizer.set_learning_rate(expected["train"]["lr_before_each_step"][i])
+        lrs.append(optimizer.get_learning_rate())
+        losses.append(float(module(data["x_train"][i], data["y_train"][i])))
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+        module.lazy_reset_grad()
+    return expected, np.load(root / "arrays.npz"), state, lrs, losses
+
+
+@pytest.mark.skipif(not REFCORPUS.is_dir(), reason="refcorpus not available")
+@pytest.mark.parametrize(
+    "model,schedule,implementation",
+    [
+        ("mlp", True, None),
+        ("mlp", True, "foreach"),
+        ("mlp_frozen", False, None),
+        ("cnn", False, None),
+        ("bce", False, None),
+        ("regress_mse", False, None),
+    ],
+)
+def test_training_matches_ort_recorded_run(model, schedule, implementation):
+    expected, arrays, state, lrs, losses = _refcorpus_run(model, schedule, implementation)
+    assert lrs == [F32(x) for x in expected["train"]["lr_before_each_step"]]
+    np.testing.assert_allclose(losses, expected["train"]["losses"], rtol=0, atol=5e-6)
+    assert state.optimizer.step == 20
+    for name, param in state.params.items():
+        np.testing.assert_allclose(param.detach().numpy(), arrays[f"final__{name}"], rtol=0, atol=5e-7)
+    for name, moments in state.optimizer.momentums.items():
+        for key, moment in moments.items():
+            np.testing.assert_allclose(moment.numpy(), arrays[f"optim_state__group0__{name}__{key}"], rtol=0, atol=1e-6)

@@ -1,0 +1,159 @@
+"""The architecture rules of the packages, read from their source: imports form no cycle, the command line
+is one package, public functions are annotated and no module is too long."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+from tests.helpers.paths import ROOT
+
+PACKAGE = ROOT / "ort_torch_train"
+# module name prefix -> source folder (the adapters are installed as ort_torch_train.adapters)
+SOURCES = {"ort_torch_train": PACKAGE, "ort_torch_train.adapters": ROOT / "adapters"}
+MAX_MODULE_LINES = 450
+
+
+def modules() -> dict[str, Path]:
+    """Every module of ort_torch_train and of the adapters, by its dotted name."""
+    found = {}
+    for prefix, folder in SOURCES.items():
+        for path in sorted(folder.rglob("*.py")):
+            parts = list(path.relative_to(folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join([prefix, *parts])] = path
+    return found
+
+
+def _type_checking_nodes(tree: ast.Module) -> set[int]:
+    """The ids of every node under an ``if TYPE_CHECKING:`` block."""
+    return {
+        id(child)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for child in ast.walk(node)
+    }
+
+
+def _absolute(module: str, is_package: bool, level: int, name: str | None) -> str:
+    """The absolute name of ``from {'.' * level}{name} import ...`` written in ``module``."""
+    if level == 0:
+        return name or ""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    base = base[: len(base) - (level - 1)]
+    return ".".join(base + ([name] if name else []))
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the project modules it imports anywhere (functions included, ``TYPE_CHECKING`` blocks not)."""
+    found = modules()
+    graph: dict[str, set[str]] = {module: set() for module in found}
+    for module, path in found.items():
+        tree = ast.parse(path.read_text(), str(path))
+        skipped = _type_checking_nodes(tree)
+        for node in ast.walk(tree):
+            if id(node) in skipped:
+                continue
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = _absolute(module, path.name == "__init__.py", node.level, node.module)
+                targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            graph[module].update(target for target in targets if target in found and target != module)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work: list[tuple[str, Iterator[str]]] = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, successors = work[-1]
+            successor = next(successors, None)
+            if successor is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+            elif successor not in index:
+                index[successor] = low[successor] = len(index)
+                stack.append(successor)
+                on_stack.add(successor)
+                work.append((successor, iter(sorted(graph[successor]))))
+            elif successor in on_stack:
+                low[node] = min(low[node], index[successor])
+    return found
+
+
+def _public_functions(tree: ast.Module) -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef, bool]]:
+    """(qualified name, definition, is a method) of the module's public functions and public classes' methods."""
+    functions = (ast.FunctionDef, ast.AsyncFunctionDef)
+    for node in tree.body:
+        if isinstance(node, functions) and not node.name.startswith("_"):
+            yield node.name, node, False
+        elif isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+            for member in node.body:
+                if isinstance(member, functions) and not member.name.startswith("_"):
+                    yield f"{node.name}.{member.name}", member, True
+
+
+def _unannotated(function: ast.FunctionDef | ast.AsyncFunctionDef, is_method: bool) -> list[str]:
+    """The parameters (and ``return``) of ``function`` that have no annotation."""
+    arguments = function.args
+    positional = arguments.posonlyargs + arguments.args
+    static = any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in function.decorator_list)
+    if is_method and not static and positional:
+        positional = positional[1:]  # self / cls
+    parameters = positional + arguments.kwonlyargs + [a for a in (arguments.vararg, arguments.kwarg) if a]
+    missing = [parameter.arg for parameter in parameters if parameter.annotation is None]
+    return missing + (["return"] if function.returns is None else [])
+
+
+def test_imports_form_no_cycle() -> None:
+    found = cycles(import_graph())
+    assert not found, "import cycles:\n" + "\n".join(" <-> ".join(component) for component in found)
+
+
+def test_the_command_line_is_one_package() -> None:
+    assert sorted(path.name for path in PACKAGE.glob("cli_*.py")) == []
+    assert (PACKAGE / "cli" / "__init__.py").is_file()
+
+
+def test_public_functions_and_methods_are_fully_annotated() -> None:
+    missing = []
+    for module, path in modules().items():
+        if not path.is_relative_to(PACKAGE) or any(part.startswith("_") for part in module.split(".")):
+            continue
+        for name, function, is_method in _public_functions(ast.parse(path.read_text(), str(path))):
+            if unannotated := _unannotated(function, is_method):
+                missing.append(f"{module}.{name}: {', '.join(unannotated)}")
+    assert not missing, f"{len(missing)} public functions lack annotations:\n" + "\n".join(missing)
+
+
+def test_no_module_is_over_the_line_limit() -> None:
+    lengths = {module: len(path.read_text().splitlines()) for module, path in modules().items()}
+    too_long = {module: lines for module, lines in lengths.items() if lines > MAX_MODULE_LINES}
+    assert not too_long, f"modules over {MAX_MODULE_LINES} lines: {too_long}"
