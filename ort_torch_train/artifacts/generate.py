@@ -1,7 +1,7 @@
 """``generate_artifacts``: ORT's on-device training artifacts, made without onnxruntime-training.
 
 Mirrors ``onnxruntime.training.artifacts.generate_artifacts`` (1.19.2). What ORT 1.19.2 itself
-can load of the output (tested against it in ``tests/test_artifacts_ort.py``):
+can load of the output (tested against it in ``tests/parity/test_artifacts_ort.py``):
 
 - ``checkpoint`` / ``nominal_checkpoint``: ORT's format; ``CheckpointState.load_checkpoint`` loads them.
 - ``eval_model.onnx``: forward + loss with eval semantics, as ORT writes it; loads in
