@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import onnx
 
-from ort_torch_train.api.module import Module
 from ort_torch_train.distributed.zero import ShardedOptimizerEngine
 from ort_torch_train.errors import DistributedError
 from ort_torch_train.optim.engine import OptimizerEngine
@@ -38,13 +38,13 @@ class Optimizer:
     def __init__(
         self,
         optimizer_uri: str | os.PathLike | bytes | onnx.ModelProto,
-        module: Module,
+        module: Any,
         *,
         implementation: str | None = None,
         shard_state: bool = False,
     ) -> None:
         spec = read_optimizer_model(optimizer_uri)
-        precision = module.precision
+        precision = getattr(module, "precision", None)
         loss_scaler = None if precision is None else precision.loss_scaler
         self._engine: OptimizerEngine
         if shard_state:
@@ -178,10 +178,10 @@ class ConstantWithWarmupLRScheduler(_MultiplicativeLRScheduler):
         return constant_with_warmup(step, self.warmup_step_count)
 
 
-def _sharded_engine(spec: OptimizerSpec, module: Module, implementation: str | None) -> ShardedOptimizerEngine:
+def _sharded_engine(spec: OptimizerSpec, module: Any, implementation: str | None) -> ShardedOptimizerEngine:
     """A ZeRO-1 optimizer engine over a distributed module's trainable parameters, whose checkpoints
     save the moments gathered from every rank's shard."""
-    data_parallel = module.data_parallel
+    data_parallel = getattr(module, "data_parallel", None)
     if data_parallel is None:
         raise DistributedError(
             "Optimizer(shard_state=True) needs a distributed Module (Module(..., distributed=True)); this one is not"
