@@ -176,7 +176,7 @@ def _saved_for_backward_bytes(engine, inputs) -> int:
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        engine.train_graph(list(inputs), engine._train_params)
+        engine.train_graph(list(inputs), [engine.training_state.params[n] for n in engine.train_layout.params])
     return sum(storages.values())
 
 

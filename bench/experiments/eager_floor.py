@@ -117,7 +117,7 @@ def measure_model(artifacts: ArtifactSet, blocks: int) -> dict[str, float]:
 
     for _ in range(5):
         step()
-    graph, params = module._mode_graph()
+    graph, params = module.train_graph, [module.training_state.params[n] for n in module.train_layout.params]
     converted = graph.module_for(inputs, params)
     grads = [param.grad for param in params if param.grad is not None]
 

@@ -71,7 +71,7 @@ def layers(model_name: str, python_wrapper: bool = False) -> dict[str, Callable[
     module, optimizer = compiled_module(True)
     engine_optimizer = optimizer.engine_for_step()
     (compiled_step,) = module.train_graph._cache.values()
-    trainable, frozen, grads = module._parameter_views()
+    trainable, frozen, grads = module._engine._parameter_views()
     moments = engine_optimizer.moment_lists()
     flat = module.training_state.flat  # the step's flat buffers (checkpoint/flat_buffers.py), if any
     if flat is not None:

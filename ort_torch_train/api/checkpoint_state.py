@@ -144,7 +144,7 @@ class CheckpointState:
         the other ranks wait (every rank calls it)."""
         if not isinstance(state, CheckpointState):
             raise TypeError(f"state must be a CheckpointState, got {type(state).__name__}")
-        coordinator = getattr(state._state, "distributed_checkpoint", None)
+        coordinator = state._state.save_coordinator
         if coordinator is None:
             state._state.save(checkpoint_uri, include_optimizer_state)
         else:

@@ -4,25 +4,30 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
-from functools import partial
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from ort_torch_train.api.ortvalue import OrtValue, from_tensors, numpy_to_tensor, to_tensors
+from ort_torch_train.checkpoint.state import TrainingState
 from ort_torch_train.convert.string_inputs import parse_string_inputs
-from ort_torch_train.distributed.data_parallel import data_parallel
+from ort_torch_train.distributed.data_parallel import DataParallel
 from ort_torch_train.errors import DistributedError, InputTypeError, ModelError
-from ort_torch_train.graph.layout import ModelSource, load_model
+from ort_torch_train.graph.layout import GraphLayout, ModelSource, load_model
 from ort_torch_train.graph.roles import check_slot
+from ort_torch_train.optim.engine import OptimizerEngine
+from ort_torch_train.training.binding import bind_parameters
 from ort_torch_train.training.engine import TrainingEngine
-from ort_torch_train.training.precision import mixed_precision_of
-from ort_torch_train.training.recompute import RecomputeSetting, recompute_segments, with_recompute
+from ort_torch_train.training.forward_graph import ForwardGraph
+from ort_torch_train.training.options import EngineOptions
+from ort_torch_train.training.precision import MixedPrecision
+from ort_torch_train.training.recompute import RecomputeSetting
 
 
-class Module(TrainingEngine):
+class Module(nn.Module):
     """Trains ONNX training artifacts with PyTorch, behind ORT's ``Module`` API.
 
     ``module(*inputs)`` is ORT's step: in train mode forward + backward (gradients accumulate
@@ -45,7 +50,7 @@ class Module(TrainingEngine):
     (``torch.set_num_threads``).
     ``distributed=True`` trains data-parallel on torch.distributed (``process_group``, default the
     default group): gradients are averaged across ranks at each train step, steps inside
-    ``no_sync()`` accumulate locally (see ``training/distributed.py``); eval stays local.
+    ``no_sync()`` accumulate locally (see ``distributed/data_parallel.py``); eval stays local.
     """
 
     def __init__(
@@ -61,32 +66,26 @@ class Module(TrainingEngine):
         process_group: Any = None,
         mixed_precision: str | None = None,
         recompute: RecomputeSetting = None,
-    ):
+    ) -> None:
         training_model = load_model(train_model_uri, "training model")
         eval_model = load_model(eval_model_uri, "eval model") if eval_model_uri is not None else None
         check_slot(training_model, "training_model", "train_model_uri")
         if eval_model is not None:
             check_slot(eval_model, "eval_model", "eval_model_uri")
-        super().__init__(training_model, training_state_of(state), eval_model, device, compile)
-        self.precision = mixed_precision_of(mixed_precision, self.training_state)
-        segments = recompute_segments(recompute)
-        if segments is not None:
-            self.train_graph.module_transform = partial(with_recompute, segments=segments)
-            if compile:  # torch.func.grad (the one-graph step) refuses checkpoint's saved-tensor hooks
-                self._compile_whole_step = False
-                arguments = dict(self._compile_arguments)
-                if "mode" not in arguments:  # inductor's C++ wrapper cannot generate checkpoint's RNG replay
-                    arguments["options"] = {"cpp_wrapper": False, **(arguments.get("options") or {})}
-                self.train_graph.compile_arguments = arguments
+        options = EngineOptions.of(
+            device=device,
+            compile=compile,
+            mixed_precision=mixed_precision,
+            recompute=recompute,
+            distributed=distributed,
+            process_group=process_group,
+        )
+        super().__init__()
+        self._engine = TrainingEngine(training_model, training_state_of(state), eval_model, options)
+        bind_parameters(self, self._engine.training_state.params)
         self.checkpoint_state = state
         self.eval_model = eval_model
         self.session_options = session_options
-        if distributed:
-            self._data_parallel = data_parallel(self, process_group)
-            if self.precision is not None and self.precision.loss_scaler is not None:
-                self.precision.loss_scaler.process_group = self._data_parallel.group
-        elif process_group is not None:
-            raise DistributedError("Module: process_group is given but distributed is False; pass distributed=True")
 
     @property
     def _ddp_params_and_buffers_to_ignore(self) -> list[str]:
@@ -97,17 +96,64 @@ class Module(TrainingEngine):
             "Module(..., distributed=True) and keep ORT's loop"
         )
 
+    # the engine's parts ------------------------------------------------------------------------
+    @property
+    def training_state(self) -> TrainingState:
+        """The TrainingState whose parameters this module trains."""
+        return self._engine.training_state
+
+    @property
+    def trainable_parameter_names(self) -> list[str]:
+        """The trained parameters' names, in the training graph's order."""
+        return self._engine.trainable_parameter_names
+
+    @property
+    def train_layout(self) -> GraphLayout:
+        """The training graph's inputs and outputs (user inputs, parameters, outputs)."""
+        return self._engine.train_layout
+
+    @property
+    def eval_layout(self) -> GraphLayout | None:
+        """The eval graph's inputs and outputs, or None without an eval model."""
+        return self._engine.eval_layout
+
+    @property
+    def train_graph(self) -> ForwardGraph:
+        """The converted training graph."""
+        return self._engine.train_graph
+
+    @property
+    def eval_graph(self) -> ForwardGraph | None:
+        """The converted eval graph, or None without an eval model."""
+        return self._engine.eval_graph
+
+    @property
+    def precision(self) -> MixedPrecision | None:
+        """Autocast and loss scaling (``mixed_precision``), or None (float32 throughout)."""
+        return self._engine.precision
+
+    @property
+    def data_parallel(self) -> DataParallel | None:
+        """What averages the gradients across ranks (``distributed=True``), or None."""
+        return self._engine.data_parallel
+
+    @property
+    def device(self) -> torch.device:
+        """The device holding the parameters."""
+        return self._engine.device
+
     @property
     def distributed(self) -> bool:
         """Whether gradients are averaged across the ranks of a process group."""
-        return self._data_parallel is not None
+        return self._engine.data_parallel is not None
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
         """Train steps inside accumulate gradients locally; the next step outside averages them across ranks."""
-        if self._data_parallel is None:
+        data_parallel = self._engine.data_parallel
+        if data_parallel is None:
             raise DistributedError("Module.no_sync needs a distributed Module (Module(..., distributed=True))")
-        with self._data_parallel.no_sync():
+        with data_parallel.no_sync():
             yield
 
     def __call__(self, *user_inputs: Any) -> Any:
@@ -116,9 +162,10 @@ class Module(TrainingEngine):
         with self.training_state.lock:
             if not self.training:
                 return from_tensors(self.eval_step(tensors), kind)
-            if self._data_parallel is None:
+            data_parallel = self._engine.data_parallel
+            if data_parallel is None:
                 return from_tensors(self.train_step(tensors), kind)
-            with self._data_parallel.collective_errors("Module train step"):
+            with data_parallel.collective_errors("Module train step"):
                 return from_tensors(self.train_step(tensors), kind)
 
     def step(self, optimizer: Any, *user_inputs: Any) -> Any:
@@ -135,14 +182,53 @@ class Module(TrainingEngine):
         names = self.input_names()
         tensors, kind = to_tensors(self._parsed(user_inputs, names), names)
         with self.training_state.lock:
-            if self._data_parallel is None:
+            data_parallel = self._engine.data_parallel
+            if data_parallel is None:
                 return from_tensors(self.train_and_update(tensors, engine_for_step()), kind)
-            with self._data_parallel.collective_errors("Module.step"):
+            with data_parallel.collective_errors("Module.step"):
                 return from_tensors(self.train_and_update(tensors, engine_for_step()), kind)
 
     def _parsed(self, user_inputs: tuple, names: list[str]) -> list:
         """String arrays of inputs that only feed a Cast to a number, parsed as ORT's Cast does."""
-        return parse_string_inputs(user_inputs, names, self._mode_graph()[0].string_casts)
+        return parse_string_inputs(user_inputs, names, self._engine.graph(self.training).string_casts)
+
+    # the engine's steps ------------------------------------------------------------------------
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """The differentiable forward of the current mode (train or eval graph), no backward."""
+        return self._engine.forward(inputs, self.training)
+
+    def train_step(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """Forward and backward of the training graph; gradients accumulate into the parameters' ``.grad``."""
+        return self._engine.train_step(inputs)
+
+    def train_and_update(self, inputs: Sequence[torch.Tensor], optimizer: OptimizerEngine) -> tuple[torch.Tensor, ...]:
+        """ORT's full step: ``train_step``, ``optimizer.step()``, ``lazy_reset_grad()`` (one graph with ``compile``)."""
+        return self._engine.train_and_update(inputs, optimizer)
+
+    def eval_step(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """Forward of the eval graph (inference semantics), no gradients."""
+        return self._engine.eval_step(inputs)
+
+    def input_names(self, training: bool | None = None) -> list[str]:
+        """User input names of the training graph (train mode) or eval graph (eval mode)."""
+        return self._engine.input_names(self.training if training is None else training)
+
+    def output_names(self, training: bool | None = None) -> list[str]:
+        """User output names of the training graph (train mode) or eval graph (eval mode)."""
+        return self._engine.output_names(self.training if training is None else training)
+
+    def parameters_size(self, trainable_only: bool = True) -> int:
+        """Number of elements of the (trainable) parameters."""
+        return self._engine.parameters_size(trainable_only)
+
+    def contiguous_parameters(self, trainable_only: bool = False) -> torch.Tensor:
+        """A 1-D float32 copy of the parameters, in the training graph's parameter order."""
+        return self._engine.contiguous_parameters(trainable_only)
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Module:
+        super()._apply(fn, recurse)
+        self._engine.tensors_moved()
+        return self
 
     def get_parameters_size(self, trainable_only: bool = True) -> int:
         """Number of parameter elements (trainable ones only by default)."""
@@ -165,12 +251,12 @@ class Module(TrainingEngine):
         else:
             raise InputTypeError(f"buffer: expected an OrtValue, numpy array or tensor, got {type(buffer).__name__}")
         with self.training_state.lock:
-            super().copy_buffer_to_parameters(tensor, trainable_only)
+            self._engine.copy_buffer_to_parameters(tensor, trainable_only)
 
     def lazy_reset_grad(self) -> None:
         """Make the next train step overwrite the gradients instead of adding to them."""
         with self.training_state.lock:
-            super().lazy_reset_grad()
+            self._engine.lazy_reset_grad()
 
     def exportable_output_names(self) -> list[str]:
         """Names ``export_model_for_inferencing`` takes: the model's outputs before the loss, then the loss.
@@ -192,6 +278,6 @@ class Module(TrainingEngine):
         export_inference_model(self.eval_model, self.training_state, inference_model_uri, graph_output_names)
 
 
-def training_state_of(state: Any):
+def training_state_of(state: Any) -> TrainingState:
     """The core TrainingState behind a CheckpointState (or the TrainingState itself)."""
     return getattr(state, "training_state", state)

@@ -7,9 +7,10 @@ from typing import Any
 
 import onnx
 
-from ort_torch_train.distributed.data_parallel import sharded_engine
+from ort_torch_train.distributed.zero import ShardedOptimizerEngine
+from ort_torch_train.errors import DistributedError
 from ort_torch_train.optim.engine import OptimizerEngine
-from ort_torch_train.optim.optimizer_model import read_optimizer_model
+from ort_torch_train.optim.optimizer_model import OptimizerSpec, read_optimizer_model
 from ort_torch_train.optim.schedulers import (
     check_schedule_counts,
     constant_with_warmup,
@@ -31,7 +32,7 @@ class Optimizer:
             ``Module.step(optimizer, ...)`` on a ``compile=True`` module runs the update inside its
             compiled train step instead.
         shard_state: ZeRO stage 1 on a ``Module(distributed=True)``: each rank keeps and updates
-            only its shard of the optimizer state (``optim/sharded.py``).
+            only its shard of the optimizer state (``distributed/zero.py``).
     """
 
     def __init__(
@@ -41,12 +42,13 @@ class Optimizer:
         *,
         implementation: str | None = None,
         shard_state: bool = False,
-    ):
+    ) -> None:
         spec = read_optimizer_model(optimizer_uri)
         precision = getattr(module, "precision", None)
         loss_scaler = None if precision is None else precision.loss_scaler
+        self._engine: OptimizerEngine
         if shard_state:
-            self._engine = sharded_engine(spec, module, implementation)
+            self._engine = _sharded_engine(spec, module, implementation)
         else:
             self._engine = OptimizerEngine(
                 spec, module.training_state, module.trainable_parameter_names, implementation=implementation
@@ -105,7 +107,7 @@ class Optimizer:
 class _MultiplicativeLRScheduler:
     """Sets ``initial_lr * factor(completed steps)`` on the optimizer at construction and each step()."""
 
-    def __init__(self, optimizer: Optimizer, initial_lr: float):
+    def __init__(self, optimizer: Optimizer, initial_lr: float) -> None:
         if not isinstance(optimizer, Optimizer):
             raise TypeError(f"optimizer must be an ort_torch_train Optimizer; got {type(optimizer).__name__}")
         self._optimizer = optimizer
@@ -131,7 +133,7 @@ class LinearLRScheduler(_MultiplicativeLRScheduler):
     behaviour. To replay an ORT 1.19.2 run, pass the two counts in swapped order.
     """
 
-    def __init__(self, optimizer: Optimizer, warmup_step_count: int, total_step_count: int, initial_lr: float):
+    def __init__(self, optimizer: Optimizer, warmup_step_count: int, total_step_count: int, initial_lr: float) -> None:
         check_schedule_counts(warmup_step_count, total_step_count)
         self.warmup_step_count = warmup_step_count
         self.total_step_count = total_step_count
@@ -152,7 +154,7 @@ class CosineLRScheduler(_MultiplicativeLRScheduler):
         total_step_count: int,
         initial_lr: float,
         min_lr_ratio: float = 0.0,
-    ):
+    ) -> None:
         check_schedule_counts(warmup_step_count, total_step_count)
         cosine_with_warmup(0, warmup_step_count, total_step_count, min_lr_ratio)  # validates min_lr_ratio
         self.warmup_step_count = warmup_step_count
@@ -167,10 +169,29 @@ class CosineLRScheduler(_MultiplicativeLRScheduler):
 class ConstantWithWarmupLRScheduler(_MultiplicativeLRScheduler):
     """Linear warmup to ``initial_lr`` over ``warmup_step_count`` steps, then constant."""
 
-    def __init__(self, optimizer: Optimizer, warmup_step_count: int, initial_lr: float):
+    def __init__(self, optimizer: Optimizer, warmup_step_count: int, initial_lr: float) -> None:
         constant_with_warmup(0, warmup_step_count)  # validates warmup_step_count
         self.warmup_step_count = warmup_step_count
         super().__init__(optimizer, initial_lr)
 
     def _factor(self, step: int) -> float:
         return constant_with_warmup(step, self.warmup_step_count)
+
+
+def _sharded_engine(spec: OptimizerSpec, module: Any, implementation: str | None) -> ShardedOptimizerEngine:
+    """A ZeRO-1 optimizer engine over a distributed module's trainable parameters, whose checkpoints
+    save the moments gathered from every rank's shard."""
+    data_parallel = getattr(module, "data_parallel", None)
+    if data_parallel is None:
+        raise DistributedError(
+            "Optimizer(shard_state=True) needs a distributed Module (Module(..., distributed=True)); this one is not"
+        )
+    engine = ShardedOptimizerEngine(
+        spec,
+        module.training_state,
+        module.trainable_parameter_names,
+        data_parallel.group,
+        implementation=implementation,
+    )
+    data_parallel.checkpoint.gather_moments_from(engine)
+    return engine

@@ -15,7 +15,7 @@ from ort_torch_train.errors import InputTypeError
 class OrtValue:
     """A tensor with ``onnxruntime.OrtValue``'s common methods, backed by a torch tensor (no copy)."""
 
-    def __init__(self, tensor: torch.Tensor):
+    def __init__(self, tensor: torch.Tensor) -> None:
         if not isinstance(tensor, torch.Tensor):
             raise InputTypeError(f"OrtValue wraps a torch.Tensor, got {type(tensor).__name__}")
         self.tensor = tensor
@@ -107,6 +107,7 @@ def to_tensors(values: Sequence[Any], names: Sequence[str]) -> tuple[list[torch.
 
 def from_tensors(outputs: Sequence[torch.Tensor], kind: str) -> Any:
     """Outputs in the caller's kind: a bare value for one output, a tuple for several."""
+    converted: list[Any]
     if kind == "numpy":
         converted = [output.cpu().numpy() for output in outputs]
     elif kind == "ortvalue":

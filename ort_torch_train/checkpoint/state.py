@@ -14,7 +14,7 @@ import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -45,6 +45,15 @@ class OptimizerState:
 
 
 log = logging.getLogger(__name__)
+
+
+class SaveCoordinator(Protocol):
+    """Writes a state's checkpoint when several processes share it (e.g. once, from rank 0 of a
+    data-parallel run); every process calls ``save``."""
+
+    def save(self, state: TrainingState, path: str | os.PathLike, include_optimizer_state: bool) -> None:
+        """Write ``state`` to ``path`` (``include_optimizer_state`` as in ``TrainingState.save``)."""
+        ...
 
 
 def _source_text(source: str | os.PathLike | bytes | bytearray | memoryview) -> str:
@@ -135,6 +144,7 @@ class TrainingState:
         self.generation = 0  # counts replacements of the tensors behind the parameters (views of them go stale)
         self.flat: FlatState | None = None  # the flat buffers behind the trainable tensors, once made
         self.flat_generation_refused: int | None = None  # the generation whose tensors could not share buffers
+        self.save_coordinator: SaveCoordinator | None = None  # set by coordinate_saves
         self._check_momentums()
         self._ensure_grads()
 
@@ -201,6 +211,10 @@ class TrainingState:
         with self.lock:
             write_checkpoint(self.to_record(include_optimizer_state), path)
         log.info("saved checkpoint %s (optimizer state: %s)", os.fspath(path), include_optimizer_state)
+
+    def coordinate_saves(self, coordinator: SaveCoordinator) -> None:
+        """Let ``coordinator`` write this state's checkpoints from now on (``save_checkpoint`` calls it)."""
+        self.save_coordinator = coordinator
 
     def to_bytes(self, include_optimizer_state: bool = False) -> bytes:
         """The ORT checkpoint as bytes (always self-contained, no external data)."""

@@ -7,13 +7,13 @@ the whole batch. Rank 0 prints, writes the metrics and the checkpoint (a collect
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from ort_torch_train.cli.common import CliError
+from ort_torch_train.distributed.launch import LaunchEnvironment, init_default_group
 
 
 @dataclass(frozen=True)
@@ -70,21 +70,20 @@ def launch_from_environment(device: str) -> tuple[Launch, str]:
 
     ``device`` "auto" is cuda:LOCAL_RANK when CUDA is available (NCCL), else cpu (gloo).
     """
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    environment = LaunchEnvironment.read()
+    world_size = environment.world_size or 1
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if world_size <= 1:
         return Launch(device=device), device
     if device == "cuda":
-        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+        device = f"cuda:{environment.local_rank or 0}"
     owns_group = not dist.is_initialized()
     if owns_group:
-        if "MASTER_ADDR" not in os.environ:
+        if "MASTER_ADDR" in environment.missing_rendezvous:
             raise CliError(
                 f"WORLD_SIZE is {world_size} but MASTER_ADDR is not set: launch with "
                 "`torchrun --nproc_per_node=N -m ort_torch_train train ...`"
             )
-        if device.startswith("cuda"):
-            torch.cuda.set_device(torch.device(device))
-        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+        init_default_group(torch.device(device), environment.rank, world_size)
     return Launch(dist.get_rank(), dist.get_world_size(), owns_group, device), device

@@ -22,6 +22,8 @@ import torch.distributed._functional_collectives as funcol
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ort_torch_train.checkpoint.state import TrainingState
+from ort_torch_train.distributed.checkpoint import DistributedCheckpoint
 from ort_torch_train.errors import DistributedError
 
 _LIVE: weakref.WeakSet[DataParallel] = weakref.WeakSet()
@@ -32,7 +34,7 @@ def _release_reducers() -> None:
     """Free the DDP reducers before interpreter finalisation: one freed during it can abort the
     process in gloo ("terminate called without an active exception", torch 2.13, ~1 exit in 10)."""
     for data_parallel in list(_LIVE):
-        data_parallel._ddp = None
+        data_parallel.release()
     gc.collect()
 
 
@@ -51,8 +53,9 @@ def require_process_group(process_group: Any, what: str) -> Any:
 class DataParallel:
     """Averages a training engine's gradients across the ranks of ``group`` (see the module doc)."""
 
-    def __init__(self, graph: Any, names: Sequence[str], params: Sequence[nn.Parameter], group: Any):
+    def __init__(self, graph: Any, names: Sequence[str], params: Sequence[nn.Parameter], group: Any) -> None:
         self.group = group
+        self.checkpoint = DistributedCheckpoint(group)  # how the state's checkpoints are saved
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
         self.synchronise = True
@@ -64,8 +67,15 @@ class DataParallel:
 
     def forward(self, inputs: Sequence[Tensor]) -> tuple[Tensor, ...]:
         """The training graph's outputs; their backward all-reduces the gradients unless in ``no_sync``."""
-        self._ddp.require_backward_grad_sync = self.synchronise
-        return self._ddp(list(inputs))
+        ddp = self._ddp
+        if ddp is None:
+            raise DistributedError("data-parallel step after the process's exit began (the reducer is released)")
+        ddp.require_backward_grad_sync = self.synchronise
+        return ddp(list(inputs))
+
+    def release(self) -> None:
+        """Free the DDP reducer (at exit: no step runs after it)."""
+        self._ddp = None
 
     def compiled_reduction(self) -> GradientAverage | None:
         """The reduction a compiled step runs on its accumulated gradients (None inside ``no_sync``)."""
@@ -112,7 +122,7 @@ class GradientAverage:
 
     def __call__(self, grads: list[Tensor]) -> list[Tensor]:
         summed = funcol.all_reduce_coalesced(grads, "sum", self.group)
-        return torch._foreach_div(summed, float(self.world_size))
+        return torch._foreach_div(summed, float(self.world_size))  # type: ignore[return-value]  # a list at run time
 
     def __hash__(self) -> int:
         return hash((GradientAverage, id(self.group), self.world_size))
@@ -127,7 +137,7 @@ class GradientAverage:
 class _TrainGraph(nn.Module):
     """The training graph over the engine's own parameters (the same Parameter objects), for DDP."""
 
-    def __init__(self, graph: Any, params: Sequence[nn.Parameter]):
+    def __init__(self, graph: Any, params: Sequence[nn.Parameter]) -> None:
         super().__init__()
         self.params = nn.ParameterList(params)
         self._graph = [graph]  # a list: keeps the graph out of the module tree
@@ -158,74 +168,10 @@ def require_identical(tensors: dict[Any, Tensor], group: Any, what: str) -> None
         )
 
 
-def data_parallel(engine: Any, process_group: Any) -> DataParallel:
-    """Data parallelism for a training engine whose ranks all hold the same parameters."""
-    group = require_process_group(process_group, "Module(distributed=True)")
-    engine._require_values("distributed training")
-    name_of = {id(param): name for name, param in engine.training_state.params.items()}
-    params = engine._train_params
-    parallel = DataParallel(engine.train_graph, [name_of[id(p)] for p in params], params, group)
-    engine.training_state.distributed_checkpoint = DistributedCheckpoint(group)
+def data_parallel(graph: Any, state: TrainingState, names: Sequence[str], group: Any) -> DataParallel:
+    """Data parallelism for a training graph over ``state``'s parameters ``names``, whose ranks all hold
+    the same values; from now on the state's checkpoints are written once, by rank 0."""
+    state.require_loaded("perform distributed training")
+    parallel = DataParallel(graph, names, [state.params[name] for name in names], group)
+    state.coordinate_saves(parallel.checkpoint)
     return parallel
-
-
-def sharded_engine(spec: Any, module: Any, implementation: str | None) -> Any:
-    """A ZeRO-1 optimizer engine over a distributed module's trainable parameters."""
-    from ort_torch_train.distributed.zero import ShardedOptimizerEngine
-
-    data_parallel = getattr(module, "_data_parallel", None)
-    if data_parallel is None:
-        raise DistributedError(
-            "Optimizer(shard_state=True) needs a distributed Module (Module(..., distributed=True)); this one is not"
-        )
-    engine = ShardedOptimizerEngine(
-        spec,
-        module.training_state,
-        module.trainable_parameter_names,
-        data_parallel.group,
-        implementation=implementation,
-    )
-    checkpoint_coordinator(module.training_state).sharded = engine
-    return engine
-
-
-class DistributedCheckpoint:
-    """Saves a data-parallel run's checkpoint once: rank 0 writes (moments gathered from their shards
-    first), the other ranks write nothing and wait at a barrier."""
-
-    def __init__(self, group: Any):
-        self.group = group
-        self.sharded: Any = None  # the ShardedOptimizerEngine holding the moments, if any
-
-    def save(self, state: Any, path: Any, include_optimizer_state: bool) -> None:
-        """Write ``state`` to ``path`` from rank 0 (a collective: every rank calls it)."""
-        gathered = None
-        if include_optimizer_state and self.sharded is not None:
-            gathered = self.sharded.gathered_momentums()
-        failure: Exception | None = None
-        if dist.get_rank(self.group) == 0:
-            try:
-                if gathered is None:
-                    state.save(path, include_optimizer_state)
-                else:
-                    shard, state.optimizer.momentums = state.optimizer.momentums, gathered
-                    try:
-                        state.save(path, include_optimizer_state)
-                    finally:
-                        state.optimizer.momentums = shard
-            except Exception as error:  # raised after the barrier, so no rank waits forever
-                failure = error
-        flag = torch.tensor([0.0 if failure is None else 1.0], device=state.device)  # NCCL: a CUDA tensor
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
-        if failure is not None:
-            raise failure
-        if flag.item():
-            raise DistributedError(f"save_checkpoint: rank 0 failed to write {path}")
-
-
-def checkpoint_coordinator(state: Any) -> DistributedCheckpoint:
-    """The DistributedCheckpoint attached to a training state by a distributed Module."""
-    coordinator = getattr(state, "distributed_checkpoint", None)
-    if coordinator is None:
-        raise DistributedError("the training state has no distributed Module (Module(..., distributed=True))")
-    return coordinator

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -31,7 +30,7 @@ from ort_torch_train.dtypes import ort_tensor_type, tensor_to_proto
 from ort_torch_train.errors import CheckpointError, InputError, InputTypeError
 from ort_torch_train.fileio import atomic_write_bytes
 from ort_torch_train.graph.layout import load_model
-from ort_torch_train.legacy.distributed import legacy_data_parallel
+from ort_torch_train.legacy.distributed import legacy_distributed
 from ort_torch_train.legacy.graph import build_training_setup
 from ort_torch_train.legacy.metadata import ModelMetadata, NodeArg
 from ort_torch_train.legacy.parameters import TrainingParameters, check_supported, recompute_plan
@@ -39,8 +38,7 @@ from ort_torch_train.legacy.providers import choose_provider
 from ort_torch_train.legacy.zero import build_legacy_optimizer
 from ort_torch_train.optim.float32 import to_float32
 from ort_torch_train.training.engine import TrainingEngine
-from ort_torch_train.training.precision import MixedPrecision
-from ort_torch_train.training.recompute_patterns import with_pattern_recompute
+from ort_torch_train.training.options import EngineOptions
 
 GROUP_ACCUMULATED_GRADIENTS = "Group_Accumulated_Gradients"
 GLOBAL_GRADIENT_NORM = "global_gradient_norm"
@@ -65,7 +63,7 @@ class TrainingSession:
         sess_options: Any = None,
         providers: Sequence | None = None,
         provider_options: Sequence[Mapping[str, Any]] | None = None,
-    ):
+    ) -> None:
         check_supported(parameters)
         self._forward_model = _load_forward_model(path_or_bytes)
         self._provider = choose_provider(providers, provider_options)
@@ -78,25 +76,21 @@ class TrainingSession:
             parameters.immutable_weights,
         )
         self.training_state = TrainingState(setup.params)
-        self._engine = TrainingEngine(
-            setup.model, self.training_state, eval_model=setup.model, device=self._provider.device
+        options = EngineOptions.of(
+            device=self._provider.device,
+            mixed_precision="fp16" if parameters.use_mixed_precision else None,
+            loss_scale=parameters.loss_scale if parameters.use_mixed_precision else 0.0,
+            recompute=recompute_plan(parameters),
+            distributed=legacy_distributed(parameters, self._provider.device),
         )
-        self._engine._data_parallel = legacy_data_parallel(parameters, self._engine)
-        plan = recompute_plan(parameters)
-        if plan:
-            self._engine.train_graph.module_transform = partial(
-                with_pattern_recompute, plan=plan, user_inputs=len(self._engine.train_graph.layout.user_inputs)
-            )
+        self._engine = TrainingEngine(setup.model, self.training_state, setup.model, options)
         self._reduce_once = parameters.allreduce_post_accumulation
         self._trained = setup.trained
         self._optimizer = build_legacy_optimizer(
-            parameters, {n: self.training_state.params[n] for n in self._trained}, self._engine._data_parallel
+            parameters, {n: self.training_state.params[n] for n in self._trained}, self._engine.data_parallel
         )
-        if parameters.use_mixed_precision:
-            self._engine.precision = MixedPrecision("fp16", self.training_state, loss_scale=parameters.loss_scale)
-        self._loss_scaler = self._engine.precision.loss_scaler if self._engine.precision is not None else None
-        if self._loss_scaler is not None and self._engine._data_parallel is not None:
-            self._loss_scaler.process_group = self._engine._data_parallel.group  # ranks agree on skipping
+        precision = self._engine.precision
+        self._loss_scaler = precision.loss_scaler if precision is not None else None
         self._lr_name = parameters.lr_params_feed_name if self._optimizer is not None else None
         self._accumulation_steps = parameters.gradient_accumulation_steps
         self._accumulated = 0
@@ -135,7 +129,7 @@ class TrainingSession:
         engine = self._engine
         if training:
             with torch.no_grad():
-                outputs = engine.forward(*inputs)
+                outputs = engine.forward(inputs, training=True)
             outputs = outputs if isinstance(outputs, tuple) else (outputs,)
         else:
             outputs = engine.eval_step(inputs)
@@ -147,7 +141,7 @@ class TrainingSession:
         engine = self._engine
         if self._accumulation_steps == 1:
             engine.lazy_reset_grad()  # no accumulation buffer in ORT's graph: each run's gradient stands alone
-        data_parallel = engine._data_parallel
+        data_parallel = engine.data_parallel
         if data_parallel is not None and self._reduce_once and self._accumulated + 1 < self._accumulation_steps:
             with data_parallel.no_sync():  # allreduce_post_accumulation: reduce the accumulated gradients once
                 outputs = engine.train_step(inputs)
@@ -156,18 +150,19 @@ class TrainingSession:
         results = dict(zip(engine.output_names(training=True), outputs))
         results[GROUP_ACCUMULATED_GRADIENTS] = torch.tensor(True)
         self._accumulated += 1
-        grads = [self.training_state.params[name].grad for name in self._trained]
+        params = self.training_state.params
+        grads = [grad for name in self._trained if (grad := params[name].grad) is not None]
         scale = to_float32(1.0 / self._accumulation_steps)
-        update = may_update and self._optimizer is not None and self._accumulated >= self._accumulation_steps
+        optimizer = self._optimizer
         norm = None
-        if update:
+        if may_update and optimizer is not None and self._accumulated >= self._accumulation_steps:
             if scale != 1.0:
                 torch._foreach_mul_(grads, scale)
             finite = self._loss_scaler is None or self._loss_scaler.unscale_and_update(grads)
-            if wants_norm or self._optimizer.clip_grad_norm:
+            if wants_norm or optimizer.clip_grad_norm:
                 norm = _global_norm(grads)
             if finite:
-                self._optimizer.step(learning_rate, norm)
+                optimizer.step(learning_rate, norm)
             engine.lazy_reset_grad()
             self._accumulated = 0
         elif wants_norm:
@@ -326,7 +321,7 @@ def _type_name(dtype: np.dtype) -> str:
         return str(dtype)
 
 
-def _global_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+def _global_norm(grads: list[torch.Tensor] | tuple[torch.Tensor, ...]) -> torch.Tensor:
     """ORT's ReduceAllL2: the L2 norm of all gradients together."""
     return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import torch
@@ -34,7 +34,7 @@ class TrainingSession:
         *,
         device: str = "cpu",
         session_options: Any = None,
-    ):
+    ) -> None:
         self.checkpoint_state = checkpoint_state
         evaluation = load_model(eval_model, "eval model") if _given(eval_model) else None
         self.module = Module(
@@ -217,7 +217,7 @@ class TrainingSession:
     GetParameter = get_parameter
 
 
-def _given(model: ModelSource | None) -> bool:
+def _given(model: ModelSource | None) -> TypeGuard[ModelSource]:
     return model is not None and not (isinstance(model, (bytes, bytearray)) and len(model) == 0)
 
 

@@ -1,24 +1,26 @@
-"""The training engine: forward graphs with the checkpoint's tensors bound as nn.Parameters.
+"""The training engine: train and eval steps of ONNX forward graphs over a TrainingState's parameters.
 
 Train steps run forward and backward with ORT's gradient semantics: gradients accumulate across
 steps until ``lazy_reset_grad()``, after which the next step overwrites them. With ``compile`` a
-train step is one compiled graph (``compiled_step.py``), and ``train_and_update`` adds the
-optimizer's update to that graph.
+train step is one compiled graph (``compile/step.py``), and ``train_and_update`` adds the
+optimizer's update to that graph. Everything else (mixed precision, recompute, data parallelism)
+comes from the ``EngineOptions``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 import onnx
 import torch
 from torch import nn
 
 from ort_torch_train.checkpoint.state import TrainingState
-from ort_torch_train.errors import InputError, InputTypeError, ModelError, NominalStateError
+from ort_torch_train.distributed.data_parallel import DataParallel, data_parallel
+from ort_torch_train.errors import ModelError
 from ort_torch_train.graph.layout import (
     GraphLayout,
-    declared_shape,
     eval_layout,
     forward_graph,
     opsets_of,
@@ -27,35 +29,34 @@ from ort_torch_train.graph.layout import (
 from ort_torch_train.graph.model_checks import check_eval_pair, check_model
 from ort_torch_train.optim.engine import OptimizerEngine
 from ort_torch_train.passes.small_attention import compiled_cpu_graph
-from ort_torch_train.training.binding import bind_parameters, parse_device
 from ort_torch_train.training.blas_threads import blas_threads_for
 from ort_torch_train.training.compile.forward import CompiledForward
-from ort_torch_train.training.compile.settings import CompileSetting, compile_arguments, for_device
+from ort_torch_train.training.compile.settings import for_device
 from ort_torch_train.training.compile.step import CompiledTrainStep, ParameterPlan
 from ort_torch_train.training.flat_params import current_flat, flat_buffers
 from ort_torch_train.training.forward_graph import ForwardGraph
+from ort_torch_train.training.options import EngineOptions
+from ort_torch_train.training.parameter_buffer import ParameterBuffer
 from ort_torch_train.training.precision import MixedPrecision, autocast_or_null, backward, float32_outputs
+from ort_torch_train.training.recompute import with_recompute
+from ort_torch_train.training.recompute_patterns import RecomputePlan, with_pattern_recompute
 
 
-class TrainingEngine(nn.Module):
-    """Train and eval steps over ONNX training artifacts, executed by PyTorch.
+class TrainingEngine:
+    """Train and eval steps over ONNX training artifacts, executed by PyTorch, as ``options`` configure them.
 
-    ``forward(*inputs)`` is the plain differentiable forward of the current mode (a PyTorch
-    module like any other); ``train_step``/``eval_step`` are ORT's steps.
+    A plain object: a face binds the state's parameters to its own ``nn.Module`` and passes the mode
+    (train or eval) to ``forward``; it calls ``tensors_moved()`` after moving the parameters.
     """
 
     def __init__(
         self,
         training_model: onnx.ModelProto,
         state: TrainingState,
-        eval_model: onnx.ModelProto | None = None,
-        device: str | torch.device = "cpu",
-        compile: CompileSetting = False,
-    ):
-        super().__init__()
-        target = parse_device(device)
-        self._compile_arguments = compile_arguments(compile)
-        self._compile_whole_step = self._compile_arguments is not None  # else only the forward graphs compile
+        eval_model: onnx.ModelProto | None,
+        options: EngineOptions,
+    ) -> None:
+        self.options = options
         self.training_state = state
         names = list(state.params)
         self.train_layout = training_layout(training_model, names)
@@ -65,20 +66,20 @@ class TrainingEngine(nn.Module):
             check_eval_pair(training_model, eval_model, names)
         self.trainable_parameter_names = [n for n in self.train_layout.params if state.params[n].requires_grad]
         self._trainable_name_tuple = tuple(self.trainable_parameter_names)  # compared at every fused step
-        self._declared_param_shapes = _declared_shapes(training_model, self.train_layout.params)
+        self._buffer = ParameterBuffer(state, training_model, self.train_layout.params, self.trainable_parameter_names)
         self.eval_layout = eval_layout(eval_model, names) if eval_model is not None else None
-        self.train_graph, train_params = self._train_forward(training_model)
-        self.eval_graph = None
-        if eval_model is not None:
+        self.train_graph = self._train_forward(training_model)
+        self.eval_graph: ForwardGraph | None = None
+        if eval_model is not None and self.eval_layout is not None:
             self.eval_graph = ForwardGraph(
                 forward_graph(eval_model, self.eval_layout),
                 opsets_of(eval_model),
                 self.eval_layout,
                 training=False,
-                compile=compile,
+                compile=False if options.compile_arguments is None else options.compile_arguments,
                 compiler=CompiledForward,
             )
-        bind_parameters(self, state.params)
+        train_params = self.train_layout.params
         self._train_params = [state.params[n] for n in train_params]
         self._train_plan = ParameterPlan.of(train_params, self.trainable_parameter_names)
         self._frozen_train_names = self._train_plan.frozen_names(train_params)
@@ -86,41 +87,75 @@ class TrainingEngine(nn.Module):
         self._eval_params = [state.params[n] for n in self.eval_layout.params] if self.eval_layout else []
         self._eval_aliases: list[torch.Tensor] = []  # _detached_eval_params
         self._gradient_reset = _GradientReset()
-        self._data_parallel = None  # a training.distributed.DataParallel when gradients are averaged across ranks
-        self.precision: MixedPrecision | None = None  # autocast and loss scaling (precision.py)
-        self.to(target)
+        state.to(options.device)
+        self._data_parallel: DataParallel | None = None  # averages the gradients across ranks
+        if options.distributed:
+            self._data_parallel = data_parallel(self.train_graph, state, train_params, options.process_group)
+        self._precision: MixedPrecision | None = None  # autocast and loss scaling (precision.py)
+        if options.mixed_precision is not None:
+            group = None if self._data_parallel is None else self._data_parallel.group  # ranks agree on skipping
+            self._precision = MixedPrecision(
+                options.mixed_precision, state, loss_scale=options.loss_scale, process_group=group
+            )
 
-    def _train_forward(self, training_model) -> tuple[ForwardGraph, tuple[str, ...]]:
+    def _train_forward(self, training_model: onnx.ModelProto) -> ForwardGraph:
         """The training graph pruned to its user outputs, under training semantics (never the
         eval graph: ORT trains what the training model computes).
 
-        Compiled training runs a CompiledTrainStep around it; only ``Module(recompute=...)`` compiles it
-        on its own (``_compile_whole_step`` False), its backward then running through autograd.
+        Compiled training runs a CompiledTrainStep around it; under recompute it compiles on its own
+        (``options.compiles_whole_step`` False), its backward then running through autograd.
         """
         layout = self.train_layout
-        graph = forward_graph(training_model, layout)
-        forward = ForwardGraph(graph, opsets_of(training_model), layout, training=True)
-        return forward, layout.params
+        arguments = self.options.train_forward_compile_arguments
+        forward = ForwardGraph(
+            forward_graph(training_model, layout),
+            opsets_of(training_model),
+            layout,
+            training=True,
+            compile=False if arguments is None else arguments,
+        )
+        recompute = self.options.recompute
+        if isinstance(recompute, RecomputePlan):
+            forward.module_transform = partial(
+                with_pattern_recompute, plan=recompute, user_inputs=len(layout.user_inputs)
+            )
+        elif recompute is not None:
+            forward.module_transform = partial(with_recompute, segments=recompute)
+        return forward
+
+    @property
+    def precision(self) -> MixedPrecision | None:
+        """Autocast and loss scaling, or None (float32 throughout)."""
+        return self._precision
+
+    @property
+    def data_parallel(self) -> DataParallel | None:
+        """What averages the gradients across ranks, or None (one process)."""
+        return self._data_parallel
 
     # steps ------------------------------------------------------------------------------------
-    def forward(self, *inputs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
-        """The differentiable forward of the current mode (train or eval graph), no backward."""
-        graph, params = self._mode_graph()
+    def forward(self, inputs: Sequence[torch.Tensor], training: bool) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """The differentiable forward of the train (``training``) or eval graph, no backward."""
+        graph, params = self._mode_graph(training)
         with autocast_or_null(self.precision, self.device):
             outputs = graph(self._on_device(inputs), params)
         return outputs[0] if len(outputs) == 1 else outputs
 
     def train_step(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """Forward and backward; gradients accumulate into the parameters' ``.grad``."""
-        self._require_values("TrainStep")
+        self.training_state.require_loaded("perform TrainStep")
         inputs = self._on_device(inputs)
-        if self._compile_whole_step and self.trainable_parameter_names:
+        if self.options.compiles_whole_step and self.trainable_parameter_names:
             return self._compiled_step(inputs, None)
         data_parallel = self._data_parallel  # a failing forward leaves the gradients alone
-        module = self.train_graph.module_for(inputs, self._train_params) if data_parallel is None else None
+        if data_parallel is None:
+            module = self.train_graph.module_for(inputs, self._train_params)
+            forward = partial(module, *inputs, *self._train_params)
+        else:
+            module, forward = None, partial(data_parallel.forward, inputs)
         with blas_threads_for(module, self.device):
             with autocast_or_null(self.precision, self.device):
-                outputs = module(*inputs, *self._train_params) if module is not None else data_parallel.forward(inputs)
+                outputs = forward()
             if self._gradient_reset.pending:
                 flat = current_flat(self.training_state, self.trainable_parameter_names)
                 grads = self._parameter_views()[2] if flat is None else [flat.grads]
@@ -144,8 +179,8 @@ class TrainingEngine(nn.Module):
                 f"trainable parameters {self.trainable_parameter_names}; it updates "
                 f"{list(optimizer.param_names)}"
             )
-        if self._compile_whole_step and optimizer.fuses_into_step and optimizer.loss_scaler is None:
-            self._require_values("TrainStep")
+        if self.options.compiles_whole_step and optimizer.fuses_into_step and optimizer.loss_scaler is None:
+            self.training_state.require_loaded("perform TrainStep")
             outputs = self._compiled_step(self._on_device(inputs), optimizer)
         else:
             outputs = self.train_step(inputs)
@@ -173,7 +208,9 @@ class TrainingEngine(nn.Module):
                 self._train_plan,
                 update=update,
                 reduction=reduction,
-                compile_arguments=for_device(self._compile_arguments, device, cpp_wrapper=reduction is None),
+                compile_arguments=for_device(
+                    self.options.compile_arguments or {}, device, cpp_wrapper=reduction is None
+                ),
                 precision=precision,
                 layout=layout,
             ),
@@ -233,7 +270,7 @@ class TrainingEngine(nn.Module):
 
     def eval_step(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """Forward of the eval graph (inference semantics), no gradients."""
-        self._require_values("EvalStep")
+        self.training_state.require_loaded("perform EvalStep")
         if self.eval_graph is None:
             raise ModelError("Eval model was not provided: evaluation needs the eval model (eval_model_uri).")
         inputs = self._on_device(inputs)
@@ -257,8 +294,12 @@ class TrainingEngine(nn.Module):
         """Make the next train step overwrite the gradients instead of adding to them."""
         self._gradient_reset.pending = True
 
-    def _mode_graph(self) -> tuple[ForwardGraph, list[nn.Parameter]]:
-        if self.training:
+    def graph(self, training: bool) -> ForwardGraph:
+        """The train (``training``) or eval graph; raises ModelError for an eval graph not given."""
+        return self._mode_graph(training)[0]
+
+    def _mode_graph(self, training: bool) -> tuple[ForwardGraph, list[nn.Parameter]]:
+        if training:
             return self.train_graph, self._train_params
         if self.eval_graph is None:
             raise ModelError("Eval model was not provided: evaluation needs the eval model (eval_model_uri).")
@@ -270,22 +311,14 @@ class TrainingEngine(nn.Module):
             t.to(device, non_blocking=True) if isinstance(t, torch.Tensor) and t.device != device else t for t in inputs
         ]
 
-    def _require_values(self, action: str) -> None:
-        if self.training_state.is_nominal:
-            raise NominalStateError(
-                f"Cannot perform {action} with a nominal state. Please load the model parameters first."
-            )
-
     # names ------------------------------------------------------------------------------------
-    def input_names(self, training: bool | None = None) -> list[str]:
-        """User input names of the training graph (train mode) or eval graph (eval mode)."""
-        layout = self._layout(self.training if training is None else training)
-        return list(layout.user_inputs)
+    def input_names(self, training: bool) -> list[str]:
+        """User input names of the training graph (``training``) or eval graph."""
+        return list(self._layout(training).user_inputs)
 
-    def output_names(self, training: bool | None = None) -> list[str]:
-        """User output names of the training graph (train mode) or eval graph (eval mode)."""
-        layout = self._layout(self.training if training is None else training)
-        return list(layout.user_outputs)
+    def output_names(self, training: bool) -> list[str]:
+        """User output names of the training graph (``training``) or eval graph."""
+        return list(self._layout(training).user_outputs)
 
     def _layout(self, training: bool) -> GraphLayout:
         if training:
@@ -295,56 +328,17 @@ class TrainingEngine(nn.Module):
         return self.eval_layout
 
     # contiguous parameter buffers -------------------------------------------------------------
-    def _ordered_names(self, trainable_only: bool) -> list[str]:
-        """Parameter names in the training graph's input order."""
-        if trainable_only:
-            return list(self.trainable_parameter_names)
-        return list(self.train_layout.params)
-
     def parameters_size(self, trainable_only: bool = True) -> int:
         """Number of elements of the (trainable) parameters."""
-        return sum(_numel(self._declared_param_shapes[n]) for n in self._ordered_names(trainable_only))
+        return self._buffer.size(trainable_only)
 
     def contiguous_parameters(self, trainable_only: bool = False) -> torch.Tensor:
         """A 1-D float32 copy of the parameters, in the training graph's parameter order."""
-        if self.training_state.is_nominal:
-            raise NominalStateError(
-                "Cannot copy parameters from a nominal checkpoint state. Please load the model parameters first."
-            )
-        params = [self.training_state.params[n] for n in self._ordered_names(trainable_only)]
-        _require_float(params, self._ordered_names(trainable_only))
-        if not params:
-            return torch.empty(0, dtype=torch.float32, device=self.device)
-        return torch.cat([p.detach().reshape(-1) for p in params])
+        return self._buffer.copy_out(trainable_only, self.device)
 
     def copy_buffer_to_parameters(self, buffer: torch.Tensor, trainable_only: bool = True) -> None:
         """Copy a 1-D float32 buffer into the parameters (completes a nominal state)."""
-        state = self.training_state
-        if state.is_nominal and trainable_only:
-            raise NominalStateError(
-                "For nominal checkpoint state, all parameters need to be loaded into the model (trainable_only = false)."
-            )
-        if not isinstance(buffer, torch.Tensor):
-            raise InputTypeError(f"buffer: expected a 1-D float32 tensor, got {type(buffer).__name__}")
-        if buffer.dtype != torch.float32 or buffer.dim() != 1:
-            raise InputTypeError(
-                f"buffer: expected a 1-D float32 tensor, got {buffer.dtype} of shape {tuple(buffer.shape)}"
-            )
-        names = self._ordered_names(trainable_only)
-        expected = self.parameters_size(trainable_only)
-        if buffer.numel() != expected:
-            raise InputError(f"Parameters buffer size incorrect. Expected:{expected}, Actual:{buffer.numel()}")
-        chunks = torch.split(buffer, [_numel(self._declared_param_shapes[n]) for n in names])
-        values = {n: chunk.reshape(self._declared_param_shapes[n]) for n, chunk in zip(names, chunks)}
-        if state.is_nominal:
-            missing = [n for n in state.params if n not in values]
-            if missing:
-                raise InputError(f"buffer does not cover parameter {missing[0]!r} of the nominal state")
-            state.complete_nominal({n: v.to(self.device).clone() for n, v in values.items()})
-            return
-        _require_float([state.params[n] for n in names], names)
-        with torch.no_grad():
-            torch._foreach_copy_([state.params[n] for n in names], [v.to(self.device) for v in values.values()])
+        self._buffer.copy_in(buffer, trainable_only, self.device)
 
     # device -----------------------------------------------------------------------------------
     @property
@@ -354,9 +348,10 @@ class TrainingEngine(nn.Module):
             return param.device
         return torch.device("cpu")
 
-    def _apply(self, fn, recurse: bool = True):
-        super()._apply(fn, recurse)
-        self.training_state.generation += 1  # the parameters' tensors were replaced: flat buffers and views go stale
+    def tensors_moved(self) -> None:
+        """Follow the parameters to their new tensors (after ``nn.Module._apply`` moved or converted them):
+        the optimizer's moments move to their parameters' devices, views and specialised graphs go."""
+        self.training_state.generation += 1  # flat buffers and views of the old tensors go stale
         optimizer = self.training_state.optimizer
         if optimizer is not None:
             for name, momentums in optimizer.momentums.items():
@@ -367,7 +362,6 @@ class TrainingEngine(nn.Module):
         self.train_graph.clear()
         if self.eval_graph is not None:
             self.eval_graph.clear()
-        return self
 
 
 class _GradientReset:
@@ -377,27 +371,3 @@ class _GradientReset:
 
     def __init__(self) -> None:
         self.pending = False
-
-
-def _declared_shapes(model: onnx.ModelProto, names: Sequence[str]) -> dict[str, tuple[int, ...]]:
-    by_name = {value.name: value for value in model.graph.input}
-    shapes = {}
-    for name in names:
-        dims = declared_shape(by_name[name])
-        if dims is None or not all(isinstance(d, int) for d in dims):
-            raise ModelError(f"training model declares parameter {name!r} without a fixed shape: {dims}")
-        shapes[name] = tuple(dims)
-    return shapes
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    size = 1
-    for dim in shape:
-        size *= dim
-    return size
-
-
-def _require_float(params: Sequence[torch.Tensor], names: Sequence[str]) -> None:
-    for name, param in zip(names, params):
-        if param.dtype != torch.float32:
-            raise InputTypeError(f"Only float is supported: parameter {name!r} is {param.dtype}")

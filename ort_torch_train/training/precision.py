@@ -33,17 +33,21 @@ class MixedPrecision:
     """Autocast of one low-precision dtype, plus a LossScaler for fp16 (None for bf16).
 
     ``loss_scale`` (fp16 only) is ORT's legacy setting: 0 a dynamic scale, > 0 that static scale.
+    ``process_group``: the data-parallel group whose ranks must agree on skipping a step (None: one process).
     """
 
-    def __init__(self, setting: str, state: TrainingState, *, loss_scale: float = 0.0):
-        if setting not in _DTYPES:
-            raise ValueError(f"mixed_precision: expected 'bf16', 'fp16' or None; got {setting!r}")
+    def __init__(
+        self, setting: str, state: TrainingState, *, loss_scale: float = 0.0, process_group: Any = None
+    ) -> None:
+        check_mixed_precision(setting)
         self.setting = setting
         self.dtype = _DTYPES[setting]
-        self.loss_scaler = None
+        self.loss_scaler: LossScaler | None = None
         if setting == "fp16":
             self.loss_scaler = (
-                LossScaler(state) if loss_scale == 0 else LossScaler(state, init_scale=loss_scale, dynamic=False)
+                LossScaler(state, process_group=process_group)
+                if loss_scale == 0
+                else LossScaler(state, init_scale=loss_scale, dynamic=False, process_group=process_group)
             )
 
     def autocast(self, device: torch.device) -> contextlib.AbstractContextManager:
@@ -51,9 +55,10 @@ class MixedPrecision:
         return torch.autocast(device.type, dtype=self.dtype)
 
 
-def mixed_precision_of(setting: str | None, state: TrainingState) -> MixedPrecision | None:
-    """The MixedPrecision for a Module's ``mixed_precision`` argument (None: float32 throughout)."""
-    return None if setting is None else MixedPrecision(setting, state)
+def check_mixed_precision(setting: str | None) -> None:
+    """Raise unless ``setting`` is a ``mixed_precision`` value: "bf16", "fp16" or None."""
+    if setting is not None and setting not in _DTYPES:
+        raise ValueError(f"mixed_precision: expected 'bf16', 'fp16' or None; got {setting!r}")
 
 
 def autocast_or_null(precision: MixedPrecision | None, device: torch.device) -> contextlib.AbstractContextManager:
@@ -78,7 +83,8 @@ class LossScaler:
         backoff_factor: float = 0.5,
         growth_interval: int = 2000,
         dynamic: bool = True,
-    ):
+        process_group: Any = None,
+    ) -> None:
         if not init_scale > 0:
             raise ValueError(f"loss scale: expected a positive number, got {init_scale!r}")
         self.state = state
@@ -91,7 +97,7 @@ class LossScaler:
         self.scale = torch.full((), scale, dtype=torch.float32)
         self._growth_tracker = torch.full((), tracker, dtype=torch.int32)
         self._found_inf = torch.zeros((), dtype=torch.float32)
-        self.process_group: Any = None  # the data-parallel group whose ranks must agree on skipping a step
+        self.process_group = process_group  # the data-parallel group whose ranks must agree on skipping a step
         self._write_properties()
 
     def scaled(self, loss: Tensor) -> Tensor:

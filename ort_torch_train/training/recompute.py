@@ -10,6 +10,7 @@ masks are the same in the recomputation. ``recompute=True`` uses one segment per
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import fx, nn
@@ -31,11 +32,11 @@ def recompute_segments(setting: RecomputeSetting) -> int | bool | None:
 class _Checkpointed(nn.Module):
     """A segment whose activations are recomputed in backward instead of being kept."""
 
-    def __init__(self, segment: nn.Module):
+    def __init__(self, segment: nn.Module) -> None:
         super().__init__()
         self.segment = segment
 
-    def forward(self, *args):
+    def forward(self, *args: Any) -> Any:
         if not torch.is_grad_enabled():
             return self.segment(*args)
         return checkpoint(self.segment, *args, use_reentrant=False)

@@ -92,7 +92,7 @@ def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
 def _kind(module: fx.GraphModule, node: fx.Node) -> str:
     """``node``'s callee in words: a function's name, a method name or a converter module's class."""
     if node.op == "call_module":
-        return type(module.get_submodule(node.target)).__name__
+        return type(module.get_submodule(str(node.target))).__name__
     return node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
 
 
@@ -134,7 +134,7 @@ def _gelu_regions(module: fx.GraphModule, ops: list[fx.Node], position: dict) ->
     return regions
 
 
-def _is_softmax(node) -> bool:
+def _is_softmax(node: object) -> bool:
     return isinstance(node, fx.Node) and (
         (node.op == "call_function" and node.target in _SOFTMAXES)
         or (node.op == "call_method" and node.target == "softmax")

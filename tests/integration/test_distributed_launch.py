@@ -12,8 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from ort_torch_train.checkpoint.state import TrainingState
+from ort_torch_train.distributed.launch import LaunchEnvironment, backend_for
 from tests.helpers import distributed_worker as worker
 from tests.helpers.paths import ROOT
 from tests.integration.test_distributed import TOLERANCE, free_port
@@ -143,3 +145,14 @@ def test_train_ddp_example_trains_like_one_process(tmp_path: Path) -> None:
     assert_same_parameters(
         tmp_path / "checkpoint", {k.removeprefix("param/"): v for k, v in reference.items() if k.startswith("param/")}
     )
+
+
+def test_launch_environment_reads_torchrun_then_mpirun_variables() -> None:
+    mpirun = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}
+    environment = LaunchEnvironment.read({**mpirun, "MASTER_ADDR": "127.0.0.1"})
+    assert (environment.rank, environment.world_size, environment.local_rank) == (1, 2, 1)
+    assert environment.missing_rendezvous == ("MASTER_PORT",)
+    torchrun_first = LaunchEnvironment.read({**mpirun, "RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0"})
+    assert (torchrun_first.rank, torchrun_first.world_size, torchrun_first.local_rank) == (0, 4, 0)
+    assert LaunchEnvironment.read({}) == LaunchEnvironment(None, None, None, ("MASTER_ADDR", "MASTER_PORT"))
+    assert backend_for(torch.device("cpu")) == "gloo" and backend_for(torch.device("cuda", 0)) == "nccl"

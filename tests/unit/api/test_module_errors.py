@@ -8,7 +8,16 @@ import pytest
 import torch
 
 from ort_torch_train.api import CheckpointState, Module
-from ort_torch_train.errors import InputError, InputTypeError, ModelError, NominalStateError, UnsupportedOperatorError
+from ort_torch_train.errors import (
+    DistributedError,
+    InputError,
+    InputTypeError,
+    ModelError,
+    NominalStateError,
+    UnsupportedOperatorError,
+)
+from ort_torch_train.training.options import EngineOptions
+from ort_torch_train.training.recompute_patterns import RecomputePlan
 
 
 @pytest.fixture
@@ -133,3 +142,27 @@ def test_nominal_checkpoint_is_completed_by_copy_buffer(mlp_case):
     assert abs(loss - mlp_case.expected["gradient_semantics"]["loss_call1"]) <= 1e-5
     for name in mlp_case.param_names:
         np.testing.assert_array_equal(state.parameters[name].data, mlp_case.arrays[f"init__{name}"])
+
+
+def test_engine_options_refuse_combinations_that_cannot_work():
+    with pytest.raises(ValueError, match=r"loss_scale: 128.0 needs mixed_precision 'fp16'; got 'bf16'"):
+        EngineOptions.of(mixed_precision="bf16", loss_scale=128.0)
+    with pytest.raises(ValueError, match=r"loss_scale: expected a number >= 0 \(0: dynamic\), got -1"):
+        EngineOptions.of(mixed_precision="fp16", loss_scale=-1)
+    with pytest.raises(DistributedError, match="process_group is given but distributed is False"):
+        EngineOptions.of(process_group=object())
+    with pytest.raises(ValueError, match="mixed_precision: expected 'bf16', 'fp16' or None; got 'fp8'"):
+        EngineOptions.of(mixed_precision="fp8")
+
+
+def test_engine_options_compile_the_forward_alone_under_recompute():
+    whole = EngineOptions.of(compile=True)
+    assert whole.compiles_whole_step and whole.train_forward_compile_arguments is None
+    for recompute in (2, RecomputePlan(gelu=True)):
+        alone = EngineOptions.of(compile=True, recompute=recompute)
+        assert not alone.compiles_whole_step
+        assert alone.train_forward_compile_arguments == {"options": {"cpp_wrapper": False}}
+    assert EngineOptions.of(compile="max-autotune", recompute=True).train_forward_compile_arguments == {
+        "mode": "max-autotune"
+    }
+    assert EngineOptions.of(recompute=RecomputePlan()).recompute is None  # a plan of nothing is off

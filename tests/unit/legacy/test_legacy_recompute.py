@@ -144,9 +144,10 @@ def _train(path: Path, feeds: list[dict], loss: str = "loss", **settings):
         storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
         return tensor
 
+    params = [session.training_state.params[n] for n in engine.train_layout.params]
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        engine.train_graph(inputs, engine._train_params)
-    module = engine.train_graph.module_for(inputs, engine._train_params)
+        engine.train_graph(inputs, params)
+    module = engine.train_graph.module_for(inputs, params)
     segments = sum(hasattr(child, "segment") for child in module.children())
     return losses, grads, session.get_state(), sum(storages.values()), segments
 

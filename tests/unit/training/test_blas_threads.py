@@ -47,7 +47,7 @@ def test_the_converted_graph_records_its_matrix_products():
     x, y = torch.from_numpy(data["x_train"][0]), torch.from_numpy(data["y_train"][0])
     module.train()
     module(x, y)
-    graph = module.train_graph.module_for([x, y], module._train_params)
+    graph = module.train_graph.module_for([x, y], [module.training_state.params[n] for n in module.train_layout.params])
     batch = x.shape[0]
     assert graph.meta["matrix_products"] == [batch * 20 * 32, batch * 32 * 5]  # the two Gemms, in graph order
 
@@ -88,7 +88,9 @@ def _threads_seen_by_steps(module: Module, optimizer: Optimizer, x, y) -> tuple[
         module.lazy_reset_grad()
     module.eval()
     module(x, y)
-    eval_graph = module.eval_graph.module_for([x, y], module._eval_params)
+    eval_graph = module.eval_graph.module_for(
+        [x, y], [module.training_state.params[n] for n in module.eval_layout.params]
+    )
     eval_graph.register_forward_hook(lambda *_: in_eval.add(_mkl_threads()))
     module(x, y)
     return in_backward, in_eval

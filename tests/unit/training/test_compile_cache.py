@@ -149,7 +149,9 @@ def test_a_cache_of_another_torch_version_is_ignored_with_a_log_line(tmp_path, c
 def _converted(case, batch: int) -> tuple[torch.nn.Module, list[torch.Tensor]]:
     module = Module(case.artifact("training_model.onnx"), case.load_state(), case.artifact("eval_model.onnx"))
     inputs = [torch.from_numpy(np.ascontiguousarray(a[:batch])) for a in case.train_inputs(0)]
-    return module.train_graph.specialised(inputs, module._train_params, "key", lambda m, _: m), inputs
+    return module.train_graph.specialised(
+        inputs, [module.training_state.params[n] for n in module.train_layout.params], "key", lambda m, _: m
+    ), inputs
 
 
 def test_a_saved_step_is_found_only_for_the_same_model_update_and_signature(mlp_case):

@@ -25,7 +25,7 @@ def _losses_grads_saved(case: Case, recompute, steps: int = 1):
 
     inputs = [torch.from_numpy(a) for a in case.train_inputs(0)]
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        module.train_graph(inputs, module._train_params)
+        module.train_graph(inputs, [module.training_state.params[n] for n in module.train_layout.params])
     return losses, grads, sum(storages.values())
 
 

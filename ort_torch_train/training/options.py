@@ -1,0 +1,102 @@
+"""One training engine configuration, validated once: ``EngineOptions``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ort_torch_train.distributed.data_parallel import require_process_group
+from ort_torch_train.errors import DistributedError
+from ort_torch_train.training.binding import parse_device
+from ort_torch_train.training.compile.settings import CompileSetting, compile_arguments
+from ort_torch_train.training.precision import check_mixed_precision
+from ort_torch_train.training.recompute import RecomputeSetting, recompute_segments
+from ort_torch_train.training.recompute_patterns import RecomputePlan
+
+Recompute = int | bool | RecomputePlan | None
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How a TrainingEngine runs its steps; build it with ``EngineOptions.of``, which checks every field.
+
+    Fields:
+        device: where the parameters live and the steps run.
+        compile_arguments: torch.compile's keyword arguments (None: eager).
+        mixed_precision: "bf16" or "fp16" autocast with float32 master weights, or None.
+        loss_scale: fp16's loss scale: 0 dynamic (GradScaler's semantics), > 0 that static scale.
+        recompute: activations recomputed in backward: a segment count, True (about sqrt(op count)
+            segments), a legacy session's ``RecomputePlan`` of patterns, or None.
+        process_group: the data-parallel group whose ranks average gradients, or None (one process).
+
+    Valid combinations: every field with every other, except that ``loss_scale`` needs "fp16" and a
+    process group needs ``distributed``. Compiled with recompute, the train step is not one graph:
+    the train forward compiles alone (torch.func's one-graph step refuses checkpoint's saved-tensor
+    hooks), its backward runs through autograd and the optimizer update after it.
+    """
+
+    device: torch.device
+    compile_arguments: Mapping[str, Any] | None
+    mixed_precision: str | None
+    loss_scale: float
+    recompute: Recompute
+    process_group: Any
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        device: str | torch.device = "cpu",
+        compile: CompileSetting = False,
+        mixed_precision: str | None = None,
+        loss_scale: float = 0.0,
+        recompute: RecomputeSetting | RecomputePlan = None,
+        distributed: bool = False,
+        process_group: Any = None,
+    ) -> EngineOptions:
+        """Checked options from a face's arguments (``Module``'s names); raises naming the bad argument."""
+        target = parse_device(device)
+        arguments = compile_arguments(compile)
+        check_mixed_precision(mixed_precision)
+        try:
+            scale = float(loss_scale)
+        except (TypeError, ValueError):
+            raise ValueError(f"loss_scale: expected a number >= 0 (0: dynamic), got {loss_scale!r}") from None
+        if not scale >= 0:
+            raise ValueError(f"loss_scale: expected a number >= 0 (0: dynamic), got {loss_scale!r}")
+        if scale != 0 and mixed_precision != "fp16":
+            raise ValueError(f"loss_scale: {loss_scale!r} needs mixed_precision 'fp16'; got {mixed_precision!r}")
+        plan: Recompute = recompute if isinstance(recompute, RecomputePlan) else recompute_segments(recompute)
+        group = None
+        if distributed:
+            group = require_process_group(process_group, "Module(distributed=True)")
+        elif process_group is not None:
+            raise DistributedError("Module: process_group is given but distributed is False; pass distributed=True")
+        return cls(target, arguments, mixed_precision, scale, plan or None, group)
+
+    @property
+    def distributed(self) -> bool:
+        """Whether gradients are averaged across the ranks of a process group."""
+        return self.process_group is not None
+
+    @property
+    def compiles_whole_step(self) -> bool:
+        """Whether a train step (forward, backward, and the update with ``train_and_update``) is one
+        compiled graph; else only the forward graphs compile, if anything does."""
+        return self.compile_arguments is not None and self.recompute is None
+
+    @property
+    def train_forward_compile_arguments(self) -> dict[str, Any] | None:
+        """torch.compile's arguments for the train forward compiled alone (with recompute), else None.
+
+        Inductor's C++ wrapper cannot generate checkpoint's RNG replay: it is off unless a mode is asked for.
+        """
+        if self.compile_arguments is None or self.recompute is None:
+            return None
+        arguments = dict(self.compile_arguments)
+        if "mode" not in arguments:
+            arguments["options"] = {"cpp_wrapper": False, **(arguments.get("options") or {})}
+        return arguments
