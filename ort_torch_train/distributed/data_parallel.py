@@ -18,13 +18,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed._functional_collectives as funcol
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ort_torch_train.checkpoint.state import TrainingState
 from ort_torch_train.distributed.checkpoint import DistributedCheckpoint
 from ort_torch_train.errors import DistributedError
+from ort_torch_train.torch_internals import functional_collectives
 
 _LIVE: weakref.WeakSet[DataParallel] = weakref.WeakSet()
 
@@ -121,7 +121,7 @@ class GradientAverage:
     world_size: int
 
     def __call__(self, grads: list[Tensor]) -> list[Tensor]:
-        summed = funcol.all_reduce_coalesced(grads, "sum", self.group)
+        summed = functional_collectives.all_reduce_coalesced(grads, "sum", self.group)
         return torch._foreach_div(summed, float(self.world_size))  # type: ignore[return-value]  # a list at run time
 
     def __hash__(self) -> int:

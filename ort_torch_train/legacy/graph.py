@@ -125,7 +125,7 @@ def _check_loss(graph: onnx.GraphProto, loss_name: str) -> None:
 def _immutable_table(
     immutable_weights: Mapping[str, Iterable[tuple[int, float]]],
 ) -> dict[str, list[tuple[int, float]]]:
-    table = {}
+    table: dict[str, list[tuple[int, float]]] = {}
     for op_type, entries in immutable_weights.items():
         table[op_type] = []
         for entry in entries:

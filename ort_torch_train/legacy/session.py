@@ -162,6 +162,7 @@ class TrainingSession:
             if wants_norm or optimizer.clip_grad_norm:
                 norm = _global_norm(grads)
             if finite:
+                assert learning_rate is not None  # _feeds requires it whenever an update may run
                 optimizer.step(learning_rate, norm)
             engine.lazy_reset_grad()
             self._accumulated = 0
@@ -235,7 +236,7 @@ class TrainingSession:
     def get_state(self) -> dict[str, np.ndarray]:
         """Trained weights and optimizer state (``Moment_1_<w>``, ``Moment_2_<w>``, ``Update_Count_<w>``),
         sorted by name, as copies."""
-        tensors = {name: self.training_state.params[name] for name in self._trained}
+        tensors: dict[str, torch.Tensor] = {name: self.training_state.params[name] for name in self._trained}
         if self._optimizer is not None:
             tensors.update(self._optimizer.state_tensors())
         return {name: _numpy(tensors[name]) for name in sorted(tensors)}
