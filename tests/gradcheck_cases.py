@@ -24,6 +24,7 @@ from onnx import TensorProto
 
 from ort_torch_train.convert.graph import TensorSpec, convert_graph
 from ort_torch_train.errors import UnsupportedOperatorError
+from ort_torch_train.passes.pipeline import fuse_converted
 
 FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16)
 MAX_FULL = 300  # input and output elements up to which gradcheck runs in full mode (fast mode above)
@@ -161,6 +162,7 @@ def module_of(candidate: Candidate) -> tuple[torch.nn.Module, list[torch.Tensor]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         module = convert_graph(candidate.model.graph, opsets, specs, training=True, examples=tensors)
+        fuse_converted(module, torch.device("cpu"))
     return module, tensors
 
 

@@ -26,7 +26,6 @@ from ort_torch_train.graph.layout import (
 )
 from ort_torch_train.graph.model_checks import check_eval_pair, check_model
 from ort_torch_train.optim.engine import OptimizerEngine
-from ort_torch_train.passes.small_attention import compiled_cpu_graph
 from ort_torch_train.training.binding import bind_parameters, parse_device
 from ort_torch_train.training.blas_threads import blas_threads_for
 from ort_torch_train.training.compile.forward import CompiledForward
@@ -169,7 +168,7 @@ class TrainingEngine(nn.Module):
             self._train_params,
             ("train step", update, reduction, precision, layout),
             lambda module, device: CompiledTrainStep(
-                compiled_cpu_graph(module, device),
+                self.train_graph.compiled_module(module, device),
                 self._train_plan,
                 update=update,
                 reduction=reduction,
