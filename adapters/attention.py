@@ -48,7 +48,7 @@ def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 class Attention(nn.Module):
     """ONNX Attention: bias from mask, causal frontier, sliding window and padding; then softmax(QK^T)V."""
 
-    def __init__(self, attrs: dict, outputs: int):
+    def __init__(self, attrs: dict, outputs: int) -> None:
         super().__init__()
         self.scale = attrs.get("scale")
         self.is_causal = bool(attrs.get("is_causal", 0))
@@ -239,7 +239,13 @@ class FlexAttention(nn.Module):
     """ai.onnx.preview FlexAttention: softmax(score_mod(QK^T scaled)) -> prob_mod -> @V, the mods being
     converted subgraphs over the whole score tensor; softmax in float32 for narrower inputs."""
 
-    def __init__(self, scale: float | None, softmax_dtype: torch.dtype | None, score_mod, prob_mod):
+    def __init__(
+        self,
+        scale: float | None,
+        softmax_dtype: torch.dtype | None,
+        score_mod: nn.Module | None,
+        prob_mod: nn.Module | None,
+    ) -> None:
         super().__init__()
         self.scale, self.softmax_dtype = scale, softmax_dtype
         self.score_mod, self.prob_mod = score_mod, prob_mod

@@ -57,7 +57,7 @@ class Inline(torch.nn.Module):
     name of a tensor method (emitted as ``inputs[0].name(*inputs[1:], *extra_args, **kwargs)``).
     """
 
-    def __init__(self, function: Any, *extra_args: Any, **kwargs: Any):
+    def __init__(self, function: Any, *extra_args: Any, **kwargs: Any) -> None:
         super().__init__()
         self.function, self.extra_args, self.kwargs = function, extra_args, kwargs
 

@@ -37,7 +37,7 @@ class Builder:
         training: bool,
         node_converter: Callable[[Builder, onnx.NodeProto, int], None],
         convert_subgraph: SubgraphConverter,
-    ):
+    ) -> None:
         self.onnx_graph = graph
         self.opsets = opsets
         self.training = training

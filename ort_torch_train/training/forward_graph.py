@@ -58,7 +58,7 @@ class ForwardGraph:
         compile: CompileSetting = False,
         compiler: Compiler = torch_compile,
         cache_size: int = 16,
-    ):
+    ) -> None:
         check_supported(graph, opsets)
         graph, self.string_casts = numeric_inputs(graph)  # string inputs parsed on the host (string_inputs.py)
         self.graph = graph
