@@ -10,7 +10,16 @@ from torch import nn
 
 from ort_torch_train.dtypes import torch_dtype
 
-from .common import Inline, attributes, input_dtype, input_shape, result
+from .common import (
+    Inline,
+    OnnxGraph,
+    OnnxNode,
+    OperationConverterResult,
+    attributes,
+    input_dtype,
+    input_shape,
+    result,
+)
 from .registry import ConversionContext, register
 
 _NEG_INF = float("-inf")
@@ -39,7 +48,7 @@ def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 class Attention(nn.Module):
     """ONNX Attention: bias from mask, causal frontier, sliding window and padding; then softmax(QK^T)V."""
 
-    def __init__(self, attrs: dict, outputs: int):
+    def __init__(self, attrs: dict, outputs: int) -> None:
         super().__init__()
         self.scale = attrs.get("scale")
         self.is_causal = bool(attrs.get("is_causal", 0))
@@ -51,11 +60,24 @@ class Attention(nn.Module):
         self.left, self.right = int(attrs.get("left_window_size", -1)), int(attrs.get("right_window_size", -1))
         self.outputs = outputs
 
-    def forward(self, q, k, v, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None):
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        past_key: torch.Tensor | None = None,
+        past_value: torch.Tensor | None = None,
+        nonpad_kv_seqlen: torch.Tensor | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor | None, ...]:
         three_d = q.dim() == 3
         if three_d:
+            if self.q_heads is None or self.kv_heads is None:
+                raise ValueError("Attention: 3-D inputs need the q_num_heads and kv_num_heads attributes")
             q, k, v = _split_heads(q, self.q_heads), _split_heads(k, self.kv_heads), _split_heads(v, self.kv_heads)
         if past_key is not None:
+            if past_value is None:
+                raise ValueError("Attention: past_key is given without past_value")
             k, v = torch.cat((past_key, k), dim=2), torch.cat((past_value, v), dim=2)
         present_key, present_value = k, v
         scale = self.scale if self.scale is not None else 1.0 / math.sqrt(q.shape[-1])
@@ -145,11 +167,20 @@ class Attention(nn.Module):
 
 
 @register("Attention", since=23)
-def attention(node, graph, context: ConversionContext):
+def attention(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(Attention(attributes(node), len(node.output_values)), node)
 
 
-def rotary_embedding(x, cos_cache, sin_cache, position_ids=None, *, interleaved: bool, rotary_dim: int, heads: int):
+def rotary_embedding(
+    x: torch.Tensor,
+    cos_cache: torch.Tensor,
+    sin_cache: torch.Tensor,
+    position_ids: torch.Tensor | None = None,
+    *,
+    interleaved: bool,
+    rotary_dim: int,
+    heads: int,
+) -> torch.Tensor:
     """ONNX RotaryEmbedding on ``(batch, heads, seq, size)`` or ``(batch, seq, heads * size)`` input."""
     shape = x.shape
     x = x.transpose(1, 2) if x.dim() == 4 else x.reshape(shape[0], shape[1], heads, shape[2] // heads)
@@ -172,7 +203,7 @@ def rotary_embedding(x, cos_cache, sin_cache, position_ids=None, *, interleaved:
 
 
 @register("RotaryEmbedding", since=23)
-def rotary_embedding_op(node, graph, context: ConversionContext):
+def rotary_embedding_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     kwargs = dict(
         interleaved=bool(attrs.get("interleaved", 0)),
@@ -198,7 +229,7 @@ def tensor_scatter(
 
 
 @register("TensorScatter", since=24)
-def tensor_scatter_op(node, graph, context: ConversionContext):
+def tensor_scatter_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     circular = attrs.get("mode", "linear") == "circular"
     return result(Inline(tensor_scatter, axis=attrs.get("axis", -2), circular=circular), node)
@@ -208,12 +239,18 @@ class FlexAttention(nn.Module):
     """ai.onnx.preview FlexAttention: softmax(score_mod(QK^T scaled)) -> prob_mod -> @V, the mods being
     converted subgraphs over the whole score tensor; softmax in float32 for narrower inputs."""
 
-    def __init__(self, scale: float | None, softmax_dtype: torch.dtype | None, score_mod, prob_mod):
+    def __init__(
+        self,
+        scale: float | None,
+        softmax_dtype: torch.dtype | None,
+        score_mod: nn.Module | None,
+        prob_mod: nn.Module | None,
+    ) -> None:
         super().__init__()
         self.scale, self.softmax_dtype = scale, softmax_dtype
         self.score_mod, self.prob_mod = score_mod, prob_mod
 
-    def forward(self, q, k, v):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if q.shape[1] != k.shape[1]:
             repeats = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
@@ -230,9 +267,9 @@ class FlexAttention(nn.Module):
 
 
 @register("FlexAttention", domain="ai.onnx.preview", since=1)
-def flex_attention(node, graph, context: ConversionContext):
-    from ort_torch_train.convert.graph import TensorSpec, convert_graph  # (converts adapters' subgraphs)
-
+def flex_attention(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
+    if context.convert_subgraph is None:
+        raise NotImplementedError("FlexAttention: its score_mod and prob_mod need the graph's conversion")
     attrs = attributes(node)
     q_shape, k_shape = input_shape(node, graph, 0), input_shape(node, graph, 1)
     precision = attrs.get("softmax_precision")
@@ -242,9 +279,9 @@ def flex_attention(node, graph, context: ConversionContext):
         if precision
         else (torch.float32 if q_dtype in (torch.float16, torch.bfloat16) else q_dtype)
     )
-    spec = TensorSpec((q_shape[0], q_shape[1], q_shape[2], k_shape[2]), dtype)
+    scores = torch.zeros((q_shape[0], q_shape[1], q_shape[2], k_shape[2]), dtype=dtype)
     mods = [
-        convert_graph(attrs[name].g, context.opsets, [spec], training=context.training) if name in attrs else None
+        context.convert_subgraph(attrs[name].g, [scores]) if name in attrs else None
         for name in ("score_mod", "prob_mod")
     ]
     return result(FlexAttention(attrs.get("scale"), torch_dtype(precision) if precision else None, *mods), node)

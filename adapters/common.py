@@ -11,26 +11,27 @@ from ort_torch_train.dtypes import tensor_from_proto, torch_dtype
 from ort_torch_train.onnx2torch_import import import_onnx2torch
 
 import_onnx2torch()
+from onnx2torch.onnx_graph import OnnxGraph, OnnxNode  # noqa: E402
 from onnx2torch.utils.common import OnnxMapping, OperationConverterResult  # noqa: E402
 
 
-def attributes(node) -> dict[str, Any]:
+def attributes(node: OnnxNode) -> dict[str, Any]:
     """The node's attributes as Python values (onnx2torch's parsing)."""
     return dict(node.attributes)
 
 
-def is_constant(node, graph, position: int) -> bool:
+def is_constant(node: OnnxNode, graph: OnnxGraph, position: int) -> bool:
     """Whether input ``position`` is present and constant in the conversion graph."""
     inputs = node.input_values
     return position < len(inputs) and inputs[position] in graph.initializers
 
 
-def constant_input(node, graph, position: int) -> torch.Tensor:
+def constant_input(node: OnnxNode, graph: OnnxGraph, position: int) -> torch.Tensor:
     """The value of constant input ``position``."""
     return tensor_from_proto(graph.initializers[node.input_values[position]].proto)  # (bfloat16 too)
 
 
-def input_shape(node, graph, position: int = 0) -> tuple[int, ...]:
+def input_shape(node: OnnxNode, graph: OnnxGraph, position: int = 0) -> tuple[int, ...]:
     """The concrete shape of input ``position`` (constant or not)."""
     name = node.input_values[position]
     if name in graph.initializers:
@@ -39,12 +40,12 @@ def input_shape(node, graph, position: int = 0) -> tuple[int, ...]:
     return tuple(dim.dim_value for dim in dims)
 
 
-def mapping(node, inputs: Sequence[str] | None = None) -> OnnxMapping:
+def mapping(node: OnnxNode, inputs: Sequence[str] | None = None) -> OnnxMapping:
     """The mapping that feeds ``inputs`` (default: all of the node's inputs) at run time."""
     return OnnxMapping(inputs=tuple(node.input_values if inputs is None else inputs), outputs=node.output_values)
 
 
-def result(module: torch.nn.Module, node, inputs: Sequence[str] | None = None) -> OperationConverterResult:
+def result(module: torch.nn.Module, node: OnnxNode, inputs: Sequence[str] | None = None) -> OperationConverterResult:
     """A converter result running ``module`` on ``inputs``."""
     return OperationConverterResult(torch_module=module, onnx_mapping=mapping(node, inputs))
 
@@ -56,7 +57,7 @@ class Inline(torch.nn.Module):
     name of a tensor method (emitted as ``inputs[0].name(*inputs[1:], *extra_args, **kwargs)``).
     """
 
-    def __init__(self, function: Any, *extra_args: Any, **kwargs: Any):
+    def __init__(self, function: Any, *extra_args: Any, **kwargs: Any) -> None:
         super().__init__()
         self.function, self.extra_args, self.kwargs = function, extra_args, kwargs
 
@@ -66,20 +67,20 @@ class Inline(torch.nn.Module):
         return self.function(*inputs, *self.extra_args, **self.kwargs)
 
 
-def has_input(node, position: int) -> bool:
+def has_input(node: OnnxNode, position: int) -> bool:
     """Whether optional input ``position`` is given (present and not the empty name)."""
     inputs = node.input_values
     return position < len(inputs) and bool(inputs[position])
 
 
-def constant_ints(node, graph, position: int) -> list[int] | None:
+def constant_ints(node: OnnxNode, graph: OnnxGraph, position: int) -> list[int] | None:
     """A constant input as a list of Python ints, or None when it is absent or not constant."""
     if not has_input(node, position) or not is_constant(node, graph, position):
         return None
     return [int(v) for v in constant_input(node, graph, position).reshape(-1).tolist()]
 
 
-def input_dtype(node, graph, position: int = 0) -> torch.dtype:
+def input_dtype(node: OnnxNode, graph: OnnxGraph, position: int = 0) -> torch.dtype:
     """The torch dtype of input ``position`` (constant or not)."""
     name = node.input_values[position]
     if name in graph.initializers:
@@ -87,7 +88,7 @@ def input_dtype(node, graph, position: int = 0) -> torch.dtype:
     return torch_dtype(graph.value_info[name].type.tensor_type.elem_type)
 
 
-def scalar_constant(node, graph, position: int) -> float | int | bool | None:
+def scalar_constant(node: OnnxNode, graph: OnnxGraph, position: int) -> float | int | bool | None:
     """A present constant one-element input as a Python number, else None."""
     if not has_input(node, position) or not is_constant(node, graph, position):
         return None

@@ -8,23 +8,30 @@ A converter has onnx2torch's shape plus a context:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import onnx
+import torch
+from torch import fx
 
 MICROSOFT = "com.microsoft"
+
+
+SubgraphConverter = Callable[[onnx.GraphProto, Sequence[torch.Tensor]], fx.GraphModule]
+"""``(graph attribute, example inputs) -> module``: a subgraph converted as the graph holding it is."""
 
 
 @dataclass(frozen=True)
 class ConversionContext:
     """What a converter may need beyond the node: the semantics and opset of the graph (``opsets``:
-    every domain's, for converting a subgraph attribute)."""
+    every domain's) and, for a node holding a graph attribute, how to convert it."""
 
     training: bool
     opset: int
     opsets: Mapping[str, int] = field(default_factory=dict)
+    convert_subgraph: SubgraphConverter | None = None
 
 
 Converter = Callable[[Any, Any, ConversionContext], Any]
@@ -56,6 +63,7 @@ def find_converter(domain: str, op_type: str, opset: int) -> Converter | None:
 
 
 def normalize_domain(domain: str) -> str:
+    """``domain`` with ``ai.onnx`` spelled as the default domain ``""``."""
     return "" if domain == "ai.onnx" else domain
 
 

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from ort_torch_train.convert.graph import TensorSpec, convert_graph
+from ort_torch_train.passes.pipeline import fuse_converted
 
 HARNESS = Path(__file__).resolve().parents[1] / "harness"
 sys.path.insert(0, str(HARNESS))
@@ -117,6 +118,7 @@ def run(name: str, dynamo: bool, steps: int) -> None:
     specs = [TensorSpec(tuple(t.shape), t.dtype) for t in (x, *copies)]
     opsets = {o.domain: o.version for o in proto.opset_import}
     gm = convert_graph(proto.graph, opsets, specs, training=True)
+    fuse_converted(gm, torch.device("cpu"))
 
     expected, got = model(x), gm(x, *copies)[0]
     expected.sum().backward()

@@ -25,9 +25,9 @@ sys.path.insert(0, str(HARNESS))
 from model_artifacts import prepare_artifacts  # noqa: E402
 from models import MODELS  # noqa: E402
 
-import ort_torch_train.convert.graph as convert_module  # noqa: E402
+import ort_torch_train.passes.pipeline as pipeline  # noqa: E402
 from ort_torch_train.api import CheckpointState, Module  # noqa: E402
-from ort_torch_train.passes.small_attention import compiled_cpu_graph  # noqa: E402
+from ort_torch_train.passes.small_attention import small_attention_products  # noqa: E402
 
 
 def converted_graphs(directory: Path) -> list[torch.fx.GraphModule]:
@@ -41,14 +41,14 @@ def converted_graphs(directory: Path) -> list[torch.fx.GraphModule]:
 def count(directory: Path) -> tuple[Counter, int, int]:
     """(fusions, fx nodes fused, fx nodes unfused) of the training graph."""
     (fused,) = converted_graphs(directory)
-    original = convert_module.fuse_graph
-    convert_module.fuse_graph = lambda module: None
+    original = pipeline.EAGER_PASSES
+    pipeline.EAGER_PASSES = tuple(step for step in original if step is not pipeline.fuse_converted)
     try:
         (unfused,) = converted_graphs(directory)
     finally:
-        convert_module.fuse_graph = original
+        pipeline.EAGER_PASSES = original
     nodes = len(fused.graph.nodes)
-    compiled_cpu_graph(fused, torch.device("cpu"))  # adds the compiled CPU step's rewrites to the counts
+    small_attention_products(fused, torch.device("cpu"))  # adds the compiled CPU step's rewrites to the counts
     return fused.meta.get("fusions", Counter()), nodes, len(unfused.graph.nodes)
 
 

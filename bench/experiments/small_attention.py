@@ -5,7 +5,7 @@
 Each shape (batch x heads x positions x head size, causal) is compiled both ways with the defaults
 ``compile=True`` uses on CPU (C++ wrapper, loops parallel from 16384 elements a thread); the two
 are timed in alternating blocks and the lowest block median of each is printed, with whether
-``compiled_cpu_graph`` would rewrite that shape.
+``small_attention_products`` (passes/small_attention.py) would rewrite that shape.
 """
 
 from __future__ import annotations

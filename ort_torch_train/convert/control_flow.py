@@ -10,13 +10,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from operator import getitem
+from typing import Any
 
 import onnx
 import torch
 from torch import fx, nn
 
+from ort_torch_train.convert.builder import Builder, Value, meta_value
+from ort_torch_train.convert.subgraphs import names_read, outer_names
 from ort_torch_train.dtypes import onnx_elem_type, tensor_from_proto, tensor_to_proto
 from ort_torch_train.errors import UnsupportedOperatorError
 
@@ -24,41 +27,7 @@ CONTROL_FLOW_OPS = ("If", "Loop", "Scan")
 MAX_UNROLL = 256  # longer static loops run as a run-time loop (graph size)
 
 
-def subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
-    """The graphs held by ``node``'s attributes."""
-    for attribute in node.attribute:
-        if attribute.type == onnx.AttributeProto.GRAPH:
-            yield attribute.g
-        elif attribute.type == onnx.AttributeProto.GRAPHS:
-            yield from attribute.graphs
-
-
-def outer_names(graph: onnx.GraphProto) -> list[str]:
-    """Names ``graph`` (or a graph nested in it) reads from enclosing scopes, in first-use order."""
-    defined = {v.name for v in graph.input} | {i.name for i in graph.initializer}
-    defined |= {name for node in graph.node for name in node.output}
-    names: dict[str, None] = {}
-    for node in graph.node:
-        for name in [*node.input, *(n for g in subgraphs(node) for n in outer_names(g))]:
-            if name and name not in defined:
-                names[name] = None
-    for output in graph.output:
-        if output.name not in defined:
-            names[output.name] = None
-    return list(names)
-
-
-def names_read(graph: onnx.GraphProto) -> set[str]:
-    """Every name ``graph``'s nodes, their subgraphs and its outputs read."""
-    read = {o.name for o in graph.output}
-    for node in graph.node:
-        read.update(node.input)
-        for subgraph in subgraphs(node):
-            read |= names_read(subgraph)
-    return read
-
-
-def convert_control_flow(builder, node: onnx.NodeProto, index: int) -> None:
+def convert_control_flow(builder: Builder, node: onnx.NodeProto, index: int) -> None:
     """Convert an If, Loop or Scan node into ``builder``'s graph."""
     {"If": _convert_if, "Loop": _convert_loop, "Scan": _convert_scan}[node.op_type](builder, node, index)
 
@@ -67,9 +36,7 @@ def convert_control_flow(builder, node: onnx.NodeProto, index: int) -> None:
 class _Subgraph:
     """A subgraph converted for given formal-input examples; non-constant outer values become extra inputs."""
 
-    def __init__(self, builder, graph: onnx.GraphProto, formal: Sequence[torch.Tensor], outer: Sequence[str]):
-        from ort_torch_train.convert.graph import TensorSpec, convert_graph  # (imports this module)
-
+    def __init__(self, builder: Builder, graph: onnx.GraphProto, formal: Sequence[torch.Tensor], outer: Sequence[str]):
         proto = onnx.GraphProto(name=graph.name or "subgraph")
         proto.node.extend(graph.node)
         proto.initializer.extend(graph.initializer)
@@ -85,8 +52,7 @@ class _Subgraph:
             else:
                 proto.input.append(_value_info(name, value.example))
                 examples.append(value.example)
-        specs = [TensorSpec(tuple(e.shape), e.dtype) for e in examples]
-        self.module = convert_graph(proto, builder.opsets, specs, training=builder.training, examples=examples)
+        self.module = builder.convert_subgraph(proto, examples)
         self.signature = _signature(formal)
 
 
@@ -113,7 +79,7 @@ def _unsupported(node: onnx.NodeProto, reason: str) -> UnsupportedOperatorError:
 class _Emitter:
     """Emits calls of converted subgraphs into the outer graph and runs them on the example values."""
 
-    def __init__(self, builder, node: onnx.NodeProto, index: int):
+    def __init__(self, builder: Builder, node: onnx.NodeProto, index: int):
         self.builder, self.node, self.index = builder, node, index
         self.targets: dict[int, str] = {}
 
@@ -126,40 +92,34 @@ class _Emitter:
         outputs = module(*example_args)
         return [self.function(getitem, (call, i), value) for i, value in enumerate(outputs)], list(outputs)
 
-    def function(self, function, args: tuple, example) -> fx.Node:
+    def function(self, function: Callable[..., Any], args: tuple, example: Any) -> fx.Node:
         node = self.builder.fx_graph.call_function(function, args)
-        node.meta["val"] = example.to("meta") if isinstance(example, torch.Tensor) else None
+        node.meta["val"] = meta_value(example)
         return node
 
     def constant(self, value: torch.Tensor) -> fx.Node:
-        name = f"c{len(self.builder.constants._buffers)}"
-        self.builder.constants.register_buffer(name, value)
-        node = self.builder.fx_graph.get_attr(f"constants.{name}")
-        node.meta["val"] = value.to("meta")
+        node = self.builder.constant(value)
+        node.meta["val"] = meta_value(value)
         return node
 
     def define(self, names: Sequence[str], fx_nodes: Sequence[fx.Node], examples: Sequence) -> None:
-        from ort_torch_train.convert.graph import _Value  # (imports this module)
-
         for name, fx_node, example in zip(names, fx_nodes, examples):
             if name:
-                self.builder.values[name] = _Value(example, False, False)
+                self.builder.values[name] = Value(example, False, False)
                 self.builder.fx_nodes[name] = fx_node
 
 
 # If ---------------------------------------------------------------------------------------
-def _convert_if(builder, node: onnx.NodeProto, index: int) -> None:
-    from ort_torch_train.convert.graph import _convert_node, _Value  # (imports this module)
-
+def _convert_if(builder: Builder, node: onnx.NodeProto, index: int) -> None:
     condition = builder.values[node.input[0]]
     branches = [_attribute_graph(node, "then_branch"), _attribute_graph(node, "else_branch")]
     if condition.const:
         branch = branches[0] if bool(condition.example.reshape(-1)[0]) else branches[1]
         builder.consumed |= names_read(branch)
         for initializer in branch.initializer:
-            builder.values[initializer.name] = _Value(tensor_from_proto(initializer), True, True)
+            builder.values[initializer.name] = Value(tensor_from_proto(initializer), True, True)
         for inner in branch.node:
-            _convert_node(builder, inner, index)
+            builder.convert_node(inner, index)
         for name, output in zip(node.output, branch.output):
             if name:
                 builder.alias(name, output.name)
@@ -203,7 +163,7 @@ class _Cond(nn.Module):
 
 
 # Loop -------------------------------------------------------------------------------------
-def _convert_loop(builder, node: onnx.NodeProto, index: int) -> None:
+def _convert_loop(builder: Builder, node: onnx.NodeProto, index: int) -> None:
     body = _attribute_graph(node, "body")
     trip, condition = (builder.values[name] if name else None for name in (list(node.input) + ["", ""])[:2])
     carried_names = list(node.input[2:])
@@ -222,7 +182,8 @@ def _convert_loop(builder, node: onnx.NodeProto, index: int) -> None:
         and _condition_passes_through(subgraph.module)
         and int(trip.example) <= MAX_UNROLL
     )
-    if static and scan_count and (int(trip.example) == 0 or not bool(first_condition)):
+    trips = int(trip.example) if static and trip is not None else 0
+    if static and scan_count and (trips == 0 or not bool(first_condition)):
         raise _unsupported(node, "a loop of no iteration with scan outputs (their shapes are unknown)")
     if not static:
         module = _RunTimeLoop(subgraph.module, len(carried), scan_count)
@@ -231,10 +192,10 @@ def _convert_loop(builder, node: onnx.NodeProto, index: int) -> None:
         fx_nodes, outputs = emitter.call(module, fx_args + operand_fx, examples)
         emitter.define(node.output, fx_nodes, outputs)
         return
-    condition_fx = emitter.constant(first_condition) if condition is None else builder.fx_value(node.input[1])
-    carried_fx = [builder.fx_value(name) for name in carried_names]
+    condition_fx = emitter.constant(first_condition) if condition is None else builder.fx_input(node.input[1])
+    carried_fx = [builder.fx_input(name) for name in carried_names]
     scans: list[tuple[list, list]] = []
-    for iteration in range(int(trip.example) if bool(first_condition) else 0):
+    for iteration in range(trips if bool(first_condition) else 0):
         step = torch.tensor(iteration, dtype=torch.int64)
         args = [emitter.constant(step), condition_fx, *carried_fx, *operand_fx]
         fx_nodes, outputs = emitter.call(subgraph.module, args, [step, first_condition, *carried, *operand_examples])
@@ -254,13 +215,16 @@ def _condition_passes_through(body: fx.GraphModule) -> bool:
     """Whether the body's condition output is its condition input (no run-time termination)."""
     placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
     output = next(n for n in body.graph.nodes if n.op == "output").args[0][0]
-    return output is placeholders[1] or (output.op == "get_attr" and bool(_attr(body, output.target).reshape(-1)[0]))
+    return output is placeholders[1] or (
+        output.op == "get_attr" and bool(_attr(body, str(output.target)).reshape(-1)[0])
+    )
 
 
 def _attr(module: nn.Module, target: str) -> torch.Tensor:
+    value: Any = module
     for part in target.split("."):
-        module = getattr(module, part)
-    return module
+        value = getattr(value, part)
+    return value
 
 
 class _RunTimeLoop(nn.Module):
@@ -293,7 +257,7 @@ class _RunTimeLoop(nn.Module):
 
 
 # Scan -------------------------------------------------------------------------------------
-def _convert_scan(builder, node: onnx.NodeProto, index: int) -> None:
+def _convert_scan(builder: Builder, node: onnx.NodeProto, index: int) -> None:
     body = _attribute_graph(node, "body")
     scan_inputs = next(a.i for a in node.attribute if a.name == "num_scan_inputs")
     opset = builder.opsets.get("", 1)
@@ -316,7 +280,15 @@ def _convert_scan(builder, node: onnx.NodeProto, index: int) -> None:
     emitter.define(node.output, fx_nodes, outputs)
 
 
-def _unroll_scan(builder, emitter: _Emitter, node, body, states, scanned, batch: int | None = None):
+def _unroll_scan(
+    builder: Builder,
+    emitter: _Emitter,
+    node: onnx.NodeProto,
+    body: onnx.GraphProto,
+    states: list[str],
+    scanned: list[str],
+    batch: int | None = None,
+) -> tuple[list[fx.Node], list[torch.Tensor]]:
     """The body called per step on slices of the scanned inputs; returns final states and stacked scan outputs."""
 
     def select(name: str, axis: int, position: int) -> tuple[fx.Node, torch.Tensor]:
@@ -324,10 +296,10 @@ def _unroll_scan(builder, emitter: _Emitter, node, body, states, scanned, batch:
         return emitter.function(torch.select, (builder.fx_value(name), axis, position), example), example
 
     state_values = [
-        select(n, 0, batch) if batch is not None else (builder.fx_value(n), builder.values[n].example) for n in states
+        select(n, 0, batch) if batch is not None else (builder.fx_input(n), builder.values[n].example) for n in states
     ]
     sources = [
-        select(n, 0, batch) if batch is not None else (builder.fx_value(n), builder.values[n].example) for n in scanned
+        select(n, 0, batch) if batch is not None else (builder.fx_input(n), builder.values[n].example) for n in scanned
     ]
     ranks = [example.dim() for _, example in sources]
     axes = [a % r for a, r in zip(_ints(node, "scan_input_axes") or [0] * len(sources), ranks)]
@@ -344,7 +316,7 @@ def _unroll_scan(builder, emitter: _Emitter, node, body, states, scanned, batch:
         formal = [e for _, e in state_values] + [e for _, e in slices]
         if subgraph is None or subgraph.signature != _signature(formal):
             subgraph = _Subgraph(builder, body, formal, outer_names(body))
-        operands = [(builder.fx_value(n), builder.values[n].example) for n in subgraph.operands]
+        operands = [(builder.fx_input(n), builder.values[n].example) for n in subgraph.operands]
         arguments = [*state_values, *slices, *operands]
         fx_nodes, outputs = emitter.call(subgraph.module, [f for f, _ in arguments], [e for _, e in arguments])
         state_values = list(zip(fx_nodes[: len(states)], outputs[: len(states)]))

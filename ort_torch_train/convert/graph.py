@@ -15,7 +15,6 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from operator import getitem
 from typing import Any
 
 import onnx
@@ -23,7 +22,9 @@ import torch
 from torch import fx, nn
 
 from ort_torch_train.adapters.common import Inline
-from ort_torch_train.convert.control_flow import CONTROL_FLOW_OPS, convert_control_flow, names_read
+from ort_torch_train.adapters.registry import SubgraphConverter
+from ort_torch_train.convert.builder import Builder, Value, meta_value
+from ort_torch_train.convert.control_flow import CONTROL_FLOW_OPS, convert_control_flow
 from ort_torch_train.convert.matrix_products import ProductRecorder
 from ort_torch_train.convert.op_traits import (
     is_random,
@@ -32,7 +33,6 @@ from ort_torch_train.convert.op_traits import (
 from ort_torch_train.convert.registry import converter_for
 from ort_torch_train.dtypes import onnx_elem_type, tensor_from_proto, tensor_to_proto, torch_dtype
 from ort_torch_train.errors import ModelError, UnsupportedOperatorError
-from ort_torch_train.passes.fuse import fuse_graph
 
 
 @dataclass(frozen=True)
@@ -41,64 +41,6 @@ class TensorSpec:
 
     shape: tuple[int, ...]
     dtype: torch.dtype
-
-
-@dataclass
-class _Value:
-    example: Any  # a tensor (or a non-tensor a converter returned), None for an absent optional
-    const: bool
-    static_shape: bool
-
-
-class _Builder:
-    """State of one conversion pass."""
-
-    def __init__(self, graph: onnx.GraphProto, opsets: dict[str, int], training: bool):
-        self.onnx_graph = graph
-        self.opsets = opsets
-        self.training = training
-        self.fx_graph = fx.Graph()
-        self.root = nn.Module()
-        self.constants = nn.Module()
-        self.root.add_module("constants", self.constants)
-        self.values: dict[str, _Value] = {}
-        self.fx_nodes: dict[str, fx.Node] = {}
-        self.multi_outputs: dict[str, tuple[fx.Node, int]] = {}
-        self.consumed = names_read(graph)
-        self._module_names: set[str] = set()
-        # multiply-accumulates of the products the nodes' runs dispatch; None once some are not known
-        self.matrix_products: list[int] | None = []
-
-    # values -------------------------------------------------------------------------------
-    def fx_value(self, name: str) -> fx.Node | None:
-        """The fx node carrying ``name`` ('' gives None), materialising constants lazily."""
-        if name == "":
-            return None
-        if name in self.fx_nodes:
-            return self.fx_nodes[name]
-        if name in self.multi_outputs:
-            producer, index = self.multi_outputs[name]
-            node = self.fx_graph.call_function(getitem, (producer, index))
-        else:
-            buffer_name = f"c{len(self.constants._buffers)}"
-            self.constants.register_buffer(buffer_name, self.values[name].example)
-            node = self.fx_graph.get_attr(f"constants.{buffer_name}")
-        node.meta["val"] = _meta_value(self.values[name].example)
-        self.fx_nodes[name] = node
-        return node
-
-    def alias(self, output: str, source: str) -> None:
-        self.values[output] = self.values[source]
-        if source in self.fx_nodes or source in self.multi_outputs or not self.values[source].const:
-            self.fx_nodes[output] = self.fx_value(source)
-
-    def module_name(self, node: onnx.NodeProto, index: int) -> str:
-        base = re.sub(r"\W", "_", node.name or node.op_type).strip("_") or node.op_type
-        name = f"n{index}_{base}"[:80]
-        while name in self._module_names:
-            name += "_"
-        self._module_names.add(name)
-        return name
 
 
 log = logging.getLogger(__name__)
@@ -120,7 +62,7 @@ def convert_graph(
     """
     if len(input_specs) != len(graph.input):
         raise ValueError(f"graph has {len(graph.input)} inputs, {len(input_specs)} specs were given")
-    builder = _Builder(graph, opsets, training)
+    builder = Builder(graph, opsets, training, _convert_node, _subgraph_converter(opsets, training))
     used_placeholder_names: set[str] = set()
     if examples is None:
         examples = [torch.zeros(spec.shape, dtype=spec.dtype) for spec in input_specs]
@@ -131,30 +73,27 @@ def convert_graph(
         used_placeholder_names.add(name)
         builder.fx_nodes[value_info.name] = builder.fx_graph.placeholder(name)
         builder.fx_nodes[value_info.name].meta["val"] = torch.empty(spec.shape, dtype=spec.dtype, device="meta")
-        builder.values[value_info.name] = _Value(example.detach().to("cpu", copy=True), False, True)  # runs may write
+        builder.values[value_info.name] = Value(example.detach().to("cpu", copy=True), False, True)  # runs may write
     graph_inputs = {value_info.name for value_info in graph.input}
     for initializer in graph.initializer:
         if initializer.name not in graph_inputs:
-            builder.values[initializer.name] = _Value(tensor_from_proto(initializer), True, True)
+            builder.values[initializer.name] = Value(tensor_from_proto(initializer), True, True)
 
     # Example runs must not consume the random numbers training draws (dropout masks stay reproducible).
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
         for index, node in enumerate(graph.node):
-            _convert_node(builder, node, index)
+            builder.convert_node(node, index)
 
     outputs = [builder.fx_value(output.name) for output in graph.output]
     builder.fx_graph.output(tuple(outputs))
     module = fx.GraphModule(builder.root, builder.fx_graph, class_name="ConvertedGraph")
     module.graph.eliminate_dead_code()
-    before = len(module.graph.nodes)
-    fuse_graph(module)
     module.recompile()
     module.meta["matrix_products"] = builder.matrix_products
     log.debug(
-        "converted %d ONNX nodes %s into %d fx nodes (%d after fusions)",
+        "converted %d ONNX nodes %s into %d fx nodes",
         len(graph.node),
         dict(Counter(node.op_type for node in graph.node)),
-        before,
         len(module.graph.nodes),
     )
     for parameter in module.parameters():  # weights a converter absorbed from constants
@@ -162,7 +101,17 @@ def convert_graph(
     return module
 
 
-def _convert_node(builder: _Builder, node: onnx.NodeProto, index: int) -> None:
+def _subgraph_converter(opsets: dict[str, int], training: bool) -> SubgraphConverter:
+    """Converts a graph attribute for its example inputs, as this conversion does."""
+
+    def convert(graph: onnx.GraphProto, examples: Sequence[torch.Tensor]) -> fx.GraphModule:
+        specs = [TensorSpec(tuple(example.shape), example.dtype) for example in examples]
+        return convert_graph(graph, opsets, specs, training=training, examples=examples)
+
+    return convert
+
+
+def _convert_node(builder: Builder, node: onnx.NodeProto, index: int) -> None:
     missing = [name for name in node.input if name and name not in builder.values]
     if missing:
         raise ModelError(f"node {node.name!r} ({node.op_type}) reads {missing[0]!r}, which nothing produces before it")
@@ -195,7 +144,7 @@ def _convert_node(builder: _Builder, node: onnx.NodeProto, index: int) -> None:
     static = output_shapes_static(domain, node.op_type, node.input, builder.values)
     if foldable:
         for name, value in outputs.items():
-            builder.values[name] = _Value(value, True, True)
+            builder.values[name] = Value(value, True, True)
         return
     if _reshapes_to_same(node, domain, inputs, outputs):
         builder.alias(node.output[0], node.input[0])
@@ -203,18 +152,18 @@ def _convert_node(builder: _Builder, node: onnx.NodeProto, index: int) -> None:
 
     fx_node = _emit(builder, node, index, module, [builder.fx_value(name) for name in mapping_inputs])
     multi = isinstance(result, (tuple, list))
-    fx_node.meta["val"] = None if multi else _meta_value(result)
+    fx_node.meta["val"] = None if multi else meta_value(result)
     for position, name in enumerate(node.output):
         if not name or name not in outputs:
             continue
-        builder.values[name] = _Value(outputs[name], False, static)
+        builder.values[name] = Value(outputs[name], False, static)
         if multi:
             builder.multi_outputs[name] = (fx_node, position)
         else:
             builder.fx_nodes[name] = fx_node
 
 
-def _emit(builder: _Builder, node: onnx.NodeProto, index: int, module: nn.Module, fx_args: list) -> fx.Node:
+def _emit(builder: Builder, node: onnx.NodeProto, index: int, module: nn.Module, fx_args: list) -> fx.Node:
     """One fx node running ``module``: a plain call for Inline results, else a call_module."""
     if isinstance(module, Inline):
         args = (*fx_args, *module.extra_args)
@@ -227,22 +176,17 @@ def _emit(builder: _Builder, node: onnx.NodeProto, index: int, module: nn.Module
     return builder.fx_graph.call_module(module_name, tuple(call_args), call_kwargs)
 
 
-def _meta_value(example: Any) -> torch.Tensor | None:
-    """Shape and dtype of an example value without its data (fx's ``meta["val"]``), for fusion passes."""
-    return example.to("meta") if isinstance(example, torch.Tensor) else None
-
-
-def _fold_shape(builder: _Builder, node: onnx.NodeProto, example: torch.Tensor) -> None:
+def _fold_shape(builder: Builder, node: onnx.NodeProto, example: torch.Tensor) -> None:
     if node.op_type == "Size":
         value = torch.tensor(example.numel(), dtype=torch.int64)
     else:
         attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         dims = list(example.shape)
         value = torch.tensor(dims[slice(attributes.get("start", 0), attributes.get("end"))], dtype=torch.int64)
-    builder.values[node.output[0]] = _Value(value, True, True)
+    builder.values[node.output[0]] = Value(value, True, True)
 
 
-def _is_noop(builder: _Builder, node: onnx.NodeProto, inputs: list[_Value | None]) -> bool:
+def _is_noop(builder: Builder, node: onnx.NodeProto, inputs: list[Value | None]) -> bool:
     """Identity, a Cast to the same dtype, or an inactive Dropout whose mask nobody reads."""
     if node.domain not in ("", "ai.onnx") or not inputs or inputs[0] is None:
         return False
@@ -258,7 +202,7 @@ def _is_noop(builder: _Builder, node: onnx.NodeProto, inputs: list[_Value | None
     return False
 
 
-def _constant_zero_ratio(builder: _Builder, node: onnx.NodeProto) -> bool:
+def _constant_zero_ratio(builder: Builder, node: onnx.NodeProto) -> bool:
     ratio = next((a.f for a in node.attribute if a.name == "ratio"), None)
     if ratio is None and len(node.input) > 1 and node.input[1]:
         value = builder.values[node.input[1]]
@@ -280,7 +224,7 @@ def _reshapes_to_same(node: onnx.NodeProto, domain: str, inputs: list, outputs: 
     )
 
 
-def _make_module(builder: _Builder, node: onnx.NodeProto, inputs: list[_Value | None]) -> tuple[nn.Module, tuple]:
+def _make_module(builder: Builder, node: onnx.NodeProto, inputs: list[Value | None]) -> tuple[nn.Module, tuple]:
     """Convert ``node`` in a one-node graph holding its constant inputs and concrete input shapes."""
     domain = node.domain if node.domain != "ai.onnx" else ""
     opset = builder.opsets.get(domain, 1)
@@ -297,7 +241,7 @@ def _make_module(builder: _Builder, node: onnx.NodeProto, inputs: list[_Value | 
             context_graph.input.append(
                 onnx.helper.make_tensor_value_info(name, onnx_elem_type(value.example.dtype), list(value.example.shape))
             )
-    convert = converter_for(domain, node.op_type, opset, builder.training, builder.opsets)
+    convert = converter_for(domain, node.op_type, opset, builder.training, builder.opsets, builder.convert_subgraph)
     try:
         module, mapping = convert(node, context_graph)
     except Exception as exc:
@@ -308,7 +252,7 @@ def _make_module(builder: _Builder, node: onnx.NodeProto, inputs: list[_Value | 
     return module, tuple(mapping.inputs)
 
 
-def _without_unread_outputs(builder: _Builder, node: onnx.NodeProto) -> onnx.NodeProto:
+def _without_unread_outputs(builder: Builder, node: onnx.NodeProto) -> onnx.NodeProto:
     """A copy of ``node`` whose trailing outputs nobody reads are dropped (not computed at all).
 
     Split keeps them all: without a split input its output count decides the chunk sizes.
@@ -335,7 +279,7 @@ def _run(module: nn.Module, node: onnx.NodeProto, args: list) -> Any:
         raise ModelError(f"node {node.name!r} ({node.op_type}) failed on example inputs: {exc}") from exc
 
 
-def _split_outputs(builder: _Builder, node: onnx.NodeProto, result: Any) -> dict[str, Any]:
+def _split_outputs(builder: Builder, node: onnx.NodeProto, result: Any) -> dict[str, Any]:
     names = list(node.output)
     if isinstance(result, (tuple, list)):
         return {name: value for name, value in zip(names, result) if name}

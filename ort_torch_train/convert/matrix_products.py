@@ -31,7 +31,7 @@ class ProductRecorder(TorchDispatchMode):
 
     supports_higher_order_operators = True
 
-    def __init__(self, sizes: list[int]):
+    def __init__(self, sizes: list[int]) -> None:
         super().__init__()
         self.sizes = sizes
         self.complete = True

@@ -8,14 +8,16 @@ from typing import Any
 import onnx
 
 from ort_torch_train import adapters
-from ort_torch_train.convert.control_flow import CONTROL_FLOW_OPS, subgraphs
+from ort_torch_train.adapters.registry import SubgraphConverter
+from ort_torch_train.convert.control_flow import CONTROL_FLOW_OPS
+from ort_torch_train.convert.subgraphs import subgraphs
 from ort_torch_train.errors import UnsupportedOperatorError
 from ort_torch_train.onnx2torch_import import import_onnx2torch
 
 NodeConverter = Callable[[onnx.NodeProto, onnx.GraphProto], Any]
 
 
-def _onnx2torch_converter(domain: str, op_type: str, opset: int):
+def _onnx2torch_converter(domain: str, op_type: str, opset: int) -> Callable[..., Any] | None:
     import_onnx2torch()
     from onnx2torch.node_converters import get_converter
 
@@ -35,23 +37,32 @@ def has_converter(domain: str, op_type: str, opset: int) -> bool:
 
 
 def converter_for(
-    domain: str, op_type: str, opset: int, training: bool, opsets: dict[str, int] | None = None
+    domain: str,
+    op_type: str,
+    opset: int,
+    training: bool,
+    opsets: dict[str, int] | None = None,
+    convert_subgraph: SubgraphConverter | None = None,
 ) -> NodeConverter:
-    """A function ``(node, one_node_graph) -> (module, mapping)`` for the operator (``opsets``: the graph's)."""
+    """A function ``(node, one_node_graph) -> (module, mapping)`` for the operator (``opsets``: the graph's;
+    ``convert_subgraph``: how the graph's conversion converts graph attributes)."""
     import_onnx2torch()
     from onnx2torch.onnx_graph import OnnxGraph
 
     own = adapters.find_converter(domain, op_type, opset)
-    context = adapters.ConversionContext(training=training, opset=opset, opsets=dict(opsets or {}))
+    context = adapters.ConversionContext(
+        training=training, opset=opset, opsets=dict(opsets or {}), convert_subgraph=convert_subgraph
+    )
     fallback = None if own else _onnx2torch_converter(domain, op_type, opset)
     if own is None and fallback is None:
         raise unsupported_operator_error(domain, op_type, opset)
 
-    def convert(node: onnx.NodeProto, graph: onnx.GraphProto):
+    def convert(node: onnx.NodeProto, graph: onnx.GraphProto) -> Any:
         onnx_graph = OnnxGraph(graph)
         onnx_node = next(iter(onnx_graph.nodes.values()))
         if own is not None:
             return own(onnx_node, onnx_graph, context)
+        assert fallback is not None  # (checked above)
         return fallback(onnx_node, onnx_graph)
 
     return convert

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from ort_torch_train.convert.control_flow import names_read, subgraphs
+from ort_torch_train.convert.subgraphs import names_read, subgraphs
 from ort_torch_train.errors import InputTypeError, UnsupportedOperatorError
 
 STRING, BOOL = onnx.TensorProto.STRING, onnx.TensorProto.BOOL

@@ -30,6 +30,7 @@ from torch import fx
 from ort_torch_train.passes.fuse_patterns import fuse_patterns
 from ort_torch_train.passes.fuse_rotary import fuse_rotary
 from ort_torch_train.passes.fuse_views import fuse_views
+from ort_torch_train.passes.match import args_of, constants_of, get_attr_target, known_val
 from ort_torch_train.passes.match import is_call as _is_call
 from ort_torch_train.passes.match import only_user as _only_user
 from ort_torch_train.passes.match import val as _val
@@ -71,10 +72,10 @@ def _fuse_linear(graph: fx.Graph) -> int:
     for matmul in list(graph.nodes):
         if not _is_call(matmul, torch.matmul, 2):
             continue
-        x, transposed = matmul.args
-        if not (_is_call(transposed, "permute", 2) and tuple(transposed.args[1]) == (1, 0)):
+        x, transposed = args_of(matmul)
+        if not (_is_call(transposed, "permute", 2) and tuple(args_of(transposed)[1]) == (1, 0)):
             continue
-        weight = transposed.args[0]
+        weight = args_of(transposed)[0]
         weight_val, x_val = _val(weight), _val(x)
         if weight_val is None or x_val is None or x_val.dim() < 1 or x_val.dtype != weight_val.dtype:
             continue
@@ -82,7 +83,7 @@ def _fuse_linear(graph: fx.Graph) -> int:
             continue
         add = _only_user(matmul)
         bias = _bias_of(add, matmul, weight_val)
-        target = add if bias is not None else matmul
+        target = add if add is not None and bias is not None else matmul
         with graph.inserting_before(target):
             linear = graph.call_function(F.linear, (x, weight) if bias is None else (x, weight, bias))
         linear.meta["val"] = _val(target)
@@ -93,9 +94,9 @@ def _fuse_linear(graph: fx.Graph) -> int:
 
 def _bias_of(add: fx.Node | None, matmul: fx.Node, weight_val: torch.Tensor) -> fx.Node | None:
     """The 1-D bias that ``add`` adds to ``matmul``'s result, or None."""
-    if add is None or not _is_call(add, torch.add, 2) or matmul not in add.args:
+    if add is None or not _is_call(add, torch.add, 2) or matmul not in args_of(add):
         return None
-    bias = add.args[1] if add.args[0] is matmul else add.args[0]
+    bias = args_of(add)[1] if args_of(add)[0] is matmul else args_of(add)[0]
     bias_val = _val(bias)
     if bias is matmul or bias_val is None or bias_val.dtype != weight_val.dtype:
         return None
@@ -110,16 +111,16 @@ def _fuse_attention(module: fx.GraphModule) -> int:
         if not _is_call(softmax, torch.softmax, 2) or len(softmax.users) != 1:
             continue
         scores_val = _val(softmax)
-        if scores_val is None or scores_val.dim() < 3 or softmax.args[1] != scores_val.dim() - 1:
+        if scores_val is None or scores_val.dim() < 3 or args_of(softmax)[1] != scores_val.dim() - 1:
             continue
         output = _only_user(softmax)
-        if not (_is_call(output, torch.matmul, 2) and output.args[0] is softmax):
+        if not (_is_call(output, torch.matmul, 2) and args_of(output)[0] is softmax):
             continue
-        parts = _attention_parts(module, softmax.args[0])
+        parts = _attention_parts(module, args_of(softmax)[0])
         if parts is None:
             continue
         query, key_transposed, mask, scale, key_scaled = parts
-        value = output.args[1]
+        value = args_of(output)[1]
         if not _same_batch(scores_val, query, key_transposed, value):
             continue
         with graph.inserting_before(output):
@@ -161,10 +162,10 @@ def _attention_parts(module: fx.GraphModule, scores: fx.Node):
             return None
         mask, scores = found
     elif _is_call(scores, torch.add, 2) and len(scores.users) == 1:
-        scored = [arg for arg in scores.args if _leads_to_matmul(module, arg)]
+        scored = [arg for arg in args_of(scores) if _leads_to_matmul(module, arg)]
         if len(scored) != 1:
             return None
-        mask = scores.args[1] if scores.args[0] is scored[0] else scores.args[0]
+        mask = args_of(scores)[1] if args_of(scores)[0] is scored[0] else args_of(scores)[0]
         mask_val = _val(mask)
         if mask_val is None or not mask_val.is_floating_point():
             return None
@@ -175,7 +176,7 @@ def _attention_parts(module: fx.GraphModule, scores: fx.Node):
         scale, scores = factor, _unscaled(module, scores)
     if not (_is_call(scores, torch.matmul, 2) and len(scores.users) == 1):
         return None
-    query, key_transposed = scores.args
+    query, key_transposed = args_of(scores)
     for operand in (query, key_transposed):
         factor = _scalar_factor(module, operand)
         if factor is not None:
@@ -193,15 +194,16 @@ def _attention_parts(module: fx.GraphModule, scores: fx.Node):
 def _where_mask(module: fx.GraphModule, where: fx.Node) -> tuple[fx.Node, fx.Node] | None:
     """For ``where(c, -inf, scores)`` / ``where(c, scores, -inf)`` with a constant ``c``: the boolean
     mask of the positions that attend (a new constant) and ``scores``; else None."""
-    condition, if_true, if_false = where.args
+    condition, if_true, if_false = args_of(where)
     condition_value = _constant(module, condition)
     if condition_value is None or condition_value.dtype != torch.bool:
         return None
     for fill, scores, attend in ((if_true, if_false, ~condition_value), (if_false, if_true, condition_value)):
         fill_value = _constant(module, fill)
         if fill_value is not None and _leads_to_matmul(module, scores) and bool(torch.all(fill_value == -torch.inf)):
-            name = f"attention_mask{len(module.constants._buffers)}"
-            module.constants.register_buffer(name, attend.contiguous())
+            constants = constants_of(module)
+            name = f"attention_mask{len(constants._buffers)}"
+            constants.register_buffer(name, attend.contiguous())
             with module.graph.inserting_before(where):
                 mask = module.graph.get_attr(f"constants.{name}")
             mask.meta["val"] = attend.to("meta")
@@ -211,11 +213,11 @@ def _where_mask(module: fx.GraphModule, where: fx.Node) -> tuple[fx.Node, fx.Nod
 
 def _constant(module: fx.GraphModule, node) -> torch.Tensor | None:
     """The value of a constant buffer, possibly cast with ``.to(dtype)``; None for anything else."""
-    if _is_call(node, "to", 2) and isinstance(node.args[1], torch.dtype):
-        value = _constant(module, node.args[0])
-        return None if value is None else value.to(node.args[1])
+    if _is_call(node, "to", 2) and isinstance(args_of(node)[1], torch.dtype):
+        value = _constant(module, args_of(node)[0])
+        return None if value is None else value.to(args_of(node)[1])
     if isinstance(node, fx.Node) and node.op == "get_attr":
-        return module.get_buffer(node.target)
+        return module.get_buffer(get_attr_target(node))
     return None
 
 
@@ -228,13 +230,13 @@ def _leads_to_matmul(module: fx.GraphModule, node) -> bool:
 
 def _scalar_factor(module: fx.GraphModule, node) -> float | None:
     """``c`` for a single-use ``mul(x, c)`` or ``mul(c, x)`` (``1/c`` for ``div(x, c)``) with a constant scalar ``c``."""
-    if not isinstance(node, fx.Node) or len(node.users) != 1 or len(node.args) != 2 or node.kwargs:
+    if not isinstance(node, fx.Node) or len(node.users) != 1 or len(args_of(node)) != 2 or node.kwargs:
         return None
     if not (_is_call(node, torch.mul) or _is_call(node, torch.div)):
         return None
-    candidates = node.args[1:] if _is_call(node, torch.div) else node.args[::-1]
+    candidates = args_of(node)[1:] if _is_call(node, torch.div) else args_of(node)[::-1]
     for constant in candidates:
-        other = node.args[0] if constant is node.args[1] else node.args[1]
+        other = args_of(node)[0] if constant is args_of(node)[1] else args_of(node)[1]
         value = _scalar_value(module, constant)
         if value is None or not isinstance(other, fx.Node) or _scalar_value(module, other) is not None:
             continue
@@ -246,7 +248,7 @@ def _scalar_factor(module: fx.GraphModule, node) -> float | None:
 
 def _unscaled(module: fx.GraphModule, node: fx.Node) -> fx.Node:
     """The tensor operand of a ``mul``/``div`` by a constant scalar."""
-    first, second = node.args
+    first, second = args_of(node)
     return first if _scalar_value(module, second) is not None else second
 
 
@@ -280,7 +282,7 @@ def _constant_expression(module: fx.GraphModule, node, depth: int):
         return None
     if node.op == "get_attr":
         try:
-            value = module.get_buffer(node.target)  # a constant; parameters are not buffers
+            value = module.get_buffer(get_attr_target(node))  # a constant; parameters are not buffers
         except AttributeError:
             return None
         return value if value.numel() == 1 else None
@@ -289,11 +291,12 @@ def _constant_expression(module: fx.GraphModule, node, depth: int):
     )
     if not known or node.kwargs:
         return None
-    args = [_constant_expression(module, arg, depth + 1) for arg in node.args]
-    if any(value is None for value in args) or not isinstance(args[0], torch.Tensor) and node.op == "call_method":
+    values = [_constant_expression(module, arg, depth + 1) for arg in args_of(node)]
+    if any(value is None for value in values) or not isinstance(values[0], torch.Tensor) and node.op == "call_method":
         return None
+    target = node.target
     try:
-        result = node.target(*args) if node.op == "call_function" else getattr(args[0], node.target)(*args[1:])
+        result = target(*values) if callable(target) else getattr(values[0], target)(*values[1:])
     except (TypeError, RuntimeError):  # e.g. torch.sqrt of a Python number
         return None
     return result if not isinstance(result, torch.Tensor) or result.numel() == 1 else None
@@ -301,10 +304,10 @@ def _constant_expression(module: fx.GraphModule, node, depth: int):
 
 def _same_batch(scores_val: torch.Tensor, query, key_transposed, value) -> bool:
     """q (..., L, E), kT (..., E, S), v (..., S, Ev): same rank and batch dims, floating point."""
-    vals = [_val(node) for node in (query, key_transposed, value)]
-    if any(val is None or val.dim() != scores_val.dim() or not val.is_floating_point() for val in vals):
+    q, kt, v = (_val(node) for node in (query, key_transposed, value))
+    if any(val is None or val.dim() != scores_val.dim() or not val.is_floating_point() for val in (q, kt, v)):
         return False
-    q, kt, v = vals
+    assert q is not None and kt is not None and v is not None
     batch = scores_val.shape[:-2]
     return (
         q.shape[:-2] == kt.shape[:-2] == v.shape[:-2] == batch
@@ -317,14 +320,14 @@ def _same_batch(scores_val: torch.Tensor, query, key_transposed, value) -> bool:
 def _transpose_input(node) -> fx.Node | None:
     """``x`` for a permute or transpose of ``x`` that swaps (only) its last two dimensions, else None."""
     node_val = _val(node)
-    if node_val is None or not isinstance(node, fx.Node) or not node.args:
+    if node_val is None or not isinstance(node, fx.Node) or not args_of(node):
         return None
     rank = node_val.dim()
     swap = tuple(range(rank - 2)) + (rank - 1, rank - 2)
-    if _is_call(node, "permute", 2) and tuple(node.args[1]) == swap:
-        return node.args[0]
-    if _is_call(node, "transpose", 3) and {d % rank for d in node.args[1:]} == {rank - 2, rank - 1}:
-        return node.args[0]
+    if _is_call(node, "permute", 2) and tuple(args_of(node)[1]) == swap:
+        return args_of(node)[0]
+    if _is_call(node, "transpose", 3) and {d % rank for d in args_of(node)[1:]} == {rank - 2, rank - 1}:
+        return args_of(node)[0]
     return None
 
 
@@ -334,5 +337,5 @@ def _untransposed(graph: fx.Graph, key_transposed: fx.Node) -> fx.Node:
     if key is not None:
         return key
     node = graph.call_method("transpose", (key_transposed, -2, -1))
-    node.meta["val"] = _val(key_transposed).transpose(-2, -1)
+    node.meta["val"] = known_val(key_transposed).transpose(-2, -1)
     return node

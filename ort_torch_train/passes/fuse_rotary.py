@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import operator
 from collections import Counter
+from typing import Any
 
 import torch
 from torch import fx
 
-from ort_torch_train.passes.match import is_call, val
+from ort_torch_train.adapters import indexing, sequences
+from ort_torch_train.passes.match import args_of, get_attr_target, is_call, known_val, kwargs_of, val
 
 
 def rotary_half(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
@@ -39,20 +41,22 @@ def fuse_rotary(module: fx.GraphModule, counts: Counter) -> None:
     module.graph.eliminate_dead_code()
 
 
-def _rotation(add: fx.Node) -> tuple[fx.Node, object, fx.Node] | None:
+def _rotation(add: fx.Node) -> tuple[fx.Node, Any, fx.Node] | None:
     """``(x, cos, sin)`` when ``add`` is ``x * cos + cat(-x[..., h:], x[..., :h]) * sin`` over the last dim."""
-    if not is_call(add, torch.add, 2) or not all(isinstance(arg, fx.Node) for arg in add.args):
+    if not is_call(add, torch.add, 2) or not all(isinstance(arg, fx.Node) for arg in args_of(add)):
         return None
-    for straight, rotated in (add.args, add.args[::-1]):
+    for straight, rotated in (args_of(add), args_of(add)[::-1]):
         if not (is_call(straight, torch.mul, 2) and is_call(rotated, torch.mul, 2)) or len(rotated.users) != 1:
             continue
-        for concat, sin in (rotated.args, rotated.args[::-1]):
+        for concat, sin in (args_of(rotated), args_of(rotated)[::-1]):
             x = _rotate_half_source(concat)
-            if x is None or not isinstance(sin, fx.Node) or x not in straight.args:
+            if x is None or not isinstance(sin, fx.Node) or x not in args_of(straight):
                 continue
-            cos = straight.args[1] if straight.args[0] is x else straight.args[0]
+            cos = args_of(straight)[1] if args_of(straight)[0] is x else args_of(straight)[0]
             x_val, sin_val, add_val = val(x), val(sin), val(add)
-            if None in (x_val, sin_val, add_val) or add_val.shape != x_val.shape or sin_val.dtype != x_val.dtype:
+            if x_val is None or sin_val is None or add_val is None:
+                continue
+            if add_val.shape != x_val.shape or sin_val.dtype != x_val.dtype:
                 continue
             if sin_val.dim() == 0 or sin_val.shape[-1] != x_val.shape[-1]:
                 continue
@@ -65,16 +69,16 @@ def _rotate_half_source(concat) -> fx.Node | None:
     if not (
         isinstance(concat, fx.Node)
         and concat.op == "call_function"
-        and len(concat.args) == 2
-        and getattr(concat.target, "__name__", "") == "concat"
+        and len(args_of(concat)) == 2
+        and concat.target is indexing.concat
         and set(concat.kwargs) == {"axis"}
         and len(concat.users) == 1
     ):
         return None
-    neg, first = concat.args
+    neg, first = args_of(concat)
     if not is_call(neg, torch.neg, 1) or len(neg.users) != 1:
         return None
-    halves = _halves_of(first, neg.args[0])
+    halves = _halves_of(first, args_of(neg)[0])
     if halves is None:
         return None
     x, axis, size = halves
@@ -82,7 +86,7 @@ def _rotate_half_source(concat) -> fx.Node | None:
     if x_val is None or x_val.shape[-1] != 2 * size:
         return None
     rank = x_val.dim()
-    return x if {axis % rank, concat.kwargs["axis"] % rank} == {rank - 1} else None
+    return x if {axis % rank, kwargs_of(concat)["axis"] % rank} == {rank - 1} else None
 
 
 def _halves_of(first, second) -> tuple[fx.Node, int, int] | None:
@@ -94,45 +98,45 @@ def _halves_of(first, second) -> tuple[fx.Node, int, int] | None:
         or len(second.users) != 1
     ):
         return None
-    if _is_narrow(first) and _is_narrow(second) and first.args[0] is second.args[0]:
-        (x, axis, start, size), (_, second_axis, second_start, second_size) = first.args, second.args
+    if _is_narrow(first) and _is_narrow(second) and args_of(first)[0] is args_of(second)[0]:
+        (x, axis, start, size), (_, second_axis, second_start, second_size) = args_of(first), args_of(second)
         if axis == second_axis and (start, second_start, second_size) == (0, size, size):
             return x, axis, size
         return None
     if not (is_call(first, operator.getitem, 2) and is_call(second, operator.getitem, 2)):
         return None
-    split = first.args[0]
-    if second.args[0] is not split or (first.args[1], second.args[1]) != (0, 1) or len(split.users) != 2:
+    split = args_of(first)[0]
+    if args_of(second)[0] is not split or (args_of(first)[1], args_of(second)[1]) != (0, 1) or len(split.users) != 2:
         return None
     if not (
         split.op == "call_function"
-        and getattr(split.target, "__name__", "") == "split_to_sequence"
-        and len(split.args) == 4
+        and split.target is sequences.split_to_sequence
+        and len(args_of(split)) == 4
         and not split.kwargs
-        and split.args[3] is False
+        and args_of(split)[3] is False
     ):
         return None
-    x, sizes, axis, _ = split.args
+    x, sizes, axis, _ = args_of(split)
     if not isinstance(x, fx.Node) or list(sizes) != [sizes[0], sizes[0]] or not isinstance(axis, int):
         return None
     return x, axis, sizes[0]
 
 
 def _is_narrow(node) -> bool:
-    return is_call(node, "narrow", 4) and all(isinstance(arg, int) for arg in node.args[1:])
+    return is_call(node, "narrow", 4) and all(isinstance(arg, int) for arg in args_of(node)[1:])
 
 
 def _signed_sin(module: fx.GraphModule, sin: fx.Node, signed: dict[fx.Node, fx.Node]) -> fx.Node:
     """``cat(-sin1, sin2)`` over the last dim: a new constant for a constant ``sin``, else one multiplication."""
     if sin in signed:
         return signed[sin]
-    sin_val = val(sin)
+    sin_val = known_val(sin)
     half = sin_val.shape[-1] // 2
     sign = torch.ones(sin_val.shape[-1], dtype=sin_val.dtype)
     sign[:half] = -1
     graph = module.graph
     if sin.op == "get_attr":
-        owner_name, _, name = sin.target.rpartition(".")
+        owner_name, _, name = get_attr_target(sin).rpartition(".")
         owner = module.get_submodule(owner_name)
         value = getattr(owner, name)
         new_name = f"{name}_signed"

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import fx
 
 from ort_torch_train.passes.fuse_views import fuse_views
-from ort_torch_train.passes.match import val
+from ort_torch_train.passes.match import args_of, known_val, val
 
 _LINEAR = torch._C._nn.linear
 _ELEMENTWISE = {
@@ -42,19 +42,15 @@ _LAST_DIM_NORMS = {F.layer_norm, F.rms_norm}  # (input, normalized_shape, weight
 _ELEMENTWISE_KEYWORDS = {"approximate"}  # GELU's
 
 
-def eager_graph(module: torch.nn.Module) -> torch.nn.Module:
-    """``module`` for eager runs: its row-wise regions on 2-D activations (in place); the counts are
-    added to ``module.meta["fusions"]``."""
-    if not isinstance(module, fx.GraphModule):
-        return module
+def fuse_row_regions(module: fx.GraphModule, device: torch.device) -> None:
+    """The row-wise regions of ``module``'s graph on 2-D activations (in place, for eager runs); the
+    counts are added to ``module.meta["fusions"]``."""
     counts: Counter = Counter()
     fuse_rows(module.graph, counts)
     if counts:
         fuse_views(module.graph, counts)
         module.graph.eliminate_dead_code()
-        module.recompile()
         module.meta.setdefault("fusions", Counter()).update(counts)
-    return module
 
 
 def fuse_rows(graph: fx.Graph, counts: Counter) -> None:
@@ -64,21 +60,21 @@ def fuse_rows(graph: fx.Graph, counts: Counter) -> None:
     converted = [node for node in graph.nodes if node in in_regions]
     flat: dict[fx.Node, fx.Node] = {}  # a tensor -> its 2-D form
     for node in converted:
-        args = list(node.args)
+        args = list(args_of(node))
         with graph.inserting_before(node):
             for index in row_args[node]:
                 source = args[index]
                 if source not in flat:  # a region input: flattened before its first reader
-                    flat[source] = graph.call_method("reshape", (source, tuple(_rows_of(val(source)).shape)))
-                    flat[source].meta["val"] = _rows_of(val(source))
+                    flat[source] = graph.call_method("reshape", (source, tuple(_rows_of(known_val(source)).shape)))
+                    flat[source].meta["val"] = _rows_of(known_val(source))
                 args[index] = flat[source]
             flat[node] = graph.call_function(node.target, tuple(args), dict(node.kwargs))
-        flat[node].meta["val"] = _rows_of(val(node))
+        flat[node].meta["val"] = _rows_of(known_val(node))
         counts["row_linear"] += node.target is _LINEAR
     for node in reversed(converted):
         if node.users:  # a reader outside the region: it gets the original shape back
             with graph.inserting_after(flat[node]):
-                restored = graph.call_method("reshape", (flat[node], tuple(val(node).shape)))
+                restored = graph.call_method("reshape", (flat[node], tuple(known_val(node).shape)))
             restored.meta["val"] = val(node)
             node.replace_all_uses_with(restored)
         graph.erase_node(node)
@@ -94,20 +90,21 @@ def _row_args(node: fx.Node) -> list[int] | None:
         return None
     leading = tuple(out.shape[:-1])
     if node.target is _LINEAR:
-        x = val(node.args[0])
-        rows = x is not None and tuple(x.shape[:-1]) == leading
-        return [0] if rows and all(val(a) is not None and val(a).dim() <= 2 for a in node.args[1:]) else None
+        x = val(args_of(node)[0])
+        x_rows = x is not None and tuple(x.shape[:-1]) == leading
+        return [0] if x_rows and all(_rank_at_most(a, 2) for a in args_of(node)[1:]) else None
     if node.target in _LAST_DIM_NORMS:
-        shape = node.args[1] if len(node.args) > 1 else None
+        shape = args_of(node)[1] if len(args_of(node)) > 1 else None
         if not isinstance(shape, (tuple, list)) or list(shape) != [out.shape[-1]]:
             return None
-        if val(node.args[0]) is None or val(node.args[0]).shape != out.shape:
+        x = val(args_of(node)[0])
+        if x is None or x.shape != out.shape:
             return None
-        others = [a for a in node.args[2:] if isinstance(a, fx.Node)]
-        return [0] if all(val(a) is not None and val(a).dim() <= 1 for a in others) else None
+        others = [a for a in args_of(node)[2:] if isinstance(a, fx.Node)]
+        return [0] if all(_rank_at_most(a, 1) for a in others) else None
     if node.target in _ELEMENTWISE:
-        rows = []
-        for index, arg in enumerate(node.args):
+        rows: list[int] = []
+        for index, arg in enumerate(args_of(node)):
             if isinstance(arg, fx.Node):
                 arg_val = val(arg)
                 if arg_val is None:
@@ -134,10 +131,15 @@ def _in_regions_with_a_linear(row_args: dict[fx.Node, list[int]]) -> set[fx.Node
 
     for node, rows in row_args.items():
         for index in rows:
-            if node.args[index] in parent:
-                parent[root(node.args[index])] = root(node)
+            if args_of(node)[index] in parent:
+                parent[root(args_of(node)[index])] = root(node)
     with_linear = {root(node) for node in row_args if node.target is _LINEAR}
     return {node for node in row_args if root(node) in with_linear}
+
+
+def _rank_at_most(node: object, rank: int) -> bool:
+    value = val(node)
+    return value is not None and value.dim() <= rank
 
 
 def _rows_of(tensor: torch.Tensor) -> torch.Tensor:

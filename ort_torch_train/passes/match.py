@@ -1,17 +1,42 @@
-"""Small matching helpers shared by the fusion passes."""
+"""Small matching helpers shared by the graph passes.
+
+fx types a node's arguments as the union of every kind an argument may be; the passes check each
+argument's kind as they match (``is_call``, ``isinstance``), so ``args_of`` hands them out untyped.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, TypeGuard
+
 import torch
-from torch import fx
+from torch import fx, nn
 
 
-def val(node) -> torch.Tensor | None:
+def val(node: object) -> torch.Tensor | None:
     """The meta tensor (shape and dtype) the conversion recorded for ``node``, or None."""
     return node.meta.get("val") if isinstance(node, fx.Node) else None
 
 
-def is_call(node, target, arg_count: int | None = None) -> bool:
+def known_val(node: object) -> torch.Tensor:
+    """The meta tensor of a node a pass has matched as having one."""
+    value = val(node)
+    if value is None:
+        raise ValueError(f"{node} has no meta value")
+    return value
+
+
+def args_of(node: fx.Node) -> tuple[Any, ...]:
+    """``node``'s positional arguments, for matching."""
+    return node.args
+
+
+def kwargs_of(node: fx.Node) -> dict[str, Any]:
+    """``node``'s keyword arguments, for matching."""
+    return dict(node.kwargs)
+
+
+def is_call(node: object, target: Callable[..., Any] | str, arg_count: int | None = None) -> TypeGuard[fx.Node]:
     """Whether ``node`` calls ``target`` (a function, or a method name) without kwargs."""
     op = "call_method" if isinstance(target, str) else "call_function"
     return (
@@ -26,3 +51,13 @@ def is_call(node, target, arg_count: int | None = None) -> bool:
 def only_user(node: fx.Node) -> fx.Node | None:
     """The single reader of ``node``, or None."""
     return next(iter(node.users)) if len(node.users) == 1 else None
+
+
+def constants_of(module: fx.GraphModule) -> nn.Module:
+    """The submodule holding a converted graph's constant buffers."""
+    return module.get_submodule("constants")
+
+
+def get_attr_target(node: fx.Node) -> str:
+    """The qualified attribute name a ``get_attr`` or ``call_module`` node reads."""
+    return str(node.target)

@@ -9,7 +9,7 @@ oneDNN products. Everything else stays ``F.linear``, small products too: there t
 dispatch and oneDNN's primitive setup (~20 us) cost more than they save.
 
 Compiled graphs get the same through ``CpuMatmuls``, an inductor post-grad pass
-(``forward.for_device`` adds it on CPU): torch.func.grad, which traces the one-graph step, cannot
+(``training/compile/settings.py`` adds it on CPU): torch.func.grad, which traces the one-graph step, cannot
 differentiate the Function inside torch.compile, but its differentiated graph's ``mm``/``addmm`` can
 be sent to the custom op afterwards (the same pass splits small ``addmm`` into ``mm`` and a fused add).
 Results agree with ``F.linear`` to float32 rounding (a different summation order).
@@ -25,13 +25,21 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
+from ort_torch_train.passes.match import args_of
+
 # multiply-accumulates from which oneDNN's setup pays off (bench/gemm_backends.py, 2 threads: 256 x 128 x 128,
 # 2^22, 1.1x faster than torch.mm; 256 x 128 x 512 1.75x; 256 x 512 x 2048 2.3x; 32 x 32 x 32 7x slower)
 MIN_MACS = 1 << 22
 # eager calls also pay the autograd Function's Python (~15 us a forward and backward): gpt128's 2^22
 # projections got slower in eager mode, its 2^24 MLP products faster
 EAGER_MIN_MACS = 1 << 24
-ENABLED = os.environ.get("ORT_TORCH_TRAIN_ONEDNN_LINEAR", "1") != "0" and torch.backends.mkldnn.is_available()
+
+
+@torch.compiler.assume_constant_result  # read when traced, a constant of the compiled graph
+def enabled() -> bool:
+    """Whether oneDNN products are on: available in this torch build and not turned off by
+    ``ORT_TORCH_TRAIN_ONEDNN_LINEAR=0``."""
+    return os.environ.get("ORT_TORCH_TRAIN_ONEDNN_LINEAR", "1") != "0" and torch.backends.mkldnn.is_available()
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -42,7 +50,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 
 def _use_onednn(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
-    if not ENABLED or x.device.type != "cpu" or weight.device.type != "cpu" or weight.dim() != 2 or x.dim() < 2:
+    if not enabled() or x.device.type != "cpu" or weight.device.type != "cpu" or weight.dim() != 2 or x.dim() < 2:
         return False
     if x.dtype != torch.float32 or weight.dtype != torch.float32 or (bias is not None and bias.dtype != torch.float32):
         return False
@@ -117,13 +125,14 @@ class CpuMatmuls(CustomGraphPass):
     the product (BLAS otherwise copies the bias into the output first: tiny-bert's step 3-5% faster)."""
 
     def __call__(self, graph: torch.fx.Graph) -> None:
+        onednn = enabled()
         for node in list(graph.nodes):
             operands = _matmul_operands(node)
             if operands is None:
                 continue
             a, b, bias = operands
             large = _macs(a, b) >= MIN_MACS
-            if (large and not ENABLED) or (not large and bias is None):
+            if (large and not onednn) or (not large and bias is None):
                 continue
             with graph.inserting_before(node):
                 if large:
@@ -141,7 +150,7 @@ class CpuMatmuls(CustomGraphPass):
             graph.erase_node(node)
 
     def uuid(self) -> bytes:
-        return get_hash_for_files((__file__,)) + bytes([ENABLED])
+        return get_hash_for_files((__file__,)) + bytes([enabled()])
 
     def __repr__(self) -> str:  # in precompiled steps' keys
         return f"CpuMatmuls({self.uuid().hex()})"
@@ -153,11 +162,11 @@ def _matmul_operands(node: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node,
     if node.op != "call_function" or node.target not in (aten.mm.default, aten.addmm.default):
         return None
     if node.target is aten.mm.default:
-        (a, b), bias = node.args, None
+        (a, b), bias = args_of(node), None
     else:
         if node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
             return None
-        bias, a, b = node.args
+        bias, a, b = args_of(node)
         bias_val = bias.meta.get("val") if isinstance(bias, torch.fx.Node) else None
         if bias_val is None or bias_val.dim() != 1 or bias_val.dtype != torch.float32:
             return None

@@ -2,7 +2,7 @@
 
 At a tiny transformer's sizes (a few positions, heads of 16 values) the CPU flash-attention kernels
 cost more per call than the work: tiny-bert's two attentions took about 100 us of a 400 us compiled
-step, most of it in the backward kernel. ``compiled_cpu_graph`` rewrites the graph's
+step, most of it in the backward kernel. ``small_attention_products`` rewrites the graph's
 ``F.scaled_dot_product_attention`` calls (the attention fusion's output) whose heads are small into
 ``attention_products``: scores and output as broadcast products summed over one axis, no GEMM, so that
 inductor generates the scores, the softmax and the weighted sum (and their backward) as a few C++
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, fx
 
-from ort_torch_train.passes.match import val
+from ort_torch_train.passes.match import args_of, val
 
 # query x key positions per head up to which the products win (bench/small_attention.py, 2 threads:
 # 32 x 32 positions, heads of 32, 0.67x of SDPA's time; 64 x 64 between 0.69x and 1.16x from run to run)
@@ -50,27 +50,25 @@ def attention_products(
     return (torch.softmax(scores, -1).unsqueeze(-1) * value.unsqueeze(-3)).sum(-2)
 
 
-def compiled_cpu_graph(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-    """``module`` for torch.compile on ``device``: on CPU, its small float32 attention calls rewritten
-    to ``attention_products`` (in place); the count is added to ``module.meta["fusions"]``."""
-    if device.type != "cpu" or not isinstance(module, fx.GraphModule):
-        return module
+def small_attention_products(module: fx.GraphModule, device: torch.device) -> None:
+    """On CPU, ``module``'s small float32 attention calls rewritten to ``attention_products`` (in place,
+    for torch.compile); the count is added to ``module.meta["fusions"]``."""
+    if device.type != "cpu":
+        return
     rewritten = 0
     for node in module.graph.nodes:
         if node.op == "call_function" and node.target is F.scaled_dot_product_attention and _small(node):
             node.target = attention_products
             rewritten += 1
     if rewritten:
-        module.recompile()
         module.meta.setdefault("fusions", Counter())["small_attention"] += rewritten
-    return module
 
 
 def _small(node: fx.Node) -> bool:
-    query, key = val(node.args[0]), val(node.args[1])
+    query, key = val(args_of(node)[0]), val(args_of(node)[1])
     if query is None or key is None or query.dtype != torch.float32:
         return False
-    if len(node.args) > 4 or not set(node.kwargs) <= {"attn_mask", "scale", "is_causal"}:
+    if len(args_of(node)) > 4 or not set(node.kwargs) <= {"attn_mask", "scale", "is_causal"}:
         return False  # dropout, grouped-query heads: SDPA's
     head = query.shape[-1]
     return head % HEAD_MULTIPLE == 0 and query.shape[-2] * key.shape[-2] <= MAX_SCORES

@@ -28,7 +28,6 @@ from ort_torch_train.graph.layout import (
 )
 from ort_torch_train.graph.model_checks import check_eval_pair, check_model
 from ort_torch_train.optim.engine import OptimizerEngine
-from ort_torch_train.passes.small_attention import compiled_cpu_graph
 from ort_torch_train.training.blas_threads import blas_threads_for
 from ort_torch_train.training.compile.forward import CompiledForward
 from ort_torch_train.training.compile.settings import for_device
@@ -204,7 +203,7 @@ class TrainingEngine:
             self._train_params,
             ("train step", update, reduction, precision, layout),
             lambda module, device: CompiledTrainStep(
-                compiled_cpu_graph(module, device),
+                self.train_graph.compiled_module(module, device),
                 self._train_plan,
                 update=update,
                 reduction=reduction,

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import onnx
 import torch
+from torch import fx, nn
 
 from ort_torch_train.convert.graph import TensorSpec, convert_graph
 from ort_torch_train.convert.registry import check_supported
@@ -16,8 +17,7 @@ from ort_torch_train.convert.string_inputs import numeric_inputs
 from ort_torch_train.dtypes import dtype_name, onnx_elem_type, ort_tensor_type, torch_dtype
 from ort_torch_train.errors import InputError, InputTypeError
 from ort_torch_train.graph.layout import GraphLayout, declared_shape
-from ort_torch_train.passes.fuse_rows import eager_graph
-from ort_torch_train.passes.small_attention import compiled_cpu_graph
+from ort_torch_train.passes.pipeline import Restructure, run_compiled, run_eager
 from ort_torch_train.training.compile.settings import (
     Compiler,
     CompileSetting,
@@ -58,7 +58,7 @@ class ForwardGraph:
         compile: CompileSetting = False,
         compiler: Compiler = torch_compile,
         cache_size: int = 16,
-    ):
+    ) -> None:
         check_supported(graph, opsets)
         graph, self.string_casts = numeric_inputs(graph)  # string inputs parsed on the host (string_inputs.py)
         self.graph = graph
@@ -73,8 +73,8 @@ class ForwardGraph:
             InputDeclaration(name, by_name[name].type.tensor_type.elem_type, declared_shape(by_name[name]))
             for name in layout.user_inputs
         )
-        self._cache: OrderedDict[tuple, Callable] = OrderedDict()
-        self.module_transform: Callable[[torch.nn.Module], torch.nn.Module] | None = None  # e.g. recompute
+        self._cache: OrderedDict[Hashable, Callable] = OrderedDict()
+        self.module_transform: Restructure | None = None  # recompute's segments, between the graph rewrites
 
     def __call__(self, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         return self.module_for(inputs, params)(*inputs, *params)
@@ -88,9 +88,11 @@ class ForwardGraph:
         inputs: Sequence[torch.Tensor],
         params: Sequence[torch.Tensor],
         variant: Hashable,
-        build: Callable[[torch.nn.Module, torch.device], Callable],
+        build: Callable[[fx.GraphModule, torch.device], Callable],
     ) -> Callable:
-        """``build(converted module, its device)`` for these inputs' shapes and dtypes, cached under ``variant``."""
+        """``build(converted module, its device)`` for these inputs' shapes and dtypes, cached under ``variant``
+        (``build`` prepares the module with ``eager_module`` or ``compiled_module``)."""
+        key: Hashable
         try:
             key = (variant, tuple((t.shape, t.dtype) for t in inputs))
         except AttributeError:
@@ -107,20 +109,27 @@ class ForwardGraph:
             [(tuple(t.shape), str(t.dtype)) for t in inputs],
         )
         module = convert_graph(self.graph, self.opsets, specs, training=self.training, examples=(*inputs, *params))
-        if self.module_transform is not None:
-            module = self.module_transform(module)
         device = params[0].device if params else inputs[0].device
-        module.to(device)
         built = build(module, device)
         self._cache[key] = built
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
         return built
 
-    def _compiled_if_asked(self, module: torch.nn.Module, device: torch.device) -> Callable:
+    def eager_module(self, module: fx.GraphModule, device: torch.device) -> nn.Module:
+        """A converted ``module`` ready for eager runs on ``device``: the eager graph rewrites, this graph's
+        ``module_transform`` among them, and moved to ``device``."""
+        return run_eager(module, device, self.module_transform).to(device)
+
+    def compiled_module(self, module: fx.GraphModule, device: torch.device) -> nn.Module:
+        """A converted ``module`` ready for torch.compile on ``device``: the compiled graph rewrites, this
+        graph's ``module_transform`` among them, and moved to ``device``."""
+        return run_compiled(module, device, self.module_transform).to(device)
+
+    def _compiled_if_asked(self, module: fx.GraphModule, device: torch.device) -> Callable:
         if self.compile_arguments is None:
-            return eager_graph(module)
-        return self.compiler(compiled_cpu_graph(module, device), for_device(self.compile_arguments, device))
+            return self.eager_module(module, device)
+        return self.compiler(self.compiled_module(module, device), for_device(self.compile_arguments, device))
 
     def clear(self) -> None:
         """Forget every specialisation (after a device move)."""

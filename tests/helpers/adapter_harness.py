@@ -19,6 +19,7 @@ from onnx.reference import ReferenceEvaluator
 
 from ort_torch_train.convert.graph import TensorSpec, convert_graph
 from ort_torch_train.convert.registry import converter_for
+from ort_torch_train.passes.pipeline import fuse_converted
 
 INT64_MAX = 2**63 - 1
 INT64_MIN = -(2**63)
@@ -86,7 +87,9 @@ def convert_model(model: onnx.ModelProto, inputs: Sequence[np.ndarray | None], t
     tensors = [torch.from_numpy(np.array(inputs[int(vi.name[2:])])) for vi in model.graph.input]
     specs = [TensorSpec(tuple(t.shape), t.dtype) for t in tensors]
     opsets = {o.domain: o.version for o in model.opset_import}
-    return convert_graph(model.graph, opsets, specs, training=training), tensors
+    module = convert_graph(model.graph, opsets, specs, training=training)
+    fuse_converted(module, torch.device("cpu"))
+    return module, tensors
 
 
 def check(

@@ -26,6 +26,7 @@ from onnx.backend.test.case.node import collect_testcases
 
 from ort_torch_train.convert.graph import TensorSpec, convert_graph
 from ort_torch_train.errors import UnsupportedOperatorError
+from ort_torch_train.passes.pipeline import fuse_converted
 
 KNOWN_FAILURES_FILE = Path(__file__).with_name("conformance_known_failures.txt")
 DOCS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "conformance.md"
@@ -128,6 +129,7 @@ def run_case(case) -> Outcome:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 module = convert_graph(model.graph, opsets, specs, training=False, examples=tensors)
+                fuse_converted(module, torch.device("cpu"))
                 with torch.no_grad():
                     outputs = module(*tensors)
         except UnsupportedOperatorError as exc:

@@ -28,6 +28,7 @@ from onnx import TensorProto
 
 from ort_torch_train.convert.graph import TensorSpec, convert_graph
 from ort_torch_train.errors import UnsupportedOperatorError
+from ort_torch_train.passes.pipeline import fuse_converted
 from tests.helpers import conformance
 from tests.helpers.conformance import KNOWN_FAILURES_FILE, _array, _op_of, _skip_reason, known_failures, node_cases
 from tests.helpers.paths import ROOT
@@ -212,6 +213,7 @@ def module_of(candidate: Candidate) -> tuple[torch.nn.Module, list[torch.Tensor]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         module = convert_graph(candidate.model.graph, opsets, specs, training=True, examples=tensors)
+        fuse_converted(module, torch.device("cpu"))
     return module, tensors
 
 

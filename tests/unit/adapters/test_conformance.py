@@ -15,6 +15,7 @@ import torch
 from onnx import TensorProto, helper
 
 from ort_torch_train.convert.graph import TensorSpec, convert_graph
+from ort_torch_train.passes.pipeline import fuse_converted
 from tests.helpers.conformance import DOCS_PAGE, known_failures, markdown, run_all
 
 PASSING_AT_LEAST = 1631
@@ -82,6 +83,7 @@ def test_shape_inputs_are_read_at_run_time(op_type, data, first, second):
     x = torch.from_numpy(data)
     specs = [TensorSpec(tuple(x.shape), x.dtype), TensorSpec((len(first),), torch.int64)]
     module = convert_graph(graph, {"": 18}, specs, training=False, examples=[x, torch.tensor(first)])
+    fuse_converted(module, torch.device("cpu"))
     reference = onnx.reference.ReferenceEvaluator(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
     for shape in (first, second):
         (expected,) = reference.run(None, {"x": data, "s": np.array(shape, dtype=np.int64)})
@@ -123,6 +125,7 @@ def test_slice_steps_and_resize_sizes_are_read_at_run_time():
         module = convert_graph(
             graph, {"": 19}, [TensorSpec(tuple(t.shape), t.dtype) for t in example], training=False, examples=example
         )
+        fuse_converted(module, torch.device("cpu"))
         for values in (first, second):
             feeds = {"x": data, **{n: np.array(v, dtype=np.int64) for n, v in zip(names[1:], values)}}
             (expected,) = onnx.reference.ReferenceEvaluator(model).run(None, feeds)
@@ -152,7 +155,9 @@ def test_third_party_converter_registration():
             [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
         )
         x = torch.randn(2, 3, requires_grad=True)
-        (y,) = convert_graph(graph, {"": 18, "com.example": 1}, [TensorSpec((2, 3), torch.float32)], training=True)(x)
+        module = convert_graph(graph, {"": 18, "com.example": 1}, [TensorSpec((2, 3), torch.float32)], training=True)
+        fuse_converted(module, torch.device("cpu"))
+        (y,) = module(x)
         torch.testing.assert_close(y, 3.0 * torch.tanh(x))
         y.sum().backward()
         assert x.grad is not None

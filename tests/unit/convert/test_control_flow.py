@@ -13,6 +13,7 @@ from ort_torch_train.convert.control_flow import _Cond, _RunTimeLoop
 from ort_torch_train.convert.graph import TensorSpec, convert_graph
 from ort_torch_train.convert.registry import check_supported
 from ort_torch_train.errors import UnsupportedOperatorError
+from ort_torch_train.passes.pipeline import fuse_converted
 
 FLOAT, INT64, BOOL = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
 
@@ -46,7 +47,9 @@ def _convert(model: onnx.ModelProto, examples: list[torch.Tensor], training: boo
     specs = [TensorSpec(tuple(t.shape), t.dtype) for t in examples]
     opsets = {o.domain: o.version for o in model.opset_import}
     check_supported(model.graph, opsets)
-    return convert_graph(model.graph, opsets, specs, training=training, examples=examples)
+    module = convert_graph(model.graph, opsets, specs, training=training, examples=examples)
+    fuse_converted(module, torch.device("cpu"))
+    return module
 
 
 def _modules(gm) -> list[type]:

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ort_torch_train.convert.graph import TensorSpec, convert_graph
+from ort_torch_train.passes.pipeline import fuse_converted
 
 
 class MLP(nn.Module):
@@ -141,6 +142,7 @@ def test_exported_model_trains_like_torch(name, dynamo):
     opsets = {o.domain: o.version for o in proto.opset_import}
     assert opsets[""] == (17 if not dynamo else opsets[""]) and (opsets[""] >= 18 or not dynamo)
     gm = convert_graph(proto.graph, opsets, specs, training=True)
+    fuse_converted(gm, torch.device("cpu"))
 
     torch.manual_seed(1)
     expected = model(x)

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 from onnx import helper
 
-from ort_torch_train.passes.fuse_rows import eager_graph
+from ort_torch_train.passes.fuse_rows import fuse_row_regions
+from ort_torch_train.passes.pipeline import run_passes
 from tests.helpers.adapter_harness import convert_model, rand, reference_outputs
 
 F32 = onnx.TensorProto.FLOAT
@@ -45,14 +46,14 @@ def _gelu(x, out, as_op: bool):
 
 
 def _rewritten_and_checked(model, feeds):
-    """The converted graph before and after eager_graph; asserts their outputs and gradients agree
+    """The converted graph before and after fuse_row_regions; asserts their outputs and gradients agree
     with each other and the outputs with ONNX's reference evaluator."""
     arrays = [v for _, v in feeds]
     expected = reference_outputs(model, arrays)
     results = []
     for rows in (False, True):
         gm, tensors = convert_model(model, arrays, training=True)
-        gm = eager_graph(gm) if rows else gm
+        gm = run_passes(gm, [fuse_row_regions], torch.device("cpu")) if rows else gm
         leaves = [t.clone().requires_grad_() for t in tensors]
         outputs = gm(*leaves)
         sum(output.sum() * (i + 1) for i, output in enumerate(outputs)).backward()

@@ -10,9 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import ort_torch_train.convert.graph as convert_module
 from ort_torch_train.convert.graph import TensorSpec, convert_graph
-from ort_torch_train.passes.fuse_rows import eager_graph
+from ort_torch_train.passes.pipeline import fuse_converted, run_eager
 from tests.unit.convert.test_exporters import TinyGPT, _export, _parameters_as_inputs
 
 
@@ -82,12 +81,12 @@ CASES = {
 }
 
 
-def _convert(proto, specs, fuse: bool, monkeypatch):
+def _convert(proto, specs, fuse: bool):
     opsets = {o.domain: o.version for o in proto.opset_import}
-    with monkeypatch.context() as patch:
-        if not fuse:
-            patch.setattr(convert_module, "fuse_graph", lambda module: None)
-        return convert_graph(proto.graph, opsets, specs, training=True)
+    module = convert_graph(proto.graph, opsets, specs, training=True)
+    if fuse:
+        fuse_converted(module, torch.device("cpu"))
+    return module
 
 
 def _outputs_and_grads(gm, x, parameters, weights=None):
@@ -101,7 +100,7 @@ def _outputs_and_grads(gm, x, parameters, weights=None):
 @pytest.mark.slow
 @pytest.mark.parametrize("dynamo", [False, True], ids=["legacy17", "dynamo"])
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_fusion_fires_and_matches_the_unfused_graph(name, dynamo, monkeypatch):
+def test_fusion_fires_and_matches_the_unfused_graph(name, dynamo):
     if dynamo:
         pytest.importorskip("onnxscript")
     torch.manual_seed(0)
@@ -112,8 +111,8 @@ def test_fusion_fires_and_matches_the_unfused_graph(name, dynamo, monkeypatch):
     names = _parameters_as_inputs(proto, named)
     parameters = [named[n] for n in names]
     specs = [TensorSpec(tuple(t.shape), t.dtype) for t in (x, *parameters)]
-    fused = eager_graph(_convert(proto, specs, True, monkeypatch))  # and its rows on 2-D, as eager steps run it
-    unfused = _convert(proto, specs, False, monkeypatch)
+    fused = run_eager(_convert(proto, specs, False), torch.device("cpu"))  # as eager steps run it: rows on 2-D too
+    unfused = _convert(proto, specs, False)
 
     counts = fused.meta["fusions"]
     for fusion, count in {**expected_counts, **({} if dynamo else legacy_only)}.items():
@@ -136,7 +135,7 @@ def test_fusion_fires_and_matches_the_unfused_graph(name, dynamo, monkeypatch):
         torch.testing.assert_close(fused_grad, reference, atol=1e-5, rtol=1e-4, msg=lambda m: f"{n}: {m}")
 
 
-def test_a_permute_and_its_inverse_cancel_and_permute_chains_compose(monkeypatch):
+def test_a_permute_and_its_inverse_cancel_and_permute_chains_compose():
     class Views(nn.Module):
         def forward(self, x):
             y = x.permute(0, 2, 3, 1).transpose(-2, -1)  # one permute (0, 2, 1, 3)
@@ -146,7 +145,7 @@ def test_a_permute_and_its_inverse_cancel_and_permute_chains_compose(monkeypatch
     x = torch.randn(2, 3, 4, 5)
     proto = _export(Views(), x, dynamo=False)
     specs = [TensorSpec(tuple(x.shape), x.dtype)]
-    fused = _convert(proto, specs, True, monkeypatch)
+    fused = _convert(proto, specs, True)
     methods = [n.target for n in fused.graph.nodes if n.op == "call_method"]
     assert methods.count("permute") == 1 and "transpose" not in methods and methods.count("reshape") <= 1
     for got, expected in zip(fused(x), Views()(x)):
@@ -154,7 +153,7 @@ def test_a_permute_and_its_inverse_cancel_and_permute_chains_compose(monkeypatch
 
 
 @pytest.mark.parametrize("alpha", [1.0, 1.702])
-def test_ort_fused_rms_norm_and_quick_gelu_become_torch_calls(alpha, monkeypatch):
+def test_ort_fused_rms_norm_and_quick_gelu_become_torch_calls(alpha):
     """ORT's pre-training optimiser writes Llama's RMSNorm and SiLU as com.microsoft
     SimplifiedLayerNormalization and QuickGelu (alpha 1): they become F.rms_norm and F.silu."""
     from onnx import TensorProto, helper
@@ -172,8 +171,8 @@ def test_ort_fused_rms_norm_and_quick_gelu_become_torch_calls(alpha, monkeypatch
     torch.manual_seed(0)
     x, scale, w = torch.randn(2, 4, 8), torch.rand(8) + 0.5, torch.randn(8, 8)
     specs = [TensorSpec(tuple(t.shape), t.dtype) for t in (x, scale, w)]
-    fused = eager_graph(_convert(proto, specs, True, monkeypatch))  # and its rows on 2-D, as eager steps run it
-    unfused = _convert(proto, specs, False, monkeypatch)
+    fused = run_eager(_convert(proto, specs, False), torch.device("cpu"))  # as eager steps run it: rows on 2-D too
+    unfused = _convert(proto, specs, False)
 
     targets = {n.target for n in fused.graph.nodes if n.op == "call_function"}
     assert F.rms_norm in targets
@@ -205,7 +204,7 @@ class RotaryFromPositions(nn.Module):
         return q * cos + torch.cat((-second, first), -1) * sin
 
 
-def test_rotary_with_computed_sin_fuses_with_one_sign_multiplication(monkeypatch):
+def test_rotary_with_computed_sin_fuses_with_one_sign_multiplication():
     import io
     import warnings
 
@@ -220,8 +219,8 @@ def test_rotary_with_computed_sin_fuses_with_one_sign_multiplication(monkeypatch
     proto = onnx.load_from_string(buffer.getvalue())
     names = _parameters_as_inputs(proto, dict(model.named_parameters()))
     specs = [TensorSpec(tuple(t.shape), t.dtype) for t in (x, positions, model.proj.weight)]
-    fused = eager_graph(_convert(proto, specs, True, monkeypatch))  # and its rows on 2-D, as eager steps run it
-    unfused = _convert(proto, specs, False, monkeypatch)
+    fused = run_eager(_convert(proto, specs, False), torch.device("cpu"))  # as eager steps run it: rows on 2-D too
+    unfused = _convert(proto, specs, False)
 
     assert fused.meta["fusions"]["rotary"] == 1 and names == ["proj.weight"]
     assert not {torch.neg} & {n.target for n in fused.graph.nodes if n.op == "call_function"}

@@ -11,7 +11,7 @@ from ort_torch_train.passes import onednn_linear
 from ort_torch_train.passes.onednn_linear import linear
 from ort_torch_train.training.compile.settings import for_device
 
-pytestmark = pytest.mark.skipif(not onednn_linear.ENABLED, reason="oneDNN is not available in this torch build")
+pytestmark = pytest.mark.skipif(not onednn_linear.enabled(), reason="oneDNN is not available in this torch build")
 
 
 def _operands(rows: int = 256, inputs: int = 256, outputs: int = 256, seed: int = 0):

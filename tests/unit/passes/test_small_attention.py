@@ -11,10 +11,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import ort_torch_train.training.engine as engine_module
 from ort_torch_train.api import CheckpointState, Module, Optimizer
 from ort_torch_train.artifacts import LossType, OptimType, generate_artifacts
-from ort_torch_train.passes.small_attention import attention_products, compiled_cpu_graph
+from ort_torch_train.passes.pipeline import run_passes
+from ort_torch_train.passes.small_attention import attention_products, small_attention_products
+from ort_torch_train.training.forward_graph import ForwardGraph
 
 pytestmark = pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
 SHAPE = (4, 2, 8, 16)  # batch, heads, positions, head size: tiny-bert's
@@ -96,12 +97,14 @@ def test_a_compiled_step_rewrites_small_heads_and_trains_as_the_eager_step(heads
     )
     fusions = []
 
-    def recorded(module, device):
-        module = compiled_cpu_graph(module, device)
+    compiled_module = ForwardGraph.compiled_module
+
+    def recorded(graph, module, device):
+        module = compiled_module(graph, module, device)
         fusions.append(dict(module.meta["fusions"]))
         return module
 
-    monkeypatch.setattr(engine_module, "compiled_cpu_graph", recorded)
+    monkeypatch.setattr(ForwardGraph, "compiled_module", recorded)
     compiled = _train(tmp_path, x.numpy(), y.numpy(), compile=True)
     assert [f.get("small_attention", 0) for f in fusions] == [rewritten] and fusions[0]["attention"] == 1
     np.testing.assert_allclose(compiled, _train(tmp_path, x.numpy(), y.numpy(), compile=False), rtol=0, atol=1e-5)
@@ -126,6 +129,7 @@ def _traced_attention() -> torch.fx.GraphModule:
 def test_graphs_for_other_devices_are_left_alone():
     module = _traced_attention()
     code = module.code
-    assert compiled_cpu_graph(module, torch.device("cuda")) is module and module.code == code
-    assert compiled_cpu_graph(module, torch.device("cpu")).meta["fusions"] == {"small_attention": 1}
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert run_passes(module, [small_attention_products], cuda) is module and module.code == code
+    assert run_passes(module, [small_attention_products], cpu).meta["fusions"] == {"small_attention": 1}
     assert "attention_products" in module.code

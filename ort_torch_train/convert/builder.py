@@ -1,0 +1,109 @@
+"""The state of one conversion pass: the fx graph being built and what is known of each ONNX value."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from operator import getitem
+from typing import Any
+
+import onnx
+import torch
+from torch import fx, nn
+
+from ort_torch_train.adapters.registry import SubgraphConverter
+from ort_torch_train.convert.subgraphs import names_read
+
+
+@dataclass
+class Value:
+    """One ONNX value during conversion."""
+
+    example: Any  # a tensor (or a non-tensor a converter returned), None for an absent optional
+    const: bool
+    static_shape: bool
+
+
+class Builder:
+    """State of one conversion pass. ``convert_node`` converts one more node into it, ``convert_subgraph``
+    a graph attribute into a module of its own (both the conversion's, so that If, Loop and Scan can
+    use them)."""
+
+    def __init__(
+        self,
+        graph: onnx.GraphProto,
+        opsets: dict[str, int],
+        training: bool,
+        node_converter: Callable[[Builder, onnx.NodeProto, int], None],
+        convert_subgraph: SubgraphConverter,
+    ) -> None:
+        self.onnx_graph = graph
+        self.opsets = opsets
+        self.training = training
+        self.convert_subgraph = convert_subgraph
+        self._node_converter = node_converter
+        self.fx_graph = fx.Graph()
+        self.root = nn.Module()
+        self.constants = nn.Module()
+        self.root.add_module("constants", self.constants)
+        self.values: dict[str, Value] = {}
+        self.fx_nodes: dict[str, fx.Node] = {}
+        self.multi_outputs: dict[str, tuple[fx.Node, int]] = {}
+        self.consumed = names_read(graph)
+        self._module_names: set[str] = set()
+        # multiply-accumulates of the products the nodes' runs dispatch; None once some are not known
+        self.matrix_products: list[int] | None = []
+
+    def convert_node(self, node: onnx.NodeProto, index: int) -> None:
+        """Convert ``node`` (the ``index``-th of the graph) into this pass's graph."""
+        self._node_converter(self, node, index)
+
+    # values -------------------------------------------------------------------------------
+    def fx_value(self, name: str) -> fx.Node | None:
+        """The fx node carrying ``name`` ('' gives None), materialising constants lazily."""
+        if name == "":
+            return None
+        if name in self.fx_nodes:
+            return self.fx_nodes[name]
+        if name in self.multi_outputs:
+            producer, index = self.multi_outputs[name]
+            node = self.fx_graph.call_function(getitem, (producer, index))
+        else:
+            node = self.constant(self.values[name].example)
+        self.fx_nodes[name] = node
+        node.meta["val"] = meta_value(self.values[name].example)
+        return node
+
+    def fx_input(self, name: str) -> fx.Node:
+        """The fx node carrying ``name``, a present value."""
+        node = self.fx_value(name)
+        if node is None:
+            raise ValueError("an absent optional value has no fx node")
+        return node
+
+    def constant(self, value: torch.Tensor) -> fx.Node:
+        """A ``get_attr`` node reading ``value``, registered as a new constant buffer."""
+        buffer_name = f"c{len(self.constants._buffers)}"
+        self.constants.register_buffer(buffer_name, value)
+        return self.fx_graph.get_attr(f"constants.{buffer_name}")
+
+    def alias(self, output: str, source: str) -> None:
+        """Make ``output`` another name of ``source``."""
+        self.values[output] = self.values[source]
+        if source in self.fx_nodes or source in self.multi_outputs or not self.values[source].const:
+            self.fx_nodes[output] = self.fx_input(source)
+
+    def module_name(self, node: onnx.NodeProto, index: int) -> str:
+        """A new submodule name for ``node``, the ``index``-th of the graph."""
+        base = re.sub(r"\W", "_", node.name or node.op_type).strip("_") or node.op_type
+        name = f"n{index}_{base}"[:80]
+        while name in self._module_names:
+            name += "_"
+        self._module_names.add(name)
+        return name
+
+
+def meta_value(example: Any) -> torch.Tensor | None:
+    """Shape and dtype of an example value without its data (fx's ``meta["val"]``), for fusion passes."""
+    return example.to("meta") if isinstance(example, torch.Tensor) else None
