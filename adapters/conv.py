@@ -19,9 +19,7 @@ if TYPE_CHECKING:
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 # Below this many multiply-adds a 2-D conv runs as a sum over its kernel taps under torch.compile:
-# inductor fuses that into one loop, while oneDNN's per-call setup dominates tiny convs (on 2 CPU
-# cores, 64x1x12x12 * 4x1x3x3: forward + backward 215 us as taps vs 471 us through oneDNN, compiled;
-# at 64x3x32x32 * 16x3x3x3, 25M multiply-adds, oneDNN wins).
+# inductor fuses that into one loop, while oneDNN's per-call setup dominates tiny convs (docs/performance.md).
 _DIRECT_MAX_MACS = 1_000_000
 _CONV_TRANSPOSE = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
 

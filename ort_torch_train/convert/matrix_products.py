@@ -10,8 +10,8 @@ they are not all known (control flow: a Loop's or an If's products depend on val
 from __future__ import annotations
 
 import torch
-from torch._ops import HigherOrderOperator
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from ort_torch_train.torch_internals import HigherOrderOperator, TorchDispatchMode
 
 aten = torch.ops.aten
 # positions of the two factors in each product's arguments

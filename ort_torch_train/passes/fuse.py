@@ -9,8 +9,7 @@
   number or a one-element constant computed from constants only (the dynamo exporter writes
   ``sqrt(1 / sqrt(E))`` on q and on k before the transpose); it is folded into SDPA's ``scale``. A
   causal mask (``-inf`` or the dtype's lowest value above the diagonal) becomes ``is_causal=True``. torch's fused
-  attention kernel is much faster than the unfused sequence for short sequences (softmax alone has
-  a ~75 us floor on CPU).
+  attention kernel replaces the unfused sequence, whose per-op cost dominates short sequences.
 
 Then (other files): norms, GELU and SiLU (``fuse_patterns.py``), rotary embedding (``fuse_rotary.py``),
 view chains (``fuse_views.py``) and large float32 linears pointed at oneDNN (``onednn_linear.py``).

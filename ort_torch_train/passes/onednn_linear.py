@@ -1,12 +1,11 @@
 """Float32 CPU GEMMs (forward and backward) on oneDNN instead of torch's BLAS: eager and compiled.
 
-torch's CPU build sends float32 ``mm`` to MKL, which on AMD CPUs takes a path at less than half the
-speed of oneDNN's or ORT's own GEMM (2 cores of an AMD EPYC: 187 vs 436 GFLOPS on 256 x 512 x 2048;
-``bench/gemm_backends.py``). ``linear`` sends large enough float32 CPU products, outside autocast, to
+torch's CPU build sends float32 ``mm`` to MKL, which on AMD CPUs takes a slower path than oneDNN's
+or ORT's own GEMM (``bench/experiments/gemm_backends.py``; docs/performance.md). ``linear`` sends large enough float32 CPU products, outside autocast, to
 oneDNN (``torch.ops.mkldnn._linear_pointwise``, the kernel inductor uses for frozen weights) through
 the ``ort_torch_train::onednn_linear`` custom op (opaque to torch.compile), whose backward is two more
 oneDNN products. Everything else stays ``F.linear``, small products too: there the custom op's
-dispatch and oneDNN's primitive setup (~20 us) cost more than they save.
+dispatch and oneDNN's primitive setup cost more than they save.
 
 Compiled graphs get the same through ``CpuMatmuls``, an inductor post-grad pass
 (``training/compile/settings.py`` adds it on CPU): torch.func.grad, which traces the one-graph step, cannot
@@ -23,15 +22,18 @@ import os
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
 from ort_torch_train.passes.match import args_of
+from ort_torch_train.torch_internals import (
+    CustomGraphPass,
+    get_hash_for_files,
+    in_functorch_transform,
+    onednn_linear_pointwise,
+)
 
-# multiply-accumulates from which oneDNN's setup pays off (bench/gemm_backends.py, 2 threads: 256 x 128 x 128,
-# 2^22, 1.1x faster than torch.mm; 256 x 128 x 512 1.75x; 256 x 512 x 2048 2.3x; 32 x 32 x 32 7x slower)
+# multiply-accumulates from which oneDNN's setup pays off (bench/experiments/gemm_backends.py)
 MIN_MACS = 1 << 22
-# eager calls also pay the autograd Function's Python (~15 us a forward and backward): gpt128's 2^22
-# projections got slower in eager mode, its 2^24 MLP products faster
+# eager calls also pay the autograd Function's Python, so eager graphs use oneDNN only from a larger size
 EAGER_MIN_MACS = 1 << 24
 
 
@@ -54,21 +56,15 @@ def _use_onednn(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
         return False
     if x.dtype != torch.float32 or weight.dtype != torch.float32 or (bias is not None and bias.dtype != torch.float32):
         return False
-    if torch.is_autocast_enabled("cpu") or _in_functorch_transform():
+    if torch.is_autocast_enabled("cpu") or in_functorch_transform():
         return False  # autocast casts F.linear; compiled torch.func transforms mis-differentiate the Function
     return x.numel() * weight.shape[0] >= EAGER_MIN_MACS
-
-
-def _in_functorch_transform() -> bool:
-    """Whether a torch.func transform is active (True when this torch cannot tell)."""
-    peek = getattr(torch._C._functorch, "peek_interpreter_stack", None)
-    return peek is None or peek() is not None
 
 
 @torch.library.custom_op("ort_torch_train::onednn_linear", mutates_args=(), device_types="cpu")
 def _onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """``x @ weight.T (+ bias)`` on oneDNN; strided ``x`` and ``weight`` are read as they are."""
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return onednn_linear_pointwise(x, weight, bias)
 
 
 @_onednn_linear.register_fake
@@ -122,7 +118,7 @@ class CpuMatmuls(CustomGraphPass):
     """Inductor post-grad pass over float32 CPU ``mm``/``addmm`` (forward and backward, after AOTAutograd
     has differentiated the graph): large products -> the oneDNN custom op (what compiled graphs get
     instead of ``linear``); small ``addmm`` -> ``mm`` and an add that inductor fuses into the loop reading
-    the product (BLAS otherwise copies the bias into the output first: tiny-bert's step 3-5% faster)."""
+    the product (BLAS otherwise copies the bias into the output first)."""
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         onednn = enabled()

@@ -1,8 +1,7 @@
 """Small attention in compiled CPU graphs as products and sums, which inductor fuses into its loops.
 
 At a tiny transformer's sizes (a few positions, heads of 16 values) the CPU flash-attention kernels
-cost more per call than the work: tiny-bert's two attentions took about 100 us of a 400 us compiled
-step, most of it in the backward kernel. ``small_attention_products`` rewrites the graph's
+cost more per call than the work, most of it in the backward kernel. ``small_attention_products`` rewrites the graph's
 ``F.scaled_dot_product_attention`` calls (the attention fusion's output) whose heads are small into
 ``attention_products``: scores and output as broadcast products summed over one axis, no GEMM, so that
 inductor generates the scores, the softmax and the weighted sum (and their backward) as a few C++
@@ -19,10 +18,9 @@ from torch import Tensor, fx
 
 from ort_torch_train.passes.match import args_of, val
 
-# query x key positions per head up to which the products win (bench/small_attention.py, 2 threads:
-# 32 x 32 positions, heads of 32, 0.67x of SDPA's time; 64 x 64 between 0.69x and 1.16x from run to run)
+# query x key positions per head up to which the products win (bench/experiments/small_attention.py)
 MAX_SCORES = 32 * 32
-# head sizes: a multiple of the widest float32 vector (16 lanes); heads of 8 ran up to 7x slower
+# head sizes: a multiple of the widest float32 vector (16 lanes); smaller heads run slower as products
 HEAD_MULTIPLE = 16
 
 
