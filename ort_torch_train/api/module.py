@@ -16,6 +16,8 @@ from ort_torch_train.checkpoint.state import TrainingState
 from ort_torch_train.convert.string_inputs import parse_string_inputs
 from ort_torch_train.distributed.data_parallel import DataParallel
 from ort_torch_train.errors import DistributedError, InputTypeError, ModelError
+from ort_torch_train.export.inference import export_inference_model
+from ort_torch_train.export.outputs import exportable_output_names
 from ort_torch_train.graph.layout import GraphLayout, ModelSource, load_model
 from ort_torch_train.graph.roles import check_slot
 from ort_torch_train.optim.engine import OptimizerEngine
@@ -265,16 +267,12 @@ class Module(nn.Module):
         """
         if self.eval_model is None:
             raise ModelError("Eval model was not provided: it has no outputs to export.")
-        from ort_torch_train.export.outputs import exportable_output_names
-
         return exportable_output_names(self.eval_model, self.training_state.params)
 
     def export_model_for_inferencing(
         self, inference_model_uri: str | os.PathLike, graph_output_names: list[str]
     ) -> None:
         """Write the eval graph, cut to ``graph_output_names``, with the current parameters baked in."""
-        from ort_torch_train.export.inference import export_inference_model
-
         export_inference_model(self.eval_model, self.training_state, inference_model_uri, graph_output_names)
 
 

@@ -204,7 +204,7 @@ def _base_model(
 ) -> tuple[onnx.ModelProto, tuple[list[str], list[str]] | None]:
     """The ONNX base model (exporting a torch module), with torch's (trainable, frozen) split for a module."""
     if isinstance(model, torch.nn.Module):
-        from ort_torch_train.artifacts.torch_export import export_module
+        from ort_torch_train.artifacts.torch_export import export_module  # loads Dynamo: only for a torch module
 
         exported = export_module(model, extra_options)
         return exported.model, (exported.requires_grad, exported.frozen_params)
