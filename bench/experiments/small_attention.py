@@ -1,4 +1,4 @@
-"""One compiled attention, forward and backward, as SDPA and as ``attention_products`` (graph/small_attention.py).
+"""One compiled attention, forward and backward, as SDPA and as ``attention_products`` (passes/small_attention.py).
 
     .venv/bin/python bench/experiments/small_attention.py [--threads 2] [--shapes 4x2x8x16 8x4x32x32 ...]
 

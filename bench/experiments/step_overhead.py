@@ -14,7 +14,7 @@ with ``compile=True``, from the outside in:
   under the step's BLAS thread setting, ``training/blas_threads.py``);
 - that without its guard check (unsafe: for the measure only);
 - the same step through torch.compile's usual call instead (Dynamo's frame evaluation and guards), what
-  ``CompiledTrainStep`` ran before it precompiled every step (``training/precompiled.py``);
+  ``CompiledTrainStep`` ran before it precompiled every step (``training/compile/precompiled.py``);
 - with ``--python-wrapper``: ``module.step`` (torch tensors) compiled with inductor's Python wrapper
   (``compile={"options": {"cpp_wrapper": False}}``; one more compile) instead of the C++ one that
   ``compile=True`` uses on CPU;
@@ -73,7 +73,7 @@ def layers(model_name: str, python_wrapper: bool = False) -> dict[str, Callable[
     (compiled_step,) = module.train_graph._cache.values()
     trainable, frozen, grads = module._engine._parameter_views()
     moments = engine_optimizer.moment_lists()
-    flat = module.training_state.flat  # the step's flat buffers (checkpoint/flat_buffers.py), if any
+    flat = module.training_state.flat  # the step's flat buffers (training/flat_params.py), if any
     if flat is not None:
         trainable, grads, moments = [flat.params], [flat.grads], [[moment] for moment in flat.moments]
 

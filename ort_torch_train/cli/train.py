@@ -89,7 +89,7 @@ class TrainingJob:
 
 def run_train(args: argparse.Namespace) -> None:
     """Train, report (text or --json), save the checkpoint with its optimizer state; under torchrun
-    data-parallel, with rank 0 reporting and saving (``cli_distributed.py``)."""
+    data-parallel, with rank 0 reporting and saving (``cli/distributed.py``)."""
     if args.shard_state and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         raise CliError(
             "--shard-state shards the optimizer state across ranks: launch 2 or more processes with "

@@ -145,7 +145,7 @@ def _convert_if(builder: Builder, node: onnx.NodeProto, index: int) -> None:
 
 class _Cond(nn.Module):
     """``torch.cond`` over two converted branches. torch.cond forbids aliasing: the outputs are copied, and
-    so are the operands (parameters are views of one flat buffer, ``checkpoint/flat_buffers.py``)."""
+    so are the operands (parameters are views of one flat buffer, ``training/flat_params.py``)."""
 
     def __init__(self, then_branch: nn.Module, else_branch: nn.Module):
         super().__init__()

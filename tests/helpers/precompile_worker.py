@@ -4,7 +4,7 @@
 
 Writes the losses, the final parameters, the eval step's outputs after training and the number of C++
 libraries inductor built (g++ runs, counted at ``CppBuilder.build``) to OUT.npz; the log lines of
-precompiled.py and compile_cache.py go to stderr.
+training/compile/precompiled.py and cache.py go to stderr.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Row-wise regions on 2-D activations (graph/fuse_rows.py): which regions are rewritten, and that
+"""Row-wise regions on 2-D activations (passes/fuse_rows.py): which regions are rewritten, and that
 values and gradients stay those of the 3-D graph."""
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""Small attention in compiled CPU graphs (graph/small_attention.py): the products equal SDPA, the rewrite
+"""Small attention in compiled CPU graphs (passes/small_attention.py): the products equal SDPA, the rewrite
 fires only on small float32 heads, and compiled steps with it train as eager steps do."""
 
 from __future__ import annotations
