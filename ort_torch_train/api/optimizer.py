@@ -19,6 +19,7 @@ from ort_torch_train.optim.schedulers import (
     scheduled_learning_rate,
 )
 from ort_torch_train.optim.torch_adapter import TorchOptimizerAdapter
+from ort_torch_train.training.precision import LossScaler
 
 
 class Optimizer:
@@ -48,12 +49,15 @@ class Optimizer:
         loss_scaler = None if precision is None else precision.loss_scaler
         self._engine: OptimizerEngine
         if shard_state:
-            self._engine = _sharded_engine(spec, module, implementation)
+            self._engine = _sharded_engine(spec, module, implementation, loss_scaler)
         else:
             self._engine = OptimizerEngine(
-                spec, module.training_state, module.trainable_parameter_names, implementation=implementation
+                spec,
+                module.training_state,
+                module.trainable_parameter_names,
+                implementation=implementation,
+                loss_scaler=loss_scaler,
             )
-        self._engine.loss_scaler = loss_scaler
         self._torch_optimizer: TorchOptimizerAdapter | None = None
 
     def step(self) -> None:
@@ -178,7 +182,9 @@ class ConstantWithWarmupLRScheduler(_MultiplicativeLRScheduler):
         return constant_with_warmup(step, self.warmup_step_count)
 
 
-def _sharded_engine(spec: OptimizerSpec, module: Any, implementation: str | None) -> ShardedOptimizerEngine:
+def _sharded_engine(
+    spec: OptimizerSpec, module: Any, implementation: str | None, loss_scaler: LossScaler | None
+) -> ShardedOptimizerEngine:
     """A ZeRO-1 optimizer engine over a distributed module's trainable parameters, whose checkpoints
     save the moments gathered from every rank's shard."""
     data_parallel = getattr(module, "data_parallel", None)
@@ -192,6 +198,7 @@ def _sharded_engine(spec: OptimizerSpec, module: Any, implementation: str | None
         module.trainable_parameter_names,
         data_parallel.group,
         implementation=implementation,
+        loss_scaler=loss_scaler,
     )
     data_parallel.checkpoint.gather_moments_from(engine)
     return engine

@@ -23,6 +23,7 @@ from ort_torch_train.errors import CheckpointError, DistributedError
 from ort_torch_train.optim.clip import clip_grad_norm_
 from ort_torch_train.optim.engine import OptimizerEngine, gradient_buffers, trainable_parameter
 from ort_torch_train.optim.optimizer_model import OptimizerSpec
+from ort_torch_train.training.precision import LossScaler
 
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
 
@@ -89,7 +90,8 @@ class ShardedOptimizerEngine(OptimizerEngine):
         group: Any,
         *,
         implementation: str | None = None,
-    ):
+        loss_scaler: LossScaler | None = None,
+    ) -> None:
         params = [state.params[name] for name in param_names]
         if len({(p.dtype, p.device) for p in params}) > 1:
             raise DistributedError(
@@ -105,7 +107,7 @@ class ShardedOptimizerEngine(OptimizerEngine):
                 "shard_state=False"
             )
         self.group = group
-        super().__init__(spec, state, param_names, implementation=implementation)
+        super().__init__(spec, state, param_names, implementation=implementation, loss_scaler=loss_scaler)
 
     def step(self, update_signal: bool = True) -> bool:
         """Update this rank's slice (clipped by the global norm), then gather all updated parameters."""

@@ -60,6 +60,7 @@ class OptimizerEngine:
         param_names: Sequence[str],
         *,
         implementation: str | None = None,
+        loss_scaler: LossScaler | None = None,
     ) -> None:
         names = list(param_names)
         if not names:
@@ -102,7 +103,7 @@ class OptimizerEngine:
         self._prepared_generation: int | None = None  # the state's generation the tensor lists were built at
         self._flat: FlatState | None = None  # the flat buffers the tensor lists are, if any
         self._host_scalars: tuple[np.ndarray, Tensor] | None = None  # next_step_scalars' CPU buffer
-        self.loss_scaler: LossScaler | None = None
+        self.loss_scaler = loss_scaler
         self.last_step_skipped = False
         self.skipped_steps = 0
         if not state.is_nominal:  # a nominal state gets its moments at the first step, as in ORT
