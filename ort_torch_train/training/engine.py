@@ -28,6 +28,7 @@ from ort_torch_train.graph.layout import (
 )
 from ort_torch_train.graph.model_checks import check_eval_pair, check_model
 from ort_torch_train.optim.engine import OptimizerEngine
+from ort_torch_train.passes.pipeline import Restructure
 from ort_torch_train.training.blas_threads import blas_threads_for
 from ort_torch_train.training.compile.forward import CompiledForward
 from ort_torch_train.training.compile.settings import for_device
@@ -106,21 +107,20 @@ class TrainingEngine:
         """
         layout = self.train_layout
         arguments = self.options.train_forward_compile_arguments
-        forward = ForwardGraph(
+        recompute = self.options.recompute
+        transform: Restructure | None = None
+        if isinstance(recompute, RecomputePlan):
+            transform = partial(with_pattern_recompute, plan=recompute, user_inputs=len(layout.user_inputs))
+        elif recompute is not None:
+            transform = partial(with_recompute, segments=recompute)
+        return ForwardGraph(
             forward_graph(training_model, layout),
             opsets_of(training_model),
             layout,
             training=True,
             compile=False if arguments is None else arguments,
+            module_transform=transform,
         )
-        recompute = self.options.recompute
-        if isinstance(recompute, RecomputePlan):
-            forward.module_transform = partial(
-                with_pattern_recompute, plan=recompute, user_inputs=len(layout.user_inputs)
-            )
-        elif recompute is not None:
-            forward.module_transform = partial(with_recompute, segments=recompute)
-        return forward
 
     @property
     def precision(self) -> MixedPrecision | None:

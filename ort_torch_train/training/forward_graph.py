@@ -57,6 +57,7 @@ class ForwardGraph:
         training: bool,
         compile: CompileSetting = False,
         compiler: Compiler = torch_compile,
+        module_transform: Restructure | None = None,
         cache_size: int = 16,
     ) -> None:
         check_supported(graph, opsets)
@@ -74,7 +75,7 @@ class ForwardGraph:
             for name in layout.user_inputs
         )
         self._cache: OrderedDict[Hashable, Callable] = OrderedDict()
-        self.module_transform: Restructure | None = None  # recompute's segments, between the graph rewrites
+        self.module_transform = module_transform  # recompute's segments, between the graph rewrites
 
     def __call__(self, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         return self.module_for(inputs, params)(*inputs, *params)
