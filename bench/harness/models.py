@@ -160,6 +160,28 @@ def _transformer(kind: str) -> Callable[[], nn.Module]:
 DECODER_VOCAB, DECODER_TOKENS = 512, 32
 TINY_VOCAB, TINY_TOKENS = 256, 8
 DECODER_SIZES = {32: (200, 20), 128: (60, 10), 512: (8, 3), 1024: (4, 2)}  # hidden: (steps, warmup)
+GPT2_SMALL_VOCAB, GPT2_SMALL_TOKENS = 50257, 128
+
+
+def _gpt2_small() -> nn.Module:
+    return tiny_transformer("gpt2", vocab=GPT2_SMALL_VOCAB, hidden=768, layers=12, heads=12, tokens=GPT2_SMALL_TOKENS)
+
+
+# GPT-2 small's shape (124M parameters) at batch 2 x 128 tokens, for bench/experiments/scale.py; not in MODELS' defaults
+GPT2_SMALL = BenchModel(
+    "gpt2-124m",
+    f"transformers gpt2, GPT-2 small's shape (random init, hidden 768, 12 layers, 12 heads, vocab {GPT2_SMALL_VOCAB}), "
+    f"LM loss on 2 x {GPT2_SMALL_TOKENS} tokens",
+    _gpt2_small,
+    (GPT2_SMALL_TOKENS,),
+    2,
+    GPT2_SMALL_VOCAB,
+    steps=3,
+    warmup=2,
+    vocab=GPT2_SMALL_VOCAB,
+    language_model=True,
+)
+
 DEFAULT_MODELS = ("mlp", "cnn", "tinyformer", "encoder", "gru", "lstm")
 
 MODELS: dict[str, BenchModel] = {
@@ -234,5 +256,6 @@ MODELS: dict[str, BenchModel] = {
             )
             for kind in ("gpt2", "llama", "bert")
         ),
+        GPT2_SMALL,
     ]
 }

@@ -51,7 +51,10 @@ class ConfigResult:
     round_medians: list[float] = field(default_factory=list)
     peak_memory_mb: float | None = None
     last_loss: float | None = None
-    setup_s: float | None = None
+    setup_s: float | None = None  # load, first step and the other warmup steps
+    load_s: float | None = None  # the runner built: checkpoint read, conversion, binding (ORT: its session)
+    first_step_s: float | None = None
+    rss_after_load_mb: float | None = None  # peak RSS once loaded, before the first step
     attention_kernels: list[str] | None = None  # the attention ops/kernels of one profiled step (not ORT)
     error: str | None = None
 
@@ -212,6 +215,8 @@ def _call(result: ConfigResult, workers: dict[str, WorkerProcess], config: str, 
         return None
     if "ready" in answer:
         result.setup_s = answer["setup_s"]
+        result.load_s, result.first_step_s = answer.get("load_s"), answer.get("first_step_s")
+        result.rss_after_load_mb = answer.get("rss_after_load_mb")
     if "peak_memory_mb" in answer:
         result.peak_memory_mb, result.last_loss = answer["peak_memory_mb"], answer["last_loss"]
         result.attention_kernels = answer.get("attention_kernels")

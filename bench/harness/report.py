@@ -163,6 +163,9 @@ def to_json(results: list[ConfigResult], header: dict) -> dict:
             "peak_memory_mb": r.peak_memory_mb,
             "last_loss": r.last_loss,
             "setup_s": r.setup_s,
+            "load_s": r.load_s,
+            "first_step_s": r.first_step_s,
+            "rss_after_load_mb": r.rss_after_load_mb,
             "attention_kernels": r.attention_kernels,
         }
         for r in results

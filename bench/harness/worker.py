@@ -49,6 +49,7 @@ def main() -> int:
 
     started = time.perf_counter()
     x, y = np.load(args.artifacts / "x.npy"), np.load(args.artifacts / "y.npy")
+    loaded = time.perf_counter()
     runner = make_runner(
         args.config,
         args.artifacts,
@@ -61,8 +62,19 @@ def main() -> int:
         torch_inputs=args.torch_inputs,
         precision=args.mixed_precision,
     )
-    time_phased_steps(runner.phases, args.warmup, runner.sync)
-    answer({"ready": True, "setup_s": time.perf_counter() - started})
+    built = time.perf_counter()
+    rss_after_load = peak_rss_mb()
+    first_step = time_phased_steps(runner.phases, 1, runner.sync)["step"][0]
+    time_phased_steps(runner.phases, max(args.warmup - 1, 0), runner.sync)
+    answer(
+        {
+            "ready": True,
+            "setup_s": time.perf_counter() - started,
+            "load_s": built - loaded,
+            "first_step_s": first_step,
+            "rss_after_load_mb": rss_after_load,
+        }
+    )
     for line in sys.stdin:
         command, *rest = line.split()
         if command == "run":
