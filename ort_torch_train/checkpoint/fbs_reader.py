@@ -42,6 +42,11 @@ class FlatBuffer:
         self.decoded: dict[tuple[str, int], object] = {}  # (kind, position) -> decoded value
         self.budget = self.size  # bytes of strings and vectors still allowed to be decoded
 
+    def release(self) -> None:
+        """Drop the decoded values, which hold tables that hold this buffer: without it, the buffer (a
+        whole checkpoint file) lives on in that reference cycle until the garbage collector runs."""
+        self.decoded.clear()
+
     def charge(self, nbytes: int, where: str) -> None:
         """Count nbytes against the decoding budget (the buffer size)."""
         self.budget -= nbytes

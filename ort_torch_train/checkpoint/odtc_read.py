@@ -203,6 +203,13 @@ def decode_checkpoint(data: bytes | bytearray | memoryview, read_external: Exter
     """Verify and decode an ODTC buffer; read_external is called for tensor data that lies in
     the external data file."""
     buf = FlatBuffer(data)
+    try:
+        return _decode(buf, read_external)
+    finally:
+        buf.release()
+
+
+def _decode(buf: FlatBuffer, read_external: ExternalReader) -> CheckpointRecord:
     root = buf.root(FILE_IDENTIFIER)
     version = int(root.scalar(0, "<i", 0, "version"))
     module = root.table(1, "module_state")

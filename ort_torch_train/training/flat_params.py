@@ -12,7 +12,7 @@ and SGD are elementwise). A state whose tensors are replaced later (a device mov
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -109,20 +109,20 @@ def flatten_state(state: TrainingState, names: Sequence[str], moment_names: Sequ
     if not params or len(kinds) != 1 or None in kinds:
         return None
     grads_present = [grad for grad in grads if grad is not None]  # all of them: a None is a kind of its own
+    del grads  # only the lists moved from may hold the old tensors
     layout = FlatLayout(tuple(tuple(param.shape) for param in params))
     with torch.no_grad():
-        flat_params = torch.cat([param.detach().reshape(-1) for param in params])
-        for param, view in zip(params, layout.views(flat_params)):
-            param.data = view
-        flat_grads = torch.cat([grad.reshape(-1) for grad in grads_present])
+        flat_params = _move_into_flat(
+            layout, [param.detach() for param in params], lambda i, view: _set_data(params[i], view)
+        )
+        flat_grads = _move_into_flat(layout, grads_present, lambda i, view: _set_grad(params[i], view))
         grad_views = layout.views(flat_grads)
-        for param, view in zip(params, grad_views):
-            param.grad = view
         flat_moments = []
         for key in moment_names:
-            flat_moments.append(torch.cat([momentums[name][key].reshape(-1) for name in names]))
-            for name, view in zip(names, layout.views(flat_moments[-1])):
-                momentums[name][key] = view
+            moments = [momentums[name][key] for name in names]
+            flat_moments.append(
+                _move_into_flat(layout, moments, lambda i, view, key=key: momentums[names[i]].__setitem__(key, view))
+            )
     state.generation += 1  # every list of the old tensors (views, optimizer lists) is stale now
     return FlatState(
         state.generation,
@@ -136,3 +136,23 @@ def flatten_state(state: TrainingState, names: Sequence[str], moment_names: Sequ
         [p.data_ptr() for p in params],
         [view.data_ptr() for view in grad_views],
     )
+
+
+def _move_into_flat(layout: FlatLayout, tensors: list[Tensor], rebind: Callable[[int, Tensor], None]) -> Tensor:
+    """A new flat buffer holding ``tensors``, each copied in and at once replaced by its view (``rebind``),
+    so that a tensor held nowhere else is freed before the next is copied: the buffer's pages fill as the
+    old tensors' go, and moving a kind of tensor never needs twice its memory."""
+    flat = torch.empty(sum(layout.sizes), dtype=tensors[0].dtype, device=tensors[0].device)
+    for index, view in enumerate(layout.views(flat)):
+        view.copy_(tensors[index].reshape(view.shape))
+        tensors[index] = view  # the list's reference to the old tensor goes too
+        rebind(index, view)
+    return flat
+
+
+def _set_data(param: torch.nn.Parameter, view: Tensor) -> None:
+    param.data = view
+
+
+def _set_grad(param: torch.nn.Parameter, view: Tensor) -> None:
+    param.grad = view
