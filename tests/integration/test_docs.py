@@ -1,5 +1,5 @@
-"""The documentation builds without a warning (mkdocs --strict; a broken reference or link fails) and every public
-name has a docstring."""
+"""The documentation builds without a warning (mkdocs --strict; a broken reference or link fails), every public
+name has a docstring, and every ```python block of README.md and docs/*.md runs (tests/helpers/doc_snippets.py)."""
 
 from __future__ import annotations
 
@@ -90,12 +90,20 @@ def snippet_compile_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("inductor")
 
 
-SNIPPET_PAGES = [page for page in doc_snippets.pages() if doc_snippets.page_blocks(page)]
+def snippet_pages() -> list:
+    """Every page with Python blocks, marked ``compile`` where a block it runs compiles."""
+    params = []
+    for page in doc_snippets.pages():
+        blocks = doc_snippets.page_blocks(page)
+        if blocks:
+            compiles = any("compile=" in code for _, code in doc_snippets.program(blocks))
+            marks = [pytest.mark.compile] if compiles else []
+            params.append(pytest.param(page, marks=marks, id=str(page.relative_to(ROOT))))
+    return params
 
 
 @pytest.mark.slow
-@pytest.mark.compile  # the README's and scaling.md's compiled loops
-@pytest.mark.parametrize("page", SNIPPET_PAGES, ids=[str(page.relative_to(ROOT)) for page in SNIPPET_PAGES])
+@pytest.mark.parametrize("page", snippet_pages())
 def test_page_snippets_run_chained(page: Path, tmp_path: Path, snippet_compile_cache: Path) -> None:
     """Every ```python block of the page runs, the page's blocks as one program in order, in an empty
     directory; blocks marked ``<!-- snippet: skip (reason) -->`` are left out (tests/helpers/doc_snippets.py).
