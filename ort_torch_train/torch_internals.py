@@ -2,9 +2,8 @@
 
 The rest of the package reaches torch's internals only through these names, so a torch upgrade that
 moves one breaks here. Not wrapped, as they are aten operators with stable schemas that torch's own
-optimizers call: ``torch._foreach_*`` (one kernel launch for a list of tensors), ``torch._fused_adamw_``
-(AdamW's fused kernel), ``torch._amp_foreach_non_finite_check_and_unscale_`` and
-``torch._amp_update_scale_`` (GradScaler's kernels).
+optimizers call: ``torch._foreach_*`` (one kernel launch for a list of tensors) and ``torch._fused_adamw_``
+(AdamW's fused kernel). Loss scaling goes through the public ``torch.amp.GradScaler``.
 """
 
 from __future__ import annotations

@@ -107,6 +107,10 @@ class Properties:
     def __contains__(self, name: object) -> bool:
         return name in self._state.properties
 
+    def get(self, name: str, default: int | float | str | None = None) -> int | float | str | None:
+        """The property's value, or ``default`` when the checkpoint has no property ``name`` (as ``dict.get``)."""
+        return self._state.properties.get(name, default)
+
     def __iter__(self) -> Iterator[tuple[str, int | float | str]]:
         for name in sorted(self._state.properties):
             yield name, self._state.properties[name]
@@ -164,6 +168,15 @@ class CheckpointState:
     def properties(self) -> Properties:
         """The user properties."""
         return self._properties
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps completed: the count a checkpoint saves with its optimizer state
+        (``include_optimizer_state=True``), advanced by every ``Optimizer.step()`` that updates; 0 for a
+        state without optimizer state. ORT keeps this count in the checkpoint without a Python property;
+        a resumed loop reads it to continue its step numbering and its LR schedule."""
+        optimizer = self._state.optimizer
+        return 0 if optimizer is None else int(optimizer.step)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The live parameter tensors, sorted by name."""

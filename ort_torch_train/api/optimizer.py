@@ -13,6 +13,7 @@ from ort_torch_train.optim.engine import OptimizerEngine
 from ort_torch_train.optim.optimizer_model import OptimizerSpec, read_optimizer_model
 from ort_torch_train.optim.schedulers import (
     check_schedule_counts,
+    check_schedule_not_over,
     constant_with_warmup,
     cosine_with_warmup,
     linear_with_warmup,
@@ -115,8 +116,12 @@ class _MultiplicativeLRScheduler:
         if not isinstance(optimizer, Optimizer):
             raise TypeError(f"optimizer must be an ort_torch_train Optimizer; got {type(optimizer).__name__}")
         self._optimizer = optimizer
+        self._check_not_over(optimizer._engine.completed_steps)
         optimizer._engine.set_initial_learning_rate(initial_lr)
         self.step()
+
+    def _check_not_over(self, completed_steps: int) -> None:
+        """Raise if the schedule, started after ``completed_steps`` steps, could only give learning rate 0."""
 
     def step(self) -> None:
         """Recompute the learning rate from the optimizer's completed-step count."""
@@ -143,6 +148,9 @@ class LinearLRScheduler(_MultiplicativeLRScheduler):
         self.total_step_count = total_step_count
         super().__init__(optimizer, initial_lr)
 
+    def _check_not_over(self, completed_steps: int) -> None:
+        check_schedule_not_over(type(self).__name__, completed_steps, self.total_step_count)
+
     def _factor(self, step: int) -> float:
         return linear_with_warmup(step, self.warmup_step_count, self.total_step_count)
 
@@ -165,6 +173,10 @@ class CosineLRScheduler(_MultiplicativeLRScheduler):
         self.total_step_count = total_step_count
         self.min_lr_ratio = min_lr_ratio
         super().__init__(optimizer, initial_lr)
+
+    def _check_not_over(self, completed_steps: int) -> None:
+        if self.min_lr_ratio == 0:
+            check_schedule_not_over(type(self).__name__, completed_steps, self.total_step_count)
 
     def _factor(self, step: int) -> float:
         return cosine_with_warmup(step, self.warmup_step_count, self.total_step_count, self.min_lr_ratio)

@@ -71,6 +71,19 @@ def check_schedule_counts(warmup: int, total: int) -> None:
         raise ValueError(f"warmup step count ({warmup}) must not exceed total step count ({total})")
 
 
+def check_schedule_not_over(scheduler: str, completed_steps: int, total: int) -> None:
+    """Raise ValueError when the optimizer has already completed ``total`` steps or more: the schedule
+    would train at learning rate 0 from its first step (typically a resumed run given the remaining
+    steps as its total instead of the whole run's)."""
+    if completed_steps >= total:
+        raise ValueError(
+            f"{scheduler}: total_step_count ({total}) is not above the optimizer's completed steps "
+            f"({completed_steps}, restored from the checkpoint or taken so far), so every step would train at "
+            f"learning rate 0. Count total_step_count over the whole run, e.g. {completed_steps} + the steps "
+            "still to train (CheckpointState.step is the count so far)."
+        )
+
+
 def _check_schedule(step: int, warmup: int, total: int) -> None:
     _check_count("step", step)
     check_schedule_counts(warmup, total)

@@ -1,26 +1,31 @@
-"""Mixed precision: the forward under ``torch.autocast`` and, for fp16, GradScaler's loss scaling.
+"""Mixed precision: the forward under ``torch.autocast`` and, for fp16, loss scaling by ``torch.amp.GradScaler``.
 
 Parameters and optimizer moments stay float32 (master weights); only the forward's ops run in the
-low precision. ``LossScaler`` keeps ``torch.amp.GradScaler``'s semantics and runs its kernels
-(``_amp_foreach_non_finite_check_and_unscale_``, ``_amp_update_scale_``): the loss is multiplied by
-the scale before backward, the optimizer unscales the gradients and skips a step whose gradients
-hold inf or nan, after which the scale is multiplied by ``backoff_factor``; after ``growth_interval``
-clean steps in a row by ``growth_factor``. A static scaler (``dynamic=False``) never changes its scale.
-In a data-parallel run (``process_group`` set) the inf/nan flag is all-reduced (max) before the
-decision, as torch's sharded GradScaler does: a step is skipped on every rank or on none.
+low precision. ``LossScaler`` runs a ``torch.amp.GradScaler`` over the optimizer's gradient buffers:
+the loss is multiplied by the scale before backward, the gradients are unscaled and a step whose
+gradients hold inf or nan is skipped, after which the scale is multiplied by ``backoff_factor``; after
+``growth_interval`` clean steps in a row by ``growth_factor``. A static scaler (``dynamic=False``) sets
+its scale back after every step (``GradScaler.update(new_scale)``). In a data-parallel run
+(``process_group`` set) the scaler is torch's ``ShardedGradScaler``, which all-reduces the inf/nan flag
+before the decision: a step is skipped on every rank or on none. ORT's on-device training API has no
+loss scaling of its own, so GradScaler's semantics are the reference.
 The scale and the clean-step count live in the checkpoint's properties (``LOSS_SCALE_PROPERTY``,
 ``GROWTH_TRACKER_PROPERTY``), written at every optimizer step and read when a Module is built.
+
+A compiled step multiplies the loss by the scale inside its graph (``LossScaler.scale`` is passed in
+as a tensor); unscaling, the skip decision and the scale update stay outside it, since
+``GradScaler.step`` decides on the host (one synchronisation per step).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from ort_torch_train.checkpoint.state import TrainingState
 
@@ -72,7 +77,7 @@ def float32_outputs(outputs: Sequence[Tensor]) -> tuple[Tensor, ...]:
 
 
 class LossScaler:
-    """GradScaler semantics over a TrainingState's properties (see the module docstring)."""
+    """A ``torch.amp.GradScaler`` whose state lives in a TrainingState's properties (see the module docstring)."""
 
     def __init__(
         self,
@@ -88,63 +93,96 @@ class LossScaler:
         if not init_scale > 0:
             raise ValueError(f"loss scale: expected a positive number, got {init_scale!r}")
         self.state = state
-        self.growth_factor = growth_factor
-        self.backoff_factor = backoff_factor
-        self.growth_interval = growth_interval
         self.dynamic = dynamic
-        scale = float(state.properties.get(LOSS_SCALE_PROPERTY, init_scale)) if dynamic else float(init_scale)
-        tracker = int(state.properties.get(GROWTH_TRACKER_PROPERTY, 0)) if dynamic else 0
-        self.scale = torch.full((), scale, dtype=torch.float32)
-        self._growth_tracker = torch.full((), tracker, dtype=torch.int32)
-        self._found_inf = torch.zeros((), dtype=torch.float32)
-        self.process_group = process_group  # the data-parallel group whose ranks must agree on skipping a step
+        self._static_scale = float(init_scale)
+        device = state.device.type
+        self._scaler = (
+            torch.amp.GradScaler(
+                device,
+                init_scale=init_scale,
+                growth_factor=growth_factor,
+                backoff_factor=backoff_factor,
+                growth_interval=growth_interval,
+            )
+            if process_group is None
+            else ShardedGradScaler(
+                device,
+                init_scale=init_scale,
+                growth_factor=growth_factor,
+                backoff_factor=backoff_factor,
+                growth_interval=growth_interval,
+                process_group=process_group,
+            )
+        )
+        if dynamic and LOSS_SCALE_PROPERTY in state.properties:
+            self._scaler.load_state_dict(
+                {
+                    **self._scaler.state_dict(),
+                    "scale": float(state.properties[LOSS_SCALE_PROPERTY]),
+                    "_growth_tracker": int(state.properties.get(GROWTH_TRACKER_PROPERTY, 0)),
+                }
+            )
+        self._ones: dict[torch.device, Tensor] = {}
         self._write_properties()
+
+    @property
+    def growth_interval(self) -> int:
+        """Clean steps in a row after which the scale grows."""
+        return self._scaler.get_growth_interval()
+
+    @growth_interval.setter
+    def growth_interval(self, steps: int) -> None:
+        self._scaler.set_growth_interval(steps)
+
+    @property
+    def scale(self) -> Tensor:
+        """The current scale as a float32 scalar tensor (for a compiled step to multiply its loss by)."""
+        device = self.state.device
+        if device not in self._ones:
+            self._ones[device] = torch.ones((), dtype=torch.float32, device=device)
+        return self._scaler.scale(self._ones[device])
 
     def scaled(self, loss: Tensor) -> Tensor:
         """``loss * scale`` (in float32), the tensor to run backward from."""
-        return loss.float() * self.scale.to(loss.device, non_blocking=True)
+        return self._scaler.scale(loss.float())
 
     def unscale_and_update(self, grads: list[Tensor]) -> bool:
         """Divide ``grads`` by the scale in place and update the scale; return whether all were finite."""
-        device = grads[0].device
-        self._move(device)
-        self._found_inf.zero_()
-        inverse = self.scale.double().reciprocal().float()
-        torch._amp_foreach_non_finite_check_and_unscale_(grads, self._found_inf, inverse)
-        if self.process_group is not None:
-            dist.all_reduce(self._found_inf, op=dist.ReduceOp.MAX, group=self.process_group)
-        found_inf = bool(self._found_inf.item())
-        if self.dynamic:
-            torch._amp_update_scale_(
-                self.scale,
-                self._growth_tracker,
-                self._found_inf,
-                self.growth_factor,
-                self.backoff_factor,
-                self.growth_interval,
-            )
+        gradients = cast(torch.optim.Optimizer, _GradientBuffers(grads))  # read as GradScaler reads an optimizer
+        self._scaler.unscale_(gradients)
+        finite = self._scaler.step(gradients) is not None
+        self._scaler.update(None if self.dynamic else self._static_scale)
         self._write_properties()
-        return not found_inf
-
-    @property
-    def found_inf(self) -> Tensor:
-        """The last check's flag (1.0 when a gradient held inf or nan); reduce it across ranks to agree."""
-        return self._found_inf
+        return finite
 
     def get_scale(self) -> float:
         """The current loss scale."""
-        return float(self.scale.item())
-
-    def _move(self, device: torch.device) -> None:
-        if self.scale.device != device:
-            self.scale = self.scale.to(device)
-            self._growth_tracker = self._growth_tracker.to(device)
-            self._found_inf = self._found_inf.to(device)
+        return self._scaler.get_scale()
 
     def _write_properties(self) -> None:
         if self.dynamic:
-            self.state.properties[LOSS_SCALE_PROPERTY] = float(self.scale.item())
-            self.state.properties[GROWTH_TRACKER_PROPERTY] = int(self._growth_tracker.item())
+            saved = self._scaler.state_dict()
+            self.state.properties[LOSS_SCALE_PROPERTY] = float(saved["scale"])
+            self.state.properties[GROWTH_TRACKER_PROPERTY] = int(saved["_growth_tracker"])
+
+
+class _GradientBuffers:
+    """Gradient buffers presented as GradScaler reads an optimizer: one param group of tensors whose
+    ``.grad`` they are (detached aliases, no copies). The buffers belong to no torch optimizer here
+    (ORT's optimizer model runs as this project's own kernels), and ``step`` is what ``GradScaler.step``
+    calls when the gradients are finite: it only reports that."""
+
+    def __init__(self, grads: list[Tensor]) -> None:
+        aliases = []
+        for grad in grads:
+            alias = grad.detach()
+            alias.grad = grad
+            aliases.append(alias)
+        self.param_groups = [{"params": aliases}]
+
+    def step(self) -> bool:
+        """Called by GradScaler.step when every gradient is finite."""
+        return True
 
 
 def backward(loss: Tensor, precision: MixedPrecision | None) -> None:

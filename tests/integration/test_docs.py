@@ -1,18 +1,20 @@
-"""The documentation builds without a warning (mkdocs --strict; a broken reference or link fails) and every public
-name has a docstring."""
+"""The documentation builds without a warning (mkdocs --strict; a broken reference or link fails), every public
+name has a docstring, and every ```python block of README.md and docs/*.md runs (tests/helpers/doc_snippets.py)."""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
 import inspect
-import re
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import doc_snippets
 from tests.helpers.paths import ROOT
 
 PUBLIC_MODULES = [
@@ -82,31 +84,59 @@ def test_documentation_builds_without_warnings(tmp_path: Path) -> None:
         assert name in page
 
 
-def quick_start_blocks() -> list[str]:
-    """The README's Quick start Python blocks: generating artifacts, then ORT's loop on them."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
+@pytest.fixture(scope="module")
+def snippet_compile_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An inductor cache dir shared by the pages' programs."""
+    return tmp_path_factory.mktemp("inductor")
+
+
+def snippet_pages() -> list:
+    """Every page with Python blocks, marked ``compile`` where a block it runs compiles."""
+    params = []
+    for page in doc_snippets.pages():
+        blocks = doc_snippets.page_blocks(page)
+        if blocks:
+            compiles = any("compile=" in code for _, code in doc_snippets.program(blocks))
+            marks = [pytest.mark.compile] if compiles else []
+            params.append(pytest.param(page, marks=marks, id=str(page.relative_to(ROOT))))
+    return params
 
 
 @pytest.mark.slow
-def test_readme_quick_start_runs(tmp_path: Path) -> None:
-    """The first two blocks fit together: the artifacts they make train, and the inference model they
-    export has the output the export names (the later blocks need a compiler or a GPU)."""
-    generate, train = quick_start_blocks()[:2]
-    check = (
-        "import onnx\n"
-        "assert [o.name for o in onnx.load('inference.onnx').graph.output] == ['logits']\n"
-        "assert float(eval_loss) < 1.0, eval_loss\n"
-    )
+@pytest.mark.parametrize("page", snippet_pages())
+def test_page_snippets_run_chained(page: Path, tmp_path: Path, snippet_compile_cache: Path) -> None:
+    """Every ```python block of the page runs, the page's blocks as one program in order, in an empty
+    directory; blocks marked ``<!-- snippet: skip (reason) -->`` are left out (tests/helpers/doc_snippets.py).
+    The pages share one inductor cache: they compile the same small model."""
+    blocks = doc_snippets.page_blocks(page)
+    assert all(block.skip_reason.strip() for block in blocks if block.skip_reason is not None)
     result = subprocess.run(
-        [sys.executable, "-c", generate + train + check],
+        [sys.executable, "-c", doc_snippets.RUNNER],
+        input=json.dumps(doc_snippets.program(blocks)),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
         cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "TORCHINDUCTOR_CACHE_DIR": str(snippet_compile_cache)},
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert {"training_model.onnx", "eval_model.onnx", "optimizer_model.onnx", "checkpoint"} <= {
-        path.name for path in (tmp_path / "artifacts").iterdir()
-    }
+    assert result.returncode == 0, result.stderr[-4000:] or result.stdout[-4000:]
+
+
+def test_snippet_markers_are_read() -> None:
+    """The skip marker applies to the block right after it only; hidden code runs in page order."""
+    page = ROOT / "docs" / "index.md"
+    text = (
+        "<!-- snippet: setup\nx = 1\n-->\n\n<!-- snippet: skip (needs a GPU) -->\n\n```python\ny = x\n```\n"
+        "```python\nz = x\n```\n<!-- snippet: check\nassert z == 1\n-->\n"
+    )
+    blocks = doc_snippets.parse_blocks(page, text)
+    assert [(b.line, b.hidden, b.skip_reason, b.code) for b in blocks] == [
+        (2, True, None, "x = 1\n"),
+        (8, False, "needs a GPU", "y = x\n"),
+        (11, False, None, "z = x\n"),
+        (14, True, None, "assert z == 1\n"),
+    ]
+    namespace: dict = {}
+    for filename, code in doc_snippets.program(blocks):
+        exec(compile(code, filename, "exec"), namespace)
+    assert namespace["z"] == 1 and "y" not in namespace
