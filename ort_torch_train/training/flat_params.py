@@ -120,9 +120,7 @@ def flatten_state(state: TrainingState, names: Sequence[str], moment_names: Sequ
         flat_moments = []
         for key in moment_names:
             moments = [momentums[name][key] for name in names]
-            flat_moments.append(
-                _move_into_flat(layout, moments, lambda i, view, key=key: momentums[names[i]].__setitem__(key, view))
-            )
+            flat_moments.append(_move_into_flat(layout, moments, _moment_setter(momentums, names, key)))
     state.generation += 1  # every list of the old tensors (views, optimizer lists) is stale now
     return FlatState(
         state.generation,
@@ -156,3 +154,12 @@ def _set_data(param: torch.nn.Parameter, view: Tensor) -> None:
 
 def _set_grad(param: torch.nn.Parameter, view: Tensor) -> None:
     param.grad = view
+
+
+def _moment_setter(
+    momentums: dict[str, dict[str, Tensor]], names: Sequence[str], key: str
+) -> Callable[[int, Tensor], None]:
+    def set_moment(index: int, view: Tensor) -> None:
+        momentums[names[index]][key] = view
+
+    return set_moment
