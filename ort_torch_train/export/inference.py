@@ -2,7 +2,8 @@
 
 From the eval model: the outputs become ``graph_output_names`` (any value of the eval graph),
 nodes and inputs they do not need are removed, and the parameters are baked in as initializers
-with their current values. Models over 2 GB are written with ONNX external data.
+with their current values. Models over 2 GB are written with ONNX external data. An eval model
+with LoRA adapters (``ort_torch_train.lora``) is exported merged: ``W + (alpha/r) * A @ B`` folded in.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ort_torch_train.errors import ModelError, NominalStateError
 from ort_torch_train.export.outputs import exportable_output_names
 from ort_torch_train.fileio import atomic_write_bytes
 from ort_torch_train.graph.layout import prune_graph
+from ort_torch_train.lora.merge import merged_for_inference
 
 # Current onnxruntime releases load IR <= 10 models from every opset this project writes.
 MAX_IR_VERSION = 10
@@ -32,7 +34,8 @@ _PROTOBUF_LIMIT = 2**31 - 2**20  # leave headroom for the graph itself
 def inference_model(
     eval_model: onnx.ModelProto, params: Mapping[str, torch.Tensor], graph_output_names: Sequence[str]
 ) -> onnx.ModelProto:
-    """The inference ModelProto for ``graph_output_names`` with ``params`` baked in."""
+    """The inference ModelProto for ``graph_output_names`` with ``params`` baked in (LoRA adapters merged)."""
+    eval_model, params = merged_for_inference(eval_model, params)
     names = list(graph_output_names)
     typed = _typed_values(eval_model)
     for name in names:
