@@ -37,7 +37,7 @@ def adapter_names(weight: str) -> tuple[str, str]:
     """The (A, B) tensor names for ``weight``, following onnxruntime-genai's builder where its names are used.
 
     ``model.layers.0.attn.q_proj.MatMul.weight`` -> ``model.layers.0.attn.q_proj.lora_A.MatMul.weight``;
-    ``h.0.attn.c_attn.weight`` -> ``h.0.attn.c_attn.lora_A.weight``; any other name gets ``.lora_A``.
+    ``h.0.attn.c_attn.weight`` -> ``h.0.attn.c_attn.lora_A.weight``; any other name gets ``_lora_A``.
     """
     if weight.endswith(".MatMul.weight"):
         stem = weight[: -len(".MatMul.weight")]
@@ -45,7 +45,7 @@ def adapter_names(weight: str) -> tuple[str, str]:
     if weight.endswith(".weight"):
         stem = weight[: -len(".weight")]
         return f"{stem}.lora_A.weight", f"{stem}.lora_B.weight"
-    return f"{weight}.lora_A", f"{weight}.lora_B"
+    return f"{weight}_lora_A", f"{weight}_lora_B"
 
 
 def select_targets(

@@ -69,7 +69,10 @@ def test_lora_training_matches_peft(kind: str, tmp_path) -> None:
 
     for name in adapters:
         torch.testing.assert_close(
-            state.training_state.params[name].detach(), reference_params[peft_name(name)].detach().t(), rtol=0, atol=1e-5
+            state.training_state.params[name].detach(),
+            reference_params[peft_name(name)].detach().t(),
+            rtol=0,
+            atol=1e-5,
         )
         assert state.training_state.params[name].abs().sum() > 0  # trained: A and B moved
     for name, before in frozen_before.items():
