@@ -76,18 +76,26 @@ def export_inference_model(
     save_model(model, path)
 
 
-def save_model(model: onnx.ModelProto, path: str | os.PathLike) -> None:
-    """Save atomically; with external data (``<name>.data`` beside it) when over protobuf's 2 GB."""
+def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: bool = False) -> None:
+    """Save atomically; with external data (``<name>.data`` beside it) when asked or over protobuf's 2 GB."""
     target = Path(path)
     size = sum(len(init.raw_data) for init in model.graph.initializer)
-    if size < _PROTOBUF_LIMIT:
+    if size < _PROTOBUF_LIMIT and not external_data:
         atomic_write_bytes(target, model.SerializeToString())
         return
     data_name = target.name + ".data"
     with tempfile.TemporaryDirectory(dir=target.parent or ".") as scratch:
         staged = Path(scratch) / target.name
-        onnx.save_model(model, staged, save_as_external_data=True, all_tensors_to_one_file=True, location=data_name)
-        os.replace(Path(scratch) / data_name, target.parent / data_name)
+        onnx.save_model(
+            model,
+            staged,
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=data_name,
+            size_threshold=0 if external_data else 1024,
+        )
+        if (Path(scratch) / data_name).exists():  # absent for a model without initializers
+            os.replace(Path(scratch) / data_name, target.parent / data_name)
         os.replace(staged, target)
 
 

@@ -7,12 +7,13 @@ model and ``.onnx_adapter`` files for onnxruntime. See docs/lora.md.
 """
 
 from ort_torch_train.lora.apply import add_lora_to_artifacts, add_lora_to_base
-from ort_torch_train.lora.config import ALL_LINEAR, LoraConfig
+from ort_torch_train.lora.config import ALL_LINEAR, LORA_PROPERTY, LoraConfig
 from ort_torch_train.lora.insert import adapter_names
 from ort_torch_train.lora.record import LoraRecord, LoraTarget, read_record
 
 __all__ = [
     "ALL_LINEAR",
+    "LORA_PROPERTY",
     "LoraConfig",
     "LoraRecord",
     "LoraTarget",

@@ -19,7 +19,7 @@ from ort_torch_train.graph.layout import (
     prune_graph,
     training_layout,
 )
-from ort_torch_train.lora.config import LoraConfig
+from ort_torch_train.lora.config import LORA_PROPERTY, LoraConfig
 from ort_torch_train.lora.insert import (
     cast_parameters,
     initial_adapters,
@@ -73,7 +73,8 @@ def add_lora_to_artifacts(
 
     The adapters become the state's only trainable parameters (created with PEFT's initialisation,
     or kept when the state already holds them, e.g. from a LoRA checkpoint); every other parameter is
-    frozen, its gradient and moments dropped, and held in ``config.frozen_dtype`` when given.
+    frozen, its gradient and moments dropped, and held in ``config.frozen_dtype`` when given. The
+    config is kept in the state's properties (``LORA_PROPERTY``) so that later runs can re-apply it.
     """
     if read_record(training_model) is not None:
         raise ModelError(
@@ -95,6 +96,7 @@ def add_lora_to_artifacts(
         uses = weight_uses(evaluation.graph, list(targets))
         models.append((evaluation, insert_adapters(evaluation.graph, uses, shapes, elem_types, config, training=False)))
     _add_adapters_to_state(state, record, config, elem_types)
+    state.properties[LORA_PROPERTY] = config.to_json()
     for model, model_record in models:
         for target in record.targets:
             for name, shape in (

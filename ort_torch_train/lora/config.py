@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
+LORA_PROPERTY = "ort_torch_train.lora"  # the checkpoint property holding the config of Module(lora=)
 ALL_LINEAR = "all-linear"
 FROZEN_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
@@ -61,6 +63,20 @@ class LoraConfig:
     def scaling(self) -> float:
         """The factor on the adapter's product: alpha / r."""
         return float(self.alpha) / self.r
+
+    def to_json(self) -> str:
+        """The config as JSON (kept in a checkpoint's properties so that later runs re-apply it)."""
+        dtype = None if self.frozen_dtype is None else str(self.frozen_dtype).removeprefix("torch.")
+        return json.dumps(
+            {"r": self.r, "alpha": self.alpha, "dropout": self.dropout, "targets": list(self.targets),
+             "frozen_dtype": dtype, "seed": self.seed}
+        )  # fmt: skip
+
+    @classmethod
+    def from_json(cls, text: str) -> LoraConfig:
+        """The config written by ``to_json``."""
+        data = json.loads(text)
+        return cls(**{**data, "targets": tuple(data["targets"])})
 
     @classmethod
     def parse(cls, text: str) -> LoraConfig:

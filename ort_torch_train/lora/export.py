@@ -34,8 +34,15 @@ ADAPTER_DEFAULTS = ("empty", "trained")
 class LoraModule(Protocol):
     """What the exports read: a Module (or TrainingSession) whose eval model carries LoRA adapters."""
 
-    eval_model: onnx.ModelProto | None
-    training_state: TrainingState
+    @property
+    def eval_model(self) -> onnx.ModelProto | None:
+        """The eval model with its adapter branches."""
+        ...
+
+    @property
+    def training_state(self) -> TrainingState:
+        """The parameters, adapters included."""
+        ...
 
 
 def adapter_values(module: LoraModule) -> dict[str, torch.Tensor]:
