@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 import pytest
 import torch
 
-from ort_torch_train.api import CheckpointState, Module
-from ort_torch_train.artifacts import generate_artifacts
+from ort_torch_train.api import CheckpointState, Module, Optimizer
+from ort_torch_train.artifacts import OptimType, generate_artifacts
 from ort_torch_train.checkpoint.odtc import read_checkpoint
 from ort_torch_train.errors import ModelError
 from ort_torch_train.lora import LoraConfig, adapter_names, read_record
+from ort_torch_train.lora.export import export_unmerged_model
+from tests.helpers.artifacts_support import LOSSES
 from tests.unit.lora.helpers import data, make_artifacts, mlp, trained
 
 
@@ -138,3 +141,54 @@ def test_adapter_names_follow_onnxruntime_genai() -> None:
     )
     assert adapter_names("h.0.attn.c_attn.weight") == ("h.0.attn.c_attn.lora_A.weight", "h.0.attn.c_attn.lora_B.weight")
     assert adapter_names("onnx::MatMul_7") == ("onnx::MatMul_7_lora_A", "onnx::MatMul_7_lora_B")
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.parametrize(("loss", "optimizer"), [("mse", OptimType.SGD), ("l1", OptimType.AdamW), ("bce", None)])
+def test_lora_from_an_onnx_file_with_other_losses_and_optimizers(tmp_path, loss: str, optimizer) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    torch.onnx.export(
+        model, (torch.zeros(4, 8),), tmp_path / "base.onnx", input_names=["x"], output_names=["y"], dynamo=False
+    )
+    generate_artifacts(
+        str(tmp_path / "base.onnx"),
+        requires_grad=["0.bias", "2.bias"],
+        loss=LOSSES[loss],
+        optimizer=optimizer,
+        artifact_directory=tmp_path / "artifacts",
+        lora=LoraConfig(r=2, targets=["*.weight"]),
+    )
+    record = read_checkpoint(tmp_path / "artifacts" / "checkpoint")
+    assert sorted(record.frozen) == ["0.bias", "0.weight", "2.bias", "2.weight"]
+    assert len(record.trainable) == 4
+    if optimizer is not None:
+        module = trained(tmp_path / "artifacts", steps=0)
+        x = np.random.default_rng(0).standard_normal((4, 8), dtype=np.float32)
+        target = (x[:, :1] > 0).astype(np.float32)
+        first = float(module(x, target))
+        optimizer_ = Optimizer(tmp_path / "artifacts" / "optimizer_model.onnx", module)
+        optimizer_.set_learning_rate(0.05)
+        for _ in range(5):
+            module(x, target)
+            optimizer_.step()
+            module.lazy_reset_grad()
+        assert float(module(x, target)) < first
+
+
+def test_frozen_bfloat16_exports_merged_and_unmerged(tmp_path) -> None:
+    make_artifacts(tmp_path, LoraConfig(r=2, targets=["all-linear"], frozen_dtype=torch.bfloat16))
+    module = trained(tmp_path)
+    module.export_model_for_inferencing(tmp_path / "merged.onnx", ["logits"])
+    export_unmerged_model(module, tmp_path / "unmerged.onnx", ["logits"], adapter_defaults="trained")
+    merged, unmerged = onnx.load(tmp_path / "merged.onnx"), onnx.load(tmp_path / "unmerged.onnx")
+    assert {init.data_type for init in merged.graph.initializer} == {onnx.TensorProto.FLOAT}
+    assert not [node for node in merged.graph.node if node.op_type == "Cast"]
+    x, y = data(4)
+    module.eval()
+    evaluated = float(module(x, y))
+    ort = pytest.importorskip("onnxruntime")
+    for path in ("merged.onnx", "unmerged.onnx"):
+        logits = ort.InferenceSession(str(tmp_path / path)).run(None, {"features": x})[0]
+        loss = torch.nn.functional.cross_entropy(torch.from_numpy(logits), torch.from_numpy(y))
+        assert float(loss) == pytest.approx(evaluated, abs=1e-5), path
+    assert unmerged.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
