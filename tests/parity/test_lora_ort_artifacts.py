@@ -101,3 +101,12 @@ def test_lora_checkpoint_and_merged_export_in_ort(tmp_path) -> None:
     params = state.training_state.params
     assert result["params"] == {name: [list(p.shape), p.requires_grad] for name, p in params.items()}
     assert result["loss"] == pytest.approx(eval_loss, abs=1e-5)
+
+
+def test_lora_drops_the_base_moments_of_an_ort_checkpoint() -> None:
+    state = CheckpointState.load_checkpoint(CASE.root / "final_checkpoint_with_optimizer")
+    assert state.training_state.optimizer is not None and state.training_state.optimizer.momentums
+    module = lora_module(state)
+    assert not state.training_state.optimizer.momentums  # the frozen base keeps no moments
+    train(module, 1)
+    assert sorted(state.training_state.optimizer.momentums) == sorted(module.trainable_parameter_names)

@@ -192,3 +192,21 @@ def test_frozen_bfloat16_exports_merged_and_unmerged(tmp_path) -> None:
         loss = torch.nn.functional.cross_entropy(torch.from_numpy(logits), torch.from_numpy(y))
         assert float(loss) == pytest.approx(evaluated, abs=1e-5), path
     assert unmerged.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+
+
+def test_module_lora_resumes_from_its_own_checkpoint(tmp_path) -> None:
+    make_artifacts(tmp_path, None)
+    config = LoraConfig(r=2, targets=["all-linear"], frozen_dtype=torch.bfloat16)
+    module = trained(tmp_path, lora=config)
+    CheckpointState.save_checkpoint(module.checkpoint_state, tmp_path / "lora_checkpoint", include_optimizer_state=True)
+    saved = {name: param.detach().clone() for name, param in module.training_state.params.items()}
+    state = CheckpointState.load_checkpoint(tmp_path / "lora_checkpoint")
+    assert LoraConfig.from_json(str(state.properties["ort_torch_train.lora"])) == config
+    resumed = Module(tmp_path / "training_model.onnx", state, tmp_path / "eval_model.onnx", lora=config)
+    assert resumed.trainable_parameter_names == module.trainable_parameter_names
+    for name, value in saved.items():
+        assert torch.equal(resumed.training_state.params[name], value), name
+    assert sorted(state.training_state.optimizer.momentums) == sorted(module.trainable_parameter_names)
+    x, y = data()
+    module.eval(), resumed.eval()
+    assert float(resumed(x, y)) == float(module(x, y))
