@@ -84,6 +84,7 @@ print(json.dumps({"params": params, "loss": float(session.run(None, feeds)[0])})
 """
 
 
+@pytest.mark.slow
 @requires_ort[0]
 @requires_ort[1]
 def test_lora_checkpoint_and_merged_export_in_ort(tmp_path) -> None:
