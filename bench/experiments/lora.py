@@ -10,7 +10,8 @@ variant then runs in its own process, so that its peak resident set is its own:
 - ``lora-bf16``: the same with ``frozen_dtype=torch.bfloat16``.
 
 Each reports the trainable parameters (count and share), the resident set after building the
-Module and its peak over the run (``ru_maxrss``), and the median step time (forward, backward,
+Module, its peak during the steps (sampled every millisecond) and over the whole process (``ru_maxrss``,
+which includes loading the checkpoint: its file bytes and its tensors at once), and the median step time (forward, backward,
 AdamW update) over ``--steps`` steps after one warmup step. ``all`` runs ``prepare`` then every
 variant and prints a table with the ratios against ``full`` (targets: trainable < 1 %, peak RSS
 <= 0.5x with float32 frozen weights and lower with bfloat16, step time <= 0.8x).
@@ -29,6 +30,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -46,6 +48,28 @@ def rss_mib() -> float:
 def peak_rss_mib() -> float:
     """The process's peak resident set so far, in MiB (Linux reports ru_maxrss in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class RssSampler:
+    """The highest resident set seen while it runs (sampled every millisecond from /proc)."""
+
+    def __init__(self) -> None:
+        self.peak = rss_mib()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.001):
+            self.peak = max(self.peak, rss_mib())
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss_mib())
 
 
 def prepare(out: Path, small: bool, batch: int, tokens: int) -> None:
@@ -100,15 +124,16 @@ def run(directory: Path, variant: str, steps: int, threads: int) -> dict:
     built_rss = rss_mib()
     rng = np.random.default_rng(0)
     times, losses = [], []
-    for step in range(steps + 1):
-        tokens = rng.integers(0, shape["vocab"], (shape["batch"], shape["tokens"] + 1), dtype=np.int64)
-        inputs = (tokens[:, :-1].copy(), tokens[:, 1:].reshape(-1).copy())
-        start = time.perf_counter()
-        losses.append(float(module(*inputs)))
-        optimizer.step()
-        module.lazy_reset_grad()
-        if step:  # the first step converts the graph
-            times.append(time.perf_counter() - start)
+    with RssSampler() as sampler:
+        for step in range(steps + 1):
+            tokens = rng.integers(0, shape["vocab"], (shape["batch"], shape["tokens"] + 1), dtype=np.int64)
+            inputs = (tokens[:, :-1].copy(), tokens[:, 1:].reshape(-1).copy())
+            start = time.perf_counter()
+            losses.append(float(module(*inputs)))
+            optimizer.step()
+            module.lazy_reset_grad()
+            if step:  # the first step converts the graph
+                times.append(time.perf_counter() - start)
     trainable, total = module.parameters_size(True), module.parameters_size(False)
     return {
         "variant": variant,
@@ -116,6 +141,7 @@ def run(directory: Path, variant: str, steps: int, threads: int) -> dict:
         "all_parameters": total,
         "trainable_share": trainable / total,
         "rss_built_mib": round(built_rss, 1),
+        "peak_rss_steps_mib": round(sampler.peak, 1),
         "peak_rss_mib": round(peak_rss_mib(), 1),
         "median_step_s": statistics.median(times),
         "losses": losses,
@@ -142,13 +168,16 @@ def run_all(out: Path, small: bool, steps: int, threads: int, batch: int, tokens
 def table(results: list[dict]) -> str:
     full = results[0]
     lines = [
-        "| variant | trainable | share | RSS built (MiB) | peak RSS (MiB) | peak vs full | step (s) | step vs full |",
-        "|---|---|---|---|---|---|---|---|",
+        "| variant | trainable | share | RSS built (MiB) | peak RSS in steps (MiB) | vs full "
+        "| process peak RSS (MiB) | vs full | step (s) | step vs full |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for result in results:
         lines.append(
             f"| {result['variant']} | {result['trainable_parameters']:,} | {100 * result['trainable_share']:.2f}% "
-            f"| {result['rss_built_mib']} | {result['peak_rss_mib']} | {result['peak_rss_mib'] / full['peak_rss_mib']:.2f}x "
+            f"| {result['rss_built_mib']} | {result['peak_rss_steps_mib']} "
+            f"| {result['peak_rss_steps_mib'] / full['peak_rss_steps_mib']:.2f}x "
+            f"| {result['peak_rss_mib']} | {result['peak_rss_mib'] / full['peak_rss_mib']:.2f}x "
             f"| {result['median_step_s']:.3f} | {result['median_step_s'] / full['median_step_s']:.2f}x |"
         )
     return "\n".join(lines)
