@@ -20,6 +20,8 @@ from ort_torch_train.export.inference import export_inference_model
 from ort_torch_train.export.outputs import exportable_output_names
 from ort_torch_train.graph.layout import GraphLayout, ModelSource, load_model
 from ort_torch_train.graph.roles import check_slot
+from ort_torch_train.lora.apply import add_lora_to_artifacts
+from ort_torch_train.lora.config import LoraConfig
 from ort_torch_train.optim.engine import OptimizerEngine
 from ort_torch_train.training.binding import bind_parameters
 from ort_torch_train.training.engine import TrainingEngine
@@ -53,6 +55,9 @@ class Module(nn.Module):
     ``distributed=True`` trains data-parallel on torch.distributed (``process_group``, default the
     default group): gradients are averaged across ranks at each train step, steps inside
     ``no_sync()`` accumulate locally (see ``distributed/data_parallel.py``); eval stays local.
+    ``lora=LoraConfig(...)`` adds low-rank adapters beside the targeted weights: the state gains them
+    as its only trainable parameters, the rest is frozen, and ``export_model_for_inferencing`` merges
+    them (docs/lora.md).
     """
 
     def __init__(
@@ -68,6 +73,7 @@ class Module(nn.Module):
         process_group: Any = None,
         mixed_precision: str | None = None,
         recompute: RecomputeSetting = None,
+        lora: LoraConfig | None = None,
     ) -> None:
         training_model = load_model(train_model_uri, "training model")
         eval_model = load_model(eval_model_uri, "eval model") if eval_model_uri is not None else None
@@ -82,6 +88,12 @@ class Module(nn.Module):
             distributed=distributed,
             process_group=process_group,
         )
+        if lora is not None:
+            if not isinstance(lora, LoraConfig):
+                raise InputTypeError(f"lora: expected an ort_torch_train.lora.LoraConfig, got {type(lora).__name__}")
+            training_model, eval_model = add_lora_to_artifacts(
+                training_model, eval_model, training_state_of(state), lora
+            )
         super().__init__()
         self._engine = TrainingEngine(training_model, training_state_of(state), eval_model, options)
         bind_parameters(self, self._engine.training_state.params)

@@ -51,6 +51,8 @@ from ort_torch_train.errors import ModelError
 from ort_torch_train.export.inference import save_model
 from ort_torch_train.export.outputs import record_model_outputs
 from ort_torch_train.graph.layout import load_model, opsets_of
+from ort_torch_train.lora.apply import add_lora_to_base
+from ort_torch_train.lora.config import LoraConfig
 from ort_torch_train.optim.optimizer_model import read_optimizer_model
 
 TRAINING_MODEL_NOTE = (
@@ -93,6 +95,7 @@ def generate_artifacts(
     additional_output_names: Sequence[str] | None = None,
     nominal_checkpoint: bool = False,
     loss_input_names: Sequence[str] | None = None,
+    lora: LoraConfig | None = None,
     **extra_options: Any,
 ) -> None:
     """Write training_model.onnx, eval_model.onnx, checkpoint and, if asked, nominal_checkpoint, optimizer_model.onnx.
@@ -105,6 +108,10 @@ def generate_artifacts(
     ``output_names``, ``dynamic_axes``/``dynamic_shapes``, ``exporter='legacy'|'dynamo'``,
     ``opset_version``); it is exported in training mode and, unless given, ``requires_grad``/``frozen_params``
     follow the torch parameters' ``requires_grad`` flags.
+
+    ``lora=LoraConfig(...)`` adds low-rank adapters beside the targeted weight matrices: they are the
+    only trainable parameters, the targeted weights and the parameters selected above are frozen
+    (docs/lora.md).
 
     Every argument is checked and every model built before the first file is written.
     """
@@ -126,7 +133,7 @@ def generate_artifacts(
     if torch_split is not None and requires_grad is None and frozen_params is None:
         requires_grad, frozen_params = torch_split
     artifacts = build_artifacts(
-        base, requires_grad, frozen_params, loss, optimizer, additional_output_names, loss_input_names
+        base, requires_grad, frozen_params, loss, optimizer, additional_output_names, loss_input_names, lora
     )
     artifacts.write(directory, prefix, nominal_checkpoint)
 
@@ -139,8 +146,13 @@ def build_artifacts(
     optimizer: OptimType | Block | None = None,
     additional_output_names: Sequence[str] | None = None,
     loss_input_names: Sequence[str] | None = None,
+    lora: LoraConfig | None = None,
 ) -> Artifacts:
     """The artifacts of ``generate_artifacts`` in memory (``base`` is not modified)."""
+    if lora is not None:
+        if not isinstance(lora, LoraConfig):
+            raise TypeError(f"lora: expected an ort_torch_train.lora.LoraConfig, got {type(lora).__name__}")
+        base, requires_grad, frozen_params = add_lora_to_base(base, requires_grad, frozen_params, lora)
     trainable_names, frozen_names = check_arguments(
         base, requires_grad, frozen_params, additional_output_names, loss_input_names
     )

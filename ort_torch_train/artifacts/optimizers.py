@@ -78,7 +78,8 @@ class _Optimizer(Block):
 
 
 class AdamW(_Optimizer):
-    """``com.microsoft.AdamWOptimizer`` with onnxblock's defaults (adam_mode=1: the HF/transformers AdamW)."""
+    """``com.microsoft.AdamWOptimizer`` with onnxblock's defaults (adam_mode=1: the HF/transformers AdamW;
+    ``adam_mode=0`` is torch.optim.AdamW's math)."""
 
     def __init__(
         self,
@@ -87,15 +88,20 @@ class AdamW(_Optimizer):
         eps: float = 1e-6,
         weight_decay: float = 0.0,
         clip_grad: ClipGradNorm | None = None,
+        adam_mode: int = 1,
     ) -> None:
         super().__init__(clip_grad)
+        if adam_mode not in (0, 1):
+            raise ValueError(f"adam_mode: expected 0 (torch.optim.AdamW) or 1 (HF AdamW), got {adam_mode!r}")
+        if adam_mode == 0 and not bias_correction:
+            raise ValueError("adam_mode 0 (torch.optim.AdamW) needs bias_correction=True, as ORT's kernel does")
         self._attributes = {
             "alpha": float(betas[0]),
             "beta": float(betas[1]),
             "epsilon": float(eps),
             "weight_decay": float(weight_decay),
             "correct_bias": 1 if bias_correction else 0,
-            "adam_mode": 1,
+            "adam_mode": adam_mode,
         }
 
     def _update_node(self, gradients: str, elem_type: int) -> str:

@@ -25,6 +25,8 @@ from ort_torch_train.cli.common import (
 )
 from ort_torch_train.dtypes import dtype_name
 from ort_torch_train.graph.layout import GraphLayout, eval_layout, opsets_of, training_layout
+from ort_torch_train.lora.config import LORA_PROPERTY, LoraConfig
+from ort_torch_train.lora.record import read_record
 from ort_torch_train.optim.optimizer_model import read_optimizer_model
 
 DESCRIPTION = """\
@@ -32,7 +34,8 @@ Show what a set of training artifacts holds: the user inputs and outputs of the 
 models (what you feed and get back; parameters and gradient buffers left out), every parameter with
 dtype, shape and trainability, the optimizer and its hyperparameters, and the checkpoint (complete
 or nominal, optimizer groups with step count and initial learning rate, properties). Without a
-checkpoint, the parameters are the training model's trainable ones."""
+checkpoint, the parameters are the training model's trainable ones. LoRA artifacts and checkpoints
+also show their adapters: rank, alpha and the adapted weights (adapters trainable, the rest frozen)."""
 
 
 def run_inspect(args: argparse.Namespace) -> None:
@@ -65,6 +68,9 @@ def inspect_artifacts(paths: ArtifactPaths) -> dict[str, Any]:
     if evaluation is not None:
         report["eval_model"] = _describe_model(evaluation, eval_layout(evaluation, param_names))
     report["parameters"] = _describe_parameters(state, param_names, [m for m in (training, evaluation) if m])
+    lora = _describe_lora(state, training or evaluation)
+    if lora is not None:
+        report["lora"] = lora
     if paths.optimizer_model:
         report["optimizer"] = _describe_optimizer(paths.optimizer_model)
     if state is not None:
@@ -134,6 +140,34 @@ def _describe_parameters(state: TrainingState | None, names: list[str], models: 
     return described
 
 
+def _describe_lora(state: TrainingState | None, model: onnx.ModelProto | None) -> dict[str, Any] | None:
+    """The adapters the models carry (generate_artifacts(lora=)) or the checkpoint's LoRA config (Module(lora=))."""
+    record = read_record(model) if model is not None else None
+    if record is not None:
+        return {
+            "source": "models",
+            "r": record.rank,
+            "alpha": short_float(record.alpha),
+            "scaling": short_float(record.scaling),
+            "adapters": [
+                {"weight": t.weight, "lora_A": t.lora_a, "lora_B": t.lora_b, "in": t.in_features, "out": t.out_features}
+                for t in record.targets
+            ],
+        }
+    kept = state.properties.get(LORA_PROPERTY) if state is not None else None
+    if state is None or not isinstance(kept, str):
+        return None
+    config = LoraConfig.from_json(kept)
+    return {
+        "source": "checkpoint",
+        "r": config.r,
+        "alpha": short_float(config.alpha),
+        "scaling": short_float(config.scaling),
+        "targets": list(config.targets),
+        "adapters": [{"name": name} for name in state.trainable_names()],
+    }
+
+
 def _describe_checkpoint(state: TrainingState) -> dict[str, Any]:
     groups = []
     if state.optimizer is not None:
@@ -190,6 +224,8 @@ def render_text(report: dict[str, Any]) -> str:
                 for p in params
             ]
         )
+    if "lora" in report:
+        lines += _render_lora(report["lora"])
     if "optimizer" in report:
         opt = report["optimizer"]
         settings = ", ".join(f"{k} {_setting(v)}" for k, v in opt["hyperparameters"].items())
@@ -212,6 +248,20 @@ def render_text(report: dict[str, Any]) -> str:
         properties = ckpt["properties"]
         lines.append("  properties: " + (", ".join(f"{k}={v!r}" for k, v in properties.items()) or "none"))
     return "\n".join(lines)
+
+
+def _render_lora(lora: dict[str, Any]) -> list[str]:
+    adapters = lora["adapters"]
+    where = "in the models" if lora["source"] == "models" else f"from the checkpoint, targets {lora['targets']}"
+    lines = [
+        "",
+        f"LoRA ({where}): r {lora['r']}, alpha {lora['alpha']} (scale {lora['scaling']}); "
+        f"{len(adapters)} {'adapted weights' if lora['source'] == 'models' else 'adapter tensors'} "
+        "(adapters trainable, every other parameter frozen)",
+    ]
+    if lora["source"] == "models":
+        lines += _table([[a["weight"], f"{a['in']}x{a['out']}", a["lora_A"], a["lora_B"]] for a in adapters])
+    return lines
 
 
 def _setting(value: Any) -> str:

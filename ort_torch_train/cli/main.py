@@ -16,6 +16,7 @@ from typing import NoReturn
 from ort_torch_train import __version__
 from ort_torch_train.cli.common import CliError
 from ort_torch_train.cli.convert import add_convert_parser
+from ort_torch_train.cli.export import add_export_parser
 from ort_torch_train.cli.inspect import add_inspect_parser
 from ort_torch_train.cli.train import add_train_parser
 from ort_torch_train.logs import enable
@@ -33,6 +34,8 @@ examples:
   ort-torch-train train artifacts/ --data train.npz --epochs 3 --output run/checkpoint
   ort-torch-train train artifacts/ --data train.npz --epochs 3 --resume run/checkpoint --output run/checkpoint2
   ort-torch-train convert run/checkpoint model.safetensors
+  ort-torch-train train artifacts/ --data train.npz --steps 100 --lora r=8,alpha=16,targets=all-linear
+  ort-torch-train export artifacts/ --checkpoint run/checkpoint --output model.onnx --adapter task.onnx_adapter
 
 Run `ort-torch-train COMMAND --help` for each command's options."""
 
@@ -89,7 +92,7 @@ def _integer(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with its three commands."""
+    """The argument parser with its commands."""
     parser = ArgumentParser(prog=PROG, description=DESCRIPTION, epilog=EPILOG, formatter_class=HelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--traceback", action="store_true", help="show Python tracebacks instead of one-line errors")
@@ -105,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_inspect_parser(commands, HelpFormatter)
     add_train_parser(commands, HelpFormatter, positive_int, non_negative_int, learning_rate)
     add_convert_parser(commands, HelpFormatter)
+    add_export_parser(commands, HelpFormatter)
     return parser
 
 

@@ -33,6 +33,7 @@ from ort_torch_train.cli.data import (
     split_keys,
 )
 from ort_torch_train.cli.distributed import Launch, launch_from_environment
+from ort_torch_train.cli.export import lora_setting
 from ort_torch_train.cli.train_loop import MetricsSink, run_loop
 from ort_torch_train.graph.layout import eval_layout, training_layout
 
@@ -114,6 +115,7 @@ def train(args: argparse.Namespace, launch: Launch, device: str) -> None:
         device=device,
         compile=args.compile,
         distributed=launch.distributed,
+        lora=lora_setting(args.lora, job.state.training_state, job.training_model),
     )
     optimizer = Optimizer(job.optimizer_model, module, shard_state=args.shard_state)
     optimizer_state = job.state.training_state.optimizer
@@ -351,4 +353,10 @@ def add_train_parser(
     )
     parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout instead of text")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no text summary")
+    parser.add_argument(
+        "--lora",
+        metavar="r=8,alpha=16,targets=...",
+        help="train LoRA adapters only (keys r, alpha, dropout, targets (fnmatch patterns or all-linear), "
+        "frozen_dtype, seed; docs/lora.md); a LoRA checkpoint given to --resume keeps its config",
+    )
     parser.set_defaults(run=run_train)

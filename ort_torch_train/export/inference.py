@@ -2,7 +2,8 @@
 
 From the eval model: the outputs become ``graph_output_names`` (any value of the eval graph),
 nodes and inputs they do not need are removed, and the parameters are baked in as initializers
-with their current values. Models over 2 GB are written with ONNX external data.
+with their current values. Models over 2 GB are written with ONNX external data. An eval model
+with LoRA adapters (``ort_torch_train.lora``) is exported merged: ``W + (alpha/r) * A @ B`` folded in.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ort_torch_train.errors import ModelError, NominalStateError
 from ort_torch_train.export.outputs import exportable_output_names
 from ort_torch_train.fileio import atomic_write_bytes
 from ort_torch_train.graph.layout import prune_graph
+from ort_torch_train.lora.merge import merged_for_inference
 
 # Current onnxruntime releases load IR <= 10 models from every opset this project writes.
 MAX_IR_VERSION = 10
@@ -32,7 +34,8 @@ _PROTOBUF_LIMIT = 2**31 - 2**20  # leave headroom for the graph itself
 def inference_model(
     eval_model: onnx.ModelProto, params: Mapping[str, torch.Tensor], graph_output_names: Sequence[str]
 ) -> onnx.ModelProto:
-    """The inference ModelProto for ``graph_output_names`` with ``params`` baked in."""
+    """The inference ModelProto for ``graph_output_names`` with ``params`` baked in (LoRA adapters merged)."""
+    eval_model, params = merged_for_inference(eval_model, params)
     names = list(graph_output_names)
     typed = _typed_values(eval_model)
     for name in names:
@@ -73,18 +76,26 @@ def export_inference_model(
     save_model(model, path)
 
 
-def save_model(model: onnx.ModelProto, path: str | os.PathLike) -> None:
-    """Save atomically; with external data (``<name>.data`` beside it) when over protobuf's 2 GB."""
+def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: bool = False) -> None:
+    """Save atomically; with external data (``<name>.data`` beside it) when asked or over protobuf's 2 GB."""
     target = Path(path)
     size = sum(len(init.raw_data) for init in model.graph.initializer)
-    if size < _PROTOBUF_LIMIT:
+    if size < _PROTOBUF_LIMIT and not external_data:
         atomic_write_bytes(target, model.SerializeToString())
         return
     data_name = target.name + ".data"
     with tempfile.TemporaryDirectory(dir=target.parent or ".") as scratch:
         staged = Path(scratch) / target.name
-        onnx.save_model(model, staged, save_as_external_data=True, all_tensors_to_one_file=True, location=data_name)
-        os.replace(Path(scratch) / data_name, target.parent / data_name)
+        onnx.save_model(
+            model,
+            staged,
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=data_name,
+            size_threshold=0 if external_data else 1024,
+        )
+        if (Path(scratch) / data_name).exists():  # absent for a model without initializers
+            os.replace(Path(scratch) / data_name, target.parent / data_name)
         os.replace(staged, target)
 
 

@@ -1,0 +1,219 @@
+"""LoRA against full fine-tuning on a GPT-2-small-shaped model (124M parameters, transformers' GPT2Config).
+
+``prepare`` exports a random-init ``transformers`` GPT-2 (default config: 12 layers, hidden 768, vocab
+50257) and writes plain training artifacts (CrossEntropy, AdamW; every parameter trainable). Each
+variant then runs in its own process, so that its peak resident set is its own:
+
+- ``full``: ``Module`` on the plain artifacts, every parameter trained;
+- ``lora``: ``Module(..., lora=LoraConfig(r=8, alpha=16, targets=attention and MLP weights))``, the
+  base frozen in float32;
+- ``lora-bf16``: the same with ``frozen_dtype=torch.bfloat16``.
+
+Each reports the trainable parameters (count and share), the resident set after building the
+Module, its peak during the steps (sampled every millisecond) and over the whole process (``ru_maxrss``,
+which includes loading the checkpoint: its file bytes and its tensors at once), and the median step time (forward, backward,
+AdamW update) over ``--steps`` steps after one warmup step. ``all`` runs ``prepare`` then every
+variant and prints a table with the ratios against ``full`` (targets: trainable < 1 %, peak RSS
+<= 0.5x with float32 frozen weights and lower with bfloat16, step time <= 0.8x).
+
+    python bench/experiments/lora.py all --out bench/.cache/lora --steps 10 [--small] [--json result.json]
+    python bench/experiments/lora.py prepare --out DIR [--small]
+    python bench/experiments/lora.py run DIR --variant full|lora|lora-bf16 [--steps 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+VARIANTS = ("full", "lora", "lora-bf16")
+TARGETS = ["*attn.c_attn.weight", "*attn.c_proj.weight", "*mlp.c_fc.weight", "*mlp.c_proj.weight"]
+SMALL = {"n_embd": 64, "n_layer": 2, "n_head": 2, "vocab_size": 256}
+
+
+def rss_mib() -> float:
+    """The process's resident set now, in MiB (Linux /proc)."""
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * resource.getpagesize() / 2**20
+
+
+def peak_rss_mib() -> float:
+    """The process's peak resident set so far, in MiB (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class RssSampler:
+    """The highest resident set seen while it runs (sampled every millisecond from /proc)."""
+
+    def __init__(self) -> None:
+        self.peak = rss_mib()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.001):
+            self.peak = max(self.peak, rss_mib())
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss_mib())
+
+
+def prepare(out: Path, small: bool, batch: int, tokens: int) -> None:
+    import torch
+    import transformers
+
+    from ort_torch_train.artifacts import AdamW, LossType, generate_artifacts
+
+    class Logits(torch.nn.Module):
+        def __init__(self, model: torch.nn.Module) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.flatten(0, 1)
+
+    torch.manual_seed(0)
+    sizes = {**SMALL, "bos_token_id": 0, "eos_token_id": 0} if small else {}
+    config = transformers.GPT2Config(
+        n_positions=tokens, use_cache=False, attn_implementation="eager", resid_pdrop=0.0, embd_pdrop=0.0,
+        attn_pdrop=0.0, **sizes,
+    )  # fmt: skip
+    generate_artifacts(
+        Logits(transformers.GPT2LMHeadModel(config)),
+        example_inputs=(torch.zeros(batch, tokens, dtype=torch.int64),),
+        input_names=["tokens"],
+        output_names=["logits"],
+        loss=LossType.CrossEntropyLoss,
+        optimizer=AdamW(),
+        artifact_directory=out,
+    )
+    (out / "shape.json").write_text(json.dumps({"batch": batch, "tokens": tokens, "vocab": config.vocab_size}))
+
+
+def run(directory: Path, variant: str, steps: int, threads: int) -> dict:
+    import numpy as np
+    import torch
+
+    from ort_torch_train.api import CheckpointState, Module, Optimizer
+    from ort_torch_train.lora import LoraConfig
+
+    torch.set_num_threads(threads)
+    shape = json.loads((directory / "shape.json").read_text())
+    lora = None
+    if variant != "full":
+        lora = LoraConfig(
+            r=8, alpha=16, targets=TARGETS, frozen_dtype=torch.bfloat16 if variant == "lora-bf16" else None
+        )
+    state = CheckpointState.load_checkpoint(directory / "checkpoint")
+    module = Module(directory / "training_model.onnx", state, lora=lora)
+    optimizer = Optimizer(directory / "optimizer_model.onnx", module)
+    built_rss = rss_mib()
+    rng = np.random.default_rng(0)
+    times, losses = [], []
+    with RssSampler() as sampler:
+        for step in range(steps + 1):
+            tokens = rng.integers(0, shape["vocab"], (shape["batch"], shape["tokens"] + 1), dtype=np.int64)
+            inputs = (tokens[:, :-1].copy(), tokens[:, 1:].reshape(-1).copy())
+            start = time.perf_counter()
+            losses.append(float(module(*inputs)))
+            optimizer.step()
+            module.lazy_reset_grad()
+            if step:  # the first step converts the graph
+                times.append(time.perf_counter() - start)
+    trainable, total = module.parameters_size(True), module.parameters_size(False)
+    return {
+        "variant": variant,
+        "trainable_parameters": trainable,
+        "all_parameters": total,
+        "trainable_share": trainable / total,
+        "rss_built_mib": round(built_rss, 1),
+        "peak_rss_steps_mib": round(sampler.peak, 1),
+        "peak_rss_mib": round(peak_rss_mib(), 1),
+        "median_step_s": statistics.median(times),
+        "losses": losses,
+    }
+
+
+def run_all(out: Path, small: bool, steps: int, threads: int, batch: int, tokens: int) -> list[dict]:
+    if not (out / "checkpoint").is_file():
+        prepare(out, small, batch, tokens)
+    results = []
+    for variant in VARIANTS:  # each in its own process: its own peak RSS
+        command = [sys.executable, __file__, "run", str(out), "--variant", variant, "--steps", str(steps)]
+        command += ["--threads", str(threads)]
+        # glibc mmaps every allocation over 64 KiB, so freed tensors (float32 weights cast to bfloat16, the
+        # checkpoint file's bytes) leave the resident set
+        environment = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+        completed = subprocess.run(command, capture_output=True, text=True, check=False, env=environment)
+        if completed.returncode != 0:
+            raise SystemExit(f"variant {variant} failed:\n{completed.stderr[-4000:]}")
+        results.append(json.loads(completed.stdout.strip().splitlines()[-1]))
+    return results
+
+
+def table(results: list[dict]) -> str:
+    full = results[0]
+    lines = [
+        "| variant | trainable | share | RSS built (MiB) | peak RSS in steps (MiB) | vs full "
+        "| process peak RSS (MiB) | vs full | step (s) | step vs full |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for result in results:
+        lines.append(
+            f"| {result['variant']} | {result['trainable_parameters']:,} | {100 * result['trainable_share']:.2f}% "
+            f"| {result['rss_built_mib']} | {result['peak_rss_steps_mib']} "
+            f"| {result['peak_rss_steps_mib'] / full['peak_rss_steps_mib']:.2f}x "
+            f"| {result['peak_rss_mib']} | {result['peak_rss_mib'] / full['peak_rss_mib']:.2f}x "
+            f"| {result['median_step_s']:.3f} | {result['median_step_s'] / full['median_step_s']:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> list[dict] | dict | None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name in ("all", "prepare"):
+        sub = commands.add_parser(name)
+        sub.add_argument("--out", type=Path, default=Path("bench/.cache/lora"))
+        sub.add_argument("--small", action="store_true", help="a 2-layer, hidden-64 GPT-2 to check the script")
+        sub.add_argument("--batch", type=int, default=4)
+        sub.add_argument("--tokens", type=int, default=128)
+    commands.choices["all"].add_argument("--steps", type=int, default=10)
+    commands.choices["all"].add_argument("--threads", type=int, default=2)
+    commands.choices["all"].add_argument("--json", type=Path, help="also write the results here")
+    single = commands.add_parser("run")
+    single.add_argument("artifacts", type=Path)
+    single.add_argument("--variant", choices=VARIANTS, required=True)
+    single.add_argument("--steps", type=int, default=10)
+    single.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    if args.command == "prepare":
+        prepare(args.out, args.small, args.batch, args.tokens)
+        return None
+    if args.command == "run":
+        result = run(args.artifacts, args.variant, args.steps, args.threads)
+        print(json.dumps(result))
+        return result
+    results = run_all(args.out, args.small, args.steps, args.threads, args.batch, args.tokens)
+    print(table(results))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    return results
+
+
+if __name__ == "__main__":
+    main()

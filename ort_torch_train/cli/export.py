@@ -1,0 +1,123 @@
+"""``ort-torch-train export``: the inference model of trained artifacts, and LoRA adapters for onnxruntime."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from ort_torch_train.checkpoint.state import TrainingState
+from ort_torch_train.cli.common import CliError, existing_file, find_artifacts, load_onnx, load_training_state
+from ort_torch_train.export.inference import inference_model, save_model
+from ort_torch_train.export.outputs import exportable_output_names
+from ort_torch_train.lora.apply import add_lora_to_artifacts
+from ort_torch_train.lora.config import LORA_PROPERTY, LoraConfig
+from ort_torch_train.lora.export import export_adapter, export_unmerged_model
+from ort_torch_train.lora.record import read_record
+
+DESCRIPTION = """\
+Write the inference model of a set of artifacts with a checkpoint's parameters (LoRA adapters merged
+into their weights), and for LoRA training also the unmerged model, whose adapters are overridable
+inputs, and the adapters as an onnxruntime .onnx_adapter file (onnxruntime.LoraAdapter loads it;
+several adapters trained on one base run on one unmerged model). The LoRA config comes from the
+models (generate_artifacts(lora=...)), from the checkpoint (train --lora keeps it there) or --lora."""
+
+
+@dataclass
+class ExportSource:
+    """The eval model (with its adapters) and the parameters to export."""
+
+    eval_model: onnx.ModelProto
+    training_state: TrainingState
+
+
+def lora_setting(text: str | None, state: TrainingState, training_model: onnx.ModelProto) -> LoraConfig | None:
+    """The LoRA config to apply to ``training_model``: ``--lora``, else the one the checkpoint keeps
+    (when the models carry no adapters of their own), else None."""
+    if read_record(training_model) is not None:
+        if text:
+            raise CliError("--lora: these artifacts already carry LoRA adapters (generate_artifacts(lora=...))")
+        return None
+    if text:
+        try:
+            return LoraConfig.parse(text)
+        except ValueError as error:
+            raise CliError(str(error)) from None
+    kept = state.properties.get(LORA_PROPERTY)
+    return LoraConfig.from_json(kept) if isinstance(kept, str) else None
+
+
+def run_export(args: argparse.Namespace) -> None:
+    """Write the files asked for and name them on stdout."""
+    if not (args.output or args.unmerged or args.adapter):
+        raise CliError("nothing to export: give --output, --unmerged and/or --adapter")
+    source = args.artifacts
+    paths = find_artifacts(source)
+    training = load_onnx(paths.require("training_model", source), "training model")
+    evaluation = load_onnx(paths.require("eval_model", source), "eval model")
+    checkpoint = (
+        existing_file(args.checkpoint, "checkpoint") if args.checkpoint else paths.require("checkpoint", source)
+    )
+    state = load_training_state(checkpoint)
+    if state.is_nominal:
+        raise CliError(f"{str(checkpoint)!r} is a nominal checkpoint (no parameter values): export a complete one")
+    config = lora_setting(args.lora, state, training)
+    if config is not None:
+        _, adapted = add_lora_to_artifacts(training, evaluation, state, config)
+        evaluation = adapted or evaluation
+    exported = ExportSource(evaluation, state)
+    outputs = [name for name in (args.outputs or "").split(",") if name] or default_outputs(evaluation, state)
+    if (args.unmerged or args.adapter) and read_record(evaluation) is None:
+        raise CliError(
+            "--unmerged/--adapter: the artifacts and checkpoint hold no LoRA adapters; give --lora r=...,targets=... "
+            "or train with `ort-torch-train train --lora ...`"
+        )
+    if args.output:
+        save_model(inference_model(evaluation, state.params, outputs), args.output, external_data=args.external_data)
+        print(f"inference model (outputs {', '.join(outputs)}): {args.output}")
+    if args.unmerged:
+        export_unmerged_model(exported, args.unmerged, outputs)
+        print(f"unmerged LoRA model: {args.unmerged}")
+    if args.adapter:
+        export_adapter(exported, Path(args.adapter))
+        print(f"LoRA adapter: {args.adapter}")
+
+
+def default_outputs(eval_model: onnx.ModelProto, state: TrainingState) -> list[str]:
+    """The model's own outputs (before the loss), or the loss where none is known."""
+    names = exportable_output_names(eval_model, state.params)
+    loss = {value.name for value in eval_model.graph.output}
+    return [name for name in names if name not in loss] or names
+
+
+def add_export_parser(commands: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
+    """Register ``export`` and its options."""
+    parser = commands.add_parser(
+        "export",
+        help="write the inference model, and LoRA's unmerged model and .onnx_adapter",
+        description=DESCRIPTION,
+        epilog="examples:\n"
+        "  ort-torch-train export artifacts/ --checkpoint run/checkpoint --output model.onnx\n"
+        "  ort-torch-train export artifacts/ --checkpoint run/checkpoint --unmerged base.onnx --adapter task.onnx_adapter\n"
+        "  ort-torch-train export artifacts/ --output model.onnx --external-data",
+        formatter_class=formatter,
+    )
+    parser.add_argument("artifacts", metavar="ARTIFACTS_DIR", help="folder holding the training and eval models")
+    parser.add_argument(
+        "--checkpoint", metavar="CKPT", help="the parameters to export (default: ARTIFACTS_DIR/checkpoint)"
+    )
+    parser.add_argument("--output", metavar="MODEL.onnx", help="the inference model, LoRA adapters merged")
+    parser.add_argument("--outputs", metavar="NAME1,NAME2", help="graph outputs to export (default: the model's own)")
+    parser.add_argument(
+        "--external-data", action="store_true", help="keep --output's weights in MODEL.onnx.data (always over 2 GB)"
+    )
+    parser.add_argument("--unmerged", metavar="MODEL.onnx", help="the LoRA model with the adapters as inputs")
+    parser.add_argument("--adapter", metavar="OUT.onnx_adapter", help="the LoRA adapters for onnxruntime.LoraAdapter")
+    parser.add_argument(
+        "--lora",
+        metavar="r=8,alpha=16,targets=...",
+        help="the LoRA config of Module(lora=) (default: the checkpoint's)",
+    )
+    parser.set_defaults(run=run_export)

@@ -1,0 +1,118 @@
+"""``LoraConfig``: which weight matrices get low-rank adapters, of what rank and scale."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+LORA_PROPERTY = "ort_torch_train.lora"  # the checkpoint property holding the config of Module(lora=)
+ALL_LINEAR = "all-linear"
+FROZEN_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """Low-rank adapters next to the targeted weight matrices, as PEFT's ``LoraConfig`` defines them.
+
+    Fields:
+        r: the adapters' rank (> 0).
+        alpha: the scale numerator: the adapter's product is multiplied by ``alpha / r``.
+        dropout: dropout probability on the adapter's input in the training graph (0: none).
+        targets: fnmatch patterns over the weight (initializer / parameter) names, e.g. ``"*q_proj*"``,
+            or ``"all-linear"``: every weight only used as a MatMul/Gemm matrix, except the output
+            layer (a name containing ``lm_head``), as PEFT's "all-linear" does.
+        frozen_dtype: hold the frozen parameters in this dtype (``torch.bfloat16``/``torch.float16``),
+            cast back to their graph type where they are used; None keeps them as they are.
+        seed: seeds the Kaiming-uniform initialisation of the A matrices (B starts at zero).
+    """
+
+    r: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    targets: tuple[str, ...] = field(default=(ALL_LINEAR,))
+    frozen_dtype: torch.dtype | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.r, bool) or not isinstance(self.r, int) or self.r <= 0:
+            raise ValueError(f"LoraConfig.r: expected an integer rank > 0, got {self.r!r}")
+        if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not self.alpha > 0:
+            raise ValueError(f"LoraConfig.alpha: expected a number > 0, got {self.alpha!r}")
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
+            raise ValueError(f"LoraConfig.dropout: expected a probability in [0, 1), got {self.dropout!r}")
+        targets = self.targets
+        if isinstance(targets, str):
+            targets = (targets,)
+        if not isinstance(targets, Sequence) or not targets or not all(isinstance(t, str) and t for t in targets):
+            raise ValueError(
+                f"LoraConfig.targets: expected non-empty name patterns or 'all-linear', got {self.targets!r}"
+            )
+        object.__setattr__(self, "targets", tuple(targets))
+        dtype = self.frozen_dtype
+        if isinstance(dtype, str):
+            if dtype not in FROZEN_DTYPES:
+                raise ValueError(f"LoraConfig.frozen_dtype: expected one of {sorted(FROZEN_DTYPES)}, got {dtype!r}")
+            object.__setattr__(self, "frozen_dtype", FROZEN_DTYPES[dtype])
+        elif dtype is not None and dtype not in (torch.bfloat16, torch.float16):
+            raise ValueError(f"LoraConfig.frozen_dtype: expected torch.bfloat16, torch.float16 or None, got {dtype!r}")
+
+    @property
+    def scaling(self) -> float:
+        """The factor on the adapter's product: alpha / r."""
+        return float(self.alpha) / self.r
+
+    def to_json(self) -> str:
+        """The config as JSON (kept in a checkpoint's properties so that later runs re-apply it)."""
+        dtype = None if self.frozen_dtype is None else str(self.frozen_dtype).removeprefix("torch.")
+        return json.dumps(
+            {"r": self.r, "alpha": self.alpha, "dropout": self.dropout, "targets": list(self.targets),
+             "frozen_dtype": dtype, "seed": self.seed}
+        )  # fmt: skip
+
+    @classmethod
+    def from_json(cls, text: str) -> LoraConfig:
+        """The config written by ``to_json``."""
+        data = json.loads(text)
+        return cls(**{**data, "targets": tuple(data["targets"])})
+
+    @classmethod
+    def parse(cls, text: str) -> LoraConfig:
+        """A config from ``"r=8,alpha=16,dropout=0.05,targets=*q_proj*,*v_proj*,frozen_dtype=bf16,seed=0"``.
+
+        Items after ``targets=`` without an ``=`` are further target patterns.
+        """
+        values: dict[str, object] = {}
+        targets: list[str] = []
+        key = None
+        for item in (part.strip() for part in text.split(",")):
+            if not item:
+                continue
+            if "=" not in item:
+                if key != "targets":
+                    raise ValueError(f"--lora: expected key=value items, got {item!r} in {text!r}")
+                targets.append(item)
+                continue
+            key, value = (side.strip() for side in item.split("=", 1))
+            try:
+                if key == "targets":
+                    targets.append(value)
+                elif key in ("r", "seed"):
+                    values[key] = int(value)
+                elif key in ("alpha", "dropout"):
+                    values[key] = float(value)
+                elif key == "frozen_dtype":
+                    values[key] = value
+                else:
+                    raise ValueError(
+                        f"--lora: unknown key {key!r} in {text!r}; expected r, alpha, dropout, targets, frozen_dtype, seed"
+                    )
+            except ValueError as error:
+                if "unknown key" in str(error):
+                    raise
+                raise ValueError(f"--lora: {key}={value!r} is not a valid number") from None
+        if targets:
+            values["targets"] = tuple(targets)
+        return cls(**values)  # type: ignore[arg-type]

@@ -1,0 +1,261 @@
+"""The graph rewrite: low-rank adapter branches beside the MatMul/Gemm nodes that read a target weight.
+
+``y = x @ W_eff`` becomes ``y = x @ W_eff + scaling * (x @ A) @ B`` (A: in x r, B: r x out), the
+branch inserted right after the base node; the base node keeps its name and gets a new output.
+Weights are found as inputs 1 of MatMul/Gemm, directly or through a 2-D Transpose.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import onnx
+import torch
+
+from ort_torch_train.errors import ModelError
+from ort_torch_train.lora.config import ALL_LINEAR, LoraConfig
+from ort_torch_train.lora.record import LoraRecord, LoraTarget, LoraUse
+
+OUTPUT_LAYER_MARK = "lm_head"
+
+
+@dataclass(frozen=True)
+class WeightUse:
+    """A MatMul/Gemm multiplying ``x`` by a weight (directly or through a Transpose)."""
+
+    node: onnx.NodeProto
+    x: str
+    transposed: bool  # the weight is stored (out, in)
+    gemm_alpha: float
+
+
+def adapter_names(weight: str) -> tuple[str, str]:
+    """The (A, B) tensor names for ``weight``, following onnxruntime-genai's builder where its names are used.
+
+    ``model.layers.0.attn.q_proj.MatMul.weight`` -> ``model.layers.0.attn.q_proj.lora_A.MatMul.weight``;
+    ``h.0.attn.c_attn.weight`` -> ``h.0.attn.c_attn.lora_A.weight``; any other name gets ``_lora_A``.
+    """
+    if weight.endswith(".MatMul.weight"):
+        stem = weight[: -len(".MatMul.weight")]
+        return f"{stem}.lora_A.MatMul.weight", f"{stem}.lora_B.MatMul.weight"
+    if weight.endswith(".weight"):
+        stem = weight[: -len(".weight")]
+        return f"{stem}.lora_A.weight", f"{stem}.lora_B.weight"
+    return f"{weight}_lora_A", f"{weight}_lora_B"
+
+
+def select_targets(
+    graph: onnx.GraphProto, shapes: Mapping[str, Sequence[int]], config: LoraConfig
+) -> dict[str, list[WeightUse]]:
+    """The targeted weights (in ``shapes``' order) with their MatMul/Gemm uses; raises naming a bad target."""
+    consumers = _consumers(graph)
+    chosen: dict[str, list[WeightUse]] = {}
+    for pattern in config.targets:
+        if pattern == ALL_LINEAR:
+            for name, shape in shapes.items():
+                uses, others = _linear_uses(name, consumers)
+                if len(shape) == 2 and uses and not others and OUTPUT_LAYER_MARK not in name:
+                    chosen.setdefault(name, uses)
+            if not chosen:
+                raise ModelError("LoRA targets 'all-linear': no parameter is used only as a MatMul/Gemm weight matrix")
+            continue
+        matched = [name for name in shapes if fnmatch.fnmatchcase(name, pattern)]
+        if not matched:
+            raise ModelError(
+                f"LoRA target pattern {pattern!r} matches no parameter; the parameters include {_listing(list(shapes))}"
+            )
+        for name in matched:
+            shape = list(shapes[name])
+            if len(shape) != 2:
+                raise ModelError(
+                    f"LoRA target {name!r} (matched by {pattern!r}) has shape {shape}: expected a weight matrix "
+                    "(2-D); narrow the pattern, e.g. to '*.weight'"
+                )
+            uses, others = _linear_uses(name, consumers)
+            if others or not uses:
+                raise ModelError(
+                    f"LoRA target {name!r} (matched by {pattern!r}) is not used only as a MatMul/Gemm weight: "
+                    f"it feeds {', '.join(others) or 'nothing'}"
+                )
+            chosen.setdefault(name, uses)
+    return chosen
+
+
+def weight_uses(graph: onnx.GraphProto, weights: Sequence[str]) -> dict[str, list[WeightUse]]:
+    """The MatMul/Gemm uses of each of ``weights`` (already chosen, e.g. in the other model of a pair)."""
+    consumers = _consumers(graph)
+    found = {}
+    for weight in weights:
+        uses, others = _linear_uses(weight, consumers)
+        if others or not uses:
+            raise ModelError(
+                f"LoRA target {weight!r} is not used only as a MatMul/Gemm weight in this graph: "
+                f"it feeds {', '.join(others) or 'nothing'}"
+            )
+        found[weight] = uses
+    return found
+
+
+def insert_adapters(
+    graph: onnx.GraphProto,
+    targets: Mapping[str, list[WeightUse]],
+    shapes: Mapping[str, Sequence[int]],
+    elem_types: Mapping[str, int],
+    config: LoraConfig,
+    training: bool,
+) -> LoraRecord:
+    """Add the adapter branches for ``targets`` to ``graph`` (A/B are declared by the caller)."""
+    taken = {value for node in graph.node for value in (*node.input, *node.output)}
+    taken |= {value.name for value in (*graph.input, *graph.initializer)}
+    records = []
+    for weight, uses in targets.items():
+        lora_a, lora_b = adapter_names(weight)
+        for name in (lora_a, lora_b):
+            if name in taken:
+                raise ModelError(f"LoRA adapter name {name!r} for {weight!r} is already a value of the graph")
+        transposed = uses[0].transposed
+        alphas = {use.gemm_alpha for use in uses}
+        if {use.transposed for use in uses} != {transposed} or len(alphas) != 1:
+            raise ModelError(f"LoRA target {weight!r} is multiplied in different layouts or by different Gemm alphas")
+        rows, columns = shapes[weight]
+        in_features, out_features = (columns, rows) if transposed else (rows, columns)
+        branch_uses = [
+            _insert_branch(
+                graph, use, f"/lora/{weight}/{index}", (lora_a, lora_b), elem_types[weight], config, training
+            )
+            for index, use in enumerate(uses)
+        ]
+        records.append(
+            LoraTarget(weight, lora_a, lora_b, in_features, out_features, transposed, alphas.pop(), tuple(branch_uses))
+        )
+    return LoraRecord(config.r, float(config.alpha), config.scaling, tuple(records), ())
+
+
+def cast_parameters(graph: onnx.GraphProto, elem_types: Mapping[str, int]) -> tuple[tuple[str, str, int], ...]:
+    """Insert ``Cast(p, to=elem_type)`` before every use of each parameter ``p``; return (p, cast output, type)."""
+    casts = []
+    for index, (name, elem_type) in enumerate(elem_types.items()):
+        output = f"{name}/Cast/output_0"
+        for node in graph.node:
+            for position, value in enumerate(node.input):
+                if value == name:
+                    node.input[position] = output
+        graph.node.insert(
+            index, onnx.helper.make_node("Cast", [name], [output], name=f"/lora/{name}/Cast", to=elem_type)
+        )
+        casts.append((name, output, elem_type))
+    return tuple(casts)
+
+
+def initial_adapters(record: LoraRecord, seed: int) -> dict[str, torch.Tensor]:
+    """PEFT's initialisation: A Kaiming-uniform(a=sqrt(5)) over (r, in), stored transposed; B zero."""
+    generator = torch.Generator().manual_seed(seed)
+    values = {}
+    for target in record.targets:
+        a = torch.empty(record.rank, target.in_features)
+        torch.nn.init.kaiming_uniform_(a, a=math.sqrt(5), generator=generator)
+        values[target.lora_a] = a.t().contiguous()
+        values[target.lora_b] = torch.zeros(record.rank, target.out_features)
+    return values
+
+
+def _insert_branch(
+    graph: onnx.GraphProto,
+    use: WeightUse,
+    prefix: str,
+    adapters: tuple[str, str],
+    elem_type: int,
+    config: LoraConfig,
+    training: bool,
+) -> LoraUse:
+    node = use.node
+    output, base_output = node.output[0], f"{prefix}/base/output_0"
+    node.output[0] = base_output
+    nodes = []
+    source = use.x
+    if training and config.dropout > 0:
+        ratio = onnx.helper.make_tensor(f"{prefix}/dropout_ratio", onnx.TensorProto.FLOAT, [], [config.dropout])
+        mode = onnx.helper.make_tensor(f"{prefix}/training_mode", onnx.TensorProto.BOOL, [], [True])
+        nodes += [
+            onnx.helper.make_node("Constant", [], [ratio.name], name=f"{prefix}/dropout_ratio", value=ratio),
+            onnx.helper.make_node("Constant", [], [mode.name], name=f"{prefix}/training_mode", value=mode),
+            onnx.helper.make_node(
+                "Dropout", [source, ratio.name, mode.name], [f"{prefix}/Dropout/output_0"], name=f"{prefix}/Dropout"
+            ),
+        ]
+        source = f"{prefix}/Dropout/output_0"
+    down, unscaled, scaled = f"{prefix}/lora_A/output_0", f"{prefix}/lora_B/output_0", f"{prefix}/Mul/output_0"
+    scale = onnx.helper.make_tensor(f"{prefix}/scaling", elem_type, [], [config.scaling])
+    nodes += [
+        onnx.helper.make_node("MatMul", [source, adapters[0]], [down], name=f"{prefix}/lora_A/MatMul"),
+        onnx.helper.make_node("MatMul", [down, adapters[1]], [unscaled], name=f"{prefix}/lora_B/MatMul"),
+        onnx.helper.make_node("Constant", [], [scale.name], name=f"{prefix}/scaling", value=scale),
+        onnx.helper.make_node("Mul", [unscaled, scale.name], [scaled], name=f"{prefix}/Mul"),
+        onnx.helper.make_node("Add", [base_output, scaled], [output], name=f"{prefix}/Add"),
+    ]
+    position = list(graph.node).index(node) + 1
+    for offset, inserted in enumerate(nodes):
+        graph.node.insert(position + offset, inserted)
+    return LoraUse(node.name, output, base_output, scaled, unscaled, tuple(n.name for n in nodes))
+
+
+def _consumers(graph: onnx.GraphProto) -> dict[str, list[tuple[onnx.NodeProto, int]]]:
+    found: dict[str, list[tuple[onnx.NodeProto, int]]] = defaultdict(list)
+    for node in graph.node:
+        for index, value in enumerate(node.input):
+            found[value].append((node, index))
+    return found
+
+
+def _linear_uses(
+    weight: str, consumers: Mapping[str, list[tuple[onnx.NodeProto, int]]]
+) -> tuple[list[WeightUse], list[str]]:
+    """The MatMul/Gemm uses of ``weight`` and descriptions of every other use."""
+    uses: list[WeightUse] = []
+    others: list[str] = []
+    for node, index in consumers.get(weight, []):
+        if (
+            node.op_type == "Transpose"
+            and node.domain in ("", "ai.onnx")
+            and _attribute(node, "perm", [1, 0]) == [1, 0]
+        ):
+            for inner, inner_index in consumers.get(node.output[0], []):
+                use = _matrix_use(inner, inner_index, flipped=True)
+                uses.append(use) if use else others.append(f"{inner.op_type} input {inner_index} (after a Transpose)")
+            continue
+        use = _matrix_use(node, index, flipped=False)
+        uses.append(use) if use else others.append(f"{node.op_type} input {index}")
+    return uses, others
+
+
+def _matrix_use(node: onnx.NodeProto, index: int, flipped: bool) -> WeightUse | None:
+    if node.domain not in ("", "ai.onnx") or index != 1:
+        return None
+    if node.op_type == "MatMul":
+        return WeightUse(node, node.input[0], flipped, 1.0)
+    if node.op_type == "Gemm" and _attribute(node, "transA", 0) == 0:
+        transposed = bool(_attribute(node, "transB", 0)) != flipped
+        return WeightUse(node, node.input[0], transposed, _float_attribute(node, "alpha", 1.0))
+    return None
+
+
+def _attribute(node: onnx.NodeProto, name: str, default: object) -> object:
+    for attribute in node.attribute:
+        if attribute.name == name:
+            value = onnx.helper.get_attribute_value(attribute)
+            return list(value) if isinstance(value, (list, tuple)) else value
+    return default
+
+
+def _float_attribute(node: onnx.NodeProto, name: str, default: float) -> float:
+    value = _attribute(node, name, default)
+    return float(value) if isinstance(value, (int, float)) else default
+
+
+def _listing(names: Sequence[str], shown: int = 6) -> str:
+    listed = ", ".join(repr(name) for name in names[:shown])
+    return f"{listed}, ... ({len(names)} in all)" if len(names) > shown else listed
