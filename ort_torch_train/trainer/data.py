@@ -30,7 +30,8 @@ class ArrayDataset(Dataset):
     """
 
     def __init__(self, arrays: Sequence[np.ndarray], batched: bool = False, rank: int = 0, world_size: int = 1) -> None:
-        self.tensors = [torch.from_numpy(np.ascontiguousarray(array)) for array in arrays]
+        contiguous = [np.ascontiguousarray(array) for array in arrays]
+        self.tensors = [torch.from_numpy(a if a.flags.writeable else a.copy()) for a in contiguous]
         self.batched = batched
         self.rank = rank
         self.world_size = world_size
