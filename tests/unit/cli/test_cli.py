@@ -291,7 +291,10 @@ ERRORS = {
     "train-resume-other-model": ([*TRAIN, "--resume", "{other}"], "is not a checkpoint of these artifacts"),
     "train-bad-parquet": (["train", "{artifacts}", "--data", "{tmp}/bad.parquet", "--steps", "1"], "not a readable"),
     "train-missing-column": (["train", "{artifacts}", "--data", "{tmp}/t.parquet", "--steps", "1"], "no column named"),
-    "train-unknown-column": ([*TRAIN[:3], "{tmp}/t.parquet", *TRAIN[4:], "--inputs", "input=im*,labels=y"], "no column"),
+    "train-unknown-column": (
+        [*TRAIN[:3], "{tmp}/t.parquet", *TRAIN[4:], "--inputs", "input=im*,labels=y"],
+        "no column",
+    ),
     "train-mapping": ([*TRAIN, "--inputs", "image=input"], "is not INPUT=KEY"),
     "train-keep-last-alone": ([*TRAIN, "--keep-last", "2"], "--keep-last keeps the newest periodic"),
     "train-best-without-eval": ([*TRAIN, "--save-best", "loss"], "--save-best evaluates"),
