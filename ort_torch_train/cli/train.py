@@ -37,9 +37,9 @@ from ort_torch_train.cli.common import (
 )
 from ort_torch_train.cli.data import check_arrays, check_batch_size, input_specs, load_data, select_arrays
 from ort_torch_train.cli.distributed import Launch, launch_from_environment
-from ort_torch_train.export.outputs import exportable_output_names
 from ort_torch_train.graph.layout import eval_layout, training_layout
 from ort_torch_train.trainer import (
+    ArrayDataset,
     Callback,
     EarlyStopping,
     FitResult,
@@ -54,6 +54,7 @@ from ort_torch_train.trainer import (
     evaluate,
     fit,
     metric_named,
+    with_model_outputs,
 )
 from ort_torch_train.trainer.data import data_position, keep_batch
 
@@ -187,7 +188,7 @@ def target_step(args: argparse.Namespace, start: int, batches_per_epoch: int) ->
 
 def chunks(arrays: list[np.ndarray], batch_size: int) -> list[list[torch.Tensor]]:
     """Eval batches: the arrays in chunks of ``batch_size`` rows, the last one partial."""
-    tensors = [torch.from_numpy(np.ascontiguousarray(array)) for array in arrays]
+    tensors = ArrayDataset(arrays).tensors
     count = tensors[0].shape[0]
     return [
         keep_batch([tensor[begin : begin + batch_size] for tensor in tensors]) for begin in range(0, count, batch_size)
@@ -337,18 +338,6 @@ def prepare(args: argparse.Namespace) -> TrainingJob:
     return TrainingJob(
         state, training_model, eval_model, optimizer_model, list(arrays.values()), evaluation, batch_size, seed
     )
-
-
-def with_model_outputs(eval_model: onnx.ModelProto, param_names: list[str]) -> onnx.ModelProto:
-    """The eval model with the base model's outputs (the logits) added after the loss, for metrics that need them."""
-    outputs = [value.name for value in eval_model.graph.output]
-    extra = [name for name in exportable_output_names(eval_model, param_names) if name not in outputs]
-    if not extra:
-        return eval_model
-    extended = onnx.ModelProto()
-    extended.CopyFrom(eval_model)
-    extended.graph.output.extend(onnx.helper.make_empty_tensor_value_info(name) for name in extra)
-    return extended
 
 
 def make_scheduler(

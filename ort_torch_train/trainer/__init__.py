@@ -5,7 +5,15 @@ from ort_torch_train.trainer.callbacks import EarlyStopping, LogMetrics, SaveBes
 from ort_torch_train.trainer.data import ArrayDataset, ResumableBatchSampler, array_loader
 from ort_torch_train.trainer.fit import Callback, FitResult, FitState, TrainingDiverged, fit
 from ort_torch_train.trainer.loggers import JsonlLogger, Logger, MlflowLogger, TensorBoardLogger
-from ort_torch_train.trainer.metrics import Accuracy, Loss, Metric, Perplexity, evaluate, metric_named
+from ort_torch_train.trainer.metrics import (
+    Accuracy,
+    Loss,
+    Metric,
+    Perplexity,
+    evaluate,
+    metric_named,
+    with_model_outputs,
+)
 
 __all__ = [
     "Accuracy",
@@ -30,4 +38,5 @@ __all__ = [
     "evaluate",
     "fit",
     "metric_named",
+    "with_model_outputs",
 ]

@@ -14,9 +14,12 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import onnx
 import torch
 
 from ort_torch_train.errors import InputError, ModelError
+from ort_torch_train.export.outputs import exportable_output_names
+from ort_torch_train.graph.layout import ModelSource, load_model
 
 Outputs = Sequence[torch.Tensor]
 
@@ -152,3 +155,18 @@ def evaluate(module: Any, data: Iterable[Sequence[Any]], metrics: Sequence[Metri
     finally:
         module.train(was_training)
     return {metric.name: metric.compute() for metric in metrics}
+
+
+def with_model_outputs(eval_model: ModelSource, parameter_names: Iterable[str]) -> onnx.ModelProto:
+    """The eval model with the base model's outputs (the logits: recorded by ``generate_artifacts``, else
+    the values the loss combines with the labels) appended after its own outputs, for metrics such as
+    accuracy; the model itself when it outputs them already."""
+    model = load_model(eval_model, "eval model")
+    outputs = [value.name for value in model.graph.output]
+    extra = [name for name in exportable_output_names(model, list(parameter_names)) if name not in outputs]
+    if not extra:
+        return model
+    extended = onnx.ModelProto()
+    extended.CopyFrom(model)
+    extended.graph.output.extend(onnx.helper.make_empty_tensor_value_info(name) for name in extra)
+    return extended
