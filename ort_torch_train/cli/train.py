@@ -37,6 +37,7 @@ from ort_torch_train.cli.common import (
 )
 from ort_torch_train.cli.data import check_arrays, check_batch_size, input_specs, load_data, select_arrays
 from ort_torch_train.cli.distributed import Launch, launch_from_environment
+from ort_torch_train.fileio import atomic_write_bytes
 from ort_torch_train.graph.layout import eval_layout, training_layout
 from ort_torch_train.trainer import (
     ArrayDataset,
@@ -169,6 +170,9 @@ def train(args: argparse.Namespace, launch: Launch, device: str) -> None:
     )
     samples = len(job.evaluation[0]) if job.evaluation is not None else None
     summary = summarize(args, result, device, launch, eval_before, optimizer, samples)
+    if launch.is_main and args.summary:
+        Path(args.summary).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(args.summary, (json.dumps(summary, indent=2) + "\n").encode())
     if launch.is_main and args.json:
         print(json.dumps(summary, indent=2))
     elif launch.is_main:

@@ -224,7 +224,7 @@ def add_checkpoint_options(parser: argparse.ArgumentParser, positive_int: ArgTyp
 
 
 def add_output_options(parser: argparse.ArgumentParser, positive_int: ArgType) -> None:
-    """--metrics, --metrics-every, --tensorboard, --mlflow, --json, --quiet."""
+    """--metrics, --metrics-every, --tensorboard, --mlflow, --json, --summary, --quiet."""
     group = parser.add_argument_group("output")
     group.add_argument(
         "--metrics",
@@ -251,6 +251,9 @@ def add_output_options(parser: argparse.ArgumentParser, positive_int: ArgType) -
     group.add_argument("--mlflow-experiment", default="ort-torch-train", metavar="NAME", help="MLflow experiment")
     group.add_argument(
         "--json", action="store_true", help="print a JSON summary on stdout instead of text (also after Ctrl-C)"
+    )
+    group.add_argument(
+        "--summary", metavar="FILE.json", help="also write the JSON summary to FILE.json (also after Ctrl-C)"
     )
     group.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no text summary")
 

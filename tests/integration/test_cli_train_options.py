@@ -350,9 +350,11 @@ def test_interrupted_mid_epoch_and_resumed_to_the_same_max_steps_equals_one_run(
         "loss",
     ]
     INTERRUPT["armed"] = True
-    code, out, err = run_cli(capsys, *common, "--output", tmp_path / "a" / "ckpt", "--json")
+    summary_file = tmp_path / "summary.json"
+    code, out, err = run_cli(capsys, *common, "--output", tmp_path / "a" / "ckpt", "--json", "--summary", summary_file)
     assert code == 130 and "interrupted" in err
-    summary = json.loads(out)  # the summary comes on Ctrl-C too
+    summary = json.loads(out)  # the summary comes on Ctrl-C too, printed and written
+    assert json.loads(summary_file.read_text()) == summary
     assert summary["interrupted"] is True and summary["last_step"] == 7
     assert TrainingState.load(tmp_path / "a" / "ckpt").properties["ort_torch_train.data_position"] == 7
     code, out, err = run_cli(
@@ -366,3 +368,41 @@ def test_interrupted_mid_epoch_and_resumed_to_the_same_max_steps_equals_one_run(
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
     code, out, _ = run_cli(capsys, *common, "--resume", tmp_path / "b" / "ckpt", "--output", tmp_path / "c")
     assert code == 0 and "already at step 26" in out  # --max-steps is a total: repeating it trains nothing
+
+
+@pytest.mark.slow
+def test_mixed_precision_recompute_early_stop_and_the_summary_file(capsys, tmp_path, cnn_data) -> None:
+    artifacts, data = cnn_data
+    code, out, err = run_cli(
+        capsys,
+        "train",
+        artifacts,
+        "--data",
+        data,
+        "--batch-size",
+        8,
+        "--max-steps",
+        10,
+        "--mixed-precision",
+        "bf16",
+        "--recompute",
+        2,
+        "--eval-data",
+        data,
+        "--eval-every",
+        1,
+        "--metric",
+        "tests.unit.trainer.test_fit:steady_metric",
+        "--early-stop",
+        1,
+        "--summary",
+        tmp_path / "run" / "summary.json",
+        "--output",
+        tmp_path / "ckpt",
+        "--quiet",
+    )
+    assert code == 0 and out == "", err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["last_step"] == 2 and summary["stopped"].startswith("early stop: steady_metric")
+    assert summary["eval_metrics"]["steady_metric"] == 1.0 and summary["skipped_steps"] == 0
+    assert TrainingState.load(tmp_path / "ckpt").optimizer.step == 2

@@ -22,6 +22,7 @@ def worked_example() -> tuple[str, list[str]]:
     return make_data, commands
 
 
+@pytest.mark.slow
 def test_the_worked_example_runs(capsys, tmp_path, monkeypatch) -> None:
     pytest.importorskip("pyarrow")
     (tmp_path / "tests").symlink_to(ROOT / "tests")
