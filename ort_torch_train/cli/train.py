@@ -25,8 +25,8 @@ from ort_torch_train.api import (
     LinearLRScheduler,
     Module,
     Optimizer,
+    Properties,
 )
-from ort_torch_train.api.checkpoint_state import Properties
 from ort_torch_train.cli.common import (
     CliError,
     existing_file,

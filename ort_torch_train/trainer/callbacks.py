@@ -83,7 +83,7 @@ class SaveCheckpoints(Callback):
     def _prune(self) -> None:
         assert self.keep_last, "only periodic saves with keep_last prune"
         for old in self.numbered()[: -self.keep_last]:
-            old.unlink()
+            old.unlink(missing_ok=True)  # under data parallelism every rank prunes
             log.info("removed %s (keep_last %d)", old, self.keep_last)
 
 

@@ -27,8 +27,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ort_torch_train.api import CheckpointState
-from ort_torch_train.api.checkpoint_state import Properties
+from ort_torch_train.api import CheckpointState, Properties
 from ort_torch_train.errors import InputError
 from ort_torch_train.progress import ProgressBar
 from ort_torch_train.trainer.data import DataPosition, data_position, resumable_sampler, store_data_position

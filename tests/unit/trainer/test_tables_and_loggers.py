@@ -4,6 +4,8 @@ loggers against their real libraries (JSONL, TensorBoard's event files, MLflow's
 from __future__ import annotations
 
 import json
+import re
+import sys
 
 import numpy as np
 import pytest
@@ -115,3 +117,17 @@ def test_mlflow_local_store_holds_the_metrics(tmp_path) -> None:
     assert run.info.status == "FINISHED" and run.data.params == {"lr": "0.001"}
     assert [(m.step, m.value) for m in client.get_metric_history(logger.run_id, "train/loss")] == [(1, 2.5), (2, 2.0)]
     assert run.data.metrics["eval/accuracy"] == 0.5
+
+
+@pytest.mark.parametrize(
+    ("blocked", "make", "hint"),
+    [
+        ("torch.utils.tensorboard", lambda tmp: TensorBoardLogger(tmp / "tb"), "pip install 'ort-torch-train[cli]'"),
+        ("mlflow.tracking", lambda tmp: MlflowLogger(tmp / "ml"), "pip install 'ort-torch-train[mlflow]'"),
+        ("pyarrow.parquet", lambda tmp: read_table(tmp / "x.parquet"), "pip install 'ort-torch-train[data]'"),
+    ],
+)
+def test_a_missing_optional_package_says_how_to_install_it(tmp_path, monkeypatch, blocked, make, hint) -> None:
+    monkeypatch.setitem(sys.modules, blocked, None)  # import fails as when the package is absent
+    with pytest.raises(InputError, match=re.escape(hint)):
+        make(tmp_path)
