@@ -104,7 +104,7 @@ class FitResult:
     start_step: int
     last_step: int
     losses: list[float]
-    seconds: float  # the steps after the first
+    seconds: float  # the steps after the first (evaluations and callbacks left out)
     first_step_seconds: float | None  # the first step (compilation, with ``compile``)
     metrics: dict[str, float]
     interrupted: bool
@@ -194,6 +194,7 @@ def fit(
                     _evaluate(run, eval_data, evaluated, callbacks)
                 for callback in callbacks:
                     callback.on_step_end(run)
+                started += time.perf_counter() - now  # the rate counts training steps only
                 if interrupted():
                     run.interrupted = True
                     break
