@@ -17,14 +17,14 @@ class ProgressBar:
 
     def __init__(
         self,
-        total: int,
+        total: int | None,
         description: str = "",
         stream: TextIO | None = None,
         disable: bool = False,
         mininterval: float = 1.0,
     ) -> None:
         self.bar = tqdm(
-            total=max(int(total), 1),
+            total=None if total is None else max(int(total), 1),
             desc=description,
             file=stream or sys.stderr,
             unit="step",
@@ -41,18 +41,15 @@ class ProgressBar:
         self.bar.update(steps)
 
     def reset_clock(self) -> None:
-        """Count rate and ETA from now on (after a compiling first step)."""
-        if self.bar.disable:
-            return
-        self.bar.start_t = self.bar._time()
-        self.bar.last_print_t = self.bar.start_t
-        self.bar.initial = self.bar.n  # tqdm's rate is (n - initial) / elapsed
+        """Leave the time since the last update out of rate and ETA (call it after a compiling first
+        step, before its ``update``)."""
+        self.bar.unpause()  # tqdm's public API: moves its start and last-print times to now
 
     def close(self) -> None:
         """Finish the bar (its last line shows the final count)."""
         self.bar.close()
 
 
-def progress_bar(total: int, description: str, quiet: bool = False) -> ProgressBar:
+def progress_bar(total: int | None, description: str, quiet: bool = False) -> ProgressBar:
     """A ProgressBar on stderr, or a silent one when ``quiet``."""
     return ProgressBar(total, description, disable=quiet)

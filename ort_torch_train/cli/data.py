@@ -1,21 +1,24 @@
-"""Training data for the CLI: arrays from an .npz file matched to a model's user inputs, and batches.
+"""Training data for the CLI: arrays from an .npz file, or columns of a Parquet/Arrow/CSV/JSONL file,
+matched to a model's user inputs and checked against their declarations.
 
-Arrays are matched to the model's user inputs by name, or by ``--inputs key1,key2`` in the model's
-input order. Axis 0 indexes samples; with ``batched`` the arrays are already cut into batches and
-axis 0 indexes steps (``x[i]`` feeds step i), the layout of the reference corpora's ``data.npz``.
+Arrays are matched to the model's user inputs by name, by ``--inputs key1,key2`` in the model's
+input order, or by ``--inputs input=key,...``. Axis 0 indexes samples; with ``batched`` the arrays
+are already cut into batches and axis 0 indexes steps (``x[i]`` feeds step i), the layout of the
+reference corpora's ``data.npz``. Batches are read by ``trainer.data.array_loader``.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnx
-import torch
 
 from ort_torch_train.cli.common import CliError, existing_file, shape_text, value_dtype, value_shape
+from ort_torch_train.trainer.tables import read_table, table_format
 
 
 @dataclass(frozen=True)
@@ -46,26 +49,89 @@ def load_npz(path: str | Path) -> dict[str, np.ndarray]:
         raise CliError(f"{str(path)!r} is not a readable .npz file ({error})") from error
 
 
+def load_data(path: str | Path) -> tuple[dict[str, np.ndarray], bool]:
+    """The arrays of an .npz file, or the columns of a Parquet/Arrow/CSV/JSONL file; and whether it is a table
+    (whose columns are cast to the model's dtypes)."""
+    if table_format(path) is None:
+        return load_npz(path), False
+    existing_file(path, "data file")
+    return read_table(path), True
+
+
 def select_arrays(
-    arrays: dict[str, np.ndarray], specs: list[InputSpec], keys: list[str] | None, source: str, option: str
+    arrays: dict[str, np.ndarray],
+    specs: list[InputSpec],
+    keys: str | None,
+    source: str,
+    option: str,
+    table: bool = False,
 ) -> dict[str, np.ndarray]:
-    """Input name -> array: by ``keys`` in input order, else by the inputs' own names."""
+    """Input name -> array: by ``keys`` (``KEY1,KEY2`` in input order, or ``input=KEY,...`` by name, where a
+    table's KEY may be a pattern such as ``px*`` whose columns are stacked), else by the inputs' own names.
+    A table's columns are cast to the inputs' dtypes and reshaped to their declared dimensions."""
     names = [spec.name for spec in specs]
+    what = "column" if table else "array"
     if keys is None:
         missing = [name for name in names if name not in arrays]
         if missing:
             raise CliError(
-                f"{source} has no array named {missing[0]!r}; the model's inputs are {', '.join(names)} "
+                f"{source} has no {what} named {missing[0]!r}; the model's inputs are {', '.join(names)} "
                 f"and the file holds {', '.join(arrays) or 'nothing'}: name them in order with "
                 f"{option} KEY1,KEY2"
             )
-        return {name: arrays[name] for name in names}
-    if len(keys) != len(names):
-        raise CliError(f"{option} names {len(keys)} arrays but the model has {len(names)} inputs ({', '.join(names)})")
-    unknown = [key for key in keys if key not in arrays]
-    if unknown:
-        raise CliError(f"{source} has no array {unknown[0]!r} (it holds {', '.join(arrays)})")
-    return {name: arrays[key] for name, key in zip(names, keys)}
+        mapping = {name: name for name in names}
+    else:
+        mapping = input_mapping(keys, names, option)
+    selected = {}
+    for spec in specs:
+        array = _pick(arrays, mapping[spec.name], source, what)
+        selected[spec.name] = _as_input(array, spec, f"{source} {what} {mapping[spec.name]!r}") if table else array
+    return selected
+
+
+def input_mapping(text: str, names: list[str], option: str) -> dict[str, str]:
+    """``KEY1,KEY2`` (one per input, in order) or ``input=KEY,...`` (unnamed inputs keep their names)."""
+    keys = split_keys(text)
+    assert keys is not None, "split_keys keeps a text"
+    if not any("=" in key for key in keys):
+        if len(keys) != len(names):
+            raise CliError(
+                f"{option} names {len(keys)} arrays but the model has {len(names)} inputs ({', '.join(names)})"
+            )
+        return dict(zip(names, keys))
+    mapping = {name: name for name in names}
+    for key in keys:
+        name, equals, source_key = (part.strip() for part in key.partition("="))
+        if not equals or name not in names or not source_key:
+            raise CliError(f"{option}: {key!r} is not INPUT=KEY with INPUT one of {', '.join(names)}")
+        mapping[name] = source_key
+    return mapping
+
+
+def _pick(arrays: dict[str, np.ndarray], key: str, source: str, what: str) -> np.ndarray:
+    """The array named ``key``, or the columns matching the pattern ``key`` stacked on a last axis."""
+    if key in arrays:
+        return arrays[key]
+    matched = [name for name in arrays if fnmatch.fnmatchcase(name, key)] if any(c in key for c in "*?[") else []
+    if not matched:
+        raise CliError(f"{source} has no {what} {key!r} (it holds {', '.join(arrays)})")
+    return np.stack([arrays[name] for name in matched], axis=-1)
+
+
+def _as_input(array: np.ndarray, spec: InputSpec, label: str) -> np.ndarray:
+    """A table's column cast to the input's dtype (numbers of the same kind, or integers to floats) and
+    reshaped to its declared fixed dimensions."""
+    target = np.dtype(spec.dtype)
+    kinds = {"f": "f", "i": "fi", "u": "fiu", "b": "fiub"}
+    if array.dtype != target:
+        if target.kind not in kinds.get(array.dtype.kind, "") or target.kind not in "fiub":
+            raise CliError(f"{label} holds {array.dtype.name} values; input {spec.name!r} takes {spec.dtype}")
+        array = array.astype(target)
+    declared = [dim for dim in spec.shape[1:] if isinstance(dim, int)] if spec.shape else []
+    if spec.shape and len(declared) == len(spec.shape) - 1 > 1 and array.ndim == 2:
+        if array.shape[1] == int(np.prod(declared)):
+            array = array.reshape(array.shape[0], *declared)
+    return array
 
 
 def check_arrays(arrays: dict[str, np.ndarray], specs: list[InputSpec], source: str, batched: bool = False) -> int:
@@ -119,43 +185,6 @@ def _check_shape(
                 f"{label} has shape {list(shape)}, but input {spec.name!r} is {shape_text(declared_shape)}: "
                 f"dimension {axis + batched} is {got}, expected {declared}"
             )
-
-
-class Batches:
-    """The batch of each global step: epochs of (optionally shuffled) batches, dropping a last partial one.
-
-    The order depends only on the seed and the step, so a resumed run sees the batches an
-    uninterrupted run would have seen.
-    """
-
-    def __init__(self, arrays: dict[str, np.ndarray], batch_size: int, batched: bool, shuffle: bool, seed: int) -> None:
-        self.tensors = [torch.from_numpy(np.ascontiguousarray(array)) for array in arrays.values()]
-        self.units = self.tensors[0].shape[0]  # samples, or batches when already batched
-        self.batch_size = 1 if batched else batch_size
-        self.steps_per_epoch = self.units // self.batch_size
-        if self.steps_per_epoch == 0:
-            what = "no batches" if batched else f"{self.units} samples, fewer than the batch size {batch_size}"
-            raise CliError(f"the training data holds {what}")
-        self.batched = batched
-        self.shuffle = shuffle
-        self.seed = seed
-        self._order: tuple[int, torch.Tensor] | None = None
-
-    def __getitem__(self, step: int) -> list[torch.Tensor]:
-        epoch, position = divmod(step, self.steps_per_epoch)
-        order = self._epoch_order(epoch)
-        if self.batched:
-            return [tensor[order[position]] for tensor in self.tensors]
-        rows = order[position * self.batch_size : (position + 1) * self.batch_size]
-        return [tensor[rows] for tensor in self.tensors]
-
-    def _epoch_order(self, epoch: int) -> torch.Tensor:
-        if not self.shuffle:
-            return torch.arange(self.units)
-        if self._order is None or self._order[0] != epoch:
-            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-            self._order = (epoch, torch.randperm(self.units, generator=generator))
-        return self._order[1]
 
 
 def split_keys(text: str | None) -> list[str] | None:

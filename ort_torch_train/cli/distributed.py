@@ -1,8 +1,9 @@
-"""``train`` under torchrun: the process group, each rank's rows of a step's batch, rank-0-only output.
+"""``train`` under torchrun: the process group, the rank and world size, rank-0-only output.
 
 A step's batch (``--batch-size`` rows, or one ready-made ``--batched`` batch) is the global batch:
-rank r of W feeds its r-th of W equal slices, so W ranks follow the trajectory of one process on
-the whole batch. Rank 0 prints, writes the metrics and the checkpoint (a collective save).
+rank r of W feeds its r-th of W equal slices (``trainer.data.array_loader``), so W ranks follow the
+trajectory of one process on the whole batch. Rank 0 prints and writes the metrics; every rank
+takes part in the checkpoint saves (collective).
 """
 
 from __future__ import annotations
@@ -34,26 +35,6 @@ class Launch:
     def is_main(self) -> bool:
         """Whether this rank prints and writes the logs."""
         return self.rank == 0
-
-    def rows(self, batch: list[torch.Tensor]) -> list[torch.Tensor]:
-        """This rank's slice of a step's batch (all of it outside a launch)."""
-        if not self.distributed:
-            return batch
-        size, remainder = divmod(batch[0].shape[0], self.world_size)
-        if remainder:
-            raise CliError(
-                f"a batch of {batch[0].shape[0]} rows does not split evenly over {self.world_size} "
-                "ranks: use a batch size that is a multiple of the number of processes"
-            )
-        return [tensor[self.rank * size : (self.rank + 1) * size] for tensor in batch]
-
-    def mean(self, value: float) -> float:
-        """The mean of ``value`` over the ranks (the whole batch's loss from each rank's mean loss)."""
-        if not self.distributed:
-            return value
-        total = torch.tensor([value], dtype=torch.float64, device=self.device)
-        dist.all_reduce(total)
-        return float(total.item()) / self.world_size
 
     def close(self, finished: bool) -> None:
         """Destroy the process group this command initialised; after a finished run, once every rank is done

@@ -18,7 +18,8 @@ from ort_torch_train.cli.common import CliError
 from ort_torch_train.cli.convert import add_convert_parser
 from ort_torch_train.cli.export import add_export_parser
 from ort_torch_train.cli.inspect import add_inspect_parser
-from ort_torch_train.cli.train import add_train_parser
+from ort_torch_train.cli.train import run_train
+from ort_torch_train.cli.train_options import add_train_parser
 from ort_torch_train.logs import enable
 
 PROG = "ort-torch-train"
@@ -32,7 +33,8 @@ EPILOG = """\
 examples:
   ort-torch-train inspect artifacts/
   ort-torch-train train artifacts/ --data train.npz --epochs 3 --output run/checkpoint
-  ort-torch-train train artifacts/ --data train.npz --epochs 3 --resume run/checkpoint --output run/checkpoint2
+  ort-torch-train train artifacts/ --data train.parquet --max-steps 500 --output run/checkpoint
+  ort-torch-train train artifacts/ --data train.parquet --max-steps 500 --resume run/checkpoint --output run/checkpoint
   ort-torch-train convert run/checkpoint model.safetensors
   ort-torch-train train artifacts/ --data train.npz --steps 100 --lora r=8,alpha=16,targets=all-linear
   ort-torch-train export artifacts/ --checkpoint run/checkpoint --output model.onnx --adapter task.onnx_adapter
@@ -106,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
     add_inspect_parser(commands, HelpFormatter)
-    add_train_parser(commands, HelpFormatter, positive_int, non_negative_int, learning_rate)
+    add_train_parser(commands, HelpFormatter, positive_int, non_negative_int, learning_rate, run_train)
     add_convert_parser(commands, HelpFormatter)
     add_export_parser(commands, HelpFormatter)
     return parser

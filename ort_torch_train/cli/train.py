@@ -1,4 +1,8 @@
-"""``ort-torch-train train``: train ORT artifacts on arrays from an .npz file, save a resumable checkpoint."""
+"""``ort-torch-train train``: train ORT artifacts on a data file with ``trainer.fit``, save a resumable checkpoint.
+
+The options are defined in ``cli/train_options.py``; this module turns them into a Module, an
+Optimizer, a scheduler, data loaders and fit's callbacks, and reports the run.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +10,9 @@ import argparse
 import json
 import math
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -21,58 +25,42 @@ from ort_torch_train.api import (
     LinearLRScheduler,
     Module,
     Optimizer,
+    Properties,
 )
-from ort_torch_train.cli.common import CliError, existing_file, find_artifacts, load_onnx, load_training_state
-from ort_torch_train.cli.data import (
-    Batches,
-    check_arrays,
-    check_batch_size,
-    input_specs,
-    load_npz,
-    select_arrays,
-    split_keys,
+from ort_torch_train.cli.common import (
+    CliError,
+    existing_file,
+    find_artifacts,
+    load_onnx,
+    load_training_state,
+    trainable_names_of,
 )
+from ort_torch_train.cli.data import check_arrays, check_batch_size, input_specs, load_data, select_arrays
 from ort_torch_train.cli.distributed import Launch, launch_from_environment
 from ort_torch_train.cli.export import lora_setting
-from ort_torch_train.cli.train_loop import MetricsSink, run_loop
+from ort_torch_train.fileio import atomic_write_bytes
 from ort_torch_train.graph.layout import eval_layout, training_layout
+from ort_torch_train.trainer import (
+    ArrayDataset,
+    Callback,
+    EarlyStopping,
+    FitResult,
+    JsonlLogger,
+    Logger,
+    LogMetrics,
+    MlflowLogger,
+    SaveBest,
+    SaveCheckpoints,
+    TensorBoardLogger,
+    array_loader,
+    evaluate,
+    fit,
+    metric_named,
+    with_model_outputs,
+)
+from ort_torch_train.trainer.data import data_position, keep_batch
 
-DESCRIPTION = """\
-Train a set of ORT training artifacts (training_model.onnx, optimizer_model.onnx, checkpoint;
-eval_model.onnx for --eval-data) with ORT's loop: module(*batch), optimizer.step(),
-scheduler.step(), module.lazy_reset_grad(). Shows a progress bar (loss, learning rate, step rate,
-ETA) and saves an ORT checkpoint with the optimizer state, from which --resume continues: at the
-end, every --save-every steps, and on Ctrl-C (which then exits with status 130). Step rates
-exclude compilation (--compile), reported on its own."""
-
-DATA_HELP = """\
-data layout:
-  DATA.npz holds one array per user input of the training model (see `inspect`), matched by name
-  (e.g. `input` and `labels`), or named in the model's input order with --inputs KEY1,KEY2.
-  Axis 0 indexes samples: each step feeds --batch-size rows (shuffled each epoch unless
-  --no-shuffle; a last partial batch is dropped). With --batched, axis 0 indexes ready-made
-  batches instead ([steps, batch, ...], step i feeds x[i]). Dtypes must equal the model's
-  (float32 and int64, typically); shapes must fit its declared dims.
-  --eval-data works the same way against the eval model's inputs (--eval-inputs, default --inputs),
-  always [samples, ...], evaluated in chunks of --batch-size.
-
-learning rate:
-  --lr (default: the checkpoint's initial learning rate, 0.001 for fresh artifacts) with
-  --schedule constant|linear|cosine and --warmup steps; linear and cosine decay to 0 at
-  --total-steps (default: the step count this run ends at). Schedules count the optimizer's steps,
-  which the checkpoint keeps: on --resume, pass the first run's --total-steps to continue its
-  schedule; batches continue in the same order (same --seed)."""
-
-EXAMPLES = """\
-examples:
-  ort-torch-train train artifacts/ --data train.npz --epochs 3 --batch-size 32 --output run/ckpt
-  ort-torch-train train artifacts/ --data train.npz --inputs x,y --steps 500 --lr 3e-3 \\
-      --schedule linear --warmup 50 --eval-data test.npz --output run/ckpt
-  ort-torch-train train artifacts/ --data train.npz --steps 500 --resume run/ckpt --output run/ckpt2
-  torchrun --nproc_per_node=2 -m ort_torch_train train artifacts/ --data train.npz --batch-size 64 \\
-      --steps 500 --shard-state --output run/ckpt      (data-parallel: each rank feeds 32 of the 64 rows)
-  ort-torch-train train refcorpus/cnn/artifacts --data refcorpus/cnn/data.npz --inputs x_train,y_train \\
-      --batched --steps 20 --eval-data refcorpus/cnn/data.npz --eval-inputs x_eval,y_eval"""
+NEEDS_MODEL_OUTPUTS = ("loss", "perplexity")  # metrics that need only the loss
 
 
 @dataclass
@@ -83,9 +71,10 @@ class TrainingJob:
     training_model: onnx.ModelProto
     eval_model: onnx.ModelProto | None
     optimizer_model: Path
-    batches: Batches
-    evaluation: dict[str, np.ndarray] | None
+    train_arrays: list[np.ndarray]
+    evaluation: list[np.ndarray] | None
     batch_size: int
+    seed: int
 
 
 def run_train(args: argparse.Namespace) -> None:
@@ -96,6 +85,7 @@ def run_train(args: argparse.Namespace) -> None:
             "--shard-state shards the optimizer state across ranks: launch 2 or more processes with "
             "`torchrun --nproc_per_node=N -m ort_torch_train train ...`"
         )
+    check_option_combinations(args)
     launch, device = launch_from_environment(args.device)
     try:
         train(args, launch, device)
@@ -103,6 +93,25 @@ def run_train(args: argparse.Namespace) -> None:
         launch.close(finished=False)
         raise
     launch.close(finished=True)
+
+
+def check_option_combinations(args: argparse.Namespace) -> None:
+    """Refuse options that need another one."""
+    for option, value in (("--eval-every", args.eval_every), ("--save-best", args.save_best)):
+        if value and not args.eval_data:
+            raise CliError(f"{option} evaluates: give the eval data with --eval-data")
+    if args.early_stop and not args.eval_data:
+        raise CliError("--early-stop watches an eval metric: give the eval data with --eval-data")
+    if args.keep_last and not args.save_every:
+        raise CliError("--keep-last keeps the newest periodic checkpoints: give --save-every N")
+    known = {"loss", args.metric}
+    if args.save_best and args.save_best not in known and metric_name(args.save_best) not in known:
+        raise CliError(f"--save-best {args.save_best!r}: expected an evaluated metric ({', '.join(sorted(known))})")
+
+
+def metric_name(text: str) -> str:
+    """The name a --metric is reported under: the function's name for package.module:function."""
+    return text.rpartition(":")[2]
 
 
 def train(args: argparse.Namespace, launch: Launch, device: str) -> None:
@@ -115,84 +124,170 @@ def train(args: argparse.Namespace, launch: Launch, device: str) -> None:
         device=device,
         compile=args.compile,
         distributed=launch.distributed,
+        mixed_precision=args.mixed_precision,
+        recompute=args.recompute,
         lora=lora_setting(args.lora, job.state.training_state, job.training_model),
     )
     optimizer = Optimizer(job.optimizer_model, module, shard_state=args.shard_state)
     optimizer_state = job.state.training_state.optimizer
     assert optimizer_state is not None, "the Optimizer gives the state its optimizer state"
     start = optimizer_state.step
-    steps = args.steps or args.epochs * job.batches.steps_per_epoch
+    loader = array_loader(
+        job.train_arrays,
+        job.batch_size,
+        batched=args.batched,
+        shuffle=not args.no_shuffle,
+        seed=job.seed,
+        workers=args.workers,
+        rank=launch.rank,
+        world_size=launch.world_size,
+    )
+    max_steps = target_step(args, start, len(loader))
     lr = args.lr if args.lr is not None else optimizer_state.initial_learning_rate
-    scheduler = make_scheduler(optimizer, args.schedule, args.warmup, args.total_steps or start + steps, lr)
-    eval_before = evaluate(module, job.evaluation, job.batch_size) if job.evaluation else None
+    scheduler = make_scheduler(optimizer, args.schedule, args.warmup, args.total_steps or max(max_steps, 1), lr)
+    eval_batches = chunks(job.evaluation, job.batch_size) if job.evaluation is not None else None
+    eval_before = evaluate(module, eval_batches, [metric_named("loss")])["loss"] if eval_batches else None
     say = (lambda text: None) if args.json or args.quiet or not launch.is_main else print
     if args.resume:
         say(f"resumed from {args.resume} at step {start}")
-    output = Path(args.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-
-    def save(step: int) -> None:
-        CheckpointState.save_checkpoint(job.state, output, include_optimizer_state=True)
-        say(f"step {step}: checkpoint saved to {output}")
-
-    def one_step(step: int) -> tuple[float, float]:
-        loss = loss_value(module.step(optimizer, *launch.rows(job.batches[step])))  # module(...), step, reset
-        loss = launch.mean(loss)
-        scheduler.step()
-        return loss, optimizer.get_learning_rate()
-
-    torch.manual_seed(args.seed + start)
+    if args.steps and args.resume:
+        say(f"--steps {args.steps} trains steps {start + 1}-{start + args.steps} (--max-steps N sets the total)")
+    metrics = ["loss"] + ([args.metric] if args.metric != "loss" else [])
+    callbacks = make_callbacks(args, launch, say)
+    torch.manual_seed((job.seed + start) % 2**63)
     module.train()
-    sink = (
-        MetricsSink(args.metrics, args.tensorboard, args.metrics_every)
-        if launch.is_main
-        else MetricsSink(None, None, args.metrics_every)
-    )
     where = f"training on {device}" + (f" x {launch.world_size} ranks" if launch.distributed else "")
-    try:
-        result = run_loop(
-            one_step,
-            range(start, start + steps),
-            save,
-            sink,
-            args.save_every,
-            bool(args.compile),
-            args.quiet or not launch.is_main,
-            where,
-        )
-        eval_after = evaluate(module, job.evaluation, job.batch_size) if job.evaluation else None
-        if eval_after is not None:
-            sink.record(start + steps, eval_loss=eval_after)
-    finally:
-        sink.close()
-    CheckpointState.save_checkpoint(job.state, output, include_optimizer_state=True)
-    summary = {
-        "first_step": start + 1,
-        "last_step": start + steps,
+    result = fit(
+        module,
+        optimizer,
+        loader,
+        max_steps=max_steps,
+        grad_accum=args.grad_accum,
+        scheduler=scheduler,
+        eval_data=eval_batches,
+        eval_every=args.eval_every,
+        metrics=[metric_named(text) for text in metrics],
+        callbacks=callbacks,
+        progress=False if args.quiet or not launch.is_main else where,
+    )
+    samples = len(job.evaluation[0]) if job.evaluation is not None else None
+    summary = summarize(args, result, device, launch, eval_before, optimizer, samples)
+    if launch.is_main and args.summary:
+        Path(args.summary).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(args.summary, (json.dumps(summary, indent=2) + "\n").encode())
+    if launch.is_main and args.json:
+        print(json.dumps(summary, indent=2))
+    elif launch.is_main:
+        report(say, summary, result)
+    if result.interrupted:
+        raise KeyboardInterrupt
+
+
+def target_step(args: argparse.Namespace, start: int, batches_per_epoch: int) -> int:
+    """The optimizer step count the run ends at: --max-steps, or the start plus --steps or --epochs' steps."""
+    if args.max_steps is not None:
+        return int(args.max_steps)
+    if args.steps is not None:
+        return start + int(args.steps)
+    return start + max(args.epochs * batches_per_epoch // args.grad_accum, 1)
+
+
+def chunks(arrays: list[np.ndarray], batch_size: int) -> list[list[torch.Tensor]]:
+    """Eval batches: the arrays in chunks of ``batch_size`` rows, the last one partial."""
+    tensors = ArrayDataset(arrays).tensors
+    count = tensors[0].shape[0]
+    return [
+        keep_batch([tensor[begin : begin + batch_size] for tensor in tensors]) for begin in range(0, count, batch_size)
+    ]
+
+
+def make_callbacks(args: argparse.Namespace, launch: Launch, say: Any) -> list[Callback]:
+    """Checkpoints (every rank: saves are collective), best checkpoint, early stopping, and rank 0's loggers."""
+    output = Path(args.output)
+    callbacks: list[Callback] = []
+    if launch.is_main:
+        loggers: list[Logger] = []
+        if args.metrics:
+            loggers.append(JsonlLogger(args.metrics))
+        if args.tensorboard:
+            loggers.append(TensorBoardLogger(args.tensorboard))
+        if args.mlflow:
+            parameters = {k: v for k, v in vars(args).items() if k != "run" and v is not None}
+            loggers.append(MlflowLogger(args.mlflow, args.mlflow_experiment, output.name, parameters))
+        if loggers:
+            callbacks.append(LogMetrics(loggers, args.metrics_every, first_step_compiles=bool(args.compile)))
+    callbacks.append(SaveCheckpoints(output, args.save_every, args.keep_last, report=say))
+    if args.save_best:
+        callbacks.append(SaveBest(best_path(output), metric_name(args.save_best), report=say))
+    if args.early_stop:
+        callbacks.append(EarlyStopping(metric_name(args.save_best or args.metric), args.early_stop))
+    return callbacks
+
+
+def best_path(output: Path) -> Path:
+    """Where --save-best saves: ``OUTPUT.best``."""
+    return output.with_name(output.name + ".best")
+
+
+def summarize(
+    args: argparse.Namespace,
+    result: FitResult,
+    device: str,
+    launch: Launch,
+    eval_before: float | None,
+    optimizer: Optimizer,
+    eval_samples: int | None,
+) -> dict[str, Any]:
+    """The run's summary (printed as JSON with --json)."""
+    losses = result.losses
+    summary: dict[str, Any] = {
+        "first_step": result.start_step + 1,
+        "last_step": result.last_step,
         "device": device,
         "world_size": launch.world_size,
-        "loss_first": result.losses[0],
-        "loss_last": result.losses[-1],
+        "loss_first": losses[0] if losses else None,
+        "loss_last": losses[-1] if losses else None,
         "steps_per_s": None if math.isnan(result.steps_per_second) else result.steps_per_second,
         "train_seconds": result.seconds,
-        "compile_seconds": result.compile_seconds,
+        "compile_seconds": result.first_step_seconds if args.compile else None,
+        "skipped_steps": optimizer.skipped_steps,
         "eval_loss_before": eval_before,
-        "eval_loss": eval_after,
-        "checkpoint": str(output),
+        "eval_loss": result.metrics.get("loss"),
+        "eval_metrics": result.metrics or None,
+        "eval_samples": eval_samples,
+        "interrupted": result.interrupted,
+        "stopped": result.stop_reason,
+        "checkpoint": str(args.output),
+        "best_checkpoint": str(best_path(Path(args.output))) if args.save_best else None,
     }
-    if args.json:
-        if launch.is_main:
-            print(json.dumps(summary, indent=2))
-        return
-    compiling = f" after {result.compile_seconds:.1f} s compiling" if result.compile_seconds is not None else ""
-    say(
-        f"trained steps {start + 1}-{start + steps} on {device}: {result.steps_per_second:.1f} step/s{compiling}: "
-        f"loss {result.losses[0]:.4g} -> {result.losses[-1]:.4g}"
-    )
-    if job.evaluation:
-        samples = len(next(iter(job.evaluation.values())))
-        say(f"eval loss {eval_after:.4g} on {samples} samples (before training: {eval_before:.4g})")
-    say(f"checkpoint with optimizer state: {output} (continue with --resume {output})")
+    return summary
+
+
+def report(say: Any, summary: dict[str, Any], result: FitResult) -> None:
+    """The text summary."""
+    device = summary["device"]
+    if not result.losses:
+        say(f"already at step {result.last_step}: nothing to train")
+    else:
+        rate = result.steps_per_second
+        compiling = f" after {summary['compile_seconds']:.1f} s compiling" if summary["compile_seconds"] else ""
+        ended = " (interrupted)" if result.interrupted else ""
+        say(
+            f"trained steps {summary['first_step']}-{summary['last_step']}{ended} on {device}: {rate:.1f} step/s"
+            f"{compiling}: loss {result.losses[0]:.4g} -> {result.losses[-1]:.4g}"
+        )
+    if result.stop_reason:
+        say(result.stop_reason)
+    if result.metrics:
+        before = summary["eval_loss_before"]
+        samples = summary["eval_samples"]
+        say(f"eval loss {result.metrics['loss']:.4g} on {samples} samples (before training: {before:.4g})")
+        for name, value in result.metrics.items():
+            if name != "loss":
+                say(f"eval {name} {value:.4g}")
+    say(f"checkpoint with optimizer state: {summary['checkpoint']} (continue with --resume {summary['checkpoint']})")
+    if summary["best_checkpoint"]:
+        say(f"best checkpoint: {summary['best_checkpoint']}")
 
 
 def prepare(args: argparse.Namespace) -> TrainingJob:
@@ -213,20 +308,42 @@ def prepare(args: argparse.Namespace) -> TrainingJob:
         raise CliError(f"{str(checkpoint)!r} is a nominal checkpoint (no parameter values): train from a complete one")
 
     param_names = list(state.training_state.params)
+    missing = [name for name in trainable_names_of(training_model) if name not in state.training_state.params]
+    if missing:
+        raise CliError(
+            f"{str(checkpoint)!r} is not a checkpoint of these artifacts: the training model trains "
+            f"{missing[0]!r}, which it does not hold (it holds {', '.join(param_names[:4]) or 'nothing'}"
+            f"{', ...' if len(param_names) > 4 else ''})"
+        )
     train_specs = input_specs(training_model, list(training_layout(training_model, param_names).user_inputs))
     batch_size = args.batch_size or 32
     if not args.batched:
         check_batch_size(train_specs, batch_size)
-    arrays = select_arrays(load_npz(args.data), train_specs, split_keys(args.inputs), repr(args.data), "--inputs")
-    check_arrays(arrays, train_specs, repr(args.data), batched=args.batched)
-    batches = Batches(arrays, batch_size, args.batched, shuffle=not args.no_shuffle, seed=args.seed)
+    loaded, table = load_data(args.data)
+    if table and args.batched:
+        raise CliError("--batched reads [steps, batch, ...] arrays from an .npz file; a table holds one row per sample")
+    arrays = select_arrays(loaded, train_specs, args.inputs, repr(args.data), "--inputs", table)
+    units = check_arrays(arrays, train_specs, repr(args.data), batched=args.batched)
+    if units < (1 if args.batched else batch_size):
+        what = "no batches" if args.batched else f"{units} samples, fewer than the batch size {batch_size}"
+        raise CliError(f"the training data holds {what}")
     evaluation = None
     if args.eval_data and eval_model is not None:  # checked above: eval data comes with an eval model
+        if args.metric not in NEEDS_MODEL_OUTPUTS:
+            eval_model = with_model_outputs(eval_model, param_names)
         eval_specs = input_specs(eval_model, list(eval_layout(eval_model, param_names).user_inputs))
-        keys = split_keys(args.eval_inputs or args.inputs)
-        evaluation = select_arrays(load_npz(args.eval_data), eval_specs, keys, repr(args.eval_data), "--eval-inputs")
-        check_arrays(evaluation, eval_specs, repr(args.eval_data))
-    return TrainingJob(state, training_model, eval_model, optimizer_model, batches, evaluation, batch_size)
+        loaded, table = load_data(args.eval_data)
+        keys = args.eval_inputs or args.inputs
+        selected = select_arrays(loaded, eval_specs, keys, repr(args.eval_data), "--eval-inputs", table)
+        check_arrays(selected, eval_specs, repr(args.eval_data))
+        evaluation = list(selected.values())
+    seed = args.seed
+    stored = data_position(Properties(state.training_state))
+    if seed is None:
+        seed = int(stored.seed) if args.resume and stored is not None and stored.seed is not None else 0
+    return TrainingJob(
+        state, training_model, eval_model, optimizer_model, list(arrays.values()), evaluation, batch_size, seed
+    )
 
 
 def make_scheduler(
@@ -240,123 +357,3 @@ def make_scheduler(
     if schedule == "cosine":
         return CosineLRScheduler(optimizer, warmup, total, lr)
     return ConstantWithWarmupLRScheduler(optimizer, warmup, lr)
-
-
-def loss_value(outputs: torch.Tensor | tuple[torch.Tensor, ...]) -> float:
-    """The loss (first output) of a step's outputs, as a float (the mean of an unreduced loss)."""
-    loss = outputs[0] if isinstance(outputs, tuple) else outputs
-    return float(loss.float().mean())
-
-
-def evaluate(module: Module, arrays: dict, batch_size: int) -> float:
-    """Mean eval loss over all samples, in chunks of ``batch_size``."""
-    module.eval()
-    tensors = [torch.from_numpy(array) for array in arrays.values()]
-    count = tensors[0].shape[0]
-    total = 0.0
-    for begin in range(0, count, batch_size):
-        chunk = [tensor[begin : begin + batch_size] for tensor in tensors]
-        total += loss_value(module(*chunk)) * chunk[0].shape[0]
-    module.train()
-    return total / count
-
-
-def add_train_parser(
-    commands: argparse._SubParsersAction,
-    formatter: type[argparse.HelpFormatter],
-    positive_int: Callable[[str], int],
-    non_negative_int: Callable[[str], int],
-    learning_rate: Callable[[str], float],
-) -> None:
-    """Register ``train`` and its options."""
-    parser = commands.add_parser(
-        "train",
-        help="train the artifacts on arrays from an .npz file and save a resumable checkpoint",
-        description=DESCRIPTION,
-        epilog=DATA_HELP + "\n\n" + EXAMPLES,
-        formatter_class=formatter,
-    )
-    parser.add_argument("artifacts", metavar="ARTIFACTS_DIR", help="folder holding the artifacts")
-    parser.add_argument("--data", required=True, metavar="DATA.npz", help="training arrays (see data layout)")
-    parser.add_argument("--inputs", metavar="KEY1,KEY2", help="array names for the model's inputs, in its input order")
-    parser.add_argument("--batched", action="store_true", help="the training arrays are [steps, batch, ...]")
-    length = parser.add_mutually_exclusive_group(required=True)
-    length.add_argument("--steps", type=positive_int, metavar="N", help="number of optimizer steps to run")
-    length.add_argument("--epochs", type=positive_int, metavar="N", help="number of passes over the training data")
-    parser.add_argument(
-        "--batch-size", type=positive_int, metavar="N", help="rows per step (default 32; ignored with --batched)"
-    )
-    parser.add_argument(
-        "--lr", type=learning_rate, metavar="LR", help="peak learning rate (default: the checkpoint's initial one)"
-    )
-    parser.add_argument(
-        "--schedule",
-        choices=("constant", "linear", "cosine"),
-        default="constant",
-        help="learning-rate schedule after warmup (default constant)",
-    )
-    parser.add_argument(
-        "--warmup", type=non_negative_int, default=0, metavar="N", help="linear warmup steps (default 0)"
-    )
-    parser.add_argument("--total-steps", type=positive_int, metavar="N", help="step at which linear/cosine reach 0")
-    parser.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (default: cuda when available)")
-    parser.add_argument(
-        "--compile",
-        action="store_true",
-        help="run each step (forward, backward, update) as one torch.compile'd graph "
-        "(compiling takes seconds first; faster steps after)",
-    )
-    parser.add_argument(
-        "--shard-state",
-        action="store_true",
-        help="under torchrun: each rank keeps 1/N of the optimizer state (ZeRO stage 1)",
-    )
-    parser.add_argument(
-        "--seed", type=int, default=0, metavar="N", help="seed of the shuffling and of dropout (default 0)"
-    )
-    parser.add_argument("--no-shuffle", action="store_true", help="keep the data's order")
-    parser.add_argument("--eval-data", metavar="EVAL.npz", help="print the eval loss on these arrays at the end")
-    parser.add_argument("--eval-inputs", metavar="KEY1,KEY2", help="array names for the eval model's inputs")
-    parser.add_argument(
-        "--resume",
-        metavar="CHECKPOINT",
-        help="continue from this checkpoint (parameters, "
-        "optimizer state and step count) instead of ARTIFACTS_DIR/checkpoint",
-    )
-    parser.add_argument(
-        "--output",
-        default="trained_checkpoint",
-        metavar="CHECKPOINT",
-        help="where to save the checkpoint (default ./trained_checkpoint; replaced atomically)",
-    )
-    parser.add_argument(
-        "--save-every",
-        type=positive_int,
-        metavar="N",
-        help="also save the checkpoint to --output every N steps (Ctrl-C always saves)",
-    )
-    parser.add_argument(
-        "--metrics",
-        metavar="FILE.jsonl",
-        help="append one JSON line per --metrics-every steps (step, loss, lr, steps_per_s), "
-        "then the eval loss and compile time",
-    )
-    parser.add_argument(
-        "--metrics-every",
-        type=positive_int,
-        default=1,
-        metavar="N",
-        help="steps between metrics lines (default 1; the last step is always written)",
-    )
-    parser.add_argument(
-        "--tensorboard", metavar="DIR", help="write TensorBoard scalars to DIR (needs the tensorboard package)"
-    )
-    parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout instead of text")
-    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no text summary")
-    parser.add_argument(
-        "--lora",
-        metavar="r=8,alpha=16,targets=...",
-        help="train LoRA adapters only (keys r, alpha, dropout, targets (fnmatch patterns or all-linear), "
-        "frozen_dtype, seed; docs/lora.md); a LoRA checkpoint given to --resume keeps its config",
-    )
-    parser.set_defaults(run=run_train)

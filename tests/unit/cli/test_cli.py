@@ -239,7 +239,13 @@ def bad_inputs(tmp_path, cnn) -> dict[str, Path]:
     torch.save(torch.nn.Linear(2, 2), tmp_path / "module.pt")
     nominal = {name: torch.empty(0) for name in weights}
     TrainingState.from_record(CheckpointRecord(nominal, {}, is_nominal=True)).save(tmp_path / "nominal")
-    return {"tmp": tmp_path, "case": cnn, "artifacts": cnn / "artifacts", "good": data}
+    (tmp_path / "bad.parquet").write_bytes(b"not parquet")
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pa_parquet
+
+    pa_parquet.write_table(pa.table({"image": list(x.reshape(len(x), -1)), "label": labels}), tmp_path / "t.parquet")
+    other = FIXTURES / "mlp_frozen" / "artifacts" / "checkpoint"  # another model's parameters
+    return {"tmp": tmp_path, "case": cnn, "artifacts": cnn / "artifacts", "good": data, "other": other}
 
 
 TRAIN = ["train", "{artifacts}", "--data", "{good}", "--steps", "1", "--output", "{tmp}/out"]
@@ -281,6 +287,21 @@ ERRORS = {
     "train-zero-steps": (["train", "{artifacts}", "--data", "{good}", "--steps", "0"], "positive integer"),
     "train-negative-lr": ([*TRAIN, "--lr", "-1"], ">= 0"),
     "train-no-length": (["train", "{artifacts}", "--data", "{good}"], "--steps"),
+    "train-seed-too-large": ([*TRAIN, "--seed", str(2**70)], "expected an integer from 0 to 2**63 - 1"),
+    "train-resume-other-model": ([*TRAIN, "--resume", "{other}"], "is not a checkpoint of these artifacts"),
+    "train-bad-parquet": (["train", "{artifacts}", "--data", "{tmp}/bad.parquet", "--steps", "1"], "not a readable"),
+    "train-missing-column": (["train", "{artifacts}", "--data", "{tmp}/t.parquet", "--steps", "1"], "no column named"),
+    "train-unknown-column": (
+        [*TRAIN[:3], "{tmp}/t.parquet", *TRAIN[4:], "--inputs", "input=im*,labels=y"],
+        "no column",
+    ),
+    "train-mapping": ([*TRAIN, "--inputs", "image=input"], "is not INPUT=KEY"),
+    "train-keep-last-alone": ([*TRAIN, "--keep-last", "2"], "--keep-last keeps the newest periodic"),
+    "train-best-without-eval": ([*TRAIN, "--save-best", "loss"], "--save-best evaluates"),
+    "train-best-unknown": ([*TRAIN, "--eval-data", "{good}", "--save-best", "accuracy"], "expected an evaluated"),
+    "train-bad-metric": ([*TRAIN, "--eval-data", "{good}", "--metric", "nope"], "metric: expected one of"),
+    "train-batched-table": ([*TRAIN[:3], "{tmp}/t.parquet", *TRAIN[4:], "--batched"], "--batched reads"),
+    "train-recompute": ([*TRAIN, "--recompute", "1"], "segment count >= 2"),
     "convert-missing": (["convert", "{tmp}/nope", "{tmp}/x.pt"], "source not found"),
     "convert-needs-template": (["convert", "{tmp}/weights.pt", "{tmp}/checkpoint"], "needs --template"),
     "convert-same-format": (["convert", "{tmp}/weights.pt", "{tmp}/copy.pth"], "nothing to convert"),

@@ -1,0 +1,292 @@
+"""``train``'s options, in groups (data, length, learning rate, engine, evaluation, checkpoints, output).
+
+Each group is one function: a new option goes into its group's function (or a new group's).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+ArgType = Callable[[str], object]
+
+DESCRIPTION = """\
+Train a set of ORT training artifacts (training_model.onnx, optimizer_model.onnx, checkpoint;
+eval_model.onnx for --eval-data) with ORT's loop: module(*batch) (--grad-accum times), optimizer.step(),
+scheduler.step(), module.lazy_reset_grad(). Shows a progress bar (loss, learning rate, step rate,
+ETA) and saves an ORT checkpoint with the optimizer state and the data position, from which
+--resume continues: at the end, every --save-every steps, and on Ctrl-C (which then prints the
+summary and exits with status 130). Step rates exclude the first step (compilation with --compile)."""
+
+DATA_HELP = """\
+data layout:
+  DATA is an .npz file with one array per user input of the training model (see `inspect`), or a
+  Parquet (.parquet), Arrow (.arrow/.feather), CSV (.csv) or JSON-lines (.jsonl) file with one column
+  per input (pyarrow: pip install 'ort-torch-train[data]'). Arrays/columns are matched by name, or
+  named in the model's input order with --inputs KEY1,KEY2, or by input with --inputs input=KEY,...;
+  in a table, KEY may be a pattern (--inputs 'input=px*,labels=label') whose columns are stacked, and
+  a column of lists becomes one more axis. Table columns are cast to the model's dtypes and reshaped
+  to its declared dims; .npz dtypes must equal the model's.
+  Axis 0 indexes samples: each micro-batch feeds --batch-size rows (shuffled each epoch unless
+  --no-shuffle; a last partial batch is dropped), read by a DataLoader with --workers processes.
+  With --batched (.npz), axis 0 indexes ready-made batches ([steps, batch, ...], batch i is x[i]).
+  --eval-data works the same way against the eval model's inputs (--eval-inputs, default --inputs),
+  evaluated in chunks of --batch-size.
+
+length and resume:
+  --max-steps N trains until the optimizer's step count (kept in the checkpoint) is N: repeating
+  the same command with --resume finishes the same run. --steps N trains N more steps from the
+  checkpoint's count; --epochs N makes N more passes over the data. A resumed run continues the
+  data order where it stopped (seed, epoch and position are in the checkpoint).
+
+learning rate:
+  --lr (default: the checkpoint's initial learning rate, 0.001 for fresh artifacts) with
+  --schedule constant|linear|cosine and --warmup steps; linear and cosine decay to 0 at
+  --total-steps (default: --max-steps, or the step count this run ends at)."""
+
+EXAMPLES = """\
+examples:
+  ort-torch-train train artifacts/ --data train.npz --epochs 3 --batch-size 32 --output run/ckpt
+  ort-torch-train train artifacts/ --data train.parquet --inputs 'input=pixels,labels=label' \\
+      --max-steps 500 --grad-accum 4 --eval-data test.parquet --eval-every 50 --metric accuracy \\
+      --save-every 100 --keep-last 2 --save-best accuracy --early-stop 5 --output run/ckpt
+  ort-torch-train train artifacts/ --data train.parquet --max-steps 500 --resume run/ckpt --output run/ckpt
+  torchrun --nproc_per_node=2 -m ort_torch_train train artifacts/ --data train.npz --batch-size 64 \\
+      --max-steps 500 --shard-state --output run/ckpt      (data-parallel: each rank feeds 32 of the 64 rows)
+  ort-torch-train train refcorpus/cnn/artifacts --data refcorpus/cnn/data.npz --inputs x_train,y_train \\
+      --batched --steps 20 --eval-data refcorpus/cnn/data.npz --eval-inputs x_eval,y_eval"""
+
+
+def recompute_setting(text: str) -> int | bool:
+    """argparse type of --recompute: "auto" (about sqrt(op count) segments) or a segment count >= 2."""
+    if text == "auto":
+        return True
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a segment count, got {text!r}") from None
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"expected a segment count >= 2, got {text!r}")
+    return value
+
+
+def add_data_options(parser: argparse.ArgumentParser, positive_int: ArgType, non_negative_int: ArgType) -> None:
+    """--data, --inputs, --batched, --batch-size, --workers, --seed, --no-shuffle."""
+    group = parser.add_argument_group("data")
+    group.add_argument("--data", required=True, metavar="DATA", help="training data file (see data layout)")
+    group.add_argument("--inputs", metavar="KEY1,KEY2", help="arrays/columns for the model's inputs (see data layout)")
+    group.add_argument("--batched", action="store_true", help="the training arrays are [steps, batch, ...]")
+    group.add_argument(
+        "--batch-size", type=positive_int, metavar="N", help="rows per micro-batch (default 32; ignored with --batched)"
+    )
+    group.add_argument(
+        "--workers", type=non_negative_int, default=0, metavar="N", help="DataLoader worker processes (default 0)"
+    )
+    group.add_argument(
+        "--seed",
+        type=seed_value,
+        default=None,
+        metavar="N",
+        help="seed of the shuffling and of dropout (default 0, or the resumed checkpoint's)",
+    )
+    group.add_argument("--no-shuffle", action="store_true", help="keep the data's order")
+
+
+def seed_value(text: str) -> int:
+    """argparse type of --seed: an integer in 0 .. 2**63 - 1 (torch's seed range)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"expected an integer from 0 to 2**63 - 1, got {text!r}")
+    return value
+
+
+def add_length_options(parser: argparse.ArgumentParser, positive_int: ArgType) -> None:
+    """--max-steps | --steps | --epochs, and --grad-accum."""
+    group = parser.add_argument_group("length (one of --max-steps, --steps, --epochs)")
+    length = group.add_mutually_exclusive_group(required=True)
+    length.add_argument(
+        "--max-steps", type=positive_int, metavar="N", help="train until the optimizer's step count is N (resume-safe)"
+    )
+    length.add_argument("--steps", type=positive_int, metavar="N", help="train N more optimizer steps")
+    length.add_argument("--epochs", type=positive_int, metavar="N", help="make N more passes over the training data")
+    group.add_argument(
+        "--grad-accum",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="micro-batches per optimizer step: N module calls add up their gradients (default 1)",
+    )
+
+
+def add_schedule_options(
+    parser: argparse.ArgumentParser, positive_int: ArgType, non_negative_int: ArgType, learning_rate: ArgType
+) -> None:
+    """--lr, --schedule, --warmup, --total-steps."""
+    group = parser.add_argument_group("learning rate")
+    group.add_argument(
+        "--lr", type=learning_rate, metavar="LR", help="peak learning rate (default: the checkpoint's initial one)"
+    )
+    group.add_argument(
+        "--schedule",
+        choices=("constant", "linear", "cosine"),
+        default="constant",
+        help="learning-rate schedule after warmup (default constant)",
+    )
+    group.add_argument(
+        "--warmup", type=non_negative_int, default=0, metavar="N", help="linear warmup steps (default 0)"
+    )
+    group.add_argument("--total-steps", type=positive_int, metavar="N", help="step at which linear/cosine reach 0")
+
+
+def add_engine_options(parser: argparse.ArgumentParser) -> None:
+    """--device, --compile, --mixed-precision, --recompute, --shard-state, --lora."""
+    group = parser.add_argument_group("engine")
+    group.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (default: cuda when available)")
+    group.add_argument(
+        "--compile",
+        action="store_true",
+        help="run each step (forward, backward, update) as one torch.compile'd graph "
+        "(compiling takes seconds first; faster steps after)",
+    )
+    group.add_argument(
+        "--mixed-precision",
+        choices=("bf16", "fp16"),
+        help="autocast the forward to bf16 or fp16 with float32 master weights (fp16: dynamic loss scaling)",
+    )
+    group.add_argument(
+        "--recompute",
+        type=recompute_setting,
+        metavar="auto|K",
+        help="recompute activations in backward: K segments, or auto (about sqrt(op count))",
+    )
+    group.add_argument(
+        "--shard-state",
+        action="store_true",
+        help="under torchrun: each rank keeps 1/N of the optimizer state (ZeRO stage 1)",
+    )
+    group.add_argument(
+        "--lora",
+        metavar="r=8,alpha=16,targets=...",
+        help="train LoRA adapters only (keys r, alpha, dropout, targets (fnmatch patterns or all-linear), "
+        "frozen_dtype, seed; docs/lora.md); a LoRA checkpoint given to --resume keeps its config",
+    )
+
+
+def add_evaluation_options(parser: argparse.ArgumentParser, positive_int: ArgType) -> None:
+    """--eval-data, --eval-inputs, --eval-every, --metric."""
+    group = parser.add_argument_group("evaluation")
+    group.add_argument("--eval-data", metavar="EVAL", help="evaluate on this file (same formats as --data)")
+    group.add_argument("--eval-inputs", metavar="KEY1,KEY2", help="arrays/columns for the eval model's inputs")
+    group.add_argument(
+        "--eval-every", type=positive_int, metavar="N", help="evaluate every N steps (default: before and after)"
+    )
+    group.add_argument(
+        "--metric",
+        default="loss",
+        metavar="NAME",
+        help="loss (default), accuracy, perplexity, or package.module:function (of outputs, batch); "
+        "the eval loss is always reported",
+    )
+
+
+def add_checkpoint_options(parser: argparse.ArgumentParser, positive_int: ArgType) -> None:
+    """--resume, --output, --save-every, --keep-last, --save-best, --early-stop."""
+    group = parser.add_argument_group("checkpoints")
+    group.add_argument(
+        "--resume",
+        metavar="CHECKPOINT",
+        help="continue from this checkpoint (parameters, optimizer state, step count, data position) "
+        "instead of ARTIFACTS_DIR/checkpoint",
+    )
+    group.add_argument(
+        "--output",
+        default="trained_checkpoint",
+        metavar="CHECKPOINT",
+        help="where to save the checkpoint (default ./trained_checkpoint; replaced atomically)",
+    )
+    group.add_argument(
+        "--save-every", type=positive_int, metavar="N", help="also save --output every N steps (Ctrl-C always saves)"
+    )
+    group.add_argument(
+        "--keep-last",
+        type=positive_int,
+        metavar="N",
+        help="with --save-every: also keep numbered checkpoints OUTPUT.step-<step>, the N newest",
+    )
+    group.add_argument(
+        "--save-best",
+        metavar="METRIC",
+        help="save OUTPUT.best whenever the eval METRIC (loss or --metric's) is the best so far",
+    )
+    group.add_argument(
+        "--early-stop",
+        type=positive_int,
+        metavar="PATIENCE",
+        help="stop after PATIENCE evaluations without the --save-best metric (else --metric) improving",
+    )
+
+
+def add_output_options(parser: argparse.ArgumentParser, positive_int: ArgType) -> None:
+    """--metrics, --metrics-every, --tensorboard, --mlflow, --json, --summary, --quiet."""
+    group = parser.add_argument_group("output")
+    group.add_argument(
+        "--metrics",
+        metavar="FILE.jsonl",
+        help="append one JSON line per --metrics-every steps (step, loss, lr, steps_per_s) and per evaluation",
+    )
+    group.add_argument(
+        "--metrics-every",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="steps between metrics lines and logged values (default 1; the last step is always written)",
+    )
+    group.add_argument(
+        "--tensorboard",
+        metavar="DIR",
+        help="write TensorBoard scalars to DIR (tensorboard: pip install 'ort-torch-train[cli]')",
+    )
+    group.add_argument(
+        "--mlflow",
+        metavar="URI|DIR",
+        help="log to MLflow: a tracking URI, or a folder used as a local file store (mlflow-skinny)",
+    )
+    group.add_argument("--mlflow-experiment", default="ort-torch-train", metavar="NAME", help="MLflow experiment")
+    group.add_argument(
+        "--json", action="store_true", help="print a JSON summary on stdout instead of text (also after Ctrl-C)"
+    )
+    group.add_argument(
+        "--summary", metavar="FILE.json", help="also write the JSON summary to FILE.json (also after Ctrl-C)"
+    )
+    group.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no text summary")
+
+
+def add_train_parser(
+    commands: argparse._SubParsersAction,
+    formatter: type[argparse.HelpFormatter],
+    positive_int: ArgType,
+    non_negative_int: ArgType,
+    learning_rate: ArgType,
+    run: Callable[[argparse.Namespace], None],
+) -> argparse.ArgumentParser:
+    """Register ``train`` and its options; return its parser (for more options)."""
+    parser = commands.add_parser(
+        "train",
+        help="train the artifacts on a data file and save a resumable checkpoint",
+        description=DESCRIPTION,
+        epilog=DATA_HELP + "\n\n" + EXAMPLES,
+        formatter_class=formatter,
+    )
+    parser.add_argument("artifacts", metavar="ARTIFACTS_DIR", help="folder holding the artifacts")
+    add_data_options(parser, positive_int, non_negative_int)
+    add_length_options(parser, positive_int)
+    add_schedule_options(parser, positive_int, non_negative_int, learning_rate)
+    add_engine_options(parser)
+    add_evaluation_options(parser, positive_int)
+    add_checkpoint_options(parser, positive_int)
+    add_output_options(parser, positive_int)
+    parser.set_defaults(run=run)
+    return parser

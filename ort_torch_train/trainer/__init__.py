@@ -1,0 +1,42 @@
+"""The training loop as a library: ``fit`` runs ORT's loop over any iterable or DataLoader, with
+callbacks for evaluation, checkpoints, early stopping and logging (see docs/training-loop.md)."""
+
+from ort_torch_train.trainer.callbacks import EarlyStopping, LogMetrics, SaveBest, SaveCheckpoints
+from ort_torch_train.trainer.data import ArrayDataset, ResumableBatchSampler, array_loader
+from ort_torch_train.trainer.fit import Callback, FitResult, FitState, TrainingDiverged, fit
+from ort_torch_train.trainer.loggers import JsonlLogger, Logger, MlflowLogger, TensorBoardLogger
+from ort_torch_train.trainer.metrics import (
+    Accuracy,
+    Loss,
+    Metric,
+    Perplexity,
+    evaluate,
+    metric_named,
+    with_model_outputs,
+)
+
+__all__ = [
+    "Accuracy",
+    "ArrayDataset",
+    "Callback",
+    "EarlyStopping",
+    "FitResult",
+    "FitState",
+    "JsonlLogger",
+    "LogMetrics",
+    "Logger",
+    "Loss",
+    "Metric",
+    "MlflowLogger",
+    "Perplexity",
+    "ResumableBatchSampler",
+    "SaveBest",
+    "SaveCheckpoints",
+    "TensorBoardLogger",
+    "TrainingDiverged",
+    "array_loader",
+    "evaluate",
+    "fit",
+    "metric_named",
+    "with_model_outputs",
+]

@@ -1,0 +1,336 @@
+"""``fit``: ORT's training loop over any iterable of batches (a DataLoader, a list, a generator), with
+callbacks for logging, evaluation and checkpoints.
+
+Each optimizer step is ORT's loop: ``grad_accum`` calls ``module(*batch)`` (gradients add up, as in
+ORT; under data parallelism all but the last inside ``module.no_sync()``), then ``optimizer.step()``,
+``scheduler.step()``, ``module.lazy_reset_grad()``; with one batch per step ``module.step(optimizer,
+*batch)`` does the three at once (one compiled graph with ``compile``). Compilation, mixed precision,
+recompute and data parallelism are the Module's options. The step count is the optimizer's, kept in
+the checkpoint, so ``max_steps`` is a total that a resumed run reaches without overshooting.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import time
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from itertools import islice
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ort_torch_train.api import CheckpointState, Properties
+from ort_torch_train.errors import InputError
+from ort_torch_train.progress import ProgressBar
+from ort_torch_train.trainer.data import DataPosition, data_position, resumable_sampler, store_data_position
+from ort_torch_train.trainer.metrics import Metric, evaluate, metric_named
+
+log = logging.getLogger(__name__)
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite."""
+
+
+@dataclass
+class FitState:
+    """What callbacks see of the run: the module and optimizer, where the loop stands, the last numbers."""
+
+    module: Any
+    optimizer: Any
+    start_step: int
+    step: int
+    epoch: int = 0
+    position: int = 0  # batches consumed in this epoch
+    seed: int | None = None  # the data order's seed, when the data is a ResumableBatchSampler's
+    loss: float = math.nan
+    learning_rate: float = math.nan
+    steps_per_second: float = math.nan
+    first_step_seconds: float | None = None  # the first step's time (compilation, with ``compile``)
+    metrics: dict[str, float] = field(default_factory=dict)  # the last evaluation's
+    monitored: dict[str, Metric] = field(default_factory=dict)  # the evaluated metrics, by name
+    should_stop: bool = False  # a callback ends the run after this step
+    stop_reason: str | None = None
+    interrupted: bool = False  # Ctrl-C (SIGINT) ended the run
+
+    @property
+    def properties(self) -> Properties:
+        """The checkpoint's properties (saved with every checkpoint)."""
+        return Properties(self.module.training_state)
+
+    def save(self, path: str | Path) -> None:
+        """Save the checkpoint with its optimizer state and this data position (``--resume`` continues it)."""
+        store_data_position(self.properties, DataPosition(self.epoch, self.position, self.seed))
+        CheckpointState.save_checkpoint(CheckpointState(self.module.training_state), path, include_optimizer_state=True)
+
+    def stop(self, reason: str) -> None:
+        """End the run after this step."""
+        self.should_stop = True
+        self.stop_reason = reason
+
+
+class Callback:
+    """Hooks of ``fit``; override the ones you need. ``on_train_end`` runs after a finished, stopped or
+    interrupted run (not after an error); ``close`` runs always."""
+
+    def on_train_begin(self, run: FitState) -> None:
+        """Before the first step."""
+
+    def on_evaluate(self, run: FitState, metrics: dict[str, float]) -> None:
+        """After an evaluation (before ``on_step_end`` of the same step)."""
+
+    def on_step_end(self, run: FitState) -> None:
+        """After each optimizer step."""
+
+    def on_train_end(self, run: FitState) -> None:
+        """After the last step."""
+
+    def close(self) -> None:
+        """Release files and connections."""
+
+
+@dataclass
+class FitResult:
+    """What ``fit`` did: its steps, each step's loss, timings and the last evaluation."""
+
+    start_step: int
+    last_step: int
+    losses: list[float]
+    seconds: float  # the steps after the first (evaluations and callbacks left out)
+    first_step_seconds: float | None  # the first step (compilation, with ``compile``)
+    metrics: dict[str, float]
+    interrupted: bool
+    stop_reason: str | None
+
+    @property
+    def steps_per_second(self) -> float:
+        """Steps per second after the first (NaN with fewer than two steps)."""
+        steady = len(self.losses) - 1
+        return steady / self.seconds if steady > 0 and self.seconds > 0 else math.nan
+
+
+def fit(
+    module: Any,
+    optimizer: Any,
+    data: Iterable[Any],
+    *,
+    max_steps: int | None = None,
+    epochs: int | None = None,
+    grad_accum: int = 1,
+    scheduler: Any = None,
+    eval_data: Iterable[Any] | None = None,
+    eval_every: int | None = None,
+    metrics: Sequence[str | Metric] = ("loss",),
+    callbacks: Sequence[Callback] = (),
+    progress: bool | str = False,
+    handle_interrupt: bool = True,
+) -> FitResult:
+    """Train ``module`` with ``optimizer`` until the optimizer's step count is ``max_steps`` or the data's
+    epoch count is ``epochs`` (whichever comes first).
+
+    Batches are sequences of the training model's inputs (or mappings by input name). ``eval_data``
+    is evaluated with ``metrics`` (names from ``trainer.metrics`` or Metric objects) every
+    ``eval_every`` steps and at the end. ``progress``: a tqdm bar (a string: its description).
+    ``handle_interrupt``: the first Ctrl-C ends the run after the current step (callbacks then save)
+    and the result says ``interrupted``; a second one interrupts at once.
+    """
+    if max_steps is None and epochs is None:
+        raise InputError("fit: give max_steps (a total step count) or epochs")
+    if grad_accum < 1:
+        raise InputError(f"grad_accum: expected an integer >= 1, got {grad_accum!r}")
+    if eval_every is not None and eval_data is None:
+        raise InputError("eval_every: needs eval_data")
+    optimizer_state = module.training_state.optimizer
+    if optimizer_state is None:
+        raise InputError("fit: the module's state has no optimizer state; build the Optimizer first")
+    evaluated = [metric if isinstance(metric, Metric) else metric_named(metric) for metric in metrics]
+    run = FitState(module, optimizer, optimizer_state.step, optimizer_state.step)
+    run.monitored = {metric.name: metric for metric in evaluated}
+    _start_position(run, data, grad_accum)
+    result = FitResult(run.start_step, run.start_step, [], 0.0, None, {}, False, None)
+    stream = _batches(run, data, epochs)
+    bar = ProgressBar(
+        _total_steps(run, data, max_steps, epochs, grad_accum),
+        progress if isinstance(progress, str) else "training",
+        disable=not progress,
+    )
+    interrupt = deferred_interrupt() if handle_interrupt else nullcontext(lambda: False)
+    try:
+        with interrupt as interrupted:
+            for callback in callbacks:
+                callback.on_train_begin(run)
+            started = time.perf_counter()
+            while max_steps is None or run.step < max_steps:
+                micro_batches = list(islice(stream, grad_accum))
+                if not micro_batches:
+                    break
+                run.loss = _train_step(module, optimizer, micro_batches)
+                if scheduler is not None:
+                    scheduler.step()
+                run.step += 1
+                if not math.isfinite(run.loss) and not getattr(optimizer, "last_step_skipped", False):
+                    raise TrainingDiverged(
+                        f"the loss is {run.loss} at step {run.step}: training diverged (try a lower learning rate)"
+                    )
+                now = time.perf_counter()
+                if result.first_step_seconds is None:
+                    result.first_step_seconds = run.first_step_seconds = now - started
+                    bar.reset_clock()
+                    started = now
+                result.losses.append(run.loss)
+                result.seconds = now - started
+                run.steps_per_second = result.steps_per_second
+                run.learning_rate = optimizer.get_learning_rate()
+                bar.update(loss=run.loss, lr=run.learning_rate)
+                if eval_data is not None and eval_every and run.step % eval_every == 0:
+                    _evaluate(run, eval_data, evaluated, callbacks)
+                for callback in callbacks:
+                    callback.on_step_end(run)
+                started += time.perf_counter() - now  # the rate counts training steps only
+                if interrupted():
+                    run.interrupted = True
+                    break
+                if run.should_stop:
+                    break
+            if eval_data is not None and (not eval_every or run.step % eval_every or not result.losses):
+                _evaluate(run, eval_data, evaluated, callbacks)
+            bar.close()
+            for callback in callbacks:
+                callback.on_train_end(run)
+    finally:
+        stream.close()
+        bar.close()
+        for callback in callbacks:
+            callback.close()
+    result.last_step = run.step
+    result.metrics = run.metrics
+    result.interrupted = run.interrupted
+    result.stop_reason = run.stop_reason
+    return result
+
+
+def _train_step(module: Any, optimizer: Any, micro_batches: list[Any]) -> float:
+    """One optimizer step over the micro-batches; the mean of their losses (over the ranks too)."""
+    names = module.input_names()
+    if len(micro_batches) == 1:
+        losses = [loss_value(module.step(optimizer, *model_inputs(micro_batches[0], names)))]
+    else:
+        losses = []
+        for index, batch in enumerate(micro_batches):
+            local = module.distributed and index < len(micro_batches) - 1
+            with module.no_sync() if local else nullcontext():
+                losses.append(loss_value(module(*model_inputs(batch, names))))
+        optimizer.step()
+        module.lazy_reset_grad()
+    loss = sum(losses) / len(losses)
+    if module.distributed:
+        total = torch.tensor([loss], dtype=torch.float64, device=module.device)
+        group = module.data_parallel.group
+        dist.all_reduce(total, group=group)
+        loss = float(total.item()) / dist.get_world_size(group)
+    return loss
+
+
+def _evaluate(run: FitState, data: Iterable[Any], metrics: list[Metric], callbacks: Sequence[Callback]) -> None:
+    run.metrics = evaluate(run.module, data, metrics)
+    for callback in callbacks:
+        callback.on_evaluate(run, run.metrics)
+
+
+def model_inputs(batch: Any, names: list[str]) -> list[Any]:
+    """A batch as the model's inputs in order: a sequence as is, a mapping by input name."""
+    if isinstance(batch, Mapping):
+        missing = [name for name in names if name not in batch]
+        if missing:
+            raise InputError(f"batch: no value for input {missing[0]!r} (the batch holds {', '.join(map(str, batch))})")
+        return [batch[name] for name in names]
+    if isinstance(batch, (torch.Tensor, np.ndarray)):
+        return [batch]
+    return list(batch)
+
+
+def loss_value(outputs: Any) -> float:
+    """The loss (first output) of a step's outputs as a float (the mean of an unreduced loss)."""
+    loss = outputs[0] if isinstance(outputs, (tuple, list)) else outputs
+    if isinstance(loss, torch.Tensor):
+        return float(loss.detach().float().mean())
+    return float(np.mean(loss.numpy() if hasattr(loss, "numpy") else np.asarray(loss)))
+
+
+def _start_position(run: FitState, data: Iterable[Any], grad_accum: int) -> None:
+    """Where a resumed run continues in its data: the position stored in the checkpoint, else
+    (an older checkpoint) the batches ``start_step`` steps consumed."""
+    sampler = resumable_sampler(data)
+    run.seed = sampler.seed if sampler is not None else None
+    stored = data_position(run.properties)
+    if stored is not None:
+        if stored.seed is not None and run.seed is not None and stored.seed != run.seed:
+            log.warning("resuming with data seed %s; the checkpoint's data order used seed %s", run.seed, stored.seed)
+        run.epoch, run.position = stored.epoch, stored.position
+    elif run.start_step and hasattr(data, "__len__") and len(data):  # type: ignore[arg-type]
+        run.epoch, run.position = divmod(run.start_step * grad_accum, len(data))  # type: ignore[arg-type]
+
+
+def _batches(run: FitState, data: Iterable[Any], epochs: int | None) -> Generator[Any, None, None]:
+    """The batches from ``run``'s position on, epoch after epoch; keeps ``run.epoch``/``run.position``."""
+    sampler = resumable_sampler(data)
+    while epochs is None or run.epoch < epochs:
+        skip = 0
+        if sampler is not None:
+            sampler.set_position(run.epoch, run.position)
+        else:
+            set_epoch = getattr(getattr(data, "sampler", None), "set_epoch", None)
+            if set_epoch is not None:
+                set_epoch(run.epoch)
+            skip = run.position  # an order we cannot seek in: replay it up to the position
+        seen = run.position
+        for batch in iter(data):
+            if skip:
+                skip -= 1
+                continue
+            run.position += 1
+            yield batch
+        if seen == run.position == 0:
+            raise InputError("data: yields no batches")
+        run.epoch, run.position = run.epoch + 1, 0
+
+
+def _total_steps(
+    run: FitState, data: Iterable[Any], max_steps: int | None, epochs: int | None, grad_accum: int
+) -> int | None:
+    """The steps this run will take, when known (for the progress bar)."""
+    totals = [] if max_steps is None else [max(max_steps - run.step, 0)]
+    if epochs is not None and hasattr(data, "__len__"):
+        batches = max((epochs - run.epoch) * len(data) - run.position, 0)  # type: ignore[arg-type]
+        totals.append(math.ceil(batches / grad_accum))
+    return min(totals) if totals else None
+
+
+@contextmanager
+def deferred_interrupt() -> Iterator[Callable[[], bool]]:
+    """Within: the first SIGINT only sets a flag (read by the yielded function); a second one interrupts."""
+    requested: list[int] = []
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if requested:
+            raise KeyboardInterrupt
+        requested.append(signum)
+        log.info("interrupt received: finishing the current step")
+
+    try:
+        previous = signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread: keep the default behaviour
+        yield lambda: False
+        return
+    try:
+        yield lambda: bool(requested)
+    finally:
+        signal.signal(signal.SIGINT, previous)

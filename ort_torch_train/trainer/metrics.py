@@ -1,0 +1,172 @@
+"""Evaluation metrics over the eval model's outputs: loss, accuracy, perplexity, or your own function.
+
+A metric sees each eval batch's outputs (the loss first, then any model outputs such as the logits)
+and the batch's inputs (the labels last), and gives one number for the whole eval set.
+``metric_named("package.module:function")`` wraps a function ``function(outputs, batch) -> float``
+as a metric averaged over the samples (weighted by each batch's rows); give the function an
+attribute ``higher_is_better = True`` when larger values are better (default: lower is better).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import onnx
+import torch
+
+from ort_torch_train.errors import InputError, ModelError
+from ort_torch_train.export.outputs import exportable_output_names
+from ort_torch_train.graph.layout import ModelSource, load_model
+
+Outputs = Sequence[torch.Tensor]
+
+
+class Metric:
+    """One number over the eval set: ``reset()``, ``update(outputs, batch)`` per batch, ``compute()``."""
+
+    name = "metric"
+    higher_is_better = False
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.count = 0
+
+    def reset(self) -> None:
+        """Forget the batches seen."""
+        self.total = 0.0
+        self.count = 0
+
+    def update(self, outputs: Outputs, batch: Sequence[torch.Tensor]) -> None:
+        """Add one eval batch."""
+        rows = int(batch[0].shape[0]) if batch and batch[0].ndim else 1
+        self.total += self.batch_value(outputs, batch) * rows
+        self.count += rows
+
+    def batch_value(self, outputs: Outputs, batch: Sequence[torch.Tensor]) -> float:
+        """The metric of one batch (averaged over batches by their rows)."""
+        raise NotImplementedError
+
+    def compute(self) -> float:
+        """The metric over every batch since ``reset()``."""
+        return self.total / self.count if self.count else math.nan
+
+    def improved(self, value: float, best: float | None) -> bool:
+        """Whether ``value`` is better than ``best`` (None: nothing yet)."""
+        if best is None or math.isnan(best):
+            return not math.isnan(value)
+        return value > best if self.higher_is_better else value < best
+
+
+class Loss(Metric):
+    """The mean of the eval model's loss (its first output) over the samples."""
+
+    name = "loss"
+
+    def batch_value(self, outputs: Outputs, batch: Sequence[torch.Tensor]) -> float:
+        """The batch's mean loss."""
+        return float(outputs[0].float().mean())
+
+
+class Perplexity(Loss):
+    """``exp`` of the mean loss (for a cross-entropy loss over tokens)."""
+
+    name = "perplexity"
+
+    def compute(self) -> float:
+        """``exp(mean loss)``."""
+        return math.exp(min(super().compute(), 700.0))
+
+
+class Accuracy(Metric):
+    """The share of samples whose predicted class equals the label (the last input).
+
+    The prediction comes from the eval model's second output (the logits): the argmax of its last
+    axis, or ``logit > 0`` for one logit per sample (binary).
+    """
+
+    name = "accuracy"
+    higher_is_better = True
+
+    def batch_value(self, outputs: Outputs, batch: Sequence[torch.Tensor]) -> float:
+        """The batch's share of correct predictions."""
+        if len(outputs) < 2:
+            raise ModelError(
+                "accuracy needs the model's logits, but the eval model outputs only its loss: generate the "
+                "artifacts with additional_output_names=['logits'] (the CLI adds them itself)"
+            )
+        logits, labels = outputs[1].detach(), batch[-1].to(outputs[1].device)
+        if logits.ndim == labels.ndim + 1 and logits.shape[-1] > 1:
+            predicted = logits.argmax(-1)
+        else:
+            predicted = (logits.reshape(labels.shape) > 0).to(labels.dtype)
+        return float((predicted == labels).float().mean())
+
+
+class BatchFunction(Metric):
+    """A user function ``function(outputs, batch) -> float`` averaged over the samples."""
+
+    def __init__(self, name: str, function: Callable[[Outputs, Sequence[torch.Tensor]], float]) -> None:
+        super().__init__()
+        self.name = name
+        self.function = function
+        self.higher_is_better = bool(getattr(function, "higher_is_better", False))
+
+    def batch_value(self, outputs: Outputs, batch: Sequence[torch.Tensor]) -> float:
+        """The function's value on the batch."""
+        return float(self.function(outputs, batch))
+
+
+BUILT_IN: dict[str, type[Metric]] = {"loss": Loss, "accuracy": Accuracy, "perplexity": Perplexity}
+
+
+def metric_named(text: str) -> Metric:
+    """ "loss", "accuracy", "perplexity", or "package.module:function" (a function of (outputs, batch))."""
+    if text in BUILT_IN:
+        return BUILT_IN[text]()
+    module_name, colon, function_name = text.partition(":")
+    if not colon or not module_name or not function_name:
+        raise InputError(f"metric: expected one of {', '.join(BUILT_IN)} or 'package.module:function', got {text!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise InputError(f"metric {text!r}: cannot import {module_name!r} ({error})") from error
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise InputError(f"metric {text!r}: {module_name!r} has no function {function_name!r}")
+    return BatchFunction(function_name, function)
+
+
+def evaluate(module: Any, data: Iterable[Sequence[Any]], metrics: Sequence[Metric]) -> dict[str, float]:
+    """Each metric over ``data`` (batches of the eval model's inputs), the module in eval mode meanwhile."""
+    was_training = module.training
+    module.eval()
+    for metric in metrics:
+        metric.reset()
+    try:
+        for batch in data:
+            tensors = [value if isinstance(value, torch.Tensor) else torch.as_tensor(value) for value in batch]
+            outputs = module(*tensors)
+            outputs = tuple(outputs) if isinstance(outputs, (tuple, list)) else (outputs,)
+            for metric in metrics:
+                metric.update(outputs, tensors)
+    finally:
+        module.train(was_training)
+    return {metric.name: metric.compute() for metric in metrics}
+
+
+def with_model_outputs(eval_model: ModelSource, parameter_names: Iterable[str]) -> onnx.ModelProto:
+    """The eval model with the base model's outputs (the logits: recorded by ``generate_artifacts``, else
+    the values the loss combines with the labels) appended after its own outputs, for metrics such as
+    accuracy; the model itself when it outputs them already."""
+    model = load_model(eval_model, "eval model")
+    outputs = [value.name for value in model.graph.output]
+    extra = [name for name in exportable_output_names(model, list(parameter_names)) if name not in outputs]
+    if not extra:
+        return model
+    extended = onnx.ModelProto()
+    extended.CopyFrom(model)
+    extended.graph.output.extend(onnx.helper.make_empty_tensor_value_info(name) for name in extra)
+    return extended
