@@ -114,6 +114,7 @@ def train(args: argparse.Namespace, launch: Launch, device: str) -> None:
         device=device,
         compile=args.compile,
         distributed=launch.distributed,
+        compile_cache=False if args.no_compile_cache else args.compile_cache,
     )
     optimizer = Optimizer(job.optimizer_model, module, shard_state=args.shard_state)
     optimizer_state = job.state.training_state.optimizer
@@ -303,6 +304,15 @@ def add_train_parser(
         action="store_true",
         help="run each step (forward, backward, update) as one torch.compile'd graph "
         "(compiling takes seconds first; faster steps after)",
+    )
+    parser.add_argument(
+        "--compile-cache",
+        metavar="DIR",
+        help="with --compile: save compiled steps in DIR and load them from it (default: "
+        "$ORT_TORCH_TRAIN_CACHE_DIR, else $XDG_CACHE_HOME/ort_torch_train or ~/.cache/ort_torch_train)",
+    )
+    parser.add_argument(
+        "--no-compile-cache", action="store_true", help="with --compile: compile every step anew, save nothing"
     )
     parser.add_argument(
         "--shard-state",
