@@ -96,8 +96,12 @@ class CompileCache:
                 log.warning("compile cache: refused the library %s (%s); it will be built", name, refused)
                 continue
             if found is not None:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                atomic_write_bytes(target, found[1])
+                try:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    atomic_write_bytes(target, found[1])
+                except OSError as error:
+                    log.warning("compile cache: could not restore the library %s (%s); it will be built", name, error)
+                    continue
                 restored += 1
         if restored:
             log.info("compile cache: restored %d compiled libraries into %s", restored, root)

@@ -296,6 +296,17 @@ def test_a_saved_step_is_found_only_under_the_same_inductor_settings_and_in_a_ne
         assert printed.stdout.strip() == fingerprint, printed.stderr[-2000:]
 
 
+def test_entries_are_filed_under_the_torch_build_and_the_cpu(monkeypatch):
+    from ort_torch_train.training.compile import cache_store
+
+    fingerprints = {platform_fingerprint()}
+    monkeypatch.setattr(cache_store, "cpu_features", lambda: ["_is_some_other_cpu_supported"])
+    fingerprints.add(platform_fingerprint())
+    monkeypatch.setattr(torch, "__version__", "1.0.0")
+    fingerprints.add(platform_fingerprint())
+    assert len(fingerprints) == 3
+
+
 def test_a_saved_step_is_found_only_for_the_same_gradient_reduction(mlp_case):
     """A data-parallel step's key names its group and world size: a step saved without the all-reduce
     (one process, or inside ``no_sync``) or for another group or world is not loaded for it."""
