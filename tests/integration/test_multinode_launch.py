@@ -77,6 +77,7 @@ def wait_all(nodes: list[subprocess.Popen], tmp_path: Path, timeout: float) -> l
 
 
 @pytest.mark.distributed
+@pytest.mark.slow
 def test_two_nodes_train_like_one_process_and_ort_loads_the_rank0_checkpoint(capsys, tmp_path: Path) -> None:
     code, _, err = run_cli(capsys, *TRAIN, "--steps", 6, "--output", tmp_path / "one")
     assert code == 0, err
@@ -104,6 +105,7 @@ def test_two_nodes_train_like_one_process_and_ort_loads_the_rank0_checkpoint(cap
 
 
 @pytest.mark.distributed
+@pytest.mark.slow
 def test_a_node_lost_mid_run_fails_the_other(tmp_path: Path) -> None:
     """Killing one launcher and its process (SIGKILL: the machine is gone) while both train makes the
     other's step fail on the broken connection, and its launcher exit non-zero, within a minute."""

@@ -37,17 +37,17 @@ def use_compile_cache(setting: CompileCacheSetting = None) -> CompileCache | Non
     cache in use, else the default directory; a path that directory; False none. Raises InputError for
     a directory named here that is not safe to load code from; the default one is then only skipped,
     with a warning."""
+    active = precompiled.active_cache()
     if setting is False:
         precompiled.use_cache(None)
         return None
     explicit = not (setting is None or setting is True)
-    if not explicit and precompiled.active_cache() is not None:
-        return precompiled.active_cache()
-    directory = Path(os.fspath(setting)).expanduser() if explicit else default_cache_dir()  # type: ignore[arg-type]
+    if not explicit and active is not None:
+        return active
+    directory = Path(setting).expanduser() if isinstance(setting, (str, os.PathLike)) else default_cache_dir()
     if directory is None:
         precompiled.use_cache(None)
         return None
-    active = precompiled.active_cache()
     if active is not None and active.store.directory == directory.absolute():
         return active
     try:

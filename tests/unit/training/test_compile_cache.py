@@ -172,6 +172,7 @@ for i in range(count):
 
 
 @pytest.mark.distributed
+@pytest.mark.slow
 def test_two_processes_filling_one_cache_keep_every_entry(tmp_path):
     """Two processes starting on a new directory at once agree on one key and keep each other's entries."""
     directory = tmp_path / "cache"
@@ -240,6 +241,7 @@ def _train_in_a_process(case_dir: Path, cache: Path, out: Path, env: dict, *extr
 
 
 @pytest.mark.compile
+@pytest.mark.slow
 def test_a_saved_bf16_step_of_a_compile_mode_loads_and_trains_bitwise_alike(mlp_case, tmp_path):
     """Mixed-precision steps and ``compile=<mode>`` steps and eval graphs (the mode's inductor options)
     are saved too; the saved step is not used for a float32 ``compile=True`` one; ``save_compile_cache``
@@ -281,6 +283,7 @@ def test_a_saved_step_is_found_only_for_the_same_model_update_and_signature(mlp_
     assert precompiled.step_key(*_converted(other, 4)[:1], ("adamw",), _converted(other, 4)[1]) != key
 
 
+@pytest.mark.slow
 def test_a_saved_step_is_found_only_under_the_same_inductor_settings_and_in_a_new_process():
     """The fingerprint an entry is filed under: another inductor setting is another entry; a new process
     (another hash seed: sets in torch's settings iterate in another order) finds the same."""
