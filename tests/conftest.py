@@ -12,6 +12,7 @@ Otherwise ``compile``, ``distributed``, ``ort_peer`` and ``slow`` are set on the
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,8 @@ from tests.helpers.corpus import Case, corpus_cases
 from tests.helpers.paths import FIXTURES, REFCORPUS
 
 TESTS = Path(__file__).resolve().parent
+# compiled tests compile: no test loads another's steps from the per-user compile cache unless it names one
+os.environ["ORT_TORCH_TRAIN_CACHE_DIR"] = "off"
 FOLDER_MARKERS = ("unit", "parity", "integration")
 
 

@@ -24,6 +24,7 @@ from ort_torch_train.lora.apply import add_lora_to_artifacts
 from ort_torch_train.lora.config import LoraConfig
 from ort_torch_train.optim.engine import OptimizerEngine
 from ort_torch_train.training.binding import bind_parameters
+from ort_torch_train.training.compile.cache import CompileCacheSetting, use_compile_cache
 from ort_torch_train.training.engine import TrainingEngine
 from ort_torch_train.training.forward_graph import ForwardGraph
 from ort_torch_train.training.options import EngineOptions
@@ -51,7 +52,9 @@ class Module(nn.Module):
     its checkpointed segments (AOTAutograd recomputes them in the compiled backward) and the
     optimizer update runs after it, not in the same graph. ``session_options`` (an ORT
     SessionOptions) is accepted for compatibility and not used: threads are torch's
-    (``torch.set_num_threads``).
+    (``torch.set_num_threads``). Compiled steps are saved in and loaded from a per-user compile cache
+    (``compile_cache``: None the default directory, a path another, False none; see
+    ``training/compile/cache.py``).
     ``distributed=True`` trains data-parallel on torch.distributed (``process_group``, default the
     default group): gradients are averaged across ranks at each train step, steps inside
     ``no_sync()`` accumulate locally (see ``distributed/data_parallel.py``); eval stays local.
@@ -74,6 +77,7 @@ class Module(nn.Module):
         mixed_precision: str | None = None,
         recompute: RecomputeSetting = None,
         lora: LoraConfig | None = None,
+        compile_cache: CompileCacheSetting = None,
     ) -> None:
         training_model = load_model(train_model_uri, "training model")
         eval_model = load_model(eval_model_uri, "eval model") if eval_model_uri is not None else None
@@ -87,6 +91,7 @@ class Module(nn.Module):
             recompute=recompute,
             distributed=distributed,
             process_group=process_group,
+            compile_cache=compile_cache,
         )
         if lora is not None:
             if not isinstance(lora, LoraConfig):
@@ -94,6 +99,8 @@ class Module(nn.Module):
             training_model, eval_model = add_lora_to_artifacts(
                 training_model, eval_model, training_state_of(state), lora
             )
+        if options.compile_arguments is not None:
+            use_compile_cache(options.compile_cache)
         super().__init__()
         self._engine = TrainingEngine(training_model, training_state_of(state), eval_model, options)
         bind_parameters(self, self._engine.training_state.params)

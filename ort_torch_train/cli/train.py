@@ -127,6 +127,7 @@ def train(args: argparse.Namespace, launch: Launch, device: str) -> None:
         mixed_precision=args.mixed_precision,
         recompute=args.recompute,
         lora=lora_setting(args.lora, job.state.training_state, job.training_model),
+        compile_cache=False if args.no_compile_cache else args.compile_cache,
     )
     optimizer = Optimizer(job.optimizer_model, module, shard_state=args.shard_state)
     optimizer_state = job.state.training_state.optimizer

@@ -142,7 +142,7 @@ def add_schedule_options(
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
-    """--device, --compile, --mixed-precision, --recompute, --shard-state, --lora."""
+    """--device, --compile, --mixed-precision, --recompute, --shard-state, --compile-cache, --lora."""
     group = parser.add_argument_group("engine")
     group.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (default: cuda when available)")
     group.add_argument(
@@ -166,6 +166,16 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         "--shard-state",
         action="store_true",
         help="under torchrun: each rank keeps 1/N of the optimizer state (ZeRO stage 1)",
+    )
+    cache = group.add_mutually_exclusive_group()
+    cache.add_argument(
+        "--compile-cache",
+        metavar="DIR",
+        help="with --compile: save compiled steps in DIR and load them from it (default: "
+        "$ORT_TORCH_TRAIN_CACHE_DIR, else $XDG_CACHE_HOME/ort_torch_train or ~/.cache/ort_torch_train)",
+    )
+    cache.add_argument(
+        "--no-compile-cache", action="store_true", help="with --compile: compile every step anew, save nothing"
     )
     group.add_argument(
         "--lora",

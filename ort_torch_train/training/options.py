@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -11,6 +12,7 @@ import torch
 from ort_torch_train.distributed.data_parallel import require_process_group
 from ort_torch_train.errors import DistributedError
 from ort_torch_train.training.binding import parse_device
+from ort_torch_train.training.compile.cache import CompileCacheSetting
 from ort_torch_train.training.compile.settings import CompileSetting, compile_arguments
 from ort_torch_train.training.precision import check_mixed_precision
 from ort_torch_train.training.recompute import RecomputeSetting, recompute_segments
@@ -31,6 +33,8 @@ class EngineOptions:
         recompute: activations recomputed in backward: a segment count, True (about sqrt(op count)
             segments), a legacy session's ``RecomputePlan`` of patterns, or None.
         process_group: the data-parallel group whose ranks average gradients, or None (one process).
+        compile_cache: where compiled steps are saved and loaded (``training/compile/cache.py``):
+            None the default directory, a path that directory, False none.
 
     Valid combinations: every field with every other, except that ``loss_scale`` needs "fp16" and a
     process group needs ``distributed``. Compiled with recompute, the train step is not one graph:
@@ -44,6 +48,7 @@ class EngineOptions:
     loss_scale: float
     recompute: Recompute
     process_group: Any
+    compile_cache: CompileCacheSetting = None
 
     @classmethod
     def of(
@@ -56,6 +61,7 @@ class EngineOptions:
         recompute: RecomputeSetting | RecomputePlan = None,
         distributed: bool = False,
         process_group: Any = None,
+        compile_cache: CompileCacheSetting = None,
     ) -> EngineOptions:
         """Checked options from a face's arguments (``Module``'s names); raises naming the bad argument."""
         target = parse_device(device)
@@ -75,7 +81,12 @@ class EngineOptions:
             group = require_process_group(process_group, "Module(distributed=True)")
         elif process_group is not None:
             raise DistributedError("Module: process_group is given but distributed is False; pass distributed=True")
-        return cls(target, arguments, mixed_precision, scale, plan or None, group)
+        named = isinstance(compile_cache, (str, os.PathLike)) and bool(os.fspath(compile_cache))
+        if not (compile_cache is None or compile_cache is False or named):
+            raise ValueError(
+                f"compile_cache: expected a directory, None (the default one) or False; got {compile_cache!r}"
+            )
+        return cls(target, arguments, mixed_precision, scale, plan or None, group, compile_cache)
 
     @property
     def distributed(self) -> bool:

@@ -245,13 +245,13 @@ def lost_rank(rank: int) -> dict[str, str]:
 
 
 def cached_compile(rank: int, world_size: int, cache: Path) -> dict[str, np.ndarray]:
-    """mlp_compiled with the compile cache ``cache`` loaded first (no file yet on the first launch) and
-    saved by rank 0 after; whether a file was found and how many saved steps loaded."""
+    """mlp_compiled with the compile cache directory ``cache`` (empty on the first launch; each rank saves
+    the steps it compiles there); whether it held entries and how many saved steps loaded."""
     import logging
 
     import torch.distributed as dist
 
-    from ort_torch_train.training.compile.cache import load_compile_cache, save_compile_cache
+    from ort_torch_train.training.compile.cache import load_compile_cache
 
     messages = []
     handler = logging.Handler(logging.INFO)
@@ -260,10 +260,8 @@ def cached_compile(rank: int, world_size: int, cache: Path) -> dict[str, np.ndar
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     found = load_compile_cache(cache)
+    dist.barrier()  # every rank looked before any saves
     result = train("mlp_compiled", rank, world_size)
-    dist.barrier()  # rank 0 writes the file once every rank has read it
-    if rank == 0:
-        save_compile_cache(cache)
     loaded = sum(message.startswith("loaded the saved train step") for message in messages)
     return {**result, "found": np.array(found), "loaded": np.array(loaded)}
 
@@ -284,7 +282,7 @@ def main() -> None:
     if scenario == "lost_rank":
         errors = lost_rank(rank)
     elif scenario == "compiled_cache":
-        result = cached_compile(rank, world_size, out / "compile.cache")
+        result = cached_compile(rank, world_size, out / "compile_cache")
         np.savez(out / f"cached_compile_{'warm' if result['found'] else 'cold'}_rank{rank}.npz", **result)
     else:
         for run in SCENARIOS[scenario]:

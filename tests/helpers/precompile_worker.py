@@ -1,10 +1,11 @@
-"""One process of tests/unit/training/test_compile_cache.py: load the compile cache, train the MLP case compiled, save it.
+"""One process of tests/unit/training/test_compile_cache.py: train the MLP case compiled with a compile cache.
 
-    python -m tests.helpers.precompile_worker CASE_DIR CACHE_FILE OUT.npz [--mixed-precision bf16] [--mode MODE]
+    python -m tests.helpers.precompile_worker CASE_DIR CACHE_DIR OUT.npz [--mixed-precision bf16] [--mode MODE]
+        [--copy DIR]
 
 Writes the losses, the final parameters, the eval step's outputs after training and the number of C++
 libraries inductor built (g++ runs, counted at ``CppBuilder.build``) to OUT.npz; the log lines of
-training/compile/precompiled.py and cache.py go to stderr.
+training/compile/ go to stderr. ``--copy DIR``: then ``save_compile_cache(DIR)``.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--mixed-precision", choices=["bf16"])
     parser.add_argument("--mode", help="a torch.compile mode (compile=MODE instead of True)")
+    parser.add_argument("--copy", type=Path, help="a directory save_compile_cache copies the steps into")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     torch.set_num_threads(1)
@@ -64,7 +66,8 @@ def main() -> None:
         losses.append(np.asarray(module.step(optimizer, *inputs)))
     module.eval()
     evaluated = np.asarray(module(*case.eval_inputs()))
-    save_compile_cache(args.cache)
+    if args.copy is not None:
+        save_compile_cache(args.copy)
     np.savez(
         args.out,
         losses=np.stack(losses),

@@ -5,9 +5,9 @@ A ``CompiledTrainStep`` (and a ``CompiledForward``: the eval graph) compiles wit
 evaluation. The guards kept are those a saved step can carry,
 less those on values fixed for the step's life: none on globals, object identity, the step's immutable
 closure values or torch's pytree registry (``_guard_filter``); the step's key stands for them.
-Once ``compile_cache.load_compile_cache`` has switched saving on, each step's serialized form
-(``save_compiled_function``'s bytes) is kept under a key naming the model, the update and the input
-signature, and ``save_compile_cache`` writes those next to torch's caches. A later process finding
+With a compile cache in use (``cache.py``), each step's serialized form
+(``save_compiled_function``'s bytes) is saved under a key naming the model, the update and the input
+signature (``cache_entries.py``). A later process finding
 its key loads the step instead of tracing it; a step that does not load or whose guards reject the
 inputs is compiled again, with a log line. The module, update and other closure objects are the
 process's own (``external_data``), never pickled.
@@ -34,25 +34,26 @@ from ort_torch_train.torch_internals import (
     load_aot_compiled,
     serialize_aot_compiled,
 )
+from ort_torch_train.training.compile.cache_entries import CompileCache
 from ort_torch_train.training.compile.settings import torch_compile
 
 log = logging.getLogger(__name__)
 
-# serialized steps by key: the loaded file's and this process's own; None while saving is off
-_steps: dict[str, bytes] | None = None
+# the compile cache steps load from and are saved to; None: off
+_cache: CompileCache | None = None
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")  # reprs naming an object's address differ between processes
 _ROOT = re.compile(r"[A-Za-z_]\w*")  # the variable a guard's source starts from
 
 
-def enable(steps: Mapping[str, bytes]) -> None:
-    """Keep the steps compiled from now on for saving; ``steps`` (from a saved cache) load instead of compiling."""
-    global _steps
-    _steps = {**(_steps or {}), **steps}
+def use_cache(cache: CompileCache | None) -> None:
+    """Load the steps compiled from now on from ``cache`` and save them there (None: no cache)."""
+    global _cache
+    _cache = cache
 
 
-def saved_steps() -> dict[str, bytes]:
-    """Every serialized step known to this process (loaded or compiled), by key."""
-    return dict(_steps or {})
+def active_cache() -> CompileCache | None:
+    """The compile cache in use, or None."""
+    return _cache
 
 
 def step_key(module: torch.nn.Module, parts: Sequence[object], args: Sequence[object]) -> str:
@@ -85,30 +86,30 @@ def precompiled_step(
     fallback: Callable,
     what: str = "train step",
 ) -> GuardedStep | None:
-    """``step`` compiled ahead for ``args`` (or, with saving on, loaded from a saved step under
-    ``step_key(module, parts, args)``, and kept for saving), behind its guards: inputs they reject go to
+    """``step`` compiled ahead for ``args`` (or, with a compile cache in use, loaded from the step saved
+    under ``step_key(module, parts, args)``, else saved there), behind its guards: inputs they reject go to
     ``fallback``. None when torch cannot precompile this step. ``what`` names the step in log lines."""
-    steps = _steps
-    key = None if steps is None else step_key(module, parts, args)
+    cache = _cache
+    key = None if cache is None else step_key(module, parts, args)
     external_data = {name: value for name, value in external.items() if value is not None}  # one id for all Nones
-    if steps is not None and key is not None:
-        data = steps.get(key)
+    if cache is not None and key is not None:
+        data = cache.load_step(key, what)
         if data is not None:
             loaded = _load(data, external_data, args, key, what)
             if loaded is not None:
                 return GuardedStep(loaded, fallback, what)
-        elif steps:
-            log.info("no saved %s for this model, update and signature (%s); compiling it", what, key[:12])
     try:
         compiled = aot_compile(torch_compile(step, _with_guard_filter(compile_arguments, step)), args)
     except Exception as error:  # a backend or mode without precompile support: the usual compilation
         log.info("cannot precompile the %s (%s); compiling it without precompile", what, error)
         return None
-    if steps is not None and key is not None:
+    if cache is not None and key is not None:
         try:
-            steps[key] = serialize_aot_compiled(compiled, external_data)
+            data = serialize_aot_compiled(compiled, external_data)
         except Exception as error:
             log.info("cannot serialize the precompiled %s %s (%s); it will not be saved", what, key[:12], error)
+        else:
+            cache.save_step(key, data, what)
     return GuardedStep(compiled, fallback, what)
 
 

@@ -1,5 +1,6 @@
-"""save/load_compile_cache: a missing file is 'nothing cached yet', a foreign file a clear error."""
+"""The compile cache: a per-user directory of signed entries that loads only what this user's cache wrote."""
 
+import json
 import logging
 import os
 import pickle
@@ -13,50 +14,226 @@ import torch
 import torch.utils._pytree as pytree
 
 from ort_torch_train.api import Module
+from ort_torch_train.checkpoint.state import TrainingState
 from ort_torch_train.errors import InputError
 from ort_torch_train.training.compile import precompiled
-from ort_torch_train.training.compile.cache import _MAGIC, load_compile_cache, save_compile_cache
+from ort_torch_train.training.compile.cache import load_compile_cache, save_compile_cache, use_compile_cache
+from ort_torch_train.training.compile.cache_entries import CompileCache
+from ort_torch_train.training.compile.cache_store import (
+    CacheStore,
+    default_cache_dir,
+    platform_fingerprint,
+    step_fingerprint,
+)
+from ort_torch_train.training.options import EngineOptions
 from tests.helpers.corpus import Case
 from tests.helpers.paths import FIXTURES, ROOT
 
 
 @pytest.fixture(autouse=True)
-def _precompiling_stays_in_the_test(monkeypatch):
-    """load_compile_cache switches precompiling on for the process: off again for the next tests."""
+def _the_cache_stays_in_the_test(monkeypatch):
+    """use_compile_cache switches the cache on for the process: off again for the next tests."""
     from torch._inductor import config
 
-    monkeypatch.setattr(precompiled, "_steps", None)
+    monkeypatch.setattr(precompiled, "_cache", None)
     with config.patch({"cpp.vec_isa_ok": config.cpp.vec_isa_ok}):
         yield
 
 
-def test_a_missing_cache_file_loads_nothing(tmp_path):
-    assert load_compile_cache(tmp_path / "compile.cache") is False
+class Marker:
+    """A pickle that, once unpickled, creates the file ``path``: what a crafted cache file could do."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.touch, (self.path,))
 
 
-def test_a_file_that_is_not_a_compile_cache_is_rejected_by_name(tmp_path):
-    path = tmp_path / "compile.cache"
-    path.write_bytes(b"not a cache")
+# ---- the directory, its key and its entries ---------------------------------------------------------
+def test_the_default_directory_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.delenv("ORT_TORCH_TRAIN_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_dir() == tmp_path / "xdg" / "ort_torch_train"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert default_cache_dir() == Path.home() / ".cache" / "ort_torch_train"
+    monkeypatch.setenv("ORT_TORCH_TRAIN_CACHE_DIR", str(tmp_path / "mine"))
+    assert default_cache_dir() == tmp_path / "mine"
+    assert use_compile_cache().store.directory == tmp_path / "mine"  # type: ignore[union-attr]
+    assert use_compile_cache(False) is None and precompiled.active_cache() is None
+    monkeypatch.setenv("ORT_TORCH_TRAIN_CACHE_DIR", "off")
+    assert default_cache_dir() is None and use_compile_cache() is None
+
+
+def test_a_module_option_names_the_cache_or_switches_it_off(mlp_case, tmp_path):
+    def module(**options):
+        return Module(mlp_case.artifact("training_model.onnx"), mlp_case.load_state(), compile=True, **options)
+
+    module(compile_cache=tmp_path / "cache")
+    assert precompiled.active_cache().store.directory == tmp_path / "cache"  # type: ignore[union-attr]
+    module(compile_cache=False)
+    assert precompiled.active_cache() is None
+    for bad in ("", 3, True):
+        with pytest.raises(ValueError, match="compile_cache"):
+            EngineOptions.of(compile=True, compile_cache=bad)
+
+
+def test_the_directory_and_key_are_private_and_entries_read_back(tmp_path):
+    store = CacheStore(tmp_path / "cache")
+    assert (tmp_path / "cache").stat().st_mode & 0o777 == 0o700
+    assert (tmp_path / "cache" / "key").stat().st_mode & 0o777 == 0o600
+    path = store.write("step", "k", "f", b"payload", {"libraries": []})
+    assert path.parent.parent == tmp_path / "cache" and path.stat().st_mode & 0o777 == 0o600
+    assert CacheStore(tmp_path / "cache").read("step", "k", "f") == (
+        {"libraries": [], "kind": "step", "key": "k", "fingerprint": "f"},
+        b"payload",
+    )
+    assert store.read("step", "k", "another platform") is None and store.read("step", "other", "f") is None
+
+
+def test_a_directory_or_key_others_can_write_or_read_is_refused(tmp_path, monkeypatch, caplog):
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    with pytest.raises(InputError, match="shared.*can be written by others"):
+        CacheStore(shared)
+    monkeypatch.setenv("ORT_TORCH_TRAIN_CACHE_DIR", str(shared))  # the default one: only skipped
+    with caplog.at_level(logging.WARNING):
+        assert use_compile_cache() is None
+    assert "compile cache off" in caplog.text
+    CacheStore(tmp_path / "cache")
+    (tmp_path / "cache" / "key").chmod(0o644)
+    with pytest.raises(InputError, match="key can be read by others"):
+        load_compile_cache(tmp_path / "cache")
+
+
+def test_entry_files_others_can_write_links_and_foreign_files_are_refused(tmp_path, caplog):
+    cache = CompileCache(CacheStore(tmp_path / "cache"))
+    store, fingerprint = cache.store, step_fingerprint()
+    path = store.write("step", "writable", fingerprint, b"x")
+    path.chmod(0o666)
+    store.path_of("step", "link", fingerprint).symlink_to(path)
+    other = CacheStore(tmp_path / "another user's cache")  # signed with another key
+    other.write("step", "foreign", fingerprint, b"x").rename(store.path_of("step", "foreign", fingerprint))
+    store.write("step", "renamed", fingerprint, b"x").rename(store.path_of("step", "swapped", fingerprint))
+    with caplog.at_level(logging.WARNING):
+        for key in ("writable", "link", "foreign", "swapped"):
+            assert cache.load_step(key, "train step") is None
+    for reason in ("can be written by others", "symbolic link", "fails its signature", "holds the entry"):
+        assert reason in caplog.text
+
+
+def test_a_crafted_pickle_is_never_unpickled(tmp_path, caplog):
+    """Neither an old-format cache file (the explicit call now takes a directory) nor a pickle put in
+    place of an entry runs: they are refused before anything is unpickled."""
+    marker = tmp_path / "marker"
+    crafted = pickle.dumps({"torch": "1.0.0", "artifacts": Marker(marker), "steps": {}})
+    old_file = tmp_path / "compile.cache"
+    old_file.write_bytes(b"ort-torch-train compile cache 2\n" + crafted)
     with pytest.raises(InputError, match="compile.cache"):
-        load_compile_cache(path)
+        load_compile_cache(old_file)
+    cache = CompileCache(CacheStore(tmp_path / "cache"))
+    cache.store.path_of("step", "key", step_fingerprint()).write_bytes(crafted)
+    with caplog.at_level(logging.WARNING):
+        assert cache.load_step("key", "train step") is None
+    assert "refused the saved train step" in caplog.text and "not a compile cache entry" in caplog.text
+    assert not marker.exists()
 
 
-def test_saving_with_nothing_compiled_writes_a_loadable_file_or_nothing(tmp_path):
-    path = tmp_path / "compile.cache"
-    written = save_compile_cache(path)
-    assert (written == 0 and not path.exists()) or (path.stat().st_size == written and load_compile_cache(path))
+def test_library_paths_stay_inside_the_inductor_cache_dir(tmp_path, monkeypatch, caplog):
+    """A (signed) step naming libraries outside ``<dir>/<file>`` under inductor's cache dir writes none
+    of them (``/<name>`` once wrote at the filesystem root); a library entry with a flipped bit is never
+    installed there; a sound one is."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    cache = CompileCache(CacheStore(tmp_path / "cache"))
+    fingerprint = platform_fingerprint()
+    escaping = [f"/ort_torch_train_test_{os.getpid()}.so", "../outside.so", "ab/../../x.so", "ab/.hidden.so"]
+    for name in [*escaping, "cd/flipped.so", "ab/cabc.main.so"]:
+        cache.store.write("library", name, fingerprint, b"\x7fELF")
+    flipped = cache.store.path_of("library", "cd/flipped.so", fingerprint)
+    data = bytearray(flipped.read_bytes())
+    data[-1] ^= 1
+    flipped.write_bytes(bytes(data))
+    with caplog.at_level(logging.INFO):
+        assert cache.restore_libraries([*escaping, "cd/flipped.so", "ab/cabc.main.so"]) == 1
+    assert (tmp_path / "inductor" / "ab" / "cabc.main.so").read_bytes() == b"\x7fELF"
+    assert not Path(escaping[0]).exists() and not (tmp_path / "outside.so").exists()
+    assert not (tmp_path / "inductor" / "cd").exists() and "fails its signature" in caplog.text
+    assert caplog.text.count("refused the library path") == len(escaping)
+
+
+_WRITER = """
+import sys
+from ort_torch_train.training.compile.cache_store import CacheStore
+directory, name, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+for i in range(count):
+    CacheStore(directory).write("step", f"{name}{i}", "f", f"{name} {i}".encode() * 1000)
+"""
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_two_processes_filling_one_cache_keep_every_entry(tmp_path):
+    """Two processes starting on a new directory at once agree on one key and keep each other's entries."""
+    directory = tmp_path / "cache"
+    writers = [subprocess.Popen([sys.executable, "-c", _WRITER, str(directory), name, "20"], cwd=ROOT) for name in "ab"]
+    assert [writer.wait(timeout=120) for writer in writers] == [0, 0]
+    store = CacheStore(directory)
+    assert store.entry_count() == 40 and not list(directory.glob("**/.*"))
+    for name in "ab":
+        for i in range(20):
+            assert store.read("step", f"{name}{i}", "f")[1] == f"{name} {i}".encode() * 1000  # type: ignore[index]
+
+
+# ---- compiled steps across processes ----------------------------------------------------------------
+def _cli_train(case: Path, cache: Path, out: Path, inductor: Path) -> tuple[dict, str]:
+    """One CLI process training ``case`` compiled for 3 steps with ``cache``, counting its compilations."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(inductor), "ORT_TORCH_TRAIN_LOG": "info"}
+    arguments = ["train", case / "artifacts", "--data", case / "data.npz", "--inputs", "x_train,y_train"]
+    arguments += ["--batched", "--no-shuffle", "--steps", "3", "--eval-data", case / "data.npz"]
+    arguments += ["--eval-inputs", "x_eval,y_eval", "--compile", "--compile-cache", cache, "--quiet"]
+    arguments += ["--output", out]
+    command = [sys.executable, "-m", "tests.helpers.count_compilations", str(out) + ".json"]
+    result = subprocess.run(
+        [*command, *map(str, arguments)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=400
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(Path(str(out) + ".json").read_text()), result.stderr
+
+
+@pytest.mark.compile
+@pytest.mark.slow
+def test_a_second_cli_run_loads_every_step_and_a_flipped_bit_only_recompiles(tmp_path):
+    """The second identical run (with an empty inductor cache dir: a new container) traces no graph and
+    builds no library, and trains bit for bit alike; with a bit flipped in every entry the steps are
+    refused and compiled again, alike, and a later run on the same inductor cache dir loads them."""
+    case, cache = FIXTURES / "mlp_ce_adamw_sched", tmp_path / "cache"
+    first, _ = _cli_train(case, cache, tmp_path / "first", tmp_path / "inductor-1")
+    assert first["traced_graphs"] >= 2 and first["library_builds"] > 0
+    second, log = _cli_train(case, cache, tmp_path / "second", tmp_path / "inductor-2")
+    assert (second["traced_graphs"], second["library_builds"]) == (0, 0), log
+    assert "compile cache hit: the train step" in log and "compile cache hit: the eval graph" in log
+    expected = TrainingState.load(tmp_path / "first").state_dict()
+
+    def assert_trained_alike(run: str) -> None:
+        for name, value in TrainingState.load(tmp_path / run).state_dict().items():
+            torch.testing.assert_close(value, expected[name], rtol=0, atol=0)
+
+    assert_trained_alike("second")
+    for entry in (cache / "entries-1").iterdir():
+        data = bytearray(entry.read_bytes())
+        data[len(data) // 2] ^= 1
+        entry.write_bytes(bytes(data))
+    third, log = _cli_train(case, cache, tmp_path / "third", tmp_path / "inductor-3")
+    assert "fails its signature" in log and "compile cache hit" not in log and third["traced_graphs"] >= 2
+    assert_trained_alike("third")
+    fourth, log = _cli_train(case, cache, tmp_path / "fourth", tmp_path / "inductor-3")
+    assert fourth["traced_graphs"] == 0 and "compile cache hit: the train step" in log, log
+    assert_trained_alike("fourth")
 
 
 def _train_in_a_process(case_dir: Path, cache: Path, out: Path, env: dict, *extra: str) -> tuple[dict, str]:
-    command = [
-        sys.executable,
-        "-m",
-        "tests.helpers.precompile_worker",
-        str(case_dir),
-        str(cache),
-        str(out),
-        *extra,
-    ]
+    command = [sys.executable, "-m", "tests.helpers.precompile_worker", str(case_dir), str(cache), str(out), *extra]
     result = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     with np.load(out) as saved:
@@ -64,88 +241,28 @@ def _train_in_a_process(case_dir: Path, cache: Path, out: Path, env: dict, *extr
 
 
 @pytest.mark.compile
-def test_a_saved_step_loads_in_a_new_process_and_trains_bitwise_alike(mlp_case, tmp_path):
-    """A second process with an empty inductor cache dir (a new machine, a fresh /tmp) loads the train
-    step and the eval graph instead of tracing them, builds no C++ library (the file carries them) and
-    trains and evaluates bit for bit like the first; a saved step that does not load is compiled again
-    (logged), with the same results."""
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
-    cache = tmp_path / "compile.cache"
-    first, _ = _train_in_a_process(mlp_case.root, cache, tmp_path / "first.npz", env)
-    assert cache.is_file() and first["library_builds"] > 0
-    empty_dir = {**env, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "empty-inductor")}
-    second, log = _train_in_a_process(mlp_case.root, cache, tmp_path / "second.npz", empty_dir)
-    assert "loaded the saved train step" in log and "loaded the saved eval graph" in log
-    assert "restored" in log and second["library_builds"] == 0, log
-    for name in ("losses", "params", "evaluated"):
-        np.testing.assert_array_equal(second[name], first[name])
-
-    content = pickle.loads(cache.read_bytes()[len(_MAGIC) :])
-    content["steps"] = {key: b"not a step" for key in content["steps"]}
-    cache.write_bytes(_MAGIC + pickle.dumps(content))
-    third, log = _train_in_a_process(mlp_case.root, cache, tmp_path / "third.npz", env)
-    assert "saved train step" in log and "saved eval graph" in log and "loaded the saved" not in log
-    assert log.count("does not load") == 2 and "compiling it again" in log
-    for name in ("losses", "params", "evaluated"):
-        np.testing.assert_array_equal(third[name], first[name])
-
-
-def _cache_with_libraries(path: Path, platform_: tuple, libraries: dict[str, bytes]) -> Path:
-    content = {
-        "torch": torch.__version__,
-        "artifacts": None,
-        "steps": {},
-        "vec_isa": None,
-        "libraries": (platform_, libraries),
-    }
-    path.write_bytes(_MAGIC + pickle.dumps(content))
-    return path
-
-
-def test_saved_libraries_are_written_only_into_the_cache_dir_and_only_on_their_platform(tmp_path, monkeypatch, caplog):
-    from ort_torch_train.training.compile.cache import _library_platform
-
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    here = _library_platform()
-    caplog.set_level(logging.INFO, logger="ort_torch_train.training.compile.cache")
-    assert load_compile_cache(_cache_with_libraries(tmp_path / "a.cache", here, {"ab/cabc.main.so": b"\x7fELF"}))
-    assert (tmp_path / "inductor" / "ab" / "cabc.main.so").read_bytes() == b"\x7fELF"
-    assert "restored 1 compiled libraries" in caplog.text
-
-    elsewhere = (*here[:-1], ["_is_some_other_cpu_supported"])
-    assert load_compile_cache(_cache_with_libraries(tmp_path / "b.cache", elsewhere, {"cd/ccd.so": b"\x7fELF"}))
-    assert not (tmp_path / "inductor" / "cd").exists() and "building them anew" in caplog.text
-
-    for escaping in ("../outside.so", "/abs/lib.so", "ab/../../x.so"):
-        with pytest.raises(InputError, match="b.cache.*not of the form <dir>/<file>"):
-            load_compile_cache(_cache_with_libraries(tmp_path / "b.cache", here, {escaping: b"x"}))
-    assert not (tmp_path / "outside.so").exists()
-
-
-@pytest.mark.compile
+@pytest.mark.slow
 def test_a_saved_bf16_step_of_a_compile_mode_loads_and_trains_bitwise_alike(mlp_case, tmp_path):
     """Mixed-precision steps and ``compile=<mode>`` steps and eval graphs (the mode's inductor options)
-    are precompiled too; the saved step is not used for a float32 ``compile=True`` one."""
+    are saved too; the saved step is not used for a float32 ``compile=True`` one; ``save_compile_cache``
+    copies the steps a process used into another directory."""
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
-    cache = tmp_path / "compile.cache"
+    cache = tmp_path / "cache"
     settings = ("--mixed-precision", "bf16", "--mode", "max-autotune")
     first, _ = _train_in_a_process(mlp_case.root, cache, tmp_path / "first.npz", env, *settings)
-    second, log = _train_in_a_process(mlp_case.root, cache, tmp_path / "second.npz", env, *settings)
+    copy = tmp_path / "copy"
+    second, log = _train_in_a_process(
+        mlp_case.root, cache, tmp_path / "second.npz", env, *settings, "--copy", str(copy)
+    )
     assert "loaded the saved train step" in log and "loaded the saved eval graph" in log
+    assert CacheStore(copy).entry_count() >= 2
     for name in ("losses", "params", "evaluated"):
         np.testing.assert_array_equal(second[name], first[name])
     _, log = _train_in_a_process(mlp_case.root, cache, tmp_path / "float32.npz", env)
-    assert "no saved train step for this model" in log and "loaded the saved" not in log
+    assert "compile cache miss: no saved train step" in log and "loaded the saved" not in log
 
 
-def test_a_cache_of_another_torch_version_is_ignored_with_a_log_line(tmp_path, caplog):
-    path = tmp_path / "compile.cache"
-    path.write_bytes(_MAGIC + pickle.dumps({"torch": "1.0.0", "artifacts": b"?", "steps": {"k": b"?"}}))
-    with caplog.at_level(logging.WARNING):
-        assert load_compile_cache(path) is False
-    assert "torch 1.0.0" in caplog.text
-
-
+# ---- step keys and guards ---------------------------------------------------------------------------
 def _converted(case, batch: int) -> tuple[torch.nn.Module, list[torch.Tensor]]:
     module = Module(case.artifact("training_model.onnx"), case.load_state(), case.artifact("eval_model.onnx"))
     inputs = [torch.from_numpy(np.ascontiguousarray(a[:batch])) for a in case.train_inputs(0)]
@@ -164,6 +281,33 @@ def test_a_saved_step_is_found_only_for_the_same_model_update_and_signature(mlp_
     assert precompiled.step_key(*_converted(mlp_case, 2)[:1], ("adamw",), _converted(mlp_case, 2)[1]) != key
     other = Case(FIXTURES / "l1")  # another loss (mlp_frozen: the same graph, its plan differs)
     assert precompiled.step_key(*_converted(other, 4)[:1], ("adamw",), _converted(other, 4)[1]) != key
+
+
+@pytest.mark.slow
+def test_a_saved_step_is_found_only_under_the_same_inductor_settings_and_in_a_new_process():
+    """The fingerprint an entry is filed under: another inductor setting is another entry; a new process
+    (another hash seed: sets in torch's settings iterate in another order) finds the same."""
+    from torch._inductor import config
+
+    fingerprint = step_fingerprint()
+    with config.patch({"cpp.simdlen": 128}):
+        assert step_fingerprint() != fingerprint
+    script = "from ort_torch_train.training.compile.cache_store import step_fingerprint; print(step_fingerprint())"
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        printed = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True, text=True)
+        assert printed.stdout.strip() == fingerprint, printed.stderr[-2000:]
+
+
+def test_entries_are_filed_under_the_torch_build_and_the_cpu(monkeypatch):
+    from ort_torch_train.training.compile import cache_store
+
+    fingerprints = {platform_fingerprint()}
+    monkeypatch.setattr(cache_store, "cpu_features", lambda: ["_is_some_other_cpu_supported"])
+    fingerprints.add(platform_fingerprint())
+    monkeypatch.setattr(torch, "__version__", "1.0.0")
+    fingerprints.add(platform_fingerprint())
+    assert len(fingerprints) == 3
 
 
 def test_a_saved_step_is_found_only_for_the_same_gradient_reduction(mlp_case):
@@ -193,24 +337,25 @@ def test_a_saved_step_is_found_only_for_the_same_gradient_reduction(mlp_case):
 
 
 @pytest.mark.compile
-def test_the_eval_graph_is_precompiled_only_without_autograd(mlp_case):
+def test_the_eval_graph_is_precompiled_only_without_autograd(mlp_case, tmp_path):
     """A differentiable eval-mode forward (parameters requiring grad) compiles without precompiling and
-    keeps its gradients; the eval step (no grad) is precompiled for saving."""
-    precompiled.enable({})
+    keeps its gradients; the eval step (no grad) is precompiled and saved."""
     module = Module(
         mlp_case.artifact("training_model.onnx"),
         mlp_case.load_state(),
         mlp_case.artifact("eval_model.onnx"),
         compile=True,
+        compile_cache=tmp_path / "cache",
     )
     module.eval()
     inputs = mlp_case.eval_inputs()
     loss = module.forward(*[torch.from_numpy(a) for a in inputs])
     loss.backward()
-    assert precompiled.saved_steps() == {}
+    cache = precompiled.active_cache()
+    assert cache is not None and cache.steps == {}
     assert all(parameter.grad is not None for parameter in module.parameters() if parameter.requires_grad)
     evaluated = module(*inputs)
-    assert len(precompiled.saved_steps()) == 1
+    assert len(cache.steps) == 1 and save_compile_cache(tmp_path / "cache") == 0  # saved when compiled
     np.testing.assert_allclose(evaluated, loss.detach().numpy(), rtol=1e-6)
 
 
