@@ -32,7 +32,7 @@ from ort_torch_train.optim.schedulers import check_learning_rate
 from ort_torch_train.optim.scratch import make_scratch
 from ort_torch_train.optim.sgd import IMPLEMENTATIONS as SGD_IMPLEMENTATIONS
 from ort_torch_train.optim.sgd import sgd, single_tensor_sgd
-from ort_torch_train.training.flat_params import FlatState, current_flat, flat_buffers
+from ort_torch_train.training.flat_params import FlatState, current_flat, flat_buffers, zeros_in_one_buffer
 from ort_torch_train.training.precision import LossScaler
 
 DEFAULT_LEARNING_RATE = to_float32(0.001)
@@ -201,8 +201,11 @@ class OptimizerEngine:
         params = [trainable_parameter(self.state, name) for name in self.param_names]
         momentums = self._optimizer_state.momentums
         if not momentums:
-            for name, param in zip(self.param_names, params):
-                momentums[name] = {key: torch.zeros_like(param.detach()) for key in self.spec.momentum_names}
+            for name in self.param_names:
+                momentums[name] = {}
+            for key in self.spec.momentum_names:
+                for name, zeros in zip(self.param_names, zeros_in_one_buffer([p.detach() for p in params])):
+                    momentums[name][key] = zeros
         for name, param in zip(self.param_names, params):
             _place_moments(name, param, momentums.get(name), self.spec.momentum_names)
         self._params, self._grads, self._moments, self._scratch = [], [], [], None  # the old tensors can go

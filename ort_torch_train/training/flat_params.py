@@ -140,6 +140,9 @@ def _move_into_flat(layout: FlatLayout, tensors: list[Tensor], rebind: Callable[
     """A new flat buffer holding ``tensors``, each copied in and at once replaced by its view (``rebind``),
     so that a tensor held nowhere else is freed before the next is copied: the buffer's pages fill as the
     old tensors' go, and moving a kind of tensor never needs twice its memory."""
+    flat = _flat_base(layout, tensors)
+    if flat is not None:  # already laid out end to end in one buffer (e.g. made by zeros_in_one_buffer)
+        return flat
     flat = torch.empty(sum(layout.sizes), dtype=tensors[0].dtype, device=tensors[0].device)
     for index, view in enumerate(layout.views(flat)):
         view.copy_(tensors[index].reshape(view.shape))
@@ -163,3 +166,29 @@ def _moment_setter(
         momentums[names[index]][key] = view
 
     return set_moment
+
+
+def _flat_base(layout: FlatLayout, tensors: Sequence[Tensor]) -> Tensor | None:
+    """The one buffer that ``tensors`` are consecutive contiguous views of, covering all of it; else None."""
+    storage = tensors[0].untyped_storage()
+    itemsize = tensors[0].element_size()
+    total = sum(layout.sizes)
+    if storage.nbytes() != total * itemsize or tensors[0].storage_offset() != 0:
+        return None
+    offset = 0
+    for tensor, size in zip(tensors, layout.sizes):
+        if tensor.untyped_storage().data_ptr() != storage.data_ptr() or tensor.storage_offset() != offset:
+            return None
+        if not tensor.is_contiguous() or tensor.dtype != tensors[0].dtype:
+            return None
+        offset += size
+    return tensors[0].new_empty(0).set_(storage, 0, (total,), (1,))
+
+
+def zeros_in_one_buffer(like: Sequence[Tensor]) -> list[Tensor]:
+    """Zero tensors shaped like ``like``, as views of one buffer when all share a dtype and device (so that
+    flattening them later costs no copy), else one tensor each."""
+    if len({(t.dtype, t.device) for t in like}) != 1:
+        return [torch.zeros_like(t, memory_format=torch.contiguous_format) for t in like]
+    layout = FlatLayout(tuple(tuple(t.shape) for t in like))
+    return layout.views(torch.zeros(sum(layout.sizes), dtype=like[0].dtype, device=like[0].device))
