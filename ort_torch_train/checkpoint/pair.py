@@ -232,7 +232,9 @@ class PairReader:
             pending = self.manifest is not None and self.manifest["pending"]
             self.checkpoint_file, self.checkpoint_fd = _open_checkpoint_file(path, pending, "checkpoint file")
             try:
-                self.data_file, self.data_fd = _open_checkpoint_file(data_file_path(path), pending, "external data file")
+                self.data_file, self.data_fd = _open_checkpoint_file(
+                    data_file_path(path), pending, "external data file"
+                )
             except FileNotFoundError:
                 self.data_file, self.data_fd = data_file_path(path), None
             if _manifest_key(path) == before:
