@@ -8,6 +8,7 @@ import fcntl
 import os
 import stat
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -71,16 +72,31 @@ def read_regular_file(path: str | os.PathLike, what: str, limit: int | None = No
         os.close(fd)
 
 
+_HELD = threading.local()  # the directories whose write lock this thread holds
+
+
 @contextlib.contextmanager
 def path_lock(path: str | os.PathLike) -> Iterator[None]:
     """Hold an exclusive lock for writing ``path``, so that concurrent writers of one path, in any
-    process, take turns: a lock on its directory (no lock file is left behind; writers of other
-    files there wait too). Released when the holder dies."""
+    process or thread, take turns: a lock on its directory (no lock file is left behind; writers of
+    other files there wait too). Released when the holder dies. A thread that already holds it (a
+    signal handler's write interrupting a write) is refused: waiting for itself would never end."""
     target = Path(path)
-    fd = os.open(target.parent if str(target.parent) else ".", os.O_RDONLY | os.O_CLOEXEC)
+    directory = os.path.realpath(target.parent if str(target.parent) else ".")
+    held: set[str] = _HELD.__dict__.setdefault("directories", set())
+    if directory in held:
+        raise RuntimeError(
+            f"cannot write {os.fspath(path)!r}: this thread is already writing a file in {directory!r} "
+            "(a write started from a signal handler that interrupted another write?)"
+        )
+    fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        held.add(directory)
+        try:
+            yield
+        finally:
+            held.discard(directory)
     finally:
         os.close(fd)  # releases the lock
 

@@ -21,6 +21,7 @@ from ort_torch_train.checkpoint.odtc import checkpoint_to_bytes, external_data_p
 from ort_torch_train.checkpoint.pair import manifest_path
 from ort_torch_train.checkpoint.records import CheckpointRecord
 from ort_torch_train.errors import CheckpointError, SpecialFileError
+from ort_torch_train.fileio import atomic_write, path_lock
 from tests.helpers.paths import ROOT
 from tests.unit.checkpoint.test_checkpoint_atomic import _generation, _record
 
@@ -211,3 +212,21 @@ def test_overflowing_dims_with_a_zero_are_named(tmp_path: Path) -> None:
     bomb = data.replace(dims, struct.pack("<I3q", 3, 0, 2**62, 2**62))
     with pytest.raises(CheckpointError, match=r"'empty'.*dims \[0, 4611686018427387904, 4611686018427387904\]"):
         read_checkpoint(bomb)
+
+
+def test_a_write_interrupting_a_write_in_the_same_thread_is_refused(tmp_path: Path) -> None:
+    """A signal handler's low-level save during a save would wait for its own thread's lock forever."""
+    path = tmp_path / "checkpoint"
+    inner: list[BaseException] = []
+
+    def write_again(file: object) -> None:
+        try:
+            write_checkpoint(_record(2, True), path)
+        except RuntimeError as error:
+            inner.append(error)
+
+    with path_lock(tmp_path / "other"):
+        atomic_write(tmp_path / "scratch", write_again)
+    assert inner and "already writing a file" in str(inner[0])
+    write_checkpoint(_record(3, True), path)
+    assert _generation(path) == 3
