@@ -9,9 +9,8 @@ import resource
 import signal
 import stat
 import struct
-import subprocess
-import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,47 +21,47 @@ from ort_torch_train.checkpoint.pair import manifest_path
 from ort_torch_train.checkpoint.records import CheckpointRecord
 from ort_torch_train.errors import CheckpointError, SpecialFileError
 from ort_torch_train.fileio import atomic_write, path_lock
-from tests.helpers.paths import ROOT
 from tests.unit.checkpoint.test_checkpoint_atomic import _generation, _record
 
-SAVER = """
-import sys
-from pathlib import Path
-from tests.unit.checkpoint.test_checkpoint_atomic import _record
-from ort_torch_train.checkpoint.odtc import write_checkpoint
-path, first, count = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-for generation in range(first, first + count):
-    write_checkpoint(_record(generation, True, numel=1024), path)
-print("saved", count)
-"""
+
+def _fork(work: Callable[[], None]) -> int:
+    """A child process running ``work`` (exit code 0 when it returns, 1 when it raises)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            work()
+            code = 0
+        finally:
+            os._exit(code)
+    return pid
 
 
-def _start(script: str, *args: object) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-c", script, *map(str, args)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-
-
-def _finish(procs: list[subprocess.Popen], timeout: float) -> list[tuple[int, str, str]]:
-    """Wait for every process (killing all their process groups when one is stuck past timeout)."""
-    results, deadline = [], time.monotonic() + timeout
+def _reap(pids: list[int], timeout: float) -> list[int]:
+    """The children's exit codes; fails (after killing them) when one is stuck past timeout."""
+    codes: dict[int, int] = {}
+    deadline = time.monotonic() + timeout
     try:
-        for proc in procs:
-            stdout, stderr = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
-            results.append((proc.returncode, stdout, stderr))
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"a process did not finish within {timeout} s")
+        while len(codes) < len(pids) and time.monotonic() < deadline:
+            for pid in set(pids) - set(codes):
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    codes[pid] = os.waitstatus_to_exitcode(status)
+            time.sleep(0.01)
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    return results
+        for pid in set(pids) - set(codes):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    assert len(codes) == len(pids), f"a child did not finish within {timeout} s"
+    return [codes[pid] for pid in pids]
+
+
+def _saves(path: Path, first: int, count: int) -> Callable[[], None]:
+    def save() -> None:
+        for generation in range(first, first + count):
+            write_checkpoint(_record(generation, True, numel=1024), path)
+
+    return save
 
 
 @pytest.mark.slow
@@ -71,28 +70,24 @@ def test_read_while_saving_sees_one_saved_pair(tmp_path: Path) -> None:
     reports a torn pair, while another process keeps saving the checkpoint."""
     path = tmp_path / "checkpoint"
     write_checkpoint(_record(1, True, numel=1024), path)
-    writer = _start(SAVER, path, 2, 100_000)
+    writer = _fork(_saves(path, 2, 10**9))
     loads, generations = 0, set()
     try:
-        started = time.monotonic() + 30
-        while _generation(path) == 1 and time.monotonic() < started and writer.poll() is None:
-            time.sleep(0.01)  # the writer is still importing torch
         deadline = time.monotonic() + 2
-        while time.monotonic() < deadline and writer.poll() is None:
+        while time.monotonic() < deadline:
             generations.add(_generation(path))  # asserts that every part comes from one save
             loads += 1
     finally:
-        os.killpg(writer.pid, signal.SIGKILL)
-        _, stderr = writer.communicate()
-    assert loads > 20 and len(generations) > 5, (loads, generations, stderr[-2000:])
+        os.kill(writer, signal.SIGKILL)
+        os.waitpid(writer, 0)
+    assert loads > 20 and len(generations) > 5, (loads, generations)
 
 
 @pytest.mark.slow
 def test_concurrent_saves_to_one_path_all_succeed(tmp_path: Path) -> None:
     path = tmp_path / "checkpoint"
-    savers = [_start(SAVER, path, 1000 * (index + 1), 12) for index in range(3)]
-    for returncode, _, stderr in _finish(savers, timeout=60):
-        assert returncode == 0, stderr[-3000:]
+    savers = [_fork(_saves(path, 1000 * (index + 1), 12)) for index in range(3)]
+    assert _reap(savers, timeout=60) == [0, 0, 0]
     assert _generation(path) in {1000 * (index + 1) + 11 for index in range(3)}  # one save's pair, whole
     assert sorted(os.listdir(tmp_path)) == ["checkpoint", "checkpoint.data", "checkpoint.manifest"]
 
@@ -124,19 +119,6 @@ def test_save_onto_a_device_or_fifo_is_refused_and_leaves_it(tmp_path: Path, ext
     assert stat.S_ISFIFO(os.stat(external_data_path(regular)).st_mode)
 
 
-LOADER = """
-import sys
-from ort_torch_train.checkpoint.odtc import read_checkpoint
-for path in sys.argv[1:]:
-    try:
-        read_checkpoint(path)
-        print("loaded")
-    except Exception as error:
-        print(type(error).__name__, error)
-"""
-
-
-@pytest.mark.slow
 def test_special_manifest_or_checkpoint_fails_fast(tmp_path: Path) -> None:
     """A FIFO or /dev/zero at the checkpoint's or the manifest's path is refused at once (in a child
     process under a hard timeout and a 2 GB memory cap: it used to hang or read forever)."""
@@ -153,19 +135,22 @@ def test_special_manifest_or_checkpoint_fails_fast(tmp_path: Path) -> None:
             else:
                 target.symlink_to("/dev/zero")
             paths.append(path)
-    limit = 2 << 30
-    loader = subprocess.Popen(
-        [sys.executable, "-c", LOADER, *map(str, paths)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)),
-    )
-    ((_, stdout, stderr),) = _finish([loader], timeout=30)
-    lines = stdout.splitlines()
-    assert len(lines) == len(paths), stderr[-3000:]
+    report = tmp_path / "errors.txt"
+
+    def load_each() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+        for path in paths:
+            try:
+                read_checkpoint(path)
+                outcome = "loaded"
+            except Exception as error:
+                outcome = f"{type(error).__name__} {error}"
+            with open(report, "a") as file:
+                file.write(outcome.replace("\n", " ") + "\n")
+
+    assert _reap([_fork(load_each)], timeout=20) == [0]
+    lines = report.read_text().splitlines()
+    assert len(lines) == len(paths)
     for path, line in zip(paths, lines):
         assert line.startswith("CheckpointError") and "regular file" in line, (path, line)
 
