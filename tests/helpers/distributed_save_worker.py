@@ -1,6 +1,7 @@
 """One rank of tests/integration/test_distributed_trust.py: saves and start-up checks on 2 gloo ranks.
 
-``python -m tests.helpers.distributed_save_worker SCENARIO OUT_DIR`` with torchrun's env. Each rank
+``python -m tests.helpers.distributed_save_worker SCENARIO OUT_DIR`` with torchrun's env (SCENARIO:
+"saves", or "lost_saver" where rank 0 dies). Each rank
 writes ``OUT_DIR/outcomes_rank<r>.json``: what each case did ("ok" or the error's type and text).
 """
 
@@ -59,6 +60,8 @@ def saves(rank: int, out: Path) -> dict[str, str]:
     attempt(outcomes, "steps_after", lambda: [step(index) for index in (1, 2)])
     attempt(outcomes, "per_rank", lambda: CheckpointState.save_checkpoint(state, out / f"rank{rank}.ckpt", True))
     attempt(outcomes, "shared", lambda: CheckpointState.save_checkpoint(state, out / "shared.ckpt", True))
+    with state.training_state.lock:  # as inside a step (a signal handler's save): refused before any collective
+        attempt(outcomes, "inside_step", lambda: CheckpointState.save_checkpoint(state, out / "inside.ckpt", True))
     np.savez(out / f"params_rank{rank}.npz", **{name: p.data for name, p in state.parameters})
 
     state, module, _, step = trainer(rank, shard_state=True)
@@ -119,7 +122,10 @@ def main() -> None:
     scenario, out = sys.argv[1], Path(sys.argv[2])
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=20))
     rank = dist.get_rank()
-    outcomes = {"saves": saves, "start_up": start_up, "lost_saver": lost_saver}[scenario](rank, out)
+    if scenario == "saves":
+        outcomes = {**saves(rank, out), **start_up(rank, out)}
+    else:
+        outcomes = lost_saver(rank, out)
     (out / f"outcomes_rank{rank}.json").write_text(json.dumps(outcomes))
     if scenario != "lost_saver":
         dist.barrier()

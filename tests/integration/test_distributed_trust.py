@@ -20,13 +20,15 @@ def outcomes(out: Path) -> list[dict[str, str]]:
     return [json.loads((out / f"outcomes_rank{rank}.json").read_text()) for rank in range(WORLD_SIZE)]
 
 
-def run(scenario: str, out: Path) -> list[dict[str, str]]:
-    require_success(launch(scenario, out, timeout=90, worker_module=distributed_save_worker.__name__))
-    return outcomes(out)
+@pytest.fixture(scope="module")
+def saves(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("saves")
+    require_success(launch("saves", out, timeout=90, worker_module=distributed_save_worker.__name__))
+    return out
 
 
-def test_rank0_only_save_and_per_rank_paths_are_written(tmp_path: Path) -> None:
-    ranks = run("saves", tmp_path)
+def test_rank0_only_save_and_per_rank_paths_are_written(saves: Path) -> None:
+    tmp_path, ranks = saves, outcomes(saves)
     assert ranks[0]["rank0_only"] == "ok" and "rank0_only" not in ranks[1]
     for result in ranks:
         for case in ("steps_after", "per_rank", "shared", "sharded_steps_after", "sharded_per_rank"):
@@ -47,8 +49,14 @@ def test_rank0_only_save_and_per_rank_paths_are_written(tmp_path: Path) -> None:
     assert not (tmp_path / "sharded_rank0_only.ckpt").exists()
 
 
-def test_ranks_with_different_optimizer_state_or_learning_rate_are_refused(tmp_path: Path) -> None:
-    for rank, result in enumerate(run("start_up", tmp_path)):
+def test_a_save_inside_a_step_is_refused_on_every_rank(saves: Path) -> None:
+    for rank, result in enumerate(outcomes(saves)):
+        assert result["inside_step"].startswith("DistributedError") and "Preemption" in result["inside_step"], rank
+    assert not (saves / "inside.ckpt").exists()
+
+
+def test_ranks_with_different_optimizer_state_or_learning_rate_are_refused(saves: Path) -> None:
+    for rank, result in enumerate(outcomes(saves)):
         assert result["different_moments"].startswith("DistributedError"), (rank, result)
         assert "different optimizer state" in result["different_moments"]
         assert ("['moments'] differ" in result["different_moments"]) == (rank == 1), (rank, result)
