@@ -227,18 +227,13 @@ class PairReader:
         self.data_fd: int | None = None
         self.checkpoint_fd: int | None = None
         for _ in range(OPEN_ATTEMPTS):
-            before = _manifest_key(path)
-            self.manifest = _parse_manifest(path, None if before is None else before[2])
-            pending = self.manifest is not None and self.manifest["pending"]
-            self.checkpoint_file, self.checkpoint_fd = _open_checkpoint_file(path, pending, "checkpoint file")
             try:
-                self.data_file, self.data_fd = _open_checkpoint_file(
-                    data_file_path(path), pending, "external data file"
-                )
-            except FileNotFoundError:
-                self.data_file, self.data_fd = data_file_path(path), None
-            if _manifest_key(path) == before:
-                break
+                before = self._open(path)
+                if _manifest_key(path) == before:
+                    break
+            except BaseException:
+                self.close()
+                raise
             self.close()
         else:
             raise CheckpointError(
@@ -247,6 +242,18 @@ class PairReader:
             )
         self.data_size = 0 if self.data_fd is None else os.fstat(self.data_fd).st_size
         self._checkpoint_digest: str | None = None
+
+    def _open(self, path: Path) -> tuple | None:
+        """Open the files the manifest names now; returns the manifest's key (None: no manifest)."""
+        before = _manifest_key(path)
+        self.manifest = _parse_manifest(path, None if before is None else before[2])
+        pending = self.manifest is not None and self.manifest["pending"]
+        self.checkpoint_file, self.checkpoint_fd = _open_checkpoint_file(path, pending, "checkpoint file")
+        try:
+            self.data_file, self.data_fd = _open_checkpoint_file(data_file_path(path), pending, "external data file")
+        except FileNotFoundError:
+            self.data_file, self.data_fd = data_file_path(path), None
+        return before
 
     def __enter__(self) -> PairReader:
         return self

@@ -120,15 +120,15 @@ def test_save_onto_a_device_or_fifo_is_refused_and_leaves_it(tmp_path: Path, ext
 
 
 def test_special_manifest_or_checkpoint_fails_fast(tmp_path: Path) -> None:
-    """A FIFO or /dev/zero at the checkpoint's or the manifest's path is refused at once (in a child
+    """A FIFO or /dev/zero at the checkpoint's, its data file's or the manifest's path is refused at once (in a child
     process under a hard timeout and a 2 GB memory cap: it used to hang or read forever)."""
     paths = []
     for special in ("fifo", "dev-zero"):
-        for victim in ("manifest", "checkpoint"):
+        for victim in ("manifest", "checkpoint", "data"):
             path = tmp_path / f"{special}-{victim}" / "checkpoint"
             path.parent.mkdir()
             write_checkpoint(_record(1, True), path)
-            target = manifest_path(path) if victim == "manifest" else path
+            target = {"manifest": manifest_path(path), "checkpoint": path, "data": external_data_path(path)}[victim]
             target.unlink()
             if special == "fifo":
                 os.mkfifo(target)
