@@ -47,3 +47,7 @@ class UnsupportedTypeError(TypeError, ValueError):
 
 class DistributedError(RuntimeError):
     """Distributed training is misused or failed: no process group, ranks out of step, a rank lost."""
+
+
+class SpecialFileError(RuntimeError, ValueError):
+    """A path names a device, FIFO, socket or directory where a regular file is needed."""

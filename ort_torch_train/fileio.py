@@ -1,22 +1,114 @@
-"""Atomic file writes: a temp file in the target's directory, flushed, fsynced, renamed."""
+"""Atomic file writes (a temp file in the target's directory, flushed, fsynced, renamed), bounded reads
+of regular files, and a lock serialising the writers of one file across processes."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import stat
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
+
+from .errors import SpecialFileError
+
+
+def require_regular_or_absent(path: str | os.PathLike, what: str = "output path") -> None:
+    """Refuse a path that names a directory, device, FIFO or socket: a save would replace it."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(f"cannot write to {os.fspath(path)!r}: it is a directory")
+    if not stat.S_ISREG(mode):
+        raise SpecialFileError(
+            f"cannot write the {what} {os.fspath(path)!r}: it is a {_kind(mode)}, not a regular file "
+            "(a save replaces the file at its path; choose a regular file's path)"
+        )
+
+
+def open_regular_file(path: str | os.PathLike, what: str) -> int:
+    """A read-only descriptor of ``path``, which must be a regular file (a FIFO or device never blocks
+    the open: it is refused). FileNotFoundError / IsADirectoryError / SpecialFileError otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(f"{what} {os.fspath(path)!r} is a directory, expected a file")
+        if not stat.S_ISREG(mode):
+            raise SpecialFileError(f"{what} {os.fspath(path)!r} is a {_kind(mode)}, expected a regular file")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_descriptor(fd: int, offset: int, nbytes: int) -> bytes:
+    """``nbytes`` bytes of the open file ``fd`` from ``offset`` (fewer only at the end of the file)."""
+    chunks, position, end = [], offset, offset + nbytes
+    while position < end:
+        chunk = os.pread(fd, min(end - position, 1 << 26), position)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        position += len(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def read_regular_file(path: str | os.PathLike, what: str, limit: int | None = None) -> bytes:
+    """The bytes of the regular file at ``path`` (refused over ``limit`` bytes, or when special)."""
+    fd = open_regular_file(path, what)
+    try:
+        size = os.fstat(fd).st_size
+        if limit is not None and size > limit:
+            raise SpecialFileError(f"{what} {os.fspath(path)!r} holds {size} bytes, more than the {limit} expected")
+        return read_descriptor(fd, 0, size)
+    finally:
+        os.close(fd)
+
+
+_HELD = threading.local()  # the directories whose write lock this thread holds
+
+
+@contextlib.contextmanager
+def path_lock(path: str | os.PathLike) -> Iterator[None]:
+    """Hold an exclusive lock for writing ``path``, so that concurrent writers of one path, in any
+    process or thread, take turns: a lock on its directory (no lock file is left behind; writers of
+    other files there wait too). Released when the holder dies. A thread that already holds it (a
+    signal handler's write interrupting a write) is refused: waiting for itself would never end."""
+    target = Path(path)
+    directory = os.path.realpath(target.parent if str(target.parent) else ".")
+    held: set[str] = _HELD.__dict__.setdefault("directories", set())
+    if directory in held:
+        raise RuntimeError(
+            f"cannot write {os.fspath(path)!r}: this thread is already writing a file in {directory!r} "
+            "(a write started from a signal handler that interrupted another write?)"
+        )
+    fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        held.add(directory)
+        try:
+            yield
+        finally:
+            held.discard(directory)
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> None:
     """Call ``write(file)`` on a temp file beside ``path``, then atomically replace ``path``.
 
-    A failure at any point leaves the previous file at ``path`` untouched.
+    A failure at any point leaves the previous file at ``path`` untouched. A path naming a
+    directory, device, FIFO or socket is refused (it would be replaced by a regular file).
     """
     target = Path(path)
-    if target.is_dir():
-        raise IsADirectoryError(f"cannot write to {str(target)!r}: it is a directory")
+    require_regular_or_absent(target)
     directory = target.parent if str(target.parent) else Path(".")
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
     try:
@@ -38,6 +130,11 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
 def atomic_write_bytes(path: str | os.PathLike, data: bytes | bytearray | memoryview) -> None:
     """Write ``data`` to ``path`` atomically."""
     atomic_write(path, lambda f: f.write(data))
+
+
+def _kind(mode: int) -> str:
+    kinds = ((stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"), (stat.S_ISFIFO, "FIFO"))
+    return next((name for test, name in kinds if test(mode)), "socket" if stat.S_ISSOCK(mode) else "special file")
 
 
 def _default_file_mode() -> int:

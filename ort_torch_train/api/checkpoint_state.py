@@ -144,8 +144,9 @@ class CheckpointState:
     def save_checkpoint(
         cls, state: CheckpointState, checkpoint_uri: str | os.PathLike, include_optimizer_state: bool = False
     ) -> None:
-        """Save the state to a checkpoint file (atomically). In a distributed run rank 0 writes it and
-        the other ranks wait (every rank calls it)."""
+        """Save the state to a checkpoint file (atomically). Called inside a step (from a signal
+        handler), the save is written when the step ends. In a distributed run rank 0 writes it: see
+        ``distributed/checkpoint.py`` (rank 0 alone may call it, unless the moments are sharded)."""
         if not isinstance(state, CheckpointState):
             raise TypeError(f"state must be a CheckpointState, got {type(state).__name__}")
         coordinator = state._state.save_coordinator

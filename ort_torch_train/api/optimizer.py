@@ -7,6 +7,7 @@ from typing import Any
 
 import onnx
 
+from ort_torch_train.distributed.data_parallel import require_same_learning_rate, require_same_optimizer_state
 from ort_torch_train.distributed.zero import ShardedOptimizerEngine
 from ort_torch_train.errors import DistributedError
 from ort_torch_train.optim.engine import OptimizerEngine
@@ -46,6 +47,10 @@ class Optimizer:
         shard_state: bool = False,
     ) -> None:
         spec = read_optimizer_model(optimizer_uri)
+        data_parallel = getattr(module, "data_parallel", None)
+        if data_parallel is not None:  # ranks that would diverge: refused before any step
+            require_same_optimizer_state(module.training_state, spec, data_parallel.group)
+        self._learning_rate_unchecked_in = None if data_parallel is None else data_parallel.group
         precision = getattr(module, "precision", None)
         loss_scaler = None if precision is None else precision.loss_scaler
         self._engine: OptimizerEngine
@@ -64,6 +69,7 @@ class Optimizer:
     def step(self) -> None:
         """Update the parameters with the optimizer model's algorithm and count the step."""
         with self._engine.state.lock:
+            self._require_same_learning_rate()
             if self._torch_optimizer is not None:
                 self._torch_optimizer.step()
             else:
@@ -83,7 +89,16 @@ class Optimizer:
         """The optimizer core with the current learning rate applied, for a fused train step."""
         if self._torch_optimizer is not None:
             self._torch_optimizer.pull_learning_rate()
+        self._require_same_learning_rate()
         return self._engine
+
+    def _require_same_learning_rate(self) -> None:
+        """At the first step of a distributed run: the ranks' learning rates must agree (a collective)."""
+        group, self._learning_rate_unchecked_in = self._learning_rate_unchecked_in, None
+        if group is not None:
+            if self._torch_optimizer is not None:
+                self._torch_optimizer.pull_learning_rate()
+            require_same_learning_rate(self._engine.learning_rate, group, self._engine.state.device)
 
     def set_learning_rate(self, learning_rate: float) -> None:
         """Set the learning rate (float32; NaN, infinite or negative values raise ValueError)."""

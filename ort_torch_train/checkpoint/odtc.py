@@ -32,11 +32,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..errors import CheckpointError
-from ..fileio import atomic_write_bytes
+from ..errors import CheckpointError, SpecialFileError
 from .odtc_read import CHECKPOINT_VERSION, FILE_IDENTIFIER, decode_checkpoint
 from .odtc_write import ExternalDataPlan, check_record, data_bytes, encode_checkpoint
-from .pair import PairReader, Writer, commit_pair, drop_manifest, remove_stale_files
+from .pair import PairReader, Writer, commit_pair, data_file_path, replace_inline
 from .records import CheckpointRecord, OptimizerGroupRecord
 from .tensor_bytes import tensor_to_bytes
 
@@ -59,42 +58,34 @@ ARTIFACT_MIN_EXTERNAL_BYTES = 64  # ORT's kMinimumSizeForExternalData
 
 def external_data_path(checkpoint_path: str | os.PathLike) -> Path:
     """The side file holding tensor data of a checkpoint with external data."""
-    return Path(os.fspath(checkpoint_path) + ".data")
-
-
-def _read_file(path: Path) -> bytes:
-    if path.is_dir():
-        raise IsADirectoryError(f"checkpoint path {str(path)!r} is a directory, expected a file")
-    if not path.exists():
-        raise FileNotFoundError(f"checkpoint file {str(path)!r} does not exist")
-    return path.read_bytes()
+    return data_file_path(Path(checkpoint_path))
 
 
 class _ExternalDataFile:
-    """A checkpoint's external data file, opened on the first read; every read bounds-checked."""
+    """A checkpoint's external data file, read through the pair's open descriptor; every read bounds-checked."""
 
     def __init__(self, checkpoint_path: Path | None, pair: PairReader | None = None) -> None:
         self.checkpoint_path = checkpoint_path
         self.pair = pair
-        self.data_file = pair.data_file if pair else None
+        self.checked = False
         self.total_read = 0
 
     def __call__(self, offset: int, nbytes: int, what: str) -> bytes:
-        if self.checkpoint_path is None:
+        if self.checkpoint_path is None or self.pair is None:
             raise CheckpointError(
                 "External data is present in the checkpoint but the checkpoint path is not "
                 "provided. External data with loading from buffer is not supported."
             )
-        path = self.data_file or external_data_path(self.checkpoint_path)
-        if self.pair is not None:
-            self.pair.check_data_file()
-            self.pair = None  # checked once
-        if not path.is_file():
+        pair, path = self.pair, self.pair.data_file
+        if pair.data_fd is None:
             raise CheckpointError(
                 f"Failed to open checkpoint's external data file: {str(path)!r} (the "
                 f"checkpoint {str(self.checkpoint_path)!r} declares external data)."
             )
-        size = path.stat().st_size
+        if not self.checked:
+            pair.check_data_file()
+            self.checked = True
+        size = pair.data_size
         if offset + nbytes > size:
             raise CheckpointError(
                 f"Failed reading external checkpoint data. {what} needs bytes [{offset}, "
@@ -106,9 +97,7 @@ class _ExternalDataFile:
                 f"Checkpoint is invalid. Tensors share external data: together they read more "
                 f"than the {size} bytes of {str(path)!r}."
             )
-        with open(path, "rb") as file:
-            file.seek(offset)
-            return file.read(nbytes)
+        return pair.read_data(offset, nbytes)
 
 
 def read_checkpoint(
@@ -117,17 +106,24 @@ def read_checkpoint(
     """Read an ORT checkpoint from a file path or from its bytes.
 
     Raises FileNotFoundError / IsADirectoryError for a bad path and CheckpointError for anything
-    that is not a valid version-2 ODTC checkpoint.
+    that is not a valid version-2 ODTC checkpoint (a device or FIFO at the path included). A pair
+    with external data is read from descriptors opened once: saves running meanwhile cannot mix it.
     """
     if isinstance(source, bytes | bytearray | memoryview):
         return decode_checkpoint(source, _ExternalDataFile(None))
     if not isinstance(source, str | os.PathLike):
         raise TypeError(f"checkpoint source must be a path or bytes, got {type(source).__name__}")
     path = Path(source)
-    pair = PairReader(path)
-    data = _read_file(path if pair.checkpoint_file == path else pair.checkpoint_file)
-    pair.note_checkpoint_bytes(data)
-    return decode_checkpoint(data, _ExternalDataFile(path, pair))
+    try:
+        pair = PairReader(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"checkpoint file {str(path)!r} does not exist") from None
+    except IsADirectoryError:
+        raise IsADirectoryError(f"checkpoint path {str(path)!r} is a directory, expected a file") from None
+    except SpecialFileError as error:
+        raise CheckpointError(str(error)) from None
+    with pair:
+        return decode_checkpoint(pair.checkpoint_bytes(), _ExternalDataFile(path, pair))
 
 
 def checkpoint_to_bytes(record: CheckpointRecord, *, artifact: bool = False) -> bytes:
@@ -160,9 +156,7 @@ def write_checkpoint(
     moment_bytes = data_bytes(record) - param_bytes
     external = not record.is_nominal and (record.has_external_data or param_bytes > external_data_threshold)
     if not external:
-        remove_stale_files(Path(path))
-        atomic_write_bytes(path, encode_checkpoint(record, artifact=artifact))
-        drop_manifest(Path(path))
+        replace_inline(Path(path), encode_checkpoint(record, artifact=artifact))
         return
     plan = ExternalDataPlan(
         momentums=moment_bytes > external_data_threshold, min_bytes=ARTIFACT_MIN_EXTERNAL_BYTES if artifact else 0

@@ -97,9 +97,10 @@ class _TensorMaker:
         label = f"{entry.where} ({entry.name!r})"
         if any(dim < 0 for dim in entry.dims):
             raise _invalid(f"{label} has a negative dimension in dims {entry.dims}.")
-        nbytes = math.prod(entry.dims) * dtype.itemsize
-        if nbytes >= 2**63:
+        # a zero dim empties the tensor, but torch still needs the other dims' strides to fit in int64
+        if math.prod(max(dim, 1) for dim in entry.dims) * dtype.itemsize >= 2**63:
             raise _invalid(f"{label} has dims {entry.dims} whose size overflows int64.")
+        nbytes = math.prod(entry.dims) * dtype.itemsize
         data: bytes | bytearray | memoryview
         if entry.external_offset >= 0:
             data = self._external(entry, label, nbytes)

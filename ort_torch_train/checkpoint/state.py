@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -25,6 +24,7 @@ from ..errors import CheckpointError, NominalStateError, ParameterDataError, Pro
 from .odtc import checkpoint_to_bytes, read_checkpoint, write_checkpoint
 from .records import CheckpointRecord, OptimizerGroupRecord
 from .safetensors import load_safetensors, save_safetensors
+from .state_lock import StateLock
 
 if TYPE_CHECKING:
     from ort_torch_train.training.flat_params import FlatState
@@ -139,8 +139,9 @@ class TrainingState:
         self.properties = {name: normalize_property(name, value) for name, value in (properties or {}).items()}
         self.has_external_data = has_external_data  # save like ORT: keep data in "<path>.data"
         # Held by every state-changing call of Module, Optimizer and CheckpointState (and by saves), so
-        # that calls from several threads are serialised: no lost step, no save of a half-updated state.
-        self.lock = threading.RLock()
+        # that calls from several threads are serialised: no lost step, no save of a half-updated state;
+        # a save asked for inside a step on the same thread (a signal handler's) waits for the step's end.
+        self.lock = StateLock()
         self.generation = 0  # counts replacements of the tensors behind the parameters (views of them go stale)
         self.flat: FlatState | None = None  # the flat buffers behind the trainable tensors, once made
         self.flat_generation_refused: int | None = None  # the generation whose tensors could not share buffers
@@ -207,9 +208,19 @@ class TrainingState:
         )
 
     def save(self, path: str | os.PathLike, include_optimizer_state: bool = False) -> None:
-        """Write an ORT checkpoint file atomically (the property bag is always saved)."""
+        """Write an ORT checkpoint file atomically (the property bag is always saved).
+
+        Asked for while this thread is inside a step of the state (from a signal handler, say), the
+        save is done when the step ends: a checkpoint always holds the state between two steps.
+        """
+        if self.lock.held_by_current_thread():
+            self.lock.defer(lambda: self._write(path, include_optimizer_state), f"save of {os.fspath(path)!r}")
+            return
         with self.lock:
-            write_checkpoint(self.to_record(include_optimizer_state), path)
+            self._write(path, include_optimizer_state)
+
+    def _write(self, path: str | os.PathLike, include_optimizer_state: bool) -> None:
+        write_checkpoint(self.to_record(include_optimizer_state), path)
         log.info("saved checkpoint %s (optimizer state: %s)", os.fspath(path), include_optimizer_state)
 
     def coordinate_saves(self, coordinator: SaveCoordinator) -> None:

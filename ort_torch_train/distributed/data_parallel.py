@@ -12,6 +12,7 @@ import atexit
 import contextlib
 import dataclasses
 import gc
+import hashlib
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -22,6 +23,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ort_torch_train.checkpoint.state import TrainingState
+from ort_torch_train.checkpoint.tensor_bytes import tensor_to_bytes
 from ort_torch_train.distributed.checkpoint import DistributedCheckpoint
 from ort_torch_train.errors import DistributedError
 from ort_torch_train.torch_internals import functional_collectives
@@ -146,7 +148,9 @@ class _TrainGraph(nn.Module):
         return tuple(self._graph[0](inputs, list(self.params)))
 
 
-def require_identical(tensors: dict[Any, Tensor], group: Any, what: str) -> None:
+def require_identical(
+    tensors: dict[Any, Tensor], group: Any, what: str, advice: str = "every rank must load the same checkpoint"
+) -> None:
     """Raise on every rank when the ranks' ``tensors`` differ (compared bitwise with rank 0's)."""
     rank0 = dist.get_global_rank(group, 0) if group is not dist.group.WORLD else 0
     mismatched = []
@@ -162,10 +166,53 @@ def require_identical(tensors: dict[Any, Tensor], group: Any, what: str) -> None
     if flag.item():
         rank = dist.get_rank(group)
         detail = f"this rank's {what} {mismatched[:3]} differ" if mismatched else f"this rank's {what} match"
-        raise DistributedError(
-            f"ranks start from different {what}: every rank must load the same checkpoint "
-            f"(rank {rank}: {detail} from rank 0's)"
-        )
+        raise DistributedError(f"ranks start from different {what}: {advice} (rank {rank}: {detail} from rank 0's)")
+
+
+def _digest(parts: Sequence[Any], device: torch.device) -> Tensor:
+    """A 32-byte digest of ``parts`` (tensors by dtype, shape and bytes; anything else by repr)."""
+    digest = hashlib.blake2b(digest_size=32)
+    for part in parts:
+        if isinstance(part, Tensor):
+            digest.update(f"{part.dtype}{tuple(part.shape)}".encode())
+            digest.update(tensor_to_bytes(part))
+        else:
+            digest.update(repr(part).encode())
+    return torch.frombuffer(bytearray(digest.digest()), dtype=torch.uint8).to(device)
+
+
+def require_same_optimizer_state(state: TrainingState, settings: object, group: Any) -> None:
+    """Raise on every rank when the ranks' optimizer ``settings`` (the optimizer model's hyperparameters)
+    or the state's step, initial learning rate or moments differ: a collective, at an Optimizer's start."""
+    optimizer = state.optimizer
+    moments: list[
+        tuple[str, str, Tensor]
+    ] = []  # whole moments only: a sharded optimizer's slices differ from rank to rank by design
+    for name, named in ({} if optimizer is None else optimizer.momentums).items():
+        moments += [(name, key, named[key]) for key in sorted(named) if named[key].shape == state.params[name].shape]
+    moments.sort(key=lambda entry: entry[:2])
+    fingerprints: dict[str, list[Any]] = {
+        "hyperparameters": [settings],
+        "step": [None if optimizer is None else optimizer.step],
+        "initial learning rate": [None if optimizer is None else optimizer.initial_learning_rate],
+        "moments": [part for entry in moments for part in entry],
+    }
+    require_identical(
+        {key: _digest(parts, state.device) for key, parts in fingerprints.items()},
+        group,
+        "optimizer state",
+        "every rank must load the same checkpoint and optimizer model",
+    )
+
+
+def require_same_learning_rate(learning_rate: float, group: Any, device: torch.device) -> None:
+    """Raise on every rank when the ranks' learning rates differ (a collective, at the first step)."""
+    require_identical(
+        {"learning rate": _digest([learning_rate], device)},
+        group,
+        "learning rates",
+        "every rank must set the same learning rate and schedule",
+    )
 
 
 def data_parallel(graph: Any, state: TrainingState, names: Sequence[str], group: Any) -> DataParallel:

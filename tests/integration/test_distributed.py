@@ -34,9 +34,11 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def launch(scenario: str, out: Path, timeout: float, mpi: bool = False) -> list[subprocess.CompletedProcess]:
-    """Run the worker on WORLD_SIZE ranks, with torchrun's environment or (``mpi``) mpirun's; fail (after
-    killing them all) when one is stuck past ``timeout``."""
+def launch(
+    scenario: str, out: Path, timeout: float, mpi: bool = False, worker_module: str = worker.__name__
+) -> list[subprocess.CompletedProcess]:
+    """Run ``worker_module`` on WORLD_SIZE ranks, with torchrun's environment or (``mpi``) mpirun's; fail
+    (after killing them all) when one is stuck past ``timeout``."""
     port = free_port()
     procs = []
     for rank in range(WORLD_SIZE):
@@ -49,7 +51,7 @@ def launch(scenario: str, out: Path, timeout: float, mpi: bool = False) -> list[
         env = {**environ, **ranks, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-m", worker.__name__, scenario, str(out)],
+                [sys.executable, "-m", worker_module, scenario, str(out)],
                 env=env,
                 cwd=ROOT,
                 stdout=subprocess.PIPE,

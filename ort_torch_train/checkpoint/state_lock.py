@@ -1,0 +1,59 @@
+"""The lock of a TrainingState: re-entrant, and aware of whether the calling thread is inside a step.
+
+A signal handler runs on the main thread between two bytecodes, possibly in the middle of
+``optimizer.step()``; a save it asks for (the usual preemption pattern, SIGTERM -> save) would find
+the lock its own thread already holds and write a half-updated state. Such a save is deferred to
+the moment the outermost holder releases the lock, when the step is complete.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from types import TracebackType
+
+log = logging.getLogger(__name__)
+
+
+class StateLock:
+    """A re-entrant lock whose actions deferred by its holder run when it is released (see the module doc)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._owner: int | None = None
+        self._depth = 0
+        self._deferred: list[tuple[Callable[[], None], str]] = []
+
+    def __enter__(self) -> None:
+        self._lock.acquire()
+        self._depth += 1
+        self._owner = threading.get_ident()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        try:
+            while self._depth == 1 and self._deferred:
+                action, what = self._deferred.pop(0)
+                if exc_type is not None:
+                    log.error("%s was not done: the step it waited for failed (%s)", what, exc_type.__name__)
+                    continue
+                action()
+        finally:
+            self._depth -= 1
+            if self._depth == 0:
+                self._owner = None
+            self._lock.release()
+
+    def held_by_current_thread(self) -> bool:
+        """Whether the calling thread holds the lock (it is inside a step, or a handler interrupted one)."""
+        return self._depth > 0 and self._owner == threading.get_ident()
+
+    def defer(self, action: Callable[[], None], what: str) -> None:
+        """Run ``action`` when the calling thread, which holds the lock, releases it for good (after
+        the step); dropped, with an error logged, when that step fails."""
+        if not self.held_by_current_thread():
+            raise RuntimeError(f"{what}: defer() needs the calling thread to hold the lock")
+        self._deferred.append((action, what))
+        log.info("%s deferred: requested while a step of this state runs on this thread; done when it ends", what)
