@@ -48,19 +48,23 @@ def open_regular_file(path: str | os.PathLike, what: str) -> int:
     return fd
 
 
-def read_descriptor(fd: int, offset: int, nbytes: int) -> bytes:
-    """``nbytes`` bytes of the open file ``fd`` from ``offset`` (fewer only at the end of the file)."""
-    chunks, position, end = [], offset, offset + nbytes
-    while position < end:
-        chunk = os.pread(fd, min(end - position, 1 << 26), position)
-        if not chunk:
+def read_descriptor(fd: int, offset: int, nbytes: int) -> bytearray:
+    """``nbytes`` bytes of the open file ``fd`` from ``offset`` (fewer only at the end of the file), read
+    into one buffer (no chunks joined: a large file is held once)."""
+    buffer = bytearray(nbytes)
+    view, position = memoryview(buffer), 0
+    while position < nbytes:
+        count = os.preadv(fd, [view[position : position + (1 << 30)]], offset + position)
+        if count == 0:
             break
-        chunks.append(chunk)
-        position += len(chunk)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        position += count
+    view.release()
+    if position < nbytes:
+        del buffer[position:]
+    return buffer
 
 
-def read_regular_file(path: str | os.PathLike, what: str, limit: int | None = None) -> bytes:
+def read_regular_file(path: str | os.PathLike, what: str, limit: int | None = None) -> bytearray:
     """The bytes of the regular file at ``path`` (refused over ``limit`` bytes, or when special)."""
     fd = open_regular_file(path, what)
     try:

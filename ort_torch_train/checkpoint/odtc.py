@@ -70,7 +70,7 @@ class _ExternalDataFile:
         self.checked = False
         self.total_read = 0
 
-    def __call__(self, offset: int, nbytes: int, what: str) -> bytes:
+    def __call__(self, offset: int, nbytes: int, what: str) -> bytearray:
         if self.checkpoint_path is None or self.pair is None:
             raise CheckpointError(
                 "External data is present in the checkpoint but the checkpoint path is not "

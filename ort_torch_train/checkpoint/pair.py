@@ -97,7 +97,7 @@ class _HashingWriter:
         return self.file.write(data)
 
 
-def _manifest_text(path: Path) -> bytes | None:
+def _manifest_text(path: Path) -> bytearray | None:
     """The manifest's bytes (None when there is none); read without blocking and with a size cap."""
     try:
         return read_regular_file(manifest_path(path), "checkpoint manifest", MANIFEST_LIMIT)
@@ -107,7 +107,7 @@ def _manifest_text(path: Path) -> bytes | None:
         raise CheckpointError(f"checkpoint manifest {str(manifest_path(path))!r} cannot be read: {error}") from None
 
 
-def _parse_manifest(path: Path, text: bytes | None) -> dict | None:
+def _parse_manifest(path: Path, text: bytes | bytearray | None) -> dict | None:
     if text is None:
         return None
     try:
@@ -268,7 +268,7 @@ class PairReader:
                 os.close(fd)
         self.checkpoint_fd = self.data_fd = None
 
-    def checkpoint_bytes(self) -> bytes:
+    def checkpoint_bytes(self) -> bytearray:
         """The checkpoint file's bytes."""
         assert self.checkpoint_fd is not None, "read after close"
         data = read_descriptor(self.checkpoint_fd, 0, os.fstat(self.checkpoint_fd).st_size)
@@ -276,7 +276,7 @@ class PairReader:
             self._checkpoint_digest = hashlib.blake2b(data).hexdigest()
         return data
 
-    def read_data(self, offset: int, nbytes: int) -> bytes:
+    def read_data(self, offset: int, nbytes: int) -> bytearray:
         """Bytes of the opened external data file (never reopened: a later save cannot change them)."""
         assert self.data_fd is not None, "no external data file"
         return read_descriptor(self.data_fd, offset, nbytes)
