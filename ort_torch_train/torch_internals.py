@@ -41,6 +41,10 @@ __all__ = [
     "serialize_aot_compiled",
     # Dynamo: CUDA graphs replay only on inputs at fixed addresses
     "mark_static_address",
+    # Dynamo: an input's axis compiled as a dynamic dimension from the first compilation (torch.compile's
+    # own automatic dynamic shapes compile a second time first); its compile counters, which tests read
+    "mark_dynamic",
+    "compile_counters",
     # inductor: the options a mode stands for (torch.compile takes a mode or options, not both)
     "list_mode_options",
     # inductor: the C++ libraries its code caches built under its cache dir, which the compile cache carries
@@ -70,6 +74,8 @@ __all__ = [
 
 UNSERIALIZABLE_GUARD_TYPES = CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
 mark_static_address = torch._dynamo.mark_static_address
+mark_dynamic = torch._dynamo.mark_dynamic
+compile_counters = torch._dynamo.utils.counters
 tree_leaves = torch.utils._pytree.tree_leaves
 
 

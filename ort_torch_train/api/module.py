@@ -22,6 +22,7 @@ from ort_torch_train.graph.layout import GraphLayout, ModelSource, load_model
 from ort_torch_train.graph.roles import check_slot
 from ort_torch_train.optim.engine import OptimizerEngine
 from ort_torch_train.training.binding import bind_parameters
+from ort_torch_train.training.dynamic_shapes import DynamicSetting
 from ort_torch_train.training.engine import TrainingEngine
 from ort_torch_train.training.forward_graph import ForwardGraph
 from ort_torch_train.training.options import EngineOptions
@@ -50,6 +51,11 @@ class Module(nn.Module):
     optimizer update runs after it, not in the same graph. ``session_options`` (an ORT
     SessionOptions) is accepted for compatibility and not used: threads are torch's
     (``torch.set_num_threads``).
+    With ``compile``, ``dynamic`` (default True) lets the axes the ONNX graph leaves symbolic (batch,
+    sequence) take any size >= 2 in one compiled step: a last partial batch, the eval set and new
+    sequence lengths reuse it (a dict ``{input name: [axes]}`` picks the axes, False compiles each
+    new shape on its own). An axis whose size the converted graph needs as a constant stays fixed,
+    with an INFO log line saying why (see docs/performance.md, "Dynamic shapes").
     ``distributed=True`` trains data-parallel on torch.distributed (``process_group``, default the
     default group): gradients are averaged across ranks at each train step, steps inside
     ``no_sync()`` accumulate locally (see ``distributed/data_parallel.py``); eval stays local.
@@ -68,6 +74,7 @@ class Module(nn.Module):
         process_group: Any = None,
         mixed_precision: str | None = None,
         recompute: RecomputeSetting = None,
+        dynamic: DynamicSetting = True,
     ) -> None:
         training_model = load_model(train_model_uri, "training model")
         eval_model = load_model(eval_model_uri, "eval model") if eval_model_uri is not None else None
@@ -81,6 +88,7 @@ class Module(nn.Module):
             recompute=recompute,
             distributed=distributed,
             process_group=process_group,
+            dynamic=dynamic,
         )
         super().__init__()
         self._engine = TrainingEngine(training_model, training_state_of(state), eval_model, options)

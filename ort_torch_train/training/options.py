@@ -12,6 +12,7 @@ from ort_torch_train.distributed.data_parallel import require_process_group
 from ort_torch_train.errors import DistributedError
 from ort_torch_train.training.binding import parse_device
 from ort_torch_train.training.compile.settings import CompileSetting, compile_arguments
+from ort_torch_train.training.dynamic_shapes import DynamicSetting, dynamic_setting
 from ort_torch_train.training.precision import check_mixed_precision
 from ort_torch_train.training.recompute import RecomputeSetting, recompute_segments
 from ort_torch_train.training.recompute_patterns import RecomputePlan
@@ -31,6 +32,9 @@ class EngineOptions:
         recompute: activations recomputed in backward: a segment count, True (about sqrt(op count)
             segments), a legacy session's ``RecomputePlan`` of patterns, or None.
         process_group: the data-parallel group whose ranks average gradients, or None (one process).
+        dynamic: which input axes a compiled step takes at any size (``training/dynamic_shapes.py``):
+            True every axis the ONNX graph leaves symbolic, a dict those axes by input name, False none
+            (each new input shape compiles a step of its own).
 
     Valid combinations: every field with every other, except that ``loss_scale`` needs "fp16" and a
     process group needs ``distributed``. Compiled with recompute, the train step is not one graph:
@@ -44,6 +48,7 @@ class EngineOptions:
     loss_scale: float
     recompute: Recompute
     process_group: Any
+    dynamic: bool | Mapping[str, tuple[int, ...]] = True
 
     @classmethod
     def of(
@@ -56,6 +61,7 @@ class EngineOptions:
         recompute: RecomputeSetting | RecomputePlan = None,
         distributed: bool = False,
         process_group: Any = None,
+        dynamic: DynamicSetting = True,
     ) -> EngineOptions:
         """Checked options from a face's arguments (``Module``'s names); raises naming the bad argument."""
         target = parse_device(device)
@@ -75,7 +81,7 @@ class EngineOptions:
             group = require_process_group(process_group, "Module(distributed=True)")
         elif process_group is not None:
             raise DistributedError("Module: process_group is given but distributed is False; pass distributed=True")
-        return cls(target, arguments, mixed_precision, scale, plan or None, group)
+        return cls(target, arguments, mixed_precision, scale, plan or None, group, dynamic=dynamic_setting(dynamic))
 
     @property
     def distributed(self) -> bool:

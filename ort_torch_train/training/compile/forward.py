@@ -16,6 +16,7 @@ import torch
 
 from ort_torch_train.training.compile import precompiled
 from ort_torch_train.training.compile.settings import records_cuda_graphs, torch_compile
+from ort_torch_train.training.compile.step import with_dynamic_axes
 
 _AUTOCAST_DEVICES = ("cpu", "cuda")
 
@@ -27,12 +28,17 @@ class CompiledForward:
         forward = _forward_of(module)
         self.meta = getattr(module, "meta", {})  # its matrix products decide the BLAS threads
         self._compiled = torch_compile(forward, arguments)
+        self._dynamic_axes: tuple[tuple[int, int], ...] = self.meta.get("dynamic_axes", ())
         self._precompile: precompiled.Precompile | None = precompiled.Precompile(
-            forward, module, {"module": module}, dict(arguments), "eval graph"
+            forward, module, {"module": module}, dict(arguments), "eval graph", self._dynamic_axes
         )
+        self._called = False
         self._cuda_graphs = records_cuda_graphs(arguments)  # recorded and replayed by torch.compile's call
 
     def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if not self._called:  # the first call compiles: dynamic axes marked on its arguments
+            self._called = True
+            args = tuple(with_dynamic_axes(args, self._dynamic_axes))
         precompile = self._precompile
         if precompile is not None and not torch.is_grad_enabled() and not any(a.requires_grad for a in args):
             if self._cuda_graphs and any(a.is_cuda for a in args):

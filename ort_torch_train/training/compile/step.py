@@ -20,7 +20,7 @@ from torch import Tensor
 
 from ort_torch_train.optim.clip import clip_grad_norm_
 from ort_torch_train.optim.compiled import FusedUpdate
-from ort_torch_train.torch_internals import mark_static_address
+from ort_torch_train.torch_internals import mark_dynamic, mark_static_address
 from ort_torch_train.training.blas_threads import blas_threads_for
 from ort_torch_train.training.compile import precompiled
 from ort_torch_train.training.compile.settings import records_cuda_graphs, torch_compile
@@ -75,6 +75,7 @@ class CompiledTrainStep:
     ) -> None:
         step = _train_step_function(module, plan, update, reduction, precision, layout)
         self._module = module  # its matrix products decide the step's BLAS threads
+        self._dynamic_axes: tuple[tuple[int, int], ...] = getattr(module, "meta", {}).get("dynamic_axes", ())
         self._scaler = None if precision is None else precision.loss_scaler
         compile_arguments = dict(compile_arguments or {})
         self._cuda_graphs = records_cuda_graphs(compile_arguments)
@@ -89,7 +90,7 @@ class CompiledTrainStep:
             "precision": precision,
         }
         self._precompile: precompiled.Precompile | None = precompiled.Precompile(
-            step, module, external, compile_arguments, "train step"
+            step, module, external, compile_arguments, "train step", self._dynamic_axes
         )
         self._precompile_parts = parts
         self._called = False
@@ -106,6 +107,8 @@ class CompiledTrainStep:
         scalars: Tensor | None = None,
     ) -> tuple[Tensor, ...]:
         inputs = [t if t.is_contiguous() else t.contiguous() for t in inputs]
+        if not self._called and self._dynamic_axes:
+            inputs = with_dynamic_axes(inputs, self._dynamic_axes)
         loss_scale = None if self._scaler is None else self._scaler.scale.to(trainable[0].device)
         arguments = (
             inputs,
@@ -150,6 +153,17 @@ class CompiledTrainStep:
         if flags is None:
             flags = self._reset_flags[device] = (torch.tensor(False, device=device), torch.tensor(True, device=device))
         return flags[reset]
+
+
+def with_dynamic_axes(inputs: Sequence[Tensor], axes: Sequence[tuple[int, int]]) -> list[Tensor]:
+    """``inputs``, those with ``axes`` ((input position, axis)) as views whose axes the compilation they go
+    to takes as dynamic dimensions (the caller's tensors stay unmarked)."""
+    marked = list(inputs)
+    for position in {position for position, _ in axes}:
+        marked[position] = marked[position].view(marked[position].shape)
+    for position, axis in axes:
+        mark_dynamic(marked[position], axis)
+    return marked
 
 
 def _train_step_function(
