@@ -27,6 +27,7 @@ from torch._inductor import config as inductor_config
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 from torch._inductor.runtime.cache_dir_utils import cache_dir as inductor_cache_dir
 from torch._ops import HigherOrderOperator
+from torch.fx.experimental.symbolic_shapes import ConstraintViolationError
 from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = [
@@ -45,6 +46,8 @@ __all__ = [
     # own automatic dynamic shapes compile a second time first); its compile counters, which tests read
     "mark_dynamic",
     "compile_counters",
+    # symbolic shapes: what torch.compile raises when it specialises an axis marked dynamic
+    "ConstraintViolationError",
     # inductor: the options a mode stands for (torch.compile takes a mode or options, not both)
     "list_mode_options",
     # inductor: the C++ libraries its code caches built under its cache dir, which the compile cache carries

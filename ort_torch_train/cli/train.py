@@ -21,6 +21,7 @@ from ort_torch_train.api import (
     LinearLRScheduler,
     Module,
     Optimizer,
+    set_threads,
 )
 from ort_torch_train.cli.common import CliError, existing_file, find_artifacts, load_onnx, load_training_state
 from ort_torch_train.cli.data import (
@@ -106,6 +107,7 @@ def run_train(args: argparse.Namespace) -> None:
 
 def train(args: argparse.Namespace, launch: Launch, device: str) -> None:
     """``run_train`` on this rank."""
+    set_threads(args.threads)
     job = prepare(args)
     module = Module(
         job.training_model,
@@ -298,6 +300,13 @@ def add_train_parser(
     )
     parser.add_argument("--total-steps", type=positive_int, metavar="N", help="step at which linear/cosine reach 0")
     parser.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (default: cuda when available)")
+    parser.add_argument(
+        "--threads",
+        type=lambda text: text if text == "auto" else positive_int(text),
+        default="auto",
+        metavar="N|auto",
+        help="CPU threads per step: N, or auto (default): the cores other processes leave free",
+    )
     parser.add_argument(
         "--compile",
         action="store_true",

@@ -8,7 +8,9 @@ an expression of the input's size (``c * x.size(axis)`` or ``x.size(axis) + c``)
 axes compile as dynamic dimensions. A group stays fixed, with an INFO line naming why, when its
 size reaches anything else: a constant tensor (a position table sliced to the sequence length), a
 submodule's settings, the graph's structure. Sizes 0 and 1 always stay fixed: torch.compile
-specialises them.
+specialises them; so does torch.func.grad's linear of a 3-d input, which a dynamic graph runs over
+its rows instead (``linear_over_rows``). Where torch.compile specialises a dynamic axis anyway, the
+step compiles again for fixed shapes, with an INFO line (``compile/step.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import fx
 
 from ort_torch_train.errors import InputError
@@ -47,7 +50,9 @@ def dynamic_setting(dynamic: DynamicSetting) -> bool | dict[str, tuple[int, ...]
     raise ValueError(f"dynamic: expected a bool or a dict of input name -> list of axes; got {dynamic!r}")
 
 
-def check_requested_axes(setting: bool | Mapping[str, Sequence[int]], declared: Sequence[tuple[str, tuple | None]]) -> None:
+def check_requested_axes(
+    setting: bool | Mapping[str, Sequence[int]], declared: Sequence[tuple[str, tuple | None]]
+) -> None:
     """Raise InputError for a requested axis that is not a user input's, or that the graph fixes."""
     if isinstance(setting, bool):
         return
@@ -67,7 +72,9 @@ def check_requested_axes(setting: bool | Mapping[str, Sequence[int]], declared: 
 
 
 def candidate_groups(
-    setting: bool | Mapping[str, Sequence[int]], declared: Sequence[tuple[str, tuple | None]], inputs: Sequence[torch.Tensor]
+    setting: bool | Mapping[str, Sequence[int]],
+    declared: Sequence[tuple[str, tuple | None]],
+    inputs: Sequence[torch.Tensor],
 ) -> tuple[Group, ...]:
     """The axes of ``inputs`` that may vary (not fixed by the graph, size 2 or more), grouped by size."""
     if setting is False:
@@ -179,8 +186,19 @@ def _rewrite(
                 if factor != 1:
                     expression = graph.call_function(operator.mul, (expression, factor))
         node.args, node.kwargs = _replaced((node.args, node.kwargs), path, expression)
+    for node in nodes:
+        value = getattr(node.args[0], "meta", {}).get("val") if node.args else None
+        if node.target is F.linear and isinstance(value, torch.Tensor) and value.dim() > 2:
+            node.target = linear_over_rows
     graph.lint()
     module.recompile()
+
+
+def linear_over_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear`` of an input of 3 or more dims, as the 2-d product over its rows it runs: the same
+    result, but torch.func.grad under torch.compile keeps the rows' count dynamic (the 3-d form
+    specialises it)."""
+    return F.linear(x.flatten(0, -2), weight, bias).unflatten(0, x.shape[:-1])
 
 
 def _node_at(module: fx.GraphModule, position: int) -> fx.Node:

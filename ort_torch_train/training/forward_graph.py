@@ -179,7 +179,8 @@ class ForwardGraph:
     def _dynamic_build(self, variant: Hashable, inputs: Sequence[torch.Tensor]) -> Callable | None:
         """The build of ``variant`` whose dynamic axes take these inputs' sizes, if any."""
         for (built_variant, pattern), built in self._dynamic_cache.items():
-            if built_variant == variant and _matches(pattern, inputs):
+            # a compiled step whose dynamic axes torch specialised (``dynamic_axes`` ()) serves its shape only
+            if built_variant == variant and getattr(built, "dynamic_axes", True) and _matches(pattern, inputs):
                 return built
         return None
 

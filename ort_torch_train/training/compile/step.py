@@ -20,7 +20,7 @@ from torch import Tensor
 
 from ort_torch_train.optim.clip import clip_grad_norm_
 from ort_torch_train.optim.compiled import FusedUpdate
-from ort_torch_train.torch_internals import mark_dynamic, mark_static_address
+from ort_torch_train.torch_internals import ConstraintViolationError, mark_dynamic, mark_static_address
 from ort_torch_train.training.blas_threads import blas_threads_for
 from ort_torch_train.training.compile import precompiled
 from ort_torch_train.training.compile.settings import records_cuda_graphs, torch_compile
@@ -75,12 +75,11 @@ class CompiledTrainStep:
     ) -> None:
         step = _train_step_function(module, plan, update, reduction, precision, layout)
         self._module = module  # its matrix products decide the step's BLAS threads
-        self._dynamic_axes: tuple[tuple[int, int], ...] = getattr(module, "meta", {}).get("dynamic_axes", ())
+        # the (input position, axis) pairs compiled as dynamic dimensions; () once torch needed them fixed
+        self.dynamic_axes: tuple[tuple[int, int], ...] = getattr(module, "meta", {}).get("dynamic_axes", ())
         self._scaler = None if precision is None else precision.loss_scaler
         compile_arguments = dict(compile_arguments or {})
         self._cuda_graphs = records_cuda_graphs(compile_arguments)
-        self._compiled = torch_compile(step, compile_arguments)
-        # precompiled at the first call (precompiled.py), unless it records CUDA graphs on CUDA
         setting = None if precision is None else precision.setting
         parts = (plan.sources, update, reduction, sorted(compile_arguments.items()), setting, layout)
         external: dict[str, object] = {
@@ -89,9 +88,9 @@ class CompiledTrainStep:
             "reduction": reduction,
             "precision": precision,
         }
-        self._precompile: precompiled.Precompile | None = precompiled.Precompile(
-            step, module, external, compile_arguments, "train step", self._dynamic_axes
-        )
+        # precompiled at the first call (precompiled.py), unless it records CUDA graphs on CUDA
+        self._compilation = Compilation(step, module, external, compile_arguments, "train step")
+        self._compiled, self._precompile = self._compilation.start(self.dynamic_axes)
         self._precompile_parts = parts
         self._called = False
         self._reset_flags: dict[torch.device, tuple[Tensor, Tensor]] = {}
@@ -107,8 +106,6 @@ class CompiledTrainStep:
         scalars: Tensor | None = None,
     ) -> tuple[Tensor, ...]:
         inputs = [t if t.is_contiguous() else t.contiguous() for t in inputs]
-        if not self._called and self._dynamic_axes:
-            inputs = with_dynamic_axes(inputs, self._dynamic_axes)
         loss_scale = None if self._scaler is None else self._scaler.scale.to(trainable[0].device)
         arguments = (
             inputs,
@@ -126,9 +123,10 @@ class CompiledTrainStep:
             for tensor in (*trainable, *frozen, *grads, *(t for moments in states for t in moments)):
                 mark_static_address(tensor)
         with torch.no_grad(), blas_threads_for(self._module, trainable[0].device):
-            if self._precompile is not None:
-                self._precompiled(arguments, cuda_graphs)
-            outputs = self._compiled(*arguments)
+            if self._precompile is None:
+                outputs = self._compiled(*arguments)
+            else:
+                outputs = self._first_call(arguments, cuda_graphs)
         if cuda_graphs:  # the outputs live in the graph's memory, which the next replay overwrites
             outputs = tuple(t.clone() for t in outputs)
         if started is not None:
@@ -139,6 +137,21 @@ class CompiledTrainStep:
                 time.perf_counter() - started,
             )
         return outputs
+
+    def _first_call(self, arguments: tuple, cuda_graphs: bool) -> tuple[Tensor, ...]:
+        """Compile (its dynamic axes marked) and run; compiled again for fixed shapes where torch
+        specialises a dynamic axis."""
+        try:
+            marked = (with_dynamic_axes(arguments[0], self.dynamic_axes), *arguments[1:])
+            self._precompiled(marked, cuda_graphs)
+            return self._compiled(*marked)
+        except ConstraintViolationError as error:
+            if not self.dynamic_axes:
+                raise
+            self._compiled, self._precompile = self._compilation.fixed(self.dynamic_axes, error)
+            self.dynamic_axes = ()
+            self._precompiled(arguments, cuda_graphs)
+            return self._compiled(*arguments)
 
     def _precompiled(self, arguments: tuple, cuda_graphs: bool) -> None:
         """Replace the compiled step by a precompiled (or saved) one, where torch can precompile it
@@ -153,6 +166,43 @@ class CompiledTrainStep:
         if flags is None:
             flags = self._reset_flags[device] = (torch.tensor(False, device=device), torch.tensor(True, device=device))
         return flags[reset]
+
+
+@dataclass(frozen=True)
+class Compilation:
+    """What a compiled step (or forward) is compiled from: ``start`` gives its torch.compile'd callable and
+    the precompile to run at its first call."""
+
+    function: Callable
+    module: torch.nn.Module
+    external: Mapping[str, object]
+    compile_arguments: Mapping[str, Any]
+    what: str
+
+    def start(self, dynamic_axes: tuple[tuple[int, int], ...]) -> tuple[Callable, precompiled.Precompile | None]:
+        """A fresh compilation whose first call marks ``dynamic_axes``."""
+        return torch_compile(self.function, self.compile_arguments), precompiled.Precompile(
+            self.function, self.module, self.external, self.compile_arguments, self.what, dynamic_axes
+        )
+
+    def fixed(
+        self, dynamic_axes: tuple[tuple[int, int], ...], error: Exception
+    ) -> tuple[Callable, precompiled.Precompile | None]:
+        """A fresh compilation for fixed shapes, after torch specialised ``dynamic_axes`` (``error``)."""
+        log.info(
+            "dynamic shapes: torch.compile specialised the %s's dynamic axes %s (%s); compiling it for "
+            "fixed shapes: each new size compiles a step of its own",
+            self.what,
+            list(dynamic_axes),
+            _specialisation(error),
+        )
+        return self.start(())
+
+
+def _specialisation(error: Exception) -> str:
+    """The line of torch's constraint violation naming what it specialised (its first, else)."""
+    lines = [line.strip(" -") for line in str(error).splitlines() if line.strip()]
+    return next((line for line in lines if "specialized" in line), lines[0] if lines else repr(error))
 
 
 def with_dynamic_axes(inputs: Sequence[Tensor], axes: Sequence[tuple[int, int]]) -> list[Tensor]:
