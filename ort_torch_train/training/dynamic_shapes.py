@@ -190,6 +190,9 @@ def _rewrite(
         value = getattr(node.args[0], "meta", {}).get("val") if node.args else None
         if node.target is F.linear and isinstance(value, torch.Tensor) and value.dim() > 2:
             node.target = linear_over_rows
+    for size in sizes.values():
+        if not size.users:  # a group no literal follows: its axes need no expression
+            graph.erase_node(size)
     graph.lint()
     module.recompile()
 

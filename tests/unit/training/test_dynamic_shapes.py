@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -142,3 +144,38 @@ def test_the_dynamic_setting_is_checked(artifacts):
         _module(directory, dynamic={"tokens": [0]})
     with pytest.raises(InputError, match="input 'ids' has 2 axes, got axis 2"):
         _module(directory, dynamic={"ids": [2]})
+
+
+_CACHED_TRAINING = """
+import logging, sys
+import numpy as np
+from ort_torch_train.api import CheckpointState, Module, Optimizer
+from ort_torch_train.training.compile.cache import load_compile_cache, save_compile_cache
+logging.basicConfig(level=logging.INFO)
+directory, cache, rows, length = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+load_compile_cache(cache)
+state = CheckpointState.load_checkpoint(directory + "/checkpoint")
+module = Module(directory + "/training_model.onnx", state, compile=True)
+optimizer = Optimizer(directory + "/optimizer_model.onnx", module)
+rng = np.random.default_rng(0)
+print(float(module.step(optimizer, rng.integers(0, 16, (rows, length)), rng.integers(0, 3, rows))))
+save_compile_cache(cache)
+"""
+
+
+@pytest.mark.compile
+@pytest.mark.slow
+def test_a_saved_dynamic_step_loads_in_a_process_whose_first_batch_has_other_sizes(artifacts, tmp_path):
+    directory, positions = artifacts
+    if positions:
+        pytest.skip("one model is enough")
+    cache = tmp_path / "compile.cache"
+
+    def train(rows: int, length: int) -> str:
+        command = [sys.executable, "-c", _CACHED_TRAINING, str(directory), str(cache), str(rows), str(length)]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stderr
+
+    assert "loaded the saved train step" not in train(64, 8)
+    assert "loaded the saved train step" in train(37, 12)
