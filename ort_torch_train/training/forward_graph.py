@@ -103,8 +103,9 @@ class ForwardGraph:
 
     def module_for(self, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> Callable:
         """The converted module for these inputs' shapes and dtypes (built on first use, then cached)."""
-        compiled = self.compile_arguments is not None
-        return self.specialised(inputs, params, "module", self._compiled_if_asked, dynamic=compiled)
+        # dynamic axes for a compiler that marks them (CompiledForward); plain torch.compile compiles per shape
+        marks = self.compile_arguments is not None and self.compiler is not torch_compile
+        return self.specialised(inputs, params, "module", self._compiled_if_asked, dynamic=marks)
 
     def specialised(
         self,

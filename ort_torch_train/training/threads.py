@@ -100,6 +100,12 @@ def follow_load() -> None:
         _policy.applied = wanted
 
 
+def restart_load_window() -> None:
+    """Read the load from now on: called after a compilation, whose worker processes are this
+    process's own work, not other processes'."""
+    _policy.last = _sample()
+
+
 def _sample() -> Sample | None:
     busy = _busy_cpu_seconds(_own_cpus())
     return None if busy is None else (time.monotonic(), busy, time.process_time())

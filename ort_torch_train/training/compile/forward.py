@@ -18,6 +18,7 @@ from ort_torch_train.torch_internals import ConstraintViolationError
 from ort_torch_train.training.compile import precompiled
 from ort_torch_train.training.compile.settings import records_cuda_graphs
 from ort_torch_train.training.compile.step import Compilation, with_dynamic_axes
+from ort_torch_train.training.threads import restart_load_window
 
 _AUTOCAST_DEVICES = ("cpu", "cuda")
 
@@ -48,6 +49,8 @@ class CompiledForward:
             self._compiled, self._precompile = self._compilation.fixed(self.dynamic_axes, error)
             self.dynamic_axes = ()
             return self._run(args)
+        finally:
+            restart_load_window()
 
     def _run(self, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         precompile = self._precompile

@@ -26,6 +26,7 @@ from ort_torch_train.training.compile import precompiled
 from ort_torch_train.training.compile.settings import records_cuda_graphs, torch_compile
 from ort_torch_train.training.flat_params import FlatLayout
 from ort_torch_train.training.precision import MixedPrecision, autocast_or_null
+from ort_torch_train.training.threads import restart_load_window
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +132,7 @@ class CompiledTrainStep:
             outputs = tuple(t.clone() for t in outputs)
         if started is not None:
             self._called = True
+            restart_load_window()
             log.info(
                 "compiled the train step for inputs %s in %.1f s",
                 [tuple(t.shape) for t in inputs],
