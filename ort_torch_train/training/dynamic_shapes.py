@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import fx
 
 from ort_torch_train.errors import InputError
+from ort_torch_train.torch_internals import mark_dynamic
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,35 @@ def probe_inputs(inputs: Sequence[torch.Tensor], group: Group) -> list[torch.Ten
         tensor = probed[position]
         probed[position] = torch.cat([tensor, tensor.narrow(axis, 0, 1)], axis)
     return probed
+
+
+def marked_args(args: Any, axes: Sequence[Axis]) -> Any:
+    """``args`` (tensors in nested lists and tuples) with copies of the tensors named in ``axes``
+    ((i, axis): the i-th tensor in order), whose axes a compilation they go to takes as dynamic
+    dimensions. Copies: the caller's tensors stay unmarked, and a view would have the compilation
+    guard on its base's sizes. Only a compiling call takes them: a compiled function's guards reject
+    marked tensors."""
+    if not axes:
+        return args
+    by_position: dict[int, list[int]] = {}
+    for position, axis in axes:
+        by_position.setdefault(position, []).append(axis)
+    counter = iter(range(1 << 62))
+
+    def mark(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            position = next(counter)
+            if position not in by_position:
+                return value
+            copy = value.clone()
+            for axis in by_position[position]:
+                mark_dynamic(copy, axis)
+            return copy
+        if isinstance(value, (list, tuple)):
+            return type(value)(mark(item) for item in value)
+        return value
+
+    return mark(args)
 
 
 @dataclass(frozen=True)

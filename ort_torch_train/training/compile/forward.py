@@ -17,7 +17,8 @@ import torch
 from ort_torch_train.torch_internals import ConstraintViolationError
 from ort_torch_train.training.compile import precompiled
 from ort_torch_train.training.compile.settings import records_cuda_graphs
-from ort_torch_train.training.compile.step import Compilation, with_dynamic_axes
+from ort_torch_train.training.compile.step import Compilation
+from ort_torch_train.training.dynamic_shapes import marked_args
 from ort_torch_train.training.threads import restart_load_window
 
 _AUTOCAST_DEVICES = ("cpu", "cuda")
@@ -42,7 +43,7 @@ class CompiledForward:
             return self._run(args)
         self._called = True  # the first call compiles: dynamic axes marked on its arguments
         try:
-            return self._run(tuple(with_dynamic_axes(args, self.dynamic_axes)))
+            return self._run(args, first=True)
         except ConstraintViolationError as error:
             if not self.dynamic_axes:
                 raise
@@ -52,13 +53,16 @@ class CompiledForward:
         finally:
             restart_load_window()
 
-    def _run(self, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    def _run(self, args: tuple[torch.Tensor, ...], first: bool = False) -> tuple[torch.Tensor, ...]:
+        """The compiled forward on ``args``; ``first``: the call that compiles it (with its dynamic axes)."""
         precompile = self._precompile
         if precompile is not None and not torch.is_grad_enabled() and not any(a.requires_grad for a in args):
             if self._cuda_graphs and any(a.is_cuda for a in args):
                 self._precompile = None
             else:
                 self._load_or_precompile(precompile, args)
+        if first and not isinstance(self._compiled, precompiled.GuardedStep):
+            return self._compiled(*marked_args(args, self.dynamic_axes))
         return self._compiled(*args)
 
     def _load_or_precompile(self, precompile: precompiled.Precompile, args: tuple) -> None:

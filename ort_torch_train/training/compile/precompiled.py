@@ -35,6 +35,7 @@ from ort_torch_train.torch_internals import (
     serialize_aot_compiled,
 )
 from ort_torch_train.training.compile.settings import torch_compile
+from ort_torch_train.training.dynamic_shapes import marked_args
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,9 @@ def precompiled_step(
         elif steps:
             log.info("no saved %s for this model, update and signature (%s); compiling it", what, key[:12])
     try:
-        compiled = aot_compile(torch_compile(step, _with_guard_filter(compile_arguments, step)), args)
+        compiled = aot_compile(
+            torch_compile(step, _with_guard_filter(compile_arguments, step)), marked_args(args, dynamic)
+        )
     except Exception as error:  # a backend or mode without precompile support: the usual compilation
         log.info("cannot precompile the %s (%s); compiling it without precompile", what, error)
         return None

@@ -20,10 +20,11 @@ from torch import Tensor
 
 from ort_torch_train.optim.clip import clip_grad_norm_
 from ort_torch_train.optim.compiled import FusedUpdate
-from ort_torch_train.torch_internals import ConstraintViolationError, mark_dynamic, mark_static_address
+from ort_torch_train.torch_internals import ConstraintViolationError, mark_static_address
 from ort_torch_train.training.blas_threads import blas_threads_for
 from ort_torch_train.training.compile import precompiled
 from ort_torch_train.training.compile.settings import records_cuda_graphs, torch_compile
+from ort_torch_train.training.dynamic_shapes import marked_args
 from ort_torch_train.training.flat_params import FlatLayout
 from ort_torch_train.training.precision import MixedPrecision, autocast_or_null
 from ort_torch_train.training.threads import restart_load_window
@@ -144,9 +145,10 @@ class CompiledTrainStep:
         """Compile (its dynamic axes marked) and run; compiled again for fixed shapes where torch
         specialises a dynamic axis."""
         try:
-            marked = (with_dynamic_axes(arguments[0], self.dynamic_axes), *arguments[1:])
-            self._precompiled(marked, cuda_graphs)
-            return self._compiled(*marked)
+            self._precompiled(arguments, cuda_graphs)
+            if isinstance(self._compiled, precompiled.GuardedStep):
+                return self._compiled(*arguments)
+            return self._compiled(*marked_args(arguments, self.dynamic_axes))
         except ConstraintViolationError as error:
             if not self.dynamic_axes:
                 raise
@@ -205,17 +207,6 @@ def _specialisation(error: Exception) -> str:
     """The line of torch's constraint violation naming what it specialised (its first, else)."""
     lines = [line.strip(" -") for line in str(error).splitlines() if line.strip()]
     return next((line for line in lines if "specialized" in line), lines[0] if lines else repr(error))
-
-
-def with_dynamic_axes(inputs: Sequence[Tensor], axes: Sequence[tuple[int, int]]) -> list[Tensor]:
-    """``inputs``, those with ``axes`` ((input position, axis)) as views whose axes the compilation they go
-    to takes as dynamic dimensions (the caller's tensors stay unmarked)."""
-    marked = list(inputs)
-    for position in {position for position, _ in axes}:
-        marked[position] = marked[position].view(marked[position].shape)
-    for position, axis in axes:
-        mark_dynamic(marked[position], axis)
-    return marked
 
 
 def _train_step_function(

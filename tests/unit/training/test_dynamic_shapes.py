@@ -15,6 +15,7 @@ from ort_torch_train.api import CheckpointState, Module, Optimizer
 from ort_torch_train.artifacts import LossType, OptimType, generate_artifacts
 from ort_torch_train.errors import InputError
 from ort_torch_train.torch_internals import compile_counters
+from ort_torch_train.training.compile.precompiled import step_key
 from ort_torch_train.training.engine import TrainingEngine
 
 VOCAB, HIDDEN, CLASSES = 16, 5, 3
@@ -179,3 +180,18 @@ def test_a_saved_dynamic_step_loads_in_a_process_whose_first_batch_has_other_siz
 
     assert "loaded the saved train step" not in train(64, 8)
     assert "loaded the saved train step" in train(37, 12)
+
+
+def test_a_dynamic_step_is_keyed_without_its_dynamic_sizes(artifacts):
+    """Generalised at other first sizes, the graph is the same, and so is its precompiled step's key."""
+    directory, positions = artifacts
+    if positions:
+        pytest.skip("one model is enough")
+    keys = []
+    for shape in ((64, 8), (37, 12)):
+        inputs = [torch.as_tensor(value) for value in _batches([shape])[0]]
+        module = _generalised(directory, inputs)[0]
+        axes = module.meta["dynamic_axes"]
+        keys.append((step_key(module, ("adamw",), inputs, axes), step_key(module, ("adamw",), inputs)))
+    assert keys[0][0] == keys[1][0]
+    assert keys[0][1] != keys[1][1]  # a fixed-shape key names the sizes
