@@ -19,6 +19,7 @@ import torch.distributed._functional_collectives as functional_collectives
 import torch.utils._pytree
 from torch import Tensor
 from torch._dynamo.aot_compile import AOTCompiledFunction
+from torch._dynamo.exc import TorchDynamoException
 from torch._dynamo.guards import CheckFunctionManager
 from torch._dynamo.types import GuardFilterEntry
 from torch._guards import TracingContext, tracing
@@ -46,8 +47,9 @@ __all__ = [
     # own automatic dynamic shapes compile a second time first); its compile counters, which tests read
     "mark_dynamic",
     "compile_counters",
-    # symbolic shapes: what torch.compile raises when it specialises an axis marked dynamic
-    "ConstraintViolationError",
+    # what torch.compile raises when it cannot trace a graph with its dynamic axes: it specialised one
+    # (symbolic shapes' constraint violation) or an operator's tracing rule needs fixed sizes (Dynamo's errors)
+    "DYNAMIC_TRACING_ERRORS",
     # inductor: the options a mode stands for (torch.compile takes a mode or options, not both)
     "list_mode_options",
     # inductor: the C++ libraries its code caches built under its cache dir, which the compile cache carries
@@ -78,6 +80,7 @@ __all__ = [
 UNSERIALIZABLE_GUARD_TYPES = CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
 mark_static_address = torch._dynamo.mark_static_address
 mark_dynamic = torch._dynamo.mark_dynamic
+DYNAMIC_TRACING_ERRORS = (ConstraintViolationError, TorchDynamoException)
 compile_counters = torch._dynamo.utils.counters
 tree_leaves = torch.utils._pytree.tree_leaves
 

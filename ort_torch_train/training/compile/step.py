@@ -20,7 +20,7 @@ from torch import Tensor
 
 from ort_torch_train.optim.clip import clip_grad_norm_
 from ort_torch_train.optim.compiled import FusedUpdate
-from ort_torch_train.torch_internals import ConstraintViolationError, mark_static_address
+from ort_torch_train.torch_internals import DYNAMIC_TRACING_ERRORS, mark_static_address
 from ort_torch_train.training.blas_threads import blas_threads_for
 from ort_torch_train.training.compile import precompiled
 from ort_torch_train.training.compile.settings import records_cuda_graphs, torch_compile
@@ -142,14 +142,14 @@ class CompiledTrainStep:
         return outputs
 
     def _first_call(self, arguments: tuple, cuda_graphs: bool) -> tuple[Tensor, ...]:
-        """Compile (its dynamic axes marked) and run; compiled again for fixed shapes where torch
-        specialises a dynamic axis."""
+        """Compile (its dynamic axes marked) and run; compiled again for fixed shapes where torch cannot
+        trace the step with its dynamic axes."""
         try:
             self._precompiled(arguments, cuda_graphs)
             if isinstance(self._compiled, precompiled.GuardedStep):
                 return self._compiled(*arguments)
             return self._compiled(*marked_args(arguments, self.dynamic_axes))
-        except ConstraintViolationError as error:
+        except DYNAMIC_TRACING_ERRORS as error:
             if not self.dynamic_axes:
                 raise
             self._compiled, self._precompile = self._compilation.fixed(self.dynamic_axes, error)
@@ -192,9 +192,9 @@ class Compilation:
     def fixed(
         self, dynamic_axes: tuple[tuple[int, int], ...], error: Exception
     ) -> tuple[Callable, precompiled.Precompile | None]:
-        """A fresh compilation for fixed shapes, after torch specialised ``dynamic_axes`` (``error``)."""
+        """A fresh compilation for fixed shapes, after torch could not keep ``dynamic_axes`` dynamic (``error``)."""
         log.info(
-            "dynamic shapes: torch.compile specialised the %s's dynamic axes %s (%s); compiling it for "
+            "dynamic shapes: torch.compile cannot keep the %s's axes %s dynamic (%s); compiling it for "
             "fixed shapes: each new size compiles a step of its own",
             self.what,
             list(dynamic_axes),
@@ -204,9 +204,10 @@ class Compilation:
 
 
 def _specialisation(error: Exception) -> str:
-    """The line of torch's constraint violation naming what it specialised (its first, else)."""
+    """The line of torch's error naming what it specialised or could not trace (its first, else)."""
     lines = [line.strip(" -") for line in str(error).splitlines() if line.strip()]
-    return next((line for line in lines if "specialized" in line), lines[0] if lines else repr(error))
+    found = next((line for line in lines if "specialized" in line or "got " in line), lines[0] if lines else "")
+    return found[:300] or repr(error)
 
 
 def _train_step_function(
