@@ -49,8 +49,8 @@ class Module(nn.Module):
     forward; see ``training/recompute.py``); with ``compile`` the train forward is compiled with
     its checkpointed segments (AOTAutograd recomputes them in the compiled backward) and the
     optimizer update runs after it, not in the same graph. ``session_options`` (an ORT
-    SessionOptions) is accepted for compatibility and not used: threads are torch's
-    (``torch.set_num_threads``).
+    SessionOptions) is accepted for compatibility and not used: threads are torch's, chosen by
+    ``set_threads`` (by default they follow the cores other processes leave free).
     With ``compile``, ``dynamic`` (default True) lets the axes the ONNX graph leaves symbolic (batch,
     sequence) take any size >= 2 in one compiled step: a last partial batch, the eval set and new
     sequence lengths reuse it (a dict ``{input name: [axes]}`` picks the axes, False compiles each
