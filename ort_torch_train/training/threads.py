@@ -4,10 +4,11 @@ torch runs its operators, MKL's products and oneDNN on one OpenMP team of ``torc
 threads, and each parallel region ends at a barrier that waits for the team's slowest thread. When
 another busy process takes a core, a team as wide as the machine waits at every region for the
 thread the scheduler set aside while the others spin (OpenMP's default wait), and a step slows many
-times over. So by default (``set_threads("auto")``) the engine's steps check, at most once a second,
-how many of this process's CPUs other processes kept busy since the last check (``/proc/stat``, less
-this process's own CPU time) and run on the cores left: at least one, at most the count torch had
-when the policy started (or that the caller set since). ``set_threads(n)`` fixes n threads instead
+times over. So by default (``set_threads("auto")``) the engine's CPU steps check, at most once a
+second (the first step: over the time since import), how many of this process's CPUs other processes
+kept busy since the last check (``/proc/stat``, less this process's own CPU time; a compilation's
+worker processes count as this process's) and run on the cores left: at least one, at most the count
+torch had when the policy started (or that the caller set since). ``set_threads(n)`` fixes n threads instead
 (results that must repeat bit for bit across loads want a fixed count: reductions split by thread).
 
 Not covered: inductor's compiled loops keep the thread count they were compiled with. OpenMP's
