@@ -18,6 +18,7 @@ import torch.distributed._functional_collectives as functional_collectives
 import torch.utils._pytree
 from torch import Tensor
 from torch._dynamo.aot_compile import AOTCompiledFunction
+from torch._dynamo.exc import TorchDynamoException
 from torch._dynamo.guards import CheckFunctionManager
 from torch._dynamo.types import GuardFilterEntry
 from torch._guards import TracingContext, tracing
@@ -26,6 +27,7 @@ from torch._inductor import config as inductor_config
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 from torch._inductor.runtime.cache_dir_utils import cache_dir as inductor_cache_dir
 from torch._ops import HigherOrderOperator
+from torch.fx.experimental.symbolic_shapes import ConstraintViolationError
 from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = [
@@ -40,6 +42,13 @@ __all__ = [
     "serialize_aot_compiled",
     # Dynamo: CUDA graphs replay only on inputs at fixed addresses
     "mark_static_address",
+    # Dynamo: an input's axis compiled as a dynamic dimension from the first compilation (torch.compile's
+    # own automatic dynamic shapes compile a second time first); its compile counters, which tests read
+    "mark_dynamic",
+    "compile_counters",
+    # what torch.compile raises when it cannot trace a graph with its dynamic axes: it specialised one
+    # (symbolic shapes' constraint violation) or an operator's tracing rule needs fixed sizes (Dynamo's errors)
+    "DYNAMIC_TRACING_ERRORS",
     # inductor: the options a mode stands for (torch.compile takes a mode or options, not both)
     "list_mode_options",
     # inductor: the C++ libraries its code caches built under its cache dir, which the compile cache carries
@@ -69,6 +78,9 @@ __all__ = [
 
 UNSERIALIZABLE_GUARD_TYPES = CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
 mark_static_address = torch._dynamo.mark_static_address
+mark_dynamic = torch._dynamo.mark_dynamic
+DYNAMIC_TRACING_ERRORS = (ConstraintViolationError, TorchDynamoException)
+compile_counters = torch._dynamo.utils.counters
 tree_leaves = torch.utils._pytree.tree_leaves
 
 

@@ -25,6 +25,7 @@ from ort_torch_train.lora.config import LoraConfig
 from ort_torch_train.optim.engine import OptimizerEngine
 from ort_torch_train.training.binding import bind_parameters
 from ort_torch_train.training.compile.cache import CompileCacheSetting, use_compile_cache
+from ort_torch_train.training.dynamic_shapes import DynamicSetting
 from ort_torch_train.training.engine import TrainingEngine
 from ort_torch_train.training.forward_graph import ForwardGraph
 from ort_torch_train.training.options import EngineOptions
@@ -51,10 +52,15 @@ class Module(nn.Module):
     forward; see ``training/recompute.py``); with ``compile`` the train forward is compiled with
     its checkpointed segments (AOTAutograd recomputes them in the compiled backward) and the
     optimizer update runs after it, not in the same graph. ``session_options`` (an ORT
-    SessionOptions) is accepted for compatibility and not used: threads are torch's
-    (``torch.set_num_threads``). Compiled steps are saved in and loaded from a per-user compile cache
-    (``compile_cache``: None the default directory, a path another, False none; see
-    ``training/compile/cache.py``).
+    SessionOptions) is accepted for compatibility and not used: threads are torch's, chosen by
+    ``set_threads`` (by default they follow the cores other processes leave free).
+    Compiled steps are saved in and loaded from a per-user compile cache (``compile_cache``: None the
+    default directory, a path another, False none; see ``training/compile/cache.py``).
+    With ``compile``, ``dynamic`` (default True) lets the axes the ONNX graph leaves symbolic (batch,
+    sequence) take any size >= 2 in one compiled step: a last partial batch, the eval set and new
+    sequence lengths reuse it (a dict ``{input name: [axes]}`` picks the axes, False compiles each
+    new shape on its own). An axis whose size the converted graph needs as a constant stays fixed,
+    with an INFO log line saying why (see docs/performance.md, "Dynamic shapes").
     ``distributed=True`` trains data-parallel on torch.distributed (``process_group``, default the
     default group): gradients are averaged across ranks at each train step, steps inside
     ``no_sync()`` accumulate locally (see ``distributed/data_parallel.py``); eval stays local.
@@ -78,6 +84,7 @@ class Module(nn.Module):
         recompute: RecomputeSetting = None,
         lora: LoraConfig | None = None,
         compile_cache: CompileCacheSetting = None,
+        dynamic: DynamicSetting = True,
     ) -> None:
         training_model = load_model(train_model_uri, "training model")
         eval_model = load_model(eval_model_uri, "eval model") if eval_model_uri is not None else None
@@ -92,6 +99,7 @@ class Module(nn.Module):
             distributed=distributed,
             process_group=process_group,
             compile_cache=compile_cache,
+            dynamic=dynamic,
         )
         if lora is not None:
             if not isinstance(lora, LoraConfig):

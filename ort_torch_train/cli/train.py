@@ -26,6 +26,7 @@ from ort_torch_train.api import (
     Module,
     Optimizer,
     Properties,
+    set_threads,
 )
 from ort_torch_train.cli.common import (
     CliError,
@@ -116,6 +117,7 @@ def metric_name(text: str) -> str:
 
 def train(args: argparse.Namespace, launch: Launch, device: str) -> None:
     """``run_train`` on this rank."""
+    set_threads(args.threads)
     job = prepare(args)
     module = Module(
         job.training_model,

@@ -141,10 +141,30 @@ def add_schedule_options(
     group.add_argument("--total-steps", type=positive_int, metavar="N", help="step at which linear/cosine reach 0")
 
 
+def thread_count(text: str) -> int | str:
+    """argparse type of --threads: a positive integer or "auto"."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or auto, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or auto, got {text!r}")
+    return value
+
+
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
-    """--device, --compile, --mixed-precision, --recompute, --shard-state, --compile-cache, --lora."""
+    """--device, --threads, --compile, --mixed-precision, --recompute, --shard-state, --compile-cache, --lora."""
     group = parser.add_argument_group("engine")
     group.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (default: cuda when available)")
+    group.add_argument(
+        "--threads",
+        type=thread_count,
+        default="auto",
+        metavar="N|auto",
+        help="CPU threads per step: N, or auto (default): the cores other processes leave free",
+    )
     group.add_argument(
         "--compile",
         action="store_true",

@@ -78,6 +78,7 @@ class TrainingEngine:
                 training=False,
                 compile=False if options.compile_arguments is None else options.compile_arguments,
                 compiler=CompiledForward,
+                dynamic=options.dynamic,
             )
         train_params = self.train_layout.params
         self._train_params = [state.params[n] for n in train_params]
@@ -120,6 +121,7 @@ class TrainingEngine:
             training=True,
             compile=False if arguments is None else arguments,
             module_transform=transform,
+            dynamic=self.options.dynamic,
         )
 
     @property

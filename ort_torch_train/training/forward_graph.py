@@ -25,8 +25,20 @@ from ort_torch_train.training.compile.settings import (
     for_device,
     torch_compile,
 )
+from ort_torch_train.training.dynamic_shapes import (
+    DynamicSetting,
+    Group,
+    SizeProbes,
+    candidate_groups,
+    check_requested_axes,
+    dynamic_setting,
+    generalise,
+    probe_inputs,
+)
 
 Signature = tuple[tuple[torch.Size, torch.dtype], ...]
+# the shape of each user input, an axis of a dynamic group given as ("group", its index), and its dtype
+Pattern = tuple[tuple[tuple[int | tuple[str, int], ...], torch.dtype], ...]
 
 
 @dataclass(frozen=True)
@@ -46,7 +58,12 @@ log = logging.getLogger(__name__)
 
 
 class ForwardGraph:
-    """``graph(user_inputs, params) -> outputs`` with ONNX semantics, specialised per input signature."""
+    """``graph(user_inputs, params) -> outputs`` with ONNX semantics, specialised per input signature.
+
+    A compiled specialisation serves every size along the axes ``dynamic`` lets vary (True: every axis
+    the graph leaves symbolic; a dict: those axes by input name) where its conversion allows
+    (``dynamic_shapes.py``).
+    """
 
     def __init__(
         self,
@@ -59,6 +76,7 @@ class ForwardGraph:
         compiler: Compiler = torch_compile,
         module_transform: Restructure | None = None,
         cache_size: int = 16,
+        dynamic: DynamicSetting = True,
     ) -> None:
         check_supported(graph, opsets)
         graph, self.string_casts = numeric_inputs(graph)  # string inputs parsed on the host (string_inputs.py)
@@ -74,7 +92,10 @@ class ForwardGraph:
             InputDeclaration(name, by_name[name].type.tensor_type.elem_type, declared_shape(by_name[name]))
             for name in layout.user_inputs
         )
+        self.dynamic = dynamic_setting(dynamic)
+        check_requested_axes(self.dynamic, [(d.name, d.dims) for d in self.declarations])
         self._cache: OrderedDict[Hashable, Callable] = OrderedDict()
+        self._dynamic_cache: OrderedDict[tuple[Hashable, Pattern], Callable] = OrderedDict()
         self.module_transform = module_transform  # recompute's segments, between the graph rewrites
 
     def __call__(self, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -82,7 +103,9 @@ class ForwardGraph:
 
     def module_for(self, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> Callable:
         """The converted module for these inputs' shapes and dtypes (built on first use, then cached)."""
-        return self.specialised(inputs, params, "module", self._compiled_if_asked)
+        # dynamic axes for a compiler that marks them (CompiledForward); plain torch.compile compiles per shape
+        marks = self.compile_arguments is not None and self.compiler is not torch_compile
+        return self.specialised(inputs, params, "module", self._compiled_if_asked, dynamic=marks)
 
     def specialised(
         self,
@@ -90,9 +113,12 @@ class ForwardGraph:
         params: Sequence[torch.Tensor],
         variant: Hashable,
         build: Callable[[fx.GraphModule, torch.device], Callable],
+        *,
+        dynamic: bool = True,
     ) -> Callable:
         """``build(converted module, its device)`` for these inputs' shapes and dtypes, cached under ``variant``
-        (``build`` prepares the module with ``eager_module`` or ``compiled_module``)."""
+        (``build`` prepares the module with ``eager_module`` or ``compiled_module``). With ``dynamic`` (a
+        build that compiles through ``compiled_module``) one build serves every size of its dynamic axes."""
         key: Hashable
         try:
             key = (variant, tuple((t.shape, t.dtype) for t in inputs))
@@ -101,21 +127,63 @@ class ForwardGraph:
         built = self._cache.get(key)
         if built is not None:
             return built
+        if key is not None and self._dynamic_cache:
+            built = self._dynamic_build(variant, inputs)
+            if built is not None:
+                self._remember(key, built)
+                return built
         self.validate(inputs)
-        specs = [TensorSpec(tuple(t.shape), t.dtype) for t in (*inputs, *params)]
         log.info(
             "specialising the %s graph (%s) for inputs %s",
             "training" if self.training else "eval",
             variant,
             [(tuple(t.shape), str(t.dtype)) for t in inputs],
         )
-        module = convert_graph(self.graph, self.opsets, specs, training=self.training, examples=(*inputs, *params))
+        module = self._convert(inputs, params)
+        if dynamic:
+            probes = self._size_probes(inputs, params)
+            if probes.groups:
+                module.meta["size_probes"] = probes
         device = params[0].device if params else inputs[0].device
         built = build(module, device)
+        dynamic_groups = module.meta.get("dynamic_groups", ())
+        if dynamic_groups:
+            self._dynamic_cache[(variant, _pattern(inputs, dynamic_groups))] = built
+            while len(self._dynamic_cache) > self.cache_size:
+                self._dynamic_cache.popitem(last=False)
+        self._remember(key, built)
+        return built
+
+    def _convert(self, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> fx.GraphModule:
+        specs = [TensorSpec(tuple(t.shape), t.dtype) for t in (*inputs, *params)]
+        return convert_graph(self.graph, self.opsets, specs, training=self.training, examples=(*inputs, *params))
+
+    def _size_probes(self, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> SizeProbes:
+        """The conversions with each group of candidate dynamic axes one longer; a group whose probe does
+        not convert stays fixed."""
+        groups, sizes, modules = [], [], []
+        for group in candidate_groups(self.dynamic, [(d.name, d.dims) for d in self.declarations], inputs):
+            try:
+                modules.append(self._convert(probe_inputs(inputs, group), params))
+            except Exception as error:  # sizes tied to fixed ones: the inputs one longer do not run
+                log.info("dynamic shapes: the axes %s stay fixed: the graph does not run one longer (%s)", group, error)
+                continue
+            groups.append(group)
+            sizes.append(int(inputs[group[0][0]].shape[group[0][1]]))
+        return SizeProbes(tuple(groups), tuple(sizes), tuple(modules))
+
+    def _remember(self, key: Hashable, built: Callable) -> None:
         self._cache[key] = built
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
-        return built
+
+    def _dynamic_build(self, variant: Hashable, inputs: Sequence[torch.Tensor]) -> Callable | None:
+        """The build of ``variant`` whose dynamic axes take these inputs' sizes, if any."""
+        for (built_variant, pattern), built in self._dynamic_cache.items():
+            # a compiled step whose dynamic axes torch specialised (``dynamic_axes`` ()) serves its shape only
+            if built_variant == variant and getattr(built, "dynamic_axes", True) and _matches(pattern, inputs):
+                return built
+        return None
 
     def eager_module(self, module: fx.GraphModule, device: torch.device) -> nn.Module:
         """A converted ``module`` ready for eager runs on ``device``: the eager graph rewrites, this graph's
@@ -124,8 +192,18 @@ class ForwardGraph:
 
     def compiled_module(self, module: fx.GraphModule, device: torch.device) -> nn.Module:
         """A converted ``module`` ready for torch.compile on ``device``: the compiled graph rewrites, this
-        graph's ``module_transform`` among them, and moved to ``device``."""
-        return run_compiled(module, device, self.module_transform).to(device)
+        graph's ``module_transform`` among them, and moved to ``device``. With size probes (``specialised``),
+        its literals that follow the sizes of dynamic axes become expressions of those sizes, and
+        ``module.meta["dynamic_axes"]`` names the axes to compile as dynamic dimensions."""
+        probes: SizeProbes | None = module.meta.pop("size_probes", None)
+        prepared = run_compiled(module, device, self.module_transform).to(device)
+        if probes is not None:
+            probed = tuple(run_compiled(probe, device, self.module_transform) for probe in probes.modules)
+            names = [declaration.name for declaration in self.declarations]
+            groups = generalise(prepared, SizeProbes(probes.groups, probes.sizes, probed), names)
+            module.meta["dynamic_groups"] = prepared.meta["dynamic_groups"] = groups
+            prepared.meta["dynamic_axes"] = tuple(axis for group in groups for axis in group)
+        return prepared
 
     def _compiled_if_asked(self, module: fx.GraphModule, device: torch.device) -> Callable:
         if self.compile_arguments is None:
@@ -144,6 +222,31 @@ class ForwardGraph:
             raise InputError(f"expected {expected} user inputs ({names}) in this order, got {len(inputs)}")
         for position, (declaration, value) in enumerate(zip(self.declarations, inputs)):
             _check_input(declaration, position, value)
+
+
+def _pattern(inputs: Sequence[torch.Tensor], groups: Sequence[Group]) -> Pattern:
+    group_of = {axis: ("group", index) for index, group in enumerate(groups) for axis in group}
+    return tuple(
+        (tuple(group_of.get((position, axis), size) for axis, size in enumerate(t.shape)), t.dtype)
+        for position, t in enumerate(inputs)
+    )
+
+
+def _matches(pattern: Pattern, inputs: Sequence[torch.Tensor]) -> bool:
+    """Whether ``inputs`` have ``pattern``'s dtypes and fixed sizes, and one size of 2 or more per group."""
+    if len(pattern) != len(inputs):
+        return False
+    sizes: dict[int, int] = {}
+    for (shape, dtype), tensor in zip(pattern, inputs):
+        if tensor.dtype != dtype or tensor.dim() != len(shape):
+            return False
+        for wanted, actual in zip(shape, tensor.shape):
+            if isinstance(wanted, tuple):
+                if actual < 2 or sizes.setdefault(wanted[1], actual) != actual:
+                    return False
+            elif wanted != actual:
+                return False
+    return True
 
 
 def _check_input(declaration: InputDeclaration, position: int, value: object) -> None:

@@ -14,6 +14,7 @@ from ort_torch_train.errors import DistributedError
 from ort_torch_train.training.binding import parse_device
 from ort_torch_train.training.compile.cache import CompileCacheSetting
 from ort_torch_train.training.compile.settings import CompileSetting, compile_arguments
+from ort_torch_train.training.dynamic_shapes import DynamicSetting, dynamic_setting
 from ort_torch_train.training.precision import check_mixed_precision
 from ort_torch_train.training.recompute import RecomputeSetting, recompute_segments
 from ort_torch_train.training.recompute_patterns import RecomputePlan
@@ -35,6 +36,9 @@ class EngineOptions:
         process_group: the data-parallel group whose ranks average gradients, or None (one process).
         compile_cache: where compiled steps are saved and loaded (``training/compile/cache.py``):
             None the default directory, a path that directory, False none.
+        dynamic: which input axes a compiled step takes at any size (``training/dynamic_shapes.py``):
+            True every axis the ONNX graph leaves symbolic, a dict those axes by input name, False none
+            (each new input shape compiles a step of its own).
 
     Valid combinations: every field with every other, except that ``loss_scale`` needs "fp16" and a
     process group needs ``distributed``. Compiled with recompute, the train step is not one graph:
@@ -49,6 +53,7 @@ class EngineOptions:
     recompute: Recompute
     process_group: Any
     compile_cache: CompileCacheSetting = None
+    dynamic: bool | Mapping[str, tuple[int, ...]] = True
 
     @classmethod
     def of(
@@ -62,6 +67,7 @@ class EngineOptions:
         distributed: bool = False,
         process_group: Any = None,
         compile_cache: CompileCacheSetting = None,
+        dynamic: DynamicSetting = True,
     ) -> EngineOptions:
         """Checked options from a face's arguments (``Module``'s names); raises naming the bad argument."""
         target = parse_device(device)
@@ -86,7 +92,9 @@ class EngineOptions:
             raise ValueError(
                 f"compile_cache: expected a directory, None (the default one) or False; got {compile_cache!r}"
             )
-        return cls(target, arguments, mixed_precision, scale, plan or None, group, compile_cache)
+        return cls(
+            target, arguments, mixed_precision, scale, plan or None, group, compile_cache, dynamic_setting(dynamic)
+        )
 
     @property
     def distributed(self) -> bool:

@@ -14,8 +14,12 @@ from typing import Any
 
 import torch
 
+from ort_torch_train.torch_internals import DYNAMIC_TRACING_ERRORS
 from ort_torch_train.training.compile import precompiled
-from ort_torch_train.training.compile.settings import records_cuda_graphs, torch_compile
+from ort_torch_train.training.compile.settings import records_cuda_graphs
+from ort_torch_train.training.compile.step import Compilation
+from ort_torch_train.training.dynamic_shapes import marked_args
+from ort_torch_train.training.threads import restart_load_window
 
 _AUTOCAST_DEVICES = ("cpu", "cuda")
 
@@ -26,19 +30,39 @@ class CompiledForward:
     def __init__(self, module: torch.nn.Module, arguments: Mapping[str, Any]) -> None:
         forward = _forward_of(module)
         self.meta = getattr(module, "meta", {})  # its matrix products decide the BLAS threads
-        self._compiled = torch_compile(forward, arguments)
-        self._precompile: precompiled.Precompile | None = precompiled.Precompile(
-            forward, module, {"module": module}, dict(arguments), "eval graph"
-        )
+        # the (input position, axis) pairs compiled as dynamic dimensions; () once torch needed them fixed
+        self.dynamic_axes: tuple[tuple[int, int], ...] = self.meta.get("dynamic_axes", ())
+        self._compilation = Compilation(forward, module, {"module": module}, dict(arguments), "eval graph")
+        compiled, precompile = self._compilation.start(self.dynamic_axes)
+        self._compiled, self._precompile = compiled, precompile  # a precompile pending: None once done
+        self._called = False
         self._cuda_graphs = records_cuda_graphs(arguments)  # recorded and replayed by torch.compile's call
 
     def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self._called:
+            return self._run(args)
+        self._called = True  # the first call compiles: dynamic axes marked on its arguments
+        try:
+            return self._run(args, first=True)
+        except DYNAMIC_TRACING_ERRORS as error:
+            if not self.dynamic_axes:
+                raise
+            self._compiled, self._precompile = self._compilation.fixed(self.dynamic_axes, error)
+            self.dynamic_axes = ()
+            return self._run(args)
+        finally:
+            restart_load_window()
+
+    def _run(self, args: tuple[torch.Tensor, ...], first: bool = False) -> tuple[torch.Tensor, ...]:
+        """The compiled forward on ``args``; ``first``: the call that compiles it (with its dynamic axes)."""
         precompile = self._precompile
         if precompile is not None and not torch.is_grad_enabled() and not any(a.requires_grad for a in args):
             if self._cuda_graphs and any(a.is_cuda for a in args):
                 self._precompile = None
             else:
                 self._load_or_precompile(precompile, args)
+        if first and not isinstance(self._compiled, precompiled.GuardedStep):
+            return self._compiled(*marked_args(args, self.dynamic_axes))
         return self._compiled(*args)
 
     def _load_or_precompile(self, precompile: precompiled.Precompile, args: tuple) -> None:

@@ -36,6 +36,7 @@ from ort_torch_train.torch_internals import (
 )
 from ort_torch_train.training.compile.cache_entries import CompileCache
 from ort_torch_train.training.compile.settings import torch_compile
+from ort_torch_train.training.dynamic_shapes import marked_args
 
 log = logging.getLogger(__name__)
 
@@ -56,23 +57,27 @@ def active_cache() -> CompileCache | None:
     return _cache
 
 
-def step_key(module: torch.nn.Module, parts: Sequence[object], args: Sequence[object]) -> str:
+def step_key(
+    module: torch.nn.Module, parts: Sequence[object], args: Sequence[object], dynamic: Sequence[tuple[int, int]] = ()
+) -> str:
     """A digest of torch's version, the module (code, submodule settings, constant tensors), ``parts``
-    and the shapes, dtypes and devices of the tensors in ``args``."""
+    and the shapes, dtypes and devices of the tensors in ``args``, less the sizes along the ``dynamic``
+    axes ((i, axis): of the i-th tensor)."""
     digest = hashlib.sha256(torch.__version__.encode())
     for name, submodule in module.named_modules():
         digest.update(f"{name}:{type(submodule).__qualname__}".encode())
         digest.update(str(getattr(submodule, "code", "")).encode())
         for key, value in sorted(vars(submodule).items()):
-            if key in ("_parameters", "_modules", "_graph", "_code") or "hook" in key or key.startswith("__"):
+            if key in ("_parameters", "_modules", "_graph", "_code", "meta") or "hook" in key or key.startswith("__"):
                 continue
             _update(digest, key, value)
     for part in parts:
         digest.update(_ADDRESS.sub("", repr(part)).encode())
-    for tensor in _tensors(args):
-        digest.update(
-            f"{tuple(tensor.shape)}:{tensor.stride()}:{tensor.dtype}:{tensor.device}:{tensor.requires_grad}".encode()
-        )
+    varying = set(dynamic)
+    for position, tensor in enumerate(_tensors(args)):
+        shape = tuple("?" if (position, axis) in varying else size for axis, size in enumerate(tensor.shape))
+        stride = tensor.is_contiguous() if "?" in shape else tensor.stride()
+        digest.update(f"{shape}:{stride}:{tensor.dtype}:{tensor.device}:{tensor.requires_grad}".encode())
     return digest.hexdigest()
 
 
@@ -85,12 +90,14 @@ def precompiled_step(
     compile_arguments: Mapping[str, Any],
     fallback: Callable,
     what: str = "train step",
+    dynamic: Sequence[tuple[int, int]] = (),
 ) -> GuardedStep | None:
     """``step`` compiled ahead for ``args`` (or, with a compile cache in use, loaded from the step saved
-    under ``step_key(module, parts, args)``, else saved there), behind its guards: inputs they reject go to
-    ``fallback``. None when torch cannot precompile this step. ``what`` names the step in log lines."""
+    under ``step_key(module, parts, args, dynamic)``, else saved there), behind its guards: inputs they
+    reject go to ``fallback``. None when torch cannot precompile this step. ``what`` names the step in log
+    lines; ``dynamic`` the axes compiled as dynamic dimensions (``step_key``)."""
     cache = _cache
-    key = None if cache is None else step_key(module, parts, args)
+    key = None if cache is None else step_key(module, parts, args, dynamic)
     external_data = {name: value for name, value in external.items() if value is not None}  # one id for all Nones
     if cache is not None and key is not None:
         data = cache.load_step(key, what)
@@ -99,7 +106,9 @@ def precompiled_step(
             if loaded is not None:
                 return GuardedStep(loaded, fallback, what)
     try:
-        compiled = aot_compile(torch_compile(step, _with_guard_filter(compile_arguments, step)), args)
+        compiled = aot_compile(
+            torch_compile(step, _with_guard_filter(compile_arguments, step)), marked_args(args, dynamic)
+        )
     except Exception as error:  # a backend or mode without precompile support: the usual compilation
         log.info("cannot precompile the %s (%s); compiling it without precompile", what, error)
         return None
@@ -122,11 +131,20 @@ class Precompile:
     external: Mapping[str, object]
     compile_arguments: Mapping[str, Any]
     what: str
+    dynamic: tuple[tuple[int, int], ...] = ()  # (input position, axis) compiled as dynamic dimensions
 
     def replacing(self, fallback: Callable, parts: Sequence[object], args: tuple) -> Callable:
         """The precompiled (or saved) step for ``args``, else ``fallback`` (torch cannot precompile it)."""
         found = precompiled_step(
-            self.step, self.module, parts, self.external, args, self.compile_arguments, fallback, self.what
+            self.step,
+            self.module,
+            parts,
+            self.external,
+            args,
+            self.compile_arguments,
+            fallback,
+            self.what,
+            self.dynamic,
         )
         return fallback if found is None else found
 

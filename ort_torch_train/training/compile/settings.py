@@ -20,7 +20,8 @@ def compile_arguments(compile: CompileSetting) -> dict[str, Any] | None:
 
     True: torch.compile's defaults; a string: that mode ("max-autotune", "reduce-overhead", ...); a
     dict: any of ``mode``, ``options`` (inductor settings, e.g. ``{"cpp_wrapper": True}``), ``backend``.
-    Graphs are always compiled whole (``fullgraph=True``) for fixed shapes (``dynamic=False``).
+    Graphs are always compiled whole (``fullgraph=True``), for fixed shapes but the input axes marked
+    dynamic (``training/dynamic_shapes.py``).
     """
     if compile is False or compile is None:
         return None
@@ -59,5 +60,6 @@ def records_cuda_graphs(arguments: Mapping[str, Any]) -> bool:
 
 
 def torch_compile(module: Callable, arguments: Mapping[str, Any]) -> Callable:
-    """``module`` through torch.compile with ``arguments``, whole (``fullgraph``) and for fixed shapes."""
+    """``module`` through torch.compile with ``arguments``, whole (``fullgraph``); shapes fixed but the
+    axes its first call's inputs mark dynamic (no automatic dynamic shapes: no second compilation)."""
     return torch.compile(module, fullgraph=True, dynamic=False, **arguments)

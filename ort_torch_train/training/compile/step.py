@@ -20,12 +20,14 @@ from torch import Tensor
 
 from ort_torch_train.optim.clip import clip_grad_norm_
 from ort_torch_train.optim.compiled import FusedUpdate
-from ort_torch_train.torch_internals import mark_static_address
+from ort_torch_train.torch_internals import DYNAMIC_TRACING_ERRORS, mark_static_address
 from ort_torch_train.training.blas_threads import blas_threads_for
 from ort_torch_train.training.compile import precompiled
 from ort_torch_train.training.compile.settings import records_cuda_graphs, torch_compile
+from ort_torch_train.training.dynamic_shapes import marked_args
 from ort_torch_train.training.flat_params import FlatLayout
 from ort_torch_train.training.precision import MixedPrecision, autocast_or_null
+from ort_torch_train.training.threads import restart_load_window
 
 log = logging.getLogger(__name__)
 
@@ -75,11 +77,11 @@ class CompiledTrainStep:
     ) -> None:
         step = _train_step_function(module, plan, update, reduction, precision, layout)
         self._module = module  # its matrix products decide the step's BLAS threads
+        # the (input position, axis) pairs compiled as dynamic dimensions; () once torch needed them fixed
+        self.dynamic_axes: tuple[tuple[int, int], ...] = getattr(module, "meta", {}).get("dynamic_axes", ())
         self._scaler = None if precision is None else precision.loss_scaler
         compile_arguments = dict(compile_arguments or {})
         self._cuda_graphs = records_cuda_graphs(compile_arguments)
-        self._compiled = torch_compile(step, compile_arguments)
-        # precompiled at the first call (precompiled.py), unless it records CUDA graphs on CUDA
         setting = None if precision is None else precision.setting
         parts = (plan.sources, update, reduction, sorted(compile_arguments.items()), setting, layout)
         external: dict[str, object] = {
@@ -88,9 +90,9 @@ class CompiledTrainStep:
             "reduction": reduction,
             "precision": precision,
         }
-        self._precompile: precompiled.Precompile | None = precompiled.Precompile(
-            step, module, external, compile_arguments, "train step"
-        )
+        # precompiled at the first call (precompiled.py), unless it records CUDA graphs on CUDA
+        self._compilation = Compilation(step, module, external, compile_arguments, "train step")
+        self._compiled, self._precompile = self._compilation.start(self.dynamic_axes)
         self._precompile_parts = parts
         self._called = False
         self._reset_flags: dict[torch.device, tuple[Tensor, Tensor]] = {}
@@ -123,19 +125,37 @@ class CompiledTrainStep:
             for tensor in (*trainable, *frozen, *grads, *(t for moments in states for t in moments)):
                 mark_static_address(tensor)
         with torch.no_grad(), blas_threads_for(self._module, trainable[0].device):
-            if self._precompile is not None:
-                self._precompiled(arguments, cuda_graphs)
-            outputs = self._compiled(*arguments)
+            if self._precompile is None:
+                outputs = self._compiled(*arguments)
+            else:
+                outputs = self._first_call(arguments, cuda_graphs)
         if cuda_graphs:  # the outputs live in the graph's memory, which the next replay overwrites
             outputs = tuple(t.clone() for t in outputs)
         if started is not None:
             self._called = True
+            restart_load_window()
             log.info(
                 "compiled the train step for inputs %s in %.1f s",
                 [tuple(t.shape) for t in inputs],
                 time.perf_counter() - started,
             )
         return outputs
+
+    def _first_call(self, arguments: tuple, cuda_graphs: bool) -> tuple[Tensor, ...]:
+        """Compile (its dynamic axes marked) and run; compiled again for fixed shapes where torch cannot
+        trace the step with its dynamic axes."""
+        try:
+            self._precompiled(arguments, cuda_graphs)
+            if isinstance(self._compiled, precompiled.GuardedStep):
+                return self._compiled(*arguments)
+            return self._compiled(*marked_args(arguments, self.dynamic_axes))
+        except DYNAMIC_TRACING_ERRORS as error:
+            if not self.dynamic_axes:
+                raise
+            self._compiled, self._precompile = self._compilation.fixed(self.dynamic_axes, error)
+            self.dynamic_axes = ()
+            self._precompiled(arguments, cuda_graphs)
+            return self._compiled(*arguments)
 
     def _precompiled(self, arguments: tuple, cuda_graphs: bool) -> None:
         """Replace the compiled step by a precompiled (or saved) one, where torch can precompile it
@@ -150,6 +170,44 @@ class CompiledTrainStep:
         if flags is None:
             flags = self._reset_flags[device] = (torch.tensor(False, device=device), torch.tensor(True, device=device))
         return flags[reset]
+
+
+@dataclass(frozen=True)
+class Compilation:
+    """What a compiled step (or forward) is compiled from: ``start`` gives its torch.compile'd callable and
+    the precompile to run at its first call."""
+
+    function: Callable
+    module: torch.nn.Module
+    external: Mapping[str, object]
+    compile_arguments: Mapping[str, Any]
+    what: str
+
+    def start(self, dynamic_axes: tuple[tuple[int, int], ...]) -> tuple[Callable, precompiled.Precompile | None]:
+        """A fresh compilation whose first call marks ``dynamic_axes``."""
+        return torch_compile(self.function, self.compile_arguments), precompiled.Precompile(
+            self.function, self.module, self.external, self.compile_arguments, self.what, dynamic_axes
+        )
+
+    def fixed(
+        self, dynamic_axes: tuple[tuple[int, int], ...], error: Exception
+    ) -> tuple[Callable, precompiled.Precompile | None]:
+        """A fresh compilation for fixed shapes, after torch could not keep ``dynamic_axes`` dynamic (``error``)."""
+        log.info(
+            "dynamic shapes: torch.compile cannot keep the %s's axes %s dynamic (%s); compiling it for "
+            "fixed shapes: each new size compiles a step of its own",
+            self.what,
+            list(dynamic_axes),
+            _specialisation(error),
+        )
+        return self.start(())
+
+
+def _specialisation(error: Exception) -> str:
+    """The line of torch's error naming what it specialised or could not trace (its first, else)."""
+    lines = [line.strip(" -") for line in str(error).splitlines() if line.strip()]
+    found = next((line for line in lines if "specialized" in line or "got " in line), lines[0] if lines else "")
+    return found[:300] or repr(error)
 
 
 def _train_step_function(

@@ -226,7 +226,7 @@ def test_compile_setting_is_checked(mlp_case, setting):
 
 @pytest.mark.compile
 def test_compiled_step_specialises_for_a_new_batch_size(mlp_case):
-    """A last, smaller batch gets its own compiled step; both train as eager does."""
+    """A last, smaller batch trains as eager does (with dynamic shapes, in the same compiled step)."""
     losses = {}
     for compile in (False, True):
         module = _module(mlp_case, compile)

@@ -1,0 +1,138 @@
+"""Intra-op threads that leave other processes' cores alone: ``set_threads``.
+
+torch runs its operators, MKL's products and oneDNN on one OpenMP team of ``torch.get_num_threads()``
+threads, and each parallel region ends at a barrier that waits for the team's slowest thread. When
+another busy process takes a core, a team as wide as the machine waits at every region for the
+thread the scheduler set aside while the others spin (OpenMP's default wait), and a step slows many
+times over. So by default (``set_threads("auto")``) the engine's CPU steps check, at most once a
+second (the first step: over the time since import), how many of this process's CPUs other processes
+kept busy since the last check (``/proc/stat``, less this process's own CPU time; a compilation's
+worker processes count as this process's) and run on the cores left: at least one, at most the count
+torch had when the policy started (or that the caller set since). ``set_threads(n)`` fixes n threads instead
+(results that must repeat bit for bit across loads want a fixed count: reductions split by thread).
+
+Not covered: inductor's compiled loops keep the thread count they were compiled with. OpenMP's
+waiting is read once, when torch loads OpenMP: ``OMP_WAIT_POLICY=PASSIVE`` (libgomp; Intel's
+OpenMP: ``KMP_BLOCKTIME=0``) must be set in the environment before ``import torch``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+
+log = logging.getLogger(__name__)
+
+CHECK_INTERVAL_S = 1.0
+MIN_WINDOW_S = 0.1  # the shortest interval a first decision reads the load over
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+Sample = tuple[float, float, float]  # (monotonic s, busy CPU s of this process's CPUs, own CPU s)
+
+
+@dataclass
+class _Policy:
+    """``fixed``: the count set_threads fixed (None: auto); ``ceiling``/``applied``: auto's bounds and last
+    choice; ``last``: the load sample the next decision reads the interval from."""
+
+    fixed: int | None = None
+    ceiling: int | None = None
+    applied: int | None = None
+    next_check: float = 0.0
+    last: Sample | None = None
+
+
+def set_threads(threads: int | str) -> None:
+    """``"auto"`` (the default): intra-op threads follow the cores other processes leave free; an int
+    n >= 1: n threads, always."""
+    if threads == "auto":
+        _policy.fixed, _policy.ceiling, _policy.applied = None, None, None
+        _policy.next_check, _policy.last = 0.0, _sample()
+        return
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
+        raise ValueError(f"threads: expected 'auto' or an integer >= 1, got {threads!r}")
+    _policy.fixed = threads
+    torch.set_num_threads(threads)
+
+
+def threads_setting() -> int | str:
+    """What ``set_threads`` was last given: an int, or "auto"."""
+    return "auto" if _policy.fixed is None else _policy.fixed
+
+
+def threads_for_load(cpus: int, other_busy: float, ceiling: int) -> int:
+    """The thread count for ``cpus`` CPUs of which other processes keep ``other_busy`` busy (in CPUs):
+    the free ones, a CPU counted free when under half busy; at least 1, at most ``ceiling``."""
+    return max(1, min(ceiling, int(cpus - other_busy + 0.5)))
+
+
+def follow_load() -> None:
+    """Under ``set_threads("auto")``, at most once per ``CHECK_INTERVAL_S``: set torch's thread count to
+    ``threads_for_load`` over the interval since the last sample (the first: since the policy started,
+    at import). Called by the engine's CPU steps."""
+    now = time.monotonic()
+    if _policy.fixed is not None or now < _policy.next_check:
+        return
+    current = torch.get_num_threads()
+    if _policy.ceiling is None or current != _policy.applied:  # the caller's count (torch.set_num_threads)
+        _policy.ceiling = _policy.applied = current
+    last, sample = _policy.last, _sample()
+    if sample is None or last is None or sample[0] - last[0] < MIN_WINDOW_S:
+        _policy.last = last or sample
+        _policy.next_check = now + MIN_WINDOW_S
+        return
+    _policy.last, _policy.next_check = sample, now + CHECK_INTERVAL_S
+    cpus = len(_own_cpus())
+    other_busy = max(0.0, (sample[1] - last[1]) - (sample[2] - last[2])) / (sample[0] - last[0])
+    wanted = threads_for_load(cpus, other_busy, _policy.ceiling)
+    if wanted != current:
+        log.info(
+            "threads: %d -> %d (other processes kept %.1f of %d CPUs busy; set_threads(n) fixes the count)",
+            current,
+            wanted,
+            other_busy,
+            cpus,
+        )
+        torch.set_num_threads(wanted)
+        _policy.applied = wanted
+
+
+def restart_load_window() -> None:
+    """Read the load from now on: called after a compilation, whose worker processes are this
+    process's own work, not other processes'."""
+    _policy.last = _sample()
+
+
+def _sample() -> Sample | None:
+    busy = _busy_cpu_seconds(_own_cpus())
+    return None if busy is None else (time.monotonic(), busy, time.process_time())
+
+
+def _own_cpus() -> list[int]:
+    """The CPUs this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+def _busy_cpu_seconds(cpus: list[int]) -> float | None:
+    """CPU seconds spent busy (not idle, not waiting for I/O) on ``cpus`` since boot; None without /proc/stat."""
+    wanted = {f"cpu{cpu}" for cpu in cpus}
+    try:
+        with open("/proc/stat") as stat:
+            lines = [line.split() for line in stat if line.startswith("cpu")]
+    except OSError:
+        return None
+    busy = 0
+    for fields in lines:
+        if fields[0] in wanted:
+            ticks = [int(value) for value in fields[1:]]
+            busy += sum(ticks[:8]) - ticks[3] - ticks[4]  # user..steal, less idle and iowait
+    return busy / _TICKS_PER_S
+
+
+_policy = _Policy(last=_sample())

@@ -1,0 +1,197 @@
+"""Dynamic shapes: one compiled step for every batch size and sequence length the graph leaves symbolic."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from ort_torch_train.api import CheckpointState, Module, Optimizer
+from ort_torch_train.artifacts import LossType, OptimType, generate_artifacts
+from ort_torch_train.errors import InputError
+from ort_torch_train.torch_internals import compile_counters
+from ort_torch_train.training.compile.precompiled import step_key
+from ort_torch_train.training.engine import TrainingEngine
+
+VOCAB, HIDDEN, CLASSES = 16, 5, 3
+
+
+class _Tokens(nn.Module):
+    """Classifies token sequences through a reshape to (batch * length, 6) and back: shape arithmetic."""
+
+    def __init__(self, positions: bool = False) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(VOCAB, 6)
+        self.positions = positions
+        self.hidden = nn.Linear(6, HIDDEN)
+        self.out = nn.Linear(HIDDEN, CLASSES)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        batch, length = ids.shape
+        x = self.embedding(ids)
+        if self.positions:  # a position signal: a constant tensor as long as the sequence
+            x = x + torch.arange(length).unsqueeze(-1) / 8
+        x = torch.relu(self.hidden(x.reshape(batch * length, 6))).reshape(batch, length, HIDDEN)
+        return self.out(x.mean(1))
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["reshapes", "positions"])
+def artifacts(request, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("tokens")
+    torch.manual_seed(0)
+    generate_artifacts(
+        _Tokens(request.param),
+        loss=LossType.CrossEntropyLoss,
+        optimizer=OptimType.AdamW,
+        artifact_directory=directory,
+        example_inputs=(torch.randint(0, VOCAB, (4, 8)),),
+        dynamic_axes={"ids": {0: "batch", 1: "sequence"}},
+    )
+    return directory, request.param
+
+
+def _batches(shapes):
+    rng = np.random.default_rng(0)
+    return [(rng.integers(0, VOCAB, shape), rng.integers(0, CLASSES, shape[0])) for shape in shapes]
+
+
+def _module(directory, **options) -> Module:
+    state = CheckpointState.load_checkpoint(directory / "checkpoint")
+    return Module(directory / "training_model.onnx", state, directory / "eval_model.onnx", **options)
+
+
+def _engine(module: Module) -> TrainingEngine:
+    return module._engine
+
+
+@pytest.mark.compile
+def test_one_compiled_step_trains_on_partial_batches_and_new_lengths_like_eager(artifacts):
+    directory, positions = artifacts
+    if positions:
+        pytest.skip("the positions fix the length (test_a_size_the_graph_needs_as_a_constant_stays_fixed...)")
+    batches = _batches([(64, 8), (64, 8), (37, 8), (64, 12), (64, 20), (37, 20)])
+    losses, evaluations = {}, {}
+    for compile in (False, True):
+        torch._dynamo.reset()
+        compile_counters.clear()
+        module = _module(directory, compile=compile)
+        optimizer = Optimizer(directory / "optimizer_model.onnx", module)
+        optimizer.set_learning_rate(1e-2)
+        losses[compile] = [float(module.step(optimizer, *batch)) for batch in batches]
+        trained_graphs = compile_counters["stats"]["unique_graphs"]
+        module.eval()
+        evaluations[compile] = [module(*batch) for batch in batches[2:5]]
+    assert trained_graphs == 1  # one train step for every shape
+    assert compile_counters["stats"]["unique_graphs"] == 2  # and one eval graph
+    np.testing.assert_allclose(losses[True], losses[False], rtol=0, atol=1e-6)
+    assert len(set(losses[True])) == len(batches)
+    for compiled, eager in zip(evaluations[True], evaluations[False], strict=True):
+        np.testing.assert_allclose(compiled, eager, rtol=0, atol=1e-6)
+
+
+def _generalised(directory, inputs, **options):
+    """The train graph's module prepared for compilation at ``inputs``' shapes, as a compiled step gets it."""
+    engine = _engine(_module(directory, **options))
+    graph, params = engine.train_graph, engine._train_params
+    tensors = [torch.as_tensor(value) for value in inputs]
+    return graph.specialised(tensors, params, "test", graph.compiled_module), graph, params
+
+
+@pytest.mark.parametrize("shape", [(37, 8), (64, 12), (3, 2)])
+def test_a_generalised_graph_computes_what_a_graph_converted_for_the_new_shape_does(artifacts, shape):
+    directory, positions = artifacts
+    if positions:
+        pytest.skip("the positions fix the length")
+    (first,) = _batches([(64, 8)])
+    module, graph, params = _generalised(directory, first)
+    assert module.meta["dynamic_axes"] == ((0, 0), (1, 0), (0, 1))
+    inputs = [torch.as_tensor(value) for value in _batches([shape])[0]]
+    with torch.no_grad():
+        expected = graph.eager_module(graph._convert(inputs, params), params[0].device)(*inputs, *params)
+        actual = module(*inputs, *params)
+    for a, b in zip(actual, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_a_size_the_graph_needs_as_a_constant_stays_fixed_with_the_reason_logged(artifacts, caplog):
+    directory, positions = artifacts
+    if not positions:
+        pytest.skip("only the positions fix the length")
+    caplog.set_level(logging.INFO, logger="ort_torch_train.training.dynamic_shapes")
+    module, _, _ = _generalised(directory, _batches([(64, 8)])[0])
+    assert module.meta["dynamic_axes"] == ((0, 0), (1, 0))  # the batch axes
+    assert "axis 1 of 'ids' stays fixed at 8" in caplog.text
+    assert "depends on it" in caplog.text
+
+
+def test_dynamic_false_and_a_chosen_axis(artifacts):
+    directory, _ = artifacts
+    batch = _batches([(64, 8)])[0]
+    assert "dynamic_axes" not in _generalised(directory, batch, dynamic=False)[0].meta
+    chosen = _generalised(directory, batch, dynamic={"ids": [0], "labels": [-1]})[0]
+    assert chosen.meta["dynamic_axes"] == ((0, 0), (1, 0))
+
+
+def test_the_dynamic_setting_is_checked(artifacts):
+    directory, _ = artifacts
+    with pytest.raises(ValueError, match="dynamic: expected a bool or a dict"):
+        _module(directory, dynamic="yes")
+    with pytest.raises(InputError, match="'tokens' is not a user input"):
+        _module(directory, dynamic={"tokens": [0]})
+    with pytest.raises(InputError, match="input 'ids' has 2 axes, got axis 2"):
+        _module(directory, dynamic={"ids": [2]})
+
+
+_CACHED_TRAINING = """
+import logging, sys
+import numpy as np
+from ort_torch_train.api import CheckpointState, Module, Optimizer
+from ort_torch_train.training.compile.cache import load_compile_cache, save_compile_cache
+logging.basicConfig(level=logging.INFO)
+directory, cache, rows, length = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+load_compile_cache(cache)
+state = CheckpointState.load_checkpoint(directory + "/checkpoint")
+module = Module(directory + "/training_model.onnx", state, compile=True)
+optimizer = Optimizer(directory + "/optimizer_model.onnx", module)
+rng = np.random.default_rng(0)
+print(float(module.step(optimizer, rng.integers(0, 16, (rows, length)), rng.integers(0, 3, rows))))
+save_compile_cache(cache)
+"""
+
+
+@pytest.mark.compile
+@pytest.mark.slow
+def test_a_saved_dynamic_step_loads_in_a_process_whose_first_batch_has_other_sizes(artifacts, tmp_path):
+    directory, positions = artifacts
+    if positions:
+        pytest.skip("one model is enough")
+    cache = tmp_path / "compile.cache"
+
+    def train(rows: int, length: int) -> str:
+        command = [sys.executable, "-c", _CACHED_TRAINING, str(directory), str(cache), str(rows), str(length)]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stderr
+
+    assert "loaded the saved train step" not in train(64, 8)
+    assert "loaded the saved train step" in train(37, 12)
+
+
+def test_a_dynamic_step_is_keyed_without_its_dynamic_sizes(artifacts):
+    """Generalised at other first sizes, the graph is the same, and so is its precompiled step's key."""
+    directory, positions = artifacts
+    if positions:
+        pytest.skip("one model is enough")
+    keys = []
+    for shape in ((64, 8), (37, 12)):
+        inputs = [torch.as_tensor(value) for value in _batches([shape])[0]]
+        module = _generalised(directory, inputs)[0]
+        axes = module.meta["dynamic_axes"]
+        keys.append((step_key(module, ("adamw",), inputs, axes), step_key(module, ("adamw",), inputs)))
+    assert keys[0][0] == keys[1][0]
+    assert keys[0][1] != keys[1][1]  # a fixed-shape key names the sizes
