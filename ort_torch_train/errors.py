@@ -47,3 +47,8 @@ class UnsupportedTypeError(TypeError, ValueError):
 
 class DistributedError(RuntimeError):
     """Distributed training is misused or failed: no process group, ranks out of step, a rank lost."""
+
+
+class IndexRangeError(RuntimeError, IndexError):
+    """An index read from the data lies outside the range its operator allows."""
+

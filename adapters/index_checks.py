@@ -1,0 +1,92 @@
+"""Range checks for indices read from data, as ONNX defines them.
+
+An index into an axis of size ``s`` is valid in ``[-s, s)``; negative ones count from the end.
+Anything else raises ``IndexRangeError`` naming the op, the input, the value and the range, where
+torch would wrap it, read past the end, or fail with a message that names neither.
+
+Eager CPU tensors are checked on the host. Compiled graphs call the check as a custom op, which
+Dynamo keeps in the graph and inductor runs as it is, so a compiled step raises the same error.
+CUDA tensors are checked on the device without a host synchronisation (``torch._assert_async``):
+a bad index stops the process's CUDA work with a device-side assert, as torch's own kernels do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from ort_torch_train.errors import IndexRangeError
+
+if TYPE_CHECKING:
+    from onnx2torch.onnx_node import OnnxNode
+
+
+def index_source(node: OnnxNode, position: int) -> tuple[str, str]:
+    """The op and the input an error about the indices at input ``position`` of ``node`` names."""
+    name = node.input_values[position] if position < len(node.input_values) else ""
+    return f"{node.operation_type} node {node.name!r}", f"input {name!r}"
+
+
+def wrapped_indices(indices: torch.Tensor, sizes: int | Sequence[int], op: str, name: str) -> torch.Tensor:
+    """``indices`` as int64 in ``[0, size)``: negatives count from the end; outside ``[-size, size)`` raises.
+
+    ``sizes`` is one axis size, or one per entry of the last axis (GatherND/ScatterND index tuples).
+    ``op`` and ``name`` name the node and its input in the error.
+    """
+    highs = [sizes] if isinstance(sizes, int) else [int(size) for size in sizes]
+    return _checked(indices.to(torch.int64), [-size for size in highs], highs, True, op, name)
+
+
+def checked_indices(indices: torch.Tensor, low: int, high: int, op: str, name: str) -> torch.Tensor:
+    """``indices`` as int64, raising ``IndexRangeError`` unless every entry lies in ``[low, high)``."""
+    return _checked(indices.to(torch.int64), [low], [high], False, op, name)
+
+
+def check_range(indices: torch.Tensor, low: int, high: int, op: str, name: str) -> None:
+    """Raise ``IndexRangeError`` unless every entry of ``indices`` lies in ``[low, high)`` (eager only)."""
+    if indices.numel() == 0:
+        return
+    if indices.is_cuda:
+        message = f"{op}: {name} holds a value outside the valid range [{low}, {high})"
+        torch._assert_async(((indices >= low) & (indices < high)).all(), message)
+        return
+    smallest, largest = [int(value) for value in torch.aminmax(indices)]
+    if smallest < low or largest >= high:
+        value = smallest if smallest < low else largest
+        raise IndexRangeError(f"{op}: {name} holds {value}, outside the valid range [{low}, {high})")
+
+
+def _checked(indices: torch.Tensor, lows: list[int], highs: list[int], wrap: bool, op: str, name: str) -> torch.Tensor:
+    if torch.compiler.is_compiling():
+        return _checked_op(indices, lows, highs, wrap, op, name)
+    return _check_and_wrap(indices, lows, highs, wrap, op, name)
+
+
+def _check_and_wrap(
+    indices: torch.Tensor, lows: list[int], highs: list[int], wrap: bool, op: str, name: str
+) -> torch.Tensor:
+    if len(highs) == 1:
+        check_range(indices, lows[0], highs[0], op, name)
+        return torch.where(indices < 0, indices + highs[0], indices) if wrap else indices
+    for column, (low, high) in enumerate(zip(lows, highs)):
+        check_range(indices[..., column], low, high, op, f"{name}[..., {column}]")
+    if not wrap:
+        return indices
+    sizes = torch.tensor(highs, dtype=torch.int64, device=indices.device)
+    return torch.where(indices < 0, indices + sizes, indices)
+
+
+@torch.library.custom_op("ort_torch_train::checked_indices", mutates_args=())
+def _checked_op(
+    indices: torch.Tensor, lows: list[int], highs: list[int], wrap: bool, op: str, name: str
+) -> torch.Tensor:
+    """The check as one op of a compiled graph: Dynamo cannot trace a raise that depends on data."""
+    out = _check_and_wrap(indices, lows, highs, wrap, op, name)
+    return out.clone() if out is indices else out  # a custom op's output may not alias its input
+
+
+@_checked_op.register_fake
+def _(indices: torch.Tensor, lows: list[int], highs: list[int], wrap: bool, op: str, name: str) -> torch.Tensor:
+    return torch.empty_like(indices)
