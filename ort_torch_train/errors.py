@@ -52,3 +52,6 @@ class DistributedError(RuntimeError):
 class IndexRangeError(RuntimeError, IndexError):
     """An index read from the data lies outside the range its operator allows."""
 
+
+class GraphSizeError(ModelError, MemoryError):
+    """A graph would allocate or unroll more than can be done: a tensor or loop of an impossible size."""
