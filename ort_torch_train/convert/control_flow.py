@@ -30,6 +30,7 @@ from ort_torch_train.errors import UnsupportedOperatorError
 
 CONTROL_FLOW_OPS = ("If", "Loop", "Scan")
 MAX_UNROLL = 256  # longer static loops run as a run-time loop (graph size)
+MAX_COMPILED_IF_DEPTH = 10  # torch.cond nesting that Dynamo traces (eager runs choose branches in Python)
 MAX_UNROLLED_WORK = 16384  # calls an unrolled loop may add to a graph, nested unrolled loops included
 
 
@@ -153,21 +154,31 @@ def _convert_if(builder: Builder, node: onnx.NodeProto, index: int) -> None:
             f"and dtypes for torch.cond ({shapes})",
         )
     emitter = _Emitter(builder, node, index)
-    module = _Cond(converted[0].module, converted[1].module)
+    module = _Cond(converted[0].module, converted[1].module, node.name)
     fx_args = [builder.fx_value(node.input[0]), *(builder.fx_value(name) for name in operands)]
     fx_nodes, outputs = emitter.call(module, fx_args, [condition.example, *examples])
     emitter.define(node.output, fx_nodes, outputs)
 
 
 class _Cond(nn.Module):
-    """``torch.cond`` over two converted branches. torch.cond forbids aliasing: the outputs are copied, and
-    so are the operands (parameters are views of one flat buffer, ``training/flat_params.py``)."""
+    """Two converted branches: chosen in Python in eager runs (nested Ifs at any depth), under ``torch.cond``
+    in compiled ones. torch.cond forbids aliasing: the outputs are copied, and so are the operands
+    (parameters are views of one flat buffer, ``training/flat_params.py``)."""
 
-    def __init__(self, then_branch: nn.Module, else_branch: nn.Module):
+    def __init__(self, then_branch: nn.Module, else_branch: nn.Module, name: str):
         super().__init__()
-        self.then_branch, self.else_branch = then_branch, else_branch
+        self.then_branch, self.else_branch, self.name = then_branch, else_branch, name
+        inner = (m.depth for branch in (then_branch, else_branch) for m in branch.modules() if isinstance(m, _Cond))
+        self.depth = 1 + max(inner, default=0)
 
     def forward(self, condition: torch.Tensor, *operands: torch.Tensor) -> tuple:
+        if not torch.compiler.is_compiling():  # eager: branch on the host, as ORT reads the condition there
+            return tuple(self.then_branch(*operands) if bool(condition.reshape(())) else self.else_branch(*operands))
+        if self.depth > MAX_COMPILED_IF_DEPTH:  # Dynamo recurses per level: past this, a bare RecursionError
+            raise UnsupportedOperatorError(
+                f"If node {self.name!r}: Ifs on run-time conditions nested {self.depth} deep; torch.compile "
+                f"traces at most {MAX_COMPILED_IF_DEPTH} levels: run this model without compile"
+            )
         operands = tuple(operand.clone() for operand in operands)
         return torch.cond(condition.reshape(()), self._then, self._else, operands)
 
