@@ -44,18 +44,21 @@ def checked_indices(indices: torch.Tensor, low: int, high: int, op: str, name: s
     return _checked(indices.to(torch.int64), [low], [high], False, op, name)
 
 
-def check_range(indices: torch.Tensor, low: int, high: int, op: str, name: str) -> None:
-    """Raise ``IndexRangeError`` unless every entry of ``indices`` lies in ``[low, high)`` (eager only)."""
+def check_range(indices: torch.Tensor, low: int, high: int, op: str, name: str) -> int | None:
+    """Raise ``IndexRangeError`` unless every entry of ``indices`` lies in ``[low, high)`` (eager only).
+
+    Returns the smallest entry where the check ran on the host (None on CUDA or for no entries)."""
     if indices.numel() == 0:
-        return
+        return None
     if indices.is_cuda:
         message = f"{op}: {name} holds a value outside the valid range [{low}, {high})"
         torch._assert_async(((indices >= low) & (indices < high)).all(), message)
-        return
+        return None
     smallest, largest = [int(value) for value in torch.aminmax(indices)]
     if smallest < low or largest >= high:
         value = smallest if smallest < low else largest
         raise IndexRangeError(f"{op}: {name} holds {value}, outside the valid range [{low}, {high})")
+    return smallest
 
 
 def _checked(indices: torch.Tensor, lows: list[int], highs: list[int], wrap: bool, op: str, name: str) -> torch.Tensor:
@@ -68,8 +71,10 @@ def _check_and_wrap(
     indices: torch.Tensor, lows: list[int], highs: list[int], wrap: bool, op: str, name: str
 ) -> torch.Tensor:
     if len(highs) == 1:
-        check_range(indices, lows[0], highs[0], op, name)
-        return torch.where(indices < 0, indices + highs[0], indices) if wrap else indices
+        smallest = check_range(indices, lows[0], highs[0], op, name)
+        if not wrap or (smallest is not None and smallest >= 0):  # nothing to count from the end
+            return indices
+        return torch.where(indices < 0, indices + highs[0], indices)
     for column, (low, high) in enumerate(zip(lows, highs)):
         check_range(indices[..., column], low, high, op, f"{name}[..., {column}]")
     if not wrap:
