@@ -4,10 +4,11 @@ An index into an axis of size ``s`` is valid in ``[-s, s)``; negative ones count
 Anything else raises ``IndexRangeError`` naming the op, the input, the value and the range, where
 torch would wrap it, read past the end, or fail with a message that names neither.
 
-Eager CPU tensors are checked on the host. Compiled graphs call the check as a custom op, which
-Dynamo keeps in the graph and inductor runs as it is, so a compiled step raises the same error.
-CUDA tensors are checked on the device without a host synchronisation (``torch._assert_async``):
-a bad index stops the process's CUDA work with a device-side assert, as torch's own kernels do.
+Eager CPU tensors are checked on the host: ``IndexRangeError`` (an IndexError and a RuntimeError)
+names the value too. Compiled graphs and CUDA tensors are checked where they run, without a host
+synchronisation (``torch._assert_async``, which Dynamo keeps and inductor compiles into the step): a
+compiled CPU step raises a RuntimeError with the op, the input and the range; on CUDA a bad index
+stops the process's CUDA work with a device-side assert, as torch's own kernels do.
 """
 
 from __future__ import annotations
@@ -45,12 +46,13 @@ def checked_indices(indices: torch.Tensor, low: int, high: int, op: str, name: s
 
 
 def check_range(indices: torch.Tensor, low: int, high: int, op: str, name: str) -> int | None:
-    """Raise ``IndexRangeError`` unless every entry of ``indices`` lies in ``[low, high)`` (eager only).
+    """Raise unless every entry of ``indices`` lies in ``[low, high)``: ``IndexRangeError`` with the value on
+    the host; a device-side assert with the op, input and range on CUDA and in compiled graphs.
 
-    Returns the smallest entry where the check ran on the host (None on CUDA or for no entries)."""
+    Returns the smallest entry where the check ran on the host (None otherwise)."""
     if indices.numel() == 0:
         return None
-    if indices.is_cuda:
+    if indices.is_cuda or torch.compiler.is_compiling():
         message = f"{op}: {name} holds a value outside the valid range [{low}, {high})"
         torch._assert_async(((indices >= low) & (indices < high)).all(), message)
         return None
@@ -62,14 +64,6 @@ def check_range(indices: torch.Tensor, low: int, high: int, op: str, name: str) 
 
 
 def _checked(indices: torch.Tensor, lows: list[int], highs: list[int], wrap: bool, op: str, name: str) -> torch.Tensor:
-    if torch.compiler.is_compiling():
-        return _checked_op(indices, lows, highs, wrap, op, name)
-    return _check_and_wrap(indices, lows, highs, wrap, op, name)
-
-
-def _check_and_wrap(
-    indices: torch.Tensor, lows: list[int], highs: list[int], wrap: bool, op: str, name: str
-) -> torch.Tensor:
     if len(highs) == 1:
         smallest = check_range(indices, lows[0], highs[0], op, name)
         if not wrap or (smallest is not None and smallest >= 0):  # nothing to count from the end
@@ -81,17 +75,3 @@ def _check_and_wrap(
         return indices
     sizes = torch.tensor(highs, dtype=torch.int64, device=indices.device)
     return torch.where(indices < 0, indices + sizes, indices)
-
-
-@torch.library.custom_op("ort_torch_train::checked_indices", mutates_args=())
-def _checked_op(
-    indices: torch.Tensor, lows: list[int], highs: list[int], wrap: bool, op: str, name: str
-) -> torch.Tensor:
-    """The check as one op of a compiled graph: Dynamo cannot trace a raise that depends on data."""
-    out = _check_and_wrap(indices, lows, highs, wrap, op, name)
-    return out.clone() if out is indices else out  # a custom op's output may not alias its input
-
-
-@_checked_op.register_fake
-def _(indices: torch.Tensor, lows: list[int], highs: list[int], wrap: bool, op: str, name: str) -> torch.Tensor:
-    return torch.empty_like(indices)
