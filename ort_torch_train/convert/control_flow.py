@@ -41,7 +41,7 @@ def graph_work(module: nn.Module) -> int:
         known = module.meta.get("work")
         if known is None:
             calls = (n for n in module.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
-            known = sum(graph_work(_attr(module, str(n.target))) if n.op == "call_module" else 1 for n in calls)
+            known = sum(graph_work(_submodule(module, str(n.target))) if n.op == "call_module" else 1 for n in calls)
             module.meta["work"] = known
         return known
     children = list(module.children())
@@ -168,8 +168,8 @@ class _Cond(nn.Module):
     def __init__(self, then_branch: nn.Module, else_branch: nn.Module, name: str):
         super().__init__()
         self.then_branch, self.else_branch, self.name = then_branch, else_branch, name
-        inner = (m.depth for branch in (then_branch, else_branch) for m in branch.modules() if isinstance(m, _Cond))
-        self.depth = 1 + max(inner, default=0)
+        inner = [m.depth for branch in (then_branch, else_branch) for m in branch.modules() if isinstance(m, _Cond)]
+        self.depth: int = 1 + max(inner, default=0)
 
     def forward(self, condition: torch.Tensor, *operands: torch.Tensor) -> tuple:
         if not torch.compiler.is_compiling():  # eager: branch on the host, as ORT reads the condition there
@@ -246,6 +246,10 @@ def _condition_passes_through(body: fx.GraphModule) -> bool:
     return output is placeholders[1] or (
         output.op == "get_attr" and bool(_attr(body, str(output.target)).reshape(-1)[0])
     )
+
+
+def _submodule(module: nn.Module, target: str) -> nn.Module:
+    return module.get_submodule(target)
 
 
 def _attr(module: nn.Module, target: str) -> torch.Tensor:

@@ -21,7 +21,9 @@ class RunTimeLoop(nn.Module):
         super().__init__()
         self.body, self.carried, self.scans = body, carried, scans
 
-    def forward(self, trip_count, condition, *values):
+    def forward(
+        self, trip_count: torch.Tensor | None, condition: torch.Tensor | None, *values: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
         carried, operands = list(values[: self.carried]), values[self.carried :]
         if trip_count is None and condition is None:
             raise ValueError("Loop without a trip count or a condition never ends")
@@ -67,7 +69,8 @@ class RunTimeScan(nn.Module):
             source.unbind(axis)[:: -1 if direction else 1]
             for source, axis, direction in zip(scanned, self.axes, self.directions)
         ]
-        expected, columns = signature(states), [[] for _ in self.out_axes]
+        expected = signature(states)
+        columns: list[list[torch.Tensor]] = [[] for _ in self.out_axes]
         for step in zip(*slices):
             outputs = self.body(*states, *step, *operands)
             states = list(outputs[: self.states])

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -73,10 +73,14 @@ def parse_string_inputs(values: Sequence[Any], names: Sequence[str], casts: Mapp
 
 def _parse(array: np.ndarray, elem_type: int, name: str) -> np.ndarray:
     dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
-    if np.issubdtype(dtype, np.integer):
-        read, wide = (_unsigned, np.uint64) if np.issubdtype(dtype, np.unsignedinteger) else (_signed, np.int64)
+    read: Callable[[str], float | None]
+    wide: np.dtype
+    if np.issubdtype(dtype, np.unsignedinteger):
+        read, wide = _unsigned, np.dtype(np.uint64)
+    elif np.issubdtype(dtype, np.integer):
+        read, wide = _signed, np.dtype(np.int64)
     else:
-        read, wide = _real, np.float64
+        read, wide = _real, np.dtype(np.float64)
     values = []
     for item in array.reshape(-1):
         text = _text(item)
