@@ -9,9 +9,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers.graph_bombs import NESTED_TRIPS, SCAN_STEPS
 from tests.helpers.paths import ROOT
 
+pytestmark = pytest.mark.slow  # a subprocess each (a few seconds)
 SIZE_OPS = ("Expand", "Tile", "ConstantOfShape", "Range")
 
 
