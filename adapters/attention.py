@@ -20,6 +20,7 @@ from .common import (
     input_shape,
     result,
 )
+from .index_checks import checked_indices, index_source
 from .registry import ConversionContext, register
 
 _NEG_INF = float("-inf")
@@ -214,12 +215,22 @@ def rotary_embedding_op(node: OnnxNode, graph: OnnxGraph, context: ConversionCon
 
 
 def tensor_scatter(
-    cache: torch.Tensor, update: torch.Tensor, write_indices: torch.Tensor | None = None, *, axis: int, circular: bool
+    cache: torch.Tensor,
+    update: torch.Tensor,
+    write_indices: torch.Tensor | None = None,
+    *,
+    axis: int,
+    circular: bool,
+    source: tuple[str, str],
 ) -> torch.Tensor:
     """ONNX TensorScatter: ``update`` written into ``cache`` along ``axis`` from each batch's write index."""
     axis %= cache.dim()
     batch, length = update.shape[0], update.shape[axis]
-    start = torch.zeros(batch, dtype=torch.int64, device=cache.device) if write_indices is None else write_indices
+    if write_indices is None:
+        start = torch.zeros(batch, dtype=torch.int64, device=cache.device)
+    else:  # linear: the update must fit from its start; circular: the start must lie in the cache
+        high = cache.shape[axis] if circular else cache.shape[axis] - length + 1
+        start = checked_indices(write_indices, 0, high, *source)
     positions = start.to(torch.int64).reshape(batch, 1) + torch.arange(length, device=cache.device)
     if circular:
         positions = positions % cache.shape[axis]
@@ -232,7 +243,8 @@ def tensor_scatter(
 def tensor_scatter_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     circular = attrs.get("mode", "linear") == "circular"
-    return result(Inline(tensor_scatter, axis=attrs.get("axis", -2), circular=circular), node)
+    kwargs = dict(axis=attrs.get("axis", -2), circular=circular, source=index_source(node, 2))
+    return result(Inline(tensor_scatter, **kwargs), node)
 
 
 class FlexAttention(nn.Module):

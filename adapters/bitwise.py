@@ -75,7 +75,13 @@ for _op_type, _function in _BITWISE.items():
     register(_op_type, since=18)(_bitwise_converter(_function))
 
 
+def bit_cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The same bits read as ``dtype`` (of the same width), in ``x``'s shape, rank 0 included.
+
+    A function, not a ``view`` method call: the view-chain pass folds ``view`` calls as reshapes."""
+    return x.view(dtype).reshape(x.shape)
+
+
 @register("BitCast", since=26)
-def bit_cast(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
-    """The same bits read as another dtype of the same width."""
-    return result(Inline("view", torch_dtype(attributes(node)["to"])), node)
+def bit_cast_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
+    return result(Inline(bit_cast, torch_dtype(attributes(node)["to"])), node)

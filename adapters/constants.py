@@ -6,6 +6,7 @@ modules here compute them once (and at run time only when their inputs are not c
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import onnx
@@ -16,6 +17,7 @@ from ort_torch_train.dtypes import tensor_from_proto, torch_dtype
 
 from .common import Inline, OperationConverterResult, attributes, input_dtype, result
 from .registry import ConversionContext, register
+from .size_limits import check_output_size
 
 if TYPE_CHECKING:
     from onnx2torch.onnx_graph import OnnxGraph
@@ -61,7 +63,9 @@ def constant(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> Op
 
 def constant_of_shape(shape: torch.Tensor, value: float | int | bool, dtype: torch.dtype) -> torch.Tensor:
     """A tensor of ``shape`` (an int64 tensor) filled with ``value``."""
-    return torch.full(shape.tolist(), value, dtype=dtype)
+    dims = shape.tolist()
+    check_output_size("ConstantOfShape", dims, dtype)
+    return torch.full(dims, value, dtype=dtype)
 
 
 @register("ConstantOfShape", since=9)
@@ -78,6 +82,7 @@ def range_of(start: torch.Tensor, limit: torch.Tensor, delta: torch.Tensor) -> t
     first, last, step = start.item(), limit.item(), delta.item()
     if (last - first) * step <= 0:  # torch.arange rejects an empty range given this way
         return torch.empty(0, dtype=start.dtype)
+    check_output_size("Range", [math.ceil((last - first) / step)], start.dtype)
     return torch.arange(first, last, step, dtype=start.dtype)
 
 

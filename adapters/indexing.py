@@ -26,6 +26,7 @@ from .common import (
     normalize_axis,
     result,
 )
+from .index_checks import check_range, index_source, wrapped_indices
 from .registry import MICROSOFT, ConversionContext, register
 
 if TYPE_CHECKING:
@@ -110,10 +111,11 @@ def slice_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> Op
 
 
 # Gather -------------------------------------------------------------------------------------------
-def gather(data: torch.Tensor, indices: torch.Tensor, axis: int, wrap_negative: bool) -> torch.Tensor:
-    """ONNX Gather with a tensor of indices (negative ones count from the end when ``wrap_negative``)."""
-    if wrap_negative:
-        indices = indices.remainder(data.shape[axis])
+def gather(data: torch.Tensor, indices: torch.Tensor, axis: int, checked: tuple[str, str] | None) -> torch.Tensor:
+    """ONNX Gather with a tensor of indices; with ``checked`` (the op and input to name in an error) they
+    are read from data: checked against the axis, negative ones counting from the end."""
+    if checked is not None:
+        indices = wrapped_indices(indices, data.shape[axis], *checked)
     if axis == 0 and data.dim() == 2 and indices.dim() > 0:
         return F.embedding(indices, data)
     picked = data.index_select(axis, indices.reshape(-1))
@@ -125,17 +127,16 @@ def gather_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> O
     shape = input_shape(node, graph, 0)
     axis = normalize_axis(attributes(node).get("axis", 0), len(shape))
     if not is_constant(node, graph, 1):
-        return result(Inline(gather, axis, True), node)
+        return result(Inline(gather, axis, index_source(node, 1)), node)
     indices = constant_input(node, graph, 1)
     size = shape[axis]
-    if ((indices < -size) | (indices >= size)).any():
-        raise IndexError(f"Gather: indices {indices.tolist()} are out of range for an axis of size {size}")
+    check_range(indices, -size, size, *index_source(node, 1))
     flat = [int(i) % size for i in indices.reshape(-1).tolist()]
     if indices.dim() == 0:
         return result(Inline(torch.select, axis, flat[0]), node, node.input_values[:1])
     if indices.dim() == 1 and flat and flat == list(range(flat[0], flat[0] + len(flat))):
         return result(Inline("narrow", axis, flat[0], len(flat)), node, node.input_values[:1])
-    return result(Inline(gather, axis, bool((indices < 0).any())), node)
+    return result(Inline(gather, axis, index_source(node, 1) if bool((indices < 0).any()) else None), node)
 
 
 # Split --------------------------------------------------------------------------------------------
@@ -202,25 +203,25 @@ def where(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> Opera
     return result(Inline(torch.where), node)
 
 
-def gather_elements(x: torch.Tensor, indices: torch.Tensor, axis: int) -> torch.Tensor:
+def gather_elements(x: torch.Tensor, indices: torch.Tensor, axis: int, source: tuple[str, str]) -> torch.Tensor:
     """ONNX GatherElements: negative indices count from the end of ``axis``."""
-    indices = indices.long()
-    return torch.gather(x, axis, torch.where(indices < 0, indices + x.shape[axis], indices))
+    return torch.gather(x, axis, wrapped_indices(indices, x.shape[axis], *source))
 
 
 @register("GatherElements", since=11)
 def gather_elements_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     axis = normalize_axis(attributes(node).get("axis", 0), len(input_shape(node, graph, 0)))
-    return result(Inline(gather_elements, axis), node)
+    return result(Inline(gather_elements, axis, index_source(node, 1)), node)
 
 
 # GatherND -----------------------------------------------------------------------------------------
-def gather_nd(data: torch.Tensor, indices: torch.Tensor, batch_dims: int) -> torch.Tensor:
+def gather_nd(data: torch.Tensor, indices: torch.Tensor, batch_dims: int, source: tuple[str, str]) -> torch.Tensor:
     """ONNX GatherND: each index tuple (the last axis of ``indices``) picks a slice of ``data``, per batch."""
     batch = math.prod(data.shape[:batch_dims])
     depth = indices.shape[-1]
     flat = data.reshape(batch, *data.shape[batch_dims:])
-    picks = indices.reshape(batch, -1, depth).to(torch.int64)
+    indices = wrapped_indices(indices, data.shape[batch_dims : batch_dims + depth], *source)
+    picks = indices.reshape(batch, -1, depth)
     rows = torch.arange(batch, device=data.device).reshape(batch, 1).expand(batch, picks.shape[1])
     index = (rows, *picks.unbind(-1))
     gathered = flat[index]
@@ -229,4 +230,4 @@ def gather_nd(data: torch.Tensor, indices: torch.Tensor, batch_dims: int) -> tor
 
 @register("GatherND", since=11)
 def gather_nd_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
-    return result(Inline(gather_nd, attributes(node).get("batch_dims", 0)), node)
+    return result(Inline(gather_nd, attributes(node).get("batch_dims", 0), index_source(node, 1)), node)

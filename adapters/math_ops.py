@@ -22,6 +22,7 @@ from .common import (
     result,
     scalar_constant,
 )
+from .index_checks import checked_indices, index_source
 from .registry import ConversionContext, register
 
 if TYPE_CHECKING:
@@ -189,10 +190,12 @@ def compress_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) ->
     return result(Inline(compress, axis=axis), node)
 
 
-def reverse_sequence(x: torch.Tensor, lengths: torch.Tensor, batch_axis: int, time_axis: int) -> torch.Tensor:
+def reverse_sequence(
+    x: torch.Tensor, lengths: torch.Tensor, batch_axis: int, time_axis: int, source: tuple[str, str]
+) -> torch.Tensor:
     """Reverse the first ``lengths[b]`` steps of each batch entry ``b`` along ``time_axis``."""
     steps = torch.arange(x.shape[time_axis], device=x.device)
-    lengths = lengths.long()
+    lengths = checked_indices(lengths, 0, x.shape[time_axis] + 1, *source)
     shape = [1] * x.dim()
     shape[time_axis], shape[batch_axis] = -1, 1
     grid = steps.reshape(shape)
@@ -205,7 +208,8 @@ def reverse_sequence(x: torch.Tensor, lengths: torch.Tensor, batch_axis: int, ti
 @register("ReverseSequence", since=10)
 def reverse_sequence_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
-    return result(Inline(reverse_sequence, attrs.get("batch_axis", 1), attrs.get("time_axis", 0)), node)
+    axes = attrs.get("batch_axis", 1), attrs.get("time_axis", 0)
+    return result(Inline(reverse_sequence, *axes, index_source(node, 1)), node)
 
 
 @register("Det", since=11)

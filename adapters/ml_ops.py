@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .common import Inline, OperationConverterResult, attributes, result
+from .index_checks import checked_indices, index_source
 from .registry import ConversionContext, register
 
 if TYPE_CHECKING:
@@ -21,9 +22,9 @@ def binarize(x: torch.Tensor, threshold: float) -> torch.Tensor:
     return (x > threshold).to(x.dtype)
 
 
-def extract_features(data: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+def extract_features(data: torch.Tensor, indices: torch.Tensor, source: tuple[str, str]) -> torch.Tensor:
     """``data[..., indices]`` with the indices flattened (a vector ``data`` gives one row, as in ORT)."""
-    picked = data.index_select(-1, indices.reshape(-1).to(torch.int64))
+    picked = data.index_select(-1, checked_indices(indices.reshape(-1), 0, data.shape[-1], *source))
     return picked.reshape(1, -1) if data.dim() == 1 else picked
 
 
@@ -34,7 +35,7 @@ def binarizer(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> O
 
 @register("ArrayFeatureExtractor", domain=ML)
 def array_feature_extractor(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
-    return result(Inline(extract_features), node)
+    return result(Inline(extract_features, index_source(node, 1)), node)
 
 
 class TfIdfVectorizer(torch.nn.Module):

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from .common import Inline, OperationConverterResult, attributes, input_shape, result
+from .index_checks import checked_indices, index_source
 from .registry import ConversionContext, register
 
 if TYPE_CHECKING:
@@ -227,10 +228,17 @@ def lp_pool_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> 
 
 # MaxUnpool ----------------------------------------------------------------------------------------
 def max_unpool(
-    x: torch.Tensor, indices: torch.Tensor, output_shape: torch.Tensor | None = None, *, inferred: list[int]
+    x: torch.Tensor,
+    indices: torch.Tensor,
+    output_shape: torch.Tensor | None = None,
+    *,
+    inferred: list[int],
+    source: tuple[str, str],
 ) -> torch.Tensor:
     """ONNX MaxUnpool: values put back at their flat indices; ``output_shape`` (read at run time) pads the end."""
-    out = x.new_zeros(math.prod(inferred)).scatter(0, indices.reshape(-1), x.reshape(-1)).reshape(inferred)
+    size = math.prod(inferred)
+    flat = checked_indices(indices.reshape(-1), 0, size, *source)
+    out = x.new_zeros(size).scatter(0, flat, x.reshape(-1)).reshape(inferred)
     if output_shape is None:
         return out
     extra = [int(want) - have for want, have in zip(output_shape.tolist(), inferred)]
@@ -248,4 +256,4 @@ def max_unpool_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) 
         *shape[:2],
         *((n - 1) * s - (pads[i] + pads[rank + i]) + k for i, (n, s, k) in enumerate(zip(shape[2:], strides, kernel))),
     ]
-    return result(Inline(max_unpool, inferred=inferred), node)
+    return result(Inline(max_unpool, inferred=inferred, source=index_source(node, 1)), node)

@@ -17,11 +17,13 @@ from .common import (
     attributes,
     constant_ints,
     has_input,
+    input_dtype,
     input_shape,
     normalize_axis,
     result,
 )
 from .registry import ConversionContext, register
+from .size_limits import check_output_size
 
 if TYPE_CHECKING:
     from onnx2torch.onnx_graph import OnnxGraph
@@ -121,7 +123,9 @@ def flatten(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> Ope
 # Expand / Tile / Transpose ------------------------------------------------------------------------
 def expand_dynamic(x: torch.Tensor, shape: torch.Tensor) -> torch.Tensor:
     """Expand (bidirectional broadcast) to a shape known only at run time."""
-    return x.expand(torch.broadcast_shapes(x.shape, tuple(shape.tolist())))
+    target = torch.broadcast_shapes(x.shape, tuple(shape.tolist()))
+    check_output_size("Expand", target, x.dtype)
+    return x.expand(target)
 
 
 @register("Expand", since=8)
@@ -130,12 +134,15 @@ def expand(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> Oper
     if shape is None:
         return result(Inline(expand_dynamic), node)
     target = tuple(torch.broadcast_shapes(input_shape(node, graph, 0), tuple(shape)))
+    check_output_size("Expand", target, input_dtype(node, graph, 0))
     return result(Inline("expand", target), node, node.input_values[:1])
 
 
 def tile_dynamic(x: torch.Tensor, repeats: torch.Tensor) -> torch.Tensor:
     """Tile with repeats known only at run time."""
-    return x.repeat(repeats.tolist())
+    counts = repeats.tolist()
+    check_output_size("Tile", [size * count for size, count in zip(x.shape, counts)], x.dtype)
+    return x.repeat(counts)
 
 
 @register("Tile", since=6)
@@ -143,6 +150,8 @@ def tile(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> Operat
     repeats = constant_ints(node, graph, 1)
     if repeats is None:
         return result(Inline(tile_dynamic), node)
+    sizes = [size * count for size, count in zip(input_shape(node, graph, 0), repeats)]
+    check_output_size("Tile", sizes, input_dtype(node, graph, 0))
     return result(Inline("repeat", tuple(repeats)), node, node.input_values[:1])
 
 

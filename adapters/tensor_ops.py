@@ -19,6 +19,7 @@ from .common import (
     normalize_axis,
     result,
 )
+from .index_checks import index_source, wrapped_indices
 from .registry import ConversionContext, register
 
 if TYPE_CHECKING:
@@ -100,10 +101,15 @@ _SCATTER_REDUCE = {"add": "sum", "mul": "prod", "max": "amax", "min": "amin"}
 
 
 def scatter_elements(
-    data: torch.Tensor, indices: torch.Tensor, updates: torch.Tensor, axis: int, reduce: str | None
+    data: torch.Tensor,
+    indices: torch.Tensor,
+    updates: torch.Tensor,
+    axis: int,
+    reduce: str | None,
+    source: tuple[str, str],
 ) -> torch.Tensor:
     """ONNX ScatterElements (negative indices count from the end)."""
-    indices = indices.to(torch.int64).remainder(data.shape[axis])
+    indices = wrapped_indices(indices, data.shape[axis], *source)
     if reduce is None:
         return data.scatter(axis, indices, updates)
     return data.scatter_reduce(axis, indices, updates, reduce, include_self=True)
@@ -117,20 +123,22 @@ def scatter_elements_op(node: OnnxNode, graph: OnnxGraph, context: ConversionCon
     reduction = attrs.get("reduction", "none")
     if reduction != "none" and reduction not in _SCATTER_REDUCE:
         raise NotImplementedError(f"ScatterElements: attribute reduction={reduction!r} is not supported")
-    return result(Inline(scatter_elements, axis, _SCATTER_REDUCE.get(reduction)), node)
+    return result(Inline(scatter_elements, axis, _SCATTER_REDUCE.get(reduction), index_source(node, 1)), node)
 
 
 # ScatterND ----------------------------------------------------------------------------------------
 _INDEX_REDUCE = {"mul": "prod", "max": "amax", "min": "amin"}
 
 
-def scatter_nd(data: torch.Tensor, indices: torch.Tensor, updates: torch.Tensor, reduction: str) -> torch.Tensor:
+def scatter_nd(
+    data: torch.Tensor, indices: torch.Tensor, updates: torch.Tensor, reduction: str, source: tuple[str, str]
+) -> torch.Tensor:
     """ONNX ScatterND: ``indices[..., :k]`` address slices of the first k dims of ``data``."""
     depth = indices.shape[-1]
     leading = data.shape[:depth]
     strides = [math.prod(leading[i + 1 :]) for i in range(depth)]
-    sizes = torch.tensor(leading, dtype=torch.int64, device=data.device)
-    flat_index = ((indices.to(torch.int64) % sizes) * torch.tensor(strides, device=data.device)).sum(-1).reshape(-1)
+    indices = wrapped_indices(indices, leading, *source)
+    flat_index = (indices * torch.tensor(strides, device=data.device)).sum(-1).reshape(-1)
     flat = data.reshape(-1, *data.shape[depth:])
     flat_updates = updates.reshape(-1, *data.shape[depth:])
     if reduction == "none":
@@ -148,7 +156,7 @@ def scatter_nd_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) 
     reduction = attributes(node).get("reduction", "none")
     if reduction not in ("none", "add", *_INDEX_REDUCE):
         raise NotImplementedError(f"ScatterND: attribute reduction={reduction!r} is not supported")
-    return result(Inline(scatter_nd, reduction), node)
+    return result(Inline(scatter_nd, reduction, index_source(node, 1)), node)
 
 
 # Unique -------------------------------------------------------------------------------------------

@@ -51,3 +51,11 @@ class DistributedError(RuntimeError):
 
 class SpecialFileError(RuntimeError, ValueError):
     """A path names a device, FIFO, socket or directory where a regular file is needed."""
+
+
+class IndexRangeError(RuntimeError, IndexError):
+    """An index read from the data lies outside the range its operator allows."""
+
+
+class GraphSizeError(ModelError, MemoryError):
+    """A graph would allocate or unroll more than can be done: a tensor or loop of an impossible size."""

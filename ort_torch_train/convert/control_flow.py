@@ -6,6 +6,10 @@
   iteration in the graph (unrolled). Otherwise a module runs the body while the trip count and
   condition, read at run time, allow.
 - ``Scan``: unrolled over the (static) scanned axis.
+
+A loop is unrolled only while its trips times its body's work (the calls it makes, nested unrolled
+loops counted in full) stay within ``MAX_UNROLLED_WORK``; beyond, a module runs it at run time, so a
+long or deeply nested loop makes a graph of bounded size.
 """
 
 from __future__ import annotations
@@ -19,12 +23,29 @@ import torch
 from torch import fx, nn
 
 from ort_torch_train.convert.builder import Builder, Value, meta_value
+from ort_torch_train.convert.run_time_loops import RunTimeLoop, RunTimeScan, signature
 from ort_torch_train.convert.subgraphs import names_read, outer_names
 from ort_torch_train.dtypes import onnx_elem_type, tensor_from_proto, tensor_to_proto
 from ort_torch_train.errors import UnsupportedOperatorError
 
 CONTROL_FLOW_OPS = ("If", "Loop", "Scan")
 MAX_UNROLL = 256  # longer static loops run as a run-time loop (graph size)
+MAX_COMPILED_IF_DEPTH = 10  # torch.cond nesting that Dynamo traces (eager runs choose branches in Python)
+MAX_UNROLLED_WORK = 16384  # calls an unrolled loop may add to a graph, nested unrolled loops included
+
+
+def graph_work(module: nn.Module) -> int:
+    """The calls one run of ``module`` makes: a converted graph's call nodes, each submodule call counted
+    as that submodule's work (so a body unrolled n times counts n times); a run-time loop counts its body once."""
+    if isinstance(module, fx.GraphModule):
+        known = module.meta.get("work")
+        if known is None:
+            calls = (n for n in module.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
+            known = sum(graph_work(_submodule(module, str(n.target))) if n.op == "call_module" else 1 for n in calls)
+            module.meta["work"] = known
+        return known
+    children = list(module.children())
+    return sum(graph_work(child) for child in children) if children else 1
 
 
 def convert_control_flow(builder: Builder, node: onnx.NodeProto, index: int) -> None:
@@ -53,15 +74,11 @@ class _Subgraph:
                 proto.input.append(_value_info(name, value.example))
                 examples.append(value.example)
         self.module = builder.convert_subgraph(proto, examples)
-        self.signature = _signature(formal)
+        self.signature = signature(formal)
 
 
 def _value_info(name: str, example: torch.Tensor) -> onnx.ValueInfoProto:
     return onnx.helper.make_tensor_value_info(name, onnx_elem_type(example.dtype), list(example.shape))
-
-
-def _signature(tensors: Sequence[torch.Tensor]) -> tuple:
-    return tuple((tuple(t.shape), t.dtype) for t in tensors)
 
 
 def _attribute_graph(node: onnx.NodeProto, name: str) -> onnx.GraphProto:
@@ -129,29 +146,39 @@ def _convert_if(builder: Builder, node: onnx.NodeProto, index: int) -> None:
     operands = converted[0].operands
     examples = [builder.values[name].example for name in operands]
     results = [branch.module(*examples) for branch in converted]
-    if _signature(results[0]) != _signature(results[1]):
-        shapes = f"then: {_signature(results[0])}, else: {_signature(results[1])}"
+    if signature(results[0]) != signature(results[1]):
+        shapes = f"then: {signature(results[0])}, else: {signature(results[1])}"
         raise _unsupported(
             node,
             "with a run-time condition its branches must give outputs of the same shapes "
             f"and dtypes for torch.cond ({shapes})",
         )
     emitter = _Emitter(builder, node, index)
-    module = _Cond(converted[0].module, converted[1].module)
+    module = _Cond(converted[0].module, converted[1].module, node.name)
     fx_args = [builder.fx_value(node.input[0]), *(builder.fx_value(name) for name in operands)]
     fx_nodes, outputs = emitter.call(module, fx_args, [condition.example, *examples])
     emitter.define(node.output, fx_nodes, outputs)
 
 
 class _Cond(nn.Module):
-    """``torch.cond`` over two converted branches. torch.cond forbids aliasing: the outputs are copied, and
-    so are the operands (parameters are views of one flat buffer, ``training/flat_params.py``)."""
+    """Two converted branches: chosen in Python in eager runs (nested Ifs at any depth), under ``torch.cond``
+    in compiled ones. torch.cond forbids aliasing: the outputs are copied, and so are the operands
+    (parameters are views of one flat buffer, ``training/flat_params.py``)."""
 
-    def __init__(self, then_branch: nn.Module, else_branch: nn.Module):
+    def __init__(self, then_branch: nn.Module, else_branch: nn.Module, name: str):
         super().__init__()
-        self.then_branch, self.else_branch = then_branch, else_branch
+        self.then_branch, self.else_branch, self.name = then_branch, else_branch, name
+        inner = [m.depth for branch in (then_branch, else_branch) for m in branch.modules() if isinstance(m, _Cond)]
+        self.depth: int = 1 + max(inner, default=0)
 
     def forward(self, condition: torch.Tensor, *operands: torch.Tensor) -> tuple:
+        if not torch.compiler.is_compiling():  # eager: branch on the host, as ORT reads the condition there
+            return tuple(self.then_branch(*operands) if bool(condition.reshape(())) else self.else_branch(*operands))
+        if self.depth > MAX_COMPILED_IF_DEPTH:  # Dynamo recurses per level: past this, a bare RecursionError
+            raise UnsupportedOperatorError(
+                f"If node {self.name!r}: Ifs on run-time conditions nested {self.depth} deep; torch.compile "
+                f"traces at most {MAX_COMPILED_IF_DEPTH} levels: run this model without compile"
+            )
         operands = tuple(operand.clone() for operand in operands)
         return torch.cond(condition.reshape(()), self._then, self._else, operands)
 
@@ -181,12 +208,13 @@ def _convert_loop(builder: Builder, node: onnx.NodeProto, index: int) -> None:
         and (condition is None or condition.const)
         and _condition_passes_through(subgraph.module)
         and int(trip.example) <= MAX_UNROLL
+        and int(trip.example) * graph_work(subgraph.module) <= MAX_UNROLLED_WORK
     )
     trips = int(trip.example) if static and trip is not None else 0
     if static and scan_count and (trips == 0 or not bool(first_condition)):
         raise _unsupported(node, "a loop of no iteration with scan outputs (their shapes are unknown)")
     if not static:
-        module = _RunTimeLoop(subgraph.module, len(carried), scan_count)
+        module = RunTimeLoop(subgraph.module, len(carried), scan_count)
         fx_args = [builder.fx_value(name) for name in node.input[:2]] + [builder.fx_value(n) for n in carried_names]
         examples = [None if v is None else v.example for v in (trip, condition)] + carried + operand_examples
         fx_nodes, outputs = emitter.call(module, fx_args + operand_fx, examples)
@@ -199,7 +227,7 @@ def _convert_loop(builder: Builder, node: onnx.NodeProto, index: int) -> None:
         step = torch.tensor(iteration, dtype=torch.int64)
         args = [emitter.constant(step), condition_fx, *carried_fx, *operand_fx]
         fx_nodes, outputs = emitter.call(subgraph.module, args, [step, first_condition, *carried, *operand_examples])
-        if _signature(outputs[1 : 1 + len(carried)]) != _signature(carried):
+        if signature(outputs[1 : 1 + len(carried)]) != signature(carried):
             raise _unsupported(node, "loop-carried values change shape or dtype between iterations")
         carried_fx, carried = fx_nodes[1 : 1 + len(carried)], outputs[1 : 1 + len(carried)]
         scans.append((fx_nodes[1 + len(carried) :], outputs[1 + len(carried) :]))
@@ -220,40 +248,15 @@ def _condition_passes_through(body: fx.GraphModule) -> bool:
     )
 
 
+def _submodule(module: nn.Module, target: str) -> nn.Module:
+    return module.get_submodule(target)
+
+
 def _attr(module: nn.Module, target: str) -> torch.Tensor:
     value: Any = module
     for part in target.split("."):
         value = getattr(value, part)
     return value
-
-
-class _RunTimeLoop(nn.Module):
-    """ONNX Loop run by Python: trip count and condition read at run time, the body called per iteration."""
-
-    def __init__(self, body: fx.GraphModule, carried: int, scans: int):
-        super().__init__()
-        self.body, self.carried, self.scans = body, carried, scans
-
-    def forward(self, trip_count, condition, *values):
-        carried, operands = list(values[: self.carried]), values[self.carried :]
-        if trip_count is None and condition is None:
-            raise ValueError("Loop without a trip count or a condition never ends")
-        limit = int(trip_count.reshape(())) if trip_count is not None else None
-        going = bool(condition.reshape(())) if condition is not None else True
-        signature, scans, iteration = _signature(carried), [], 0
-        while going and (limit is None or iteration < limit):
-            outputs = self.body(torch.tensor(iteration), torch.tensor(going), *carried, *operands)
-            carried = list(outputs[1 : 1 + self.carried])
-            if _signature(carried) != signature:
-                raise ValueError(
-                    f"Loop-carried values changed from {signature} to {_signature(carried)}; "
-                    "the body was converted for the first"
-                )
-            scans.append(outputs[1 + self.carried :])
-            going, iteration = bool(outputs[0].reshape(())), iteration + 1
-        if self.scans and not scans:
-            raise ValueError("Loop ran no iteration, so its scan outputs have no known shape")
-        return (*carried, *(torch.stack([s[k] for s in scans]) for k in range(self.scans)))
 
 
 # Scan -------------------------------------------------------------------------------------
@@ -305,7 +308,20 @@ def _unroll_scan(
     axes = [a % r for a, r in zip(_ints(node, "scan_input_axes") or [0] * len(sources), ranks)]
     directions = _ints(node, "scan_input_directions") or _ints(node, "directions") or [0] * len(sources)
     length = sources[0][1].shape[axes[0]] if sources else 0
-    subgraph = None
+    if not length:
+        raise _unsupported(node, "a scan of length 0")
+    first_slices = [
+        example.select(axis, length - 1 if direction else 0)
+        for (_, example), axis, direction in zip(sources, axes, directions)
+    ]
+    subgraph = _Subgraph(builder, body, [e for _, e in state_values] + first_slices, outer_names(body))
+    if length * graph_work(subgraph.module) > MAX_UNROLLED_WORK:
+        operands = [(builder.fx_input(n), builder.values[n].example) for n in subgraph.operands]
+        arguments = [*state_values, *sources, *operands]
+        out_axes = _ints(node, "scan_output_axes") or [0] * (len(body.output) - len(states))
+        out_directions = _ints(node, "scan_output_directions") or [0] * len(out_axes)
+        module = RunTimeScan(subgraph.module, len(states), axes, directions, out_axes, out_directions)
+        return emitter.call(module, [f for f, _ in arguments], [e for _, e in arguments])
     steps = []
     for step in range(length):
         slices = []
@@ -314,15 +330,13 @@ def _unroll_scan(
             sliced = example.select(axis, position)
             slices.append((emitter.function(torch.select, (fx_source, axis, position), sliced), sliced))
         formal = [e for _, e in state_values] + [e for _, e in slices]
-        if subgraph is None or subgraph.signature != _signature(formal):
+        if subgraph.signature != signature(formal):
             subgraph = _Subgraph(builder, body, formal, outer_names(body))
         operands = [(builder.fx_input(n), builder.values[n].example) for n in subgraph.operands]
         arguments = [*state_values, *slices, *operands]
         fx_nodes, outputs = emitter.call(subgraph.module, [f for f, _ in arguments], [e for _, e in arguments])
         state_values = list(zip(fx_nodes[: len(states)], outputs[: len(states)]))
         steps.append(list(zip(fx_nodes[len(states) :], outputs[len(states) :])))
-    if not steps:
-        raise _unsupported(node, "a scan of length 0")
     out_axes = _ints(node, "scan_output_axes") or [0] * len(steps[0])
     out_directions = _ints(node, "scan_output_directions") or [0] * len(steps[0])
     fx_nodes, outputs = [f for f, _ in state_values], [e for _, e in state_values]

@@ -32,7 +32,7 @@ from ort_torch_train.convert.op_traits import (
 )
 from ort_torch_train.convert.registry import converter_for
 from ort_torch_train.dtypes import onnx_elem_type, tensor_from_proto, tensor_to_proto, torch_dtype
-from ort_torch_train.errors import ModelError, UnsupportedOperatorError
+from ort_torch_train.errors import GraphSizeError, ModelError, UnsupportedOperatorError
 
 
 @dataclass(frozen=True)
@@ -245,7 +245,7 @@ def _make_module(builder: Builder, node: onnx.NodeProto, inputs: list[Value | No
     try:
         module, mapping = convert(node, context_graph)
     except Exception as exc:
-        kind = UnsupportedOperatorError if isinstance(exc, UnsupportedOperatorError) else ModelError
+        kind = type(exc) if isinstance(exc, (UnsupportedOperatorError, GraphSizeError)) else ModelError
         raise kind(
             f"cannot convert node {node.name!r} ({domain or 'ai.onnx'}::{node.op_type}, opset {opset}): {exc}"
         ) from exc
@@ -273,8 +273,8 @@ def _run(module: nn.Module, node: onnx.NodeProto, args: list) -> Any:
     call_args, call_kwargs = _call_signature(module, args)
     try:
         return module(*call_args, **call_kwargs)
-    except IndexError:
-        raise  # an index out of range in the example values (the user's data): as it would at run time
+    except (IndexError, GraphSizeError):
+        raise  # an index out of range in the example values (the user's data), or an impossible size
     except Exception as exc:
         raise ModelError(f"node {node.name!r} ({node.op_type}) failed on example inputs: {exc}") from exc
 

@@ -2,12 +2,16 @@
 
 torch has no string tensors. A string input whose every reader is ``Cast(to=T)`` (one numeric ``T``)
 becomes a ``T`` input; the caller's string array is parsed into ``T`` before the step, and the Cast,
-now from ``T`` to ``T``, is a no-op.
+now from ``T`` to ``T``, is a no-op. Strings are read as onnxruntime reads them: C's ``strtoll`` /
+``strtoull`` / ``strtod`` on the longest numeric prefix ("12abc" is 12, "1_000" is 1), values out of
+the wide type's range refused, then cast to ``T`` (integers wrap, doubles past float32 become inf).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -68,14 +72,78 @@ def parse_string_inputs(values: Sequence[Any], names: Sequence[str], casts: Mapp
 
 
 def _parse(array: np.ndarray, elem_type: int, name: str) -> np.ndarray:
-    dtype = onnx.helper.tensor_dtype_to_np_dtype(elem_type)
-    text = np.char.strip(np.vectorize(_text, otypes=[str])(array)) if array.size else array.astype(str)
+    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+    read: Callable[[str], float | None]
+    wide: np.dtype
+    if np.issubdtype(dtype, np.unsignedinteger):
+        read, wide = _unsigned, np.dtype(np.uint64)
+    elif np.issubdtype(dtype, np.integer):
+        read, wide = _signed, np.dtype(np.int64)
+    else:
+        read, wide = _real, np.dtype(np.float64)
+    values = []
+    for item in array.reshape(-1):
+        text = _text(item)
+        value = read(text)
+        if value is None:
+            raise InputTypeError(
+                f"input {name!r}: strings that Cast to {dtype.name} expected, as onnxruntime reads them "
+                f"(a number at the start, C's {read.__doc__}); got {text!r}"
+            )
+        values.append(value)
+    with np.errstate(over="ignore"):  # a double past float32's range becomes inf, as in ORT's cast
+        return np.array(values, dtype=wide).astype(dtype).reshape(array.shape)
+
+
+_SPACE = "[ \t\n\v\f\r]*"
+_INTEGER = re.compile(_SPACE + "([+-]?)([0-9]+)")
+_REAL = re.compile(
+    _SPACE
+    + "(?:(?P<hex>[+-]?0[xX](?:[0-9a-fA-F]+\\.?[0-9a-fA-F]*|\\.[0-9a-fA-F]+)(?:[pP][+-]?[0-9]+)?)"
+    + "|(?P<decimal>[+-]?(?:[0-9]+\\.?[0-9]*|\\.[0-9]+)(?:[eE][+-]?[0-9]+)?)"
+    + "|(?P<special>[+-]?(?:inf(?:inity)?|nan(?:\\([0-9A-Za-z_]*\\))?)))",
+    re.IGNORECASE,
+)
+_SMALLEST_NORMAL = float(np.finfo(np.float64).tiny)
+
+
+def _signed(text: str) -> int | None:
+    """strtoll: the longest integer prefix, in int64's range"""
+    match = _INTEGER.match(text)
+    if match is None:
+        return None
+    value = int(match.group(1) + match.group(2))
+    return value if -(2**63) <= value < 2**63 else None
+
+
+def _unsigned(text: str) -> int | None:
+    """strtoull: the longest integer prefix, below 2**64, a minus sign negating modulo 2**64"""
+    match = _INTEGER.match(text)
+    if match is None or int(match.group(2)) >= 2**64:
+        return None
+    value = int(match.group(2))
+    return (-value) % 2**64 if match.group(1) == "-" else value
+
+
+def _real(text: str) -> float | None:
+    """strtod: the longest decimal, hexadecimal, inf or nan prefix, within double's normal range"""
+    match = _REAL.match(text)
+    if match is None:
+        return None
+    if match.group("special"):
+        return float(match.group("special").split("(")[0])
     try:
-        if np.issubdtype(dtype, np.integer):
-            return text.astype(np.int64).astype(dtype)
-        return text.astype(np.float64).astype(dtype)
-    except ValueError as error:
-        raise InputTypeError(f"input {name!r}: strings that Cast to {np.dtype(dtype).name} expected; {error}") from None
+        value = float.fromhex(match.group("hex")) if match.group("hex") else float(match.group("decimal"))
+    except OverflowError:
+        return None
+    digits = re.sub(
+        "[^1-9a-fA-F]",
+        "",
+        re.split("[eEpP]", match.group("hex") or match.group("decimal"))[0][2 if match.group("hex") else 0 :],
+    )
+    if math.isinf(value) or (abs(value) < _SMALLEST_NORMAL and digits):  # std::stod's out_of_range
+        return None
+    return value
 
 
 def _text(value: Any) -> str:

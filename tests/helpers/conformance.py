@@ -202,6 +202,8 @@ def markdown(outcomes: list[Outcome]) -> str:
         "`python -m tests.helpers.conformance --markdown docs/conformance.md`.",
         "",
         f"Onnx {onnx.__version__}, {len(outcomes)} cases: " + ", ".join(f"**{totals[c]} {c}**" for c in columns) + ".",
+        f"The cases are those of the one onnx installed ({onnx.__version__}); the project allows onnx>=1.21, whose",
+        "other versions' node cases are not run here.",
         "",
         "| operator | " + " | ".join(columns) + " |",
         "|---|" + "---:|" * len(columns),

@@ -9,9 +9,10 @@ import torch
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
-from ort_torch_train.convert.control_flow import _Cond, _RunTimeLoop
+from ort_torch_train.convert.control_flow import _Cond
 from ort_torch_train.convert.graph import TensorSpec, convert_graph
 from ort_torch_train.convert.registry import check_supported
+from ort_torch_train.convert.run_time_loops import RunTimeLoop
 from ort_torch_train.errors import UnsupportedOperatorError
 from ort_torch_train.passes.pipeline import fuse_converted
 
@@ -128,7 +129,7 @@ def test_loop_with_a_constant_trip_count_is_unrolled_and_trains():
     model = _loop_model(trip_is_input=False, trip=4)
     gm = _convert(model, [acc, w])
     body_calls = [n for n in gm.graph.nodes if n.op == "call_module"]
-    assert len(body_calls) == 4 and _RunTimeLoop not in _modules(gm)
+    assert len(body_calls) == 4 and RunTimeLoop not in _modules(gm)
     final, steps = gm(acc, w)
     expected = ReferenceEvaluator(model).run(None, {"acc": acc.numpy(), "w": w.detach().numpy()})
     np.testing.assert_allclose(final.detach().numpy(), expected[0], rtol=1e-6)
@@ -141,7 +142,7 @@ def test_loop_with_a_run_time_trip_count_reads_it_at_run_time():
     acc, w = torch.randn(3), torch.randn(3)
     model = _loop_model(trip_is_input=True)
     gm = _convert(model, [acc, w, torch.tensor(2)])
-    assert _RunTimeLoop in _modules(gm)
+    assert RunTimeLoop in _modules(gm)
     for trip in (1, 5):
         final, steps = gm(acc, w, torch.tensor(trip))
         expected = ReferenceEvaluator(model).run(None, {"acc": acc.numpy(), "w": w.numpy(), "M": np.array(trip)})

@@ -1,0 +1,77 @@
+"""Range checks for indices read from data, as ONNX defines them.
+
+An index into an axis of size ``s`` is valid in ``[-s, s)``; negative ones count from the end.
+Anything else raises ``IndexRangeError`` naming the op, the input, the value and the range, where
+torch would wrap it, read past the end, or fail with a message that names neither.
+
+Eager CPU tensors are checked on the host: ``IndexRangeError`` (an IndexError and a RuntimeError)
+names the value too. Compiled graphs and CUDA tensors are checked where they run, without a host
+synchronisation (``torch._assert_async``, which Dynamo keeps and inductor compiles into the step): a
+compiled CPU step raises a RuntimeError with the op, the input and the range; on CUDA a bad index
+stops the process's CUDA work with a device-side assert, as torch's own kernels do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from ort_torch_train.errors import IndexRangeError
+
+if TYPE_CHECKING:
+    from onnx2torch.onnx_node import OnnxNode
+
+
+def index_source(node: OnnxNode, position: int) -> tuple[str, str]:
+    """The op and the input an error about the indices at input ``position`` of ``node`` names."""
+    name = node.input_values[position] if position < len(node.input_values) else ""
+    return f"{node.operation_type} node {node.name!r}", f"input {name!r}"
+
+
+def wrapped_indices(indices: torch.Tensor, sizes: int | Sequence[int], op: str, name: str) -> torch.Tensor:
+    """``indices`` as int64 in ``[0, size)``: negatives count from the end; outside ``[-size, size)`` raises.
+
+    ``sizes`` is one axis size, or one per entry of the last axis (GatherND/ScatterND index tuples).
+    ``op`` and ``name`` name the node and its input in the error.
+    """
+    highs = [sizes] if isinstance(sizes, int) else [int(size) for size in sizes]
+    return _checked(indices.to(torch.int64), [-size for size in highs], highs, True, op, name)
+
+
+def checked_indices(indices: torch.Tensor, low: int, high: int, op: str, name: str) -> torch.Tensor:
+    """``indices`` as int64, raising ``IndexRangeError`` unless every entry lies in ``[low, high)``."""
+    return _checked(indices.to(torch.int64), [low], [high], False, op, name)
+
+
+def check_range(indices: torch.Tensor, low: int, high: int, op: str, name: str) -> int | None:
+    """Raise unless every entry of ``indices`` lies in ``[low, high)``: ``IndexRangeError`` with the value on
+    the host; a device-side assert with the op, input and range on CUDA and in compiled graphs.
+
+    Returns the smallest entry where the check ran on the host (None otherwise)."""
+    if indices.numel() == 0:
+        return None
+    if indices.is_cuda or torch.compiler.is_compiling():
+        message = f"{op}: {name} holds a value outside the valid range [{low}, {high})"
+        torch._assert_async(((indices >= low) & (indices < high)).all(), message)
+        return None
+    smallest, largest = [int(value) for value in torch.aminmax(indices)]
+    if smallest < low or largest >= high:
+        value = smallest if smallest < low else largest
+        raise IndexRangeError(f"{op}: {name} holds {value}, outside the valid range [{low}, {high})")
+    return smallest
+
+
+def _checked(indices: torch.Tensor, lows: list[int], highs: list[int], wrap: bool, op: str, name: str) -> torch.Tensor:
+    if len(highs) == 1:
+        smallest = check_range(indices, lows[0], highs[0], op, name)
+        if not wrap or (smallest is not None and smallest >= 0):  # nothing to count from the end
+            return indices
+        return torch.where(indices < 0, indices + highs[0], indices)
+    for column, (low, high) in enumerate(zip(lows, highs)):
+        check_range(indices[..., column], low, high, op, f"{name}[..., {column}]")
+    if not wrap:
+        return indices
+    sizes = torch.tensor(highs, dtype=torch.int64, device=indices.device)
+    return torch.where(indices < 0, indices + sizes, indices)
