@@ -112,7 +112,7 @@ def write_model(
     if not external_data and initializer_bytes(model) <= limit:
         atomic_write_bytes(target, _with_inline_weights(model, weights).SerializeToString())
         return
-    light = _without_initializers(model)
+    light = without_initializers(model)
     placed: list[tuple[int, onnx.TensorProto]] = []
     size = 0
     data_name = target.name + ".data"
@@ -144,7 +144,7 @@ def _data_chunks(init: onnx.TensorProto, weights: Mapping[str, torch.Tensor]) ->
     if init.name in weights and is_external(init):
         flat = weights[init.name].detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()
         for start in range(0, flat.size, _COPY_CHUNK):
-            yield memoryview(flat[start : start + _COPY_CHUNK])
+            yield flat[start : start + _COPY_CHUNK].data
     elif init.HasField("raw_data"):
         yield init.raw_data
     else:
@@ -162,12 +162,12 @@ def _inline(init: onnx.TensorProto, weights: Mapping[str, torch.Tensor]) -> onnx
 def _with_inline_weights(model: onnx.ModelProto, weights: Mapping[str, torch.Tensor]) -> onnx.ModelProto:
     if not any(is_external(init) for init in model.graph.initializer):
         return model
-    light = _without_initializers(model)
+    light = without_initializers(model)
     light.graph.initializer.extend(_inline(init, weights) for init in model.graph.initializer)
     return light
 
 
-def _without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
+def without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of ``model`` with no initializers, made without copying their data."""
     copy = onnx.ModelProto()
     for field, value in model.ListFields():
