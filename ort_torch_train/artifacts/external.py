@@ -14,6 +14,7 @@ import onnx
 import torch
 
 from ort_torch_train.dtypes import tensor_from_proto
+from ort_torch_train.errors import ModelError
 from ort_torch_train.export.external_data import (
     MIN_EXTERNAL_BYTES,
     external_reference,
@@ -33,26 +34,31 @@ def light_model_from_file(path: Path) -> tuple[onnx.ModelProto, dict[str, torch.
 
 
 def detach_weights(model: onnx.ModelProto, threshold: int) -> tuple[onnx.ModelProto, dict[str, torch.Tensor]]:
-    """``model`` itself when its initializers fit under ``threshold`` bytes, else a light copy and its weights.
+    """``model`` itself when its initializers fit under ``threshold`` bytes, else a light copy and the data
+    of the inline initializers it made external (those already external are kept as they are).
 
     ``model`` is not modified.
     """
-    if any(is_external(init) for init in model.graph.initializer):
-        raise ValueError(
-            "the base model's initializers refer to external data files, which an in-memory model cannot locate: "
-            "pass the model's path to generate_artifacts instead"
-        )
     if initializer_bytes(model) <= threshold:
         return model, {}
     light = without_initializers(model)
     weights = {}
     for init in model.graph.initializer:
-        if tensor_nbytes(init) < MIN_EXTERNAL_BYTES or init.data_type == onnx.TensorProto.STRING:
+        if is_external(init) or tensor_nbytes(init) < MIN_EXTERNAL_BYTES or init.data_type == onnx.TensorProto.STRING:
             light.graph.initializer.add().CopyFrom(init)
         else:
             light.graph.initializer.append(external_reference(init))
             weights[init.name] = tensor_from_proto(init)
     return light, weights
+
+
+def require_inline(model: onnx.ModelProto) -> None:
+    """Refuse an in-memory model whose initializers refer to external data files (they cannot be located)."""
+    if any(is_external(init) for init in model.graph.initializer):
+        raise ModelError(
+            "the base model's initializers refer to external data files, which an in-memory model cannot locate: "
+            "pass the model's path to generate_artifacts instead"
+        )
 
 
 def checkable(model: onnx.ModelProto) -> onnx.ModelProto:

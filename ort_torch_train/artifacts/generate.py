@@ -32,7 +32,7 @@ import onnx
 import torch
 
 from ort_torch_train.artifacts.blocks import Block, PassThrough, building
-from ort_torch_train.artifacts.external import checkable, detach_weights, light_model_from_file
+from ort_torch_train.artifacts.external import checkable, detach_weights, light_model_from_file, require_inline
 from ort_torch_train.artifacts.graph_edit import (
     ORT_MAX_OPSET,
     default_opset,
@@ -275,6 +275,7 @@ def _base_model(
             "(export options apply to a torch.nn.Module only)"
         )
     if isinstance(model, onnx.ModelProto):
+        require_inline(model)
         light, weights = detach_weights(model, threshold)
         return light, weights, None
     if isinstance(model, (str, os.PathLike)):

@@ -100,8 +100,8 @@ def write_model(
 ) -> None:
     """Write ``model`` atomically; ``weights`` supply the data of its external initializers.
 
-    The data go to ``<name>.data`` beside it when asked, when some initializer is external, or when
-    the initializers pass ``threshold`` bytes (default ``EXTERNAL_DATA_THRESHOLD``).
+    The data go to ``<name>.data`` beside it when asked (then every initializer's), or, past ``threshold``
+    bytes of initializers (default ``EXTERNAL_DATA_THRESHOLD``), those of ``MIN_EXTERNAL_BYTES`` or more.
     """
     weights = weights or {}
     target = Path(path)
@@ -118,7 +118,7 @@ def write_model(
     data_name = target.name + ".data"
     for init in model.graph.initializer:
         nbytes = tensor_nbytes(init)
-        if nbytes < MIN_EXTERNAL_BYTES or init.data_type == onnx.TensorProto.STRING:
+        if nbytes < (0 if external_data else MIN_EXTERNAL_BYTES) or init.data_type == onnx.TensorProto.STRING:
             light.graph.initializer.append(_inline(init, weights))
             continue
         offset = -(-size // _ALIGNMENT) * _ALIGNMENT
@@ -129,6 +129,9 @@ def write_model(
         light.graph.initializer.append(reference)
         placed.append((offset, init))
         size = offset + nbytes
+    if not placed:  # every initializer is small: nothing to put outside the proto
+        atomic_write_bytes(target, _with_inline_weights(model, weights).SerializeToString())
+        return
 
     def write_data(file: BinaryIO) -> None:
         for offset, init in placed:
