@@ -8,7 +8,7 @@ Each phase runs in its own process (its own time and peak resident set):
   frozen_params=<the rest>)`` (CrossEntropy, AdamW), ORT's requires_grad=[...] list;
 - ``artifacts-full``: the same with every parameter trainable;
 - ``train-frozen`` / ``train-full``: ``Module`` + ``Optimizer`` for ``--steps`` steps, then
-  ``save_checkpoint`` and ``export_model_for_inferencing`` (which switches to external data by itself past
+  ``save_checkpoint`` (with the optimizer state) and ``export_model_for_inferencing`` (which switches to external data by itself past
   2 GB); the eval logits are kept for ``infer``. Peak RSS of the steps, less the process's RSS before
   loading (interpreter, torch), is compared with parameters + gradients + AdamW moments + activations
   (the bytes autograd saves, counted on the first step): ``peak_over_expected``, target <= 1.2;
@@ -224,7 +224,7 @@ def train(out: Path, variant: str, steps: int, threads: int, small: bool) -> dic
 
     start = time.perf_counter()
     with RssSampler() as sampler:
-        CheckpointState.save_checkpoint(state, directory / "trained_checkpoint")
+        CheckpointState.save_checkpoint(state, directory / "trained_checkpoint", include_optimizer_state=True)
     phases.append(
         phase_result(f"save-{variant}", start, sampler, external=(directory / "trained_checkpoint.data").exists())
     )
@@ -302,6 +302,9 @@ def run_all(args: argparse.Namespace) -> list[dict]:
     out, common = args.out, ["--small"] if args.small else []
     results = [in_process("export", str(out), "--batch", str(args.batch), "--tokens", str(args.tokens), *common)]
     for variant in args.variants.split(","):
+        if not args.small and available_gib() < args.min_free_gb:  # the machine may be shared
+            results.append({"phase": f"train-{variant}", "skipped": f"{available_gib():.1f} GiB available"})
+            continue
         results.append(in_process("artifacts", str(out), "--variant", variant, *common))
         trained = in_process(
             "train", str(out), "--variant", variant, "--steps", str(args.steps), "--threads", str(args.threads), *common
