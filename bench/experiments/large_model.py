@@ -7,7 +7,9 @@ Each phase runs in its own process (its own time and peak resident set):
 - ``artifacts-frozen``: ``generate_artifacts(base.onnx, requires_grad=<last block and ln_f>,
   frozen_params=<the rest>)`` (CrossEntropy, AdamW), ORT's requires_grad=[...] list;
 - ``artifacts-full``: the same with every parameter trainable;
-- ``train-frozen`` / ``train-full``: ``Module`` + ``Optimizer`` for ``--steps`` steps, then
+- ``train-frozen`` / ``train-full``: ``Module`` + ``Optimizer``, one first step (``first-step-*``: it
+  converts the graph, and the conversion's example run holds a copy of every graph input, parameters
+  included) and ``--steps`` more, then
   ``save_checkpoint`` (with the optimizer state) and ``export_model_for_inferencing`` (which switches to external data by itself past
   2 GB); the eval logits are kept for ``infer``. Peak RSS of the steps, less the process's RSS before
   loading (interpreter, torch), is compared with parameters + gradients + AdamW moments + activations
@@ -181,29 +183,34 @@ def train(out: Path, variant: str, steps: int, threads: int, small: bool) -> dic
 
     rng = np.random.default_rng(0)
     batches = [rng.integers(0, shape["vocab"], (shape["batch"], shape["tokens"] + 1)) for _ in range(steps + 1)]
+    parameters = {t.untyped_storage().data_ptr() for t in module.training_state.params.values()}
     saved: dict[int, int] = {}
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
-        saved[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in parameters:  # activations only: saved weights are counted as parameters
+            saved[storage.data_ptr()] = storage.nbytes()
         return tensor
 
-    losses, times = [], []
+    def step(tokens: np.ndarray) -> float:
+        module.train()
+        loss = float(module(tokens[:, :-1].copy(), tokens[:, 1:].reshape(-1).copy())[0])
+        optimizer.step()
+        module.lazy_reset_grad()
+        return loss
+
+    start = time.perf_counter()
+    with RssSampler() as sampler, torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        losses = [step(batches[0])]  # converts the training graph
+    phases.append(phase_result(f"first-step-{variant}", start, sampler))
+    times = []
     start = time.perf_counter()
     with RssSampler() as sampler:
-        for step, tokens in enumerate(batches):
-            inputs = (tokens[:, :-1].copy(), tokens[:, 1:].reshape(-1).copy())
+        for tokens in batches[1:]:
             began = time.perf_counter()
-            module.train()
-            if step == 0:
-                with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-                    losses.append(float(module(*inputs)[0]))
-            else:
-                losses.append(float(module(*inputs)[0]))
-            optimizer.step()
-            module.lazy_reset_grad()
+            losses.append(step(tokens))
             times.append(time.perf_counter() - began)
-    parameter_bytes = total * 4
-    state_bytes = parameter_bytes + 3 * trainable * 4  # + gradients + AdamW's two moments (float32)
+    state_bytes = total * 4 + 3 * trainable * 4  # parameters + gradients + AdamW's two moments (float32)
     activation_bytes = sum(saved.values())
     expected_mib = (state_bytes + activation_bytes) / 2**20
     phases.append(
