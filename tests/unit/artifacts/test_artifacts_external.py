@@ -21,7 +21,9 @@ from ort_torch_train.api.module import Module
 from ort_torch_train.api.optimizer import Optimizer
 from ort_torch_train.artifacts import LossType, OptimType, generate_artifacts
 from ort_torch_train.checkpoint.odtc import read_checkpoint
+from ort_torch_train.errors import ModelError
 from ort_torch_train.export import external_data
+from ort_torch_train.lora import LoraConfig
 from tests.helpers.ort_peer import requires_ort, run_ort
 
 THRESHOLD = 100  # bytes: far below any real model, so these tiny ones take the >2 GB path
@@ -171,3 +173,18 @@ print(json.dumps([{name: state.parameters[name].data.ravel().tolist() for name i
         for name in ("fc1.weight", "fc2.weight", "fc2.bias"):
             expected = dict(net.named_parameters())[name].detach().numpy().ravel()
             np.testing.assert_array_equal(np.asarray(values[name], dtype=np.float32), expected)
+
+
+def test_refusals_name_the_way_out(tmp_path: Path) -> None:
+    base, _ = _base_with_external_data(tmp_path)
+    with pytest.raises(ModelError, match="cannot locate: pass the model's path"):
+        generate_artifacts(
+            onnx.load(base, load_external_data=False), requires_grad=["fc2.weight"], artifact_directory=tmp_path / "a"
+        )
+    lora = LoraConfig(r=2, targets=("fc1.weight",), frozen_dtype=torch.bfloat16)
+    with pytest.raises(ModelError, match=r"give Module\(\.\.\., lora=LoraConfig\(frozen_dtype=\.\.\.\)\)"):
+        generate_artifacts(
+            base, requires_grad=["fc2.weight"], lora=lora, artifact_directory=tmp_path / "b",
+            external_data_threshold=THRESHOLD,
+        )  # fmt: skip
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
