@@ -21,9 +21,10 @@ from __future__ import annotations
 import copy
 import itertools
 import os
+import tempfile
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ import onnx
 import torch
 
 from ort_torch_train.artifacts.blocks import Block, PassThrough, building
+from ort_torch_train.artifacts.external import checkable, detach_weights, light_model_from_file, require_inline
 from ort_torch_train.artifacts.graph_edit import (
     ORT_MAX_OPSET,
     default_opset,
@@ -44,13 +46,15 @@ from ort_torch_train.artifacts.graph_edit import (
 from ort_torch_train.artifacts.losses import LOSS_BLOCKS, LossType
 from ort_torch_train.artifacts.optimizers import OPTIMIZER_BLOCKS, OptimType, build_optimizer_model
 from ort_torch_train.artifacts.parameters import check_arguments, selected_parameters
-from ort_torch_train.checkpoint.odtc import CheckpointRecord, write_checkpoint
+from ort_torch_train.checkpoint.odtc import EXTERNAL_DATA_THRESHOLD, CheckpointRecord, write_checkpoint
 from ort_torch_train.convert.registry import check_supported
 from ort_torch_train.dtypes import tensor_from_proto
 from ort_torch_train.errors import ModelError
+from ort_torch_train.export.external_data import EXTERNAL_DATA_THRESHOLD as MODEL_EXTERNAL_DATA_THRESHOLD
+from ort_torch_train.export.external_data import is_external, write_model
 from ort_torch_train.export.inference import save_model
 from ort_torch_train.export.outputs import record_model_outputs
-from ort_torch_train.graph.layout import load_model, opsets_of
+from ort_torch_train.graph.layout import opsets_of
 from ort_torch_train.lora.apply import add_lora_to_base
 from ort_torch_train.lora.config import LoraConfig
 from ort_torch_train.optim.optimizer_model import read_optimizer_model
@@ -69,13 +73,22 @@ class Artifacts:
     eval_model: onnx.ModelProto
     optimizer_model: onnx.ModelProto | None
     checkpoint: CheckpointRecord
+    weights: dict[str, torch.Tensor] = field(default_factory=dict)  # data of the models' external initializers
 
-    def write(self, directory: Path, prefix: str = "", nominal_checkpoint: bool = False) -> None:
-        """Write the files ORT's generator writes, named as it names them."""
+    def write(
+        self, directory: Path, prefix: str = "", nominal_checkpoint: bool = False, threshold: int | None = None
+    ) -> None:
+        """Write the files ORT's generator writes, named as it names them.
+
+        Models whose initializers pass ``threshold`` bytes (default: protobuf's 2 GB) keep them in
+        ``<model>.onnx.data``; the checkpoint's parameters go to ``checkpoint.data`` past ``threshold``
+        (default: ORT's 1800 MB).
+        """
         directory.mkdir(parents=True, exist_ok=True)
-        save_model(self.training_model, directory / f"{prefix}training_model.onnx")
-        save_model(self.eval_model, directory / f"{prefix}eval_model.onnx")
-        write_checkpoint(self.checkpoint, directory / f"{prefix}checkpoint", artifact=True)
+        checkpoint_threshold = EXTERNAL_DATA_THRESHOLD if threshold is None else threshold
+        write_model(self.training_model, directory / f"{prefix}training_model.onnx", self.weights, threshold=threshold)
+        write_model(self.eval_model, directory / f"{prefix}eval_model.onnx", self.weights, threshold=threshold)
+        write_checkpoint(self.checkpoint, directory / f"{prefix}checkpoint", checkpoint_threshold, artifact=True)
         if nominal_checkpoint:
             write_checkpoint(nominal(self.checkpoint), directory / f"{prefix}nominal_checkpoint", artifact=True)
         if self.optimizer_model is not None:
@@ -96,6 +109,7 @@ def generate_artifacts(
     nominal_checkpoint: bool = False,
     loss_input_names: Sequence[str] | None = None,
     lora: LoraConfig | None = None,
+    external_data_threshold: int | None = None,
     **extra_options: Any,
 ) -> None:
     """Write training_model.onnx, eval_model.onnx, checkpoint and, if asked, nominal_checkpoint, optimizer_model.onnx.
@@ -113,6 +127,10 @@ def generate_artifacts(
     only trainable parameters, the targeted weights and the parameters selected above are frozen
     (docs/lora.md).
 
+    Models past 2 GB (or ``external_data_threshold`` bytes of initializers) are built without ever
+    holding their weights in one proto: a path's external data stay on disk (memory-mapped), a torch
+    module is exported to a file first, and the files are written with external data (docs/artifacts.md).
+
     Every argument is checked and every model built before the first file is written.
     """
     if ort_format:
@@ -129,13 +147,23 @@ def generate_artifacts(
     directory = Path.cwd() if artifact_directory is None else Path(os.fsdecode(artifact_directory))
     if directory.exists() and not directory.is_dir():
         raise NotADirectoryError(f"artifact_directory {str(directory)!r} is a file, expected a directory")
-    base, torch_split = _base_model(model, extra_options)
-    if torch_split is not None and requires_grad is None and frozen_params is None:
-        requires_grad, frozen_params = torch_split
-    artifacts = build_artifacts(
-        base, requires_grad, frozen_params, loss, optimizer, additional_output_names, loss_input_names, lora
-    )
-    artifacts.write(directory, prefix, nominal_checkpoint)
+    threshold = MODEL_EXTERNAL_DATA_THRESHOLD if external_data_threshold is None else external_data_threshold
+    with tempfile.TemporaryDirectory(prefix="ort-torch-train-base-") as scratch:  # a torch module's export
+        base, weights, torch_split = _base_model(model, extra_options, Path(scratch), threshold)
+        if torch_split is not None and requires_grad is None and frozen_params is None:
+            requires_grad, frozen_params = torch_split
+        artifacts = build_artifacts(
+            base,
+            requires_grad,
+            frozen_params,
+            loss,
+            optimizer,
+            additional_output_names,
+            loss_input_names,
+            lora,
+            weights,
+        )
+        artifacts.write(directory, prefix, nominal_checkpoint, external_data_threshold)
 
 
 def build_artifacts(
@@ -147,11 +175,21 @@ def build_artifacts(
     additional_output_names: Sequence[str] | None = None,
     loss_input_names: Sequence[str] | None = None,
     lora: LoraConfig | None = None,
+    weights: dict[str, torch.Tensor] | None = None,
 ) -> Artifacts:
-    """The artifacts of ``generate_artifacts`` in memory (``base`` is not modified)."""
+    """The artifacts of ``generate_artifacts`` in memory (``base`` is not modified).
+
+    ``weights`` hold the data of ``base``'s external initializers (see ``artifacts.external``).
+    """
+    weights = weights or {}
     if lora is not None:
         if not isinstance(lora, LoraConfig):
             raise TypeError(f"lora: expected an ort_torch_train.lora.LoraConfig, got {type(lora).__name__}")
+        if weights and lora.frozen_dtype is not None:
+            raise ModelError(
+                "lora: frozen_dtype needs the weights in memory, but this base model keeps them in external data; "
+                "give Module(..., lora=LoraConfig(frozen_dtype=...)) at training time instead"
+            )
         base, requires_grad, frozen_params = add_lora_to_base(base, requires_grad, frozen_params, lora)
     trainable_names, frozen_names = check_arguments(
         base, requires_grad, frozen_params, additional_output_names, loss_input_names
@@ -167,7 +205,7 @@ def build_artifacts(
         outputs = _outputs(
             loss_block(*(loss_input_names or [v.name for v in base.graph.output])), additional_output_names
         )
-    _check_model(model, loss_block)
+    _check_model(checkable(model), loss_block)
     model = onnx.shape_inference.infer_shapes(model)
     register_graph_outputs(model, outputs)
     trainable, frozen = selected_parameters(model, trainable_names, frozen_names)
@@ -196,10 +234,16 @@ def build_artifacts(
         optimizer_model = build_optimizer_model(optimizer_block, (trainable, frozen), default_opset(base), names)
         read_optimizer_model(optimizer_model)  # the layout ORT and this project's Optimizer accept
     checkpoint = CheckpointRecord(
-        trainable={p.name: tensor_from_proto(p) for p in trainable},
-        frozen={p.name: tensor_from_proto(p) for p in frozen},
+        trainable={p.name: _parameter(p, weights) for p in trainable},
+        frozen={p.name: _parameter(p, weights) for p in frozen},
     )
-    return Artifacts(training_model, eval_model, optimizer_model, checkpoint)
+    kept = {init.name for model in (training_model, eval_model) for init in model.graph.initializer}
+    kept_weights = {name: tensor for name, tensor in weights.items() if name in kept}
+    return Artifacts(training_model, eval_model, optimizer_model, checkpoint, kept_weights)
+
+
+def _parameter(init: onnx.TensorProto, weights: dict[str, torch.Tensor]) -> torch.Tensor:
+    return weights[init.name] if is_external(init) else tensor_from_proto(init)
 
 
 def nominal(record: CheckpointRecord) -> CheckpointRecord:
@@ -212,29 +256,36 @@ def nominal(record: CheckpointRecord) -> CheckpointRecord:
 
 
 def _base_model(
-    model: onnx.ModelProto | str | os.PathLike | torch.nn.Module, extra_options: dict[str, Any]
-) -> tuple[onnx.ModelProto, tuple[list[str], list[str]] | None]:
-    """The ONNX base model (exporting a torch module), with torch's (trainable, frozen) split for a module."""
+    model: onnx.ModelProto | str | os.PathLike | torch.nn.Module,
+    extra_options: dict[str, Any],
+    scratch: Path,
+    threshold: int,
+) -> tuple[onnx.ModelProto, dict[str, torch.Tensor], tuple[list[str], list[str]] | None]:
+    """The ONNX base model (light past ``threshold``), its external weights, and a torch module's split."""
     if isinstance(model, torch.nn.Module):
         from ort_torch_train.artifacts.torch_export import export_module  # loads Dynamo: only for a torch module
 
-        exported = export_module(model, extra_options)
-        return exported.model, (exported.requires_grad, exported.frozen_params)
+        exported = export_module(model, extra_options, scratch / "base.onnx")
+        base, weights = light_model_from_file(scratch / "base.onnx")
+        light, inline = detach_weights(base, threshold)
+        return light, {**weights, **inline}, (exported.requires_grad, exported.frozen_params)
     if extra_options:
         raise TypeError(
             f"generate_artifacts() got unexpected keyword argument(s) {sorted(extra_options)} "
             "(export options apply to a torch.nn.Module only)"
         )
     if isinstance(model, onnx.ModelProto):
-        proto = model
-    elif isinstance(model, (str, os.PathLike)):
-        proto = load_model(model, "base model")
-    else:
-        raise TypeError(
-            f"model must be an onnx.ModelProto, a path to an ONNX file or a torch.nn.Module with "
-            f"example_inputs=; got {type(model).__name__}"
-        )
-    return proto, None
+        require_inline(model)
+        light, weights = detach_weights(model, threshold)
+        return light, weights, None
+    if isinstance(model, (str, os.PathLike)):
+        base, weights = light_model_from_file(Path(os.fspath(model)))
+        light, inline = detach_weights(base, threshold)
+        return light, {**weights, **inline}, None
+    raise TypeError(
+        f"model must be an onnx.ModelProto, a path to an ONNX file or a torch.nn.Module with "
+        f"example_inputs=; got {type(model).__name__}"
+    )
 
 
 def _loss_block(loss: LossType | Block | None) -> Block:

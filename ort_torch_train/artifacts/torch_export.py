@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-import io
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import onnx
@@ -30,15 +30,17 @@ LEGACY_DEFAULT_OPSET = 17
 
 @dataclass(frozen=True)
 class TorchExport:
-    """The exported base model and the parameter split torch's ``requires_grad`` flags give."""
+    """The parameter split torch's ``requires_grad`` flags give the exported base model."""
 
-    model: onnx.ModelProto
     requires_grad: list[str]
     frozen_params: list[str]
 
 
-def export_module(module: torch.nn.Module, options: dict[str, Any]) -> TorchExport:
-    """Export ``module`` with ``options`` (``example_inputs`` required; see ``EXPORT_OPTIONS``)."""
+def export_module(module: torch.nn.Module, options: dict[str, Any], path: Path) -> TorchExport:
+    """Export ``module`` to the file ``path`` with ``options`` (``example_inputs`` required; see ``EXPORT_OPTIONS``).
+
+    Past 2 GB the exporters put the weights in external data files beside ``path``.
+    """
     unknown = sorted(set(options) - EXPORT_OPTIONS)
     if unknown:
         raise TypeError(
@@ -56,18 +58,22 @@ def export_module(module: torch.nn.Module, options: dict[str, Any]) -> TorchExpo
     dynamic_axes = options.get("dynamic_axes")
     if dynamic_axes is None and options.get("dynamic_shapes") is None:
         dynamic_axes = _batch_axes(args, input_names, output_names)
-    snapshot = {name: value.detach().clone() for name, value in module.state_dict().items()}
+    # a training-mode forward changes buffers (BatchNorm's running stats), never parameters: keep the buffers only
+    snapshot = {name: buffer.detach().clone() for name, buffer in module.named_buffers()}
     was_training = module.training
     try:
         module.train()
         if exporter == "legacy":
-            model = _legacy_export(module, args, input_names, output_names, dynamic_axes, options.get("opset_version"))
+            _legacy_export(module, args, path, input_names, output_names, dynamic_axes, options.get("opset_version"))
         else:
-            model = _dynamo_export(module, args, input_names, output_names, dynamic_axes, options)
+            _dynamo_export(module, args, path, input_names, output_names, dynamic_axes, options)
     finally:
-        module.load_state_dict(snapshot)
+        buffers = dict(module.named_buffers())
+        with torch.no_grad():
+            for name, value in snapshot.items():
+                buffers[name].copy_(value)
         module.train(was_training)
-    return TorchExport(model, *_parameter_split(module, model))
+    return TorchExport(*_parameter_split(module, onnx.load(path, load_external_data=False)))
 
 
 def _as_tuple(example_inputs: Any) -> tuple[torch.Tensor, ...]:
@@ -110,18 +116,18 @@ def _batch_axes(
 def _legacy_export(
     module: torch.nn.Module,
     args: tuple[torch.Tensor, ...],
+    path: Path,
     input_names: list[str],
     output_names: list[str],
     dynamic_axes: dict | None,
     opset_version: int | None,
-) -> onnx.ModelProto:
-    buffer = io.BytesIO()
+) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", (DeprecationWarning, FutureWarning, UserWarning))
         torch.onnx.export(
             module,
             args,
-            buffer,  # type: ignore[arg-type]  # the legacy exporter writes to a file object too
+            str(path),
             dynamo=False,
             opset_version=opset_version or LEGACY_DEFAULT_OPSET,
             training=torch.onnx.TrainingMode.TRAINING,
@@ -130,17 +136,17 @@ def _legacy_export(
             output_names=output_names,
             dynamic_axes=dynamic_axes,
         )
-    return onnx.load_from_string(buffer.getvalue())
 
 
 def _dynamo_export(
     module: torch.nn.Module,
     args: tuple[torch.Tensor, ...],
+    path: Path,
     input_names: list[str],
     output_names: list[str],
     dynamic_axes: dict | None,
     options: dict[str, Any],
-) -> onnx.ModelProto:
+) -> None:
     if importlib.util.find_spec("onnxscript") is None:
         raise ModelError(
             "exporter='dynamo' needs the onnxscript package (pip install onnxscript); "
@@ -162,7 +168,7 @@ def _dynamo_export(
         )
     if program is None:
         raise ModelError("torch.onnx.export's dynamo exporter returned no program")
-    return program.model_proto
+    program.save(str(path))
 
 
 def _parameter_split(module: torch.nn.Module, model: onnx.ModelProto) -> tuple[list[str], list[str]]:

@@ -10,7 +10,8 @@ import onnx
 
 from ort_torch_train.checkpoint.state import TrainingState
 from ort_torch_train.cli.common import CliError, existing_file, find_artifacts, load_onnx, load_training_state
-from ort_torch_train.export.inference import inference_model, save_model
+from ort_torch_train.export.external_data import write_model
+from ort_torch_train.export.inference import inference_model_and_weights
 from ort_torch_train.export.outputs import exportable_output_names
 from ort_torch_train.lora.apply import add_lora_to_artifacts
 from ort_torch_train.lora.config import LORA_PROPERTY, LoraConfig
@@ -75,7 +76,8 @@ def run_export(args: argparse.Namespace) -> None:
             "or train with `ort-torch-train train --lora ...`"
         )
     if args.output:
-        save_model(inference_model(evaluation, state.params, outputs), args.output, external_data=args.external_data)
+        model, weights = inference_model_and_weights(evaluation, state.params, outputs)
+        write_model(model, args.output, weights, external_data=args.external_data)
         print(f"inference model (outputs {', '.join(outputs)}): {args.output}")
     if args.unmerged:
         export_unmerged_model(exported, args.unmerged, outputs)

@@ -2,16 +2,14 @@
 
 From the eval model: the outputs become ``graph_output_names`` (any value of the eval graph),
 nodes and inputs they do not need are removed, and the parameters are baked in as initializers
-with their current values. Models over 2 GB are written with ONNX external data. An eval model
+with their current values, streamed to ONNX external data (``<model>.data``) when they pass\n``external_data.EXTERNAL_DATA_THRESHOLD`` (protobuf's 2 GB). An eval model
 with LoRA adapters (``ort_torch_train.lora``) is exported merged: ``W + (alpha/r) * A @ B`` folded in.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,20 +19,33 @@ import torch
 from ort_torch_train.checkpoint.state import TrainingState
 from ort_torch_train.dtypes import tensor_to_proto
 from ort_torch_train.errors import ModelError, NominalStateError
+from ort_torch_train.export.external_data import is_external, placeholder, write_model
 from ort_torch_train.export.outputs import exportable_output_names
-from ort_torch_train.fileio import atomic_write_bytes
 from ort_torch_train.graph.layout import prune_graph
 from ort_torch_train.lora.merge import merged_for_inference
 
 # Current onnxruntime releases load IR <= 10 models from every opset this project writes.
 MAX_IR_VERSION = 10
-_PROTOBUF_LIMIT = 2**31 - 2**20  # leave headroom for the graph itself
 
 
 def inference_model(
     eval_model: onnx.ModelProto, params: Mapping[str, torch.Tensor], graph_output_names: Sequence[str]
 ) -> onnx.ModelProto:
     """The inference ModelProto for ``graph_output_names`` with ``params`` baked in (LoRA adapters merged)."""
+    model, weights = inference_model_and_weights(eval_model, params, graph_output_names)
+    for index, init in enumerate(model.graph.initializer):
+        if init.name in weights and is_external(init):
+            model.graph.initializer[index].CopyFrom(tensor_to_proto(weights[init.name], init.name))
+    return model
+
+
+def inference_model_and_weights(
+    eval_model: onnx.ModelProto, params: Mapping[str, torch.Tensor], graph_output_names: Sequence[str]
+) -> tuple[onnx.ModelProto, dict[str, torch.Tensor]]:
+    """The inference model with its baked parameters as data-less external initializers, and their data.
+
+    ``write_model(model, path, weights)`` writes it without ever holding the weights in one proto.
+    """
     eval_model, params = merged_for_inference(eval_model, params)
     names = list(graph_output_names)
     typed = _typed_values(eval_model)
@@ -52,13 +63,13 @@ def inference_model(
     kept_inputs = [value for value in graph.input if value.name not in params]
     del graph.input[:]
     graph.input.extend(kept_inputs)
-    graph.initializer.extend(tensor_to_proto(params[name], name) for name in baked)
+    graph.initializer.extend(placeholder(params[name], name) for name in baked)
     _constants_to_initializers(graph)
     model = onnx.helper.make_model(graph, opset_imports=list(eval_model.opset_import))
     model.producer_name = "ort-torch-train"
     model.ir_version = max(min(eval_model.ir_version, MAX_IR_VERSION), _min_ir_version(model))
     model.metadata_props.extend(eval_model.metadata_props)
-    return model
+    return model, {name: params[name] for name in baked}
 
 
 def export_inference_model(
@@ -72,31 +83,13 @@ def export_inference_model(
         raise ModelError("Eval model was not provided. Cannot export a model for inferencing.")
     if state.is_nominal:
         raise NominalStateError("Cannot export a model with a nominal state. Please load the model parameters first.")
-    model = inference_model(eval_model, state.params, graph_output_names)
-    save_model(model, path)
+    model, weights = inference_model_and_weights(eval_model, state.params, graph_output_names)
+    write_model(model, path, weights)
 
 
 def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: bool = False) -> None:
-    """Save atomically; with external data (``<name>.data`` beside it) when asked or over protobuf's 2 GB."""
-    target = Path(path)
-    size = sum(len(init.raw_data) for init in model.graph.initializer)
-    if size < _PROTOBUF_LIMIT and not external_data:
-        atomic_write_bytes(target, model.SerializeToString())
-        return
-    data_name = target.name + ".data"
-    with tempfile.TemporaryDirectory(dir=target.parent or ".") as scratch:
-        staged = Path(scratch) / target.name
-        onnx.save_model(
-            model,
-            staged,
-            save_as_external_data=True,
-            all_tensors_to_one_file=True,
-            location=data_name,
-            size_threshold=0 if external_data else 1024,
-        )
-        if (Path(scratch) / data_name).exists():  # absent for a model without initializers
-            os.replace(Path(scratch) / data_name, target.parent / data_name)
-        os.replace(staged, target)
+    """Save atomically; with external data (``<name>.data`` beside it) when asked or past protobuf's 2 GB."""
+    write_model(model, path, external_data=external_data)
 
 
 def _constants_to_initializers(graph: onnx.GraphProto) -> None:

@@ -22,8 +22,12 @@ LAZY_RESET_GRAD = "lazy_reset_grad"
 ModelSource = str | os.PathLike | bytes | onnx.ModelProto
 
 
-def load_model(source: ModelSource, what: str) -> onnx.ModelProto:
-    """Load an ONNX model from a path, bytes or a ModelProto; ``what`` names it in errors."""
+def load_model(source: ModelSource, what: str, external_data: bool = True) -> onnx.ModelProto:
+    """Load an ONNX model from a path, bytes or a ModelProto; ``what`` names it in errors.
+
+    ``external_data=False`` leaves a file's external tensor data on disk (the initializers keep their
+    references), so a model past 2 GB loads without its weights.
+    """
     if isinstance(source, onnx.ModelProto):
         return source
     try:
@@ -33,7 +37,7 @@ def load_model(source: ModelSource, what: str) -> onnx.ModelProto:
             raise FileNotFoundError(f"{what} not found: {os.fspath(source)!r}")
         if os.path.isdir(source):
             raise IsADirectoryError(f"{what} path {os.fspath(source)!r} is a directory, expected an ONNX file")
-        return _with_text_names(onnx.load(os.fspath(source)), what)
+        return _with_text_names(onnx.load(os.fspath(source), load_external_data=external_data), what)
     except (FileNotFoundError, IsADirectoryError, ModelError):
         raise
     except Exception as exc:

@@ -11,7 +11,7 @@ import pytest
 
 from ort_torch_train.api import CheckpointState
 from ort_torch_train.errors import ModelError
-from ort_torch_train.export import inference
+from ort_torch_train.export import external_data, inference
 
 
 def _run(path, feeds: dict) -> list[np.ndarray]:
@@ -77,7 +77,7 @@ def test_unknown_output_name_is_ort_error(mlp_case, tmp_path):
 
 
 def test_large_models_use_external_data(mlp_case, tmp_path, monkeypatch):
-    monkeypatch.setattr(inference, "_PROTOBUF_LIMIT", 1)
+    monkeypatch.setattr(external_data, "EXTERNAL_DATA_THRESHOLD", 1)
     path = tmp_path / "big.onnx"
     mlp_case.module().export_model_for_inferencing(path, ["logits"])
     assert (tmp_path / "big.onnx.data").stat().st_size > 0
