@@ -1,7 +1,7 @@
 # Two commands set everything up on a fresh machine (both create or reuse .venv):
 #   make train   the main job: a real training run
 #   make test    lint and types (make lint), then the whole test suite
-#   make test-fast   lint, then the unit tests not marked compile, distributed, slow or ort_peer (under 90 s)
+#   make test-fast   lint, then the unit tests not marked compile, distributed, slow or ort_peer
 # torch is pinned through constraints.txt so that a CPU-only machine takes the local
 # torch 2.13.0 CPU wheel and never pulls CUDA packages.
 

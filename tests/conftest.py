@@ -23,6 +23,9 @@ from tests.helpers.paths import FIXTURES, REFCORPUS
 TESTS = Path(__file__).resolve().parent
 # compiled tests compile: no test loads another's steps from the per-user compile cache unless it names one
 os.environ["ORT_TORCH_TRAIN_CACHE_DIR"] = "off"
+# the CLI's --threads auto follows the machine's load, and with it the last bits of a reduction: tests
+# that compare runs bit for bit run on a fixed count (tests/unit/training/test_threads.py tests auto)
+os.environ["ORT_TORCH_TRAIN_THREADS"] = "2"
 FOLDER_MARKERS = ("unit", "parity", "integration")
 
 

@@ -11,9 +11,10 @@ data) and ``gpt2``, a random-init ``transformers`` GPT-2 of ``--gpt2 hidden,laye
 (default the 124M shape; the bench harness builds and caches its artifacts). Policies:
 
     default  torch's thread count, fixed (set_threads(torch.get_num_threads())): the former behaviour
-    auto     the library's default: threads follow the cores other processes leave free
+    auto     set_threads("auto") (the CLI's default): threads follow the cores other processes leave free
     one      set_threads(1)
     passive  auto, with OMP_WAIT_POLICY=PASSIVE (libgomp) and KMP_BLOCKTIME=0 (Intel OpenMP)
+    fixed-passive  torch's thread count, fixed, with those two settings
 
 Prints the median step time of each setting, its slowdown against the same policy on the idle
 machine, and the idle time against ``default``; writes the table to ``--out/contention-<time>.json``.
@@ -44,7 +45,7 @@ from lm_models import tiny_transformer  # noqa: E402
 from model_artifacts import prepare_artifacts  # noqa: E402
 from models import BenchModel  # noqa: E402
 
-POLICIES = ("default", "auto", "one", "passive")
+POLICIES = ("default", "auto", "one", "passive", "fixed-passive")
 
 
 def main() -> int:
@@ -90,7 +91,7 @@ def main() -> int:
 def _measure(setting: dict, competitors: int) -> dict:
     """One setting in a fresh process, with ``competitors`` busy processes running alongside."""
     environment = {key: value for key, value in os.environ.items() if key not in ("OMP_WAIT_POLICY", "KMP_BLOCKTIME")}
-    if setting["policy"] == "passive":
+    if setting["policy"] in ("passive", "fixed-passive"):
         environment.update(OMP_WAIT_POLICY="PASSIVE", KMP_BLOCKTIME="0")
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(competitors)]
     try:
@@ -115,7 +116,8 @@ def _worker(setting: dict) -> dict:
     """Train ``setting``'s model for its warmup and timed steps; the median step time and final thread count."""
     directory, inputs = _model(setting)
     policy = setting["policy"]
-    set_threads(torch.get_num_threads() if policy == "default" else 1 if policy == "one" else "auto")
+    fixed = policy in ("default", "fixed-passive")
+    set_threads(torch.get_num_threads() if fixed else 1 if policy == "one" else "auto")
     state = CheckpointState.load_checkpoint(directory / "checkpoint")
     module = Module(directory / "training_model.onnx", state, compile=setting["compile"])
     optimizer = Optimizer(directory / "optimizer_model.onnx", module)

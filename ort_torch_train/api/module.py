@@ -53,7 +53,7 @@ class Module(nn.Module):
     its checkpointed segments (AOTAutograd recomputes them in the compiled backward) and the
     optimizer update runs after it, not in the same graph. ``session_options`` (an ORT
     SessionOptions) is accepted for compatibility and not used: threads are torch's, chosen by
-    ``set_threads`` (by default they follow the cores other processes leave free).
+    ``set_threads`` (``set_threads("auto")`` follows the cores other processes leave free).
     Compiled steps are saved in and loaded from a per-user compile cache (``compile_cache``: None the
     default directory, a path another, False none; see ``training/compile/cache.py``).
     With ``compile``, ``dynamic`` (default True) lets the axes the ONNX graph leaves symbolic (batch,

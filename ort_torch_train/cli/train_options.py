@@ -6,6 +6,7 @@ Each group is one function: a new option goes into its group's function (or a ne
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 
 ArgType = Callable[[str], object]
@@ -141,6 +142,9 @@ def add_schedule_options(
     group.add_argument("--total-steps", type=positive_int, metavar="N", help="step at which linear/cosine reach 0")
 
 
+THREADS_VARIABLE = "ORT_TORCH_TRAIN_THREADS"  # the default of --threads
+
+
 def thread_count(text: str) -> int | str:
     """argparse type of --threads: a positive integer or "auto"."""
     if text == "auto":
@@ -161,9 +165,10 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--threads",
         type=thread_count,
-        default="auto",
+        default=thread_count(os.environ.get(THREADS_VARIABLE, "auto")),
         metavar="N|auto",
-        help="CPU threads per step: N, or auto (default): the cores other processes leave free",
+        help=f"CPU threads per step: N, or auto (the default, or ${THREADS_VARIABLE}): the cores other "
+        "processes leave free (results may then differ in the last bits between runs under different loads)",
     )
     group.add_argument(
         "--compile",

@@ -3,17 +3,19 @@
 torch runs its operators, MKL's products and oneDNN on one OpenMP team of ``torch.get_num_threads()``
 threads, and each parallel region ends at a barrier that waits for the team's slowest thread. When
 another busy process takes a core, a team as wide as the machine waits at every region for the
-thread the scheduler set aside while the others spin (OpenMP's default wait), and a step slows many
-times over. So by default (``set_threads("auto")``) the engine's CPU steps check, at most once a
-second (the first step: over the time since import), how many of this process's CPUs other processes
-kept busy since the last check (``/proc/stat``, less this process's own CPU time; a compilation's
-worker processes count as this process's) and run on the cores left: at least one, at most the count
-torch had when the policy started (or that the caller set since). ``set_threads(n)`` fixes n threads instead
-(results that must repeat bit for bit across loads want a fixed count: reductions split by thread).
+thread the scheduler set aside while the others spin (OpenMP's default wait), and steps slow down
+many times over now and then. Under ``set_threads("auto")`` (the CLI's default) the engine's CPU steps
+check, at most once a second (the first step: over the time since the policy started), how many of
+this process's CPUs other processes kept busy since the last check (``/proc/stat``, less this
+process's own CPU time; a compilation's worker processes count as this process's) and run on the
+cores left: at least one, at most the count torch had when the policy started (or that the caller
+set since). The library's default leaves torch's count alone, so that results repeat bit for bit
+whatever the load (reductions and matrix products split their sums by thread); ``set_threads(n)``
+fixes n threads.
 
 Not covered: inductor's compiled loops keep the thread count they were compiled with. OpenMP's
-waiting is read once, when torch loads OpenMP: ``OMP_WAIT_POLICY=PASSIVE`` (libgomp; Intel's
-OpenMP: ``KMP_BLOCKTIME=0``) must be set in the environment before ``import torch``.
+waiting is read once, when torch loads OpenMP (``OMP_WAIT_POLICY=PASSIVE`` makes small steps several
+times slower on an idle machine here: docs/performance.md, "Threads on a shared machine").
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class _Policy:
     choice; ``last``: the load sample the next decision reads the interval from."""
 
     fixed: int | None = None
+    auto: bool = False  # the default: torch's count, untouched
     ceiling: int | None = None
     applied: int | None = None
     next_check: float = 0.0
@@ -47,21 +50,21 @@ class _Policy:
 
 
 def set_threads(threads: int | str) -> None:
-    """``"auto"`` (the default): intra-op threads follow the cores other processes leave free; an int
-    n >= 1: n threads, always."""
+    """``"auto"``: intra-op threads follow the cores other processes leave free; an int n >= 1: n threads,
+    always. Without a call, torch's own count is used, untouched."""
     if threads == "auto":
-        _policy.fixed, _policy.ceiling, _policy.applied = None, None, None
+        _policy.auto, _policy.fixed, _policy.ceiling, _policy.applied = True, None, None, None
         _policy.next_check, _policy.last = 0.0, _sample()
         return
     if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
         raise ValueError(f"threads: expected 'auto' or an integer >= 1, got {threads!r}")
-    _policy.fixed = threads
+    _policy.auto, _policy.fixed = False, threads
     torch.set_num_threads(threads)
 
 
-def threads_setting() -> int | str:
-    """What ``set_threads`` was last given: an int, or "auto"."""
-    return "auto" if _policy.fixed is None else _policy.fixed
+def threads_setting() -> int | str | None:
+    """What ``set_threads`` was last given: an int, or "auto"; None before any call (torch's count)."""
+    return "auto" if _policy.auto else _policy.fixed
 
 
 def threads_for_load(cpus: int, other_busy: float, ceiling: int) -> int:
@@ -75,7 +78,7 @@ def follow_load() -> None:
     ``threads_for_load`` over the interval since the last sample (the first: since the policy started,
     at import). Called by the engine's CPU steps."""
     now = time.monotonic()
-    if _policy.fixed is not None or now < _policy.next_check:
+    if not _policy.auto or now < _policy.next_check:
         return
     current = torch.get_num_threads()
     if _policy.ceiling is None or current != _policy.applied:  # the caller's count (torch.set_num_threads)

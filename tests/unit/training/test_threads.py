@@ -64,10 +64,13 @@ def test_auto_leaves_a_busy_process_its_cpu(restored_threads):
     assert 1 <= torch.get_num_threads() <= cpus - 1
 
 
-def test_the_cli_takes_a_thread_count_or_auto(capsys):
-    parser = build_parser()
+def test_the_cli_takes_a_thread_count_or_auto(capsys, monkeypatch):
     common = ["train", "artifacts", "--data", "data.npz", "--steps", "1"]
-    assert parser.parse_args([*common, "--threads", "1"]).threads == 1
-    assert parser.parse_args(common).threads == "auto"
+    assert build_parser().parse_args([*common, "--threads", "1"]).threads == 1
+    monkeypatch.delenv("ORT_TORCH_TRAIN_THREADS")  # tests/conftest.py fixes it
+    assert build_parser().parse_args(common).threads == "auto"
+    monkeypatch.setenv("ORT_TORCH_TRAIN_THREADS", "3")
+    assert build_parser().parse_args(common).threads == 3
+    parser = build_parser()
     with pytest.raises(SystemExit):
         parser.parse_args([*common, "--threads", "0"])
