@@ -6,7 +6,8 @@
 The model is ``gpt2-124m`` (harness/models.py: transformers GPT-2 with GPT-2 small's shape, random
 init, LM loss on 2 x 128 tokens). Its artifacts come from ORT 1.19.2's ``generate_artifacts`` where
 ``.venv-ort`` exists, else from this project's. Each configuration runs in its own process (``run.py``'s
-workers, interleaved rounds, the others suspended while one is timed) and reports: load (checkpoint
+workers, each started once the one before is ready and the others suspended meanwhile, so that
+start-ups are timed apart; then interleaved rounds, the others suspended while one is timed) and reports: load (checkpoint
 read, conversion and binding; ORT: its session and optimizer), the first step, the steady step (median),
 peak RSS once loaded and at the end. Writes the step table under bench/results/ (as ``run.py``) plus a
 ``-scale.md`` twin with the start-up and memory table.
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     python = os.path.relpath(sys.executable) if Path(sys.executable).is_relative_to(Path.cwd()) else sys.executable
     command = shlex.join([python, "bench/experiments/scale.py", *(sys.argv[1:] if argv is None else argv)])
-    settings = Settings(args.threads, "cpu", args.rounds, args.steps, args.warmup)
+    settings = Settings(args.threads, "cpu", args.rounds, args.steps, args.warmup, sequential_setup=True)
     header = run_header(command, settings, {GPT2_SMALL.name: GPT2_SMALL}, torch_inputs=False)
     log_dir = args.cache / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)

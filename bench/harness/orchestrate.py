@@ -33,6 +33,7 @@ class Settings:
     warmup: int | None  # None: the model's default
     torch_inputs: bool = False  # feed (a) and (b) torch tensors instead of numpy arrays
     precision: str | None = None  # autocast dtype of the torch configurations (runners.PRECISIONS); None: float32
+    sequential_setup: bool = False  # start each worker once the one before is ready: setups timed apart
 
     def steps_for(self, model: BenchModel) -> int:
         return self.steps if self.steps is not None else model.steps
@@ -150,14 +151,24 @@ def run_model(
     """Start every configuration, then time them in rounds A B C D A B C D ...; one result per config."""
     results = {config: ConfigResult(model.name, config) for config in configs}
     workers: dict[str, WorkerProcess] = {}
-    for config in configs:
+
+    def start(config: str) -> None:
         python = ORT_PYTHON if config == "ort" else sys.executable
         workers[config] = WorkerProcess(
             python, config, model, artifacts, settings, log_dir / f"{model.name}-{config}.log"
         )
+
     try:
-        for config in list(workers):
-            _call(results[config], workers, config, lambda w: w.receive(SETUP_TIMEOUT_S), "setup")
+        if not settings.sequential_setup:
+            for config in configs:
+                start(config)
+        for config in configs:
+            if settings.sequential_setup:
+                with _others_stopped(workers, None):
+                    start(config)
+                    _call(results[config], workers, config, lambda w: w.receive(SETUP_TIMEOUT_S), "setup")
+            else:
+                _call(results[config], workers, config, lambda w: w.receive(SETUP_TIMEOUT_S), "setup")
             if config in workers:
                 progress(f"  {config}: ready after {results[config].setup_s:.1f} s")
         steps = settings.steps_for(model)
@@ -185,7 +196,7 @@ def run_model(
 
 
 @contextlib.contextmanager
-def _others_stopped(workers: dict[str, WorkerProcess], config: str):
+def _others_stopped(workers: dict[str, WorkerProcess], config: str | None):
     """Suspend every worker but ``config``'s while it is timed: an idle ORT session's pool threads keep
     spinning and took up to a third of a 2-core machine from the configuration being timed."""
     others = [w for name, w in workers.items() if name != config and w.process.poll() is None]

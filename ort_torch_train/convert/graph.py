@@ -66,6 +66,7 @@ def convert_graph(
     used_placeholder_names: set[str] = set()
     if examples is None:
         examples = [torch.zeros(spec.shape, dtype=spec.dtype) for spec in input_specs]
+    written = _written_in_place(graph)
     for value_info, spec, example in zip(graph.input, input_specs, examples):
         name = re.sub(r"\W", "_", value_info.name) or "input"
         if not name.isidentifier() or name in used_placeholder_names:
@@ -73,7 +74,9 @@ def convert_graph(
         used_placeholder_names.add(name)
         builder.fx_nodes[value_info.name] = builder.fx_graph.placeholder(name)
         builder.fx_nodes[value_info.name].meta["val"] = torch.empty(spec.shape, dtype=spec.dtype, device="meta")
-        builder.values[value_info.name] = Value(example.detach().to("cpu", copy=True), False, True)  # runs may write
+        # the example run writes some inputs (a training BatchNorm's running statistics): those are copies
+        copied = value_info.name in written
+        builder.values[value_info.name] = Value(example.detach().to("cpu", copy=copied), False, True)
     graph_inputs = {value_info.name for value_info in graph.input}
     for initializer in graph.initializer:
         if initializer.name not in graph_inputs:
@@ -99,6 +102,20 @@ def convert_graph(
     for parameter in module.parameters():  # weights a converter absorbed from constants
         parameter.requires_grad_(False)
     return module
+
+
+def _written_in_place(graph: onnx.GraphProto) -> set[str]:
+    """Names whose tensors a node of ``graph`` (or of a subgraph) updates in place when run: the running
+    mean and variance of BatchNormalization (adapters/normalization.py). Other adapters do not write
+    their inputs."""
+    written: set[str] = set()
+    for node in graph.node:
+        if node.op_type == "BatchNormalization" and len(node.input) >= 5:
+            written.update(node.input[3:5])
+        for attribute in node.attribute:
+            for subgraph in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
+                written |= _written_in_place(subgraph)
+    return written
 
 
 def _subgraph_converter(opsets: dict[str, int], training: bool) -> SubgraphConverter:
