@@ -22,6 +22,7 @@ import torch
 from torch import fx, nn
 
 from ort_torch_train.adapters.common import Inline
+from ort_torch_train.adapters.normalization import RUNNING_STATISTICS_OPS
 from ort_torch_train.adapters.registry import SubgraphConverter
 from ort_torch_train.convert.builder import Builder, Value, meta_value
 from ort_torch_train.convert.control_flow import CONTROL_FLOW_OPS, convert_control_flow
@@ -106,11 +107,12 @@ def convert_graph(
 
 def _written_in_place(graph: onnx.GraphProto) -> set[str]:
     """Names whose tensors a node of ``graph`` (or of a subgraph) updates in place when run: the running
-    mean and variance of BatchNormalization (adapters/normalization.py). Other adapters do not write
+    mean and variance of BatchNormalization and com.microsoft BatchNormInternal (adapters/normalization.py,
+    the ops registered to BatchNorm). Other adapters do not write
     their inputs."""
     written: set[str] = set()
     for node in graph.node:
-        if node.op_type == "BatchNormalization" and len(node.input) >= 5:
+        if node.op_type in RUNNING_STATISTICS_OPS and len(node.input) >= 5:
             written.update(node.input[3:5])
         for attribute in node.attribute:
             for subgraph in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
