@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -153,8 +154,14 @@ class TrainingState:
     @classmethod
     def load(cls, source: str | os.PathLike | bytes | bytearray | memoryview) -> TrainingState:
         """Load an ORT checkpoint file (or its bytes)."""
+        started = time.perf_counter()
         state = cls.from_record(read_checkpoint(source))
-        log.info("loaded checkpoint %s: %d parameters", _source_text(source), len(state.params))
+        log.info(
+            "loaded checkpoint %s: %d parameters in %.2f s",
+            _source_text(source),
+            len(state.params),
+            time.perf_counter() - started,
+        )
         return state
 
     @classmethod

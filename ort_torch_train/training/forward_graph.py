@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -139,7 +140,11 @@ class ForwardGraph:
             variant,
             [(tuple(t.shape), str(t.dtype)) for t in inputs],
         )
+        started = time.perf_counter()
         module = self._convert(inputs, params)
+        log.info(
+            "converted the %s graph in %.2f s", "training" if self.training else "eval", time.perf_counter() - started
+        )
         if dynamic:
             probes = self._size_probes(inputs, params)
             if probes.groups:
