@@ -34,51 +34,20 @@ import os
 import resource
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(BENCH / "harness"))
+
+from lm_models import TransformersLogits  # noqa: E402
+from memory import RssSampler, memory_mib  # noqa: E402
 
 GPT2_LARGE = {"n_embd": 1280, "n_layer": 36, "n_head": 20}
 SMALL = {"n_embd": 64, "n_layer": 2, "n_head": 2, "vocab_size": 256}
 SMALL_THRESHOLD = 4096  # bytes: the small model takes the external-data path too
 ROOT = Path(__file__).resolve().parents[2]
 ORT_PYTHON = Path(os.environ.get("ORT_TRAINING_PYTHON", ROOT / ".venv-ort" / "bin" / "python"))
-
-
-def memory_mib() -> dict[str, float]:
-    """VmRSS and its anonymous part (RssAnon; the rest is mapped files), in MiB."""
-    fields = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "RssAnon"):
-            fields[key] = int(value.split()[0]) / 1024
-    return fields
-
-
-class RssSampler:
-    """The highest VmRSS and RssAnon seen while it runs (sampled every 5 ms)."""
-
-    def __init__(self) -> None:
-        self.peak = memory_mib()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.005):
-            self._update()
-
-    def _update(self) -> None:
-        for key, value in memory_mib().items():
-            self.peak[key] = max(self.peak.get(key, 0.0), value)
-
-    def __enter__(self) -> RssSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._update()
 
 
 def phase_result(name: str, start: float, sampler: RssSampler, **extra: object) -> dict:
@@ -106,20 +75,12 @@ def export(out: Path, small: bool, batch: int, tokens: int) -> dict:
     import torch
     import transformers
 
-    class Logits(torch.nn.Module):
-        def __init__(self, model: torch.nn.Module) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, ids: torch.Tensor) -> torch.Tensor:
-            return self.model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.flatten(0, 1)
-
     start = time.perf_counter()
     with RssSampler() as sampler:
         torch.manual_seed(0)
         gpt2 = config(small, tokens)
         with torch.no_grad():
-            model = Logits(transformers.GPT2LMHeadModel(gpt2))
+            model = TransformersLogits(transformers.GPT2LMHeadModel(gpt2))
         parameters = sum(p.numel() for p in model.parameters())
         (out / "base").mkdir(parents=True, exist_ok=True)
         torch.onnx.export(

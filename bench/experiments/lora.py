@@ -30,46 +30,23 @@ import resource
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(BENCH / "harness"))
+
+from lm_models import TransformersLogits  # noqa: E402
+from memory import RssSampler, memory_mib  # noqa: E402
 
 VARIANTS = ("full", "lora", "lora-bf16")
 TARGETS = ["*attn.c_attn.weight", "*attn.c_proj.weight", "*mlp.c_fc.weight", "*mlp.c_proj.weight"]
 SMALL = {"n_embd": 64, "n_layer": 2, "n_head": 2, "vocab_size": 256}
 
 
-def rss_mib() -> float:
-    """The process's resident set now, in MiB (Linux /proc)."""
-    pages = int(Path("/proc/self/statm").read_text().split()[1])
-    return pages * resource.getpagesize() / 2**20
-
-
 def peak_rss_mib() -> float:
     """The process's peak resident set so far, in MiB (Linux reports ru_maxrss in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-class RssSampler:
-    """The highest resident set seen while it runs (sampled every millisecond from /proc)."""
-
-    def __init__(self) -> None:
-        self.peak = rss_mib()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.001):
-            self.peak = max(self.peak, rss_mib())
-
-    def __enter__(self) -> RssSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, rss_mib())
 
 
 def prepare(out: Path, small: bool, batch: int, tokens: int) -> None:
@@ -78,14 +55,6 @@ def prepare(out: Path, small: bool, batch: int, tokens: int) -> None:
 
     from ort_torch_train.artifacts import AdamW, LossType, generate_artifacts
 
-    class Logits(torch.nn.Module):
-        def __init__(self, model: torch.nn.Module) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, ids: torch.Tensor) -> torch.Tensor:
-            return self.model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.flatten(0, 1)
-
     torch.manual_seed(0)
     sizes = {**SMALL, "bos_token_id": 0, "eos_token_id": 0} if small else {}
     config = transformers.GPT2Config(
@@ -93,7 +62,7 @@ def prepare(out: Path, small: bool, batch: int, tokens: int) -> None:
         attn_pdrop=0.0, **sizes,
     )  # fmt: skip
     generate_artifacts(
-        Logits(transformers.GPT2LMHeadModel(config)),
+        TransformersLogits(transformers.GPT2LMHeadModel(config)),
         example_inputs=(torch.zeros(batch, tokens, dtype=torch.int64),),
         input_names=["tokens"],
         output_names=["logits"],
@@ -121,7 +90,7 @@ def run(directory: Path, variant: str, steps: int, threads: int) -> dict:
     state = CheckpointState.load_checkpoint(directory / "checkpoint")
     module = Module(directory / "training_model.onnx", state, lora=lora)
     optimizer = Optimizer(directory / "optimizer_model.onnx", module)
-    built_rss = rss_mib()
+    built_rss = memory_mib()["VmRSS"]
     rng = np.random.default_rng(0)
     times, losses = [], []
     with RssSampler() as sampler:
@@ -141,7 +110,7 @@ def run(directory: Path, variant: str, steps: int, threads: int) -> dict:
         "all_parameters": total,
         "trainable_share": trainable / total,
         "rss_built_mib": round(built_rss, 1),
-        "peak_rss_steps_mib": round(sampler.peak, 1),
+        "peak_rss_steps_mib": round(sampler.peak["VmRSS"], 1),
         "peak_rss_mib": round(peak_rss_mib(), 1),
         "median_step_s": statistics.median(times),
         "losses": losses,

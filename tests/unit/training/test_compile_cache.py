@@ -177,7 +177,13 @@ def test_two_processes_filling_one_cache_keep_every_entry(tmp_path):
     """Two processes starting on a new directory at once agree on one key and keep each other's entries."""
     directory = tmp_path / "cache"
     writers = [subprocess.Popen([sys.executable, "-c", _WRITER, str(directory), name, "20"], cwd=ROOT) for name in "ab"]
-    assert [writer.wait(timeout=120) for writer in writers] == [0, 0]
+    try:
+        assert [writer.wait(timeout=120) for writer in writers] == [0, 0]
+    finally:  # a writer stuck past the timeout fails the test and is not left behind
+        for writer in writers:
+            if writer.poll() is None:
+                writer.kill()
+                writer.wait()
     store = CacheStore(directory)
     assert store.entry_count() == 40 and not list(directory.glob("**/.*"))
     for name in "ab":
