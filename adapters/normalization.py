@@ -68,8 +68,6 @@ def _batch_norm(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) ->
     return result(module, node)
 
 
-# the ops converted to BatchNorm, whose inputs 3 and 4 (running mean and variance) it updates in place
-RUNNING_STATISTICS_OPS = ("BatchNormalization", "BatchNormInternal")
 register("BatchNormalization", since=1)(_batch_norm)
 register("BatchNormInternal", domain=MICROSOFT)(_batch_norm)
 

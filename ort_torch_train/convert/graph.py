@@ -22,12 +22,12 @@ import torch
 from torch import fx, nn
 
 from ort_torch_train.adapters.common import Inline
-from ort_torch_train.adapters.normalization import RUNNING_STATISTICS_OPS
 from ort_torch_train.adapters.registry import SubgraphConverter
 from ort_torch_train.convert.builder import Builder, Value, meta_value
 from ort_torch_train.convert.control_flow import CONTROL_FLOW_OPS, convert_control_flow
 from ort_torch_train.convert.matrix_products import ProductRecorder
 from ort_torch_train.convert.op_traits import (
+    inputs_written_in_place,
     is_random,
     output_shapes_static,
 )
@@ -106,14 +106,10 @@ def convert_graph(
 
 
 def _written_in_place(graph: onnx.GraphProto) -> set[str]:
-    """Names whose tensors a node of ``graph`` (or of a subgraph) updates in place when run: the running
-    mean and variance of BatchNormalization and com.microsoft BatchNormInternal (adapters/normalization.py,
-    the ops registered to BatchNorm). Other adapters do not write
-    their inputs."""
+    """Names whose tensors a node of ``graph`` (or of a subgraph) updates in place when run (op_traits)."""
     written: set[str] = set()
     for node in graph.node:
-        if node.op_type in RUNNING_STATISTICS_OPS and len(node.input) >= 5:
-            written.update(node.input[3:5])
+        written.update(inputs_written_in_place(node.domain or "", node.op_type, node.input))
         for attribute in node.attribute:
             for subgraph in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
                 written |= _written_in_place(subgraph)

@@ -1,4 +1,4 @@
-"""What the conversion pass must know about operators: randomness and shape dependence."""
+"""What the conversion pass must know about operators: randomness, shape dependence, inputs written in place."""
 
 from __future__ import annotations
 
@@ -58,6 +58,19 @@ _SHAPE_VALUE_INPUTS: dict[str, tuple[int, ...]] = {
     "ReduceLogSumExp": (1,),
     "ReduceSumSquare": (1,),
 }
+
+
+# Positions of inputs a node updates in place when run: a training BatchNorm's running mean and variance
+# (adapters/normalization.py).
+_WRITTEN_INPUTS: dict[tuple[str, str], tuple[int, ...]] = {
+    ("", "BatchNormalization"): (3, 4),
+    ("com.microsoft", "BatchNormInternal"): (3, 4),
+}
+
+
+def inputs_written_in_place(domain: str, op_type: str, inputs: Sequence[str]) -> list[str]:
+    """The names of the node's inputs that running it updates in place."""
+    return [inputs[i] for i in _WRITTEN_INPUTS.get((domain, op_type), ()) if i < len(inputs) and inputs[i]]
 
 
 def is_random(domain: str, op_type: str) -> bool:
