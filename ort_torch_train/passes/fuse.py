@@ -107,18 +107,19 @@ def _fuse_attention(module: fx.GraphModule) -> int:
     graph = module.graph
     count = 0
     for softmax in list(graph.nodes):
-        if not _is_call(softmax, torch.softmax, 2) or len(softmax.users) != 1:
+        if not _is_call(softmax, torch.softmax, 2):
             continue
         scores_val = _val(softmax)
         if scores_val is None or scores_val.dim() < 3 or args_of(softmax)[1] != scores_val.dim() - 1:
             continue
-        output = _only_user(softmax)
-        if not (_is_call(output, torch.matmul, 2) and args_of(output)[0] is softmax):
+        read = _probabilities_reader(module, softmax)
+        parts = None if read is None else _attention_parts(module, args_of(softmax)[0])
+        if read is None or parts is None:
             continue
-        parts = _attention_parts(module, args_of(softmax)[0])
-        if parts is None:
-            continue
+        output, guarded = read
         query, key_transposed, mask, scale, key_scaled = parts
+        if guarded and mask is not None and not _attends_somewhere(module, mask):
+            continue
         value = args_of(output)[1]
         if not _same_batch(scores_val, query, key_transposed, value):
             continue
@@ -133,6 +134,37 @@ def _fuse_attention(module: fx.GraphModule) -> int:
         output.replace_all_uses_with(fused)
         count += 1
     return count
+
+
+def _probabilities_reader(module: fx.GraphModule, softmax: fx.Node) -> tuple[fx.Node, bool] | None:
+    """The ``matmul(probabilities, v)`` reading the softmax, directly or through the NaN guard that
+    torch's exporter writes after it (``where(isnan(p), 0, p)``: a row masked everywhere gives zeros),
+    and whether it is guarded; None for any other use."""
+    users = list(softmax.users)
+    guards = [user for user in users if _is_call(user, torch.where, 3)]
+    reader: fx.Node | None = softmax
+    if len(users) == 2 and len(guards) == 1:
+        reader = guards[0]
+        condition, zero, probabilities = args_of(reader)
+        is_nan = _is_call(condition, torch.isnan, 1) and args_of(condition)[0] is softmax
+        if not (is_nan and condition in users and probabilities is softmax and _scalar_value(module, zero) == 0.0):
+            return None
+    elif len(users) != 1:
+        return None
+    output = _only_user(reader)
+    if not (_is_call(output, torch.matmul, 2) and args_of(output)[0] is reader):
+        return None
+    return output, reader is not softmax
+
+
+def _attends_somewhere(module: fx.GraphModule, mask: fx.Node) -> bool:
+    """Whether a constant mask lets every query attend to at least one position (then the NaN guard
+    never fires, and SDPA, which has none, gives the same result)."""
+    value = _constant(module, mask)
+    if value is None:
+        return False
+    attends = value if value.dtype == torch.bool else value != -torch.inf
+    return bool(attends.any(-1).all())
 
 
 def _is_causal(module: fx.GraphModule, mask: fx.Node, scores_val: torch.Tensor) -> bool:

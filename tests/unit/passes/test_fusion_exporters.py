@@ -3,6 +3,7 @@ graph's outputs and parameter gradients match the unfused graph's and the torch 
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -234,3 +235,51 @@ def test_rotary_with_computed_sin_fuses_with_one_sign_multiplication():
     (got * upstream).sum().backward()
     (expected * upstream).sum().backward()
     torch.testing.assert_close(weight.grad, reference_weight.grad, atol=1e-6, rtol=1e-6)
+
+
+class Logits(nn.Module):
+    """A ``transformers`` language model's logits alone, with an all-ones attention mask."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids):
+        return self.model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+
+
+@pytest.mark.parametrize("fully_masked_row", [False, True], ids=["causal", "a-row-masked-everywhere"])
+def test_transformers_sdpa_attention_with_the_exporters_nan_guard_fuses(fully_masked_row):
+    """transformers' GPT-2 (SDPA attention) exports softmax(scores + where(mask, 0, -inf)) followed by
+    where(isnan(p), 0, p): it fuses to causal SDPA, unless a query attends nowhere (the guard then matters)."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(
+        vocab_size=50, n_positions=8, n_embd=16, n_layer=2, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0,
+        attn_pdrop=0.0, use_cache=False, attn_implementation="sdpa", bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = Logits(transformers.GPT2LMHeadModel(config)).train()
+    x = torch.randint(0, 50, (2, 8))
+    proto = _export(model, x, False)
+    named = dict(model.named_parameters(remove_duplicate=False))
+    names = _parameters_as_inputs(proto, named)
+    parameters = [named[n] for n in names]
+    specs = [TensorSpec(tuple(t.shape), t.dtype) for t in (x, *parameters)]
+    fused = _convert(proto, specs, False)
+    if fully_masked_row:  # the first query of each layer's mask attends nowhere
+        for name, buffer in fused.constants.named_buffers():
+            if buffer.shape[-2:] == (8, 8) and buffer.is_floating_point():
+                buffer[..., 0, :] = -torch.inf
+    unfused = copy.deepcopy(fused)
+    fuse_converted(fused, torch.device("cpu"))
+
+    attention = [n for n in fused.graph.nodes if n.target is F.scaled_dot_product_attention]
+    assert [n.kwargs.get("is_causal") for n in attention] == ([] if fully_masked_row else [True, True])
+    got, got_grads, weights = _outputs_and_grads(fused, x, parameters)
+    ref, ref_grads, _ = _outputs_and_grads(unfused, x, parameters, weights)
+    assert not got.isnan().any()  # the guarded softmax's backward is NaN on a row masked everywhere
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    for n, fused_grad, reference in zip(names, got_grads, ref_grads):
+        torch.testing.assert_close(
+            fused_grad, reference, atol=1e-5, rtol=1e-4, equal_nan=True, msg=lambda m: f"{n}: {m}"
+        )
