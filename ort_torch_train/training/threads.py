@@ -11,10 +11,10 @@ policy started), how many of this process's CPUs other processes kept busy since
 process's) and run on the cores left: at least one, at most the count torch had when the policy
 started (or that the caller set since with ``torch.set_num_threads``).
 
-Auto changes the count with the load and, with it, the last bits of reductions and matrix products,
-so a count the user pins is kept instead: ``set_threads(n)`` fixes n threads and
-``set_threads("torch")`` leaves torch's count alone (both repeat bit for bit whatever the load).
-Without a call the environment pins it, read once at the first CPU step (``default_threads``):
+Auto changes the count with the load and, with it, the last bits of reductions and matrix products;
+a pinned count repeats bit for bit whatever the load: ``set_threads(n)`` fixes n threads and
+``set_threads("torch")`` leaves torch's count alone. Without a call the environment chooses, read
+once at the first CPU step (``default_threads``):
 ``ORT_TORCH_TRAIN_THREADS`` ("auto", "torch" or n, as ``--threads`` takes it), else
 ``OMP_NUM_THREADS`` when set (torch's count, which OpenMP took from it), else auto.
 
