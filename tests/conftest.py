@@ -13,19 +13,25 @@ Otherwise ``compile``, ``distributed``, ``ort_peer`` and ``slow`` are set on the
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
+from ort_torch_train.training.threads import THREADS_VARIABLE, set_threads, threads_setting
 from tests.helpers.corpus import Case, corpus_cases
 from tests.helpers.paths import FIXTURES, REFCORPUS
 
 TESTS = Path(__file__).resolve().parent
 # compiled tests compile: no test loads another's steps from the per-user compile cache unless it names one
 os.environ["ORT_TORCH_TRAIN_CACHE_DIR"] = "off"
-# the CLI's --threads auto follows the machine's load, and with it the last bits of a reduction: tests
-# that compare runs bit for bit run on a fixed count (tests/unit/training/test_threads.py tests auto)
-os.environ["ORT_TORCH_TRAIN_THREADS"] = "2"
+# the default thread policy, auto, follows the machine's load, and with it the last bits of a reduction:
+# tests that compare runs bit for bit run on a fixed count, in this process (from its first tensor on)
+# and in the processes it starts (tests/unit/training/test_threads.py tests the policies)
+SUITE_THREADS = 2
+os.environ[THREADS_VARIABLE] = str(SUITE_THREADS)
+set_threads(SUITE_THREADS)
 FOLDER_MARKERS = ("unit", "parity", "integration")
 
 
@@ -60,6 +66,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker("cuda")
         if _compiles(item) and item.get_closest_marker("compile") is None:
             item.add_marker("compile")
+
+
+@pytest.fixture
+def restored_threads() -> Iterator[None]:
+    """The thread policy and torch's count put back as they were after the test."""
+    setting, count = threads_setting(), torch.get_num_threads()
+    yield
+    set_threads(setting)
+    torch.set_num_threads(count)
 
 
 @pytest.fixture

@@ -10,14 +10,17 @@ after. Models: the reference corpus's cases (``../shared/refcorpus``: one batch 
 data) and ``gpt2``, a random-init ``transformers`` GPT-2 of ``--gpt2 hidden,layers,heads,batch,tokens``
 (default the 124M shape; the bench harness builds and caches its artifacts). Policies:
 
-    default  torch's thread count, fixed (set_threads(torch.get_num_threads())): the former behaviour
-    auto     set_threads("auto") (the CLI's default): threads follow the cores other processes leave free
+    default  torch's thread count, fixed (set_threads(torch.get_num_threads())): the library's former default
+    library  no set_threads call: the library's default policy (auto unless OMP_NUM_THREADS is set;
+             ORT_TORCH_TRAIN_THREADS is removed from the workers' environment)
+    auto     set_threads("auto"): threads follow the cores other processes leave free
     one      set_threads(1)
     passive  auto, with OMP_WAIT_POLICY=PASSIVE (libgomp) and KMP_BLOCKTIME=0 (Intel OpenMP)
     fixed-passive  torch's thread count, fixed, with those two settings
 
 Prints the median step time of each setting, its slowdown against the same policy on the idle
-machine, and the idle time against ``default``; writes the table to ``--out/contention-<time>.json``.
+machine, the idle time against ``default`` and the policy in effect at the end
+(``threads_setting``); writes the table to ``--out/contention-<time>.json``.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import numpy as np
 import torch
 
 from ort_torch_train.api import CheckpointState, Module, Optimizer, set_threads
+from ort_torch_train.training.threads import THREADS_VARIABLE, threads_setting
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT.parent / "shared" / "refcorpus"
@@ -45,7 +49,7 @@ from lm_models import tiny_transformer  # noqa: E402
 from model_artifacts import prepare_artifacts  # noqa: E402
 from models import BenchModel  # noqa: E402
 
-POLICIES = ("default", "auto", "one", "passive", "fixed-passive")
+POLICIES = ("default", "library", "auto", "one", "passive", "fixed-passive")
 
 
 def main() -> int:
@@ -90,7 +94,8 @@ def main() -> int:
 
 def _measure(setting: dict, competitors: int) -> dict:
     """One setting in a fresh process, with ``competitors`` busy processes running alongside."""
-    environment = {key: value for key, value in os.environ.items() if key not in ("OMP_WAIT_POLICY", "KMP_BLOCKTIME")}
+    unset = ("OMP_WAIT_POLICY", "KMP_BLOCKTIME", THREADS_VARIABLE)
+    environment = {key: value for key, value in os.environ.items() if key not in unset}
     if setting["policy"] in ("passive", "fixed-passive"):
         environment.update(OMP_WAIT_POLICY="PASSIVE", KMP_BLOCKTIME="0")
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(competitors)]
@@ -117,7 +122,8 @@ def _worker(setting: dict) -> dict:
     directory, inputs = _model(setting)
     policy = setting["policy"]
     fixed = policy in ("default", "fixed-passive")
-    set_threads(torch.get_num_threads() if fixed else 1 if policy == "one" else "auto")
+    if policy != "library":
+        set_threads(torch.get_num_threads() if fixed else 1 if policy == "one" else "auto")
     state = CheckpointState.load_checkpoint(directory / "checkpoint")
     module = Module(directory / "training_model.onnx", state, compile=setting["compile"])
     optimizer = Optimizer(directory / "optimizer_model.onnx", module)
@@ -133,6 +139,7 @@ def _worker(setting: dict) -> dict:
         "median_ms": 1000 * statistics.median(times),
         "p90_ms": 1000 * float(np.percentile(times, 90)),
         "threads_at_end": torch.get_num_threads(),
+        "threads_setting": str(threads_setting()),
     }
 
 
@@ -164,7 +171,8 @@ def _model(setting: dict) -> tuple[Path, list]:
 def _print_table(rows: list[dict]) -> None:
     idle = {(row["model"], row["policy"]): row["median_ms"] for row in rows if row["competitors"] == 0}
     print(
-        f"{'model':<14} {'policy':<8} {'busy':>4} {'ms/step':>9} {'vs idle':>8} {'idle vs default':>16} {'threads':>7}"
+        f"{'model':<14} {'policy':<8} {'busy':>4} {'ms/step':>9} {'vs idle':>8} {'idle vs default':>16} "
+        f"{'threads':>7} {'policy in effect':>16}"
     )
     for row in rows:
         own_idle = idle.get((row["model"], row["policy"]))
@@ -177,7 +185,7 @@ def _print_table(rows: list[dict]) -> None:
         )
         print(
             f"{row['model']:<14} {row['policy']:<8} {row['competitors']:>4} {row['median_ms']:>9.2f} "
-            f"{slowdown:>8} {change:>16} {row['threads_at_end']:>7}"
+            f"{slowdown:>8} {change:>16} {row['threads_at_end']:>7} {row['threads_setting']:>16}"
         )
 
 

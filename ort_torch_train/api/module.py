@@ -52,8 +52,8 @@ class Module(nn.Module):
     forward; see ``training/recompute.py``); with ``compile`` the train forward is compiled with
     its checkpointed segments (AOTAutograd recomputes them in the compiled backward) and the
     optimizer update runs after it, not in the same graph. ``session_options`` (an ORT
-    SessionOptions) is accepted for compatibility and not used: threads are torch's, chosen by
-    ``set_threads`` (``set_threads("auto")`` follows the cores other processes leave free).
+    SessionOptions) is accepted for compatibility and not used: CPU steps run on torch's threads, whose
+    count follows the cores other processes leave free unless pinned (``set_threads``).
     Compiled steps are saved in and loaded from a per-user compile cache (``compile_cache``: None the
     default directory, a path another, False none; see ``training/compile/cache.py``).
     With ``compile``, ``dynamic`` (default True) lets the axes the ONNX graph leaves symbolic (batch,

@@ -60,6 +60,7 @@ from ort_torch_train.trainer import (
     with_model_outputs,
 )
 from ort_torch_train.trainer.data import data_position, keep_batch
+from ort_torch_train.training.threads import default_threads
 
 NEEDS_MODEL_OUTPUTS = ("loss", "perplexity")  # metrics that need only the loss
 
@@ -117,7 +118,7 @@ def metric_name(text: str) -> str:
 
 def train(args: argparse.Namespace, launch: Launch, device: str) -> None:
     """``run_train`` on this rank."""
-    set_threads(args.threads)
+    set_threads(default_threads() if args.threads is None else args.threads)
     job = prepare(args)
     module = Module(
         job.training_model,

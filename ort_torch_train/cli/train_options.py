@@ -6,8 +6,9 @@ Each group is one function: a new option goes into its group's function (or a ne
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Callable
+
+from ort_torch_train.training.threads import THREADS_VARIABLE, parse_threads
 
 ArgType = Callable[[str], object]
 
@@ -142,20 +143,12 @@ def add_schedule_options(
     group.add_argument("--total-steps", type=positive_int, metavar="N", help="step at which linear/cosine reach 0")
 
 
-THREADS_VARIABLE = "ORT_TORCH_TRAIN_THREADS"  # the default of --threads
-
-
 def thread_count(text: str) -> int | str:
-    """argparse type of --threads: a positive integer or "auto"."""
-    if text == "auto":
-        return text
+    """argparse type of --threads: "auto", "torch" or a positive integer (``parse_threads``)."""
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer or auto, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer or auto, got {text!r}")
-    return value
+        return parse_threads(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error).removeprefix("threads: ")) from None
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
@@ -165,10 +158,10 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--threads",
         type=thread_count,
-        default=thread_count(os.environ.get(THREADS_VARIABLE, "auto")),
-        metavar="N|auto",
-        help=f"CPU threads per step: N, or auto (the default, or ${THREADS_VARIABLE}): the cores other "
-        "processes leave free (results may then differ in the last bits between runs under different loads)",
+        metavar="N|auto|torch",
+        help=f"CPU threads per step: N, auto (the cores other processes leave free; results may then differ "
+        "in the last bits between runs under different loads) or torch (torch's count, untouched). "
+        f"Default: ${THREADS_VARIABLE}, else torch when $OMP_NUM_THREADS is set, else auto",
     )
     group.add_argument(
         "--compile",

@@ -15,9 +15,8 @@ import logging
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from ort_torch_train.api import Module, Optimizer
+from ort_torch_train.api import Module, Optimizer, set_threads
 from ort_torch_train.training.compile.cache import load_compile_cache, save_compile_cache
 from tests.helpers.corpus import Case
 
@@ -48,7 +47,7 @@ def main() -> None:
     parser.add_argument("--copy", type=Path, help="a directory save_compile_cache copies the steps into")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-    torch.set_num_threads(1)
+    set_threads(1)
     library_builds = count_library_builds()
     load_compile_cache(args.cache)
     case = Case(args.case)

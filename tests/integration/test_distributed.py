@@ -48,7 +48,14 @@ def launch(
             else {"RANK": str(rank), "WORLD_SIZE": str(WORLD_SIZE), "LOCAL_RANK": str(rank)}
         )
         environ = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-        env = {**environ, **ranks, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+        env = {
+            **environ,
+            **ranks,
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+            "ORT_TORCH_TRAIN_THREADS": "1",
+        }
         procs.append(
             subprocess.Popen(
                 [sys.executable, "-m", worker_module, scenario, str(out)],

@@ -22,7 +22,7 @@ def test_saves_from_a_sigterm_handler_hold_one_step(tmp_path: Path) -> None:
     worker = subprocess.Popen(
         [sys.executable, "-m", preemption_worker.__name__, str(tmp_path), "60"],
         cwd=ROOT,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env={**os.environ, "OMP_NUM_THREADS": "1", "ORT_TORCH_TRAIN_THREADS": "1"},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -19,7 +19,7 @@ SIZE_OPS = ("Expand", "Tile", "ConstantOfShape", "Range")
 
 
 def _bombs(*names: str) -> dict:
-    environment = {**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2"}
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", "ORT_TORCH_TRAIN_THREADS": "1", "MALLOC_ARENA_MAX": "2"}
     process = subprocess.run(
         [sys.executable, "-m", "tests.helpers.graph_bombs", *names],
         capture_output=True,

@@ -28,12 +28,8 @@ def _mkl_threads() -> int:
 
 
 @pytest.fixture
-def two_threads():
-    before = torch.get_num_threads()
+def two_threads(restored_threads):
     set_threads(2)  # fixed: the steps' load-following policy would change it on a busy machine
-    yield
-    set_threads("auto")
-    torch.set_num_threads(before)
 
 
 def _mlp_module(directory: Path = MLP / "artifacts") -> tuple[Module, Optimizer]:
