@@ -154,7 +154,7 @@ def _upcasts_input(node: fx.Node) -> bool:
         return False
     source, dtype = args_of(node)
     meta = val(source)
-    return source.op == "placeholder" and meta is not None and meta.dtype in LOW_PRECISION and dtype in WIDER
+    return meta is not None and source.op == "placeholder" and meta.dtype in LOW_PRECISION and dtype in WIDER
 
 
 def _take_in(module: fx.GraphModule, reader: fx.Node, casts: dict[fx.Node, tuple[Any, Any]]) -> bool:
@@ -162,21 +162,25 @@ def _take_in(module: fx.GraphModule, reader: fx.Node, casts: dict[fx.Node, tuple
     (directly, not inside a list); False for a reader of another kind. ``casts``: each cast's (input, dtype)."""
     args, kwargs = args_of(reader), kwargs_of(reader)
     upcasts: list[tuple[Position, torch.dtype]] = [
-        (index, casts[arg][1]) for index, arg in enumerate(args) if arg in casts
+        (index, casts[arg][1]) for index, arg in enumerate(args) if _is_cast(arg, casts)
     ]
-    upcasts += [(key, casts[arg][1]) for key, arg in kwargs.items() if arg in casts]
+    upcasts += [(key, casts[arg][1]) for key, arg in kwargs.items() if _is_cast(arg, casts)]
     if reader.op not in ("call_function", "call_method") or not upcasts:
         return False
     name = _free_name(module, f"upcast_{reader.name}")
     module.add_submodule(name, UpcastOperands(reader.target, tuple(upcasts)))
-    arguments = tuple(casts[arg][0] if arg in casts else arg for arg in args)
-    keywords = {key: casts[arg][0] if arg in casts else arg for key, arg in kwargs.items()}
+    arguments = tuple(casts[arg][0] if _is_cast(arg, casts) else arg for arg in args)
+    keywords = {key: casts[arg][0] if _is_cast(arg, casts) else arg for key, arg in kwargs.items()}
     with module.graph.inserting_before(reader):
         replacement = module.graph.call_module(name, arguments, keywords)
     replacement.meta = dict(reader.meta)
     reader.replace_all_uses_with(replacement)
     module.graph.erase_node(reader)
     return True
+
+
+def _is_cast(arg: Any, casts: dict[fx.Node, tuple[Any, Any]]) -> bool:
+    return isinstance(arg, fx.Node) and arg in casts
 
 
 def _free_name(module: fx.GraphModule, name: str) -> str:

@@ -2,10 +2,12 @@
 of a frozen weight is saved for backward, and losses and adapter gradients stay bitwise the same."""
 
 import gc
+import operator
 
 import numpy as np
 import pytest
 import torch
+from torch import fx
 
 from ort_torch_train.api import CheckpointState, Module
 from ort_torch_train.artifacts import LossType, OptimType, generate_artifacts
@@ -124,3 +126,40 @@ def test_a_frozen_weight_changed_before_backward_is_an_error(tmp_path) -> None:
         frozen.add_(1)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
+
+
+def test_readers_of_every_kind_get_the_same_values() -> None:
+    """A cast read directly, as a method's receiver, by keyword, beside list and slice arguments and inside a list:
+    the last keeps its cast, moved next to it; every output and gradient is unchanged."""
+    graph = fx.Graph()
+    weight, x = graph.placeholder("weight"), graph.placeholder("x")
+    weight.meta["val"] = torch.empty(4, 4, dtype=torch.bfloat16, device="meta")
+    x.meta["val"] = torch.empty(4, 4, device="meta")
+    cast = graph.call_method("to", (weight, torch.float32))
+    product = graph.call_function(torch.matmul, (x, cast))
+    pieces = graph.call_method("split", (cast, [1, 3]))
+    scaled = graph.call_function(torch.mul, (x,), {"other": cast})
+    joined = graph.call_function(torch.cat, ([cast, scaled],))
+    first = graph.call_function(operator.getitem, (pieces, 0))
+    columns = graph.call_function(operator.getitem, (cast, (slice(None), slice(1, None))))
+    graph.output((product, joined, first, columns))
+    plain = fx.GraphModule(torch.nn.Module(), graph)
+    upcast = fx.GraphModule(torch.nn.Module(), fx.Graph())
+    upcast.graph = plain.graph.__deepcopy__()
+    upcast_where_used(upcast, CPU)
+    upcast.recompile()
+    kinds = [m.function for m in upcast.modules() if isinstance(m, UpcastOperands)]
+    assert kinds == [torch.matmul, "split", torch.mul, operator.getitem]
+    cat = next(node for node in upcast.graph.nodes if node.target is torch.cat)
+    assert cat.prev.target == "to" and len(cat.prev.users) == 1  # the cast moved to its one reader left
+
+    torch.manual_seed(0)
+    weight_value = torch.randn(4, 4).to(torch.bfloat16)
+    results = []
+    for module in (plain, upcast):
+        leaf = torch.randn(4, 4, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        outputs = module(weight_value, leaf)
+        sum((o.sum() * (i + 1) for i, o in enumerate(outputs)), torch.zeros(())).backward()
+        results.append(([o.detach() for o in outputs], leaf.grad))
+    (plain_outputs, plain_grad), (outputs, grad) = results
+    assert all(torch.equal(o, p) for o, p in zip(outputs, plain_outputs)) and torch.equal(grad, plain_grad)
