@@ -74,6 +74,9 @@ __all__ = [
     "functional_collectives",
     # pytree: a module's outputs counted as torch.onnx.export flattens them
     "tree_leaves",
+    # autograd: the saved-tensors hooks in force (checkpoint's, a caller's), which hooks nested inside
+    # must hand on what they do not pack themselves; saved_tensors_hooks has no public accessor
+    "current_saved_tensors_hooks",
 ]
 
 UNSERIALIZABLE_GUARD_TYPES = CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
@@ -151,3 +154,8 @@ def onednn_linear_pointwise(x: Tensor, weight: Tensor, bias: Tensor | None) -> T
     """``x @ weight.T (+ bias)`` on oneDNN, strided inputs read as they are: the mkldnn kernel inductor
     uses for frozen weights, which no public op reaches."""
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def current_saved_tensors_hooks() -> tuple[Callable[[Tensor], Any], Callable[[Any], Tensor]] | None:
+    """The innermost ``torch.autograd.graph.saved_tensors_hooks`` in force (pack, unpack), or None."""
+    return torch._C._autograd._top_saved_tensors_default_hooks(False)

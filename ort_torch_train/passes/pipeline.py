@@ -7,7 +7,8 @@ FlexAttention's mods). Then comes the restructuring a forward graph may ask for 
 checkpointed segments, ``RESTRUCTURE``), and last the rewrites for one way of running the module,
 which see its top graph only:
 
-* eager: row-wise regions on 2-D activations (``fuse_rows.py``);
+* eager: row-wise regions on 2-D activations (``fuse_rows.py``), then low-precision frozen parameters
+  upcast inside the ops that read them (``frozen_upcasts.py``);
 * compiled: small CPU attention as products inductor fuses (``small_attention.py``).
 
 Compiled graphs also get ``onednn_linear.CPU_MATMULS``, an inductor pass over the differentiated
@@ -22,6 +23,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import fx
 
+from ort_torch_train.passes.frozen_upcasts import upcast_where_used
 from ort_torch_train.passes.fuse import fuse_graph
 from ort_torch_train.passes.fuse_rows import fuse_row_regions
 from ort_torch_train.passes.small_attention import small_attention_products
@@ -52,7 +54,7 @@ def fuse_converted(module: fx.GraphModule, device: torch.device) -> None:
             submodule.recompile()
 
 
-EAGER_PASSES: tuple[Step, ...] = (fuse_converted, RESTRUCTURE, fuse_row_regions)
+EAGER_PASSES: tuple[Step, ...] = (fuse_converted, RESTRUCTURE, fuse_row_regions, upcast_where_used)
 COMPILED_PASSES: tuple[Step, ...] = (fuse_converted, RESTRUCTURE, small_attention_products)
 
 
