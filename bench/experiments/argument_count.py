@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from ort_torch_train.api import set_threads
+
 HARNESS = Path(__file__).resolve().parents[1] / "harness"
 sys.path.insert(0, str(HARNESS))
 
@@ -29,7 +31,7 @@ def main() -> int:
     parser.add_argument("--elements", type=int, default=32, help="elements of each small tensor")
     parser.add_argument("--blocks", type=int, default=7)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     print(f"compiled in-place update, C++ wrapper, {args.threads} threads (us per call, lowest block median)")
     print(f"{'tensors':>8} {'separate':>9} {'one flat':>9}")
     for count in (1, 4, 40, 166):

@@ -21,6 +21,7 @@ import onnx
 import torch
 from torch import nn
 
+from ort_torch_train.api import set_threads
 from ort_torch_train.convert.graph import TensorSpec, convert_graph
 from ort_torch_train.passes.pipeline import fuse_converted
 
@@ -145,7 +146,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--only", choices=sorted(MODELS), action="append")
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    set_threads(1)
     for name in args.only or MODELS:
         steps = max(args.steps // 10, 10) if name == "transformer_large" else args.steps
         run(name, args.dynamo, steps)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from ort_torch_train.api import set_threads
 from ort_torch_train.checkpoint.state import TrainingState
 from ort_torch_train.optim.adamw import AdamWHyperparameters, adamw
 from ort_torch_train.optim.engine import OptimizerEngine
@@ -106,7 +107,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     args = parser.parse_args()
     if args.threads:
-        torch.set_num_threads(args.threads)
+        set_threads(args.threads)
     device = torch.device(args.device)
     print(
         f"torch {torch.__version__}, device {device}, threads {torch.get_num_threads()}, "

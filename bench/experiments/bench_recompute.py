@@ -48,7 +48,9 @@ def child(model_name: str, device: str, steps: int, setting_text: str) -> dict:
     from model_artifacts import prepare_artifacts
     from models import ENCODER_GELU_DROPOUT, MODELS
 
-    torch.set_num_threads(2)
+    from ort_torch_train.api import set_threads
+
+    set_threads(2)  # pinned: the library's default follows the load
     model = {**MODELS, ENCODER_GELU_DROPOUT.name: ENCODER_GELU_DROPOUT}[model_name]
     directory = prepare_artifacts(model, BENCH / ".cache", use_ort=False).directory
     x, y = model.batch_arrays()

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from ort_torch_train.api import set_threads
 from ort_torch_train.training import blas_threads
 
 HARNESS = Path(__file__).resolve().parents[1] / "harness"
@@ -44,7 +45,7 @@ def main() -> int:
     if blas_threads._set_mkl_threads is None:
         print("this torch build has no reachable MKL: nothing to compare")
         return 0
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     print(f"torch.mm, float32, {args.threads} threads vs one MKL thread (us per product, lowest block median)")
     print(f"{'m x k x n':>16} {'MACs':>9} {str(args.threads) + ' threads':>10} {'1 thread':>9} {'ratio':>6}  rule")
     for m, k, n in SIZES:

@@ -39,9 +39,9 @@ def child(artifacts: Path, cache_dir: Path, mode: str, threads: int) -> dict:
     import numpy as np
     import torch
 
-    from ort_torch_train.api import CheckpointState, Module, Optimizer
+    from ort_torch_train.api import CheckpointState, Module, Optimizer, set_threads
 
-    torch.set_num_threads(threads)
+    set_threads(threads)  # pinned: the library's default follows the load
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size > 1:
         torch.distributed.init_process_group("gloo")

@@ -27,6 +27,8 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ort_torch_train.api import set_threads
+
 BENCH = Path(__file__).resolve().parents[1]
 HARNESS = BENCH / "harness"
 sys.path.insert(0, str(HARNESS))
@@ -168,7 +170,7 @@ def main() -> int:
     parser.add_argument("--no-ort", action="store_true", help="use this project's generator and skip ORT")
     parser.add_argument("--cache", type=Path, default=BENCH / ".cache", help="artifact cache")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     rows, ort_missing = [], set()
     for name in args.models:
         artifacts = prepare_artifacts(MODELS[name], args.cache, use_ort=not args.no_ort)

@@ -73,9 +73,10 @@ def main() -> int:
     import torch
     from model_artifacts import ORT_PYTHON
 
+    from ort_torch_train.api import set_threads
     from ort_torch_train.passes.onednn_linear import EAGER_MIN_MACS, MIN_MACS
 
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)  # pinned: the library's default follows the load
     ort_times = {}
     if Path(ORT_PYTHON).exists():
         command = [str(ORT_PYTHON), "-c", _ORT_SCRIPT, str(args.threads), str(args.calls), json.dumps(SIZES)]

@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ort_torch_train.api import set_threads
+
 BENCH = Path(__file__).resolve().parents[1]
 HARNESS = BENCH / "harness"
 sys.path.insert(0, str(HARNESS))
@@ -90,7 +92,7 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--no-compile", action="store_true", help="time the eager steps only")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     print(f"{args.threads} thread(s), load average {os.getloadavg()[0]:.1f}: lowest of {args.blocks} block medians")
     for model_name in args.models:
         for compile in (False,) if args.no_compile else (False, True):

@@ -129,7 +129,9 @@ def train(out: Path, variant: str, steps: int, threads: int, small: bool) -> dic
 
     if small:
         external_data.EXTERNAL_DATA_THRESHOLD = SMALL_THRESHOLD
-    torch.set_num_threads(threads)
+    from ort_torch_train.api import set_threads
+
+    set_threads(threads)  # pinned: the library's default follows the load
     directory = out / variant
     shape = json.loads((out / "shape.json").read_text())
     phases = []

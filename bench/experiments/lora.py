@@ -78,10 +78,10 @@ def run(directory: Path, variant: str, steps: int, threads: int) -> dict:
     import numpy as np
     import torch
 
-    from ort_torch_train.api import CheckpointState, Module, Optimizer
+    from ort_torch_train.api import CheckpointState, Module, Optimizer, set_threads
     from ort_torch_train.lora import LoraConfig
 
-    torch.set_num_threads(threads)
+    set_threads(threads)  # pinned: the library's default follows the load
     shape = json.loads((directory / "shape.json").read_text())
     lora = None
     if variant != "full":

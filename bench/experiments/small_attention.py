@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ort_torch_train.api import set_threads
 from ort_torch_train.passes.small_attention import HEAD_MULTIPLE, MAX_SCORES, attention_products
 from ort_torch_train.training.compile.settings import MIN_CHUNK_SIZE
 
@@ -65,7 +66,7 @@ def main() -> int:
     parser.add_argument("--blocks", type=int, default=5)
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES))
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     torch._inductor.config.cpp_wrapper = True
     torch._inductor.config.cpp.min_chunk_size = MIN_CHUNK_SIZE
     print(f"{args.threads} thread(s), causal, forward + backward, lowest of {args.blocks} block medians")

@@ -34,6 +34,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ort_torch_train.api import set_threads
+
 BENCH = Path(__file__).resolve().parents[1]
 HARNESS = BENCH / "harness"
 sys.path.insert(0, str(HARNESS))
@@ -127,7 +129,7 @@ def main() -> int:
         "--python-wrapper", action="store_true", help="also time the step with inductor's Python wrapper"
     )
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     steps = layers(args.model, args.python_wrapper)
     for step in steps.values():  # warm every path (the guard-skipping stance included)
         for _ in range(20):

@@ -142,7 +142,7 @@ def _probabilities_reader(module: fx.GraphModule, softmax: fx.Node) -> tuple[fx.
     and whether it is guarded; None for any other use."""
     users = list(softmax.users)
     guards = [user for user in users if _is_call(user, torch.where, 3)]
-    reader: fx.Node | None = softmax
+    reader = softmax
     if len(users) == 2 and len(guards) == 1:
         reader = guards[0]
         condition, zero, probabilities = args_of(reader)
