@@ -69,6 +69,7 @@ def test_intermediate_examples_are_released_as_soon_as_nothing_reads_them():
         module = _convert(model, [x])
     # at most the value being made, its input, h1 and the output: the old conversion held all 48 MiB
     assert live.peak <= 5 * MIB, f"{live.peak / MIB:.1f} MiB of example values held at once"
+    assert all(made() is None for made in live.made)  # nothing of the example runs outlives the conversion
     vals = [node.meta.get("val") for node in module.graph.nodes]
     assert all(val is None or val.device.type == "meta" for val in vals)  # shapes only, no example data kept
     (y,) = module(x)
