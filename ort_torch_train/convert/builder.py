@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from operator import getitem
 from typing import Any
@@ -13,7 +14,7 @@ import torch
 from torch import fx, nn
 
 from ort_torch_train.adapters.registry import SubgraphConverter
-from ort_torch_train.convert.subgraphs import names_read
+from ort_torch_train.convert.subgraphs import names_read, node_reads
 
 
 @dataclass
@@ -28,7 +29,11 @@ class Value:
 class Builder:
     """State of one conversion pass. ``convert_node`` converts one more node into it, ``convert_subgraph``
     a graph attribute into a module of its own (both the conversion's, so that If, Loop and Scan can
-    use them)."""
+    use them).
+
+    ``values`` holds a value's example only while a node still to convert (or the graph's outputs) reads
+    it: the examples of a whole forward are never held at once.
+    """
 
     def __init__(
         self,
@@ -51,6 +56,8 @@ class Builder:
         self.fx_nodes: dict[str, fx.Node] = {}
         self.multi_outputs: dict[str, tuple[fx.Node, int]] = {}
         self.consumed = names_read(graph)
+        self._reads_to_come: Counter[str] = Counter()
+        self.expect_reads(graph)
         self._module_names: set[str] = set()
         # multiply-accumulates of the products the nodes' runs dispatch; None once some are not known
         self.matrix_products: list[int] | None = []
@@ -58,6 +65,22 @@ class Builder:
     def convert_node(self, node: onnx.NodeProto, index: int) -> None:
         """Convert ``node`` (the ``index``-th of the graph) into this pass's graph."""
         self._node_converter(self, node, index)
+        self.reads_done(node_reads(node), node.output)
+
+    def expect_reads(self, graph: onnx.GraphProto) -> None:
+        """Count the reads of ``graph``'s nodes (their subgraphs' outer names included) and outputs as to come."""
+        for node in graph.node:
+            self._reads_to_come.update(node_reads(node))
+        self._reads_to_come.update(output.name for output in graph.output)
+
+    def reads_done(self, names: Iterable[str], defined: Iterable[str] = ()) -> None:
+        """Count one read of each of ``names`` as done, and forget the examples of those and of the just
+        ``defined`` names that nothing reads any more."""
+        names = list(names)
+        self._reads_to_come.subtract(names)
+        for name in (*names, *defined):
+            if self._reads_to_come[name] <= 0:
+                self.values.pop(name, None)
 
     # values -------------------------------------------------------------------------------
     def fx_value(self, name: str) -> fx.Node | None:

@@ -133,6 +133,7 @@ def _convert_if(builder: Builder, node: onnx.NodeProto, index: int) -> None:
     if condition.const:
         branch = branches[0] if bool(condition.example.reshape(-1)[0]) else branches[1]
         builder.consumed |= names_read(branch)
+        builder.expect_reads(branch)
         for initializer in branch.initializer:
             builder.values[initializer.name] = Value(tensor_from_proto(initializer), True, True)
         for inner in branch.node:
@@ -140,6 +141,7 @@ def _convert_if(builder: Builder, node: onnx.NodeProto, index: int) -> None:
         for name, output in zip(node.output, branch.output):
             if name:
                 builder.alias(name, output.name)
+        builder.reads_done((output.name for output in branch.output), (i.name for i in branch.initializer))
         return
     outer = list(dict.fromkeys(name for branch in branches for name in outer_names(branch)))
     converted = [_Subgraph(builder, branch, [], outer) for branch in branches]

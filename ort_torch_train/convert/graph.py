@@ -4,7 +4,8 @@ One pass in topological order. Each node is either folded into a constant (all i
 or a Shape/Size of a tensor whose shape the signature fixes), dropped as a no-op for these shapes,
 or converted (the project's adapters first, then onnx2torch) into one ``call_module``. Every kept
 node also runs once on example tensors, so later nodes see concrete shapes and constants: that is
-what turns the shape arithmetic of exported graphs into plain Python values.
+what turns the shape arithmetic of exported graphs into plain Python values. An example is dropped
+once no node still to convert reads it (``Builder.reads_done``).
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ def convert_graph(
     for initializer in graph.initializer:
         if initializer.name not in graph_inputs:
             builder.values[initializer.name] = Value(tensor_from_proto(initializer), True, True)
+    builder.reads_done((), [*graph_inputs, *(initializer.name for initializer in graph.initializer)])  # unread
 
     # Example runs must not consume the random numbers training draws (dropout masks stay reproducible).
     with torch.no_grad(), torch.random.fork_rng(devices=[]):

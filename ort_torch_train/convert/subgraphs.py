@@ -31,6 +31,11 @@ def outer_names(graph: onnx.GraphProto) -> list[str]:
     return list(names)
 
 
+def node_reads(node: onnx.NodeProto) -> set[str]:
+    """The names ``node`` reads: its inputs and what its subgraphs read from enclosing scopes."""
+    return {name for name in [*node.input, *(n for g in subgraphs(node) for n in outer_names(g))] if name}
+
+
 def names_read(graph: onnx.GraphProto) -> set[str]:
     """Every name ``graph``'s nodes, their subgraphs and its outputs read."""
     read = {o.name for o in graph.output}
