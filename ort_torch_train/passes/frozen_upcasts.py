@@ -7,8 +7,10 @@ until backward: more memory than the float32 parameter it replaces. ``upcast_whe
 such cast into the op that reads it (``UpcastOperands``): the float32 copy is made for that call only,
 and what the op saves for backward from it is saved as the low-precision parameter and upcast again
 when backward reads it (a saved-tensors hook). The ops compute on the same float32 values in the same
-layout, so losses and gradients are bitwise those of the plain graph. Eager graphs only; a cast whose
-reader this pass cannot take in (its value nested in a list, a submodule's call) moves next to that reader.
+layout, so losses and gradients are bitwise those of the plain graph. A reader that only selects
+elements (a Gather, an embedding lookup) selects from the low-precision parameter and upcasts what it
+selected: the same values, without upcasting the whole table. Eager graphs only; a cast whose reader
+this pass cannot take in (its value nested in a list, a submodule's call) moves next to that reader.
 """
 
 from __future__ import annotations
@@ -19,14 +21,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, fx, nn
 
+from ort_torch_train.adapters import indexing
 from ort_torch_train.passes.match import args_of, kwargs_of, val
 from ort_torch_train.torch_internals import current_saved_tensors_hooks
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 WIDER = (torch.float32, torch.float64)
 Position = int | str  # a positional argument's index or a keyword argument's name
+# functions whose output holds elements of one argument, unchanged: upcasting commutes with them
+SELECTIONS: dict[Callable[..., Any], int] = {indexing.gather: 0, torch.index_select: 0, F.embedding: 1}
 
 
 class UpcastOperands(nn.Module):
@@ -167,6 +173,10 @@ def _take_in(module: fx.GraphModule, reader: fx.Node, casts: dict[fx.Node, tuple
     upcasts += [(key, casts[arg][1]) for key, arg in kwargs.items() if _is_cast(arg, casts)]
     if reader.op not in ("call_function", "call_method") or not upcasts:
         return False
+    selects = reader.op == "call_function" and callable(reader.target) and reader.target in SELECTIONS
+    if selects and upcasts == [(SELECTIONS[reader.target], upcasts[0][1])]:  # type: ignore[index]
+        _select_then_upcast(module.graph, reader, casts)
+        return True
     name = _free_name(module, f"upcast_{reader.name}")
     module.add_submodule(name, UpcastOperands(reader.target, tuple(upcasts)))
     arguments = tuple(casts[arg][0] if _is_cast(arg, casts) else arg for arg in args)
@@ -177,6 +187,20 @@ def _take_in(module: fx.GraphModule, reader: fx.Node, casts: dict[fx.Node, tuple
     reader.replace_all_uses_with(replacement)
     module.graph.erase_node(reader)
     return True
+
+
+def _select_then_upcast(graph: fx.Graph, reader: fx.Node, casts: dict[fx.Node, tuple[Any, Any]]) -> None:
+    """``reader`` (a selection) reads the cast's low-precision input; its result is upcast after it."""
+    position = SELECTIONS[reader.target]  # type: ignore[index]
+    source, dtype = casts[args_of(reader)[position]]
+    reader.args = tuple(source if index == position else arg for index, arg in enumerate(reader.args))
+    with graph.inserting_after(reader):
+        upcast = graph.call_method("to", (reader, dtype))
+    reader.replace_all_uses_with(upcast, delete_user_cb=lambda user: user is not upcast)
+    upcast.meta = dict(reader.meta)
+    selected, low = val(reader), val(source)
+    if selected is not None and low is not None:
+        reader.meta["val"] = selected.to(low.dtype)
 
 
 def _is_cast(arg: Any, casts: dict[fx.Node, tuple[Any, Any]]) -> bool:

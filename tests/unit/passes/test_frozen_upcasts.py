@@ -7,8 +7,10 @@ import operator
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import fx
 
+from ort_torch_train.adapters import indexing
 from ort_torch_train.api import CheckpointState, Module
 from ort_torch_train.artifacts import LossType, OptimType, generate_artifacts
 from ort_torch_train.lora import LoraConfig
@@ -161,3 +163,31 @@ def test_readers_of_every_kind_get_the_same_values() -> None:
         results.append(([o.detach() for o in outputs], leaf.grad))
     (plain_outputs, plain_grad), (outputs, grad) = results
     assert all(torch.equal(o, p) for o, p in zip(outputs, plain_outputs)) and torch.equal(grad, plain_grad)
+
+
+def test_selections_read_the_low_precision_table_and_upcast_what_they_select() -> None:
+    """An embedding lookup and a Gather of an upcast table select from the bf16 table, then upcast the rows."""
+    graph = fx.Graph()
+    table, ids = graph.placeholder("table"), graph.placeholder("ids")
+    table.meta["val"] = torch.empty(10, 4, dtype=torch.bfloat16, device="meta")
+    ids.meta["val"] = torch.empty(2, 3, dtype=torch.int64, device="meta")
+    cast = graph.call_method("to", (table, torch.float32))
+    looked_up = graph.call_function(F.embedding, (ids, cast))
+    gathered = graph.call_function(indexing.gather, (cast, ids, 0, None))
+    looked_up.meta["val"] = torch.empty(2, 3, 4, device="meta")
+    graph.output((looked_up, gathered))
+    plain = fx.GraphModule(torch.nn.Module(), graph)
+    upcast = fx.GraphModule(torch.nn.Module(), fx.Graph())
+    upcast.graph = plain.graph.__deepcopy__()
+    upcast_where_used(upcast, CPU)
+    upcast.recompile()
+
+    selections = [n for n in upcast.graph.nodes if n.target in (F.embedding, indexing.gather)]
+    assert all(table.name in {getattr(a, "name", None) for a in n.args} for n in selections)
+    assert all([u.target for u in n.users] == ["to"] for n in selections)
+    assert not [m for m in upcast.modules() if isinstance(m, UpcastOperands)]
+    assert selections[0].meta["val"].dtype == torch.bfloat16
+    table_value = torch.randn(10, 4).to(torch.bfloat16)
+    index = torch.tensor([[0, 9, 3], [1, 2, 2]])
+    for got, expected in zip(upcast(table_value, index), plain(table_value, index)):
+        assert got.dtype == torch.float32 and torch.equal(got, expected)
