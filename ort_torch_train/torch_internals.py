@@ -4,39 +4,37 @@ The rest of the package reaches torch's internals only through these names, so a
 moves one breaks here. Not wrapped, as they are aten operators with stable schemas that torch's own
 optimizers call: ``torch._foreach_*`` (one kernel launch for a list of tensors) and ``torch._fused_adamw_``
 (AdamW's fused kernel). Loss scaling goes through the public ``torch.amp.GradScaler``.
+
+Dynamo's and inductor's modules (and sympy, which they load) are imported on first use, through the
+functions here: an eager training process never loads them (about 70 MiB and 0.9 s of start-up).
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import inspect
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import torch
-import torch._dynamo
 import torch.distributed._functional_collectives as functional_collectives
 import torch.utils._pytree
 from torch import Tensor
-from torch._dynamo.aot_compile import AOTCompiledFunction
-from torch._dynamo.exc import TorchDynamoException
-from torch._dynamo.guards import CheckFunctionManager
-from torch._dynamo.types import GuardFilterEntry
 from torch._guards import TracingContext, tracing
-from torch._inductor import codecache, cpu_vec_isa, list_mode_options
-from torch._inductor import config as inductor_config
-from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
-from torch._inductor.runtime.cache_dir_utils import cache_dir as inductor_cache_dir
 from torch._ops import HigherOrderOperator
-from torch.fx.experimental.symbolic_shapes import ConstraintViolationError
 from torch.utils._python_dispatch import TorchDispatchMode
+
+if TYPE_CHECKING:
+    from torch._dynamo.aot_compile import AOTCompiledFunction
+    from torch._dynamo.types import GuardFilterEntry as GuardFilterEntry  # noqa: F401  (precompiled.py's annotations)
 
 __all__ = [
     # Dynamo, torch.compile's precompile (``torch.compile(...).aot_compile``): a compiled function saved
     # and loaded whole with its guards; a guard filter (its entries' type) keeps those a saved one can carry
-    "AOTCompiledFunction",
     "aot_compile",
-    "GuardFilterEntry",
-    "UNSERIALIZABLE_GUARD_TYPES",
+    "unserializable_guard_types",
     "fast_guard_check",
     "load_aot_compiled",
     "serialize_aot_compiled",
@@ -48,18 +46,22 @@ __all__ = [
     "compile_counters",
     # what torch.compile raises when it cannot trace a graph with its dynamic axes: it specialised one
     # (symbolic shapes' constraint violation) or an operator's tracing rule needs fixed sizes (Dynamo's errors)
-    "DYNAMIC_TRACING_ERRORS",
+    "dynamic_tracing_errors",
     # inductor: the options a mode stands for (torch.compile takes a mode or options, not both)
     "list_mode_options",
     # inductor: the C++ libraries its code caches built under its cache dir, which the compile cache carries
-    "codecache",
+    "inductor_module",
     "inductor_cache_dir",
     # inductor: its vector ISA probe and the setting (``cpp.vec_isa_ok``) that skips it where a saved probe holds
-    "cpu_vec_isa",
     "inductor_config",
     # inductor: custom post-grad passes (the oneDNN linear pass) and the hash that keys them in its caches
-    "CustomGraphPass",
-    "get_hash_for_files",
+    "custom_graph_pass",
+    "hash_of_files",
+    # Dynamo: a function whose result traces as a constant; torch.compiler.assume_constant_result sets
+    # the same mark but imports Dynamo to do so
+    "assume_constant_result",
+    # FSDP's grad scaler, which all-reduces the inf/nan flag; its module loads DTensor and sympy
+    "sharded_grad_scaler",
     # the CPU features a compiled library depends on, which torch reports only privately
     "cpu_features",
     # functorch: whether a transform is active; its interpreter stack has no public accessor
@@ -79,12 +81,82 @@ __all__ = [
     "current_saved_tensors_hooks",
 ]
 
-UNSERIALIZABLE_GUARD_TYPES = CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
-mark_static_address = torch._dynamo.mark_static_address
-mark_dynamic = torch._dynamo.mark_dynamic
-DYNAMIC_TRACING_ERRORS = (ConstraintViolationError, TorchDynamoException)
-compile_counters = torch._dynamo.utils.counters
 tree_leaves = torch.utils._pytree.tree_leaves
+
+
+def mark_static_address(tensor: Tensor) -> None:
+    """Dynamo's ``mark_static_address``: the tensor keeps its address across calls (CUDA graphs)."""
+    torch._dynamo.mark_static_address(tensor)
+
+
+def mark_dynamic(tensor: Tensor, axis: int) -> None:
+    """Dynamo's ``mark_dynamic``: the axis compiles as a dynamic dimension from the first compilation."""
+    torch._dynamo.mark_dynamic(tensor, axis)
+
+
+def compile_counters() -> Any:
+    """Dynamo's compile counters (``counters["stats"]["unique_graphs"]``, ...)."""
+    return torch._dynamo.utils.counters
+
+
+def dynamic_tracing_errors() -> tuple[type[Exception], ...]:
+    """What torch.compile raises when it cannot trace a graph with its dynamic axes."""
+    symbolic_shapes = importlib.import_module("torch.fx.experimental.symbolic_shapes")
+    return symbolic_shapes.ConstraintViolationError, torch._dynamo.exc.TorchDynamoException
+
+
+def unserializable_guard_types() -> Any:
+    """The guard types a precompiled function cannot carry (Dynamo's guard manager's list)."""
+    return importlib.import_module("torch._dynamo.guards").CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
+
+
+def inductor_module(name: str) -> ModuleType:
+    """inductor's module ``torch._inductor.<name>`` (``codecache``, ``cpu_vec_isa``, ...)."""
+    return importlib.import_module(f"torch._inductor.{name}")
+
+
+def inductor_config() -> Any:
+    """inductor's settings module (``torch._inductor.config``)."""
+    return inductor_module("config")
+
+
+def inductor_cache_dir() -> str:
+    """The directory inductor caches its generated code and libraries in."""
+    return inductor_module("runtime.cache_dir_utils").cache_dir()
+
+
+def list_mode_options(mode: str, dynamic: bool) -> dict[str, Any]:
+    """The inductor options a torch.compile mode stands for."""
+    return torch._inductor.list_mode_options(mode, dynamic)
+
+
+def hash_of_files(paths: Iterable[str]) -> bytes:
+    """inductor's hash of source files, which keys a custom pass in its caches."""
+    return inductor_module("custom_graph_pass").get_hash_for_files(tuple(paths))
+
+
+def assume_constant_result(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function``, marked for Dynamo as returning a constant (``torch.compiler.assume_constant_result``)."""
+    function._dynamo_marked_constant = True  # type: ignore[attr-defined]
+    return function
+
+
+def sharded_grad_scaler(**arguments: Any) -> Any:
+    """``torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler(**arguments)``."""
+    return importlib.import_module("torch.distributed.fsdp.sharded_grad_scaler").ShardedGradScaler(**arguments)
+
+
+@functools.cache
+def custom_graph_pass(name: str, apply: Callable[[torch.fx.Graph], None], uuid: Callable[[], bytes]) -> Any:
+    """An inductor ``CustomGraphPass`` named ``name`` that runs ``apply`` on a graph and is keyed in
+    inductor's caches by ``uuid()``; one instance per arguments."""
+    base = inductor_module("custom_graph_pass").CustomGraphPass
+    members = {
+        "__call__": lambda self, graph: apply(graph),
+        "uuid": lambda self: uuid(),
+        "__repr__": lambda self: f"{name}({uuid().hex()})",  # in precompiled steps' keys
+    }
+    return type(name, (base,), members)()
 
 
 def aot_compile(compiled: Any, args: tuple) -> Any:
@@ -99,8 +171,9 @@ def serialize_aot_compiled(compiled: Any, external: dict[str, object]) -> bytes:
 
 def load_aot_compiled(data: bytes, external: dict[str, object]) -> AOTCompiledFunction:
     """A precompiled function from ``serialize_aot_compiled``'s bytes, given its ``external`` objects."""
+    compiled_function = importlib.import_module("torch._dynamo.aot_compile").AOTCompiledFunction
     with tracing(TracingContext(None)):  # unpickling the guards' sources installs guards
-        return AOTCompiledFunction.deserialize(data, None, external)
+        return compiled_function.deserialize(data, None, external)
 
 
 def fast_guard_check(compiled: Any) -> Callable[..., bool]:

@@ -31,6 +31,11 @@ class ProductRecorder(TorchDispatchMode):
 
     supports_higher_order_operators = True
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # conversion runs it, never a traced graph: no Dynamo-disabling wrapper (which imports Dynamo)
+        return False
+
     def __init__(self, sizes: list[int]) -> None:
         super().__init__()
         self.sizes = sizes

@@ -7,7 +7,7 @@ the ``ort_torch_train::onednn_linear`` custom op (opaque to torch.compile), whos
 oneDNN products. Everything else stays ``F.linear``, small products too: there the custom op's
 dispatch and oneDNN's primitive setup cost more than they save.
 
-Compiled graphs get the same through ``CpuMatmuls``, an inductor post-grad pass
+Compiled graphs get the same through ``cpu_matmuls()``, an inductor post-grad pass
 (``training/compile/settings.py`` adds it on CPU): torch.func.grad, which traces the one-graph step, cannot
 differentiate the Function inside torch.compile, but its differentiated graph's ``mm``/``addmm`` can
 be sent to the custom op afterwards (the same pass splits small ``addmm`` into ``mm`` and a fused add).
@@ -18,6 +18,7 @@ Results agree with ``F.linear`` to float32 rounding (a different summation order
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -25,8 +26,9 @@ from torch import Tensor
 
 from ort_torch_train.passes.match import args_of
 from ort_torch_train.torch_internals import (
-    CustomGraphPass,
-    get_hash_for_files,
+    assume_constant_result,
+    custom_graph_pass,
+    hash_of_files,
     in_functorch_transform,
     onednn_linear_pointwise,
 )
@@ -37,7 +39,7 @@ MIN_MACS = 1 << 22
 EAGER_MIN_MACS = 1 << 24
 
 
-@torch.compiler.assume_constant_result  # read when traced, a constant of the compiled graph
+@assume_constant_result  # read when traced, a constant of the compiled graph
 def enabled() -> bool:
     """Whether oneDNN products are on: available in this torch build and not turned off by
     ``ORT_TORCH_TRAIN_ONEDNN_LINEAR=0``."""
@@ -114,42 +116,41 @@ def use_onednn_linear(module: torch.fx.GraphModule) -> int:
     return count
 
 
-class CpuMatmuls(CustomGraphPass):
+def cpu_matmuls() -> Any:
     """Inductor post-grad pass over float32 CPU ``mm``/``addmm`` (forward and backward, after AOTAutograd
     has differentiated the graph): large products -> the oneDNN custom op (what compiled graphs get
     instead of ``linear``); small ``addmm`` -> ``mm`` and an add that inductor fuses into the loop reading
-    the product (BLAS otherwise copies the bias into the output first)."""
+    the product (BLAS otherwise copies the bias into the output first). One instance, keyed in inductor's
+    caches by this file's hash and whether oneDNN is enabled."""
+    return custom_graph_pass("CpuMatmuls", _rewrite_matmuls, _matmuls_uuid)
 
-    def __call__(self, graph: torch.fx.Graph) -> None:
-        onednn = enabled()
-        for node in list(graph.nodes):
-            operands = _matmul_operands(node)
-            if operands is None:
-                continue
-            a, b, bias = operands
-            large = _macs(a, b) >= MIN_MACS
-            if (large and not onednn) or (not large and bias is None):
-                continue
-            with graph.inserting_before(node):
-                if large:
-                    transposed = graph.call_function(torch.ops.aten.permute.default, (b, [1, 0]))
-                    transposed.meta["val"] = b.meta["val"].t()
-                    product = graph.call_function(
-                        torch.ops.ort_torch_train.onednn_linear.default, (a, transposed, bias)
-                    )
-                else:
-                    unbiased = graph.call_function(torch.ops.aten.mm.default, (a, b))
-                    unbiased.meta["val"] = node.meta["val"]
-                    product = graph.call_function(torch.ops.aten.add.Tensor, (unbiased, bias))
-            product.meta = dict(node.meta)
-            node.replace_all_uses_with(product)
-            graph.erase_node(node)
 
-    def uuid(self) -> bytes:
-        return get_hash_for_files((__file__,)) + bytes([enabled()])
+def _rewrite_matmuls(graph: torch.fx.Graph) -> None:
+    onednn = enabled()
+    for node in list(graph.nodes):
+        operands = _matmul_operands(node)
+        if operands is None:
+            continue
+        a, b, bias = operands
+        large = _macs(a, b) >= MIN_MACS
+        if (large and not onednn) or (not large and bias is None):
+            continue
+        with graph.inserting_before(node):
+            if large:
+                transposed = graph.call_function(torch.ops.aten.permute.default, (b, [1, 0]))
+                transposed.meta["val"] = b.meta["val"].t()
+                product = graph.call_function(torch.ops.ort_torch_train.onednn_linear.default, (a, transposed, bias))
+            else:
+                unbiased = graph.call_function(torch.ops.aten.mm.default, (a, b))
+                unbiased.meta["val"] = node.meta["val"]
+                product = graph.call_function(torch.ops.aten.add.Tensor, (unbiased, bias))
+        product.meta = dict(node.meta)
+        node.replace_all_uses_with(product)
+        graph.erase_node(node)
 
-    def __repr__(self) -> str:  # in precompiled steps' keys
-        return f"CpuMatmuls({self.uuid().hex()})"
+
+def _matmuls_uuid() -> bytes:
+    return hash_of_files((__file__,)) + bytes([enabled()])
 
 
 def _matmul_operands(node: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node | None] | None:
@@ -177,6 +178,3 @@ def _matmul_operands(node: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node,
 def _macs(a: torch.fx.Node, b: torch.fx.Node) -> int:
     a_val, b_val = a.meta["val"], b.meta["val"]
     return a_val.shape[0] * a_val.shape[1] * b_val.shape[1]
-
-
-CPU_MATMULS = CpuMatmuls()

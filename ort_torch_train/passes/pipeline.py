@@ -11,7 +11,7 @@ which see its top graph only:
   upcast inside the ops that read them (``frozen_upcasts.py``);
 * compiled: small CPU attention as products inductor fuses (``small_attention.py``).
 
-Compiled graphs also get ``onednn_linear.CPU_MATMULS``, an inductor pass over the differentiated
+Compiled graphs also get ``onednn_linear.cpu_matmuls()``, an inductor pass over the differentiated
 graph (``training/compile/settings.py``).
 """
 

@@ -25,9 +25,9 @@ from typing import Any, cast
 
 import torch
 from torch import Tensor
-from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from ort_torch_train.checkpoint.state import TrainingState
+from ort_torch_train.torch_internals import sharded_grad_scaler
 
 LOSS_SCALE_PROPERTY = "mixed_precision.loss_scale"
 GROWTH_TRACKER_PROPERTY = "mixed_precision.growth_tracker"
@@ -105,8 +105,8 @@ class LossScaler:
                 growth_interval=growth_interval,
             )
             if process_group is None
-            else ShardedGradScaler(
-                device,
+            else sharded_grad_scaler(
+                device=device,
                 init_scale=init_scale,
                 growth_factor=growth_factor,
                 backoff_factor=backoff_factor,

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ort_torch_train.fileio import atomic_write_bytes
-from ort_torch_train.torch_internals import codecache, cpu_vec_isa, inductor_cache_dir, inductor_config
+from ort_torch_train.torch_internals import inductor_cache_dir, inductor_config, inductor_module
 from ort_torch_train.training.compile.cache_store import (
     LIBRARY_NAME,
     CacheStore,
@@ -111,13 +111,13 @@ class CompileCache:
         """Write inductor's vector-ISA probe result (x86 only) if the directory lacks it."""
         fingerprint = platform_fingerprint()
         if _is_x86() and not self.store.contains("isa", "probe", fingerprint):
-            probe = [_reported_isas(), [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()]]
+            probe = [_reported_isas(), [str(isa) for isa in inductor_module("cpu_vec_isa").valid_vec_isa_list()]]
             self.store.write("isa", "probe", fingerprint, json.dumps(probe).encode())
 
     def trust_vector_isa_probe(self) -> None:
         """Skip inductor's vector ISA probe (it builds and loads test libraries) when a process saved it
         for this platform and found every ISA this CPU reports working (``cpp.vec_isa_ok``)."""
-        if not _is_x86() or inductor_config.cpp.vec_isa_ok is not None:
+        if not _is_x86() or inductor_config().cpp.vec_isa_ok is not None:
             return
         try:
             found = self.store.read("isa", "probe", platform_fingerprint())
@@ -128,7 +128,7 @@ class CompileCache:
             return
         reported, working = json.loads(found[1])
         if reported == working == _reported_isas():
-            inductor_config.cpp.vec_isa_ok = True
+            inductor_config().cpp.vec_isa_ok = True
             log.info("compile cache: vector ISAs %s probed by a former process; not probing again", working)
 
 
@@ -145,8 +145,12 @@ def _is_x86() -> bool:
 
 
 def _reported_isas() -> list[str]:
-    reported = cpu_vec_isa.x86_isa_checker()
-    return [str(isa) for isa in cpu_vec_isa.supported_vec_isa_list if all(f in reported for f in str(isa).split())]
+    reported = inductor_module("cpu_vec_isa").x86_isa_checker()
+    return [
+        str(isa)
+        for isa in inductor_module("cpu_vec_isa").supported_vec_isa_list
+        if all(f in reported for f in str(isa).split())
+    ]
 
 
 def compiled_library_paths() -> dict[str, Path]:
@@ -156,7 +160,11 @@ def compiled_library_paths() -> dict[str, Path]:
     root = Path(inductor_cache_dir())
     keys = {
         key
-        for code_cache in (codecache.CppCodeCache, codecache.CppPythonBindingsCodeCache, codecache.CppWrapperCodeCache)
+        for code_cache in (
+            inductor_module("codecache").CppCodeCache,
+            inductor_module("codecache").CppPythonBindingsCodeCache,
+            inductor_module("codecache").CppWrapperCodeCache,
+        )
         for key in getattr(code_cache, "cache", {})
     }
     paths = [path for key in keys for path in (root / key[1:3]).glob(f"{key}.*")]
@@ -171,7 +179,7 @@ def compiled_library_paths() -> dict[str, Path]:
 
 def _vector_isa_probe_sources(root: Path) -> list[Path]:
     """The sources inductor's vector-ISA probes wrote under ``root``: files holding one of their test programs."""
-    classes, programs = [cpu_vec_isa.VecISA], set()
+    classes, programs = [inductor_module("cpu_vec_isa").VecISA], set()
     while classes:
         isa = classes.pop()
         classes += isa.__subclasses__()

@@ -78,7 +78,7 @@ def step_fingerprint() -> str:
     """``platform_fingerprint`` and inductor's current global settings (those a step was compiled under);
     ``cpp.vec_isa_ok`` None (probe the vector ISAs) counts as True (trust them): the cache sets it so
     only where a former probe found every ISA working."""
-    settings = {name: _canonical(value) for name, value in inductor_config.save_config_portable().items()}
+    settings = {name: _canonical(value) for name, value in inductor_config().save_config_portable().items()}
     settings["cpp.vec_isa_ok"] = settings.get("cpp.vec_isa_ok") is not False
     described = json.dumps([platform_fingerprint(), settings], sort_keys=True, default=repr)
     return hashlib.sha256(described.encode()).hexdigest()

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ort_torch_train.torch_internals import DYNAMIC_TRACING_ERRORS
+from ort_torch_train.torch_internals import dynamic_tracing_errors
 from ort_torch_train.training.compile import precompiled
 from ort_torch_train.training.compile.settings import records_cuda_graphs
 from ort_torch_train.training.compile.step import Compilation
@@ -44,7 +44,7 @@ class CompiledForward:
         self._called = True  # the first call compiles: dynamic axes marked on its arguments
         try:
             return self._run(args, first=True)
-        except DYNAMIC_TRACING_ERRORS as error:
+        except dynamic_tracing_errors() as error:
             if not self.dynamic_axes:
                 raise
             self._compiled, self._precompile = self._compilation.fixed(self.dynamic_axes, error)

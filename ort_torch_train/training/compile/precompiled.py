@@ -21,22 +21,24 @@ import re
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ort_torch_train.torch_internals import (
-    UNSERIALIZABLE_GUARD_TYPES,
-    GuardFilterEntry,
     aot_compile,
     fast_guard_check,
     list_mode_options,
     load_aot_compiled,
     serialize_aot_compiled,
+    unserializable_guard_types,
 )
 from ort_torch_train.training.compile.cache_entries import CompileCache
 from ort_torch_train.training.compile.settings import torch_compile
 from ort_torch_train.training.dynamic_shapes import marked_args
+
+if TYPE_CHECKING:
+    from ort_torch_train.torch_internals import GuardFilterEntry
 
 log = logging.getLogger(__name__)
 
@@ -231,7 +233,7 @@ def _serializable(entries: Sequence[GuardFilterEntry]) -> list[bool]:
     return [
         not (
             entry.is_global
-            or entry.guard_type in UNSERIALIZABLE_GUARD_TYPES
+            or entry.guard_type in unserializable_guard_types()
             or (entry.guard_type in ("TYPE_MATCH", "BUILTIN_MATCH") and "<locals>" in type(entry.value).__qualname__)
         )
         for entry in entries

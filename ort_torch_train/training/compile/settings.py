@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ort_torch_train.passes.onednn_linear import CPU_MATMULS
+from ort_torch_train.passes.onednn_linear import cpu_matmuls
 
 CompileSetting = bool | str | Mapping[str, Any]
 Compiler = Callable[[torch.nn.Module, Mapping[str, Any]], Callable]
@@ -48,7 +48,7 @@ def for_device(arguments: Mapping[str, Any], device: torch.device, *, cpp_wrappe
     defaults = {
         "cpp_wrapper": cpp_wrapper,
         "cpp.min_chunk_size": MIN_CHUNK_SIZE,
-        "post_grad_custom_post_pass": CPU_MATMULS,
+        "post_grad_custom_post_pass": cpu_matmuls(),
     }
     return {**arguments, "options": {**defaults, **(arguments.get("options") or {})}}
 

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from ort_torch_train.optim.clip import clip_grad_norm_
 from ort_torch_train.optim.compiled import FusedUpdate
-from ort_torch_train.torch_internals import DYNAMIC_TRACING_ERRORS, mark_static_address
+from ort_torch_train.torch_internals import dynamic_tracing_errors, mark_static_address
 from ort_torch_train.training.blas_threads import blas_threads_for
 from ort_torch_train.training.compile import precompiled
 from ort_torch_train.training.compile.settings import records_cuda_graphs, torch_compile
@@ -149,7 +149,7 @@ class CompiledTrainStep:
             if isinstance(self._compiled, precompiled.GuardedStep):
                 return self._compiled(*arguments)
             return self._compiled(*marked_args(arguments, self.dynamic_axes))
-        except DYNAMIC_TRACING_ERRORS as error:
+        except dynamic_tracing_errors() as error:
             if not self.dynamic_axes:
                 raise
             self._compiled, self._precompile = self._compilation.fixed(self.dynamic_axes, error)

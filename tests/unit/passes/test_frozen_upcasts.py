@@ -57,8 +57,8 @@ def _frozen_copy_bytes(tensors: list[torch.Tensor], frozen: list[torch.Tensor]) 
     """Bytes of the float32 ``tensors`` whose storage holds a frozen parameter's values upcast."""
     total = 0
     for tensor in tensors:
-        if tensor.dtype != torch.float32 or tensor.device.type != "cpu":  # other tests' meta tensors may be alive
-            continue
+        if tensor.dtype != torch.float32 or tensor.untyped_storage().device.type != "cpu":
+            continue  # other tests' meta and fake tensors may be alive
         storage = torch.tensor([], dtype=torch.float32).set_(tensor.untyped_storage())
         if any(storage.numel() == p.numel() and torch.equal(storage, p.float().flatten()) for p in frozen):
             total += storage.numel() * 4
