@@ -7,6 +7,7 @@ the target baked in; a non-constant shape input falls back to a function reading
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -128,12 +129,22 @@ def expand_dynamic(x: torch.Tensor, shape: torch.Tensor) -> torch.Tensor:
     return x.expand(target)
 
 
+def broadcast_shape(first: Sequence[int], second: Sequence[int]) -> tuple[int, ...]:
+    """The shape ``first`` and ``second`` broadcast to (numpy's rule, as Expand's), or RuntimeError as
+    ``torch.broadcast_shapes`` raises (which loads sympy, unused otherwise in eager graphs)."""
+    rank = max(len(first), len(second))
+    padded = [(1,) * (rank - len(shape)) + tuple(shape) for shape in (first, second)]
+    if any(a != b and 1 not in (a, b) for a, b in zip(*padded)):
+        raise RuntimeError(f"shape mismatch: {list(first)} and {list(second)} cannot be broadcast to a single shape")
+    return tuple(b if a == 1 else a for a, b in zip(*padded))
+
+
 @register("Expand", since=8)
 def expand(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     shape = constant_ints(node, graph, 1)
     if shape is None:
         return result(Inline(expand_dynamic), node)
-    target = tuple(torch.broadcast_shapes(input_shape(node, graph, 0), tuple(shape)))
+    target = broadcast_shape(input_shape(node, graph, 0), tuple(shape))
     check_output_size("Expand", target, input_dtype(node, graph, 0))
     return result(Inline("expand", target), node, node.input_values[:1])
 

@@ -74,12 +74,20 @@ def _(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
+def _product(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """The oneDNN product: the custom op where torch.compile traces it, else its kernel called directly
+    (the op's eager call goes through a Dynamo-disabling wrapper, which imports Dynamo)."""
+    if torch.compiler.is_compiling():
+        return _onednn_linear(x, weight, bias)
+    return onednn_linear_pointwise(x, weight, bias)
+
+
 class _OneDnnLinear(torch.autograd.Function):
     """The custom op with its backward as two more oneDNN products (eager graphs; compiled ones use the pass)."""
 
     @staticmethod
     def forward(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-        return _onednn_linear(x, weight, bias)
+        return _product(x, weight, bias)
 
     @staticmethod
     def setup_context(ctx, inputs: tuple, output: Tensor) -> None:
@@ -92,10 +100,10 @@ class _OneDnnLinear(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         grad_x = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:
-            grad_x = _onednn_linear(grad, weight.t(), None)  # grad @ weight
+            grad_x = _product(grad, weight.t(), None)  # grad @ weight
         rows = grad.reshape(-1, grad.shape[-1])
         if ctx.needs_input_grad[1]:
-            grad_weight = _onednn_linear(rows.t(), x.reshape(-1, x.shape[-1]).t(), None)  # grad.T @ x
+            grad_weight = _product(rows.t(), x.reshape(-1, x.shape[-1]).t(), None)  # grad.T @ x
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = rows.sum(0)
         return grad_x, grad_weight, grad_bias

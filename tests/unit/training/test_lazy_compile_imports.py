@@ -1,4 +1,4 @@
-"""Eager training never loads Dynamo, inductor or sympy (torch_internals loads them on first use)."""
+"""Eager training never loads Dynamo, inductor or sympy (torch_internals loads them on first use): an\neager run of the transformer fixture, its checkpoint saved, and an eager oneDNN product."""
 
 from __future__ import annotations
 
@@ -6,6 +6,11 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+import torch
+
+from ort_torch_train.adapters.shape_ops import broadcast_shape
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -24,6 +29,12 @@ for step in range(2):
 module.eval()
 module(*case.eval_inputs())
 CheckpointState.save_checkpoint(state, sys.argv[2])
+import torch
+from ort_torch_train.passes.onednn_linear import linear
+from ort_torch_train.adapters.shape_ops import broadcast_shape
+x, w = torch.randn(256, 256, requires_grad=True), torch.randn(256, 256, requires_grad=True)
+linear(x, w).sum().backward()  # large enough for the eager oneDNN product
+assert broadcast_shape((3, 1, 4), (5, 1)) == (3, 5, 4)
 heavy = ("torch._dynamo", "torch._inductor", "sympy", "torch.fx.experimental.symbolic_shapes")
 print(json.dumps(sorted(name for name in heavy if name in sys.modules)))
 """
@@ -40,3 +51,10 @@ def test_an_eager_run_loads_no_compiler_modules(tmp_path: Path) -> None:
     )
     assert run.returncode == 0, run.stderr[-2000:]
     assert json.loads(run.stdout.strip().splitlines()[-1]) == []
+
+
+def test_expand_broadcasts_as_numpy_and_refuses_what_torch_refuses() -> None:
+    for first, second in [((3, 1, 4), (5, 1)), ((0, 1), (1, 7)), ((1,), ()), ((2, 3), (2, 3))]:
+        assert broadcast_shape(first, second) == tuple(torch.broadcast_shapes(first, second))
+    with pytest.raises(RuntimeError, match=r"\[2, 3\] and \[4, 3\] cannot be broadcast"):
+        broadcast_shape((2, 3), (4, 3))
