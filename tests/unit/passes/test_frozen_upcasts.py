@@ -57,9 +57,13 @@ def _frozen_copy_bytes(tensors: list[torch.Tensor], frozen: list[torch.Tensor]) 
     """Bytes of the float32 ``tensors`` whose storage holds a frozen parameter's values upcast."""
     total = 0
     for tensor in tensors:
-        if tensor.dtype != torch.float32 or tensor.untyped_storage().device.type != "cpu":
-            continue  # other tests' meta and fake tensors may be alive
-        storage = torch.tensor([], dtype=torch.float32).set_(tensor.untyped_storage())
+        try:
+            source = tensor.untyped_storage()
+        except NotImplementedError:  # another test's functorch wrapper, still alive: no storage of its own
+            continue
+        if tensor.dtype != torch.float32 or source.device.type != "cpu":
+            continue
+        storage = torch.tensor([], dtype=torch.float32).set_(source)
         if any(storage.numel() == p.numel() and torch.equal(storage, p.float().flatten()) for p in frozen):
             total += storage.numel() * 4
     return total
@@ -83,8 +87,8 @@ def _step(graph, params: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.T
     alive = [
         o
         for o in gc.get_objects()
-        if issubclass(type(o), torch.Tensor) and o.dtype == torch.float32 and o.device.type == "cpu"
-    ]
+        if type(o) in (torch.Tensor, torch.nn.Parameter) and o.dtype == torch.float32 and o.device.type == "cpu"
+    ]  # plain tensors: other tests' wrappers (functorch's, fake ones) may be alive too
     copies = _frozen_copy_bytes(saved + alive, frozen)
     loss.backward()
     return loss.detach(), [p.grad for p in params if p.requires_grad], copies, len(saved)
