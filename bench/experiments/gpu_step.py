@@ -29,20 +29,18 @@ import platform
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
-import onnx
 import torch
 
 BENCH = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(BENCH / "harness"))
 
 from lm_models import TransformersLogits  # noqa: E402
+from model_artifacts import export_for_training, generate_ours  # noqa: E402
 
 from ort_torch_train.api import CheckpointState, Module, Optimizer  # noqa: E402
-from ort_torch_train.artifacts import LossType, OptimType, generate_artifacts  # noqa: E402
 from ort_torch_train.training.compile.settings import records_cuda_graphs  # noqa: E402
 
 LR = 1e-4
@@ -83,37 +81,10 @@ def gpt2(tiny: bool, positions: int) -> torch.nn.Module:
 
 
 def make_artifacts(model: torch.nn.Module, directory: Path) -> None:
-    """Export (legacy exporter, opset 17, training mode, dynamic batch and tokens) and generate artifacts."""
+    """Export (dynamic batch and tokens) and generate this project's artifacts (cross-entropy, AdamW)."""
     example = torch.zeros(2, 16, dtype=torch.int64)
-    path = directory / "base_model.onnx"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            model,
-            (example,),
-            str(path),
-            dynamo=False,
-            opset_version=17,
-            training=torch.onnx.TrainingMode.TRAINING,
-            do_constant_folding=False,
-            input_names=["input"],
-            output_names=["logits"],
-            dynamic_axes={"input": {0: "batch", 1: "tokens"}, "logits": {0: "rows"}},
-        )
-    base = onnx.load(str(path))
-    for node in base.graph.node:  # ORT's gradient builder needs LayerNormalization's saved statistics
-        if node.op_type == "LayerNormalization" and len(node.output) == 1:
-            node.output.extend([f"{node.name}_saved_mean", f"{node.name}_saved_inv_std_dev"])
-    parameters = {name for name, _ in model.named_parameters()}
-    requires_grad = [init.name for init in base.graph.initializer if init.name in parameters]
-    generate_artifacts(
-        base,
-        requires_grad=requires_grad,
-        frozen_params=[],
-        loss=LossType.CrossEntropyLoss,
-        optimizer=OptimType.AdamW,
-        artifact_directory=directory,
-    )
+    axes = {"input": {0: "batch", 1: "tokens"}, "logits": {0: "rows"}}
+    generate_ours(*export_for_training(model, example, axes), directory)
 
 
 def ours_step(artifacts: Path, mode: str, device: str, x: torch.Tensor, y: torch.Tensor):

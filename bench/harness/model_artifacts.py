@@ -45,19 +45,26 @@ class ArtifactSet:
 
 
 def export_base_model(model: BenchModel) -> tuple[onnx.ModelProto, list[str]]:
-    """The model exported as the fixtures are (legacy exporter, opset 17, training mode, dynamic batch).
+    """The model exported as the fixtures are (``export_for_training``, dynamic batch)."""
+    x, _ = model.batch_arrays()
+    return export_for_training(model.build(), torch.from_numpy(x), {"input": {0: "batch"}, "logits": {0: "batch"}})
+
+
+def export_for_training(
+    module: torch.nn.Module, example: torch.Tensor, dynamic_axes: dict[str, dict[int, str]]
+) -> tuple[onnx.ModelProto, list[str]]:
+    """``module`` exported by the legacy exporter (opset 17, training mode, input "input", output
+    "logits", ``dynamic_axes``).
 
     LayerNormalization nodes get their Mean/InvStdDev outputs, which ORT's gradient builder needs
     (docs: ORT_SEMANTICS.md section 6). Returns the model and the trainable initializer names.
     """
-    module = model.build()
-    x, _ = model.batch_arrays()
     buffer = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(
             module,
-            (torch.from_numpy(x),),
+            (example,),
             buffer,
             dynamo=False,
             opset_version=OPSET,
@@ -65,7 +72,7 @@ def export_base_model(model: BenchModel) -> tuple[onnx.ModelProto, list[str]]:
             do_constant_folding=False,
             input_names=["input"],
             output_names=["logits"],
-            dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}},
+            dynamic_axes=dynamic_axes,
         )
     proto = onnx.load_from_string(buffer.getvalue())
     for node in proto.graph.node:
@@ -96,10 +103,15 @@ def generate_with_ort(directory: Path) -> None:
 
 def generate_with_ours(model: BenchModel, directory: Path) -> None:
     """Export and run this project's generate_artifacts."""
-    from ort_torch_train.artifacts import LossType, OptimType, generate_artifacts
-
     base, requires_grad = export_base_model(model)
     onnx.save(base, str(directory / "base_model.onnx"))
+    generate_ours(base, requires_grad, directory)
+
+
+def generate_ours(base: onnx.ModelProto, requires_grad: list[str], directory: Path) -> None:
+    """This project's generate_artifacts with the benchmarks' loss and optimizer (cross-entropy, AdamW)."""
+    from ort_torch_train.artifacts import LossType, OptimType, generate_artifacts
+
     generate_artifacts(
         base,
         requires_grad=requires_grad,

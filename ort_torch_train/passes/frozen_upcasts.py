@@ -173,9 +173,9 @@ def _take_in(module: fx.GraphModule, reader: fx.Node, casts: dict[fx.Node, tuple
     upcasts += [(key, casts[arg][1]) for key, arg in kwargs.items() if _is_cast(arg, casts)]
     if reader.op not in ("call_function", "call_method") or not upcasts:
         return False
-    selects = reader.op == "call_function" and callable(reader.target) and reader.target in SELECTIONS
-    if selects and upcasts == [(SELECTIONS[reader.target], upcasts[0][1])]:  # type: ignore[index]
-        _select_then_upcast(module.graph, reader, casts)
+    selected = SELECTIONS.get(reader.target) if reader.op == "call_function" else None  # type: ignore[arg-type]
+    if selected is not None and [position for position, _ in upcasts] == [selected]:
+        _select_then_upcast(module.graph, reader, selected, casts)
         return True
     name = _free_name(module, f"upcast_{reader.name}")
     module.add_submodule(name, UpcastOperands(reader.target, tuple(upcasts)))
@@ -189,9 +189,8 @@ def _take_in(module: fx.GraphModule, reader: fx.Node, casts: dict[fx.Node, tuple
     return True
 
 
-def _select_then_upcast(graph: fx.Graph, reader: fx.Node, casts: dict[fx.Node, tuple[Any, Any]]) -> None:
+def _select_then_upcast(graph: fx.Graph, reader: fx.Node, position: int, casts: dict[fx.Node, tuple[Any, Any]]) -> None:
     """``reader`` (a selection) reads the cast's low-precision input; its result is upcast after it."""
-    position = SELECTIONS[reader.target]  # type: ignore[index]
     source, dtype = casts[args_of(reader)[position]]
     reader.args = tuple(source if index == position else arg for index, arg in enumerate(reader.args))
     with graph.inserting_after(reader):

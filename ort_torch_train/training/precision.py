@@ -95,24 +95,17 @@ class LossScaler:
         self.state = state
         self.dynamic = dynamic
         self._static_scale = float(init_scale)
-        device = state.device.type
+        settings: dict[str, Any] = {
+            "device": state.device.type,
+            "init_scale": init_scale,
+            "growth_factor": growth_factor,
+            "backoff_factor": backoff_factor,
+            "growth_interval": growth_interval,
+        }
         self._scaler = (
-            torch.amp.GradScaler(
-                device,
-                init_scale=init_scale,
-                growth_factor=growth_factor,
-                backoff_factor=backoff_factor,
-                growth_interval=growth_interval,
-            )
+            torch.amp.GradScaler(**settings)
             if process_group is None
-            else sharded_grad_scaler(
-                device=device,
-                init_scale=init_scale,
-                growth_factor=growth_factor,
-                backoff_factor=backoff_factor,
-                growth_interval=growth_interval,
-                process_group=process_group,
-            )
+            else sharded_grad_scaler(**settings, process_group=process_group)
         )
         if dynamic and LOSS_SCALE_PROPERTY in state.properties:
             self._scaler.load_state_dict(

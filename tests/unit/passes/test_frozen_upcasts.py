@@ -4,7 +4,6 @@ of a frozen weight is saved for backward, and losses and adapter gradients stay 
 import gc
 import operator
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,10 +11,10 @@ from torch import fx
 
 from ort_torch_train.adapters import indexing
 from ort_torch_train.api import CheckpointState, Module
-from ort_torch_train.artifacts import LossType, OptimType, generate_artifacts
 from ort_torch_train.lora import LoraConfig
 from ort_torch_train.passes.frozen_upcasts import UpcastOperands, upcast_where_used
 from ort_torch_train.passes.pipeline import EAGER_PASSES, run_passes
+from tests.unit.lora.helpers import data, make_artifacts
 
 CPU = torch.device("cpu")
 
@@ -33,24 +32,14 @@ def _lora_module(directory, dtype: torch.dtype) -> Module:
     )
     for param in model[1].parameters():  # not ones and zeros, which other float32 tensors may hold
         torch.nn.init.normal_(param)
-    generate_artifacts(
-        model,
-        example_inputs=(torch.zeros(6, 8),),
-        input_names=["features"],
-        output_names=["logits"],
-        loss=LossType.CrossEntropyLoss,
-        optimizer=OptimType.AdamW,
-        artifact_directory=directory,
-    )
+    make_artifacts(directory, None, model)
     state = CheckpointState.load_checkpoint(directory / "checkpoint")
     lora = LoraConfig(r=2, alpha=4, frozen_dtype=dtype)
     return Module(directory / "training_model.onnx", state, directory / "eval_model.onnx", lora=lora)
 
 
 def _inputs() -> list[torch.Tensor]:
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((6, 8), dtype=np.float32)
-    return [torch.from_numpy(x), torch.from_numpy(x[:, :4].argmax(axis=1).astype(np.int64))]
+    return [torch.from_numpy(array) for array in data()]
 
 
 def _frozen_copy_bytes(tensors: list[torch.Tensor], frozen: list[torch.Tensor]) -> int:

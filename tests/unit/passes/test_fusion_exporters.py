@@ -13,6 +13,7 @@ from torch import nn
 
 from ort_torch_train.convert.graph import TensorSpec, convert_graph
 from ort_torch_train.passes.pipeline import fuse_converted, run_eager
+from tests.helpers.lora_models import Logits
 from tests.unit.convert.test_exporters import TinyGPT, _export, _parameters_as_inputs
 
 
@@ -235,17 +236,6 @@ def test_rotary_with_computed_sin_fuses_with_one_sign_multiplication():
     (got * upstream).sum().backward()
     (expected * upstream).sum().backward()
     torch.testing.assert_close(weight.grad, reference_weight.grad, atol=1e-6, rtol=1e-6)
-
-
-class Logits(nn.Module):
-    """A ``transformers`` language model's logits alone, with an all-ones attention mask."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, ids):
-        return self.model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
 
 
 @pytest.mark.parametrize("fully_masked_row", [False, True], ids=["causal", "a-row-masked-everywhere"])
