@@ -31,10 +31,11 @@ from ort_torch_train.optim.engine import OptimizerEngine
 from ort_torch_train.passes.pipeline import Restructure
 from ort_torch_train.training.blas_threads import blas_threads_for
 from ort_torch_train.training.compile.forward import CompiledForward
-from ort_torch_train.training.compile.settings import for_device
+from ort_torch_train.training.compile.settings import for_device, records_cuda_graphs
 from ort_torch_train.training.compile.step import CompiledTrainStep, ParameterPlan
 from ort_torch_train.training.flat_params import current_flat, flat_buffers
 from ort_torch_train.training.forward_graph import ForwardGraph
+from ort_torch_train.training.fresh_gradients import GradientTensors
 from ort_torch_train.training.options import EngineOptions
 from ort_torch_train.training.parameter_buffer import ParameterBuffer
 from ort_torch_train.training.precision import MixedPrecision, autocast_or_null, backward, float32_outputs
@@ -200,45 +201,44 @@ class TrainingEngine:
         )
         layout = None if flat is None else flat.layout
         precision = self.precision
+        reset = self._gradient_reset.pending
+        compile_arguments = self.options.compile_arguments or {}
+        device = self._train_params[0].device
+        # CUDA graphs replay on gradients at fixed addresses; data parallel reduces the gradient buckets
+        fresh = update is not None and reset and reduction is None
+        fresh = fresh and not (device.type == "cuda" and records_cuda_graphs(compile_arguments))
         step = self.train_graph.specialised(
             inputs,
             self._train_params,
-            ("train step", update, reduction, precision, layout),
+            ("train step", update, reduction, precision, layout, fresh),
             lambda module, device: CompiledTrainStep(
                 self.train_graph.compiled_module(module, device),
                 self._train_plan,
                 update=update,
                 reduction=reduction,
-                compile_arguments=for_device(
-                    self.options.compile_arguments or {}, device, cpp_wrapper=reduction is None
-                ),
+                compile_arguments=for_device(compile_arguments, device, cpp_wrapper=reduction is None),
                 precision=precision,
                 layout=layout,
+                fresh_gradients=fresh,
             ),
         )
         trainable, frozen, grads = self._parameter_views()
-        reset = self._gradient_reset.pending
+        if flat is not None:
+            trainable, grads = [flat.params], [flat.grads]
+        states = () if optimizer is None else ([[m] for m in flat.moments] if flat else optimizer.moment_lists())
+        scalars = None if optimizer is None else optimizer.next_step_scalars()
+        holders = GradientTensors(self._parameter_views()[2], flat) if fresh else None
         try:
-            if optimizer is None:
-                outputs = (
-                    step(inputs, trainable, frozen, grads, reset)
-                    if flat is None
-                    else step(inputs, [flat.params], frozen, [flat.grads], reset)
-                )
-            elif flat is None:
-                outputs = step(
-                    inputs, trainable, frozen, grads, reset, optimizer.moment_lists(), optimizer.next_step_scalars()
-                )
+            if holders is None:
+                outputs = step(inputs, trainable, frozen, grads, reset, states, scalars)
             else:
-                outputs = step(
-                    inputs,
-                    [flat.params],
-                    frozen,
-                    [flat.grads],
-                    reset,
-                    [[m] for m in flat.moments],
-                    optimizer.next_step_scalars(),
-                )
+                holders.release()
+                try:
+                    outputs, gradients = step(inputs, trainable, frozen, [], reset, states, scalars)
+                except BaseException:
+                    holders.install_zeros(trainable)  # a reset is still pending: zeros stand for it
+                    raise
+                holders.install(gradients)
             if precision is not None:
                 outputs = float32_outputs(outputs)
         except RuntimeError as error:
@@ -371,4 +371,4 @@ class _GradientReset:
     __slots__ = ("pending",)
 
     def __init__(self) -> None:
-        self.pending = False
+        self.pending = True  # ORT's gradients start at zero for each new Module: the first step overwrites

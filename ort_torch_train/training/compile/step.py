@@ -5,6 +5,8 @@ runs neither the autograd engine nor per-op Python. The gradients go straight in
 ``.grad`` tensors (added to them, or copied over them after a reset) and an update given as a
 ``FusedUpdate`` runs in the same graph on those gradients. Whether the gradients are added to or
 overwritten is a boolean tensor, not a Python flag: one graph serves both, so a model compiles once.
+A step with an update may instead return gradients of its own (``fresh_gradients``), for steps that
+overwrite them: the caller frees the old ones first (``training/fresh_gradients.py``).
 """
 
 from __future__ import annotations
@@ -62,6 +64,8 @@ class CompiledTrainStep:
     instead of adding to them (the compiled graph reads it as a tensor: one compilation for both).
     ``states`` (lists of optimizer moments) and ``scalars`` feed ``update`` when there is one.
     ``reduction`` (data parallel) replaces the accumulated gradients by their average across ranks.
+    With ``fresh_gradients`` (an ``update`` given) the step neither reads nor writes ``grads`` and
+    ``reset``: it returns ``(outputs, gradients)``, its own gradients for ``fresh_gradients.py`` to install.
     """
 
     def __init__(
@@ -74,8 +78,11 @@ class CompiledTrainStep:
         reduction: Callable[[list[Tensor]], list[Tensor]] | None = None,
         precision: MixedPrecision | None = None,
         layout: FlatLayout | None = None,
+        fresh_gradients: bool = False,
     ) -> None:
-        step = _train_step_function(module, plan, update, reduction, precision, layout)
+        if fresh_gradients and (update is None or reduction is not None):
+            raise ValueError("fresh_gradients: a step of its own gradients needs an update and no reduction")
+        step = _train_step_function(module, plan, update, reduction, precision, layout, fresh_gradients)
         self._module = module  # its matrix products decide the step's BLAS threads
         # the (input position, axis) pairs compiled as dynamic dimensions; () once torch needed them fixed
         self.dynamic_axes: tuple[tuple[int, int], ...] = getattr(module, "meta", {}).get("dynamic_axes", ())
@@ -83,7 +90,7 @@ class CompiledTrainStep:
         compile_arguments = dict(compile_arguments or {})
         self._cuda_graphs = records_cuda_graphs(compile_arguments)
         setting = None if precision is None else precision.setting
-        parts = (plan.sources, update, reduction, sorted(compile_arguments.items()), setting, layout)
+        parts = (plan.sources, update, reduction, sorted(compile_arguments.items()), setting, layout, fresh_gradients)
         external: dict[str, object] = {
             "module": module,
             "update": update,
@@ -106,7 +113,7 @@ class CompiledTrainStep:
         reset: bool,
         states: Sequence[list[Tensor]] = (),
         scalars: Tensor | None = None,
-    ) -> tuple[Tensor, ...]:
+    ) -> tuple:
         inputs = [t if t.is_contiguous() else t.contiguous() for t in inputs]
         loss_scale = None if self._scaler is None else self._scaler.scale.to(trainable[0].device)
         arguments = (
@@ -217,6 +224,7 @@ def _train_step_function(
     reduction: Callable[[list[Tensor]], list[Tensor]] | None,
     precision: MixedPrecision | None,
     layout: FlatLayout | None,
+    fresh_gradients: bool,
 ) -> Callable:
     sources = plan.sources
 
@@ -232,14 +240,16 @@ def _train_step_function(
             return (loss if loss_scale is None else loss.float() * loss_scale), outputs
 
         gradients, outputs = torch.func.grad(loss_and_outputs, argnums=0, has_aux=True)(trainable, frozen)
-        # where, not a multiplication by zero: a reset drops inf/NaN left in the gradients
-        torch._foreach_copy_(grads, [torch.where(reset, new, old + new) for old, new in zip(grads, gradients)])
+        if fresh_gradients:
+            grads = gradients
+        else:  # where, not a multiplication by zero: a reset drops inf/NaN left in the gradients
+            torch._foreach_copy_(grads, [torch.where(reset, new, old + new) for old, new in zip(grads, gradients)])
         if reduction is not None:  # data parallel: average the accumulated gradients across ranks
             torch._foreach_copy_(grads, reduction(grads))
         if update is not None:
             if update.clip_max_norm is not None:
                 clip_grad_norm_(grads, update.clip_max_norm)
             update.kernel(trainable, grads, *states, scalars, *update.constants)
-        return outputs
+        return (outputs, grads) if fresh_gradients else outputs
 
     return precompiled.with_own_code(train_step)

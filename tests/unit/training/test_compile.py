@@ -98,8 +98,7 @@ def test_compiled_full_step_matches_eager_in_one_graph(name):
     parameter_atol = 1e-4 if name.startswith("bn_") else 1e-5 if name == "transformer" else None
     _assert_same_training(compiled, eager, atol=2e-6, parameter_atol=parameter_atol)
     assert dict(counters["graph_break"]) == {}
-    # the full step adding to the gradients (the first) and overwriting them (after a reset), and eval
-    assert counters["stats"]["unique_graphs"] == 2  # the step (adding or overwriting gradients alike) and eval
+    assert counters["stats"]["unique_graphs"] == 2  # the step (each overwrites the gradients) and eval
 
 
 @pytest.mark.compile
@@ -110,9 +109,7 @@ def test_compiled_train_step_and_separate_optimizer_match_eager(mlp_case):
     compiled = _train(mlp_case, compile=True, fused=False)
     _assert_same_training(compiled, eager, atol=1e-6)
     assert dict(counters["graph_break"]) == {}
-    assert (
-        counters["stats"]["unique_graphs"] == 2
-    )  # the step (adding or overwriting gradients alike) and eval  # train step (adding / after a reset), eval forward
+    assert counters["stats"]["unique_graphs"] == 2  # the train step (adding or overwriting alike) and eval
 
 
 @pytest.mark.compile

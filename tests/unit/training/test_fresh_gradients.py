@@ -1,0 +1,153 @@
+"""A one-graph step that overwrites the gradients frees the old ones first and leaves its own in the same
+``.grad`` tensors: values as eager training gives them, one set of gradients at the step's peak."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from ort_torch_train.api import Module, Optimizer
+from ort_torch_train.training.fresh_gradients import GradientTensors
+from tests.helpers.corpus import Case
+
+
+def _trained(case: Case, compile: bool) -> tuple[Module, Optimizer]:
+    module = Module(case.artifact("training_model.onnx"), case.load_state(), compile=compile)
+    optimizer = Optimizer(case.artifact("optimizer_model.onnx"), module)
+    optimizer.set_learning_rate(1e-2)
+    return module, optimizer
+
+
+def _grads(module: Module) -> list[torch.Tensor]:
+    return [p.grad for p in module.parameters() if p.requires_grad]
+
+
+@pytest.mark.compile
+def test_one_graph_steps_leave_their_gradients_in_the_same_tensors(mlp_case):
+    torch._dynamo.reset()
+    counters.clear()
+    eager, eager_optimizer = _trained(mlp_case, compile=False)
+    compiled, compiled_optimizer = _trained(mlp_case, compile=True)
+    compiled.step(compiled_optimizer, *mlp_case.train_inputs(0))
+    tensors, flat = _grads(compiled), compiled.training_state.flat
+    assert flat is not None
+    before = [g.clone() for g in tensors]
+    kept_view = tensors[0][:1]  # taken before a step: keeps the old values
+    eager.step(eager_optimizer, *mlp_case.train_inputs(0))
+    for step in (1, 2):
+        eager.step(eager_optimizer, *mlp_case.train_inputs(step))
+        compiled.step(compiled_optimizer, *mlp_case.train_inputs(step))
+    assert _grads(compiled) == tensors and all(a is b for a, b in zip(_grads(compiled), tensors))
+    assert compiled.training_state.flat is flat and flat.still_behind(gradients=True)
+    for grad in tensors:
+        assert grad.untyped_storage().data_ptr() == flat.grads.untyped_storage().data_ptr()
+    for got, expected in zip(tensors, _grads(eager), strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(kept_view, before[0][:1], rtol=0, atol=0)
+    np.testing.assert_allclose(
+        compiled.get_contiguous_parameters().numpy(), eager.get_contiguous_parameters().numpy(), rtol=0, atol=1e-5
+    )
+    assert counters["stats"]["unique_graphs"] == 1  # every step overwrote the gradients: one graph
+
+
+@pytest.mark.compile
+def test_a_step_after_accumulating_adds_to_the_gradients(mlp_case):
+    eager, eager_optimizer = _trained(mlp_case, compile=False)
+    compiled, compiled_optimizer = _trained(mlp_case, compile=True)
+    for module, optimizer in ((eager, eager_optimizer), (compiled, compiled_optimizer)):
+        module.step(optimizer, *mlp_case.train_inputs(0))  # overwrites
+        module(*mlp_case.train_inputs(1))  # overwrites, then the step adds to it
+        module.step(optimizer, *mlp_case.train_inputs(2))
+        module(*mlp_case.train_inputs(3))  # eager accumulation on the tensors the one-graph step filled
+    for got, expected in zip(_grads(compiled), _grads(eager), strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        compiled.get_contiguous_parameters().numpy(), eager.get_contiguous_parameters().numpy(), rtol=0, atol=1e-5
+    )
+
+
+@pytest.mark.compile
+def test_a_failed_step_leaves_zero_gradients_and_the_reset_pending(mlp_case):
+    compiled, compiled_optimizer = _trained(mlp_case, compile=True)
+    eager, eager_optimizer = _trained(mlp_case, compile=False)
+    x, y = mlp_case.train_inputs(0)
+    compiled.step(compiled_optimizer, x, y)
+    eager.step(eager_optimizer, x, y)
+    bad = y.copy()
+    bad[0] = 99
+    with pytest.raises(IndexError, match="class index 99 is out of range"):
+        compiled.step(compiled_optimizer, x, bad)
+    assert all(g.shape == p.shape and not g.any() for g, p in zip(_grads(compiled), compiled.parameters()))
+    compiled(*mlp_case.train_inputs(1))  # overwrites: the failed step's reset is still pending
+    eager(*mlp_case.train_inputs(1))
+    for got, expected in zip(_grads(compiled), _grads(eager), strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_gradients_of_their_own_tensors_are_installed_contiguous_in_the_same_objects():
+    grads = [torch.ones(2, 3), torch.ones(4)]
+    holders = GradientTensors(grads, None)
+    holders.release()
+    assert [g.numel() for g in grads] == [0, 0]
+    new = [torch.arange(6.0).reshape(3, 2).t(), torch.zeros(()).expand(4)]  # transposed, and stride 0
+    holders.install(new)
+    assert grads[0].is_contiguous() and grads[1].is_contiguous() and grads[1].stride() == (1,)
+    torch.testing.assert_close(grads[0], new[0], rtol=0, atol=0)
+    grads[1].add_(1)  # accumulating in place works on its own memory
+    torch.testing.assert_close(grads[1], torch.ones(4), rtol=0, atol=0)
+
+
+PEAK_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    import torch
+    from ort_torch_train.api import CheckpointState, Module, Optimizer
+    from ort_torch_train.artifacts import LossType, OptimType, generate_artifacts
+
+    def status_mb(field):
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith(field)) / 1024
+
+    torch.manual_seed(0)
+    layers = [module for _ in range(8) for module in (torch.nn.Linear(1024, 1024), torch.nn.ReLU())]
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(1024, 8))
+    generate_artifacts(
+        model, example_inputs=(torch.zeros(4, 1024),), input_names=["x"], output_names=["logits"],
+        loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW, artifact_directory=sys.argv[1],
+    )
+    module = Module(f"{sys.argv[1]}/training_model.onnx", CheckpointState.load_checkpoint(f"{sys.argv[1]}/checkpoint"),
+                    compile=True)
+    optimizer = Optimizer(f"{sys.argv[1]}/optimizer_model.onnx", module)
+    x, y = np.ones((4, 1024), np.float32), np.arange(4, dtype=np.int64)
+    for _ in range(2):
+        module.step(optimizer, x, y)
+    growth = []
+    for _ in range(3):
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")  # the peak (VmHWM) starts again from the current RSS
+        before = status_mb("VmRSS")
+        module.step(optimizer, x, y)
+        growth.append(status_mb("VmHWM") - before)
+    print(min(growth))
+    """
+)
+GRADIENT_MB = (8 * (1024 * 1024 + 1024) + 1024 * 8 + 8) * 4 / 2**20  # 4 MB for the largest parameter
+
+
+@pytest.mark.compile
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads and resets the peak RSS in /proc")
+def test_a_one_graph_step_never_holds_two_sets_of_gradients(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-c", PEAK_SCRIPT, str(tmp_path)], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    growth_mb = float(out.stdout.strip().splitlines()[-1])
+    # keeping the old gradients through the step adds a second set (GRADIENT_MB, 32 MB) to its peak
+    assert growth_mb < GRADIENT_MB / 2, f"a step's peak RSS grew {growth_mb:.1f} MB over its start"
