@@ -79,6 +79,9 @@ __all__ = [
     # autograd: the saved-tensors hooks in force (checkpoint's, a caller's), which hooks nested inside
     # must hand on what they do not pack themselves; saved_tensors_hooks has no public accessor
     "current_saved_tensors_hooks",
+    # storage: two storages exchange their memory, so that every tensor viewing one (a flat gradient
+    # buffer and each parameter's ``.grad``) holds the other's values at once; no public API moves memory
+    "swap_storage_memory",
 ]
 
 tree_leaves = torch.utils._pytree.tree_leaves
@@ -232,3 +235,8 @@ def onednn_linear_pointwise(x: Tensor, weight: Tensor, bias: Tensor | None) -> T
 def current_saved_tensors_hooks() -> tuple[Callable[[Tensor], Any], Callable[[Any], Tensor]] | None:
     """The innermost ``torch.autograd.graph.saved_tensors_hooks`` in force (pack, unpack), or None."""
     return torch._C._autograd._top_saved_tensors_default_hooks(False)
+
+
+def swap_storage_memory(first: torch.UntypedStorage, second: torch.UntypedStorage) -> None:
+    """Exchange the memory (data pointer and size) of two storages of one device."""
+    first._swap_data_ptr_(second)  # type: ignore[attr-defined]

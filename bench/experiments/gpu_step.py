@@ -39,8 +39,8 @@ sys.path.insert(0, str(BENCH / "harness"))
 
 from lm_models import TransformersLogits  # noqa: E402
 from model_artifacts import export_for_training, generate_ours  # noqa: E402
+from runners import ours_module  # noqa: E402
 
-from ort_torch_train.api import CheckpointState, Module, Optimizer  # noqa: E402
 from ort_torch_train.training.compile.settings import records_cuda_graphs  # noqa: E402
 
 LR = 1e-4
@@ -88,20 +88,9 @@ def make_artifacts(model: torch.nn.Module, directory: Path) -> None:
 
 
 def ours_step(artifacts: Path, mode: str, device: str, x: torch.Tensor, y: torch.Tensor):
-    state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
-    module = Module(
-        artifacts / "training_model.onnx",
-        state,
-        artifacts / "eval_model.onnx",
-        device=device,
-        compile=mode,
-        mixed_precision="bf16",
-        dynamic=False,
-        compile_cache=False,
+    module, optimizer = ours_module(
+        artifacts, LR, device=device, compile=mode, mixed_precision="bf16", dynamic=False, compile_cache=False
     )
-    optimizer = Optimizer(artifacts / "optimizer_model.onnx", module)
-    optimizer.set_learning_rate(LR)
-    module.train()
 
     def step() -> torch.Tensor:
         return module.step(optimizer, x, y)

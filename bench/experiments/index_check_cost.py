@@ -60,20 +60,12 @@ def make_step(model_name: str, compile: bool, checked: bool) -> Callable[[], obj
     """One warmed-up training step of the model, run under its check setting."""
     from model_artifacts import prepare_artifacts
     from models import LEARNING_RATE, MODELS
-
-    from ort_torch_train.api import CheckpointState, Module, Optimizer
+    from runners import ours_module
 
     directory = prepare_artifacts(MODELS[model_name], BENCH / ".cache", use_ort=True).directory
     x, y = (torch.from_numpy(np.load(directory / f"{name}.npy")) for name in ("x", "y"))
     with checking(checked):
-        module = Module(
-            directory / "training_model.onnx",
-            CheckpointState.load_checkpoint(directory / "checkpoint"),
-            directory / "eval_model.onnx",
-            compile=compile,
-        )
-        optimizer = Optimizer(directory / "optimizer_model.onnx", module)
-        optimizer.set_learning_rate(LEARNING_RATE)
+        module, optimizer = ours_module(directory, LEARNING_RATE, compile=compile)
         for _ in range(5):
             module.step(optimizer, x, y)
 

@@ -47,9 +47,9 @@ def layers(model_name: str, python_wrapper: bool = False) -> dict[str, Callable[
     """The step at each layer, warmed up (compiled) and ready to call repeatedly."""
     from model_artifacts import prepare_artifacts
     from models import LEARNING_RATE, MODELS
-    from runners import make_runner
+    from runners import make_runner, ours_module
 
-    from ort_torch_train.api import CheckpointState, Module, Optimizer
+    from ort_torch_train.api import Module, Optimizer
     from ort_torch_train.training.blas_threads import blas_threads_for
 
     directory = prepare_artifacts(MODELS[model_name], BENCH / ".cache", use_ort=True).directory
@@ -57,15 +57,7 @@ def layers(model_name: str, python_wrapper: bool = False) -> dict[str, Callable[
     tx, ty = torch.from_numpy(x), torch.from_numpy(y)
 
     def compiled_module(compile: bool | dict) -> tuple[Module, Optimizer]:
-        module = Module(
-            directory / "training_model.onnx",
-            CheckpointState.load_checkpoint(directory / "checkpoint"),
-            directory / "eval_model.onnx",
-            compile=compile,
-        )
-        optimizer = Optimizer(directory / "optimizer_model.onnx", module)
-        optimizer.set_learning_rate(LEARNING_RATE)
-        module.train()
+        module, optimizer = ours_module(directory, LEARNING_RATE, compile=compile)
         for _ in range(3):
             module.step(optimizer, x, y)
         return module, optimizer
@@ -73,11 +65,12 @@ def layers(model_name: str, python_wrapper: bool = False) -> dict[str, Callable[
     module, optimizer = compiled_module(True)
     engine_optimizer = optimizer.engine_for_step()
     (compiled_step,) = module.train_graph._cache.values()
-    trainable, frozen, grads = module._engine._parameter_views()
+    trainable, frozen, _ = module._engine._parameter_views()
+    grads: list[torch.Tensor] = []  # module.step's graph makes gradients of its own (fresh_gradients.py)
     moments = engine_optimizer.moment_lists()
     flat = module.training_state.flat  # the step's flat buffers (training/flat_params.py), if any
     if flat is not None:
-        trainable, grads, moments = [flat.params], [flat.grads], [[moment] for moment in flat.moments]
+        trainable, moments = [flat.params], [[moment] for moment in flat.moments]
 
     def step_call() -> object:
         return compiled_step([tx, ty], trainable, frozen, grads, True, moments, engine_optimizer.next_step_scalars())

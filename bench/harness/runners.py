@@ -93,6 +93,19 @@ def make_runner(
     raise ValueError(f"unknown config {config!r}; expected one of {CONFIGS}")
 
 
+def ours_module(artifacts: Path, lr: float, **options: object) -> tuple:
+    """``(module, optimizer)`` of this project on the artifacts in ``artifacts``, in train mode, at
+    learning rate ``lr``; ``options`` go to ``Module``."""
+    from ort_torch_train.api import CheckpointState, Module, Optimizer
+
+    state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
+    module = Module(artifacts / "training_model.onnx", state, artifacts / "eval_model.onnx", **options)
+    optimizer = Optimizer(artifacts / "optimizer_model.onnx", module)
+    optimizer.set_learning_rate(lr)
+    module.train()
+    return module, optimizer
+
+
 def _torch_device_hooks(device: str) -> tuple[Callable[[], None] | None, Callable[[], float] | None]:
     import torch
 
@@ -115,20 +128,7 @@ def _ours_runner(
 ) -> Runner:
     import torch
 
-    from ort_torch_train.api import CheckpointState, Module, Optimizer
-
-    state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
-    module = Module(
-        artifacts / "training_model.onnx",
-        state,
-        artifacts / "eval_model.onnx",
-        device=device,
-        compile=compile,
-        mixed_precision=precision,
-    )
-    optimizer = Optimizer(artifacts / "optimizer_model.onnx", module)
-    optimizer.set_learning_rate(lr)
-    module.train()
+    module, optimizer = ours_module(artifacts, lr, device=device, compile=compile, mixed_precision=precision)
     if torch_inputs:
         x, y = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
     loss = [None]

@@ -35,7 +35,7 @@ from ort_torch_train.training.compile.settings import for_device, records_cuda_g
 from ort_torch_train.training.compile.step import CompiledTrainStep, ParameterPlan
 from ort_torch_train.training.flat_params import current_flat, flat_buffers
 from ort_torch_train.training.forward_graph import ForwardGraph
-from ort_torch_train.training.fresh_gradients import GradientTensors
+from ort_torch_train.training.fresh_gradients import FreshGradients
 from ort_torch_train.training.options import EngineOptions
 from ort_torch_train.training.parameter_buffer import ParameterBuffer
 from ort_torch_train.training.precision import MixedPrecision, autocast_or_null, backward, float32_outputs
@@ -205,7 +205,7 @@ class TrainingEngine:
         compile_arguments = self.options.compile_arguments or {}
         device = self._train_params[0].device
         # CUDA graphs replay on gradients at fixed addresses; data parallel reduces the gradient buckets
-        fresh = update is not None and reset and reduction is None
+        fresh = flat is not None and update is not None and reset and reduction is None
         fresh = fresh and not (device.type == "cuda" and records_cuda_graphs(compile_arguments))
         step = self.train_graph.specialised(
             inputs,
@@ -223,22 +223,23 @@ class TrainingEngine:
             ),
         )
         trainable, frozen, grads = self._parameter_views()
+        fresh_gradients = None
         if flat is not None:
+            fresh_gradients = FreshGradients(flat, grads) if fresh else None
             trainable, grads = [flat.params], [flat.grads]
         states = () if optimizer is None else ([[m] for m in flat.moments] if flat else optimizer.moment_lists())
         scalars = None if optimizer is None else optimizer.next_step_scalars()
-        holders = GradientTensors(self._parameter_views()[2], flat) if fresh else None
         try:
-            if holders is None:
+            if fresh_gradients is None:
                 outputs = step(inputs, trainable, frozen, grads, reset, states, scalars)
             else:
-                holders.release()
+                fresh_gradients.release()
                 try:
-                    outputs, gradients = step(inputs, trainable, frozen, [], reset, states, scalars)
+                    outputs, (gradient,) = step(inputs, trainable, frozen, [], reset, states, scalars)
                 except BaseException:
-                    holders.install_zeros(trainable)  # a reset is still pending: zeros stand for it
+                    fresh_gradients.install_zeros()  # a reset is still pending: zeros stand for it
                     raise
-                holders.install(gradients)
+                fresh_gradients.install(gradient)
             if precision is not None:
                 outputs = float32_outputs(outputs)
         except RuntimeError as error:
