@@ -204,8 +204,8 @@ class TrainingEngine:
         reset = self._gradient_reset.pending
         compile_arguments = self.options.compile_arguments or {}
         device = self._train_params[0].device
-        # CUDA graphs replay on gradients at fixed addresses; data parallel reduces the gradient buckets
-        fresh = flat is not None and update is not None and reset and reduction is None
+        # CUDA graphs replay on gradients at fixed addresses
+        fresh = flat is not None and update is not None and reset
         fresh = fresh and not (device.type == "cuda" and records_cuda_graphs(compile_arguments))
         step = self.train_graph.specialised(
             inputs,

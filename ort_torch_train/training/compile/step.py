@@ -80,8 +80,8 @@ class CompiledTrainStep:
         layout: FlatLayout | None = None,
         fresh_gradients: bool = False,
     ) -> None:
-        if fresh_gradients and (update is None or reduction is not None):
-            raise ValueError("fresh_gradients: a step of its own gradients needs an update and no reduction")
+        if fresh_gradients and update is None:
+            raise ValueError("fresh_gradients: a step that makes gradients of its own needs an update")
         step = _train_step_function(module, plan, update, reduction, precision, layout, fresh_gradients)
         self._module = module  # its matrix products decide the step's BLAS threads
         # the (input position, axis) pairs compiled as dynamic dimensions; () once torch needed them fixed
@@ -240,12 +240,13 @@ def _train_step_function(
             return (loss if loss_scale is None else loss.float() * loss_scale), outputs
 
         gradients, outputs = torch.func.grad(loss_and_outputs, argnums=0, has_aux=True)(trainable, frozen)
+        # data parallel (a reduction): the gradients' average across ranks replaces them
         if fresh_gradients:
-            grads = gradients
+            grads = gradients if reduction is None else reduction(gradients)
         else:  # where, not a multiplication by zero: a reset drops inf/NaN left in the gradients
             torch._foreach_copy_(grads, [torch.where(reset, new, old + new) for old, new in zip(grads, gradients)])
-        if reduction is not None:  # data parallel: average the accumulated gradients across ranks
-            torch._foreach_copy_(grads, reduction(grads))
+            if reduction is not None:
+                torch._foreach_copy_(grads, reduction(grads))
         if update is not None:
             if update.clip_max_norm is not None:
                 clip_grad_norm_(grads, update.clip_max_norm)
