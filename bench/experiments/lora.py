@@ -9,6 +9,8 @@ variant then runs in its own process, so that its peak resident set is its own:
   base frozen in float32;
 - ``lora-bf16``: the same with ``frozen_dtype=torch.bfloat16``.
 
+With ``--compile`` each variant runs ``Module(compile=True)`` and ``module.step`` (one compiled graph per step).
+
 Each reports the trainable parameters (count and share), the resident set after building the
 Module, its peak during the steps (sampled every millisecond): over all of them, in the first one alone
 (which converts the graph) and in the steps after it (training proper), and over the whole process
@@ -17,7 +19,7 @@ median step time (forward, backward, AdamW update) over ``--steps`` steps after 
 variant and prints a table with the ratios against ``full`` (targets: trainable < 1 %, peak RSS
 <= 0.5x with float32 frozen weights and lower with bfloat16, step time <= 0.8x).
 
-    python bench/experiments/lora.py all --out bench/.cache/lora --steps 10 [--small] [--json result.json]
+    python bench/experiments/lora.py all --out bench/.cache/lora --steps 10 [--small] [--compile] [--json result.json]
     python bench/experiments/lora.py prepare --out DIR [--small]
     python bench/experiments/lora.py run DIR --variant full|lora|lora-bf16 [--steps 10]
 """
@@ -74,7 +76,7 @@ def prepare(out: Path, small: bool, batch: int, tokens: int) -> None:
     (out / "shape.json").write_text(json.dumps({"batch": batch, "tokens": tokens, "vocab": config.vocab_size}))
 
 
-def run(directory: Path, variant: str, steps: int, threads: int) -> dict:
+def run(directory: Path, variant: str, steps: int, threads: int, compile: bool = False) -> dict:
     import numpy as np
     import torch
 
@@ -89,7 +91,7 @@ def run(directory: Path, variant: str, steps: int, threads: int) -> dict:
             r=8, alpha=16, targets=TARGETS, frozen_dtype=torch.bfloat16 if variant == "lora-bf16" else None
         )
     state = CheckpointState.load_checkpoint(directory / "checkpoint")
-    module = Module(directory / "training_model.onnx", state, lora=lora)
+    module = Module(directory / "training_model.onnx", state, lora=lora, compile=compile)
     optimizer = Optimizer(directory / "optimizer_model.onnx", module)
     built_rss = memory_mib()["VmRSS"]
     rng = np.random.default_rng(0)
@@ -99,9 +101,12 @@ def run(directory: Path, variant: str, steps: int, threads: int) -> dict:
         tokens = rng.integers(0, shape["vocab"], (shape["batch"], shape["tokens"] + 1), dtype=np.int64)
         inputs = (tokens[:, :-1].copy(), tokens[:, 1:].reshape(-1).copy())
         start = time.perf_counter()
-        losses.append(float(module(*inputs)))
-        optimizer.step()
-        module.lazy_reset_grad()
+        if compile:  # the three calls as one compiled graph
+            losses.append(float(module.step(optimizer, *inputs)))
+        else:
+            losses.append(float(module(*inputs)))
+            optimizer.step()
+            module.lazy_reset_grad()
         return time.perf_counter() - start
 
     with RssSampler() as first_step:  # the first step converts the graph: untimed, its peak apart
@@ -111,7 +116,7 @@ def run(directory: Path, variant: str, steps: int, threads: int) -> dict:
     first, later = first_step.peak["VmRSS"], later_steps.peak["VmRSS"]
     trainable, total = module.parameters_size(True), module.parameters_size(False)
     return {
-        "variant": variant,
+        "variant": variant + (" compiled" if compile else ""),
         "trainable_parameters": trainable,
         "all_parameters": total,
         "trainable_share": trainable / total,
@@ -125,13 +130,15 @@ def run(directory: Path, variant: str, steps: int, threads: int) -> dict:
     }
 
 
-def run_all(out: Path, small: bool, steps: int, threads: int, batch: int, tokens: int) -> list[dict]:
+def run_all(
+    out: Path, small: bool, steps: int, threads: int, batch: int, tokens: int, compile: bool = False
+) -> list[dict]:
     if not (out / "checkpoint").is_file():
         prepare(out, small, batch, tokens)
     results = []
     for variant in VARIANTS:  # each in its own process: its own peak RSS
         command = [sys.executable, __file__, "run", str(out), "--variant", variant, "--steps", str(steps)]
-        command += ["--threads", str(threads)]
+        command += ["--threads", str(threads), *(["--compile"] if compile else [])]
         # glibc mmaps every allocation over 64 KiB, so freed tensors (float32 weights cast to bfloat16, the
         # checkpoint file's bytes) leave the resident set
         environment = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
@@ -175,20 +182,22 @@ def main(argv: list[str] | None = None) -> list[dict] | dict | None:
     commands.choices["all"].add_argument("--steps", type=int, default=10)
     commands.choices["all"].add_argument("--threads", type=int, default=2)
     commands.choices["all"].add_argument("--json", type=Path, help="also write the results here")
+    commands.choices["all"].add_argument("--compile", action="store_true", help="one compiled graph per step")
     single = commands.add_parser("run")
     single.add_argument("artifacts", type=Path)
     single.add_argument("--variant", choices=VARIANTS, required=True)
     single.add_argument("--steps", type=int, default=10)
     single.add_argument("--threads", type=int, default=2)
+    single.add_argument("--compile", action="store_true", help="one compiled graph per step")
     args = parser.parse_args(argv)
     if args.command == "prepare":
         prepare(args.out, args.small, args.batch, args.tokens)
         return None
     if args.command == "run":
-        result = run(args.artifacts, args.variant, args.steps, args.threads)
+        result = run(args.artifacts, args.variant, args.steps, args.threads, args.compile)
         print(json.dumps(result))
         return result
-    results = run_all(args.out, args.small, args.steps, args.threads, args.batch, args.tokens)
+    results = run_all(args.out, args.small, args.steps, args.threads, args.batch, args.tokens, args.compile)
     print(table(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))

@@ -66,6 +66,7 @@ def convert_graph(
         raise ValueError(f"graph has {len(graph.input)} inputs, {len(input_specs)} specs were given")
     builder = Builder(graph, opsets, training, _convert_node, _subgraph_converter(opsets, training))
     used_placeholder_names: set[str] = set()
+    given = examples is not None
     if examples is None:
         examples = [torch.zeros(spec.shape, dtype=spec.dtype) for spec in input_specs]
     written = _written_in_place(graph)
@@ -76,6 +77,8 @@ def convert_graph(
         used_placeholder_names.add(name)
         builder.fx_nodes[value_info.name] = builder.fx_graph.placeholder(name)
         builder.fx_nodes[value_info.name].meta["val"] = torch.empty(spec.shape, dtype=spec.dtype, device="meta")
+        if given:  # a trainable parameter's example needs a gradient (frozen_products.py reads it)
+            builder.fx_nodes[value_info.name].meta["requires_grad"] = example.requires_grad
         # the example run writes some inputs (a training BatchNorm's running statistics): those are copies
         copied = value_info.name in written
         builder.values[value_info.name] = Value(example.detach().to("cpu", copy=copied), False, True)

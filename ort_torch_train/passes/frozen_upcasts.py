@@ -139,7 +139,7 @@ def upcast_where_used(module: fx.GraphModule, device: torch.device) -> None:
     """Each cast of a low-precision graph input to a wider float moved into the ops that read it
     (``UpcastOperands``), or next to a reader it cannot move into; counted in ``module.meta["fusions"]``."""
     graph = module.graph
-    casts = {node: args_of(node) for node in graph.nodes if _upcasts_input(node)}
+    casts = {node: args_of(node) for node in graph.nodes if upcasts_input(node)}
     readers = {reader: None for cast in casts for reader in cast.users}  # each once
     taken = sum(_take_in(module, reader, casts) for reader in list(readers))
     order = {node: index for index, node in enumerate(graph.nodes)}
@@ -154,7 +154,7 @@ def upcast_where_used(module: fx.GraphModule, device: torch.device) -> None:
         module.meta.setdefault("fusions", Counter())["frozen upcast in its op"] += taken
 
 
-def _upcasts_input(node: fx.Node) -> bool:
+def upcasts_input(node: fx.Node) -> bool:
     """Whether ``node`` is ``placeholder.to(dtype)`` from bfloat16/float16 to a wider float."""
     if node.op != "call_method" or node.target != "to" or node.kwargs or len(node.args) != 2:
         return False

@@ -9,7 +9,8 @@ which see its top graph only:
 
 * eager: row-wise regions on 2-D activations (``fuse_rows.py``), then low-precision frozen parameters
   upcast inside the ops that read them (``frozen_upcasts.py``);
-* compiled: small CPU attention as products inductor fuses (``small_attention.py``).
+* compiled: small CPU attention as products inductor fuses (``small_attention.py``), then matrix
+  products of low-precision frozen parameters upcast again for backward (``frozen_products.py``).
 
 Compiled graphs also get ``onednn_linear.cpu_matmuls()``, an inductor pass over the differentiated
 graph (``training/compile/settings.py``).
@@ -23,6 +24,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import fx
 
+from ort_torch_train.passes.frozen_products import products_upcast_twice
 from ort_torch_train.passes.frozen_upcasts import upcast_where_used
 from ort_torch_train.passes.fuse import fuse_graph
 from ort_torch_train.passes.fuse_rows import fuse_row_regions
@@ -55,7 +57,7 @@ def fuse_converted(module: fx.GraphModule, device: torch.device) -> None:
 
 
 EAGER_PASSES: tuple[Step, ...] = (fuse_converted, RESTRUCTURE, fuse_row_regions, upcast_where_used)
-COMPILED_PASSES: tuple[Step, ...] = (fuse_converted, RESTRUCTURE, small_attention_products)
+COMPILED_PASSES: tuple[Step, ...] = (fuse_converted, RESTRUCTURE, small_attention_products, products_upcast_twice)
 
 
 def run_passes(
