@@ -82,6 +82,9 @@ __all__ = [
     # storage: two storages exchange their memory, so that every tensor viewing one (a flat gradient
     # buffer and each parameter's ``.grad``) holds the other's values at once; no public API moves memory
     "swap_storage_memory",
+    # storage: how many tensors (and storage objects) hold a storage, to tell whether anything besides
+    # the ones known views it before its memory is freed; no public API counts them
+    "storage_use_count",
 ]
 
 tree_leaves = torch.utils._pytree.tree_leaves
@@ -240,3 +243,8 @@ def current_saved_tensors_hooks() -> tuple[Callable[[Tensor], Any], Callable[[An
 def swap_storage_memory(first: torch.UntypedStorage, second: torch.UntypedStorage) -> None:
     """Exchange the memory (data pointer and size) of two storages of one device."""
     first._swap_data_ptr_(second)  # type: ignore[attr-defined]
+
+
+def storage_use_count(storage: torch.UntypedStorage) -> int:
+    """The number of references to ``storage``'s storage (each tensor viewing it, each storage object)."""
+    return torch._C._storage_Use_Count(storage._cdata)

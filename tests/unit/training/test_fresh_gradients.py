@@ -12,12 +12,13 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from ort_torch_train.api import Module, Optimizer
+from ort_torch_train.api import CheckpointState, Module, Optimizer
 from tests.helpers.corpus import Case
 
 
-def _trained(case: Case, compile: bool) -> tuple[Module, Optimizer]:
-    module = Module(case.artifact("training_model.onnx"), case.load_state(), compile=compile)
+def _trained(case: Case, compile: bool, state: CheckpointState | None = None) -> tuple[Module, Optimizer]:
+    state = state if state is not None else case.load_state()
+    module = Module(case.artifact("training_model.onnx"), state, compile=compile)
     optimizer = Optimizer(case.artifact("optimizer_model.onnx"), module)
     optimizer.set_learning_rate(1e-2)
     return module, optimizer
@@ -52,6 +53,20 @@ def test_one_graph_steps_leave_their_gradients_in_the_same_tensors(mlp_case):
         compiled.get_contiguous_parameters().numpy(), eager.get_contiguous_parameters().numpy(), rtol=0, atol=1e-5
     )
     assert counters["stats"]["unique_graphs"] == 1  # every step overwrote the gradients: one graph
+
+
+@pytest.mark.compile
+def test_a_numpy_view_of_a_gradient_held_across_steps_shows_each_steps_gradient(mlp_case):
+    states = {compile: mlp_case.load_state() for compile in (False, True)}
+    modules = {compile: _trained(mlp_case, compile, states[compile]) for compile in (False, True)}
+    name = modules[True][0].trainable_parameter_names[0]
+    views = {}
+    for step in range(3):
+        for compile, (module, optimizer) in modules.items():
+            module.step(optimizer, *mlp_case.train_inputs(step))
+            views.setdefault(compile, states[compile].parameters[name].grad)  # numpy, zero-copy
+        np.testing.assert_allclose(views[True], views[False], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(views[True], states[True].parameters[name].grad)
 
 
 @pytest.mark.compile
