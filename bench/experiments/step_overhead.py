@@ -51,6 +51,7 @@ def layers(model_name: str, python_wrapper: bool = False) -> dict[str, Callable[
 
     from ort_torch_train.api import Module, Optimizer
     from ort_torch_train.training.blas_threads import blas_threads_for
+    from ort_torch_train.training.fresh_gradients import pays_off
 
     directory = prepare_artifacts(MODELS[model_name], BENCH / ".cache", use_ort=True).directory
     x, y = np.load(directory / "x.npy"), np.load(directory / "y.npy")
@@ -65,12 +66,13 @@ def layers(model_name: str, python_wrapper: bool = False) -> dict[str, Callable[
     module, optimizer = compiled_module(True)
     engine_optimizer = optimizer.engine_for_step()
     (compiled_step,) = module.train_graph._cache.values()
-    trainable, frozen, _ = module._engine._parameter_views()
-    grads: list[torch.Tensor] = []  # module.step's graph makes gradients of its own (fresh_gradients.py)
+    trainable, frozen, grads = module._engine._parameter_views()
     moments = engine_optimizer.moment_lists()
     flat = module.training_state.flat  # the step's flat buffers (training/flat_params.py), if any
     if flat is not None:
         trainable, moments = [flat.params], [[moment] for moment in flat.moments]
+        # a large buffer: module.step's graph makes gradients of its own (fresh_gradients.py)
+        grads = [] if pays_off(flat) else [flat.grads]
 
     def step_call() -> object:
         return compiled_step([tx, ty], trainable, frozen, grads, True, moments, engine_optimizer.next_step_scalars())

@@ -35,7 +35,7 @@ from ort_torch_train.training.compile.settings import for_device, records_cuda_g
 from ort_torch_train.training.compile.step import CompiledTrainStep, ParameterPlan
 from ort_torch_train.training.flat_params import current_flat, flat_buffers
 from ort_torch_train.training.forward_graph import ForwardGraph
-from ort_torch_train.training.fresh_gradients import FreshGradients
+from ort_torch_train.training.fresh_gradients import FreshGradients, pays_off
 from ort_torch_train.training.options import EngineOptions
 from ort_torch_train.training.parameter_buffer import ParameterBuffer
 from ort_torch_train.training.precision import MixedPrecision, autocast_or_null, backward, float32_outputs
@@ -205,7 +205,7 @@ class TrainingEngine:
         compile_arguments = self.options.compile_arguments or {}
         device = self._train_params[0].device
         # CUDA graphs replay on gradients at fixed addresses
-        fresh = flat is not None and update is not None and reset
+        fresh = flat is not None and pays_off(flat) and update is not None and reset
         fresh = fresh and not (device.type == "cuda" and records_cuda_graphs(compile_arguments))
         step = self.train_graph.specialised(
             inputs,

@@ -8,6 +8,8 @@ So the memory behind the flat gradient buffer (``flat_params.py``) is freed befo
 buffer and each ``.grad`` keep their identity and show the new gradients, as when steps wrote into them.
 While anything else views the buffer (a numpy array from ``Parameter.grad``, a tensor view of a
 gradient), it is kept and the step's gradients are copied into it, so no view reads freed memory.
+Buffers under ``MIN_BYTES`` stay in place: a second set of such gradients costs less than the
+bookkeeping's few microseconds per step.
 """
 
 from __future__ import annotations
@@ -20,6 +22,13 @@ from torch import Tensor
 
 from ort_torch_train.torch_internals import storage_use_count, swap_storage_memory
 from ort_torch_train.training.flat_params import FlatState
+
+MIN_BYTES = 1 << 20
+
+
+def pays_off(flat: FlatState) -> bool:
+    """Whether ``flat``'s gradient buffer is large enough (``MIN_BYTES``) to be refilled afresh."""
+    return flat.grads.numel() * flat.grads.element_size() >= MIN_BYTES
 
 
 @dataclass

@@ -13,6 +13,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from ort_torch_train.api import CheckpointState, Module, Optimizer
+from ort_torch_train.training import fresh_gradients
 from tests.helpers.corpus import Case
 
 
@@ -24,12 +25,18 @@ def _trained(case: Case, compile: bool, state: CheckpointState | None = None) ->
     return module, optimizer
 
 
+@pytest.fixture
+def every_buffer_afresh(monkeypatch):
+    """The MLP's gradient buffer (under a MiB) refilled afresh too."""
+    monkeypatch.setattr(fresh_gradients, "MIN_BYTES", 0)
+
+
 def _grads(module: Module) -> list[torch.Tensor]:
     return [p.grad for p in module.parameters() if p.requires_grad]
 
 
 @pytest.mark.compile
-def test_one_graph_steps_leave_their_gradients_in_the_same_tensors(mlp_case):
+def test_one_graph_steps_leave_their_gradients_in_the_same_tensors(mlp_case, every_buffer_afresh):
     torch._dynamo.reset()
     counters.clear()
     eager, eager_optimizer = _trained(mlp_case, compile=False)
@@ -56,7 +63,7 @@ def test_one_graph_steps_leave_their_gradients_in_the_same_tensors(mlp_case):
 
 
 @pytest.mark.compile
-def test_a_numpy_view_of_a_gradient_held_across_steps_shows_each_steps_gradient(mlp_case):
+def test_a_numpy_view_of_a_gradient_held_across_steps_shows_each_steps_gradient(mlp_case, every_buffer_afresh):
     states = {compile: mlp_case.load_state() for compile in (False, True)}
     modules = {compile: _trained(mlp_case, compile, states[compile]) for compile in (False, True)}
     name = modules[True][0].trainable_parameter_names[0]
@@ -70,7 +77,7 @@ def test_a_numpy_view_of_a_gradient_held_across_steps_shows_each_steps_gradient(
 
 
 @pytest.mark.compile
-def test_a_step_after_accumulating_adds_to_the_gradients(mlp_case):
+def test_a_step_after_accumulating_adds_to_the_gradients(mlp_case, every_buffer_afresh):
     eager, eager_optimizer = _trained(mlp_case, compile=False)
     compiled, compiled_optimizer = _trained(mlp_case, compile=True)
     for module, optimizer in ((eager, eager_optimizer), (compiled, compiled_optimizer)):
@@ -86,7 +93,7 @@ def test_a_step_after_accumulating_adds_to_the_gradients(mlp_case):
 
 
 @pytest.mark.compile
-def test_a_failed_step_leaves_zero_gradients_and_the_reset_pending(mlp_case):
+def test_a_failed_step_leaves_zero_gradients_and_the_reset_pending(mlp_case, every_buffer_afresh):
     compiled, compiled_optimizer = _trained(mlp_case, compile=True)
     eager, eager_optimizer = _trained(mlp_case, compile=False)
     x, y = mlp_case.train_inputs(0)
@@ -101,6 +108,18 @@ def test_a_failed_step_leaves_zero_gradients_and_the_reset_pending(mlp_case):
     eager(*mlp_case.train_inputs(1))
     for got, expected in zip(_grads(compiled), _grads(eager), strict=True):
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.compile
+def test_a_small_gradient_buffer_stays_in_place(mlp_case):
+    module, optimizer = _trained(mlp_case, compile=True)
+    module.step(optimizer, *mlp_case.train_inputs(0))
+    flat = module.training_state.flat
+    assert flat is not None and not fresh_gradients.pays_off(flat)
+    address = flat.grads.data_ptr()
+    for step in (1, 2):
+        module.step(optimizer, *mlp_case.train_inputs(step))
+    assert flat.grads.data_ptr() == address  # written in place by the graph
 
 
 PEAK_SCRIPT = textwrap.dedent(
