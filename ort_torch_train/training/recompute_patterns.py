@@ -30,9 +30,11 @@ import torch
 import torch.nn.functional as F
 from torch import fx
 
+from ort_torch_train.passes import onednn_linear
 from ort_torch_train.training.recompute import checkpoint_ranges
 
-_MATMULS = (torch.matmul, F.linear, torch.bmm, torch.mm)
+# F.linear's large float32 CPU products run through onednn_linear.linear in eager graphs (passes/fuse.py)
+_MATMULS = (torch.matmul, F.linear, onednn_linear.linear, torch.bmm, torch.mm)
 _SOFTMAXES = (torch.softmax, F.softmax)
 
 

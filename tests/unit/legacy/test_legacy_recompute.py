@@ -21,6 +21,7 @@ from onnx import TensorProto, helper
 from torch import nn
 
 from ort_torch_train.legacy import TrainingParameters, TrainingSession
+from ort_torch_train.passes import onednn_linear
 from tests.helpers.paths import FIXTURES
 
 LR = {"Learning_Rate": np.array([0.01], np.float32)}
@@ -191,6 +192,15 @@ def test_recompute_settings_match_the_run_without_them(bert, baseline, settings,
         np.testing.assert_allclose(r_grads[name].numpy(), grad.numpy(), rtol=0, atol=1e-6, err_msg=name)
     for name, value in state.items():
         np.testing.assert_allclose(r_state[name], value, rtol=0, atol=1e-6, err_msg=name)
+
+
+def test_a_gelu_read_by_onednn_products_is_recomputed_too(bert, monkeypatch):
+    monkeypatch.setattr(onednn_linear, "EAGER_MIN_MACS", 0)  # every float32 linear through onednn_linear.linear
+    feeds = _batches(np.random.default_rng(1))[:1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "no GELU read by a MatMul" before linear counted as one
+        *_, segments = _train(bert, feeds, gelu_recompute=True)
+    assert segments == 3
 
 
 def test_number_recompute_layers_beyond_the_last_layer_is_clipped_with_a_warning(bert):
