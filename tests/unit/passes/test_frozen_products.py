@@ -4,8 +4,6 @@ and no float32 copy of every frozen weight at once."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import textwrap
 
@@ -20,6 +18,7 @@ from ort_torch_train.api import CheckpointState, Module, Optimizer
 from ort_torch_train.lora import LoraConfig
 from ort_torch_train.passes.frozen_products import frozen_product, products_upcast_twice
 from tests.helpers.lora_models import TARGETS, batches, lora_artifacts, tiny_lm
+from tests.helpers.step_peak import run_printing_mb
 
 WEIGHT = torch.randn(12, 10, generator=torch.Generator().manual_seed(0)).bfloat16()
 # (kind, transposed, alpha, beta, x's shape, bias's shape, the plain product of x, the upcast weight, bias)
@@ -123,11 +122,8 @@ PEAK_SCRIPT = textwrap.dedent(
     import torch
     from ort_torch_train.api import CheckpointState, Module, Optimizer
     from ort_torch_train.lora import LoraConfig
+    from tests.helpers.step_peak import step_peak_growth_mb
     from tests.unit.lora.helpers import make_artifacts
-
-    def status_mb(field):
-        with open("/proc/self/status") as status:
-            return next(int(line.split()[1]) for line in status if line.startswith(field)) / 1024
 
     torch.manual_seed(0)
     layers = [module for _ in range(8) for module in (torch.nn.Linear(1024, 1024, bias=False), torch.nn.ReLU())]
@@ -137,16 +133,7 @@ PEAK_SCRIPT = textwrap.dedent(
     module = Module(f"{sys.argv[1]}/training_model.onnx", state, lora=lora, compile=True)
     optimizer = Optimizer(f"{sys.argv[1]}/optimizer_model.onnx", module)
     x, y = np.ones((6, 8), np.float32), np.arange(6, dtype=np.int64) % 4
-    for _ in range(2):
-        module.step(optimizer, x, y)
-    growth = []
-    for _ in range(3):
-        with open("/proc/self/clear_refs", "w") as clear_refs:
-            clear_refs.write("5")  # the peak (VmHWM) starts again from the current RSS
-        before = status_mb("VmRSS")
-        module.step(optimizer, x, y)
-        growth.append(status_mb("VmHWM") - before)
-    print(min(growth))
+    print(step_peak_growth_mb(lambda: module.step(optimizer, x, y)))
     """
 )
 COPIES_MB = 8 * 1024 * 1024 * 4 / 2**20  # float32 copies of the eight 1024 x 1024 frozen weights: 32 MB
@@ -155,12 +142,6 @@ COPIES_MB = 8 * 1024 * 1024 * 4 / 2**20  # float32 copies of the eight 1024 x 10
 @pytest.mark.compile
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads and resets the peak RSS in /proc")
 def test_a_compiled_step_never_holds_every_frozen_weights_float32_copy(tmp_path) -> None:
-    # glibc mmaps every allocation over 64 KiB, so a freed copy leaves the resident set at once
-    environment = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-    out = subprocess.run(
-        [sys.executable, "-c", PEAK_SCRIPT, str(tmp_path)], capture_output=True, text=True, timeout=300, env=environment
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    growth_mb = float(out.stdout.strip().splitlines()[-1])
+    growth_mb = run_printing_mb(PEAK_SCRIPT, tmp_path)
     # casting every frozen weight at the graph's start, or keeping each copy for backward, adds COPIES_MB
     assert growth_mb < COPIES_MB / 2, f"a step's peak RSS grew {growth_mb:.1f} MB over its start"

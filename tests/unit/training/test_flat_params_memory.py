@@ -20,10 +20,7 @@ SCRIPT = textwrap.dedent(
     import torch
     from ort_torch_train.checkpoint.state import TrainingState
     from ort_torch_train.training.flat_params import flatten_state
-
-    def status_mb(field):
-        with open("/proc/self/status") as status:
-            return next(int(line.split()[1]) for line in status if line.startswith(field)) / 1024
+    from tests.helpers.step_peak import status_mb
 
     elements = {PIECE_MB} * 2**20 // 4
     params = {{f"p{{i}}": torch.nn.Parameter(torch.full((elements,), float(i))) for i in range({PIECES})}}

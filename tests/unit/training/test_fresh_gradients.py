@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import textwrap
 
@@ -15,6 +14,7 @@ from torch._dynamo.utils import counters
 from ort_torch_train.api import CheckpointState, Module, Optimizer
 from ort_torch_train.training import fresh_gradients
 from tests.helpers.corpus import Case
+from tests.helpers.step_peak import run_printing_mb
 
 
 def _trained(case: Case, compile: bool, state: CheckpointState | None = None) -> tuple[Module, Optimizer]:
@@ -129,10 +129,7 @@ PEAK_SCRIPT = textwrap.dedent(
     import torch
     from ort_torch_train.api import CheckpointState, Module, Optimizer
     from ort_torch_train.artifacts import LossType, OptimType, generate_artifacts
-
-    def status_mb(field):
-        with open("/proc/self/status") as status:
-            return next(int(line.split()[1]) for line in status if line.startswith(field)) / 1024
+    from tests.helpers.step_peak import step_peak_growth_mb
 
     torch.manual_seed(0)
     layers = [module for _ in range(8) for module in (torch.nn.Linear(1024, 1024), torch.nn.ReLU())]
@@ -145,16 +142,7 @@ PEAK_SCRIPT = textwrap.dedent(
                     compile=True)
     optimizer = Optimizer(f"{sys.argv[1]}/optimizer_model.onnx", module)
     x, y = np.ones((4, 1024), np.float32), np.arange(4, dtype=np.int64)
-    for _ in range(2):
-        module.step(optimizer, x, y)
-    growth = []
-    for _ in range(3):
-        with open("/proc/self/clear_refs", "w") as clear_refs:
-            clear_refs.write("5")  # the peak (VmHWM) starts again from the current RSS
-        before = status_mb("VmRSS")
-        module.step(optimizer, x, y)
-        growth.append(status_mb("VmHWM") - before)
-    print(min(growth))
+    print(step_peak_growth_mb(lambda: module.step(optimizer, x, y)))
     """
 )
 GRADIENT_MB = (8 * (1024 * 1024 + 1024) + 1024 * 8 + 8) * 4 / 2**20  # 4 MB for the largest parameter
@@ -163,10 +151,6 @@ GRADIENT_MB = (8 * (1024 * 1024 + 1024) + 1024 * 8 + 8) * 4 / 2**20  # 4 MB for 
 @pytest.mark.compile
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads and resets the peak RSS in /proc")
 def test_a_one_graph_step_never_holds_two_sets_of_gradients(tmp_path):
-    out = subprocess.run(
-        [sys.executable, "-c", PEAK_SCRIPT, str(tmp_path)], capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    growth_mb = float(out.stdout.strip().splitlines()[-1])
+    growth_mb = run_printing_mb(PEAK_SCRIPT, tmp_path)
     # keeping the old gradients through the step adds a second set (GRADIENT_MB, 32 MB) to its peak
     assert growth_mb < GRADIENT_MB / 2, f"a step's peak RSS grew {growth_mb:.1f} MB over its start"
