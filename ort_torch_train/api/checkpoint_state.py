@@ -52,9 +52,11 @@ class Parameter:
 
     @property
     def grad(self) -> np.ndarray | None:
-        """The gradient (zero before the first train step), or None for a frozen parameter."""
-        grad = self._state.parameter(self._name).grad
-        return None if grad is None else _to_numpy(grad, f"Gradient of {self._name}")
+        """The gradient (zero before the first train step), or None for a frozen parameter; read between
+        steps (a compiled step may release the gradients' memory while it runs)."""
+        with self._state.lock:
+            grad = self._state.parameter(self._name).grad
+            return None if grad is None else _to_numpy(grad, f"Gradient of {self._name}")
 
     @property
     def requires_grad(self) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import textwrap
+import threading
 
 import numpy as np
 import pytest
@@ -74,6 +75,31 @@ def test_a_numpy_view_of_a_gradient_held_across_steps_shows_each_steps_gradient(
             views.setdefault(compile, states[compile].parameters[name].grad)  # numpy, zero-copy
         np.testing.assert_allclose(views[True], views[False], rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(views[True], states[True].parameters[name].grad)
+
+
+def test_parameter_grad_waits_for_a_step_in_another_thread(mlp_case):
+    """A step holds the state's lock while the gradients' memory may be released; Parameter.grad waits."""
+    state = mlp_case.load_state()
+    name = next(name for name, parameter in state.parameters if parameter.requires_grad)
+    stepping, done = threading.Event(), threading.Event()
+
+    def step() -> None:
+        with state.training_state.lock:
+            stepping.set()
+            done.wait(timeout=30)
+
+    stepper = threading.Thread(target=step)
+    stepper.start()
+    stepping.wait(timeout=30)
+    read: list = []
+    reader = threading.Thread(target=lambda: read.append(state.parameters[name].grad))
+    reader.start()
+    reader.join(timeout=0.3)
+    assert reader.is_alive() and not read  # waits while the step holds the lock
+    done.set()
+    stepper.join(timeout=30)
+    reader.join(timeout=30)
+    assert len(read) == 1 and read[0].shape == state.parameters[name].data.shape
 
 
 @pytest.mark.compile
