@@ -124,7 +124,9 @@ def flatten(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> Ope
 # Expand / Tile / Transpose ------------------------------------------------------------------------
 def expand_dynamic(x: torch.Tensor, shape: torch.Tensor) -> torch.Tensor:
     """Expand (bidirectional broadcast) to a shape known only at run time."""
-    target = torch.broadcast_shapes(x.shape, tuple(shape.tolist()))
+    dims = tuple(shape.tolist())
+    # torch's rule where sizes may be symbolic (traced); eagerly, ours, which does not load sympy
+    target = torch.broadcast_shapes(x.shape, dims) if torch.compiler.is_compiling() else broadcast_shape(x.shape, dims)
     check_output_size("Expand", target, x.dtype)
     return x.expand(target)
 

@@ -1,4 +1,4 @@
-"""Eager training never loads Dynamo, inductor or sympy (torch_internals loads them on first use): an\neager run of the transformer fixture, its checkpoint saved, and an eager oneDNN product."""
+"""Eager training never loads Dynamo, inductor or sympy (torch_internals loads them on first use): an\neager run of the transformer fixture, its checkpoint saved, an eager oneDNN product and an Expand to a\nrun-time shape."""
 
 from __future__ import annotations
 
@@ -31,10 +31,11 @@ module(*case.eval_inputs())
 CheckpointState.save_checkpoint(state, sys.argv[2])
 import torch
 from ort_torch_train.passes.onednn_linear import linear
-from ort_torch_train.adapters.shape_ops import broadcast_shape
+from ort_torch_train.adapters.shape_ops import broadcast_shape, expand_dynamic
 x, w = torch.randn(256, 256, requires_grad=True), torch.randn(256, 256, requires_grad=True)
 linear(x, w).sum().backward()  # large enough for the eager oneDNN product
 assert broadcast_shape((3, 1, 4), (5, 1)) == (3, 5, 4)
+assert expand_dynamic(torch.ones(3, 1), torch.tensor([2, 1, 4])).shape == (2, 3, 4)  # a run-time shape
 heavy = ("torch._dynamo", "torch._inductor", "sympy", "torch.fx.experimental.symbolic_shapes")
 print(json.dumps(sorted(name for name in heavy if name in sys.modules)))
 """
