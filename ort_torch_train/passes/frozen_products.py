@@ -25,6 +25,7 @@ from torch import Tensor, fx
 from ort_torch_train.adapters.linear import gemm, gemm_without_c
 from ort_torch_train.passes.frozen_upcasts import upcasts_input
 from ort_torch_train.passes.match import args_of, kwargs_of, val
+from ort_torch_train.passes.onednn_linear import LINEARS
 
 
 @torch.library.custom_op("ort_torch_train::upcast_after", mutates_args=())
@@ -119,7 +120,7 @@ def products_upcast_twice(module: fx.GraphModule, device: torch.device) -> None:
 
 PRODUCTS: dict[Callable[..., Any], str] = {
     torch.matmul: "matmul",
-    F.linear: "linear",
+    **dict.fromkeys(LINEARS, "linear"),
     gemm: "gemm",
     gemm_without_c: "gemm",
 }

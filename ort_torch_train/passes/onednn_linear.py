@@ -53,6 +53,10 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return F.linear(x, weight, bias)
 
 
+# what a converted graph's linear layers call: F.linear, retargeted to ``linear`` where large (use_onednn_linear)
+LINEARS = (F.linear, linear)
+
+
 def _use_onednn(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
     if not enabled() or x.device.type != "cpu" or weight.device.type != "cpu" or weight.dim() != 2 or x.dim() < 2:
         return False

@@ -33,8 +33,7 @@ from torch import fx
 from ort_torch_train.passes import onednn_linear
 from ort_torch_train.training.recompute import checkpoint_ranges
 
-# F.linear's large float32 CPU products run through onednn_linear.linear in eager graphs (passes/fuse.py)
-_MATMULS = (torch.matmul, F.linear, onednn_linear.linear, torch.bmm, torch.mm)
+_MATMULS = (torch.matmul, *onednn_linear.LINEARS, torch.bmm, torch.mm)
 _SOFTMAXES = (torch.softmax, F.softmax)
 
 

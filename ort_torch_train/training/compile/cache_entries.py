@@ -145,12 +145,9 @@ def _is_x86() -> bool:
 
 
 def _reported_isas() -> list[str]:
-    reported = inductor_module("cpu_vec_isa").x86_isa_checker()
-    return [
-        str(isa)
-        for isa in inductor_module("cpu_vec_isa").supported_vec_isa_list
-        if all(f in reported for f in str(isa).split())
-    ]
+    cpu_vec_isa = inductor_module("cpu_vec_isa")
+    reported = cpu_vec_isa.x86_isa_checker()
+    return [str(isa) for isa in cpu_vec_isa.supported_vec_isa_list if all(f in reported for f in str(isa).split())]
 
 
 def compiled_library_paths() -> dict[str, Path]:
@@ -158,13 +155,10 @@ def compiled_library_paths() -> dict[str, Path]:
     vector-ISA probes' test libraries (built again in every process with an empty cache dir), by
     path under its cache dir."""
     root = Path(inductor_cache_dir())
+    codecache = inductor_module("codecache")
     keys = {
         key
-        for code_cache in (
-            inductor_module("codecache").CppCodeCache,
-            inductor_module("codecache").CppPythonBindingsCodeCache,
-            inductor_module("codecache").CppWrapperCodeCache,
-        )
+        for code_cache in (codecache.CppCodeCache, codecache.CppPythonBindingsCodeCache, codecache.CppWrapperCodeCache)
         for key in getattr(code_cache, "cache", {})
     }
     paths = [path for key in keys for path in (root / key[1:3]).glob(f"{key}.*")]
