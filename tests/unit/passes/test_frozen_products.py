@@ -16,6 +16,7 @@ from torch import fx
 from ort_torch_train.adapters.linear import gemm
 from ort_torch_train.api import CheckpointState, Module, Optimizer
 from ort_torch_train.lora import LoraConfig
+from ort_torch_train.passes import onednn_linear
 from ort_torch_train.passes.frozen_products import frozen_product, products_upcast_twice
 from tests.helpers.lora_models import TARGETS, batches, lora_artifacts, tiny_lm
 from tests.helpers.step_peak import run_printing_mb
@@ -94,6 +95,19 @@ def test_only_products_of_inputs_converted_as_frozen_are_rewritten() -> None:
         torch.matmul,
     ]
     assert module.meta["fusions"]["frozen product upcast twice"] == 1
+
+
+def test_a_product_retargeted_to_onednn_is_rewritten_too() -> None:
+    graph = fx.Graph()
+    x, weight = graph.placeholder("x"), graph.placeholder("frozen")
+    x.meta.update(val=torch.empty(4, 10, device="meta"), requires_grad=False)
+    weight.meta.update(val=torch.empty(12, 10, dtype=torch.bfloat16, device="meta"), requires_grad=False)
+    cast = graph.call_method("to", (weight, torch.float32))
+    cast.meta["val"] = torch.empty(12, 10, device="meta")
+    graph.output(graph.call_function(onednn_linear.linear, (x, cast)))
+    module = fx.GraphModule(torch.nn.Module(), graph)
+    products_upcast_twice(module, torch.device("cpu"))
+    assert module.graph.find_nodes(op="output")[0].args[0].target is frozen_product
 
 
 @pytest.mark.compile
