@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import fx
 
 from ort_torch_train.errors import InputError
+from ort_torch_train.passes.onednn_linear import LINEARS
 from ort_torch_train.torch_internals import mark_dynamic
 
 log = logging.getLogger(__name__)
@@ -218,7 +219,7 @@ def _rewrite(
         node.args, node.kwargs = _replaced((node.args, node.kwargs), path, expression)
     for node in nodes:
         value = getattr(node.args[0], "meta", {}).get("val") if node.args else None
-        if node.target is F.linear and isinstance(value, torch.Tensor) and value.dim() > 2:
+        if node.target in LINEARS and isinstance(value, torch.Tensor) and value.dim() > 2:
             node.target = linear_over_rows
     for size in sizes.values():
         if not size.users:  # a group no literal follows: its axes need no expression

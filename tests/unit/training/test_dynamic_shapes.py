@@ -94,6 +94,44 @@ def test_one_compiled_step_trains_on_partial_batches_and_new_lengths_like_eager(
         np.testing.assert_allclose(compiled, eager, rtol=0, atol=1e-6)
 
 
+class _WideTokens(nn.Module):
+    """Token sequences through a linear on 3-d activations large enough to run on oneDNN."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(VOCAB, 512)
+        self.hidden = nn.Linear(512, 512)
+        self.out = nn.Linear(512, CLASSES)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(self.hidden(self.embedding(ids))).mean(1))
+
+
+@pytest.mark.compile
+def test_linears_sent_to_onednn_keep_their_rows_dynamic(tmp_path):
+    torch.manual_seed(0)
+    generate_artifacts(
+        _WideTokens(),
+        loss=LossType.CrossEntropyLoss,
+        optimizer=OptimType.AdamW,
+        artifact_directory=tmp_path,
+        example_inputs=(torch.randint(0, VOCAB, (4, 8)),),
+        dynamic_axes={"ids": {0: "batch", 1: "sequence"}},
+    )
+    batches = _batches([(64, 8), (37, 8), (64, 12)])
+    module, _, _ = _generalised(tmp_path, batches[0])
+    assert module.meta["fusions"]["onednn_linear"] == 1  # the hidden layer, on 3-d activations
+    losses = {}
+    for compile in (False, True):
+        torch._dynamo.reset()
+        compile_counters().clear()
+        module = _module(tmp_path, compile=compile)
+        optimizer = Optimizer(tmp_path / "optimizer_model.onnx", module)
+        losses[compile] = [float(module.step(optimizer, *batch)) for batch in batches]
+    assert compile_counters()["stats"]["unique_graphs"] == 1
+    np.testing.assert_allclose(losses[True], losses[False], rtol=0, atol=1e-5)
+
+
 def _generalised(directory, inputs, **options):
     """The train graph's module prepared for compilation at ``inputs``' shapes, as a compiled step gets it."""
     engine = _engine(_module(directory, **options))
