@@ -31,7 +31,8 @@ from report import HEADERS, LABELS, run_header, table_rows, write_results  # noq
 from run import model_notes, ort_missing_reason  # noqa: E402
 from timing import format_duration, render_table  # noqa: E402
 
-CONFIGS = ["ours", "ours-step", "torch", "torch-compile", "ort"]
+CONFIGS = ["ours", "ours-step", "ours-step-dynamic", "torch", "torch-compile", "ort"]
+DEFAULT_CONFIGS = ["ours", "ours-step", "torch", "torch-compile", "ort"]
 SCALE_HEADERS = [
     "config",
     "load",
@@ -46,7 +47,7 @@ SCALE_HEADERS = [
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--configs", nargs="+", choices=CONFIGS, default=CONFIGS)
+    parser.add_argument("--configs", nargs="+", choices=CONFIGS, default=DEFAULT_CONFIGS)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, help=f"timed steps per round (default {GPT2_SMALL.steps})")

@@ -20,6 +20,7 @@ LABELS = {
     "ours-step": "ours one-graph step (e)",
     "ours-step-py": "ours one-graph step, Python wrapper (g)",
     "ours-step-graphs": "ours one-graph step, CUDA graphs (h)",
+    "ours-step-dynamic": "ours one-graph step, dynamic axes (i)",
     "torch": "torch eager (c)",
     "torch-compile": "torch compiled (f)",
     "ort": "ORT 1.19.2 (d)",

@@ -7,7 +7,9 @@ Every runner trains the same model from the same weights on the same fixed batch
 - ``ours-step``: ``loss = module.step(optimizer, x, y)`` with ``compile=True``: the same three calls as one
   compiled graph (on CPU with inductor's C++ wrapper, the default); ``ours-step-py``: the same with the
   Python wrapper (``{"options": {"cpp_wrapper": False}}``); ``ours-step-graphs``: with ``compile="reduce-overhead"``
-  (CUDA graphs; CUDA only);
+  (CUDA graphs; CUDA only); ``ours-step-dynamic``: ``ours-step`` with the graph's symbolic axes compiled as
+  dynamic dimensions (``Module(dynamic=True)``, the library's default). The others compile fixed shapes
+  (``dynamic=False``), as ``torch-compile`` does;
 - ``torch``: the model written in eager PyTorch, CrossEntropy, backward, ``torch.optim.AdamW(fused=True)``,
   ``zero_grad(set_to_none=False)``; ``torch-compile``: the same with model and loss through torch.compile;
 - ``ort``: the same loop as ``ours`` with onnxruntime-training (run in its own venv).
@@ -26,13 +28,24 @@ from pathlib import Path
 
 import numpy as np
 
-CONFIGS = ("ours", "ours-compile", "ours-step", "ours-step-py", "ours-step-graphs", "torch", "torch-compile", "ort")
+CONFIGS = (
+    "ours",
+    "ours-compile",
+    "ours-step",
+    "ours-step-py",
+    "ours-step-graphs",
+    "ours-step-dynamic",
+    "torch",
+    "torch-compile",
+    "ort",
+)
 _COMPILE = {
     "ours": False,
     "ours-compile": True,
     "ours-step": True,
     "ours-step-py": {"options": {"cpp_wrapper": False}},
     "ours-step-graphs": "reduce-overhead",
+    "ours-step-dynamic": True,
 }
 PRECISIONS = {"bf16": "bfloat16"}  # --mixed-precision: torch.autocast dtype
 
@@ -87,6 +100,7 @@ def make_runner(
             lr=lr,
             compile=_COMPILE[config],
             one_graph=config.startswith("ours-step"),
+            dynamic=config == "ours-step-dynamic",
             torch_inputs=torch_inputs or device.startswith("cuda"),
             precision=precision,
         )
@@ -123,12 +137,15 @@ def _ours_runner(
     lr: float,
     compile: bool | str | dict,
     one_graph: bool,
+    dynamic: bool,
     torch_inputs: bool,
     precision: str | None,
 ) -> Runner:
     import torch
 
-    module, optimizer = ours_module(artifacts, lr, device=device, compile=compile, mixed_precision=precision)
+    module, optimizer = ours_module(
+        artifacts, lr, device=device, compile=compile, dynamic=dynamic, mixed_precision=precision
+    )
     if torch_inputs:
         x, y = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
     loss = [None]

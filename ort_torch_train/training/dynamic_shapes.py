@@ -29,13 +29,13 @@ from torch import fx
 from ort_torch_train.errors import InputError
 from ort_torch_train.passes.onednn_linear import LINEARS
 from ort_torch_train.torch_internals import mark_dynamic
+from ort_torch_train.training.graph_literals import Place, literal_differences, replaced
 
 log = logging.getLogger(__name__)
 
 Axis = tuple[int, int]  # (user input position, axis)
 Group = tuple[Axis, ...]  # axes that take one size together
 DynamicSetting = bool | Mapping[str, Sequence[int]]
-Place = tuple[int, tuple[Any, ...]]  # (node position, path into its (args, kwargs))
 
 
 def dynamic_setting(dynamic: DynamicSetting) -> bool | dict[str, tuple[int, ...]]:
@@ -90,13 +90,36 @@ def candidate_groups(
     return tuple(tuple(axes) for axes in by_size.values())
 
 
-def probe_inputs(inputs: Sequence[torch.Tensor], group: Group) -> list[torch.Tensor]:
-    """``inputs`` one longer along the axes of ``group`` (their first element repeated at the end)."""
+def follower_candidates(group: Group, others: Sequence[Group], inputs: Sequence[torch.Tensor]) -> list[Group]:
+    """The axes that may have to follow ``group`` when it alone cannot change size (labels flattened to
+    batch x sequence): the axes of ``others`` in other tensors whose size is a multiple of the group's,
+    all together first, then each group of them alone."""
+    size = _size(inputs, group)
+    tensors = {position for position, _ in group}
+    multiples = [
+        other
+        for other in others
+        if other != group and _size(inputs, other) % size == 0 and not tensors & {p for p, _ in other}
+    ]
+    together = tuple(axis for other in multiples for axis in other)
+    return [together, *multiples] if len(multiples) > 1 else multiples
+
+
+def probe_inputs(inputs: Sequence[torch.Tensor], group: Group, followers: Group = ()) -> list[torch.Tensor]:
+    """``inputs`` one longer along the axes of ``group`` (their first element repeated at the end), and
+    along ``followers`` longer by the same factor (a multiple ``m * size`` becomes ``m * (size + 1)``)."""
+    size = _size(inputs, group)
     probed = list(inputs)
-    for position, axis in group:
-        tensor = probed[position]
-        probed[position] = torch.cat([tensor, tensor.narrow(axis, 0, 1)], axis)
+    for axes, rows in ((group, lambda length: 1), (followers, lambda length: length // size)):
+        for position, axis in axes:
+            tensor = probed[position]
+            probed[position] = torch.cat([tensor, tensor.narrow(axis, 0, rows(tensor.shape[axis]))], axis)
     return probed
+
+
+def _size(inputs: Sequence[torch.Tensor], group: Group) -> int:
+    position, axis = group[0]
+    return int(inputs[position].shape[axis])
 
 
 def marked_args(args: Any, axes: Sequence[Axis]) -> Any:
@@ -130,20 +153,46 @@ def marked_args(args: Any, axes: Sequence[Axis]) -> Any:
 
 @dataclass(frozen=True)
 class SizeProbes:
-    """A converted graph's probes: ``modules[k]`` converted with ``groups[k]`` one longer than ``sizes[k]``."""
+    """A converted graph's probes: ``modules[k]`` converted with ``groups[k]`` one longer than ``sizes[k]``
+    and its ``followers[k]`` longer by the same factor; ``shapes``: the user inputs' shapes they all grew from."""
 
     groups: tuple[Group, ...]
     sizes: tuple[int, ...]
     modules: tuple[fx.GraphModule, ...]
+    followers: tuple[Group, ...]
+    shapes: tuple[tuple[int, ...], ...]
 
 
-def generalise(module: fx.GraphModule, probes: SizeProbes, input_names: Sequence[str]) -> tuple[Group, ...]:
+@dataclass(frozen=True)
+class Follower:
+    """An axis whose size is ``factor`` times the product of the sizes of dynamic ``groups`` (indices)."""
+
+    axis: Axis
+    factor: int
+    groups: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class DynamicAxes:
+    """The axes a graph compiles as dynamic dimensions: groups of axes that take one size together, and
+    the axes that follow them."""
+
+    groups: tuple[Group, ...] = ()
+    followers: tuple[Follower, ...] = ()
+
+    @property
+    def axes(self) -> tuple[Axis, ...]:
+        return (*(axis for group in self.groups for axis in group), *(f.axis for f in self.followers))
+
+
+def generalise(module: fx.GraphModule, probes: SizeProbes, input_names: Sequence[str]) -> DynamicAxes:
     """Rewrite ``module``'s literals that follow a group's size into expressions of that size, in place;
-    returns the groups that became dynamic (the others stay fixed, with a log line saying why)."""
+    returns the groups that became dynamic and their followers (the other groups stay fixed, with a log
+    line saying why)."""
     changes: dict[Place, dict[int, tuple[int, int]]] = {}
     fixed: dict[int, str] = {}
     for index, probe in enumerate(probes.modules):
-        found = _literal_differences(module, probe)
+        found = literal_differences(module, probe)
         if isinstance(found, str):
             fixed[index] = found
             continue
@@ -163,13 +212,30 @@ def generalise(module: fx.GraphModule, probes: SizeProbes, input_names: Sequence
             reason,
         )
     if not dynamic:
-        return ()
+        return DynamicAxes()
     _rewrite(module, probes, changes, dynamic)
+    followers = _followers(probes, dynamic)
     log.info(
-        "dynamic shapes: %s compile once for every size >= 2",
+        "dynamic shapes: %s compile once for every size >= 2%s",
         "; ".join(_axes_text(probes.groups[index], input_names) for index in dynamic),
+        "".join(f"; {_axes_text((f.axis,), input_names)} follows them" for f in followers),
     )
-    return tuple(probes.groups[index] for index in dynamic)
+    return DynamicAxes(tuple(probes.groups[index] for index in dynamic), followers)
+
+
+def _followers(probes: SizeProbes, dynamic: Sequence[int]) -> tuple[Follower, ...]:
+    """The follower axes of the ``dynamic`` probes, each with the dynamic groups it follows (positions in
+    ``dynamic``) and its size's factor over theirs (an axis whose size is not such a multiple: none)."""
+    followed: dict[Axis, list[int]] = {}
+    for place, index in enumerate(dynamic):
+        for follower in probes.followers[index]:
+            followed.setdefault(follower, []).append(place)
+    followers = []
+    for (position, axis), groups in followed.items():
+        factor, rest = divmod(probes.shapes[position][axis], math.prod(probes.sizes[dynamic[k]] for k in groups))
+        if not rest:
+            followers.append(Follower((position, axis), factor, tuple(groups)))
+    return tuple(followers)
 
 
 def _axes_text(group: Group, input_names: Sequence[str]) -> str:
@@ -216,7 +282,7 @@ def _rewrite(
                 factor = base // math.prod(probes.sizes[k] for k in live)
                 if factor != 1:
                     expression = graph.call_function(operator.mul, (expression, factor))
-        node.args, node.kwargs = _replaced((node.args, node.kwargs), path, expression)
+        node.args, node.kwargs = replaced((node.args, node.kwargs), path, expression)
     for node in nodes:
         value = getattr(node.args[0], "meta", {}).get("val") if node.args else None
         if node.target in LINEARS and isinstance(value, torch.Tensor) and value.dim() > 2:
@@ -237,111 +303,3 @@ def linear_over_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 def _node_at(module: fx.GraphModule, position: int) -> fx.Node:
     return list(module.graph.nodes)[position]
-
-
-def _literal_differences(base: fx.GraphModule, probe: fx.GraphModule) -> dict[Place, tuple[int, int]] | str:
-    """The integer literals in which ``probe`` differs from ``base``, by place; a text naming the
-    first other difference instead."""
-    base_nodes, probe_nodes = list(base.graph.nodes), list(probe.graph.nodes)
-    if len(base_nodes) != len(probe_nodes):
-        return "the graph's node count"
-    found: dict[Place, tuple[int, int]] = {}
-    for position, (a, b) in enumerate(zip(base_nodes, probe_nodes)):
-        if a.op != b.op or a.target != b.target or a.name != b.name:
-            return f"the graph's node {a.name!r}"
-        if not _compare((a.args, a.kwargs), (b.args, b.kwargs), position, (), found):
-            return f"an argument of node {a.name!r}"
-        if a.op == "get_attr" and not _same_state(_attribute(base, a.target), _attribute(probe, b.target)):
-            return f"the constant {a.target!r}"
-        if a.op == "call_module" and not _same_state(base.get_submodule(a.target), probe.get_submodule(b.target)):
-            return f"the settings of node {a.name!r}"
-    return found
-
-
-def _compare(a: Any, b: Any, position: int, path: tuple, found: dict[Place, tuple[int, int]]) -> bool:
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, fx.Node):
-        return a.name == b.name
-    if isinstance(a, int) and not isinstance(a, bool):
-        if a != b:
-            found[(position, path)] = (a, b)
-        return True
-    if isinstance(a, (tuple, list)):
-        return len(a) == len(b) and all(
-            _compare(x, y, position, (*path, i), found) for i, (x, y) in enumerate(zip(a, b))
-        )
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_compare(a[k], b[k], position, (*path, k), found) for k in a)
-    if isinstance(a, slice):
-        parts = ("start", "stop", "step")
-        return all(_compare(getattr(a, p), getattr(b, p), position, (*path, p), found) for p in parts)
-    if isinstance(a, torch.Tensor):
-        return _same_state(a, b)
-    return a == b
-
-
-def _replaced(value: Any, path: tuple, new: fx.Node) -> Any:
-    if not path:
-        return new
-    key, rest = path[0], path[1:]
-    if isinstance(value, slice):
-        parts = {p: getattr(value, p) for p in ("start", "stop", "step")}
-        parts[key] = _replaced(parts[key], rest, new)
-        return slice(parts["start"], parts["stop"], parts["step"])
-    if isinstance(value, dict):
-        return {**value, key: _replaced(value[key], rest, new)}
-    items = list(value)
-    items[key] = _replaced(items[key], rest, new)
-    return type(value)(items) if isinstance(value, (tuple, list)) else items
-
-
-def _attribute(module: torch.nn.Module, target: str) -> Any:
-    owner, _, name = target.rpartition(".")
-    return getattr(module.get_submodule(owner) if owner else module, name)
-
-
-def _same_state(a: Any, b: Any) -> bool:
-    """Whether two constants, or two submodules (types, code, settings and tensors, nested ones' too), are alike."""
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (
-            isinstance(a, torch.Tensor)
-            and isinstance(b, torch.Tensor)
-            and a.shape == b.shape
-            and a.dtype == b.dtype
-            and bool(torch.equal(a.detach().cpu(), b.detach().cpu()))
-        )
-    if not isinstance(a, torch.nn.Module) or not isinstance(b, torch.nn.Module):
-        return _same_settings(a, b)
-    modules_a, modules_b = list(a.named_modules()), list(b.named_modules())
-    if [name for name, _ in modules_a] != [name for name, _ in modules_b]:
-        return False
-    return all(_same_module(x, y) for (_, x), (_, y) in zip(modules_a, modules_b))
-
-
-def _same_module(a: torch.nn.Module, b: torch.nn.Module) -> bool:
-    """One module's own type, code, settings and tensors (not its children's)."""
-    if type(a) is not type(b) or (isinstance(a, fx.GraphModule) and a.code != b.code):
-        return False
-    settings_a, settings_b = _settings(a), _settings(b)
-    tensors_a = dict(a.named_buffers(recurse=False)) | dict(a.named_parameters(recurse=False))
-    tensors_b = dict(b.named_buffers(recurse=False)) | dict(b.named_parameters(recurse=False))
-    return (
-        settings_a.keys() == settings_b.keys()
-        and all(_same_settings(settings_a[k], settings_b[k]) for k in settings_a)
-        and tensors_a.keys() == tensors_b.keys()
-        and all(_same_state(tensors_a[k], tensors_b[k]) for k in tensors_a)
-    )
-
-
-def _settings(module: torch.nn.Module) -> dict[str, Any]:
-    skipped = ("_modules", "_parameters", "_buffers", "meta", "_graph", "_code", "training")
-    return {k: v for k, v in vars(module).items() if k not in skipped and "hook" not in k and not callable(v)}
-
-
-def _same_settings(a: Any, b: Any) -> bool:
-    found: dict[Place, tuple[int, int]] = {}
-    try:
-        return _compare(a, b, 0, (), found) and not found
-    except Exception:  # values without a comparison of their own
-        return repr(a) == repr(b)

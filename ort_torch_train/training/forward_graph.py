@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
@@ -27,19 +29,22 @@ from ort_torch_train.training.compile.settings import (
     torch_compile,
 )
 from ort_torch_train.training.dynamic_shapes import (
+    DynamicAxes,
     DynamicSetting,
     Group,
     SizeProbes,
     candidate_groups,
     check_requested_axes,
     dynamic_setting,
+    follower_candidates,
     generalise,
     probe_inputs,
 )
 
 Signature = tuple[tuple[torch.Size, torch.dtype], ...]
-# the shape of each user input, an axis of a dynamic group given as ("group", its index), and its dtype
-Pattern = tuple[tuple[tuple[int | tuple[str, int], ...], torch.dtype], ...]
+# the shape of each user input, an axis of a dynamic group given as ("group", its index) and one that
+# follows groups as ("follows", factor, their indices), and its dtype
+Pattern = tuple[tuple[tuple[int | tuple, ...], torch.dtype], ...]
 
 
 @dataclass(frozen=True)
@@ -151,9 +156,9 @@ class ForwardGraph:
                 module.meta["size_probes"] = probes
         device = params[0].device if params else inputs[0].device
         built = build(module, device)
-        dynamic_groups = module.meta.get("dynamic_groups", ())
-        if dynamic_groups:
-            self._dynamic_cache[(variant, _pattern(inputs, dynamic_groups))] = built
+        dynamic_axes: DynamicAxes = module.meta.get("dynamic_groups", DynamicAxes())
+        if dynamic_axes.groups:
+            self._dynamic_cache[(variant, _pattern(inputs, dynamic_axes))] = built
             while len(self._dynamic_cache) > self.cache_size:
                 self._dynamic_cache.popitem(last=False)
         self._remember(key, built)
@@ -164,18 +169,40 @@ class ForwardGraph:
         return convert_graph(self.graph, self.opsets, specs, training=self.training, examples=(*inputs, *params))
 
     def _size_probes(self, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> SizeProbes:
-        """The conversions with each group of candidate dynamic axes one longer; a group whose probe does
-        not convert stays fixed."""
-        groups, sizes, modules = [], [], []
-        for group in candidate_groups(self.dynamic, [(d.name, d.dims) for d in self.declarations], inputs):
+        """The conversions with each group of candidate dynamic axes one longer. A group that cannot grow
+        alone grows with axes that follow it (``follower_candidates``); one that cannot grow either way
+        stays fixed, unless it follows another group."""
+        declared = [(d.name, d.dims) for d in self.declarations]
+        candidates = candidate_groups(self.dynamic, declared, inputs)
+        grown: dict[Group, tuple[fx.GraphModule, Group]] = {}
+        failed: dict[Group, Exception] = {}
+        for group in candidates:
             try:
-                modules.append(self._convert(probe_inputs(inputs, group), params))
-            except Exception as error:  # sizes tied to fixed ones: the inputs one longer do not run
-                log.info("dynamic shapes: the axes %s stay fixed: the graph does not run one longer (%s)", group, error)
-                continue
-            groups.append(group)
-            sizes.append(int(inputs[group[0][0]].shape[group[0][1]]))
-        return SizeProbes(tuple(groups), tuple(sizes), tuple(modules))
+                grown[group] = (self._convert(probe_inputs(inputs, group), params), ())
+            except Exception as error:  # sizes tied to other ones: the inputs one longer do not run
+                failed[group] = error
+        others = [group for group in candidate_groups(True, declared, inputs) if group not in grown]
+        for group in failed:
+            for followers in follower_candidates(group, others, inputs):
+                try:
+                    grown[group] = (self._convert(probe_inputs(inputs, group, followers), params), followers)
+                    break
+                except Exception:
+                    continue
+        following = {axis for _, followers in grown.values() for axis in followers}
+        for group, reason in failed.items():
+            if group not in grown and not set(group) <= following:
+                log.info(
+                    "dynamic shapes: the axes %s stay fixed: the graph does not run one longer (%s)", group, reason
+                )
+        groups = [group for group in candidates if group in grown]
+        return SizeProbes(
+            tuple(groups),
+            tuple(int(inputs[group[0][0]].shape[group[0][1]]) for group in groups),
+            tuple(grown[group][0] for group in groups),
+            tuple(grown[group][1] for group in groups),
+            tuple(tuple(t.shape) for t in inputs),
+        )
 
     def _remember(self, key: Hashable, built: Callable) -> None:
         self._cache[key] = built
@@ -205,9 +232,9 @@ class ForwardGraph:
         if probes is not None:
             probed = tuple(run_compiled(probe, device, self.module_transform) for probe in probes.modules)
             names = [declaration.name for declaration in self.declarations]
-            groups = generalise(prepared, SizeProbes(probes.groups, probes.sizes, probed), names)
-            module.meta["dynamic_groups"] = prepared.meta["dynamic_groups"] = groups
-            prepared.meta["dynamic_axes"] = tuple(axis for group in groups for axis in group)
+            dynamic = generalise(prepared, dataclasses.replace(probes, modules=probed), names)
+            module.meta["dynamic_groups"] = prepared.meta["dynamic_groups"] = dynamic
+            prepared.meta["dynamic_axes"] = dynamic.axes
         return prepared
 
     def _compiled_if_asked(self, module: fx.GraphModule, device: torch.device) -> Callable:
@@ -229,29 +256,36 @@ class ForwardGraph:
             _check_input(declaration, position, value)
 
 
-def _pattern(inputs: Sequence[torch.Tensor], groups: Sequence[Group]) -> Pattern:
-    group_of = {axis: ("group", index) for index, group in enumerate(groups) for axis in group}
+def _pattern(inputs: Sequence[torch.Tensor], dynamic: DynamicAxes) -> Pattern:
+    place: dict[tuple[int, int], tuple] = {
+        axis: ("group", index) for index, group in enumerate(dynamic.groups) for axis in group
+    }
+    place.update({f.axis: ("follows", f.factor, f.groups) for f in dynamic.followers})
     return tuple(
-        (tuple(group_of.get((position, axis), size) for axis, size in enumerate(t.shape)), t.dtype)
+        (tuple(place.get((position, axis), size) for axis, size in enumerate(t.shape)), t.dtype)
         for position, t in enumerate(inputs)
     )
 
 
 def _matches(pattern: Pattern, inputs: Sequence[torch.Tensor]) -> bool:
-    """Whether ``inputs`` have ``pattern``'s dtypes and fixed sizes, and one size of 2 or more per group."""
+    """Whether ``inputs`` have ``pattern``'s dtypes and fixed sizes, one size of 2 or more per group, and
+    the sizes that follow those."""
     if len(pattern) != len(inputs):
         return False
     sizes: dict[int, int] = {}
+    following: list[tuple[int, tuple[int, ...], int]] = []
     for (shape, dtype), tensor in zip(pattern, inputs):
         if tensor.dtype != dtype or tensor.dim() != len(shape):
             return False
         for wanted, actual in zip(shape, tensor.shape):
-            if isinstance(wanted, tuple):
+            if isinstance(wanted, tuple) and wanted[0] == "follows":
+                following.append((wanted[1], wanted[2], actual))
+            elif isinstance(wanted, tuple):
                 if actual < 2 or sizes.setdefault(wanted[1], actual) != actual:
                     return False
             elif wanted != actual:
                 return False
-    return True
+    return all(actual == factor * math.prod(sizes[k] for k in groups) for factor, groups, actual in following)
 
 
 def _check_input(declaration: InputDeclaration, position: int, value: object) -> None:

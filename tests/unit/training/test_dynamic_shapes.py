@@ -13,7 +13,7 @@ from torch import nn
 
 from ort_torch_train.api import CheckpointState, Module, Optimizer
 from ort_torch_train.artifacts import LossType, OptimType, generate_artifacts
-from ort_torch_train.errors import InputError
+from ort_torch_train.errors import InputError, ModelError
 from ort_torch_train.torch_internals import compile_counters
 from ort_torch_train.training.compile.precompiled import step_key
 from ort_torch_train.training.engine import TrainingEngine
@@ -130,6 +130,72 @@ def test_linears_sent_to_onednn_keep_their_rows_dynamic(tmp_path):
         losses[compile] = [float(module.step(optimizer, *batch)) for batch in batches]
     assert compile_counters()["stats"]["unique_graphs"] == 1
     np.testing.assert_allclose(losses[True], losses[False], rtol=0, atol=1e-5)
+
+
+class _FlatLabelsLM(nn.Module):
+    """A language model whose logits, and so its labels, are flattened to batch x sequence rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(VOCAB, 6)
+        self.hidden = nn.Linear(6, HIDDEN)
+        self.out = nn.Linear(HIDDEN, VOCAB)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(self.hidden(self.embedding(ids)))).reshape(-1, VOCAB)
+
+
+@pytest.fixture(scope="module")
+def flat_labels_artifacts(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("flat_labels")
+    torch.manual_seed(0)
+    generate_artifacts(
+        _FlatLabelsLM(),
+        loss=LossType.CrossEntropyLoss,
+        optimizer=OptimType.AdamW,
+        artifact_directory=directory,
+        example_inputs=(torch.randint(0, VOCAB, (4, 8)),),
+        dynamic_axes={"ids": {0: "batch", 1: "sequence"}},
+    )
+    return directory
+
+
+def _lm_batches(shapes):
+    rng = np.random.default_rng(0)
+    return [(rng.integers(0, VOCAB, shape), rng.integers(0, VOCAB, shape[0] * shape[1])) for shape in shapes]
+
+
+def test_flattened_labels_follow_the_batch_and_sequence_axes(flat_labels_artifacts, caplog):
+    caplog.set_level(logging.INFO, logger="ort_torch_train")
+    module, graph, params = _generalised(flat_labels_artifacts, _lm_batches([(64, 8)])[0])
+    assert module.meta["dynamic_axes"] == ((0, 0), (0, 1), (1, 0))
+    assert "axis 0 of 'labels' follows them" in caplog.text
+    assert "stay fixed" not in caplog.text
+    inputs = [torch.as_tensor(value) for value in _lm_batches([(37, 12)])[0]]
+    with torch.no_grad():
+        expected = graph.eager_module(graph._convert(inputs, params), params[0].device)(*inputs, *params)
+        actual = module(*inputs, *params)
+    for a, b in zip(actual, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+@pytest.mark.compile
+def test_one_compiled_step_trains_a_language_model_with_flattened_labels_like_eager(flat_labels_artifacts):
+    directory = flat_labels_artifacts
+    batches = _lm_batches([(64, 8), (64, 8), (37, 8), (64, 12), (37, 20)])
+    rng = np.random.default_rng(1)
+    losses = {}
+    for compile in (False, True):
+        torch._dynamo.reset()
+        compile_counters().clear()
+        module = _module(directory, compile=compile)
+        optimizer = Optimizer(directory / "optimizer_model.onnx", module)
+        optimizer.set_learning_rate(1e-2)
+        losses[compile] = [float(module.step(optimizer, *batch)) for batch in batches]
+        with pytest.raises(ModelError, match=r"Expected input batch_size \(296\) to match target batch_size \(300\)"):
+            module.step(optimizer, rng.integers(0, VOCAB, (37, 8)), rng.integers(0, VOCAB, 300))
+    assert compile_counters()["stats"]["unique_graphs"] == 1
+    np.testing.assert_allclose(losses[True], losses[False], rtol=0, atol=1e-6)
 
 
 def _generalised(directory, inputs, **options):

@@ -1,0 +1,119 @@
+"""The integer literals in which two converted graphs differ, and the rewrite of one of them into an
+expression: the comparison behind dynamic shapes (``dynamic_shapes.py``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import fx
+
+Place = tuple[int, tuple[Any, ...]]  # (node position, path into its (args, kwargs))
+
+
+def literal_differences(base: fx.GraphModule, probe: fx.GraphModule) -> dict[Place, tuple[int, int]] | str:
+    """The integer literals in which ``probe`` differs from ``base``, by place; a text naming the
+    first other difference instead."""
+    base_nodes, probe_nodes = list(base.graph.nodes), list(probe.graph.nodes)
+    if len(base_nodes) != len(probe_nodes):
+        return "the graph's node count"
+    found: dict[Place, tuple[int, int]] = {}
+    for position, (a, b) in enumerate(zip(base_nodes, probe_nodes)):
+        if a.op != b.op or a.target != b.target or a.name != b.name:
+            return f"the graph's node {a.name!r}"
+        if not _compare((a.args, a.kwargs), (b.args, b.kwargs), position, (), found):
+            return f"an argument of node {a.name!r}"
+        if a.op == "get_attr" and not _same_state(_attribute(base, a.target), _attribute(probe, b.target)):
+            return f"the constant {a.target!r}"
+        if a.op == "call_module" and not _same_state(base.get_submodule(a.target), probe.get_submodule(b.target)):
+            return f"the settings of node {a.name!r}"
+    return found
+
+
+def _compare(a: Any, b: Any, position: int, path: tuple, found: dict[Place, tuple[int, int]]) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, fx.Node):
+        return a.name == b.name
+    if isinstance(a, int) and not isinstance(a, bool):
+        if a != b:
+            found[(position, path)] = (a, b)
+        return True
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(
+            _compare(x, y, position, (*path, i), found) for i, (x, y) in enumerate(zip(a, b))
+        )
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_compare(a[k], b[k], position, (*path, k), found) for k in a)
+    if isinstance(a, slice):
+        parts = ("start", "stop", "step")
+        return all(_compare(getattr(a, p), getattr(b, p), position, (*path, p), found) for p in parts)
+    if isinstance(a, torch.Tensor):
+        return _same_state(a, b)
+    return a == b
+
+
+def replaced(value: Any, path: tuple, new: fx.Node) -> Any:
+    if not path:
+        return new
+    key, rest = path[0], path[1:]
+    if isinstance(value, slice):
+        parts = {p: getattr(value, p) for p in ("start", "stop", "step")}
+        parts[key] = replaced(parts[key], rest, new)
+        return slice(parts["start"], parts["stop"], parts["step"])
+    if isinstance(value, dict):
+        return {**value, key: replaced(value[key], rest, new)}
+    items = list(value)
+    items[key] = replaced(items[key], rest, new)
+    return type(value)(items) if isinstance(value, (tuple, list)) else items
+
+
+def _attribute(module: torch.nn.Module, target: str) -> Any:
+    owner, _, name = target.rpartition(".")
+    return getattr(module.get_submodule(owner) if owner else module, name)
+
+
+def _same_state(a: Any, b: Any) -> bool:
+    """Whether two constants, or two submodules (types, code, settings and tensors, nested ones' too), are alike."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.shape == b.shape
+            and a.dtype == b.dtype
+            and bool(torch.equal(a.detach().cpu(), b.detach().cpu()))
+        )
+    if not isinstance(a, torch.nn.Module) or not isinstance(b, torch.nn.Module):
+        return _same_settings(a, b)
+    modules_a, modules_b = list(a.named_modules()), list(b.named_modules())
+    if [name for name, _ in modules_a] != [name for name, _ in modules_b]:
+        return False
+    return all(_same_module(x, y) for (_, x), (_, y) in zip(modules_a, modules_b))
+
+
+def _same_module(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    """One module's own type, code, settings and tensors (not its children's)."""
+    if type(a) is not type(b) or (isinstance(a, fx.GraphModule) and a.code != b.code):
+        return False
+    settings_a, settings_b = _settings(a), _settings(b)
+    tensors_a = dict(a.named_buffers(recurse=False)) | dict(a.named_parameters(recurse=False))
+    tensors_b = dict(b.named_buffers(recurse=False)) | dict(b.named_parameters(recurse=False))
+    return (
+        settings_a.keys() == settings_b.keys()
+        and all(_same_settings(settings_a[k], settings_b[k]) for k in settings_a)
+        and tensors_a.keys() == tensors_b.keys()
+        and all(_same_state(tensors_a[k], tensors_b[k]) for k in tensors_a)
+    )
+
+
+def _settings(module: torch.nn.Module) -> dict[str, Any]:
+    skipped = ("_modules", "_parameters", "_buffers", "meta", "_graph", "_code", "training")
+    return {k: v for k, v in vars(module).items() if k not in skipped and "hook" not in k and not callable(v)}
+
+
+def _same_settings(a: Any, b: Any) -> bool:
+    found: dict[Place, tuple[int, int]] = {}
+    try:
+        return _compare(a, b, 0, (), found) and not found
+    except Exception:  # values without a comparison of their own
+        return repr(a) == repr(b)
