@@ -9,7 +9,8 @@ variant then runs in its own process, so that its peak resident set is its own:
   base frozen in float32;
 - ``lora-bf16``: the same with ``frozen_dtype=torch.bfloat16``.
 
-With ``--compile`` each variant runs ``Module(compile=True)`` and ``module.step`` (one compiled graph per step).
+With ``--compile`` each variant runs ``Module(compile=True)`` and ``module.step`` (one compiled graph per step),
+its batch axis and labels dynamic (the default); ``--compile fixed`` compiles for the one shape (``dynamic=False``).
 
 Each reports the trainable parameters (count and share), the resident set after building the
 Module, its peak during the steps (sampled every millisecond): over all of them, in the first one alone
@@ -19,7 +20,7 @@ median step time (forward, backward, AdamW update) over ``--steps`` steps after 
 variant and prints a table with the ratios against ``full`` (targets: trainable < 1 %, peak RSS
 <= 0.5x with float32 frozen weights and lower with bfloat16, step time <= 0.8x).
 
-    python bench/experiments/lora.py all --out bench/.cache/lora --steps 10 [--small] [--compile] [--json result.json]
+    python bench/experiments/lora.py all --out bench/.cache/lora --steps 10 [--small] [--compile [fixed]] [--json result.json]
     python bench/experiments/lora.py prepare --out DIR [--small]
     python bench/experiments/lora.py run DIR --variant full|lora|lora-bf16 [--steps 10]
 """
@@ -76,7 +77,7 @@ def prepare(out: Path, small: bool, batch: int, tokens: int) -> None:
     (out / "shape.json").write_text(json.dumps({"batch": batch, "tokens": tokens, "vocab": config.vocab_size}))
 
 
-def run(directory: Path, variant: str, steps: int, threads: int, compile: bool = False) -> dict:
+def run(directory: Path, variant: str, steps: int, threads: int, compile: str | None = None) -> dict:
     import numpy as np
     import torch
 
@@ -91,7 +92,9 @@ def run(directory: Path, variant: str, steps: int, threads: int, compile: bool =
             r=8, alpha=16, targets=TARGETS, frozen_dtype=torch.bfloat16 if variant == "lora-bf16" else None
         )
     state = CheckpointState.load_checkpoint(directory / "checkpoint")
-    module = Module(directory / "training_model.onnx", state, lora=lora, compile=compile)
+    module = Module(
+        directory / "training_model.onnx", state, lora=lora, compile=compile is not None, dynamic=compile != "fixed"
+    )
     optimizer = Optimizer(directory / "optimizer_model.onnx", module)
     built_rss = memory_mib()["VmRSS"]
     rng = np.random.default_rng(0)
@@ -101,7 +104,7 @@ def run(directory: Path, variant: str, steps: int, threads: int, compile: bool =
         tokens = rng.integers(0, shape["vocab"], (shape["batch"], shape["tokens"] + 1), dtype=np.int64)
         inputs = (tokens[:, :-1].copy(), tokens[:, 1:].reshape(-1).copy())
         start = time.perf_counter()
-        if compile:  # the three calls as one compiled graph
+        if compile is not None:  # the three calls as one compiled graph
             losses.append(float(module.step(optimizer, *inputs)))
         else:
             losses.append(float(module(*inputs)))
@@ -116,7 +119,7 @@ def run(directory: Path, variant: str, steps: int, threads: int, compile: bool =
     first, later = first_step.peak["VmRSS"], later_steps.peak["VmRSS"]
     trainable, total = module.parameters_size(True), module.parameters_size(False)
     return {
-        "variant": variant + (" compiled" if compile else ""),
+        "variant": variant + {None: "", "dynamic": " compiled", "fixed": " compiled, fixed shapes"}[compile],
         "trainable_parameters": trainable,
         "all_parameters": total,
         "trainable_share": trainable / total,
@@ -131,14 +134,14 @@ def run(directory: Path, variant: str, steps: int, threads: int, compile: bool =
 
 
 def run_all(
-    out: Path, small: bool, steps: int, threads: int, batch: int, tokens: int, compile: bool = False
+    out: Path, small: bool, steps: int, threads: int, batch: int, tokens: int, compile: str | None = None
 ) -> list[dict]:
     if not (out / "checkpoint").is_file():
         prepare(out, small, batch, tokens)
     results = []
     for variant in VARIANTS:  # each in its own process: its own peak RSS
         command = [sys.executable, __file__, "run", str(out), "--variant", variant, "--steps", str(steps)]
-        command += ["--threads", str(threads), *(["--compile"] if compile else [])]
+        command += ["--threads", str(threads), *(["--compile", compile] if compile else [])]
         # glibc mmaps every allocation over 64 KiB, so freed tensors (float32 weights cast to bfloat16, the
         # checkpoint file's bytes) leave the resident set
         environment = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
@@ -170,6 +173,14 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+COMPILE_OPTION: dict = dict(
+    nargs="?",
+    const="dynamic",
+    choices=["dynamic", "fixed"],
+    help="one compiled graph per step, with dynamic axes (the default) or for fixed shapes",
+)
+
+
 def main(argv: list[str] | None = None) -> list[dict] | dict | None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -182,13 +193,13 @@ def main(argv: list[str] | None = None) -> list[dict] | dict | None:
     commands.choices["all"].add_argument("--steps", type=int, default=10)
     commands.choices["all"].add_argument("--threads", type=int, default=2)
     commands.choices["all"].add_argument("--json", type=Path, help="also write the results here")
-    commands.choices["all"].add_argument("--compile", action="store_true", help="one compiled graph per step")
+    commands.choices["all"].add_argument("--compile", **COMPILE_OPTION)
     single = commands.add_parser("run")
     single.add_argument("artifacts", type=Path)
     single.add_argument("--variant", choices=VARIANTS, required=True)
     single.add_argument("--steps", type=int, default=10)
     single.add_argument("--threads", type=int, default=2)
-    single.add_argument("--compile", action="store_true", help="one compiled graph per step")
+    single.add_argument("--compile", **COMPILE_OPTION)
     args = parser.parse_args(argv)
     if args.command == "prepare":
         prepare(args.out, args.small, args.batch, args.tokens)

@@ -3,7 +3,9 @@
 The conversion (``convert/graph.py``) folds an exported graph's shape arithmetic into literals for
 one input signature. To serve other sizes, the graph is converted once more per group of candidate
 axes (axes the ONNX graph leaves symbolic, grouped by size: the batch axis of the inputs and of the
-labels is one group), that group one longer. A literal that follows the group's size is rewritten as
+labels is one group), that group one shorter (``probe_size``: the probe's conversion, which runs the
+graph on its examples, then peaks no higher than the first one). A literal that follows the group's size
+is rewritten as
 an expression of the input's size (``c * x.size(axis)`` or ``x.size(axis) + c``), and the group's
 axes compile as dynamic dimensions. A group stays fixed, with an INFO line naming why, when its
 size reaches anything else: a constant tensor (a position table sliced to the sequence length), a
@@ -105,16 +107,28 @@ def follower_candidates(group: Group, others: Sequence[Group], inputs: Sequence[
     return [together, *multiples] if len(multiples) > 1 else multiples
 
 
+def probe_size(size: int) -> int:
+    """The size a group of axes of size ``size`` (2 or more) is probed at: one less, or 3 where it is 2
+    (sizes 0 and 1 stay fixed); near ``size``, where the graph rewrites that depend on sizes decide alike."""
+    return 3 if size == 2 else size - 1
+
+
 def probe_inputs(inputs: Sequence[torch.Tensor], group: Group, followers: Group = ()) -> list[torch.Tensor]:
-    """``inputs`` one longer along the axes of ``group`` (their first element repeated at the end), and
-    along ``followers`` longer by the same factor (a multiple ``m * size`` becomes ``m * (size + 1)``)."""
+    """``inputs`` with the axes of ``group`` at their probe size (their first elements, or those repeated
+    at the end), and ``followers`` by the same factor (a multiple ``m * size`` becomes ``m * probe size``)."""
     size = _size(inputs, group)
     probed = list(inputs)
-    for axes, rows in ((group, lambda length: 1), (followers, lambda length: length // size)):
+    for axes, multiple in ((group, lambda length: 1), (followers, lambda length: length // size)):
         for position, axis in axes:
             tensor = probed[position]
-            probed[position] = torch.cat([tensor, tensor.narrow(axis, 0, rows(tensor.shape[axis]))], axis)
+            probed[position] = _resized(tensor, axis, multiple(tensor.shape[axis]) * probe_size(size))
     return probed
+
+
+def _resized(tensor: torch.Tensor, axis: int, length: int) -> torch.Tensor:
+    if length <= tensor.shape[axis]:
+        return tensor.narrow(axis, 0, length).clone()
+    return torch.cat([tensor, tensor.narrow(axis, 0, length - tensor.shape[axis])], axis)
 
 
 def _size(inputs: Sequence[torch.Tensor], group: Group) -> int:
@@ -153,8 +167,8 @@ def marked_args(args: Any, axes: Sequence[Axis]) -> Any:
 
 @dataclass(frozen=True)
 class SizeProbes:
-    """A converted graph's probes: ``modules[k]`` converted with ``groups[k]`` one longer than ``sizes[k]``
-    and its ``followers[k]`` longer by the same factor; ``shapes``: the user inputs' shapes they all grew from."""
+    """A converted graph's probes: ``modules[k]`` converted with ``groups[k]`` at the probe size of
+    ``sizes[k]`` and its ``followers[k]`` by the same factor; ``shapes``: the user inputs' shapes they all grew from."""
 
     groups: tuple[Group, ...]
     sizes: tuple[int, ...]
@@ -243,13 +257,17 @@ def _axes_text(group: Group, input_names: Sequence[str]) -> str:
 
 
 def _fit(by_group: Mapping[int, tuple[int, int]], sizes: Sequence[int]) -> tuple[str, int] | None:
-    """How a literal follows the sizes of the groups it changed with: ("product", c) for
-    ``c * prod(sizes)``, ("offset", c) for ``size + c`` (one group), None for neither."""
-    if all(base * (sizes[k] + 1) == probed * sizes[k] for k, (base, probed) in by_group.items()):
+    """How a literal follows the sizes of the groups it changed with (at their sizes, and at each one's
+    probe size): ("product", c) for ``c * prod(sizes)``, ("offset", c) for ``size + c`` (one group), None
+    for neither."""
+    (literal, _), *_ = by_group.values()
+    if literal % math.prod(sizes[k] for k in by_group) == 0 and all(
+        base * probe_size(sizes[k]) == probed * sizes[k] for k, (base, probed) in by_group.items()
+    ):
         return "product", 0
     if len(by_group) == 1:
         ((k, (base, probed)),) = by_group.items()
-        if probed - base == 1:
+        if probed - base == probe_size(sizes[k]) - sizes[k]:
             return "offset", base - sizes[k]
     return None
 

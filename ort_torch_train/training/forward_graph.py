@@ -169,18 +169,18 @@ class ForwardGraph:
         return convert_graph(self.graph, self.opsets, specs, training=self.training, examples=(*inputs, *params))
 
     def _size_probes(self, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> SizeProbes:
-        """The conversions with each group of candidate dynamic axes one longer. A group that cannot grow
-        alone grows with axes that follow it (``follower_candidates``); one that cannot grow either way
-        stays fixed, unless it follows another group."""
+        """The conversions with each group of candidate dynamic axes at its probe size. A group that cannot
+        change size alone changes with axes that follow it (``follower_candidates``); one that cannot
+        change either way stays fixed, unless it follows another group."""
         declared = [(d.name, d.dims) for d in self.declarations]
         candidates = candidate_groups(self.dynamic, declared, inputs)
-        grown: dict[Group, tuple[fx.GraphModule, Group]] = {}
-        failed: dict[Group, Exception] = {}
+        grown: dict[Group, tuple[fx.GraphModule, Group]] = {}  # the probe and its followers
+        failed: dict[Group, str] = {}  # the reason's text: an error's traceback would keep the probe's values alive
         for group in candidates:
             try:
                 grown[group] = (self._convert(probe_inputs(inputs, group), params), ())
-            except Exception as error:  # sizes tied to other ones: the inputs one longer do not run
-                failed[group] = error
+            except Exception as error:  # sizes tied to other ones: the probe's inputs do not run
+                failed[group] = str(error)
         others = [group for group in candidate_groups(True, declared, inputs) if group not in grown]
         for group in failed:
             for followers in follower_candidates(group, others, inputs):
@@ -193,7 +193,7 @@ class ForwardGraph:
         for group, reason in failed.items():
             if group not in grown and not set(group) <= following:
                 log.info(
-                    "dynamic shapes: the axes %s stay fixed: the graph does not run one longer (%s)", group, reason
+                    "dynamic shapes: the axes %s stay fixed: the graph does not run at another size (%s)", group, reason
                 )
         groups = [group for group in candidates if group in grown]
         return SizeProbes(

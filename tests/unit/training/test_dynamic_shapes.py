@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ from ort_torch_train.artifacts import LossType, OptimType, generate_artifacts
 from ort_torch_train.errors import InputError, ModelError
 from ort_torch_train.torch_internals import compile_counters
 from ort_torch_train.training.compile.precompiled import step_key
+from ort_torch_train.training.dynamic_shapes import probe_inputs, probe_size
 from ort_torch_train.training.engine import TrainingEngine
 
 VOCAB, HIDDEN, CLASSES = 16, 5, 3
@@ -177,6 +180,70 @@ def test_flattened_labels_follow_the_batch_and_sequence_axes(flat_labels_artifac
         actual = module(*inputs, *params)
     for a, b in zip(actual, expected, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize(("rows", "probed"), [(4, 3), (2, 3)])
+def test_a_probe_changes_a_group_and_its_followers_by_one_factor(rows, probed):
+    ids, labels = torch.arange(rows * 5).reshape(rows, 5), torch.arange(rows * 5)
+    grown_ids, grown_labels = probe_inputs([ids, labels], ((0, 0),), ((1, 0),))
+    assert probe_size(rows) == probed
+    assert grown_ids.shape == (probed, 5) and grown_labels.shape == (probed * 5,)
+    torch.testing.assert_close(grown_ids[: min(rows, probed)], ids[: min(rows, probed)])
+    torch.testing.assert_close(grown_labels, torch.arange(rows * 5).repeat(2)[: probed * 5])
+
+
+_PROBE_PEAK_SCRIPT = """
+import itertools, sys
+import numpy as np, torch
+from ort_torch_train.api import CheckpointState, Module
+from tests.helpers.step_peak import step_peak_growth_mb
+directory = sys.argv[1]
+rng = np.random.default_rng(0)
+inputs = [torch.as_tensor(rng.integers(0, 2048, (32, 64))), torch.as_tensor(rng.integers(0, 2048, 32 * 64))]
+growth = []
+for dynamic in (False, True):
+    state = CheckpointState.load_checkpoint(directory + "/checkpoint")
+    engine = Module(directory + "/training_model.onnx", state, dynamic=dynamic)._engine
+    graph, params, variants = engine.train_graph, engine._train_params, itertools.count()
+    growth.append(step_peak_growth_mb(lambda: graph.specialised(inputs, params, next(variants), graph.compiled_module)))
+print(growth[0])
+print(growth[1])
+"""
+
+
+class _WideVocabLM(_FlatLabelsLM):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(2048, 6)
+        self.out = nn.Linear(HIDDEN, 2048)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(self.hidden(self.embedding(ids)))).reshape(-1, 2048)
+
+
+def test_probing_the_sizes_peaks_no_higher_than_converting_for_fixed_shapes(tmp_path):
+    """A probe that fails (the batch alone, without its labels) frees its values before the next runs."""
+    torch.manual_seed(0)
+    generate_artifacts(
+        _WideVocabLM(),
+        loss=LossType.CrossEntropyLoss,
+        optimizer=OptimType.AdamW,
+        artifact_directory=tmp_path,
+        example_inputs=(torch.randint(0, 2048, (4, 8)),),
+        dynamic_axes={"ids": {0: "batch", 1: "sequence"}},
+    )
+    environment = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "PYTHONPATH": str(Path(__file__).parents[3])}
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE_PEAK_SCRIPT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=environment,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    fixed_mb, dynamic_mb = map(float, out.stdout.split()[-2:])
+    assert fixed_mb > 16  # the logits alone: 2048 rows x 2048 classes
+    assert dynamic_mb <= fixed_mb * 1.1 + 2
 
 
 @pytest.mark.compile
