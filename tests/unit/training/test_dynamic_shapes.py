@@ -251,7 +251,7 @@ def test_one_compiled_step_trains_a_language_model_with_flattened_labels_like_ea
     directory = flat_labels_artifacts
     batches = _lm_batches([(64, 8), (64, 8), (37, 8), (64, 12), (37, 20)])
     rng = np.random.default_rng(1)
-    losses = {}
+    losses, evaluations = {}, {}
     for compile in (False, True):
         torch._dynamo.reset()
         compile_counters().clear()
@@ -261,8 +261,13 @@ def test_one_compiled_step_trains_a_language_model_with_flattened_labels_like_ea
         losses[compile] = [float(module.step(optimizer, *batch)) for batch in batches]
         with pytest.raises(ModelError, match=r"Expected input batch_size \(296\) to match target batch_size \(300\)"):
             module.step(optimizer, rng.integers(0, VOCAB, (37, 8)), rng.integers(0, VOCAB, 300))
-    assert compile_counters()["stats"]["unique_graphs"] == 1
+        trained_graphs = compile_counters()["stats"]["unique_graphs"]
+        module.eval()
+        evaluations[compile] = [module(*batch) for batch in batches[2:]]
+    assert trained_graphs == 1
+    assert compile_counters()["stats"]["unique_graphs"] == 2  # and one eval graph
     np.testing.assert_allclose(losses[True], losses[False], rtol=0, atol=1e-6)
+    np.testing.assert_allclose(evaluations[True], evaluations[False], rtol=0, atol=1e-6)
 
 
 def _generalised(directory, inputs, **options):
