@@ -8,7 +8,9 @@ ops, norms over the last dim. Each connected region of such ops that holds a lin
 2-D tensors; its inputs are flattened once and its results unflattened once where a reader needs
 their shape, reshapes that ``fuse_views`` then folds into the exporters' own (heads split and merged).
 The same kernels run on the same rows: values and gradients are unchanged. Eager graphs only: a
-compiled step gains nothing from it (inductor sees through the views).
+compiled step gains nothing from it (inductor sees through the views). Large linears sent to oneDNN
+(``onednn_linear.linear``) stay out: their autograd Function takes 3-D inputs whole, and as rows
+they ran no faster.
 """
 
 from __future__ import annotations
