@@ -5,10 +5,10 @@ one input signature. To serve other sizes, the graph is converted once more per 
 axes (axes the ONNX graph leaves symbolic, grouped by size: the batch axis of the inputs and of the
 labels is one group), that group one shorter (``probe_size``: the probe's conversion, which runs the
 graph on its examples, then peaks no higher than the first one). A literal that follows the group's size
-is rewritten as
-an expression of the input's size (``c * x.size(axis)`` or ``x.size(axis) + c``), and the group's
-axes compile as dynamic dimensions. A group stays fixed, with an INFO line naming why, when its
-size reaches anything else: a constant tensor (a position table sliced to the sequence length), a
+is rewritten as an expression of the input's size (``c * x.size(axis)`` or ``x.size(axis) + c``), a
+constant that counts up as long as the group (position ids) as ``arange`` of that expression, and the
+group's axes compile as dynamic dimensions. A group stays fixed, with an INFO line naming why, when its
+size reaches anything else: another constant tensor (a table computed from the positions), a
 submodule's settings, the graph's structure. Sizes 0 and 1 always stay fixed: torch.compile
 specialises them; so does torch.func.grad's linear of a 3-d input, which a dynamic graph runs over
 its rows instead (``linear_over_rows``). Where torch.compile specialises a dynamic axis anyway, the
@@ -31,7 +31,14 @@ from torch import fx
 from ort_torch_train.errors import InputError
 from ort_torch_train.passes.onednn_linear import LINEARS
 from ort_torch_train.torch_internals import mark_dynamic
-from ort_torch_train.training.graph_literals import Place, literal_differences, replaced
+from ort_torch_train.training.graph_literals import (
+    COUNT_LENGTH,
+    Place,
+    attribute,
+    counting_like,
+    literal_differences,
+    replaced,
+)
 
 log = logging.getLogger(__name__)
 
@@ -300,7 +307,12 @@ def _rewrite(
                 factor = base // math.prod(probes.sizes[k] for k in live)
                 if factor != 1:
                     expression = graph.call_function(operator.mul, (expression, factor))
-        node.args, node.kwargs = replaced((node.args, node.kwargs), path, expression)
+            if path == COUNT_LENGTH:
+                node.replace_all_uses_with(counting_like(graph, attribute(module, node.target), expression))
+        if path == COUNT_LENGTH:
+            graph.erase_node(node)
+        else:
+            node.args, node.kwargs = replaced((node.args, node.kwargs), path, expression)
     for node in nodes:
         value = getattr(node.args[0], "meta", {}).get("val") if node.args else None
         if node.target in LINEARS and isinstance(value, torch.Tensor) and value.dim() > 2:

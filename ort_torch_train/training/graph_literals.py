@@ -1,5 +1,9 @@
 """The integer literals in which two converted graphs differ, and the rewrite of one of them into an
-expression: the comparison behind dynamic shapes (``dynamic_shapes.py``)."""
+expression: the comparison behind dynamic shapes (``dynamic_shapes.py``).
+
+Besides literals, a constant that counts up along one axis (position ids folded from
+``arange(length)``) differs by its length: that length is recorded at the place ``COUNT_LENGTH``.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import torch
 from torch import fx
 
 Place = tuple[int, tuple[Any, ...]]  # (node position, path into its (args, kwargs))
+COUNT_LENGTH = ("count length",)  # the path of a counting constant's length
 
 
 def literal_differences(base: fx.GraphModule, probe: fx.GraphModule) -> dict[Place, tuple[int, int]] | str:
@@ -23,8 +28,11 @@ def literal_differences(base: fx.GraphModule, probe: fx.GraphModule) -> dict[Pla
             return f"the graph's node {a.name!r}"
         if not _compare((a.args, a.kwargs), (b.args, b.kwargs), position, (), found):
             return f"an argument of node {a.name!r}"
-        if a.op == "get_attr" and not _same_state(_attribute(base, a.target), _attribute(probe, b.target)):
-            return f"the constant {a.target!r}"
+        if a.op == "get_attr" and not _same_state(attribute(base, a.target), attribute(probe, b.target)):
+            lengths = _count_lengths(attribute(base, a.target), attribute(probe, b.target))
+            if lengths is None:
+                return f"the constant {a.target!r}"
+            found[(position, COUNT_LENGTH)] = lengths
         if a.op == "call_module" and not _same_state(base.get_submodule(a.target), probe.get_submodule(b.target)):
             return f"the settings of node {a.name!r}"
     return found
@@ -68,7 +76,38 @@ def replaced(value: Any, path: tuple, new: fx.Node) -> Any:
     return type(value)(items) if isinstance(value, (tuple, list)) else items
 
 
-def _attribute(module: torch.nn.Module, target: str) -> Any:
+def counting_like(graph: fx.Graph, constant: torch.Tensor, length: fx.Node) -> fx.Node:
+    """Nodes computing ``constant``, which counts up along one axis, at ``length`` along that axis."""
+    axis = _counting_axis(constant)
+    assert axis is not None
+    counted = graph.call_function(torch.arange, (length,), {"dtype": constant.dtype, "device": constant.device})
+    first = int(constant.flatten()[0])
+    if first:
+        counted = graph.call_function(torch.add, (counted, first))
+    shape = tuple(length if dim == axis else 1 for dim in range(constant.dim()))
+    return graph.call_method("reshape", (counted, shape))
+
+
+def _count_lengths(a: Any, b: Any) -> tuple[int, int] | None:
+    """The lengths of two constants that count up from one value along one axis, else None."""
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.dtype != b.dtype or a.dim() != b.dim():
+        return None
+    axis = _counting_axis(a)
+    if axis is None or axis != _counting_axis(b) or a.flatten()[0] != b.flatten()[0]:
+        return None
+    return a.shape[axis], b.shape[axis]
+
+
+def _counting_axis(tensor: torch.Tensor) -> int | None:
+    """The axis along which an integer ``tensor`` counts up by one (every other axis of size 1), if any."""
+    long = [axis for axis, size in enumerate(tensor.shape) if size != 1]
+    if tensor.dtype.is_floating_point or tensor.is_complex() or tensor.dtype == torch.bool or len(long) != 1:
+        return None
+    flat = tensor.detach().flatten().cpu()
+    return long[0] if torch.equal(flat, torch.arange(flat.numel(), dtype=flat.dtype) + flat[0]) else None
+
+
+def attribute(module: torch.nn.Module, target: str) -> Any:
     owner, _, name = target.rpartition(".")
     return getattr(module.get_submodule(owner) if owner else module, name)
 

@@ -136,24 +136,29 @@ def test_linears_sent_to_onednn_keep_their_rows_dynamic(tmp_path):
 
 
 class _FlatLabelsLM(nn.Module):
-    """A language model whose logits, and so its labels, are flattened to batch x sequence rows."""
+    """A language model whose logits, and so its labels, are flattened to batch x sequence rows; with
+    ``positions``, learned position embeddings looked up at ``arange(length)`` (as GPT-2's)."""
 
-    def __init__(self) -> None:
+    def __init__(self, positions: bool = False) -> None:
         super().__init__()
         self.embedding = nn.Embedding(VOCAB, 6)
+        self.positions = nn.Embedding(32, 6) if positions else None
         self.hidden = nn.Linear(6, HIDDEN)
         self.out = nn.Linear(HIDDEN, VOCAB)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.out(torch.relu(self.hidden(self.embedding(ids)))).reshape(-1, VOCAB)
+        x = self.embedding(ids)
+        if self.positions is not None:
+            x = x + self.positions(torch.arange(ids.shape[1]).unsqueeze(0))
+        return self.out(torch.relu(self.hidden(x))).reshape(-1, VOCAB)
 
 
-@pytest.fixture(scope="module")
-def flat_labels_artifacts(tmp_path_factory):
+@pytest.fixture(scope="module", params=[False, True], ids=["tokens", "positions"])
+def flat_labels_artifacts(request, tmp_path_factory):
     directory = tmp_path_factory.mktemp("flat_labels")
     torch.manual_seed(0)
     generate_artifacts(
-        _FlatLabelsLM(),
+        _FlatLabelsLM(request.param),
         loss=LossType.CrossEntropyLoss,
         optimizer=OptimType.AdamW,
         artifact_directory=directory,
