@@ -206,10 +206,13 @@ class DynamicAxes:
         return (*(axis for group in self.groups for axis in group), *(f.axis for f in self.followers))
 
 
-def generalise(module: fx.GraphModule, probes: SizeProbes, input_names: Sequence[str]) -> DynamicAxes:
+def generalise(
+    module: fx.GraphModule, probes: SizeProbes, input_names: Sequence[str], linear_rows: bool = True
+) -> DynamicAxes:
     """Rewrite ``module``'s literals that follow a group's size into expressions of that size, in place;
     returns the groups that became dynamic and their followers (the other groups stay fixed, with a log
-    line saying why)."""
+    line saying why). ``linear_rows``: linears of 3-d inputs run over their rows (``linear_over_rows``),
+    for torch.compile."""
     changes: dict[Place, dict[int, tuple[int, int]]] = {}
     fixed: dict[int, str] = {}
     for index, probe in enumerate(probes.modules):
@@ -234,7 +237,7 @@ def generalise(module: fx.GraphModule, probes: SizeProbes, input_names: Sequence
         )
     if not dynamic:
         return DynamicAxes()
-    _rewrite(module, probes, changes, dynamic)
+    _rewrite(module, probes, changes, dynamic, linear_rows)
     followers = _followers(probes, dynamic)
     log.info(
         "dynamic shapes: %s compile once for every size >= 2%s",
@@ -280,7 +283,11 @@ def _fit(by_group: Mapping[int, tuple[int, int]], sizes: Sequence[int]) -> tuple
 
 
 def _rewrite(
-    module: fx.GraphModule, probes: SizeProbes, changes: Mapping[Place, Mapping[int, tuple[int, int]]], dynamic: list
+    module: fx.GraphModule,
+    probes: SizeProbes,
+    changes: Mapping[Place, Mapping[int, tuple[int, int]]],
+    dynamic: list,
+    linear_rows: bool,
 ) -> None:
     graph = module.graph
     nodes = list(graph.nodes)
@@ -315,7 +322,7 @@ def _rewrite(
             node.args, node.kwargs = replaced((node.args, node.kwargs), path, expression)
     for node in nodes:
         value = getattr(node.args[0], "meta", {}).get("val") if node.args else None
-        if node.target in LINEARS and isinstance(value, torch.Tensor) and value.dim() > 2:
+        if linear_rows and node.target in LINEARS and isinstance(value, torch.Tensor) and value.dim() > 2:
             node.target = linear_over_rows
     for size in sizes.values():
         if not size.users:  # a group no literal follows: its axes need no expression

@@ -68,7 +68,8 @@ class ForwardGraph:
 
     A compiled specialisation serves every size along the axes ``dynamic`` lets vary (True: every axis
     the graph leaves symbolic; a dict: those axes by input name) where its conversion allows
-    (``dynamic_shapes.py``).
+    (``dynamic_shapes.py``). Eager runs convert the first input signature as it is and generalise the
+    second (one probing per graph): a run whose shapes vary converts twice, not once per shape.
     """
 
     def __init__(
@@ -102,6 +103,8 @@ class ForwardGraph:
         check_requested_axes(self.dynamic, [(d.name, d.dims) for d in self.declarations])
         self._cache: OrderedDict[Hashable, Callable] = OrderedDict()
         self._dynamic_cache: OrderedDict[tuple[Hashable, Pattern], Callable] = OrderedDict()
+        self._converted: set[Hashable] = set()  # the variants converted at least once
+        self._probed: set[Hashable] = set()  # the variants whose sizes were probed
         self.module_transform = module_transform  # recompute's segments, between the graph rewrites
 
     def __call__(self, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -109,9 +112,11 @@ class ForwardGraph:
 
     def module_for(self, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> Callable:
         """The converted module for these inputs' shapes and dtypes (built on first use, then cached)."""
-        # dynamic axes for a compiler that marks them (CompiledForward); plain torch.compile compiles per shape
-        marks = self.compile_arguments is not None and self.compiler is not torch_compile
-        return self.specialised(inputs, params, "module", self._compiled_if_asked, dynamic=marks)
+        if self.compile_arguments is None:  # eager: sizes probed once, for the second input signature
+            dynamic = "module" in self._converted and "module" not in self._probed
+        else:  # dynamic axes for a compiler that marks them (CompiledForward); plain torch.compile compiles per shape
+            dynamic = self.compiler is not torch_compile
+        return self.specialised(inputs, params, "module", self._compiled_if_asked, dynamic=dynamic)
 
     def specialised(
         self,
@@ -123,8 +128,8 @@ class ForwardGraph:
         dynamic: bool = True,
     ) -> Callable:
         """``build(converted module, its device)`` for these inputs' shapes and dtypes, cached under ``variant``
-        (``build`` prepares the module with ``eager_module`` or ``compiled_module``). With ``dynamic`` (a
-        build that compiles through ``compiled_module``) one build serves every size of its dynamic axes."""
+        (``build`` prepares the module with ``eager_module`` or ``compiled_module``). With ``dynamic`` one
+        build serves every size of its dynamic axes."""
         key: Hashable
         try:
             key = (variant, tuple((t.shape, t.dtype) for t in inputs))
@@ -157,6 +162,9 @@ class ForwardGraph:
         device = params[0].device if params else inputs[0].device
         built = build(module, device)
         dynamic_axes: DynamicAxes = module.meta.get("dynamic_groups", DynamicAxes())
+        self._converted.add(variant)
+        if dynamic:
+            self._probed.add(variant)
         if dynamic_axes.groups:
             self._dynamic_cache[(variant, _pattern(inputs, dynamic_axes))] = built
             while len(self._dynamic_cache) > self.cache_size:
@@ -219,20 +227,26 @@ class ForwardGraph:
 
     def eager_module(self, module: fx.GraphModule, device: torch.device) -> nn.Module:
         """A converted ``module`` ready for eager runs on ``device``: the eager graph rewrites, this graph's
-        ``module_transform`` among them, and moved to ``device``."""
-        return run_eager(module, device, self.module_transform).to(device)
+        ``module_transform`` among them, and moved to ``device``. With size probes (``specialised``), its
+        literals that follow the sizes of dynamic axes become expressions of those sizes."""
+        return self._prepared(module, device, run_eager, linear_rows=False)
 
     def compiled_module(self, module: fx.GraphModule, device: torch.device) -> nn.Module:
         """A converted ``module`` ready for torch.compile on ``device``: the compiled graph rewrites, this
         graph's ``module_transform`` among them, and moved to ``device``. With size probes (``specialised``),
         its literals that follow the sizes of dynamic axes become expressions of those sizes, and
         ``module.meta["dynamic_axes"]`` names the axes to compile as dynamic dimensions."""
+        return self._prepared(module, device, run_compiled, linear_rows=True)
+
+    def _prepared(
+        self, module: fx.GraphModule, device: torch.device, pipeline: Callable, linear_rows: bool
+    ) -> nn.Module:
         probes: SizeProbes | None = module.meta.pop("size_probes", None)
-        prepared = run_compiled(module, device, self.module_transform).to(device)
+        prepared = pipeline(module, device, self.module_transform).to(device)
         if probes is not None:
-            probed = tuple(run_compiled(probe, device, self.module_transform) for probe in probes.modules)
+            probed = tuple(pipeline(probe, device, self.module_transform) for probe in probes.modules)
             names = [declaration.name for declaration in self.declarations]
-            dynamic = generalise(prepared, dataclasses.replace(probes, modules=probed), names)
+            dynamic = generalise(prepared, dataclasses.replace(probes, modules=probed), names, linear_rows)
             module.meta["dynamic_groups"] = prepared.meta["dynamic_groups"] = dynamic
             prepared.meta["dynamic_axes"] = dynamic.axes
         return prepared
@@ -245,6 +259,9 @@ class ForwardGraph:
     def clear(self) -> None:
         """Forget every specialisation (after a device move)."""
         self._cache.clear()
+        self._dynamic_cache.clear()
+        self._converted.clear()
+        self._probed.clear()
 
     def validate(self, inputs: Sequence[object]) -> None:
         """Raise a clear error unless ``inputs`` match the declared user inputs."""
