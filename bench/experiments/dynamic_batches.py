@@ -1,6 +1,6 @@
 """What a new batch size costs a Module at GPT-2 small's scale: fixed shapes against dynamic axes.
 
-    .venv/bin/python bench/experiments/dynamic_batches.py [--batches 2 2 3 4 2] [--threads 2] [--out bench/results]
+    .venv/bin/python bench/experiments/dynamic_batches.py [--batches 2 2 3 4 5 2] [--threads 2] [--out bench/results]
 
 The model is ``gpt2-124m`` (``harness/models.py``; artifacts by ORT 1.19.2 where ``.venv-ort`` exists:
 ``input [batch, 128]``, labels flattened to ``[batch * 128]``). Fresh processes, one after the other,
@@ -84,7 +84,7 @@ def table(results: dict[str, dict], batches: list[int]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", type=int, nargs="+", default=[2, 2, 3, 4, 2])
+    parser.add_argument("--batches", type=int, nargs="+", default=[2, 2, 3, 4, 5, 2])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=BENCH / "results")
     parser.add_argument("--child", nargs=3, metavar=("ARTIFACTS", "COMPILE", "DYNAMIC"))

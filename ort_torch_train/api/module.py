@@ -59,8 +59,8 @@ class Module(nn.Module):
     With ``compile``, ``dynamic`` (default True) lets the axes the ONNX graph leaves symbolic (batch,
     sequence) take any size >= 2 in one compiled step: a last partial batch, the eval set and new
     sequence lengths reuse it (a dict ``{input name: [axes]}`` picks the axes, False compiles each
-    new shape on its own). Eager runs convert the graph again for the second input shape only, which
-    then serves the others alike. An axis whose size the converted graph needs as a constant stays
+    new shape on its own). Eager runs convert the graph for each of the first three input shapes
+    only: the third serves the later ones alike. An axis whose size the converted graph needs as a constant stays
     fixed, with an INFO log line saying why (see docs/performance.md, "Dynamic shapes").
     ``distributed=True`` trains data-parallel on torch.distributed (``process_group``, default the
     default group): gradients are averaged across ranks at each train step, steps inside

@@ -6,7 +6,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
@@ -68,8 +68,9 @@ class ForwardGraph:
 
     A compiled specialisation serves every size along the axes ``dynamic`` lets vary (True: every axis
     the graph leaves symbolic; a dict: those axes by input name) where its conversion allows
-    (``dynamic_shapes.py``). Eager runs convert the first input signature as it is and generalise the
-    second (one probing per graph): a run whose shapes vary converts twice, not once per shape.
+    (``dynamic_shapes.py``). Eager runs convert the first two input signatures as they are (a last
+    partial batch costs no probing) and generalise the third: a run whose shapes keep changing converts
+    three times, not once per shape.
     """
 
     def __init__(
@@ -103,7 +104,7 @@ class ForwardGraph:
         check_requested_axes(self.dynamic, [(d.name, d.dims) for d in self.declarations])
         self._cache: OrderedDict[Hashable, Callable] = OrderedDict()
         self._dynamic_cache: OrderedDict[tuple[Hashable, Pattern], Callable] = OrderedDict()
-        self._converted: set[Hashable] = set()  # the variants converted at least once
+        self._conversions: Counter[Hashable] = Counter()  # by variant
         self._probed: set[Hashable] = set()  # the variants whose sizes were probed
         self.module_transform = module_transform  # recompute's segments, between the graph rewrites
 
@@ -112,8 +113,8 @@ class ForwardGraph:
 
     def module_for(self, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> Callable:
         """The converted module for these inputs' shapes and dtypes (built on first use, then cached)."""
-        if self.compile_arguments is None:  # eager: sizes probed once, for the second input signature
-            dynamic = "module" in self._converted and "module" not in self._probed
+        if self.compile_arguments is None:  # eager: sizes probed once, for the third input signature
+            dynamic = self._conversions["module"] >= 2 and "module" not in self._probed
         else:  # dynamic axes for a compiler that marks them (CompiledForward); plain torch.compile compiles per shape
             dynamic = self.compiler is not torch_compile
         return self.specialised(inputs, params, "module", self._compiled_if_asked, dynamic=dynamic)
@@ -162,7 +163,7 @@ class ForwardGraph:
         device = params[0].device if params else inputs[0].device
         built = build(module, device)
         dynamic_axes: DynamicAxes = module.meta.get("dynamic_groups", DynamicAxes())
-        self._converted.add(variant)
+        self._conversions[variant] += 1
         if dynamic:
             self._probed.add(variant)
         if dynamic_axes.groups:
@@ -260,7 +261,7 @@ class ForwardGraph:
         """Forget every specialisation (after a device move)."""
         self._cache.clear()
         self._dynamic_cache.clear()
-        self._converted.clear()
+        self._conversions.clear()
         self._probed.clear()
 
     def validate(self, inputs: Sequence[object]) -> None:
