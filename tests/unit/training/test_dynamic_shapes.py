@@ -43,18 +43,23 @@ class _Tokens(nn.Module):
         return self.out(x.mean(1))
 
 
+def _token_artifacts(model: nn.Module, directory, vocab: int = VOCAB) -> None:
+    """Artifacts of ``model`` (token ids in, batch and sequence axes symbolic), CrossEntropy and AdamW."""
+    generate_artifacts(
+        model,
+        loss=LossType.CrossEntropyLoss,
+        optimizer=OptimType.AdamW,
+        artifact_directory=directory,
+        example_inputs=(torch.randint(0, vocab, (4, 8)),),
+        dynamic_axes={"ids": {0: "batch", 1: "sequence"}},
+    )
+
+
 @pytest.fixture(scope="module", params=[False, True], ids=["reshapes", "positions"])
 def artifacts(request, tmp_path_factory):
     directory = tmp_path_factory.mktemp("tokens")
     torch.manual_seed(0)
-    generate_artifacts(
-        _Tokens(request.param),
-        loss=LossType.CrossEntropyLoss,
-        optimizer=OptimType.AdamW,
-        artifact_directory=directory,
-        example_inputs=(torch.randint(0, VOCAB, (4, 8)),),
-        dynamic_axes={"ids": {0: "batch", 1: "sequence"}},
-    )
+    _token_artifacts(_Tokens(request.param), directory)
     return directory, request.param
 
 
@@ -66,6 +71,16 @@ def _batches(shapes):
 def _module(directory, **options) -> Module:
     state = CheckpointState.load_checkpoint(directory / "checkpoint")
     return Module(directory / "training_model.onnx", state, directory / "eval_model.onnx", **options)
+
+
+def _trainer(directory, **options) -> tuple[Module, Optimizer]:
+    """A new Module and its Optimizer (learning rate 1e-2), torch.compile's caches and counters reset."""
+    torch._dynamo.reset()
+    compile_counters().clear()
+    module = _module(directory, **options)
+    optimizer = Optimizer(directory / "optimizer_model.onnx", module)
+    optimizer.set_learning_rate(1e-2)
+    return module, optimizer
 
 
 def _engine(module: Module) -> TrainingEngine:
@@ -80,11 +95,7 @@ def test_one_compiled_step_trains_on_partial_batches_and_new_lengths_like_eager(
     batches = _batches([(64, 8), (64, 8), (37, 8), (64, 12), (64, 20), (37, 20)])
     losses, evaluations = {}, {}
     for compile in (False, True):
-        torch._dynamo.reset()
-        compile_counters().clear()
-        module = _module(directory, compile=compile)
-        optimizer = Optimizer(directory / "optimizer_model.onnx", module)
-        optimizer.set_learning_rate(1e-2)
+        module, optimizer = _trainer(directory, compile=compile)
         losses[compile] = [float(module.step(optimizer, *batch)) for batch in batches]
         trained_graphs = compile_counters()["stats"]["unique_graphs"]
         module.eval()
@@ -113,23 +124,13 @@ class _WideTokens(nn.Module):
 @pytest.mark.compile
 def test_linears_sent_to_onednn_keep_their_rows_dynamic(tmp_path):
     torch.manual_seed(0)
-    generate_artifacts(
-        _WideTokens(),
-        loss=LossType.CrossEntropyLoss,
-        optimizer=OptimType.AdamW,
-        artifact_directory=tmp_path,
-        example_inputs=(torch.randint(0, VOCAB, (4, 8)),),
-        dynamic_axes={"ids": {0: "batch", 1: "sequence"}},
-    )
+    _token_artifacts(_WideTokens(), tmp_path)
     batches = _batches([(64, 8), (37, 8), (64, 12)])
     module, _, _ = _generalised(tmp_path, batches[0])
     assert module.meta["fusions"]["onednn_linear"] == 1  # the hidden layer, on 3-d activations
     losses = {}
     for compile in (False, True):
-        torch._dynamo.reset()
-        compile_counters().clear()
-        module = _module(tmp_path, compile=compile)
-        optimizer = Optimizer(tmp_path / "optimizer_model.onnx", module)
+        module, optimizer = _trainer(tmp_path, compile=compile)
         losses[compile] = [float(module.step(optimizer, *batch)) for batch in batches]
     assert compile_counters()["stats"]["unique_graphs"] == 1
     np.testing.assert_allclose(losses[True], losses[False], rtol=0, atol=1e-5)
@@ -157,14 +158,7 @@ class _FlatLabelsLM(nn.Module):
 def flat_labels_artifacts(request, tmp_path_factory):
     directory = tmp_path_factory.mktemp("flat_labels")
     torch.manual_seed(0)
-    generate_artifacts(
-        _FlatLabelsLM(request.param),
-        loss=LossType.CrossEntropyLoss,
-        optimizer=OptimType.AdamW,
-        artifact_directory=directory,
-        example_inputs=(torch.randint(0, VOCAB, (4, 8)),),
-        dynamic_axes={"ids": {0: "batch", 1: "sequence"}},
-    )
+    _token_artifacts(_FlatLabelsLM(request.param), directory)
     return directory
 
 
@@ -229,14 +223,7 @@ class _WideVocabLM(_FlatLabelsLM):
 def test_probing_the_sizes_peaks_no_higher_than_converting_for_fixed_shapes(tmp_path):
     """A probe that fails (the batch alone, without its labels) frees its values before the next runs."""
     torch.manual_seed(0)
-    generate_artifacts(
-        _WideVocabLM(),
-        loss=LossType.CrossEntropyLoss,
-        optimizer=OptimType.AdamW,
-        artifact_directory=tmp_path,
-        example_inputs=(torch.randint(0, 2048, (4, 8)),),
-        dynamic_axes={"ids": {0: "batch", 1: "sequence"}},
-    )
+    _token_artifacts(_WideVocabLM(), tmp_path, vocab=2048)
     environment = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "PYTHONPATH": str(Path(__file__).parents[3])}
     out = subprocess.run(
         [sys.executable, "-c", _PROBE_PEAK_SCRIPT, str(tmp_path)],
@@ -258,11 +245,7 @@ def test_one_compiled_step_trains_a_language_model_with_flattened_labels_like_ea
     rng = np.random.default_rng(1)
     losses, evaluations = {}, {}
     for compile in (False, True):
-        torch._dynamo.reset()
-        compile_counters().clear()
-        module = _module(directory, compile=compile)
-        optimizer = Optimizer(directory / "optimizer_model.onnx", module)
-        optimizer.set_learning_rate(1e-2)
+        module, optimizer = _trainer(directory, compile=compile)
         losses[compile] = [float(module.step(optimizer, *batch)) for batch in batches]
         with pytest.raises(ModelError, match=r"Expected input batch_size \(296\) to match target batch_size \(300\)"):
             module.step(optimizer, rng.integers(0, VOCAB, (37, 8)), rng.integers(0, VOCAB, 300))
@@ -283,9 +266,7 @@ def test_eager_training_converts_three_times_for_every_batch_size_and_length(art
     for dynamic in (False, True):
         caplog.clear()
         caplog.set_level(logging.INFO, logger="ort_torch_train.training.forward_graph")
-        module = _module(directory, dynamic=dynamic)
-        optimizer = Optimizer(directory / "optimizer_model.onnx", module)
-        optimizer.set_learning_rate(1e-2)
+        module, optimizer = _trainer(directory, dynamic=dynamic)
         losses[dynamic] = [float(module.step(optimizer, *batch)) for batch in batches]
         conversions = caplog.text.count("specialising the training graph")
     assert losses[True] == losses[False]
