@@ -6,10 +6,11 @@ axes (axes the ONNX graph leaves symbolic, grouped by size: the batch axis of th
 labels is one group), that group one shorter (``probe_size``: the probe's conversion, which runs the
 graph on its examples, then peaks no higher than the first one). A literal that follows the group's size
 is rewritten as an expression of the input's size (``c * x.size(axis)`` or ``x.size(axis) + c``), a
-constant that counts up as long as the group (position ids) as ``arange`` of that expression, and the
-group's axes compile as dynamic dimensions. A group stays fixed, with an INFO line naming why, when its
-size reaches anything else: another constant tensor (a table computed from the positions), a
-submodule's settings, the graph's structure. Sizes 0 and 1 always stay fixed: torch.compile
+constant that counts up as long as the group (position ids) as ``arange`` of that expression, a table
+whose first rows are its shorter version (rotary tables) as those rows (the graph then serves sizes up
+to the one it was made for: ``DynamicAxes.largest``), and the group's axes compile as dynamic
+dimensions. A group stays fixed, with an INFO line naming why, when its size reaches anything else:
+another constant tensor, a submodule's settings, the graph's structure. Sizes 0 and 1 always stay fixed: torch.compile
 specialises them; so does torch.func.grad's linear of a 3-d input, which a dynamic graph runs over
 its rows instead (``linear_over_rows``). Where torch.compile specialises a dynamic axis anyway, the
 step compiles again for fixed shapes, with an INFO line (``compile/step.py``).
@@ -33,10 +34,12 @@ from ort_torch_train.passes.onednn_linear import LINEARS
 from ort_torch_train.torch_internals import mark_dynamic
 from ort_torch_train.training.graph_literals import (
     COUNT_LENGTH,
+    PREFIX,
     Place,
     attribute,
     counting_like,
     literal_differences,
+    prefix_of,
     replaced,
 )
 
@@ -196,10 +199,12 @@ class Follower:
 @dataclass(frozen=True)
 class DynamicAxes:
     """The axes a graph compiles as dynamic dimensions: groups of axes that take one size together, and
-    the axes that follow them."""
+    the axes that follow them; ``largest``: (position in ``groups``, largest size) of the groups that cut
+    a constant table to their size (the others take any size)."""
 
     groups: tuple[Group, ...] = ()
     followers: tuple[Follower, ...] = ()
+    largest: tuple[tuple[int, int], ...] = ()
 
     @property
     def axes(self) -> tuple[Axis, ...]:
@@ -239,12 +244,23 @@ def generalise(
         return DynamicAxes()
     _rewrite(module, probes, changes, dynamic, linear_rows)
     followers = _followers(probes, dynamic)
+    # a table cut to a group's size serves the sizes up to the one it was made for
+    largest = {
+        place: probes.sizes[index]
+        for (_, path), by_group in changes.items()
+        if path[:1] == (PREFIX,)
+        for place, index in enumerate(dynamic)
+        if index in by_group
+    }
     log.info(
         "dynamic shapes: %s compile once for every size >= 2%s",
-        "; ".join(_axes_text(probes.groups[index], input_names) for index in dynamic),
+        "; ".join(
+            _axes_text(probes.groups[index], input_names) + (f" (up to {largest[place]})" if place in largest else "")
+            for place, index in enumerate(dynamic)
+        ),
         "".join(f"; {_axes_text((f.axis,), input_names)} follows them" for f in followers),
     )
-    return DynamicAxes(tuple(probes.groups[index] for index in dynamic), followers)
+    return DynamicAxes(tuple(probes.groups[index] for index in dynamic), followers, tuple(largest.items()))
 
 
 def _followers(probes: SizeProbes, dynamic: Sequence[int]) -> tuple[Follower, ...]:
@@ -318,6 +334,13 @@ def _rewrite(
                 node.replace_all_uses_with(counting_like(graph, attribute(module, node.target), expression))
         if path == COUNT_LENGTH:
             graph.erase_node(node)
+        elif path[:1] == (PREFIX,):
+            users = list(node.users)
+            assert node.next is not None
+            with graph.inserting_before(node.next):
+                cut = prefix_of(graph, node, path[1], expression)
+            for user in users:
+                user.replace_input_with(node, cut)
         else:
             node.args, node.kwargs = replaced((node.args, node.kwargs), path, expression)
     for node in nodes:

@@ -42,8 +42,8 @@ from ort_torch_train.training.dynamic_shapes import (
 )
 
 Signature = tuple[tuple[torch.Size, torch.dtype], ...]
-# the shape of each user input, an axis of a dynamic group given as ("group", its index) and one that
-# follows groups as ("follows", factor, their indices), and its dtype
+# the shape of each user input, an axis of a dynamic group given as ("group", its index, its largest
+# size or None) and one that follows groups as ("follows", factor, their indices), and its dtype
 Pattern = tuple[tuple[tuple[int | tuple, ...], torch.dtype], ...]
 
 
@@ -275,8 +275,9 @@ class ForwardGraph:
 
 
 def _pattern(inputs: Sequence[torch.Tensor], dynamic: DynamicAxes) -> Pattern:
+    largest = dict(dynamic.largest)
     place: dict[tuple[int, int], tuple] = {
-        axis: ("group", index) for index, group in enumerate(dynamic.groups) for axis in group
+        axis: ("group", index, largest.get(index)) for index, group in enumerate(dynamic.groups) for axis in group
     }
     place.update({f.axis: ("follows", f.factor, f.groups) for f in dynamic.followers})
     return tuple(
@@ -286,8 +287,8 @@ def _pattern(inputs: Sequence[torch.Tensor], dynamic: DynamicAxes) -> Pattern:
 
 
 def _matches(pattern: Pattern, inputs: Sequence[torch.Tensor]) -> bool:
-    """Whether ``inputs`` have ``pattern``'s dtypes and fixed sizes, one size of 2 or more per group, and
-    the sizes that follow those."""
+    """Whether ``inputs`` have ``pattern``'s dtypes and fixed sizes, one size of 2 or more per group (at
+    most its largest, if it has one), and the sizes that follow those."""
     if len(pattern) != len(inputs):
         return False
     sizes: dict[int, int] = {}
@@ -299,7 +300,10 @@ def _matches(pattern: Pattern, inputs: Sequence[torch.Tensor]) -> bool:
             if isinstance(wanted, tuple) and wanted[0] == "follows":
                 following.append((wanted[1], wanted[2], actual))
             elif isinstance(wanted, tuple):
-                if actual < 2 or sizes.setdefault(wanted[1], actual) != actual:
+                largest = wanted[2]
+                if actual < 2 or (largest is not None and actual > largest):
+                    return False
+                if sizes.setdefault(wanted[1], actual) != actual:
                     return False
             elif wanted != actual:
                 return False

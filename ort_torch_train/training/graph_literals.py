@@ -1,8 +1,10 @@
 """The integer literals in which two converted graphs differ, and the rewrite of one of them into an
 expression: the comparison behind dynamic shapes (``dynamic_shapes.py``).
 
-Besides literals, a constant that counts up along one axis (position ids folded from
-``arange(length)``) differs by its length: that length is recorded at the place ``COUNT_LENGTH``.
+Besides literals, two kinds of constant tensors may differ by a length: one that counts up along one
+axis (position ids folded from ``arange(length)``), recorded at the path ``COUNT_LENGTH``, and a table
+whose rows at a shorter length are its first rows (rotary cos/sin tables, causal masks), recorded at
+``(PREFIX, axes)``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from torch import fx
 
 Place = tuple[int, tuple[Any, ...]]  # (node position, path into its (args, kwargs))
 COUNT_LENGTH = ("count length",)  # the path of a counting constant's length
+PREFIX = "prefix"  # (PREFIX, axes): the path of a prefix table's length along ``axes``
 
 
 def literal_differences(base: fx.GraphModule, probe: fx.GraphModule) -> dict[Place, tuple[int, int]] | str:
@@ -29,10 +32,10 @@ def literal_differences(base: fx.GraphModule, probe: fx.GraphModule) -> dict[Pla
         if not _compare((a.args, a.kwargs), (b.args, b.kwargs), position, (), found):
             return f"an argument of node {a.name!r}"
         if a.op == "get_attr" and not _same_state(attribute(base, a.target), attribute(probe, b.target)):
-            lengths = _count_lengths(attribute(base, a.target), attribute(probe, b.target))
-            if lengths is None:
+            difference = _table_difference(attribute(base, a.target), attribute(probe, b.target))
+            if difference is None:
                 return f"the constant {a.target!r}"
-            found[(position, COUNT_LENGTH)] = lengths
+            found[(position, difference[0])] = difference[1]
         if a.op == "call_module" and not _same_state(base.get_submodule(a.target), probe.get_submodule(b.target)):
             return f"the settings of node {a.name!r}"
     return found
@@ -86,6 +89,41 @@ def counting_like(graph: fx.Graph, constant: torch.Tensor, length: fx.Node) -> f
         counted = graph.call_function(torch.add, (counted, first))
     shape = tuple(length if dim == axis else 1 for dim in range(constant.dim()))
     return graph.call_method("reshape", (counted, shape))
+
+
+def prefix_of(graph: fx.Graph, table: fx.Node, axes: tuple[int, ...], length: fx.Node) -> fx.Node:
+    """Nodes cutting the constant ``table`` to ``length`` along ``axes``."""
+    cut = table
+    for axis in axes:
+        cut = graph.call_method("narrow", (cut, axis, 0, length))
+    return cut
+
+
+def _table_difference(a: Any, b: Any) -> tuple[tuple, tuple[int, int]] | None:
+    """The path and the lengths by which constant ``b`` differs from ``a``: a counting constant's, or a
+    table's that ``b`` is the first rows of; else None."""
+    lengths = _count_lengths(a, b)
+    if lengths is not None:
+        return COUNT_LENGTH, lengths
+    axes = _prefix_axes(a, b)
+    if axes is not None:
+        return (PREFIX, axes), (a.shape[axes[0]], b.shape[axes[0]])
+    return None
+
+
+def _prefix_axes(a: Any, b: Any) -> tuple[int, ...] | None:
+    """The axes along which ``b`` is ``a`` cut shorter, all to one length, if it is."""
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.dtype != b.dtype or a.dim() != b.dim():
+        return None
+    axes = tuple(axis for axis in range(a.dim()) if a.shape[axis] != b.shape[axis])
+    if not axes or any((a.shape[axis], b.shape[axis]) != (a.shape[axes[0]], b.shape[axes[0]]) for axis in axes):
+        return None
+    if b.shape[axes[0]] > a.shape[axes[0]]:
+        return None
+    cut = a.detach().cpu()
+    for axis in axes:
+        cut = cut.narrow(axis, 0, b.shape[axis])
+    return axes if torch.equal(cut, b.detach().cpu()) else None
 
 
 def _count_lengths(a: Any, b: Any) -> tuple[int, int] | None:

@@ -37,8 +37,8 @@ class _Tokens(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         batch, length = ids.shape
         x = self.embedding(ids)
-        if self.positions:  # a position signal: a constant tensor as long as the sequence
-            x = x + torch.arange(length).unsqueeze(-1) / 8
+        if self.positions:  # a position signal: a constant tensor whose every value depends on the length
+            x = x + torch.arange(length).unsqueeze(-1) / length
         x = torch.relu(self.hidden(x.reshape(batch * length, 6))).reshape(batch, length, HIDDEN)
         return self.out(x.mean(1))
 
@@ -137,13 +137,15 @@ def test_linears_sent_to_onednn_keep_their_rows_dynamic(tmp_path):
 
 
 class _FlatLabelsLM(nn.Module):
-    """A language model whose logits, and so its labels, are flattened to batch x sequence rows; with
-    ``positions``, learned position embeddings looked up at ``arange(length)`` (as GPT-2's)."""
+    """A language model whose logits, and so its labels, are flattened to batch x sequence rows. Its
+    ``kind`` of positions: none ("tokens"), learned embeddings looked up at ``arange(length)`` as
+    GPT-2's ("positions"), or a cosine table of the positions as rotary embeddings' ("table")."""
 
-    def __init__(self, positions: bool = False) -> None:
+    def __init__(self, kind: str = "tokens") -> None:
         super().__init__()
+        self.kind = kind
         self.embedding = nn.Embedding(VOCAB, 6)
-        self.positions = nn.Embedding(32, 6) if positions else None
+        self.positions = nn.Embedding(32, 6) if kind == "positions" else None
         self.hidden = nn.Linear(6, HIDDEN)
         self.out = nn.Linear(HIDDEN, VOCAB)
 
@@ -151,15 +153,17 @@ class _FlatLabelsLM(nn.Module):
         x = self.embedding(ids)
         if self.positions is not None:
             x = x + self.positions(torch.arange(ids.shape[1]).unsqueeze(0))
+        if self.kind == "table":
+            x = x * torch.cos(torch.arange(ids.shape[1]).unsqueeze(-1) / torch.arange(1, 7))
         return self.out(torch.relu(self.hidden(x))).reshape(-1, VOCAB)
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["tokens", "positions"])
+@pytest.fixture(scope="module", params=["tokens", "positions", "table"])
 def flat_labels_artifacts(request, tmp_path_factory):
     directory = tmp_path_factory.mktemp("flat_labels")
     torch.manual_seed(0)
     _token_artifacts(_FlatLabelsLM(request.param), directory)
-    return directory
+    return directory, request.param
 
 
 def _lm_batches(shapes):
@@ -168,12 +172,15 @@ def _lm_batches(shapes):
 
 
 def test_flattened_labels_follow_the_batch_and_sequence_axes(flat_labels_artifacts, caplog):
+    directory, kind = flat_labels_artifacts
     caplog.set_level(logging.INFO, logger="ort_torch_train")
-    module, graph, params = _generalised(flat_labels_artifacts, _lm_batches([(64, 8)])[0])
+    module, graph, params = _generalised(directory, _lm_batches([(64, 8)])[0])
     assert module.meta["dynamic_axes"] == ((0, 0), (0, 1), (1, 0))
     assert "axis 0 of 'labels' follows them" in caplog.text
     assert "stay fixed" not in caplog.text
-    inputs = [torch.as_tensor(value) for value in _lm_batches([(37, 12)])[0]]
+    # a table made for 8 positions serves up to 8
+    assert ("axis 1 of 'ids' (up to 8)" in caplog.text) == (kind == "table")
+    inputs = [torch.as_tensor(value) for value in _lm_batches([(37, 6 if kind == "table" else 12)])[0]]
     with torch.no_grad():
         expected = graph.eager_module(graph._convert(inputs, params), params[0].device)(*inputs, *params)
         actual = module(*inputs, *params)
@@ -240,8 +247,9 @@ def test_probing_the_sizes_peaks_no_higher_than_converting_for_fixed_shapes(tmp_
 
 @pytest.mark.compile
 def test_one_compiled_step_trains_a_language_model_with_flattened_labels_like_eager(flat_labels_artifacts):
-    directory = flat_labels_artifacts
-    batches = _lm_batches([(64, 8), (64, 8), (37, 8), (64, 12), (37, 20)])
+    """One step for every shape (with a table as long as the sequence: for every shorter one)."""
+    directory, _ = flat_labels_artifacts
+    batches = _lm_batches([(64, 12), (64, 12), (37, 8), (64, 8), (37, 6)])
     rng = np.random.default_rng(1)
     losses, evaluations = {}, {}
     for compile in (False, True):
