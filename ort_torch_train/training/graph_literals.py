@@ -65,6 +65,7 @@ def _compare(a: Any, b: Any, position: int, path: tuple, found: dict[Place, tupl
 
 
 def replaced(value: Any, path: tuple, new: fx.Node) -> Any:
+    """``value`` (nested args and kwargs) with the item at ``path`` replaced by ``new``."""
     if not path:
         return new
     key, rest = path[0], path[1:]
