@@ -106,12 +106,12 @@ def follower_candidates(group: Group, others: Sequence[Group], inputs: Sequence[
     """The axes that may have to follow ``group`` when it alone cannot change size (labels flattened to
     batch x sequence): the axes of ``others`` in other tensors whose size is a multiple of the group's,
     all together first, then each group of them alone."""
-    size = _size(inputs, group)
+    size = group_size(inputs, group)
     tensors = {position for position, _ in group}
     multiples = [
         other
         for other in others
-        if other != group and _size(inputs, other) % size == 0 and not tensors & {p for p, _ in other}
+        if other != group and group_size(inputs, other) % size == 0 and not tensors & {p for p, _ in other}
     ]
     together = tuple(axis for other in multiples for axis in other)
     return [together, *multiples] if len(multiples) > 1 else multiples
@@ -126,7 +126,7 @@ def probe_size(size: int) -> int:
 def probe_inputs(inputs: Sequence[torch.Tensor], group: Group, followers: Group = ()) -> list[torch.Tensor]:
     """``inputs`` with the axes of ``group`` at their probe size (their first elements, or those repeated
     at the end), and ``followers`` by the same factor (a multiple ``m * size`` becomes ``m * probe size``)."""
-    size = _size(inputs, group)
+    size = group_size(inputs, group)
     probed = list(inputs)
     for axes, multiple in ((group, lambda length: 1), (followers, lambda length: length // size)):
         for position, axis in axes:
@@ -141,7 +141,8 @@ def _resized(tensor: torch.Tensor, axis: int, length: int) -> torch.Tensor:
     return torch.cat([tensor, tensor.narrow(axis, 0, length - tensor.shape[axis])], axis)
 
 
-def _size(inputs: Sequence[torch.Tensor], group: Group) -> int:
+def group_size(inputs: Sequence[torch.Tensor], group: Group) -> int:
+    """The size of ``group``'s axes in ``inputs``."""
     position, axis = group[0]
     return int(inputs[position].shape[axis])
 

@@ -38,6 +38,7 @@ from ort_torch_train.training.dynamic_shapes import (
     dynamic_setting,
     follower_candidates,
     generalise,
+    group_size,
     probe_inputs,
 )
 
@@ -178,26 +179,24 @@ class ForwardGraph:
         return convert_graph(self.graph, self.opsets, specs, training=self.training, examples=(*inputs, *params))
 
     def _size_probes(self, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> SizeProbes:
-        """The conversions with each group of candidate dynamic axes at its probe size. A group that cannot
-        change size alone changes with axes that follow it (``follower_candidates``); one that cannot
-        change either way stays fixed, unless it follows another group."""
+        """The conversions with each group of candidate dynamic axes at its probe size, larger groups first.
+        A group changes size with the axes that follow it (``follower_candidates``): first with larger
+        groups that could not change alone (labels flattened to batch x sequence), else alone, else with
+        axes not asked for. One that cannot change stays fixed, unless it follows another group."""
         declared = [(d.name, d.dims) for d in self.declarations]
         candidates = candidate_groups(self.dynamic, declared, inputs)
+        unasked = [group for group in candidate_groups(True, declared, inputs) if group not in candidates]
         grown: dict[Group, tuple[fx.GraphModule, Group]] = {}  # the probe and its followers
         failed: dict[Group, str] = {}  # the reason's text: an error's traceback would keep the probe's values alive
-        for group in candidates:
-            try:
-                grown[group] = (self._convert(probe_inputs(inputs, group), params), ())
-            except Exception as error:  # sizes tied to other ones: the probe's inputs do not run
-                failed[group] = str(error)
-        others = [group for group in candidate_groups(True, declared, inputs) if group not in grown]
-        for group in failed:
-            for followers in follower_candidates(group, others, inputs):
+        for group in sorted(candidates, key=lambda group: group_size(inputs, group), reverse=True):
+            tied = follower_candidates(group, [other for other in failed if other not in grown], inputs)
+            for followers in (*tied, (), *follower_candidates(group, unasked, inputs)):
                 try:
                     grown[group] = (self._convert(probe_inputs(inputs, group, followers), params), followers)
                     break
-                except Exception:
-                    continue
+                except Exception as error:  # sizes tied to other ones: the probe's inputs do not run
+                    if not followers:
+                        failed[group] = str(error)
         following = {axis for _, followers in grown.values() for axis in followers}
         for group, reason in failed.items():
             if group not in grown and not set(group) <= following:
@@ -207,7 +206,7 @@ class ForwardGraph:
         groups = [group for group in candidates if group in grown]
         return SizeProbes(
             tuple(groups),
-            tuple(int(inputs[group[0][0]].shape[group[0][1]]) for group in groups),
+            tuple(group_size(inputs, group) for group in groups),
             tuple(grown[group][0] for group in groups),
             tuple(grown[group][1] for group in groups),
             tuple(tuple(t.shape) for t in inputs),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -17,11 +18,12 @@ def status_mb(field: str) -> float:
 
 def step_peak_growth_mb(step: Callable[[], object], warmup: int = 2, repeats: int = 3) -> float:
     """The least, over ``repeats`` calls after ``warmup`` ones, that a call of ``step`` raises the peak
-    RSS above the RSS it started from."""
+    RSS above the RSS it started from (garbage of the call before collected first)."""
     for _ in range(warmup):
         step()
     growth = []
     for _ in range(repeats):
+        gc.collect()
         with open("/proc/self/clear_refs", "w") as clear_refs:
             clear_refs.write("5")  # the peak (VmHWM) starts again from the current RSS
         before = status_mb("VmRSS")
