@@ -10,9 +10,9 @@ constant that counts up as long as the group (position ids) as ``arange`` of tha
 whose first rows are its shorter version (rotary tables) as those rows (the graph then serves sizes up
 to the one it was made for: ``DynamicAxes.largest``), and the group's axes compile as dynamic
 dimensions. A group stays fixed, with an INFO line naming why, when its size reaches anything else:
-another constant tensor, a submodule's settings, the graph's structure. Sizes 0 and 1 always stay fixed: torch.compile
-specialises them; so does torch.func.grad's linear of a 3-d input, which a dynamic graph runs over
-its rows instead (``linear_over_rows``). Where torch.compile specialises a dynamic axis anyway, the
+another constant tensor, a submodule's settings, the graph's structure. Sizes 0 and 1 always stay
+fixed: torch.compile specialises them; so does torch.func.grad's linear of a 3-d input, which a
+dynamic graph runs over its rows instead (``linear_over_rows``). Where torch.compile specialises a dynamic axis anyway, the
 step compiles again for fixed shapes, with an INFO line (``compile/step.py``).
 """
 
@@ -128,10 +128,10 @@ def probe_inputs(inputs: Sequence[torch.Tensor], group: Group, followers: Group 
     at the end), and ``followers`` by the same factor (a multiple ``m * size`` becomes ``m * probe size``)."""
     size = group_size(inputs, group)
     probed = list(inputs)
-    for axes, multiple in ((group, lambda length: 1), (followers, lambda length: length // size)):
-        for position, axis in axes:
-            tensor = probed[position]
-            probed[position] = _resized(tensor, axis, multiple(tensor.shape[axis]) * probe_size(size))
+    for position, axis in group:
+        probed[position] = _resized(probed[position], axis, probe_size(size))
+    for position, axis in followers:
+        probed[position] = _resized(probed[position], axis, probed[position].shape[axis] // size * probe_size(size))
     return probed
 
 
@@ -179,13 +179,18 @@ def marked_args(args: Any, axes: Sequence[Axis]) -> Any:
 @dataclass(frozen=True)
 class SizeProbes:
     """A converted graph's probes: ``modules[k]`` converted with ``groups[k]`` at the probe size of
-    ``sizes[k]`` and its ``followers[k]`` by the same factor; ``shapes``: the user inputs' shapes they all grew from."""
+    ``sizes[k]`` and its ``followers[k]`` by the same factor; ``shapes``: the user inputs' shapes they
+    all grew from."""
 
     groups: tuple[Group, ...]
-    sizes: tuple[int, ...]
     modules: tuple[fx.GraphModule, ...]
     followers: tuple[Group, ...]
     shapes: tuple[tuple[int, ...], ...]
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """Each group's size in ``shapes``."""
+        return tuple(self.shapes[group[0][0]][group[0][1]] for group in self.groups)
 
 
 @dataclass(frozen=True)

@@ -206,7 +206,6 @@ class ForwardGraph:
         groups = [group for group in candidates if group in grown]
         return SizeProbes(
             tuple(groups),
-            tuple(group_size(inputs, group) for group in groups),
             tuple(grown[group][0] for group in groups),
             tuple(grown[group][1] for group in groups),
             tuple(tuple(t.shape) for t in inputs),

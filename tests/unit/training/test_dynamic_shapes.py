@@ -6,6 +6,7 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -43,10 +44,12 @@ class _Tokens(nn.Module):
         return self.out(x.mean(1))
 
 
-def _token_artifacts(model: nn.Module, directory, vocab: int = VOCAB) -> None:
-    """Artifacts of ``model`` (token ids in, batch and sequence axes symbolic), CrossEntropy and AdamW."""
+def _token_artifacts(make_model: Callable[[], nn.Module], directory, vocab: int = VOCAB) -> None:
+    """Artifacts of the model ``make_model`` builds after seeding torch with 0 (token ids in, batch and
+    sequence axes symbolic), CrossEntropy and AdamW."""
+    torch.manual_seed(0)
     generate_artifacts(
-        model,
+        make_model(),
         loss=LossType.CrossEntropyLoss,
         optimizer=OptimType.AdamW,
         artifact_directory=directory,
@@ -58,8 +61,7 @@ def _token_artifacts(model: nn.Module, directory, vocab: int = VOCAB) -> None:
 @pytest.fixture(scope="module", params=[False, True], ids=["reshapes", "positions"])
 def artifacts(request, tmp_path_factory):
     directory = tmp_path_factory.mktemp("tokens")
-    torch.manual_seed(0)
-    _token_artifacts(_Tokens(request.param), directory)
+    _token_artifacts(lambda: _Tokens(request.param), directory)
     return directory, request.param
 
 
@@ -123,8 +125,7 @@ class _WideTokens(nn.Module):
 
 @pytest.mark.compile
 def test_linears_sent_to_onednn_keep_their_rows_dynamic(tmp_path):
-    torch.manual_seed(0)
-    _token_artifacts(_WideTokens(), tmp_path)
+    _token_artifacts(_WideTokens, tmp_path)
     batches = _batches([(64, 8), (37, 8), (64, 12)])
     module, _, _ = _generalised(tmp_path, batches[0])
     assert module.meta["fusions"]["onednn_linear"] == 1  # the hidden layer, on 3-d activations
@@ -161,8 +162,7 @@ class _FlatLabelsLM(nn.Module):
 @pytest.fixture(scope="module", params=["tokens", "positions", "table"])
 def flat_labels_artifacts(request, tmp_path_factory):
     directory = tmp_path_factory.mktemp("flat_labels")
-    torch.manual_seed(0)
-    _token_artifacts(_FlatLabelsLM(request.param), directory)
+    _token_artifacts(lambda: _FlatLabelsLM(request.param), directory)
     return directory, request.param
 
 
@@ -229,8 +229,7 @@ class _WideVocabLM(_FlatLabelsLM):
 
 def test_probing_the_sizes_peaks_no_higher_than_converting_for_fixed_shapes(tmp_path):
     """A probe that fails (the batch alone, without its labels) frees its values before the next runs."""
-    torch.manual_seed(0)
-    _token_artifacts(_WideVocabLM(), tmp_path, vocab=2048)
+    _token_artifacts(_WideVocabLM, tmp_path, vocab=2048)
     environment = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "PYTHONPATH": str(Path(__file__).parents[3])}
     out = subprocess.run(
         [sys.executable, "-c", _PROBE_PEAK_SCRIPT, str(tmp_path)],
