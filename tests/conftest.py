@@ -30,6 +30,9 @@ os.environ["ORT_TORCH_TRAIN_CACHE_DIR"] = "off"
 # tests that compare runs bit for bit run on a fixed count, in this process (from its first tensor on)
 # and in the processes it starts (tests/unit/training/test_threads.py tests the policies)
 SUITE_THREADS = 2
+# inductor compiles in this process and the ones it starts, without a pool of compile workers: the suite's
+# two pytest workers already fill both cores, and each pool would cost its own torch import
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 os.environ[THREADS_VARIABLE] = str(SUITE_THREADS)
 set_threads(SUITE_THREADS)
 FOLDER_MARKERS = ("unit", "parity", "integration")

@@ -281,9 +281,12 @@ def main() -> None:
     errors = {}
     if scenario == "lost_rank":
         errors = lost_rank(rank)
-    elif scenario == "compiled_cache":
+    elif scenario in ("compiled", "compiled_cache"):  # the first launch compiles and saves, a later one loads
         result = cached_compile(rank, world_size, out / "compile_cache")
         np.savez(out / f"cached_compile_{'warm' if result['found'] else 'cold'}_rank{rank}.npz", **result)
+        if scenario == "compiled":
+            np.savez(out / f"mlp_compiled_rank{rank}.npz", **result)
+            np.savez(out / f"mlp_compiled_sharded_rank{rank}.npz", **train("mlp_compiled_sharded", rank, world_size))
     else:
         for run in SCENARIOS[scenario]:
             save_at = (10, out / f"{run}.ckpt") if run == "mlp_sharded_clip" else None

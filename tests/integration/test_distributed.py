@@ -257,22 +257,28 @@ def test_ort_loads_the_rank0_checkpoint(eager: Path) -> None:
         np.testing.assert_array_equal(np.asarray(theirs[name], dtype=np.float32), param.data)
 
 
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The compiled runs on two ranks, the first of them saving its steps in an empty compile cache."""
+    out = tmp_path_factory.mktemp("ddp_compiled")
+    require_success(launch("compiled", out, timeout=400))
+    return out
+
+
 @pytest.mark.distributed
 @pytest.mark.compile
-def test_compiled_step_on_two_ranks(tmp_path: Path) -> None:
-    require_success(launch("compiled", tmp_path, timeout=400))
+def test_compiled_step_on_two_ranks(compiled: Path) -> None:
     for run in worker.SCENARIOS["compiled"]:
-        assert_same_training(tmp_path, run)
+        assert_same_training(compiled, run)
 
 
 @pytest.mark.distributed
 @pytest.mark.compile
-def test_a_compiled_two_rank_step_loads_from_the_compile_cache_and_trains_bitwise_alike(tmp_path: Path) -> None:
-    """The first launch compiles the data-parallel step and saves it; the second loads it on both ranks."""
-    for _ in range(2):
-        require_success(launch("compiled_cache", tmp_path, timeout=400))
+def test_a_compiled_two_rank_step_loads_from_the_compile_cache_and_trains_bitwise_alike(compiled: Path) -> None:
+    """The first launch compiled the data-parallel step and saved it; a second one loads it on both ranks."""
+    require_success(launch("compiled_cache", compiled, timeout=400))
     cold, warm = (
-        [dict(np.load(tmp_path / f"cached_compile_{launch}_rank{rank}.npz")) for rank in range(2)]
+        [dict(np.load(compiled / f"cached_compile_{launch}_rank{rank}.npz")) for rank in range(2)]
         for launch in ("cold", "warm")
     )
     for rank in range(2):

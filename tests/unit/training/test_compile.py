@@ -304,7 +304,7 @@ def test_small_biased_products_compile_to_a_product_and_a_fused_add():
 
 @pytest.mark.compile
 def test_a_python_wrapper_step_matches_the_default_cpp_wrapper_step():
-    case = _case("transformer")
+    case = _case("mlp_ce_adamw_sched")
     losses = []
     for compile in (True, {"options": {"cpp_wrapper": False}}):
         module = _module(case, compile)
