@@ -35,10 +35,9 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 
-# two pytest workers (pytest-xdist): the suite is mostly single-threaded Python and subprocesses; each
-# file runs whole on one worker, so its module-scoped fixtures (two-rank launches, ONNX's node tests) run once
+# two pytest workers (pytest-xdist): the suite is mostly single-threaded Python and subprocesses
 test: lint
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 2
 
 # tests/unit (every package) without the tests marked compile, distributed, slow or ort_peer, and the
 # distributed package's single-process check

@@ -8,6 +8,10 @@ Markers applied here: ``unit`` / ``parity`` / ``integration`` from the folder, `
 parametrization on a CUDA device and ``compile`` for one with a true ``compile`` / ``compiled`` parameter.
 Otherwise ``compile``, ``distributed``, ``ort_peer`` and ``slow`` are set on the tests themselves
 (``tests.helpers.ort_peer.requires_ort`` carries ``ort_peer``).
+
+Fixtures that several tests of a file share and that cost seconds (a two-rank launch, ONNX's node tests)
+are session-scoped: pytest-xdist may interleave a file's tests with other files' on a worker, and a
+module-scoped fixture would then be built again each time its file comes back.
 """
 
 from __future__ import annotations

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,15 +22,10 @@ from ort_torch_train.errors import DistributedError
 from tests.helpers import distributed_worker as worker
 from tests.helpers.ort_peer import requires_ort, run_ort
 from tests.helpers.paths import ROOT
+from tests.helpers.ports import free_port
 
 WORLD_SIZE = 2
 TOLERANCE = 1e-6
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def launch(
@@ -91,7 +85,7 @@ def rank_results(out: Path, run: str) -> list[dict[str, np.ndarray]]:
     return [dict(np.load(out / f"{run}_rank{rank}.npz")) for rank in range(WORLD_SIZE)]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def eager(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("ddp_eager")
     worker.train("mlp_adamw_sched", save_at=(10, out / "one_process_step10.ckpt"))
@@ -257,28 +251,17 @@ def test_ort_loads_the_rank0_checkpoint(eager: Path) -> None:
         np.testing.assert_array_equal(np.asarray(theirs[name], dtype=np.float32), param.data)
 
 
-@pytest.fixture(scope="module")
-def compiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The compiled runs on two ranks, the first of them saving its steps in an empty compile cache."""
-    out = tmp_path_factory.mktemp("ddp_compiled")
-    require_success(launch("compiled", out, timeout=400))
-    return out
-
-
 @pytest.mark.distributed
 @pytest.mark.compile
-def test_compiled_step_on_two_ranks(compiled: Path) -> None:
+def test_compiled_steps_on_two_ranks_train_like_one_process_and_load_from_the_compile_cache(tmp_path: Path) -> None:
+    """The first launch trains compiled (plain and sharded) like one process and saves the plain step in an
+    empty compile cache; a second launch loads it on both ranks and trains bitwise alike."""
+    require_success(launch("compiled", tmp_path, timeout=400))
     for run in worker.SCENARIOS["compiled"]:
-        assert_same_training(compiled, run)
-
-
-@pytest.mark.distributed
-@pytest.mark.compile
-def test_a_compiled_two_rank_step_loads_from_the_compile_cache_and_trains_bitwise_alike(compiled: Path) -> None:
-    """The first launch compiled the data-parallel step and saved it; a second one loads it on both ranks."""
-    require_success(launch("compiled_cache", compiled, timeout=400))
+        assert_same_training(tmp_path, run)
+    require_success(launch("compiled_cache", tmp_path, timeout=400))
     cold, warm = (
-        [dict(np.load(compiled / f"cached_compile_{launch}_rank{rank}.npz")) for rank in range(2)]
+        [dict(np.load(tmp_path / f"cached_compile_{launch}_rank{rank}.npz")) for rank in range(2)]
         for launch in ("cold", "warm")
     )
     for rank in range(2):

@@ -18,7 +18,8 @@ from ort_torch_train.checkpoint.state import TrainingState
 from ort_torch_train.distributed.launch import LaunchEnvironment, backend_for
 from tests.helpers import distributed_worker as worker
 from tests.helpers.paths import ROOT
-from tests.integration.test_distributed import TOLERANCE, free_port
+from tests.helpers.ports import free_port
+from tests.integration.test_distributed import TOLERANCE
 from tests.unit.cli.test_cli import run_cli
 
 

@@ -20,7 +20,7 @@ def outcomes(out: Path) -> list[dict[str, str]]:
     return [json.loads((out / f"outcomes_rank{rank}.json").read_text()) for rank in range(WORLD_SIZE)]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def saves(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("saves")
     require_success(launch("saves", out, timeout=90, worker_module=distributed_save_worker.__name__))

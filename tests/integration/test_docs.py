@@ -84,7 +84,7 @@ def test_documentation_builds_without_warnings(tmp_path: Path) -> None:
         assert name in page
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def snippet_compile_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An inductor cache dir shared by the pages' programs."""
     return tmp_path_factory.mktemp("inductor")

@@ -20,7 +20,8 @@ from ort_torch_train.checkpoint.state import TrainingState
 from tests.helpers import distributed_worker as worker
 from tests.helpers.ort_peer import ORT_PYTHON, run_ort
 from tests.helpers.paths import ROOT
-from tests.integration.test_distributed import TOLERANCE, free_port
+from tests.helpers.ports import free_port
+from tests.integration.test_distributed import TOLERANCE
 from tests.unit.cli.test_cli import run_cli
 
 TRAIN = ["train", worker.MLP / "artifacts", "--data", worker.MLP / "data.npz", "--inputs", "x_train,y_train"]

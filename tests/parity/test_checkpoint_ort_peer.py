@@ -59,7 +59,7 @@ print(json.dumps(report))
 """
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def peer(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, dict]:
     """Our checkpoints in a work directory, and ORT's report on them."""
     refcorpus = REFCORPUS

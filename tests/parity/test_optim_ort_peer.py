@@ -93,7 +93,7 @@ np.savez(f"{work}/results.npz", **results)
 """
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def ort_run(tmp_path_factory):
     work = tmp_path_factory.mktemp("ort_peer")
     rng = np.random.default_rng(0)

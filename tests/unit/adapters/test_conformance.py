@@ -21,7 +21,7 @@ from tests.helpers.conformance import DOCS_PAGE, known_failures, markdown, run_a
 PASSING_AT_LEAST = 1631
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def outcomes():
     return run_all()
 

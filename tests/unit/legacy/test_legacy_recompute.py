@@ -107,7 +107,7 @@ def _export(model: nn.Module, path: Path) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def bert(tmp_path_factory) -> Path:
     """A 3-layer post-LN BERT-style encoder with its loss."""
     torch.manual_seed(0)
@@ -153,7 +153,7 @@ def _train(path: Path, feeds: list[dict], loss: str = "loss", **settings):
     return losses, grads, session.get_state(), sum(storages.values()), segments
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def baseline(bert):
     """The run without recomputation."""
     feeds = _batches(np.random.default_rng(1))

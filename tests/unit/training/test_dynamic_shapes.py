@@ -58,7 +58,7 @@ def _token_artifacts(make_model: Callable[[], nn.Module], directory, vocab: int 
     )
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["reshapes", "positions"])
+@pytest.fixture(scope="session", params=[False, True], ids=["reshapes", "positions"])
 def artifacts(request, tmp_path_factory):
     directory = tmp_path_factory.mktemp("tokens")
     _token_artifacts(lambda: _Tokens(request.param), directory)
@@ -159,7 +159,7 @@ class _FlatLabelsLM(nn.Module):
         return self.out(torch.relu(self.hidden(x))).reshape(-1, VOCAB)
 
 
-@pytest.fixture(scope="module", params=["tokens", "positions", "table"])
+@pytest.fixture(scope="session", params=["tokens", "positions", "table"])
 def flat_labels_artifacts(request, tmp_path_factory):
     directory = tmp_path_factory.mktemp("flat_labels")
     _token_artifacts(lambda: _FlatLabelsLM(request.param), directory)

@@ -32,7 +32,7 @@ def _snapshot(module: Module) -> dict[str, np.ndarray]:
     return values
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def float32_curves() -> dict[str, list[float]]:
     return {name: _run(Case(FIXTURES / name), None, STEPS)[2] for name in CURVE_FIXTURES}
 
