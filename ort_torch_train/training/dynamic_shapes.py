@@ -12,8 +12,8 @@ to the one it was made for: ``DynamicAxes.largest``), and the group's axes compi
 dimensions. A group stays fixed, with an INFO line naming why, when its size reaches anything else:
 another constant tensor, a submodule's settings, the graph's structure. Sizes 0 and 1 always stay
 fixed: torch.compile specialises them; so does torch.func.grad's linear of a 3-d input, which a
-dynamic graph runs over its rows instead (``linear_over_rows``). Where torch.compile specialises a dynamic axis anyway, the
-step compiles again for fixed shapes, with an INFO line (``compile/step.py``).
+dynamic graph runs over its rows instead (``linear_over_rows``). Where torch.compile specialises a
+dynamic axis anyway, the step compiles again for fixed shapes, with an INFO line (``compile/step.py``).
 """
 
 from __future__ import annotations

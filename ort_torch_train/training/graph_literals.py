@@ -101,8 +101,10 @@ def prefix_of(graph: fx.Graph, table: fx.Node, axes: tuple[int, ...], length: fx
 
 
 def _table_difference(a: Any, b: Any) -> tuple[tuple, tuple[int, int]] | None:
-    """The path and the lengths by which constant ``b`` differs from ``a``: a counting constant's, or a
-    table's that ``b`` is the first rows of; else None."""
+    """The path and the lengths by which constant ``b`` differs from ``a`` (tensors of one dtype and rank):
+    a counting constant's, or a table's that ``b`` is the first rows of; else None."""
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.dtype != b.dtype or a.dim() != b.dim():
+        return None
     lengths = _count_lengths(a, b)
     if lengths is not None:
         return COUNT_LENGTH, lengths
@@ -112,10 +114,8 @@ def _table_difference(a: Any, b: Any) -> tuple[tuple, tuple[int, int]] | None:
     return None
 
 
-def _prefix_axes(a: Any, b: Any) -> tuple[int, ...] | None:
+def _prefix_axes(a: torch.Tensor, b: torch.Tensor) -> tuple[int, ...] | None:
     """The axes along which ``b`` is ``a`` cut shorter, all to one length, if it is."""
-    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.dtype != b.dtype or a.dim() != b.dim():
-        return None
     axes = tuple(axis for axis in range(a.dim()) if a.shape[axis] != b.shape[axis])
     if not axes or any((a.shape[axis], b.shape[axis]) != (a.shape[axes[0]], b.shape[axes[0]]) for axis in axes):
         return None
@@ -127,10 +127,8 @@ def _prefix_axes(a: Any, b: Any) -> tuple[int, ...] | None:
     return axes if torch.equal(cut, b.detach().cpu()) else None
 
 
-def _count_lengths(a: Any, b: Any) -> tuple[int, int] | None:
+def _count_lengths(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int] | None:
     """The lengths of two constants that count up from one value along one axis, else None."""
-    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.dtype != b.dtype or a.dim() != b.dim():
-        return None
     axis = _counting_axis(a)
     if axis is None or axis != _counting_axis(b) or a.flatten()[0] != b.flatten()[0]:
         return None

@@ -287,23 +287,22 @@ def main() -> None:
         if scenario == "compiled":
             np.savez(out / f"mlp_compiled_rank{rank}.npz", **result)
             np.savez(out / f"mlp_compiled_sharded_rank{rank}.npz", **train("mlp_compiled_sharded", rank, world_size))
-    else:
+    elif scenario == "eager":
         for run in SCENARIOS[scenario]:
             save_at = (10, out / f"{run}.ckpt") if run == "mlp_sharded_clip" else None
             np.savez(out / f"{run}_rank{rank}.npz", **train(run, rank, world_size, save_at=save_at))
-        if scenario == "eager":
-            resumed = train(
-                "mlp_adamw_sched", rank, world_size, checkpoint=out / "one_process_step10.ckpt", first_step=10
-            )
-            np.savez(out / f"resumed_rank{rank}.npz", **resumed)
-            resumed = train(
-                "mlp_adamw_sched_sharded", rank, world_size, checkpoint=out / "one_process_step10.ckpt", first_step=10
-            )
-            np.savez(out / f"resumed_sharded_rank{rank}.npz", **resumed)
-            np.savez(out / f"legacy_rank{rank}.npz", **legacy_train(rank, world_size))
-            np.savez(out / f"legacy_zero_rank{rank}.npz", **legacy_train(rank, world_size, zero_stage=1))
-            np.savez(out / f"fp16_rank{rank}.npz", **fp16_overflow(rank, world_size))
-            errors = misuse_errors(rank)
+        resumed = train("mlp_adamw_sched", rank, world_size, checkpoint=out / "one_process_step10.ckpt", first_step=10)
+        np.savez(out / f"resumed_rank{rank}.npz", **resumed)
+        resumed = train(
+            "mlp_adamw_sched_sharded", rank, world_size, checkpoint=out / "one_process_step10.ckpt", first_step=10
+        )
+        np.savez(out / f"resumed_sharded_rank{rank}.npz", **resumed)
+        np.savez(out / f"legacy_rank{rank}.npz", **legacy_train(rank, world_size))
+        np.savez(out / f"legacy_zero_rank{rank}.npz", **legacy_train(rank, world_size, zero_stage=1))
+        np.savez(out / f"fp16_rank{rank}.npz", **fp16_overflow(rank, world_size))
+        errors = misuse_errors(rank)
+    else:
+        raise ValueError(f"unknown scenario {scenario!r}")
     (out / f"errors_rank{rank}.json").write_text(json.dumps(errors))
     if scenario != "lost_rank":
         dist.barrier()
