@@ -1,6 +1,6 @@
 """What a compiled CPU call pays per tensor argument: one in-place update of N small tensors against the
 same update of one flat tensor of their total size, through ``torch.compile`` with the C++ wrapper.
-Why ``training/flat_params.py`` hands one-graph steps four flat buffers instead of four tensors a parameter.
+Why ``state/flat.py`` hands one-graph steps four flat buffers instead of four tensors a parameter.
 
     .venv/bin/python bench/experiments/argument_count.py [--threads 2] [--elements 32] [--blocks 7]
 """

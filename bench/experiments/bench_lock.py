@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from ort_torch_train.checkpoint.state import TrainingState
+from ort_torch_train.state.training_state import TrainingState
 
 
 def _per_iteration(body, iterations: int) -> float:

@@ -17,11 +17,11 @@ from pathlib import Path
 import torch
 
 from ort_torch_train.api import set_threads
-from ort_torch_train.checkpoint.state import TrainingState
 from ort_torch_train.optim.adamw import AdamWHyperparameters, adamw
 from ort_torch_train.optim.engine import OptimizerEngine
 from ort_torch_train.optim.optimizer_model import OptimizerSpec
 from ort_torch_train.optim.scratch import make_scratch
+from ort_torch_train.state.training_state import TrainingState
 
 HARNESS = Path(__file__).resolve().parents[1] / "harness"
 sys.path.insert(0, str(HARNESS))

@@ -50,8 +50,8 @@ def layers(model_name: str, python_wrapper: bool = False) -> dict[str, Callable[
     from runners import make_runner, ours_module
 
     from ort_torch_train.api import Module, Optimizer
+    from ort_torch_train.state.fresh_gradients import pays_off
     from ort_torch_train.training.blas_threads import blas_threads_for
-    from ort_torch_train.training.fresh_gradients import pays_off
 
     directory = prepare_artifacts(MODELS[model_name], BENCH / ".cache", use_ort=True).directory
     x, y = np.load(directory / "x.npy"), np.load(directory / "y.npy")
@@ -68,7 +68,7 @@ def layers(model_name: str, python_wrapper: bool = False) -> dict[str, Callable[
     (compiled_step,) = module.train_graph._cache.values()
     trainable, frozen, grads = module._engine._parameter_views()
     moments = engine_optimizer.moment_lists()
-    flat = module.training_state.flat  # the step's flat buffers (training/flat_params.py), if any
+    flat = module.training_state.flat  # the step's flat buffers (state/flat.py), if any
     if flat is not None:
         trainable, moments = [flat.params], [[moment] for moment in flat.moments]
         # a large buffer: module.step's graph makes gradients of its own (fresh_gradients.py)

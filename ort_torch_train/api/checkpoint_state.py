@@ -1,6 +1,6 @@
 """``onnxruntime.training.api.CheckpointState`` and its views, as a thin face over TrainingState.
 
-All logic lives in ``ort_torch_train.checkpoint.state.TrainingState``, reachable as
+All logic lives in ``ort_torch_train.state.training_state.TrainingState``, reachable as
 ``CheckpointState.training_state`` (also ``._state``, the attribute name ORT itself uses).
 Differences from ORT 1.19.2, all deliberate: ``repr()`` of ``Parameters``/``Properties`` returns a
 string (ORT's returns a list, so ``repr()`` raises), setting a parameter before any Module exists
@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from ..checkpoint.state import TrainingState
+from ort_torch_train.state.training_state import TrainingState
 
 
 def _to_numpy(tensor: torch.Tensor, what: str) -> np.ndarray:

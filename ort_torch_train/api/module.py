@@ -12,17 +12,17 @@ import torch
 from torch import nn
 
 from ort_torch_train.api.ortvalue import OrtValue, from_tensors, numpy_to_tensor, to_tensors
-from ort_torch_train.checkpoint.state import TrainingState
 from ort_torch_train.convert.string_inputs import parse_string_inputs
 from ort_torch_train.distributed.data_parallel import DataParallel
 from ort_torch_train.errors import DistributedError, InputTypeError, ModelError
-from ort_torch_train.export.inference import export_inference_model
 from ort_torch_train.export.outputs import exportable_output_names
 from ort_torch_train.graph.layout import GraphLayout, ModelSource, load_model
 from ort_torch_train.graph.roles import check_slot
 from ort_torch_train.lora.apply import add_lora_to_artifacts
 from ort_torch_train.lora.config import LoraConfig
+from ort_torch_train.lora.export import export_merged_model
 from ort_torch_train.optim.engine import OptimizerEngine
+from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.training.binding import bind_parameters
 from ort_torch_train.training.compile.cache import CompileCacheSetting, use_compile_cache
 from ort_torch_train.training.dynamic_shapes import DynamicSetting
@@ -301,7 +301,7 @@ class Module(nn.Module):
         self, inference_model_uri: str | os.PathLike, graph_output_names: list[str]
     ) -> None:
         """Write the eval graph, cut to ``graph_output_names``, with the current parameters baked in."""
-        export_inference_model(self.eval_model, self.training_state, inference_model_uri, graph_output_names)
+        export_merged_model(self.eval_model, self.training_state, inference_model_uri, graph_output_names)
 
 
 def training_state_of(state: Any) -> TrainingState:

@@ -21,7 +21,7 @@ from ort_torch_train.optim.schedulers import (
     scheduled_learning_rate,
 )
 from ort_torch_train.optim.torch_adapter import TorchOptimizerAdapter
-from ort_torch_train.training.precision import LossScaler
+from ort_torch_train.state.loss_scale import LossScaler
 
 
 class Optimizer:

@@ -1,1 +1,1 @@
-"""ORT checkpoint files ("ODTC" FlatBuffers), safetensors files, and the TrainingState."""
+"""ORT checkpoint files ("ODTC" FlatBuffers) and safetensors files."""

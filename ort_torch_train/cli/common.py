@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from ort_torch_train.checkpoint.state import TrainingState
 from ort_torch_train.dtypes import ONNX_TO_TORCH, dtype_name, elem_type_name
 from ort_torch_train.errors import CheckpointError
 from ort_torch_train.graph.layout import GRAD_BUFFER_SUFFIX, declared_shape, load_model
 from ort_torch_train.graph.roles import model_role
+from ort_torch_train.state.training_state import TrainingState
 
 Shape = list[int | str | None] | None
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import torch
 
 from ort_torch_train.checkpoint.safetensors import load_safetensors, save_safetensors
-from ort_torch_train.checkpoint.state import TrainingState
 from ort_torch_train.cli.common import CliError, existing_file, find_artifacts, load_training_state
 from ort_torch_train.dtypes import dtype_name
 from ort_torch_train.fileio import atomic_write
+from ort_torch_train.state.training_state import TrainingState
 
 FORMATS = ("ort", "safetensors", "pt")
 SUFFIX_FORMATS = {".safetensors": "safetensors", ".pt": "pt", ".pth": "pt"}

@@ -8,15 +8,14 @@ from pathlib import Path
 
 import onnx
 
-from ort_torch_train.checkpoint.state import TrainingState
 from ort_torch_train.cli.common import CliError, existing_file, find_artifacts, load_onnx, load_training_state
 from ort_torch_train.export.external_data import write_model
-from ort_torch_train.export.inference import inference_model_and_weights
 from ort_torch_train.export.outputs import exportable_output_names
 from ort_torch_train.lora.apply import add_lora_to_artifacts
 from ort_torch_train.lora.config import LORA_PROPERTY, LoraConfig
-from ort_torch_train.lora.export import export_adapter, export_unmerged_model
+from ort_torch_train.lora.export import export_adapter, export_unmerged_model, merged_model_and_weights
 from ort_torch_train.lora.record import read_record
+from ort_torch_train.state.training_state import TrainingState
 
 DESCRIPTION = """\
 Write the inference model of a set of artifacts with a checkpoint's parameters (LoRA adapters merged
@@ -76,7 +75,7 @@ def run_export(args: argparse.Namespace) -> None:
             "or train with `ort-torch-train train --lora ...`"
         )
     if args.output:
-        model, weights = inference_model_and_weights(evaluation, state.params, outputs)
+        model, weights = merged_model_and_weights(evaluation, state.params, outputs)
         write_model(model, args.output, weights, external_data=args.external_data)
         print(f"inference model (outputs {', '.join(outputs)}): {args.output}")
     if args.unmerged:

@@ -11,7 +11,6 @@ from typing import Any
 
 import onnx
 
-from ort_torch_train.checkpoint.state import TrainingState
 from ort_torch_train.cli.common import (
     ArtifactPaths,
     classify_paths,
@@ -28,6 +27,7 @@ from ort_torch_train.graph.layout import GraphLayout, eval_layout, opsets_of, tr
 from ort_torch_train.lora.config import LORA_PROPERTY, LoraConfig
 from ort_torch_train.lora.record import read_record
 from ort_torch_train.optim.optimizer_model import read_optimizer_model
+from ort_torch_train.state.training_state import TrainingState
 
 DESCRIPTION = """\
 Show what a set of training artifacts holds: the user inputs and outputs of the training and eval

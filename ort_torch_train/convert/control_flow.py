@@ -165,7 +165,7 @@ def _convert_if(builder: Builder, node: onnx.NodeProto, index: int) -> None:
 class _Cond(nn.Module):
     """Two converted branches: chosen in Python in eager runs (nested Ifs at any depth), under ``torch.cond``
     in compiled ones. torch.cond forbids aliasing: the outputs are copied, and so are the operands
-    (parameters are views of one flat buffer, ``training/flat_params.py``)."""
+    (parameters are views of one flat buffer, ``state/flat.py``)."""
 
     def __init__(self, then_branch: nn.Module, else_branch: nn.Module, name: str):
         super().__init__()

@@ -23,9 +23,9 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ort_torch_train.checkpoint.state import TrainingState
 from ort_torch_train.distributed.zero import ShardedOptimizerEngine
 from ort_torch_train.errors import CheckpointError, DistributedError
+from ort_torch_train.state.training_state import TrainingState
 
 ARRIVAL_TIMEOUT = 60.0  # seconds rank 0 waits for the other ranks at a save of sharded moments
 _KEY = "ort_torch_train/save"

@@ -22,10 +22,10 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ort_torch_train.checkpoint.state import TrainingState
 from ort_torch_train.checkpoint.tensor_bytes import tensor_to_bytes
 from ort_torch_train.distributed.checkpoint import DistributedCheckpoint
 from ort_torch_train.errors import DistributedError
+from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.torch_internals import functional_collectives
 
 _LIVE: weakref.WeakSet[DataParallel] = weakref.WeakSet()

@@ -18,12 +18,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ort_torch_train.checkpoint.state import TrainingState
 from ort_torch_train.errors import CheckpointError, DistributedError
 from ort_torch_train.optim.clip import clip_grad_norm_
 from ort_torch_train.optim.engine import OptimizerEngine, gradient_buffers, trainable_parameter
 from ort_torch_train.optim.optimizer_model import OptimizerSpec
-from ort_torch_train.training.precision import LossScaler
+from ort_torch_train.state.loss_scale import LossScaler
+from ort_torch_train.state.training_state import TrainingState
 
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
 
@@ -128,15 +128,15 @@ class ShardedOptimizerEngine(OptimizerEngine):
         momentums = self._optimizer_state.momentums
         owned_names = [self.param_names[index] for index, _, _ in self.shard.pieces]
         fresh = not momentums  # no moments yet: zeros, as in ORT
+        owned = {}
         for (index, start, stop), name in zip(self.shard.pieces, owned_names):
             param = params[index].detach()
-            momentums[name] = (
+            owned[name] = (
                 {key: param.new_zeros(stop - start) for key in self.spec.momentum_names}
                 if fresh
                 else self._owned_moments(name, param, start, stop, momentums.get(name))
             )
-        for name in [n for n in momentums if n not in owned_names]:
-            del momentums[name]
+        self.state.set_moments(owned, only=True)
         self._params = self.shard.owned([param.detach() for param in params])
         self._grads = self.shard.owned(gradient_buffers(params))
         self._moments = [[momentums[name][key] for name in owned_names] for key in self.spec.momentum_names]

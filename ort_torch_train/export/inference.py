@@ -2,8 +2,9 @@
 
 From the eval model: the outputs become ``graph_output_names`` (any value of the eval graph),
 nodes and inputs they do not need are removed, and the parameters are baked in as initializers
-with their current values, streamed to ONNX external data (``<model>.data``) when they pass\n``external_data.EXTERNAL_DATA_THRESHOLD`` (protobuf's 2 GB). An eval model
-with LoRA adapters (``ort_torch_train.lora``) is exported merged: ``W + (alpha/r) * A @ B`` folded in.
+with their current values, streamed to ONNX external data (``<model>.data``) when they pass
+``external_data.EXTERNAL_DATA_THRESHOLD`` (protobuf's 2 GB). An eval model with LoRA adapters is
+merged first (``ort_torch_train.lora.export``), then exported here like any other.
 """
 
 from __future__ import annotations
@@ -16,13 +17,11 @@ import numpy as np
 import onnx
 import torch
 
-from ort_torch_train.checkpoint.state import TrainingState
 from ort_torch_train.dtypes import tensor_to_proto
-from ort_torch_train.errors import ModelError, NominalStateError
+from ort_torch_train.errors import ModelError
 from ort_torch_train.export.external_data import is_external, placeholder, write_model
 from ort_torch_train.export.outputs import exportable_output_names
 from ort_torch_train.graph.layout import prune_graph
-from ort_torch_train.lora.merge import merged_for_inference
 
 # Current onnxruntime releases load IR <= 10 models from every opset this project writes.
 MAX_IR_VERSION = 10
@@ -31,7 +30,7 @@ MAX_IR_VERSION = 10
 def inference_model(
     eval_model: onnx.ModelProto, params: Mapping[str, torch.Tensor], graph_output_names: Sequence[str]
 ) -> onnx.ModelProto:
-    """The inference ModelProto for ``graph_output_names`` with ``params`` baked in (LoRA adapters merged)."""
+    """The inference ModelProto for ``graph_output_names`` with ``params`` baked in."""
     model, weights = inference_model_and_weights(eval_model, params, graph_output_names)
     for index, init in enumerate(model.graph.initializer):
         if init.name in weights and is_external(init):
@@ -46,7 +45,6 @@ def inference_model_and_weights(
 
     ``write_model(model, path, weights)`` writes it without ever holding the weights in one proto.
     """
-    eval_model, params = merged_for_inference(eval_model, params)
     names = list(graph_output_names)
     typed = _typed_values(eval_model)
     for name in names:
@@ -70,21 +68,6 @@ def inference_model_and_weights(
     model.ir_version = max(min(eval_model.ir_version, MAX_IR_VERSION), _min_ir_version(model))
     model.metadata_props.extend(eval_model.metadata_props)
     return model, {name: params[name] for name in baked}
-
-
-def export_inference_model(
-    eval_model: onnx.ModelProto | None,
-    state: TrainingState,
-    path: str | os.PathLike,
-    graph_output_names: Sequence[str],
-) -> None:
-    """Write the inference model of ``eval_model`` with ``state``'s current parameters to ``path``."""
-    if eval_model is None:
-        raise ModelError("Eval model was not provided. Cannot export a model for inferencing.")
-    if state.is_nominal:
-        raise NominalStateError("Cannot export a model with a nominal state. Please load the model parameters first.")
-    model, weights = inference_model_and_weights(eval_model, state.params, graph_output_names)
-    write_model(model, path, weights)
 
 
 def save_model(model: onnx.ModelProto, path: str | os.PathLike, external_data: bool = False) -> None:

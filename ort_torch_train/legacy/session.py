@@ -25,7 +25,6 @@ import onnx
 import torch
 
 from ort_torch_train.api.ortvalue import numpy_to_tensor
-from ort_torch_train.checkpoint.state import TrainingState
 from ort_torch_train.dtypes import ort_tensor_type, tensor_to_proto
 from ort_torch_train.errors import CheckpointError, InputError, InputTypeError
 from ort_torch_train.fileio import atomic_write_bytes
@@ -37,6 +36,7 @@ from ort_torch_train.legacy.parameters import TrainingParameters, check_supporte
 from ort_torch_train.legacy.providers import choose_provider
 from ort_torch_train.legacy.zero import build_legacy_optimizer
 from ort_torch_train.optim.float32 import to_float32
+from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.training.engine import TrainingEngine
 from ort_torch_train.training.options import EngineOptions
 

@@ -9,7 +9,6 @@ from collections.abc import Iterable, Sequence
 import onnx
 import torch
 
-from ort_torch_train.checkpoint.state import TrainingState
 from ort_torch_train.dtypes import onnx_elem_type, tensor_from_proto, tensor_to_proto, torch_dtype
 from ort_torch_train.errors import ModelError
 from ort_torch_train.graph.layout import (
@@ -28,6 +27,7 @@ from ort_torch_train.lora.insert import (
     weight_uses,
 )
 from ort_torch_train.lora.record import LoraRecord, read_record, write_record
+from ort_torch_train.state.training_state import TrainingState
 
 FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE)
 
@@ -129,14 +129,7 @@ def _add_adapters_to_state(
 ) -> None:
     initial = initial_adapters(record, config.seed)
     adapters = set(record.adapter_names())
-    for name, param in state.params.items():
-        if name not in adapters:
-            param.requires_grad_(False)
-            param.grad = None
-            if state.optimizer is not None:
-                state.optimizer.momentums.pop(name, None)
-            if config.frozen_dtype is not None and param.dtype == torch.float32:
-                param.data = param.data.to(config.frozen_dtype)
+    state.freeze([name for name in state.params if name not in adapters], config.frozen_dtype)
     device = state.device
     for target in record.targets:
         dtype = torch_dtype(elem_types[target.weight], target.weight)
@@ -149,12 +142,8 @@ def _add_adapters_to_state(
                         f"the state's adapter {name!r} has shape {list(held.shape)}, the LoRA config gives "
                         f"{list(value.shape)} (r={record.rank})"
                     )
-                held.requires_grad_(True)
                 value = held.detach()
-            parameter = torch.nn.Parameter(value, requires_grad=True)
-            parameter.grad = torch.zeros_like(parameter)
-            state.params[name] = parameter
-    state.generation += 1
+            state.add_trainable(name, value)
 
 
 def _cast_to_state(model: onnx.ModelProto, state: TrainingState) -> tuple[tuple[str, str, int], ...]:

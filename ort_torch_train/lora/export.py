@@ -1,5 +1,7 @@
-"""LoRA exports for onnxruntime: an unmerged inference model whose adapters are overridable
-initializers, and ``.onnx_adapter`` files (``onnxruntime.AdapterFormat``) that ``LoraAdapter`` loads.
+"""Exports of models that may carry LoRA adapters: merged inference models (ORT's
+``export_model_for_inferencing``; a model without adapters is exported as it is), an unmerged inference
+model whose adapters are overridable initializers, and ``.onnx_adapter`` files
+(``onnxruntime.AdapterFormat``) that ``LoraAdapter`` loads.
 
 As onnxruntime-genai's builder: the adapter tensors are graph inputs named like the checkpoint's
 adapters, A stored (in, r), B stored (r, out) with the scale alpha/r folded in, and no scale node.
@@ -18,13 +20,14 @@ import numpy as np
 import onnx
 import torch
 
-from ort_torch_train.checkpoint.state import TrainingState
 from ort_torch_train.dtypes import onnx_elem_type
-from ort_torch_train.errors import ModelError
-from ort_torch_train.export.inference import inference_model, save_model
+from ort_torch_train.errors import ModelError, NominalStateError
+from ort_torch_train.export.external_data import write_model
+from ort_torch_train.export.inference import inference_model, inference_model_and_weights, save_model
 from ort_torch_train.graph.layout import load_model
-from ort_torch_train.lora.merge import stripped_model, uncast_parameters
+from ort_torch_train.lora.merge import merged_for_inference, stripped_model, uncast_parameters
 from ort_torch_train.lora.record import LoraRecord, read_record
+from ort_torch_train.state.training_state import TrainingState
 
 ADAPTERS_KEY = "ort_torch_train.lora_adapters"
 RANK_DIM = "lora_rank"
@@ -43,6 +46,29 @@ class LoraModule(Protocol):
     def training_state(self) -> TrainingState:
         """The parameters, adapters included."""
         ...
+
+
+def merged_model_and_weights(
+    eval_model: onnx.ModelProto, params: Mapping[str, torch.Tensor], graph_output_names: Sequence[str]
+) -> tuple[onnx.ModelProto, dict[str, torch.Tensor]]:
+    """``inference_model_and_weights`` of ``eval_model`` with its LoRA adapters, if any, merged into
+    their weights: ``W + (alpha/r) * A @ B``."""
+    return inference_model_and_weights(*merged_for_inference(eval_model, params), graph_output_names)
+
+
+def export_merged_model(
+    eval_model: onnx.ModelProto | None,
+    state: TrainingState,
+    path: str | os.PathLike,
+    graph_output_names: Sequence[str],
+) -> None:
+    """Write the inference model of ``eval_model`` with ``state``'s current parameters (adapters merged) to ``path``."""
+    if eval_model is None:
+        raise ModelError("Eval model was not provided. Cannot export a model for inferencing.")
+    if state.is_nominal:
+        raise NominalStateError("Cannot export a model with a nominal state. Please load the model parameters first.")
+    model, weights = merged_model_and_weights(eval_model, state.params, graph_output_names)
+    write_model(model, path, weights)
 
 
 def adapter_values(module: LoraModule) -> dict[str, torch.Tensor]:

@@ -14,7 +14,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ort_torch_train.checkpoint.state import OptimizerState, TrainingState
 from ort_torch_train.errors import CheckpointError
 from ort_torch_train.optim.adamw import IMPLEMENTATIONS as ADAMW_IMPLEMENTATIONS
 from ort_torch_train.optim.adamw import (
@@ -32,8 +31,9 @@ from ort_torch_train.optim.schedulers import check_learning_rate
 from ort_torch_train.optim.scratch import make_scratch
 from ort_torch_train.optim.sgd import IMPLEMENTATIONS as SGD_IMPLEMENTATIONS
 from ort_torch_train.optim.sgd import sgd, single_tensor_sgd
-from ort_torch_train.training.flat_params import FlatState, current_flat, flat_buffers, zeros_in_one_buffer
-from ort_torch_train.training.precision import LossScaler
+from ort_torch_train.state.flat import FlatState, zeros_in_one_buffer
+from ort_torch_train.state.loss_scale import LossScaler
+from ort_torch_train.state.training_state import OptimizerState, TrainingState
 
 DEFAULT_LEARNING_RATE = to_float32(0.001)
 GROUP_NAME = "group0"
@@ -78,15 +78,7 @@ class OptimizerEngine:
         self.param_names = tuple(names)
         self._requested_implementation = implementation
         self._hyperparameters = spec.hyperparameters(DEFAULT_LEARNING_RATE)
-        if state.optimizer is None:
-            state.optimizer = OptimizerState(
-                group_name=GROUP_NAME, step=0, initial_learning_rate=DEFAULT_LEARNING_RATE, momentums={}
-            )
-        elif state.optimizer.group_name != GROUP_NAME:
-            raise CheckpointError(
-                f"optimizer state group is named {state.optimizer.group_name!r}; "
-                f"ORT uses exactly one group, {GROUP_NAME!r}"
-            )
+        state.ensure_optimizer(GROUP_NAME, DEFAULT_LEARNING_RATE)
         self._fused_update = (
             FusedUpdate(single_tensor_adamw, (spec.adam_mode, spec.weight_decay != 0.0), spec.clip_max_norm)
             if spec.kind == "adamw"
@@ -121,7 +113,7 @@ class OptimizerEngine:
                 "update-signal input; this one has none"
             )
         if self._flat is not None:
-            current_flat(self.state, self.param_names)  # a new generation if tensors were replaced behind it
+            self.state.current_flat(self.param_names)  # a new generation if tensors were replaced behind it
         self._prepare()
         if self.loss_scaler is not None:
             self.last_step_skipped = not self.loss_scaler.unscale_and_update(self._grads)
@@ -201,15 +193,19 @@ class OptimizerEngine:
         params = [trainable_parameter(self.state, name) for name in self.param_names]
         momentums = self._optimizer_state.momentums
         if not momentums:
-            for name in self.param_names:
-                momentums[name] = {}
-            for key in self.spec.momentum_names:
-                for name, zeros in zip(self.param_names, zeros_in_one_buffer([p.detach() for p in params])):
-                    momentums[name][key] = zeros
+            zeros = [zeros_in_one_buffer([p.detach() for p in params]) for _ in self.spec.momentum_names]
+            self.state.set_moments(
+                {
+                    name: {key: tensors[index] for key, tensors in zip(self.spec.momentum_names, zeros)}
+                    for index, name in enumerate(self.param_names)
+                }
+            )
         for name, param in zip(self.param_names, params):
-            _place_moments(name, param, momentums.get(name), self.spec.momentum_names)
+            placed = _placed_moments(name, param, momentums.get(name), self.spec.momentum_names)
+            if placed is not None:
+                self.state.set_moments({name: placed})
         self._params, self._grads, self._moments, self._scratch = [], [], [], None  # the old tensors can go
-        flat = self._flat = flat_buffers(self.state, self.param_names, self.update_moment_names)
+        flat = self._flat = self.state.flat_view(self.param_names, self.update_moment_names)
         if flat is not None:  # one tensor per list: the kernels run one loop (the update is elementwise)
             self._params, self._grads, self._moments = [flat.params], [flat.grads], [[m] for m in flat.moments]
         else:
@@ -300,10 +296,14 @@ def trainable_parameter(state: TrainingState, name: str) -> torch.nn.Parameter:
     return param
 
 
-def _place_moments(name: str, param: Tensor, moments: dict[str, Tensor] | None, keys: tuple[str, ...]) -> None:
-    """Check a parameter's checkpointed moments and move them to its device, in place in ``moments``."""
+def _placed_moments(
+    name: str, param: Tensor, moments: dict[str, Tensor] | None, keys: tuple[str, ...]
+) -> dict[str, Tensor] | None:
+    """Check a parameter's checkpointed moments; those on another device than the parameter's, moved
+    there (None: none to move)."""
     if moments is None:
         raise CheckpointError(f"Parameter {name} not found in the source optimizer checkpoint states.")
+    moved = dict(moments)
     for key in keys:
         if key not in moments:
             raise CheckpointError(f"optimizer state of parameter {name!r} lacks {key!r}; found {sorted(moments)}")
@@ -315,4 +315,5 @@ def _place_moments(name: str, param: Tensor, moments: dict[str, Tensor] | None, 
                 f"{tuple(param.shape)}"
             )
         if moment.device != param.device:
-            moments[key] = moment.to(param.device)
+            moved[key] = moment.to(param.device)
+    return None if all(moved[key] is moments[key] for key in moments) else moved

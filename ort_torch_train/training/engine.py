@@ -16,7 +16,6 @@ import onnx
 import torch
 from torch import nn
 
-from ort_torch_train.checkpoint.state import TrainingState
 from ort_torch_train.distributed.data_parallel import DataParallel, data_parallel
 from ort_torch_train.errors import ModelError
 from ort_torch_train.graph.layout import (
@@ -29,15 +28,15 @@ from ort_torch_train.graph.layout import (
 from ort_torch_train.graph.model_checks import check_eval_pair, check_model
 from ort_torch_train.optim.engine import OptimizerEngine
 from ort_torch_train.passes.pipeline import Restructure
+from ort_torch_train.state.fresh_gradients import FreshGradients, pays_off
+from ort_torch_train.state.parameter_buffer import ParameterBuffer
+from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.training.blas_threads import blas_threads_for
 from ort_torch_train.training.compile.forward import CompiledForward
 from ort_torch_train.training.compile.settings import for_device, records_cuda_graphs
 from ort_torch_train.training.compile.step import CompiledTrainStep, ParameterPlan
-from ort_torch_train.training.flat_params import current_flat, flat_buffers
 from ort_torch_train.training.forward_graph import ForwardGraph
-from ort_torch_train.training.fresh_gradients import FreshGradients, pays_off
 from ort_torch_train.training.options import EngineOptions
-from ort_torch_train.training.parameter_buffer import ParameterBuffer
 from ort_torch_train.training.precision import MixedPrecision, autocast_or_null, backward, float32_outputs
 from ort_torch_train.training.recompute import with_recompute
 from ort_torch_train.training.recompute_patterns import RecomputePlan, with_pattern_recompute
@@ -159,7 +158,7 @@ class TrainingEngine:
             with autocast_or_null(self.precision, self.device):
                 outputs = forward()
             if self._gradient_reset.pending:
-                flat = current_flat(self.training_state, self.trainable_parameter_names)
+                flat = self.training_state.current_flat(self.trainable_parameter_names)
                 grads = self._parameter_views()[2] if flat is None else [flat.grads]
                 if grads:
                     torch._foreach_zero_(grads)  # in place: the gradient tensors are never replaced
@@ -195,9 +194,9 @@ class TrainingEngine:
         reduction = None if self._data_parallel is None else self._data_parallel.compiled_reduction()
         names = self.trainable_parameter_names
         flat = (
-            current_flat(self.training_state, names)
+            self.training_state.current_flat(names)
             if optimizer is None  # the optimizer makes them
-            else flat_buffers(self.training_state, names, optimizer.update_moment_names, gradients=False)
+            else self.training_state.flat_view(names, optimizer.update_moment_names, gradients=False)
         )
         layout = None if flat is None else flat.layout
         precision = self.precision
@@ -353,13 +352,7 @@ class TrainingEngine:
     def tensors_moved(self) -> None:
         """Follow the parameters to their new tensors (after ``nn.Module._apply`` moved or converted them):
         the optimizer's moments move to their parameters' devices, views and specialised graphs go."""
-        self.training_state.generation += 1  # flat buffers and views of the old tensors go stale
-        optimizer = self.training_state.optimizer
-        if optimizer is not None:
-            for name, momentums in optimizer.momentums.items():
-                device = self.training_state.params[name].device
-                for tensor in momentums.values():
-                    tensor.data = tensor.data.to(device)
+        self.training_state.follow_parameters()
         self._views = None
         self.train_graph.clear()
         if self.eval_graph is not None:

@@ -8,8 +8,8 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from ort_torch_train.api import Module, Optimizer
-from ort_torch_train.checkpoint.state import TrainingState
 from ort_torch_train.legacy import TrainingParameters, TrainingSession
+from ort_torch_train.state.training_state import TrainingState
 
 
 def F32(value: float) -> float:  # noqa: N802

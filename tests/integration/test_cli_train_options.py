@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from ort_torch_train.checkpoint.state import TrainingState
+from ort_torch_train.state.training_state import TrainingState
 from tests.unit.cli.test_cli import ort_case, run_cli, sample_major_npz
 
 
@@ -133,7 +133,7 @@ def test_log_level_from_the_environment() -> None:
     if "ORT_TORCH_TRAIN_LOG" not in os.environ:  # silent by default: only a NullHandler
         assert all(isinstance(h, logging.NullHandler) for h in logging.getLogger("ort_torch_train").handlers)
     checkpoint = ort_case("cnn") / "artifacts" / "checkpoint"
-    code = f"from ort_torch_train.checkpoint.state import TrainingState; TrainingState.load({str(checkpoint)!r})"
+    code = f"from ort_torch_train.state.training_state import TrainingState; TrainingState.load({str(checkpoint)!r})"
     loud = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
@@ -142,7 +142,7 @@ def test_log_level_from_the_environment() -> None:
         env={**os.environ, "ORT_TORCH_TRAIN_LOG": "debug"},
     )
     assert loud.returncode == 0 and loud.stdout == "", loud.stderr
-    assert "ort_torch_train.checkpoint.state INFO: loaded checkpoint" in loud.stderr
+    assert "ort_torch_train.state.training_state INFO: loaded checkpoint" in loud.stderr
 
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorboard") is not None, reason="tensorboard is installed")

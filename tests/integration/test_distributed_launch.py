@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from ort_torch_train.checkpoint.state import TrainingState
 from ort_torch_train.distributed.launch import LaunchEnvironment, backend_for
+from ort_torch_train.state.training_state import TrainingState
 from tests.helpers import distributed_worker as worker
 from tests.helpers.paths import ROOT
 from tests.helpers.ports import free_port

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ort_torch_train.checkpoint.state import TrainingState
+from ort_torch_train.state.training_state import TrainingState
 from tests.helpers import distributed_worker as worker
 from tests.helpers.ort_peer import ORT_PYTHON, run_ort
 from tests.helpers.paths import ROOT

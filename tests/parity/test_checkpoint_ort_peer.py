@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from ort_torch_train.checkpoint.odtc import CheckpointRecord, external_data_path, read_checkpoint, write_checkpoint
-from ort_torch_train.checkpoint.state import TrainingState
+from ort_torch_train.state.training_state import TrainingState
 from tests.helpers.ort_peer import requires_ort, run_ort
 from tests.helpers.paths import REFCORPUS
 

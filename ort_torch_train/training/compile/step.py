@@ -6,7 +6,7 @@ runs neither the autograd engine nor per-op Python. The gradients go straight in
 ``FusedUpdate`` runs in the same graph on those gradients. Whether the gradients are added to or
 overwritten is a boolean tensor, not a Python flag: one graph serves both, so a model compiles once.
 A step with an update may instead return gradients of its own (``fresh_gradients``), for steps that
-overwrite them: the caller frees the old ones first (``training/fresh_gradients.py``).
+overwrite them: the caller frees the old ones first (``state/fresh_gradients.py``).
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from torch import Tensor
 
 from ort_torch_train.optim.clip import clip_grad_norm_
 from ort_torch_train.optim.compiled import FusedUpdate
+from ort_torch_train.state.flat import FlatLayout
 from ort_torch_train.torch_internals import dynamic_tracing_errors, mark_static_address
 from ort_torch_train.training.blas_threads import blas_threads_for
 from ort_torch_train.training.compile import precompiled
 from ort_torch_train.training.compile.settings import records_cuda_graphs, torch_compile
 from ort_torch_train.training.dynamic_shapes import marked_args
-from ort_torch_train.training.flat_params import FlatLayout
 from ort_torch_train.training.precision import MixedPrecision, autocast_or_null
 from ort_torch_train.training.threads import restart_load_window
 
@@ -60,7 +60,7 @@ class CompiledTrainStep:
 
     ``trainable``/``frozen`` are detached aliases of the parameters (updated in place), ``grads``
     the trainable ones' ``.grad``; with a ``layout``, ``trainable``, ``grads`` and each list of
-    ``states`` hold one flat buffer laid out so (``training/flat_params.py``). ``reset`` overwrites the gradients
+    ``states`` hold one flat buffer laid out so (``state/flat.py``). ``reset`` overwrites the gradients
     instead of adding to them (the compiled graph reads it as a tensor: one compilation for both).
     ``states`` (lists of optimizer moments) and ``scalars`` feed ``update`` when there is one.
     ``reduction`` (data parallel) replaces the accumulated gradients by their average across ranks.

@@ -9,7 +9,7 @@ import torch
 
 from ort_torch_train.checkpoint.fbs_reader import FlatBuffer
 from ort_torch_train.checkpoint.odtc import read_checkpoint
-from ort_torch_train.checkpoint.state import TrainingState
+from ort_torch_train.state.training_state import TrainingState
 
 
 def test_the_file_buffer_is_freed_when_reading_ends(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from ort_torch_train.checkpoint.state import TrainingState
+from ort_torch_train.state.training_state import TrainingState
 from tests.helpers.paths import FIXTURES
 
 # a GPT-2-like mix: one large embedding, per layer a few MB-sized matrices and small vectors
@@ -21,7 +21,7 @@ for layer in range(12):
 SCRIPT = textwrap.dedent(
     """
     import sys
-    from ort_torch_train.checkpoint.state import TrainingState
+    from ort_torch_train.state.training_state import TrainingState
     from ort_torch_train.optim.engine import OptimizerEngine
     from ort_torch_train.optim.optimizer_model import read_optimizer_model
 

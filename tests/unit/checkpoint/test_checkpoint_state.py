@@ -11,8 +11,8 @@ import torch
 
 from ort_torch_train.api import CheckpointState, Parameter, Parameters, Properties
 from ort_torch_train.checkpoint.odtc import CheckpointRecord, OptimizerGroupRecord, read_checkpoint
-from ort_torch_train.checkpoint.state import OptimizerState, TrainingState
 from ort_torch_train.errors import CheckpointError, NominalStateError, ParameterDataError, SafetensorsError
+from ort_torch_train.state.training_state import OptimizerState, TrainingState
 
 NOMINAL_TEXT = r"nominal state. Please load (the model parameters|the parameter states|all the parameter states) first"
 

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from ort_torch_train.checkpoint.records import CheckpointRecord
-from ort_torch_train.checkpoint.state import TrainingState
 from ort_torch_train.cli.main import main
+from ort_torch_train.state.training_state import TrainingState
 from tests.helpers.paths import FIXTURES, REFCORPUS
 
 

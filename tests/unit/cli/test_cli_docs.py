@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from ort_torch_train.checkpoint.state import TrainingState
+from ort_torch_train.state.training_state import TrainingState
 from tests.helpers.paths import ROOT
 from tests.unit.cli.test_cli import run_cli
 

@@ -6,9 +6,9 @@ import numpy as np
 import onnx
 import pytest
 
-from ort_torch_train.checkpoint.state import TrainingState
 from ort_torch_train.cli.main import main
 from ort_torch_train.lora import LoraConfig
+from ort_torch_train.state.training_state import TrainingState
 from tests.unit.lora.helpers import make_artifacts
 
 ort = pytest.importorskip("onnxruntime")

@@ -17,11 +17,11 @@ from ort_torch_train.api.optimizer import (
     LinearLRScheduler,
     Optimizer,
 )
-from ort_torch_train.checkpoint.state import OptimizerState, TrainingState
 from ort_torch_train.errors import CheckpointError, NominalStateError
 from ort_torch_train.optim.adamw import AdamWHyperparameters, adamw
 from ort_torch_train.optim.engine import DEFAULT_LEARNING_RATE, OptimizerEngine
 from ort_torch_train.optim.optimizer_model import OptimizerSpec, read_optimizer_model
+from ort_torch_train.state.training_state import OptimizerState, TrainingState
 from tests.helpers.paths import REFCORPUS
 
 F32 = lambda x: float(np.float32(x))  # noqa: E731

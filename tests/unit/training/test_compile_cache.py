@@ -14,8 +14,8 @@ import torch
 import torch.utils._pytree as pytree
 
 from ort_torch_train.api import Module
-from ort_torch_train.checkpoint.state import TrainingState
 from ort_torch_train.errors import InputError
+from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.training.compile import precompiled
 from ort_torch_train.training.compile.cache import load_compile_cache, save_compile_cache, use_compile_cache
 from ort_torch_train.training.compile.cache_entries import CompileCache

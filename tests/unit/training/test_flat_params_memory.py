@@ -9,8 +9,8 @@ import textwrap
 import torch
 
 from ort_torch_train.api import CheckpointState, Module, Optimizer
-from ort_torch_train.checkpoint.state import OptimizerState, TrainingState
-from ort_torch_train.training.flat_params import flatten_state, zeros_in_one_buffer
+from ort_torch_train.state.flat import zeros_in_one_buffer
+from ort_torch_train.state.training_state import OptimizerState, TrainingState
 from tests.helpers.paths import FIXTURES
 
 PIECES, PIECE_MB = 8, 16
@@ -18,8 +18,7 @@ PIECES, PIECE_MB = 8, 16
 SCRIPT = textwrap.dedent(
     f"""
     import torch
-    from ort_torch_train.checkpoint.state import TrainingState
-    from ort_torch_train.training.flat_params import flatten_state
+    from ort_torch_train.state.training_state import TrainingState
     from tests.helpers.step_peak import status_mb
 
     elements = {PIECE_MB} * 2**20 // 4
@@ -28,7 +27,7 @@ SCRIPT = textwrap.dedent(
     with open("/proc/self/clear_refs", "w") as clear_refs:
         clear_refs.write("5")  # the peak (VmHWM) starts again from the current RSS
     before = status_mb("VmRSS")
-    flat = flatten_state(state, list(params), ())
+    flat = state.flat_view(list(params), ())
     assert flat is not None and params["p3"].data_ptr() == flat.params[3 * elements :].data_ptr()
     print(status_mb("VmHWM") - before)
     """
@@ -49,7 +48,7 @@ def test_tensors_already_end_to_end_in_one_buffer_are_adopted_without_a_copy():
     zeros = zeros_in_one_buffer([p.detach() for p in params.values()])
     assert len({z.untyped_storage().data_ptr() for z in zeros}) == 1
     state.optimizer.momentums.update({name: {"momentum0": z} for name, z in zip(params, zeros)})
-    flat = flatten_state(state, list(params), ("momentum0",))
+    flat = state.flat_view(list(params), ("momentum0",))
     assert flat is not None
     assert flat.moments[0].data_ptr() == zeros[0].data_ptr()  # the zeros' buffer itself
     assert flat.params.data_ptr() != 0 and params["b"].data_ptr() == flat.params[12:].data_ptr()

@@ -13,7 +13,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from ort_torch_train.api import CheckpointState, Module, Optimizer
-from ort_torch_train.training import fresh_gradients
+from ort_torch_train.state import fresh_gradients
 from tests.helpers.corpus import Case
 from tests.helpers.step_peak import run_printing_mb
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from ort_torch_train.checkpoint.state import TrainingState
-from ort_torch_train.training.precision import GROWTH_TRACKER_PROPERTY, LOSS_SCALE_PROPERTY, LossScaler
+from ort_torch_train.state.loss_scale import GROWTH_TRACKER_PROPERTY, LOSS_SCALE_PROPERTY, LossScaler
+from ort_torch_train.state.training_state import TrainingState
 
 # per step: the gradient the backward of the scaled loss produced (inf: an fp16 overflow)
 GRADIENTS = [[1.0, 2.0], [float("inf"), 1.0], [3.0, 4.0], [5.0, 6.0], [float("nan"), 0.0], [7.0, 8.0], [1.0, 1.0]]

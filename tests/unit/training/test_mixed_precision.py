@@ -8,7 +8,7 @@ import torch
 
 from ort_torch_train.api import CheckpointState, LinearLRScheduler, Module, Optimizer
 from ort_torch_train.optim.schedulers import linear_with_warmup
-from ort_torch_train.training.precision import GROWTH_TRACKER_PROPERTY, LOSS_SCALE_PROPERTY
+from ort_torch_train.state.loss_scale import GROWTH_TRACKER_PROPERTY, LOSS_SCALE_PROPERTY
 from tests.helpers.corpus import Case, loss_of
 from tests.helpers.paths import FIXTURES
 

@@ -2,48 +2,39 @@
 
 The state owns the parameters as ``nn.Parameter`` objects (the Module binds them without copying),
 their gradients (a zero ``.grad`` on every trainable parameter of a loaded state, ``None`` on frozen
-ones), the optimizer's moments and the user's properties. Every update happens in place, so the
-objects others hold stay valid.
+ones), the optimizer's moments and the user's properties. Values change in place, so the objects
+others hold stay valid; the few calls that replace tensors (a device move, freezing, new trainable
+parameters, flat buffers) are the state's own and count a new ``generation``: tensor lists and views
+made at an older generation are stale.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 import numpy as np
 import torch
 
-from ort_torch_train.dtypes import dtype_name
-
-from ..errors import CheckpointError, NominalStateError, ParameterDataError, PropertyError, SafetensorsError
-from .odtc import checkpoint_to_bytes, read_checkpoint, write_checkpoint
-from .records import CheckpointRecord, OptimizerGroupRecord
-from .safetensors import load_safetensors, save_safetensors
-from .state_lock import StateLock
-
-if TYPE_CHECKING:
-    from ort_torch_train.training.flat_params import FlatState
-
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-FLOAT32_MAX = float(np.finfo(np.float32).max)
-
-
-@dataclass
-class OptimizerState:
-    """The one optimizer group ORT supports: step count, initial learning rate and moments."""
-
-    group_name: str = "group0"
-    step: int = 0
-    initial_learning_rate: float = 0.001
-    # param name -> {"momentum0": tensor, "momentum1": tensor}
-    momentums: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
-
+from ort_torch_train.checkpoint.odtc import checkpoint_to_bytes, read_checkpoint, write_checkpoint
+from ort_torch_train.checkpoint.records import CheckpointRecord, OptimizerGroupRecord
+from ort_torch_train.checkpoint.safetensors import load_safetensors, save_safetensors
+from ort_torch_train.errors import CheckpointError, NominalStateError, ParameterDataError, SafetensorsError
+from ort_torch_train.state.flat import FlatState, flatten
+from ort_torch_train.state.lock import StateLock
+from ort_torch_train.state.optimizer_state import OptimizerState
+from ort_torch_train.state.values import (
+    as_tensor,
+    check_dtype,
+    check_same_names,
+    new_parameter,
+    normalize_property,
+    shape_text,
+    source_text,
+)
 
 log = logging.getLogger(__name__)
 
@@ -55,71 +46,6 @@ class SaveCoordinator(Protocol):
     def save(self, state: TrainingState, path: str | os.PathLike, include_optimizer_state: bool) -> None:
         """Write ``state`` to ``path`` (``include_optimizer_state`` as in ``TrainingState.save``)."""
         ...
-
-
-def _source_text(source: str | os.PathLike | bytes | bytearray | memoryview) -> str:
-    return f"({len(source)} bytes)" if isinstance(source, (bytes, bytearray, memoryview)) else repr(os.fspath(source))
-
-
-def normalize_property(name: str, value: object) -> int | float | str:
-    """The value as ORT stores it: int (int64 range), float (rounded to float32) or str."""
-    if not isinstance(name, str):
-        raise PropertyError(f"Property names must be str, got {type(name).__name__} {name!r}")
-    _require_utf8(name, f"Property name {name!r}")
-    if isinstance(value, bool | np.bool_):
-        raise PropertyError(f"Property {name!r} value is a bool; properties hold int, float or str")
-    if isinstance(value, str):
-        _require_utf8(value, f"Property {name!r} value")
-        return value
-    if isinstance(value, int | np.integer):
-        if not INT64_MIN <= int(value) <= INT64_MAX:
-            raise PropertyError(f"Property {name!r} value {int(value)} does not fit in int64")
-        return int(value)
-    if isinstance(value, float | np.floating):
-        if math.isfinite(value) and abs(value) > FLOAT32_MAX:
-            raise PropertyError(f"Property {name!r} value {float(value)} does not fit in float32")
-        return float(np.float32(value))
-    raise PropertyError(f"Property {name!r} value has type {type(value).__name__}; properties hold int, float or str")
-
-
-def _require_utf8(text: str, what: str) -> None:
-    """Refuse text that cannot be written as UTF-8 (a lone surrogate would break every later save)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as error:
-        raise PropertyError(
-            f"{what} cannot be stored: it is not valid Unicode text ({error.reason} at position {error.start})"
-        ) from None
-
-
-def _shape_text(shape: torch.Size | tuple[int, ...]) -> str:
-    return "{" + ",".join(str(dim) for dim in shape) + "}"
-
-
-def _as_tensor(name: str, value: object) -> torch.Tensor:
-    if isinstance(value, torch.Tensor):
-        return value.detach()
-    if isinstance(value, np.ndarray | np.generic):
-        try:
-            return torch.as_tensor(np.asarray(value))
-        except TypeError:
-            raise TypeError(
-                f"Parameter {name} data has numpy dtype {value.dtype}, which no torch tensor can hold"
-            ) from None
-    raise TypeError(f"Parameter {name} data must be a numpy.ndarray or torch.Tensor, got {type(value).__name__}")
-
-
-def _check_dtype(name: str, expected: torch.dtype, got: torch.dtype) -> None:
-    if got != expected:
-        raise ParameterDataError(
-            f"Parameter {name}: Parameter data type mismatch. Expected: {dtype_name(expected)}, Got: {dtype_name(got)}"
-        )
-
-
-def _check_same_names(expected: set[str], got: set[str], what: str, error: type) -> None:
-    missing, unexpected = sorted(expected - got), sorted(got - expected)
-    if missing or unexpected:
-        raise error(f"{what} must hold exactly the state's parameters; missing: {missing}, unexpected: {unexpected}")
 
 
 class TrainingState:
@@ -143,9 +69,9 @@ class TrainingState:
         # that calls from several threads are serialised: no lost step, no save of a half-updated state;
         # a save asked for inside a step on the same thread (a signal handler's) waits for the step's end.
         self.lock = StateLock()
-        self.generation = 0  # counts replacements of the tensors behind the parameters (views of them go stale)
-        self.flat: FlatState | None = None  # the flat buffers behind the trainable tensors, once made
-        self.flat_generation_refused: int | None = None  # the generation whose tensors could not share buffers
+        self._generation = 0  # counts replacements of the tensors behind parameters, gradients and moments
+        self._flat: FlatState | None = None  # the flat buffers behind the trainable tensors, once made
+        self._flat_refused_generation: int | None = None  # the generation whose tensors could not share buffers
         self.save_coordinator: SaveCoordinator | None = None  # set by coordinate_saves
         self._check_momentums()
         self._ensure_grads()
@@ -158,7 +84,7 @@ class TrainingState:
         state = cls.from_record(read_checkpoint(source))
         log.info(
             "loaded checkpoint %s: %d parameters in %.2f s",
-            _source_text(source),
+            source_text(source),
             len(state.params),
             time.perf_counter() - started,
         )
@@ -170,8 +96,8 @@ class TrainingState:
         both = sorted(set(record.trainable) & set(record.frozen))
         if both:
             raise CheckpointError(f"parameters {both} are listed as both trainable and frozen")
-        params = {name: _new_parameter(name, tensor, True) for name, tensor in record.trainable.items()}
-        params.update((name, _new_parameter(name, tensor, False)) for name, tensor in record.frozen.items())
+        params = {name: new_parameter(name, tensor, True) for name, tensor in record.trainable.items()}
+        params.update((name, new_parameter(name, tensor, False)) for name, tensor in record.frozen.items())
         groups = record.optimizer_groups
         if len(groups) > 1:
             raise CheckpointError(
@@ -282,13 +208,13 @@ class TrainingState:
 
     def _checked_value(self, name: str, value: object) -> torch.Tensor:
         param = self.params[name]
-        tensor = _as_tensor(name, value)
+        tensor = as_tensor(name, value)
         if tensor.shape != param.shape:
             raise ParameterDataError(
                 f"Parameter {name}: Parameter data shape mismatch. "
-                f"Expected: {_shape_text(param.shape)}, Got: {_shape_text(tensor.shape)}"
+                f"Expected: {shape_text(param.shape)}, Got: {shape_text(tensor.shape)}"
             )
-        _check_dtype(name, param.dtype, tensor.dtype)
+        check_dtype(name, param.dtype, tensor.dtype)
         return tensor
 
     def tensors(self) -> dict[str, torch.Tensor]:
@@ -322,7 +248,7 @@ class TrainingState:
         exactly, shapes and dtypes are checked before anything changes. Completes a nominal state.
         """
         tensors, _ = load_safetensors(path)
-        _check_same_names(set(self.params), set(tensors), f"safetensors file {str(path)!r}", SafetensorsError)
+        check_same_names(set(self.params), set(tensors), f"safetensors file {str(path)!r}", SafetensorsError)
         if self.is_nominal:
             self.complete_nominal(tensors)
             return
@@ -338,14 +264,14 @@ class TrainingState:
                 "complete_nominal() needs a nominal state; this state already "
                 "holds parameter values (use set_parameter_data)"
             )
-        _check_same_names(set(self.params), set(values), "complete_nominal() values", ParameterDataError)
-        tensors = {name: _as_tensor(name, value) for name, value in values.items()}
+        check_same_names(set(self.params), set(values), "complete_nominal() values", ParameterDataError)
+        tensors = {name: as_tensor(name, value) for name, value in values.items()}
         for name, tensor in tensors.items():
-            _check_dtype(name, self.params[name].dtype, tensor.dtype)
+            check_dtype(name, self.params[name].dtype, tensor.dtype)
         for name, tensor in tensors.items():
             param = self.params[name]
             param.data = tensor.to(param.device, copy=True)
-        self.generation += 1
+        self._generation += 1
         self.is_nominal = False
         self._check_momentums()
         self._ensure_grads()
@@ -353,7 +279,7 @@ class TrainingState:
     def to(self, device: str | torch.device) -> None:
         """Move parameters, gradients and moments to device, keeping the same tensor objects."""
         device = torch.device(device)
-        self.generation += 1
+        self._generation += 1
         for param in self.params.values():
             param.data = param.data.to(device)
             if param.grad is not None:
@@ -362,6 +288,108 @@ class TrainingState:
             for moments in self.optimizer.momentums.values():
                 for moment in moments.values():
                     moment.data = moment.data.to(device)
+
+    # ---- tensors replaced: each call starts a new generation ---------------------------------------
+    @property
+    def generation(self) -> int:
+        """How many times tensors behind the parameters, gradients or moments were replaced: lists and
+        views of them made at another generation are stale."""
+        return self._generation
+
+    def follow_parameters(self) -> None:
+        """After the parameters' tensors were replaced from outside (``nn.Module._apply`` moved or converted
+        them): each parameter's moments move to its device, and a new generation starts."""
+        self._generation += 1
+        if self.optimizer is not None:
+            for name, moments in self.optimizer.momentums.items():
+                device = self.params[name].device
+                for moment in moments.values():
+                    moment.data = moment.data.to(device)
+
+    def freeze(self, names: Sequence[str], dtype: torch.dtype | None = None) -> None:
+        """Stop training ``names``: no gradient, no moments; float32 ones become ``dtype`` when given."""
+        for name in names:
+            param = self.params[name]
+            param.requires_grad_(False)
+            param.grad = None
+            if self.optimizer is not None:
+                self.optimizer.momentums.pop(name, None)
+            if dtype is not None and param.dtype == torch.float32:
+                param.data = param.data.to(dtype)
+        self._generation += 1
+
+    def add_trainable(self, name: str, value: torch.Tensor) -> torch.nn.Parameter:
+        """A new trainable parameter ``name`` holding ``value`` (no copy) with a zero gradient; it replaces
+        a parameter of that name in its place, or comes after the others."""
+        parameter = torch.nn.Parameter(value.detach(), requires_grad=True)
+        parameter.grad = torch.zeros_like(parameter)
+        self.params[name] = parameter
+        self._generation += 1
+        return parameter
+
+    def ensure_optimizer(self, group_name: str, initial_learning_rate: float) -> OptimizerState:
+        """The optimizer group, made empty (step 0, no moments) when the state has none; CheckpointError
+        when the state's group has another name."""
+        if self.optimizer is None:
+            self.optimizer = OptimizerState(group_name, 0, initial_learning_rate, {})
+        elif self.optimizer.group_name != group_name:
+            raise CheckpointError(
+                f"optimizer state group is named {self.optimizer.group_name!r}; "
+                f"ORT uses exactly one group, {group_name!r}"
+            )
+        return self.optimizer
+
+    def set_moments(self, moments: Mapping[str, Mapping[str, torch.Tensor]], *, only: bool = False) -> None:
+        """Give each named parameter these moments (``only``: and no other parameter any), in the group
+        ``ensure_optimizer`` made. Replacing moments that flat buffers hold starts a new generation."""
+        group = self.optimizer
+        if group is None:
+            raise ValueError("set_moments: the state has no optimizer group (ensure_optimizer makes one)")
+        flat = self._flat
+        if flat is not None and flat.moment_names and any(name in flat.names for name in moments):
+            self._generation += 1
+        if only:
+            for name in [name for name in group.momentums if name not in moments]:
+                del group.momentums[name]
+        for name, values in moments.items():
+            group.momentums[name] = dict(values)
+
+    def current_flat(self, names: Sequence[str], *, gradients: bool = True) -> FlatState | None:
+        """The flat buffers while they still hold ``names``' parameters (and ``gradients``: their
+        gradients; a one-graph step writes the buffer's own); nothing moves. Tensors replaced behind the
+        state's back (``param.data = ...``, ``param.grad = ...``) count as a new generation."""
+        flat = self._flat
+        if flat is None or flat.generation != self._generation or flat.names != tuple(names):
+            return None
+        if not flat.still_behind(gradients):
+            self._generation += 1
+            return None
+        return flat
+
+    def flat_view(
+        self, names: Sequence[str], moment_names: Sequence[str] = (), *, gradients: bool = True
+    ) -> FlatState | None:
+        """Flat buffers behind these parameters, their gradients and ``moment_names`` moments: those made
+        before while they still hold them (``current_flat``), else new ones, the tensors moved into them
+        (a new generation); None where they cannot share one buffer."""
+        flat = self.current_flat(names, gradients=gradients)
+        if flat is not None and flat.moment_names == tuple(moment_names):
+            return flat
+        if self._flat_refused_generation == self._generation:  # tried at this generation already: mixed tensors
+            return None
+        momentums = self.optimizer.momentums if self.optimizer is not None else {}
+        params = [self.params[name] for name in names]
+        self._flat = flatten(params, names, momentums, moment_names, self._generation + 1)
+        if self._flat is None:
+            self._flat_refused_generation = self._generation
+            return None
+        self._generation += 1  # every list of the old tensors (views, optimizer lists) is stale now
+        return self._flat
+
+    @property
+    def flat(self) -> FlatState | None:
+        """The flat buffers last made (``flat_view``), current or not; None before."""
+        return self._flat
 
     # ---- invariants -------------------------------------------------------------------------------
     def _ensure_grads(self) -> None:
@@ -372,28 +400,5 @@ class TrainingState:
                 param.grad = torch.zeros_like(param)
 
     def _check_momentums(self) -> None:
-        if self.optimizer is None:
-            return
-        for name, moments in self.optimizer.momentums.items():
-            if name not in self.params:
-                raise CheckpointError(
-                    f"optimizer group {self.optimizer.group_name!r} holds "
-                    f"moments for {name!r}, which is not a parameter"
-                )
-            param = self.params[name]
-            for moment_name, moment in moments.items():
-                if not self.is_nominal and (moment.shape != param.shape or moment.dtype != param.dtype):
-                    raise CheckpointError(
-                        f"optimizer moment {moment_name!r} of {name!r} is "
-                        f"{dtype_name(moment.dtype)}{_shape_text(moment.shape)}, but the "
-                        f"parameter is {dtype_name(param.dtype)}{_shape_text(param.shape)}"
-                    )
-
-
-def _new_parameter(name: str, tensor: torch.Tensor, trainable: bool) -> torch.nn.Parameter:
-    if trainable and not (tensor.is_floating_point() or tensor.is_complex()):
-        raise CheckpointError(
-            f"trainable parameter {name!r} has dtype {dtype_name(tensor.dtype)}; "
-            "only floating-point parameters can require gradients"
-        )
-    return torch.nn.Parameter(tensor, requires_grad=trainable)
+        if self.optimizer is not None:
+            self.optimizer.check_moments(self.params, self.is_nominal)

@@ -3,7 +3,7 @@
 A step that overwrites the gradients (the reset after ``lazy_reset_grad``) and updates the parameters in
 the same graph never reads the old gradients. Its graph makes the new ones in a buffer of its own, so
 holding the old ones across the step would keep a second set of gradients alive at the step's peak.
-So the memory behind the flat gradient buffer (``flat_params.py``) is freed before the step, as torch's
+So the memory behind the flat gradient buffer (``flat.py``) is freed before the step, as torch's
 ``zero_grad(set_to_none=True)`` frees gradients, and takes over the step's buffer after it: the flat
 buffer and each ``.grad`` keep their identity and show the new gradients, as when steps wrote into them.
 While anything else views the buffer (a numpy array from ``Parameter.grad``, a tensor view of a
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ort_torch_train.state.flat import FlatState
 from ort_torch_train.torch_internals import storage_use_count, swap_storage_memory
-from ort_torch_train.training.flat_params import FlatState
 
 MIN_BYTES = 1 << 20
 
@@ -61,7 +61,7 @@ class FreshGradients:
             with torch.no_grad():
                 buffer.copy_(gradient)
         self.released = False
-        self.flat.grad_pointers[:] = [grad.data_ptr() for grad in self.grads]
+        self.flat.note_gradient_storage()
 
     def install_zeros(self) -> None:
         """Make the buffer hold zeros."""

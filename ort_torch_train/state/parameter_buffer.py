@@ -7,9 +7,9 @@ from collections.abc import Sequence
 import onnx
 import torch
 
-from ort_torch_train.checkpoint.state import TrainingState
 from ort_torch_train.errors import InputError, InputTypeError, ModelError, NominalStateError
 from ort_torch_train.graph.layout import declared_shape
+from ort_torch_train.state.training_state import TrainingState
 
 
 class ParameterBuffer:

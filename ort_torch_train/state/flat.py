@@ -6,21 +6,18 @@ optimizer step pays per tensor too. So when the optimizer first readies its tens
 moments are copied into one buffer each and the state's tensors pointed at views of them: the
 Parameter objects, their ``.grad`` and the moment dict stay what they were, only their storage moves
 (once). Optimizer steps and one-graph steps then run on four tensors, the update as one loop (AdamW
-and SGD are elementwise). A state whose tensors are replaced later (a device move,
-``complete_nominal``) bumps its generation, and the next step moves them into new buffers.
+and SGD are elementwise). ``TrainingState.flat_view`` keeps the buffers: a state whose tensors are
+replaced later (a device move, ``complete_nominal``) starts a new generation, and the next step moves
+them into new buffers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
-
-if TYPE_CHECKING:
-    from ort_torch_train.checkpoint.state import TrainingState
 
 
 @dataclass(frozen=True)
@@ -41,7 +38,8 @@ class FlatLayout:
 
 @dataclass(frozen=True)
 class FlatState:
-    """Flat buffers behind a state's trainable parameters, gradients and moments (one per moment name)."""
+    """Flat buffers behind a state's trainable parameters, gradients and moments (one per moment name),
+    made at the state's ``generation``."""
 
     generation: int
     names: tuple[str, ...]
@@ -52,7 +50,7 @@ class FlatState:
     moments: tuple[Tensor, ...]
     parameters: tuple[torch.nn.Parameter, ...]  # the state's, whose data and .grad are views of the buffers
     data_pointers: list[int]  # where the parameters' views start
-    grad_pointers: list[int]  # where their gradients' views start
+    grad_pointers: list[int | None]  # where their gradients' views start
 
     def still_behind(self, gradients: bool) -> bool:
         """Whether the parameters' data (and ``gradients``: their gradients) are still the views."""
@@ -63,45 +61,24 @@ class FlatState:
         # a gradient set to None counts as moved
         return [None if p.grad is None else p.grad.data_ptr() for p in self.parameters] == self.grad_pointers
 
-
-def current_flat(state: TrainingState, names: Sequence[str], *, gradients: bool = True) -> FlatState | None:
-    """The state's flat buffers while they still hold ``names``' parameters (and ``gradients``: their
-    gradients; a one-graph step writes the buffer's own); nothing moves. Tensors replaced behind the
-    state's back (``param.data = ...``, ``param.grad = ...``) count as a new generation: every list of the
-    old ones goes stale and the next optimizer refresh makes new buffers of the new tensors."""
-    flat = state.flat
-    if flat is None or flat.generation != state.generation or flat.names != tuple(names):
-        return None
-    if not flat.still_behind(gradients):
-        state.generation += 1
-        return None
-    return flat
+    def note_gradient_storage(self) -> None:
+        """Remember where the gradients' views start now that the gradient buffer's memory was exchanged."""
+        self.grad_pointers[:] = [None if p.grad is None else p.grad.data_ptr() for p in self.parameters]
 
 
-def flat_buffers(
-    state: TrainingState, names: Sequence[str], moment_names: Sequence[str], *, gradients: bool = True
+def flatten(
+    params: Sequence[torch.nn.Parameter],
+    names: Sequence[str],
+    momentums: dict[str, dict[str, Tensor]],
+    moment_names: Sequence[str],
+    generation: int,
 ) -> FlatState | None:
-    """The state's flat buffers for these parameters and moments: those made before while the state's
-    tensors are still theirs (``current_flat``), else new ones (``flatten_state``); None where they cannot
-    share one buffer."""
-    flat = current_flat(state, names, gradients=gradients)
-    if flat is not None and flat.moment_names == tuple(moment_names):
-        return flat
-    if state.flat_generation_refused == state.generation:  # tried at this generation already: mixed tensors
-        return None
-    state.flat = flatten_state(state, names, moment_names)
-    if state.flat is None:
-        state.flat_generation_refused = state.generation
-    return state.flat
-
-
-def flatten_state(state: TrainingState, names: Sequence[str], moment_names: Sequence[str]) -> FlatState | None:
-    """Move ``names``' parameters, gradients and ``moment_names`` moments into flat buffers (the state's
-    tensors become views of them); None, with nothing moved, unless all share one dtype and device.
-    One kind of tensor moves at a time, so the old copies held nowhere else are freed as it goes."""
-    params = [state.params[name] for name in names]
+    """Move ``params`` (named ``names``), their gradients and their ``moment_names`` moments (from
+    ``momentums``) into flat buffers made at ``generation``, the tensors becoming views of them; None, with
+    nothing moved, unless all share one dtype and device. One kind of tensor moves at a time, so the old copies held nowhere
+    else are freed as it goes."""
+    params = list(params)
     grads = [param.grad for param in params]
-    momentums = state.optimizer.momentums if moment_names and state.optimizer is not None else {}
     kinds = {
         (t.dtype, t.device) if t is not None else None
         for t in [*params, *grads, *(momentums[name][key] for key in moment_names for name in names)]
@@ -121,9 +98,9 @@ def flatten_state(state: TrainingState, names: Sequence[str], moment_names: Sequ
         for key in moment_names:
             moments = [momentums[name][key] for name in names]
             flat_moments.append(_move_into_flat(layout, moments, _moment_setter(momentums, names, key)))
-    state.generation += 1  # every list of the old tensors (views, optimizer lists) is stale now
+    grad_pointers: list[int | None] = [view.data_ptr() for view in grad_views]
     return FlatState(
-        state.generation,
+        generation,
         tuple(names),
         tuple(moment_names),
         layout,
@@ -132,7 +109,7 @@ def flatten_state(state: TrainingState, names: Sequence[str], moment_names: Sequ
         tuple(flat_moments),
         tuple(params),
         [p.data_ptr() for p in params],
-        [view.data_ptr() for view in grad_views],
+        grad_pointers,
     )
 
 
