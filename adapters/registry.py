@@ -75,7 +75,13 @@ def register(
     control_flow: bool = False,
 ) -> Callable[[Converter], Converter]:
     """Register ``fn`` for ``domain::op_type`` at opset versions ``>= since``, with the op's facts (OpFacts)."""
-    facts = OpFacts(random, tuple(shape_inputs), data_dependent_shape, tuple(writes_inputs), control_flow)
+    facts = OpFacts(
+        random=random,
+        shape_inputs=tuple(shape_inputs),
+        data_dependent_shape=data_dependent_shape,
+        writes_inputs=tuple(writes_inputs),
+        control_flow=control_flow,
+    )
 
     def decorate(fn: Converter) -> Converter:
         entries = _REGISTRY.setdefault((domain, op_type), [])
@@ -100,7 +106,13 @@ def declare(
     control_flow: bool = False,
 ) -> None:
     """Record the facts (OpFacts) of ``domain::op_type``, an op this registry holds no converter for."""
-    facts = OpFacts(random, tuple(shape_inputs), data_dependent_shape, tuple(writes_inputs), control_flow)
+    facts = OpFacts(
+        random=random,
+        shape_inputs=tuple(shape_inputs),
+        data_dependent_shape=data_dependent_shape,
+        writes_inputs=tuple(writes_inputs),
+        control_flow=control_flow,
+    )
     _record_facts(domain, op_type, facts)
 
 
