@@ -38,6 +38,6 @@ from . import (  # noqa: E402,F401  (registers converters)
     training_ops,
     unsigned,
 )
-from .registry import ConversionContext, find_converter, normalize_domain, register
+from .registry import ConversionContext, OpFacts, declare, find_converter, normalize_domain, op_facts, register
 
-__all__ = ["ConversionContext", "find_converter", "normalize_domain", "register"]
+__all__ = ["ConversionContext", "OpFacts", "declare", "find_converter", "normalize_domain", "op_facts", "register"]

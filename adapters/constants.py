@@ -68,7 +68,7 @@ def constant_of_shape(shape: torch.Tensor, value: float | int | bool, dtype: tor
     return torch.full(dims, value, dtype=dtype)
 
 
-@register("ConstantOfShape", since=9)
+@register("ConstantOfShape", since=9, shape_inputs=(0,))
 def constant_of_shape_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     value = attributes(node).get("value")
     fill = tensor_from_proto(value.proto) if value is not None else torch.zeros(1, dtype=torch.float32)
@@ -86,7 +86,7 @@ def range_of(start: torch.Tensor, limit: torch.Tensor, delta: torch.Tensor) -> t
     return torch.arange(first, last, step, dtype=start.dtype)
 
 
-@register("Range", since=11)
+@register("Range", since=11, shape_inputs=(0, 1, 2))
 def range_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(Inline(range_of), node)
 

@@ -69,6 +69,6 @@ def non_max_suppression(
     return torch.tensor(selected, dtype=torch.int64, device=boxes.device).reshape(-1, 3)
 
 
-@register("NonMaxSuppression", since=10)
+@register("NonMaxSuppression", since=10, data_dependent_shape=True)
 def non_max_suppression_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(Inline(non_max_suppression, center_point=bool(attributes(node).get("center_point_box", 0))), node)

@@ -61,14 +61,14 @@ def _active(node: OnnxNode, graph: OnnxGraph, context: ConversionContext, traini
     return context.training
 
 
-@register("Dropout", since=1)
+@register("Dropout", since=1, random=True)
 def dropout(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     with_mask = len(node.output_values) > 1 and bool(node.output_values[1])
     module = Dropout(_active(node, graph, context, 2), _ratio(node, graph), with_mask)
     return result(module, node)
 
 
-@register("BitmaskDropout", domain=MICROSOFT)
+@register("BitmaskDropout", domain=MICROSOFT, random=True)
 def bitmask_dropout(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     # The packed bitmask only feeds BitmaskDropoutGrad, which torch autograd replaces.
     module = Dropout(
@@ -101,8 +101,8 @@ class BiasDropout(nn.Module):
         return (y, *rest) if rest else y
 
 
-@register("BiasDropout", domain=MICROSOFT)
-@register("BitmaskBiasDropout", domain=MICROSOFT)
+@register("BiasDropout", domain=MICROSOFT, random=True)
+@register("BitmaskBiasDropout", domain=MICROSOFT, random=True)
 def bias_dropout(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs_ratio = (
         float(constant_input(node, graph, 3))

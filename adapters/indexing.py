@@ -96,7 +96,7 @@ class DynamicSlice(nn.Module):
         return flip_and_slice(x, flips, index) if flips else x[index]
 
 
-@register("Slice", since=1)
+@register("Slice", since=1, shape_inputs=(1, 2, 3, 4))
 def slice_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     shape = input_shape(node, graph, 0)
     if context.opset < 10:
@@ -151,7 +151,7 @@ def split_dynamic(x: torch.Tensor, split: torch.Tensor, axis: int) -> tuple[torc
     return torch.split(x, split.tolist(), axis)
 
 
-@register("Split", since=1)
+@register("Split", since=1, shape_inputs=(1,))
 def split(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     shape = input_shape(node, graph, 0)

@@ -66,7 +66,7 @@ def nonzero(x: torch.Tensor) -> torch.Tensor:
     return torch.nonzero(x).t()
 
 
-@register("NonZero", since=9)
+@register("NonZero", since=9, data_dependent_shape=True)
 def nonzero_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(Inline(nonzero), node)
 
@@ -77,7 +77,7 @@ def top_k_stable(x: torch.Tensor, k: torch.Tensor | int, axis: int, largest: boo
     return values.narrow(axis, 0, int(k)), indices.narrow(axis, 0, int(k))
 
 
-@register("TopK", since=10)
+@register("TopK", since=10, shape_inputs=(1,))
 def top_k_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     axis = normalize_axis(attrs.get("axis", -1), len(input_shape(node, graph, 0)))
@@ -182,7 +182,7 @@ def compress(x: torch.Tensor, condition: torch.Tensor, axis: int | None) -> torc
     return x.index_select(axis, keep)
 
 
-@register("Compress", since=9)
+@register("Compress", since=9, data_dependent_shape=True)
 def compress_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     axis = attributes(node).get("axis")
     if axis is not None:

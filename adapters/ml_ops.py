@@ -1,4 +1,5 @@
-"""ML and text-feature ops with a torch form: Binarizer, ArrayFeatureExtractor, TreeEnsemble (ai.onnx.ml), TfIdfVectorizer."""
+"""ML and text-feature ops with a torch form: Binarizer, ArrayFeatureExtractor, TreeEnsemble (ai.onnx.ml), TfIdfVectorizer;
+StringSplit, a text op without one, declared with its value-dependent output shape."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 
 from .common import Inline, OperationConverterResult, attributes, result
 from .index_checks import checked_indices, index_source
-from .registry import ConversionContext, register
+from .registry import ConversionContext, declare, register
 
 if TYPE_CHECKING:
     from onnx2torch.onnx_graph import OnnxGraph
@@ -178,3 +179,6 @@ def tree_ensemble(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) 
     if attrs.get("post_transform", 0):
         raise NotImplementedError("TreeEnsemble: post_transform other than NONE is not supported")
     return result(TreeEnsemble(attrs), node)
+
+
+declare("StringSplit", data_dependent_shape=True)

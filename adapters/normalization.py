@@ -68,8 +68,8 @@ def _batch_norm(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) ->
     return result(module, node)
 
 
-register("BatchNormalization", since=1)(_batch_norm)
-register("BatchNormInternal", domain=MICROSOFT)(_batch_norm)
+register("BatchNormalization", since=1, writes_inputs=(3, 4))(_batch_norm)
+register("BatchNormInternal", domain=MICROSOFT, writes_inputs=(3, 4))(_batch_norm)
 
 
 class LayerNorm(nn.Module):

@@ -97,7 +97,7 @@ class DynamicPad(nn.Module):
         return pad_tensor(x, per_axis, self.mode, value)
 
 
-@register("Pad", since=1)
+@register("Pad", since=1, shape_inputs=(1, 2, 3))
 def pad(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     mode = attrs.get("mode", "constant")
@@ -128,7 +128,7 @@ def center_crop_pad(x: torch.Tensor, shape: torch.Tensor, axes: list[int]) -> to
     return F.pad(x, pads)
 
 
-@register("CenterCropPad", since=18)
+@register("CenterCropPad", since=18, shape_inputs=(1,))
 def center_crop_pad_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     rank = len(input_shape(node, graph, 0))
     axes = [normalize_axis(a, rank) for a in attributes(node).get("axes", range(rank))]

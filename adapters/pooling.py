@@ -245,7 +245,7 @@ def max_unpool(
     return F.pad(out, [p for e in reversed(extra) for p in (0, e)])
 
 
-@register("MaxUnpool", since=9)
+@register("MaxUnpool", since=9, shape_inputs=(2,))
 def max_unpool_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     shape = input_shape(node, graph, 0)

@@ -1,4 +1,5 @@
-"""Random draws with ONNX's attributes: RandomUniformLike, Bernoulli (torch's generator, not numpy's)."""
+"""Random draws with ONNX's attributes: RandomUniformLike, Bernoulli (torch's generator, not numpy's); the other
+random ops, converted by onnx2torch or not at all, declared random."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from torch import nn
 from ort_torch_train.dtypes import torch_dtype
 
 from .common import OperationConverterResult, attributes, result
-from .registry import ConversionContext, register
+from .registry import ConversionContext, declare, register
 
 if TYPE_CHECKING:
     from onnx2torch.onnx_graph import OnnxGraph
@@ -56,7 +57,7 @@ def _dtype(attrs: dict) -> torch.dtype | None:
     return torch_dtype(attrs["dtype"]) if attrs.get("dtype") else None
 
 
-@register("RandomUniformLike", since=1)
+@register("RandomUniformLike", since=1, random=True)
 def random_uniform_like(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     return result(
@@ -64,7 +65,11 @@ def random_uniform_like(node: OnnxNode, graph: OnnxGraph, context: ConversionCon
     )
 
 
-@register("Bernoulli", since=15)
+@register("Bernoulli", since=15, random=True)
 def bernoulli(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     return result(Bernoulli(_dtype(attrs), attrs.get("seed")), node)
+
+
+for _op_type in ("RandomNormal", "RandomNormalLike", "RandomUniform", "Multinomial"):
+    declare(_op_type, random=True)

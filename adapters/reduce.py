@@ -151,4 +151,4 @@ def _converter(op_type: str):
 
 
 for _op_type in _REDUCERS:
-    register(_op_type, since=1)(_converter(_op_type))
+    register(_op_type, since=1, shape_inputs=(1,))(_converter(_op_type))

@@ -1,4 +1,5 @@
-"""The project's converter registry, consulted before onnx2torch's.
+"""The project's converter registry, consulted before onnx2torch's, and the operator facts the conversion
+pass reads (``OpFacts``: given to ``register``, or to ``declare`` for an op converted elsewhere).
 
 A converter has onnx2torch's shape plus a context:
 ``fn(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult``.
@@ -36,21 +37,97 @@ class ConversionContext:
 
 Converter = Callable[[Any, Any, ConversionContext], Any]
 
+
+@dataclass(frozen=True)
+class OpFacts:
+    """What the conversion pass must know about an operator beyond its converter.
+
+    - ``random``: draws random numbers, so it is never folded into a constant.
+    - ``shape_inputs``: positions of inputs whose values decide the output shapes; those shapes are
+      static only where these inputs are constants.
+    - ``data_dependent_shape``: the output shapes depend on input values whatever the constants.
+    - ``writes_inputs``: positions of inputs that running the node updates in place (a training
+      BatchNorm's running statistics).
+    - ``control_flow``: runs subgraphs that input values choose or repeat (so its output shapes
+      depend on values too).
+    """
+
+    random: bool = False
+    shape_inputs: tuple[int, ...] = ()
+    data_dependent_shape: bool = False
+    writes_inputs: tuple[int, ...] = ()
+    control_flow: bool = False
+
+
 _REGISTRY: dict[tuple[str, str], list[tuple[int, Converter]]] = {}
+_FACTS: dict[tuple[str, str], OpFacts] = {}
 
 
-def register(op_type: str, *, domain: str = "", since: int = 1) -> Callable[[Converter], Converter]:
-    """Register ``fn`` for ``domain::op_type`` at opset versions ``>= since``."""
+def register(
+    op_type: str,
+    *,
+    domain: str = "",
+    since: int = 1,
+    random: bool = False,
+    shape_inputs: tuple[int, ...] = (),
+    data_dependent_shape: bool = False,
+    writes_inputs: tuple[int, ...] = (),
+    control_flow: bool = False,
+) -> Callable[[Converter], Converter]:
+    """Register ``fn`` for ``domain::op_type`` at opset versions ``>= since``, with the op's facts (OpFacts)."""
+    facts = OpFacts(
+        random=random,
+        shape_inputs=tuple(shape_inputs),
+        data_dependent_shape=data_dependent_shape,
+        writes_inputs=tuple(writes_inputs),
+        control_flow=control_flow,
+    )
 
     def decorate(fn: Converter) -> Converter:
         entries = _REGISTRY.setdefault((domain, op_type), [])
         if any(version == since for version, _ in entries):
             raise ValueError(f"converter for {domain or 'ai.onnx'}::{op_type} since {since} already registered")
+        _record_facts(domain, op_type, facts)
         entries.append((since, fn))
         entries.sort(key=lambda entry: -entry[0])
         return fn
 
     return decorate
+
+
+def declare(
+    op_type: str,
+    *,
+    domain: str = "",
+    random: bool = False,
+    shape_inputs: tuple[int, ...] = (),
+    data_dependent_shape: bool = False,
+    writes_inputs: tuple[int, ...] = (),
+    control_flow: bool = False,
+) -> None:
+    """Record the facts (OpFacts) of ``domain::op_type``, an op this registry holds no converter for."""
+    facts = OpFacts(
+        random=random,
+        shape_inputs=tuple(shape_inputs),
+        data_dependent_shape=data_dependent_shape,
+        writes_inputs=tuple(writes_inputs),
+        control_flow=control_flow,
+    )
+    _record_facts(domain, op_type, facts)
+
+
+def op_facts(domain: str, op_type: str) -> OpFacts:
+    """The facts registered or declared for ``domain::op_type``; an unknown op has the defaults."""
+    return _FACTS.get((normalize_domain(domain), op_type), OpFacts())
+
+
+def _record_facts(domain: str, op_type: str, facts: OpFacts) -> None:
+    key = (normalize_domain(domain), op_type)
+    known = _FACTS.setdefault(key, facts)
+    if known != facts:
+        raise ValueError(
+            f"facts for {domain or 'ai.onnx'}::{op_type} conflict: registered before as {known}, now given {facts}"
+        )
 
 
 def find_converter(domain: str, op_type: str, opset: int) -> Converter | None:
@@ -65,14 +142,6 @@ def find_converter(domain: str, op_type: str, opset: int) -> Converter | None:
 def normalize_domain(domain: str) -> str:
     """``domain`` with ``ai.onnx`` spelled as the default domain ``""``."""
     return "" if domain == "ai.onnx" else domain
-
-
-def schema_version(domain: str, op_type: str, opset: int) -> int | None:
-    """The ``since_version`` of the ONNX schema in force at ``opset``, or None if unknown."""
-    try:
-        return onnx.defs.get_schema(op_type, max_inclusive_version=opset, domain=normalize_domain(domain)).since_version
-    except Exception:
-        return None
 
 
 def wrap_converters(op_type: str, wrapper: Callable[[Converter], Converter], *, domain: str = "") -> None:

@@ -138,7 +138,7 @@ class InterpolateTo(nn.Module):
         return F.interpolate(x, self.size, mode=self.mode, align_corners=self.align_corners)
 
 
-@register("Resize", since=11)
+@register("Resize", since=11, shape_inputs=(1, 2, 3))
 def resize(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = dict(attributes(node))
     attrs.setdefault("coordinate_transformation_mode", "half_pixel")
@@ -196,7 +196,7 @@ def _static_resize(shape, axes, attrs, scale_values, size_values) -> nn.Module:
     return module
 
 
-@register("Upsample", since=7)
+@register("Upsample", since=7, shape_inputs=(1,))
 def upsample(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     """Upsample (opset 7-9): a Resize by scales with asymmetric coordinates and floor nearest."""
     node_attrs = attributes(node)

@@ -44,7 +44,7 @@ def reshape_dynamic(x: torch.Tensor, shape: torch.Tensor, allowzero: bool) -> to
     return x.reshape(_reshape_dims(x.shape, shape.tolist(), allowzero))
 
 
-@register("Reshape", since=1)
+@register("Reshape", since=1, shape_inputs=(1,))
 def reshape(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     allowzero = bool(attrs.get("allowzero", 0))
@@ -70,7 +70,7 @@ def squeeze_dynamic(x: torch.Tensor, axes: torch.Tensor) -> torch.Tensor:
     return torch.squeeze(x, tuple(axis % x.dim() for axis in axes.tolist()))
 
 
-@register("Squeeze", since=1)
+@register("Squeeze", since=1, shape_inputs=(1,))
 def squeeze(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     shape = input_shape(node, graph, 0)
     axes = _axes(node, graph, context, since_input=13)
@@ -99,7 +99,7 @@ def unsqueeze_dynamic(x: torch.Tensor, axes: torch.Tensor) -> torch.Tensor:
     return x.reshape(_unsqueezed(x.shape, axes.tolist()))
 
 
-@register("Unsqueeze", since=1)
+@register("Unsqueeze", since=1, shape_inputs=(1,))
 def unsqueeze(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     axes = _axes(node, graph, context, since_input=13)
     if axes is None:
@@ -141,7 +141,7 @@ def broadcast_shape(first: Sequence[int], second: Sequence[int]) -> tuple[int, .
     return tuple(b if a == 1 else a for a, b in zip(*padded))
 
 
-@register("Expand", since=8)
+@register("Expand", since=8, shape_inputs=(1,))
 def expand(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     shape = constant_ints(node, graph, 1)
     if shape is None:
@@ -158,7 +158,7 @@ def tile_dynamic(x: torch.Tensor, repeats: torch.Tensor) -> torch.Tensor:
     return x.repeat(counts)
 
 
-@register("Tile", since=6)
+@register("Tile", since=6, shape_inputs=(1,))
 def tile(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     repeats = constant_ints(node, graph, 1)
     if repeats is None:

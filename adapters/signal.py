@@ -56,7 +56,7 @@ class DFT(torch.nn.Module):
         return dft(x, dft_length, self.axis if axis is None else axis, inverse=self.inverse, onesided=self.onesided)
 
 
-@register("DFT", since=17)
+@register("DFT", since=17, shape_inputs=(1, 2))
 def dft_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     axis = attrs.get("axis", 1 if context.opset < 20 else -2)
@@ -99,7 +99,7 @@ class STFT(torch.nn.Module):
         return stft(signal, frame_step, window, frame_length, onesided=self.onesided)
 
 
-@register("STFT", since=17)
+@register("STFT", since=17, shape_inputs=(1, 3))
 def stft_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(STFT(bool(attributes(node).get("onesided", 1))), node)
 
@@ -136,9 +136,9 @@ def _window(function):
     return convert
 
 
-register("HannWindow", since=17)(_window(hann_window))
-register("HammingWindow", since=17)(_window(hamming_window))
-register("BlackmanWindow", since=17)(_window(blackman_window))
+register("HannWindow", since=17, shape_inputs=(0,))(_window(hann_window))
+register("HammingWindow", since=17, shape_inputs=(0,))(_window(hamming_window))
+register("BlackmanWindow", since=17, shape_inputs=(0,))(_window(blackman_window))
 
 
 def mel_weight_matrix(
@@ -171,6 +171,6 @@ def mel_weight_matrix(
     return out.to(dtype)
 
 
-@register("MelWeightMatrix", since=17)
+@register("MelWeightMatrix", since=17, shape_inputs=(0, 1))
 def mel_weight_matrix_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(Inline(mel_weight_matrix, torch_dtype(attributes(node).get("output_datatype", 1))), node)

@@ -45,7 +45,7 @@ def affine_grid(theta: torch.Tensor, size: torch.Tensor, align_corners: bool) ->
     return F.affine_grid(theta, [int(v) for v in size.tolist()], align_corners=align_corners)
 
 
-@register("AffineGrid", since=20)
+@register("AffineGrid", since=20, shape_inputs=(1,))
 def affine_grid_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(Inline(affine_grid, bool(attributes(node).get("align_corners", 0))), node)
 
@@ -89,7 +89,7 @@ def _block_positions(padded, block, dilations, strides, counts, device) -> torch
     return flat.reshape(-1)
 
 
-@register("Col2Im", since=18)
+@register("Col2Im", since=18, shape_inputs=(1, 2))
 def col2im_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     return result(Inline(col2im, attrs.get("dilations"), attrs.get("pads"), attrs.get("strides")), node)

@@ -86,7 +86,7 @@ def one_hot_dynamic(indices: torch.Tensor, depth: torch.Tensor, values: torch.Te
     return one_hot(indices, values, int(depth.reshape(-1)[0]), axis)
 
 
-@register("OneHot", since=9)
+@register("OneHot", since=9, shape_inputs=(1,))
 def one_hot_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     rank = len(input_shape(node, graph, 0))
     axis = normalize_axis(attributes(node).get("axis", -1), rank + 1)
@@ -175,7 +175,7 @@ def unique(x: torch.Tensor, axis: int | None, sort: bool, outputs: int) -> torch
     return found if outputs > 1 else values
 
 
-@register("Unique", since=11)
+@register("Unique", since=11, data_dependent_shape=True)
 def unique_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     axis = attrs.get("axis")

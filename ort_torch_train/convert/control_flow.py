@@ -22,6 +22,7 @@ import onnx
 import torch
 from torch import fx, nn
 
+from ort_torch_train.adapters.registry import declare
 from ort_torch_train.convert.builder import Builder, Value, meta_value
 from ort_torch_train.convert.run_time_loops import RunTimeLoop, RunTimeScan, signature
 from ort_torch_train.convert.subgraphs import names_read, outer_names
@@ -32,6 +33,9 @@ CONTROL_FLOW_OPS = ("If", "Loop", "Scan")
 MAX_UNROLL = 256  # longer static loops run as a run-time loop (graph size)
 MAX_COMPILED_IF_DEPTH = 10  # torch.cond nesting that Dynamo traces (eager runs choose branches in Python)
 MAX_UNROLLED_WORK = 16384  # calls an unrolled loop may add to a graph, nested unrolled loops included
+
+for _op_type in CONTROL_FLOW_OPS:
+    declare(_op_type, control_flow=True)
 
 
 def graph_work(module: nn.Module) -> int:

@@ -14,7 +14,7 @@ import inspect
 import logging
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,15 +23,10 @@ import torch
 from torch import fx, nn
 
 from ort_torch_train.adapters.common import Inline
-from ort_torch_train.adapters.registry import SubgraphConverter
+from ort_torch_train.adapters.registry import OpFacts, SubgraphConverter, op_facts
 from ort_torch_train.convert.builder import Builder, Value, meta_value
 from ort_torch_train.convert.control_flow import CONTROL_FLOW_OPS, convert_control_flow
 from ort_torch_train.convert.matrix_products import ProductRecorder
-from ort_torch_train.convert.op_traits import (
-    inputs_written_in_place,
-    is_random,
-    output_shapes_static,
-)
 from ort_torch_train.convert.registry import converter_for
 from ort_torch_train.dtypes import onnx_elem_type, tensor_from_proto, tensor_to_proto, torch_dtype
 from ort_torch_train.errors import GraphSizeError, ModelError, UnsupportedOperatorError
@@ -111,14 +106,28 @@ def convert_graph(
 
 
 def _written_in_place(graph: onnx.GraphProto) -> set[str]:
-    """Names whose tensors a node of ``graph`` (or of a subgraph) updates in place when run (op_traits)."""
+    """Names whose tensors a node of ``graph`` (or of a subgraph) updates in place when run (OpFacts.writes_inputs)."""
     written: set[str] = set()
     for node in graph.node:
-        written.update(inputs_written_in_place(node.domain or "", node.op_type, node.input))
+        positions = op_facts(node.domain, node.op_type).writes_inputs
+        written.update(node.input[i] for i in positions if i < len(node.input) and node.input[i])
         for attribute in node.attribute:
             for subgraph in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
                 written |= _written_in_place(subgraph)
     return written
+
+
+def _output_shapes_static(facts: OpFacts, inputs: Sequence[str], values: Mapping[str, Value]) -> bool:
+    """Whether a node's output shapes follow from its input shapes alone (given the constants)."""
+    if facts.data_dependent_shape or facts.control_flow:
+        return False
+    for position, name in enumerate(inputs):
+        if not name:
+            continue
+        value = values[name]
+        if not value.static_shape or (position in facts.shape_inputs and not value.const):
+            return False
+    return True
 
 
 def _subgraph_converter(opsets: dict[str, int], training: bool) -> SubgraphConverter:
@@ -150,7 +159,8 @@ def _convert_node(builder: Builder, node: onnx.NodeProto, index: int) -> None:
         builder.alias(node.output[0], node.input[0])
         return
 
-    foldable = all(value.const for value in present) and not is_random(domain, node.op_type)
+    facts = op_facts(domain, node.op_type)
+    foldable = all(value.const for value in present) and not facts.random
     module, mapping_inputs = _make_module(builder, node, inputs)
     args = [builder.values[name].example if name else None for name in mapping_inputs]
     if foldable or builder.matrix_products is None:
@@ -161,7 +171,7 @@ def _convert_node(builder: Builder, node: onnx.NodeProto, index: int) -> None:
         if not recorder.complete:
             builder.matrix_products = None
     outputs = _split_outputs(builder, node, result)
-    static = output_shapes_static(domain, node.op_type, node.input, builder.values)
+    static = _output_shapes_static(facts, node.input, builder.values)
     if foldable:
         for name, value in outputs.items():
             builder.values[name] = Value(value, True, True)
