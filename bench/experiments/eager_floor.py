@@ -131,7 +131,7 @@ def measure_model(artifacts: ArtifactSet, blocks: int) -> dict[str, float]:
         torch._foreach_zero_(grads)
         converted(*inputs, *params)[0].backward()
 
-    with blas_threads_for(converted, torch.device("cpu")):
+    with blas_threads_for(graph.matrix_products(converted), torch.device("cpu")):
         with _OpCounter() as forward_ops:
             loss = converted(*inputs, *params)[0]
         nodes = autograd_nodes(loss)

@@ -3,7 +3,7 @@
     .venv/bin/python bench/experiments/fusion_counts.py [--models gpt32 tiny-gpt2 tiny-llama tiny-bert ...]
 
 Converts each model's training graph (ORT's artifacts when its venv is there) for the benchmark batch
-and prints the fusion counts (``module.meta["fusions"]`` of the eager graph, ``row_linear`` included,
+and prints the fusion counts (``FUSIONS`` of the eager graph, ``row_linear`` included,
 then ``small_attention``: the compiled CPU step's rewrite) and the fx node count with and without them.
 """
 
@@ -27,6 +27,7 @@ from models import MODELS  # noqa: E402
 
 import ort_torch_train.passes.pipeline as pipeline  # noqa: E402
 from ort_torch_train.api import CheckpointState, Module  # noqa: E402
+from ort_torch_train.passes.meta_keys import FUSIONS  # noqa: E402
 from ort_torch_train.passes.small_attention import small_attention_products  # noqa: E402
 
 
@@ -49,7 +50,7 @@ def count(directory: Path) -> tuple[Counter, int, int]:
         pipeline.EAGER_PASSES = original
     nodes = len(fused.graph.nodes)
     small_attention_products(fused, torch.device("cpu"))  # adds the compiled CPU step's rewrites to the counts
-    return fused.meta.get("fusions", Counter()), nodes, len(unfused.graph.nodes)
+    return FUSIONS.get(fused, Counter()), nodes, len(unfused.graph.nodes)
 
 
 def main() -> int:

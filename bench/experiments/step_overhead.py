@@ -85,7 +85,7 @@ def layers(model_name: str, python_wrapper: bool = False) -> dict[str, Callable[
 
     def calling(function: Callable) -> Callable[[], object]:
         def call() -> object:
-            with torch.no_grad(), blas_threads_for(compiled_step._module, trainable[0].device):
+            with torch.no_grad(), blas_threads_for(compiled_step._products, trainable[0].device):
                 return function(*arguments)
 
         return call

@@ -24,6 +24,7 @@ from torch import fx, nn
 
 from ort_torch_train.adapters.registry import declare
 from ort_torch_train.convert.builder import Builder, Value, meta_value
+from ort_torch_train.convert.meta_keys import GRAPH_WORK
 from ort_torch_train.convert.run_time_loops import RunTimeLoop, RunTimeScan, signature
 from ort_torch_train.convert.subgraphs import names_read, outer_names
 from ort_torch_train.dtypes import onnx_elem_type, tensor_from_proto, tensor_to_proto
@@ -42,11 +43,11 @@ def graph_work(module: nn.Module) -> int:
     """The calls one run of ``module`` makes: a converted graph's call nodes, each submodule call counted
     as that submodule's work (so a body unrolled n times counts n times); a run-time loop counts its body once."""
     if isinstance(module, fx.GraphModule):
-        known = module.meta.get("work")
+        known = GRAPH_WORK.get(module, None)
         if known is None:
             calls = (n for n in module.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
             known = sum(graph_work(_submodule(module, str(n.target))) if n.op == "call_module" else 1 for n in calls)
-            module.meta["work"] = known
+            GRAPH_WORK.set(module, known)
         return known
     children = list(module.children())
     return sum(graph_work(child) for child in children) if children else 1

@@ -27,6 +27,7 @@ from ort_torch_train.adapters.registry import OpFacts, SubgraphConverter, op_fac
 from ort_torch_train.convert.builder import Builder, Value, meta_value
 from ort_torch_train.convert.control_flow import CONTROL_FLOW_OPS, convert_control_flow
 from ort_torch_train.convert.matrix_products import ProductRecorder
+from ort_torch_train.convert.meta_keys import INPUT_REQUIRES_GRAD, MATRIX_PRODUCTS
 from ort_torch_train.convert.registry import converter_for
 from ort_torch_train.dtypes import onnx_elem_type, tensor_from_proto, tensor_to_proto, torch_dtype
 from ort_torch_train.errors import GraphSizeError, ModelError, UnsupportedOperatorError
@@ -73,7 +74,7 @@ def convert_graph(
         builder.fx_nodes[value_info.name] = builder.fx_graph.placeholder(name)
         builder.fx_nodes[value_info.name].meta["val"] = torch.empty(spec.shape, dtype=spec.dtype, device="meta")
         if given:  # a trainable parameter's example needs a gradient (frozen_products.py reads it)
-            builder.fx_nodes[value_info.name].meta["requires_grad"] = example.requires_grad
+            INPUT_REQUIRES_GRAD.set(builder.fx_nodes[value_info.name], example.requires_grad)
         # the example run writes some inputs (a training BatchNorm's running statistics): those are copies
         copied = value_info.name in written
         builder.values[value_info.name] = Value(example.detach().to("cpu", copy=copied), False, True)
@@ -93,7 +94,7 @@ def convert_graph(
     module = fx.GraphModule(builder.root, builder.fx_graph, class_name="ConvertedGraph")
     module.graph.eliminate_dead_code()
     module.recompile()
-    module.meta["matrix_products"] = builder.matrix_products
+    MATRIX_PRODUCTS.set(module, builder.matrix_products)
     log.debug(
         "converted %d ONNX nodes %s into %d fx nodes",
         len(graph.node),

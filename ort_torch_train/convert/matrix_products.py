@@ -3,7 +3,7 @@
 ``convert_graph`` runs every node once on example values; the products those runs dispatch (``mm``,
 ``addmm``, ``bmm``, ``baddbmm``, ``mv``, ``addmv``: what ``linear``, ``matmul``, ``einsum`` and RNN
 cells come down to) are what the graph's forward sends to BLAS, and its backward sends products of the
-same sizes. ``module.meta["matrix_products"]`` keeps their multiply-accumulate counts, or None where
+same sizes. ``MATRIX_PRODUCTS`` (``meta_keys.py``) keeps their multiply-accumulate counts, or None where
 they are not all known (control flow: a Loop's or an If's products depend on values).
 """
 

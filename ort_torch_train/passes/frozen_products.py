@@ -23,8 +23,10 @@ import torch.nn.functional as F
 from torch import Tensor, fx
 
 from ort_torch_train.adapters.linear import gemm, gemm_without_c
+from ort_torch_train.convert.meta_keys import INPUT_REQUIRES_GRAD
 from ort_torch_train.passes.frozen_upcasts import upcasts_input
 from ort_torch_train.passes.match import args_of, kwargs_of, val
+from ort_torch_train.passes.meta_keys import FUSIONS
 from ort_torch_train.passes.onednn_linear import LINEARS
 
 
@@ -95,12 +97,12 @@ def frozen_product(
 def products_upcast_twice(module: fx.GraphModule, device: torch.device) -> None:
     """Each matrix product whose weight is a cast of a frozen low-precision graph input (one whose example
     needed no gradient at the conversion) rewritten as a ``frozen_product`` of the input itself; counted
-    in ``module.meta["fusions"]``."""
+    in ``module``'s ``FUSIONS``."""
     graph = module.graph
     rewritten = 0
     for cast in [node for node in graph.nodes if upcasts_input(node)]:
         source, dtype = args_of(cast)
-        if source.meta.get("requires_grad") is not False:
+        if INPUT_REQUIRES_GRAD.get(source, None) is not False:
             continue
         for reader in list(cast.users):
             arguments = _product_arguments(reader, cast, dtype)
@@ -115,7 +117,7 @@ def products_upcast_twice(module: fx.GraphModule, device: torch.device) -> None:
         if not cast.users:
             graph.erase_node(cast)
     if rewritten:
-        module.meta.setdefault("fusions", Counter())["frozen product upcast twice"] += rewritten
+        FUSIONS.setdefault(module, Counter())["frozen product upcast twice"] += rewritten
 
 
 PRODUCTS: dict[Callable[..., Any], str] = {

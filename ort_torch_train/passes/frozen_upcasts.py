@@ -26,6 +26,7 @@ from torch import Tensor, fx, nn
 
 from ort_torch_train.adapters import indexing
 from ort_torch_train.passes.match import args_of, kwargs_of, val
+from ort_torch_train.passes.meta_keys import FUSIONS
 from ort_torch_train.torch_internals import current_saved_tensors_hooks
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -137,7 +138,7 @@ def _unpack(packed: Any) -> Tensor:
 
 def upcast_where_used(module: fx.GraphModule, device: torch.device) -> None:
     """Each cast of a low-precision graph input to a wider float moved into the ops that read it
-    (``UpcastOperands``), or next to a reader it cannot move into; counted in ``module.meta["fusions"]``."""
+    (``UpcastOperands``), or next to a reader it cannot move into; counted in ``module``'s ``FUSIONS``."""
     graph = module.graph
     casts = {node: args_of(node) for node in graph.nodes if upcasts_input(node)}
     readers = {reader: None for cast in casts for reader in cast.users}  # each once
@@ -151,7 +152,7 @@ def upcast_where_used(module: fx.GraphModule, device: torch.device) -> None:
         if first.op != "output":
             first.prepend(cast)
     if taken:
-        module.meta.setdefault("fusions", Counter())["frozen upcast in its op"] += taken
+        FUSIONS.setdefault(module, Counter())["frozen upcast in its op"] += taken
 
 
 def upcasts_input(node: fx.Node) -> bool:

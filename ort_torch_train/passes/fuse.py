@@ -33,13 +33,14 @@ from ort_torch_train.passes.match import args_of, constants_of, get_attr_target,
 from ort_torch_train.passes.match import is_call as _is_call
 from ort_torch_train.passes.match import only_user as _only_user
 from ort_torch_train.passes.match import val as _val
+from ort_torch_train.passes.meta_keys import FUSIONS
 from ort_torch_train.passes.onednn_linear import use_onednn_linear
 
 
 def fuse_graph(module: fx.GraphModule) -> Counter:
     """Apply every fusion to ``module.graph`` in place, then drop what became dead (no recompile).
 
-    Returns how many of each fusion fired (also kept in ``module.meta["fusions"]``).
+    Returns how many of each fusion fired (also kept as ``module``'s ``FUSIONS``).
     """
     counts: Counter = Counter()
     fuse_patterns(module, counts)
@@ -51,7 +52,7 @@ def fuse_graph(module: fx.GraphModule) -> Counter:
     module.graph.eliminate_dead_code()
     _drop_unused_constants(module)
     counts["onednn_linear"] = use_onednn_linear(module)
-    module.meta["fusions"] = +counts
+    FUSIONS.set(module, +counts)
     return +counts
 
 

@@ -24,6 +24,7 @@ from torch import fx
 
 from ort_torch_train.passes.fuse_views import fuse_views
 from ort_torch_train.passes.match import args_of, known_val, val
+from ort_torch_train.passes.meta_keys import FUSIONS
 
 _LINEAR = F.linear
 _ELEMENTWISE = {
@@ -44,13 +45,13 @@ _ELEMENTWISE_KEYWORDS = {"approximate"}  # GELU's
 
 def fuse_row_regions(module: fx.GraphModule, device: torch.device) -> None:
     """The row-wise regions of ``module``'s graph on 2-D activations (in place, for eager runs); the
-    counts are added to ``module.meta["fusions"]``."""
+    counts are added to ``module``'s ``FUSIONS``."""
     counts: Counter = Counter()
     fuse_rows(module.graph, counts)
     if counts:
         fuse_views(module.graph, counts)
         module.graph.eliminate_dead_code()
-        module.meta.setdefault("fusions", Counter()).update(counts)
+        FUSIONS.setdefault(module, Counter()).update(counts)
 
 
 def fuse_rows(graph: fx.Graph, counts: Counter) -> None:

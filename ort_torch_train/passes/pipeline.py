@@ -28,6 +28,7 @@ from ort_torch_train.passes.frozen_products import products_upcast_twice
 from ort_torch_train.passes.frozen_upcasts import upcast_where_used
 from ort_torch_train.passes.fuse import fuse_graph
 from ort_torch_train.passes.fuse_rows import fuse_row_regions
+from ort_torch_train.passes.meta_keys import FUSIONS
 from ort_torch_train.passes.small_attention import small_attention_products
 
 GraphPass = Callable[[fx.GraphModule, torch.device], None]
@@ -72,7 +73,7 @@ def run_passes(
         else:
             step(module, device)
     module.recompile()
-    log.debug("graph rewrites for %s: %s", device, dict(module.meta.get("fusions", {})))
+    log.debug("graph rewrites for %s: %s", device, dict(FUSIONS.get(module, {})))
     return module
 
 

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, fx
 
 from ort_torch_train.passes.match import args_of, val
+from ort_torch_train.passes.meta_keys import FUSIONS
 
 # query x key positions per head up to which the products win (bench/experiments/small_attention.py)
 MAX_SCORES = 32 * 32
@@ -50,7 +51,7 @@ def attention_products(
 
 def small_attention_products(module: fx.GraphModule, device: torch.device) -> None:
     """On CPU, ``module``'s small float32 attention calls rewritten to ``attention_products`` (in place,
-    for torch.compile); the count is added to ``module.meta["fusions"]``."""
+    for torch.compile); the count is added to ``module``'s ``FUSIONS``."""
     if device.type != "cpu":
         return
     rewritten = 0
@@ -59,7 +60,7 @@ def small_attention_products(module: fx.GraphModule, device: torch.device) -> No
             node.target = attention_products
             rewritten += 1
     if rewritten:
-        module.meta.setdefault("fusions", Counter())["small_attention"] += rewritten
+        FUSIONS.setdefault(module, Counter())["small_attention"] += rewritten
 
 
 def _small(node: fx.Node) -> bool:

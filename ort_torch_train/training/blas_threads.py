@@ -2,7 +2,7 @@
 
 torch's CPU build runs float32 products on MKL with every intra-op thread (torch turns MKL's own
 sizing off), though small products run faster on one thread. ORT's rule: MLAS gives a product one
-thread per 2^16 multiply-accumulates. So a CPU step whose products (``module.meta["matrix_products"]``)
+thread per 2^16 multiply-accumulates. So a CPU step whose products (``convert/matrix_products.py``)
 average under 2^16 per thread that an extra thread would take over runs its BLAS calls on one thread,
 through MKL's thread-local count (``MKL_Set_Num_Threads_Local``, restored after the step). Inductor's
 loops, oneDNN and attention keep every thread. Without MKL (other CPUs' builds) nothing changes.
@@ -64,16 +64,15 @@ class _OneBlasThread:
         _set_mkl_threads(self.previous)
 
 
-def blas_threads_for(module: Any, device: torch.device) -> contextlib.AbstractContextManager:
-    """One BLAS thread inside when ``module`` (a converted graph, compiled or not) is better served so on
-    ``device`` at the current thread count; else a context that changes nothing. On CPU, the thread
-    count first follows the machine's load (``threads.py``)."""
+def blas_threads_for(products: Sequence[int] | None, device: torch.device) -> contextlib.AbstractContextManager:
+    """One BLAS thread inside when a graph running matrix products of these sizes (None: not all known)
+    is better served so on ``device`` at the current thread count; else a context that changes nothing.
+    On CPU, the thread count first follows the machine's load (``threads.py``)."""
     if device.type != "cpu":
         return _UNCHANGED
     follow_load()
     if _set_mkl_threads is None:
         return _UNCHANGED
-    products = getattr(module, "meta", {}).get("matrix_products")
     if products is None or not serial_pays(products, torch.get_num_threads()):
         return _UNCHANGED
     return _OneBlasThread()

@@ -350,7 +350,8 @@ def _rewrite(
         else:
             node.args, node.kwargs = replaced((node.args, node.kwargs), path, expression)
     for node in nodes:
-        value = getattr(node.args[0], "meta", {}).get("val") if node.args else None
+        first = node.args[0] if node.args else None
+        value = first.meta.get("val") if isinstance(first, fx.Node) else None
         if linear_rows and node.target in LINEARS and isinstance(value, torch.Tensor) and value.dim() > 2:
             node.target = linear_over_rows
     for size in sizes.values():

@@ -151,10 +151,11 @@ class TrainingEngine:
         data_parallel = self._data_parallel  # a failing forward leaves the gradients alone
         if data_parallel is None:
             module = self.train_graph.module_for(inputs, self._train_params)
+            products = self.train_graph.matrix_products(module)
             forward = partial(module, *inputs, *self._train_params)
         else:
-            module, forward = None, partial(data_parallel.forward, inputs)
-        with blas_threads_for(module, self.device):
+            products, forward = None, partial(data_parallel.forward, inputs)
+        with blas_threads_for(products, self.device):
             with autocast_or_null(self.precision, self.device):
                 outputs = forward()
             if self._gradient_reset.pending:
@@ -277,7 +278,8 @@ class TrainingEngine:
         inputs = self._on_device(inputs)
         module = self.eval_graph.module_for(inputs, self._eval_params)
         params = self._eval_params if self.eval_graph.compile_arguments is None else self._detached_eval_params()
-        with torch.no_grad(), blas_threads_for(module, self.device), autocast_or_null(self.precision, self.device):
+        products = self.eval_graph.matrix_products(module)
+        with torch.no_grad(), blas_threads_for(products, self.device), autocast_or_null(self.precision, self.device):
             outputs = module(*inputs, *params)
         return outputs if self.precision is None else float32_outputs(outputs)
 

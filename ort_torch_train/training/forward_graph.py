@@ -9,12 +9,14 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from weakref import WeakKeyDictionary
 
 import onnx
 import torch
-from torch import fx, nn
+from torch import fx
 
 from ort_torch_train.convert.graph import TensorSpec, convert_graph
+from ort_torch_train.convert.meta_keys import MATRIX_PRODUCTS
 from ort_torch_train.convert.registry import check_supported
 from ort_torch_train.convert.string_inputs import numeric_inputs
 from ort_torch_train.dtypes import dtype_name, onnx_elem_type, ort_tensor_type, torch_dtype
@@ -41,6 +43,7 @@ from ort_torch_train.training.dynamic_shapes import (
     group_size,
     probe_inputs,
 )
+from ort_torch_train.training.meta_keys import DYNAMIC_AXES, DYNAMIC_GROUPS, SIZE_PROBES
 
 Signature = tuple[tuple[torch.Size, torch.dtype], ...]
 # the shape of each user input, an axis of a dynamic group given as ("group", its index, its largest
@@ -107,6 +110,7 @@ class ForwardGraph:
         self._dynamic_cache: OrderedDict[tuple[Hashable, Pattern], Callable] = OrderedDict()
         self._conversions: Counter[Hashable] = Counter()  # by variant
         self._probed: set[Hashable] = set()  # the variants whose sizes were probed
+        self._matrix_products: WeakKeyDictionary[Callable, list[int] | None] = WeakKeyDictionary()  # by build
         self.module_transform = module_transform  # recompute's segments, between the graph rewrites
 
     def __call__(self, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -160,10 +164,10 @@ class ForwardGraph:
         if dynamic:
             probes = self._size_probes(inputs, params)
             if probes.groups:
-                module.meta["size_probes"] = probes
+                SIZE_PROBES.set(module, probes)
         device = params[0].device if params else inputs[0].device
         built = build(module, device)
-        dynamic_axes: DynamicAxes = module.meta.get("dynamic_groups", DynamicAxes())
+        dynamic_axes = DYNAMIC_GROUPS.get(module, DynamicAxes())
         self._conversions[variant] += 1
         if dynamic:
             self._probed.add(variant)
@@ -224,36 +228,52 @@ class ForwardGraph:
                 return built
         return None
 
-    def eager_module(self, module: fx.GraphModule, device: torch.device) -> nn.Module:
+    def eager_module(self, module: fx.GraphModule, device: torch.device) -> fx.GraphModule:
         """A converted ``module`` ready for eager runs on ``device``: the eager graph rewrites, this graph's
         ``module_transform`` among them, and moved to ``device``. With size probes (``specialised``), its
         literals that follow the sizes of dynamic axes become expressions of those sizes."""
         return self._prepared(module, device, run_eager, linear_rows=False)
 
-    def compiled_module(self, module: fx.GraphModule, device: torch.device) -> nn.Module:
+    def compiled_module(self, module: fx.GraphModule, device: torch.device) -> fx.GraphModule:
         """A converted ``module`` ready for torch.compile on ``device``: the compiled graph rewrites, this
         graph's ``module_transform`` among them, and moved to ``device``. With size probes (``specialised``),
         its literals that follow the sizes of dynamic axes become expressions of those sizes, and
-        ``module.meta["dynamic_axes"]`` names the axes to compile as dynamic dimensions."""
+        its ``DYNAMIC_AXES`` name the axes to compile as dynamic dimensions."""
         return self._prepared(module, device, run_compiled, linear_rows=True)
 
     def _prepared(
-        self, module: fx.GraphModule, device: torch.device, pipeline: Callable, linear_rows: bool
-    ) -> nn.Module:
-        probes: SizeProbes | None = module.meta.pop("size_probes", None)
+        self,
+        module: fx.GraphModule,
+        device: torch.device,
+        pipeline: Callable[[fx.GraphModule, torch.device, Restructure | None], fx.GraphModule],
+        linear_rows: bool,
+    ) -> fx.GraphModule:
+        probes = SIZE_PROBES.pop(module, None)
         prepared = pipeline(module, device, self.module_transform).to(device)
         if probes is not None:
             probed = tuple(pipeline(probe, device, self.module_transform) for probe in probes.modules)
             names = [declaration.name for declaration in self.declarations]
             dynamic = generalise(prepared, dataclasses.replace(probes, modules=probed), names, linear_rows)
-            module.meta["dynamic_groups"] = prepared.meta["dynamic_groups"] = dynamic
-            prepared.meta["dynamic_axes"] = dynamic.axes
+            DYNAMIC_GROUPS.set(module, dynamic)
+            DYNAMIC_GROUPS.set(prepared, dynamic)
+            DYNAMIC_AXES.set(prepared, dynamic.axes)
         return prepared
 
     def _compiled_if_asked(self, module: fx.GraphModule, device: torch.device) -> Callable:
+        built: Callable
         if self.compile_arguments is None:
-            return self.eager_module(module, device)
-        return self.compiler(self.compiled_module(module, device), for_device(self.compile_arguments, device))
+            built = prepared = self.eager_module(module, device)
+        else:
+            prepared = self.compiled_module(module, device)
+            built = self.compiler(prepared, for_device(self.compile_arguments, device))
+        products: list[int] | None = MATRIX_PRODUCTS.get(prepared, None)
+        self._matrix_products[built] = products
+        return built
+
+    def matrix_products(self, module: Callable) -> list[int] | None:
+        """The matrix products (``convert/matrix_products.py``) of a graph ``module_for`` gave, which decide
+        the BLAS threads of the steps that run it (``blas_threads.py``); None where they are not all known."""
+        return self._matrix_products.get(module)
 
     def clear(self) -> None:
         """Forget every specialisation (after a device move)."""
@@ -261,6 +281,7 @@ class ForwardGraph:
         self._dynamic_cache.clear()
         self._conversions.clear()
         self._probed.clear()
+        self._matrix_products.clear()
 
     def validate(self, inputs: Sequence[object]) -> None:
         """Raise a clear error unless ``inputs`` match the declared user inputs."""

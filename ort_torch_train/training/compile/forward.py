@@ -13,12 +13,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
+from torch import fx
 
 from ort_torch_train.torch_internals import dynamic_tracing_errors
 from ort_torch_train.training.compile import precompiled
 from ort_torch_train.training.compile.settings import records_cuda_graphs
 from ort_torch_train.training.compile.step import Compilation
 from ort_torch_train.training.dynamic_shapes import marked_args
+from ort_torch_train.training.meta_keys import DYNAMIC_AXES
 from ort_torch_train.training.threads import restart_load_window
 
 _AUTOCAST_DEVICES = ("cpu", "cuda")
@@ -27,11 +29,10 @@ _AUTOCAST_DEVICES = ("cpu", "cuda")
 class CompiledForward:
     """``forward(*inputs, *params)`` of ``module`` compiled with torch.compile's ``arguments``."""
 
-    def __init__(self, module: torch.nn.Module, arguments: Mapping[str, Any]) -> None:
+    def __init__(self, module: fx.GraphModule, arguments: Mapping[str, Any]) -> None:
         forward = _forward_of(module)
-        self.meta = getattr(module, "meta", {})  # its matrix products decide the BLAS threads
         # the (input position, axis) pairs compiled as dynamic dimensions; () once torch needed them fixed
-        self.dynamic_axes: tuple[tuple[int, int], ...] = self.meta.get("dynamic_axes", ())
+        self.dynamic_axes: tuple[tuple[int, int], ...] = DYNAMIC_AXES.get(module, ())
         self._compilation = Compilation(forward, module, {"module": module}, dict(arguments), "eval graph")
         compiled, precompile = self._compilation.start(self.dynamic_axes)
         self._compiled, self._precompile = compiled, precompile  # a precompile pending: None once done

@@ -6,11 +6,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
+from torch import fx
 
 from ort_torch_train.passes.onednn_linear import cpu_matmuls
 
 CompileSetting = bool | str | Mapping[str, Any]
-Compiler = Callable[[torch.nn.Module, Mapping[str, Any]], Callable]
+Compiler = Callable[[fx.GraphModule, Mapping[str, Any]], Callable]
 _COMPILE_KEYS = ("mode", "options", "backend")
 MIN_CHUNK_SIZE = 16384  # elements per thread from which inductor's CPU loops run in parallel
 

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, fx
 
+from ort_torch_train.convert.meta_keys import MATRIX_PRODUCTS
 from ort_torch_train.optim.clip import clip_grad_norm_
 from ort_torch_train.optim.compiled import FusedUpdate
 from ort_torch_train.state.flat import FlatLayout
@@ -28,6 +29,7 @@ from ort_torch_train.training.blas_threads import blas_threads_for
 from ort_torch_train.training.compile import precompiled
 from ort_torch_train.training.compile.settings import records_cuda_graphs, torch_compile
 from ort_torch_train.training.dynamic_shapes import marked_args
+from ort_torch_train.training.meta_keys import DYNAMIC_AXES
 from ort_torch_train.training.precision import MixedPrecision, autocast_or_null
 from ort_torch_train.training.threads import restart_load_window
 
@@ -70,7 +72,7 @@ class CompiledTrainStep:
 
     def __init__(
         self,
-        module: torch.nn.Module,
+        module: fx.GraphModule,
         plan: ParameterPlan,
         *,
         update: FusedUpdate | None = None,
@@ -83,9 +85,9 @@ class CompiledTrainStep:
         if fresh_gradients and update is None:
             raise ValueError("fresh_gradients: a step that makes gradients of its own needs an update")
         step = _train_step_function(module, plan, update, reduction, precision, layout, fresh_gradients)
-        self._module = module  # its matrix products decide the step's BLAS threads
+        self._products: list[int] | None = MATRIX_PRODUCTS.get(module, None)  # they decide its BLAS threads
         # the (input position, axis) pairs compiled as dynamic dimensions; () once torch needed them fixed
-        self.dynamic_axes: tuple[tuple[int, int], ...] = getattr(module, "meta", {}).get("dynamic_axes", ())
+        self.dynamic_axes: tuple[tuple[int, int], ...] = DYNAMIC_AXES.get(module, ())
         self._scaler = None if precision is None else precision.loss_scaler
         compile_arguments = dict(compile_arguments or {})
         self._cuda_graphs = records_cuda_graphs(compile_arguments)
@@ -131,7 +133,7 @@ class CompiledTrainStep:
         if cuda_graphs:  # updated in place: CUDA graphs replay only on inputs at fixed addresses
             for tensor in (*trainable, *frozen, *grads, *(t for moments in states for t in moments)):
                 mark_static_address(tensor)
-        with torch.no_grad(), blas_threads_for(self._module, trainable[0].device):
+        with torch.no_grad(), blas_threads_for(self._products, trainable[0].device):
             if self._precompile is None:
                 outputs = self._compiled(*arguments)
             else:

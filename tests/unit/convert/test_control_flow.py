@@ -11,6 +11,7 @@ from onnx.reference import ReferenceEvaluator
 
 from ort_torch_train.convert.control_flow import _Cond
 from ort_torch_train.convert.graph import TensorSpec, convert_graph
+from ort_torch_train.convert.meta_keys import MATRIX_PRODUCTS
 from ort_torch_train.convert.registry import check_supported
 from ort_torch_train.convert.run_time_loops import RunTimeLoop
 from ort_torch_train.errors import UnsupportedOperatorError
@@ -70,7 +71,7 @@ def test_if_on_a_run_time_condition_runs_under_torch_cond_with_gradients():
     x = torch.randn(2, 3)
     gm = _convert(_if_model(None), [x, torch.tensor([True])])
     assert _Cond in _modules(gm)
-    assert gm.meta["matrix_products"] is None  # a branch's products are not known: BLAS keeps its threads
+    assert MATRIX_PRODUCTS.get(gm, []) is None  # a branch's products are not known: BLAS keeps its threads
     for condition, expected, derivative in ((True, torch.sin, torch.cos), (False, torch.exp, torch.exp)):
         leaf = x.clone().requires_grad_(True)
         (y,) = gm(leaf, torch.tensor([condition]))

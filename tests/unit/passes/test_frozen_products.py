@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 import textwrap
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -15,9 +16,11 @@ from torch import fx
 
 from ort_torch_train.adapters.linear import gemm
 from ort_torch_train.api import CheckpointState, Module, Optimizer
+from ort_torch_train.convert.meta_keys import INPUT_REQUIRES_GRAD
 from ort_torch_train.lora import LoraConfig
 from ort_torch_train.passes import onednn_linear
 from ort_torch_train.passes.frozen_products import frozen_product, products_upcast_twice
+from ort_torch_train.passes.meta_keys import FUSIONS
 from tests.helpers.lora_models import TARGETS, batches, lora_artifacts, tiny_lm
 from tests.helpers.step_peak import run_printing_mb
 
@@ -76,13 +79,14 @@ def test_a_frozen_product_has_the_plain_upcast_products_values_and_gradients(nam
 def test_only_products_of_inputs_converted_as_frozen_are_rewritten() -> None:
     graph = fx.Graph()
     x = graph.placeholder("x")
-    x.meta.update(val=torch.empty(4, 12, device="meta"), requires_grad=False)
+    x.meta["val"] = torch.empty(4, 12, device="meta")
+    INPUT_REQUIRES_GRAD.set(x, False)
     products = []
     for name, requires_grad in (("frozen", False), ("trainable", True), ("unknown", None)):
         weight = graph.placeholder(name)
         weight.meta["val"] = torch.empty(12, 10, dtype=torch.bfloat16, device="meta")
         if requires_grad is not None:
-            weight.meta["requires_grad"] = requires_grad
+            INPUT_REQUIRES_GRAD.set(weight, requires_grad)
         cast = graph.call_method("to", (weight, torch.float32))
         cast.meta["val"] = torch.empty(12, 10, device="meta")
         products.append(graph.call_function(torch.matmul, (x, cast)))
@@ -94,14 +98,16 @@ def test_only_products_of_inputs_converted_as_frozen_are_rewritten() -> None:
         torch.matmul,
         torch.matmul,
     ]
-    assert module.meta["fusions"]["frozen product upcast twice"] == 1
+    assert FUSIONS.get(module, Counter())["frozen product upcast twice"] == 1
 
 
 def test_a_product_retargeted_to_onednn_is_rewritten_too() -> None:
     graph = fx.Graph()
     x, weight = graph.placeholder("x"), graph.placeholder("frozen")
-    x.meta.update(val=torch.empty(4, 10, device="meta"), requires_grad=False)
-    weight.meta.update(val=torch.empty(12, 10, dtype=torch.bfloat16, device="meta"), requires_grad=False)
+    x.meta["val"] = torch.empty(4, 10, device="meta")
+    INPUT_REQUIRES_GRAD.set(x, False)
+    weight.meta["val"] = torch.empty(12, 10, dtype=torch.bfloat16, device="meta")
+    INPUT_REQUIRES_GRAD.set(weight, False)
     cast = graph.call_method("to", (weight, torch.float32))
     cast.meta["val"] = torch.empty(12, 10, device="meta")
     graph.output(graph.call_function(onednn_linear.linear, (x, cast)))
@@ -124,7 +130,8 @@ def test_compiled_lora_steps_on_bfloat16_frozen_weights_train_as_eager_ones(tmp_
         results[compile] = losses, module.get_contiguous_parameters(trainable_only=True).numpy()
         if compile:
             (step,) = module.train_graph._cache.values()
-            assert step._module.meta["fusions"]["frozen product upcast twice"] >= 3  # c_attn, c_proj, c_fc
+            counts = FUSIONS.get(step._compilation.module, Counter())
+            assert counts["frozen product upcast twice"] >= 3  # c_attn, c_proj, c_fc
     np.testing.assert_allclose(results[True][0], results[False][0], rtol=0, atol=1e-5)
     np.testing.assert_allclose(results[True][1], results[False][1], rtol=0, atol=1e-5)
 

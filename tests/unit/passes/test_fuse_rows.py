@@ -1,6 +1,8 @@
 """Row-wise regions on 2-D activations (passes/fuse_rows.py): which regions are rewritten, and that
 values and gradients stay those of the 3-D graph."""
 
+from collections import Counter
+
 import numpy as np
 import onnx
 import pytest
@@ -9,6 +11,7 @@ import torch.nn.functional as F
 from onnx import helper
 
 from ort_torch_train.passes.fuse_rows import fuse_row_regions
+from ort_torch_train.passes.meta_keys import FUSIONS
 from ort_torch_train.passes.pipeline import run_passes
 from tests.helpers.adapter_harness import convert_model, rand, reference_outputs
 
@@ -99,7 +102,7 @@ def test_a_residual_block_runs_on_rows_and_gives_its_3d_output_back(gelu_op):
     assert _linear_input_ranks(gm) == [2, 2]
     gelu = [node for node in gm.graph.nodes if node.target is F.gelu]
     assert len(gelu) == 1 and gelu[0].meta["val"].dim() == 2
-    assert gm.meta["fusions"]["row_linear"] == 2
+    assert FUSIONS.get(gm, Counter())["row_linear"] == 2
 
 
 def test_a_region_without_a_linear_and_a_per_row_operand_are_left_alone():

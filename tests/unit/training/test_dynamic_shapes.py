@@ -6,6 +6,7 @@ import logging
 import os
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,10 +18,12 @@ from torch import nn
 from ort_torch_train.api import CheckpointState, Module, Optimizer
 from ort_torch_train.artifacts import LossType, OptimType, generate_artifacts
 from ort_torch_train.errors import InputError, ModelError
+from ort_torch_train.passes.meta_keys import FUSIONS
 from ort_torch_train.torch_internals import compile_counters
 from ort_torch_train.training.compile.precompiled import step_key
 from ort_torch_train.training.dynamic_shapes import probe_inputs, probe_size
 from ort_torch_train.training.engine import TrainingEngine
+from ort_torch_train.training.meta_keys import DYNAMIC_AXES
 
 VOCAB, HIDDEN, CLASSES = 16, 5, 3
 
@@ -128,7 +131,7 @@ def test_linears_sent_to_onednn_keep_their_rows_dynamic(tmp_path):
     _token_artifacts(_WideTokens, tmp_path)
     batches = _batches([(64, 8), (37, 8), (64, 12)])
     module, _, _ = _generalised(tmp_path, batches[0])
-    assert module.meta["fusions"]["onednn_linear"] == 1  # the hidden layer, on 3-d activations
+    assert FUSIONS.get(module, Counter())["onednn_linear"] == 1  # the hidden layer, on 3-d activations
     losses = {}
     for compile in (False, True):
         module, optimizer = _trainer(tmp_path, compile=compile)
@@ -175,7 +178,7 @@ def test_flattened_labels_follow_the_batch_and_sequence_axes(flat_labels_artifac
     directory, kind = flat_labels_artifacts
     caplog.set_level(logging.INFO, logger="ort_torch_train")
     module, graph, params = _generalised(directory, _lm_batches([(64, 8)])[0])
-    assert module.meta["dynamic_axes"] == ((0, 0), (0, 1), (1, 0))
+    assert DYNAMIC_AXES.get(module, None) == ((0, 0), (0, 1), (1, 0))
     assert "axis 0 of 'labels' follows them" in caplog.text
     assert "stay fixed" not in caplog.text
     # a table made for 8 positions serves up to 8
@@ -296,7 +299,7 @@ def test_a_generalised_graph_computes_what_a_graph_converted_for_the_new_shape_d
         pytest.skip("the positions fix the length")
     (first,) = _batches([(64, 8)])
     module, graph, params = _generalised(directory, first)
-    assert module.meta["dynamic_axes"] == ((0, 0), (1, 0), (0, 1))
+    assert DYNAMIC_AXES.get(module, None) == ((0, 0), (1, 0), (0, 1))
     inputs = [torch.as_tensor(value) for value in _batches([shape])[0]]
     with torch.no_grad():
         expected = graph.eager_module(graph._convert(inputs, params), params[0].device)(*inputs, *params)
@@ -311,7 +314,7 @@ def test_a_size_the_graph_needs_as_a_constant_stays_fixed_with_the_reason_logged
         pytest.skip("only the positions fix the length")
     caplog.set_level(logging.INFO, logger="ort_torch_train.training.dynamic_shapes")
     module, _, _ = _generalised(directory, _batches([(64, 8)])[0])
-    assert module.meta["dynamic_axes"] == ((0, 0), (1, 0))  # the batch axes
+    assert DYNAMIC_AXES.get(module, None) == ((0, 0), (1, 0))  # the batch axes
     assert "axis 1 of 'ids' stays fixed at 8" in caplog.text
     assert "depends on it" in caplog.text
 
@@ -319,9 +322,9 @@ def test_a_size_the_graph_needs_as_a_constant_stays_fixed_with_the_reason_logged
 def test_dynamic_false_and_a_chosen_axis(artifacts):
     directory, _ = artifacts
     batch = _batches([(64, 8)])[0]
-    assert "dynamic_axes" not in _generalised(directory, batch, dynamic=False)[0].meta
+    assert DYNAMIC_AXES.get(_generalised(directory, batch, dynamic=False)[0], None) is None
     chosen = _generalised(directory, batch, dynamic={"ids": [0], "labels": [-1]})[0]
-    assert chosen.meta["dynamic_axes"] == ((0, 0), (1, 0))
+    assert DYNAMIC_AXES.get(chosen, None) == ((0, 0), (1, 0))
 
 
 def test_the_dynamic_setting_is_checked(artifacts):
@@ -378,7 +381,7 @@ def test_a_dynamic_step_is_keyed_without_its_dynamic_sizes(artifacts):
     for shape in ((64, 8), (37, 12)):
         inputs = [torch.as_tensor(value) for value in _batches([shape])[0]]
         module = _generalised(directory, inputs)[0]
-        axes = module.meta["dynamic_axes"]
+        axes = DYNAMIC_AXES.get(module, ())
         keys.append((step_key(module, ("adamw",), inputs, axes), step_key(module, ("adamw",), inputs)))
     assert keys[0][0] == keys[1][0]
     assert keys[0][1] != keys[1][1]  # a fixed-shape key names the sizes
