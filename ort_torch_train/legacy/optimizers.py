@@ -39,9 +39,9 @@ from torch import Tensor
 
 from ort_torch_train.legacy.lamb import LAMB_FLOAT_DEFAULTS, LAMB_INT_DEFAULTS, Lamb, lamb_attributes
 from ort_torch_train.legacy.moments import InitialState, NodeAttributes, PerWeightMoments, clip_divisor, node_attributes
-from ort_torch_train.optim.engine import gradient_buffers
 from ort_torch_train.optim.float32 import to_float32
 from ort_torch_train.optim.sgd import SGDHyperparameters, sgd
+from ort_torch_train.optim.tensor_lists import gradient_buffers
 
 ADAM_FLOAT_DEFAULTS = {"alpha": 0.9, "beta": 0.999, "lambda": 0.0, "epsilon": 1e-8, "max_norm_clip": 1.0}
 ADAM_INT_DEFAULTS = {"do_bias_correction": 1, "weight_decay_mode": 0}
