@@ -37,8 +37,8 @@ from ort_torch_train.optim.algorithm import (
     DEFAULT_LEARNING_RATE,
     AttributeValue,
     Hyperparameters,
-    KernelRun,
     OptimizerAlgorithm,
+    PreparedKernel,
 )
 from ort_torch_train.optim.compiled import FusedUpdate, compiled, scalar_tensor
 from ort_torch_train.optim.float32 import to_float32
@@ -336,7 +336,8 @@ def _update(
     grads: list[Tensor],
     moments: list[list[Tensor]],
     hyperparameters: Hyperparameters,
-    run: KernelRun,
+    step: int,
+    kernel: PreparedKernel,
 ) -> None:
     exp_avgs, exp_avg_sqs = moments
     adamw_prepared(
@@ -345,10 +346,10 @@ def _update(
         exp_avgs,
         exp_avg_sqs,
         _own(hyperparameters),
-        step=run.step,
-        implementation=run.implementation,
-        scratch=run.scratch,
-        step_tensor=run.step_tensor,
+        step=step,
+        implementation=kernel.implementation,
+        scratch=kernel.scratch,
+        step_tensor=kernel.step_tensor,
     )
 
 

@@ -36,18 +36,18 @@ class Hyperparameters(Protocol):
         ...
 
 
-class KernelRun(NamedTuple):
-    """What one kernel call needs beside the tensors and the hyperparameters."""
+class PreparedKernel(NamedTuple):
+    """What every kernel call on the same tensor lists reuses: the implementation chosen and its buffers."""
 
-    step: int  # the 1-based step fed to the node (completed steps + 1)
     implementation: str  # one of the record's ``implementations``
     scratch: tuple[list[Tensor], ...] | None  # ``scratch_lists`` reused buffers shaped like the params, or None
     step_tensor: Tensor | None  # a reused float32 scalar on the params' device, for kernels that read the step so
 
 
 TensorLists = list[Tensor]
-# kernel(params, grads, moments (one list per name of ``updated_moments``), hyperparameters, run)
-Update = Callable[[TensorLists, TensorLists, list[TensorLists], Hyperparameters, KernelRun], None]
+# kernel(params, grads, moments (one list per name of ``updated_moments``), hyperparameters, the 1-based step
+# fed to the node (completed steps + 1), the prepared kernel)
+Update = Callable[[TensorLists, TensorLists, list[TensorLists], Hyperparameters, int, PreparedKernel], None]
 
 
 @dataclass(frozen=True, eq=False, repr=False)

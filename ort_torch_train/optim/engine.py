@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ort_torch_train.optim.algorithm import DEFAULT_LEARNING_RATE, KernelRun
+from ort_torch_train.optim.algorithm import DEFAULT_LEARNING_RATE, PreparedKernel
 from ort_torch_train.optim.compiled import FusedUpdate, scalar_tensor
 from ort_torch_train.optim.float32 import to_float32
 from ort_torch_train.optim.optimizer_model import OptimizerSpec
@@ -70,9 +70,7 @@ class OptimizerEngine:
         state.ensure_optimizer(GROUP_NAME, DEFAULT_LEARNING_RATE)
         self._fused_update = algorithm.fused_update(spec.hyperparameters, spec.clip_max_norm)
         self._tensors = KernelTensors()  # the tensor lists the kernel runs on, built by refresh()
-        self._scratch: tuple[list[Tensor], ...] | None = None
-        self._step_tensor: Tensor | None = None
-        self._implementation = ""
+        self._kernel = PreparedKernel("", None, None)  # the kernel chosen for them, and its buffers
         self._prepared_device: torch.device | None = None
         self._prepared_generation: int | None = None  # the state's generation the tensor lists were built at
         self._host_scalars: tuple[np.ndarray, Tensor] | None = None  # next_step_scalars' CPU buffer
@@ -112,8 +110,7 @@ class OptimizerEngine:
             return False
         optimizer_state = self._optimizer_state
         step = optimizer_state.step + 1
-        run = KernelRun(step, self._implementation, self._scratch, self._step_tensor)
-        self.algorithm.update(tensors.params, tensors.grads, tensors.moments, self._hyperparameters, run)
+        self.algorithm.update(tensors.params, tensors.grads, tensors.moments, self._hyperparameters, step, self._kernel)
         optimizer_state.step = step
         self._provider.after_step(tensors)
         return True
@@ -160,7 +157,8 @@ class OptimizerEngine:
     def refresh(self) -> None:
         """(Re)build the tensor lists the kernel runs on, creating zero moments when there are none."""
         self.state.require_loaded("perform OptimizerStep")
-        self._tensors, self._scratch, self._prepared_generation = KernelTensors(), None, None  # the old tensors can go
+        self._tensors, self._kernel = KernelTensors(), PreparedKernel("", None, None)  # the old tensors can go
+        self._prepared_generation = None
         self._tensors = self._provider.kernel_tensors(self.state, self.param_names, self.algorithm)
         self._ready_kernel()
 
@@ -168,13 +166,14 @@ class OptimizerEngine:
         """Choose the kernel for the tensor lists and allocate its reused buffers."""
         tensors = self._tensors
         params = tensors.params
-        self._implementation = self._requested_implementation or self.algorithm.default_implementation(
+        implementation = self._requested_implementation or self.algorithm.default_implementation(
             params, tensors.grads, tensors.moments
         )
-        self._step_tensor = torch.zeros((), dtype=torch.float32, device=params[0].device)  # reused by "fused"
-        self._scratch = None  # on CPU, fresh temporaries cost page faults at every step; CUDA caches them
-        if self._implementation == "foreach" and params[0].device.type == "cpu":
-            self._scratch = make_scratch(params, self.algorithm.scratch_lists)
+        step_tensor = torch.zeros((), dtype=torch.float32, device=params[0].device)  # reused by "fused"
+        scratch = None  # on CPU, fresh temporaries cost page faults at every step; CUDA caches them
+        if implementation == "foreach" and params[0].device.type == "cpu":
+            scratch = make_scratch(params, self.algorithm.scratch_lists)
+        self._kernel = PreparedKernel(implementation, scratch, step_tensor)
         self._prepared_device = params[0].device
         self._prepared_generation = self.state.generation
 

@@ -19,8 +19,8 @@ from ort_torch_train.optim.algorithm import (
     DEFAULT_LEARNING_RATE,
     AttributeValue,
     Hyperparameters,
-    KernelRun,
     OptimizerAlgorithm,
+    PreparedKernel,
 )
 from ort_torch_train.optim.compiled import FusedUpdate, compiled, scalar_tensor
 from ort_torch_train.optim.float32 import to_float32
@@ -98,11 +98,12 @@ def _update(
     grads: list[Tensor],
     moments: list[list[Tensor]],
     hyperparameters: Hyperparameters,
-    run: KernelRun,
+    step: int,
+    kernel: PreparedKernel,
 ) -> None:
     if not isinstance(hyperparameters, SGDHyperparameters):
         raise TypeError(f"sgd: expected SGDHyperparameters; got {type(hyperparameters).__name__}")
-    sgd(params, grads, hyperparameters, implementation=run.implementation, scratch=run.scratch)
+    sgd(params, grads, hyperparameters, implementation=kernel.implementation, scratch=kernel.scratch)
 
 
 def _fused_update(hyperparameters: Hyperparameters, clip_max_norm: float | None) -> FusedUpdate:

@@ -21,8 +21,8 @@ from ort_torch_train.optim.algorithm import (
     DEFAULT_LEARNING_RATE,
     AttributeValue,
     Hyperparameters,
-    KernelRun,
     OptimizerAlgorithm,
+    PreparedKernel,
 )
 from ort_torch_train.optim.compiled import FusedUpdate
 from ort_torch_train.optim.engine import OptimizerEngine
@@ -61,7 +61,12 @@ def _hyperparameters(attributes: Mapping[str, AttributeValue]) -> ScaledHyperpar
 
 
 def _update(
-    params: list[Tensor], grads: list[Tensor], moments: list[list[Tensor]], h: Hyperparameters, run: KernelRun
+    params: list[Tensor],
+    grads: list[Tensor],
+    moments: list[list[Tensor]],
+    h: Hyperparameters,
+    step: int,
+    kernel: PreparedKernel,
 ) -> None:
     with torch.no_grad():
         scaled_sgd(params, grads, -_own(h).scale * h.lr)

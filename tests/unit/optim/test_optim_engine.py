@@ -162,14 +162,17 @@ def test_resume_from_a_saved_checkpoint_is_bit_exact(implementation):
 
 
 def test_default_implementation():
-    assert OptimizerEngine(HF_ADAMW, make_state(), NAMES)._implementation == "fused"
+    assert OptimizerEngine(HF_ADAMW, make_state(), NAMES)._kernel.implementation == "fused"
     no_bias_correction = OptimizerSpec(
         ADAMW_ALGORITHM, ADAMW_ALGORITHM.hyperparameters(dict(adam_mode=1, correct_bias=0))
     )
-    assert OptimizerEngine(no_bias_correction, make_state(), NAMES)._implementation == "fused"
-    assert OptimizerEngine(SGD, make_state(), NAMES)._implementation == "foreach"
+    assert OptimizerEngine(no_bias_correction, make_state(), NAMES)._kernel.implementation == "fused"
+    assert OptimizerEngine(SGD, make_state(), NAMES)._kernel.implementation == "foreach"
     foreach = OptimizerEngine(HF_ADAMW, make_state(), NAMES, implementation="foreach")
-    assert len(foreach._scratch) == 2 and foreach._scratch[0][0].shape == foreach.tensor_lists().params[0].shape
+    assert (
+        len(foreach._kernel.scratch) == 2
+        and foreach._kernel.scratch[0][0].shape == foreach.tensor_lists().params[0].shape
+    )
 
 
 def test_engine_rejects_moments_that_do_not_fit():
