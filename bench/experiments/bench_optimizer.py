@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from ort_torch_train.api import set_threads
-from ort_torch_train.optim.adamw import AdamWHyperparameters, adamw
+from ort_torch_train.optim.adamw import ADAMW_ALGORITHM, AdamWHyperparameters, adamw
 from ort_torch_train.optim.engine import OptimizerEngine
 from ort_torch_train.optim.optimizer_model import OptimizerSpec
 from ort_torch_train.optim.scratch import make_scratch
@@ -84,7 +84,8 @@ def contenders(shapes: list[tuple[int, ...]], device: torch.device) -> dict[str,
 
     def engine() -> Callable[[], None]:
         state = TrainingState({f"p{i}": p for i, p in enumerate(fresh())})
-        spec = OptimizerSpec("adamw", epsilon=1e-6, weight_decay=0.01, adam_mode=1, correct_bias=True)
+        attributes = {"epsilon": 1e-6, "weight_decay": 0.01, "adam_mode": 1, "correct_bias": 1}
+        spec = OptimizerSpec(ADAMW_ALGORITHM, ADAMW_ALGORITHM.hyperparameters(attributes))
         return OptimizerEngine(spec, state, list(state.params)).step
 
     return {

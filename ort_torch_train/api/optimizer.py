@@ -8,7 +8,7 @@ from typing import Any
 import onnx
 
 from ort_torch_train.distributed.data_parallel import require_same_learning_rate, require_same_optimizer_state
-from ort_torch_train.distributed.zero import ShardedOptimizerEngine
+from ort_torch_train.distributed.zero import ShardedTensors
 from ort_torch_train.errors import DistributedError
 from ort_torch_train.optim.engine import OptimizerEngine
 from ort_torch_train.optim.optimizer_model import OptimizerSpec, read_optimizer_model
@@ -211,7 +211,7 @@ class ConstantWithWarmupLRScheduler(_MultiplicativeLRScheduler):
 
 def _sharded_engine(
     spec: OptimizerSpec, module: Any, implementation: str | None, loss_scaler: LossScaler | None
-) -> ShardedOptimizerEngine:
+) -> OptimizerEngine:
     """A ZeRO-1 optimizer engine over a distributed module's trainable parameters, whose checkpoints
     save the moments gathered from every rank's shard."""
     data_parallel = getattr(module, "data_parallel", None)
@@ -219,13 +219,8 @@ def _sharded_engine(
         raise DistributedError(
             "Optimizer(shard_state=True) needs a distributed Module (Module(..., distributed=True)); this one is not"
         )
-    engine = ShardedOptimizerEngine(
-        spec,
-        module.training_state,
-        module.trainable_parameter_names,
-        data_parallel.group,
-        implementation=implementation,
-        loss_scaler=loss_scaler,
-    )
-    data_parallel.checkpoint.gather_moments_from(engine)
+    state, names = module.training_state, module.trainable_parameter_names
+    shards = ShardedTensors(state, names, data_parallel.group)
+    engine = OptimizerEngine(spec, state, names, implementation=implementation, loss_scaler=loss_scaler, tensors=shards)
+    data_parallel.checkpoint.gather_moments_from(engine, shards)
     return engine

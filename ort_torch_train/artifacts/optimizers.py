@@ -1,9 +1,10 @@
 """The optimizer models of ORT's generator (``onnxblock.optim``), and ``OptimType``.
 
-Layout: inputs ``learning_rate: float[1]``, ``step: int64[1]``, then the tensor sequences ``params``,
-``gradients``, ``first_order_moments`` (+ ``second_order_moments`` for AdamW); one ``com.microsoft``
-``AdamWOptimizer`` or ``SGDOptimizerV2`` node, optionally fed by ``InplaceClipGradNorm``; one bool[1]
-output, the updated flag.
+Layout: the graph inputs the algorithm's record names (``optim/algorithm.py``): ``learning_rate:
+float[1]``, ``step: int64[1]``, then tensor sequences (``params``, ``gradients``,
+``first_order_moments`` (+ ``second_order_moments`` for AdamW)); one node of the record's op type
+(``com.microsoft`` ``AdamWOptimizer`` or ``SGDOptimizerV2``) on the record's node inputs, optionally
+fed by ``InplaceClipGradNorm``; one bool[1] output, the updated flag.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ import onnx
 
 from ort_torch_train.artifacts.blocks import Block, building
 from ort_torch_train.artifacts.graph_edit import ORT_MAX_IR_VERSION, ORT_MAX_OPSET, register_graph_outputs
+from ort_torch_train.optim.adamw import ADAMW_ALGORITHM
+from ort_torch_train.optim.algorithm import MS_DOMAIN, OptimizerAlgorithm
+from ort_torch_train.optim.sgd import SGD_ALGORITHM
 
-MICROSOFT = "com.microsoft"
 Parameters = tuple[Sequence[onnx.TensorProto], Sequence[onnx.TensorProto]]  # (trainable, frozen)
 
 
@@ -40,7 +43,7 @@ class ClipGradNorm(Block):
             "InplaceClipGradNorm",
             [gradients_name],
             outputs=["clip_grad_norm_output"],
-            domain=MICROSOFT,
+            domain=MS_DOMAIN,
             max_norm=self._max_norm,
         )
         self._model.graph.value_info.append(
@@ -50,36 +53,47 @@ class ClipGradNorm(Block):
 
 
 class _Optimizer(Block):
-    """Common inputs of ORT's optimizer graphs; subclasses add the update node."""
+    """An optimizer graph of ``algorithm``'s layout; subclasses name the node's output and attributes."""
+
+    algorithm: OptimizerAlgorithm
+    updated_flag: str  # the node's output, the graph's
 
     def __init__(self, clip_grad: ClipGradNorm | None = None) -> None:
         super().__init__()
         self._clip_grad = clip_grad
+        self._attributes: dict[str, float | int] = {}  # the node's
 
     def build(self, parameters: Parameters) -> str:
         """The optimizer node's output name; its inputs are ``parameters``' values, gradients and moments."""
         trainable, _ = parameters
+        elem_type = trainable[0].data_type
         graph = self._model.graph
-        graph.input.extend(
-            [
-                onnx.helper.make_tensor_value_info("learning_rate", onnx.TensorProto.FLOAT, [1]),
-                onnx.helper.make_tensor_value_info("step", onnx.TensorProto.INT64, [1]),
-            ]
-        )
-        for name in ("params", "gradients", "first_order_moments"):
-            graph.input.append(onnx.helper.make_tensor_sequence_value_info(name, trainable[0].data_type, None))
+        scalars = {"learning_rate": onnx.TensorProto.FLOAT, "step": onnx.TensorProto.INT64}
+        for name in self.algorithm.graph_inputs:
+            graph.input.append(
+                onnx.helper.make_tensor_value_info(name, scalars[name], [1])
+                if name in scalars
+                else onnx.helper.make_tensor_sequence_value_info(name, elem_type, None)
+            )
         gradients = self._clip_grad("gradients") if self._clip_grad is not None else "gradients"
-        flag = self._update_node(gradients, trainable[0].data_type)
+        inputs = [gradients if name == "gradients" else name for name in self.algorithm.node_inputs]
+        (flag,) = self.add_node(
+            self.algorithm.op_type,
+            inputs,
+            outputs=[self.updated_flag],
+            domain=self.algorithm.domain,
+            **self._attributes,
+        )
         graph.output.append(onnx.helper.make_tensor_value_info(flag, onnx.TensorProto.BOOL, [1]))
         return flag
-
-    def _update_node(self, gradients: str, elem_type: int) -> str:
-        raise NotImplementedError
 
 
 class AdamW(_Optimizer):
     """``com.microsoft.AdamWOptimizer`` with onnxblock's defaults (adam_mode=1: the HF/transformers AdamW;
     ``adam_mode=0`` is torch.optim.AdamW's math)."""
+
+    algorithm = ADAMW_ALGORITHM
+    updated_flag = "adamw.updated_flag"
 
     def __init__(
         self,
@@ -104,23 +118,12 @@ class AdamW(_Optimizer):
             "adam_mode": adam_mode,
         }
 
-    def _update_node(self, gradients: str, elem_type: int) -> str:
-        self._model.graph.input.append(
-            onnx.helper.make_tensor_sequence_value_info("second_order_moments", elem_type, None)
-        )
-        inputs = ["learning_rate", "step", "params", gradients, "first_order_moments", "second_order_moments"]
-        return self.add_node(
-            "AdamWOptimizer", inputs, outputs=["adamw.updated_flag"], domain=MICROSOFT, **self._attributes
-        )[0]
-
 
 class SGD(_Optimizer):
     """``com.microsoft.SGDOptimizerV2(learning_rate, params, gradients)``: ``w -= lr * g``."""
 
-    def _update_node(self, gradients: str, elem_type: int) -> str:
-        return self.add_node(
-            "SGDOptimizerV2", ["learning_rate", "params", gradients], outputs=["update_completed"], domain=MICROSOFT
-        )[0]
+    algorithm = SGD_ALGORITHM
+    updated_flag = "update_completed"
 
 
 OPTIMIZER_BLOCKS = {OptimType.AdamW: AdamW, OptimType.SGD: SGD}
@@ -137,7 +140,7 @@ def build_optimizer_model(
     model.graph.name = "graph"
     model.opset_import.extend(
         [
-            onnx.helper.make_opsetid(MICROSOFT, 1),
+            onnx.helper.make_opsetid(MS_DOMAIN, 1),
             onnx.helper.make_opsetid("", min(opset or ORT_MAX_OPSET, ORT_MAX_OPSET)),
         ]
     )

@@ -6,7 +6,6 @@ import argparse
 import json
 import math
 import os
-from dataclasses import asdict
 from typing import Any
 
 import onnx
@@ -80,11 +79,13 @@ def inspect_artifacts(paths: ArtifactPaths) -> dict[str, Any]:
 
 def _describe_optimizer(path: str | os.PathLike) -> dict[str, Any]:
     spec = read_optimizer_model(path)
-    hyperparameters = {k: v for k, v in asdict(spec).items() if k != "kind"}
-    if spec.kind == "sgd":  # SGDOptimizerV2 has no attributes: only the clipping and the update signal apply
-        hyperparameters = {k: hyperparameters[k] for k in ("clip_max_norm", "has_update_signal")}
+    hyperparameters = {
+        **spec.algorithm.reported(spec.hyperparameters),
+        "clip_max_norm": spec.clip_max_norm,
+        "has_update_signal": spec.has_update_signal,
+    }
     return {
-        "algorithm": {"adamw": "AdamW", "sgd": "SGD"}[spec.kind],
+        "algorithm": spec.algorithm.display_name,
         "hyperparameters": {k: short_float(v) if isinstance(v, float) else v for k, v in hyperparameters.items()},
     }
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -23,10 +24,14 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ort_torch_train.distributed.zero import ShardedOptimizerEngine
+from ort_torch_train.checkpoint.odtc import write_checkpoint
+from ort_torch_train.checkpoint.records import OptimizerGroupRecord
+from ort_torch_train.distributed.zero import ShardedTensors
 from ort_torch_train.errors import CheckpointError, DistributedError
+from ort_torch_train.optim.engine import OptimizerEngine
 from ort_torch_train.state.training_state import TrainingState
 
+log = logging.getLogger(__name__)
 ARRIVAL_TIMEOUT = 60.0  # seconds rank 0 waits for the other ranks at a save of sharded moments
 _KEY = "ort_torch_train/save"
 
@@ -42,11 +47,13 @@ class DistributedCheckpoint:
         self._store = group.get_group_store()
         self._saves = 0  # save_checkpoint calls on this rank
         self._sharded_saves = 0  # those that gathered sharded moments
-        self._sharded: ShardedOptimizerEngine | None = None  # the engine holding the moments' shards, if any
+        # the engine whose moments are sharded, and its tensor provider that holds the shards, if any
+        self._sharded: tuple[OptimizerEngine, ShardedTensors] | None = None
 
-    def gather_moments_from(self, sharded: ShardedOptimizerEngine) -> None:
-        """Save the whole moments, gathered from ``sharded``'s shards, instead of the state's slices."""
-        self._sharded = sharded
+    def gather_moments_from(self, engine: OptimizerEngine, shards: ShardedTensors) -> None:
+        """Save the whole moments, gathered from the shards of ``engine`` that ``shards`` (its tensor
+        provider) holds, instead of the state's slices."""
+        self._sharded = (engine, shards)
 
     def save(self, state: TrainingState, path: str | os.PathLike, include_optimizer_state: bool) -> None:
         """Write ``state`` to ``path`` from rank 0; on another rank, wait for that save (see the module doc)."""
@@ -61,7 +68,8 @@ class DistributedCheckpoint:
         if include_optimizer_state and self._sharded is not None:
             self._await_every_rank(target)
             with self._failures(target, "gathering the sharded moments"):
-                gathered = self._sharded.gathered_momentums()
+                engine, shards = self._sharded
+                gathered = shards.gathered_momentums(engine)
         self._saves += 1
         if self.rank == 0:
             self._write_and_publish(state, target, include_optimizer_state, gathered)
@@ -126,8 +134,11 @@ def _write(state: TrainingState, target: str, include_optimizer_state: bool, gat
     if gathered is None or state.optimizer is None:
         state.save(target, include_optimizer_state)
         return
-    shard, state.optimizer.momentums = state.optimizer.momentums, gathered
-    try:
-        state.save(target, include_optimizer_state)
-    finally:
-        state.optimizer.momentums = shard
+    group = state.optimizer  # its moments are this rank's slices: the record takes the gathered ones
+    with state.lock:
+        record = state.to_record(include_optimizer_state=False)
+        record.optimizer_groups.append(
+            OptimizerGroupRecord(group.group_name, group.step, group.initial_learning_rate, gathered)
+        )
+        write_checkpoint(record, target)
+    log.info("saved checkpoint %s (optimizer state gathered from every rank's shard)", target)

@@ -7,6 +7,9 @@ slice with the ORT-exact kernels, which are element-wise; then one ``all_gather`
 the whole updated parameter space. What is not element-wise: the gradient-norm clip sums the squared
 norms of the slices across ranks (one all-reduce); fp16 loss scaling agrees on the inf/nan skip
 across ranks (``LossScaler.process_group``); the step count is one per optimizer, as in ORT.
+
+``ShardedTensors`` is the OptimizerEngine's tensor provider (``optim/tensor_lists.py``) that does this:
+the engine runs its algorithm's kernel on the slices it gives and calls it after each update.
 """
 
 from __future__ import annotations
@@ -19,10 +22,10 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ort_torch_train.errors import CheckpointError, DistributedError
+from ort_torch_train.optim.algorithm import OptimizerAlgorithm
 from ort_torch_train.optim.clip import clip_grad_norm_
-from ort_torch_train.optim.engine import OptimizerEngine, gradient_buffers, trainable_parameter
-from ort_torch_train.optim.optimizer_model import OptimizerSpec
-from ort_torch_train.state.loss_scale import LossScaler
+from ort_torch_train.optim.engine import OptimizerEngine
+from ort_torch_train.optim.tensor_lists import KernelTensors, gradient_buffers, optimizer_group, trainable_parameter
 from ort_torch_train.state.training_state import TrainingState
 
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
@@ -77,21 +80,13 @@ class FlatShard:
         return list(whole[: sum(self.numels)].split(self.numels))
 
 
-class ShardedOptimizerEngine(OptimizerEngine):
-    """An ``OptimizerEngine`` whose state and update are sharded element-wise across ``group``."""
+class ShardedTensors:
+    """An OptimizerEngine's tensor provider for ZeRO stage 1: this rank's slices of the trainable
+    tensors and of their moments, across ``group``; after each update, every rank's slices gathered."""
 
     fuses_into_step = False  # a compiled train step runs forward, backward and reduction; the update runs here
 
-    def __init__(
-        self,
-        spec: OptimizerSpec,
-        state: TrainingState,
-        param_names: Sequence[str],
-        group: Any,
-        *,
-        implementation: str | None = None,
-        loss_scaler: LossScaler | None = None,
-    ) -> None:
+    def __init__(self, state: TrainingState, param_names: Sequence[str], group: Any) -> None:
         params = [state.params[name] for name in param_names]
         if len({(p.dtype, p.device) for p in params}) > 1:
             raise DistributedError(
@@ -107,67 +102,76 @@ class ShardedOptimizerEngine(OptimizerEngine):
                 "shard_state=False"
             )
         self.group = group
-        super().__init__(spec, state, param_names, implementation=implementation, loss_scaler=loss_scaler)
+        self._whole_params: list[Tensor] = []  # the flattened parameters the gathered slices go to
+        self._stored: dict[str, list[Tensor]] = {}  # stored moment name -> this rank's slices of it
 
-    def step(self, update_signal: bool = True) -> bool:
-        """Update this rank's slice (clipped by the global norm), then gather all updated parameters."""
-        if not super().step(update_signal):
-            return False
-        with torch.no_grad():
-            self.shard.gather_into(self._whole_params, self._params)
-        return True
-
-    def _clip_gradients(self, max_norm: float) -> None:
-        clip_grad_norm_(self._grads, max_norm, group=self.group)
-
-    def refresh(self) -> None:
-        """(Re)build the slices the kernel runs on; a checkpoint's whole moments are cut to this rank's."""
-        self.state.require_loaded("perform OptimizerStep")
-        params = [trainable_parameter(self.state, name) for name in self.param_names]
+    def kernel_tensors(
+        self, state: TrainingState, param_names: Sequence[str], algorithm: OptimizerAlgorithm
+    ) -> KernelTensors:
+        """This rank's slices; a checkpoint's whole moments are cut to them (``TensorProvider``)."""
+        if not algorithm.elementwise:
+            raise DistributedError(
+                f"Optimizer(shard_state=True): {algorithm.display_name}'s update is not element-wise, "
+                "so its state cannot be sharded; use shard_state=False"
+            )
+        params = [trainable_parameter(state, name) for name in param_names]
         self._whole_params = [param.detach().view(-1) for param in params]
-        momentums = self._optimizer_state.momentums
-        owned_names = [self.param_names[index] for index, _, _ in self.shard.pieces]
+        momentums = optimizer_group(state).momentums
+        owned_names = [param_names[index] for index, _, _ in self.shard.pieces]
         fresh = not momentums  # no moments yet: zeros, as in ORT
         owned = {}
         for (index, start, stop), name in zip(self.shard.pieces, owned_names):
             param = params[index].detach()
             owned[name] = (
-                {key: param.new_zeros(stop - start) for key in self.spec.momentum_names}
+                {key: param.new_zeros(stop - start) for key in algorithm.stored_moments}
                 if fresh
-                else self._owned_moments(name, param, start, stop, momentums.get(name))
+                else _owned_moments(name, param, start, stop, momentums.get(name), algorithm.stored_moments)
             )
-        self.state.set_moments(owned, only=True)
-        self._params = self.shard.owned([param.detach() for param in params])
-        self._grads = self.shard.owned(gradient_buffers(params))
-        self._moments = [[momentums[name][key] for name in owned_names] for key in self.spec.momentum_names]
-        self._ready_kernel()
+        state.set_moments(owned, only=True)
+        self._stored = {key: [momentums[name][key] for name in owned_names] for key in algorithm.stored_moments}
+        return KernelTensors(
+            self.shard.owned([param.detach() for param in params]),
+            self.shard.owned(gradient_buffers(params)),
+            [self._stored[key] for key in algorithm.updated_moments],
+        )
 
-    def _owned_moments(
-        self, name: str, param: Tensor, start: int, stop: int, moments: dict[str, Tensor] | None
-    ) -> dict[str, Tensor]:
-        """This rank's slice of a parameter's moments: kept, or cut from a checkpoint's whole ones."""
-        if moments is None:
-            raise CheckpointError(f"Parameter {name} not found in the source optimizer checkpoint states.")
-        owned = {}
-        for key in self.spec.momentum_names:
-            moment = moments.get(key)
-            if moment is None or moment.dtype != param.dtype or moment.numel() not in (param.numel(), stop - start):
-                found = "nothing" if moment is None else f"{moment.dtype} of shape {tuple(moment.shape)}"
-                raise CheckpointError(
-                    f"optimizer state {name!r}/{key!r}: expected {param.dtype} of shape "
-                    f"{tuple(param.shape)} (or this rank's slice of {stop - start}); "
-                    f"found {found}"
-                )
-            moment = moment.to(param.device)
-            owned[key] = moment.reshape(-1)[start:stop].clone() if moment.numel() == param.numel() else moment
-        return owned
+    def clip_gradients(self, grads: list[Tensor], max_norm: float) -> None:
+        """Clip by the norm of every rank's slices together (one all-reduce)."""
+        clip_grad_norm_(grads, max_norm, group=self.group)
 
-    def gathered_momentums(self) -> dict[str, dict[str, Tensor]]:
-        """Every parameter's whole moments, gathered from their slices (a collective: all ranks call it)."""
-        self._prepare()
-        full: dict[str, dict[str, Tensor]] = {name: {} for name in self.param_names}
+    def after_step(self, tensors: KernelTensors) -> None:
+        """Gather every rank's updated slices into the whole parameters (a collective)."""
         with torch.no_grad():
-            for key, pieces in zip(self.spec.momentum_names, self._moments):
-                for name, whole in zip(self.param_names, self.shard.gather(pieces, self._params[0])):
-                    full[name][key] = whole.view(self.state.params[name].shape)
+            self.shard.gather_into(self._whole_params, tensors.params)
+
+    def gathered_momentums(self, engine: OptimizerEngine) -> dict[str, dict[str, Tensor]]:
+        """Every parameter's whole moments, gathered from the slices of ``engine`` (whose tensor provider
+        this is). A collective: all ranks call it."""
+        like = engine.tensor_lists().params[0]
+        full: dict[str, dict[str, Tensor]] = {name: {} for name in engine.param_names}
+        with torch.no_grad():
+            for key, pieces in self._stored.items():
+                for name, whole in zip(engine.param_names, self.shard.gather(pieces, like)):
+                    full[name][key] = whole.view(engine.state.params[name].shape)
         return full
+
+
+def _owned_moments(
+    name: str, param: Tensor, start: int, stop: int, moments: dict[str, Tensor] | None, keys: Sequence[str]
+) -> dict[str, Tensor]:
+    """This rank's slice of a parameter's moments: kept, or cut from a checkpoint's whole ones."""
+    if moments is None:
+        raise CheckpointError(f"Parameter {name} not found in the source optimizer checkpoint states.")
+    owned = {}
+    for key in keys:
+        moment = moments.get(key)
+        if moment is None or moment.dtype != param.dtype or moment.numel() not in (param.numel(), stop - start):
+            found = "nothing" if moment is None else f"{moment.dtype} of shape {tuple(moment.shape)}"
+            raise CheckpointError(
+                f"optimizer state {name!r}/{key!r}: expected {param.dtype} of shape "
+                f"{tuple(param.shape)} (or this rank's slice of {stop - start}); "
+                f"found {found}"
+            )
+        moment = moment.to(param.device)
+        owned[key] = moment.reshape(-1)[start:stop].clone() if moment.numel() == param.numel() else moment
+    return owned

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from ort_torch_train.legacy.moments import NodeAttributes, PerWeightMoments, clip_divisor, node_attributes
-from ort_torch_train.optim.engine import gradient_buffers
 from ort_torch_train.optim.lamb import lamb
+from ort_torch_train.optim.tensor_lists import gradient_buffers
 
 LAMB_FLOAT_DEFAULTS = {
     "alpha": 0.9,

@@ -1,5 +1,6 @@
 """The legacy per-weight optimizers ``com.microsoft.SGDOptimizer`` and ``AdamOptimizer`` over torch tensors,
-and ``build_optimizer`` for them and ``LambOptimizer`` (``legacy/lamb.py``).
+and ``build_optimizer`` for them and ``LambOptimizer`` (``legacy/lamb.py``), which selects one through
+``LEGACY_OPTIMIZERS``: a record per op of the attributes it reads and its builder.
 
 Graph construction (ORT 1.13, ``core/graph/optimizer/*_optimizer_builder.cc``): one node per trained
 weight; the learning rate is the graph input ``lr_params_feed_name`` (float[1]); Adam keeps per-weight
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
@@ -39,9 +40,9 @@ from torch import Tensor
 
 from ort_torch_train.legacy.lamb import LAMB_FLOAT_DEFAULTS, LAMB_INT_DEFAULTS, Lamb, lamb_attributes
 from ort_torch_train.legacy.moments import InitialState, NodeAttributes, PerWeightMoments, clip_divisor, node_attributes
-from ort_torch_train.optim.engine import gradient_buffers
 from ort_torch_train.optim.float32 import to_float32
 from ort_torch_train.optim.sgd import SGDHyperparameters, sgd
+from ort_torch_train.optim.tensor_lists import gradient_buffers
 
 ADAM_FLOAT_DEFAULTS = {"alpha": 0.9, "beta": 0.999, "lambda": 0.0, "epsilon": 1e-8, "max_norm_clip": 1.0}
 ADAM_INT_DEFAULTS = {"do_bias_correction": 1, "weight_decay_mode": 0}
@@ -54,6 +55,27 @@ class AdamAttributes(NodeAttributes):
 
     do_bias_correction: bool
     weight_decay_mode: int
+
+
+@dataclass(frozen=True)
+class LegacyArguments:
+    """What a legacy optimizer is built from (``build_optimizer``'s arguments, checked)."""
+
+    params: Mapping[str, torch.nn.Parameter]
+    float_attributes: Mapping[str, Mapping[str, float]]
+    int_attributes: Mapping[str, Mapping[str, int]]
+    initial_state: InitialState
+    clip_grad_norm: bool
+    fp16_moments: bool
+
+
+@dataclass(frozen=True)
+class LegacyAlgorithm:
+    """One legacy optimizer op: the node attributes it reads (with their schema defaults) and its builder."""
+
+    float_defaults: Mapping[str, float]
+    int_defaults: Mapping[str, int]
+    build: Callable[[LegacyArguments], LegacyOptimizer]
 
 
 def adam_attributes(weight: str, floats: Mapping[str, float], ints: Mapping[str, int]) -> AdamAttributes:
@@ -79,8 +101,9 @@ def build_optimizer(
     an entry for every trained weight (``all_weights`` when ``params`` are slices of some of them). Attribute names the
     optimizer does not read are ignored, as ORT does, with a warning.
     """
-    floats = {"AdamOptimizer": ADAM_FLOAT_DEFAULTS, "LambOptimizer": LAMB_FLOAT_DEFAULTS}.get(name, {})
-    ints = {"AdamOptimizer": ADAM_INT_DEFAULTS, "LambOptimizer": LAMB_INT_DEFAULTS}.get(name, {})
+    if name not in LEGACY_OPTIMIZERS:
+        raise ValueError(f"build_optimizer: no legacy optimizer {name!r}; expected one of {list(LEGACY_OPTIMIZERS)}")
+    algorithm = LEGACY_OPTIMIZERS[name]
     for weight in all_weights if all_weights is not None else params:
         for what, maps in (("attribute", float_attributes), ("int attribute", int_attributes)):
             if weight not in maps:
@@ -89,22 +112,15 @@ def build_optimizer(
                     f"optimizer_{what.replace(' ', '_')}s_map needs an entry (a dict, maybe "
                     "empty) for every trained weight"
                 )
-    _check_attribute_names(name, float_attributes, floats, ints, "optimizer_attributes_map")
-    _check_attribute_names(name, int_attributes, ints, floats, "optimizer_int_attributes_map")
-    if name == "SGDOptimizer":
-        return SGD(params)
-    if name == "LambOptimizer":
-        return Lamb(
-            params,
-            {weight: lamb_attributes(weight, float_attributes[weight], int_attributes[weight]) for weight in params},
-            initial_state,
-            clip_grad_norm,
-            fp16_moments,
-        )
-    attributes = {
-        weight: adam_attributes(weight, float_attributes[weight], int_attributes[weight]) for weight in params
-    }
-    return Adam(params, attributes, initial_state, clip_grad_norm, fp16_moments)
+    _check_attribute_names(
+        name, float_attributes, algorithm.float_defaults, algorithm.int_defaults, "optimizer_attributes_map"
+    )
+    _check_attribute_names(
+        name, int_attributes, algorithm.int_defaults, algorithm.float_defaults, "optimizer_int_attributes_map"
+    )
+    return algorithm.build(
+        LegacyArguments(params, float_attributes, int_attributes, initial_state, clip_grad_norm, fp16_moments)
+    )
 
 
 def _check_attribute_names(
@@ -187,6 +203,34 @@ class Adam(PerWeightMoments[AdamAttributes]):
                 torch._foreach_copy_(stored[0] + stored[1], moments[0] + moments[1])
             for name in names:
                 self.update_counts[name] = count + 1
+
+
+def _sgd(arguments: LegacyArguments) -> LegacyOptimizer:
+    return SGD(arguments.params)
+
+
+def _adam(arguments: LegacyArguments) -> LegacyOptimizer:
+    a = arguments
+    attributes = {
+        weight: adam_attributes(weight, a.float_attributes[weight], a.int_attributes[weight]) for weight in a.params
+    }
+    return Adam(a.params, attributes, a.initial_state, a.clip_grad_norm, a.fp16_moments)
+
+
+def _lamb(arguments: LegacyArguments) -> LegacyOptimizer:
+    a = arguments
+    attributes = {
+        weight: lamb_attributes(weight, a.float_attributes[weight], a.int_attributes[weight]) for weight in a.params
+    }
+    return Lamb(a.params, attributes, a.initial_state, a.clip_grad_norm, a.fp16_moments)
+
+
+# training_optimizer_name -> its record
+LEGACY_OPTIMIZERS = {
+    "SGDOptimizer": LegacyAlgorithm({}, {}, _sgd),
+    "AdamOptimizer": LegacyAlgorithm(ADAM_FLOAT_DEFAULTS, ADAM_INT_DEFAULTS, _adam),
+    "LambOptimizer": LegacyAlgorithm(LAMB_FLOAT_DEFAULTS, LAMB_INT_DEFAULTS, _lamb),
+}
 
 
 def bias_correction(coefficient: float, update_count: int, enabled: bool) -> float:

@@ -23,7 +23,7 @@ from ort_torch_train.errors import DistributedError
 from ort_torch_train.legacy.moments import MOMENT_1, MOMENT_2, STATE_PREFIXES, UPDATE_COUNT
 from ort_torch_train.legacy.optimizers import InitialState, LegacyOptimizer, build_optimizer
 from ort_torch_train.legacy.parameters import TrainingParameters
-from ort_torch_train.optim.engine import gradient_buffers
+from ort_torch_train.optim.tensor_lists import gradient_buffers
 
 
 def build_legacy_optimizer(

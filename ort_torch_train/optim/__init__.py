@@ -1,6 +1,8 @@
 """optim: ORT's optimizer kernels (AdamW, SGD, gradient clipping), optimizer-model parsing and LR schedules.
 
-The optimizer core over a TrainingState is ``ort_torch_train.optim.engine.OptimizerEngine``.
+Each optimizer op type is one record beside its kernel (``algorithm.py``; the registry is
+``registry.py``). The optimizer core over a TrainingState is ``ort_torch_train.optim.engine.OptimizerEngine``,
+running its kernel on the tensor lists a provider gives (``tensor_lists.py``).
 """
 
 from ort_torch_train.optim.adamw import AdamWHyperparameters, adamw

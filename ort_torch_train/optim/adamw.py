@@ -12,7 +12,9 @@ t = step, every scalar in float32 (``std::pow(float, int64)`` is evaluated in do
 One functional entry, ``adamw``, runs one of four implementations. "single" (``single_tensor_adamw``,
 a per-tensor loop; also the kernel that torch.compile runs: "compiled", and a compiled train step)
 and "foreach" perform exactly these float32 operations in this order (no fused multiply-add);
-"fused" maps them onto ``torch._fused_adamw_`` (per-step scalars) and differs by float rounding only.
+"fused" maps them onto ``torch._fused_adamw_`` (per-step scalars) and differs by float rounding only
+(both multi-tensor implementations live in ``adamw_multi_tensor.py``). ``ADAMW_ALGORITHM`` is the
+op's record (``optim/algorithm.py``).
 The one op that is not bit-exact to ORT's CPU kernel is sqrt: ORT uses Eigen's fast-math
 approximation (rsqrtps + one Newton step), torch's CPU float32 sqrt is within 0.75 ulp.
 """
@@ -22,20 +24,26 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, NamedTuple, TypeVar
 
 import torch
 from torch import Tensor
 
-from ort_torch_train.optim.compiled import compiled, scalar_tensor
+from ort_torch_train.errors import ModelError
+from ort_torch_train.optim.adamw_multi_tensor import fused_adamw, fused_kernel_accepts, multi_tensor_adamw
+from ort_torch_train.optim.algorithm import (
+    DEFAULT_LEARNING_RATE,
+    AttributeValue,
+    Hyperparameters,
+    OptimizerAlgorithm,
+    PreparedKernel,
+)
+from ort_torch_train.optim.compiled import FusedUpdate, compiled, scalar_tensor
 from ort_torch_train.optim.float32 import to_float32
-from ort_torch_train.optim.scratch import scaled_copy
 
 IMPLEMENTATIONS = ("fused", "foreach", "single", "compiled")
-_FUSED_DEVICE_TYPES = ("cpu", "cuda")
-_FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_LARGEST_EXACT_FLOAT32_STEP = 2**24  # the fused kernel reads the step from a float32 tensor
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,10 @@ class AdamWHyperparameters:
     weight_decay: float
     adam_mode: int  # 0: torch AdamW, 1: HF AdamW
     correct_bias: bool
+
+    def with_learning_rate(self, lr: float) -> AdamWHyperparameters:
+        """These hyperparameters with another learning rate."""
+        return dataclasses.replace(self, lr=lr)
 
     def float32(self) -> AdamWHyperparameters:
         """These hyperparameters with every float rounded to float32, as ORT uses them."""
@@ -126,7 +138,7 @@ def choose_adamw_implementation(
     params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], exp_avg_sqs: list[Tensor]
 ) -> str:
     """Return "fused" when ``torch._fused_adamw_`` can run these tensors, else "foreach"."""
-    return "fused" if _fused_kernel_accepts(params, grads, exp_avgs, exp_avg_sqs) else "foreach"
+    return "fused" if fused_kernel_accepts(params, grads, exp_avgs, exp_avg_sqs) else "foreach"
 
 
 def adamw(
@@ -157,7 +169,7 @@ def adamw(
     hyperparameters.check()
     if implementation is None:
         implementation = choose_adamw_implementation(params, grads, exp_avgs, exp_avg_sqs)
-    elif implementation == "fused" and not _fused_kernel_accepts(params, grads, exp_avgs, exp_avg_sqs):
+    elif implementation == "fused" and not fused_kernel_accepts(params, grads, exp_avgs, exp_avg_sqs):
         raise ValueError(
             "adamw: implementation 'fused' needs all tensors on one cpu or cuda device with "
             f"one floating dtype; got devices {_devices(params)} and dtypes {_dtypes(params)}"
@@ -192,7 +204,7 @@ def adamw_prepared(
     float32 scalar on the params' device) is reused by "fused" instead of allocating one per step.
     """
     with torch.no_grad():
-        if implementation == "fused" and _fused_adamw(
+        if implementation == "fused" and fused_adamw(
             params, grads, exp_avgs, exp_avg_sqs, hyperparameters, step, step_tensor
         ):
             return
@@ -205,7 +217,7 @@ def adamw_prepared(
                 params, grads, exp_avgs, exp_avg_sqs, scalar_tensor(scalars, params[0].device), *constants
             )
         else:
-            _multi_tensor_adamw(params, grads, exp_avgs, exp_avg_sqs, scalars, *constants, scratch=scratch)
+            multi_tensor_adamw(params, grads, exp_avgs, exp_avg_sqs, scalars, *constants, scratch=scratch)
 
 
 def single_tensor_adamw(
@@ -236,104 +248,6 @@ def single_tensor_adamw(
                 w.sub_(w * s.decay_after)
 
 
-def _multi_tensor_adamw(
-    params: list[Tensor],
-    grads: list[Tensor],
-    exp_avgs: list[Tensor],
-    exp_avg_sqs: list[Tensor],
-    s: AdamWStepScalars[float],
-    adam_mode: int,
-    decays: bool,
-    *,
-    scratch: tuple[list[Tensor], ...] | None,
-) -> None:
-    """``single_tensor_adamw``'s ops with torch's foreach kernels, on float scalars."""
-    work, update = scratch if scratch is not None else (None, None)
-    if adam_mode == 0 and decays:
-        decay = scaled_copy(params, s.lr, work)
-        torch._foreach_mul_(decay, s.weight_decay)
-        torch._foreach_sub_(params, decay)
-    torch._foreach_mul_(exp_avgs, s.beta1)
-    torch._foreach_add_(exp_avgs, scaled_copy(grads, s.one_minus_beta1, work))
-    squared = scaled_copy(grads, s.one_minus_beta2, work)
-    torch._foreach_mul_(squared, grads)
-    torch._foreach_mul_(exp_avg_sqs, s.beta2)
-    torch._foreach_add_(exp_avg_sqs, squared)
-    denom = scaled_copy(exp_avg_sqs, 1.0, work)
-    if adam_mode == 0:
-        torch._foreach_div_(denom, s.bias_correction2)
-        torch._foreach_sqrt_(denom)
-        torch._foreach_add_(denom, s.eps)
-        torch._foreach_mul_(denom, s.bias_correction1)
-        step_update = scaled_copy(exp_avgs, s.lr, update)
-    else:
-        torch._foreach_sqrt_(denom)
-        torch._foreach_add_(denom, s.eps)
-        step_update = scaled_copy(exp_avgs, s.corrected_lr, update)
-    torch._foreach_div_(step_update, denom)
-    torch._foreach_sub_(params, step_update)
-    if adam_mode == 1 and decays:
-        torch._foreach_sub_(params, scaled_copy(params, s.decay_after, work))
-
-
-def _fused_adamw(
-    params: list[Tensor],
-    grads: list[Tensor],
-    exp_avgs: list[Tensor],
-    exp_avg_sqs: list[Tensor],
-    hyperparameters: AdamWHyperparameters,
-    step: int,
-    step_tensor: Tensor | None,
-) -> bool:
-    """Run ``torch._fused_adamw_``; return False (nothing done) when the step's scalars do not fit it.
-
-    torch's kernel is mode 0. Mode 1 is mode 0 with per-step scalars (bc1, bc2 as torch computes them):
-    eps' = eps/sqrt(bc2) moves eps out of the bias correction, lr' = lr*(1 - lr*wd)*k and
-    wd' = lr*wd/lr' turn the decay-before into ORT's decay-after, giving
-    (1 - lr*wd) * (w - lr*sqrt(bc2)/bc1 * m/(sqrt(v) + eps)); k = bc1/sqrt(bc2) without bias
-    correction (cancelling torch's), else 1.
-    """
-    if step > _LARGEST_EXACT_FLOAT32_STEP:
-        return False
-    h = hyperparameters
-    lr, weight_decay, eps = h.lr, h.weight_decay, h.eps
-    if h.adam_mode == 1:
-        sqrt_bias_correction2 = math.sqrt(1.0 - h.beta2**step)
-        undo_correction = 1.0 if h.correct_bias else (1.0 - h.beta1**step) / sqrt_bias_correction2
-        decay = lr * weight_decay
-        fused_lr = lr * (1.0 - decay) * undo_correction
-        if fused_lr == 0.0 or not math.isfinite(fused_lr):
-            return False
-        lr, weight_decay, eps = fused_lr, decay / fused_lr, eps / sqrt_bias_correction2
-    if step_tensor is None:
-        step_tensor = torch.full((), float(step), dtype=torch.float32, device=params[0].device)
-    else:
-        step_tensor.fill_(float(step))
-    torch._fused_adamw_(
-        params,
-        grads,
-        exp_avgs,
-        exp_avg_sqs,
-        [],
-        [step_tensor] * len(params),
-        lr=lr,
-        beta1=h.beta1,
-        beta2=h.beta2,
-        weight_decay=weight_decay,
-        eps=eps,
-        amsgrad=False,
-        maximize=False,
-    )
-    return True
-
-
-def _fused_kernel_accepts(*tensor_lists: list[Tensor]) -> bool:
-    first = tensor_lists[0][0]
-    if first.device.type not in _FUSED_DEVICE_TYPES or first.dtype not in _FUSED_DTYPES:
-        return False
-    return all(t.device == first.device and t.dtype == first.dtype for ts in tensor_lists for t in ts)
-
-
 def _check_tensors(*tensor_lists: list[Tensor]) -> None:
     counts = tuple(len(tensors) for tensors in tensor_lists)
     if counts[0] == 0 or len(set(counts)) != 1:
@@ -349,3 +263,121 @@ def _devices(tensors: list[Tensor]) -> list[str]:
 
 def _dtypes(tensors: list[Tensor]) -> list[str]:
     return sorted({str(t.dtype) for t in tensors})
+
+
+# ---- the record of com.microsoft.AdamWOptimizer ------------------------------------------------
+_INPUTS = ("learning_rate", "step", "params", "gradients", "first_order_moments", "second_order_moments")
+# Defaults of missing attributes: ORT fills them from the op SCHEMA (training_op_defs.cc) before the
+# kernel reads them, so weight_decay defaults to 0.01 (the schema), not 0 (adamwbase.h). Observed
+# with onnxruntime-training 1.19.2; floats are float32 attributes.
+ATTRIBUTE_DEFAULTS: dict[str, AttributeValue] = {
+    "alpha": to_float32(0.9),
+    "beta": to_float32(0.999),
+    "epsilon": to_float32(1e-8),
+    "weight_decay": to_float32(0.01),
+    "adam_mode": 0,
+    "correct_bias": 1,
+}
+
+
+def hyperparameters_from_attributes(attributes: Mapping[str, AttributeValue]) -> AdamWHyperparameters:
+    """The kernel's hyperparameters (at the default learning rate) from every AdamWOptimizer attribute;
+    ModelError for values ORT's kernel refuses."""
+    op = "optimizer model: AdamWOptimizer"
+    floats = {name: float(attributes[name]) for name in ("alpha", "beta", "epsilon", "weight_decay")}
+    ints = {name: int(attributes[name]) for name in ("adam_mode", "correct_bias")}
+    for name in ("alpha", "beta"):
+        if not 0.0 <= floats[name] < 1.0:
+            raise ModelError(f"{op} attribute {name} must be in [0, 1); found {floats[name]}")
+    for name in ("epsilon", "weight_decay"):
+        if not (math.isfinite(floats[name]) and floats[name] >= 0.0):
+            raise ModelError(f"{op} attribute {name} must be finite and >= 0; found {floats[name]}")
+    for name in ("adam_mode", "correct_bias"):
+        if ints[name] not in (0, 1):
+            raise ModelError(f"{op} attribute {name} must be 0 or 1; found {ints[name]}")
+    if ints["adam_mode"] == 0 and ints["correct_bias"] != 1:
+        raise ModelError(f"{op} with adam_mode 0 (torch AdamW) requires correct_bias 1; found correct_bias 0")
+    return AdamWHyperparameters(
+        lr=DEFAULT_LEARNING_RATE,
+        beta1=floats["alpha"],
+        beta2=floats["beta"],
+        eps=floats["epsilon"],
+        weight_decay=floats["weight_decay"],
+        adam_mode=ints["adam_mode"],
+        correct_bias=bool(ints["correct_bias"]),
+    )
+
+
+def _own(hyperparameters: Hyperparameters) -> AdamWHyperparameters:
+    if not isinstance(hyperparameters, AdamWHyperparameters):
+        raise TypeError(f"adamw: expected AdamWHyperparameters; got {type(hyperparameters).__name__}")
+    return hyperparameters
+
+
+def _reported(hyperparameters: Hyperparameters) -> dict[str, float | int | bool]:
+    h = _own(hyperparameters)
+    return {
+        "beta1": h.beta1,
+        "beta2": h.beta2,
+        "epsilon": h.eps,
+        "weight_decay": h.weight_decay,
+        "adam_mode": h.adam_mode,
+        "correct_bias": h.correct_bias,
+    }
+
+
+def _default_implementation(params: list[Tensor], grads: list[Tensor], moments: list[list[Tensor]]) -> str:
+    exp_avgs, exp_avg_sqs = moments
+    return choose_adamw_implementation(params, grads, exp_avgs, exp_avg_sqs)
+
+
+def _update(
+    params: list[Tensor],
+    grads: list[Tensor],
+    moments: list[list[Tensor]],
+    hyperparameters: Hyperparameters,
+    step: int,
+    kernel: PreparedKernel,
+) -> None:
+    exp_avgs, exp_avg_sqs = moments
+    adamw_prepared(
+        params,
+        grads,
+        exp_avgs,
+        exp_avg_sqs,
+        _own(hyperparameters),
+        step=step,
+        implementation=kernel.implementation,
+        scratch=kernel.scratch,
+        step_tensor=kernel.step_tensor,
+    )
+
+
+def _fused_update(hyperparameters: Hyperparameters, clip_max_norm: float | None) -> FusedUpdate:
+    h = _own(hyperparameters)
+    return FusedUpdate(single_tensor_adamw, (h.adam_mode, h.weight_decay != 0.0), clip_max_norm)
+
+
+def _step_scalars(hyperparameters: Hyperparameters, step: int) -> Sequence[float]:
+    return adamw_step_scalars(_own(hyperparameters), step)
+
+
+ADAMW_ALGORITHM = OptimizerAlgorithm(
+    op_type="AdamWOptimizer",
+    display_name="AdamW",
+    name="adamw",
+    graph_inputs=_INPUTS,
+    node_inputs=_INPUTS,
+    attribute_defaults=ATTRIBUTE_DEFAULTS,
+    make_hyperparameters=hyperparameters_from_attributes,
+    reported=_reported,
+    stored_moments=("momentum0", "momentum1"),
+    updated_moments=("momentum0", "momentum1"),
+    implementations=IMPLEMENTATIONS,
+    default_implementation=_default_implementation,
+    update=_update,
+    scratch_lists=2,
+    fused_update=_fused_update,
+    step_scalars=_step_scalars,
+    elementwise=True,
+)

@@ -1,79 +1,42 @@
 """Read an ORT optimizer model (``optimizer_model.onnx`` from ``generate_artifacts``) into a spec.
 
-Accepted layout (onnxblock's ``AdamW``/``SGD``, checked by ORT's ``training_api/optimizer.cc``):
-graph inputs ``learning_rate: float[1]``, ``step: int64[1]``, then the float tensor sequences
-``params``, ``gradients``, ``first_order_moments`` (+ ``second_order_moments`` for AdamW), then
-optionally one ``bool[1]`` update-signal input; one ``com.microsoft`` ``AdamWOptimizer`` or
-``SGDOptimizerV2`` node, optionally fed by one ``InplaceClipGradNorm`` node on ``gradients``;
-one output, the node's updated flag. Anything else raises ``ModelError``.
+Accepted layout (onnxblock's ``AdamW``/``SGD``, checked by ORT's ``training_api/optimizer.cc``): the
+graph inputs the algorithm's record names (``learning_rate: float[1]``, ``step: int64[1]``, then float
+tensor sequences such as ``params``, ``gradients``, ``first_order_moments``), then optionally one
+``bool[1]`` update-signal input; one node of a registered algorithm (``optim/registry.py``: ORT's
+``com.microsoft`` ``AdamWOptimizer`` and ``SGDOptimizerV2``), optionally fed by one
+``InplaceClipGradNorm`` node on ``gradients``; one output, the node's updated flag. Anything else
+raises ``ModelError``.
 """
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import onnx
 from onnx import AttributeProto, TensorProto
 
 from ort_torch_train.errors import ModelError
-from ort_torch_train.optim.adamw import AdamWHyperparameters
-from ort_torch_train.optim.float32 import to_float32
-from ort_torch_train.optim.sgd import SGDHyperparameters
+from ort_torch_train.optim.algorithm import MS_DOMAIN, AttributeValue, Hyperparameters, OptimizerAlgorithm
+from ort_torch_train.optim.registry import algorithms, find_algorithm
 
-MS_DOMAIN = "com.microsoft"
-ADAMW_OP, SGD_OP, CLIP_OP = "AdamWOptimizer", "SGDOptimizerV2", "InplaceClipGradNorm"
-ADAMW_INPUTS = ("learning_rate", "step", "params", "gradients", "first_order_moments", "second_order_moments")
-SGD_INPUTS = ADAMW_INPUTS[:5]
-# Node input slots: AdamW(lr, step, params, grads, m1, m2[, update_signal]); SGD(lr, params, grads[, signal]).
-_NODE_INPUTS = {ADAMW_OP: ADAMW_INPUTS, SGD_OP: ("learning_rate", "params", "gradients")}
-# Defaults of missing attributes: ORT fills them from the op SCHEMA (training_op_defs.cc) before the
-# kernel reads them, so weight_decay defaults to 0.01 (the schema), not 0 (adamwbase.h). Observed
-# with onnxruntime-training 1.19.2; floats are float32 attributes.
-_ADAMW_DEFAULTS = {
-    "alpha": to_float32(0.9),
-    "beta": to_float32(0.999),
-    "epsilon": to_float32(1e-8),
-    "weight_decay": to_float32(0.01),
-    "adam_mode": 0,
-    "correct_bias": 1,
-}
-_CLIP_DEFAULTS = {"max_norm": 1.0, "norm_type": "fro"}
+CLIP_OP = "InplaceClipGradNorm"
+_CLIP_DEFAULTS: dict[str, AttributeValue] = {"max_norm": 1.0, "norm_type": "fro"}
 
 
 @dataclass(frozen=True)
 class OptimizerSpec:
-    """What an optimizer model asks for. beta1/beta2 are ORT's ``alpha``/``beta`` attributes."""
+    """What an optimizer model asks for: its algorithm, the kernel's hyperparameters from the node's
+    attributes (at the default learning rate: the model takes the learning rate as an input), the
+    gradient clip's max norm (None: no clip) and whether an update-signal input gates the update."""
 
-    kind: str  # "adamw" | "sgd"
-    beta1: float = _ADAMW_DEFAULTS["alpha"]
-    beta2: float = _ADAMW_DEFAULTS["beta"]
-    epsilon: float = _ADAMW_DEFAULTS["epsilon"]
-    weight_decay: float = _ADAMW_DEFAULTS["weight_decay"]
-    adam_mode: int = 0
-    correct_bias: bool = True
+    algorithm: OptimizerAlgorithm
+    hyperparameters: Hyperparameters
     clip_max_norm: float | None = None
     has_update_signal: bool = False
-
-    @property
-    def momentum_names(self) -> tuple[str, ...]:
-        """Per-parameter optimizer state names, as ORT stores them in the checkpoint."""
-        return ("momentum0", "momentum1") if self.kind == "adamw" else ("momentum0",)
-
-    def hyperparameters(self, learning_rate: float) -> AdamWHyperparameters | SGDHyperparameters:
-        """The kernel's hyperparameters: this model's attributes and ``learning_rate``."""
-        if self.kind == "sgd":
-            return SGDHyperparameters(learning_rate)
-        return AdamWHyperparameters(
-            lr=learning_rate,
-            beta1=self.beta1,
-            beta2=self.beta2,
-            eps=self.epsilon,
-            weight_decay=self.weight_decay,
-            adam_mode=self.adam_mode,
-            correct_bias=self.correct_bias,
-        )
 
 
 def read_optimizer_model(model: str | os.PathLike | bytes | onnx.ModelProto) -> OptimizerSpec:
@@ -86,28 +49,14 @@ def parse_optimizer_graph(graph: onnx.GraphProto) -> OptimizerSpec:
     if graph.initializer or graph.sparse_initializer:
         names = [t.name for t in graph.initializer] + [t.values.name for t in graph.sparse_initializer]
         raise ModelError(f"optimizer model: expected no initializers; found {names}")
-    optimizer_node, clip_node = _split_nodes(graph.node)
-    kind = "adamw" if optimizer_node.op_type == ADAMW_OP else "sgd"
-    has_update_signal = _check_graph_inputs(graph, optimizer_node, kind)
+    optimizer_node, clip_node, algorithm = _split_nodes(graph.node)
+    has_update_signal = _check_graph_inputs(graph, optimizer_node, algorithm)
     gradients = _check_clip_node(clip_node, optimizer_node) if clip_node is not None else "gradients"
-    _check_node_inputs(optimizer_node, gradients, has_update_signal)
+    _check_node_inputs(optimizer_node, algorithm, gradients, has_update_signal)
     _check_graph_outputs(graph, optimizer_node)
     clip_max_norm = _clip_max_norm(clip_node) if clip_node is not None else None
-    if kind == "sgd":
-        _attributes(optimizer_node, {})
-        return OptimizerSpec("sgd", clip_max_norm=clip_max_norm, has_update_signal=has_update_signal)
-    attrs = _adamw_attributes(optimizer_node)
-    return OptimizerSpec(
-        "adamw",
-        beta1=attrs["alpha"],
-        beta2=attrs["beta"],
-        epsilon=attrs["epsilon"],
-        weight_decay=attrs["weight_decay"],
-        adam_mode=attrs["adam_mode"],
-        correct_bias=bool(attrs["correct_bias"]),
-        clip_max_norm=clip_max_norm,
-        has_update_signal=has_update_signal,
-    )
+    hyperparameters = algorithm.make_hyperparameters(_attributes(optimizer_node, algorithm.attribute_defaults))
+    return OptimizerSpec(algorithm, hyperparameters, clip_max_norm, has_update_signal)
 
 
 def _load(model) -> onnx.ModelProto:
@@ -129,25 +78,39 @@ def _load(model) -> onnx.ModelProto:
     raise TypeError(f"optimizer model must be a path, bytes or onnx.ModelProto; got {type(model).__name__}")
 
 
-def _split_nodes(nodes) -> tuple[onnx.NodeProto, onnx.NodeProto | None]:
+def _split_nodes(nodes: Sequence[onnx.NodeProto]) -> tuple[onnx.NodeProto, onnx.NodeProto | None, OptimizerAlgorithm]:
+    """The optimizer node, the clip node before it (if any) and the optimizer node's algorithm."""
     found = [f"{n.domain or 'ai.onnx'}::{n.op_type}" for n in nodes]
-    expected = f"one {MS_DOMAIN} {ADAMW_OP} or {SGD_OP} node, optionally preceded by one {CLIP_OP} node"
+    expected = f"one {_registered_nodes()} node, optionally preceded by one {CLIP_OP} node"
     for node in nodes:
-        if node.domain != MS_DOMAIN or node.op_type not in (ADAMW_OP, SGD_OP, CLIP_OP):
+        if not _is_clip(node) and find_algorithm(node.domain, node.op_type) is None:
             raise ModelError(
                 f"optimizer model: unsupported node {node.name!r} "
                 f"({node.domain or 'ai.onnx'}::{node.op_type}); expected {expected}"
             )
-    if [n.op_type for n in nodes] not in ([ADAMW_OP], [SGD_OP], [CLIP_OP, ADAMW_OP], [CLIP_OP, SGD_OP]):
+    algorithm = find_algorithm(nodes[-1].domain, nodes[-1].op_type) if nodes else None
+    if algorithm is None or len(nodes) > 2 or not all(_is_clip(node) for node in nodes[:-1]):
         raise ModelError(f"optimizer model: expected {expected}; found nodes {found}")
-    return nodes[-1], (nodes[0] if len(nodes) == 2 else None)
+    return nodes[-1], (nodes[0] if len(nodes) == 2 else None), algorithm
 
 
-def _check_graph_inputs(graph: onnx.GraphProto, node: onnx.NodeProto, kind: str) -> bool:
+def _is_clip(node: onnx.NodeProto) -> bool:
+    return node.domain == MS_DOMAIN and node.op_type == CLIP_OP
+
+
+def _registered_nodes() -> str:
+    """The registered algorithms' nodes, e.g. "com.microsoft AdamWOptimizer or SGDOptimizerV2"."""
+    by_domain: dict[str, list[str]] = {}
+    for algorithm in algorithms():
+        by_domain.setdefault(algorithm.domain, []).append(algorithm.op_type)
+    return " or ".join(f"{domain} {' or '.join(op_types)}" for domain, op_types in by_domain.items())
+
+
+def _check_graph_inputs(graph: onnx.GraphProto, node: onnx.NodeProto, algorithm: OptimizerAlgorithm) -> bool:
     """Check names and types of the graph inputs; return whether an update-signal input is present."""
-    expected = ADAMW_INPUTS if kind == "adamw" else SGD_INPUTS
+    expected = algorithm.graph_inputs
     names = [i.name for i in graph.input]
-    signal = _update_signal_name(node)
+    signal = _update_signal_name(node, algorithm)
     if names != list(expected) and names != [*expected, signal]:
         optional = f" (+ the update signal {signal!r})" if signal else ""
         raise ModelError(
@@ -159,8 +122,8 @@ def _check_graph_inputs(graph: onnx.GraphProto, node: onnx.NodeProto, kind: str)
     return len(names) > len(expected)
 
 
-def _update_signal_name(node: onnx.NodeProto) -> str:
-    slot = len(_NODE_INPUTS[node.op_type])
+def _update_signal_name(node: onnx.NodeProto, algorithm: OptimizerAlgorithm) -> str:
+    slot = len(algorithm.node_inputs)
     inputs = _present_inputs(node)
     return inputs[slot] if len(inputs) > slot else ""
 
@@ -203,8 +166,10 @@ def _check_clip_node(clip: onnx.NodeProto, optimizer: onnx.NodeProto) -> str:
     return clip.output[0]
 
 
-def _check_node_inputs(node: onnx.NodeProto, gradients: str, has_update_signal: bool) -> None:
-    expected = [gradients if name == "gradients" else name for name in _NODE_INPUTS[node.op_type]]
+def _check_node_inputs(
+    node: onnx.NodeProto, algorithm: OptimizerAlgorithm, gradients: str, has_update_signal: bool
+) -> None:
+    expected = [gradients if name == "gradients" else name for name in algorithm.node_inputs]
     found = _present_inputs(node)
     if (
         found[: len(expected)] != expected
@@ -226,38 +191,17 @@ def _check_graph_outputs(graph: onnx.GraphProto, node: onnx.NodeProto) -> None:
         )
 
 
-def _adamw_attributes(node: onnx.NodeProto) -> dict:
-    attrs = _attributes(node, _ADAMW_DEFAULTS)
-    for name in ("alpha", "beta"):
-        if not 0.0 <= attrs[name] < 1.0:
-            raise ModelError(f"optimizer model: {ADAMW_OP} attribute {name} must be in [0, 1); found {attrs[name]}")
-    for name in ("epsilon", "weight_decay"):
-        if not (math.isfinite(attrs[name]) and attrs[name] >= 0.0):
-            raise ModelError(
-                f"optimizer model: {ADAMW_OP} attribute {name} must be finite and >= 0; found {attrs[name]}"
-            )
-    for name in ("adam_mode", "correct_bias"):
-        if attrs[name] not in (0, 1):
-            raise ModelError(f"optimizer model: {ADAMW_OP} attribute {name} must be 0 or 1; found {attrs[name]}")
-    if attrs["adam_mode"] == 0 and attrs["correct_bias"] != 1:
-        raise ModelError(
-            f"optimizer model: {ADAMW_OP} with adam_mode 0 (torch AdamW) requires correct_bias 1; found correct_bias 0"
-        )
-    return attrs
-
-
 def _clip_max_norm(node: onnx.NodeProto) -> float:
     attrs = _attributes(node, _CLIP_DEFAULTS)
     if attrs["norm_type"] != "fro":
         raise ModelError(f"optimizer model: {CLIP_OP} supports norm_type 'fro' only; found {attrs['norm_type']!r}")
-    if not (math.isfinite(attrs["max_norm"]) and attrs["max_norm"] >= 0.0):
-        raise ModelError(
-            f"optimizer model: {CLIP_OP} attribute max_norm must be finite and >= 0; found {attrs['max_norm']}"
-        )
-    return attrs["max_norm"]
+    max_norm = float(attrs["max_norm"])
+    if not (math.isfinite(max_norm) and max_norm >= 0.0):
+        raise ModelError(f"optimizer model: {CLIP_OP} attribute max_norm must be finite and >= 0; found {max_norm}")
+    return max_norm
 
 
-def _attributes(node: onnx.NodeProto, defaults: dict) -> dict:
+def _attributes(node: onnx.NodeProto, defaults: Mapping[str, AttributeValue]) -> dict[str, AttributeValue]:
     """Read ``node``'s attributes over ``defaults``; the default's Python type fixes the ONNX type."""
     onnx_types = {float: AttributeProto.FLOAT, int: AttributeProto.INT, str: AttributeProto.STRING}
     values = dict(defaults)

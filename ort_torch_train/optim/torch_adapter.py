@@ -7,7 +7,8 @@ from typing import overload
 
 import torch
 
-from ort_torch_train.optim.engine import OptimizerEngine, gradient_buffers
+from ort_torch_train.optim.engine import OptimizerEngine
+from ort_torch_train.optim.tensor_lists import gradient_buffers
 
 
 class TorchOptimizerAdapter(torch.optim.Optimizer):

@@ -15,10 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch.distributed as dist
 
-from ort_torch_train.api import CheckpointState, Module, Optimizer
-from ort_torch_train.errors import DistributedError
+from ort_torch_train.api import CheckpointState
 from tests.helpers import distributed_worker as worker
 from tests.helpers.ort_peer import requires_ort, run_ort
 from tests.helpers.paths import ROOT
@@ -223,17 +221,6 @@ def test_lost_rank_raises_within_the_timeout(tmp_path: Path) -> None:
     results = launch("lost_rank", tmp_path, timeout=60)
     require_success(results)
     assert "rank 0 of 2" in json.loads((tmp_path / "errors_rank0.json").read_text()).get("lost_rank", "")
-
-
-def test_distributed_needs_a_process_group() -> None:
-    assert not dist.is_initialized()
-    artifacts = worker.MLP / "artifacts"
-    state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
-    with pytest.raises(DistributedError, match="init_process_group"):
-        Module(artifacts / "training_model.onnx", state, distributed=True)
-    module = Module(artifacts / "training_model.onnx", state)
-    with pytest.raises(DistributedError, match="distributed=True"):
-        Optimizer(artifacts / "optimizer_model.onnx", module, shard_state=True)
 
 
 @pytest.mark.distributed

@@ -17,7 +17,7 @@ import torch
 from ort_torch_train.optim.adamw import adamw
 from ort_torch_train.optim.clip import clip_grad_norm_
 from ort_torch_train.optim.optimizer_model import read_optimizer_model
-from ort_torch_train.optim.sgd import SGDHyperparameters, sgd
+from ort_torch_train.optim.sgd import SGD_ALGORITHM, SGDHyperparameters, sgd
 from tests.helpers.ort_peer import ORT_PYTHON
 
 pytestmark = [
@@ -119,7 +119,7 @@ def _replay(work: Path, data: dict, name: str, implementation: str | None):
         grads = [torch.from_numpy(data[f"g_{step}_{i}"].copy()) for i in range(len(SHAPES))]
         if spec.clip_max_norm is not None:
             clip_grad_norm_(grads, spec.clip_max_norm)
-        hyperparameters = spec.hyperparameters(lr)
+        hyperparameters = spec.hyperparameters.with_learning_rate(lr)
         if isinstance(hyperparameters, SGDHyperparameters):
             sgd(w, grads, hyperparameters, implementation=implementation)
         else:
@@ -145,7 +145,7 @@ def test_kernels_match_ort(ort_run, name, implementation):
         # "fused" rounds differently throughout (torch's own AdamW arithmetic).
         tolerance = dict(rtol=2e-6, atol=1e-6) if implementation == "fused" else dict(rtol=1e-6, atol=1e-7)
         np.testing.assert_allclose(w[i].numpy(), ort_w, **tolerance)
-        if spec.kind == "sgd":
+        if spec.algorithm is SGD_ALGORITHM:
             np.testing.assert_array_equal(w[i].numpy(), ort_w)  # w + (-lr * g) is exact, clip included
             continue
         if exact_moments:

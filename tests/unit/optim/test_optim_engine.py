@@ -18,17 +18,28 @@ from ort_torch_train.api.optimizer import (
     Optimizer,
 )
 from ort_torch_train.errors import CheckpointError, NominalStateError
-from ort_torch_train.optim.adamw import AdamWHyperparameters, adamw
+from ort_torch_train.optim.adamw import ADAMW_ALGORITHM, AdamWHyperparameters, adamw
 from ort_torch_train.optim.engine import DEFAULT_LEARNING_RATE, OptimizerEngine
 from ort_torch_train.optim.optimizer_model import OptimizerSpec, read_optimizer_model
+from ort_torch_train.optim.sgd import SGD_ALGORITHM
 from ort_torch_train.state.training_state import OptimizerState, TrainingState
 from tests.helpers.paths import REFCORPUS
 
 F32 = lambda x: float(np.float32(x))  # noqa: E731
 NAMES = ["fc2.weight", "fc1.bias", "fc1.weight"]  # training-graph order, not the state's
 HF_ADAMW = OptimizerSpec(
-    "adamw", beta1=F32(0.9), beta2=F32(0.999), epsilon=F32(1e-6), weight_decay=0.0, adam_mode=1, correct_bias=True
+    ADAMW_ALGORITHM,
+    AdamWHyperparameters(
+        lr=DEFAULT_LEARNING_RATE,
+        beta1=F32(0.9),
+        beta2=F32(0.999),
+        eps=F32(1e-6),
+        weight_decay=0.0,
+        adam_mode=1,
+        correct_bias=True,
+    ),
 )
+SGD = OptimizerSpec(SGD_ALGORITHM, SGD_ALGORITHM.hyperparameters())
 
 
 def make_state(seed: int = 0, frozen: bool = True) -> TrainingState:
@@ -93,7 +104,7 @@ def test_engine_creates_zero_moments_in_the_state():
         assert all(torch.equal(m, torch.zeros_like(state.params[name])) for m in moments.values())
     assert engine.learning_rate == F32(0.001) == DEFAULT_LEARNING_RATE
     sgd_state = make_state()
-    OptimizerEngine(OptimizerSpec("sgd"), sgd_state, NAMES)
+    OptimizerEngine(SGD, sgd_state, NAMES)
     assert all(list(m) == ["momentum0"] for m in sgd_state.optimizer.momentums.values())
 
 
@@ -151,28 +162,33 @@ def test_resume_from_a_saved_checkpoint_is_bit_exact(implementation):
 
 
 def test_default_implementation():
-    assert OptimizerEngine(HF_ADAMW, make_state(), NAMES)._implementation == "fused"
-    no_bias_correction = OptimizerSpec("adamw", adam_mode=1, correct_bias=False)
-    assert OptimizerEngine(no_bias_correction, make_state(), NAMES)._implementation == "fused"
-    assert OptimizerEngine(OptimizerSpec("sgd"), make_state(), NAMES)._implementation == "foreach"
+    assert OptimizerEngine(HF_ADAMW, make_state(), NAMES)._kernel.implementation == "fused"
+    no_bias_correction = OptimizerSpec(
+        ADAMW_ALGORITHM, ADAMW_ALGORITHM.hyperparameters(dict(adam_mode=1, correct_bias=0))
+    )
+    assert OptimizerEngine(no_bias_correction, make_state(), NAMES)._kernel.implementation == "fused"
+    assert OptimizerEngine(SGD, make_state(), NAMES)._kernel.implementation == "foreach"
     foreach = OptimizerEngine(HF_ADAMW, make_state(), NAMES, implementation="foreach")
-    assert len(foreach._scratch) == 2 and foreach._scratch[0][0].shape == foreach._params[0].shape
+    assert (
+        len(foreach._kernel.scratch) == 2
+        and foreach._kernel.scratch[0][0].shape == foreach.tensor_lists().params[0].shape
+    )
 
 
 def test_engine_rejects_moments_that_do_not_fit():
     state = make_state()
-    OptimizerEngine(OptimizerSpec("sgd"), state, NAMES)  # SGD leaves momentum0 only
+    OptimizerEngine(SGD, state, NAMES)  # SGD leaves momentum0 only
     with pytest.raises(CheckpointError, match="lacks 'momentum1'"):
         OptimizerEngine(HF_ADAMW, state, NAMES)
     state.optimizer.momentums["fc1.bias"]["momentum0"] = torch.zeros(3)
     with pytest.raises(CheckpointError, match=r"'fc1.bias'/'momentum0' is torch.float32 of shape \(3,\)"):
-        OptimizerEngine(OptimizerSpec("sgd"), state, NAMES)
+        OptimizerEngine(SGD, state, NAMES)
     del state.optimizer.momentums["fc1.bias"]
     with pytest.raises(CheckpointError, match="Parameter fc1.bias not found"):
-        OptimizerEngine(OptimizerSpec("sgd"), state, NAMES)
+        OptimizerEngine(SGD, state, NAMES)
     state.optimizer.group_name = "group1"
     with pytest.raises(CheckpointError, match="'group1'"):
-        OptimizerEngine(OptimizerSpec("sgd"), state, NAMES)
+        OptimizerEngine(SGD, state, NAMES)
 
 
 def test_engine_rejects_bad_parameter_names():
@@ -187,7 +203,7 @@ def test_engine_rejects_bad_parameter_names():
     with pytest.raises(ValueError, match="implementation for adamw must be one of"):
         OptimizerEngine(HF_ADAMW, make_state(), NAMES, implementation="magic")
     with pytest.raises(ValueError, match="implementation for sgd must be one of"):
-        OptimizerEngine(OptimizerSpec("sgd"), make_state(), NAMES, implementation="fused")
+        OptimizerEngine(SGD, make_state(), NAMES, implementation="fused")
 
 
 def test_learning_rate_is_float32_and_validated():

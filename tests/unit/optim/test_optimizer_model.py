@@ -10,7 +10,10 @@ import pytest
 from onnx import TensorProto, helper
 
 from ort_torch_train.errors import ModelError
+from ort_torch_train.optim.adamw import ADAMW_ALGORITHM, AdamWHyperparameters
+from ort_torch_train.optim.algorithm import DEFAULT_LEARNING_RATE
 from ort_torch_train.optim.optimizer_model import OptimizerSpec, read_optimizer_model
+from ort_torch_train.optim.sgd import SGD_ALGORITHM, SGDHyperparameters
 
 F32 = lambda x: float(np.float32(x))  # noqa: E731
 ADAMW_NAMES = ["learning_rate", "step", "params", "gradients", "first_order_moments", "second_order_moments"]
@@ -72,20 +75,22 @@ def test_ort_made_optimizer_models(corpus_case):
     graphs = json.loads((corpus_case / "graphs.json").read_text())
     node = graphs["optimizer_model.onnx"]["com_microsoft_nodes"][0]
     if node["op_type"] == "SGDOptimizerV2":
-        assert spec.kind == "sgd" and spec.momentum_names == ("momentum0",)
+        assert spec.algorithm is SGD_ALGORITHM and spec.algorithm.stored_moments == ("momentum0",)
+        assert spec.algorithm.updated_moments == ()
     else:
         a = node["attributes"]
-        assert spec == OptimizerSpec(
-            "adamw",
+        hyperparameters = AdamWHyperparameters(
+            lr=DEFAULT_LEARNING_RATE,
             beta1=a["alpha"],
             beta2=a["beta"],
-            epsilon=a["epsilon"],
+            eps=a["epsilon"],
             weight_decay=a["weight_decay"],
             adam_mode=a["adam_mode"],
             correct_bias=bool(a["correct_bias"]),
         )
-        assert (spec.adam_mode, spec.correct_bias, spec.epsilon) == (1, True, F32(1e-6))
-        assert spec.momentum_names == ("momentum0", "momentum1")
+        assert spec == OptimizerSpec(ADAMW_ALGORITHM, hyperparameters)
+        assert (hyperparameters.adam_mode, hyperparameters.correct_bias, hyperparameters.eps) == (1, True, F32(1e-6))
+        assert spec.algorithm.stored_moments == spec.algorithm.updated_moments == ("momentum0", "momentum1")
     assert spec.clip_max_norm is None and not spec.has_update_signal
 
 
@@ -93,13 +98,16 @@ def test_missing_attributes_take_ort_schema_defaults():
     """ORT fills missing attributes from the op schema: weight_decay 0.01, not the kernel's 0."""
     spec = read_optimizer_model(build(attrs={}))
     assert spec == OptimizerSpec(
-        "adamw",
-        beta1=F32(0.9),
-        beta2=F32(0.999),
-        epsilon=F32(1e-8),
-        weight_decay=F32(0.01),
-        adam_mode=0,
-        correct_bias=True,
+        ADAMW_ALGORITHM,
+        AdamWHyperparameters(
+            lr=DEFAULT_LEARNING_RATE,
+            beta1=F32(0.9),
+            beta2=F32(0.999),
+            eps=F32(1e-8),
+            weight_decay=F32(0.01),
+            adam_mode=0,
+            correct_bias=True,
+        ),
     )
 
 
@@ -108,7 +116,9 @@ def test_clip_update_signal_and_sources(tmp_path):
     assert spec.clip_max_norm == 2.5 and spec.has_update_signal
     assert read_optimizer_model(build(clip={})).clip_max_norm == 1.0
     sgd = build("sgd", clip=dict(max_norm=0.5, norm_type="fro"))
-    assert read_optimizer_model(sgd) == OptimizerSpec("sgd", clip_max_norm=0.5)
+    assert read_optimizer_model(sgd) == OptimizerSpec(
+        SGD_ALGORITHM, SGDHyperparameters(DEFAULT_LEARNING_RATE), clip_max_norm=0.5
+    )
     path = tmp_path / "optimizer_model.onnx"
     onnx.save(sgd, path)
     assert read_optimizer_model(path) == read_optimizer_model(str(path)) == read_optimizer_model(path.read_bytes())
