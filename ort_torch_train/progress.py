@@ -48,8 +48,3 @@ class ProgressBar:
     def close(self) -> None:
         """Finish the bar (its last line shows the final count)."""
         self.bar.close()
-
-
-def progress_bar(total: int | None, description: str, quiet: bool = False) -> ProgressBar:
-    """A ProgressBar on stderr, or a silent one when ``quiet``."""
-    return ProgressBar(total, description, disable=quiet)

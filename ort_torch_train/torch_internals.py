@@ -6,7 +6,7 @@ optimizers call: ``torch._foreach_*`` (one kernel launch for a list of tensors) 
 (AdamW's fused kernel). Loss scaling goes through the public ``torch.amp.GradScaler``.
 
 Dynamo's and inductor's modules (and sympy, which they load) are imported on first use, through the
-functions here: an eager training process never loads them (about 70 MiB and 0.9 s of start-up).
+functions here: an eager training process never loads them (their import cost: docs/performance.md).
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ _LIVE: weakref.WeakSet[DataParallel] = weakref.WeakSet()
 @atexit.register
 def _release_reducers() -> None:
     """Free the DDP reducers before interpreter finalisation: one freed during it can abort the
-    process in gloo ("terminate called without an active exception", torch 2.13, ~1 exit in 10)."""
+    process in gloo ("terminate called without an active exception", seen with torch 2.13)."""
     for data_parallel in list(_LIVE):
         data_parallel.release()
     gc.collect()

@@ -2,7 +2,7 @@
 ``[rows, features]``.
 
 ``F.linear`` on a 3-D input flattens it to 2-D and back inside every call: two views forward and
-two autograd nodes backward per linear (tiny-llama's eager step: 30 of its 157 autograd nodes). A
+two autograd nodes backward per linear, a good share of a small transformer's eager step. A
 transformer's residual stream between its attentions is row-wise throughout: linears, elementwise
 ops, norms over the last dim. Each connected region of such ops that holds a linear is rewritten on
 2-D tensors; its inputs are flattened once and its results unflattened once where a reader needs

@@ -19,9 +19,9 @@ from torch import Tensor, fx
 from ort_torch_train.passes.match import args_of, val
 from ort_torch_train.passes.meta_keys import FUSIONS
 
-# query x key positions per head up to which the products win (bench/experiments/small_attention.py)
+# the most query x key positions per head rewritten as products (chosen with bench/experiments/small_attention.py)
 MAX_SCORES = 32 * 32
-# head sizes: a multiple of the widest float32 vector (16 lanes); smaller heads run slower as products
+# head sizes: a multiple of the widest float32 vector (AVX-512's lanes); other heads run slower as products
 HEAD_MULTIPLE = 16
 
 

@@ -1,5 +1,6 @@
-"""The architecture rules of the packages, read from their source: imports form no cycle, the command line
-is one package, public functions are annotated and no module is too long."""
+"""The architecture rules of the packages, read from their source: imports form no cycle between modules nor
+between packages, every package imports only from the layers below its own, the command line is one package,
+public functions are annotated and no module is too long."""
 
 from __future__ import annotations
 
@@ -13,6 +14,30 @@ PACKAGE = ROOT / "ort_torch_train"
 # module name prefix -> source folder (the adapters are installed as ort_torch_train.adapters)
 SOURCES = {"ort_torch_train": PACKAGE, "ort_torch_train.adapters": ROOT / "adapters"}
 MAX_MODULE_LINES = 450
+
+# The layering, from the bottom up: a first-level package (or top-level module) of ort_torch_train imports only
+# from the layers below its own. The package's own __init__ (``ort_torch_train``) stands outside: every import
+# runs it.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors",),
+    ("dtypes", "fileio", "logs", "onnx2torch_import", "progress", "torch_internals"),
+    ("graph",),
+    ("checkpoint",),
+    ("adapters",),
+    ("convert",),
+    ("passes",),
+    ("state",),
+    ("export",),
+    ("lora",),
+    ("optim",),
+    ("distributed",),
+    ("training",),
+    ("api", "artifacts"),
+    ("legacy", "session"),
+    ("trainer",),
+    ("cli",),
+    ("__main__",),
+)
 
 
 def modules() -> dict[str, Path]:
@@ -108,6 +133,36 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def package_of(module: str) -> str | None:
+    """The first-level package (or top-level module) of ort_torch_train holding ``module``; None for the
+    package's own ``__init__``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Package -> the other packages its modules import (``package_of``), from a module graph."""
+    packages: dict[str, set[str]] = {}
+    for module, imported in graph.items():
+        source = package_of(module)
+        if source is None:
+            continue
+        targets = {package_of(target) for target in imported}
+        packages.setdefault(source, set()).update(t for t in targets if t is not None and t != source)
+    return packages
+
+
+def layering_violations(packages: dict[str, set[str]], layers: tuple[tuple[str, ...], ...]) -> list[str]:
+    """The imports of ``packages`` that do not go to a lower layer, and the packages no layer names."""
+    layer_of = {package: index for index, layer in enumerate(layers) for package in layer}
+    found = [f"{package} is in no layer" for package in sorted(packages) if package not in layer_of]
+    for package, imported in sorted(packages.items()):
+        for target in sorted(imported):
+            if package in layer_of and target in layer_of and layer_of[target] >= layer_of[package]:
+                found.append(f"{package} (layer {layer_of[package]}) imports {target} (layer {layer_of[target]})")
+    return found
+
+
 def _public_functions(tree: ast.Module) -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef, bool]]:
     """(qualified name, definition, is a method) of the module's public functions and public classes' methods."""
     functions = (ast.FunctionDef, ast.AsyncFunctionDef)
@@ -135,6 +190,25 @@ def _unannotated(function: ast.FunctionDef | ast.AsyncFunctionDef, is_method: bo
 def test_imports_form_no_cycle() -> None:
     found = cycles(import_graph())
     assert not found, "import cycles:\n" + "\n".join(" <-> ".join(component) for component in found)
+
+
+def test_packages_form_no_cycle() -> None:
+    found = cycles(package_graph(import_graph()))
+    assert not found, "package import cycles:\n" + "\n".join(" <-> ".join(component) for component in found)
+
+
+def test_packages_import_only_from_lower_layers() -> None:
+    found = layering_violations(package_graph(import_graph()), LAYERS)
+    assert not found, "imports against the layering:\n" + "\n".join(found)
+
+
+def test_the_checks_find_a_planted_package_cycle_and_an_upward_import() -> None:
+    modules = import_graph()
+    planted = {module: set(imported) for module, imported in modules.items()}
+    planted["ort_torch_train.optim.engine"].add("ort_torch_train.training.engine")
+    packages = package_graph(planted)
+    assert any({"optim", "training"} <= set(component) for component in cycles(packages))
+    assert "optim (layer 10) imports training (layer 12)" in layering_violations(packages, LAYERS)
 
 
 def test_the_command_line_is_one_package() -> None:
