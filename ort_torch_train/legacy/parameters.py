@@ -11,9 +11,10 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+from ort_torch_train.legacy.optimizers import LEGACY_OPTIMIZERS
 from ort_torch_train.training.recompute_patterns import RecomputePlan
 
-OPTIMIZERS = ("SGDOptimizer", "AdamOptimizer", "LambOptimizer")
+OPTIMIZERS = tuple(LEGACY_OPTIMIZERS)  # the training_optimizer_name values
 
 # setting -> (value that is honoured, why any other value is not)
 UNSUPPORTED_SETTINGS: dict[str, tuple[Any, str]] = {
