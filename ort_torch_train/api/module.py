@@ -11,7 +11,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from ort_torch_train.api.checkpoint_state import CheckpointState
 from ort_torch_train.api.ortvalue import OrtValue, from_tensors, numpy_to_tensor, to_tensors
+from ort_torch_train.api.protocols import StepOptimizer
 from ort_torch_train.convert.string_inputs import parse_string_inputs
 from ort_torch_train.distributed.data_parallel import DataParallel
 from ort_torch_train.errors import DistributedError, InputTypeError, ModelError
@@ -73,7 +75,7 @@ class Module(nn.Module):
     def __init__(
         self,
         train_model_uri: ModelSource,
-        state: Any,
+        state: CheckpointState | TrainingState,
         eval_model_uri: ModelSource | None = None,
         device: str = "cpu",
         session_options: Any = None,
@@ -198,7 +200,7 @@ class Module(nn.Module):
             with data_parallel.collective_errors("Module train step"):
                 return from_tensors(self.train_step(tensors), kind)
 
-    def step(self, optimizer: Any, *user_inputs: Any) -> Any:
+    def step(self, optimizer: StepOptimizer, *user_inputs: Any) -> Any:
         """One full training step: ``module(*inputs)``, ``optimizer.step()``, ``module.lazy_reset_grad()``.
 
         Returns what ``module(*inputs)`` returns. With ``compile=True`` the forward, backward and
@@ -206,17 +208,16 @@ class Module(nn.Module):
         """
         if not self.training:
             raise RuntimeError("Module.step trains: call module.train() first (it is in eval mode)")
-        engine_for_step = getattr(optimizer, "engine_for_step", None)
-        if engine_for_step is None:
+        if not hasattr(optimizer, "engine_for_step"):  # a clear error for another object than StepOptimizer
             raise InputTypeError(f"optimizer: expected an ort_torch_train Optimizer, got {type(optimizer).__name__}")
         names = self.input_names()
         tensors, kind = to_tensors(self._parsed(user_inputs, names), names)
         with self.training_state.lock:
             data_parallel = self._engine.data_parallel
             if data_parallel is None:
-                return from_tensors(self.train_and_update(tensors, engine_for_step()), kind)
+                return from_tensors(self.train_and_update(tensors, optimizer.engine_for_step()), kind)
             with data_parallel.collective_errors("Module.step"):
-                return from_tensors(self.train_and_update(tensors, engine_for_step()), kind)
+                return from_tensors(self.train_and_update(tensors, optimizer.engine_for_step()), kind)
 
     def _parsed(self, user_inputs: tuple, names: list[str]) -> list:
         """String arrays of inputs that only feed a Cast to a number, parsed as ORT's Cast does."""
@@ -304,6 +305,10 @@ class Module(nn.Module):
         export_merged_model(self.eval_model, self.training_state, inference_model_uri, graph_output_names)
 
 
-def training_state_of(state: Any) -> TrainingState:
+def training_state_of(state: CheckpointState | TrainingState) -> TrainingState:
     """The core TrainingState behind a CheckpointState (or the TrainingState itself)."""
-    return getattr(state, "training_state", state)
+    if isinstance(state, CheckpointState):
+        return state.training_state
+    if isinstance(state, TrainingState):
+        return state
+    raise InputTypeError(f"state: expected a CheckpointState (or its TrainingState), got {type(state).__name__}")

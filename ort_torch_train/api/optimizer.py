@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import onnx
 
+from ort_torch_train.api.protocols import TrainableModule
 from ort_torch_train.distributed.data_parallel import require_same_learning_rate, require_same_optimizer_state
 from ort_torch_train.distributed.zero import ShardedTensors
 from ort_torch_train.errors import DistributedError
@@ -41,17 +41,17 @@ class Optimizer:
     def __init__(
         self,
         optimizer_uri: str | os.PathLike | bytes | onnx.ModelProto,
-        module: Any,
+        module: TrainableModule,
         *,
         implementation: str | None = None,
         shard_state: bool = False,
     ) -> None:
         spec = read_optimizer_model(optimizer_uri)
-        data_parallel = getattr(module, "data_parallel", None)
+        data_parallel = module.data_parallel
         if data_parallel is not None:  # ranks that would diverge: refused before any step
             require_same_optimizer_state(module.training_state, spec, data_parallel.group)
         self._learning_rate_unchecked_in = None if data_parallel is None else data_parallel.group
-        precision = getattr(module, "precision", None)
+        precision = module.precision
         loss_scaler = None if precision is None else precision.loss_scaler
         self._engine: OptimizerEngine
         if shard_state:
@@ -210,11 +210,11 @@ class ConstantWithWarmupLRScheduler(_MultiplicativeLRScheduler):
 
 
 def _sharded_engine(
-    spec: OptimizerSpec, module: Any, implementation: str | None, loss_scaler: LossScaler | None
+    spec: OptimizerSpec, module: TrainableModule, implementation: str | None, loss_scaler: LossScaler | None
 ) -> OptimizerEngine:
     """A ZeRO-1 optimizer engine over a distributed module's trainable parameters, whose checkpoints
     save the moments gathered from every rank's shard."""
-    data_parallel = getattr(module, "data_parallel", None)
+    data_parallel = module.data_parallel
     if data_parallel is None:
         raise DistributedError(
             "Optimizer(shard_state=True) needs a distributed Module (Module(..., distributed=True)); this one is not"

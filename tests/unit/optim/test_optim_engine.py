@@ -89,7 +89,9 @@ def optimizer_model(kind: str = "adamw", clip: float | None = None, signal: bool
 
 
 def fake_module(state: TrainingState) -> SimpleNamespace:
-    return SimpleNamespace(training_state=state, trainable_parameter_names=list(NAMES))
+    return SimpleNamespace(
+        training_state=state, trainable_parameter_names=list(NAMES), data_parallel=None, precision=None
+    )
 
 
 # ---- engine ---------------------------------------------------------------------------------------
