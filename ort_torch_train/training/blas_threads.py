@@ -20,8 +20,6 @@ from typing import Any
 
 import torch
 
-from ort_torch_train.training.threads import follow_load
-
 log = logging.getLogger(__name__)
 
 SERIAL_MACS_PER_THREAD = 1 << 16
@@ -66,11 +64,9 @@ class _OneBlasThread:
 
 def blas_threads_for(module: Any, device: torch.device) -> contextlib.AbstractContextManager:
     """One BLAS thread inside when ``module`` (a converted graph, compiled or not) is better served so on
-    ``device`` at the current thread count; else a context that changes nothing. On CPU, the thread
-    count first follows the machine's load (``threads.py``)."""
+    ``device`` at the current thread count; else a context that changes nothing."""
     if device.type != "cpu":
         return _UNCHANGED
-    follow_load()
     if _set_mkl_threads is None:
         return _UNCHANGED
     products = getattr(module, "meta", {}).get("matrix_products")
