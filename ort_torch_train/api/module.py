@@ -26,7 +26,7 @@ from ort_torch_train.lora.export import export_merged_model
 from ort_torch_train.optim.engine import OptimizerEngine
 from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.training.binding import bind_parameters
-from ort_torch_train.training.compile.cache import CompileCacheSetting, use_compile_cache
+from ort_torch_train.training.compile.cache import CompileCacheSetting
 from ort_torch_train.training.dynamic_shapes import DynamicSetting
 from ort_torch_train.training.engine import TrainingEngine
 from ort_torch_train.training.forward_graph import ForwardGraph
@@ -57,7 +57,8 @@ class Module(nn.Module):
     SessionOptions) is accepted for compatibility and not used: CPU steps run on torch's threads, whose
     count follows the cores other processes leave free unless pinned (``set_threads``).
     Compiled steps are saved in and loaded from a per-user compile cache (``compile_cache``: None the
-    default directory, a path another, False none; see ``training/compile/cache.py``).
+    default directory or the one ``load_compile_cache`` chose, a path another, False none, for this
+    Module only; see ``training/compile/cache.py``).
     With ``compile``, ``dynamic`` (default True) lets the axes the ONNX graph leaves symbolic (batch,
     sequence) take any size >= 2 in one compiled step: a last partial batch, the eval set and new
     sequence lengths reuse it (a dict ``{input name: [axes]}`` picks the axes, False compiles each
@@ -110,8 +111,6 @@ class Module(nn.Module):
             training_model, eval_model = add_lora_to_artifacts(
                 training_model, eval_model, training_state_of(state), lora
             )
-        if options.compile_arguments is not None:
-            use_compile_cache(options.compile_cache)
         super().__init__()
         self._engine = TrainingEngine(training_model, training_state_of(state), eval_model, options)
         bind_parameters(self, self._engine.training_state.params)

@@ -20,8 +20,6 @@ from typing import Any
 
 import torch
 
-from ort_torch_train.training.threads import follow_load
-
 log = logging.getLogger(__name__)
 
 SERIAL_MACS_PER_THREAD = 1 << 16
@@ -66,11 +64,9 @@ class _OneBlasThread:
 
 def blas_threads_for(products: Sequence[int] | None, device: torch.device) -> contextlib.AbstractContextManager:
     """One BLAS thread inside when a graph running matrix products of these sizes (None: not all known)
-    is better served so on ``device`` at the current thread count; else a context that changes nothing.
-    On CPU, the thread count first follows the machine's load (``threads.py``)."""
+    is better served so on ``device`` at the current thread count; else a context that changes nothing."""
     if device.type != "cpu":
         return _UNCHANGED
-    follow_load()
     if _set_mkl_threads is None:
         return _UNCHANGED
     if products is None or not serial_pays(products, torch.get_num_threads()):

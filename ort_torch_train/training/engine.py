@@ -32,21 +32,26 @@ from ort_torch_train.state.fresh_gradients import FreshGradients, pays_off
 from ort_torch_train.state.parameter_buffer import ParameterBuffer
 from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.training.blas_threads import blas_threads_for
+from ort_torch_train.training.compile.cache import compile_cache_for
 from ort_torch_train.training.compile.forward import CompiledForward
-from ort_torch_train.training.compile.settings import for_device, records_cuda_graphs
-from ort_torch_train.training.compile.step import CompiledTrainStep, ParameterPlan
+from ort_torch_train.training.compile.settings import FrozenArguments, records_cuda_graphs
+from ort_torch_train.training.compile.step import CompiledTrainStep
+from ort_torch_train.training.compile.step_spec import ParameterPlan, StepSpec
 from ort_torch_train.training.forward_graph import ForwardGraph
 from ort_torch_train.training.options import EngineOptions
 from ort_torch_train.training.precision import MixedPrecision, autocast_or_null, backward, float32_outputs
 from ort_torch_train.training.recompute import with_recompute
 from ort_torch_train.training.recompute_patterns import RecomputePlan, with_pattern_recompute
+from ort_torch_train.training.threads import process_threads
 
 
 class TrainingEngine:
     """Train and eval steps over ONNX training artifacts, executed by PyTorch, as ``options`` configure them.
 
     A plain object: a face binds the state's parameters to its own ``nn.Module`` and passes the mode
-    (train or eval) to ``forward``; it calls ``tensors_moved()`` after moving the parameters.
+    (train or eval) to ``forward``; it calls ``tensors_moved()`` after moving the parameters. Compiled, it
+    holds the compile cache ``options.compile_cache`` names (``compile_cache``; None: none). Its CPU steps
+    follow the process's thread policy (``threads.py``).
     """
 
     def __init__(
@@ -58,6 +63,8 @@ class TrainingEngine:
     ) -> None:
         self.options = options
         self.training_state = state
+        self.compile_cache = None if options.compile_arguments is None else compile_cache_for(options.compile_cache)
+        self._threads = process_threads()
         names = list(state.params)
         self.train_layout = training_layout(training_model, names)
         check_model(training_model, "training model", self.train_layout.user_outputs)
@@ -77,12 +84,13 @@ class TrainingEngine:
                 self.eval_layout,
                 training=False,
                 compile=False if options.compile_arguments is None else options.compile_arguments,
-                compiler=CompiledForward,
+                compiler=partial(CompiledForward, cache=self.compile_cache),
                 dynamic=options.dynamic,
             )
         train_params = self.train_layout.params
         self._train_params = [state.params[n] for n in train_params]
         self._train_plan = ParameterPlan.of(train_params, self.trainable_parameter_names)
+        self._compile_arguments = FrozenArguments(options.compile_arguments)
         self._frozen_train_names = self._train_plan.frozen_names(train_params)
         self._views: tuple | None = None  # (state generation, trainable, frozen, grads) for compiled steps
         self._eval_params = [state.params[n] for n in self.eval_layout.params] if self.eval_layout else []
@@ -155,8 +163,10 @@ class TrainingEngine:
             forward = partial(module, *inputs, *self._train_params)
         else:
             products, forward = None, partial(data_parallel.forward, inputs)
-        with blas_threads_for(products, self.device):
-            with autocast_or_null(self.precision, self.device):
+        device = self.device
+        self._threads.follow_load(device)
+        with blas_threads_for(products, device):
+            with autocast_or_null(self.precision, device):
                 outputs = forward()
             if self._gradient_reset.pending:
                 flat = self.training_state.current_flat(self.trainable_parameter_names)
@@ -199,27 +209,27 @@ class TrainingEngine:
             if optimizer is None  # the optimizer makes them
             else self.training_state.flat_view(names, optimizer.update_moment_names, gradients=False)
         )
-        layout = None if flat is None else flat.layout
         precision = self.precision
         reset = self._gradient_reset.pending
-        compile_arguments = self.options.compile_arguments or {}
         device = self._train_params[0].device
         # CUDA graphs replay on gradients at fixed addresses
         fresh = flat is not None and pays_off(flat) and update is not None and reset
-        fresh = fresh and not (device.type == "cuda" and records_cuda_graphs(compile_arguments))
+        fresh = fresh and not (device.type == "cuda" and records_cuda_graphs(self._compile_arguments))
+        spec = StepSpec(
+            self._train_plan,
+            self._compile_arguments,
+            update=update,
+            reduction=reduction,
+            precision=precision,
+            layout=None if flat is None else flat.layout,
+            fresh_gradients=fresh,
+        )
         step = self.train_graph.specialised(
             inputs,
             self._train_params,
-            ("train step", update, reduction, precision, layout, fresh),
+            spec,
             lambda module, device: CompiledTrainStep(
-                self.train_graph.compiled_module(module, device),
-                self._train_plan,
-                update=update,
-                reduction=reduction,
-                compile_arguments=for_device(compile_arguments, device, cpp_wrapper=reduction is None),
-                precision=precision,
-                layout=layout,
-                fresh_gradients=fresh,
+                self.train_graph.compiled_module(module, device), spec.on_device(device), cache=self.compile_cache
             ),
         )
         trainable, frozen, grads = self._parameter_views()
@@ -279,7 +289,9 @@ class TrainingEngine:
         module = self.eval_graph.module_for(inputs, self._eval_params)
         params = self._eval_params if self.eval_graph.compile_arguments is None else self._detached_eval_params()
         products = self.eval_graph.matrix_products(module)
-        with torch.no_grad(), blas_threads_for(products, self.device), autocast_or_null(self.precision, self.device):
+        device = self.device
+        self._threads.follow_load(device)
+        with torch.no_grad(), blas_threads_for(products, device), autocast_or_null(self.precision, device):
             outputs = module(*inputs, *params)
         return outputs if self.precision is None else float32_outputs(outputs)
 

@@ -35,7 +35,8 @@ class EngineOptions:
             segments), a legacy session's ``RecomputePlan`` of patterns, or None.
         process_group: the data-parallel group whose ranks average gradients, or None (one process).
         compile_cache: where compiled steps are saved and loaded (``training/compile/cache.py``):
-            None the default directory, a path that directory, False none.
+            None the default directory (or the one ``load_compile_cache`` chose), a path that
+            directory, False none; the engine resolves it once, into the cache it holds.
         dynamic: which input axes a compiled step takes at any size (``training/dynamic_shapes.py``):
             True every axis the ONNX graph leaves symbolic, a dict those axes by input name, False none
             (each new input shape compiles a step of its own).

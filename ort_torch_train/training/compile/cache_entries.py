@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import platform
-from collections.abc import Mapping
 from pathlib import Path
 
 from ort_torch_train.fileio import atomic_write_bytes
@@ -24,16 +23,18 @@ from ort_torch_train.training.compile.cache_store import (
     platform_fingerprint,
     step_fingerprint,
 )
+from ort_torch_train.training.torch_settings import trust_vector_isas
 
 log = logging.getLogger(__name__)
 
 
 class CompileCache:
-    """One cache directory as this process uses it; ``steps`` are those it loaded or compiled: (what, data) by key."""
+    """One cache directory as this process uses it; ``steps`` records the steps it loaded or compiled, (what,
+    data) by key: the record given (the process's, shared by its caches) or one of its own."""
 
-    def __init__(self, store: CacheStore, steps: Mapping[str, tuple[str, bytes]] | None = None) -> None:
+    def __init__(self, store: CacheStore, steps: dict[str, tuple[str, bytes]] | None = None) -> None:
         self.store = store
-        self.steps: dict[str, tuple[str, bytes]] = dict(steps or {})
+        self.steps = {} if steps is None else steps
 
     def load_step(self, key: str, what: str) -> bytes | None:
         """The saved ``what`` (a train step, an eval graph) under ``key``, its libraries restored; None
@@ -128,7 +129,7 @@ class CompileCache:
             return
         reported, working = json.loads(found[1])
         if reported == working == _reported_isas():
-            inductor_config().cpp.vec_isa_ok = True
+            trust_vector_isas()
             log.info("compile cache: vector ISAs %s probed by a former process; not probing again", working)
 
 

@@ -2,9 +2,9 @@
 
 The eval graph of ``Module(compile=True)`` compiles on its own. A first call without autograd (no
 grad mode, no argument requiring grad: the eval step passes detached parameters) compiles it ahead
-(``precompiled.py``: later calls skip Dynamo's frame evaluation) or, with a compile cache, loads the
-forward a former process saved for this model, signature and autocast setting. Other calls, and a
-graph recording CUDA graphs on CUDA, run a plain torch.compile.
+(``precompiled.py``: later calls skip Dynamo's frame evaluation) or, with a compile cache (the
+engine's), loads the forward a former process saved for this model, signature and autocast setting.
+Other calls, and a graph recording CUDA graphs on CUDA, run a plain torch.compile.
 """
 
 from __future__ import annotations
@@ -17,27 +17,33 @@ from torch import fx
 
 from ort_torch_train.torch_internals import dynamic_tracing_errors
 from ort_torch_train.training.compile import precompiled
-from ort_torch_train.training.compile.settings import records_cuda_graphs
+from ort_torch_train.training.compile.cache_entries import CompileCache
+from ort_torch_train.training.compile.settings import FrozenArguments, records_cuda_graphs
 from ort_torch_train.training.compile.step import Compilation
 from ort_torch_train.training.dynamic_shapes import marked_args
 from ort_torch_train.training.meta_keys import DYNAMIC_AXES
-from ort_torch_train.training.threads import restart_load_window
+from ort_torch_train.training.threads import process_threads
 
 _AUTOCAST_DEVICES = ("cpu", "cuda")
 
 
 class CompiledForward:
-    """``forward(*inputs, *params)`` of ``module`` compiled with torch.compile's ``arguments``."""
+    """``forward(*inputs, *params)`` of ``module`` compiled with torch.compile's ``arguments``, loaded from
+    and saved to the compile ``cache`` (None: compiled in this process only)."""
 
-    def __init__(self, module: fx.GraphModule, arguments: Mapping[str, Any]) -> None:
+    def __init__(
+        self, module: fx.GraphModule, arguments: Mapping[str, Any], *, cache: CompileCache | None = None
+    ) -> None:
         forward = _forward_of(module)
         # the (input position, axis) pairs compiled as dynamic dimensions; () once torch needed them fixed
         self.dynamic_axes: tuple[tuple[int, int], ...] = DYNAMIC_AXES.get(module, ())
-        self._compilation = Compilation(forward, module, {"module": module}, dict(arguments), "eval graph")
+        self._arguments = FrozenArguments(arguments)  # named in the precompiled key
+        self._compilation = Compilation(forward, module, {"module": module}, dict(arguments), "eval graph", cache)
         compiled, precompile = self._compilation.start(self.dynamic_axes)
         self._compiled, self._precompile = compiled, precompile  # a precompile pending: None once done
         self._called = False
         self._cuda_graphs = records_cuda_graphs(arguments)  # recorded and replayed by torch.compile's call
+        self._threads = process_threads()  # torch's thread count is the process's
 
     def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if self._called:
@@ -52,7 +58,7 @@ class CompiledForward:
             self.dynamic_axes = ()
             return self._run(args)
         finally:
-            restart_load_window()
+            self._threads.restart_load_window()
 
     def _run(self, args: tuple[torch.Tensor, ...], first: bool = False) -> tuple[torch.Tensor, ...]:
         """The compiled forward on ``args``; ``first``: the call that compiles it (with its dynamic axes)."""
@@ -72,7 +78,7 @@ class CompiledForward:
             (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
             for device in _AUTOCAST_DEVICES
         ]
-        parts = ("forward", sorted(precompile.compile_arguments.items()), autocast)
+        parts = ("forward", self._arguments, autocast)
         self._compiled = precompile.replacing(self._compiled, parts, args)
 
 

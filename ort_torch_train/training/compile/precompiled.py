@@ -5,7 +5,7 @@ A ``CompiledTrainStep`` (and a ``CompiledForward``: the eval graph) compiles wit
 evaluation. The guards kept are those a saved step can carry,
 less those on values fixed for the step's life: none on globals, object identity, the step's immutable
 closure values or torch's pytree registry (``_guard_filter``); the step's key stands for them.
-With a compile cache in use (``cache.py``), each step's serialized form
+With a compile cache (``cache.py``: the engine's, passed down to each step), each step's serialized form
 (``save_compiled_function``'s bytes) is saved under a key naming the model, the update and the input
 signature (``cache_entries.py``). A later process finding
 its key loads the step instead of tracing it; a step that does not load or whose guards reject the
@@ -42,21 +42,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# the compile cache steps load from and are saved to; None: off
-_cache: CompileCache | None = None
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")  # reprs naming an object's address differ between processes
 _ROOT = re.compile(r"[A-Za-z_]\w*")  # the variable a guard's source starts from
-
-
-def use_cache(cache: CompileCache | None) -> None:
-    """Load the steps compiled from now on from ``cache`` and save them there (None: no cache)."""
-    global _cache
-    _cache = cache
-
-
-def active_cache() -> CompileCache | None:
-    """The compile cache in use, or None."""
-    return _cache
 
 
 def step_key(
@@ -93,12 +80,12 @@ def precompiled_step(
     fallback: Callable,
     what: str = "train step",
     dynamic: Sequence[tuple[int, int]] = (),
+    cache: CompileCache | None = None,
 ) -> GuardedStep | None:
-    """``step`` compiled ahead for ``args`` (or, with a compile cache in use, loaded from the step saved
+    """``step`` compiled ahead for ``args`` (or, with a compile ``cache``, loaded from the step saved
     under ``step_key(module, parts, args, dynamic)``, else saved there), behind its guards: inputs they
     reject go to ``fallback``. None when torch cannot precompile this step. ``what`` names the step in log
     lines; ``dynamic`` the axes compiled as dynamic dimensions (``step_key``)."""
-    cache = _cache
     key = None if cache is None else step_key(module, parts, args, dynamic)
     external_data = {name: value for name, value in external.items() if value is not None}  # one id for all Nones
     if cache is not None and key is not None:
@@ -134,6 +121,7 @@ class Precompile:
     compile_arguments: Mapping[str, Any]
     what: str
     dynamic: tuple[tuple[int, int], ...] = ()  # (input position, axis) compiled as dynamic dimensions
+    cache: CompileCache | None = None  # where the step is loaded from and saved to; None: nowhere
 
     def replacing(self, fallback: Callable, parts: Sequence[object], args: tuple) -> Callable:
         """The precompiled (or saved) step for ``args``, else ``fallback`` (torch cannot precompile it)."""
@@ -147,6 +135,7 @@ class Precompile:
             fallback,
             self.what,
             self.dynamic,
+            self.cache,
         )
         return fallback if found is None else found
 

@@ -1,8 +1,9 @@
-"""torch.compile settings: the ``compile`` argument parsed once, and this project's CPU inductor defaults."""
+"""torch.compile settings: the ``compile`` argument parsed once, frozen for step keys, and this project's
+CPU inductor defaults."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -64,3 +65,45 @@ def torch_compile(module: Callable, arguments: Mapping[str, Any]) -> Callable:
     """``module`` through torch.compile with ``arguments``, whole (``fullgraph``); shapes fixed but the
     axes its first call's inputs mark dynamic (no automatic dynamic shapes: no second compilation)."""
     return torch.compile(module, fullgraph=True, dynamic=False, **arguments)
+
+
+class FrozenArguments(Mapping[str, Any]):
+    """torch.compile's keyword arguments, immutable and hashable (a compiled step's key holds them): the
+    dicts inside (``options``) frozen too, names sorted, so that equal arguments give equal reprs."""
+
+    __slots__ = ("_items", "_hash")
+
+    def __init__(self, arguments: Mapping[str, Any] | None = None) -> None:
+        self._items = {
+            name: FrozenArguments(value) if isinstance(value, Mapping) else value
+            for name, value in sorted((arguments or {}).items())
+        }
+        self._hash = hash(tuple((name, _hashable(value)) for name, value in self._items.items()))
+
+    def __getitem__(self, name: str) -> Any:
+        return self._items[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __repr__(self) -> str:
+        return repr(self._items)
+
+    def thawed(self) -> dict[str, Any]:
+        """The arguments as plain dicts, as torch.compile takes them."""
+        return {name: value.thawed() if isinstance(value, FrozenArguments) else value for name, value in self.items()}
+
+
+def _hashable(value: object) -> object:
+    """``value``, its lists and sets as tuples and frozensets (torch.compile's options may hold them)."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_hashable(item) for item in value)
+    if isinstance(value, set):
+        return frozenset(_hashable(item) for item in value)
+    return value

@@ -22,87 +22,49 @@ from torch import Tensor, fx
 
 from ort_torch_train.convert.meta_keys import MATRIX_PRODUCTS
 from ort_torch_train.optim.clip import clip_grad_norm_
-from ort_torch_train.optim.compiled import FusedUpdate
-from ort_torch_train.state.flat import FlatLayout
 from ort_torch_train.torch_internals import dynamic_tracing_errors, mark_static_address
 from ort_torch_train.training.blas_threads import blas_threads_for
 from ort_torch_train.training.compile import precompiled
+from ort_torch_train.training.compile.cache_entries import CompileCache
 from ort_torch_train.training.compile.settings import records_cuda_graphs, torch_compile
+from ort_torch_train.training.compile.step_spec import StepSpec
 from ort_torch_train.training.dynamic_shapes import marked_args
 from ort_torch_train.training.meta_keys import DYNAMIC_AXES
-from ort_torch_train.training.precision import MixedPrecision, autocast_or_null
-from ort_torch_train.training.threads import restart_load_window
+from ort_torch_train.training.precision import autocast_or_null
+from ort_torch_train.training.threads import process_threads
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class ParameterPlan:
-    """Where each graph parameter comes from: ``(True, i)`` the i-th trainable, ``(False, i)`` the i-th frozen."""
-
-    sources: tuple[tuple[bool, int], ...]
-
-    @classmethod
-    def of(cls, graph_names: Sequence[str], trainable_names: Sequence[str]) -> ParameterPlan:
-        """The plan for a graph taking ``graph_names``; the frozen ones keep the graph's order."""
-        trainable_index = {name: i for i, name in enumerate(trainable_names)}
-        frozen = [name for name in graph_names if name not in trainable_index]
-        frozen_index = {name: i for i, name in enumerate(frozen)}
-        return cls(
-            tuple((True, trainable_index[n]) if n in trainable_index else (False, frozen_index[n]) for n in graph_names)
-        )
-
-    def frozen_names(self, graph_names: Sequence[str]) -> list[str]:
-        """The graph's frozen parameter names, in the order the step takes them."""
-        return [name for name, (trainable, _) in zip(graph_names, self.sources) if not trainable]
-
-
 class CompiledTrainStep:
-    """``step(inputs, trainable, frozen, grads, reset, states, scalars) -> outputs`` for one converted module.
+    """``step(inputs, trainable, frozen, grads, reset, states, scalars) -> outputs`` for one converted module
+    and the ``StepSpec`` saying what the step does (``step_spec.py``).
 
     ``trainable``/``frozen`` are detached aliases of the parameters (updated in place), ``grads``
-    the trainable ones' ``.grad``; with a ``layout``, ``trainable``, ``grads`` and each list of
+    the trainable ones' ``.grad``; with the spec's ``layout``, ``trainable``, ``grads`` and each list of
     ``states`` hold one flat buffer laid out so (``state/flat.py``). ``reset`` overwrites the gradients
     instead of adding to them (the compiled graph reads it as a tensor: one compilation for both).
-    ``states`` (lists of optimizer moments) and ``scalars`` feed ``update`` when there is one.
-    ``reduction`` (data parallel) replaces the accumulated gradients by their average across ranks.
-    With ``fresh_gradients`` (an ``update`` given) the step neither reads nor writes ``grads`` and
-    ``reset``: it returns ``(outputs, gradients)``, its own gradients for ``fresh_gradients.py`` to install.
+    ``states`` (lists of optimizer moments) and ``scalars`` feed the spec's ``update`` when there is one.
+    Its ``reduction`` (data parallel) replaces the accumulated gradients by their average across ranks.
+    With ``fresh_gradients`` the step neither reads nor writes ``grads`` and ``reset``: it returns
+    ``(outputs, gradients)``, its own gradients for ``fresh_gradients.py`` to install. The step is loaded
+    from and saved to the compile ``cache`` (None: compiled in this process only).
     """
 
-    def __init__(
-        self,
-        module: fx.GraphModule,
-        plan: ParameterPlan,
-        *,
-        update: FusedUpdate | None = None,
-        compile_arguments: Mapping[str, Any] | None = None,
-        reduction: Callable[[list[Tensor]], list[Tensor]] | None = None,
-        precision: MixedPrecision | None = None,
-        layout: FlatLayout | None = None,
-        fresh_gradients: bool = False,
-    ) -> None:
-        if fresh_gradients and update is None:
-            raise ValueError("fresh_gradients: a step that makes gradients of its own needs an update")
-        step = _train_step_function(module, plan, update, reduction, precision, layout, fresh_gradients)
+    def __init__(self, module: fx.GraphModule, spec: StepSpec, *, cache: CompileCache | None = None) -> None:
+        self.spec = spec
+        step = _train_step_function(module, spec)
         self._products: list[int] | None = MATRIX_PRODUCTS.get(module, None)  # they decide its BLAS threads
         # the (input position, axis) pairs compiled as dynamic dimensions; () once torch needed them fixed
         self.dynamic_axes: tuple[tuple[int, int], ...] = DYNAMIC_AXES.get(module, ())
-        self._scaler = None if precision is None else precision.loss_scaler
-        compile_arguments = dict(compile_arguments or {})
+        self._scaler = None if spec.precision is None else spec.precision.loss_scaler
+        compile_arguments = spec.compile_arguments.thawed()
         self._cuda_graphs = records_cuda_graphs(compile_arguments)
-        setting = None if precision is None else precision.setting
-        parts = (plan.sources, update, reduction, sorted(compile_arguments.items()), setting, layout, fresh_gradients)
-        external: dict[str, object] = {
-            "module": module,
-            "update": update,
-            "reduction": reduction,
-            "precision": precision,
-        }
+        external = {"module": module, **spec.external()}
         # precompiled at the first call (precompiled.py), unless it records CUDA graphs on CUDA
-        self._compilation = Compilation(step, module, external, compile_arguments, "train step")
+        self._compilation = Compilation(step, module, external, compile_arguments, "train step", cache)
         self._compiled, self._precompile = self._compilation.start(self.dynamic_axes)
-        self._precompile_parts = parts
+        self._threads = process_threads()  # torch's thread count is the process's
         self._called = False
         self._reset_flags: dict[torch.device, tuple[Tensor, Tensor]] = {}
 
@@ -117,23 +79,25 @@ class CompiledTrainStep:
         scalars: Tensor | None = None,
     ) -> tuple:
         inputs = [t if t.is_contiguous() else t.contiguous() for t in inputs]
-        loss_scale = None if self._scaler is None else self._scaler.scale.to(trainable[0].device)
+        device = trainable[0].device
+        loss_scale = None if self._scaler is None else self._scaler.scale.to(device)
         arguments = (
             inputs,
             trainable,
             frozen,
             grads,
-            self._reset_flag(reset, trainable[0].device),
+            self._reset_flag(reset, device),
             tuple(states),
             scalars,
             loss_scale,
         )
         started = None if self._called else time.perf_counter()
-        cuda_graphs = self._cuda_graphs and trainable[0].is_cuda
+        cuda_graphs = self._cuda_graphs and device.type == "cuda"
         if cuda_graphs:  # updated in place: CUDA graphs replay only on inputs at fixed addresses
             for tensor in (*trainable, *frozen, *grads, *(t for moments in states for t in moments)):
                 mark_static_address(tensor)
-        with torch.no_grad(), blas_threads_for(self._products, trainable[0].device):
+        self._threads.follow_load(device)
+        with torch.no_grad(), blas_threads_for(self._products, device):
             if self._precompile is None:
                 outputs = self._compiled(*arguments)
             else:
@@ -142,7 +106,7 @@ class CompiledTrainStep:
             outputs = tuple(t.clone() for t in outputs)
         if started is not None:
             self._called = True
-            restart_load_window()
+            self._threads.restart_load_window()
             log.info(
                 "compiled the train step for inputs %s in %.1f s",
                 [tuple(t.shape) for t in inputs],
@@ -171,7 +135,7 @@ class CompiledTrainStep:
         (CUDA graphs are recorded and replayed by torch.compile's own call)."""
         precompile, self._precompile = self._precompile, None
         if precompile is not None and not cuda_graphs:
-            self._compiled = precompile.replacing(self._compiled, self._precompile_parts, arguments)
+            self._compiled = precompile.replacing(self._compiled, self.spec.key_parts(), arguments)
 
     def _reset_flag(self, reset: bool, device: torch.device) -> Tensor:
         """A 0-d boolean tensor on ``device`` (one per value, made once)."""
@@ -191,11 +155,12 @@ class Compilation:
     external: Mapping[str, object]
     compile_arguments: Mapping[str, Any]
     what: str
+    cache: CompileCache | None = None  # where its precompiled form is loaded from and saved to
 
     def start(self, dynamic_axes: tuple[tuple[int, int], ...]) -> tuple[Callable, precompiled.Precompile | None]:
         """A fresh compilation whose first call marks ``dynamic_axes``."""
         return torch_compile(self.function, self.compile_arguments), precompiled.Precompile(
-            self.function, self.module, self.external, self.compile_arguments, self.what, dynamic_axes
+            self.function, self.module, self.external, self.compile_arguments, self.what, dynamic_axes, self.cache
         )
 
     def fixed(
@@ -219,16 +184,11 @@ def _specialisation(error: Exception) -> str:
     return found[:300] or repr(error)
 
 
-def _train_step_function(
-    module: Callable,
-    plan: ParameterPlan,
-    update: FusedUpdate | None,
-    reduction: Callable[[list[Tensor]], list[Tensor]] | None,
-    precision: MixedPrecision | None,
-    layout: FlatLayout | None,
-    fresh_gradients: bool,
-) -> Callable:
-    sources = plan.sources
+def _train_step_function(module: Callable, spec: StepSpec) -> Callable:
+    # the step's closure holds each value, not the spec: the precompiled step's guards are kept or left
+    # out per value (precompiled._guard_filter)
+    sources, update, reduction, precision = spec.plan.sources, spec.update, spec.reduction, spec.precision
+    layout, fresh_gradients = spec.layout, spec.fresh_gradients
 
     def train_step(inputs, trainable, frozen, grads, reset, states, scalars, loss_scale):
         def loss_and_outputs(trainable, frozen):  # frozen is an input too: BatchNorm updates its statistics

@@ -203,16 +203,15 @@ def test_compile_takes_torch_compile_arguments(mlp_case):
 def test_a_compile_mode_step_and_eval_graph_are_precompiled_and_train_like_eager(mlp_case, monkeypatch, tmp_path):
     """``compile=<mode>`` (here one whose CUDA graphs a CPU step does not record) is precompiled as the
     mode's inductor options: one saved step and one saved eval graph, and the eager loop's numbers."""
-    from ort_torch_train.training.compile import precompiled
-    from ort_torch_train.training.compile.cache_entries import CompileCache
-    from ort_torch_train.training.compile.cache_store import CacheStore
+    from ort_torch_train.training.compile import cache as cache_module
 
-    cache = CompileCache(CacheStore(tmp_path / "cache"))
-    monkeypatch.setattr(precompiled, "_cache", cache)  # a compile cache in use
+    monkeypatch.setattr(cache_module, "_PROCESS_CACHES", cache_module.ProcessCompileCaches())
+    cache_module.load_compile_cache(tmp_path / "cache")  # the compile cache of the Modules built from now on
     eager = _train(mlp_case, compile=False, fused=False)
     compiled = _train(mlp_case, compile="max-autotune", fused=True)
     _assert_same_training(compiled, eager, atol=2e-6)
-    assert len(cache.steps) == 2 and cache.store.entry_count() >= 2
+    cache = cache_module.compile_cache_for()
+    assert cache is not None and len(cache.steps) == 2 and cache.store.entry_count() >= 2
 
 
 @pytest.mark.parametrize("setting", ["", {"mode": None, "fullgraph": False}, 3])

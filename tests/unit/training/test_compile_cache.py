@@ -16,8 +16,15 @@ import torch.utils._pytree as pytree
 from ort_torch_train.api import Module
 from ort_torch_train.errors import InputError
 from ort_torch_train.state.training_state import TrainingState
+from ort_torch_train.training.compile import cache as cache_module
 from ort_torch_train.training.compile import precompiled
-from ort_torch_train.training.compile.cache import load_compile_cache, save_compile_cache, use_compile_cache
+from ort_torch_train.training.compile.cache import (
+    ProcessCompileCaches,
+    compile_cache_for,
+    load_compile_cache,
+    process_caches,
+    save_compile_cache,
+)
 from ort_torch_train.training.compile.cache_entries import CompileCache
 from ort_torch_train.training.compile.cache_store import (
     CacheStore,
@@ -32,10 +39,11 @@ from tests.helpers.paths import FIXTURES, ROOT
 
 @pytest.fixture(autouse=True)
 def _the_cache_stays_in_the_test(monkeypatch):
-    """use_compile_cache switches the cache on for the process: off again for the next tests."""
+    """A process record of compile caches of the test's own: the directory load_compile_cache chooses and
+    the steps recorded stay in the test."""
     from torch._inductor import config
 
-    monkeypatch.setattr(precompiled, "_cache", None)
+    monkeypatch.setattr(cache_module, "_PROCESS_CACHES", ProcessCompileCaches())
     with config.patch({"cpp.vec_isa_ok": config.cpp.vec_isa_ok}):
         yield
 
@@ -59,20 +67,31 @@ def test_the_default_directory_follows_the_environment(monkeypatch, tmp_path):
     assert default_cache_dir() == Path.home() / ".cache" / "ort_torch_train"
     monkeypatch.setenv("ORT_TORCH_TRAIN_CACHE_DIR", str(tmp_path / "mine"))
     assert default_cache_dir() == tmp_path / "mine"
-    assert use_compile_cache().store.directory == tmp_path / "mine"  # type: ignore[union-attr]
-    assert use_compile_cache(False) is None and precompiled.active_cache() is None
+    assert compile_cache_for().store.directory == tmp_path / "mine"  # type: ignore[union-attr]
+    assert compile_cache_for(False) is None
     monkeypatch.setenv("ORT_TORCH_TRAIN_CACHE_DIR", "off")
-    assert default_cache_dir() is None and use_compile_cache() is None
+    assert default_cache_dir() is None and compile_cache_for() is None
 
 
-def test_a_module_option_names_the_cache_or_switches_it_off(mlp_case, tmp_path):
-    def module(**options):
-        return Module(mlp_case.artifact("training_model.onnx"), mlp_case.load_state(), compile=True, **options)
+def _compiled_module(case, **options) -> Module:
+    return Module(case.artifact("training_model.onnx"), case.load_state(), compile=True, **options)
 
-    module(compile_cache=tmp_path / "cache")
-    assert precompiled.active_cache().store.directory == tmp_path / "cache"  # type: ignore[union-attr]
-    module(compile_cache=False)
-    assert precompiled.active_cache() is None
+
+def test_a_module_option_names_the_cache_or_switches_it_off_for_that_module(mlp_case, tmp_path):
+    """Each Module's engine holds the cache its option names; ``load_compile_cache`` chooses the directory
+    of the Modules built later without one."""
+    named = _compiled_module(mlp_case, compile_cache=tmp_path / "cache")
+    assert named._engine.compile_cache.store.directory == tmp_path / "cache"  # type: ignore[union-attr]
+    assert _compiled_module(mlp_case, compile_cache=False)._engine.compile_cache is None
+    assert named._engine.compile_cache.store.directory == tmp_path / "cache"  # type: ignore[union-attr]
+    assert _compiled_module(mlp_case)._engine.compile_cache is None  # the suite's default: off
+    load_compile_cache(tmp_path / "chosen")
+    assert _compiled_module(mlp_case)._engine.compile_cache.store.directory == tmp_path / "chosen"  # type: ignore[union-attr]
+    assert (
+        _compiled_module(mlp_case, compile_cache=tmp_path / "cache")._engine.compile_cache
+        is named._engine.compile_cache
+    )
+    assert Module(mlp_case.artifact("training_model.onnx"), mlp_case.load_state())._engine.compile_cache is None
     for bad in ("", 3, True):
         with pytest.raises(ValueError, match="compile_cache"):
             EngineOptions.of(compile=True, compile_cache=bad)
@@ -99,7 +118,7 @@ def test_a_directory_or_key_others_can_write_or_read_is_refused(tmp_path, monkey
         CacheStore(shared)
     monkeypatch.setenv("ORT_TORCH_TRAIN_CACHE_DIR", str(shared))  # the default one: only skipped
     with caplog.at_level(logging.WARNING):
-        assert use_compile_cache() is None
+        assert compile_cache_for() is None
     assert "compile cache off" in caplog.text
     CacheStore(tmp_path / "cache")
     (tmp_path / "cache" / "key").chmod(0o644)
@@ -358,12 +377,24 @@ def test_the_eval_graph_is_precompiled_only_without_autograd(mlp_case, tmp_path)
     inputs = mlp_case.eval_inputs()
     loss = module.forward(*[torch.from_numpy(a) for a in inputs])
     loss.backward()
-    cache = precompiled.active_cache()
+    cache = module._engine.compile_cache
     assert cache is not None and cache.steps == {}
     assert all(parameter.grad is not None for parameter in module.parameters() if parameter.requires_grad)
     evaluated = module(*inputs)
     assert len(cache.steps) == 1 and save_compile_cache(tmp_path / "cache") == 0  # saved when compiled
     np.testing.assert_allclose(evaluated, loss.detach().numpy(), rtol=1e-6)
+
+
+@pytest.mark.compile
+def test_a_module_without_a_cache_leaves_another_modules_cache_alone(mlp_case, tmp_path):
+    """A Module built with ``compile_cache=False`` after one with a directory: the first still saves its
+    step there (the option once switched the cache off for the whole process)."""
+    cached = _compiled_module(mlp_case, compile_cache=tmp_path / "cache")
+    _compiled_module(mlp_case, compile_cache=False)
+    cached(*mlp_case.train_inputs(0))
+    assert [what for what, _ in process_caches().steps.values()] == ["train step"]
+    assert CacheStore(tmp_path / "cache").entry_count() >= 1
+    assert save_compile_cache(tmp_path / "copy") == 1
 
 
 @pytest.mark.compile

@@ -15,20 +15,33 @@ import torch
 from ort_torch_train.api import CheckpointState, Module, Optimizer, set_threads
 from ort_torch_train.cli.main import build_parser, main
 from ort_torch_train.training import threads
-from ort_torch_train.training.threads import THREADS_VARIABLE, threads_setting
-from tests.helpers.paths import FIXTURES
+from ort_torch_train.training.threads import THREADS_VARIABLE, ThreadPolicy, process_threads, threads_setting
+from tests.helpers.paths import FIXTURES, ROOT
 
 MLP = FIXTURES / "mlp_ce_adamw_sched"
 EXPECTED = "expected 'auto', 'torch' or an integer >= 1"
+CPU = torch.device("cpu")
+needs_proc_stat = pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="reads /proc/stat")
 
 
 @pytest.fixture
-def unchosen(restored_threads, monkeypatch):
-    """A process that has not called set_threads, with no thread variable set (tests/conftest.py sets
-    ORT_TORCH_TRAIN_THREADS): the policy is chosen from the environment at its first use."""
+def unchosen(restored_threads, monkeypatch) -> ThreadPolicy:
+    """A process policy that no set_threads call chose, with no thread variable set (tests/conftest.py sets
+    ORT_TORCH_TRAIN_THREADS): the environment chooses at its first use."""
     monkeypatch.delenv(THREADS_VARIABLE, raising=False)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    threads._policy.setting = None
+    policy = ThreadPolicy()
+    monkeypatch.setattr(threads, "_PROCESS_THREADS", policy)
+    return policy
+
+
+@pytest.fixture
+def samples(monkeypatch) -> list[int]:
+    """Counts the policy's reads of the machine's load."""
+    counted: list[int] = []
+    read = threads._busy_cpu_seconds
+    monkeypatch.setattr(threads, "_busy_cpu_seconds", lambda cpus: counted.append(1) or read(cpus))
+    return counted
 
 
 @pytest.mark.parametrize(
@@ -41,9 +54,8 @@ def test_auto_runs_on_the_cpus_others_leave_free(cpus, other_busy, ceiling, expe
 
 def test_a_fixed_count_is_set_and_kept(restored_threads):
     set_threads(3)
-    assert torch.get_num_threads() == 3 and threads.threads_setting() == 3
-    threads._policy.next_check = 0.0
-    threads.follow_load()
+    assert torch.get_num_threads() == 3 and threads_setting() == 3 and process_threads().setting() == 3
+    process_threads().follow_load(CPU)
     assert torch.get_num_threads() == 3
 
 
@@ -63,18 +75,18 @@ def test_the_variable_pins_the_policy(unchosen, monkeypatch, text, setting):
     torch.set_num_threads(2)
     monkeypatch.setenv(THREADS_VARIABLE, text)
     monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the library's own variable wins
-    assert threads_setting() == setting
+    assert unchosen.setting() == setting
     assert torch.get_num_threads() == (setting if isinstance(setting, int) else 2)
     monkeypatch.setenv(THREADS_VARIABLE, "5")
-    assert threads_setting() == setting  # read once
+    assert unchosen.setting() == setting  # read once
 
 
 def test_omp_num_threads_leaves_torchs_count(unchosen, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)  # what OpenMP took from the variable when torch loaded it
-    assert threads_setting() == "torch"
-    threads.follow_load()
-    assert torch.get_num_threads() == 1 and threads._policy.ceiling is None
+    assert unchosen.setting() == "torch"
+    unchosen.follow_load(CPU)
+    assert torch.get_num_threads() == 1
 
 
 @pytest.mark.parametrize("bad", ["two", "0", "-1", "1.5", "Auto"])
@@ -84,43 +96,85 @@ def test_a_bad_variable_is_refused_naming_it(unchosen, monkeypatch, bad):
         threads_setting()
 
 
-def test_torch_leaves_the_count_and_hands_back_what_auto_lowered(restored_threads):
-    set_threads("auto")
-    threads._policy.ceiling, threads._policy.applied = 2, 1  # auto lowered 2 threads to 1
-    torch.set_num_threads(1)
-    set_threads("torch")
-    assert threads_setting() == "torch" and torch.get_num_threads() == 2
+@needs_proc_stat
+def test_torch_leaves_the_count_and_hands_back_what_auto_lowered(restored_threads, monkeypatch):
+    monkeypatch.setattr(threads, "threads_for_load", lambda cpus, other_busy, ceiling: 1)  # a busy machine
+    torch.set_num_threads(2)
+    policy = ThreadPolicy()
+    policy.choose("auto")
+    policy.follow_load(CPU)  # torch's count, 2, is auto's ceiling; too soon after the first sample to decide
+    time.sleep(threads.MIN_WINDOW_S * 1.5)
+    policy.follow_load(CPU)
+    assert torch.get_num_threads() == 1
+    policy.choose("torch")
+    assert policy.setting() == "torch" and torch.get_num_threads() == 2
     torch.set_num_threads(1)  # the caller's count, kept
-    threads._policy.next_check = 0.0
-    threads.follow_load()
+    policy.follow_load(CPU)
     assert torch.get_num_threads() == 1
 
 
-def test_a_cpu_step_follows_the_load_by_default(unchosen):
+def test_the_load_is_read_from_the_first_cpu_step_on(unchosen, samples):
+    """A policy reads nothing until a CPU step follows the load; a step on another device reads nothing."""
+    assert samples == []
+    unchosen.follow_load(torch.device("meta"))
+    unchosen.restart_load_window()  # no window started: nothing to restart
+    assert samples == []
+    unchosen.follow_load(CPU)
+    assert len(samples) == 1 and unchosen.setting() == "auto"
+
+
+def test_a_cpu_step_follows_the_load_by_default(unchosen, monkeypatch):
     torch.set_num_threads(2)
+    devices = []
+    follow = unchosen.follow_load
+    monkeypatch.setattr(unchosen, "follow_load", lambda device: devices.append(device) or follow(device))
     state = CheckpointState.load_checkpoint(MLP / "artifacts" / "checkpoint")
-    module = Module(MLP / "artifacts" / "training_model.onnx", state)
+    module = Module(MLP / "artifacts" / "training_model.onnx", state, MLP / "artifacts" / "eval_model.onnx")
     optimizer = Optimizer(MLP / "artifacts" / "optimizer_model.onnx", module)
     data = np.load(MLP / "data.npz")
     module(data["x_train"][0], data["y_train"][0])
     optimizer.step()
-    assert threads_setting() == "auto"
-    assert threads._policy.ceiling == 2  # the step's follow_load took torch's count as auto's ceiling
+    module.eval()
+    module(data["x_train"][0], data["y_train"][0])
+    assert devices == [CPU, CPU] and threads_setting() == "auto"
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="reads /proc/stat")
+_IMPORT = """
+import builtins, io, sys
+opened = []
+real_open = io.open
+def recording_open(file, *args, **kwargs):
+    opened.append(str(file))
+    return real_open(file, *args, **kwargs)
+builtins.open = io.open = recording_open
+import torch
+threads = torch.get_num_threads()
+import ort_torch_train.api
+assert "/proc/stat" not in opened, "importing the package read /proc/stat"
+assert torch.get_num_threads() == threads, (threads, torch.get_num_threads())
+"""
+
+
+@pytest.mark.slow
+def test_importing_the_package_reads_no_load_and_sets_no_threads():
+    env = {key: value for key, value in os.environ.items() if key != THREADS_VARIABLE}
+    result = subprocess.run([sys.executable, "-c", _IMPORT], env=env, cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+@needs_proc_stat
 def test_auto_leaves_a_busy_process_its_cpu(restored_threads):
     cpus = len(os.sched_getaffinity(0))
     if cpus < 2:
         pytest.skip("needs 2 CPUs")
-    set_threads("auto")
+    policy = ThreadPolicy()
+    policy.choose("auto")
     torch.set_num_threads(cpus)  # the ceiling auto starts from
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        threads.follow_load()  # the first sample
+        policy.follow_load(CPU)  # too soon after the first sample to decide
         time.sleep(1.5)
-        threads._policy.next_check = 0.0
-        threads.follow_load()
+        policy.follow_load(CPU)
     finally:
         busy.kill()
         busy.wait()
