@@ -32,6 +32,7 @@ from ort_torch_train.errors import InputError
 from ort_torch_train.progress import ProgressBar
 from ort_torch_train.trainer.data import DataPosition, data_position, resumable_sampler, store_data_position
 from ort_torch_train.trainer.metrics import Metric, evaluate, metric_named
+from ort_torch_train.trainer.protocols import FitModule, FitOptimizer, Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +45,8 @@ class TrainingDiverged(RuntimeError):
 class FitState:
     """What callbacks see of the run: the module and optimizer, where the loop stands, the last numbers."""
 
-    module: Any
-    optimizer: Any
+    module: FitModule
+    optimizer: FitOptimizer
     start_step: int
     step: int
     epoch: int = 0
@@ -118,14 +119,14 @@ class FitResult:
 
 
 def fit(
-    module: Any,
-    optimizer: Any,
+    module: FitModule,
+    optimizer: FitOptimizer,
     data: Iterable[Any],
     *,
     max_steps: int | None = None,
     epochs: int | None = None,
     grad_accum: int = 1,
-    scheduler: Any = None,
+    scheduler: Scheduler | None = None,
     eval_data: Iterable[Any] | None = None,
     eval_every: int | None = None,
     metrics: Sequence[str | Metric] = ("loss",),
@@ -176,7 +177,7 @@ def fit(
                 if scheduler is not None:
                     scheduler.step()
                 run.step += 1
-                if not math.isfinite(run.loss) and not getattr(optimizer, "last_step_skipped", False):
+                if not math.isfinite(run.loss) and not optimizer.last_step_skipped:
                     raise TrainingDiverged(
                         f"the loss is {run.loss} at step {run.step}: training diverged (try a lower learning rate)"
                     )
@@ -217,7 +218,7 @@ def fit(
     return result
 
 
-def _train_step(module: Any, optimizer: Any, micro_batches: list[Any]) -> float:
+def _train_step(module: FitModule, optimizer: FitOptimizer, micro_batches: list[Any]) -> float:
     """One optimizer step over the micro-batches; the mean of their losses (over the ranks too)."""
     names = module.input_names()
     if len(micro_batches) == 1:
@@ -231,9 +232,10 @@ def _train_step(module: Any, optimizer: Any, micro_batches: list[Any]) -> float:
         optimizer.step()
         module.lazy_reset_grad()
     loss = sum(losses) / len(losses)
-    if module.distributed:
+    data_parallel = module.data_parallel
+    if data_parallel is not None:
         total = torch.tensor([loss], dtype=torch.float64, device=module.device)
-        group = module.data_parallel.group
+        group = data_parallel.group
         dist.all_reduce(total, group=group)
         loss = float(total.item()) / dist.get_world_size(group)
     return loss

@@ -20,6 +20,7 @@ import torch
 from ort_torch_train.errors import InputError, ModelError
 from ort_torch_train.export.outputs import exportable_output_names
 from ort_torch_train.graph.layout import ModelSource, load_model
+from ort_torch_train.trainer.protocols import EvalModule
 
 Outputs = Sequence[torch.Tensor]
 
@@ -139,7 +140,7 @@ def metric_named(text: str) -> Metric:
     return BatchFunction(function_name, function)
 
 
-def evaluate(module: Any, data: Iterable[Sequence[Any]], metrics: Sequence[Metric]) -> dict[str, float]:
+def evaluate(module: EvalModule, data: Iterable[Sequence[Any]], metrics: Sequence[Metric]) -> dict[str, float]:
     """Each metric over ``data`` (batches of the eval model's inputs), the module in eval mode meanwhile."""
     was_training = module.training
     module.eval()
