@@ -1,19 +1,15 @@
-"""OptimizerEngine over a TrainingState, the ORT-shaped Optimizer / LR schedulers, and the torch adapter."""
+"""OptimizerEngine over a TrainingState, and with the Module against ORT's recorded runs."""
 
 from __future__ import annotations
 
 import json
 import math
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from onnx import TensorProto, helper
 
 from ort_torch_train.api.optimizer import (
-    ConstantWithWarmupLRScheduler,
-    CosineLRScheduler,
     LinearLRScheduler,
     Optimizer,
 )
@@ -23,10 +19,9 @@ from ort_torch_train.optim.engine import DEFAULT_LEARNING_RATE, OptimizerEngine
 from ort_torch_train.optim.optimizer_model import OptimizerSpec, read_optimizer_model
 from ort_torch_train.optim.sgd import SGD_ALGORITHM
 from ort_torch_train.state.training_state import OptimizerState, TrainingState
+from tests.helpers.optimizer_models import F32, NAMES, make_state, optimizer_model, set_grads
 from tests.helpers.paths import REFCORPUS
 
-F32 = lambda x: float(np.float32(x))  # noqa: E731
-NAMES = ["fc2.weight", "fc1.bias", "fc1.weight"]  # training-graph order, not the state's
 HF_ADAMW = OptimizerSpec(
     ADAMW_ALGORITHM,
     AdamWHyperparameters(
@@ -40,58 +35,6 @@ HF_ADAMW = OptimizerSpec(
     ),
 )
 SGD = OptimizerSpec(SGD_ALGORITHM, SGD_ALGORITHM.hyperparameters())
-
-
-def make_state(seed: int = 0, frozen: bool = True) -> TrainingState:
-    gen = torch.Generator().manual_seed(seed)
-    shapes = {"fc1.weight": (8, 4), "fc1.bias": (8,), "fc2.weight": (3, 8), "frozen.weight": (2, 2)}
-    params = {
-        n: torch.nn.Parameter(torch.randn(s, generator=gen), requires_grad=n != "frozen.weight")
-        for n, s in shapes.items()
-        if frozen or n != "frozen.weight"
-    }
-    return TrainingState(params)
-
-
-def set_grads(state: TrainingState, seed: int) -> None:
-    gen = torch.Generator().manual_seed(1000 + seed)
-    for name in NAMES:
-        state.params[name].grad.copy_(torch.randn(state.params[name].shape, generator=gen))
-
-
-def optimizer_model(kind: str = "adamw", clip: float | None = None, signal: bool = False, **attrs) -> bytes:
-    seq = lambda n: helper.make_tensor_sequence_value_info(n, TensorProto.FLOAT, None)  # noqa: E731
-    names = ["learning_rate", "step", "params", "gradients", "first_order_moments"]
-    names += ["second_order_moments"] if kind == "adamw" else []
-    inputs = [
-        helper.make_tensor_value_info("learning_rate", TensorProto.FLOAT, [1]),
-        helper.make_tensor_value_info("step", TensorProto.INT64, [1]),
-    ] + [seq(n) for n in names[2:]]
-    nodes, grads = [], "gradients"
-    if clip is not None:
-        nodes.append(
-            helper.make_node("InplaceClipGradNorm", ["gradients"], ["clipped"], domain="com.microsoft", max_norm=clip)
-        )
-        grads = "clipped"
-    op_inputs = (
-        ["learning_rate", "step", "params", grads, "first_order_moments", "second_order_moments"]
-        if kind == "adamw"
-        else ["learning_rate", "params", grads]
-    )
-    if signal:
-        inputs.append(helper.make_tensor_value_info("update_signal", TensorProto.BOOL, [1]))
-        op_inputs.append("update_signal")
-    op = "AdamWOptimizer" if kind == "adamw" else "SGDOptimizerV2"
-    nodes.append(helper.make_node(op, op_inputs, ["flag"], domain="com.microsoft", **attrs))
-    flag = helper.make_tensor_value_info("flag", TensorProto.BOOL, [1])
-    graph = helper.make_graph(nodes, "optimizer", inputs, [flag])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("com.microsoft", 1)]).SerializeToString()
-
-
-def fake_module(state: TrainingState) -> SimpleNamespace:
-    return SimpleNamespace(
-        training_state=state, trainable_parameter_names=list(NAMES), data_parallel=None, precision=None
-    )
 
 
 # ---- engine ---------------------------------------------------------------------------------------
@@ -255,91 +198,6 @@ def test_nominal_state_gets_its_moments_at_the_first_step():
     nominal.complete_nominal({n: p.detach() for n, p in loaded.params.items()})
     engine.step()
     assert nominal.optimizer.step == 1 and sorted(nominal.optimizer.momentums) == sorted(NAMES)
-
-
-# ---- ORT-shaped faces -----------------------------------------------------------------------------
-def test_optimizer_face(tmp_path):
-    path = tmp_path / "optimizer_model.onnx"
-    path.write_bytes(optimizer_model("adamw", adam_mode=1, epsilon=1e-6, weight_decay=0.0))
-    state = make_state()
-    optimizer = Optimizer(path, fake_module(state))
-    assert optimizer.get_learning_rate() == F32(0.001)
-    optimizer.set_learning_rate(0.02)
-    assert optimizer.get_learning_rate() == F32(0.02)
-    set_grads(state, 0)
-    before = state.params["fc1.weight"].detach().clone()
-    optimizer.step()
-    assert state.optimizer.step == 1 and not torch.equal(before, state.params["fc1.weight"])
-    with pytest.raises(ValueError):
-        optimizer.set_learning_rate(-1)
-
-
-def test_linear_scheduler_documented_semantics():
-    state = make_state()
-    optimizer = Optimizer(optimizer_model("sgd"), fake_module(state))
-    scheduler = LinearLRScheduler(optimizer, 2, 6, 0.1)
-    assert optimizer.get_learning_rate() == 0.0  # applied at construction, warmup starts at 0
-    assert state.optimizer.initial_learning_rate == F32(0.1)
-    lrs = []
-    for _ in range(8):
-        optimizer.step()
-        scheduler.step()
-        lrs.append(optimizer.get_learning_rate())
-    expected = [0.05, 0.1, 0.075, 0.05, 0.025, 0.0, 0.0, 0.0]
-    assert lrs == [F32(F32(0.1) * F32(e / 0.1)) for e in expected]
-
-
-def test_scheduler_validation():
-    optimizer = Optimizer(optimizer_model("sgd"), fake_module(make_state()))
-    with pytest.raises(ValueError, match=r"warmup step count \(30\) must not exceed total step count \(20\)"):
-        LinearLRScheduler(optimizer, 30, 20, 0.1)
-    with pytest.raises(ValueError, match="must be >= 0"):
-        CosineLRScheduler(optimizer, -1, 20, 0.1)
-    with pytest.raises(ValueError, match="initial learning rate must be finite"):
-        ConstantWithWarmupLRScheduler(optimizer, 2, float("nan"))
-    with pytest.raises(ValueError, match="min_ratio"):
-        CosineLRScheduler(optimizer, 0, 10, 0.1, min_lr_ratio=2.0)
-    with pytest.raises(TypeError, match="ort_torch_train Optimizer"):
-        LinearLRScheduler(object(), 1, 2, 0.1)
-
-
-def test_cosine_and_constant_schedulers():
-    optimizer = Optimizer(optimizer_model("sgd"), fake_module(make_state()))
-    cosine = CosineLRScheduler(optimizer, 0, 4, 1.0, min_lr_ratio=0.5)
-    assert optimizer.get_learning_rate() == 1.0
-    for _ in range(2):
-        optimizer.step()
-    cosine.step()
-    assert optimizer.get_learning_rate() == F32(0.75)
-    constant = ConstantWithWarmupLRScheduler(optimizer, 4, 0.2)  # 2 steps done: half way up
-    assert optimizer.get_learning_rate() == F32(0.1)
-    for _ in range(3):
-        optimizer.step()
-    constant.step()
-    assert optimizer.get_learning_rate() == F32(0.2)
-
-
-def test_torch_lr_scheduler_drives_the_learning_rate():
-    state = make_state()
-    optimizer = Optimizer(optimizer_model("sgd"), fake_module(state))
-    torch_optimizer = optimizer.torch_optimizer
-    assert isinstance(torch_optimizer, torch.optim.Optimizer)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(torch_optimizer, lambda epoch: 0.5**epoch)
-    seen = []
-    for step in range(3):
-        set_grads(state, step)
-        before = state.params["fc1.bias"].detach().clone()
-        grad = state.params["fc1.bias"].grad.clone()
-        optimizer.step()
-        seen.append(optimizer.get_learning_rate())
-        torch.testing.assert_close(state.params["fc1.bias"].detach(), before - seen[-1] * grad)
-        scheduler.step()
-    assert seen == [F32(0.001), F32(0.0005), F32(0.00025)]
-    optimizer.set_learning_rate(0.3)
-    assert torch_optimizer.param_groups[0]["lr"] == F32(0.3)
-    torch_optimizer.zero_grad()
-    assert all(torch.count_nonzero(state.params[n].grad) == 0 for n in NAMES)
-    assert state.optimizer.step == 3
 
 
 # ---- with the Module, against ORT's recorded runs -------------------------------------------------
