@@ -34,7 +34,7 @@ class OptimizerEngine:
     engine lives (accumulate and reset in place); call ``refresh()`` after replacing tensors.
     ``implementation`` overrides the kernel choice among the algorithm's ``implementations`` (AdamW:
     "fused" is the default where torch's fused kernel runs; SGD: "foreach" is the default).
-    ``loss_scaler`` (fp16 mixed precision, ``training/precision.py``) unscales the gradients first
+    ``loss_scaler`` (fp16 mixed precision, ``state/loss_scale.py``) unscales the gradients first
     and skips a step whose gradients hold inf or nan: ``last_step_skipped``, ``skipped_steps``.
     ``tensors`` provides the lists the kernel runs on (default: the whole tensors; ZeRO: this rank's slices).
     """
