@@ -4,12 +4,13 @@ torch runs its operators, MKL's products and oneDNN on one OpenMP team of ``torc
 threads, and each parallel region ends at a barrier that waits for the team's slowest thread. When
 another busy process takes a core, a team as wide as the machine waits at every region for the
 thread the scheduler set aside while the others spin (OpenMP's default wait), and steps slow down
-(docs/performance.md, "Threads on a shared machine", measures it). Under the ``"auto"`` policy (the default of the library and the CLI)
-the engine's CPU steps call ``follow_load``, which checks, at most once per ``CHECK_INTERVAL_S`` (the
-first decision: over the time since the policy's first use), how many of this process's CPUs other
-processes kept busy since the last check (``/proc/stat``, less this process's own CPU time; a
-compilation's worker processes count as this process's) and runs on the cores left: at least one, at
-most the count torch had at the first check (or that the caller set since with ``torch.set_num_threads``).
+(docs/performance.md, "Threads on a shared machine", measures it). Under the ``"auto"`` policy (the
+default of the library and the CLI) the engine's CPU steps call ``follow_load``, which checks, at most
+once per ``CHECK_INTERVAL_S`` (the first decision: over the time since the policy's first use), how many
+of this process's CPUs other processes kept busy since the last check (``/proc/stat``, less this
+process's own CPU time; a compilation's worker processes count as this process's) and runs on the cores
+left: at least one, at most the count torch had at the first check (or that the caller set since with
+``torch.set_num_threads``).
 
 Auto changes the count with the load and, with it, the last bits of reductions and matrix products;
 a pinned count repeats bit for bit whatever the load: ``set_threads(n)`` fixes n threads and
