@@ -51,8 +51,8 @@ def main() -> None:
     inputs = [[np.ascontiguousarray(array) for array in batches(MLP, step)] for step in range(STEPS)]
     assert state.training_state.optimizer is not None
     replay = {state.training_state.optimizer.step: snapshot(state)}
-    (out / "ready").touch()
     signal.signal(signal.SIGTERM, on_sigterm)
+    (out / "ready").touch()  # only once the handler is in place: the test signals as soon as it sees this
     for batch in range(batch_count):
         module(*inputs[batch % STEPS])
         for _ in range(UPDATES):
