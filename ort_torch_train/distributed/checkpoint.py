@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import time
 from collections.abc import Iterator
@@ -24,14 +23,11 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ort_torch_train.checkpoint.odtc import write_checkpoint
-from ort_torch_train.checkpoint.records import OptimizerGroupRecord
 from ort_torch_train.distributed.zero import ShardedTensors
 from ort_torch_train.errors import CheckpointError, DistributedError
 from ort_torch_train.optim.engine import OptimizerEngine
 from ort_torch_train.state.training_state import TrainingState
 
-log = logging.getLogger(__name__)
 ARRIVAL_TIMEOUT = 60.0  # seconds rank 0 waits for the other ranks at a save of sharded moments
 _KEY = "ort_torch_train/save"
 
@@ -77,7 +73,7 @@ class DistributedCheckpoint:
         with self._failures(target, "waiting for rank 0's save"):
             published = json.loads(self._store.get(f"{_KEY}/{self._saves}"))
         if published["path"] != target:
-            _write(state, target, include_optimizer_state, gathered)  # per-rank paths: each rank writes its own
+            state.save(target, include_optimizer_state, moments=gathered)  # per-rank paths: each rank writes its own
         elif published["error"] is not None:
             raise DistributedError(f"save_checkpoint: rank 0 failed to write {target!r}: {published['error']}")
 
@@ -86,7 +82,7 @@ class DistributedCheckpoint:
     ) -> None:
         error: Exception | None = None
         try:
-            _write(state, target, include_optimizer_state, gathered)
+            state.save(target, include_optimizer_state, moments=gathered)
         except Exception as failure:  # published first, so that no rank waits for it in vain
             error = failure
         outcome = {"path": target, "error": None if error is None else f"{type(error).__name__}: {error}"}
@@ -128,17 +124,3 @@ class DistributedCheckpoint:
                 f"save_checkpoint({target!r}) on rank {self.rank} of {self.world_size} failed while {action}: "
                 f"another rank died or timed out during the save ({type(error).__name__}: {error})"
             ) from error
-
-
-def _write(state: TrainingState, target: str, include_optimizer_state: bool, gathered: dict | None) -> None:
-    if gathered is None or state.optimizer is None:
-        state.save(target, include_optimizer_state)
-        return
-    group = state.optimizer  # its moments are this rank's slices: the record takes the gathered ones
-    with state.lock:
-        record = state.to_record(include_optimizer_state=False)
-        record.optimizer_groups.append(
-            OptimizerGroupRecord(group.group_name, group.step, group.initial_learning_rate, gathered)
-        )
-        write_checkpoint(record, target)
-    log.info("saved checkpoint %s (optimizer state gathered from every rank's shard)", target)

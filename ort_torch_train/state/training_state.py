@@ -37,6 +37,7 @@ from ort_torch_train.state.values import (
 )
 
 log = logging.getLogger(__name__)
+Moments = Mapping[str, Mapping[str, torch.Tensor]]  # parameter name -> moment name -> tensor
 
 
 class SaveCoordinator(Protocol):
@@ -116,19 +117,22 @@ class TrainingState:
             has_external_data=record.has_external_data,
         )
 
-    def to_record(self, include_optimizer_state: bool = False) -> CheckpointRecord:
+    def to_record(self, include_optimizer_state: bool = False, *, moments: Moments | None = None) -> CheckpointRecord:
         """The state as a record sharing the live tensors; the optimizer group only when asked
-        for and when there is one (ORT silently writes none otherwise)."""
+        for and when there is one (ORT silently writes none otherwise), holding ``moments`` when given
+        (the whole moments gathered from a rank's sharded slices) instead of the state's own."""
         groups = []
         if include_optimizer_state and self.optimizer is not None:
-            self._check_momentums()  # a rank's slices of sharded moments are saved only gathered (save_checkpoint)
             opt = self.optimizer
+            if moments is None:
+                self._check_momentums()  # a rank's slices of sharded moments are saved only gathered
+                moments = opt.momentums
             groups.append(
                 OptimizerGroupRecord(
                     opt.group_name,
                     opt.step,
                     opt.initial_learning_rate,
-                    {param: dict(moments) for param, moments in opt.momentums.items()},
+                    {param: dict(values) for param, values in moments.items()},
                 )
             )
         return CheckpointRecord(
@@ -140,20 +144,23 @@ class TrainingState:
             has_external_data=self.has_external_data,
         )
 
-    def save(self, path: str | os.PathLike, include_optimizer_state: bool = False) -> None:
-        """Write an ORT checkpoint file atomically (the property bag is always saved).
+    def save(
+        self, path: str | os.PathLike, include_optimizer_state: bool = False, *, moments: Moments | None = None
+    ) -> None:
+        """Write an ORT checkpoint file atomically (the property bag is always saved; ``moments`` as in
+        ``to_record``).
 
         Asked for while this thread is inside a step of the state (from a signal handler, say), the
         save is done when the step ends: a checkpoint always holds the state between two steps.
         """
         if self.lock.held_by_current_thread():
-            self.lock.defer(lambda: self._write(path, include_optimizer_state), f"save of {os.fspath(path)!r}")
+            self.lock.defer(lambda: self._write(path, include_optimizer_state, moments), f"save of {os.fspath(path)!r}")
             return
         with self.lock:
-            self._write(path, include_optimizer_state)
+            self._write(path, include_optimizer_state, moments)
 
-    def _write(self, path: str | os.PathLike, include_optimizer_state: bool) -> None:
-        write_checkpoint(self.to_record(include_optimizer_state), path)
+    def _write(self, path: str | os.PathLike, include_optimizer_state: bool, moments: Moments | None) -> None:
+        write_checkpoint(self.to_record(include_optimizer_state, moments=moments), path)
         log.info("saved checkpoint %s (optimizer state: %s)", os.fspath(path), include_optimizer_state)
 
     def coordinate_saves(self, coordinator: SaveCoordinator) -> None:
@@ -284,10 +291,7 @@ class TrainingState:
             param.data = param.data.to(device)
             if param.grad is not None:
                 param.grad.data = param.grad.data.to(device)
-        if self.optimizer is not None:
-            for moments in self.optimizer.momentums.values():
-                for moment in moments.values():
-                    moment.data = moment.data.to(device)
+        self._moments_follow_parameters()
 
     # ---- tensors replaced: each call starts a new generation ---------------------------------------
     @property
@@ -300,11 +304,7 @@ class TrainingState:
         """After the parameters' tensors were replaced from outside (``nn.Module._apply`` moved or converted
         them): each parameter's moments move to its device, and a new generation starts."""
         self._generation += 1
-        if self.optimizer is not None:
-            for name, moments in self.optimizer.momentums.items():
-                device = self.params[name].device
-                for moment in moments.values():
-                    moment.data = moment.data.to(device)
+        self._moments_follow_parameters()
 
     def freeze(self, names: Sequence[str], dtype: torch.dtype | None = None) -> None:
         """Stop training ``names``: no gradient, no moments; float32 ones become ``dtype`` when given."""
@@ -339,18 +339,18 @@ class TrainingState:
             )
         return self.optimizer
 
-    def set_moments(self, moments: Mapping[str, Mapping[str, torch.Tensor]], *, only: bool = False) -> None:
+    def set_moments(self, moments: Moments, *, only: bool = False) -> None:
         """Give each named parameter these moments (``only``: and no other parameter any), in the group
         ``ensure_optimizer`` made. Replacing moments that flat buffers hold starts a new generation."""
         group = self.optimizer
         if group is None:
             raise ValueError("set_moments: the state has no optimizer group (ensure_optimizer makes one)")
+        dropped = [name for name in group.momentums if name not in moments] if only else []
         flat = self._flat
-        if flat is not None and flat.moment_names and any(name in flat.names for name in moments):
+        if flat is not None and flat.moment_names and any(name in flat.names for name in [*moments, *dropped]):
             self._generation += 1
-        if only:
-            for name in [name for name in group.momentums if name not in moments]:
-                del group.momentums[name]
+        for name in dropped:
+            del group.momentums[name]
         for name, values in moments.items():
             group.momentums[name] = dict(values)
 
@@ -392,6 +392,14 @@ class TrainingState:
         return self._flat
 
     # ---- invariants -------------------------------------------------------------------------------
+    def _moments_follow_parameters(self) -> None:
+        """Each parameter's moments moved to its device."""
+        if self.optimizer is not None:
+            for name, moments in self.optimizer.momentums.items():
+                device = self.params[name].device
+                for moment in moments.values():
+                    moment.data = moment.data.to(device)
+
     def _ensure_grads(self) -> None:
         if self.is_nominal:
             return

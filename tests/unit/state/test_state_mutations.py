@@ -103,3 +103,26 @@ def test_flat_views_are_asked_again_for_other_names_without_moving_twice() -> No
     assert flat is not None
     assert state.flat_view(["w", "b"], ("momentum0",)) is flat  # the same buffers while they hold the tensors
     assert state.current_flat(["b", "w"]) is None  # another order is another layout
+
+
+def test_set_moments_that_drops_moments_the_flat_buffers_hold_counts_a_generation() -> None:
+    state = _state()
+    flat = state.flat_view(["w"], ("momentum0", "momentum1"))
+    assert flat is not None
+    state.set_moments({"b": {"momentum0": torch.zeros(3), "momentum1": torch.zeros(3)}}, only=True)
+    assert list(state.optimizer.momentums) == ["b"]
+    assert state.generation == flat.generation + 1 and state.current_flat(["w"]) is None
+
+
+def test_a_record_holds_the_moments_given_in_place_of_the_states_own() -> None:
+    state = _state()
+    slices = {"w": {"momentum0": torch.zeros(3)}}  # a rank's slice: not shaped like its parameter
+    state.set_moments(slices, only=True)
+    with pytest.raises(CheckpointError, match="'momentum0' of 'w'"):
+        state.to_record(include_optimizer_state=True)
+    whole = {"w": {"momentum0": torch.full((2, 3), 7.0)}}
+    (group,) = state.to_record(include_optimizer_state=True, moments=whole).optimizer_groups
+    assert (group.name, group.step, group.initial_learning_rate) == ("group0", 3, 0.01)
+    assert list(group.momentums) == ["w"] and torch.equal(group.momentums["w"]["momentum0"], whole["w"]["momentum0"])
+    assert state.optimizer.momentums["w"]["momentum0"] is slices["w"]["momentum0"]  # the state keeps its slices
+    assert state.to_record(moments=whole).optimizer_groups == []  # asked for without the optimizer state
