@@ -61,9 +61,10 @@ class FlatState:
         # a gradient set to None counts as moved
         return [None if p.grad is None else p.grad.data_ptr() for p in self.parameters] == self.grad_pointers
 
-    def note_gradient_storage(self) -> None:
-        """Remember where the gradients' views start now that the gradient buffer's memory was exchanged."""
-        self.grad_pointers[:] = [None if p.grad is None else p.grad.data_ptr() for p in self.parameters]
+    def note_gradient_storage(self, grads: Sequence[Tensor]) -> None:
+        """Remember where the parameters' gradients (``grads``, the views of the gradient buffer) start now
+        that the buffer's memory was exchanged."""
+        self.grad_pointers[:] = [grad.data_ptr() for grad in grads]
 
 
 def flatten(

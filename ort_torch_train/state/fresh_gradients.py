@@ -9,7 +9,7 @@ buffer and each ``.grad`` keep their identity and show the new gradients, as whe
 While anything else views the buffer (a numpy array from ``Parameter.grad``, a tensor view of a
 gradient), it is kept and the step's gradients are copied into it, so no view reads freed memory.
 Buffers under ``MIN_BYTES`` stay in place: a second set of such gradients costs less than the
-bookkeeping's few microseconds per step.
+bookkeeping does.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class FreshGradients:
             with torch.no_grad():
                 buffer.copy_(gradient)
         self.released = False
-        self.flat.note_gradient_storage()
+        self.flat.note_gradient_storage(self.grads)
 
     def install_zeros(self) -> None:
         """Make the buffer hold zeros."""
