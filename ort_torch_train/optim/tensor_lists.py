@@ -76,10 +76,13 @@ class WholeTensors:
                     for index, name in enumerate(param_names)
                 }
             )
-        for name, param in zip(param_names, params):
-            placed = _placed_moments(name, param, momentums.get(name), algorithm.stored_moments)
-            if placed is not None:
-                state.set_moments({name: placed})
+        placed = {
+            name: moved
+            for name, param in zip(param_names, params)
+            if (moved := _placed_moments(name, param, momentums.get(name), algorithm.stored_moments)) is not None
+        }
+        if placed:
+            state.set_moments(placed)
         flat = state.flat_view(param_names, algorithm.updated_moments) if algorithm.elementwise else None
         if flat is not None:  # one tensor per list: the kernels run one loop
             return KernelTensors([flat.params], [flat.grads], [[m] for m in flat.moments], flat)
