@@ -84,7 +84,7 @@ class TrainingEngine:
                 self.eval_layout,
                 training=False,
                 compile=False if options.compile_arguments is None else options.compile_arguments,
-                compiler=partial(CompiledForward, cache=self.compile_cache),
+                compiler=partial(CompiledForward, cache=self.compile_cache, threads=self._threads),
                 dynamic=options.dynamic,
             )
         train_params = self.train_layout.params
@@ -229,7 +229,10 @@ class TrainingEngine:
             self._train_params,
             spec,
             lambda module, device: CompiledTrainStep(
-                self.train_graph.compiled_module(module, device), spec.on_device(device), cache=self.compile_cache
+                self.train_graph.compiled_module(module, device),
+                spec.on_device(device),
+                cache=self.compile_cache,
+                threads=self._threads,
             ),
         )
         trainable, frozen, grads = self._parameter_views()

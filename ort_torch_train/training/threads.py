@@ -20,8 +20,8 @@ once at the policy's first use (``default_threads``):
 ``OMP_NUM_THREADS`` when set (torch's count, which OpenMP took from it), else auto.
 
 The policy is this package's one process-wide setting of its own: torch keeps a single thread count per
-process, so every engine's steps follow one ``ThreadPolicy``, ``process_threads()``, which ``set_threads``
-and the CLI's ``--threads`` set. It reads nothing and sets nothing at import; it changes torch's count
+process, so every engine follows one ``ThreadPolicy``, ``process_threads()`` (an engine takes it when
+built and hands it to its compiled steps), which ``set_threads`` and the CLI's ``--threads`` set. It reads nothing and sets nothing at import; it changes torch's count
 through ``torch_settings.py``, where the package's process-wide torch settings are listed.
 
 Not covered: inductor's compiled loops keep the thread count they were compiled with. OpenMP's

@@ -22,17 +22,23 @@ from ort_torch_train.training.compile.settings import FrozenArguments, records_c
 from ort_torch_train.training.compile.step import Compilation
 from ort_torch_train.training.dynamic_shapes import marked_args
 from ort_torch_train.training.meta_keys import DYNAMIC_AXES
-from ort_torch_train.training.threads import process_threads
+from ort_torch_train.training.threads import ThreadPolicy
 
 _AUTOCAST_DEVICES = ("cpu", "cuda")
 
 
 class CompiledForward:
     """``forward(*inputs, *params)`` of ``module`` compiled with torch.compile's ``arguments``, loaded from
-    and saved to the compile ``cache`` (None: compiled in this process only)."""
+    and saved to the compile ``cache`` (None: compiled in this process only); its CPU runs follow the
+    ``threads`` policy."""
 
     def __init__(
-        self, module: fx.GraphModule, arguments: Mapping[str, Any], *, cache: CompileCache | None = None
+        self,
+        module: fx.GraphModule,
+        arguments: Mapping[str, Any],
+        *,
+        cache: CompileCache | None = None,
+        threads: ThreadPolicy,
     ) -> None:
         forward = _forward_of(module)
         # the (input position, axis) pairs compiled as dynamic dimensions; () once torch needed them fixed
@@ -43,7 +49,7 @@ class CompiledForward:
         self._compiled, self._precompile = compiled, precompile  # a precompile pending: None once done
         self._called = False
         self._cuda_graphs = records_cuda_graphs(arguments)  # recorded and replayed by torch.compile's call
-        self._threads = process_threads()  # torch's thread count is the process's
+        self._threads = threads
 
     def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if self._called:

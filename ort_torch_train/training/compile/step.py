@@ -31,7 +31,7 @@ from ort_torch_train.training.compile.step_spec import StepSpec
 from ort_torch_train.training.dynamic_shapes import marked_args
 from ort_torch_train.training.meta_keys import DYNAMIC_AXES
 from ort_torch_train.training.precision import autocast_or_null
-from ort_torch_train.training.threads import process_threads
+from ort_torch_train.training.threads import ThreadPolicy
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +48,13 @@ class CompiledTrainStep:
     Its ``reduction`` (data parallel) replaces the accumulated gradients by their average across ranks.
     With ``fresh_gradients`` the step neither reads nor writes ``grads`` and ``reset``: it returns
     ``(outputs, gradients)``, its own gradients for ``fresh_gradients.py`` to install. The step is loaded
-    from and saved to the compile ``cache`` (None: compiled in this process only).
+    from and saved to the compile ``cache`` (None: compiled in this process only); its CPU runs follow the
+    ``threads`` policy.
     """
 
-    def __init__(self, module: fx.GraphModule, spec: StepSpec, *, cache: CompileCache | None = None) -> None:
+    def __init__(
+        self, module: fx.GraphModule, spec: StepSpec, *, cache: CompileCache | None = None, threads: ThreadPolicy
+    ) -> None:
         self.spec = spec
         step = _train_step_function(module, spec)
         self._products: list[int] | None = MATRIX_PRODUCTS.get(module, None)  # they decide its BLAS threads
@@ -64,7 +67,7 @@ class CompiledTrainStep:
         # precompiled at the first call (precompiled.py), unless it records CUDA graphs on CUDA
         self._compilation = Compilation(step, module, external, compile_arguments, "train step", cache)
         self._compiled, self._precompile = self._compilation.start(self.dynamic_axes)
-        self._threads = process_threads()  # torch's thread count is the process's
+        self._threads = threads
         self._called = False
         self._reset_flags: dict[torch.device, tuple[Tensor, Tensor]] = {}
 
