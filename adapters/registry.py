@@ -61,6 +61,7 @@ class OpFacts:
 
 _REGISTRY: dict[tuple[str, str], list[tuple[int, Converter]]] = {}
 _FACTS: dict[tuple[str, str], OpFacts] = {}
+_NO_FACTS = OpFacts()
 
 
 def register(
@@ -75,19 +76,14 @@ def register(
     control_flow: bool = False,
 ) -> Callable[[Converter], Converter]:
     """Register ``fn`` for ``domain::op_type`` at opset versions ``>= since``, with the op's facts (OpFacts)."""
-    facts = OpFacts(
-        random=random,
-        shape_inputs=tuple(shape_inputs),
-        data_dependent_shape=data_dependent_shape,
-        writes_inputs=tuple(writes_inputs),
-        control_flow=control_flow,
-    )
+    key = (normalize_domain(domain), op_type)
+    facts = OpFacts(random, tuple(shape_inputs), data_dependent_shape, tuple(writes_inputs), control_flow)
 
     def decorate(fn: Converter) -> Converter:
-        entries = _REGISTRY.setdefault((domain, op_type), [])
+        entries = _REGISTRY.setdefault(key, [])
         if any(version == since for version, _ in entries):
             raise ValueError(f"converter for {domain or 'ai.onnx'}::{op_type} since {since} already registered")
-        _record_facts(domain, op_type, facts)
+        _record_facts(key, facts)
         entries.append((since, fn))
         entries.sort(key=lambda entry: -entry[0])
         return fn
@@ -106,27 +102,20 @@ def declare(
     control_flow: bool = False,
 ) -> None:
     """Record the facts (OpFacts) of ``domain::op_type``, an op this registry holds no converter for."""
-    facts = OpFacts(
-        random=random,
-        shape_inputs=tuple(shape_inputs),
-        data_dependent_shape=data_dependent_shape,
-        writes_inputs=tuple(writes_inputs),
-        control_flow=control_flow,
-    )
-    _record_facts(domain, op_type, facts)
+    facts = OpFacts(random, tuple(shape_inputs), data_dependent_shape, tuple(writes_inputs), control_flow)
+    _record_facts((normalize_domain(domain), op_type), facts)
 
 
 def op_facts(domain: str, op_type: str) -> OpFacts:
     """The facts registered or declared for ``domain::op_type``; an unknown op has the defaults."""
-    return _FACTS.get((normalize_domain(domain), op_type), OpFacts())
+    return _FACTS.get((normalize_domain(domain), op_type), _NO_FACTS)
 
 
-def _record_facts(domain: str, op_type: str, facts: OpFacts) -> None:
-    key = (normalize_domain(domain), op_type)
+def _record_facts(key: tuple[str, str], facts: OpFacts) -> None:
     known = _FACTS.setdefault(key, facts)
     if known != facts:
         raise ValueError(
-            f"facts for {domain or 'ai.onnx'}::{op_type} conflict: registered before as {known}, now given {facts}"
+            f"facts for {key[0] or 'ai.onnx'}::{key[1]} conflict: registered before as {known}, now given {facts}"
         )
 
 
@@ -146,5 +135,5 @@ def normalize_domain(domain: str) -> str:
 
 def wrap_converters(op_type: str, wrapper: Callable[[Converter], Converter], *, domain: str = "") -> None:
     """Replace every registered converter ``fn`` of ``domain::op_type`` by ``wrapper(fn)``."""
-    entries = _REGISTRY.get((domain, op_type), [])
+    entries = _REGISTRY.get((normalize_domain(domain), op_type), [])
     entries[:] = [(since, wrapper(fn)) for since, fn in entries]

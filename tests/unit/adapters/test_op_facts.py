@@ -11,7 +11,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 import ort_torch_train.convert.graph  # noqa: F401  (declares the control-flow ops' facts)
-from ort_torch_train.adapters import OpFacts, declare, op_facts, register
+from ort_torch_train.adapters import OpFacts, declare, find_converter, op_facts, register
 from ort_torch_train.adapters.common import Inline, result
 from ort_torch_train.adapters.registry import _FACTS, _REGISTRY
 from ort_torch_train.convert.graph import TensorSpec, convert_graph
@@ -165,3 +165,15 @@ def test_conflicting_facts_for_one_op_raise(test_domain: str) -> None:
         declare("Versioned", domain=test_domain, random=True)
     assert [since for since, _ in _REGISTRY[(test_domain, "Versioned")]] == [5, 1]  # the refused one not added
     assert op_facts(test_domain, "Versioned") == OpFacts(shape_inputs=(1,))
+
+
+def test_a_converter_registered_under_the_ai_onnx_spelling_is_found_under_both() -> None:
+    op_type = "OrtTorchTrainTestOnly"
+    converter = _convert_inline(noise)
+    try:
+        register(op_type, domain="ai.onnx", random=True)(converter)
+        assert find_converter("", op_type, 18) is converter and find_converter("ai.onnx", op_type, 18) is converter
+        assert op_facts("", op_type).random and op_facts("ai.onnx", op_type).random
+    finally:
+        for table in (_REGISTRY, _FACTS):
+            table.pop(("", op_type), None)
