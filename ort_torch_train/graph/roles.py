@@ -35,7 +35,8 @@ def check_slot(model: onnx.ModelProto, slot: str, argument: str) -> None:
     role = model_role(model)
     fits = role == slot or (slot == "training_model" and role == "eval_model")
     if not fits:
-        op = model.graph.node[0].op_type if role == "optimizer_model" and model.graph.node else None
+        # ORT's optimizer node comes last, after the gradient clip's
+        op = model.graph.node[-1].op_type if role == "optimizer_model" and model.graph.node else None
         what = f"an optimizer model (it holds {op})" if op else f"a {role.replace('_', ' ')} (it has gradient buffers)"
         raise ModelError(
             f"{argument}: got {what}; expected the {slot.replace('_', ' ')} ({FILE_NAMES[slot]} of generate_artifacts)"

@@ -19,14 +19,18 @@ def open_case(name: str) -> tuple[Path, CheckpointState]:
     return artifacts, CheckpointState.load_checkpoint(artifacts / "checkpoint")
 
 
-def test_optimizer_model_as_training_model_is_named() -> None:
-    artifacts, state = open_case("cnn")
+@pytest.mark.parametrize(
+    "case, optimizer_model",
+    [("cnn", "artifacts/optimizer_model.onnx"), ("mlp_optimizers", "optimizers/adamw_wd_clip.onnx")],
+)
+def test_optimizer_model_as_training_model_is_named(case: str, optimizer_model: str) -> None:
+    _, state = open_case(case)
     with pytest.raises(
         ModelError,
         match=r"train_model_uri: got an optimizer model \(it holds AdamWOptimizer\); "
         r"expected the training model \(training_model.onnx",
     ):
-        Module(artifacts / "optimizer_model.onnx", state)
+        Module(FIXTURES / case / optimizer_model, state)
 
 
 def test_training_model_as_eval_model_is_named() -> None:
