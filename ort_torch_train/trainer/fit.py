@@ -226,7 +226,7 @@ def _train_step(module: FitModule, optimizer: FitOptimizer, micro_batches: list[
     else:
         losses = []
         for index, batch in enumerate(micro_batches):
-            local = module.distributed and index < len(micro_batches) - 1
+            local = module.data_parallel is not None and index < len(micro_batches) - 1
             with module.no_sync() if local else nullcontext():
                 losses.append(loss_value(module(*model_inputs(batch, names))))
         optimizer.step()

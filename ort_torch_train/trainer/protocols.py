@@ -60,13 +60,8 @@ class FitModule(EvalModule, Protocol):
         ...
 
     @property
-    def distributed(self) -> bool:
-        """Whether the gradients are averaged across ranks."""
-        ...
-
-    @property
     def data_parallel(self) -> DataParallel | None:
-        """The ranks' group, when ``distributed``."""
+        """What averages the gradients across ranks (holding the ranks' group), or None."""
         ...
 
     @property
