@@ -207,7 +207,7 @@ class Module(nn.Module):
         """
         if not self.training:
             raise RuntimeError("Module.step trains: call module.train() first (it is in eval mode)")
-        if not isinstance(optimizer, StepOptimizer):
+        if not hasattr(optimizer, "engine_for_step"):  # a clear error for another object than StepOptimizer
             raise InputTypeError(f"optimizer: expected an ort_torch_train Optimizer, got {type(optimizer).__name__}")
         names = self.input_names()
         tensors, kind = to_tensors(self._parsed(user_inputs, names), names)

@@ -6,7 +6,7 @@ stand-in module, say). ``trainer.protocols`` adds what ``fit`` calls.
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 from ort_torch_train.distributed.data_parallel import DataParallel
 from ort_torch_train.optim.engine import OptimizerEngine
@@ -38,7 +38,6 @@ class TrainableModule(Protocol):
         ...
 
 
-@runtime_checkable
 class StepOptimizer(Protocol):
     """What ``Module.step`` reads of the optimizer whose update it runs in its train step."""
 
