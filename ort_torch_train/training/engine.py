@@ -26,8 +26,10 @@ from ort_torch_train.graph.layout import (
     training_layout,
 )
 from ort_torch_train.graph.model_checks import check_eval_pair, check_model
+from ort_torch_train.optim.compiled import FusedUpdate
 from ort_torch_train.optim.engine import OptimizerEngine
 from ort_torch_train.passes.pipeline import Restructure
+from ort_torch_train.state.flat import FlatLayout
 from ort_torch_train.state.fresh_gradients import FreshGradients, pays_off
 from ort_torch_train.state.parameter_buffer import ParameterBuffer
 from ort_torch_train.state.training_state import TrainingState
@@ -36,7 +38,7 @@ from ort_torch_train.training.compile.cache import compile_cache_for
 from ort_torch_train.training.compile.forward import CompiledForward
 from ort_torch_train.training.compile.settings import FrozenArguments, records_cuda_graphs
 from ort_torch_train.training.compile.step import CompiledTrainStep
-from ort_torch_train.training.compile.step_spec import ParameterPlan, StepSpec
+from ort_torch_train.training.compile.step_spec import ParameterPlan, Reduction, StepSpec
 from ort_torch_train.training.forward_graph import ForwardGraph
 from ort_torch_train.training.options import EngineOptions
 from ort_torch_train.training.precision import MixedPrecision, autocast_or_null, backward, float32_outputs
@@ -92,6 +94,7 @@ class TrainingEngine:
         self._train_plan = ParameterPlan.of(train_params, self.trainable_parameter_names)
         self._compile_arguments = FrozenArguments(options.compile_arguments)
         self._frozen_train_names = self._train_plan.frozen_names(train_params)
+        self._step_specs: dict[tuple, StepSpec] = {}  # _step_spec
         self._views: tuple | None = None  # (state generation, trainable, frozen, grads) for compiled steps
         self._eval_params = [state.params[n] for n in self.eval_layout.params] if self.eval_layout else []
         self._eval_aliases: list[torch.Tensor] = []  # _detached_eval_params
@@ -215,15 +218,7 @@ class TrainingEngine:
         # CUDA graphs replay on gradients at fixed addresses
         fresh = flat is not None and pays_off(flat) and update is not None and reset
         fresh = fresh and not (device.type == "cuda" and records_cuda_graphs(self._compile_arguments))
-        spec = StepSpec(
-            self._train_plan,
-            self._compile_arguments,
-            update=update,
-            reduction=reduction,
-            precision=precision,
-            layout=None if flat is None else flat.layout,
-            fresh_gradients=fresh,
-        )
+        spec = self._step_spec(update, reduction, precision, None if flat is None else flat.layout, fresh)
         step = self.train_graph.specialised(
             inputs,
             self._train_params,
@@ -262,6 +257,30 @@ class TrainingEngine:
             optimizer.count_step()
         self._gradient_reset.pending = False
         return outputs
+
+    def _step_spec(
+        self,
+        update: FusedUpdate | None,
+        reduction: Reduction | None,
+        precision: MixedPrecision | None,
+        layout: FlatLayout | None,
+        fresh: bool,
+    ) -> StepSpec:
+        """The StepSpec of a compiled train step of this engine's graph: one object per combination of
+        the parts that vary, made at its first step (a spec is built once, not at every step)."""
+        parts = (update, reduction, precision, layout, fresh)
+        spec = self._step_specs.get(parts)
+        if spec is None:
+            spec = self._step_specs[parts] = StepSpec(
+                self._train_plan,
+                self._compile_arguments,
+                update=update,
+                reduction=reduction,
+                precision=precision,
+                layout=layout,
+                fresh_gradients=fresh,
+            )
+        return spec
 
     def _raise_eager_error(self, inputs: list[torch.Tensor], error: RuntimeError) -> None:
         """Re-run a failed compiled step's forward eagerly, on copies of the parameters, so that the

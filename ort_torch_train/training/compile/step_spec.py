@@ -44,13 +44,6 @@ class ParameterPlan:
         """The graph's frozen parameter names, in the order the step takes them."""
         return [name for name, (trainable, _) in zip(graph_names, self.sources) if not trainable]
 
-    def __hash__(self) -> int:
-        return self._hash
-
-    @functools.cached_property
-    def _hash(self) -> int:  # once: a step's spec, and with it its plan, is hashed at every compiled step
-        return hash(self.sources)
-
 
 def _precision_setting(precision: MixedPrecision | None) -> str | None:
     return None if precision is None else precision.setting
@@ -88,6 +81,13 @@ class StepSpec:
     def external(self) -> dict[str, object]:
         """The fields that are this process's own objects: a saved step names them, never pickles them."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.metadata.get("external")}
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    @functools.cached_property
+    def _hash(self) -> int:  # once: a spec is hashed at every compiled step, as its graph's cache key
+        return hash(tuple(getattr(self, f.name) for f in fields(self)))
 
 
 def _itself(value: object) -> object:
