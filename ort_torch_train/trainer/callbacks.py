@@ -5,24 +5,26 @@ it in the checkpoint's properties, so a resumed run decides as the uninterrupted
 
 from __future__ import annotations
 
+import json
 import logging
-import re
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ort_torch_train.errors import InputError
+from ort_torch_train.errors import CheckpointError, InputError
 from ort_torch_train.trainer.fit import Callback, FitState
+from ort_torch_train.trainer.numbered import (
+    WRITTEN_PROPERTY,
+    check_numbered_names,
+    remove_checkpoint_files,
+    step_checkpoint_path,
+    written_numbered,
+)
 from ort_torch_train.trainer.loggers import Logger
 from ort_torch_train.trainer.metrics import Metric
 
 log = logging.getLogger(__name__)
 PROPERTY_PREFIX = "ort_torch_train."
-
-
-def step_checkpoint_path(path: str | Path, step: int) -> Path:
-    """Where ``SaveCheckpoints`` keeps the numbered checkpoint of ``step``: ``PATH.step-<step>``."""
-    path = Path(path)
-    return path.with_name(f"{path.name}.step-{step}")
 
 
 def _say_nothing(text: str) -> None:
@@ -33,7 +35,10 @@ class SaveCheckpoints(Callback):
     """Saves ``path`` every ``every`` steps and at the end (also after Ctrl-C or an early stop).
 
     ``keep_last``: each periodic save also writes ``PATH.step-<step>`` and the ``keep_last`` newest
-    of those stay (older ones, from earlier runs too, are deleted). ``report`` gets one line per save.
+    of those that this run wrote stay (with their ``.data`` and ``.manifest``). Which ones it wrote is
+    kept in the checkpoint's properties, so a resumed run prunes its earlier ones too; files it did
+    not write are never deleted, and one it would overwrite is refused before the first step.
+    ``report`` gets one line per save.
     """
 
     def __init__(
@@ -52,16 +57,26 @@ class SaveCheckpoints(Callback):
         self.saved_at: int | None = None
 
     def on_train_begin(self, run: FitState) -> None:
-        """Make the checkpoint's folder."""
+        """Make the checkpoint's folder; refuse numbered checkpoints of another run that this run would replace."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.keep_last:
+            check_numbered_names(self.path, run, self.every or 1)
 
     def on_step_end(self, run: FitState) -> None:
         """Save every ``every`` steps."""
         if self.every and run.step % self.every == 0:
+            removed = []
+            if self.keep_last:
+                numbered = step_checkpoint_path(self.path, run.step)
+                written = [*written_numbered(run, self.path), str(numbered.absolute())]
+                removed = written[: -self.keep_last]
+                run.properties[WRITTEN_PROPERTY] = json.dumps(written[-self.keep_last :])
             self._save(run)
             if self.keep_last:
-                run.save(step_checkpoint_path(self.path, run.step))
-                self._prune()
+                run.save(numbered)
+                for old in removed:
+                    remove_checkpoint_files(Path(old))
+                    log.info("removed %s (keep_last %d)", old, self.keep_last)
 
     def on_train_end(self, run: FitState) -> None:
         """Save the last step (unless just saved); reported after an interruption."""
@@ -73,18 +88,6 @@ class SaveCheckpoints(Callback):
         self.saved_at = run.step
         if report:
             self.report(f"step {run.step}: checkpoint saved to {self.path}")
-
-    def numbered(self) -> list[Path]:
-        """The numbered checkpoints present, oldest first."""
-        pattern = re.compile(re.escape(self.path.name) + r"\.step-(\d+)$")
-        found = [(int(m.group(1)), p) for p in self.path.parent.iterdir() if (m := pattern.match(p.name))]
-        return [path for _, path in sorted(found)]
-
-    def _prune(self) -> None:
-        assert self.keep_last, "only periodic saves with keep_last prune"
-        for old in self.numbered()[: -self.keep_last]:
-            old.unlink(missing_ok=True)  # under data parallelism every rank prunes
-            log.info("removed %s (keep_last %d)", old, self.keep_last)
 
 
 class _Monitor(Callback):
@@ -110,7 +113,7 @@ class _Monitor(Callback):
         """Whether this evaluation beats the best; records it (in the properties) when it does."""
         assert self.metric is not None, "on_train_begin found the metric"
         value = metrics[self.metric_name]
-        if not self.metric.improved(value, self.best):
+        if not math.isfinite(value) or not self.metric.improved(value, self.best):
             return False
         self.best = value
         run.properties[self.best_key] = value
@@ -138,7 +141,9 @@ class SaveBest(_Monitor):
 
 
 class EarlyStopping(_Monitor):
-    """Ends the run after ``patience`` evaluations in a row without ``metric`` improving."""
+    """Ends the run after ``patience`` evaluations in a row without ``metric`` improving (a value that is not
+    finite counts as no improvement, with a warning). A run resumed from a checkpoint that stopped stays
+    stopped; the evaluation after a Ctrl-C does not count (the resumed run counts as the whole run would)."""
 
     def __init__(self, metric: str, patience: int) -> None:
         if patience < 1:
@@ -146,18 +151,37 @@ class EarlyStopping(_Monitor):
         super().__init__(metric, "early_stop")
         self.patience = patience
         self.waited_key = f"{PROPERTY_PREFIX}early_stop.waited"
+        self.stopped_before = False
+
+    def on_train_begin(self, run: FitState) -> None:
+        """Stay stopped when the checkpoint's run stopped early."""
+        super().on_train_begin(run)
+        waited = self._waited(run)
+        self.stopped_before = waited >= self.patience
+        if self.stopped_before:
+            run.stop(
+                f"early stop: the run stopped early at step {run.step} ({self.metric_name} did not improve in "
+                f"{waited} evaluations; give a patience above {waited} to train on)"
+            )
+
+    def _waited(self, run: FitState) -> int:
+        value = run.properties.get(self.waited_key, 0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value != int(value):
+            raise CheckpointError(f"checkpoint property {self.waited_key!r} is {value!r}: expected an integer >= 0")
+        return int(value)
 
     def on_evaluate(self, run: FitState, metrics: dict[str, float]) -> None:
         """Count evaluations without improvement; stop at ``patience``."""
-        properties = run.properties
-        waited = (
-            0
-            if self.improved(run, metrics)
-            else int(properties[self.waited_key] if self.waited_key in properties else 0) + 1
-        )
-        properties[self.waited_key] = waited
+        if self.stopped_before or run.interrupted:
+            return
+        value = metrics[self.metric_name]
+        if not math.isfinite(value):
+            log.warning("early stop: %s is %s at step %d: counted as no improvement", self.metric_name, value, run.step)
+        waited = 0 if self.improved(run, metrics) else self._waited(run) + 1
+        run.properties[self.waited_key] = waited
         if waited >= self.patience:
-            run.stop(f"early stop: {self.metric_name} did not improve in {waited} evaluations (best {self.best:.4g})")
+            best = "no finite value" if self.best is None else f"best {self.best:.4g}"
+            run.stop(f"early stop: {self.metric_name} did not improve in {waited} evaluations ({best})")
 
 
 class LogMetrics(Callback):

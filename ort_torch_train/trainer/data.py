@@ -8,6 +8,7 @@ consumed) in a checkpoint's properties.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
+
+from ort_torch_train.errors import CheckpointError
 
 SEED_PROPERTY = "ort_torch_train.data_seed"
 EPOCH_PROPERTY = "ort_torch_train.data_epoch"
@@ -159,12 +162,33 @@ def resumable_sampler(data: Any) -> ResumableBatchSampler | None:
     return sampler if isinstance(sampler, ResumableBatchSampler) else None
 
 
-def data_position(properties: Any) -> DataPosition | None:
-    """The position stored in a CheckpointState's ``properties``, or None when it holds none."""
+def data_position(properties: Any, batches: int | None = None) -> DataPosition | None:
+    """The position stored in a CheckpointState's ``properties``, or None when it holds none; a
+    CheckpointError names a property that is no integer >= 0 (the position at most ``batches``, the
+    epoch's batch count when known: a save after an epoch's last batch stores ``batches``)."""
     if EPOCH_PROPERTY not in properties or POSITION_PROPERTY not in properties:
         return None
-    seed = properties[SEED_PROPERTY] if SEED_PROPERTY in properties else None
-    return DataPosition(int(properties[EPOCH_PROPERTY]), int(properties[POSITION_PROPERTY]), seed)
+    epoch = _integer_property(properties, EPOCH_PROPERTY, "an integer >= 0")
+    position = _integer_property(properties, POSITION_PROPERTY, f"an integer in [0, {batches}]" if batches else "")
+    if batches is not None and position > batches:
+        raise CheckpointError(
+            f"checkpoint property {POSITION_PROPERTY!r} is {position}: expected an integer in [0, {batches}] "
+            f"(the batches of one epoch of this data)"
+        )
+    seed = _integer_property(properties, SEED_PROPERTY, "an integer") if SEED_PROPERTY in properties else None
+    return DataPosition(epoch, position, seed)
+
+
+def _integer_property(properties: Any, name: str, expected: str) -> int:
+    """An integer property (>= 0 unless ``expected`` is just "an integer"), or a CheckpointError naming it."""
+    value = properties[name]
+    expected = expected or "an integer >= 0"
+    integral = isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value, integral = int(value), True
+    if not integral or (expected != "an integer" and value < 0):
+        raise CheckpointError(f"checkpoint property {name!r} is {value!r}: expected {expected}")
+    return int(value)
 
 
 def store_data_position(properties: Any, position: DataPosition) -> None:

@@ -58,6 +58,7 @@ class FitState:
     first_step_seconds: float | None = None  # the first step's time (compilation, with ``compile``)
     metrics: dict[str, float] = field(default_factory=dict)  # the last evaluation's
     monitored: dict[str, Metric] = field(default_factory=dict)  # the evaluated metrics, by name
+    target_step: int | None = None  # the step the run ends at, when known
     should_stop: bool = False  # a callback ends the run after this step
     stop_reason: str | None = None
     interrupted: bool = False  # Ctrl-C (SIGINT) ended the run
@@ -158,8 +159,10 @@ def fit(
     _start_position(run, data, grad_accum)
     result = FitResult(run.start_step, run.start_step, [], 0.0, None, {}, False, None)
     stream = _batches(run, data, epochs)
+    total = _total_steps(run, data, max_steps, epochs, grad_accum)
+    run.target_step = None if total is None else run.step + total
     bar = ProgressBar(
-        _total_steps(run, data, max_steps, epochs, grad_accum),
+        total,
         progress if isinstance(progress, str) else "training",
         disable=not progress,
     )
@@ -169,7 +172,7 @@ def fit(
             for callback in callbacks:
                 callback.on_train_begin(run)
             started = time.perf_counter()
-            while max_steps is None or run.step < max_steps:
+            while (max_steps is None or run.step < max_steps) and not run.should_stop:
                 micro_batches = list(islice(stream, grad_accum))
                 if not micro_batches:
                     break
@@ -198,8 +201,6 @@ def fit(
                 started += time.perf_counter() - now  # the rate counts training steps only
                 if interrupted():
                     run.interrupted = True
-                    break
-                if run.should_stop:
                     break
             if eval_data is not None and (not eval_every or run.step % eval_every or not result.losses):
                 _evaluate(run, eval_data, evaluated, callbacks)
@@ -272,7 +273,7 @@ def _start_position(run: FitState, data: Iterable[Any], grad_accum: int) -> None
     (an older checkpoint) the batches ``start_step`` steps consumed."""
     sampler = resumable_sampler(data)
     run.seed = sampler.seed if sampler is not None else None
-    stored = data_position(run.properties)
+    stored = data_position(run.properties, len(data) if hasattr(data, "__len__") else None)  # type: ignore[arg-type]
     if stored is not None:
         if stored.seed is not None and run.seed is not None and stored.seed != run.seed:
             log.warning("resuming with data seed %s; the checkpoint's data order used seed %s", run.seed, stored.seed)
