@@ -13,6 +13,8 @@ from pathlib import Path
 
 from ort_torch_train.errors import CheckpointError, InputError
 from ort_torch_train.trainer.fit import Callback, FitState
+from ort_torch_train.trainer.loggers import Logger
+from ort_torch_train.trainer.metrics import Metric
 from ort_torch_train.trainer.numbered import (
     WRITTEN_PROPERTY,
     check_numbered_names,
@@ -20,8 +22,6 @@ from ort_torch_train.trainer.numbered import (
     step_checkpoint_path,
     written_numbered,
 )
-from ort_torch_train.trainer.loggers import Logger
-from ort_torch_train.trainer.metrics import Metric
 
 log = logging.getLogger(__name__)
 PROPERTY_PREFIX = "ort_torch_train."
