@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 
 from ort_torch_train.cli.common import CliError, existing_file, shape_text, value_dtype, value_shape
+from ort_torch_train.trainer.casting import checked_cast
 from ort_torch_train.trainer.tables import read_table, table_format
 
 
@@ -126,7 +127,7 @@ def _as_input(array: np.ndarray, spec: InputSpec, label: str) -> np.ndarray:
     if array.dtype != target:
         if target.kind not in kinds.get(array.dtype.kind, "") or target.kind not in "fiub":
             raise CliError(f"{label} holds {array.dtype.name} values; input {spec.name!r} takes {spec.dtype}")
-        array = array.astype(target)
+        array = checked_cast(array, target, label)
     declared = [dim for dim in spec.shape[1:] if isinstance(dim, int)] if spec.shape else []
     if spec.shape and len(declared) == len(spec.shape) - 1 > 1 and array.ndim == 2:
         if array.shape[1] == int(np.prod(declared)):

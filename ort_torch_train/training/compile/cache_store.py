@@ -159,7 +159,7 @@ class CacheStore:
         """
         path = self.path_of(kind, key, fingerprint)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # a FIFO never blocks
         except FileNotFoundError:
             return None
         except OSError as error:
@@ -205,7 +205,7 @@ def _check_private(path: Path, status: os.stat_result, what: str) -> None:
 def _read_or_create_key(path: Path) -> bytes:
     """The directory's signing key: read (owner and mode 0600 checked), or written first by this process."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # a FIFO never blocks
     except FileNotFoundError:
         return _create_key(path)
     with os.fdopen(fd, "rb") as file:

@@ -91,3 +91,20 @@ def test_load_adapter_restores_the_trained_adapters(tmp_path) -> None:
             rtol=1e-6,
         )
     assert set(read_adapter(tmp_path / "a.onnx_adapter")) == set(source.trainable_parameter_names)
+
+
+def test_load_adapter_refuses_a_tensor_whose_rank_differs_from_the_module_s(tmp_path) -> None:
+    make_artifacts(tmp_path, LoraConfig(r=4, targets=["0.weight"]))
+    module = trained(tmp_path, steps=0)
+    export_adapter(module, tmp_path / "a.onnx_adapter")
+    tensors = read_adapter(tmp_path / "a.onnx_adapter")
+    name_b = next(name for name in tensors if "lora_B" in name)
+    assert tensors[name_b].shape[0] == 4
+    tensors[name_b] = np.ascontiguousarray(tensors[name_b][:1])  # B of rank 1 beside A of rank 4
+    crafted = ort.AdapterFormat()
+    crafted.set_parameters({name: ort.OrtValue.ortvalue_from_numpy(value) for name, value in tensors.items()})
+    crafted.export_adapter(str(tmp_path / "b.onnx_adapter"))
+    before = module.training_state.params[name_b].detach().clone()
+    with pytest.raises(ModelError, match=rf"tensor '{name_b}' has shape \[1, 16\], the model expects \[4, 16\]"):
+        load_adapter(module, tmp_path / "b.onnx_adapter")
+    assert torch.equal(module.training_state.params[name_b], before)
