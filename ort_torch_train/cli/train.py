@@ -39,6 +39,7 @@ from ort_torch_train.cli.common import (
 from ort_torch_train.cli.data import check_arrays, check_batch_size, input_specs, load_data, select_arrays
 from ort_torch_train.cli.distributed import Launch, launch_from_environment
 from ort_torch_train.cli.export import lora_setting
+from ort_torch_train.cli.train_checks import check_total_steps, check_writable_output
 from ort_torch_train.fileio import atomic_write_bytes
 from ort_torch_train.graph.layout import eval_layout, training_layout
 from ort_torch_train.trainer import (
@@ -119,6 +120,7 @@ def metric_name(text: str) -> str:
 def train(args: argparse.Namespace, launch: Launch, device: str) -> None:
     """``run_train`` on this rank."""
     set_threads(default_threads() if args.threads is None else args.threads)
+    check_writable_output(Path(args.output))
     job = prepare(args)
     module = Module(
         job.training_model,
@@ -147,8 +149,10 @@ def train(args: argparse.Namespace, launch: Launch, device: str) -> None:
         world_size=launch.world_size,
     )
     max_steps = target_step(args, start, len(loader))
+    check_total_steps(args.total_steps, max_steps)
     lr = args.lr if args.lr is not None else optimizer_state.initial_learning_rate
-    scheduler = make_scheduler(optimizer, args.schedule, args.warmup, args.total_steps or max(max_steps, 1), lr)
+    total = args.total_steps or max(max_steps, 1)
+    scheduler = make_scheduler(optimizer, args.schedule, args.warmup, total, lr) if start < max_steps else None
     eval_batches = chunks(job.evaluation, job.batch_size) if job.evaluation is not None else None
     eval_before = evaluate(module, eval_batches, [metric_named("loss")])["loss"] if eval_batches else None
     say = (lambda text: None) if args.json or args.quiet or not launch.is_main else print
@@ -339,7 +343,8 @@ def prepare(args: argparse.Namespace) -> TrainingJob:
         loaded, table = load_data(args.eval_data)
         keys = args.eval_inputs or args.inputs
         selected = select_arrays(loaded, eval_specs, keys, repr(args.eval_data), "--eval-inputs", table)
-        check_arrays(selected, eval_specs, repr(args.eval_data))
+        if check_arrays(selected, eval_specs, repr(args.eval_data)) == 0:
+            raise CliError(f"--eval-data {str(args.eval_data)!r} holds no samples")
         evaluation = list(selected.values())
     seed = args.seed
     stored = data_position(Properties(state.training_state))
