@@ -68,14 +68,14 @@ class SaveCheckpoints(Callback):
             removed = []
             if self.keep_last:
                 numbered = step_checkpoint_path(self.path, run.step)
-                written = [*written_numbered(run, self.path), str(numbered.absolute())]
+                written = [*written_numbered(run, self.path), numbered.name]
                 removed = written[: -self.keep_last]
                 run.properties[WRITTEN_PROPERTY] = json.dumps(written[-self.keep_last :])
             self._save(run)
             if self.keep_last:
                 run.save(numbered)
                 for old in removed:
-                    remove_checkpoint_files(Path(old))
+                    remove_checkpoint_files(self.path.with_name(old))
                     log.info("removed %s (keep_last %d)", old, self.keep_last)
 
     def on_train_end(self, run: FitState) -> None:

@@ -14,7 +14,7 @@ from ort_torch_train.checkpoint.pair import data_file_path, manifest_path
 from ort_torch_train.errors import CheckpointError, InputError
 from ort_torch_train.trainer.fit import FitState
 
-WRITTEN_PROPERTY = "ort_torch_train.keep_last.written"  # JSON: the absolute paths of the numbered checkpoints kept
+WRITTEN_PROPERTY = "ort_torch_train.keep_last.written"  # JSON: the names of the numbered checkpoints kept
 
 
 def step_checkpoint_path(path: str | Path, step: int) -> Path:
@@ -29,7 +29,8 @@ def checkpoint_files(path: Path) -> list[Path]:
 
 
 def written_numbered(run: FitState, path: Path) -> list[str]:
-    """The numbered checkpoints of ``path`` this run (and the runs it resumes) wrote and kept, oldest first."""
+    """The names of the numbered checkpoints of ``path`` this run (and the runs it resumes) wrote and kept
+    in ``path``'s folder, oldest first (names, so that a checkpoint's bytes do not depend on its folder)."""
     text = run.properties.get(WRITTEN_PROPERTY)
     if text is None:
         return []
@@ -38,16 +39,15 @@ def written_numbered(run: FitState, path: Path) -> list[str]:
     except ValueError:
         written = None
     if not isinstance(written, list) or not all(isinstance(item, str) for item in written):
-        raise CheckpointError(f"checkpoint property {WRITTEN_PROPERTY!r} is {text!r}: expected a JSON list of paths")
-    prefix = f"{path.name}.step-"
-    folder = path.absolute().parent
-    return [item for item in written if Path(item).parent == folder and Path(item).name.startswith(prefix)]
+        raise CheckpointError(f"checkpoint property {WRITTEN_PROPERTY!r} is {text!r}: expected a JSON list of names")
+    pattern = re.compile(re.escape(path.name) + r"\.step-[1-9][0-9]*$")
+    return [name for name in written if pattern.match(name)]
 
 
 def check_numbered_names(path: Path, run: FitState, every: int) -> None:
     """Refuse to start when a numbered checkpoint this run will write (by ``run.target_step`` when known)
     is there already and is not one of this run's."""
-    ours = {Path(item) for item in written_numbered(run, path)}
+    ours = set(written_numbered(run, path))
     pattern = re.compile(re.escape(path.name) + r"\.step-([1-9][0-9]*)(\.data|\.manifest)?$")
     for entry in path.parent.iterdir():
         match = pattern.match(entry.name)
@@ -57,8 +57,7 @@ def check_numbered_names(path: Path, run: FitState, every: int) -> None:
         planned = step > run.step and step % every == 0
         if run.target_step is not None:
             planned = planned and step <= run.target_step
-        numbered = step_checkpoint_path(path, step).absolute()
-        if planned and numbered not in ours:
+        if planned and step_checkpoint_path(path, step).name not in ours:
             raise InputError(
                 f"{str(entry)!r} is in the way: keep_last would write the numbered checkpoint of step {step} "
                 f"there, and it was not written by this run (another run's, or a file of yours); move it, "
