@@ -23,6 +23,7 @@ from ort_torch_train.training.compile.cache_store import (
     platform_fingerprint,
     step_fingerprint,
 )
+from ort_torch_train.training.compile.inductor_dir import private_folder_reason, read_own_file
 from ort_torch_train.training.torch_settings import trust_vector_isas
 
 log = logging.getLogger(__name__)
@@ -74,16 +75,23 @@ class CompileCache:
     def save_libraries(self) -> list[str]:
         """Write the libraries of this process's steps that the directory lacks; returns all their names."""
         fingerprint = platform_fingerprint()
+        root = Path(inductor_cache_dir())
         paths = compiled_library_paths()
         for name, path in paths.items():
             if not self.store.contains("library", name, fingerprint):
-                self.store.write("library", name, fingerprint, path.read_bytes())
+                data = read_own_file(root, path)  # only what this user wrote where no one else can write
+                if data is not None:
+                    self.store.write("library", name, fingerprint, data)
         return sorted(paths)
 
     def restore_libraries(self, names: list[str]) -> int:
         """Write the verified library entries ``names`` that inductor's cache dir lacks; returns how many."""
         root = Path(inductor_cache_dir())
         fingerprint, restored = platform_fingerprint(), 0
+        unsafe = private_folder_reason(root)
+        if unsafe is not None:
+            log.warning("compile cache: not restoring libraries into inductor's cache dir (%s)", unsafe)
+            return 0
         for name in names:
             target = _library_target(root, name)
             if target is None:
