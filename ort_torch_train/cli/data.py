@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fnmatch
 import zipfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +20,8 @@ import onnx
 
 from ort_torch_train.cli.common import CliError, existing_file, shape_text, value_dtype, value_shape
 from ort_torch_train.trainer.casting import checked_cast
-from ort_torch_train.trainer.tables import read_table, table_format
+from ort_torch_train.trainer.table_stream import TableColumns
+from ort_torch_train.trainer.tables import table_format
 
 
 @dataclass(frozen=True)
@@ -50,17 +52,18 @@ def load_npz(path: str | Path) -> dict[str, np.ndarray]:
         raise CliError(f"{str(path)!r} is not a readable .npz file ({error})") from error
 
 
-def load_data(path: str | Path) -> tuple[dict[str, np.ndarray], bool]:
-    """The arrays of an .npz file, or the columns of a Parquet/Arrow/CSV/JSONL file; and whether it is a table
-    (whose columns are cast to the model's dtypes)."""
-    if table_format(path) is None:
+def load_data(path: str | Path) -> tuple[Mapping[str, np.ndarray], bool]:
+    """The arrays of an .npz file, or the columns of a Parquet/Arrow/CSV/JSONL file (each read, streamed, when
+    used); and whether it is a table (whose columns are cast to the model's dtypes)."""
+    kind = table_format(path)
+    if kind is None:
         return load_npz(path), False
     existing_file(path, "data file")
-    return read_table(path), True
+    return TableColumns(path, kind), True
 
 
 def select_arrays(
-    arrays: dict[str, np.ndarray],
+    arrays: Mapping[str, np.ndarray],
     specs: list[InputSpec],
     keys: str | None,
     source: str,
@@ -83,6 +86,8 @@ def select_arrays(
         mapping = {name: name for name in names}
     else:
         mapping = input_mapping(keys, names, option)
+    if isinstance(arrays, TableColumns):
+        arrays.load_matching(mapping.values())  # the columns used, in one pass over the file
     selected = {}
     for spec in specs:
         array = _pick(arrays, mapping[spec.name], source, what)
@@ -109,7 +114,7 @@ def input_mapping(text: str, names: list[str], option: str) -> dict[str, str]:
     return mapping
 
 
-def _pick(arrays: dict[str, np.ndarray], key: str, source: str, what: str) -> np.ndarray:
+def _pick(arrays: Mapping[str, np.ndarray], key: str, source: str, what: str) -> np.ndarray:
     """The array named ``key``, or the columns matching the pattern ``key`` stacked on a last axis."""
     if key in arrays:
         return arrays[key]

@@ -1,0 +1,156 @@
+"""Columns of a table file read in record batches (pyarrow's dataset scanner) straight into the numpy arrays
+they yield: memory holds those arrays and a few batches, never the whole table nor Python lists of values.
+
+``TableColumns`` is a file's columns by name, each read when first used (``load`` reads several in one
+pass), so a column the run does not use (ragged lists, missing values, text) never blocks it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ort_torch_train.errors import InputError
+
+DATASET_FORMATS = {"parquet": "parquet", "arrow": "ipc", "csv": "csv", "jsonl": "json"}
+BATCH_ROWS = 65536  # rows per record batch read
+
+
+def _pyarrow(path: Path) -> Any:
+    try:
+        import pyarrow as pa
+        import pyarrow.dataset  # noqa: F401  (pa.dataset)
+        import pyarrow.parquet  # noqa: F401  (the parquet format of pa.dataset)
+    except ImportError as error:
+        raise InputError(
+            f"reading {path.suffix} files needs pyarrow: pip install 'ort-torch-train[data]' (or pip install pyarrow)"
+        ) from error
+    return pa
+
+
+class TableColumns(Mapping[str, np.ndarray]):
+    """The columns of the table file ``path`` (format ``kind``: parquet, arrow, csv, jsonl) by name, in the
+    file's order; a column is read (streamed) when first used."""
+
+    def __init__(self, path: str | os.PathLike, kind: str) -> None:
+        self.path = Path(path)
+        self.kind = kind
+        self.label = repr(str(self.path))
+        self._pa = _pyarrow(self.path)
+        if not self.path.is_file():
+            raise InputError(f"data file not found: {self.label}")
+        self._dataset = self._guarded(self._open)
+        self._names = list(self._dataset.schema.names)
+        self._arrays: dict[str, np.ndarray] = {}
+
+    def _open(self) -> Any:
+        dataset = self._pa.dataset
+        try:
+            return dataset.dataset(self.path, format=DATASET_FORMATS[self.kind])
+        except self._pa.ArrowInvalid:
+            if self.kind != "arrow":
+                raise
+            import pyarrow.feather as pa_feather  # a Feather v1 file: read whole (the format has no batches)
+
+            return dataset.dataset(pa_feather.read_table(self.path))
+
+    def _guarded(self, read: Any) -> Any:
+        try:
+            return read()
+        except (self._pa.ArrowException, OSError) as error:
+            message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise InputError(f"{self.label} is not a readable {self.kind} file ({message})") from error
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._arrays:
+            if name not in self._names:
+                raise KeyError(name)
+            self.load([name])
+        return self._arrays[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+    def require(self, names: Iterable[str]) -> list[str]:
+        """``names`` as given; an InputError for the first the file lacks."""
+        names = list(names)
+        missing = [name for name in names if name not in self._names]
+        if missing:
+            raise InputError(f"{self.label} has no column {missing[0]!r} (its columns: {', '.join(self._names)})")
+        return names
+
+    def load_matching(self, keys: Iterable[str]) -> None:
+        """Read, in one pass, the columns named by ``keys`` (a name, or a pattern such as ``px*``)."""
+        wanted = []
+        for key in keys:
+            wanted += [key] if key in self._names else [name for name in self._names if fnmatch.fnmatchcase(name, key)]
+        self.load(wanted)
+
+    def load(self, names: Iterable[str]) -> None:
+        """Read the columns ``names`` not read yet, in one pass over the file."""
+        missing = [name for name in dict.fromkeys(self.require(names)) if name not in self._arrays]
+        if missing:
+            self._arrays.update(self._guarded(lambda: self._scan(missing)))
+
+    def _scan(self, names: list[str]) -> dict[str, np.ndarray]:
+        rows = self._dataset.count_rows()
+        arrays: dict[str, np.ndarray] = {}
+        start = 0
+        for batch in self._dataset.to_batches(columns=names, batch_size=BATCH_ROWS):
+            count = batch.num_rows
+            for index, name in enumerate(names):
+                what = f"{self.label} column {name!r}"
+                block = column_block(batch.column(index), what)
+                if name not in arrays:
+                    arrays[name] = np.empty((rows, *block.shape[1:]), dtype=block.dtype)
+                elif block.shape[1:] != arrays[name].shape[1:]:
+                    raise InputError(f"{what} holds lists of different lengths ({_lengths(arrays[name], block)})")
+                arrays[name][start : start + count] = block
+            start += count
+        for name in names:
+            if name not in arrays:  # no rows
+                arrays[name] = np.empty((0,), dtype=_numpy_dtype(self._dataset.schema.field(name).type))
+        return arrays
+
+
+def column_block(array: Any, what: str) -> np.ndarray:
+    """One record batch's column as a numpy array; lists of equal length become further axes."""
+    import pyarrow as pa
+
+    if array.null_count:
+        raise InputError(f"{what} has {array.null_count} missing values")
+    kind = array.type
+    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)):
+        return array.to_numpy(zero_copy_only=False)
+    if pa.types.is_fixed_size_list(kind):
+        width = kind.list_size
+    else:
+        lengths = np.diff(np.asarray(array.offsets))
+        width = int(lengths[0]) if len(lengths) else 0
+        if len(lengths) and (lengths != width).any():
+            other = int(lengths[np.argmax(lengths != width)])
+            raise InputError(f"{what} holds lists of different lengths ({width}, {other})")
+    values = column_block(array.flatten(), what)
+    return values.reshape(len(array), width, *values.shape[1:])
+
+
+def _lengths(first: np.ndarray, later: np.ndarray) -> str:
+    return f"{first.shape[1] if first.ndim > 1 else 'numbers'}, {later.shape[1] if later.ndim > 1 else 'numbers'}"
+
+
+def _numpy_dtype(arrow_type: Any) -> np.dtype:
+    try:
+        return np.dtype(arrow_type.to_pandas_dtype())
+    except (NotImplementedError, TypeError):
+        return np.dtype(object)
