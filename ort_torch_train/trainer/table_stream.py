@@ -107,7 +107,10 @@ class TableColumns(Mapping[str, np.ndarray]):
         rows = self._dataset.count_rows()
         arrays: dict[str, np.ndarray] = {}
         start = 0
-        for batch in self._dataset.to_batches(columns=names, batch_size=BATCH_ROWS):
+        batches = self._dataset.to_batches(
+            columns=names, batch_size=BATCH_ROWS, batch_readahead=2, fragment_readahead=1
+        )
+        for batch in batches:
             count = batch.num_rows
             for index, name in enumerate(names):
                 what = f"{self.label} column {name!r}"
