@@ -19,6 +19,7 @@ from ort_torch_train.errors import InputError
 
 DATASET_FORMATS = {"parquet": "parquet", "arrow": "ipc", "csv": "csv", "jsonl": "json"}
 BATCH_ROWS = 65536  # rows per record batch read
+WHOLE_ROW_GROUP_BYTES = 64 << 20  # a Parquet row group up to this size is read whole (fewest copies)
 
 
 def _pyarrow(path: Path) -> Any:
@@ -107,14 +108,11 @@ class TableColumns(Mapping[str, np.ndarray]):
         rows = self._dataset.count_rows()
         arrays: dict[str, np.ndarray] = {}
         start = 0
-        batches = self._dataset.to_batches(
-            columns=names, batch_size=BATCH_ROWS, batch_readahead=2, fragment_readahead=1
-        )
-        for batch in batches:
+        for batch in self._batches(names):
             count = batch.num_rows
-            for index, name in enumerate(names):
+            for name in names:
                 what = f"{self.label} column {name!r}"
-                block = column_block(batch.column(index), what)
+                block = column_block(batch.column(name), what)
                 if name not in arrays:
                     arrays[name] = np.empty((rows, *block.shape[1:]), dtype=block.dtype)
                 elif block.shape[1:] != arrays[name].shape[1:]:
@@ -125,6 +123,22 @@ class TableColumns(Mapping[str, np.ndarray]):
             if name not in arrays:  # no rows
                 arrays[name] = np.empty((0,), dtype=_numpy_dtype(self._dataset.schema.field(name).type))
         return arrays
+
+    def _batches(self, names: list[str]) -> Iterator[Any]:
+        """The record batches of the columns ``names``: a Parquet file a row group at a time (a large one in
+        batches: the scanner would decode several row groups ahead), other formats through the dataset
+        scanner, one batch ahead."""
+        if self.kind != "parquet":
+            yield from self._dataset.to_batches(columns=names, batch_size=BATCH_ROWS, batch_readahead=1)
+            return
+        import pyarrow.parquet as pa_parquet
+
+        with pa_parquet.ParquetFile(self.path, pre_buffer=False) as file:
+            for group in range(file.num_row_groups):
+                if file.metadata.row_group(group).total_byte_size <= WHOLE_ROW_GROUP_BYTES:
+                    yield from file.read_row_group(group, columns=names, use_threads=False).to_batches(BATCH_ROWS)
+                else:
+                    yield from file.iter_batches(BATCH_ROWS, [group], names, use_threads=False)
 
 
 def column_block(array: Any, what: str) -> np.ndarray:
