@@ -5,10 +5,11 @@ with ``trainer.tables.read_table``, before and after the change that streams tab
         [--before dd0e116] [--out bench/results/<time>-table-memory.md]
 
 The data files are generated in ``--data`` (never in the repository): ``train.parquet`` holds an int64
-label and a float32 image column of 144 values per row; ``train.csv`` 144 float columns of 4 decimals
-and a label. Each (file, code) pair is read in a fresh process: the code of ``--before`` (exported with
+label and a float32 image column of 144 values per row, in row groups of 50,000 rows; the same rows in one
+row group (as ``pyarrow.parquet.write_table`` writes a file of this size); ``train.csv`` 144 float columns
+of 4 decimals and a label. Each (file, code) pair is read in a fresh process: the code of ``--before`` (exported with
 ``git archive``) and the working tree's. Reported: the bytes of the arrays read, the process's peak RSS
-(``ru_maxrss``) before reading (imports done) and after, and the growth over the arrays' bytes.
+(``VmHWM``) before reading (imports done) and after, and the growth over the arrays' bytes.
 """
 
 from __future__ import annotations
@@ -27,15 +28,18 @@ ROOT = Path(__file__).resolve().parents[2]
 WIDTH = 144
 
 READ = """
-import json, resource, sys, time
+import json, re, sys, time
+def peak():  # VmHWM: this process's peak RSS (ru_maxrss would include the parent's, kept across exec)
+    with open("/proc/self/status") as status:
+        return int(re.search(r"VmHWM:\\s+(\\d+) kB", status.read()).group(1)) * 1024
 sys.path.insert(0, sys.argv[1])
 from ort_torch_train.trainer.tables import read_table
 import pyarrow.dataset, pyarrow.parquet, pyarrow.csv  # imports counted before reading
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+before = peak()
 start = time.perf_counter()
 arrays = read_table(sys.argv[2])
 seconds = time.perf_counter() - start
-after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+after = peak()
 print(json.dumps({"before": before, "after": after, "seconds": seconds,
                   "arrays": sum(a.nbytes for a in arrays.values())}))
 """
@@ -48,11 +52,15 @@ def make_files(folder: Path, megabytes: int) -> dict[str, Path]:
     import pyarrow.parquet as pa_parquet
 
     folder.mkdir(parents=True, exist_ok=True)
-    files = {"parquet": folder / f"train-{megabytes}mb.parquet", "csv": folder / f"train-{megabytes}mb.csv"}
+    files = {
+        "parquet, 50k-row groups": folder / f"train-{megabytes}mb.parquet",
+        "parquet, one row group": folder / f"train-{megabytes}mb-one-group.parquet",
+        "csv": folder / f"train-{megabytes}mb.csv",
+    }
     rng = np.random.default_rng(0)
-    if not files["parquet"].exists():
+    if not files["parquet, 50k-row groups"].exists():
         rows, chunk = megabytes * 2**20 // (WIDTH * 4 + 8), 50_000
-        with pa_parquet.ParquetWriter(files["parquet"], pa.schema([("label", pa.int64()), ("image", pa.list_(pa.float32(), WIDTH))])) as writer:  # fmt: skip
+        with pa_parquet.ParquetWriter(files["parquet, 50k-row groups"], pa.schema([("label", pa.int64()), ("image", pa.list_(pa.float32(), WIDTH))])) as writer:  # fmt: skip
             for begin in range(0, rows, chunk):
                 count = min(chunk, rows - begin)
                 image = rng.standard_normal(count * WIDTH, dtype=np.float32)
@@ -60,6 +68,10 @@ def make_files(folder: Path, megabytes: int) -> dict[str, Path]:
                 writer.write_table(
                     pa.table({"label": labels, "image": pa.FixedSizeListArray.from_arrays(image, WIDTH)})
                 )
+    if not files["parquet, one row group"].exists():  # as pyarrow's write_table leaves a file of this size
+        whole = pa_parquet.read_table(files["parquet, 50k-row groups"]).combine_chunks()
+        pa_parquet.write_table(whole, files["parquet, one row group"], row_group_size=2**24)
+        del whole
     if not files["csv"].exists():
         with pa_csv.CSVWriter(files["csv"], pa.schema([*((f"px{i}", pa.float64()) for i in range(WIDTH)), ("label", pa.int64())])) as writer:  # fmt: skip
             while files["csv"].stat().st_size < megabytes * 2**20:

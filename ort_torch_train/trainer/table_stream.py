@@ -19,7 +19,7 @@ from ort_torch_train.errors import InputError
 
 DATASET_FORMATS = {"parquet": "parquet", "arrow": "ipc", "csv": "csv", "jsonl": "json"}
 BATCH_ROWS = 65536  # rows per record batch read
-WHOLE_ROW_GROUP_BYTES = 64 << 20  # a Parquet row group up to this size is read whole (fewest copies)
+READ_BUFFER_BYTES = 1 << 20  # a Parquet column chunk is read in pieces of this size
 
 
 def _pyarrow(path: Path) -> Any:
@@ -125,20 +125,16 @@ class TableColumns(Mapping[str, np.ndarray]):
         return arrays
 
     def _batches(self, names: list[str]) -> Iterator[Any]:
-        """The record batches of the columns ``names``: a Parquet file a row group at a time (a large one in
-        batches: the scanner would decode several row groups ahead), other formats through the dataset
-        scanner, one batch ahead."""
+        """The record batches of the columns ``names``: a Parquet file through its batch reader, reading each
+        column chunk in buffered pieces (the dataset scanner decodes row groups ahead, and a whole column
+        chunk is read at once without a buffer size), other formats through the dataset scanner."""
         if self.kind != "parquet":
             yield from self._dataset.to_batches(columns=names, batch_size=BATCH_ROWS, batch_readahead=1)
             return
         import pyarrow.parquet as pa_parquet
 
-        with pa_parquet.ParquetFile(self.path, pre_buffer=False) as file:
-            for group in range(file.num_row_groups):
-                if file.metadata.row_group(group).total_byte_size <= WHOLE_ROW_GROUP_BYTES:
-                    yield from file.read_row_group(group, columns=names, use_threads=False).to_batches(BATCH_ROWS)
-                else:
-                    yield from file.iter_batches(BATCH_ROWS, [group], names, use_threads=False)
+        with pa_parquet.ParquetFile(self.path, pre_buffer=False, buffer_size=READ_BUFFER_BYTES) as file:
+            yield from file.iter_batches(BATCH_ROWS, columns=names, use_threads=False)
 
 
 def column_block(array: Any, what: str) -> np.ndarray:

@@ -56,3 +56,18 @@ def test_an_eval_file_without_rows_is_a_clear_error(capsys, tmp_path, cnn_data) 
         capsys, cnn_data, "--steps", 1, "--eval-data", tmp_path / "empty.npz", "--output", tmp_path / "c"
     )
     assert code == 1 and "holds no samples" in err and "empty.npz" in err, err
+
+
+def test_a_run_that_stopped_early_stays_stopped_when_resumed(capsys, tmp_path, cnn_data) -> None:
+    artifacts, data = cnn_data
+    early = ["--eval-data", data, "--eval-every", 1, "--metric", "tests.unit.trainer.test_fit:steady_metric"]
+    code, _, err = train(capsys, cnn_data, "--max-steps", 10, *early, "--early-stop", 1, "--output", tmp_path / "c")
+    assert code == 0, err
+    saved = (tmp_path / "c").read_bytes()
+    code, out, err = run_cli(
+        capsys, "train", artifacts, "--data", data, "--batch-size", 8, "--max-steps", 10, *early,
+        "--early-stop", 1, "--resume", tmp_path / "c", "--output", tmp_path / "c",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "nothing to train" in out and "stopped early at step 2" in out
+    assert (tmp_path / "c").read_bytes() == saved

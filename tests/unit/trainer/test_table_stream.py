@@ -70,11 +70,10 @@ def test_an_unused_ragged_or_null_column_does_not_block_loading(tmp_path) -> Non
         select_arrays(arrays, [InputSpec("x", "int64", ["batch"])], "x=notes", "'t.parquet'", "--inputs", is_table)
 
 
-def test_a_large_parquet_row_group_is_read_in_batches(tmp_path, monkeypatch) -> None:
+def test_parquet_row_groups_larger_than_a_batch_are_read_in_batches(tmp_path, monkeypatch) -> None:
     from ort_torch_train.trainer import table_stream
 
     monkeypatch.setattr(table_stream, "BATCH_ROWS", 100)
-    monkeypatch.setattr(table_stream, "WHOLE_ROW_GROUP_BYTES", 0)  # every row group counts as large
     pixels = np.arange(1000 * 6, dtype=np.float32).reshape(1000, 6)
     table = pa.table({"p": pa.FixedSizeListArray.from_arrays(pixels.reshape(-1), 6), "y": np.arange(1000)})
     pa_parquet.write_table(table, tmp_path / "t.parquet", row_group_size=700)
