@@ -1,0 +1,85 @@
+"""The README's install lines, run in a fresh venv that holds only torch: the built wheel goes in, the
+installed torch stays (version and build), torchvision imports or is absent, and the CLI runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MARKER = "<!-- install: tests/integration/test_install.py"
+
+pytestmark = pytest.mark.slow
+
+_PROBE = """
+import json, importlib.util, torch
+try:
+    import torchvision
+    vision = torchvision.__version__
+except ModuleNotFoundError:
+    vision = None
+print(json.dumps({"version": torch.__version__, "cuda": torch.version.cuda, "git": torch.version.git_version,
+                  "torchvision": vision, "onnx2torch": importlib.util.find_spec("onnx2torch") is not None}))
+"""
+
+
+def readme_install_lines() -> list[str]:
+    """The shell lines of the fenced block that follows the install marker in README.md."""
+    text = (ROOT / "README.md").read_text()
+    block = re.search(re.escape(MARKER) + r".*?```sh\n(.*?)```", text, re.S)
+    assert block, "README.md lost its tested install block"
+    return [line.split("#", 1)[0].strip() for line in block.group(1).splitlines() if line.split("#", 1)[0].strip()]
+
+
+def _run(command: list[str] | str, env: dict[str, str], **kwargs: object) -> str:
+    done = subprocess.run(command, env=env, capture_output=True, text=True, **kwargs)  # type: ignore[call-overload]
+    assert done.returncode == 0, f"{command}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return str(done.stdout)
+
+
+def test_readme_install_keeps_torch_and_runs_cli(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        env,
+    )
+    (wheel,) = tmp_path.glob("ort_torch_train-*.whl")
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", str(venv)], env)
+    bin_dir = venv / "bin"
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
+    env["VIRTUAL_ENV"] = str(venv)
+    _run(["pip", "install", "-q", "-c", str(ROOT / "constraints.txt"), "torch"], env)
+    before = json.loads(_run(["python", "-c", _PROBE], env, cwd=tmp_path))
+
+    lines = readme_install_lines()
+    assert lines[0].endswith("ort-torch-train"), lines
+    lines[0] = lines[0][: -len("ort-torch-train")] + str(wheel)  # the package, from the built wheel
+    for line in lines:
+        _run(line, env, shell=True, cwd=tmp_path)
+
+    after = json.loads(_run(["python", "-c", _PROBE], env, cwd=tmp_path))
+    assert {k: after[k] for k in ("version", "cuda", "git")} == {k: before[k] for k in ("version", "cuda", "git")}
+    assert after["torchvision"] is None or after["torchvision"], after  # importable, or absent
+    assert after["onnx2torch"], "onnx2torch was not installed"
+    listed = _run(["pip", "list", "--format=freeze"], env)
+    assert "nvidia" not in listed.lower(), listed
+    assert "usage" in _run(["ort-torch-train", "--help"], env, cwd=tmp_path).lower()
+    _run(["python", "-c", "from ort_torch_train.onnx2torch_import import import_onnx2torch; import_onnx2torch()"], env)
