@@ -41,6 +41,7 @@ from ort_torch_train.cli.distributed import Launch, launch_from_environment
 from ort_torch_train.cli.export import lora_setting
 from ort_torch_train.fileio import atomic_write_bytes
 from ort_torch_train.graph.layout import eval_layout, training_layout
+from ort_torch_train.progress import status_line
 from ort_torch_train.trainer import (
     ArrayDataset,
     Callback,
@@ -151,7 +152,7 @@ def train(args: argparse.Namespace, launch: Launch, device: str) -> None:
     scheduler = make_scheduler(optimizer, args.schedule, args.warmup, args.total_steps or max(max_steps, 1), lr)
     eval_batches = chunks(job.evaluation, job.batch_size) if job.evaluation is not None else None
     eval_before = evaluate(module, eval_batches, [metric_named("loss")])["loss"] if eval_batches else None
-    say = (lambda text: None) if args.json or args.quiet or not launch.is_main else print
+    say = (lambda text: None) if args.json or args.quiet or not launch.is_main else status_line
     if args.resume:
         say(f"resumed from {args.resume} at step {start}")
     if args.steps and args.resume:
@@ -277,7 +278,8 @@ def report(say: Any, summary: dict[str, Any], result: FitResult) -> None:
         compiling = f" after {summary['compile_seconds']:.1f} s compiling" if summary["compile_seconds"] else ""
         ended = " (interrupted)" if result.interrupted else ""
         say(
-            f"trained steps {summary['first_step']}-{summary['last_step']}{ended} on {device}: {rate:.1f} step/s"
+            f"trained steps {summary['first_step']}-{summary['last_step']}{ended} on {device}: "
+            f"{rate:.1f} step/s training only (after the first step; evaluation and saving left out)"
             f"{compiling}: loss {result.losses[0]:.4g} -> {result.losses[-1]:.4g}"
         )
     if result.stop_reason:

@@ -158,10 +158,12 @@ def fit(
     _start_position(run, data, grad_accum)
     result = FitResult(run.start_step, run.start_step, [], 0.0, None, {}, False, None)
     stream = _batches(run, data, epochs)
+    remaining = _total_steps(run, data, max_steps, epochs, grad_accum)
     bar = ProgressBar(
-        _total_steps(run, data, max_steps, epochs, grad_accum),
+        None if remaining is None else run.step + remaining,
         progress if isinstance(progress, str) else "training",
         disable=not progress,
+        initial=run.step,  # the global step: a resumed run's bar continues its count
     )
     interrupt = deferred_interrupt() if handle_interrupt else nullcontext(lambda: False)
     try:
