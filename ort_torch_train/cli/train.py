@@ -151,13 +151,14 @@ def train(args: argparse.Namespace, launch: Launch, device: str) -> None:
     lr = args.lr if args.lr is not None else optimizer_state.initial_learning_rate
     scheduler = make_scheduler(optimizer, args.schedule, args.warmup, args.total_steps or max(max_steps, 1), lr)
     eval_batches = chunks(job.evaluation, job.batch_size) if job.evaluation is not None else None
-    eval_before = evaluate(module, eval_batches, [metric_named("loss")])["loss"] if eval_batches else None
+    metrics = ["loss"] + ([args.metric] if args.metric != "loss" else [])
+    evaluated = [metric_named(text) for text in metrics]  # before training: a metric that does not fit fails now
+    eval_before = evaluate(module, eval_batches, evaluated)["loss"] if eval_batches else None
     say = (lambda text: None) if args.json or args.quiet or not launch.is_main else status_line
     if args.resume:
         say(f"resumed from {args.resume} at step {start}")
     if args.steps and args.resume:
         say(f"--steps {args.steps} trains steps {start + 1}-{start + args.steps} (--max-steps N sets the total)")
-    metrics = ["loss"] + ([args.metric] if args.metric != "loss" else [])
     callbacks = make_callbacks(args, launch, say)
     torch.manual_seed((job.seed + start) % 2**63)
     module.train()

@@ -15,7 +15,7 @@ import logging
 import math
 import signal
 import time
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from itertools import islice
@@ -30,6 +30,7 @@ import torch.distributed as dist
 from ort_torch_train.api import CheckpointState, Properties
 from ort_torch_train.errors import InputError
 from ort_torch_train.progress import ProgressBar
+from ort_torch_train.trainer.batches import model_inputs
 from ort_torch_train.trainer.data import DataPosition, data_position, resumable_sampler, store_data_position
 from ort_torch_train.trainer.metrics import Metric, evaluate, metric_named
 from ort_torch_train.trainer.protocols import FitModule, FitOptimizer, Scheduler
@@ -247,18 +248,6 @@ def _evaluate(run: FitState, data: Iterable[Any], metrics: list[Metric], callbac
     run.metrics = evaluate(run.module, data, metrics)
     for callback in callbacks:
         callback.on_evaluate(run, run.metrics)
-
-
-def model_inputs(batch: Any, names: list[str]) -> list[Any]:
-    """A batch as the model's inputs in order: a sequence as is, a mapping by input name."""
-    if isinstance(batch, Mapping):
-        missing = [name for name in names if name not in batch]
-        if missing:
-            raise InputError(f"batch: no value for input {missing[0]!r} (the batch holds {', '.join(map(str, batch))})")
-        return [batch[name] for name in names]
-    if isinstance(batch, (torch.Tensor, np.ndarray)):
-        return [batch]
-    return list(batch)
 
 
 def loss_value(outputs: Any) -> float:
