@@ -61,6 +61,7 @@ from ort_torch_train.trainer import (
     with_model_outputs,
 )
 from ort_torch_train.trainer.data import data_position, keep_batch
+from ort_torch_train.trainer.metrics import BUILT_IN
 from ort_torch_train.training.threads import default_threads
 
 NEEDS_MODEL_OUTPUTS = ("loss", "perplexity")  # metrics that need only the loss
@@ -152,13 +153,20 @@ def train(args: argparse.Namespace, launch: Launch, device: str) -> None:
     scheduler = make_scheduler(optimizer, args.schedule, args.warmup, args.total_steps or max(max_steps, 1), lr)
     eval_batches = chunks(job.evaluation, job.batch_size) if job.evaluation is not None else None
     metrics = ["loss"] + ([args.metric] if args.metric != "loss" else [])
-    evaluated = [metric_named(text) for text in metrics]  # before training: a metric that does not fit fails now
-    eval_before = evaluate(module, eval_batches, evaluated)["loss"] if eval_batches else None
+    checked = [metric_named(text) for text in metrics if text in BUILT_IN]  # one that does not fit fails now
+    eval_before = evaluate(module, eval_batches, checked)["loss"] if eval_batches else None
     say = (lambda text: None) if args.json or args.quiet or not launch.is_main else status_line
     if args.resume:
         say(f"resumed from {args.resume} at step {start}")
     if args.steps and args.resume:
         say(f"--steps {args.steps} trains steps {start + 1}-{start + args.steps} (--max-steps N sets the total)")
+    if args.grad_accum > 1:
+        how = (
+            "averaged"
+            if args.grad_accum_mode == "mean"
+            else "summed (ORT's semantics; --grad-accum-mode mean averages)"
+        )
+        say(f"gradient accumulation: {args.grad_accum} micro-batches per step, gradients {how}")
     callbacks = make_callbacks(args, launch, say)
     torch.manual_seed((job.seed + start) % 2**63)
     module.train()
@@ -169,6 +177,7 @@ def train(args: argparse.Namespace, launch: Launch, device: str) -> None:
         loader,
         max_steps=max_steps,
         grad_accum=args.grad_accum,
+        grad_accum_reduction=args.grad_accum_mode,
         scheduler=scheduler,
         eval_data=eval_batches,
         eval_every=args.eval_every,

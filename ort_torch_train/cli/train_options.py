@@ -106,7 +106,7 @@ def seed_value(text: str) -> int:
 
 
 def add_length_options(parser: argparse.ArgumentParser, positive_int: ArgType) -> None:
-    """--max-steps | --steps | --epochs, and --grad-accum."""
+    """--max-steps | --steps | --epochs, --grad-accum and --grad-accum-mode."""
     group = parser.add_argument_group("length (one of --max-steps, --steps, --epochs)")
     length = group.add_mutually_exclusive_group(required=True)
     length.add_argument(
@@ -120,6 +120,12 @@ def add_length_options(parser: argparse.ArgumentParser, positive_int: ArgType) -
         default=1,
         metavar="N",
         help="micro-batches per optimizer step: N module calls add up their gradients (default 1)",
+    )
+    group.add_argument(
+        "--grad-accum-mode",
+        choices=("sum", "mean"),
+        default="sum",
+        help="sum the micro-batches' gradients (default: ORT's semantics) or average them (HF's, Lightning's)",
     )
 
 

@@ -2,7 +2,8 @@
 callbacks for logging, evaluation and checkpoints.
 
 Each optimizer step is ORT's loop: ``grad_accum`` calls ``module(*batch)`` (gradients add up, as in
-ORT; under data parallelism all but the last inside ``module.no_sync()``), then ``optimizer.step()``,
+ORT, or are averaged with ``grad_accum_reduction="mean"`` as in HF and Lightning; under data
+parallelism all but the last inside ``module.no_sync()``), then ``optimizer.step()``,
 ``scheduler.step()``, ``module.lazy_reset_grad()``; with one batch per step ``module.step(optimizer,
 *batch)`` does the three at once (one compiled graph with ``compile``). Compilation, mixed precision,
 recompute and data parallelism are the Module's options. The step count is the optimizer's, kept in
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -127,6 +128,7 @@ def fit(
     max_steps: int | None = None,
     epochs: int | None = None,
     grad_accum: int = 1,
+    grad_accum_reduction: Literal["sum", "mean"] = "sum",
     scheduler: Scheduler | None = None,
     eval_data: Iterable[Any] | None = None,
     eval_every: int | None = None,
@@ -141,13 +143,17 @@ def fit(
     Batches are sequences of the training model's inputs (or mappings by input name). ``eval_data``
     is evaluated with ``metrics`` (names from ``trainer.metrics`` or Metric objects) every
     ``eval_every`` steps and at the end. ``progress``: a tqdm bar (a string: its description).
-    ``handle_interrupt``: the first Ctrl-C ends the run after the current step (callbacks then save)
+    ``grad_accum_reduction``: ``"sum"`` (ORT's semantics: ``grad_accum`` micro-batches give the sum of
+    their gradients) or ``"mean"`` (their average, as HF and Lightning do: a learning rate ported from
+    them keeps its meaning). ``handle_interrupt``: the first Ctrl-C ends the run after the current step (callbacks then save)
     and the result says ``interrupted``; a second one interrupts at once.
     """
     if max_steps is None and epochs is None:
         raise InputError("fit: give max_steps (a total step count) or epochs")
     if grad_accum < 1:
         raise InputError(f"grad_accum: expected an integer >= 1, got {grad_accum!r}")
+    if grad_accum_reduction not in ("sum", "mean"):
+        raise InputError(f"grad_accum_reduction: expected 'sum' or 'mean', got {grad_accum_reduction!r}")
     if eval_every is not None and eval_data is None:
         raise InputError("eval_every: needs eval_data")
     optimizer_state = module.training_state.optimizer
@@ -176,7 +182,7 @@ def fit(
                 micro_batches = list(islice(stream, grad_accum))
                 if not micro_batches:
                     break
-                run.loss = _train_step(module, optimizer, micro_batches)
+                run.loss = _train_step(module, optimizer, micro_batches, grad_accum_reduction == "mean")
                 if scheduler is not None:
                     scheduler.step()
                 run.step += 1
@@ -204,8 +210,12 @@ def fit(
                     break
                 if run.should_stop:
                     break
+            if max_steps is not None and run.step >= max_steps and not run.interrupted:
+                run.stop_reason = None  # a stop asked for at the last step shortened nothing
+            stopped = run.stop_reason
             if eval_data is not None and (not eval_every or run.step % eval_every or not result.losses):
                 _evaluate(run, eval_data, evaluated, callbacks)
+            run.stop_reason = stopped  # a stop asked for by the closing evaluation ends nothing
             bar.close()
             for callback in callbacks:
                 callback.on_train_end(run)
@@ -221,8 +231,9 @@ def fit(
     return result
 
 
-def _train_step(module: FitModule, optimizer: FitOptimizer, micro_batches: list[Any]) -> float:
-    """One optimizer step over the micro-batches; the mean of their losses (over the ranks too)."""
+def _train_step(module: FitModule, optimizer: FitOptimizer, micro_batches: list[Any], average: bool) -> float:
+    """One optimizer step over the micro-batches (their gradients summed, or ``average``d); the mean of
+    their losses (over the ranks too)."""
     names = module.input_names()
     if len(micro_batches) == 1:
         losses = [loss_value(module.step(optimizer, *model_inputs(micro_batches[0], names)))]
@@ -232,6 +243,9 @@ def _train_step(module: FitModule, optimizer: FitOptimizer, micro_batches: list[
             local = module.data_parallel is not None and index < len(micro_batches) - 1
             with module.no_sync() if local else nullcontext():
                 losses.append(loss_value(module(*model_inputs(batch, names))))
+        if average:
+            grads = [p.grad for p in module.training_state.params.values() if p.grad is not None]
+            torch._foreach_div_(grads, len(micro_batches))
         optimizer.step()
         module.lazy_reset_grad()
     loss = sum(losses) / len(losses)

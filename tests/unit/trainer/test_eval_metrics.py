@@ -55,3 +55,51 @@ def test_metric_that_does_not_fit_the_outputs_is_an_error() -> None:
     accuracy = metric_named("accuracy")
     accuracy.update((torch.tensor(0.0), torch.tensor([[-1.0], [2.0], [3.0]])), [binary])
     assert accuracy.compute() == 1.0
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_grad_accum_mean_averages_the_micro_batches(reduction) -> None:
+    """One step over the same batch twice: averaged, the gradient is the single batch's (bit for bit)."""
+    from ort_torch_train.trainer import fit
+
+    x, y = cnn_arrays()
+    _, single, optimizer = cnn_module()
+    fit(single, optimizer, [(x[:16], y[:16])], max_steps=1)
+    _, accumulated, optimizer = cnn_module()
+    fit(accumulated, optimizer, [(x[:16], y[:16])] * 2, max_steps=1, grad_accum=2, grad_accum_reduction=reduction)
+    one = single.training_state.params
+    two = accumulated.training_state.params
+    same = all(torch.equal(one[name].grad, two[name].grad) for name in one if one[name].grad is not None)
+    assert same == (reduction == "mean")
+    if reduction == "sum":
+        name = next(name for name in one if one[name].grad is not None)
+        torch.testing.assert_close(two[name].grad, 2 * one[name].grad)
+
+
+def test_stop_reason_names_only_a_stop_that_shortened_the_run() -> None:
+    from ort_torch_train.trainer import Callback, fit
+
+    class StopOnEvaluate(Callback):
+        def on_evaluate(self, run, metrics) -> None:
+            run.stop("early stop: asked")
+
+    x, y = cnn_arrays()
+    data, eval_data = [(x[:16], y[:16])], [(x[16:32], y[16:32])]
+    _, module, optimizer = cnn_module()
+    ran_out = fit(module, optimizer, data, max_steps=2, eval_data=eval_data, callbacks=[StopOnEvaluate()])
+    assert (ran_out.last_step, ran_out.stop_reason) == (2, None)  # the closing evaluation stops nothing
+    _, module, optimizer = cnn_module()
+    stopped = fit(module, optimizer, data, max_steps=3, eval_data=eval_data, eval_every=1, callbacks=[StopOnEvaluate()])
+    assert (stopped.last_step, stopped.stop_reason) == (1, "early stop: asked")
+
+
+def test_shape_errors_name_the_expected_shape_and_the_fix() -> None:
+    from ort_torch_train.errors import InputError
+    from ort_torch_train.trainer import fit
+
+    x, y = cnn_arrays()
+    _, module, optimizer = cnn_module()
+    with pytest.raises(
+        InputError, match=r"is \[batch, 1, 12, 12\], the batch holds \[8, 144\]: .*reshape\(8, 1, 12, 12\)"
+    ):
+        fit(module, optimizer, [(x[:8].reshape(8, 144), y[:8])], max_steps=1)
