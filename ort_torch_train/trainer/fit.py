@@ -33,6 +33,12 @@ from ort_torch_train.errors import InputError
 from ort_torch_train.progress import ProgressBar
 from ort_torch_train.trainer.batches import model_inputs
 from ort_torch_train.trainer.data import DataPosition, data_position, resumable_sampler, store_data_position
+from ort_torch_train.trainer.loader_state import (
+    StatefulLoader,
+    restore_loader_state,
+    store_loader_state,
+    warn_if_order_is_lost,
+)
 from ort_torch_train.trainer.metrics import Metric, evaluate, metric_named
 from ort_torch_train.trainer.protocols import FitModule, FitOptimizer, Scheduler
 
@@ -63,6 +69,8 @@ class FitState:
     should_stop: bool = False  # a callback ends the run after this step
     stop_reason: str | None = None
     interrupted: bool = False  # Ctrl-C (SIGINT) ended the run
+    loader: StatefulLoader | None = None  # a data loader whose state the checkpoints keep
+    loader_restored: bool = False  # it continues from the checkpoint's state (no batches to replay)
 
     @property
     def properties(self) -> Properties:
@@ -72,6 +80,8 @@ class FitState:
     def save(self, path: str | Path) -> None:
         """Save the checkpoint with its optimizer state and this data position (``--resume`` continues it)."""
         store_data_position(self.properties, DataPosition(self.epoch, self.position, self.seed))
+        if self.loader is not None:
+            store_loader_state(self.properties, self.loader)
         CheckpointState.save_checkpoint(CheckpointState(self.module.training_state), path, include_optimizer_state=True)
 
     def stop(self, reason: str) -> None:
@@ -284,6 +294,11 @@ def _start_position(run: FitState, data: Iterable[Any], grad_accum: int) -> None
         run.epoch, run.position = stored.epoch, stored.position
     elif run.start_step and hasattr(data, "__len__") and len(data):  # type: ignore[arg-type]
         run.epoch, run.position = divmod(run.start_step * grad_accum, len(data))  # type: ignore[arg-type]
+    if isinstance(data, StatefulLoader) and sampler is None:
+        run.loader = data
+        run.loader_restored = restore_loader_state(run.properties, data)
+    else:
+        warn_if_order_is_lost(data, run.start_step)
 
 
 def _batches(run: FitState, data: Iterable[Any], epochs: int | None) -> Generator[Any, None, None]:
@@ -297,7 +312,8 @@ def _batches(run: FitState, data: Iterable[Any], epochs: int | None) -> Generato
             set_epoch = getattr(getattr(data, "sampler", None), "set_epoch", None)
             if set_epoch is not None:
                 set_epoch(run.epoch)
-            skip = run.position  # an order we cannot seek in: replay it up to the position
+            skip = 0 if run.loader_restored else run.position  # an order we cannot seek in: replay it
+            run.loader_restored = False
         seen = run.position
         for batch in iter(data):
             if skip:
