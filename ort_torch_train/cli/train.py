@@ -36,6 +36,7 @@ from ort_torch_train.cli.common import (
     load_training_state,
     trainable_names_of,
 )
+from ort_torch_train.cli.config import save_options
 from ort_torch_train.cli.data import check_arrays, check_batch_size, input_specs, load_data, select_arrays
 from ort_torch_train.cli.distributed import Launch, launch_from_environment
 from ort_torch_train.cli.export import lora_setting
@@ -122,6 +123,8 @@ def train(args: argparse.Namespace, launch: Launch, device: str) -> None:
     """``run_train`` on this rank."""
     set_threads(default_threads() if args.threads is None else args.threads)
     job = prepare(args)
+    if launch.is_main:
+        save_options(args)  # OUTPUT.options.json: --resume OUTPUT reads them back
     module = Module(
         job.training_model,
         job.state,

@@ -290,6 +290,7 @@ def test_parquet_and_csv_with_accumulation_evaluation_and_checkpoints(capsys, tm
         assert sorted(p.name for p in (tmp_path / kind).iterdir()) == [
             "ckpt",
             "ckpt.best",
+            "ckpt.options.json",
             "ckpt.step-3",
             "ckpt.step-4",
         ]

@@ -1,5 +1,5 @@
-"""``ort-torch-train train`` in a real terminal (tmux): status lines never share a line with the
-progress bar, and after ``--resume`` the bar counts from the global step."""
+"""``ort-torch-train -v train`` in a real terminal (tmux): status lines and log records never share a
+line with the progress bar, and after ``--resume`` the bar counts from the global step."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from tests.unit.cli.test_cli import sample_major_npz
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
 
 BAR = re.compile(r"\d+/\d+ \[")  # tqdm's "n/total [elapsed<remaining, rate]"
-STATUS = ("checkpoint saved", "trained steps", "resumed from", "checkpoint with optimizer state")
+STATUS = ("checkpoint saved", "trained steps", "resumed from", "checkpoint with optimizer state", " INFO: ")
 
 
 def run_in_tmux(command: str, cwd: Path, width: int = 100) -> list[str]:
@@ -55,7 +55,7 @@ def run_in_tmux(command: str, cwd: Path, width: int = 100) -> list[str]:
 
 def test_status_lines_and_bar_in_a_terminal(tmp_path: Path) -> None:
     sample_major_npz(FIXTURES / "cnn", tmp_path / "data.npz")
-    train = [sys.executable, "-m", "ort_torch_train", "train", str(FIXTURES / "cnn" / "artifacts")]
+    train = [sys.executable, "-m", "ort_torch_train", "-v", "train", str(FIXTURES / "cnn" / "artifacts")]
     train += ["--data", "data.npz", "--batch-size", "8", "--save-every", "10", "--output", "run/ckpt"]
     first = shlex.join([*train, "--max-steps", "40"])
     resumed = shlex.join([*train, "--max-steps", "60", "--resume", "run/ckpt"])
