@@ -34,6 +34,12 @@ class SaveCheckpoints(Callback):
 
     ``keep_last``: each periodic save also writes ``PATH.step-<step>`` and the ``keep_last`` newest
     of those stay (older ones, from earlier runs too, are deleted). ``report`` gets one line per save.
+
+    Args:
+        path: the checkpoint to save (replaced atomically).
+        every: also save every this many steps (None: only at the end).
+        keep_last: keep this many numbered ``PATH.step-N`` checkpoints (None: none).
+        report: called with a line after each save (the CLI prints it).
     """
 
     def __init__(
@@ -118,7 +124,13 @@ class _Monitor(Callback):
 
 
 class SaveBest(_Monitor):
-    """Saves ``path`` whenever ``metric`` (a name ``fit`` evaluates) beats its best value so far."""
+    """Saves ``path`` whenever ``metric`` (a name ``fit`` evaluates) beats its best value so far.
+
+    Args:
+        path: where the best checkpoint is saved.
+        metric: the evaluated metric's name.
+        report: called with a line after each save.
+    """
 
     def __init__(self, path: str | Path, metric: str, report: Callable[[str], None] = _say_nothing) -> None:
         super().__init__(metric, "save_best")
@@ -138,7 +150,12 @@ class SaveBest(_Monitor):
 
 
 class EarlyStopping(_Monitor):
-    """Ends the run after ``patience`` evaluations in a row without ``metric`` improving."""
+    """Ends the run after ``patience`` evaluations in a row without ``metric`` improving.
+
+    Args:
+        metric: the evaluated metric's name.
+        patience: evaluations in a row without improvement before stopping.
+    """
 
     def __init__(self, metric: str, patience: int) -> None:
         if patience < 1:
@@ -162,7 +179,13 @@ class EarlyStopping(_Monitor):
 
 class LogMetrics(Callback):
     """Sends the step's ``loss``, ``lr`` and ``steps_per_s`` every ``every`` steps (and the last step),
-    each evaluation's ``eval_<metric>`` and the first step's ``compile_seconds`` to the loggers."""
+    each evaluation's ``eval_<metric>`` and the first step's ``compile_seconds`` to the loggers.
+
+    Args:
+        loggers: where the values go.
+        every: steps between logged training values (the last step always).
+        first_step_compiles: log the first step's time as ``compile_seconds``.
+    """
 
     def __init__(self, loggers: Sequence[Logger], every: int = 1, first_step_compiles: bool = False) -> None:
         self.loggers = list(loggers)

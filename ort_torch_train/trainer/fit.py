@@ -51,7 +51,28 @@ class TrainingDiverged(RuntimeError):
 
 @dataclass
 class FitState:
-    """What callbacks see of the run: the module and optimizer, where the loop stands, the last numbers."""
+    """What callbacks see of the run: the module and optimizer, where the loop stands, the last numbers.
+
+    Args:
+        module: the module being trained.
+        optimizer: its optimizer.
+        start_step: the step count at the start.
+        step: the step count now.
+        epoch: the data's epoch.
+        position: batches consumed in this epoch.
+        seed: the data order's seed (a ResumableBatchSampler's).
+        loss: the last step's loss.
+        learning_rate: the learning rate of the next step.
+        steps_per_second: the rate so far, after the first step.
+        first_step_seconds: the first step's time.
+        metrics: the last evaluation's metrics.
+        monitored: the evaluated metrics, by name.
+        should_stop: set by ``stop``: end after this step.
+        stop_reason: why the run stops early.
+        interrupted: whether Ctrl-C ended the run.
+        loader: a stateful data loader whose state the checkpoints keep.
+        loader_restored: whether that loader continues from a checkpoint's state.
+    """
 
     module: FitModule
     optimizer: FitOptimizer
@@ -112,7 +133,18 @@ class Callback:
 
 @dataclass
 class FitResult:
-    """What ``fit`` did: its steps, each step's loss, timings and the last evaluation."""
+    """What ``fit`` did: its steps, each step's loss, timings and the last evaluation.
+
+    Args:
+        start_step: the optimizer's step count at the start.
+        last_step: its count at the end.
+        losses: each step's loss.
+        seconds: the time of the steps after the first.
+        first_step_seconds: the first step's time (compilation with ``compile``).
+        metrics: the last evaluation's metrics.
+        interrupted: whether Ctrl-C ended the run.
+        stop_reason: why a callback ended the run early (None: it ran to its end).
+    """
 
     start_step: int
     last_step: int
