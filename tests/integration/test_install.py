@@ -60,7 +60,7 @@ def test_readme_install_keeps_torch_and_runs_cli(tmp_path: Path) -> None:
     bin_dir = venv / "bin"
     env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
     env["VIRTUAL_ENV"] = str(venv)
-    _run(["pip", "install", "-q", "-c", str(ROOT / "constraints.txt"), "torch"], env)
+    _run(["pip", "install", "-q", "--no-compile", "-c", str(ROOT / "constraints.txt"), "torch"], env)  # no .pyc: faster
     before = json.loads(_run(["python", "-c", _PROBE], env, cwd=tmp_path))
 
     lines = readme_install_lines()
@@ -77,3 +77,14 @@ def test_readme_install_keeps_torch_and_runs_cli(tmp_path: Path) -> None:
     assert "nvidia" not in listed.lower(), listed
     assert "usage" in _run(["ort-torch-train", "--help"], env, cwd=tmp_path).lower()
     _run(["python", "-c", "from ort_torch_train.onnx2torch_import import import_onnx2torch; import_onnx2torch()"], env)
+    quick_start = tmp_path / "quick_start.py"  # the README's Quick start (eager), on the installed wheel
+    quick_start.write_text("\n".join(readme_quick_start()) + "\nprint('eval loss', float(eval_loss))\n")
+    assert "eval loss" in _run(["python", str(quick_start)], env, cwd=tmp_path)
+
+
+def readme_quick_start() -> list[str]:
+    """The Quick start's first two python blocks: it makes its own data and artifacts, then trains."""
+    section = (ROOT / "README.md").read_text().split("## Quick start", 1)[1].split("Faster steps", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) == 2, "README.md's Quick start changed: update this test"
+    return blocks
