@@ -17,7 +17,7 @@ import pytest
 from tests.helpers.paths import FIXTURES
 from tests.unit.cli.test_cli import sample_major_npz
 
-pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")]
 
 BAR = re.compile(r"\d+/\d+ \[")  # tqdm's "n/total [elapsed<remaining, rate]"
 STATUS = ("checkpoint saved", "trained steps", "resumed from", "checkpoint with optimizer state", " INFO: ")
