@@ -1,17 +1,22 @@
 """The README's install lines, run in a fresh venv that holds only torch: the built wheel goes in, the
-installed torch stays (version and build), torchvision imports or is absent, and the CLI runs."""
+installed torch stays (version and build), torchvision imports or is absent, and the CLI runs; then the
+README's Quick start and docs/cli.md's worked example run on the installed wheel (they make their own
+artifacts and data)."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.unit.cli.test_cli_docs import worked_example
 
 ROOT = Path(__file__).resolve().parents[2]
 MARKER = "<!-- install: tests/integration/test_install.py"
@@ -80,6 +85,17 @@ def test_readme_install_keeps_torch_and_runs_cli(tmp_path: Path) -> None:
     quick_start = tmp_path / "quick_start.py"  # the README's Quick start (eager), on the installed wheel
     quick_start.write_text("\n".join(readme_quick_start()) + "\nprint('eval loss', float(eval_loss))\n")
     assert "eval loss" in _run(["python", str(quick_start)], env, cwd=tmp_path)
+
+    _run(["python", "-m", "ort_torch_train.install", "--extra", "data"], env)  # pyarrow, the torch kept
+    make_data, commands = worked_example()  # docs/cli.md's: it makes its own artifacts and data
+    example = tmp_path / "worked_example"
+    example.mkdir()
+    _run(["python", "-c", shlex.split(make_data)[2]], env, cwd=example)
+    for command in commands:
+        _run(shlex.split(command), env, cwd=example)
+    assert (example / "run" / "ckpt").is_file() and (example / "run" / "ckpt.best").is_file()
+    after_extra = json.loads(_run(["python", "-c", _PROBE], env, cwd=tmp_path))
+    assert after_extra["version"] == before["version"] and after_extra["cuda"] == before["cuda"]
 
 
 def readme_quick_start() -> list[str]:
