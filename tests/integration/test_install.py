@@ -1,7 +1,7 @@
 """The README's install lines, run in a fresh venv that holds only torch: the built wheel goes in, the
 installed torch stays (version and build), torchvision imports or is absent, and the CLI runs; then the
-README's Quick start and docs/cli.md's worked example run on the installed wheel (they make their own
-artifacts and data)."""
+README's Quick start, docs/cli.md's worked example and docs/training-loop.md's examples run on the
+installed wheel (they make their own artifacts and data)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import doc_snippets
 from tests.unit.cli.test_cli_docs import worked_example
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,6 +95,10 @@ def test_readme_install_keeps_torch_and_runs_cli(tmp_path: Path) -> None:
     for command in commands:
         _run(shlex.split(command), env, cwd=example)
     assert (example / "run" / "ckpt").is_file() and (example / "run" / "ckpt.best").is_file()
+    loop_page = tmp_path / "training_loop"  # docs/training-loop.md's examples, its setup making the artifacts
+    loop_page.mkdir()
+    program = doc_snippets.program(doc_snippets.page_blocks(ROOT / "docs" / "training-loop.md"))
+    _run(["python", "-c", doc_snippets.RUNNER], env, cwd=loop_page, input=json.dumps(program))
     after_extra = json.loads(_run(["python", "-c", _PROBE], env, cwd=tmp_path))
     assert after_extra["version"] == before["version"] and after_extra["cuda"] == before["cuda"]
 
