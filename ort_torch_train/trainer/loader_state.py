@@ -66,8 +66,8 @@ def warn_if_order_is_lost(data: Any, start_step: int) -> None:
         return
     batch_sampler = data.batch_sampler
     sampler = getattr(batch_sampler, "sampler", None) if batch_sampler is not None else data.sampler
-    if sampler is None or isinstance(sampler, SequentialSampler):
-        return
+    if sampler is None or isinstance(sampler, SequentialSampler) or hasattr(sampler, "set_epoch"):
+        return  # in order, or an order drawn from (seed, epoch) such as DistributedSampler's: replayable
     log.warning(
         "resuming at step %d with a DataLoader whose %s keeps no state: the batches from here on are a new "
         "shuffle, not the ones the interrupted run would have seen. For an exact resume, build the loader "
