@@ -74,8 +74,8 @@ class TensorBoardLogger:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as error:
             raise InputError(
-                "TensorBoard logging needs the tensorboard package: pip install 'ort-torch-train[cli]' "
-                "(or pip install tensorboard)"
+                "TensorBoard logging needs the tensorboard package: python -m ort_torch_train.install --extra "
+                "tensorboard (or pip install tensorboard)"
             ) from error
         self.writer = SummaryWriter(str(log_dir))
 
@@ -115,7 +115,7 @@ class MlflowLogger:
             from mlflow.tracking import MlflowClient
         except ImportError as error:
             raise InputError(
-                "MLflow logging needs mlflow: pip install 'ort-torch-train[mlflow]' (or pip install mlflow-skinny)"
+                "MLflow logging needs mlflow: python -m ort_torch_train.install --extra mlflow (or pip install mlflow-skinny)"
             ) from error
         uri = str(tracking)
         if "://" not in uri:

@@ -122,8 +122,12 @@ def test_mlflow_local_store_holds_the_metrics(tmp_path) -> None:
 @pytest.mark.parametrize(
     ("blocked", "make", "hint"),
     [
-        ("torch.utils.tensorboard", lambda tmp: TensorBoardLogger(tmp / "tb"), "pip install 'ort-torch-train[cli]'"),
-        ("mlflow.tracking", lambda tmp: MlflowLogger(tmp / "ml"), "pip install 'ort-torch-train[mlflow]'"),
+        (
+            "torch.utils.tensorboard",
+            lambda tmp: TensorBoardLogger(tmp / "tb"),
+            "python -m ort_torch_train.install --extra tensorboard",
+        ),
+        ("mlflow.tracking", lambda tmp: MlflowLogger(tmp / "ml"), "python -m ort_torch_train.install --extra mlflow"),
         ("pyarrow.parquet", lambda tmp: read_table(tmp / "x.parquet"), "pip install 'ort-torch-train[data]'"),
     ],
 )
