@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import sys
 from typing import NoReturn
 
@@ -133,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)  # train has saved its checkpoint by then
         return 130
+    except BrokenPipeError:  # stdout closed early (`| head`): stop quietly, as other commands do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error when Python flushes at exit
+        return 141
     except Exception as error:  # one line for the user; --traceback for the details
         if args.traceback:
             raise
