@@ -4,7 +4,6 @@ of regular files, and a lock serialising the writers of one file across processe
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import stat
 import tempfile
@@ -14,6 +13,11 @@ from pathlib import Path
 from typing import BinaryIO
 
 from .errors import SpecialFileError
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; path_lock goes through filelock
+    fcntl = None  # type: ignore[assignment]
 
 
 def require_regular_or_absent(path: str | os.PathLike, what: str = "output path") -> None:
@@ -93,14 +97,26 @@ def path_lock(path: str | os.PathLike) -> Iterator[None]:
             f"cannot write {os.fspath(path)!r}: this thread is already writing a file in {directory!r} "
             "(a write started from a signal handler that interrupted another write?)"
         )
-    fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with _directory_lock(directory):
         held.add(directory)
         try:
             yield
         finally:
             held.discard(directory)
+
+
+@contextlib.contextmanager
+def _directory_lock(directory: str) -> Iterator[None]:
+    if fcntl is None:  # Windows cannot open a directory: filelock's lock file stands for it
+        from filelock import FileLock
+
+        with FileLock(os.path.join(directory, ".ort-torch-train.lock")):
+            yield
+        return
+    fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
     finally:
         os.close(fd)  # releases the lock
 
@@ -116,7 +132,8 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
     directory = target.parent if str(target.parent) else Path(".")
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
     try:
-        os.fchmod(fd, _default_file_mode())
+        if hasattr(os, "fchmod"):  # POSIX; Windows keeps its default
+            os.fchmod(fd, _default_file_mode())
         with os.fdopen(fd, "wb") as tmp:
             write(tmp)
             tmp.flush()

@@ -22,12 +22,25 @@ def enable(level: int | str = logging.DEBUG) -> logging.Logger:
             raise ValueError(f"{ENV_VARIABLE}={level!r}: expected one of debug, info, warning, error")
         level = logging.getLevelName(name)
     if not any(getattr(handler, "_ort_torch_train", False) for handler in logger.handlers):
-        handler = logging.StreamHandler()
+        handler = _BarAwareHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s", "%H:%M:%S"))
         handler._ort_torch_train = True  # type: ignore[attr-defined]
         logger.addHandler(handler)
     logger.setLevel(level)
     return logger
+
+
+class _BarAwareHandler(logging.StreamHandler):
+    """A stderr handler that writes through ``tqdm.write``: a progress bar is cleared first and redrawn
+    below the record, so the two never share a line."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            from tqdm import tqdm
+
+            tqdm.write(self.format(record), file=self.stream)
+        except Exception:
+            self.handleError(record)
 
 
 def configure_from_environment() -> None:

@@ -30,7 +30,12 @@ def _to_numpy(tensor: torch.Tensor, what: str) -> np.ndarray:
 
 
 class Parameter:
-    """One model parameter: name, data, grad and requires_grad (returned by Parameters)."""
+    """One model parameter: name, data, grad and requires_grad (returned by Parameters).
+
+    Args:
+        state: the training state holding the parameter.
+        name: the parameter's name.
+    """
 
     def __init__(self, state: TrainingState, name: str) -> None:
         self._state = state
@@ -68,7 +73,11 @@ class Parameter:
 
 
 class Parameters:
-    """Dict-like view of the parameters; iterates (name, Parameter) sorted by name, as ORT."""
+    """Dict-like view of the parameters; iterates (name, Parameter) sorted by name, as ORT.
+
+    Args:
+        state: the training state whose parameters it shows.
+    """
 
     def __init__(self, state: TrainingState) -> None:
         self._state = state
@@ -95,7 +104,11 @@ class Parameters:
 
 
 class Properties:
-    """Dict-like view of the user properties (int, float, str); iterates (name, value) sorted."""
+    """Dict-like view of the user properties (int, float, str); iterates (name, value) sorted.
+
+    Args:
+        state: the training state whose properties it shows.
+    """
 
     def __init__(self, state: TrainingState) -> None:
         self._state = state
@@ -128,6 +141,9 @@ class CheckpointState:
     """The state of a training session: parameters, gradients, optimizer state, properties.
 
     Create it with ``CheckpointState.load_checkpoint``.
+
+    Args:
+        state: the training state it wraps (``CheckpointState.load_checkpoint`` makes one from a file).
     """
 
     def __init__(self, state: TrainingState) -> None:

@@ -71,6 +71,21 @@ class Module(nn.Module):
     ``lora=LoraConfig(...)`` adds low-rank adapters beside the targeted weights: the state gains them
     as its only trainable parameters, the rest is frozen, and ``export_model_for_inferencing`` merges
     them (docs/lora.md).
+
+    Args:
+        train_model_uri: the training model (path, bytes or ModelProto).
+        state: the checkpoint state whose parameters the module trains (bound, not copied).
+        eval_model_uri: the eval model, for eval mode and the exports (optional).
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` (or a ``torch.device``) where parameters and steps live.
+        session_options: ORT's SessionOptions, accepted for compatibility and not used.
+        compile: ``True``, a torch.compile mode or a dict of torch.compile arguments: compiled steps.
+        distributed: train data-parallel on torch.distributed (gradients averaged across ranks).
+        process_group: the ranks' group with ``distributed`` (default: the default group).
+        mixed_precision: ``"bf16"`` or ``"fp16"`` autocast with float32 master weights (None: off).
+        recompute: activation recomputation: segment count, ``True`` (about sqrt of the op count) or None.
+        lora: a ``LoraConfig``: add low-rank adapters, the only trainable parameters.
+        compile_cache: where compiled steps are cached: None the default, a path, or False for none.
+        dynamic: with ``compile``, which symbolic axes stay dynamic: True all, a dict of axes per input, False none.
     """
 
     def __init__(

@@ -155,6 +155,12 @@ class LinearLRScheduler(_MultiplicativeLRScheduler):
     Note: onnxruntime-training 1.19.2's Python binding swaps ``warmup_step_count`` and
     ``total_step_count`` when they are passed positionally; this class implements the documented
     behaviour. To replay an ORT 1.19.2 run, pass the two counts in swapped order.
+
+    Args:
+        optimizer: the Optimizer whose learning rate it sets.
+        warmup_step_count: steps of linear warmup from 0.
+        total_step_count: the step at which the rate reaches 0.
+        initial_lr: the peak learning rate.
     """
 
     def __init__(self, optimizer: Optimizer, warmup_step_count: int, total_step_count: int, initial_lr: float) -> None:
@@ -172,7 +178,15 @@ class LinearLRScheduler(_MultiplicativeLRScheduler):
 
 class CosineLRScheduler(_MultiplicativeLRScheduler):
     """Linear warmup to ``initial_lr``, then cosine decay to ``min_lr_ratio * initial_lr`` at
-    ``total_step_count``."""
+    ``total_step_count``.
+
+    Args:
+        optimizer: the Optimizer whose learning rate it sets.
+        warmup_step_count: steps of linear warmup from 0.
+        total_step_count: the step at which the cosine ends.
+        initial_lr: the peak learning rate.
+        min_lr_ratio: the final rate as a share of ``initial_lr``.
+    """
 
     def __init__(
         self,
@@ -198,7 +212,13 @@ class CosineLRScheduler(_MultiplicativeLRScheduler):
 
 
 class ConstantWithWarmupLRScheduler(_MultiplicativeLRScheduler):
-    """Linear warmup to ``initial_lr`` over ``warmup_step_count`` steps, then constant."""
+    """Linear warmup to ``initial_lr`` over ``warmup_step_count`` steps, then constant.
+
+    Args:
+        optimizer: the Optimizer whose learning rate it sets.
+        warmup_step_count: steps of linear warmup from 0.
+        initial_lr: the rate after warmup.
+    """
 
     def __init__(self, optimizer: Optimizer, warmup_step_count: int, initial_lr: float) -> None:
         constant_with_warmup(0, warmup_step_count)  # validates warmup_step_count

@@ -13,7 +13,11 @@ from ort_torch_train.errors import InputTypeError
 
 
 class OrtValue:
-    """A tensor with ``onnxruntime.OrtValue``'s common methods, backed by a torch tensor (no copy)."""
+    """A tensor with ``onnxruntime.OrtValue``'s common methods, backed by a torch tensor (no copy).
+
+    Args:
+        tensor: the torch tensor it holds (no copy).
+    """
 
     def __init__(self, tensor: torch.Tensor) -> None:
         if not isinstance(tensor, torch.Tensor):

@@ -67,7 +67,15 @@ TRAINING_MODEL_NOTE = (
 
 @dataclass
 class Artifacts:
-    """The generated models and checkpoint content, before anything is written."""
+    """The generated models and checkpoint content, before anything is written.
+
+    Args:
+        training_model: the training model.
+        eval_model: the eval model.
+        optimizer_model: the optimizer model (None without an optimizer).
+        checkpoint: the checkpoint's content.
+        weights: data of the models' external initializers.
+    """
 
     training_model: onnx.ModelProto
     eval_model: onnx.ModelProto

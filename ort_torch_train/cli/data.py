@@ -2,7 +2,8 @@
 matched to a model's user inputs and checked against their declarations.
 
 Arrays are matched to the model's user inputs by name, by ``--inputs key1,key2`` in the model's
-input order, or by ``--inputs input=key,...``. Axis 0 indexes samples; with ``batched`` the arrays
+input order, or by ``--inputs input=key,...``; in a table, ``input=col1,col2,...`` and patterns
+(``input=px*``) stack columns on a last axis. Axis 0 indexes samples; with ``batched`` the arrays
 are already cut into batches and axis 0 indexes steps (``x[i]`` feeds step i), the layout of the
 reference corpora's ``data.npz``. Batches are read by ``trainer.data.array_loader``.
 """
@@ -10,6 +11,7 @@ reference corpora's ``data.npz``. Batches are read by ``trainer.data.array_loade
 from __future__ import annotations
 
 import fnmatch
+import logging
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,7 +23,9 @@ import onnx
 from ort_torch_train.cli.common import CliError, existing_file, shape_text, value_dtype, value_shape
 from ort_torch_train.trainer.casting import checked_cast
 from ort_torch_train.trainer.table_stream import TableColumns
-from ort_torch_train.trainer.tables import table_format
+from ort_torch_train.trainer.tables import TABLE_FORMATS, table_format
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,9 @@ def load_data(path: str | Path) -> tuple[Mapping[str, np.ndarray], bool]:
     used); and whether it is a table (whose columns are cast to the model's dtypes)."""
     kind = table_format(path)
     if kind is None:
+        if Path(path).suffix.lower() not in (".npz", ""):  # no suffix: read as .npz, as numpy.load would
+            known = ", ".join([".npz", *sorted(TABLE_FORMATS)])
+            raise CliError(f"{str(path)!r}: unknown data format {Path(path).suffix!r}; expected {known}")
         return load_npz(path), False
     existing_file(path, "data file")
     return TableColumns(path, kind), True
@@ -78,27 +85,50 @@ def select_arrays(
     if keys is None:
         missing = [name for name in names if name not in arrays]
         if missing:
+            example = f"{names[0]}=COL1,COL2,...,{names[-1]}=COL" if table and len(names) > 1 else "KEY1,KEY2"
             raise CliError(
                 f"{source} has no {what} named {missing[0]!r}; the model's inputs are {', '.join(names)} "
                 f"and the file holds {', '.join(arrays) or 'nothing'}: name them in order with "
-                f"{option} KEY1,KEY2"
+                f"{option} KEY1,KEY2" + (f", or list a table's columns per input: {option} {example}" if table else "")
             )
         mapping = {name: name for name in names}
     else:
         mapping = input_mapping(keys, names, option)
+    named = {part for key in mapping.values() for part in key.split(",") if part in arrays}  # no pattern takes these
+    picked = {spec.name: _columns(arrays, mapping[spec.name], named, source, what) for spec in specs}
     if isinstance(arrays, TableColumns):
-        arrays.load_matching(mapping.values())  # the columns used, in one pass over the file
+        arrays.load([name for columns in picked.values() for name in columns])  # in one pass over the file
     selected = {}
     for spec in specs:
-        array = _pick(arrays, mapping[spec.name], source, what)
-        selected[spec.name] = _as_input(array, spec, f"{source} {what} {mapping[spec.name]!r}") if table else array
+        key, columns = mapping[spec.name], picked[spec.name]
+        array = arrays[columns[0]] if len(columns) == 1 else np.stack([arrays[name] for name in columns], axis=-1)
+        label = f"{source} {what} {key!r}"
+        if columns != [key]:
+            label = f"{source} {what}s {', '.join(columns)} (from {key!r})"
+            log.info("input %r: %s", spec.name, label)
+        array = _as_input(array, spec, label) if table else array
+        selected[spec.name] = _column_as_matrix(array, spec)
+        if columns != [key]:
+            check_arrays({spec.name: selected[spec.name]}, [spec], label)
     return selected
 
 
 def input_mapping(text: str, names: list[str], option: str) -> dict[str, str]:
-    """``KEY1,KEY2`` (one per input, in order) or ``input=KEY,...`` (unnamed inputs keep their names)."""
+    """``KEY1,KEY2`` (one per input, in order) or ``input=KEY,...`` (unnamed inputs keep their names);
+    there a key without ``=`` adds a column to the input before it (``features=a,b,c,target=y``), and
+    the input's key becomes the list ``a,b,c``."""
     keys = split_keys(text)
     assert keys is not None, "split_keys keeps a text"
+    if any("=" in key for key in keys) and "=" not in keys[0]:
+        raise CliError(f"{option}: {keys[0]!r} is not INPUT=KEY with INPUT one of {', '.join(names)}")
+    if any("=" in key for key in keys):
+        joined: list[str] = []
+        for key in keys:
+            if "=" in key:
+                joined.append(key)
+            else:
+                joined[-1] += f",{key}"
+        keys = joined
     if not any("=" in key for key in keys):
         if len(keys) != len(names):
             raise CliError(
@@ -114,14 +144,29 @@ def input_mapping(text: str, names: list[str], option: str) -> dict[str, str]:
     return mapping
 
 
-def _pick(arrays: Mapping[str, np.ndarray], key: str, source: str, what: str) -> np.ndarray:
-    """The array named ``key``, or the columns matching the pattern ``key`` stacked on a last axis."""
+def _columns(arrays: Mapping[str, np.ndarray], key: str, named: set[str], source: str, what: str) -> list[str]:
+    """The arrays ``key`` names: itself, a list ``a,b,c``, or the matches of a pattern such as ``px*``
+    (in file order, leaving out those another input names)."""
     if key in arrays:
-        return arrays[key]
-    matched = [name for name in arrays if fnmatch.fnmatchcase(name, key)] if any(c in key for c in "*?[") else []
-    if not matched:
-        raise CliError(f"{source} has no {what} {key!r} (it holds {', '.join(arrays)})")
-    return np.stack([arrays[name] for name in matched], axis=-1)
+        return [key]
+    columns: list[str] = []
+    for part in key.split(","):
+        if part in arrays:
+            columns.append(part)
+            continue
+        pattern = any(c in part for c in "*?[")
+        matched = [name for name in arrays if pattern and fnmatch.fnmatchcase(name, part) and name not in named]
+        if not matched:
+            raise CliError(f"{source} has no {what} {part!r} (it holds {', '.join(arrays)})")
+        columns += [name for name in matched if name not in columns]
+    return columns
+
+
+def _column_as_matrix(array: np.ndarray, spec: InputSpec) -> np.ndarray:
+    """A 1-D array (one value per sample) for an input declared [batch, 1]: as [samples, 1]."""
+    if array.ndim == 1 and spec.shape is not None and len(spec.shape) == 2 and spec.shape[1] == 1:
+        return array.reshape(-1, 1)
+    return array
 
 
 def _as_input(array: np.ndarray, spec: InputSpec, label: str) -> np.ndarray:

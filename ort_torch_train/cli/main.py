@@ -10,11 +10,13 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import sys
 from typing import NoReturn
 
 from ort_torch_train import __version__
 from ort_torch_train.cli.common import CliError
+from ort_torch_train.cli.config import add_config_option, expand_config
 from ort_torch_train.cli.convert import add_convert_parser
 from ort_torch_train.cli.export import add_export_parser
 from ort_torch_train.cli.inspect import add_inspect_parser
@@ -108,7 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
     add_inspect_parser(commands, HelpFormatter)
-    add_train_parser(commands, HelpFormatter, positive_int, non_negative_int, learning_rate, run_train)
+    add_config_option(
+        add_train_parser(commands, HelpFormatter, positive_int, non_negative_int, learning_rate, run_train)
+    )
     add_convert_parser(commands, HelpFormatter)
     add_export_parser(commands, HelpFormatter)
     return parser
@@ -117,6 +121,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; return the exit status (0 success, 1 error, 2 usage, 130 interrupted)."""
     parser = build_parser()
+    try:
+        argv = expand_config(sys.argv[1:] if argv is None else list(argv), parser)
+    except CliError as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     if args.verbose:
         enable(logging.INFO if args.verbose == 1 else logging.DEBUG)
@@ -125,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)  # train has saved its checkpoint by then
         return 130
+    except BrokenPipeError:  # stdout closed early (`| head`): stop quietly, as other commands do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error when Python flushes at exit
+        return 141
     except Exception as error:  # one line for the user; --traceback for the details
         if args.traceback:
             raise

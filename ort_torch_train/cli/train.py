@@ -36,12 +36,14 @@ from ort_torch_train.cli.common import (
     load_training_state,
     trainable_names_of,
 )
+from ort_torch_train.cli.config import save_options
 from ort_torch_train.cli.data import check_arrays, check_batch_size, input_specs, load_data, select_arrays
 from ort_torch_train.cli.distributed import Launch, launch_from_environment
 from ort_torch_train.cli.export import lora_setting
 from ort_torch_train.cli.train_checks import check_total_steps, check_writable_output
 from ort_torch_train.fileio import atomic_write_bytes
 from ort_torch_train.graph.layout import eval_layout, training_layout
+from ort_torch_train.progress import status_line
 from ort_torch_train.trainer import (
     ArrayDataset,
     Callback,
@@ -61,6 +63,7 @@ from ort_torch_train.trainer import (
     with_model_outputs,
 )
 from ort_torch_train.trainer.data import data_position, keep_batch
+from ort_torch_train.trainer.metrics import BUILT_IN
 from ort_torch_train.training.threads import default_threads
 
 NEEDS_MODEL_OUTPUTS = ("loss", "perplexity")  # metrics that need only the loss
@@ -122,6 +125,8 @@ def train(args: argparse.Namespace, launch: Launch, device: str) -> None:
     set_threads(default_threads() if args.threads is None else args.threads)
     check_writable_output(Path(args.output))
     job = prepare(args)
+    if launch.is_main:
+        save_options(args)  # OUTPUT.options.json: --resume OUTPUT reads them back
     module = Module(
         job.training_model,
         job.state,
@@ -154,13 +159,21 @@ def train(args: argparse.Namespace, launch: Launch, device: str) -> None:
     total = args.total_steps or max(max_steps, 1)
     scheduler = make_scheduler(optimizer, args.schedule, args.warmup, total, lr) if start < max_steps else None
     eval_batches = chunks(job.evaluation, job.batch_size) if job.evaluation is not None else None
-    eval_before = evaluate(module, eval_batches, [metric_named("loss")])["loss"] if eval_batches else None
-    say = (lambda text: None) if args.json or args.quiet or not launch.is_main else print
+    metrics = ["loss"] + ([args.metric] if args.metric != "loss" else [])
+    checked = [metric_named(text) for text in metrics if text in BUILT_IN]  # one that does not fit fails now
+    eval_before = evaluate(module, eval_batches, checked)["loss"] if eval_batches else None
+    say = (lambda text: None) if args.json or args.quiet or not launch.is_main else status_line
     if args.resume:
         say(f"resumed from {args.resume} at step {start}")
     if args.steps and args.resume:
         say(f"--steps {args.steps} trains steps {start + 1}-{start + args.steps} (--max-steps N sets the total)")
-    metrics = ["loss"] + ([args.metric] if args.metric != "loss" else [])
+    if args.grad_accum > 1:
+        how = (
+            "averaged"
+            if args.grad_accum_mode == "mean"
+            else "summed (ORT's semantics; --grad-accum-mode mean averages)"
+        )
+        say(f"gradient accumulation: {args.grad_accum} micro-batches per step, gradients {how}")
     callbacks = make_callbacks(args, launch, say)
     torch.manual_seed((job.seed + start) % 2**63)
     module.train()
@@ -171,6 +184,7 @@ def train(args: argparse.Namespace, launch: Launch, device: str) -> None:
         loader,
         max_steps=max_steps,
         grad_accum=args.grad_accum,
+        grad_accum_reduction=args.grad_accum_mode,
         scheduler=scheduler,
         eval_data=eval_batches,
         eval_every=args.eval_every,
@@ -281,7 +295,8 @@ def report(say: Any, summary: dict[str, Any], result: FitResult) -> None:
         compiling = f" after {summary['compile_seconds']:.1f} s compiling" if summary["compile_seconds"] else ""
         ended = " (interrupted)" if result.interrupted else ""
         say(
-            f"trained steps {summary['first_step']}-{summary['last_step']}{ended} on {device}: {rate:.1f} step/s"
+            f"trained steps {summary['first_step']}-{summary['last_step']}{ended} on {device}: "
+            f"{rate:.1f} step/s training only (after the first step; evaluation and saving left out)"
             f"{compiling}: loss {result.losses[0]:.4g} -> {result.losses[-1]:.4g}"
         )
     if result.stop_reason:

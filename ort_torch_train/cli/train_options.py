@@ -26,8 +26,10 @@ data layout:
   Parquet (.parquet), Arrow (.arrow/.feather), CSV (.csv) or JSON-lines (.jsonl) file with one column
   per input (pyarrow: pip install 'ort-torch-train[data]'). Arrays/columns are matched by name, or
   named in the model's input order with --inputs KEY1,KEY2, or by input with --inputs input=KEY,...;
-  in a table, KEY may be a pattern (--inputs 'input=px*,labels=label') whose columns are stacked, and
-  a column of lists becomes one more axis. Table columns are cast to the model's dtypes and reshaped
+  in a table, KEY may be a pattern (--inputs 'input=px*,labels=label') or a list of columns
+  (--inputs features=age,sex,bmi,target=y) stacked on a last axis (a pattern leaves out columns other
+  inputs name; -v shows what it caught), a 1-D column fills a [batch, 1] input, and a column of lists
+  becomes one more axis. Table columns are cast to the model's dtypes and reshaped
   to its declared dims; .npz dtypes must equal the model's.
   Axis 0 indexes samples: each micro-batch feeds --batch-size rows (shuffled each epoch unless
   --no-shuffle; a last partial batch is dropped), read by a DataLoader with --workers processes.
@@ -106,7 +108,7 @@ def seed_value(text: str) -> int:
 
 
 def add_length_options(parser: argparse.ArgumentParser, positive_int: ArgType) -> None:
-    """--max-steps | --steps | --epochs, and --grad-accum."""
+    """--max-steps | --steps | --epochs, --grad-accum and --grad-accum-mode."""
     group = parser.add_argument_group("length (one of --max-steps, --steps, --epochs)")
     length = group.add_mutually_exclusive_group(required=True)
     length.add_argument(
@@ -120,6 +122,12 @@ def add_length_options(parser: argparse.ArgumentParser, positive_int: ArgType) -
         default=1,
         metavar="N",
         help="micro-batches per optimizer step: N module calls add up their gradients (default 1)",
+    )
+    group.add_argument(
+        "--grad-accum-mode",
+        choices=("sum", "mean"),
+        default="sum",
+        help="sum the micro-batches' gradients (default: ORT's semantics) or average them (HF's, Lightning's)",
     )
 
 
@@ -215,7 +223,7 @@ def add_evaluation_options(parser: argparse.ArgumentParser, positive_int: ArgTyp
         "--metric",
         default="loss",
         metavar="NAME",
-        help="loss (default), accuracy, perplexity, or package.module:function (of outputs, batch); "
+        help="loss (default), accuracy, perplexity, mae, rmse, r2, or package.module:function (of outputs, batch); "
         "the eval loss is always reported",
     )
 

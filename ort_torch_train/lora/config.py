@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -77,6 +79,47 @@ class LoraConfig:
         """The config written by ``to_json``."""
         data = json.loads(text)
         return cls(**{**data, "targets": tuple(data["targets"])})
+
+    @classmethod
+    def from_peft(cls, directory: str | os.PathLike, seed: int = 0) -> LoraConfig:
+        """The config of a PEFT LoRA adapter folder (its ``adapter_config.json``): rank, alpha, dropout,
+        and PEFT's ``target_modules`` (module names or paths) as patterns over the weights' names.
+        Load the adapter's weights after building the Module with ``lora.peft.load_peft_weights``."""
+        path = Path(directory) / "adapter_config.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"not a PEFT adapter folder: {os.fspath(path)!r} not found")
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as error:
+            raise ValueError(f"{os.fspath(path)!r} is not readable JSON ({error})") from error
+        if data.get("peft_type", "LORA") != "LORA":
+            raise ValueError(f"{os.fspath(path)!r}: a {data.get('peft_type')} adapter, expected LORA")
+        unsupported = [key for key in ("use_dora", "use_rslora") if data.get(key)]
+        unsupported += [key for key in ("rank_pattern", "alpha_pattern", "modules_to_save") if data.get(key)]
+        if data.get("bias", "none") != "none":
+            unsupported.append(f"bias={data['bias']!r}")
+        if unsupported:
+            raise ValueError(f"{os.fspath(path)!r}: {', '.join(unsupported)} have no counterpart here")
+        modules = data.get("target_modules")
+        if isinstance(modules, str):
+            targets: tuple[str, ...] = (ALL_LINEAR,) if modules == "all-linear" else ()
+            if not targets:
+                raise ValueError(
+                    f"{os.fspath(path)!r}: target_modules as a regular expression ({modules!r}) is not supported; list the modules"
+                )
+        elif isinstance(modules, list) and modules:
+            # PEFT's name `q_proj` or path `model.layers.0.q_proj` ends a module path: its weight's name ends
+            # with it (a wider match than PEFT's would leave PEFT tensors unmatched: load_peft_weights says so)
+            targets = tuple(f"*{name}.weight" for name in modules)
+        else:
+            raise ValueError(f"{os.fspath(path)!r}: no target_modules")
+        return cls(
+            r=int(data["r"]),
+            alpha=float(data.get("lora_alpha", 8)),
+            dropout=float(data.get("lora_dropout", 0.0)),
+            targets=targets,
+            seed=seed,
+        )
 
     @classmethod
     def parse(cls, text: str) -> LoraConfig:

@@ -23,6 +23,14 @@ class TrainingSession:
     """Train, evaluate, update and export, given a checkpoint state and the artifact models.
 
     Models are paths or serialized bytes (``TrainingSession(state, train, eval, optimizer)``).
+
+    Args:
+        checkpoint_state: the state it trains.
+        train_model: the training model (path or bytes).
+        eval_model: the eval model (optional).
+        optimizer_model: the optimizer model (optional).
+        device: where parameters and steps live.
+        session_options: ORT's SessionOptions, accepted and not used.
     """
 
     def __init__(

@@ -39,6 +39,12 @@ class SaveCheckpoints(Callback):
     kept in the checkpoint's properties, so a resumed run prunes its earlier ones too; files it did
     not write are never deleted, and one it would overwrite is refused before the first step.
     ``report`` gets one line per save.
+
+    Args:
+        path: the checkpoint to save (replaced atomically).
+        every: also save every this many steps (None: only at the end).
+        keep_last: keep this many of the numbered ``PATH.step-N`` checkpoints this run wrote (None: none).
+        report: called with a line after each save (the CLI prints it).
     """
 
     def __init__(
@@ -121,7 +127,13 @@ class _Monitor(Callback):
 
 
 class SaveBest(_Monitor):
-    """Saves ``path`` whenever ``metric`` (a name ``fit`` evaluates) beats its best value so far."""
+    """Saves ``path`` whenever ``metric`` (a name ``fit`` evaluates) beats its best value so far.
+
+    Args:
+        path: where the best checkpoint is saved.
+        metric: the evaluated metric's name.
+        report: called with a line after each save.
+    """
 
     def __init__(self, path: str | Path, metric: str, report: Callable[[str], None] = _say_nothing) -> None:
         super().__init__(metric, "save_best")
@@ -143,7 +155,12 @@ class SaveBest(_Monitor):
 class EarlyStopping(_Monitor):
     """Ends the run after ``patience`` evaluations in a row without ``metric`` improving (a value that is not
     finite counts as no improvement, with a warning). A run resumed from a checkpoint that stopped stays
-    stopped; the evaluation after a Ctrl-C does not count (the resumed run counts as the whole run would)."""
+    stopped; the evaluation after a Ctrl-C does not count (the resumed run counts as the whole run would).
+
+    Args:
+        metric: the evaluated metric's name.
+        patience: evaluations in a row without improvement before stopping.
+    """
 
     def __init__(self, metric: str, patience: int) -> None:
         if patience < 1:
@@ -186,7 +203,13 @@ class EarlyStopping(_Monitor):
 
 class LogMetrics(Callback):
     """Sends the step's ``loss``, ``lr`` and ``steps_per_s`` every ``every`` steps (and the last step),
-    each evaluation's ``eval_<metric>`` and the first step's ``compile_seconds`` to the loggers."""
+    each evaluation's ``eval_<metric>`` and the first step's ``compile_seconds`` to the loggers.
+
+    Args:
+        loggers: where the values go.
+        every: steps between logged training values (the last step always).
+        first_step_compiles: log the first step's time as ``compile_seconds``.
+    """
 
     def __init__(self, loggers: Sequence[Logger], every: int = 1, first_step_compiles: bool = False) -> None:
         self.loggers = list(loggers)

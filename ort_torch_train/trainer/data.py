@@ -68,6 +68,14 @@ class ResumableBatchSampler(Sampler[list[int]]):
     Iterating starts at ``(epoch, position)`` (``set_position``); the loop moves on to the next epoch
     with ``set_position(epoch + 1, 0)``. Under data parallelism each of ``world_size`` ranks takes its
     equal slice of every batch, so the ranks together follow one process's trajectory.
+
+    Args:
+        units: rows (or ready-made batches) to draw from.
+        batch_size: rows per batch.
+        shuffle: a seeded permutation per epoch (False: in order).
+        seed: the permutations' seed.
+        rank: this process's rank under data parallelism.
+        world_size: the number of ranks sharing each batch.
     """
 
     def __init__(

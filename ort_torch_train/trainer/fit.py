@@ -2,7 +2,8 @@
 callbacks for logging, evaluation and checkpoints.
 
 Each optimizer step is ORT's loop: ``grad_accum`` calls ``module(*batch)`` (gradients add up, as in
-ORT; under data parallelism all but the last inside ``module.no_sync()``), then ``optimizer.step()``,
+ORT, or are averaged with ``grad_accum_reduction="mean"`` as in HF and Lightning; under data
+parallelism all but the last inside ``module.no_sync()``), then ``optimizer.step()``,
 ``scheduler.step()``, ``module.lazy_reset_grad()``; with one batch per step ``module.step(optimizer,
 *batch)`` does the three at once (one compiled graph with ``compile``). Compilation, mixed precision,
 recompute and data parallelism are the Module's options. The step count is the optimizer's, kept in
@@ -15,13 +16,13 @@ import logging
 import math
 import signal
 import time
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -30,7 +31,14 @@ import torch.distributed as dist
 from ort_torch_train.api import CheckpointState, Properties
 from ort_torch_train.errors import InputError
 from ort_torch_train.progress import ProgressBar
+from ort_torch_train.trainer.batches import model_inputs
 from ort_torch_train.trainer.data import DataPosition, data_position, resumable_sampler, store_data_position
+from ort_torch_train.trainer.loader_state import (
+    StatefulLoader,
+    restore_loader_state,
+    store_loader_state,
+    warn_if_order_is_lost,
+)
 from ort_torch_train.trainer.metrics import Metric, evaluate, metric_named
 from ort_torch_train.trainer.protocols import FitModule, FitOptimizer, Scheduler
 
@@ -43,7 +51,29 @@ class TrainingDiverged(RuntimeError):
 
 @dataclass
 class FitState:
-    """What callbacks see of the run: the module and optimizer, where the loop stands, the last numbers."""
+    """What callbacks see of the run: the module and optimizer, where the loop stands, the last numbers.
+
+    Args:
+        module: the module being trained.
+        optimizer: its optimizer.
+        start_step: the step count at the start.
+        step: the step count now.
+        epoch: the data's epoch.
+        position: batches consumed in this epoch.
+        seed: the data order's seed (a ResumableBatchSampler's).
+        loss: the last step's loss.
+        learning_rate: the learning rate of the next step.
+        steps_per_second: the rate so far, after the first step.
+        first_step_seconds: the first step's time.
+        metrics: the last evaluation's metrics.
+        monitored: the evaluated metrics, by name.
+        target_step: the step the run ends at, when known.
+        should_stop: set by ``stop``: end after this step.
+        stop_reason: why the run stops early.
+        interrupted: whether Ctrl-C ended the run.
+        loader: a stateful data loader whose state the checkpoints keep.
+        loader_restored: whether that loader continues from a checkpoint's state.
+    """
 
     module: FitModule
     optimizer: FitOptimizer
@@ -62,6 +92,8 @@ class FitState:
     should_stop: bool = False  # a callback ends the run after this step
     stop_reason: str | None = None
     interrupted: bool = False  # Ctrl-C (SIGINT) ended the run
+    loader: StatefulLoader | None = None  # a data loader whose state the checkpoints keep
+    loader_restored: bool = False  # it continues from the checkpoint's state (no batches to replay)
 
     @property
     def properties(self) -> Properties:
@@ -71,6 +103,8 @@ class FitState:
     def save(self, path: str | Path) -> None:
         """Save the checkpoint with its optimizer state and this data position (``--resume`` continues it)."""
         store_data_position(self.properties, DataPosition(self.epoch, self.position, self.seed))
+        if self.loader is not None:
+            store_loader_state(self.properties, self.loader)
         CheckpointState.save_checkpoint(CheckpointState(self.module.training_state), path, include_optimizer_state=True)
 
     def stop(self, reason: str) -> None:
@@ -101,7 +135,18 @@ class Callback:
 
 @dataclass
 class FitResult:
-    """What ``fit`` did: its steps, each step's loss, timings and the last evaluation."""
+    """What ``fit`` did: its steps, each step's loss, timings and the last evaluation.
+
+    Args:
+        start_step: the optimizer's step count at the start.
+        last_step: its count at the end.
+        losses: each step's loss.
+        seconds: the time of the steps after the first.
+        first_step_seconds: the first step's time (compilation with ``compile``).
+        metrics: the last evaluation's metrics.
+        interrupted: whether Ctrl-C ended the run.
+        stop_reason: why a callback ended the run early (None: it ran to its end).
+    """
 
     start_step: int
     last_step: int
@@ -127,6 +172,7 @@ def fit(
     max_steps: int | None = None,
     epochs: int | None = None,
     grad_accum: int = 1,
+    grad_accum_reduction: Literal["sum", "mean"] = "sum",
     scheduler: Scheduler | None = None,
     eval_data: Iterable[Any] | None = None,
     eval_every: int | None = None,
@@ -141,13 +187,17 @@ def fit(
     Batches are sequences of the training model's inputs (or mappings by input name). ``eval_data``
     is evaluated with ``metrics`` (names from ``trainer.metrics`` or Metric objects) every
     ``eval_every`` steps and at the end. ``progress``: a tqdm bar (a string: its description).
-    ``handle_interrupt``: the first Ctrl-C ends the run after the current step (callbacks then save)
+    ``grad_accum_reduction``: ``"sum"`` (ORT's semantics: ``grad_accum`` micro-batches give the sum of
+    their gradients) or ``"mean"`` (their average, as HF and Lightning do: a learning rate ported from
+    them keeps its meaning). ``handle_interrupt``: the first Ctrl-C ends the run after the current step (callbacks then save)
     and the result says ``interrupted``; a second one interrupts at once.
     """
     if max_steps is None and epochs is None:
         raise InputError("fit: give max_steps (a total step count) or epochs")
     if grad_accum < 1:
         raise InputError(f"grad_accum: expected an integer >= 1, got {grad_accum!r}")
+    if grad_accum_reduction not in ("sum", "mean"):
+        raise InputError(f"grad_accum_reduction: expected 'sum' or 'mean', got {grad_accum_reduction!r}")
     if eval_every is not None and eval_data is None:
         raise InputError("eval_every: needs eval_data")
     optimizer_state = module.training_state.optimizer
@@ -159,12 +209,13 @@ def fit(
     _start_position(run, data, grad_accum)
     result = FitResult(run.start_step, run.start_step, [], 0.0, None, {}, False, None)
     stream = _batches(run, data, epochs)
-    total = _total_steps(run, data, max_steps, epochs, grad_accum)
-    run.target_step = None if total is None else run.step + total
+    remaining = _total_steps(run, data, max_steps, epochs, grad_accum)
+    run.target_step = None if remaining is None else run.step + remaining
     bar = ProgressBar(
-        total,
+        run.target_step,
         progress if isinstance(progress, str) else "training",
         disable=not progress,
+        initial=run.step,  # the global step: a resumed run's bar continues its count
     )
     interrupt = deferred_interrupt() if handle_interrupt else nullcontext(lambda: False)
     try:
@@ -176,7 +227,7 @@ def fit(
                 micro_batches = list(islice(stream, grad_accum))
                 if not micro_batches:
                     break
-                run.loss = _train_step(module, optimizer, micro_batches)
+                run.loss = _train_step(module, optimizer, micro_batches, grad_accum_reduction == "mean")
                 if scheduler is not None:
                     scheduler.step()
                 run.step += 1
@@ -202,8 +253,12 @@ def fit(
                 if interrupted():
                     run.interrupted = True
                     break
+            if max_steps is not None and run.step >= max_steps and not run.interrupted:
+                run.stop_reason = None  # a stop asked for at the last step shortened nothing
+            stopped = run.stop_reason
             if eval_data is not None and (not eval_every or run.step % eval_every or not result.losses):
                 _evaluate(run, eval_data, evaluated, callbacks)
+            run.stop_reason = stopped  # a stop asked for by the closing evaluation ends nothing
             bar.close()
             for callback in callbacks:
                 callback.on_train_end(run)
@@ -219,8 +274,9 @@ def fit(
     return result
 
 
-def _train_step(module: FitModule, optimizer: FitOptimizer, micro_batches: list[Any]) -> float:
-    """One optimizer step over the micro-batches; the mean of their losses (over the ranks too)."""
+def _train_step(module: FitModule, optimizer: FitOptimizer, micro_batches: list[Any], average: bool) -> float:
+    """One optimizer step over the micro-batches (their gradients summed, or ``average``d); the mean of
+    their losses (over the ranks too)."""
     names = module.input_names()
     if len(micro_batches) == 1:
         losses = [loss_value(module.step(optimizer, *model_inputs(micro_batches[0], names)))]
@@ -230,6 +286,9 @@ def _train_step(module: FitModule, optimizer: FitOptimizer, micro_batches: list[
             local = module.data_parallel is not None and index < len(micro_batches) - 1
             with module.no_sync() if local else nullcontext():
                 losses.append(loss_value(module(*model_inputs(batch, names))))
+        if average:
+            grads = [p.grad for p in module.training_state.params.values() if p.grad is not None]
+            torch._foreach_div_(grads, len(micro_batches))
         optimizer.step()
         module.lazy_reset_grad()
     loss = sum(losses) / len(losses)
@@ -246,18 +305,6 @@ def _evaluate(run: FitState, data: Iterable[Any], metrics: list[Metric], callbac
     run.metrics = evaluate(run.module, data, metrics)
     for callback in callbacks:
         callback.on_evaluate(run, run.metrics)
-
-
-def model_inputs(batch: Any, names: list[str]) -> list[Any]:
-    """A batch as the model's inputs in order: a sequence as is, a mapping by input name."""
-    if isinstance(batch, Mapping):
-        missing = [name for name in names if name not in batch]
-        if missing:
-            raise InputError(f"batch: no value for input {missing[0]!r} (the batch holds {', '.join(map(str, batch))})")
-        return [batch[name] for name in names]
-    if isinstance(batch, (torch.Tensor, np.ndarray)):
-        return [batch]
-    return list(batch)
 
 
 def loss_value(outputs: Any) -> float:
@@ -280,6 +327,11 @@ def _start_position(run: FitState, data: Iterable[Any], grad_accum: int) -> None
         run.epoch, run.position = stored.epoch, stored.position
     elif run.start_step and hasattr(data, "__len__") and len(data):  # type: ignore[arg-type]
         run.epoch, run.position = divmod(run.start_step * grad_accum, len(data))  # type: ignore[arg-type]
+    if isinstance(data, StatefulLoader) and sampler is None:
+        run.loader = data
+        run.loader_restored = restore_loader_state(run.properties, data)
+    else:
+        warn_if_order_is_lost(data, run.start_step)
 
 
 def _batches(run: FitState, data: Iterable[Any], epochs: int | None) -> Generator[Any, None, None]:
@@ -293,7 +345,8 @@ def _batches(run: FitState, data: Iterable[Any], epochs: int | None) -> Generato
             set_epoch = getattr(getattr(data, "sampler", None), "set_epoch", None)
             if set_epoch is not None:
                 set_epoch(run.epoch)
-            skip = run.position  # an order we cannot seek in: replay it up to the position
+            skip = 0 if run.loader_restored else run.position  # an order we cannot seek in: replay it
+            run.loader_restored = False
         seen = run.position
         for batch in iter(data):
             if skip:

@@ -41,7 +41,11 @@ def finite_or_none(value: float) -> float | None:
 
 
 class JsonlLogger:
-    """One JSON line per ``log`` call, ``{"step": step, **values}``, appended to ``path``."""
+    """One JSON line per ``log`` call, ``{"step": step, **values}``, appended to ``path``.
+
+    Args:
+        path: the JSON-lines file appended to.
+    """
 
     def __init__(self, path: str | os.PathLike) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -59,15 +63,19 @@ class JsonlLogger:
 
 
 class TensorBoardLogger:
-    """Scalars in a TensorBoard event file under ``log_dir`` (needs the tensorboard package)."""
+    """Scalars in a TensorBoard event file under ``log_dir`` (needs the tensorboard package).
+
+    Args:
+        log_dir: the TensorBoard run folder.
+    """
 
     def __init__(self, log_dir: str | os.PathLike) -> None:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as error:
             raise InputError(
-                "TensorBoard logging needs the tensorboard package: pip install 'ort-torch-train[cli]' "
-                "(or pip install tensorboard)"
+                "TensorBoard logging needs the tensorboard package: python -m ort_torch_train.install --extra "
+                "tensorboard (or pip install tensorboard)"
             ) from error
         self.writer = SummaryWriter(str(log_dir))
 
@@ -87,6 +95,12 @@ class MlflowLogger:
 
     ``tracking`` is a tracking URI (``http://...``) or a local folder, used as MLflow's file store
     (``MLFLOW_ALLOW_FILE_STORE`` is set for it unless already set). ``parameters`` are logged once.
+
+    Args:
+        tracking: the MLflow tracking URI or folder.
+        experiment: the experiment's name.
+        run_name: the run's name (None: MLflow's).
+        parameters: parameters logged once at the start.
     """
 
     def __init__(
@@ -101,7 +115,7 @@ class MlflowLogger:
             from mlflow.tracking import MlflowClient
         except ImportError as error:
             raise InputError(
-                "MLflow logging needs mlflow: pip install 'ort-torch-train[mlflow]' (or pip install mlflow-skinny)"
+                "MLflow logging needs mlflow: python -m ort_torch_train.install --extra mlflow (or pip install mlflow-skinny)"
             ) from error
         uri = str(tracking)
         if "://" not in uri:

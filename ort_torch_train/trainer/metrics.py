@@ -1,4 +1,5 @@
-"""Evaluation metrics over the eval model's outputs: loss, accuracy, perplexity, or your own function.
+"""Evaluation metrics over the eval model's outputs: loss, accuracy, perplexity, the regression metrics
+mae, rmse and r2, or your own function.
 
 A metric sees each eval batch's outputs (the loss first, then any model outputs such as the logits)
 and the batch's inputs (the labels last), and gives one number for the whole eval set.
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import onnx
@@ -20,7 +21,8 @@ import torch
 from ort_torch_train.errors import InputError, ModelError
 from ort_torch_train.export.outputs import exportable_output_names
 from ort_torch_train.graph.layout import ModelSource, load_model
-from ort_torch_train.trainer.protocols import EvalModule
+from ort_torch_train.trainer.batches import model_inputs
+from ort_torch_train.trainer.protocols import EvalModule, NamedInputs
 
 Outputs = Sequence[torch.Tensor]
 
@@ -99,11 +101,88 @@ class Accuracy(Metric):
                 "artifacts with additional_output_names=['logits'] (the CLI adds them itself)"
             )
         logits, labels = outputs[1].detach(), batch[-1].to(outputs[1].device)
+        if labels.is_floating_point() and not bool(((labels == 0) | (labels == 1)).all()):
+            raise ModelError(
+                f"accuracy compares predicted classes with class labels, but the labels (the last input, "
+                f"{labels.dtype}) hold values other than 0 and 1: a regression target; use --metric mae, rmse or r2"
+            )
         if logits.ndim == labels.ndim + 1 and logits.shape[-1] > 1:
             predicted = logits.argmax(-1)
         else:
             predicted = (logits.reshape(labels.shape) > 0).to(labels.dtype)
         return float((predicted == labels).float().mean())
+
+
+def _predictions_and_targets(name: str, outputs: Outputs, batch: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """The model's output (the eval model's second) and the target (the last input), both flat float64."""
+    if len(outputs) < 2:
+        raise ModelError(
+            f"{name} needs the model's output, but the eval model outputs only its loss: generate the artifacts "
+            "with additional_output_names=[...] (the CLI adds them itself)"
+        )
+    predicted, target = outputs[1].detach(), batch[-1].to(outputs[1].device)
+    if predicted.numel() != target.numel():
+        raise ModelError(
+            f"{name} compares the model's output with the target, but the output is {list(predicted.shape)} and "
+            f"the target {list(target.shape)}: a classifier's logits? use --metric accuracy"
+        )
+    return predicted.reshape(-1).double(), target.reshape(-1).double()
+
+
+class MeanAbsoluteError(Metric):
+    """The mean of |output - target| over the samples (the model's output against the last input)."""
+
+    name = "mae"
+
+    def batch_value(self, outputs: Outputs, batch: Sequence[torch.Tensor]) -> float:
+        """The batch's mean absolute error."""
+        predicted, target = _predictions_and_targets(self.name, outputs, batch)
+        return float((predicted - target).abs().mean())
+
+
+class RootMeanSquaredError(Metric):
+    """The square root of the mean squared error over every sample."""
+
+    name = "rmse"
+
+    def batch_value(self, outputs: Outputs, batch: Sequence[torch.Tensor]) -> float:
+        """The batch's mean squared error (the root is taken over the whole set)."""
+        predicted, target = _predictions_and_targets(self.name, outputs, batch)
+        return float(((predicted - target) ** 2).mean())
+
+    def compute(self) -> float:
+        """``sqrt(mean squared error)``."""
+        return math.sqrt(super().compute())
+
+
+class R2Score(Metric):
+    """The coefficient of determination, 1 - SS_res / SS_tot, over every sample (1 is a perfect fit)."""
+
+    name = "r2"
+    higher_is_better = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the batches seen."""
+        super().reset()
+        self.sums = torch.zeros(3, dtype=torch.float64)  # sum of target, of target², of squared residuals
+
+    def update(self, outputs: Outputs, batch: Sequence[torch.Tensor]) -> None:
+        """Add one eval batch."""
+        predicted, target = _predictions_and_targets(self.name, outputs, batch)
+        self.sums += torch.stack([target.sum(), (target**2).sum(), ((predicted - target) ** 2).sum()]).cpu()
+        self.count += target.numel()
+
+    def compute(self) -> float:
+        """``1 - SS_res / SS_tot`` (NaN for a constant target)."""
+        if not self.count:
+            return math.nan
+        total, squares, residual = (float(value) for value in self.sums)
+        spread = squares - total * total / self.count
+        return 1.0 - residual / spread if spread > 0 else math.nan
 
 
 class BatchFunction(Metric):
@@ -120,11 +199,19 @@ class BatchFunction(Metric):
         return float(self.function(outputs, batch))
 
 
-BUILT_IN: dict[str, type[Metric]] = {"loss": Loss, "accuracy": Accuracy, "perplexity": Perplexity}
+BUILT_IN: dict[str, type[Metric]] = {
+    "loss": Loss,
+    "accuracy": Accuracy,
+    "perplexity": Perplexity,
+    "mae": MeanAbsoluteError,
+    "rmse": RootMeanSquaredError,
+    "r2": R2Score,
+}
 
 
 def metric_named(text: str) -> Metric:
-    """ "loss", "accuracy", "perplexity", or "package.module:function" (a function of (outputs, batch))."""
+    """ "loss", "accuracy", "perplexity", "mae", "rmse", "r2", or "package.module:function" (a function of
+    (outputs, batch))."""
     if text in BUILT_IN:
         return BUILT_IN[text]()
     module_name, colon, function_name = text.partition(":")
@@ -141,14 +228,19 @@ def metric_named(text: str) -> Metric:
 
 
 def evaluate(module: EvalModule, data: Iterable[Sequence[Any]], metrics: Sequence[Metric]) -> dict[str, float]:
-    """Each metric over ``data`` (batches of the eval model's inputs), the module in eval mode meanwhile."""
+    """Each metric over ``data`` (batches of the eval model's inputs: sequences in input order, or mappings
+    by input name), the module in eval mode meanwhile."""
     was_training = module.training
     module.eval()
     for metric in metrics:
         metric.reset()
     try:
+        names = module.input_names(False) if isinstance(module, NamedInputs) else None
         for batch in data:
-            tensors = [value if isinstance(value, torch.Tensor) else torch.as_tensor(value) for value in batch]
+            if isinstance(batch, Mapping) and names is None:
+                raise InputError("evaluate: a batch keyed by input name needs a module with input_names()")
+            values = model_inputs(batch, names) if isinstance(batch, Mapping) and names is not None else batch
+            tensors = [value if isinstance(value, torch.Tensor) else torch.as_tensor(value) for value in values]
             outputs = module(*tensors)
             outputs = tuple(outputs) if isinstance(outputs, (tuple, list)) else (outputs,)
             for metric in metrics:

@@ -7,7 +7,7 @@ schedulers for ``Scheduler``); ``api.protocols`` holds what the Module and the O
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -31,6 +31,15 @@ class EvalModule(Protocol):
 
     def __call__(self, *inputs: Any) -> Any:
         """The current mode's step on a batch of inputs (numpy arrays, tensors or OrtValues)."""
+        ...
+
+
+@runtime_checkable
+class NamedInputs(Protocol):
+    """A module that names its inputs (what ``evaluate`` needs for batches that are mappings by name)."""
+
+    def input_names(self, training: bool | None = None) -> list[str]:
+        """The training graph's (or eval graph's) user input names."""
         ...
 
 

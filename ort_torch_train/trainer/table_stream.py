@@ -7,7 +7,6 @@ pass), so a column the run does not use (ragged lists, missing values, text) nev
 
 from __future__ import annotations
 
-import fnmatch
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -90,13 +89,6 @@ class TableColumns(Mapping[str, np.ndarray]):
         if missing:
             raise InputError(f"{self.label} has no column {missing[0]!r} (its columns: {', '.join(self._names)})")
         return names
-
-    def load_matching(self, keys: Iterable[str]) -> None:
-        """Read, in one pass, the columns named by ``keys`` (a name, or a pattern such as ``px*``)."""
-        wanted = []
-        for key in keys:
-            wanted += [key] if key in self._names else [name for name in self._names if fnmatch.fnmatchcase(name, key)]
-        self.load(wanted)
 
     def load(self, names: Iterable[str]) -> None:
         """Read the columns ``names`` not read yet, in one pass over the file."""

@@ -345,7 +345,10 @@ def _check_input(declaration: InputDeclaration, position: int, value: object) ->
     if dims is None:
         return
     if value.dim() != len(dims):
-        raise InputError(f"Invalid rank for input: {name} Got: {value.dim()} Expected: {len(dims)}")
+        raise InputError(
+            f"Invalid rank for input: {name} Got: {value.dim()} Expected: {len(dims)} "
+            f"(input {name!r} is {_dims_text(dims)}, the batch holds {list(value.shape)}: {_rank_fix(value, dims)})"
+        )
     for index, (actual, wanted) in enumerate(zip(value.shape, dims)):
         if isinstance(wanted, int) and actual != wanted:
             raise InputError(
@@ -354,6 +357,24 @@ def _check_input(declaration: InputDeclaration, position: int, value: object) ->
                 f"export it as dynamic, e.g. generate_artifacts(..., dynamic_axes={{{name!r}: {{{index}: 'dim{index}'}}}}) "
                 "or dynamic_shapes=)"
             )
+
+
+def _dims_text(dims: tuple[int | str | None, ...]) -> str:
+    return "[" + ", ".join("?" if dim is None else str(dim) for dim in dims) + "]"
+
+
+def _rank_fix(value: torch.Tensor, dims: tuple[int | str | None, ...]) -> str:
+    """How to reshape a batch of the wrong rank, when its sizes allow it."""
+    rows = value.shape[0] if value.dim() else 1
+    fixed = [dim if isinstance(dim, int) else None for dim in dims[1:]]
+    if value.dim() and all(dim is not None for dim in fixed) and value.numel() == rows * math.prod(fixed):  # type: ignore[arg-type]
+        target = ", ".join(str(dim) for dim in [rows, *fixed])
+        return f"reshape it, e.g. batch.reshape({target})"
+    if value.dim() == len(dims) - 1 and dims[-1] == 1:
+        return "add the trailing axis, e.g. batch.reshape(-1, 1) for one value per sample"
+    if value.dim() == len(dims) + 1:
+        return "each call takes one batch: drop the leading axis (a stack of batches?)"
+    return f"give {len(dims)} axes, the first one the batch"
 
 
 def _type_text(dtype: torch.dtype) -> str:

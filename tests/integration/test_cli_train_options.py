@@ -164,7 +164,10 @@ def test_tensorboard_without_the_package_is_a_clear_error(capsys, tmp_path, cnn_
         tmp_path / "ckpt",
     )
     assert code == 1
-    assert "needs the tensorboard package: pip install 'ort-torch-train[cli]'" in err and "Traceback" not in err
+    assert (
+        "needs the tensorboard package: python -m ort_torch_train.install --extra tensorboard" in err
+        and "Traceback" not in err
+    )
 
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None, reason="tensorboard is not installed")
@@ -290,6 +293,7 @@ def test_parquet_and_csv_with_accumulation_evaluation_and_checkpoints(capsys, tm
         assert sorted(p.name for p in (tmp_path / kind).iterdir()) == [
             "ckpt",
             "ckpt.best",
+            "ckpt.options.json",
             "ckpt.step-3",
             "ckpt.step-4",
         ]

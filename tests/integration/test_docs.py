@@ -8,13 +8,14 @@ import importlib.util
 import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import doc_snippets
+from tests.helpers import doc_reference, doc_snippets
 from tests.helpers.paths import ROOT
 
 PUBLIC_MODULES = [
@@ -82,6 +83,23 @@ def test_documentation_builds_without_warnings(tmp_path: Path) -> None:
     page = (tmp_path / "site" / "api" / "index.html").read_text()
     for name in ("CheckpointState", "lazy_reset_grad", "generate_artifacts", "TrainingSession", "ModelError"):
         assert name in page
+    check_reference(tmp_path / "site", page)
+
+
+def check_reference(site: Path, page: str) -> None:
+    """Search, Module's parameters with their types, every constructor documented, helpers hidden,
+    nothing loaded from another site (tests/helpers/doc_reference.py)."""
+    assert "CheckpointState" in (site / "search" / "search_index.json").read_text()
+    assert 'src="../search/main.js"' in page
+    assert not re.findall(r'<script[^>]+src="https?:|<link[^>]+href="https?:[^"]+\.(?:css|js)"', page)
+    module = doc_reference.documented_parameters(doc_reference.class_sections(page)["ort_torch_train.api.Module"])
+    assert module["compile"] == "bool | str | dict" and module["lora"] == "LoraConfig | None", module
+    assert {"device", "mixed_precision", "recompute", "distributed", "compile_cache"} <= set(module)
+    assert doc_reference.undocumented_constructors(page) == []
+    for helper in ("model_inputs", "deferred_interrupt", "loss_value"):
+        assert helper not in page, helper
+    without_table = page.replace("Parameters:", "Notes:", 1)  # the first class (CheckpointState) loses its table
+    assert doc_reference.undocumented_constructors(without_table)[0].startswith("ort_torch_train.api.CheckpointState")
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ MAX_MODULE_LINES = 450
 # runs it.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),
-    ("dtypes", "fileio", "logs", "module_meta", "onnx2torch_import", "progress", "torch_internals"),
+    ("dtypes", "fileio", "install", "logs", "module_meta", "onnx2torch_import", "progress", "torch_internals"),
     ("graph",),
     ("checkpoint",),
     ("adapters",),

@@ -37,7 +37,7 @@ def test_the_worked_example_runs(capsys, tmp_path, monkeypatch) -> None:
     assert "step 4: best accuracy" in out and "step 4: checkpoint saved to run/ckpt" in out
     assert "trained steps 1-12" in out and "eval accuracy" in out and "best checkpoint: run/ckpt.best" in out
     files = sorted(path.name for path in (tmp_path / "run").iterdir())
-    assert files == ["ckpt", "ckpt.best", "ckpt.step-12", "ckpt.step-8", "metrics.jsonl"]
+    assert files == ["ckpt", "ckpt.best", "ckpt.options.json", "ckpt.step-12", "ckpt.step-8", "metrics.jsonl"]
     status, out, err = run_cli(capsys, *second[1:])
     assert status == 0, err
     assert "resumed from run/ckpt at step 12" in out and "trained steps 13-16" in out

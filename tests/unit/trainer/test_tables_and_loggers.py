@@ -122,21 +122,23 @@ def test_mlflow_local_store_holds_the_metrics(tmp_path) -> None:
 @pytest.mark.parametrize(
     ("blocked", "make", "hint"),
     [
-        ("torch.utils.tensorboard", lambda tmp: TensorBoardLogger(tmp / "tb"), "pip install 'ort-torch-train[cli]'"),
-        ("mlflow.tracking", lambda tmp: MlflowLogger(tmp / "ml"), "pip install 'ort-torch-train[mlflow]'"),
+        (
+            "torch.utils.tensorboard",
+            lambda tmp: TensorBoardLogger(tmp / "tb"),
+            "python -m ort_torch_train.install --extra tensorboard",
+        ),
+        ("mlflow.tracking", lambda tmp: MlflowLogger(tmp / "ml"), "python -m ort_torch_train.install --extra mlflow"),
         ("pyarrow.parquet", lambda tmp: read_table(tmp / "x.parquet"), "pip install 'ort-torch-train[data]'"),
     ],
 )
 def test_a_missing_optional_package_says_how_to_install_it(tmp_path, monkeypatch, blocked, make, hint) -> None:
-    package = blocked.split(".")[0]
-    first_import = package not in sys.modules
+    before = set(sys.modules)
     monkeypatch.setitem(sys.modules, blocked, None)  # import fails as when the package is absent
     try:
         with pytest.raises(InputError, match=re.escape(hint)):
             make(tmp_path)
-    finally:
-        if (
-            first_import
-        ):  # the failed import leaves the package's other submodules half set up: later imports start clean
-            for name in [name for name in sys.modules if name.startswith(package + ".")]:
+    finally:  # a package whose import failed halfway leaves submodules bound to a dead parent: drop them
+        root = blocked.split(".")[0]
+        for name in set(sys.modules) - before:
+            if name == root or name.startswith(root + "."):
                 del sys.modules[name]

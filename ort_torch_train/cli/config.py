@@ -1,0 +1,188 @@
+"""``train --config run.yaml`` (or .toml, .json): a file of ``train``'s options, overridden by the
+flags on the command line; and ``OUTPUT.options.json``, the resolved options a run saves beside its
+checkpoint, which ``--resume OUTPUT`` reads back (below the config file and the flags).
+
+Keys are the options' names (``max_steps`` or ``max-steps``; ``artifacts`` for ARTIFACTS_DIR). A key
+that names no option is an error. Each layer becomes the flags it stands for, placed before the
+command line's, so argparse checks every value as it checks a flag and the last one given wins.
+``inputs`` may be a mapping of input to column or list of columns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ort_torch_train.cli.common import CliError
+from ort_torch_train.fileio import atomic_write_bytes
+
+COMMAND = "train"
+LENGTH = ("max_steps", "steps", "epochs")  # one of them: a higher layer's replaces a lower one's
+NOT_SAVED = ("run", "config", "resume", "verbose", "traceback", "json", "quiet")  # per invocation
+
+
+def add_config_option(parser: argparse.ArgumentParser) -> None:
+    """``--config FILE`` on the ``train`` parser (read by ``expand_config`` before parsing)."""
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="read options from a YAML, TOML or JSON file (keys: option names, e.g. max_steps, inputs, "
+        "artifacts); flags on the command line override it",
+    )
+
+
+def options_path(output: str | Path) -> Path:
+    """Where a run saves its resolved options: ``OUTPUT.options.json``."""
+    output = Path(output)
+    return output.with_name(output.name + ".options.json")
+
+
+def save_options(args: argparse.Namespace) -> Path:
+    """Write the run's resolved options (every one set, defaults included) to ``OUTPUT.options.json``."""
+    values = {dest: value for dest, value in sorted(vars(args).items()) if dest not in NOT_SAVED and value is not None}
+    path = options_path(args.output)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, (json.dumps(values, indent=2) + "\n").encode())
+    return path
+
+
+def expand_config(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """``argv`` with the options of ``--config`` and of ``--resume``'s saved options inserted as flags
+    before the command line's own (which therefore win)."""
+    if COMMAND not in argv:
+        return argv
+    at = argv.index(COMMAND) + 1
+    head, given = argv[:at], argv[at:]
+    train = _subparser(parser, COMMAND)
+    actions = {option: action for action in train._actions for option in action.option_strings}
+    given_dests, given_positional = _dests_in(given, actions)
+    layers: list[dict[str, Any]] = []  # highest first
+    config = _flag_value(given, "--config")
+    if config is not None:
+        layers.append(load_config(config, train))
+    resume = _flag_value(given, "--resume") or next(
+        (str(layer["resume"]) for layer in layers if "resume" in layer), None
+    )
+    if resume is not None and options_path(resume).is_file():
+        layers.append(load_config(str(options_path(resume)), train))
+    tokens: list[str] = []
+    positional: str | None = None
+    seen = set(given_dests)
+    for layer in layers:
+        if any(key in seen for key in LENGTH):
+            layer = {key: value for key, value in layer.items() if key not in LENGTH}
+        if "artifacts" in layer and not given_positional and positional is None:
+            positional = str(layer["artifacts"])
+        for dest, value in layer.items():
+            if dest not in seen and dest != "artifacts":
+                tokens += _as_flags(dest, value, train)
+                seen.add(dest)
+    return head + ([positional] if positional is not None else []) + tokens + given
+
+
+def load_config(path: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """The options of a YAML, TOML or JSON file, by destination name; unknown keys refused."""
+    file = Path(path)
+    if not file.is_file():
+        raise CliError(f"config file not found: {path!r}")
+    data = _read(file)
+    if not isinstance(data, Mapping):
+        raise CliError(f"{path!r}: expected a mapping of option names to values, got {type(data).__name__}")
+    known = {action.dest for action in parser._actions if action.dest != "help"}
+    options: dict[str, Any] = {}
+    for key, value in data.items():
+        dest = str(key).replace("-", "_")
+        if dest not in known or dest in ("config", "run"):
+            close = difflib.get_close_matches(dest, sorted(known), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise CliError(f"{path!r}: {key!r} is not an option of `ort-torch-train train`{hint}")
+        options[dest] = value
+    return options
+
+
+def _read(file: Path) -> Any:
+    suffix = file.suffix.lower()
+    text = file.read_text(encoding="utf-8")
+    try:
+        if suffix in (".yaml", ".yml"):
+            try:
+                import yaml
+            except ImportError as error:
+                raise CliError("reading a YAML config needs PyYAML: pip install pyyaml") from error
+            return yaml.safe_load(text)
+        if suffix == ".toml":
+            if sys.version_info >= (3, 11):
+                import tomllib
+            else:  # pragma: no cover - Python 3.10
+                import tomli as tomllib
+            return tomllib.loads(text)
+        if suffix == ".json":
+            return json.loads(text)
+    except CliError:
+        raise
+    except Exception as error:  # each parser has its own error type
+        raise CliError(f"{str(file)!r} is not a readable {suffix[1:]} file ({error})") from error
+    raise CliError(f"{str(file)!r}: unknown config format {suffix!r}; expected .yaml, .yml, .toml or .json")
+
+
+def _as_flags(dest: str, value: Any, parser: argparse.ArgumentParser) -> list[str]:
+    action = next(action for action in parser._actions if action.dest == dest)
+    flag = max(action.option_strings, key=len)
+    if action.nargs == 0:  # store_true
+        if not isinstance(value, bool):
+            raise CliError(f"config option {dest!r}: expected true or false, got {value!r}")
+        return [flag] if value else []
+    if value is None:
+        return []
+    return [flag, _text(value)]
+
+
+def _text(value: Any) -> str:
+    """A config value as the flag's text: lists joined by commas, ``{input: columns}`` as input=columns."""
+    if isinstance(value, Mapping):
+        return ",".join(f"{key}={_text(item)}" for key, item in value.items())
+    if isinstance(value, (list, tuple)):
+        return ",".join(_text(item) for item in value)
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+            return action.choices[name]
+    raise KeyError(name)
+
+
+def _dests_in(tokens: list[str], actions: dict[str, argparse.Action]) -> tuple[set[str], bool]:
+    """The destinations the command-line tokens set, and whether they hold a positional."""
+    dests: set[str] = set()
+    positional = False
+    index = 0
+    while index < len(tokens):
+        token = tokens[index]
+        option = token.split("=", 1)[0]
+        if token.startswith("-") and option in actions:
+            action = actions[option]
+            dests.add(action.dest)
+            index += 1 if action.nargs == 0 or "=" in token else 2
+            continue
+        positional = positional or not token.startswith("-")
+        index += 1
+    return dests, positional
+
+
+def _flag_value(tokens: list[str], flag: str) -> str | None:
+    value = None
+    for index, token in enumerate(tokens):
+        if token == flag and index + 1 < len(tokens):
+            value = tokens[index + 1]
+        elif token.startswith(flag + "="):
+            value = token.split("=", 1)[1]
+    return value
