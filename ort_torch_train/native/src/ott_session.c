@@ -233,12 +233,12 @@ OrtStatus* ott_GetParametersSize(OrtTrainingSession* sess, size_t* out, bool tra
   OTT_LEAVE();
 }
 
-static OrtStatus* buffer_call(OttBridgeFn fn, OrtTrainingSession* sess, OrtValue* buffer, bool trainable_only) {
+static OrtStatus* buffer_call(OttBridgeFn fn, OrtTrainingSession* sess, OrtValue* parameters_buffer, bool trainable_only) {
   OTT_REQUIRE(sess);
-  OTT_REQUIRE(buffer);
+  OTT_REQUIRE(parameters_buffer);
   OTT_ENTER();
   PyObject* spec = NULL;
-  status = ott_tensor_spec(buffer, "parameters_buffer", &spec);
+  status = ott_tensor_spec(parameters_buffer, "parameters_buffer", &spec);
   if (status == NULL)
     status = ott_done(ott_call(fn, Py_BuildValue("(ONO)", sess->session, spec, trainable_only ? Py_True : Py_False)));
   OTT_LEAVE();
