@@ -138,6 +138,9 @@ def build(prefix: str | os.PathLike, compiler: str | None = None) -> Flags:
     ort = onnxruntime_library()
     for name in (ORT_SONAME, "libonnxruntime.so"):
         _link(lib / name, ort)
+    providers = ort.parent / "libonnxruntime_providers_shared.so"  # ORT looks for it beside itself
+    if providers.exists():
+        _link(lib / providers.name, providers.resolve())
     for header in sorted(HEADERS.glob("*.h*")):
         _copy(header, include / header.name)
     with tempfile.TemporaryDirectory(dir=lib) as scratch:

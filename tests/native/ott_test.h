@@ -11,7 +11,7 @@
 static const OrtApi* g_ort;
 static const OrtTrainingApi* g_api;
 
-static void fail_status(OrtStatus* status, const char* what, const char* file, int line) {
+static inline void fail_status(OrtStatus* status, const char* what, const char* file, int line) {
   fprintf(stderr, "%s:%d: %s failed: %s\n", file, line, what, OTT_ORT(g_ort, GetErrorMessage)(status));
   OTT_ORT(g_ort, ReleaseStatus)(status);
   exit(1);
@@ -29,7 +29,7 @@ static void fail_status(OrtStatus* status, const char* what, const char* file, i
     }                                                                         \
   } while (0)
 
-static void* read_file(const char* path, size_t* size) {
+static inline void* read_file(const char* path, size_t* size) {
   FILE* file = fopen(path, "rb");
   if (file == NULL) {
     fprintf(stderr, "cannot open %s\n", path);
@@ -45,7 +45,7 @@ static void* read_file(const char* path, size_t* size) {
   return data;
 }
 
-static void write_file(const char* path, const void* data, size_t size) {
+static inline void write_file(const char* path, const void* data, size_t size) {
   FILE* file = fopen(path, "wb");
   if (file == NULL || fwrite(data, 1, size, file) != size) {
     fprintf(stderr, "cannot write %s\n", path);
@@ -57,20 +57,20 @@ static void write_file(const char* path, const void* data, size_t size) {
 static OrtMemoryInfo* g_cpu;
 
 /* An OrtValue over `data` (not copied: the program keeps it alive). */
-static OrtValue* tensor_over(void* data, size_t bytes, ONNXTensorElementDataType type, const int64_t* dims, size_t rank) {
+static inline OrtValue* tensor_over(void* data, size_t bytes, ONNXTensorElementDataType type, const int64_t* dims, size_t rank) {
   if (g_cpu == NULL) CHECK(OTT_ORT(g_ort, CreateCpuMemoryInfo)(OrtArenaAllocator, OrtMemTypeDefault, &g_cpu));
   OrtValue* value = NULL;
   CHECK(OTT_ORT(g_ort, CreateTensorWithDataAsOrtValue)(g_cpu, data, bytes, dims, rank, type, &value));
   return value;
 }
 
-static void* tensor_data(OrtValue* value) {
+static inline void* tensor_data(OrtValue* value) {
   void* data = NULL;
   CHECK(OTT_ORT(g_ort, GetTensorMutableData)(value, &data));
   return data;
 }
 
-static size_t tensor_count(const OrtValue* value) {
+static inline size_t tensor_count(const OrtValue* value) {
   OrtTensorTypeAndShapeInfo* info = NULL;
   size_t count = 0;
   CHECK(OTT_ORT(g_ort, GetTensorTypeAndShape)(value, &info));
@@ -80,7 +80,7 @@ static size_t tensor_count(const OrtValue* value) {
 }
 
 /* The explicit way in: ORT's table and the training table from libort_torch_train. */
-static void open_apis(void) {
+static inline void open_apis(void) {
   g_ort = OrtGetApiBase()->GetApi(ORT_API_VERSION);
   EXPECT(g_ort != NULL);
   g_api = OrtTorchTrainGetTrainingApi(ORT_API_VERSION);
