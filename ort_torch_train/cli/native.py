@@ -32,7 +32,7 @@ def _run_build(args: argparse.Namespace) -> None:
 
     built = build(args.prefix)
     print(f"built {built.library}")
-    _print_flags(built.cflags, built.libs, True, True)
+    _print_flags(built.cflags, built.libs)
 
 
 def _run_flags(args: argparse.Namespace) -> None:
@@ -42,11 +42,9 @@ def _run_flags(args: argparse.Namespace) -> None:
     if not found.library.exists():
         raise FileNotFoundError(f"no {found.library}: run `ort-torch-train native build --prefix {args.prefix}`")
     both = not (args.cflags or args.libs)
-    _print_flags(found.cflags, found.libs, both or args.cflags, both or args.libs, labelled=both)
+    print(shlex.join((found.cflags if both or args.cflags else []) + (found.libs if both or args.libs else [])))
 
 
-def _print_flags(cflags: list[str], libs: list[str], show_c: bool, show_l: bool, labelled: bool = True) -> None:
-    if show_c:
-        print(("cflags: " if labelled else "") + shlex.join(cflags))
-    if show_l:
-        print(("libs: " if labelled else "") + shlex.join(libs))
+def _print_flags(cflags: list[str], libs: list[str]) -> None:
+    print("cflags: " + shlex.join(cflags))
+    print("libs: " + shlex.join(libs))
