@@ -79,10 +79,10 @@ def tensor_in(spec: TensorSpec, what: str) -> torch.Tensor:
     if dtype is None:
         raise InputTypeError(f"{what}: element type {elem_type_name(elem_type)} is not supported by ort-torch-train")
     if device != "cpu":
-        return _cuda_tensor(int(memory), dtype, shape, device)  # type: ignore[arg-type]
+        return _cuda_tensor(int(memory), dtype, shape, device)
     if 0 in shape:
         return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(memory, dtype=dtype).view(shape)  # type: ignore[arg-type]
+    return torch.frombuffer(memory, dtype=dtype).view(shape)
 
 
 class _CudaMemory:
@@ -267,4 +267,3 @@ def export_model(session: TrainingSession, path: str, graph_output_names: list[s
 def seed(value: int) -> None:
     """``SetSeed``."""
     set_seed(value)
-

@@ -40,7 +40,12 @@ class TrainingSession:
         self.checkpoint_state = checkpoint_state
         evaluation = load_model(eval_model, "eval model") if _given(eval_model) else None
         self.module = Module(
-            load_model(train_model, "training model"), checkpoint_state, evaluation, device, session_options, compile=compile
+            load_model(train_model, "training model"),
+            checkpoint_state,
+            evaluation,
+            device,
+            session_options,
+            compile=compile,
         )
         self.optimizer = Optimizer(optimizer_model, self.module) if _given(optimizer_model) else None
         self.scheduler: LinearLRScheduler | None = None

@@ -59,10 +59,15 @@ class NativeBuild:
         return subprocess.run([str(program), *args], capture_output=True, text=True, env=env, timeout=timeout)
 
 
-def build_native(prefix: Path) -> NativeBuild:
-    """The library under ``prefix``, or a skip where this machine cannot build it."""
-    try:
-        compiler = find_compiler()
-        return NativeBuild(build(prefix), compiler)
-    except NativeBuildError as error:
-        pytest.skip(f"native library not buildable here: {error}")
+_BUILT: dict[Path, NativeBuild] = {}
+
+
+def build_native(tmp_path_factory: pytest.TempPathFactory) -> NativeBuild:
+    """The library, built once per test process, or a skip where this machine cannot build it."""
+    prefix = tmp_path_factory.getbasetemp() / "native"
+    if prefix not in _BUILT:
+        try:
+            _BUILT[prefix] = NativeBuild(build(prefix), find_compiler())
+        except NativeBuildError as error:
+            pytest.skip(f"native library not buildable here: {error}")
+    return _BUILT[prefix]

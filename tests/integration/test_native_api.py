@@ -17,7 +17,7 @@ HEADER = ROOT / "ort_torch_train" / "native" / "include" / "ort_torch_train_trai
 
 @pytest.fixture(scope="session")
 def native(tmp_path_factory: pytest.TempPathFactory) -> NativeBuild:
-    return build_native(tmp_path_factory.mktemp("native"))
+    return build_native(tmp_path_factory)
 
 
 def training_api_members() -> list[str]:
@@ -50,7 +50,9 @@ def test_every_function_and_every_error_case(native: NativeBuild, tmp_path: Path
     assert cases["wrong_dtype"] == ["2", cases["wrong_dtype"][1]] and "tensor(double)" in cases["wrong_dtype"][1]
     assert "rank" in cases["wrong_rank"][1] and "2 user inputs" in cases["wrong_count"][1]
     assert cases["missing_eval_model"][0] == "1" and "Eval model was not provided" in cases["missing_eval_model"][1]
-    assert cases["corrupted_checkpoint"][0] == "1" and "Checkpoint verification failed" in cases["corrupted_checkpoint"][1]
+    assert (
+        cases["corrupted_checkpoint"][0] == "1" and "Checkpoint verification failed" in cases["corrupted_checkpoint"][1]
+    )
     assert cases["missing_checkpoint"][0] == "3"
     nulls = [case for name, case in cases.items() if name.startswith("null_")]
     assert len(nulls) == 42 and all(code == "2" and "got NULL" in message for code, message in nulls)
