@@ -110,3 +110,29 @@ def test_flags_command_prints_what_programs_compile_with(native: NativeBuild, ca
     printed = capsys.readouterr().out.split()
     assert f"-I{native.flags.prefix / 'include'}" in printed and "-lort_torch_train" in printed
     assert main(["native", "flags", "--prefix", str(native.flags.prefix / "nowhere")]) == 1
+
+
+def test_a_program_that_embeds_python_keeps_its_interpreter(native: NativeBuild, tmp_path: Path) -> None:
+    """Loaded into this (Python) process, the library uses the running interpreter and its GIL."""
+    import ctypes
+
+    library = ctypes.CDLL(str(native.flags.library))
+    library.OrtTorchTrainGetTrainingApi.restype = ctypes.POINTER(ctypes.c_void_p)
+    table = library.OrtTorchTrainGetTrainingApi(23)
+    members = training_api_members()
+    load = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p))(
+        table[members.index("LoadCheckpoint")]
+    )
+    save = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_bool)(
+        table[members.index("SaveCheckpoint")]
+    )
+    release = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(table[members.index("ReleaseCheckpointState")])
+    state = ctypes.c_void_p()
+    assert load(str(MLP / "checkpoint").encode(), ctypes.byref(state)) is None
+    assert save(state, str(tmp_path / "saved").encode(), False) is None
+    release(state)
+    reference = tmp_path / "reference"
+    from ort_torch_train.api import CheckpointState
+
+    CheckpointState.save_checkpoint(CheckpointState.load_checkpoint(MLP / "checkpoint"), reference, False)
+    assert (tmp_path / "saved").read_bytes() == reference.read_bytes()
