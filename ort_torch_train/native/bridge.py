@@ -82,7 +82,16 @@ def tensor_in(spec: TensorSpec, what: str) -> torch.Tensor:
         return _cuda_tensor(int(memory), dtype, shape, device)
     if 0 in shape:
         return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(memory, dtype=dtype).view(shape)
+    assert isinstance(memory, memoryview)  # on the CPU the C side passes the OrtValue's memory
+    numpy_dtype = _NUMPY_DTYPES.get(elem_type)
+    if numpy_dtype is None:  # bfloat16: no numpy dtype
+        return torch.frombuffer(memory, dtype=dtype).view(shape)
+    return torch.from_numpy(np.frombuffer(memory, dtype=numpy_dtype).reshape(shape))  # the cheaper wrap
+
+
+_NUMPY_DTYPES: dict[int, np.dtype] = {
+    code: torch.empty(0, dtype=dtype).numpy().dtype for code, dtype in ONNX_TO_TORCH.items() if dtype != torch.bfloat16
+}
 
 
 class _CudaMemory:
@@ -99,13 +108,13 @@ def _cuda_tensor(address: int, dtype: torch.dtype, shape: tuple[int, ...], devic
 
 def tensor_out(tensor: torch.Tensor) -> TensorOut:
     """What the C side copies into an OrtValue: a contiguous host tensor, its address, size, type and shape."""
-    host = tensor.detach()
-    if host.device.type != "cpu":
-        host = host.cpu()
-    host = host.contiguous()
-    if host.dtype not in TORCH_TO_ONNX:
+    host = tensor if tensor.device.type == "cpu" else tensor.detach().cpu()
+    if not host.is_contiguous():
+        host = host.contiguous()
+    elem_type = TORCH_TO_ONNX.get(host.dtype)
+    if elem_type is None:
         raise InputTypeError(f"output of dtype {host.dtype} has no ONNX element type")
-    return host, host.data_ptr(), host.numel() * host.element_size(), TORCH_TO_ONNX[host.dtype], tuple(host.shape)
+    return host, host.data_ptr(), host.nbytes, elem_type, tuple(host.shape)
 
 
 def _inputs(specs: Sequence[TensorSpec], names: list[str]) -> list[torch.Tensor]:
