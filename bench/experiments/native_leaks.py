@@ -47,8 +47,8 @@ def records(log: str) -> list[tuple[int, str, list[str]]]:
         if not match:
             continue
         frames = []
-        for frame in lines[index + 1 :]:
-            text = frame.split("== ", 1)[-1].strip()
+        for next_index in range(index + 1, len(lines)):
+            text = lines[next_index].split("== ", 1)[-1].strip()
             if not text.startswith(("at ", "by ")):
                 break
             frames.append(text)
@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> dict:
         "seconds": round(seconds, 1),
         "valgrind_summary": {kind: int(size.replace(",", "")) for kind, size in summary},
         "loss_records": len(found),
+        "records_with_a_frame_of_this_library": sum(1 for _, _, frames in found if any("ott_" in f for f in frames)),
         "records_from_this_library": len(ours),
         "bytes_from_this_library": sum(size for size, _, _ in ours),
         "records_from_this_library_by_kind": {
