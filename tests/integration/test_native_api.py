@@ -136,3 +136,8 @@ def test_a_program_that_embeds_python_keeps_its_interpreter(native: NativeBuild,
 
     CheckpointState.save_checkpoint(CheckpointState.load_checkpoint(MLP / "checkpoint"), reference, False)
     assert (tmp_path / "saved").read_bytes() == reference.read_bytes()
+
+
+def test_cpp_classes_buffers_properties_parameters_and_exceptions(native: NativeBuild, tmp_path: Path) -> None:
+    done = native.run(native.program(PROGRAMS / "cxx_api.cpp"), str(MLP), str(tmp_path))
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout + done.stderr
