@@ -72,12 +72,13 @@ def error_status(error: BaseException) -> tuple[int, str]:
 
 
 # tensors -------------------------------------------------------------------------------------------
-def tensor_in(spec: TensorSpec, what: str) -> torch.Tensor:
-    """A torch tensor over an OrtValue's memory (no copy)."""
+def tensor_in(spec: TensorSpec, what: str | int) -> torch.Tensor:
+    """A torch tensor over an OrtValue's memory (no copy); ``what`` names it in errors (an int: ``inputs[i]``)."""
     memory, elem_type, shape, device = spec
     dtype = ONNX_TO_TORCH.get(elem_type)
     if dtype is None:
-        raise InputTypeError(f"{what}: element type {elem_type_name(elem_type)} is not supported by ort-torch-train")
+        name = f"inputs[{what}]" if isinstance(what, int) else what
+        raise InputTypeError(f"{name}: element type {elem_type_name(elem_type)} is not supported by ort-torch-train")
     if device != "cpu":
         return _cuda_tensor(int(memory), dtype, shape, device)
     if 0 in shape:
@@ -117,12 +118,8 @@ def tensor_out(tensor: torch.Tensor) -> TensorOut:
     return host, host.data_ptr(), host.nbytes, elem_type, tuple(host.shape)
 
 
-def _inputs(specs: Sequence[TensorSpec], names: list[str]) -> list[torch.Tensor]:
-    return [tensor_in(spec, f"input {_name(names, i)!r}") for i, spec in enumerate(specs)]
-
-
-def _name(names: list[str], index: int) -> str:
-    return names[index] if index < len(names) else f"#{index}"
+def _inputs(specs: Sequence[TensorSpec]) -> list[torch.Tensor]:
+    return [tensor_in(spec, position) for position, spec in enumerate(specs)]
 
 
 # checkpoint state ------------------------------------------------------------------------------------
@@ -205,15 +202,13 @@ def io_name(session: TrainingSession, training: bool, inputs: bool, index: int) 
 
 
 def train_step(session: TrainingSession, specs: Sequence[TensorSpec]) -> list[TensorOut]:
-    """``TrainStep``."""
-    tensors = _inputs(specs, session.module.input_names(training=True))
-    return [tensor_out(output) for output in session.train_step(tensors)]
+    """``TrainStep``: the engine's step itself (it checks the inputs), as the Python API's call runs it."""
+    return [tensor_out(output) for output in session.module.train_step(_inputs(specs))]
 
 
 def eval_step(session: TrainingSession, specs: Sequence[TensorSpec]) -> list[TensorOut]:
     """``EvalStep``."""
-    tensors = _inputs(specs, session.input_names(False))
-    return [tensor_out(output) for output in session.eval_step(tensors)]
+    return [tensor_out(output) for output in session.eval_step(_inputs(specs))]
 
 
 def lazy_reset_grad(session: TrainingSession) -> None:
