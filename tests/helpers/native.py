@@ -35,7 +35,7 @@ class NativeBuild:
         key = f"{source}:{transparent}"
         if key not in self.programs:
             cxx = source.suffix == ".cpp"
-            compiler = shutil.which("c++") or shutil.which("g++") if cxx else self.compiler
+            compiler = (shutil.which("c++") or shutil.which("g++")) if cxx else self.compiler
             if compiler is None:
                 pytest.skip("no C++ compiler")
             output = self.flags.prefix / "bin" / (source.stem + ("_transparent" if transparent else ""))
