@@ -50,10 +50,17 @@ class NativeBuild:
         return self.programs[key]
 
     def run(
-        self, program: Path, *args: str, preload: bool = False, threads: int = 1, timeout: float = 300
+        self,
+        program: Path,
+        *args: str,
+        preload: bool = False,
+        threads: int = 1,
+        timeout: float = 300,
+        env: dict[str, str] | None = None,
     ) -> subprocess.CompletedProcess:
-        """Run a program (the library preloaded when asked) with the engine on ``threads`` threads; its output."""
-        env = dict(os.environ, **{THREADS_VARIABLE: str(threads)})
+        """Run a program (the library preloaded when asked) with the engine on ``threads`` threads, ``env`` added;
+        its output."""
+        env = dict(os.environ, **{THREADS_VARIABLE: str(threads)}, **(env or {}))
         if preload:
             env["LD_PRELOAD"] = str(self.flags.library)
         return subprocess.run([str(program), *args], capture_output=True, text=True, env=env, timeout=timeout)

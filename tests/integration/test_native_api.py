@@ -74,6 +74,9 @@ def test_transparent_path_trains_an_unmodified_program_when_preloaded(native: Na
 
     if not torch.cuda.is_available():
         assert cuda.returncode == 2 and "error CreateTrainingSession 11" in cuda.stdout
+        assert "Traceback" not in cuda.stderr  # a status, not a printed traceback...
+        logged = native.run(program, str(MLP), "cuda", preload=True, env={"ORT_TORCH_TRAIN_LOG": "debug"})
+        assert "Traceback" in logged.stderr and "native call failed" in logged.stderr  # ...unless logging asks
 
 
 def test_two_sessions_on_two_threads_match_serial_runs(native: NativeBuild) -> None:
