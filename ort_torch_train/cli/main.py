@@ -20,6 +20,7 @@ from ort_torch_train.cli.config import add_config_option, expand_config
 from ort_torch_train.cli.convert import add_convert_parser
 from ort_torch_train.cli.export import add_export_parser
 from ort_torch_train.cli.inspect import add_inspect_parser
+from ort_torch_train.cli.native import add_native_parser
 from ort_torch_train.cli.train import run_train
 from ort_torch_train.cli.train_options import add_train_parser
 from ort_torch_train.logs import enable
@@ -40,6 +41,7 @@ examples:
   ort-torch-train convert run/checkpoint model.safetensors
   ort-torch-train train artifacts/ --data train.npz --steps 100 --lora r=8,alpha=16,targets=all-linear
   ort-torch-train export artifacts/ --checkpoint run/checkpoint --output model.onnx --adapter task.onnx_adapter
+  ort-torch-train native build --prefix ~/.local/ort-torch-train
 
 Run `ort-torch-train COMMAND --help` for each command's options."""
 
@@ -115,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_convert_parser(commands, HelpFormatter)
     add_export_parser(commands, HelpFormatter)
+    add_native_parser(commands, HelpFormatter)
     return parser
 
 

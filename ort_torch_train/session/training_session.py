@@ -31,6 +31,7 @@ class TrainingSession:
         optimizer_model: the optimizer model (optional).
         device: where parameters and steps live.
         session_options: ORT's SessionOptions, accepted and not used.
+        compile: ``Module``'s (False, True, a torch.compile mode or a dict of its arguments).
     """
 
     def __init__(
@@ -42,11 +43,17 @@ class TrainingSession:
         *,
         device: str = "cpu",
         session_options: Any = None,
+        compile: bool | str | dict = False,
     ) -> None:
         self.checkpoint_state = checkpoint_state
         evaluation = load_model(eval_model, "eval model") if _given(eval_model) else None
         self.module = Module(
-            load_model(train_model, "training model"), checkpoint_state, evaluation, device, session_options
+            load_model(train_model, "training model"),
+            checkpoint_state,
+            evaluation,
+            device,
+            session_options,
+            compile=compile,
         )
         self.optimizer = Optimizer(optimizer_model, self.module) if _given(optimizer_model) else None
         self.scheduler: LinearLRScheduler | None = None

@@ -34,6 +34,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("training",),
     ("api", "artifacts"),
     ("legacy", "session"),
+    ("native",),
     ("trainer",),
     ("cli",),
     ("__main__",),

@@ -1,0 +1,172 @@
+"""Build libort_torch_train from the sources shipped in this package, with the system C compiler.
+
+``build(prefix)`` writes ``prefix/lib/libort_torch_train.so`` (beside links to the installed ``onnxruntime``
+package's ``libonnxruntime``) and ``prefix/include/`` (the C and C++ headers). It reads Python's headers and
+``libpython`` from ``sysconfig`` and needs no network. ``flags(prefix)`` gives what a program compiles and
+links with, as ``python3-config`` does for Python.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+NATIVE = Path(__file__).resolve().parent
+SOURCES = NATIVE / "src"
+HEADERS = NATIVE / "include"
+LIBRARY = "libort_torch_train.so"
+ORT_SONAME = "libonnxruntime.so.1"
+
+
+class NativeBuildError(RuntimeError):
+    """The library cannot be built here: no compiler, no Python headers or libpython, no onnxruntime."""
+
+
+@dataclass(frozen=True)
+class Flags:
+    """What a C or C++ program needs to use the library installed under ``prefix``."""
+
+    prefix: Path
+
+    @property
+    def library(self) -> Path:
+        """The built library."""
+        return self.prefix / "lib" / LIBRARY
+
+    @property
+    def cflags(self) -> list[str]:
+        """Compile flags: the include folder."""
+        return [f"-I{self.prefix / 'include'}"]
+
+    @property
+    def libs(self) -> list[str]:
+        """Link flags for the explicit way in (the library, then ONNX Runtime), with their run path."""
+        lib = self.prefix / "lib"
+        return [f"-L{lib}", f"-Wl,-rpath,{lib}", "-lort_torch_train", "-l:" + ORT_SONAME]
+
+    @property
+    def ort_libs(self) -> list[str]:
+        """Link flags for an unmodified ONNX Runtime program (the transparent way in: preload the library)."""
+        lib = self.prefix / "lib"
+        return [f"-L{lib}", f"-Wl,-rpath,{lib}", "-l:" + ORT_SONAME]
+
+
+def flags(prefix: str | os.PathLike) -> Flags:
+    """The flags for the library under ``prefix``."""
+    return Flags(Path(prefix).resolve())
+
+
+def find_compiler() -> str:
+    """The C compiler: ``$CC``, else cc, gcc or clang on the PATH."""
+    for name in ([os.environ["CC"]] if os.environ.get("CC") else []) + ["cc", "gcc", "clang"]:
+        found = shutil.which(shlex.split(name)[0]) if name else None
+        if found:
+            return found
+    raise NativeBuildError("no C compiler found: install gcc or clang, or set CC")
+
+
+def onnxruntime_library() -> Path:
+    """The installed onnxruntime package's libonnxruntime (found without importing onnxruntime)."""
+    spec = importlib.util.find_spec("onnxruntime")
+    if spec is None or not spec.submodule_search_locations:
+        raise NativeBuildError("the onnxruntime package is not installed: pip install onnxruntime")
+    capi = Path(next(iter(spec.submodule_search_locations))) / "capi"
+    found = sorted(capi.glob("libonnxruntime.so*"), key=lambda path: len(path.name), reverse=True)
+    if not found:
+        raise NativeBuildError(f"no libonnxruntime.so* in {capi}")
+    return found[0].resolve()
+
+
+def python_library() -> tuple[Path, str, str]:
+    """(libpython's folder, its -l name, its soname), from sysconfig."""
+    libdir = sysconfig.get_config_var("LIBDIR")
+    soname = sysconfig.get_config_var("INSTSONAME") or ""
+    version = sysconfig.get_config_var("LDVERSION") or sysconfig.get_python_version()
+    if not libdir or not (Path(libdir) / soname).exists():
+        raise NativeBuildError(
+            f"no shared libpython ({soname or 'libpython' + version + '.so'} in {libdir}): "
+            "embedding needs a Python built with --enable-shared"
+        )
+    return Path(libdir), f"python{version}", soname
+
+
+def compile_command(prefix: Path, compiler: str, output: Path) -> list[str]:
+    """The compiler command that builds the library into ``output``."""
+    libdir, pylib, soname = python_library()
+    lib = prefix / "lib"
+    return [
+        compiler,
+        "-std=c11",
+        "-O2",
+        "-fPIC",
+        "-shared",
+        "-fvisibility=hidden",
+        "-Wall",
+        f"-I{sysconfig.get_paths()['include']}",
+        f"-I{HEADERS}",
+        f"-DOTT_PYTHON_EXECUTABLE={_c_string(sys.executable)}",
+        f"-DOTT_LIBPYTHON={_c_string(soname)}",
+        *[str(path) for path in sorted(SOURCES.glob("*.c"))],
+        "-o",
+        str(output),
+        f"-L{libdir}",
+        f"-l{pylib}",
+        f"-Wl,-rpath,{libdir}",
+        f"-L{lib}",
+        "-Wl,--no-as-needed",
+        "-l:" + ORT_SONAME,
+        "-Wl,-rpath,$ORIGIN",
+        "-ldl",
+        "-lpthread",
+    ]
+
+
+def build(prefix: str | os.PathLike, compiler: str | None = None) -> Flags:
+    """Build the library and install its headers under ``prefix``; return the flags to use it."""
+    target = flags(prefix)
+    lib, include = target.prefix / "lib", target.prefix / "include"
+    lib.mkdir(parents=True, exist_ok=True)
+    include.mkdir(parents=True, exist_ok=True)
+    ort = onnxruntime_library()
+    for name in (ORT_SONAME, "libonnxruntime.so"):
+        _link(lib / name, ort)
+    providers = ort.parent / "libonnxruntime_providers_shared.so"  # ORT looks for it beside itself
+    if providers.exists():
+        _link(lib / providers.name, providers.resolve())
+    for header in sorted(HEADERS.glob("*.h*")):
+        _copy(header, include / header.name)
+    with tempfile.TemporaryDirectory(dir=lib) as scratch:
+        output = Path(scratch) / LIBRARY
+        command = compile_command(target.prefix, compiler or find_compiler(), output)
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise NativeBuildError(f"compiling {LIBRARY} failed:\n{shlex.join(command)}\n{done.stderr.strip()}")
+        os.replace(output, target.library)
+    return target
+
+
+def _c_string(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _link(path: Path, target: Path) -> None:
+    if path.is_symlink() and path.resolve() == target:
+        return
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.unlink(missing_ok=True)
+    temporary.symlink_to(target)
+    os.replace(temporary, path)
+
+
+def _copy(source: Path, destination: Path) -> None:
+    temporary = destination.with_name(destination.name + ".tmp")
+    shutil.copyfile(source, temporary)
+    os.replace(temporary, destination)

@@ -1,0 +1,107 @@
+"""C programs trained through libort_torch_train give what the Python API gives, bit for bit: losses, eval
+loss, parameters, checkpoint bytes and exported model bytes, for 20 steps on the committed fixtures, eager
+and with ``compile=True`` (the ``ort_torch_train.compile`` session option)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ort_torch_train.api import CheckpointState, LinearLRScheduler, Module, Optimizer
+from tests.conftest import SUITE_THREADS
+from tests.helpers.native import PROGRAMS, NativeBuild, build_native
+from tests.helpers.paths import FIXTURES
+
+STEPS = 20
+FIXTURE_NAMES = ("mlp_ce_adamw_sched", "cnn", "transformer")
+ELEM_TYPES = {"float32": 1, "int64": 7}
+
+
+@pytest.fixture(scope="session")
+def native(tmp_path_factory: pytest.TempPathFactory) -> NativeBuild:
+    return build_native(tmp_path_factory)
+
+
+def batches(name: str) -> tuple[list[list[np.ndarray]], list[np.ndarray]]:
+    """The fixture's training batches (one list of inputs per step) and its eval inputs."""
+    expected = json.loads((FIXTURES / name / "expected.json").read_text())
+    data = np.load(FIXTURES / name / "data.npz")
+    train = [[data[key][step] for key in expected["data_keys"]["train"]] for step in range(STEPS)]
+    return train, [data[key] for key in expected["data_keys"]["eval"]]
+
+
+def write_inputs(name: str, folder: Path) -> None:
+    """The manifest and raw input files train_parity.c reads."""
+    folder.mkdir(parents=True)
+    train, evaluation = batches(name)
+    lines = []
+    for kind, arrays in (("train", train[0]), ("eval", evaluation)):
+        for k, array in enumerate(arrays):
+            lines.append(f"{kind} {k} {ELEM_TYPES[array.dtype.name]} {array.ndim} {' '.join(map(str, array.shape))}")
+    for step, arrays in enumerate(train):
+        for k, array in enumerate(arrays):
+            np.ascontiguousarray(array).tofile(folder / f"train_{step}_{k}.bin")
+    for k, array in enumerate(evaluation):
+        np.ascontiguousarray(array).tofile(folder / f"eval_{k}.bin")
+    (folder / "manifest.txt").write_text("\n".join([*lines, "export logits"]) + "\n")
+
+
+def run_c(native: NativeBuild, root: Path, names: tuple[str, ...], compile: bool) -> dict[str, Path]:
+    """Train each fixture through the C API in one process; the output folder of each."""
+    jobs, outputs = [], {}
+    for name in names:
+        data, out = root / f"{name}-data", root / f"{name}-c"
+        write_inputs(name, data)
+        out.mkdir()
+        jobs.append(f"{FIXTURES / name / 'artifacts'}:{data}:{out}:{STEPS}:{int(compile)}")
+        outputs[name] = out
+    done = native.run(native.program(PROGRAMS / "train_parity.c"), *jobs, threads=SUITE_THREADS, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return outputs
+
+
+def run_python(name: str, out: Path, compile: bool) -> None:
+    """The same run through the Python API, written like train_parity.c writes it."""
+    out.mkdir()
+    artifacts = FIXTURES / name / "artifacts"
+    state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
+    module = Module(artifacts / "training_model.onnx", state, artifacts / "eval_model.onnx", compile=compile)
+    optimizer = Optimizer(artifacts / "optimizer_model.onnx", module)
+    scheduler = LinearLRScheduler(optimizer, 3, STEPS, 0.01)
+    train, evaluation = batches(name)
+    losses = []
+    for inputs in train:
+        losses.append(np.asarray(module(*inputs), np.float32).reshape(-1))
+        optimizer.step()
+        module.lazy_reset_grad()
+        scheduler.step()
+    np.concatenate(losses).tofile(out / "losses.bin")
+    module.eval()
+    np.asarray(module(*evaluation), np.float32).tofile(out / "eval.bin")
+    module.get_contiguous_parameters(False).numpy().tofile(out / "params.bin")
+    CheckpointState.save_checkpoint(state, out / "checkpoint", True)
+    module.export_model_for_inferencing(out / "inference.onnx", ["logits"])
+
+
+def assert_same_files(c_out: Path, python_out: Path) -> None:
+    for file in ("losses.bin", "eval.bin", "params.bin", "checkpoint", "inference.onnx"):
+        assert (c_out / file).read_bytes() == (python_out / file).read_bytes(), f"{c_out.name}: {file}"
+    assert len((c_out / "losses.bin").read_bytes()) >= 4 * STEPS
+
+
+def test_c_api_matches_python_api_bit_for_bit(native: NativeBuild, tmp_path: Path) -> None:
+    c_outputs = run_c(native, tmp_path, FIXTURE_NAMES, compile=False)  # one process for the three
+    for name in FIXTURE_NAMES:
+        run_python(name, tmp_path / f"{name}-python", compile=False)
+        assert_same_files(c_outputs[name], tmp_path / f"{name}-python")
+
+
+@pytest.mark.compile
+def test_c_api_compiled_matches_python_api_compiled(native: NativeBuild, tmp_path: Path) -> None:
+    name = "mlp_ce_adamw_sched"
+    c_out = run_c(native, tmp_path, (name,), compile=True)[name]
+    run_python(name, tmp_path / "python", compile=True)
+    assert_same_files(c_out, tmp_path / "python")
