@@ -18,13 +18,16 @@ from .common import (
     Inline,
     OperationConverterResult,
     attributes,
+    clamp_size,
     constant_input,
     constant_ints,
     has_input,
+    if_else,
     input_shape,
     is_constant,
     normalize_axis,
     result,
+    values_of,
 )
 from .index_checks import check_range, index_source, wrapped_indices
 from .registry import MICROSOFT, ConversionContext, register
@@ -41,18 +44,14 @@ def _clamped_bounds(size, start, end, step: int) -> tuple:
     """ONNX Slice's start/end for one axis: negatives count from the end, then clamped by step sign.
 
     ``size``, ``start`` and ``end`` may be symbolic (read from a tensor while torch.compile traces):
-    they are combined with ``torch.sym_*`` functions, which decide nothing at trace time."""
+    they are combined without deciding anything at trace time (``common.if_else``, ``clamp_size``)."""
     if step == 0:
         raise ValueError("Slice: a step of 0 is not allowed")
-    start = torch.sym_ite(start < 0, start + size, start)
-    end = torch.sym_ite(end < 0, end + size, end)
+    start = if_else(start < 0, start + size, start)
+    end = if_else(end < 0, end + size, end)
     if step > 0:
-        return _clamp(start, 0, size), _clamp(end, 0, size)
-    return _clamp(start, 0, size - 1), _clamp(end, -1, size - 1)
-
-
-def _clamp(value, low, high):
-    return torch.sym_min(torch.sym_max(value, low), high)
+        return clamp_size(start, 0, size), clamp_size(end, 0, size)
+    return clamp_size(start, 0, size - 1), clamp_size(end, -1, size - 1)
 
 
 def _slice_plan(shape, starts, ends, axes, steps) -> tuple[tuple[int, ...], tuple[slice, ...]]:
@@ -88,8 +87,8 @@ def _static_slice(flips: tuple[int, ...], index: tuple[slice, ...]) -> Inline:
 
 def dynamic_slice(
     x: torch.Tensor,
-    starts: torch.Tensor,
-    ends: torch.Tensor,
+    starts: torch.Tensor | list,
+    ends: torch.Tensor | list,
     axes: list[int] | torch.Tensor | None,
     steps: list[int] | torch.Tensor | None,
 ) -> torch.Tensor:
@@ -97,7 +96,7 @@ def dynamic_slice(
     lists the conversion read (tensors where the graph computes them too)."""
     axis_list = axes.tolist() if isinstance(axes, torch.Tensor) else axes
     step_list = steps.tolist() if isinstance(steps, torch.Tensor) else steps
-    flips, index = _slice_plan(x.shape, starts.tolist(), ends.tolist(), axis_list, step_list)
+    flips, index = _slice_plan(x.shape, values_of(starts), values_of(ends), axis_list, step_list)
     return flip_and_slice(x, flips, index) if flips else x[index]
 
 
