@@ -103,7 +103,8 @@ def dynamic_slice(
 def _slice_operands(node: OnnxNode, graph: OnnxGraph) -> tuple[list[str], list]:
     """The inputs a run-time Slice reads as tensors and the constant ``axes``/``steps`` passed as lists
     (a tensor read while torch.compile traces would be a data-dependent value)."""
-    inputs, literals = list(node.input_values[:3]), []
+    inputs: list[str] = list(node.input_values[:3])
+    literals: list[list[int] | int | None] = []
     for position in (3, 4):
         if not has_input(node, position):
             literals.append(None)

@@ -162,8 +162,8 @@ def resize(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> Oper
         if is_constant(node, graph, target) and (not roi or is_constant(node, graph, 1)):
             # constant roi and scales/sizes are read here: traced as tensors they would be data-dependent
             bounds = constant_input(node, graph, 1).reshape(-1).tolist() if roi else []
-            values = constant_input(node, graph, target).reshape(-1).tolist()
-            module = MatrixResize(axes, attrs, target == 3, _targets, (bounds, values))
+            numbers = constant_input(node, graph, target).reshape(-1).tolist()
+            module = MatrixResize(axes, attrs, target == 3, _targets, (bounds, numbers))
             return result(module, node, node.input_values[:1])
         return result(
             MatrixResize(axes, attrs, target == 3, _targets),

@@ -199,7 +199,7 @@ def shape_arithmetic_as_ints(module: fx.GraphModule, device: torch.device) -> No
             rewriter.rewrite(node)
     changed = False
     for node in list(module.graph.nodes):
-        positions = CONSUMERS.get(node.target) if node.op == "call_function" else None  # type: ignore[call-overload]
+        positions = CONSUMERS.get(node.target) if node.op == "call_function" else None
         for position in positions or ():
             if position < len(node.args):
                 found = rewriter.operand(node.args[position])
