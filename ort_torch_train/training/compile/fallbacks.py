@@ -8,7 +8,9 @@ this process nor the next tries that compilation again.
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import re
 from collections.abc import Sequence
 
 import torch
@@ -21,6 +23,8 @@ log = logging.getLogger(__name__)
 FIXED = "fixed shapes"
 EAGER = "eager"
 
+_LITERAL = re.compile(r"(?<![\w.])\d+")  # an integer literal (not part of a name)
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _REMEMBERED: dict[tuple[str, str], str] = {}  # (kind, step key) -> why
 
 
@@ -29,6 +33,21 @@ def fallback_key(
 ) -> str:
     """The key a fallback of the step for ``args`` (its ``dynamic`` axes marked) is remembered under."""
     return step_key(module, parts, args, dynamic)
+
+
+def structure_key(module: torch.nn.Module, parts: Sequence[object], dynamic: Sequence[tuple[int, int]]) -> str:
+    """A key shared by the conversions of one graph for other sizes of its fixed axes: torch's version,
+    the module's submodules and code with its integer literals left out (they hold those sizes),
+    ``parts`` and the ``dynamic`` axes. Where torch specialised those axes for one such size, it
+    specialises them for the others."""
+    digest = hashlib.sha256(torch.__version__.encode())
+    for name, submodule in module.named_modules():
+        code = _LITERAL.sub("#", str(getattr(submodule, "code", "")))
+        digest.update(f"{name}:{type(submodule).__qualname__}:{code}".encode())
+    for part in parts:
+        digest.update(_ADDRESS.sub("", repr(part)).encode())
+    digest.update(repr(sorted(dynamic)).encode())
+    return digest.hexdigest()
 
 
 def recalled(kind: str, key: str, cache: CompileCache | None) -> str | None:

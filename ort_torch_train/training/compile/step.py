@@ -123,7 +123,7 @@ class CompiledTrainStep:
         fallback is remembered (``fallbacks.py``): no later step for these inputs tries it again."""
         module, parts, cache = self._compilation.module, self.spec.key_parts(), self._compilation.cache
         if self.dynamic_axes:
-            key = fallbacks.fallback_key(module, parts, arguments, self.dynamic_axes)
+            key = fallbacks.structure_key(module, parts, self.dynamic_axes)
             reason = fallbacks.recalled(fallbacks.FIXED, key, cache)
             if reason is not None:
                 self._fix_shapes(reason, remembered=True)
@@ -147,7 +147,7 @@ class CompiledTrainStep:
         except dynamic_tracing_errors() as error:
             if not self.dynamic_axes:
                 raise
-            key = fallbacks.fallback_key(self._compilation.module, self.spec.key_parts(), arguments, self.dynamic_axes)
+            key = fallbacks.structure_key(self._compilation.module, self.spec.key_parts(), self.dynamic_axes)
             fallbacks.remember(fallbacks.FIXED, key, specialisation(error), self._compilation.cache)
             self._fix_shapes(specialisation(error), remembered=False)
             self._precompiled(arguments, cuda_graphs)
