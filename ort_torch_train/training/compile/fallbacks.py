@@ -23,7 +23,8 @@ log = logging.getLogger(__name__)
 FIXED = "fixed shapes"
 EAGER = "eager"
 
-_LITERAL = re.compile(r"(?<![\w.])\d+")  # an integer literal (not part of a name)
+_LITERAL = re.compile(r"(?<![\w.])\d+")  # an integer literal (not part of a name): it may hold a size
+_NAME_COUNT = re.compile(r"_\d+\b")  # the count fx appends to a repeated name (size_1): it varies too
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _REMEMBERED: dict[tuple[str, str], str] = {}  # (kind, step key) -> why
 
@@ -42,7 +43,7 @@ def structure_key(module: torch.nn.Module, parts: Sequence[object], dynamic: Seq
     specialises them for the others."""
     digest = hashlib.sha256(torch.__version__.encode())
     for name, submodule in module.named_modules():
-        code = _LITERAL.sub("#", str(getattr(submodule, "code", "")))
+        code = _LITERAL.sub("#", _NAME_COUNT.sub("", str(getattr(submodule, "code", ""))))
         digest.update(f"{name}:{type(submodule).__qualname__}:{code}".encode())
     for part in parts:
         digest.update(_ADDRESS.sub("", repr(part)).encode())

@@ -8,9 +8,14 @@ import logging
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
-from ort_torch_train.api import Module, Optimizer
+from ort_torch_train.api import CheckpointState, Module, Optimizer
+from ort_torch_train.artifacts import LossType, OptimType, generate_artifacts
 from ort_torch_train.torch_internals import compile_counters
+from ort_torch_train.training.compile import fallbacks
+from ort_torch_train.training.compile.cache_entries import CompileCache
+from ort_torch_train.training.compile.cache_store import CacheStore
 from tests.helpers.corpus import Case
 
 STEPS = 3
@@ -61,8 +66,56 @@ def test_a_step_that_cannot_compile_runs_eagerly_once_warned_and_is_remembered(m
     assert any("remembered from an earlier compilation" in r.getMessage() for r in caplog.records)
     assert again == losses
     # the next process, sharing the compile cache, finds the fallback there
-    from ort_torch_train.training.compile import fallbacks
-
     fallbacks._REMEMBERED.clear()
     _losses(mlp_case, {"backend": failing_backend}, cache=tmp_path)
     assert len(BACKEND_CALLS) == tried
+
+
+class _Tagger(nn.Module):
+    """Token embedding -> LSTM -> mean over time -> linear (batch and sequence axes dynamic)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(12, 2)
+        self.lstm = nn.LSTM(2, 2, batch_first=True)
+        self.head = nn.Linear(2, 3)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.lstm(self.embed(tokens))[0].mean(1))
+
+
+def test_a_fixed_shape_fallback_is_recalled_by_every_conversion_of_the_graph_and_from_the_cache(tmp_path):
+    """The conversions of one graph for two batch sizes share the key a fixed-shape fallback is kept under
+    (their code differs in size literals only); another model's does not. A recorded fallback is found in
+    this process and, by a new process, in the compile cache."""
+    torch.manual_seed(0)
+    generate_artifacts(
+        _Tagger(),
+        loss=LossType.CrossEntropyLoss,
+        optimizer=OptimType.AdamW,
+        artifact_directory=tmp_path / "lstm",
+        example_inputs=(torch.randint(0, 12, (2, 3)),),
+        input_names=["tokens"],
+        dynamic_axes={"tokens": {0: "batch", 1: "sequence"}},
+    )
+    module = Module(
+        tmp_path / "lstm" / "training_model.onnx", CheckpointState.load_checkpoint(tmp_path / "lstm" / "checkpoint")
+    )
+    graph, params = module._engine.train_graph, module._engine._train_params
+    keys = []
+    for rows in (3, 4):
+        tokens = torch.randint(0, 12, (rows, 3))
+        converted = graph.specialised(
+            [tokens, torch.zeros(rows, dtype=torch.int64)], params, rows, graph.compiled_module
+        )
+        keys.append(fallbacks.structure_key(converted, ("parts",), ((0, 1),)))
+    assert keys[0] == keys[1]
+    assert fallbacks.structure_key(converted, ("other parts",), ((0, 1),)) != keys[0]
+    cache = CompileCache(CacheStore(tmp_path / "cache"))
+    fallbacks.remember(fallbacks.FIXED, keys[0], "specialized it to be a constant (3)", cache)
+    assert fallbacks.recalled(fallbacks.FIXED, keys[1], None) == "specialized it to be a constant (3)"
+    fallbacks._REMEMBERED.clear()  # a new process: only the cache knows
+    assert fallbacks.recalled(fallbacks.FIXED, keys[1], None) is None
+    assert fallbacks.recalled(fallbacks.FIXED, keys[1], CompileCache(CacheStore(tmp_path / "cache"))) == (
+        "specialized it to be a constant (3)"
+    )
