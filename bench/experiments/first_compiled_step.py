@@ -2,13 +2,16 @@
 
     .venv/bin/python bench/experiments/first_compiled_step.py export DIR
     .venv/bin/python bench/experiments/first_compiled_step.py measure ROOT DIR ROW OUT.json
+    .venv/bin/python bench/experiments/first_compiled_step.py reference ROW OUT.json
 
 ``export`` writes artifacts under DIR/<row> for the rows mixtral (transformers' routing), olmoe (routed
 over every expert; its second batch reaches 2 of 4 experts), dinov2 (bicubic Resize) and lstm (a tiny
 LSTM, batch and sequence axes dynamic; 6 shapes). ``measure`` trains ROW with ``compile=True`` (no
 compile cache) on the checkout at ROOT (its ``ort_torch_train`` and ``adapters``: another commit's,
 for a "before" figure) and writes the first step's seconds, the Dynamo graphs after each step, or the
-error the first step raised, to OUT.json. One process per row and checkout; run them one at a time.
+error the first step raised, to OUT.json. ``reference`` times the same torch model's first step under
+plain ``torch.compile`` (forward, backward, torch.optim.AdamW; ``dynamic=True`` for lstm, whose axes ours
+marks dynamic, else False). One process per row and checkout; run them one at a time.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ from pathlib import Path
 def _export(directory: Path) -> None:
     import numpy as np
     import torch
-    from torch import nn
 
     from ort_torch_train.artifacts import LossType, OptimType, generate_artifacts
     from tests.helpers.moe_models import VOCAB, Dinov2Logits, experts_reached, tiny_moe
@@ -54,16 +56,51 @@ def _export(directory: Path) -> None:
         np.save(directory / kind / "tokens.npy", np.stack(tokens))
     export(Dinov2Logits(), torch.randn(2, 3, 16, 16), "dinov2", "pixels")
 
+    torch.manual_seed(0)
+    export(_tagger(), torch.randint(0, 12, (4, 8)), "lstm", "tokens", dynamic_axes={"tokens": {0: "b", 1: "s"}})
+
+
+def _tagger():
+    from torch import nn
+
     class Tagger(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.embed, self.lstm, self.head = nn.Embedding(12, 4), nn.LSTM(4, 4, batch_first=True), nn.Linear(4, 3)
 
-        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        def forward(self, tokens):
             return self.head(self.lstm(self.embed(tokens))[0].mean(1))
 
+    return Tagger()
+
+
+def _reference(row: str, out: Path) -> None:
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    from torch._dynamo.utils import counters
+
+    from tests.helpers.moe_models import Dinov2Logits, tiny_moe
+
     torch.manual_seed(0)
-    export(Tagger(), torch.randint(0, 12, (4, 8)), "lstm", "tokens", dynamic_axes={"tokens": {0: "b", 1: "s"}})
+    if row == "lstm":
+        model, x, y = _tagger(), torch.randint(0, 12, (4, 8)), torch.randint(0, 3, (4,))
+    elif row == "dinov2":
+        model, x, y = Dinov2Logits(), torch.randn(2, 3, 16, 16), torch.randint(0, 3, (2,))
+    else:
+        model = tiny_moe(row, every_expert=row == "olmoe")
+        x, y = torch.randint(0, 32, (2, 8)), torch.randint(0, 32, (16,))
+    compiled = torch.compile(model, dynamic=row == "lstm")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    started = time.perf_counter()
+    loss = F.cross_entropy(compiled(x), y)
+    loss.backward()
+    optimizer.step()
+    seconds = round(time.perf_counter() - started, 1)
+    result = {"row": row, "reference": "torch.compile", "first_step_s": seconds, "loss": float(np.asarray(loss.item()))}
+    result["graphs"] = counters["stats"]["unique_graphs"]
+    out.write_text(json.dumps(result))
+    print(result)
 
 
 def _measure(root: str, directory: Path, row: str, out: Path) -> None:
@@ -112,6 +149,8 @@ def _measure(root: str, directory: Path, row: str, out: Path) -> None:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["export"]:
         _export(Path(sys.argv[2]))
+    elif sys.argv[1:2] == ["reference"]:
+        _reference(sys.argv[2], Path(sys.argv[3]))
     elif sys.argv[1:2] == ["measure"]:
         _measure(sys.argv[2], Path(sys.argv[3]), sys.argv[4], Path(sys.argv[5]))
     else:
