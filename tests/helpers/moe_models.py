@@ -36,8 +36,8 @@ def route_over_every_expert(self, hidden_states: torch.Tensor, top_k_index: torc
     return final
 
 
-def tiny_moe(kind: str, every_expert: bool = False) -> nn.Module:
-    """A one-layer ``mixtral`` or ``olmoe`` LM (hidden 32, 4 experts, 2 per token), seeded;
+def tiny_moe(kind: str, every_expert: bool = False, experts: int = 4) -> nn.Module:
+    """A one-layer ``mixtral`` or ``olmoe`` LM (hidden 32, ``experts`` experts, 2 per token), seeded;
     ``every_expert``: its experts loop over every expert (``route_over_every_expert``)."""
     import transformers
 
@@ -56,9 +56,9 @@ def tiny_moe(kind: str, every_expert: bool = False) -> nn.Module:
         "experts_implementation": "eager",
     }
     if kind == "mixtral":
-        model = transformers.MixtralForCausalLM(transformers.MixtralConfig(num_local_experts=4, **common))
+        model = transformers.MixtralForCausalLM(transformers.MixtralConfig(num_local_experts=experts, **common))
     elif kind == "olmoe":
-        model = transformers.OlmoeForCausalLM(transformers.OlmoeConfig(num_experts=4, **common))
+        model = transformers.OlmoeForCausalLM(transformers.OlmoeConfig(num_experts=experts, **common))
     else:
         raise ValueError(f"unknown MoE model {kind!r}; expected mixtral or olmoe")
     if every_expert:

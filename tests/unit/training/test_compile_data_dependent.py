@@ -19,7 +19,7 @@ transformers = pytest.importorskip("transformers")
 from tests.helpers.moe_models import VOCAB, Dinov2Logits, experts_reached, tiny_moe  # noqa: E402
 
 pytestmark = [pytest.mark.compile, pytest.mark.slow, pytest.mark.filterwarnings("ignore")]
-STEPS, SHAPE, EXPERTS = 5, (2, 8), 4
+STEPS, SHAPE, EXPERTS = 5, (2, 8), 3  # 3 experts: each one a batch reaches is a block of the graph
 
 
 def _export(model: torch.nn.Module, example: torch.Tensor, directory: Path, name: str) -> None:
@@ -72,16 +72,16 @@ def _reaching_every_expert(model: torch.nn.Module, count: int) -> list[np.ndarra
 
 def test_mixtral_as_transformers_routes_it_compiles_in_one_graph_and_trains_like_eager(tmp_path, caplog):
     """transformers' loop over the experts a batch reaches, unrolled by the export: every batch reaches all."""
-    model = tiny_moe("mixtral")
+    model = tiny_moe("mixtral", experts=EXPERTS)
     tokens = _reaching_every_expert(model, STEPS)
     _export(model, torch.from_numpy(tokens[0]), tmp_path, "tokens")
     _assert_compiled_like_eager(tmp_path, _token_batches(tokens), caplog)
 
 
 def test_olmoe_with_an_expert_no_token_reaches_compiles_in_one_graph_and_trains_like_eager(tmp_path, caplog):
-    """The loop over every expert: a batch of one repeated token reaches 2 of the 4 experts (the others
-    select 0 tokens), the other batches reach all 4."""
-    model = tiny_moe("olmoe", every_expert=True)
+    """The loop over every expert: a batch of one repeated token reaches 2 of the 3 experts (the third
+    selects 0 tokens), the other batches reach all 3."""
+    model = tiny_moe("olmoe", every_expert=True, experts=EXPERTS)
     every = _reaching_every_expert(model, 3)
     repeated = [np.full(SHAPE, 5), np.full(SHAPE, 11)]
     for tokens in repeated:
