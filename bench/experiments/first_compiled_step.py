@@ -5,8 +5,8 @@
     .venv/bin/python bench/experiments/first_compiled_step.py reference ROW OUT.json
 
 ``export`` writes artifacts under DIR/<row> for the rows mixtral (transformers' routing), olmoe (routed
-over every expert; its second batch reaches 2 of 4 experts), dinov2 (bicubic Resize) and lstm (a tiny
-LSTM, batch and sequence axes dynamic; 6 shapes). ``measure`` trains ROW with ``compile=True`` (no
+over every expert; its second batch reaches 2 of 4 experts), dinov2 (bicubic Resize), lstm (a tiny
+LSTM, batch and sequence axes dynamic; 6 shapes) and t5 (a tiny T5, the same axes dynamic; 3 shapes). ``measure`` trains ROW with ``compile=True`` (no
 compile cache) on the checkout at ROOT (its ``ort_torch_train`` and ``adapters``: another commit's,
 for a "before" figure) and writes the first step's seconds, the Dynamo graphs after each step, or the
 error the first step raised, to OUT.json. ``reference`` times the same torch model's first step under
@@ -58,6 +58,31 @@ def _export(directory: Path) -> None:
 
     torch.manual_seed(0)
     export(_tagger(), torch.randint(0, 12, (4, 8)), "lstm", "tokens", dynamic_axes={"tokens": {0: "b", 1: "s"}})
+    torch.manual_seed(0)
+    export(_t5(), torch.randint(0, 32, (2, 8)), "t5", "tokens", dynamic_axes={"tokens": {0: "b", 1: "s"}})
+
+
+def _t5():
+    import torch
+    import transformers
+    from torch import nn
+
+    class T5Logits(nn.Module):
+        """T5 (d_model 16, one encoder and one decoder layer) on its own ids as decoder ids: 2-D logits."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            config = transformers.T5Config(
+                vocab_size=32, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_decoder_layers=1, num_heads=2,
+                dropout_rate=0.0, use_cache=False, decoder_start_token_id=0, pad_token_id=0,
+            )  # fmt: skip
+            self.model = transformers.T5ForConditionalGeneration(config)
+
+        def forward(self, tokens):
+            ones = torch.ones_like(tokens)
+            return self.model(input_ids=tokens, attention_mask=ones, decoder_input_ids=tokens).logits.flatten(0, 1)
+
+    return T5Logits()
 
 
 def _tagger():
@@ -123,6 +148,8 @@ def _measure(root: str, directory: Path, row: str, out: Path) -> None:
     if row == "lstm":
         shapes = [(4, 8), (4, 6), (4, 10), (3, 7), (5, 9), (4, 12)][: int(os.environ.get("STEPS", 6))]
         batches = [(rng.integers(0, 12, s), rng.integers(0, 3, s[0])) for s in shapes]
+    elif row == "t5":
+        batches = [(rng.integers(0, 32, s), rng.integers(0, 32, s[0] * s[1])) for s in [(2, 8), (2, 6), (3, 7)]]
     elif row == "dinov2":
         batches = [(rng.standard_normal((2, 3, 16, 16), dtype=np.float32), rng.integers(0, 3, 2)) for _ in range(3)]
     else:
