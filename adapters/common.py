@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch.fx.experimental.symbolic_shapes import guard_or_false, guard_or_true
 
 from ort_torch_train.dtypes import tensor_from_proto, torch_dtype
 from ort_torch_train.onnx2torch_import import import_onnx2torch
@@ -78,6 +79,28 @@ def constant_ints(node: OnnxNode, graph: OnnxGraph, position: int) -> list[int] 
     if not has_input(node, position) or not is_constant(node, graph, position):
         return None
     return [int(v) for v in constant_input(node, graph, position).reshape(-1).tolist()]
+
+
+def if_else(condition: bool | torch.SymBool, then: Any, otherwise: Any) -> Any:
+    """``then if condition else otherwise``; where torch.compile cannot decide ``condition`` (a size read
+    from data), an expression of both that the compiled step evaluates (``torch.sym_ite``)."""
+    if guard_or_false(condition):
+        return then
+    if not guard_or_true(condition):
+        return otherwise
+    return torch.sym_ite(condition, then, otherwise)
+
+
+def clamp_size(value: Any, low: Any, high: Any) -> Any:
+    """``value`` clamped to ``[low, high]``, deciding nothing torch.compile cannot (``if_else``)."""
+    value = if_else(value < low, low, value)
+    return if_else(value > high, high, value)
+
+
+def values_of(values: torch.Tensor | list) -> list:
+    """A 1-d integer tensor's entries, or the list a compiled graph computed them as already
+    (``passes/shape_values.py``)."""
+    return values.tolist() if isinstance(values, torch.Tensor) else list(values)
 
 
 def input_dtype(node: OnnxNode, graph: OnnxGraph, position: int = 0) -> torch.dtype:

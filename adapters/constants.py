@@ -15,7 +15,7 @@ from torch import nn
 
 from ort_torch_train.dtypes import tensor_from_proto, torch_dtype
 
-from .common import Inline, OperationConverterResult, attributes, input_dtype, result
+from .common import Inline, OperationConverterResult, attributes, input_dtype, result, values_of
 from .registry import ConversionContext, register
 from .size_limits import check_output_size
 
@@ -61,9 +61,9 @@ def constant(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> Op
     return result(ConstantValue(_constant_tensor(node)), node)
 
 
-def constant_of_shape(shape: torch.Tensor, value: float | int | bool, dtype: torch.dtype) -> torch.Tensor:
-    """A tensor of ``shape`` (an int64 tensor) filled with ``value``."""
-    dims = shape.tolist()
+def constant_of_shape(shape: torch.Tensor | list, value: float | int | bool, dtype: torch.dtype) -> torch.Tensor:
+    """A tensor of ``shape`` (an int64 tensor, or sizes a compiled graph computed) filled with ``value``."""
+    dims = values_of(shape)
     check_output_size("ConstantOfShape", dims, dtype)
     return torch.full(dims, value, dtype=dtype)
 

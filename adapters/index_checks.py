@@ -50,11 +50,11 @@ def check_range(indices: torch.Tensor, low: int, high: int, op: str, name: str) 
     the host; a device-side assert with the op, input and range on CUDA and in compiled graphs.
 
     Returns the smallest entry where the check ran on the host (None otherwise)."""
-    if indices.numel() == 0:
-        return None
-    if indices.is_cuda or torch.compiler.is_compiling():
+    if indices.is_cuda or torch.compiler.is_compiling():  # no test of the count: it may be data-dependent
         message = f"{op}: {name} holds a value outside the valid range [{low}, {high})"
         torch._assert_async(((indices >= low) & (indices < high)).all(), message)
+        return None
+    if indices.numel() == 0:
         return None
     smallest, largest = [int(value) for value in torch.aminmax(indices)]
     if smallest < low or largest >= high:

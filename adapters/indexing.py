@@ -18,13 +18,16 @@ from .common import (
     Inline,
     OperationConverterResult,
     attributes,
+    clamp_size,
     constant_input,
     constant_ints,
     has_input,
+    if_else,
     input_shape,
     is_constant,
     normalize_axis,
     result,
+    values_of,
 )
 from .index_checks import check_range, index_source, wrapped_indices
 from .registry import MICROSOFT, ConversionContext, register
@@ -37,15 +40,18 @@ _INT64_MAX = 2**63 - 1
 
 
 # Slice --------------------------------------------------------------------------------------------
-def _clamped_bounds(size: int, start: int, end: int, step: int) -> tuple[int, int]:
-    """ONNX Slice's start/end for one axis: negatives count from the end, then clamped by step sign."""
+def _clamped_bounds(size, start, end, step: int) -> tuple:
+    """ONNX Slice's start/end for one axis: negatives count from the end, then clamped by step sign.
+
+    ``size``, ``start`` and ``end`` may be symbolic (read from a tensor while torch.compile traces):
+    they are combined without deciding anything at trace time (``common.if_else``, ``clamp_size``)."""
     if step == 0:
         raise ValueError("Slice: a step of 0 is not allowed")
-    start = start + size if start < 0 else start
-    end = end + size if end < 0 else end
+    start = if_else(start < 0, start + size, start)
+    end = if_else(end < 0, end + size, end)
     if step > 0:
-        return min(max(start, 0), size), min(max(end, 0), size)
-    return min(max(start, 0), size - 1), min(max(end, -1), size - 1)
+        return clamp_size(start, 0, size), clamp_size(end, 0, size)
+    return clamp_size(start, 0, size - 1), clamp_size(end, -1, size - 1)
 
 
 def _slice_plan(shape, starts, ends, axes, steps) -> tuple[tuple[int, ...], tuple[slice, ...]]:
@@ -79,8 +85,39 @@ def _static_slice(flips: tuple[int, ...], index: tuple[slice, ...]) -> Inline:
     return Inline(operator.getitem, index)
 
 
+def dynamic_slice(
+    x: torch.Tensor,
+    starts: torch.Tensor | list,
+    ends: torch.Tensor | list,
+    axes: list[int] | torch.Tensor | None,
+    steps: list[int] | torch.Tensor | None,
+) -> torch.Tensor:
+    """ONNX Slice whose starts and ends are read at run time; ``axes`` and ``steps`` are the constant
+    lists the conversion read (tensors where the graph computes them too)."""
+    axis_list = axes.tolist() if isinstance(axes, torch.Tensor) else axes
+    step_list = steps.tolist() if isinstance(steps, torch.Tensor) else steps
+    flips, index = _slice_plan(x.shape, values_of(starts), values_of(ends), axis_list, step_list)
+    return flip_and_slice(x, flips, index) if flips else x[index]
+
+
+def _slice_operands(node: OnnxNode, graph: OnnxGraph) -> tuple[list[str], list]:
+    """The inputs a run-time Slice reads as tensors and the constant ``axes``/``steps`` passed as lists
+    (a tensor read while torch.compile traces would be a data-dependent value)."""
+    inputs: list[str] = list(node.input_values[:3])
+    literals: list[list[int] | int | None] = []
+    for position in (3, 4):
+        if not has_input(node, position):
+            literals.append(None)
+        elif is_constant(node, graph, position):
+            literals.append(constant_ints(node, graph, position))
+        else:
+            literals.append(len(inputs))
+            inputs.append(node.input_values[position])
+    return inputs, literals
+
+
 class DynamicSlice(nn.Module):
-    """Slice whose starts/ends/axes/steps are read at run time."""
+    """Slice whose starts/ends are read at run time and whose axes/steps are computed by the graph too."""
 
     def forward(
         self,
@@ -90,10 +127,7 @@ class DynamicSlice(nn.Module):
         axes: torch.Tensor | None = None,
         steps: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        axis_list = None if axes is None else axes.tolist()
-        step_list = None if steps is None else steps.tolist()
-        flips, index = _slice_plan(x.shape, starts.tolist(), ends.tolist(), axis_list, step_list)
-        return flip_and_slice(x, flips, index) if flips else x[index]
+        return dynamic_slice(x, starts, ends, axes, steps)
 
 
 @register("Slice", since=1, shape_inputs=(1, 2, 3, 4))
@@ -105,9 +139,12 @@ def slice_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> Op
         return result(_static_slice(*plan), node)
     starts, ends, axes, steps = (constant_ints(node, graph, position) for position in range(1, 5))
     dynamic = any(has_input(node, position) and not is_constant(node, graph, position) for position in range(1, 5))
-    if dynamic:
-        return result(DynamicSlice(), node)
-    return result(_static_slice(*_slice_plan(shape, starts, ends, axes, steps)), node, node.input_values[:1])
+    if not dynamic:
+        return result(_static_slice(*_slice_plan(shape, starts, ends, axes, steps)), node, node.input_values[:1])
+    inputs, literals = _slice_operands(node, graph)
+    if any(isinstance(literal, int) for literal in literals):  # axes or steps computed by the graph
+        return result(DynamicSlice(), node, node.input_values)
+    return result(Inline(dynamic_slice, *literals), node, inputs)
 
 
 # Gather -------------------------------------------------------------------------------------------

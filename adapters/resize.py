@@ -101,15 +101,20 @@ def _axis_plan(size: int, out: int, scale: float, attrs: dict, linear: bool):
 def _targets(scale_values, size_values, shape, axes, attrs) -> tuple[list[float], list[int]]:
     """Per resized axis: the scale and the output size."""
     if size_values is not None:
-        sizes = [int(v) for v in size_values.tolist()]
+        sizes = [int(v) for v in _numbers(size_values)]
         policy = attrs.get("keep_aspect_ratio_policy", "stretch")
         if policy == "stretch":
             return [out / shape[a] for out, a in zip(sizes, axes)], sizes
         pick = min if policy == "not_larger" else max
         scale = pick(out / shape[a] for out, a in zip(sizes, axes))
         return [scale] * len(axes), [math.floor(scale * shape[a] + 0.5) for a in axes]
-    scales = [float(v) for v in scale_values.tolist()]
+    scales = [float(v) for v in _numbers(scale_values)]
     return scales, [math.floor(shape[a] * s) for a, s in zip(axes, scales)]
+
+
+def _numbers(values: torch.Tensor | list) -> list:
+    """A tensor's values, or a list the conversion read already."""
+    return values.tolist() if isinstance(values, torch.Tensor) else list(values)
 
 
 def _interpolate(scales, sizes, shape, axes, attrs, linear: bool):
@@ -154,6 +159,12 @@ def resize(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> Oper
     target = 3 if has_input(node, 3) else 2
     if mode == "cubic" or coordinates == "tf_crop_and_resize" or attrs.get("antialias", 0):
         roi = node.input_values[1] if has_input(node, 1) else ""
+        if is_constant(node, graph, target) and (not roi or is_constant(node, graph, 1)):
+            # constant roi and scales/sizes are read here: traced as tensors they would be data-dependent
+            bounds = constant_input(node, graph, 1).reshape(-1).tolist() if roi else []
+            numbers = constant_input(node, graph, target).reshape(-1).tolist()
+            module = MatrixResize(axes, attrs, target == 3, _targets, (bounds, numbers))
+            return result(module, node, node.input_values[:1])
         return result(
             MatrixResize(axes, attrs, target == 3, _targets),
             node,

@@ -72,10 +72,11 @@ def _source(x: int, size: int, out: int, scale: float, mode: str, roi: tuple[flo
 
 @lru_cache(maxsize=64)
 def axis_matrix(size: int, out: int, scale: float, roi: tuple[float, float], attrs: tuple) -> tuple:
-    """``(matrix [out, size] float64, outside [out] bool)`` for one axis."""
+    """``(matrix [out, size] float64, outside [out] bool or None where no output lies outside)`` for one axis."""
     options = dict(attrs)
     mode, coordinates = options.get("mode", "nearest"), options.get("coordinate_transformation_mode", "half_pixel")
-    matrix, outside = torch.zeros(out, size, dtype=torch.float64), torch.zeros(out, dtype=torch.bool)
+    # Python numbers, not tensors: torch.compile traces this as constants, with no tensor value read
+    matrix, outside = [[0.0] * size for _ in range(out)], [False] * out
     for x in range(out):
         origin = _source(x, size, out, scale, coordinates, roi)
         if coordinates == "tf_crop_and_resize" and not 0 <= origin <= size - 1:
@@ -91,27 +92,37 @@ def axis_matrix(size: int, out: int, scale: float, roi: tuple[float, float], att
             weights = [w if 0 <= i < size else 0.0 for w, i in zip(weights, taps)]
             weights = [w / sum(weights) for w in weights]
         for weight, tap in zip(weights, taps):
-            matrix[x, min(max(tap, 0), size - 1)] += weight
-    return matrix, outside
+            matrix[x][min(max(tap, 0), size - 1)] += weight
+    return torch.tensor(matrix, dtype=torch.float64), (torch.tensor(outside) if any(outside) else None)
 
 
 class MatrixResize(nn.Module):
-    """Resize by per-axis matrices built from the run-time roi and scales/sizes (cached per value)."""
+    """Resize by per-axis matrices built from the roi and scales/sizes (cached per value). ``constants``:
+    the roi and the scales/sizes the conversion read as Python numbers (None: each read at run time)."""
 
-    def __init__(self, axes: list[int], attrs: dict, sizes: bool, targets: Callable[..., tuple]) -> None:
+    def __init__(
+        self,
+        axes: list[int],
+        attrs: dict,
+        sizes: bool,
+        targets: Callable[..., tuple],
+        constants: tuple[list[float] | None, list[float] | None] = (None, None),
+    ) -> None:
         super().__init__()
         self.axes, self.sizes, self.targets, self.options = axes, sizes, targets, attrs
+        self.constant_roi, self.constant_target = constants
         self.attrs = tuple(sorted((k, v) for k, v in attrs.items() if isinstance(v, (int, float, str))))
         self.extrapolation = float(attrs.get("extrapolation_value", 0.0))
 
     def forward(
         self, x: torch.Tensor, roi: torch.Tensor | None = None, target: torch.Tensor | None = None
     ) -> torch.Tensor:
-        values = (None, target) if self.sizes else (target, None)
+        read = self.constant_target if self.constant_target is not None else target
+        values = (None, read) if self.sizes else (read, None)
         scales, sizes = self.targets(*values, tuple(x.shape), self.axes, self.options)
         dtype = x.dtype
         x = x if x.is_floating_point() else x.double()
-        bounds = roi.tolist() if roi is not None and roi.numel() else []
+        bounds = self.constant_roi if self.constant_roi is not None else _roi_bounds(roi)
         count = len(bounds) // 2
         for i in reversed(range(len(self.axes))):
             axis = self.axes[i]
@@ -120,7 +131,11 @@ class MatrixResize(nn.Module):
             matrix, outside = axis_matrix(x.shape[axis], sizes[i], scales[i], box, self.attrs)
             moved = torch.movedim(x, axis, -1)
             moved = moved @ matrix.to(x.device, x.dtype).T
-            if outside.any():
+            if outside is not None:  # known when the matrix is built: no branch on a tensor's value
                 moved = moved.masked_fill(outside.to(x.device), self.extrapolation)
             x = torch.movedim(moved, -1, axis)
         return x if x.dtype == dtype else x.round().to(dtype)
+
+
+def _roi_bounds(roi: torch.Tensor | None) -> list[float]:
+    return roi.tolist() if roi is not None and roi.numel() else []

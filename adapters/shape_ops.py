@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from .common import (
     Inline,
@@ -22,6 +23,7 @@ from .common import (
     input_shape,
     normalize_axis,
     result,
+    values_of,
 )
 from .registry import ConversionContext, register
 from .size_limits import check_output_size
@@ -36,12 +38,13 @@ def _reshape_dims(source: tuple[int, ...] | torch.Size, shape: list[int], allowz
     """ONNX Reshape's target: 0 copies the input's dim unless ``allowzero``; -1 is inferred by torch."""
     if allowzero:
         return list(shape)
-    return [source[i] if dim == 0 else dim for i, dim in enumerate(shape)]
+    # a dim torch.compile cannot decide is 0 (a size read from data) is taken as that size
+    return [source[i] if guard_or_false(dim == 0) else dim for i, dim in enumerate(shape)]
 
 
-def reshape_dynamic(x: torch.Tensor, shape: torch.Tensor, allowzero: bool) -> torch.Tensor:
-    """Reshape with a shape tensor known only at run time."""
-    return x.reshape(_reshape_dims(x.shape, shape.tolist(), allowzero))
+def reshape_dynamic(x: torch.Tensor, shape: torch.Tensor | list, allowzero: bool) -> torch.Tensor:
+    """Reshape with a shape known only at run time (a tensor, or sizes a compiled graph computed)."""
+    return x.reshape(_reshape_dims(x.shape, values_of(shape), allowzero))
 
 
 @register("Reshape", since=1, shape_inputs=(1,))
@@ -122,9 +125,9 @@ def flatten(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> Ope
 
 
 # Expand / Tile / Transpose ------------------------------------------------------------------------
-def expand_dynamic(x: torch.Tensor, shape: torch.Tensor) -> torch.Tensor:
+def expand_dynamic(x: torch.Tensor, shape: torch.Tensor | list) -> torch.Tensor:
     """Expand (bidirectional broadcast) to a shape known only at run time."""
-    dims = tuple(shape.tolist())
+    dims = tuple(values_of(shape))
     # torch's rule where sizes may be symbolic (traced); eagerly, ours, which does not load sympy
     target = torch.broadcast_shapes(x.shape, dims) if torch.compiler.is_compiling() else broadcast_shape(x.shape, dims)
     check_output_size("Expand", target, x.dtype)
@@ -151,9 +154,9 @@ def expand(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> Oper
     return result(Inline("expand", target), node, node.input_values[:1])
 
 
-def tile_dynamic(x: torch.Tensor, repeats: torch.Tensor) -> torch.Tensor:
+def tile_dynamic(x: torch.Tensor, repeats: torch.Tensor | list) -> torch.Tensor:
     """Tile with repeats known only at run time."""
-    counts = repeats.tolist()
+    counts = values_of(repeats)
     check_output_size("Tile", [size * count for size, count in zip(x.shape, counts)], x.dtype)
     return x.repeat(counts)
 

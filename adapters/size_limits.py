@@ -21,7 +21,10 @@ def host_memory_bytes() -> int:
 
 
 def check_output_size(op: str, shape: Sequence[int], dtype: torch.dtype) -> None:
-    """Raise ``GraphSizeError`` when a ``dtype`` tensor of ``shape`` would not fit in this host's memory."""
+    """Raise ``GraphSizeError`` when a ``dtype`` tensor of ``shape`` would not fit in this host's memory
+    (not while torch.compile traces: sizes may be symbolic, their values unknown until the step runs)."""
+    if torch.compiler.is_compiling():
+        return
     elements = math.prod(max(int(size), 0) for size in shape)
     needed = elements * dtype.itemsize
     if needed > host_memory_bytes():

@@ -29,6 +29,7 @@ from ort_torch_train.passes.frozen_upcasts import upcast_where_used
 from ort_torch_train.passes.fuse import fuse_graph
 from ort_torch_train.passes.fuse_rows import fuse_row_regions
 from ort_torch_train.passes.meta_keys import FUSIONS
+from ort_torch_train.passes.shape_values import shape_arithmetic_as_ints
 from ort_torch_train.passes.small_attention import small_attention_products
 
 GraphPass = Callable[[fx.GraphModule, torch.device], None]
@@ -58,7 +59,13 @@ def fuse_converted(module: fx.GraphModule, device: torch.device) -> None:
 
 
 EAGER_PASSES: tuple[Step, ...] = (fuse_converted, RESTRUCTURE, fuse_row_regions, upcast_where_used)
-COMPILED_PASSES: tuple[Step, ...] = (fuse_converted, RESTRUCTURE, small_attention_products, products_upcast_twice)
+COMPILED_PASSES: tuple[Step, ...] = (
+    fuse_converted,
+    shape_arithmetic_as_ints,
+    RESTRUCTURE,
+    small_attention_products,
+    products_upcast_twice,
+)
 
 
 def run_passes(

@@ -72,6 +72,24 @@ class CompileCache:
         log.info("compile cache: saved the %s %s in %s", what, key[:12], self.store.directory)
         return True
 
+    def load_fallback(self, kind: str, key: str) -> str | None:
+        """Why the step under ``key`` fell back to ``kind`` (``fallbacks.py``) in a process that saved it
+        here; None when none did (a refused entry is logged)."""
+        try:
+            found = self.store.read(f"fallback-{kind.replace(' ', '-')}", key, step_fingerprint())
+        except RefusedEntry as refused:
+            log.warning("compile cache: refused the saved fallback %s (%s)", key[:12], refused)
+            return None
+        return None if found is None else found[1].decode("utf-8", "replace")
+
+    def save_fallback(self, kind: str, key: str, reason: str) -> None:
+        """Record that the step under ``key`` falls back to ``kind`` because of ``reason`` (a failure to
+        write is logged, never raised)."""
+        try:
+            self.store.write(f"fallback-{kind.replace(' ', '-')}", key, step_fingerprint(), reason.encode())
+        except OSError as error:
+            log.warning("compile cache: could not save the fallback %s in %s (%s)", key[:12], self.store, error)
+
     def save_libraries(self) -> list[str]:
         """Write the libraries of this process's steps that the directory lacks; returns all their names."""
         fingerprint = platform_fingerprint()

@@ -19,7 +19,7 @@ from ort_torch_train.torch_internals import dynamic_tracing_errors
 from ort_torch_train.training.compile import precompiled
 from ort_torch_train.training.compile.cache_entries import CompileCache
 from ort_torch_train.training.compile.settings import FrozenArguments, records_cuda_graphs
-from ort_torch_train.training.compile.step import Compilation
+from ort_torch_train.training.compile.step import Compilation, specialisation
 from ort_torch_train.training.dynamic_shapes import marked_args
 from ort_torch_train.training.meta_keys import DYNAMIC_AXES
 from ort_torch_train.training.threads import ThreadPolicy
@@ -56,13 +56,17 @@ class CompiledForward:
             return self._run(args)
         self._called = True  # the first call compiles: dynamic axes marked on its arguments
         try:
-            return self._run(args, first=True)
-        except dynamic_tracing_errors() as error:
-            if not self.dynamic_axes:
-                raise
-            self._compiled, self._precompile = self._compilation.fixed(self.dynamic_axes, error)
-            self.dynamic_axes = ()
-            return self._run(args)
+            try:
+                return self._run(args, first=True)
+            except dynamic_tracing_errors() as error:
+                if not self.dynamic_axes:
+                    raise
+                self._compiled, self._precompile = self._compilation.fixed(self.dynamic_axes, specialisation(error))
+                self.dynamic_axes = ()
+                return self._run(args)
+        except dynamic_tracing_errors() as error:  # not even for fixed shapes: it runs uncompiled
+            self._compiled, self._precompile = self._compilation.eager(args, specialisation(error))
+            return self._compiled(*args)
         finally:
             self._threads.restart_load_window()
 

@@ -27,6 +27,7 @@ import torch
 
 from ort_torch_train.torch_internals import (
     aot_compile,
+    dynamic_tracing_errors,
     fast_guard_check,
     list_mode_options,
     load_aot_compiled,
@@ -70,6 +71,15 @@ def step_key(
     return digest.hexdigest()
 
 
+def specialised_dynamic_axis(error: BaseException) -> bool:
+    """Whether torch's ``error`` says it specialised an axis marked dynamic (its message or its cause's)."""
+    while error is not None:
+        if "specialized it to be a constant" in str(error):
+            return True
+        error = error.__cause__ or error.__context__  # type: ignore[assignment]
+    return False
+
+
 def precompiled_step(
     step: Callable,
     module: torch.nn.Module,
@@ -99,6 +109,9 @@ def precompiled_step(
             torch_compile(step, _with_guard_filter(compile_arguments, step)), marked_args(args, dynamic)
         )
     except Exception as error:  # a backend or mode without precompile support: the usual compilation
+        # the usual compilation would specialise the dynamic axes too: the caller compiles for fixed shapes
+        if dynamic and isinstance(error, dynamic_tracing_errors()) and specialised_dynamic_axis(error):
+            raise
         log.info("cannot precompile the %s (%s); compiling it without precompile", what, error)
         return None
     if cache is not None and key is not None:

@@ -24,7 +24,7 @@ from ort_torch_train.convert.meta_keys import MATRIX_PRODUCTS
 from ort_torch_train.optim.clip import clip_grad_norm_
 from ort_torch_train.torch_internals import dynamic_tracing_errors, mark_static_address
 from ort_torch_train.training.blas_threads import blas_threads_for
-from ort_torch_train.training.compile import precompiled
+from ort_torch_train.training.compile import fallbacks, precompiled
 from ort_torch_train.training.compile.cache_entries import CompileCache
 from ort_torch_train.training.compile.settings import records_cuda_graphs, torch_compile
 from ort_torch_train.training.compile.step_spec import StepSpec
@@ -119,7 +119,26 @@ class CompiledTrainStep:
 
     def _first_call(self, arguments: tuple, cuda_graphs: bool) -> tuple[Tensor, ...]:
         """Compile (its dynamic axes marked) and run; compiled again for fixed shapes where torch cannot
-        trace the step with its dynamic axes."""
+        trace the step with its dynamic axes, run uncompiled where it cannot compile it at all. Each
+        fallback is remembered (``fallbacks.py``): no later step for these inputs tries it again."""
+        module, parts, cache = self._compilation.module, self.spec.key_parts(), self._compilation.cache
+        if self.dynamic_axes:
+            key = fallbacks.structure_key(module, parts, self.dynamic_axes)
+            reason = fallbacks.recalled(fallbacks.FIXED, key, cache)
+            if reason is not None:
+                self._fix_shapes(reason, remembered=True)
+        eager_key = fallbacks.fallback_key(module, parts, arguments, ())
+        reason = fallbacks.recalled(fallbacks.EAGER, eager_key, cache)
+        if reason is not None:
+            return self._run_eagerly(arguments, reason, remembered=True)
+        try:
+            return self._compiled_first_call(arguments, cuda_graphs)
+        except dynamic_tracing_errors() as error:
+            reason = specialisation(error)
+            fallbacks.remember(fallbacks.EAGER, eager_key, reason, cache)
+            return self._run_eagerly(arguments, reason, remembered=False)
+
+    def _compiled_first_call(self, arguments: tuple, cuda_graphs: bool) -> tuple[Tensor, ...]:
         try:
             self._precompiled(arguments, cuda_graphs)
             if isinstance(self._compiled, precompiled.GuardedStep):
@@ -128,10 +147,21 @@ class CompiledTrainStep:
         except dynamic_tracing_errors() as error:
             if not self.dynamic_axes:
                 raise
-            self._compiled, self._precompile = self._compilation.fixed(self.dynamic_axes, error)
-            self.dynamic_axes = ()
+            key = fallbacks.structure_key(self._compilation.module, self.spec.key_parts(), self.dynamic_axes)
+            fallbacks.remember(fallbacks.FIXED, key, specialisation(error), self._compilation.cache)
+            self._fix_shapes(specialisation(error), remembered=False)
             self._precompiled(arguments, cuda_graphs)
             return self._compiled(*arguments)
+
+    def _fix_shapes(self, reason: str, remembered: bool) -> None:
+        """Compile for fixed shapes from now on, torch having specialised the dynamic axes (``reason``)."""
+        self._compiled, self._precompile = self._compilation.fixed(self.dynamic_axes, reason, remembered)
+        self.dynamic_axes = ()
+
+    def _run_eagerly(self, arguments: tuple, reason: str, remembered: bool) -> tuple[Tensor, ...]:
+        """Run the step uncompiled from now on, torch.compile having failed on it (``reason``)."""
+        self._compiled, self._precompile = self._compilation.eager(arguments[0], reason, remembered)
+        return self._compiled(*arguments)
 
     def _precompiled(self, arguments: tuple, cuda_graphs: bool) -> None:
         """Replace the compiled step by a precompiled (or saved) one, where torch can precompile it
@@ -167,23 +197,40 @@ class Compilation:
         )
 
     def fixed(
-        self, dynamic_axes: tuple[tuple[int, int], ...], error: Exception
+        self, dynamic_axes: tuple[tuple[int, int], ...], reason: str, remembered: bool = False
     ) -> tuple[Callable, precompiled.Precompile | None]:
-        """A fresh compilation for fixed shapes, after torch could not keep ``dynamic_axes`` dynamic (``error``)."""
+        """A fresh compilation for fixed shapes, after torch could not keep ``dynamic_axes`` dynamic
+        (``reason``: torch's error, in this compilation or, ``remembered``, an earlier one)."""
         log.info(
-            "dynamic shapes: torch.compile cannot keep the %s's axes %s dynamic (%s); compiling it for "
+            "dynamic shapes: torch.compile cannot keep the %s's axes %s dynamic (%s%s); compiling it for "
             "fixed shapes: each new size compiles a step of its own",
             self.what,
             list(dynamic_axes),
-            _specialisation(error),
+            reason,
+            ", remembered from an earlier compilation" if remembered else "",
         )
         return self.start(())
 
+    def eager(self, inputs: Sequence[Tensor], reason: str, remembered: bool = False) -> tuple[Callable, None]:
+        """The uncompiled function, with a WARNING, after torch.compile failed on it for ``inputs``
+        (``reason``: torch's error, in this compilation or, ``remembered``, an earlier one)."""
+        log.warning(
+            "torch.compile cannot compile the %s for inputs %s (%s%s); it runs uncompiled (eager) from now on",
+            self.what,
+            [tuple(t.shape) for t in inputs],
+            reason,
+            ", remembered from an earlier compilation" if remembered else "",
+        )
+        return self.function, None
 
-def _specialisation(error: Exception) -> str:
-    """The line of torch's error naming what it specialised or could not trace (its first, else)."""
+
+def specialisation(error: Exception) -> str:
+    """The line of torch's error naming what it specialised or could not trace (its first, else, with the
+    next where the first only introduces it)."""
     lines = [line.strip(" -") for line in str(error).splitlines() if line.strip()]
-    found = next((line for line in lines if "specialized" in line or "got " in line), lines[0] if lines else "")
+    found = next((line for line in lines if "specialized" in line or "got " in line), None)
+    if found is None:
+        found = " ".join(lines[:2]) if lines and lines[0].endswith(":") else lines[0] if lines else ""
     return found[:300] or repr(error)
 
 
