@@ -6,7 +6,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch.fx.experimental.symbolic_shapes import guard_or_false, guard_or_true
 
 from ort_torch_train.dtypes import tensor_from_proto, torch_dtype
 from ort_torch_train.onnx2torch_import import import_onnx2torch
@@ -79,6 +78,25 @@ def constant_ints(node: OnnxNode, graph: OnnxGraph, position: int) -> list[int] 
     if not has_input(node, position) or not is_constant(node, graph, position):
         return None
     return [int(v) for v in constant_input(node, graph, position).reshape(-1).tolist()]
+
+
+def guard_or_false(condition: bool | torch.SymBool) -> bool:
+    """``condition`` where it is decided; False where torch.compile cannot decide it (a size read from data).
+    A plain bool (an eager run) needs no symbolic-shape machinery, which is imported only for a symbolic one."""
+    if isinstance(condition, bool):
+        return condition
+    from torch.fx.experimental import symbolic_shapes
+
+    return symbolic_shapes.guard_or_false(condition)
+
+
+def guard_or_true(condition: bool | torch.SymBool) -> bool:
+    """``condition`` where it is decided; True where torch.compile cannot decide it."""
+    if isinstance(condition, bool):
+        return condition
+    from torch.fx.experimental import symbolic_shapes
+
+    return symbolic_shapes.guard_or_true(condition)
 
 
 def if_else(condition: bool | torch.SymBool, then: Any, otherwise: Any) -> Any:

@@ -11,13 +11,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
-from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from .common import (
     Inline,
     OperationConverterResult,
     attributes,
     constant_ints,
+    guard_or_false,
     has_input,
     input_dtype,
     input_shape,
