@@ -59,7 +59,9 @@ def check_range(indices: torch.Tensor, low: int, high: int, op: str, name: str) 
     smallest, largest = [int(value) for value in torch.aminmax(indices)]
     if smallest < low or largest >= high:
         value = smallest if smallest < low else largest
-        raise IndexRangeError(f"{op}: {name} holds {value}, outside the valid range [{low}, {high})")
+        raise IndexRangeError(
+            f"{op}: {name} holds {value}, outside the valid range [{low}, {high})", value, (low, high)
+        )
     return smallest
 
 

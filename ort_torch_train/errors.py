@@ -54,7 +54,13 @@ class SpecialFileError(RuntimeError, ValueError):
 
 
 class IndexRangeError(RuntimeError, IndexError):
-    """An index read from the data lies outside the range its operator allows."""
+    """An index read from the data lies outside the range its operator allows: ``value``, outside ``valid``
+    (low, high), where they are known."""
+
+    def __init__(self, message: str, value: int | None = None, valid: tuple[int, int] | None = None) -> None:
+        super().__init__(message)
+        self.value = value
+        self.valid = valid
 
 
 class GraphSizeError(ModelError, MemoryError):

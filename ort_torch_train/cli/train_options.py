@@ -24,7 +24,7 @@ DATA_HELP = """\
 data layout:
   DATA is an .npz file with one array per user input of the training model (see `inspect`), or a
   Parquet (.parquet), Arrow (.arrow/.feather), CSV (.csv) or JSON-lines (.jsonl) file with one column
-  per input (pyarrow: pip install 'ort-torch-train[data]'). Arrays/columns are matched by name, or
+  per input (pyarrow: python -m ort_torch_train.install --extra data). Arrays/columns are matched by name, or
   named in the model's input order with --inputs KEY1,KEY2, or by input with --inputs input=KEY,...;
   in a table, KEY may be a pattern (--inputs 'input=px*,labels=label') or a list of columns
   (--inputs features=age,sex,bmi,target=y) stacked on a last axis (a pattern leaves out columns other
@@ -283,7 +283,7 @@ def add_output_options(parser: argparse.ArgumentParser, positive_int: ArgType) -
     group.add_argument(
         "--tensorboard",
         metavar="DIR",
-        help="write TensorBoard scalars to DIR (tensorboard: pip install 'ort-torch-train[cli]')",
+        help="write TensorBoard scalars to DIR (tensorboard: python -m ort_torch_train.install --extra tensorboard)",
     )
     group.add_argument(
         "--mlflow",

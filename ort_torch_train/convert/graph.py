@@ -30,7 +30,7 @@ from ort_torch_train.convert.matrix_products import ProductRecorder
 from ort_torch_train.convert.meta_keys import INPUT_REQUIRES_GRAD, MATRIX_PRODUCTS
 from ort_torch_train.convert.registry import converter_for
 from ort_torch_train.dtypes import onnx_elem_type, tensor_from_proto, tensor_to_proto, torch_dtype
-from ort_torch_train.errors import GraphSizeError, ModelError, UnsupportedOperatorError
+from ort_torch_train.errors import GraphSizeError, IndexRangeError, ModelError, UnsupportedOperatorError
 
 
 @dataclass(frozen=True)
@@ -275,6 +275,8 @@ def _make_module(builder: Builder, node: onnx.NodeProto, inputs: list[Value | No
     convert = converter_for(domain, node.op_type, opset, builder.training, builder.opsets, builder.convert_subgraph)
     try:
         module, mapping = convert(node, context_graph)
+    except IndexRangeError:
+        raise  # constant indices (from the inputs' shapes) out of range: not a conversion failure
     except Exception as exc:
         kind = type(exc) if isinstance(exc, (UnsupportedOperatorError, GraphSizeError)) else ModelError
         raise kind(

@@ -127,7 +127,8 @@ class _Monitor(Callback):
 
 
 class SaveBest(_Monitor):
-    """Saves ``path`` whenever ``metric`` (a name ``fit`` evaluates) beats its best value so far.
+    """Saves ``path`` whenever ``metric`` (a name ``fit`` evaluates) beats its best value so far. The evaluation
+    after a Ctrl-C is not acted on (the resumed run saves where the whole run would).
 
     Args:
         path: where the best checkpoint is saved.
@@ -142,8 +143,8 @@ class SaveBest(_Monitor):
         self.best_step_key = f"{PROPERTY_PREFIX}save_best.step"
 
     def on_evaluate(self, run: FitState, metrics: dict[str, float]) -> None:
-        """Save when the metric improved."""
-        if self.improved(run, metrics):
+        """Save when the metric improved (not on the evaluation after a Ctrl-C)."""
+        if not run.interrupted and self.improved(run, metrics):
             run.properties[self.best_step_key] = run.step
             self.path.parent.mkdir(parents=True, exist_ok=True)
             run.save(self.path)

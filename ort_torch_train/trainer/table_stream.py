@@ -28,7 +28,7 @@ def _pyarrow(path: Path) -> Any:
         import pyarrow.parquet  # noqa: F401  (the parquet format of pa.dataset)
     except ImportError as error:
         raise InputError(
-            f"reading {path.suffix} files needs pyarrow: pip install 'ort-torch-train[data]' (or pip install pyarrow)"
+            f"reading {path.suffix} files needs pyarrow: python -m ort_torch_train.install --extra data (or pip install pyarrow)"
         ) from error
     return pa
 

@@ -1,5 +1,5 @@
 """Columns of a local Parquet, Arrow (IPC/Feather), CSV or JSONL file as numpy arrays, through pyarrow
-(the ``data`` extra: ``pip install 'ort-torch-train[data]'``).
+(``python -m ort_torch_train.install --extra data``, or ``pip install pyarrow``).
 
 A column of numbers becomes a 1-D array; a column of equally long lists (nested lists too) becomes
 an array with one more axis per nesting level, e.g. an image column of 144 floats -> [rows, 144].

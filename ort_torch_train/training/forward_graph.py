@@ -20,7 +20,7 @@ from ort_torch_train.convert.meta_keys import MATRIX_PRODUCTS
 from ort_torch_train.convert.registry import check_supported
 from ort_torch_train.convert.string_inputs import numeric_inputs
 from ort_torch_train.dtypes import dtype_name, onnx_elem_type, ort_tensor_type, torch_dtype
-from ort_torch_train.errors import InputError, InputTypeError
+from ort_torch_train.errors import IndexRangeError, InputError, InputTypeError
 from ort_torch_train.graph.layout import GraphLayout, declared_shape
 from ort_torch_train.passes.pipeline import Restructure, run_compiled, run_eager
 from ort_torch_train.training.compile.settings import (
@@ -157,7 +157,10 @@ class ForwardGraph:
             [(tuple(t.shape), str(t.dtype)) for t in inputs],
         )
         started = time.perf_counter()
-        module = self._convert(inputs, params)
+        try:
+            module = self._convert(inputs, params)
+        except IndexRangeError as error:  # an index the example run computed from these shapes
+            raise _shape_index_error(self.declarations, inputs, error) from error
         log.info(
             "converted the %s graph in %.2f s", "training" if self.training else "eval", time.perf_counter() - started
         )
@@ -357,6 +360,22 @@ def _check_input(declaration: InputDeclaration, position: int, value: object) ->
                 f"export it as dynamic, e.g. generate_artifacts(..., dynamic_axes={{{name!r}: {{{index}: 'dim{index}'}}}}) "
                 "or dynamic_shapes=)"
             )
+
+
+def _shape_index_error(
+    declarations: Sequence[InputDeclaration], inputs: Sequence[torch.Tensor], error: IndexRangeError
+) -> IndexRangeError:
+    """``error`` (an index out of range while specialising for ``inputs``) with the inputs' shapes it follows from."""
+    shapes = ", ".join(f"{d.name!r} {list(t.shape)}" for d, t in zip(declarations, inputs))
+    example = ""
+    if error.valid is not None:
+        example = f", e.g. a sequence longer than a position table that holds {error.valid[1]} positions"
+    return IndexRangeError(
+        f"{error}: this index follows from the inputs' shapes ({shapes}) and the model's constants, so an input "
+        f"is larger than the model allows{example}",
+        error.value,
+        error.valid,
+    )
 
 
 def _dims_text(dims: tuple[int | str | None, ...]) -> str:

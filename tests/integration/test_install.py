@@ -1,7 +1,8 @@
 """The README's install lines, run in a fresh venv that holds only torch: the built wheel goes in, the
 installed torch stays (version and build), torchvision imports or is absent, and the CLI runs; then the
-README's Quick start, docs/cli.md's worked example and docs/training-loop.md's examples run on the
-installed wheel (they make their own artifacts and data)."""
+README's Quick start, docs/cli.md's worked example (then the page's `inspect` and `--batched` examples and
+docs/scaling.md's torchrun line on what it made) and docs/training-loop.md's examples run on the installed
+wheel (they make their own artifacts and data)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,14 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import doc_snippets
-from tests.unit.cli.test_cli_docs import worked_example
+from tests.helpers.ports import free_port
+from tests.unit.cli.test_cli_docs import (
+    batched_example,
+    inspect_example,
+    inspect_output_matches,
+    torchrun_example,
+    worked_example,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 MARKER = "<!-- install: tests/integration/test_install.py"
@@ -95,6 +103,12 @@ def test_readme_install_keeps_torch_and_runs_cli(tmp_path: Path) -> None:
     for command in commands:
         _run(shlex.split(command), env, cwd=example)
     assert (example / "run" / "ckpt").is_file() and (example / "run" / "ckpt.best").is_file()
+    command, shown = inspect_example()
+    assert not inspect_output_matches(shown, _run(command, env, cwd=example))
+    assert "trained steps 1-20" in _run(batched_example(), env, cwd=example)
+    launch_env = {**env, "PET_MASTER_PORT": str(free_port())}  # torchrun's --master-port, free under xdist
+    assert "trained steps 1-10" in _run(torchrun_example(), launch_env, cwd=example, timeout=180)
+    assert (example / "run" / "ddp").is_file()
     loop_page = tmp_path / "training_loop"  # docs/training-loop.md's examples, its setup making the artifacts
     loop_page.mkdir()
     program = doc_snippets.program(doc_snippets.page_blocks(ROOT / "docs" / "training-loop.md"))

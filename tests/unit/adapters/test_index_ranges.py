@@ -204,3 +204,32 @@ def test_on_cuda_an_index_out_of_range_stops_with_a_device_side_assert() -> None
     np.testing.assert_allclose(np.array(json.loads(first_line)), reference_outputs(model, inputs)[0], rtol=1e-6)
     assert process.returncode != 0
     assert "device-side assert" in process.stderr
+
+
+@pytest.mark.slow  # imports transformers
+def test_a_sequence_past_gpt2_positions_names_the_inputs_and_the_table_size(tmp_path: Path) -> None:
+    """Eager: 12 tokens into a GPT-2 of 8 positions fails while the graph is specialised for that shape. The
+    error is an index error naming the inputs' shapes and the position table's size, not a conversion failure."""
+    from tests.helpers.lora_models import TOKENS, tiny_lm
+
+    generate_artifacts(
+        tiny_lm("gpt2"),
+        example_inputs=(torch.zeros(2, TOKENS, dtype=torch.int64),),
+        input_names=["tokens"],
+        output_names=["logits"],
+        dynamic_axes={"tokens": {0: "batch", 1: "sequence"}, "logits": {0: "rows"}},
+        loss=LossType.CrossEntropyLoss,
+        optimizer=OptimType.AdamW,
+        artifact_directory=tmp_path,
+    )
+    state = CheckpointState.load_checkpoint(tmp_path / "checkpoint")
+    module = Module(tmp_path / "training_model.onnx", state, tmp_path / "eval_model.onnx")
+    tokens = np.zeros((2, TOKENS + 4), np.int64)
+    with pytest.raises(IndexRangeError) as caught:
+        module(tokens, np.zeros(2 * (TOKENS + 4), np.int64))
+    message = str(caught.value)
+    assert "cannot convert" not in message, message
+    assert f"'tokens' [2, {TOKENS + 4}]" in message and f"outside the valid range [-{TOKENS}, {TOKENS})" in message
+    assert f"a position table that holds {TOKENS} positions" in message
+    assert caught.value.value == TOKENS + 3 and caught.value.valid == (-TOKENS, TOKENS)
+    assert np.isfinite(float(module(tokens[:, :TOKENS], np.zeros(2 * TOKENS, np.int64))))  # a fitting one trains

@@ -11,9 +11,9 @@ import signal
 import pytest
 
 from ort_torch_train.errors import CheckpointError, InputError
-from ort_torch_train.trainer import EarlyStopping, SaveCheckpoints, array_loader, fit, metric_named
+from ort_torch_train.trainer import EarlyStopping, SaveBest, SaveCheckpoints, array_loader, fit, metric_named
 from ort_torch_train.trainer.fit import Callback, FitState
-from tests.unit.trainer.test_fit import cnn_arrays, cnn_module
+from tests.unit.trainer.test_fit import cnn_arrays, cnn_module, same_parameters
 
 COMPANIONS = ("", ".data", ".manifest")
 
@@ -105,6 +105,47 @@ def test_the_evaluation_after_ctrl_c_does_not_count_toward_patience(tmp_path) ->
     fit(module, optimizer, array_loader([x, y], 16), **run, callbacks=[EarlyStopping("steady_metric", 10)])
     waited = "ort_torch_train.early_stop.waited"
     assert resumed.properties[waited] == whole.properties[waited] == 3
+
+
+RUNS: list[FitState] = []  # the run in progress (set by StepTracker), read by best_at_step_3
+
+
+class StepTracker(Callback):
+    """Lets ``best_at_step_3`` see the step of the run in progress."""
+
+    def on_train_begin(self, run: FitState) -> None:
+        RUNS[:] = [run]
+
+
+def best_at_step_3(outputs, batch) -> float:
+    """A user metric (lower is better) that improves at every step and is best of all right after step 3."""
+    step = RUNS[0].step
+    return 0.0 if step == 3 else 10.0 - step
+
+
+def test_save_best_ignores_the_evaluation_after_ctrl_c(tmp_path) -> None:
+    """Ctrl-C after step 3 (between the evaluations at 2 and 4): the resumed run saves the best checkpoint
+    at the step the uninterrupted run does, not at 3."""
+    x, y = cnn_arrays()
+    metric = metric_named("tests.unit.trainer.test_fit_trust:best_at_step_3")
+    run = dict(max_steps=8, eval_data=[(x[:8], y[:8])], eval_every=2, metrics=[metric])
+    best_step = "ort_torch_train.save_best.step"
+    _, module, optimizer = cnn_module()
+    callbacks = [StepTracker(), SaveBest(tmp_path / "whole.best", "best_at_step_3")]
+    fit(module, optimizer, array_loader([x, y], 16), **run, callbacks=callbacks)
+    whole, _, _ = cnn_module(tmp_path / "whole.best")
+
+    _, module, optimizer = cnn_module()
+    callbacks = [StepTracker(), SaveCheckpoints(tmp_path / "c"), SaveBest(tmp_path / "c.best", "best_at_step_3")]
+    assert fit(module, optimizer, array_loader([x, y], 16), **run, callbacks=[*callbacks, Interrupt(3)]).interrupted
+    assert cnn_module(tmp_path / "c.best")[0].properties[best_step] == 2  # step 3's evaluation was not acted on
+    _, module, optimizer = cnn_module(tmp_path / "c")
+    fit(module, optimizer, array_loader([x, y], 16), **run, callbacks=callbacks)
+    resumed, _, _ = cnn_module(tmp_path / "c.best")
+    assert resumed.properties[best_step] == whole.properties[best_step] == 8
+    best = "ort_torch_train.save_best.best_best_at_step_3"
+    assert resumed.properties[best] == whole.properties[best] == 2.0
+    assert same_parameters(resumed, whole)
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -128,7 +129,11 @@ def test_mlflow_local_store_holds_the_metrics(tmp_path) -> None:
             "python -m ort_torch_train.install --extra tensorboard",
         ),
         ("mlflow.tracking", lambda tmp: MlflowLogger(tmp / "ml"), "python -m ort_torch_train.install --extra mlflow"),
-        ("pyarrow.parquet", lambda tmp: read_table(tmp / "x.parquet"), "pip install 'ort-torch-train[data]'"),
+        (
+            "pyarrow.parquet",
+            lambda tmp: read_table(tmp / "x.parquet"),
+            "python -m ort_torch_train.install --extra data",
+        ),
     ],
 )
 def test_a_missing_optional_package_says_how_to_install_it(tmp_path, monkeypatch, blocked, make, hint) -> None:
@@ -142,3 +147,16 @@ def test_a_missing_optional_package_says_how_to_install_it(tmp_path, monkeypatch
         for name in set(sys.modules) - before:
             if name == root or name.startswith(root + "."):
                 del sys.modules[name]
+
+
+def test_no_install_hint_in_the_package_names_a_pip_extra() -> None:
+    """`pip install 'ort-torch-train[EXTRA]'` would let pip replace the user's torch: hints name
+    `python -m ort_torch_train.install --extra EXTRA` (or the package itself) instead."""
+    package = Path(__file__).resolve().parents[3] / "ort_torch_train"
+    found = [
+        f"{path.relative_to(package)}:{number}"
+        for path in sorted(package.rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"pip install\s+['\"]?ort-torch-train\[", line)
+    ]
+    assert not found, found
