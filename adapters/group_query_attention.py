@@ -67,7 +67,7 @@ class GroupQueryAttention(nn.Module):
         size = query.shape[-1] // self.heads
         total = seqlens_k.to(torch.int64).reshape(batch, 1) + 1
         first_prompt = total_sequence_length.reshape(()).to(torch.int64) == seq
-        past_lengths = torch.where(first_prompt, torch.zeros_like(total), total - seq)  # (batch, 1)
+        past_lengths = torch.where(first_prompt, torch.zeros_like(total), (total - seq).clamp(min=0))  # (batch, 1)
         positions = past_lengths + torch.arange(seq, device=query.device)  # (batch, seq)
         if self.rotary:
             if cos_cache is None or sin_cache is None:
@@ -113,12 +113,12 @@ class GroupQueryAttention(nn.Module):
 
     def _allowed(self, positions: torch.Tensor, keys: int) -> torch.Tensor:
         """``(batch, 1, seq, keys)``: key ``j`` is attended by the query at ``position`` when ``j <= position``
-        (and within the local window)."""
+        and, with a local window, ``position - j < local_window_size``."""
         j = torch.arange(keys, device=positions.device)
         frontier = positions.unsqueeze(-1) - j  # (batch, seq, keys)
         allowed = frontier >= 0
         if self.window > 0:
-            allowed &= frontier <= self.window
+            allowed &= frontier < self.window
         return allowed.unsqueeze(1)
 
 
