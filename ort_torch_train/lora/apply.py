@@ -23,6 +23,7 @@ from ort_torch_train.lora.insert import (
     cast_parameters,
     initial_adapters,
     insert_adapters,
+    quantized_weights,
     select_targets,
     weight_uses,
 )
@@ -47,8 +48,12 @@ def add_lora_to_base(
     graph = model.graph
     initializers = {init.name: init for init in graph.initializer}
     shapes = {name: list(init.dims) for name, init in initializers.items() if init.data_type in FLOAT_TYPES}
+    quantized = {name: found for name, found in quantized_weights(graph).items() if name in initializers}
+    shapes.update((name, shape) for name, (shape, _) in quantized.items())
     targets = select_targets(graph, shapes, config)
-    elem_types = {name: initializers[name].data_type for name in targets}
+    elem_types = {  # a packed weight's adapters take its scales' type
+        name: initializers[quantized[name][1] if name in quantized else name].data_type for name in targets
+    }
     record = insert_adapters(graph, targets, shapes, elem_types, config, training=True)
     values = initial_adapters(record, config.seed)
     for target in record.targets:
@@ -87,7 +92,12 @@ def add_lora_to_artifacts(
     inputs = {value.name: value for value in training.graph.input if value.name in state.params}
     shapes = {name: list(state.params[name].shape) for name in inputs}
     elem_types = {name: value.type.tensor_type.elem_type for name, value in inputs.items()}
-    targets = select_targets(training.graph, {n: s for n, s in shapes.items() if elem_types[n] in FLOAT_TYPES}, config)
+    candidates = {n: s for n, s in shapes.items() if elem_types[n] in FLOAT_TYPES}
+    for name, (shape, scales) in quantized_weights(training.graph).items():
+        if name in inputs and scales in elem_types:  # a packed weight's adapters take its scales' type
+            shapes[name] = candidates[name] = shape
+            elem_types[name] = elem_types[scales]
+    targets = select_targets(training.graph, candidates, config)
     record = insert_adapters(training.graph, targets, shapes, elem_types, config, training=True)
     models = [(training, record)]
     evaluation = None

@@ -2,13 +2,15 @@
 
 ``y = x @ W_eff`` becomes ``y = x @ W_eff + scaling * (x @ A) @ B`` (A: in x r, B: r x out), the
 branch inserted right after the base node; the base node keeps its name and gets a new output.
-Weights are found as inputs 1 of MatMul/Gemm, directly or through a 2-D Transpose.
+Weights are found as inputs 1 of MatMul/Gemm, directly or through a 2-D Transpose, and as the packed
+weights (input 1) of com.microsoft MatMulNBits, whose logical shape is (N, K), stored (out, in).
 """
 
 from __future__ import annotations
 
 import fnmatch
 import math
+import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -21,6 +23,8 @@ from ort_torch_train.lora.config import ALL_LINEAR, LoraConfig
 from ort_torch_train.lora.record import LoraRecord, LoraTarget, LoraUse
 
 OUTPUT_LAYER_MARK = "lm_head"
+MICROSOFT = "com.microsoft"
+_QUANTIZED_SUFFIX = re.compile(r"_Q\d+$")  # the builder's packed weights: <name>.MatMul.weight_Q4
 
 
 @dataclass(frozen=True)
@@ -38,7 +42,9 @@ def adapter_names(weight: str) -> tuple[str, str]:
 
     ``model.layers.0.attn.q_proj.MatMul.weight`` -> ``model.layers.0.attn.q_proj.lora_A.MatMul.weight``;
     ``h.0.attn.c_attn.weight`` -> ``h.0.attn.c_attn.lora_A.weight``; any other name gets ``_lora_A``.
+    A MatMulNBits weight ``...MatMul.weight_Q4`` is named as its float weight ``...MatMul.weight``.
     """
+    weight = _QUANTIZED_SUFFIX.sub("", weight)
     if weight.endswith(".MatMul.weight"):
         stem = weight[: -len(".MatMul.weight")]
         return f"{stem}.lora_A.MatMul.weight", f"{stem}.lora_B.MatMul.weight"
@@ -61,7 +67,7 @@ def select_targets(
                 if len(shape) == 2 and uses and not others and OUTPUT_LAYER_MARK not in name:
                     chosen.setdefault(name, uses)
             if not chosen:
-                raise ModelError("LoRA targets 'all-linear': no parameter is used only as a MatMul/Gemm weight matrix")
+                raise ModelError("LoRA targets 'all-linear': no parameter is used only as a MatMul/Gemm/MatMulNBits weight matrix")
             continue
         matched = [name for name in shapes if fnmatch.fnmatchcase(name, pattern)]
         if not matched:
@@ -83,6 +89,16 @@ def select_targets(
                 )
             chosen.setdefault(name, uses)
     return chosen
+
+
+def quantized_weights(graph: onnx.GraphProto) -> dict[str, tuple[list[int], str]]:
+    """The packed weights of the graph's MatMulNBits nodes: their logical ``[N, K]`` shape and scales' name."""
+    found = {}
+    for node in graph.node:
+        if node.op_type == "MatMulNBits" and node.domain == MICROSOFT and len(node.input) > 2:
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            found[node.input[1]] = ([int(attrs["N"]), int(attrs["K"])], node.input[2])
+    return found
 
 
 def weight_uses(graph: onnx.GraphProto, weights: Sequence[str]) -> dict[str, list[WeightUse]]:
@@ -233,6 +249,8 @@ def _linear_uses(
 
 
 def _matrix_use(node: onnx.NodeProto, index: int, flipped: bool) -> WeightUse | None:
+    if node.op_type == "MatMulNBits" and node.domain == MICROSOFT and index == 1 and not flipped:
+        return WeightUse(node, node.input[0], True, 1.0)  # packed (N, K): stored (out, in)
     if node.domain not in ("", "ai.onnx") or index != 1:
         return None
     if node.op_type == "MatMul":

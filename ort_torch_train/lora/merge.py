@@ -9,6 +9,7 @@ import onnx
 import torch
 
 from ort_torch_train.dtypes import torch_dtype
+from ort_torch_train.errors import ModelError
 from ort_torch_train.lora.record import LoraRecord, drop_record, read_record
 
 
@@ -27,6 +28,11 @@ def merged_for_inference(
     for target in record.targets:
         a, b = merged.pop(target.lora_a), merged.pop(target.lora_b)
         weight = merged[target.weight]
+        if not weight.is_floating_point():
+            raise ModelError(
+                f"LoRA target {target.weight!r} is a quantised ({weight.dtype}) weight: its adapter cannot be merged "
+                "into it; export the unmerged model and the adapter file (export_for_genai, export_unmerged_model)"
+            )
         delta = (a.detach().double() @ b.detach().double()) * (record.scaling / target.gemm_alpha)
         merged[target.weight] = (weight.detach().double() + (delta.t() if target.transposed else delta)).to(
             weight.dtype
