@@ -8,6 +8,7 @@ weights (input 1) of com.microsoft MatMulNBits, whose logical shape is (N, K), s
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import math
 import re
@@ -29,12 +30,19 @@ _QUANTIZED_SUFFIX = re.compile(r"_Q\d+$")  # the builder's packed weights: <name
 
 @dataclass(frozen=True)
 class WeightUse:
-    """A MatMul/Gemm multiplying ``x`` by a weight (directly or through a Transpose)."""
+    """A MatMul/Gemm multiplying ``x`` by a weight (directly or through a Transpose); for a projection of a
+    packed ``qkv_proj`` weight, the weight's name and the projection's output columns ``(offset, size)``."""
 
     node: onnx.NodeProto
     x: str
     transposed: bool  # the weight is stored (out, in)
     gemm_alpha: float
+    weight: str = ""  # the packed weight, for a projection target (named after the projection)
+    columns: tuple[int, int] | None = None
+
+
+PACKED_QKV = "qkv_proj"
+PROJECTIONS = ("q_proj", "k_proj", "v_proj")
 
 
 def adapter_names(weight: str) -> tuple[str, str]:
@@ -67,9 +75,28 @@ def select_targets(
                 if len(shape) == 2 and uses and not others and OUTPUT_LAYER_MARK not in name:
                     chosen.setdefault(name, uses)
             if not chosen:
-                raise ModelError("LoRA targets 'all-linear': no parameter is used only as a MatMul/Gemm/MatMulNBits weight matrix")
+                raise ModelError(
+                    "LoRA targets 'all-linear': no parameter is used only as a MatMul/Gemm/MatMulNBits weight matrix"
+                )
             continue
-        matched = [name for name in shapes if fnmatch.fnmatchcase(name, pattern)]
+
+        # a pattern matching a projection name of a packed qkv_proj tensor means the projection ('*v_proj*'
+        # also matches 'qkv_proj' itself): packed weights get per-projection targets, their scales none
+        def meant_projection(name: str) -> bool:
+            return any(fnmatch.fnmatchcase(projection, pattern) for projection in projection_names(name))
+
+        matched = [name for name in shapes if fnmatch.fnmatchcase(name, pattern) and not meant_projection(name)]
+        projections = {
+            projection: weight
+            for weight in shapes
+            if len(shapes[weight]) == 2 and _linear_uses(weight, consumers)[0]
+            for projection in projection_names(weight)
+            if fnmatch.fnmatchcase(projection, pattern)
+        }
+        for projection, weight in projections.items():
+            chosen.setdefault(projection, projection_uses(graph, weight, projection, consumers))
+        if not matched and projections:
+            continue
         if not matched:
             raise ModelError(
                 f"LoRA target pattern {pattern!r} matches no parameter; the parameters include {_listing(list(shapes))}"
@@ -101,11 +128,83 @@ def quantized_weights(graph: onnx.GraphProto) -> dict[str, tuple[list[int], str]
     return found
 
 
+def projection_names(weight: str) -> dict[str, int]:
+    """``{projection target name: index in (q, k, v)}`` for a packed ``qkv_proj`` weight, else empty:
+    ``a.qkv_proj.MatMul.weight_Q4`` -> ``a.q_proj.MatMul.weight``, ``a.k_proj...``, ``a.v_proj...``."""
+    plain = _QUANTIZED_SUFFIX.sub("", weight)
+    if plain.count(PACKED_QKV) != 1:
+        return {}
+    return {plain.replace(PACKED_QKV, projection): index for index, projection in enumerate(PROJECTIONS)}
+
+
+def projection_uses(
+    graph: onnx.GraphProto,
+    weight: str,
+    projection: str,
+    consumers: Mapping[str, list[tuple[onnx.NodeProto, int]]] | None = None,
+) -> list[WeightUse]:
+    """The uses of packed ``weight`` restricted to ``projection``'s output columns, sized by the
+    GroupQueryAttention that reads the product (its num_heads and kv_num_heads)."""
+    consumers = _consumers(graph) if consumers is None else consumers
+    uses, others = _linear_uses(weight, consumers)
+    if others or not uses:
+        raise ModelError(
+            f"LoRA target {projection!r}: the packed weight {weight!r} is not used only as a weight matrix"
+        )
+    index = projection_names(weight)[projection]
+    found = []
+    for use in uses:
+        heads = _attention_heads(use.node.output[0], consumers)
+        if heads is None:
+            raise ModelError(
+                f"LoRA target {projection!r}: no GroupQueryAttention reads the product of the packed weight {weight!r}, "
+                "so its q/k/v columns are unknown; target the packed weight itself"
+            )
+        total = _output_size(use.node)
+        size = total // (heads[0] + 2 * heads[1])
+        sizes = (heads[0] * size, heads[1] * size, heads[1] * size)
+        found.append(dataclasses.replace(use, weight=weight, columns=(sum(sizes[:index]), sizes[index])))
+    return found
+
+
+def _attention_heads(value: str, consumers: Mapping[str, list[tuple[onnx.NodeProto, int]]]) -> tuple[int, int] | None:
+    """(num_heads, kv_num_heads) of the GroupQueryAttention reading ``value`` as its packed query (through a
+    bias Add), or None."""
+    for node, index in consumers.get(value, []):
+        if node.op_type == "Add" and node.domain in ("", "ai.onnx"):
+            found = _attention_heads(node.output[0], consumers)
+            if found is not None:
+                return found
+        if node.op_type == "GroupQueryAttention" and index == 0:
+            return int(_attribute(node, "num_heads", 0)), int(_attribute(node, "kv_num_heads", 0))  # type: ignore[call-overload]
+    return None
+
+
+def _output_size(node: onnx.NodeProto) -> int:
+    """N of a MatMulNBits node, else 0 (a float weight's size comes from its shape)."""
+    return int(_attribute(node, "N", 0))  # type: ignore[call-overload]
+
+
+def quantization_parameters(graph: onnx.GraphProto) -> set[str]:
+    """The scales, zero points, g_idx and bias of the graph's MatMulNBits nodes: never LoRA targets."""
+    return {
+        name
+        for node in graph.node
+        if node.op_type == "MatMulNBits" and node.domain == MICROSOFT
+        for name in node.input[2:]
+        if name
+    }
+
+
 def weight_uses(graph: onnx.GraphProto, weights: Sequence[str]) -> dict[str, list[WeightUse]]:
     """The MatMul/Gemm uses of each of ``weights`` (already chosen, e.g. in the other model of a pair)."""
     consumers = _consumers(graph)
     found = {}
     for weight in weights:
+        packed = _packed_weight(graph, weight)
+        if packed is not None:
+            found[weight] = projection_uses(graph, packed, weight, consumers)
+            continue
         uses, others = _linear_uses(weight, consumers)
         if others or not uses:
             raise ModelError(
@@ -114,6 +213,24 @@ def weight_uses(graph: onnx.GraphProto, weights: Sequence[str]) -> dict[str, lis
             )
         found[weight] = uses
     return found
+
+
+def _packed_weight(graph: onnx.GraphProto, projection: str) -> str | None:
+    """The packed qkv weight of the graph that ``projection`` names a projection of, or None."""
+    if not any(p in projection for p in PROJECTIONS):
+        return None
+    names = {value.name for value in (*graph.initializer, *graph.input)}
+    if projection in names:
+        return None
+    for name in names:
+        if projection in projection_names(name):
+            return name
+    return None
+
+
+def target_weight(name: str, uses: Sequence[WeightUse]) -> str:
+    """The weight parameter behind target ``name`` (a packed weight for a projection target)."""
+    return uses[0].weight or name
 
 
 def insert_adapters(
@@ -128,8 +245,9 @@ def insert_adapters(
     taken = {value for node in graph.node for value in (*node.input, *node.output)}
     taken |= {value.name for value in (*graph.input, *graph.initializer)}
     records = []
-    for weight, uses in targets.items():
-        lora_a, lora_b = adapter_names(weight)
+    for target_name, uses in targets.items():
+        weight = target_weight(target_name, uses)
+        lora_a, lora_b = adapter_names(target_name)
         for name in (lora_a, lora_b):
             if name in taken:
                 raise ModelError(f"LoRA adapter name {name!r} for {weight!r} is already a value of the graph")
@@ -139,14 +257,35 @@ def insert_adapters(
             raise ModelError(f"LoRA target {weight!r} is multiplied in different layouts or by different Gemm alphas")
         rows, columns = shapes[weight]
         in_features, out_features = (columns, rows) if transposed else (rows, columns)
+        total = out_features
+        offset, out_features = uses[0].columns or (0, out_features)
         branch_uses = [
             _insert_branch(
-                graph, use, f"/lora/{weight}/{index}", (lora_a, lora_b), elem_types[weight], config, training
+                graph,
+                use,
+                f"/lora/{target_name}/{index}",
+                (lora_a, lora_b),
+                elem_types[weight],
+                config,
+                training,
+                total,
             )
             for index, use in enumerate(uses)
         ]
+        columns_total = total if uses[0].columns else 0
         records.append(
-            LoraTarget(weight, lora_a, lora_b, in_features, out_features, transposed, alphas.pop(), tuple(branch_uses))
+            LoraTarget(
+                weight,
+                lora_a,
+                lora_b,
+                in_features,
+                out_features,
+                transposed,
+                alphas.pop(),
+                tuple(branch_uses),
+                offset,
+                columns_total,
+            )
         )
     return LoraRecord(config.r, float(config.alpha), config.scaling, tuple(records), ())
 
@@ -187,6 +326,7 @@ def _insert_branch(
     elem_type: int,
     config: LoraConfig,
     training: bool,
+    total: int,
 ) -> LoraUse:
     node = use.node
     output, base_output = node.output[0], f"{prefix}/base/output_0"
@@ -206,9 +346,20 @@ def _insert_branch(
         source = f"{prefix}/Dropout/output_0"
     down, unscaled, scaled = f"{prefix}/lora_A/output_0", f"{prefix}/lora_B/output_0", f"{prefix}/Mul/output_0"
     scale = onnx.helper.make_tensor(f"{prefix}/scaling", elem_type, [], [config.scaling])
+    up = adapters[1]
+    if use.columns is not None:  # a projection of a packed weight: B placed in its output columns
+        offset, size = use.columns
+        pads = onnx.helper.make_tensor(
+            f"{prefix}/columns", onnx.TensorProto.INT64, [4], [0, offset, 0, total - offset - size]
+        )
+        up = f"{prefix}/lora_B/Pad/output_0"
+        nodes += [
+            onnx.helper.make_node("Constant", [], [pads.name], name=f"{prefix}/columns", value=pads),
+            onnx.helper.make_node("Pad", [adapters[1], pads.name], [up], name=f"{prefix}/lora_B/Pad"),
+        ]
     nodes += [
         onnx.helper.make_node("MatMul", [source, adapters[0]], [down], name=f"{prefix}/lora_A/MatMul"),
-        onnx.helper.make_node("MatMul", [down, adapters[1]], [unscaled], name=f"{prefix}/lora_B/MatMul"),
+        onnx.helper.make_node("MatMul", [down, up], [unscaled], name=f"{prefix}/lora_B/MatMul"),
         onnx.helper.make_node("Constant", [], [scale.name], name=f"{prefix}/scaling", value=scale),
         onnx.helper.make_node("Mul", [unscaled, scale.name], [scaled], name=f"{prefix}/Mul"),
         onnx.helper.make_node("Add", [base_output, scaled], [output], name=f"{prefix}/Add"),

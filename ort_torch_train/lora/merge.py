@@ -34,6 +34,9 @@ def merged_for_inference(
                 "into it; export the unmerged model and the adapter file (export_for_genai, export_unmerged_model)"
             )
         delta = (a.detach().double() @ b.detach().double()) * (record.scaling / target.gemm_alpha)
+        if target.columns_total:  # a projection of a packed weight: its columns of the output
+            start = target.column_offset
+            delta = torch.nn.functional.pad(delta, (start, target.columns_total - start - target.out_features))
         merged[target.weight] = (weight.detach().double() + (delta.t() if target.transposed else delta)).to(
             weight.dtype
         )
@@ -58,6 +61,11 @@ def stripped_model(eval_model: onnx.ModelProto, record: LoraRecord, keep_adapter
     for parameter, output, _ in record.casts:
         dropped.add(f"/lora/{parameter}/Cast")
         renamed[output] = parameter
+    for name in list(renamed):  # several branches on one product (projections of a packed weight) chain
+        seen = {name}
+        while renamed[name] in renamed and renamed[name] not in seen:
+            seen.add(renamed[name])
+            renamed[name] = renamed[renamed[name]]
     kept = [node for node in graph.node if node.name not in dropped]
     for node in kept:
         for position, value in enumerate(node.input):

@@ -12,7 +12,7 @@ import pytest
 from ort_torch_train.api import CheckpointState, Module, Optimizer
 from ort_torch_train.artifacts import LossType, OptimType, generate_artifacts
 from ort_torch_train.lora import LoraConfig
-from ort_torch_train.lora.export import export_adapter
+from ort_torch_train.lora.export import export_adapter, read_adapter
 from ort_torch_train.lora.genai import export_for_genai
 from tests.helpers.genai_models import built_models
 
@@ -71,8 +71,8 @@ def genai_logits(model, adapters=None, name: str | None = None) -> np.ndarray:
     return np.array(generator.get_output("logits"))
 
 
-def builder_logits(model_dir: Path) -> np.ndarray:
-    session = ort.InferenceSession(str(model_dir / "model.onnx"), providers=["CPUExecutionProvider"])
+def builder_logits(model_dir: Path, filename: str = "model.onnx") -> np.ndarray:
+    session = ort.InferenceSession(str(model_dir / filename), providers=["CPUExecutionProvider"])
     feeds = {"input_ids": PROMPT, "attention_mask": np.ones_like(PROMPT)}
     for value in session.get_inputs():
         if value.name.startswith("past_key_values"):
@@ -90,7 +90,11 @@ def test_llama_adapters_train_and_serve_in_genai(built, tmp_path, precision):
     served = tmp_path / "served"
     adapter_a = export_for_genai(module, model_dir, served, adapter_name="a")
     assert sorted(p.name for p in served.iterdir()) == [
-        "a.onnx_adapter", "genai_config.json", "model.onnx", "tokenizer.json", "tokenizer_config.json"
+        "a.onnx_adapter",
+        "genai_config.json",
+        "model.onnx",
+        "tokenizer.json",
+        "tokenizer_config.json",
     ]
     train(module, optimizer, 5)  # a second adapter for the same base
     second = our_logits(module)
@@ -115,10 +119,22 @@ def test_qwen2_and_phi3_adapters_train_export_and_generate(built, tmp_path, name
     module, optimizer = lora_module(model_dir, tmp_path / "artifacts", ["*q_proj*", "*v_proj*", "*o_proj*"])
     losses = train(module, optimizer, 20)
     assert losses[-1] < losses[0], losses
+    ours = our_logits(module)
     adapter = export_for_genai(module, model_dir, tmp_path / "served")
+    names = set(read_adapter(adapter))  # per-projection adapters of the packed qkv_proj, as PEFT names them
+    assert {
+        "model.layers.0.attn.q_proj.lora_A.MatMul.weight",
+        "model.layers.0.attn.v_proj.lora_B.MatMul.weight",
+    } <= names
+    assert not any("k_proj" in name or "qkv_proj" in name for name in names)
     model = og.Model(str(tmp_path / "served"))
     adapters = og.Adapters(model)
     adapters.load(str(adapter), "trained")
+    tolerance = FP32_TOLERANCE if name.endswith("fp32") else INT4_LEVEL4_TOLERANCE
+    np.testing.assert_allclose(genai_logits(model, adapters, "trained"), ours, atol=tolerance, rtol=0)
+    if name.endswith("fp32"):  # merged into the packed float weight's q and v columns
+        module.export_model_for_inferencing(str(tmp_path / "merged.onnx"), ["logits"])
+        np.testing.assert_allclose(builder_logits(tmp_path, "merged.onnx"), ours, atol=FP32_TOLERANCE, rtol=0)
     params = og.GeneratorParams(model)
     params.set_search_options(max_length=14)
     generator = og.Generator(model, params)
