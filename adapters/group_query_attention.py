@@ -73,9 +73,13 @@ class GroupQueryAttention(nn.Module):
             if cos_cache is None or sin_cache is None:
                 raise ValueError("GroupQueryAttention: do_rotary=1 needs the cos_cache and sin_cache inputs")
             ids = positions if position_ids is None else position_ids.to(torch.int64)
-            rotary = dict(interleaved=self.interleaved, rotary_dim=2 * cos_cache.shape[-1])
-            query = rotary_embedding(query, cos_cache, sin_cache, ids, heads=self.heads, **rotary)
-            key = rotary_embedding(key, cos_cache, sin_cache, ids, heads=self.kv_heads, **rotary)
+            dim, interleaved = 2 * cos_cache.shape[-1], self.interleaved
+            query = rotary_embedding(
+                query, cos_cache, sin_cache, ids, interleaved=interleaved, rotary_dim=dim, heads=self.heads
+            )
+            key = rotary_embedding(
+                key, cos_cache, sin_cache, ids, interleaved=interleaved, rotary_dim=dim, heads=self.kv_heads
+            )
         q = query.reshape(batch, seq, self.heads, size).transpose(1, 2)
         k = key.reshape(batch, seq, self.kv_heads, size).transpose(1, 2)
         v = value.reshape(batch, seq, self.kv_heads, size).transpose(1, 2)

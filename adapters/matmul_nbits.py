@@ -67,7 +67,7 @@ class _NBitsProduct(torch.autograd.Function):
         return a @ weight.to(a.dtype).t()
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor):  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor):
         packed, scales, *rest = ctx.saved_tensors
         grad_a = None
         if ctx.needs_input_grad[0]:

@@ -16,9 +16,14 @@ PAST_PREFIX = "past_key_values."
 class Declared(Protocol):
     """What the graph declares for one input."""
 
-    name: str
-    elem_type: int
-    dims: tuple[int | str | None, ...] | None
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def elem_type(self) -> int: ...
+
+    @property
+    def dims(self) -> tuple[int | str | None, ...] | None: ...
 
 
 def with_empty_past(user_inputs: tuple, declarations: Sequence[Declared]) -> tuple:

@@ -23,13 +23,12 @@ from ort_torch_train.lora.insert import (
     cast_parameters,
     initial_adapters,
     insert_adapters,
-    quantization_parameters,
-    quantized_weights,
     select_targets,
-    target_weight,
     weight_uses,
 )
+from ort_torch_train.lora.packed import target_weight
 from ort_torch_train.lora.record import LoraRecord, read_record, write_record
+from ort_torch_train.lora.uses import quantization_parameters, quantized_weights
 from ort_torch_train.state.training_state import TrainingState
 
 FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE)

@@ -8,41 +8,25 @@ weights (input 1) of com.microsoft MatMulNBits, whose logical shape is (N, K), s
 
 from __future__ import annotations
 
-import dataclasses
 import fnmatch
 import math
-import re
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 import onnx
 import torch
 
 from ort_torch_train.errors import ModelError
 from ort_torch_train.lora.config import ALL_LINEAR, LoraConfig
+from ort_torch_train.lora.packed import packed_weight, projection_names, projection_uses, target_weight
 from ort_torch_train.lora.record import LoraRecord, LoraTarget, LoraUse
+from ort_torch_train.lora.uses import (
+    QUANTIZED_SUFFIX,
+    WeightUse,
+    consumers_of,
+    linear_uses,
+)
 
 OUTPUT_LAYER_MARK = "lm_head"
-MICROSOFT = "com.microsoft"
-_QUANTIZED_SUFFIX = re.compile(r"_Q\d+$")  # the builder's packed weights: <name>.MatMul.weight_Q4
-
-
-@dataclass(frozen=True)
-class WeightUse:
-    """A MatMul/Gemm multiplying ``x`` by a weight (directly or through a Transpose); for a projection of a
-    packed ``qkv_proj`` weight, the weight's name and the projection's output columns ``(offset, size)``."""
-
-    node: onnx.NodeProto
-    x: str
-    transposed: bool  # the weight is stored (out, in)
-    gemm_alpha: float
-    weight: str = ""  # the packed weight, for a projection target (named after the projection)
-    columns: tuple[int, int] | None = None
-
-
-PACKED_QKV = "qkv_proj"
-PROJECTIONS = ("q_proj", "k_proj", "v_proj")
 
 
 def adapter_names(weight: str) -> tuple[str, str]:
@@ -52,7 +36,7 @@ def adapter_names(weight: str) -> tuple[str, str]:
     ``h.0.attn.c_attn.weight`` -> ``h.0.attn.c_attn.lora_A.weight``; any other name gets ``_lora_A``.
     A MatMulNBits weight ``...MatMul.weight_Q4`` is named as its float weight ``...MatMul.weight``.
     """
-    weight = _QUANTIZED_SUFFIX.sub("", weight)
+    weight = QUANTIZED_SUFFIX.sub("", weight)
     if weight.endswith(".MatMul.weight"):
         stem = weight[: -len(".MatMul.weight")]
         return f"{stem}.lora_A.MatMul.weight", f"{stem}.lora_B.MatMul.weight"
@@ -66,12 +50,12 @@ def select_targets(
     graph: onnx.GraphProto, shapes: Mapping[str, Sequence[int]], config: LoraConfig
 ) -> dict[str, list[WeightUse]]:
     """The targeted weights (in ``shapes``' order) with their MatMul/Gemm uses; raises naming a bad target."""
-    consumers = _consumers(graph)
+    consumers = consumers_of(graph)
     chosen: dict[str, list[WeightUse]] = {}
     for pattern in config.targets:
         if pattern == ALL_LINEAR:
             for name, shape in shapes.items():
-                uses, others = _linear_uses(name, consumers)
+                uses, others = linear_uses(name, consumers)
                 if len(shape) == 2 and uses and not others and OUTPUT_LAYER_MARK not in name:
                     chosen.setdefault(name, uses)
             if not chosen:
@@ -82,14 +66,16 @@ def select_targets(
 
         # a pattern matching a projection name of a packed qkv_proj tensor means the projection ('*v_proj*'
         # also matches 'qkv_proj' itself): packed weights get per-projection targets, their scales none
-        def meant_projection(name: str) -> bool:
-            return any(fnmatch.fnmatchcase(projection, pattern) for projection in projection_names(name))
-
-        matched = [name for name in shapes if fnmatch.fnmatchcase(name, pattern) and not meant_projection(name)]
+        matched = [
+            name
+            for name in shapes
+            if fnmatch.fnmatchcase(name, pattern)
+            and not any(fnmatch.fnmatchcase(projection, pattern) for projection in projection_names(name))
+        ]
         projections = {
             projection: weight
             for weight in shapes
-            if len(shapes[weight]) == 2 and _linear_uses(weight, consumers)[0]
+            if len(shapes[weight]) == 2 and linear_uses(weight, consumers)[0]
             for projection in projection_names(weight)
             if fnmatch.fnmatchcase(projection, pattern)
         }
@@ -108,7 +94,7 @@ def select_targets(
                     f"LoRA target {name!r} (matched by {pattern!r}) has shape {shape}: expected a weight matrix "
                     "(2-D); narrow the pattern, e.g. to '*.weight'"
                 )
-            uses, others = _linear_uses(name, consumers)
+            uses, others = linear_uses(name, consumers)
             if others or not uses:
                 raise ModelError(
                     f"LoRA target {name!r} (matched by {pattern!r}) is not used only as a MatMul/Gemm weight: "
@@ -118,94 +104,16 @@ def select_targets(
     return chosen
 
 
-def quantized_weights(graph: onnx.GraphProto) -> dict[str, tuple[list[int], str]]:
-    """The packed weights of the graph's MatMulNBits nodes: their logical ``[N, K]`` shape and scales' name."""
-    found = {}
-    for node in graph.node:
-        if node.op_type == "MatMulNBits" and node.domain == MICROSOFT and len(node.input) > 2:
-            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-            found[node.input[1]] = ([int(attrs["N"]), int(attrs["K"])], node.input[2])
-    return found
-
-
-def projection_names(weight: str) -> dict[str, int]:
-    """``{projection target name: index in (q, k, v)}`` for a packed ``qkv_proj`` weight, else empty:
-    ``a.qkv_proj.MatMul.weight_Q4`` -> ``a.q_proj.MatMul.weight``, ``a.k_proj...``, ``a.v_proj...``."""
-    plain = _QUANTIZED_SUFFIX.sub("", weight)
-    if plain.count(PACKED_QKV) != 1:
-        return {}
-    return {plain.replace(PACKED_QKV, projection): index for index, projection in enumerate(PROJECTIONS)}
-
-
-def projection_uses(
-    graph: onnx.GraphProto,
-    weight: str,
-    projection: str,
-    consumers: Mapping[str, list[tuple[onnx.NodeProto, int]]] | None = None,
-) -> list[WeightUse]:
-    """The uses of packed ``weight`` restricted to ``projection``'s output columns, sized by the
-    GroupQueryAttention that reads the product (its num_heads and kv_num_heads)."""
-    consumers = _consumers(graph) if consumers is None else consumers
-    uses, others = _linear_uses(weight, consumers)
-    if others or not uses:
-        raise ModelError(
-            f"LoRA target {projection!r}: the packed weight {weight!r} is not used only as a weight matrix"
-        )
-    index = projection_names(weight)[projection]
-    found = []
-    for use in uses:
-        heads = _attention_heads(use.node.output[0], consumers)
-        if heads is None:
-            raise ModelError(
-                f"LoRA target {projection!r}: no GroupQueryAttention reads the product of the packed weight {weight!r}, "
-                "so its q/k/v columns are unknown; target the packed weight itself"
-            )
-        total = _output_size(use.node)
-        size = total // (heads[0] + 2 * heads[1])
-        sizes = (heads[0] * size, heads[1] * size, heads[1] * size)
-        found.append(dataclasses.replace(use, weight=weight, columns=(sum(sizes[:index]), sizes[index])))
-    return found
-
-
-def _attention_heads(value: str, consumers: Mapping[str, list[tuple[onnx.NodeProto, int]]]) -> tuple[int, int] | None:
-    """(num_heads, kv_num_heads) of the GroupQueryAttention reading ``value`` as its packed query (through a
-    bias Add), or None."""
-    for node, index in consumers.get(value, []):
-        if node.op_type == "Add" and node.domain in ("", "ai.onnx"):
-            found = _attention_heads(node.output[0], consumers)
-            if found is not None:
-                return found
-        if node.op_type == "GroupQueryAttention" and index == 0:
-            return int(_attribute(node, "num_heads", 0)), int(_attribute(node, "kv_num_heads", 0))  # type: ignore[call-overload]
-    return None
-
-
-def _output_size(node: onnx.NodeProto) -> int:
-    """N of a MatMulNBits node, else 0 (a float weight's size comes from its shape)."""
-    return int(_attribute(node, "N", 0))  # type: ignore[call-overload]
-
-
-def quantization_parameters(graph: onnx.GraphProto) -> set[str]:
-    """The scales, zero points, g_idx and bias of the graph's MatMulNBits nodes: never LoRA targets."""
-    return {
-        name
-        for node in graph.node
-        if node.op_type == "MatMulNBits" and node.domain == MICROSOFT
-        for name in node.input[2:]
-        if name
-    }
-
-
 def weight_uses(graph: onnx.GraphProto, weights: Sequence[str]) -> dict[str, list[WeightUse]]:
     """The MatMul/Gemm uses of each of ``weights`` (already chosen, e.g. in the other model of a pair)."""
-    consumers = _consumers(graph)
+    consumers = consumers_of(graph)
     found = {}
     for weight in weights:
-        packed = _packed_weight(graph, weight)
+        packed = packed_weight(graph, weight)
         if packed is not None:
             found[weight] = projection_uses(graph, packed, weight, consumers)
             continue
-        uses, others = _linear_uses(weight, consumers)
+        uses, others = linear_uses(weight, consumers)
         if others or not uses:
             raise ModelError(
                 f"LoRA target {weight!r} is not used only as a MatMul/Gemm weight in this graph: "
@@ -213,24 +121,6 @@ def weight_uses(graph: onnx.GraphProto, weights: Sequence[str]) -> dict[str, lis
             )
         found[weight] = uses
     return found
-
-
-def _packed_weight(graph: onnx.GraphProto, projection: str) -> str | None:
-    """The packed qkv weight of the graph that ``projection`` names a projection of, or None."""
-    if not any(p in projection for p in PROJECTIONS):
-        return None
-    names = {value.name for value in (*graph.initializer, *graph.input)}
-    if projection in names:
-        return None
-    for name in names:
-        if projection in projection_names(name):
-            return name
-    return None
-
-
-def target_weight(name: str, uses: Sequence[WeightUse]) -> str:
-    """The weight parameter behind target ``name`` (a packed weight for a projection target)."""
-    return uses[0].weight or name
 
 
 def insert_adapters(
@@ -368,61 +258,6 @@ def _insert_branch(
     for offset, inserted in enumerate(nodes):
         graph.node.insert(position + offset, inserted)
     return LoraUse(node.name, output, base_output, scaled, unscaled, tuple(n.name for n in nodes))
-
-
-def _consumers(graph: onnx.GraphProto) -> dict[str, list[tuple[onnx.NodeProto, int]]]:
-    found: dict[str, list[tuple[onnx.NodeProto, int]]] = defaultdict(list)
-    for node in graph.node:
-        for index, value in enumerate(node.input):
-            found[value].append((node, index))
-    return found
-
-
-def _linear_uses(
-    weight: str, consumers: Mapping[str, list[tuple[onnx.NodeProto, int]]]
-) -> tuple[list[WeightUse], list[str]]:
-    """The MatMul/Gemm uses of ``weight`` and descriptions of every other use."""
-    uses: list[WeightUse] = []
-    others: list[str] = []
-    for node, index in consumers.get(weight, []):
-        if (
-            node.op_type == "Transpose"
-            and node.domain in ("", "ai.onnx")
-            and _attribute(node, "perm", [1, 0]) == [1, 0]
-        ):
-            for inner, inner_index in consumers.get(node.output[0], []):
-                use = _matrix_use(inner, inner_index, flipped=True)
-                uses.append(use) if use else others.append(f"{inner.op_type} input {inner_index} (after a Transpose)")
-            continue
-        use = _matrix_use(node, index, flipped=False)
-        uses.append(use) if use else others.append(f"{node.op_type} input {index}")
-    return uses, others
-
-
-def _matrix_use(node: onnx.NodeProto, index: int, flipped: bool) -> WeightUse | None:
-    if node.op_type == "MatMulNBits" and node.domain == MICROSOFT and index == 1 and not flipped:
-        return WeightUse(node, node.input[0], True, 1.0)  # packed (N, K): stored (out, in)
-    if node.domain not in ("", "ai.onnx") or index != 1:
-        return None
-    if node.op_type == "MatMul":
-        return WeightUse(node, node.input[0], flipped, 1.0)
-    if node.op_type == "Gemm" and _attribute(node, "transA", 0) == 0:
-        transposed = bool(_attribute(node, "transB", 0)) != flipped
-        return WeightUse(node, node.input[0], transposed, _float_attribute(node, "alpha", 1.0))
-    return None
-
-
-def _attribute(node: onnx.NodeProto, name: str, default: object) -> object:
-    for attribute in node.attribute:
-        if attribute.name == name:
-            value = onnx.helper.get_attribute_value(attribute)
-            return list(value) if isinstance(value, (list, tuple)) else value
-    return default
-
-
-def _float_attribute(node: onnx.NodeProto, name: str, default: float) -> float:
-    value = _attribute(node, name, default)
-    return float(value) if isinstance(value, (int, float)) else default
 
 
 def _listing(names: Sequence[str], shown: int = 6) -> str:

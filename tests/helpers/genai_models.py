@@ -41,7 +41,9 @@ def write_hf_model(arch: str, folder: Path) -> None:
     tokenizer = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=alphabet[1], eos_token=alphabet[2])
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token=alphabet[1], eos_token=alphabet[2]
+    )
     fast.save_pretrained(folder)
     config_file = folder / "tokenizer_config.json"  # a class genai's tokenizer knows
     config_file.write_text(config_file.read_text().replace('"TokenizersBackend"', '"GPT2Tokenizer"'))
@@ -53,7 +55,19 @@ def build(arch: str, precision: str, root: Path) -> Path:
     if not (source / "config.json").is_file():
         write_hf_model(arch, source)
     argv = sys.argv
-    sys.argv = ["builder", "-i", str(source), "-o", str(output), "-p", precision, "-e", "cpu", "-c", str(root / "cache")]
+    sys.argv = [
+        "builder",
+        "-i",
+        str(source),
+        "-o",
+        str(output),
+        "-p",
+        precision,
+        "-e",
+        "cpu",
+        "-c",
+        str(root / "cache"),
+    ]
     try:
         runpy.run_module("onnxruntime_genai.models.builder", run_name="__main__")
     finally:
