@@ -11,6 +11,7 @@ import pytest
 
 from ort_torch_train.api import CheckpointState, Module, Optimizer
 from ort_torch_train.artifacts import LossType, OptimType, generate_artifacts
+from ort_torch_train.cli.main import main as cli_main
 from ort_torch_train.lora import LoraConfig
 from ort_torch_train.lora.export import export_adapter, read_adapter
 from ort_torch_train.lora.genai import export_for_genai
@@ -33,7 +34,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return built_models(root, MODELS)
 
 
-def lora_module(model_dir: Path, artifacts: Path, targets: list[str]) -> tuple[Module, Optimizer]:
+def lora_module(model_dir: Path, artifacts: Path, targets: list[str]) -> tuple[Module, Optimizer, CheckpointState]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # opset 22 (ORT 1.19.2 cannot load it); the builder's [1] constant
         generate_artifacts(
@@ -48,7 +49,7 @@ def lora_module(model_dir: Path, artifacts: Path, targets: list[str]) -> tuple[M
     module = Module(artifacts / "training_model.onnx", state, artifacts / "eval_model.onnx")
     optimizer = Optimizer(artifacts / "optimizer_model.onnx", module)
     optimizer.set_learning_rate(1e-2)
-    return module, optimizer
+    return module, optimizer, state
 
 
 def train(module: Module, optimizer: Optimizer, steps: int) -> list[float]:
@@ -83,7 +84,7 @@ def builder_logits(model_dir: Path, filename: str = "model.onnx") -> np.ndarray:
 @pytest.mark.parametrize("precision", ["fp32", "int4"])
 def test_llama_adapters_train_and_serve_in_genai(built, tmp_path, precision):
     model_dir = built[f"llama-{precision}"]
-    module, optimizer = lora_module(model_dir, tmp_path / "artifacts", ["all-linear"])
+    module, optimizer, state = lora_module(model_dir, tmp_path / "artifacts", ["all-linear"])
     losses = train(module, optimizer, 20)
     assert losses[-1] < losses[0] - 0.3, losses
     first = our_logits(module)
@@ -111,12 +112,20 @@ def test_llama_adapters_train_and_serve_in_genai(built, tmp_path, precision):
     base = genai_logits(model)
     np.testing.assert_array_equal(base, builder_logits(model_dir))  # no adapter active: the builder's model
     assert np.abs(base - first).max() > 10 * tolerance
+    if precision == "fp32":  # the command line writes the same folder from a saved checkpoint
+        CheckpointState.save_checkpoint(state, tmp_path / "trained")
+        args = ["export", str(tmp_path / "artifacts"), "--checkpoint", str(tmp_path / "trained")]
+        assert cli_main([*args, "--genai", str(model_dir), str(tmp_path / "cli"), "--adapter-name", "b"]) == 0
+        model = og.Model(str(tmp_path / "cli"))
+        adapters = og.Adapters(model)
+        adapters.load(str(tmp_path / "cli" / "b.onnx_adapter"), "b")
+        np.testing.assert_allclose(genai_logits(model, adapters, "b"), second, atol=tolerance, rtol=0)
 
 
 @pytest.mark.parametrize("name", ["qwen2-int4", "phi3-fp32"])
 def test_qwen2_and_phi3_adapters_train_export_and_generate(built, tmp_path, name):
     model_dir = built[name]
-    module, optimizer = lora_module(model_dir, tmp_path / "artifacts", ["*q_proj*", "*v_proj*", "*o_proj*"])
+    module, optimizer, _ = lora_module(model_dir, tmp_path / "artifacts", ["*q_proj*", "*v_proj*", "*o_proj*"])
     losses = train(module, optimizer, 20)
     assert losses[-1] < losses[0], losses
     ours = our_logits(module)
