@@ -152,3 +152,16 @@ def test_qwen2_and_phi3_adapters_train_export_and_generate(built, tmp_path, name
     while not generator.is_done():
         generator.generate_next_token()
     assert len(generator.get_sequence(0)) == 14
+
+
+@pytest.mark.compile
+def test_int4_compiled_and_bf16_losses_match_eager(built, tmp_path):
+    """GroupQueryAttention, MatMulNBits (its autograd Function) and the norms under torch.compile and bf16 autocast."""
+    module, optimizer, _ = lora_module(built["llama-int4"], tmp_path / "artifacts", ["all-linear"])
+    eager = train(module, optimizer, 2)
+    for options in ({"mixed_precision": "bf16"}, {"compile": True}):
+        state = CheckpointState.load_checkpoint(tmp_path / "artifacts" / "checkpoint")
+        other = Module(tmp_path / "artifacts" / "training_model.onnx", state, **options)
+        other_optimizer = Optimizer(tmp_path / "artifacts" / "optimizer_model.onnx", other)
+        other_optimizer.set_learning_rate(1e-2)
+        np.testing.assert_allclose(train(other, other_optimizer, 2), eager, atol=1e-3, rtol=0, err_msg=str(options))
