@@ -1,4 +1,5 @@
-"""Tiny random-init Llama, Qwen2 and Phi-3 models built offline by onnxruntime-genai's model builder.
+"""Tiny random-init Llama, Qwen2 and Phi-3 models (examples/genai_lora.py's) built offline by
+onnxruntime-genai's model builder.
 
 ``python tests/helpers/genai_models.py ROOT arch:precision ...`` writes ``ROOT/<arch>-<precision>/`` (the
 builder's output: model.onnx, genai_config.json, tokenizer) for each, in one process. ``built_models``
@@ -13,40 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-SIZES = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=256,
-    max_position_embeddings=128,
-)
-
-
-def write_hf_model(arch: str, folder: Path) -> None:
-    """A random-init HF model of ``arch`` (llama, qwen2, phi3) with a byte-level tokenizer, saved to ``folder``."""
-    import torch
-    import transformers
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    classes = {"llama": "Llama", "qwen2": "Qwen2", "phi3": "Phi3"}[arch]
-    config_class = getattr(transformers, f"{classes}Config")
-    model_class = getattr(transformers, f"{classes}ForCausalLM")
-    extra = {"original_max_position_embeddings": SIZES["max_position_embeddings"]} if arch == "phi3" else {}
-    torch.manual_seed(0)
-    config = config_class(**SIZES, **extra, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    model_class(config).eval().save_pretrained(folder)
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())  # 256 byte tokens, no merges
-    tokenizer = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    fast = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, bos_token=alphabet[1], eos_token=alphabet[2]
-    )
-    fast.save_pretrained(folder)
-    config_file = folder / "tokenizer_config.json"  # a class genai's tokenizer knows
-    config_file.write_text(config_file.read_text().replace('"TokenizersBackend"', '"GPT2Tokenizer"'))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from genai_lora import write_hf_model  # noqa: E402  (the example's tiny model: one definition)
 
 
 def build(arch: str, precision: str, root: Path) -> Path:
