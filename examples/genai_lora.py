@@ -43,13 +43,20 @@ def write_hf_model(arch: str, folder: Path) -> None:
     """A random-init transformers model of ``arch`` (llama, qwen2, phi3) and a byte-level tokenizer in ``folder``."""
     import torch
     import transformers
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     prefix = {"llama": "Llama", "qwen2": "Qwen2", "phi3": "Phi3"}[arch]
     extra = {"original_max_position_embeddings": SIZES["max_position_embeddings"]} if arch == "phi3" else {}
     config = getattr(transformers, f"{prefix}Config")(**SIZES, **extra, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     torch.manual_seed(0)
     getattr(transformers, f"{prefix}ForCausalLM")(config).eval().save_pretrained(folder)
+    write_byte_tokenizer(folder)
+
+
+def write_byte_tokenizer(folder: Path) -> None:
+    """A byte-level BPE tokenizer without merges (256 tokens) that the builder copies and genai loads."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())  # one token per byte, no merges
     tokenizer = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
