@@ -44,35 +44,53 @@ def dequantize_nbits(
 ) -> torch.Tensor:
     """The ``(N, K)`` float weight of MatMulNBits' packed ``B`` ``(N, blocks, blob)``, in the scales' dtype."""
     blocks = (k + block_size - 1) // block_size
-    values = unpack_bits(packed.reshape(n, blocks, -1), bits, block_size).to(scales.dtype)
-    scales = scales.reshape(n, blocks, 1)
+    values = unpack_bits(packed.reshape(n, blocks, -1), bits, block_size).to(scales.dtype)  # a fresh tensor
     if zero_points is None:
-        centred = values - float(1 << (bits - 1))
+        values.sub_(float(1 << (bits - 1)))
     elif zero_points.dtype == torch.uint8:
         zero = unpack_bits(zero_points.reshape(n, -1), bits, blocks).to(scales.dtype)
-        centred = values - zero.reshape(n, blocks, 1)
-    else:  # float zero points (the scales' type): y = (q - zp) * scale as ORT's float-zero-point path
-        centred = values - zero_points.reshape(n, blocks, 1).to(scales.dtype)
-    return (centred * scales).reshape(n, blocks * block_size)[:, :k]
+        values.sub_(zero.reshape(n, blocks, 1))
+    else:  # float zero points (the scales' type): (q - zp) * scale, as ORT's float-zero-point path
+        values.sub_(zero_points.reshape(n, blocks, 1).to(scales.dtype))
+    return values.mul_(scales.reshape(n, blocks, 1)).reshape(n, blocks * block_size)[:, :k]
+
+
+CHUNK_ELEMENTS = 1 << 22  # float weight elements dequantised at a time: 16 MiB in float32
+
+
+def _row_chunks(packed: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None, spec: dict):
+    """``(start, stop, float rows of W)`` for successive row ranges of the ``(N, K)`` weight, each
+    dequantised only when reached, so that at most ``CHUNK_ELEMENTS`` float values exist at a time."""
+    n, k = spec["n"], spec["k"]
+    rows = max(1, CHUNK_ELEMENTS // k)
+    packed, scales = packed.reshape(n, -1), scales.reshape(n, -1)
+    zero = None if zero_points is None else zero_points.reshape(n, -1)
+    for start in range(0, n, rows):
+        stop = min(start + rows, n)
+        part = None if zero is None else zero[start:stop]
+        chunk_spec = {**spec, "n": stop - start}
+        yield start, stop, dequantize_nbits(packed[start:stop], scales[start:stop], part, **chunk_spec)
 
 
 class _NBitsProduct(torch.autograd.Function):
-    """``a @ W.T`` with ``W`` dequantised from its packed form in forward and again in backward."""
+    """``a @ W.T`` with ``W`` dequantised from its packed form, a block of rows at a time, in forward and
+    again in backward: autograd keeps only the packed weight."""
 
     @staticmethod
     def forward(ctx: Any, a: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, zero_points: Any, spec: Any):
         ctx.save_for_backward(packed, scales, *(() if zero_points is None else (zero_points,)))
         ctx.spec, ctx.has_zero = spec, zero_points is not None
-        weight = dequantize_nbits(packed, scales, zero_points, **spec)
-        return a @ weight.to(a.dtype).t()
+        parts = [a @ weight.to(a.dtype).t() for _, _, weight in _row_chunks(packed, scales, zero_points, spec)]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor):
         packed, scales, *rest = ctx.saved_tensors
         grad_a = None
         if ctx.needs_input_grad[0]:
-            weight = dequantize_nbits(packed, scales, rest[0] if ctx.has_zero else None, **ctx.spec)
-            grad_a = grad @ weight.to(grad.dtype)
+            for start, stop, weight in _row_chunks(packed, scales, rest[0] if ctx.has_zero else None, ctx.spec):
+                part = grad[..., start:stop] @ weight.to(grad.dtype)
+                grad_a = part if grad_a is None else grad_a.add_(part)
         return grad_a, None, None, None, None
 
 

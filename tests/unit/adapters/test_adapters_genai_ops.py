@@ -11,6 +11,7 @@ import torch
 from onnx import helper
 
 from ort_torch_train.adapters.group_query_attention import GroupQueryAttention
+from ort_torch_train.adapters import matmul_nbits
 from ort_torch_train.adapters.matmul_nbits import MatMulNBits, dequantize_nbits
 from ort_torch_train.errors import ModelError
 from tests.helpers.adapter_harness import convert_model, rand
@@ -147,7 +148,10 @@ def quantized_weight(k: int, n: int, bits: int, block: int, zero_points: bool, s
         (8, 64, 48, True, False),
     ],
 )
-def test_matmul_nbits_matches_onnxruntime(bits, block, k, zero_points, bias):
+@pytest.mark.parametrize("chunk", [None, 5 * 64])  # whole weight, or blocks of rows dequantised one at a time
+def test_matmul_nbits_matches_onnxruntime(bits, block, k, zero_points, bias, chunk, monkeypatch):
+    if chunk is not None:
+        monkeypatch.setattr(matmul_nbits, "CHUNK_ELEMENTS", chunk)
     n = 24
     packed, scales, zero = quantized_weight(k, n, bits, block, zero_points)
     inputs = [rand(2, 3, k), packed, scales, zero, None, rand(n, seed=7) if bias else None]
@@ -158,7 +162,8 @@ def test_matmul_nbits_matches_onnxruntime(bits, block, k, zero_points, bias):
     np.testing.assert_allclose(got[0], expected[0], atol=1e-5, rtol=1e-5)
 
 
-def test_matmul_nbits_gradient_matches_float64_reference_and_keeps_no_float_weight():
+def test_matmul_nbits_gradient_matches_float64_reference_and_keeps_no_float_weight(monkeypatch):
+    monkeypatch.setattr(matmul_nbits, "CHUNK_ELEMENTS", 3 * 64)  # several row blocks in forward and backward
     k, n = 64, 16
     packed, scales, zero = (torch.from_numpy(t) for t in quantized_weight(k, n, 4, 32, True))
     module = MatMulNBits(k, n, 4, 32)
