@@ -10,8 +10,8 @@ every millisecond; the first step converts the graph), the process's peak (``ru_
 step time (forward, backward, AdamW on the adapters) after one warmup step. ``all`` prints a table with
 the int4/fp32 ratios (target: int4 peak RSS <= 0.45x fp32's at the same batch).
 
-    python bench/experiments/genai_lora.py all --out bench/.cache/genai_lora --steps 5 [--small] [--json result.json]
-    python bench/experiments/genai_lora.py run DIR --precision fp32|int4 [--steps 5]
+    python bench/experiments/genai_qlora.py all --out bench/.cache/genai_qlora --steps 5 [--small] [--json result.json]
+    python bench/experiments/genai_qlora.py run DIR --precision fp32|int4 [--steps 5]
 """
 
 from __future__ import annotations
@@ -42,12 +42,9 @@ SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_att
              num_key_value_heads=2, vocab_size=256)  # fmt: skip
 
 
-def prepare(out: Path, small: bool, batch: int, tokens: int) -> None:
+def prepare(out: Path, small: bool, tokens: int) -> None:
     import torch
     import transformers
-
-    from ort_torch_train.artifacts import LossType, OptimType, generate_artifacts
-    from ort_torch_train.lora import LoraConfig
 
     torch.manual_seed(0)
     sizes = SMALL if small else FULL
@@ -65,20 +62,34 @@ def prepare(out: Path, small: bool, batch: int, tokens: int) -> None:
             raise SystemExit(
                 f"the builder failed for {precision}:\n{completed.stdout[-2000:]}{completed.stderr[-4000:]}"
             )
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            generate_artifacts(
-                str(built / "model.onnx"),
-                loss=LossType.LanguageModelLoss,
-                optimizer=OptimType.AdamW,
-                artifact_directory=out / f"artifacts-{precision}",
-                lora=LoraConfig(r=8, alpha=16, targets=["all-linear"]),
-            )
-    shape = {"batch": batch, "tokens": tokens, "vocab": config.vocab_size, "parameters": parameters}
+        write_artifacts(built, out / f"artifacts-{precision}")
+    shape = {"vocab": config.vocab_size, "parameters": parameters}
     (out / "shape.json").write_text(json.dumps(shape))
 
 
-def run(directory: Path, precision: str, steps: int, threads: int) -> dict:
+def write_artifacts(built: Path, artifacts: Path) -> None:
+    """LoRA artifacts of a builder model; every weight is a frozen checkpoint parameter (bound once, not a
+    graph constant that conversion would copy)."""
+    import onnx
+
+    from ort_torch_train.artifacts import LossType, OptimType, generate_artifacts
+    from ort_torch_train.lora import LoraConfig
+
+    model = onnx.load(str(built / "model.onnx"), load_external_data=False)
+    weights = [init.name for init in model.graph.initializer if len(init.dims) >= 1 and min(init.dims) > 0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        generate_artifacts(
+            str(built / "model.onnx"),
+            frozen_params=weights,
+            loss=LossType.LanguageModelLoss,
+            optimizer=OptimType.AdamW,
+            artifact_directory=artifacts,
+            lora=LoraConfig(r=8, alpha=16, targets=["all-linear"]),
+        )
+
+
+def run(directory: Path, precision: str, steps: int, threads: int, batch: int, tokens: int) -> dict:
     import numpy as np
 
     from ort_torch_train.api import CheckpointState, Module, Optimizer, set_threads
@@ -94,7 +105,7 @@ def run(directory: Path, precision: str, steps: int, threads: int) -> dict:
     losses = []
 
     def train_step() -> float:
-        ids = rng.integers(3, shape["vocab"], (shape["batch"], shape["tokens"]), dtype=np.int64)
+        ids = rng.integers(3, shape["vocab"], (batch, tokens), dtype=np.int64)
         start = time.perf_counter()
         losses.append(float(module.step(optimizer, ids, np.ones_like(ids), ids)))  # empty past key/values
         return time.perf_counter() - start
@@ -107,8 +118,8 @@ def run(directory: Path, precision: str, steps: int, threads: int) -> dict:
         "precision": precision,
         "parameters": shape["parameters"],
         "trainable_parameters": module.parameters_size(True),
-        "batch": shape["batch"],
-        "tokens": shape["tokens"],
+        "batch": batch,
+        "tokens": tokens,
         "rss_built_mib": round(built_rss, 1),
         "peak_rss_steps_mib": round(max(first_step.peak["VmRSS"], later_steps.peak["VmRSS"]), 1),
         "peak_rss_later_steps_mib": round(later_steps.peak["VmRSS"], 1),
@@ -120,11 +131,11 @@ def run(directory: Path, precision: str, steps: int, threads: int) -> dict:
 
 def run_all(out: Path, small: bool, steps: int, threads: int, batch: int, tokens: int) -> list[dict]:
     if not (out / "shape.json").is_file():
-        prepare(out, small, batch, tokens)
+        prepare(out, small, tokens)
     results = []
     for precision in PRECISIONS:  # each in its own process: its own peak RSS
         command = [sys.executable, __file__, "run", str(out), "--precision", precision, "--steps", str(steps)]
-        command += ["--threads", str(threads)]
+        command += ["--threads", str(threads), "--batch", str(batch), "--tokens", str(tokens)]
         environment = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}  # freed large buffers leave the RSS
         completed = subprocess.run(command, capture_output=True, text=True, check=False, env=environment)
         if completed.returncode != 0:
@@ -154,7 +165,7 @@ def main(argv: list[str] | None = None) -> list[dict] | dict | None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     every = commands.add_parser("all")
-    every.add_argument("--out", type=Path, default=Path("bench/.cache/genai_lora"))
+    every.add_argument("--out", type=Path, default=Path("bench/.cache/genai_qlora"))
     every.add_argument("--small", action="store_true", help="a 2-layer, hidden-64 Llama to check the script")
     every.add_argument("--batch", type=int, default=4)
     every.add_argument("--tokens", type=int, default=128)
@@ -166,9 +177,11 @@ def main(argv: list[str] | None = None) -> list[dict] | dict | None:
     single.add_argument("--precision", choices=PRECISIONS, required=True)
     single.add_argument("--steps", type=int, default=5)
     single.add_argument("--threads", type=int, default=2)
+    single.add_argument("--batch", type=int, default=4)
+    single.add_argument("--tokens", type=int, default=128)
     args = parser.parse_args(argv)
     if args.command == "run":
-        result = run(args.artifacts, args.precision, args.steps, args.threads)
+        result = run(args.artifacts, args.precision, args.steps, args.threads, args.batch, args.tokens)
         print(json.dumps(result))
         return result
     results = run_all(args.out, args.small, args.steps, args.threads, args.batch, args.tokens)
