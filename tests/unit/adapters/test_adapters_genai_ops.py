@@ -10,8 +10,8 @@ import pytest
 import torch
 from onnx import helper
 
-from ort_torch_train.adapters.group_query_attention import GroupQueryAttention
 from ort_torch_train.adapters import matmul_nbits
+from ort_torch_train.adapters.group_query_attention import GroupQueryAttention
 from ort_torch_train.adapters.matmul_nbits import MatMulNBits, dequantize_nbits
 from ort_torch_train.errors import ModelError
 from tests.helpers.adapter_harness import convert_model, rand
