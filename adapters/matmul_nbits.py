@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .common import OperationConverterResult, attributes, result
@@ -32,6 +33,18 @@ def unpack_bits(packed: torch.Tensor, bits: int, count: int) -> torch.Tensor:
     return values.reshape(*packed.shape[:-1], packed.shape[-1] * per_byte)[..., :count]
 
 
+def _float_values(packed: torch.Tensor, bits: int, count: int, dtype: torch.dtype) -> torch.Tensor:
+    """``unpack_bits(...)`` as ``dtype``: below 8 bits by looking each byte up in a 256-row table of its
+    values (one gather instead of shifts, masks and a cast)."""
+    if bits == 8:
+        return packed[..., :count].to(dtype)
+    codes = torch.arange(256, device=packed.device)
+    shifts = torch.arange(0, 8, bits, device=packed.device)
+    table = ((codes.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)).to(dtype)  # (256, values per byte)
+    values = F.embedding(packed.to(torch.int32), table)
+    return values.reshape(*packed.shape[:-1], -1)[..., :count]
+
+
 def dequantize_nbits(
     packed: torch.Tensor,
     scales: torch.Tensor,
@@ -44,7 +57,7 @@ def dequantize_nbits(
 ) -> torch.Tensor:
     """The ``(N, K)`` float weight of MatMulNBits' packed ``B`` ``(N, blocks, blob)``, in the scales' dtype."""
     blocks = (k + block_size - 1) // block_size
-    values = unpack_bits(packed.reshape(n, blocks, -1), bits, block_size).to(scales.dtype)  # a fresh tensor
+    values = _float_values(packed.reshape(n, blocks, -1), bits, block_size, scales.dtype)  # a fresh tensor
     if zero_points is None:
         values.sub_(float(1 << (bits - 1)))
     elif zero_points.dtype == torch.uint8:
