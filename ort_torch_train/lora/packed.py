@@ -48,8 +48,13 @@ def projection_uses(
                 f"LoRA target {projection!r}: no GroupQueryAttention reads the product of the packed weight {weight!r}, "
                 "so its q/k/v columns are unknown; target the packed weight itself"
             )
-        total = _output_size(use.node)
+        total = _output_size(graph, weight, use)
         size = total // (heads[0] + 2 * heads[1])
+        if size == 0 or size * (heads[0] + 2 * heads[1]) != total:
+            raise ModelError(
+                f"LoRA target {projection!r}: the packed weight {weight!r} has {total} outputs, not a multiple of "
+                f"num_heads + 2 * kv_num_heads = {heads[0] + 2 * heads[1]}"
+            )
         sizes = (heads[0] * size, heads[1] * size, heads[1] * size)
         found.append(dataclasses.replace(use, weight=weight, columns=(sum(sizes[:index]), sizes[index])))
     return found
@@ -68,9 +73,18 @@ def _attention_heads(value: str, consumers: Mapping[str, list[tuple[onnx.NodePro
     return None
 
 
-def _output_size(node: onnx.NodeProto) -> int:
-    """N of a MatMulNBits node, else 0 (a float weight's size comes from its shape)."""
-    return int(attribute(node, "N", 0))  # type: ignore[call-overload]
+def _output_size(graph: onnx.GraphProto, weight: str, use: WeightUse) -> int:
+    """The product's output features: a MatMulNBits node's N, else the weight's declared out dimension."""
+    if use.node.op_type == "MatMulNBits":
+        return int(attribute(use.node, "N", 0))  # type: ignore[call-overload]
+    for init in graph.initializer:
+        if init.name == weight:
+            return int(init.dims[0 if use.transposed else 1])
+    for value in graph.input:
+        if value.name == weight:
+            dims = value.type.tensor_type.shape.dim
+            return int(dims[0 if use.transposed else 1].dim_value)
+    return 0
 
 
 def packed_weight(graph: onnx.GraphProto, projection: str) -> str | None:

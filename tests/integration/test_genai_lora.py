@@ -116,18 +116,19 @@ def test_llama_adapters_train_and_serve_in_genai(built, tmp_path, precision):
 
 @pytest.mark.parametrize("name", ["qwen2-int4", "phi3-fp32"])
 def test_qwen2_and_phi3_adapters_train_export_and_generate(built, tmp_path, name):
+    """Layer 0's adapters are checked for training: the builder (0.18) wires the tiny Phi-3's lm_head to layer 0's
+    post-attention norm, so its layer 1 reaches only the present key/values and gets no gradient."""
     model_dir = built[name]
     module, optimizer, _ = lora_module(model_dir, tmp_path / "artifacts", ["*q_proj*", "*v_proj*", "*o_proj*"])
     losses = train(module, optimizer, 20)
     assert losses[-1] < losses[0], losses
     ours = our_logits(module)
     adapter = export_for_genai(module, model_dir, tmp_path / "served")
-    names = set(read_adapter(adapter))  # per-projection adapters of the packed qkv_proj, as PEFT names them
-    assert {
-        "model.layers.0.attn.q_proj.lora_A.MatMul.weight",
-        "model.layers.0.attn.v_proj.lora_B.MatMul.weight",
-    } <= names
-    assert not any("k_proj" in name or "qkv_proj" in name for name in names)
+    tensors = read_adapter(adapter)  # per-projection adapters of the packed qkv_proj, as PEFT names them
+    assert tensors["model.layers.0.attn.q_proj.lora_B.MatMul.weight"].shape == (4, 4 * 16)  # 4 heads of 16
+    assert tensors["model.layers.0.attn.v_proj.lora_B.MatMul.weight"].shape == (4, 2 * 16)  # 2 KV heads
+    assert np.abs(tensors["model.layers.0.attn.q_proj.lora_B.MatMul.weight"]).max() > 0  # trained (see the note below)
+    assert not any("k_proj" in name or "qkv_proj" in name for name in tensors)
     model = og.Model(str(tmp_path / "served"))
     adapters = og.Adapters(model)
     adapters.load(str(adapter), "trained")
