@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -28,4 +29,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     pytest.importorskip("onnxruntime_genai")
     from tests.helpers.genai_models import built_models
 
-    return built_models(tmp_path_factory.getbasetemp().parent / "genai-models", GENAI_MODELS)
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # the workers' temp folders share this session's parent
+        root = root.parent
+    return built_models(root / "genai-models", GENAI_MODELS)
