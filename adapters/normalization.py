@@ -111,17 +111,19 @@ register("LayerNormalization", domain=MICROSOFT)(_layer_norm)
 
 
 @register("SimplifiedLayerNormalization", since=1)
+@register("SimplifiedLayerNormalization", domain=MICROSOFT)
 def simplified_layer_norm(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return _layer_norm(node, graph, context, simplified=True)
 
 
 class SkipLayerNorm(nn.Module):
-    """com.microsoft SkipLayerNormalization: LayerNorm(input + skip + bias); returns the sum as 4th output."""
+    """com.microsoft SkipLayerNormalization: LayerNorm(input + skip + bias); returns the sum as 4th output.
+    ``simplified`` (SkipSimplifiedLayerNormalization): RMS normalisation, no beta, no mean (output 2 empty)."""
 
-    def __init__(self, epsilon: float, outputs: int) -> None:
+    def __init__(self, epsilon: float, outputs: int, simplified: bool = False) -> None:
         super().__init__()
-        self.norm = LayerNorm(-1, epsilon, 3)
-        self.outputs = outputs
+        self.norm = LayerNorm(-1, epsilon, 2 if simplified else 3, simplified)
+        self.outputs, self.simplified = outputs, simplified
 
     def forward(
         self,
@@ -131,11 +133,25 @@ class SkipLayerNorm(nn.Module):
         beta: torch.Tensor | None = None,
         bias: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        if self.simplified:  # inputs: input, skip, gamma, bias
+            beta, bias = None, beta
         total = x + skip if bias is None else x + skip + bias
-        y, mean, inv_std = self.norm(total, gamma, beta)
+        if self.simplified:
+            y, inv_std = self.norm(total, gamma)
+            mean = torch.zeros((), dtype=inv_std.dtype, device=inv_std.device)
+        else:
+            y, mean, inv_std = self.norm(total, gamma, beta)
         return y if self.outputs == 1 else (y, mean, inv_std, total)[: self.outputs]
 
 
 @register("SkipLayerNormalization", domain=MICROSOFT)
 def skip_layer_norm(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     return result(SkipLayerNorm(attributes(node).get("epsilon", 1e-5), len(node.output_values)), node)
+
+
+@register("SkipSimplifiedLayerNormalization", domain=MICROSOFT)
+def skip_simplified_layer_norm(
+    node: OnnxNode, graph: OnnxGraph, context: ConversionContext
+) -> OperationConverterResult:
+    module = SkipLayerNorm(attributes(node).get("epsilon", 1e-5), len(node.output_values), simplified=True)
+    return result(module, node)

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from ort_torch_train.api.checkpoint_state import CheckpointState
+from ort_torch_train.api.kv_cache import with_empty_past
 from ort_torch_train.api.ortvalue import OrtValue, from_tensors, numpy_to_tensor, to_tensors
 from ort_torch_train.api.protocols import StepOptimizer
 from ort_torch_train.convert.string_inputs import parse_string_inputs
@@ -234,8 +235,11 @@ class Module(nn.Module):
                 return from_tensors(self.train_and_update(tensors, optimizer.engine_for_step()), kind)
 
     def _parsed(self, user_inputs: tuple, names: list[str]) -> list:
-        """String arrays of inputs that only feed a Cast to a number, parsed as ORT's Cast does."""
-        return parse_string_inputs(user_inputs, names, self._engine.graph(self.training).string_casts)
+        """String arrays of inputs that only feed a Cast to a number, parsed as ORT's Cast does; an LLM's
+        ``past_key_values.*`` inputs, when left out, given as empty tensors."""
+        graph = self._engine.graph(self.training)
+        user_inputs = with_empty_past(user_inputs, graph.declarations)
+        return parse_string_inputs(user_inputs, names, graph.string_casts)
 
     # the engine's steps ------------------------------------------------------------------------
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:

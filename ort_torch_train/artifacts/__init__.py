@@ -24,7 +24,14 @@ from ort_torch_train.artifacts.blocks import (
     generate_graph_name,
 )
 from ort_torch_train.artifacts.generate import Artifacts, build_artifacts, generate_artifacts
-from ort_torch_train.artifacts.losses import BCEWithLogitsLoss, CrossEntropyLoss, L1Loss, LossType, MSELoss
+from ort_torch_train.artifacts.losses import (
+    BCEWithLogitsLoss,
+    CrossEntropyLoss,
+    L1Loss,
+    LanguageModelLoss,
+    LossType,
+    MSELoss,
+)
 from ort_torch_train.artifacts.optimizers import SGD, AdamW, ClipGradNorm, OptimType
 
 __all__ = [
@@ -41,6 +48,7 @@ __all__ = [
     "Div",
     "InputLike",
     "L1Loss",
+    "LanguageModelLoss",
     "Log",
     "LossType",
     "MSELoss",

@@ -55,6 +55,7 @@ from ort_torch_train.export.external_data import is_external, write_model
 from ort_torch_train.export.inference import save_model
 from ort_torch_train.export.outputs import record_model_outputs
 from ort_torch_train.graph.layout import opsets_of
+from ort_torch_train.graph.model_checks import with_ort_domain
 from ort_torch_train.lora.apply import add_lora_to_base
 from ort_torch_train.lora.config import LoraConfig
 from ort_torch_train.optim.optimizer_model import read_optimizer_model
@@ -199,10 +200,11 @@ def build_artifacts(
                 "give Module(..., lora=LoraConfig(frozen_dtype=...)) at training time instead"
             )
         base, requires_grad, frozen_params = add_lora_to_base(base, requires_grad, frozen_params, lora)
+    loss_block = _loss_block(loss)
+    loss_input_names = _loss_inputs(base, loss_block, loss_input_names)
     trainable_names, frozen_names = check_arguments(
         base, requires_grad, frozen_params, additional_output_names, loss_input_names
     )
-    loss_block = _loss_block(loss)
     optimizer_block = _optimizer_block(optimizer)
     if optimizer_block is not None and not trainable_names:
         raise ModelError("an optimizer model needs at least one trainable parameter: requires_grad is empty")
@@ -310,6 +312,27 @@ def _loss_block(loss: LossType | Block | None) -> Block:
     )
 
 
+KV_CACHE_OUTPUT_PREFIX = "present"
+
+
+def _loss_inputs(base: onnx.ModelProto, loss: Block, names: Sequence[str] | None) -> Sequence[str] | None:
+    """The loss's inputs: ``names``, or by default the model's one output that is not a ``present*`` key/value
+    cache output (an LLM's logits); a clear error when the cache outputs leave more than one."""
+    if names is not None or isinstance(loss, PassThrough):
+        return names
+    outputs = [value.name for value in base.graph.output]
+    cache = [name for name in outputs if name.startswith(KV_CACHE_OUTPUT_PREFIX)]
+    rest = [name for name in outputs if not name.startswith(KV_CACHE_OUTPUT_PREFIX)]
+    if not cache:
+        return None
+    if len(rest) != 1:
+        raise ModelError(
+            f"the model's outputs {outputs} include {len(cache)} present key/value outputs and {len(rest)} others: "
+            "name the output(s) the loss reads with loss_input_names=[...]"
+        )
+    return rest
+
+
 def _optimizer_block(optimizer: OptimType | Block | None) -> Block | None:
     if optimizer is None or isinstance(optimizer, Block):
         return optimizer
@@ -335,9 +358,28 @@ def _outputs(loss_output: str | Sequence[str], additional_output_names: Sequence
 
 
 def _check_model(model: onnx.ModelProto, loss_block: Block) -> None:
+    """The ONNX checker with full shape inference; ORT's ONNX-domain ops are checked in com.microsoft, and
+    a rank that a value's declared shape and its inferred shape disagree on (which onnxruntime accepts,
+    e.g. a ``[1]`` constant declared as a scalar) is a warning."""
+    opsets = with_ort_domain(model.graph, list(model.opset_import))
+    del model.opset_import[:]
+    model.opset_import.extend(opsets)
     try:
         onnx.checker.check_model(model, full_check=True)
     except Exception as exc:
-        raise ModelError(
-            f"the base model plus the loss {type(loss_block).__name__} is not a valid ONNX model: {exc}"
-        ) from exc
+        if not _rank_mismatch_only(model, exc):
+            raise ModelError(
+                f"the base model plus the loss {type(loss_block).__name__} is not a valid ONNX model: {exc}"
+            ) from exc
+        warnings.warn(f"the model's declared and inferred ranks differ (onnxruntime accepts this): {exc}", stacklevel=4)
+
+
+def _rank_mismatch_only(model: onnx.ModelProto, error: Exception) -> bool:
+    """Whether ``error`` is a declared-vs-inferred rank difference and the model passes without shape inference."""
+    if "rank" not in str(error).lower():
+        return False
+    try:
+        onnx.checker.check_model(model)
+    except Exception:
+        return False
+    return True

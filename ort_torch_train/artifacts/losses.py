@@ -36,6 +36,7 @@ class LossType(Enum):
     CrossEntropyLoss = 2
     BCEWithLogitsLoss = 3
     L1Loss = 4
+    LanguageModelLoss = 5  # not in onnxruntime-training: cross-entropy over [B, T, V] logits (LanguageModelLoss)
 
 
 def _check_reduction(reduction: str) -> str:
@@ -100,6 +101,42 @@ class CrossEntropyLoss(Block):
         loss_name, _ = self.add_node(
             "SoftmaxCrossEntropyLoss",
             inputs,
+            outputs=["loss", "log_prob"],
+            reduction=self._reduction,
+            ignore_index=self._ignore_index,
+        )
+        return loss_name
+
+
+class LanguageModelLoss(Block):
+    """Cross-entropy of ``[B, T, V]`` logits against ``[B, T]`` int64 labels over the last axis, as
+    transformers' causal-LM loss: the mean over the tokens whose label is not ``ignore_index`` (-100),
+    with ``shift`` the logits at ``t`` scored against the label at ``t + 1``.
+
+    Nodes: Slice (when shifting), Transpose to ``[B, V, T]``, one ``SoftmaxCrossEntropyLoss``.
+    """
+
+    def __init__(self, ignore_index: int = -100, shift: bool = True, reduction: str = "mean") -> None:
+        super().__init__()
+        self._ignore_index, self._shift, self._reduction = ignore_index, shift, _check_reduction(reduction)
+
+    def build(self, logits_name: str, labels_name: str = "labels") -> str:
+        """The block's output name(s), its nodes added to the model being built."""
+        if not node_arg_exists(self._model, labels_name):
+            self._model.graph.input.append(_labels_like(self._model.graph, logits_name, labels_name))
+        scores, labels = logits_name, labels_name
+        if self._shift:
+            axis = self.add_initializer("lmloss.axis", onnx.numpy_helper.from_array(np.array([1], np.int64)))
+            zero = self.add_initializer("lmloss.zero", onnx.numpy_helper.from_array(np.array([0], np.int64)))
+            one = self.add_initializer("lmloss.one", onnx.numpy_helper.from_array(np.array([1], np.int64)))
+            last = self.add_initializer("lmloss.last", onnx.numpy_helper.from_array(np.array([-1], np.int64)))
+            end = self.add_initializer("lmloss.end", onnx.numpy_helper.from_array(np.array([2**62], np.int64)))
+            (scores,) = self.add_node("Slice", [scores, zero, last, axis], outputs=["lmloss_scores"])
+            (labels,) = self.add_node("Slice", [labels, one, end, axis], outputs=["lmloss_labels"])
+        (scores,) = self.add_node("Transpose", [scores], outputs=["lmloss_classes_first"], perm=[0, 2, 1])
+        loss_name, _ = self.add_node(
+            "SoftmaxCrossEntropyLoss",
+            [scores, labels],
             outputs=["loss", "log_prob"],
             reduction=self._reduction,
             ignore_index=self._ignore_index,
@@ -177,4 +214,5 @@ LOSS_BLOCKS = {
     LossType.CrossEntropyLoss: CrossEntropyLoss,
     LossType.BCEWithLogitsLoss: BCEWithLogitsLoss,
     LossType.L1Loss: L1Loss,
+    LossType.LanguageModelLoss: LanguageModelLoss,
 }

@@ -14,6 +14,7 @@ from ort_torch_train.export.outputs import exportable_output_names
 from ort_torch_train.lora.apply import add_lora_to_artifacts
 from ort_torch_train.lora.config import LORA_PROPERTY, LoraConfig
 from ort_torch_train.lora.export import export_adapter, export_unmerged_model, merged_model_and_weights
+from ort_torch_train.lora.genai import export_for_genai
 from ort_torch_train.lora.record import read_record
 from ort_torch_train.state.training_state import TrainingState
 
@@ -51,8 +52,8 @@ def lora_setting(text: str | None, state: TrainingState, training_model: onnx.Mo
 
 def run_export(args: argparse.Namespace) -> None:
     """Write the files asked for and name them on stdout."""
-    if not (args.output or args.unmerged or args.adapter):
-        raise CliError("nothing to export: give --output, --unmerged and/or --adapter")
+    if not (args.output or args.unmerged or args.adapter or args.genai):
+        raise CliError("nothing to export: give --output, --unmerged, --adapter and/or --genai")
     source = args.artifacts
     paths = find_artifacts(source)
     training = load_onnx(paths.require("training_model", source), "training model")
@@ -69,9 +70,9 @@ def run_export(args: argparse.Namespace) -> None:
         evaluation = adapted or evaluation
     exported = ExportSource(evaluation, state)
     outputs = [name for name in (args.outputs or "").split(",") if name] or default_outputs(evaluation, state)
-    if (args.unmerged or args.adapter) and read_record(evaluation) is None:
+    if (args.unmerged or args.adapter or args.genai) and read_record(evaluation) is None:
         raise CliError(
-            "--unmerged/--adapter: the artifacts and checkpoint hold no LoRA adapters; give --lora r=...,targets=... "
+            "--unmerged/--adapter/--genai: the artifacts and checkpoint hold no LoRA adapters; give --lora r=...,targets=... "
             "or train with `ort-torch-train train --lora ...`"
         )
     if args.output:
@@ -84,6 +85,10 @@ def run_export(args: argparse.Namespace) -> None:
     if args.adapter:
         export_adapter(exported, Path(args.adapter))
         print(f"LoRA adapter: {args.adapter}")
+    if args.genai:
+        built, folder = args.genai
+        adapter = export_for_genai(exported, built, folder, args.adapter_name)
+        print(f"onnxruntime-genai folder: {folder} (adapter {adapter.name})")
 
 
 def default_outputs(eval_model: onnx.ModelProto, state: TrainingState) -> list[str]:
@@ -102,7 +107,8 @@ def add_export_parser(commands: argparse._SubParsersAction, formatter: type[argp
         epilog="examples:\n"
         "  ort-torch-train export artifacts/ --checkpoint run/checkpoint --output model.onnx\n"
         "  ort-torch-train export artifacts/ --checkpoint run/checkpoint --unmerged base.onnx --adapter task.onnx_adapter\n"
-        "  ort-torch-train export artifacts/ --output model.onnx --external-data",
+        "  ort-torch-train export artifacts/ --output model.onnx --external-data\n"
+        "  ort-torch-train export artifacts/ --checkpoint run/checkpoint --genai built/ served/",
         formatter_class=formatter,
     )
     parser.add_argument("artifacts", metavar="ARTIFACTS_DIR", help="folder holding the training and eval models")
@@ -116,6 +122,13 @@ def add_export_parser(commands: argparse._SubParsersAction, formatter: type[argp
     )
     parser.add_argument("--unmerged", metavar="MODEL.onnx", help="the LoRA model with the adapters as inputs")
     parser.add_argument("--adapter", metavar="OUT.onnx_adapter", help="the LoRA adapters for onnxruntime.LoraAdapter")
+    parser.add_argument(
+        "--genai",
+        nargs=2,
+        metavar=("BUILT_DIR", "OUT_DIR"),
+        help="an onnxruntime-genai folder from the model builder's BUILT_DIR: unmerged model, config, tokenizer, adapter",
+    )
+    parser.add_argument("--adapter-name", default="adapter", help="--genai's adapter file name (default: adapter)")
     parser.add_argument(
         "--lora",
         metavar="r=8,alpha=16,targets=...",

@@ -33,14 +33,7 @@ def check_model(model: onnx.ModelProto, what: str, outputs: Iterable[str] | None
     typed = [value for value in graph.output if value.HasField("type")]  # ORT infers missing types
     del graph.output[:]
     graph.output.extend(typed)
-    opset_imports = list(model.opset_import)
-    ort_nodes = [
-        node for node in graph.node if node.domain in ("", "ai.onnx") and node.op_type in _ORT_OPS_IN_ONNX_DOMAIN
-    ]
-    for node in ort_nodes:
-        node.domain = _ORT_DOMAIN
-    if ort_nodes and all(opset.domain != _ORT_DOMAIN for opset in opset_imports):
-        opset_imports.append(onnx.helper.make_opsetid(_ORT_DOMAIN, 1))
+    opset_imports = with_ort_domain(graph, list(model.opset_import))
     model = onnx.helper.make_model(
         graph, opset_imports=opset_imports, ir_version=model.ir_version, functions=model.functions
     )
@@ -48,6 +41,19 @@ def check_model(model: onnx.ModelProto, what: str, outputs: Iterable[str] | None
         onnx.checker.check_model(model)
     except (onnx.checker.ValidationError, ValueError, RuntimeError) as error:
         raise ModelError(f"{what} fails the ONNX checker: {error}") from None
+
+
+def with_ort_domain(graph: onnx.GraphProto, opset_imports: list[onnx.OperatorSetIdProto]) -> list:
+    """Move the ops ORT registers in the ONNX domain (no ONNX schema) to com.microsoft in ``graph``, in
+    place, so that the checker finds their schemas; returns the opset imports with com.microsoft."""
+    ort_nodes = [
+        node for node in graph.node if node.domain in ("", "ai.onnx") and node.op_type in _ORT_OPS_IN_ONNX_DOMAIN
+    ]
+    for node in ort_nodes:
+        node.domain = _ORT_DOMAIN
+    if ort_nodes and all(opset.domain != _ORT_DOMAIN for opset in opset_imports):
+        opset_imports = [*opset_imports, onnx.helper.make_opsetid(_ORT_DOMAIN, 1)]
+    return opset_imports
 
 
 def _check_outputs_produced(model: onnx.ModelProto, what: str) -> None:

@@ -26,7 +26,9 @@ from ort_torch_train.lora.insert import (
     select_targets,
     weight_uses,
 )
+from ort_torch_train.lora.packed import target_weight
 from ort_torch_train.lora.record import LoraRecord, read_record, write_record
+from ort_torch_train.lora.uses import quantization_parameters, quantized_weights
 from ort_torch_train.state.training_state import TrainingState
 
 FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE)
@@ -47,8 +49,15 @@ def add_lora_to_base(
     graph = model.graph
     initializers = {init.name: init for init in graph.initializer}
     shapes = {name: list(init.dims) for name, init in initializers.items() if init.data_type in FLOAT_TYPES}
+    quantized = {name: found for name, found in quantized_weights(graph).items() if name in initializers}
+    for name in quantization_parameters(graph):
+        shapes.pop(name, None)
+    shapes.update((name, shape) for name, (shape, _) in quantized.items())
     targets = select_targets(graph, shapes, config)
-    elem_types = {name: initializers[name].data_type for name in targets}
+    weights = [target_weight(name, uses) for name, uses in targets.items()]
+    elem_types = {  # a packed weight's adapters take its scales' type
+        name: initializers[quantized[name][1] if name in quantized else name].data_type for name in weights
+    }
     record = insert_adapters(graph, targets, shapes, elem_types, config, training=True)
     values = initial_adapters(record, config.seed)
     for target in record.targets:
@@ -56,7 +65,7 @@ def add_lora_to_base(
         graph.initializer.extend(
             tensor_to_proto(values[name].to(dtype), name) for name in (target.lora_a, target.lora_b)
         )
-    frozen = list(dict.fromkeys([*(requires_grad or ()), *(frozen_params or ()), *targets]))
+    frozen = list(dict.fromkeys([*(requires_grad or ()), *(frozen_params or ()), *weights]))
     if config.frozen_dtype is not None:
         record = _cast_frozen_initializers(model, frozen, config.frozen_dtype, record)
     write_record(model, record)
@@ -87,7 +96,13 @@ def add_lora_to_artifacts(
     inputs = {value.name: value for value in training.graph.input if value.name in state.params}
     shapes = {name: list(state.params[name].shape) for name in inputs}
     elem_types = {name: value.type.tensor_type.elem_type for name, value in inputs.items()}
-    targets = select_targets(training.graph, {n: s for n, s in shapes.items() if elem_types[n] in FLOAT_TYPES}, config)
+    excluded = quantization_parameters(training.graph)
+    candidates = {n: s for n, s in shapes.items() if elem_types[n] in FLOAT_TYPES and n not in excluded}
+    for name, (shape, scales) in quantized_weights(training.graph).items():
+        if name in inputs and scales in elem_types:  # a packed weight's adapters take its scales' type
+            shapes[name] = candidates[name] = shape
+            elem_types[name] = elem_types[scales]
+    targets = select_targets(training.graph, candidates, config)
     record = insert_adapters(training.graph, targets, shapes, elem_types, config, training=True)
     models = [(training, record)]
     evaluation = None

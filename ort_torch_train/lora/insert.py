@@ -2,35 +2,31 @@
 
 ``y = x @ W_eff`` becomes ``y = x @ W_eff + scaling * (x @ A) @ B`` (A: in x r, B: r x out), the
 branch inserted right after the base node; the base node keeps its name and gets a new output.
-Weights are found as inputs 1 of MatMul/Gemm, directly or through a 2-D Transpose.
+Weights are found as inputs 1 of MatMul/Gemm, directly or through a 2-D Transpose, and as the packed
+weights (input 1) of com.microsoft MatMulNBits, whose logical shape is (N, K), stored (out, in).
 """
 
 from __future__ import annotations
 
 import fnmatch
 import math
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 import onnx
 import torch
 
 from ort_torch_train.errors import ModelError
 from ort_torch_train.lora.config import ALL_LINEAR, LoraConfig
+from ort_torch_train.lora.packed import packed_weight, projection_names, projection_uses, target_weight
 from ort_torch_train.lora.record import LoraRecord, LoraTarget, LoraUse
+from ort_torch_train.lora.uses import (
+    QUANTIZED_SUFFIX,
+    WeightUse,
+    consumers_of,
+    linear_uses,
+)
 
 OUTPUT_LAYER_MARK = "lm_head"
-
-
-@dataclass(frozen=True)
-class WeightUse:
-    """A MatMul/Gemm multiplying ``x`` by a weight (directly or through a Transpose)."""
-
-    node: onnx.NodeProto
-    x: str
-    transposed: bool  # the weight is stored (out, in)
-    gemm_alpha: float
 
 
 def adapter_names(weight: str) -> tuple[str, str]:
@@ -38,7 +34,9 @@ def adapter_names(weight: str) -> tuple[str, str]:
 
     ``model.layers.0.attn.q_proj.MatMul.weight`` -> ``model.layers.0.attn.q_proj.lora_A.MatMul.weight``;
     ``h.0.attn.c_attn.weight`` -> ``h.0.attn.c_attn.lora_A.weight``; any other name gets ``_lora_A``.
+    A MatMulNBits weight ``...MatMul.weight_Q4`` is named as its float weight ``...MatMul.weight``.
     """
+    weight = QUANTIZED_SUFFIX.sub("", weight)
     if weight.endswith(".MatMul.weight"):
         stem = weight[: -len(".MatMul.weight")]
         return f"{stem}.lora_A.MatMul.weight", f"{stem}.lora_B.MatMul.weight"
@@ -52,18 +50,39 @@ def select_targets(
     graph: onnx.GraphProto, shapes: Mapping[str, Sequence[int]], config: LoraConfig
 ) -> dict[str, list[WeightUse]]:
     """The targeted weights (in ``shapes``' order) with their MatMul/Gemm uses; raises naming a bad target."""
-    consumers = _consumers(graph)
+    consumers = consumers_of(graph)
     chosen: dict[str, list[WeightUse]] = {}
     for pattern in config.targets:
         if pattern == ALL_LINEAR:
             for name, shape in shapes.items():
-                uses, others = _linear_uses(name, consumers)
+                uses, others = linear_uses(name, consumers)
                 if len(shape) == 2 and uses and not others and OUTPUT_LAYER_MARK not in name:
                     chosen.setdefault(name, uses)
             if not chosen:
-                raise ModelError("LoRA targets 'all-linear': no parameter is used only as a MatMul/Gemm weight matrix")
+                raise ModelError(
+                    "LoRA targets 'all-linear': no parameter is used only as a MatMul/Gemm/MatMulNBits weight matrix"
+                )
             continue
-        matched = [name for name in shapes if fnmatch.fnmatchcase(name, pattern)]
+
+        # a pattern matching a projection name of a packed qkv_proj tensor means the projection ('*v_proj*'
+        # also matches 'qkv_proj' itself): packed weights get per-projection targets, their scales none
+        matched = [
+            name
+            for name in shapes
+            if fnmatch.fnmatchcase(name, pattern)
+            and not any(fnmatch.fnmatchcase(projection, pattern) for projection in projection_names(name))
+        ]
+        projections = {
+            projection: weight
+            for weight in shapes
+            if len(shapes[weight]) == 2 and linear_uses(weight, consumers)[0]
+            for projection in projection_names(weight)
+            if fnmatch.fnmatchcase(projection, pattern)
+        }
+        for projection, weight in projections.items():
+            chosen.setdefault(projection, projection_uses(graph, weight, projection, consumers))
+        if not matched and projections:
+            continue
         if not matched:
             raise ModelError(
                 f"LoRA target pattern {pattern!r} matches no parameter; the parameters include {_listing(list(shapes))}"
@@ -75,7 +94,7 @@ def select_targets(
                     f"LoRA target {name!r} (matched by {pattern!r}) has shape {shape}: expected a weight matrix "
                     "(2-D); narrow the pattern, e.g. to '*.weight'"
                 )
-            uses, others = _linear_uses(name, consumers)
+            uses, others = linear_uses(name, consumers)
             if others or not uses:
                 raise ModelError(
                     f"LoRA target {name!r} (matched by {pattern!r}) is not used only as a MatMul/Gemm weight: "
@@ -87,10 +106,14 @@ def select_targets(
 
 def weight_uses(graph: onnx.GraphProto, weights: Sequence[str]) -> dict[str, list[WeightUse]]:
     """The MatMul/Gemm uses of each of ``weights`` (already chosen, e.g. in the other model of a pair)."""
-    consumers = _consumers(graph)
+    consumers = consumers_of(graph)
     found = {}
     for weight in weights:
-        uses, others = _linear_uses(weight, consumers)
+        packed = packed_weight(graph, weight)
+        if packed is not None:
+            found[weight] = projection_uses(graph, packed, weight, consumers)
+            continue
+        uses, others = linear_uses(weight, consumers)
         if others or not uses:
             raise ModelError(
                 f"LoRA target {weight!r} is not used only as a MatMul/Gemm weight in this graph: "
@@ -112,8 +135,9 @@ def insert_adapters(
     taken = {value for node in graph.node for value in (*node.input, *node.output)}
     taken |= {value.name for value in (*graph.input, *graph.initializer)}
     records = []
-    for weight, uses in targets.items():
-        lora_a, lora_b = adapter_names(weight)
+    for target_name, uses in targets.items():
+        weight = target_weight(target_name, uses)
+        lora_a, lora_b = adapter_names(target_name)
         for name in (lora_a, lora_b):
             if name in taken:
                 raise ModelError(f"LoRA adapter name {name!r} for {weight!r} is already a value of the graph")
@@ -123,14 +147,35 @@ def insert_adapters(
             raise ModelError(f"LoRA target {weight!r} is multiplied in different layouts or by different Gemm alphas")
         rows, columns = shapes[weight]
         in_features, out_features = (columns, rows) if transposed else (rows, columns)
+        total = out_features
+        offset, out_features = uses[0].columns or (0, out_features)
         branch_uses = [
             _insert_branch(
-                graph, use, f"/lora/{weight}/{index}", (lora_a, lora_b), elem_types[weight], config, training
+                graph,
+                use,
+                f"/lora/{target_name}/{index}",
+                (lora_a, lora_b),
+                elem_types[weight],
+                config,
+                training,
+                total,
             )
             for index, use in enumerate(uses)
         ]
+        columns_total = total if uses[0].columns else 0
         records.append(
-            LoraTarget(weight, lora_a, lora_b, in_features, out_features, transposed, alphas.pop(), tuple(branch_uses))
+            LoraTarget(
+                weight,
+                lora_a,
+                lora_b,
+                in_features,
+                out_features,
+                transposed,
+                alphas.pop(),
+                tuple(branch_uses),
+                offset,
+                columns_total,
+            )
         )
     return LoraRecord(config.r, float(config.alpha), config.scaling, tuple(records), ())
 
@@ -171,6 +216,7 @@ def _insert_branch(
     elem_type: int,
     config: LoraConfig,
     training: bool,
+    total: int,
 ) -> LoraUse:
     node = use.node
     output, base_output = node.output[0], f"{prefix}/base/output_0"
@@ -190,9 +236,20 @@ def _insert_branch(
         source = f"{prefix}/Dropout/output_0"
     down, unscaled, scaled = f"{prefix}/lora_A/output_0", f"{prefix}/lora_B/output_0", f"{prefix}/Mul/output_0"
     scale = onnx.helper.make_tensor(f"{prefix}/scaling", elem_type, [], [config.scaling])
+    up = adapters[1]
+    if use.columns is not None:  # a projection of a packed weight: B placed in its output columns
+        offset, size = use.columns
+        pads = onnx.helper.make_tensor(
+            f"{prefix}/columns", onnx.TensorProto.INT64, [4], [0, offset, 0, total - offset - size]
+        )
+        up = f"{prefix}/lora_B/Pad/output_0"
+        nodes += [
+            onnx.helper.make_node("Constant", [], [pads.name], name=f"{prefix}/columns", value=pads),
+            onnx.helper.make_node("Pad", [adapters[1], pads.name], [up], name=f"{prefix}/lora_B/Pad"),
+        ]
     nodes += [
         onnx.helper.make_node("MatMul", [source, adapters[0]], [down], name=f"{prefix}/lora_A/MatMul"),
-        onnx.helper.make_node("MatMul", [down, adapters[1]], [unscaled], name=f"{prefix}/lora_B/MatMul"),
+        onnx.helper.make_node("MatMul", [down, up], [unscaled], name=f"{prefix}/lora_B/MatMul"),
         onnx.helper.make_node("Constant", [], [scale.name], name=f"{prefix}/scaling", value=scale),
         onnx.helper.make_node("Mul", [unscaled, scale.name], [scaled], name=f"{prefix}/Mul"),
         onnx.helper.make_node("Add", [base_output, scaled], [output], name=f"{prefix}/Add"),
@@ -201,59 +258,6 @@ def _insert_branch(
     for offset, inserted in enumerate(nodes):
         graph.node.insert(position + offset, inserted)
     return LoraUse(node.name, output, base_output, scaled, unscaled, tuple(n.name for n in nodes))
-
-
-def _consumers(graph: onnx.GraphProto) -> dict[str, list[tuple[onnx.NodeProto, int]]]:
-    found: dict[str, list[tuple[onnx.NodeProto, int]]] = defaultdict(list)
-    for node in graph.node:
-        for index, value in enumerate(node.input):
-            found[value].append((node, index))
-    return found
-
-
-def _linear_uses(
-    weight: str, consumers: Mapping[str, list[tuple[onnx.NodeProto, int]]]
-) -> tuple[list[WeightUse], list[str]]:
-    """The MatMul/Gemm uses of ``weight`` and descriptions of every other use."""
-    uses: list[WeightUse] = []
-    others: list[str] = []
-    for node, index in consumers.get(weight, []):
-        if (
-            node.op_type == "Transpose"
-            and node.domain in ("", "ai.onnx")
-            and _attribute(node, "perm", [1, 0]) == [1, 0]
-        ):
-            for inner, inner_index in consumers.get(node.output[0], []):
-                use = _matrix_use(inner, inner_index, flipped=True)
-                uses.append(use) if use else others.append(f"{inner.op_type} input {inner_index} (after a Transpose)")
-            continue
-        use = _matrix_use(node, index, flipped=False)
-        uses.append(use) if use else others.append(f"{node.op_type} input {index}")
-    return uses, others
-
-
-def _matrix_use(node: onnx.NodeProto, index: int, flipped: bool) -> WeightUse | None:
-    if node.domain not in ("", "ai.onnx") or index != 1:
-        return None
-    if node.op_type == "MatMul":
-        return WeightUse(node, node.input[0], flipped, 1.0)
-    if node.op_type == "Gemm" and _attribute(node, "transA", 0) == 0:
-        transposed = bool(_attribute(node, "transB", 0)) != flipped
-        return WeightUse(node, node.input[0], transposed, _float_attribute(node, "alpha", 1.0))
-    return None
-
-
-def _attribute(node: onnx.NodeProto, name: str, default: object) -> object:
-    for attribute in node.attribute:
-        if attribute.name == name:
-            value = onnx.helper.get_attribute_value(attribute)
-            return list(value) if isinstance(value, (list, tuple)) else value
-    return default
-
-
-def _float_attribute(node: onnx.NodeProto, name: str, default: float) -> float:
-    value = _attribute(node, name, default)
-    return float(value) if isinstance(value, (int, float)) else default
 
 
 def _listing(names: Sequence[str], shown: int = 6) -> str:

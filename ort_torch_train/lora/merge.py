@@ -9,6 +9,7 @@ import onnx
 import torch
 
 from ort_torch_train.dtypes import torch_dtype
+from ort_torch_train.errors import ModelError
 from ort_torch_train.lora.record import LoraRecord, drop_record, read_record
 
 
@@ -27,7 +28,15 @@ def merged_for_inference(
     for target in record.targets:
         a, b = merged.pop(target.lora_a), merged.pop(target.lora_b)
         weight = merged[target.weight]
+        if not weight.is_floating_point():
+            raise ModelError(
+                f"LoRA target {target.weight!r} is a quantised ({weight.dtype}) weight: its adapter cannot be merged "
+                "into it; export the unmerged model and the adapter file (export_for_genai, export_unmerged_model)"
+            )
         delta = (a.detach().double() @ b.detach().double()) * (record.scaling / target.gemm_alpha)
+        if target.columns_total:  # a projection of a packed weight: its columns of the output
+            start = target.column_offset
+            delta = torch.nn.functional.pad(delta, (start, target.columns_total - start - target.out_features))
         merged[target.weight] = (weight.detach().double() + (delta.t() if target.transposed else delta)).to(
             weight.dtype
         )
@@ -52,6 +61,11 @@ def stripped_model(eval_model: onnx.ModelProto, record: LoraRecord, keep_adapter
     for parameter, output, _ in record.casts:
         dropped.add(f"/lora/{parameter}/Cast")
         renamed[output] = parameter
+    for name in list(renamed):  # several branches on one product (projections of a packed weight) chain
+        seen = {name}
+        while renamed[name] in renamed and renamed[name] not in seen:
+            seen.add(renamed[name])
+            renamed[name] = renamed[renamed[name]]
     kept = [node for node in graph.node if node.name not in dropped]
     for node in kept:
         for position, value in enumerate(node.input):

@@ -34,6 +34,8 @@ class LoraTarget:
     transposed: bool  # W is stored (out_features, in_features)
     gemm_alpha: float  # the base product's own factor (Gemm's alpha, else 1)
     uses: tuple[LoraUse, ...]
+    column_offset: int = 0  # a projection of a packed weight: B covers out columns [offset, offset + out_features)
+    columns_total: int = 0  # the packed weight's out_features (0: B covers the whole output)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,146 @@
+"""com.microsoft MatMulNBits: ``A @ dequantize(B).T + bias`` over a block-quantised, bit-packed weight.
+
+The packed weight stays packed: it is dequantised inside the forward and again inside the backward of
+one autograd Function, so no float copy of it lives across a training step (QLoRA's memory).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .common import OperationConverterResult, attributes, result
+from .registry import MICROSOFT, ConversionContext, register
+
+if TYPE_CHECKING:
+    from onnx2torch.onnx_graph import OnnxGraph
+    from onnx2torch.onnx_node import OnnxNode
+
+SUPPORTED_BITS = (2, 4, 8)
+
+
+def unpack_bits(packed: torch.Tensor, bits: int, count: int) -> torch.Tensor:
+    """The first ``count`` ``bits``-wide unsigned values along the last axis of ``packed`` (uint8, lowest
+    bits first), as uint8."""
+    if bits == 8:
+        return packed[..., :count]
+    per_byte = 8 // bits
+    shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=packed.device)
+    values = (packed.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
+    return values.reshape(*packed.shape[:-1], packed.shape[-1] * per_byte)[..., :count]
+
+
+def _float_values(packed: torch.Tensor, bits: int, count: int, dtype: torch.dtype) -> torch.Tensor:
+    """``unpack_bits(...)`` as ``dtype``: below 8 bits by looking each byte up in a 256-row table of its
+    values (one gather instead of shifts, masks and a cast)."""
+    if bits == 8:
+        return packed[..., :count].to(dtype)
+    codes = torch.arange(256, device=packed.device)
+    shifts = torch.arange(0, 8, bits, device=packed.device)
+    table = ((codes.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)).to(dtype)  # (256, values per byte)
+    values = F.embedding(packed.to(torch.int32), table)
+    return values.reshape(*packed.shape[:-1], -1)[..., :count]
+
+
+def dequantize_nbits(
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    zero_points: torch.Tensor | None,
+    *,
+    bits: int,
+    block_size: int,
+    k: int,
+    n: int,
+) -> torch.Tensor:
+    """The ``(N, K)`` float weight of MatMulNBits' packed ``B`` ``(N, blocks, blob)``, in the scales' dtype."""
+    blocks = (k + block_size - 1) // block_size
+    values = _float_values(packed.reshape(n, blocks, -1), bits, block_size, scales.dtype)  # a fresh tensor
+    if zero_points is None:
+        values.sub_(float(1 << (bits - 1)))
+    elif zero_points.dtype == torch.uint8:
+        zero = unpack_bits(zero_points.reshape(n, -1), bits, blocks).to(scales.dtype)
+        values.sub_(zero.reshape(n, blocks, 1))
+    else:  # float zero points (the scales' type): (q - zp) * scale, as ORT's float-zero-point path
+        values.sub_(zero_points.reshape(n, blocks, 1).to(scales.dtype))
+    return values.mul_(scales.reshape(n, blocks, 1)).reshape(n, blocks * block_size)[:, :k]
+
+
+CHUNK_ELEMENTS = 1 << 22  # float weight elements dequantised at a time: 16 MiB in float32
+
+
+def _row_chunks(packed: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None, spec: dict):
+    """``(start, stop, float rows of W)`` for successive row ranges of the ``(N, K)`` weight, each
+    dequantised only when reached, so that at most ``CHUNK_ELEMENTS`` float values exist at a time."""
+    n, k = spec["n"], spec["k"]
+    rows = max(1, CHUNK_ELEMENTS // k)
+    packed, scales = packed.reshape(n, -1), scales.reshape(n, -1)
+    zero = None if zero_points is None else zero_points.reshape(n, -1)
+    for start in range(0, n, rows):
+        stop = min(start + rows, n)
+        part = None if zero is None else zero[start:stop]
+        chunk_spec = {**spec, "n": stop - start}
+        yield start, stop, dequantize_nbits(packed[start:stop], scales[start:stop], part, **chunk_spec)
+
+
+class _NBitsProduct(torch.autograd.Function):
+    """``a @ W.T`` with ``W`` dequantised from its packed form, a block of rows at a time, in forward and
+    again in backward: autograd keeps only the packed weight."""
+
+    @staticmethod
+    def forward(ctx: Any, a: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, zero_points: Any, spec: Any):
+        ctx.save_for_backward(packed, scales, *(() if zero_points is None else (zero_points,)))
+        ctx.spec, ctx.has_zero = spec, zero_points is not None
+        parts = [a @ weight.to(a.dtype).t() for _, _, weight in _row_chunks(packed, scales, zero_points, spec)]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor):
+        packed, scales, *rest = ctx.saved_tensors
+        grad_a = None
+        if ctx.needs_input_grad[0]:
+            for start, stop, weight in _row_chunks(packed, scales, rest[0] if ctx.has_zero else None, ctx.spec):
+                part = grad[..., start:stop] @ weight.to(grad.dtype)
+                grad_a = part if grad_a is None else grad_a.add_(part)
+        return grad_a, None, None, None, None
+
+
+class MatMulNBits(nn.Module):
+    """``A @ dequantize(B).T (+ bias)``; ``B`` and the quantisation parameters are never trained."""
+
+    def __init__(self, k: int, n: int, bits: int, block_size: int) -> None:
+        super().__init__()
+        self.spec = dict(bits=bits, block_size=block_size, k=k, n=n)
+
+    def forward(
+        self,
+        a: torch.Tensor,
+        packed: torch.Tensor,
+        scales: torch.Tensor,
+        zero_points: torch.Tensor | None = None,
+        g_idx: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if g_idx is not None:
+            raise NotImplementedError("MatMulNBits: the g_idx input (act-order) is not supported")
+        if a.shape[-1] != self.spec["k"]:
+            raise ValueError(f"MatMulNBits: input A's last dimension is {a.shape[-1]}, expected K={self.spec['k']}")
+        out = _NBitsProduct.apply(a, packed, scales, zero_points, self.spec)
+        return out if bias is None else out + bias.to(out.dtype)
+
+
+@register("MatMulNBits", domain=MICROSOFT)
+def matmul_nbits(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
+    attrs = attributes(node)
+    bits = int(attrs.get("bits", 4))
+    if bits not in SUPPORTED_BITS:
+        raise NotImplementedError(f"MatMulNBits: bits={bits} is not supported (expected one of {SUPPORTED_BITS})")
+    for name in ("K", "N", "block_size"):
+        if name not in attrs:
+            raise ValueError(f"MatMulNBits: the required attribute {name} is missing")
+    block_size = int(attrs["block_size"])
+    if block_size < 16 or block_size & (block_size - 1):
+        raise ValueError(f"MatMulNBits: block_size must be a power of 2 and >= 16, got {block_size}")
+    return result(MatMulNBits(int(attrs["K"]), int(attrs["N"]), bits, block_size), node)

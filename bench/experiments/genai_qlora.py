@@ -1,0 +1,195 @@
+"""LoRA on an onnxruntime-genai builder model, fp32 against int4 (QLoRA): peak resident set and step time.
+
+``prepare`` makes a random-init Llama-shaped ``transformers`` model (default: hidden 768, 12 layers, MLP
+2048, 12 heads over 4 KV heads, vocabulary 32000: 125M parameters; never committed), builds it with
+onnxruntime-genai's model builder for the CPU at fp32 and at int4 (MatMulNBits, block 32), and writes LoRA
+training artifacts for each (``generate_artifacts(lora=LoraConfig(r=8, targets=["all-linear"]))``,
+``LossType.LanguageModelLoss``, AdamW). Each precision then trains in its own process, so that its peak
+resident set is its own: the resident set after building the Module, its peak over the steps (sampled
+every millisecond; the first step converts the graph), the process's peak (``ru_maxrss``) and the median
+step time (forward, backward, AdamW on the adapters) after one warmup step. ``all`` prints a table with
+the int4/fp32 ratios (target: int4 peak RSS <= 0.45x fp32's at the same batch).
+
+    python bench/experiments/genai_qlora.py all --out bench/.cache/genai_qlora --steps 5 [--small] [--json result.json]
+    python bench/experiments/genai_qlora.py run DIR --precision fp32|int4 [--steps 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(BENCH / "harness"))
+
+from memory import RssSampler, memory_mib  # noqa: E402
+
+sys.path.insert(0, str(BENCH.parent / "examples"))
+from genai_lora import write_byte_tokenizer  # noqa: E402  (the builder needs a tokenizer; ids are drawn at random)
+
+PRECISIONS = ("fp32", "int4")
+FULL = dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
+            num_key_value_heads=4, vocab_size=32000)  # fmt: skip
+SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, vocab_size=256)  # fmt: skip
+
+
+def prepare(out: Path, small: bool, tokens: int) -> None:
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    sizes = SMALL if small else FULL
+    config = transformers.LlamaConfig(**sizes, max_position_embeddings=max(tokens, 128), bos_token_id=1, eos_token_id=2)
+    model = transformers.LlamaForCausalLM(config)
+    parameters = sum(p.numel() for p in model.parameters())
+    model.save_pretrained(out / "hf")
+    write_byte_tokenizer(out / "hf")
+    for precision in PRECISIONS:
+        built = out / f"built-{precision}"
+        command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(out / "hf"), "-o", str(built)]
+        command += ["-p", precision, "-e", "cpu", "-c", str(out / "builder-cache")]
+        completed = subprocess.run(command, capture_output=True, text=True, check=False)
+        if not (built / "model.onnx").is_file():
+            raise SystemExit(
+                f"the builder failed for {precision}:\n{completed.stdout[-2000:]}{completed.stderr[-4000:]}"
+            )
+        write_artifacts(built, out / f"artifacts-{precision}")
+    shape = {"vocab": config.vocab_size, "parameters": parameters}
+    (out / "shape.json").write_text(json.dumps(shape))
+
+
+def write_artifacts(built: Path, artifacts: Path) -> None:
+    """LoRA artifacts of a builder model; every weight is a frozen checkpoint parameter (bound once, not a
+    graph constant that conversion would copy)."""
+    import onnx
+
+    from ort_torch_train.artifacts import LossType, OptimType, generate_artifacts
+    from ort_torch_train.lora import LoraConfig
+
+    model = onnx.load(str(built / "model.onnx"), load_external_data=False)
+    weights = [init.name for init in model.graph.initializer if len(init.dims) >= 1 and min(init.dims) > 0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        generate_artifacts(
+            str(built / "model.onnx"),
+            frozen_params=weights,
+            loss=LossType.LanguageModelLoss,
+            optimizer=OptimType.AdamW,
+            artifact_directory=artifacts,
+            lora=LoraConfig(r=8, alpha=16, targets=["all-linear"]),
+        )
+
+
+def run(directory: Path, precision: str, steps: int, threads: int, batch: int, tokens: int) -> dict:
+    import numpy as np
+
+    from ort_torch_train.api import CheckpointState, Module, Optimizer, set_threads
+
+    set_threads(threads)  # pinned: the library's default follows the load
+    shape = json.loads((directory / "shape.json").read_text())
+    artifacts = directory / f"artifacts-{precision}"
+    state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
+    module = Module(artifacts / "training_model.onnx", state)
+    optimizer = Optimizer(artifacts / "optimizer_model.onnx", module)
+    built_rss = memory_mib()["VmRSS"]
+    rng = np.random.default_rng(0)
+    losses = []
+
+    def train_step() -> float:
+        ids = rng.integers(3, shape["vocab"], (batch, tokens), dtype=np.int64)
+        start = time.perf_counter()
+        losses.append(float(module.step(optimizer, ids, np.ones_like(ids), ids)))  # empty past key/values
+        return time.perf_counter() - start
+
+    with RssSampler() as first_step:
+        train_step()
+    with RssSampler() as later_steps:
+        times = [train_step() for _ in range(steps)]
+    return {
+        "precision": precision,
+        "parameters": shape["parameters"],
+        "trainable_parameters": module.parameters_size(True),
+        "batch": batch,
+        "tokens": tokens,
+        "rss_built_mib": round(built_rss, 1),
+        "peak_rss_steps_mib": round(max(first_step.peak["VmRSS"], later_steps.peak["VmRSS"]), 1),
+        "peak_rss_later_steps_mib": round(later_steps.peak["VmRSS"], 1),
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "median_step_s": statistics.median(times),
+        "losses": losses,
+    }
+
+
+def run_all(out: Path, small: bool, steps: int, threads: int, batch: int, tokens: int) -> list[dict]:
+    if not (out / "shape.json").is_file():
+        prepare(out, small, tokens)
+    results = []
+    for precision in PRECISIONS:  # each in its own process: its own peak RSS
+        command = [sys.executable, __file__, "run", str(out), "--precision", precision, "--steps", str(steps)]
+        command += ["--threads", str(threads), "--batch", str(batch), "--tokens", str(tokens)]
+        environment = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}  # freed large buffers leave the RSS
+        completed = subprocess.run(command, capture_output=True, text=True, check=False, env=environment)
+        if completed.returncode != 0:
+            raise SystemExit(f"{precision} failed:\n{completed.stderr[-4000:]}")
+        results.append(json.loads(completed.stdout.strip().splitlines()[-1]))
+    return results
+
+
+def table(results: list[dict]) -> str:
+    fp32 = results[0]
+    lines = [
+        "| precision | parameters | trainable | batch x tokens | RSS built (MiB) | peak RSS in steps (MiB) | vs fp32 "
+        "| process peak RSS (MiB) | vs fp32 | step (s) | vs fp32 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r['precision']} | {r['parameters']:,} | {r['trainable_parameters']:,} | {r['batch']} x {r['tokens']} "
+            f"| {r['rss_built_mib']} | {r['peak_rss_steps_mib']} | {r['peak_rss_steps_mib'] / fp32['peak_rss_steps_mib']:.2f}x "
+            f"| {r['peak_rss_mib']} | {r['peak_rss_mib'] / fp32['peak_rss_mib']:.2f}x "
+            f"| {r['median_step_s']:.3f} | {r['median_step_s'] / fp32['median_step_s']:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> list[dict] | dict | None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    every = commands.add_parser("all")
+    every.add_argument("--out", type=Path, default=Path("bench/.cache/genai_qlora"))
+    every.add_argument("--small", action="store_true", help="a 2-layer, hidden-64 Llama to check the script")
+    every.add_argument("--batch", type=int, default=4)
+    every.add_argument("--tokens", type=int, default=128)
+    every.add_argument("--steps", type=int, default=5)
+    every.add_argument("--threads", type=int, default=2)
+    every.add_argument("--json", type=Path, help="also write the results here")
+    single = commands.add_parser("run")
+    single.add_argument("artifacts", type=Path)
+    single.add_argument("--precision", choices=PRECISIONS, required=True)
+    single.add_argument("--steps", type=int, default=5)
+    single.add_argument("--threads", type=int, default=2)
+    single.add_argument("--batch", type=int, default=4)
+    single.add_argument("--tokens", type=int, default=128)
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        result = run(args.artifacts, args.precision, args.steps, args.threads, args.batch, args.tokens)
+        print(json.dumps(result))
+        return result
+    results = run_all(args.out, args.small, args.steps, args.threads, args.batch, args.tokens)
+    print(table(results))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    return results
+
+
+if __name__ == "__main__":
+    main()
