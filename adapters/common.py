@@ -82,9 +82,9 @@ def constant_ints(node: OnnxNode, graph: OnnxGraph, position: int) -> list[int] 
 
 def guard_or_false(condition: bool | torch.SymBool) -> bool:
     """``condition`` where it is decided; False where torch.compile cannot decide it (a size read from data).
-    A plain bool (an eager run) needs no symbolic-shape machinery, which is imported only for a symbolic one."""
-    if isinstance(condition, bool):
-        return condition
+    Outside torch.compile every size is a number, and the symbolic-shape machinery is not imported."""
+    if not torch.compiler.is_compiling():
+        return bool(condition)
     from torch.fx.experimental import symbolic_shapes
 
     return symbolic_shapes.guard_or_false(condition)
@@ -92,8 +92,8 @@ def guard_or_false(condition: bool | torch.SymBool) -> bool:
 
 def guard_or_true(condition: bool | torch.SymBool) -> bool:
     """``condition`` where it is decided; True where torch.compile cannot decide it."""
-    if isinstance(condition, bool):
-        return condition
+    if not torch.compiler.is_compiling():
+        return bool(condition)
     from torch.fx.experimental import symbolic_shapes
 
     return symbolic_shapes.guard_or_true(condition)
