@@ -34,10 +34,12 @@ from ort_torch_train.passes.onednn_linear import LINEARS
 from ort_torch_train.torch_internals import mark_dynamic
 from ort_torch_train.training.graph_literals import (
     COUNT_LENGTH,
+    GRID,
     PREFIX,
     Place,
     attribute,
     counting_like,
+    grid_like,
     literal_differences,
     prefix_of,
     replaced,
@@ -315,6 +317,7 @@ def _rewrite(
     nodes = list(graph.nodes)
     placeholders = [node for node in nodes if node.op == "placeholder"]
     sizes: dict[int, fx.Node] = {}
+    grids: dict[int, dict[tuple[str, int], fx.Node]] = {}  # by node position: a grid's sizes and steps
     with graph.inserting_after(placeholders[-1]):
         for index in reversed(dynamic):
             position, axis = probes.groups[index][0]
@@ -340,6 +343,8 @@ def _rewrite(
                 node.replace_all_uses_with(counting_like(graph, attribute(module, node.target), expression))
         if path == COUNT_LENGTH:
             graph.erase_node(node)
+        elif path[:1] == (GRID,):
+            grids.setdefault(position, {})[(path[1], path[2])] = expression
         elif path[:1] == (PREFIX,):
             users = list(node.users)
             assert node.next is not None
@@ -349,6 +354,11 @@ def _rewrite(
                 user.replace_input_with(node, cut)
         else:
             node.args, node.kwargs = replaced((node.args, node.kwargs), path, expression)
+    for position, parts in grids.items():
+        node = nodes[position]
+        with graph.inserting_before(node):
+            node.replace_all_uses_with(grid_like(graph, attribute(module, node.target), parts))
+        graph.erase_node(node)
     for node in nodes:
         first = node.args[0] if node.args else None
         value = first.meta.get("val") if isinstance(first, fx.Node) else None
