@@ -160,7 +160,7 @@ def grid_like(graph: fx.Graph, constant: torch.Tensor, parts: dict[tuple[str, in
     assert found is not None
     start, steps = found
     shape = tuple(parts.get(("size", axis), size) for axis, size in enumerate(constant.shape))
-    place = {"dtype": constant.dtype, "device": constant.device}
+    place: dict[str, fx.node.Argument] = {"dtype": constant.dtype, "device": constant.device}
     values = graph.call_function(torch.full, ((1,) * constant.dim(), start), place)
     for axis, step in enumerate(steps):
         step = parts.get(("step", axis), step)

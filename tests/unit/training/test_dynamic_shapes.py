@@ -23,6 +23,7 @@ from ort_torch_train.torch_internals import compile_counters
 from ort_torch_train.training.compile.precompiled import step_key
 from ort_torch_train.training.dynamic_shapes import probe_inputs, probe_size
 from ort_torch_train.training.engine import TrainingEngine
+from ort_torch_train.training.graph_literals import grid_of
 from ort_torch_train.training.meta_keys import DYNAMIC_AXES
 
 VOCAB, HIDDEN, CLASSES = 16, 5, 3
@@ -385,3 +386,15 @@ def test_a_dynamic_step_is_keyed_without_its_dynamic_sizes(artifacts):
         keys.append((step_key(module, ("adamw",), inputs, axes), step_key(module, ("adamw",), inputs)))
     assert keys[0][0] == keys[1][0]
     assert keys[0][1] != keys[1][1]  # a fixed-shape key names the sizes
+
+
+def test_grid_constants_are_told_by_their_start_and_steps():
+    """A mask's flat indices over batch x length, token-type ids and an all-True mask are grids (rebuilt
+    from the sizes at run time); a table of other values is not."""
+    flat_indices = torch.arange(4).reshape(4, 1, 1, 1) * 8 + torch.arange(8)
+    assert grid_of(flat_indices) == (0, (8, 0, 0, 1))
+    assert grid_of(torch.zeros(4, 8, dtype=torch.int64)) == (0, (0, 0))
+    assert grid_of(torch.ones(1, 1, 8, 1, dtype=torch.bool)) == (True, (0, 0, 0, 0))
+    assert grid_of(torch.tensor([[0, 1], [1, 3]])) is None
+    assert grid_of(torch.tril(torch.ones(4, 4, dtype=torch.bool))) is None
+    assert grid_of(torch.linspace(0, 1, 5)) is None

@@ -71,7 +71,11 @@ def _train(directory: Path, batches, compile: bool, caplog) -> tuple[list[float]
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="ort_torch_train"):
         losses = [float(module.step(optimizer, *batch)) for batch in batches]
-    fixed = [r.getMessage() for r in caplog.records if any(t in r.getMessage() for t in ("stays fixed", "fixed shapes", " up to "))]
+    fixed = [
+        r.getMessage()
+        for r in caplog.records
+        if any(t in r.getMessage() for t in ("stays fixed", "fixed shapes", " up to "))
+    ]
     assert not fixed  # no axis stays fixed, none is bounded by the sizes seen
     return losses, module.get_contiguous_parameters().numpy(), compile_counters()["stats"]["unique_graphs"]
 
