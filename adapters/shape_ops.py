@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
-from torch.fx.experimental.symbolic_shapes import guard_or_false
+
+from ort_torch_train.torch_internals import guard_or_false
 
 from .common import (
     Inline,
