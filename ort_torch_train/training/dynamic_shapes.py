@@ -6,10 +6,12 @@ axes (axes the ONNX graph leaves symbolic, grouped by size: the batch axis of th
 labels is one group), that group one shorter (``probe_size``: the probe's conversion, which runs the
 graph on its examples, then peaks no higher than the first one). A literal that follows the group's size
 is rewritten as an expression of the input's size (``c * x.size(axis)`` or ``x.size(axis) + c``), a
-constant that counts up as long as the group (position ids) as ``arange`` of that expression, a table
-whose first rows are its shorter version (rotary tables) as those rows (the graph then serves sizes up
-to the one it was made for: ``DynamicAxes.largest``), and the group's axes compile as dynamic
-dimensions. A group stays fixed, with an INFO line naming why, when its size reaches anything else:
+constant that counts up as long as the group (position ids) as ``arange`` of that expression, a grid
+(an integer constant affine in its indices, or one of a single value: a mask's flat indices, token-type
+ids) as the same grid at those sizes, a table whose first rows are its shorter version as those rows
+(the graph then serves sizes up to the one it was made for: ``DynamicAxes.largest``; tables computed
+from a Range, rotary tables and causal masks, are not constants: the conversion leaves them to run
+time), and the group's axes compile as dynamic dimensions. A group stays fixed, with an INFO line naming why, when its size reaches anything else:
 another constant tensor, a submodule's settings, the graph's structure. Sizes 0 and 1 always stay
 fixed: torch.compile specialises them; so does torch.func.grad's linear of a 3-d input, which a
 dynamic graph runs over its rows instead (``linear_over_rows``). Where torch.compile specialises a
