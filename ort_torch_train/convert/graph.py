@@ -1,7 +1,8 @@
 """Convert an ONNX graph into a torch.fx GraphModule specialised to one input signature.
 
-One pass in topological order. Each node is either folded into a constant (all inputs constant,
-or a Shape/Size of a tensor whose shape the signature fixes), dropped as a no-op for these shapes,
+One pass in topological order. Each node is either folded into a constant (all inputs constant, but
+not a float or bool value computed from a Range: rotary tables and causal masks follow the length at
+run time; or a Shape/Size of a tensor whose shape the signature fixes), dropped as a no-op for these shapes,
 or converted (the project's adapters first, then onnx2torch) into one ``call_module``. Every kept
 node also runs once on example tensors, so later nodes see concrete shapes and constants: that is
 what turns the shape arithmetic of exported graphs into plain Python values. An example is dropped
