@@ -180,6 +180,11 @@ def _convert_node(builder: Builder, node: onnx.NodeProto, index: int) -> None:
         # follow the length a compiled step is given (dynamic_shapes.py): only integer values fold
         foldable = False
         module, mapping_inputs = _make_module(builder, node, [_run_time_input(value) for value in inputs])
+        if builder.matrix_products is not None:  # its products run at every step now
+            with ProductRecorder(builder.matrix_products) as recorder:
+                _run(module, node, [builder.values[name].example if name else None for name in mapping_inputs])
+            if not recorder.complete:
+                builder.matrix_products = None
     if foldable:
         for name, value in outputs.items():
             builder.values[name] = Value(value, True, True, counted)
