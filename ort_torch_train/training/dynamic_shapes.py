@@ -7,7 +7,7 @@ labels is one group), that group one shorter (``probe_size``: the probe's conver
 graph on its examples, then peaks no higher than the first one). A literal that follows the group's size
 is rewritten as an expression of the input's size (``c * x.size(axis)`` or ``x.size(axis) + c``), a
 constant that counts up as long as the group (position ids) as ``arange`` of that expression, a grid
-(an integer constant affine in its indices, or one of a single value: a mask's flat indices, token-type
+(an integer constant affine in its indices, or an integer or bool one of a single value: a mask's flat indices, token-type
 ids) as the same grid at those sizes, a table whose first rows are its shorter version as those rows
 (the graph then serves sizes up to the one it was made for: ``DynamicAxes.largest``; tables computed
 from a Range, rotary tables and causal masks, are not constants: the conversion leaves them to run

@@ -127,14 +127,16 @@ def _table_differences(a: Any, b: Any) -> dict[tuple, tuple[int, int]] | None:
 
 def grid_of(tensor: torch.Tensor) -> tuple[Any, tuple[int, ...]] | None:
     """``(start, steps)`` of a tensor whose element at ``index`` is ``start + sum(steps * index)``: an
-    integer tensor affine in its indices, or any tensor of one value (steps 0); else None."""
+    integer tensor affine in its indices, or an integer or bool tensor of one value (steps 0); else None."""
     flat = tensor.detach().cpu()
-    if flat.numel() < 2 or flat.is_complex():
+    # not float ones: a float constant of one value sized by the batch (an accumulator of routed tokens)
+    # computed at run time keeps a MoE graph from compiling (data-dependent guards), not investigated
+    if flat.numel() < 2 or flat.is_complex() or flat.dtype.is_floating_point:
         return None
     start = flat.flatten()[0]
     if bool((flat == start).all()):
         return start.item(), (0,) * flat.dim()
-    if flat.dtype.is_floating_point or flat.dtype == torch.bool:
+    if flat.dtype == torch.bool:
         return None
     steps = tuple(
         int(flat.select(axis, 1).flatten()[0] - start) if size > 1 else 0 for axis, size in enumerate(flat.shape)
