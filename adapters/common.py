@@ -6,10 +6,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch.fx.experimental.symbolic_shapes import guard_or_false, guard_or_true
 
 from ort_torch_train.dtypes import tensor_from_proto, torch_dtype
 from ort_torch_train.onnx2torch_import import import_onnx2torch
-from ort_torch_train.torch_internals import guard_or_false, guard_or_true
 
 import_onnx2torch()
 from onnx2torch.onnx_graph import OnnxGraph, OnnxNode  # noqa: E402

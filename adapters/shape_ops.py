@@ -11,8 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
-
-from ort_torch_train.torch_internals import guard_or_false
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from .common import (
     Inline,

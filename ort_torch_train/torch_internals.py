@@ -105,21 +105,6 @@ def compile_counters() -> Any:
     return torch._dynamo.utils.counters
 
 
-def guard_or_false(condition: Any) -> bool:
-    """``condition`` as a bool; a symbolic one torch cannot decide is False (symbolic_shapes' own, loaded
-    only for a symbolic condition)."""
-    if isinstance(condition, bool):
-        return condition
-    return bool(importlib.import_module("torch.fx.experimental.symbolic_shapes").guard_or_false(condition))
-
-
-def guard_or_true(condition: Any) -> bool:
-    """``condition`` as a bool; a symbolic one torch cannot decide is True (as ``guard_or_false``)."""
-    if isinstance(condition, bool):
-        return condition
-    return bool(importlib.import_module("torch.fx.experimental.symbolic_shapes").guard_or_true(condition))
-
-
 def dynamic_tracing_errors() -> tuple[type[Exception], ...]:
     """What torch.compile raises when it cannot trace a graph with its dynamic axes."""
     symbolic_shapes = importlib.import_module("torch.fx.experimental.symbolic_shapes")
