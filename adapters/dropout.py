@@ -30,11 +30,12 @@ class Dropout(nn.Module):
         p = self.ratio if self.ratio is not None else (0.5 if ratio is None else float(ratio))
         if not self.active or p == 0.0:
             y, mask = x, (torch.ones_like(x, dtype=torch.bool) if self.with_mask else None)
-        elif not self.with_mask:
+        elif not self.with_mask and not torch.compiler.is_compiling():
             y, mask = F.dropout(x, p, training=True), None
-        else:
+        else:  # compiled: F.dropout under torch.func.grad cannot trace a dynamic size, the mask's form can
             mask = torch.rand_like(x, dtype=torch.float32) >= p
             y = x * mask / (1.0 - p) if p < 1.0 else torch.zeros_like(x)
+            mask = mask if self.with_mask else None
         if not self.with_mask and not self.extra_outputs:
             return y
         return (y, mask) + (None,) * self.extra_outputs

@@ -24,6 +24,7 @@ class Value:
     example: Any  # a tensor (or a non-tensor a converter returned), None for an absent optional
     const: bool
     static_shape: bool
+    counted: bool = False  # a constant folded from a Range (position ids and what integer ops make of them)
 
 
 class Builder:

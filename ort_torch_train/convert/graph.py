@@ -1,7 +1,8 @@
 """Convert an ONNX graph into a torch.fx GraphModule specialised to one input signature.
 
-One pass in topological order. Each node is either folded into a constant (all inputs constant,
-or a Shape/Size of a tensor whose shape the signature fixes), dropped as a no-op for these shapes,
+One pass in topological order. Each node is either folded into a constant (all inputs constant, but
+not a float or bool value computed from a Range: rotary tables and causal masks follow the length at
+run time; or a Shape/Size of a tensor whose shape the signature fixes), dropped as a no-op for these shapes,
 or converted (the project's adapters first, then onnx2torch) into one ``call_module``. Every kept
 node also runs once on example tensors, so later nodes see concrete shapes and constants: that is
 what turns the shape arithmetic of exported graphs into plain Python values. An example is dropped
@@ -173,9 +174,20 @@ def _convert_node(builder: Builder, node: onnx.NodeProto, index: int) -> None:
             builder.matrix_products = None
     outputs = _split_outputs(builder, node, result)
     static = _output_shapes_static(facts, node.input, builder.values)
+    counted = foldable and (node.op_type == "Range" or any(value.counted for value in present))
+    if counted and any(_floating_or_bool(value) for value in outputs.values()):
+        # tables computed from a Range (rotary cos/sin, causal masks) run at run time from it, so that they
+        # follow the length a compiled step is given (dynamic_shapes.py): only integer values fold
+        foldable = False
+        module, mapping_inputs = _make_module(builder, node, [_run_time_input(value) for value in inputs])
+        if builder.matrix_products is not None:  # its products run at every step now
+            with ProductRecorder(builder.matrix_products) as recorder:
+                _run(module, node, [builder.values[name].example if name else None for name in mapping_inputs])
+            if not recorder.complete:
+                builder.matrix_products = None
     if foldable:
         for name, value in outputs.items():
-            builder.values[name] = Value(value, True, True)
+            builder.values[name] = Value(value, True, True, counted)
         return
     if _reshapes_to_same(node, domain, inputs, outputs):
         builder.alias(node.output[0], node.input[0])
@@ -192,6 +204,15 @@ def _convert_node(builder: Builder, node: onnx.NodeProto, index: int) -> None:
             builder.multi_outputs[name] = (fx_node, position)
         else:
             builder.fx_nodes[name] = fx_node
+
+
+def _floating_or_bool(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and (value.dtype.is_floating_point or value.dtype == torch.bool)
+
+
+def _run_time_input(value: Value | None) -> Value | None:
+    """A Range-derived constant as a run-time input of the node that reads it (not absorbed by its converter)."""
+    return Value(value.example, False, True) if value is not None and value.counted else value
 
 
 def _emit(builder: Builder, node: onnx.NodeProto, index: int, module: nn.Module, fx_args: list) -> fx.Node:

@@ -6,10 +6,12 @@ axes (axes the ONNX graph leaves symbolic, grouped by size: the batch axis of th
 labels is one group), that group one shorter (``probe_size``: the probe's conversion, which runs the
 graph on its examples, then peaks no higher than the first one). A literal that follows the group's size
 is rewritten as an expression of the input's size (``c * x.size(axis)`` or ``x.size(axis) + c``), a
-constant that counts up as long as the group (position ids) as ``arange`` of that expression, a table
-whose first rows are its shorter version (rotary tables) as those rows (the graph then serves sizes up
-to the one it was made for: ``DynamicAxes.largest``), and the group's axes compile as dynamic
-dimensions. A group stays fixed, with an INFO line naming why, when its size reaches anything else:
+constant that counts up as long as the group (position ids) as ``arange`` of that expression, a grid
+(an integer constant affine in its indices, or an integer or bool one of a single value: a mask's flat indices, token-type
+ids) as the same grid at those sizes, a table whose first rows are its shorter version as those rows
+(the graph then serves sizes up to the one it was made for: ``DynamicAxes.largest``; tables computed
+from a Range, rotary tables and causal masks, are not constants: the conversion leaves them to run
+time), and the group's axes compile as dynamic dimensions. A group stays fixed, with an INFO line naming why, when its size reaches anything else:
 another constant tensor, a submodule's settings, the graph's structure. Sizes 0 and 1 always stay
 fixed: torch.compile specialises them; so does torch.func.grad's linear of a 3-d input, which a
 dynamic graph runs over its rows instead (``linear_over_rows``). Where torch.compile specialises a
@@ -34,10 +36,12 @@ from ort_torch_train.passes.onednn_linear import LINEARS
 from ort_torch_train.torch_internals import mark_dynamic
 from ort_torch_train.training.graph_literals import (
     COUNT_LENGTH,
+    GRID,
     PREFIX,
     Place,
     attribute,
     counting_like,
+    grid_like,
     literal_differences,
     prefix_of,
     replaced,
@@ -315,6 +319,7 @@ def _rewrite(
     nodes = list(graph.nodes)
     placeholders = [node for node in nodes if node.op == "placeholder"]
     sizes: dict[int, fx.Node] = {}
+    grids: dict[int, dict[tuple[str, int], fx.Node]] = {}  # by node position: a grid's sizes and steps
     with graph.inserting_after(placeholders[-1]):
         for index in reversed(dynamic):
             position, axis = probes.groups[index][0]
@@ -340,6 +345,8 @@ def _rewrite(
                 node.replace_all_uses_with(counting_like(graph, attribute(module, node.target), expression))
         if path == COUNT_LENGTH:
             graph.erase_node(node)
+        elif path[:1] == (GRID,):
+            grids.setdefault(position, {})[(path[1], path[2])] = expression
         elif path[:1] == (PREFIX,):
             users = list(node.users)
             assert node.next is not None
@@ -349,6 +356,11 @@ def _rewrite(
                 user.replace_input_with(node, cut)
         else:
             node.args, node.kwargs = replaced((node.args, node.kwargs), path, expression)
+    for position, parts in grids.items():
+        node = nodes[position]
+        with graph.inserting_before(node):
+            node.replace_all_uses_with(grid_like(graph, attribute(module, node.target), parts))
+        graph.erase_node(node)
     for node in nodes:
         first = node.args[0] if node.args else None
         value = first.meta.get("val") if isinstance(first, fx.Node) else None

@@ -1,10 +1,12 @@
 """The integer literals in which two converted graphs differ, and the rewrite of one of them into an
 expression: the comparison behind dynamic shapes (``dynamic_shapes.py``).
 
-Besides literals, two kinds of constant tensors may differ by a length: one that counts up along one
-axis (position ids folded from ``arange(length)``), recorded at the path ``COUNT_LENGTH``, and a table
-whose rows at a shorter length are its first rows (rotary cos/sin tables, causal masks), recorded at
-``(PREFIX, axes)``.
+Besides literals, three kinds of constant tensors may differ by a length: one that counts up along one
+axis (position ids folded from ``arange(length)``), recorded at the path ``COUNT_LENGTH``; a grid, an
+integer tensor that is an affine function of its indices or a tensor of one value (token-type ids
+expanded to batch x length, the flat indices of a batch x length mask), whose sizes and steps are
+recorded at ``(GRID, "size" | "step", axis)``; and a table whose rows at a shorter length are its first
+rows (rotary cos/sin tables, causal masks), recorded at ``(PREFIX, axes)``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from torch import fx
 Place = tuple[int, tuple[Any, ...]]  # (node position, path into its (args, kwargs))
 COUNT_LENGTH = ("count length",)  # the path of a counting constant's length
 PREFIX = "prefix"  # (PREFIX, axes): the path of a prefix table's length along ``axes``
+GRID = "grid"  # (GRID, "size" | "step", axis): the path of a grid's size or step along ``axis``
 
 
 def literal_differences(base: fx.GraphModule, probe: fx.GraphModule) -> dict[Place, tuple[int, int]] | str:
@@ -32,10 +35,10 @@ def literal_differences(base: fx.GraphModule, probe: fx.GraphModule) -> dict[Pla
         if not _compare((a.args, a.kwargs), (b.args, b.kwargs), position, (), found):
             return f"an argument of node {a.name!r}"
         if a.op == "get_attr" and not _same_state(attribute(base, a.target), attribute(probe, b.target)):
-            difference = _table_difference(attribute(base, a.target), attribute(probe, b.target))
-            if difference is None:
+            differences = _table_differences(attribute(base, a.target), attribute(probe, b.target))
+            if differences is None:
                 return f"the constant {a.target!r}"
-            found[(position, difference[0])] = difference[1]
+            found.update(((position, path), values) for path, values in differences.items())
         if a.op == "call_module" and not _same_state(base.get_submodule(a.target), probe.get_submodule(b.target)):
             return f"the settings of node {a.name!r}"
     return found
@@ -100,18 +103,76 @@ def prefix_of(graph: fx.Graph, table: fx.Node, axes: tuple[int, ...], length: fx
     return cut
 
 
-def _table_difference(a: Any, b: Any) -> tuple[tuple, tuple[int, int]] | None:
-    """The path and the lengths by which constant ``b`` differs from ``a`` (tensors of one dtype and rank):
-    a counting constant's, or a table's that ``b`` is the first rows of; else None."""
+def _table_differences(a: Any, b: Any) -> dict[tuple, tuple[int, int]] | None:
+    """The paths and the lengths by which constant ``b`` differs from ``a`` (tensors of one dtype and rank):
+    a counting constant's, a grid's sizes and steps, or a table's that ``b`` is the first rows of; else None."""
     if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.dtype != b.dtype or a.dim() != b.dim():
         return None
     lengths = _count_lengths(a, b)
     if lengths is not None:
-        return COUNT_LENGTH, lengths
+        return {COUNT_LENGTH: lengths}
+    grid_a, grid_b = grid_of(a), grid_of(b)
+    if grid_a is not None and grid_b is not None and grid_a[0] == grid_b[0]:
+        return {
+            (GRID, part, axis): (x, y)
+            for part, (of_a, of_b) in (("size", (a.shape, b.shape)), ("step", (grid_a[1], grid_b[1])))
+            for axis, (x, y) in enumerate(zip(of_a, of_b))
+            if x != y
+        }
     axes = _prefix_axes(a, b)
     if axes is not None:
-        return (PREFIX, axes), (a.shape[axes[0]], b.shape[axes[0]])
+        return {(PREFIX, axes): (a.shape[axes[0]], b.shape[axes[0]])}
     return None
+
+
+def grid_of(tensor: torch.Tensor) -> tuple[Any, tuple[int, ...]] | None:
+    """``(start, steps)`` of a tensor whose element at ``index`` is ``start + sum(steps * index)``: an
+    integer tensor affine in its indices, or an integer or bool tensor of one value (steps 0); else None."""
+    flat = tensor.detach().cpu()
+    # not float ones: a float constant of one value sized by the batch (an accumulator of routed tokens)
+    # computed at run time keeps a MoE graph from compiling (data-dependent guards), not investigated
+    if flat.numel() < 2 or flat.is_complex() or flat.dtype.is_floating_point:
+        return None
+    start = flat.flatten()[0]
+    if bool((flat == start).all()):
+        return start.item(), (0,) * flat.dim()
+    if flat.dtype == torch.bool:
+        return None
+    steps = tuple(
+        int(flat.select(axis, 1).flatten()[0] - start) if size > 1 else 0 for axis, size in enumerate(flat.shape)
+    )
+    if not torch.equal(flat, _grid_values(int(start), steps, flat.shape, flat.dtype)):
+        return None
+    return int(start), steps
+
+
+def _grid_values(start: int, steps: tuple[int, ...], shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+    values = torch.full(shape, start, dtype=dtype)
+    for axis, step in enumerate(steps):
+        view = [1] * len(shape)
+        view[axis] = shape[axis]
+        values = values + (torch.arange(shape[axis], dtype=dtype) * step).reshape(view)
+    return values
+
+
+def grid_like(graph: fx.Graph, constant: torch.Tensor, parts: dict[tuple[str, int], Any]) -> fx.Node:
+    """Nodes computing the grid ``constant`` (``grid_of``) with the sizes and steps in ``parts``
+    (("size" | "step", axis) -> a node or an int; the constant's own where absent)."""
+    found = grid_of(constant)
+    assert found is not None
+    start, steps = found
+    shape = tuple(parts.get(("size", axis), size) for axis, size in enumerate(constant.shape))
+    place: dict[str, fx.node.Argument] = {"dtype": constant.dtype, "device": constant.device}
+    values = graph.call_function(torch.full, ((1,) * constant.dim(), start), place)
+    for axis, step in enumerate(steps):
+        step = parts.get(("step", axis), step)
+        if isinstance(step, int) and step == 0:
+            continue
+        counted = graph.call_function(torch.arange, (shape[axis],), place)
+        view = tuple(shape[axis] if k == axis else 1 for k in range(constant.dim()))
+        counted = graph.call_method("reshape", (graph.call_function(torch.mul, (counted, step)), view))
+        values = graph.call_function(torch.add, (values, counted))
+    return graph.call_method("expand", (values, shape))
 
 
 def _prefix_axes(a: torch.Tensor, b: torch.Tensor) -> tuple[int, ...] | None:

@@ -119,3 +119,38 @@ def test_a_fixed_shape_fallback_is_recalled_by_every_conversion_of_the_graph_and
     assert fallbacks.recalled(fallbacks.FIXED, keys[1], CompileCache(CacheStore(tmp_path / "cache"))) == (
         "specialized it to be a constant (3)"
     )
+
+
+@pytest.mark.compile
+def test_a_remembered_fixed_shape_fallback_costs_one_graph_per_new_shape(tmp_path, caplog):
+    """torch specialises the LSTM's time loop: the first shape traces the dynamic step once, then compiles
+    it for fixed shapes; every later shape (new lengths, new batch sizes) compiles one graph, for fixed
+    shapes at once. Dynamo's own backend: the graphs are counted, not compiled by inductor."""
+    torch.manual_seed(0)
+    generate_artifacts(
+        _Tagger(),
+        loss=LossType.CrossEntropyLoss,
+        optimizer=OptimType.AdamW,
+        artifact_directory=tmp_path,
+        example_inputs=(torch.randint(0, 12, (2, 3)),),
+        input_names=["tokens"],
+        dynamic_axes={"tokens": {0: "batch", 1: "sequence"}},
+    )
+    torch._dynamo.reset()
+    compile_counters().clear()
+    fallbacks._REMEMBERED.clear()
+    module = Module(
+        tmp_path / "training_model.onnx",
+        CheckpointState.load_checkpoint(tmp_path / "checkpoint"),
+        compile={"backend": "eager"},
+        compile_cache=False,
+    )
+    optimizer = Optimizer(tmp_path / "optimizer_model.onnx", module)
+    rng = np.random.default_rng(0)
+    graphs = []
+    with caplog.at_level(logging.INFO, logger="ort_torch_train"):
+        for rows, length in [(3, 3), (3, 4), (3, 5), (4, 4), (5, 6)]:
+            module.step(optimizer, rng.integers(0, 12, (rows, length)), rng.integers(0, 3, rows))
+            graphs.append(compile_counters()["stats"]["unique_graphs"])
+    assert graphs == [2, 3, 4, 5, 6]
+    assert sum("remembered from an earlier compilation" in r.getMessage() for r in caplog.records) == 4

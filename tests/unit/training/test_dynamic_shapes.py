@@ -23,6 +23,7 @@ from ort_torch_train.torch_internals import compile_counters
 from ort_torch_train.training.compile.precompiled import step_key
 from ort_torch_train.training.dynamic_shapes import probe_inputs, probe_size
 from ort_torch_train.training.engine import TrainingEngine
+from ort_torch_train.training.graph_literals import grid_of
 from ort_torch_train.training.meta_keys import DYNAMIC_AXES
 
 VOCAB, HIDDEN, CLASSES = 16, 5, 3
@@ -181,9 +182,9 @@ def test_flattened_labels_follow_the_batch_and_sequence_axes(flat_labels_artifac
     assert DYNAMIC_AXES.get(module, None) == ((0, 0), (0, 1), (1, 0))
     assert "axis 0 of 'labels' follows them" in caplog.text
     assert "stay fixed" not in caplog.text
-    # a table made for 8 positions serves up to 8
-    assert ("axis 1 of 'ids' (up to 8)" in caplog.text) == (kind == "table")
-    inputs = [torch.as_tensor(value) for value in _lm_batches([(37, 6 if kind == "table" else 12)])[0]]
+    # a table computed from the positions runs at run time: it serves longer sequences too
+    assert "(up to" not in caplog.text
+    inputs = [torch.as_tensor(value) for value in _lm_batches([(37, 12)])[0]]
     with torch.no_grad():
         expected = graph.eager_module(graph._convert(inputs, params), params[0].device)(*inputs, *params)
         actual = module(*inputs, *params)
@@ -249,9 +250,9 @@ def test_probing_the_sizes_peaks_no_higher_than_converting_for_fixed_shapes(tmp_
 
 @pytest.mark.compile
 def test_one_compiled_step_trains_a_language_model_with_flattened_labels_like_eager(flat_labels_artifacts):
-    """One step for every shape (with a table as long as the sequence: for every shorter one)."""
+    """One step for every shape (with a table computed from the positions: at every length)."""
     directory, _ = flat_labels_artifacts
-    batches = _lm_batches([(64, 12), (64, 12), (37, 8), (64, 8), (37, 6)])
+    batches = _lm_batches([(64, 12), (64, 12), (37, 8), (64, 8), (37, 16)])
     rng = np.random.default_rng(1)
     losses, evaluations = {}, {}
     for compile in (False, True):
@@ -385,3 +386,15 @@ def test_a_dynamic_step_is_keyed_without_its_dynamic_sizes(artifacts):
         keys.append((step_key(module, ("adamw",), inputs, axes), step_key(module, ("adamw",), inputs)))
     assert keys[0][0] == keys[1][0]
     assert keys[0][1] != keys[1][1]  # a fixed-shape key names the sizes
+
+
+def test_grid_constants_are_told_by_their_start_and_steps():
+    """A mask's flat indices over batch x length, token-type ids and an all-True mask are grids (rebuilt
+    from the sizes at run time); a table of other values is not."""
+    flat_indices = torch.arange(4).reshape(4, 1, 1, 1) * 8 + torch.arange(8)
+    assert grid_of(flat_indices) == (0, (8, 0, 0, 1))
+    assert grid_of(torch.zeros(4, 8, dtype=torch.int64)) == (0, (0, 0))
+    assert grid_of(torch.ones(1, 1, 8, 1, dtype=torch.bool)) == (True, (0, 0, 0, 0))
+    assert grid_of(torch.tensor([[0, 1], [1, 3]])) is None
+    assert grid_of(torch.tril(torch.ones(4, 4, dtype=torch.bool))) is None
+    assert grid_of(torch.linspace(0, 1, 5)) is None

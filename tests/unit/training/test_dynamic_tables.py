@@ -1,0 +1,111 @@
+"""Constant tables that follow a dynamic length or batch (a mask's flat indices, token-type ids, rotary
+tables, causal masks) are rebuilt at run time from the sizes: one compiled step serves every length and
+batch size, longer and larger ones than any seen included, and trains as eager does."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from ort_torch_train.api import CheckpointState, Module, Optimizer
+from ort_torch_train.artifacts import LossType, OptimType, generate_artifacts
+from ort_torch_train.torch_internals import compile_counters
+
+transformers = pytest.importorskip("transformers")
+
+pytestmark = [pytest.mark.compile, pytest.mark.filterwarnings("ignore")]
+VOCAB = 32
+TINY = {"vocab_size": VOCAB, "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2}
+
+
+class _Masked(torch.nn.Module):
+    """A ``transformers`` model called with an attention mask, returning its logits (a causal LM's
+    flattened to (batch * tokens, vocab))."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        logits = self.model(input_ids=ids, attention_mask=mask).logits
+        return logits if logits.dim() == 2 else logits.flatten(0, 1)
+
+
+def _export(model: torch.nn.Module, directory: Path) -> None:
+    torch.manual_seed(0)
+    axes = {0: "batch", 1: "sequence"}
+    generate_artifacts(
+        _Masked(model),
+        loss=LossType.CrossEntropyLoss,
+        optimizer=OptimType.AdamW,
+        artifact_directory=directory,
+        example_inputs=(torch.randint(0, VOCAB, (2, 8)), torch.ones(2, 8, dtype=torch.int64)),
+        dynamic_axes={"ids": axes, "mask": axes, "output": {0: "rows"}},
+    )
+
+
+def _batches(shapes: list[tuple[int, int]], per_token: bool) -> list[tuple[np.ndarray, ...]]:
+    """Token batches of ``shapes``, the first sequence's last token masked out; labels per token or per sequence."""
+    rng = np.random.default_rng(0)
+    batches = []
+    for batch, length in shapes:
+        ids = rng.integers(0, VOCAB, (batch, length))
+        mask = np.ones_like(ids)
+        mask[0, -1] = 0
+        batches.append((ids, mask, rng.integers(0, VOCAB if per_token else 3, ids.size if per_token else batch)))
+    return batches
+
+
+def _train(directory: Path, batches, compile: bool, caplog) -> tuple[list[float], np.ndarray, int]:
+    """Losses, final parameters and Dynamo graphs of one step per batch."""
+    torch._dynamo.reset()
+    compile_counters().clear()
+    state = CheckpointState.load_checkpoint(directory / "checkpoint")
+    module = Module(directory / "training_model.onnx", state, compile=compile, compile_cache=False)
+    optimizer = Optimizer(directory / "optimizer_model.onnx", module)
+    optimizer.set_learning_rate(1e-3)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="ort_torch_train"):
+        losses = [float(module.step(optimizer, *batch)) for batch in batches]
+    fixed = [
+        r.getMessage()
+        for r in caplog.records
+        if any(t in r.getMessage() for t in ("stays fixed", "fixed shapes", " up to "))
+    ]
+    assert not fixed  # no axis stays fixed, none is bounded by the sizes seen
+    return losses, module.get_contiguous_parameters().numpy(), compile_counters()["stats"]["unique_graphs"]
+
+
+def _assert_one_compilation_like_eager(directory: Path, batches, caplog) -> None:
+    eager_losses, eager_parameters, _ = _train(directory, batches, False, caplog)
+    losses, parameters, graphs = _train(directory, batches, True, caplog)
+    assert graphs == 1
+    np.testing.assert_allclose(losses, eager_losses, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(parameters, eager_parameters, rtol=0, atol=1e-5)
+
+
+def test_bert_with_a_mask_compiles_once_for_five_lengths_and_larger_batches(tmp_path, caplog):
+    """The mask's flat indices (batch x length) and the token-type ids no longer fix the length, nor
+    bound the batch by the first one."""
+    config = transformers.BertConfig(
+        **TINY, intermediate_size=32, max_position_embeddings=32, num_labels=3, hidden_dropout_prob=0.0
+    )
+    config.attention_probs_dropout_prob = 0.0
+    _export(transformers.BertForSequenceClassification(config), tmp_path)
+    batches = _batches([(2, 8), (2, 5), (2, 12), (3, 6), (4, 10)], per_token=False)
+    _assert_one_compilation_like_eager(tmp_path, batches, caplog)
+
+
+def test_llama_at_a_longer_length_than_any_seen_compiles_nothing_new(tmp_path, caplog):
+    """The rotary tables and the causal mask are computed from the length at run time, not cut to the
+    longest length seen."""
+    config = transformers.LlamaConfig(
+        **TINY, num_key_value_heads=1, intermediate_size=32, max_position_embeddings=64, use_cache=False
+    )
+    _export(transformers.LlamaForCausalLM(config), tmp_path)
+    batches = _batches([(2, 8), (2, 6), (3, 16)], per_token=True)
+    _assert_one_compilation_like_eager(tmp_path, batches, caplog)
