@@ -9,6 +9,7 @@ from typing import Any, Protocol
 import torch
 
 from ort_torch_train.dtypes import torch_dtype
+from ort_torch_train.errors import InputError
 
 PAST_PREFIX = "past_key_values."
 
@@ -50,7 +51,10 @@ def _batch_size(first: Any) -> int:
     if shape is None and hasattr(first, "numpy"):
         shape = first.numpy().shape
     if not shape:
-        raise ValueError("the first input must be a batch (input_ids) to size the empty past key/values")
+        raise InputError(
+            f"past_key_values.*: left out, so the first input sizes the empty cache; expected a batch (input_ids), "
+            f"got {type(first).__name__} of shape {shape!r}"
+        )
     return int(shape[0])
 
 

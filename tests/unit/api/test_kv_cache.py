@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 import torch
 
 from ort_torch_train.api.kv_cache import with_empty_past
+from ort_torch_train.errors import InputError
 from ort_torch_train.training.forward_graph import InputDeclaration
 
 DECLARED = (
@@ -31,3 +33,11 @@ def test_every_input_given_or_another_count_is_left_alone():
     every = (ids,) * 5
     assert with_empty_past(every, DECLARED) is every
     assert with_empty_past((ids, ids), DECLARED) == (ids, ids)  # the Module names what is missing
+
+
+def test_a_first_input_that_is_not_a_batch_is_refused_naming_the_past_inputs():
+    scalar = np.int64(3)
+    with pytest.raises(
+        InputError, match=r"past_key_values\.\*: .*expected a batch \(input_ids\), got int64 of shape \(\)"
+    ):
+        with_empty_past((scalar, scalar, scalar), DECLARED)
