@@ -4,19 +4,17 @@ with no fallback, and train as eager does."""
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from ort_torch_train.api import CheckpointState, Module, Optimizer
 from ort_torch_train.artifacts import LossType, OptimType, generate_artifacts
-from ort_torch_train.torch_internals import compile_counters
 
 transformers = pytest.importorskip("transformers")
 from tests.helpers.moe_models import VOCAB, Dinov2Logits, experts_reached, tiny_moe  # noqa: E402
+from tests.helpers.one_graph import assert_one_graph_like_eager  # noqa: E402
 
 pytestmark = [pytest.mark.compile, pytest.mark.slow, pytest.mark.filterwarnings("ignore")]
 STEPS, SHAPE, EXPERTS = 5, (2, 8), 3  # 3 experts: each one a batch reaches is a block of the graph
@@ -33,26 +31,7 @@ def _export(model: torch.nn.Module, example: torch.Tensor, directory: Path, name
     )
 
 
-def _train(directory: Path, batches, compile: bool, caplog) -> tuple[list[float], np.ndarray, int]:
-    """Losses, final parameters and Dynamo graphs of ``len(batches)`` steps (learning rate 1e-3: AdamW turns rounding-sized gradients into steps of its size)."""
-    torch._dynamo.reset()
-    compile_counters().clear()
-    state = CheckpointState.load_checkpoint(directory / "checkpoint")
-    module = Module(directory / "training_model.onnx", state, compile=compile, compile_cache=False)
-    optimizer = Optimizer(directory / "optimizer_model.onnx", module)
-    optimizer.set_learning_rate(1e-3)
-    with caplog.at_level(logging.WARNING, logger="ort_torch_train"):
-        losses = [float(np.asarray(module.step(optimizer, *batch)).reshape(-1)[0]) for batch in batches]
-    assert not [r for r in caplog.records if "runs uncompiled" in r.getMessage() or "fixed shapes" in r.getMessage()]
-    return losses, module.get_contiguous_parameters().numpy(), compile_counters()["stats"]["unique_graphs"]
-
-
-def _assert_compiled_like_eager(directory: Path, batches, caplog) -> None:
-    eager_losses, eager_parameters, _ = _train(directory, batches, False, caplog)
-    losses, parameters, graphs = _train(directory, batches, True, caplog)
-    assert graphs == 1
-    np.testing.assert_allclose(losses, eager_losses, rtol=0, atol=1e-5)
-    np.testing.assert_allclose(parameters, eager_parameters, rtol=0, atol=1e-5)
+REFUSED = ("runs uncompiled", "fixed shapes")  # no fallback of any kind
 
 
 def _token_batches(tokens: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -75,7 +54,7 @@ def test_mixtral_as_transformers_routes_it_compiles_in_one_graph_and_trains_like
     model = tiny_moe("mixtral", experts=EXPERTS)
     tokens = _reaching_every_expert(model, STEPS)
     _export(model, torch.from_numpy(tokens[0]), tmp_path, "tokens")
-    _assert_compiled_like_eager(tmp_path, _token_batches(tokens), caplog)
+    assert_one_graph_like_eager(tmp_path, _token_batches(tokens), caplog, REFUSED)
 
 
 def test_olmoe_with_an_expert_no_token_reaches_compiles_in_one_graph_and_trains_like_eager(tmp_path, caplog):
@@ -88,7 +67,7 @@ def test_olmoe_with_an_expert_no_token_reaches_compiles_in_one_graph_and_trains_
         assert len(experts_reached(model, torch.from_numpy(tokens))) < EXPERTS
     tokens = [every[0], repeated[0], every[1], repeated[1], every[2]]
     _export(model, torch.from_numpy(tokens[0]), tmp_path, "tokens")
-    _assert_compiled_like_eager(tmp_path, _token_batches(tokens), caplog)
+    assert_one_graph_like_eager(tmp_path, _token_batches(tokens), caplog, REFUSED)
 
 
 def test_dinov2_compiles_in_one_graph_and_trains_like_eager(tmp_path, caplog):
@@ -96,4 +75,4 @@ def test_dinov2_compiles_in_one_graph_and_trains_like_eager(tmp_path, caplog):
     rng = np.random.default_rng(0)
     batches = [(rng.standard_normal((2, 3, 16, 16), dtype=np.float32), rng.integers(0, 3, 2)) for _ in range(STEPS)]
     _export(Dinov2Logits(), torch.from_numpy(batches[0][0]), tmp_path, "pixels")
-    _assert_compiled_like_eager(tmp_path, batches, caplog)
+    assert_one_graph_like_eager(tmp_path, batches, caplog, REFUSED)
