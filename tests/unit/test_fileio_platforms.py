@@ -37,3 +37,40 @@ def test_fileio_imports_and_locks_without_fcntl(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "True"
+
+
+_WITHOUT_POSIX_FILE_CALLS = """
+import logging, os, sys
+for name in ("O_NOFOLLOW", "fchmod", "geteuid"):  # as on Windows
+    delattr(os, name)
+logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(message)s")
+from ort_torch_train.errors import InputError
+from ort_torch_train.training.compile.cache import compile_cache_for
+os.environ["ORT_TORCH_TRAIN_CACHE_DIR"] = sys.argv[1] + "/default"
+print("default:", compile_cache_for(None))
+try:
+    compile_cache_for(sys.argv[1] + "/named")
+except InputError as error:
+    print("named:", error)
+"""
+
+
+def test_the_compile_cache_is_off_where_the_os_cannot_check_owners_and_links(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_POSIX_FILE_CALLS, str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert (
+        lines[0].startswith("compile cache off: compile cache directory")
+        and "lacks O_NOFOLLOW, fchmod, geteuid" in lines[0]
+    )
+    assert lines[1] == "default: None"
+    assert (
+        lines[2].startswith(f"named: compile cache directory '{tmp_path}/named'") and "compile_cache=False" in lines[2]
+    )
+    assert not (tmp_path / "default").exists() and not (tmp_path / "named").exists()

@@ -42,6 +42,7 @@ _KEY_BYTES = 32
 _MAC_BYTES = 32
 _HEADER_LENGTH_BYTES = 4
 _ENTRIES = "entries-1"
+_POSIX_FILE_CALLS = ("O_NOFOLLOW", "O_NONBLOCK", "fchmod", "geteuid")  # what the trust checks rely on
 # a library's path under inductor's cache dir: <two characters>/<file name>, no dot first
 LIBRARY_NAME = re.compile(r"[a-z0-9]{2}/[A-Za-z0-9_-][A-Za-z0-9_.-]*\.(so|o)")
 
@@ -101,7 +102,15 @@ class CacheStore:
     """A compile-cache directory of this user's: entries written and read back verified."""
 
     def __init__(self, directory: str | os.PathLike) -> None:
-        """Open (creating) ``directory``; raises InputError when it or its key is not safe to load code from."""
+        """Open (creating) ``directory``; raises InputError when it or its key is not safe to load code from,
+        or when this platform cannot tell (no POSIX file ownership, modes or O_NOFOLLOW, as on Windows)."""
+        missing = [name for name in _POSIX_FILE_CALLS if not hasattr(os, name)]
+        if missing:
+            raise InputError(
+                f"compile cache directory {os.fspath(directory)!r}: the compile cache checks file owners, modes "
+                f"and symbolic links, which this platform ({sys.platform}) does not offer (os lacks "
+                f"{', '.join(missing)}); expected a POSIX system, or compile_cache=False"
+            )
         self.directory = Path(directory).expanduser().absolute()
         try:
             self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
