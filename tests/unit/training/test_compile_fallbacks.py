@@ -17,6 +17,7 @@ from ort_torch_train.torch_internals import compile_counters
 from ort_torch_train.training.compile import fallbacks
 from ort_torch_train.training.compile.cache_entries import CompileCache
 from ort_torch_train.training.compile.cache_store import CacheStore
+from ort_torch_train.training.dynamic_shapes import DynamicAxes, Follower
 from ort_torch_train.training.meta_keys import DYNAMIC_AXES
 from tests.helpers.corpus import Case
 
@@ -117,6 +118,18 @@ def test_the_specialised_axes_are_recalled_by_every_conversion_of_the_graph_and_
     batch = fallbacks.Specialised(frozenset({(0, 0)}), "specialized it to be a constant (2)")
     assert fallbacks.remember_axes(keys[0], batch, cache).axes == {(0, 0), (0, 1)}
     assert fallbacks.remember_axes(keys[0], fallbacks.Specialised(None, "numel"), cache).fixed(axes[1]) == axes[1]
+
+
+def test_fixing_specialised_axes_keeps_the_other_groups_and_their_followers():
+    """T5's axes: batch, length (a table cut to it: up to 8) and the labels, batch x length. With the length
+    fixed the labels follow the batch, 8 per row; a group with one axis fixed is fixed whole (its axes
+    share one size in the graph); a fixed follower is dropped."""
+    axes = DynamicAxes((((0, 0),), ((0, 1),)), (Follower((1, 0), 1, (0, 1)),), ((1, 8),))
+    kept = axes.without({(0, 1)}, [(2, 8), (16,)])
+    assert kept == DynamicAxes((((0, 0),),), (Follower((1, 0), 8, (0,)),))
+    assert kept.axes == ((0, 0), (1, 0))
+    assert axes.without({(1, 0)}, [(2, 8), (16,)]) == DynamicAxes(axes.groups, (), axes.largest)
+    assert DynamicAxes((((0, 0), (1, 0)),)).without({(1, 0)}, [(3,), (3,)]) == DynamicAxes()
 
 
 def _tagger_artifacts(directory: Path) -> Path:
