@@ -15,7 +15,9 @@ time), and the group's axes compile as dynamic dimensions. A group stays fixed, 
 another constant tensor, a submodule's settings, the graph's structure. Sizes 0 and 1 always stay
 fixed: torch.compile specialises them; so does torch.func.grad's linear of a 3-d input, which a
 dynamic graph runs over its rows instead (``linear_over_rows``). Where torch.compile specialises a
-dynamic axis anyway, the step compiles again for fixed shapes, with an INFO line (``compile/step.py``).
+dynamic axis anyway, the step compiles again with that axis's group fixed and the other groups dynamic,
+with an INFO line, and every later conversion of the graph fixes it too (``compile/step.py``,
+``compile/fallbacks.py``).
 """
 
 from __future__ import annotations
