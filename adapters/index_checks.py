@@ -20,6 +20,8 @@ import torch
 
 from ort_torch_train.errors import IndexRangeError
 
+_LARGE = 1 << 62  # beyond any size
+
 if TYPE_CHECKING:
     from onnx2torch.onnx_node import OnnxNode
 
@@ -51,7 +53,7 @@ def check_range(indices: torch.Tensor, low: int, high: int, op: str, name: str) 
 
     Returns the smallest entry where the check ran on the host (None otherwise)."""
     if indices.is_cuda or torch.compiler.is_compiling():  # no test of the count: it may be data-dependent
-        message = f"{op}: {name} holds a value outside the valid range [{low}, {high})"
+        message = f"{op}: {name} holds a value outside the valid range {_range_text(low, high)}"
         torch._assert_async(((indices >= low) & (indices < high)).all(), message)
         return None
     if indices.numel() == 0:
@@ -63,6 +65,20 @@ def check_range(indices: torch.Tensor, low: int, high: int, op: str, name: str) 
             f"{op}: {name} holds {value}, outside the valid range [{low}, {high})", value, (low, high)
         )
     return smallest
+
+
+def _range_text(low: int, high: int) -> str:
+    """``[low, high)``; in a compiled graph where a bound is a size torch.compile keeps symbolic, words
+    instead: writing that size into the message would make torch specialise it to its value."""
+    if torch.compiler.is_compiling():
+        from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+        # a number is within any range; a symbolic size's upper bound is unknown
+        if not all(
+            statically_known_true(-_LARGE < bound) and statically_known_true(bound < _LARGE) for bound in (low, high)
+        ):
+            return "of the axis it indexes"
+    return f"[{low}, {high})"
 
 
 def _checked(indices: torch.Tensor, lows: list[int], highs: list[int], wrap: bool, op: str, name: str) -> torch.Tensor:

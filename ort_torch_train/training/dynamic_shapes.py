@@ -15,7 +15,9 @@ time), and the group's axes compile as dynamic dimensions. A group stays fixed, 
 another constant tensor, a submodule's settings, the graph's structure. Sizes 0 and 1 always stay
 fixed: torch.compile specialises them; so does torch.func.grad's linear of a 3-d input, which a
 dynamic graph runs over its rows instead (``linear_over_rows``). Where torch.compile specialises a
-dynamic axis anyway, the step compiles again for fixed shapes, with an INFO line (``compile/step.py``).
+dynamic axis anyway, the step compiles again with that axis's group fixed and the other groups dynamic,
+with an INFO line, and every later conversion of the graph fixes it too (``compile/step.py``,
+``compile/fallbacks.py``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 import logging
 import math
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -219,6 +221,24 @@ class DynamicAxes:
     @property
     def axes(self) -> tuple[Axis, ...]:
         return (*(axis for group in self.groups for axis in group), *(f.axis for f in self.followers))
+
+    def without(self, fixed: Collection[Axis], shapes: Sequence[Sequence[int]]) -> DynamicAxes:
+        """These axes less the groups holding an axis of ``fixed`` (the graph reads one size for all of a
+        group's axes) and the ``fixed`` followers; a follower of a group left out follows the others, its
+        factor times that group's size in ``shapes`` (the inputs' shapes), and none if none is left."""
+        kept = [index for index, group in enumerate(self.groups) if not set(group) & set(fixed)]
+        place = {index: new for new, index in enumerate(kept)}
+        followers = []
+        for follower in self.followers:
+            still = tuple(place[k] for k in follower.groups if k in place)
+            if follower.axis in fixed or not still:
+                continue
+            left = math.prod(
+                shapes[self.groups[k][0][0]][self.groups[k][0][1]] for k in follower.groups if k not in place
+            )
+            followers.append(Follower(follower.axis, follower.factor * left, still))
+        largest = tuple((place[k], size) for k, size in self.largest if k in place)
+        return DynamicAxes(tuple(self.groups[k] for k in kept), tuple(followers), largest)
 
 
 def generalise(

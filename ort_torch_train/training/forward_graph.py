@@ -23,6 +23,7 @@ from ort_torch_train.dtypes import dtype_name, onnx_elem_type, ort_tensor_type, 
 from ort_torch_train.errors import IndexRangeError, InputError, InputTypeError
 from ort_torch_train.graph.layout import GraphLayout, declared_shape
 from ort_torch_train.passes.pipeline import Restructure, run_compiled, run_eager
+from ort_torch_train.training.compile.fallbacks import code_digest
 from ort_torch_train.training.compile.settings import (
     Compiler,
     CompileSetting,
@@ -43,9 +44,10 @@ from ort_torch_train.training.dynamic_shapes import (
     group_size,
     probe_inputs,
 )
-from ort_torch_train.training.meta_keys import DYNAMIC_AXES, DYNAMIC_GROUPS, SIZE_PROBES
+from ort_torch_train.training.meta_keys import DYNAMIC_AXES, DYNAMIC_GROUPS, GRAPH_STRUCTURE, SIZE_PROBES
 
 Signature = tuple[tuple[torch.Size, torch.dtype], ...]
+Shapes = tuple[torch.Size, ...]
 # the shape of each user input, an axis of a dynamic group given as ("group", its index, its largest
 # size or None) and one that follows groups as ("follows", factor, their indices), and its dtype
 Pattern = tuple[tuple[tuple[int | tuple, ...], torch.dtype], ...]
@@ -107,7 +109,8 @@ class ForwardGraph:
         self.dynamic = dynamic_setting(dynamic)
         check_requested_axes(self.dynamic, [(d.name, d.dims) for d in self.declarations])
         self._cache: OrderedDict[Hashable, Callable] = OrderedDict()
-        self._dynamic_cache: OrderedDict[tuple[Hashable, Pattern], Callable] = OrderedDict()
+        # by variant and pattern: a build and the input shapes it was converted for
+        self._dynamic_cache: OrderedDict[tuple[Hashable, Pattern], tuple[Callable, Shapes]] = OrderedDict()
         self._conversions: Counter[Hashable] = Counter()  # by variant
         self._probed: set[Hashable] = set()  # the variants whose sizes were probed
         self._matrix_products: WeakKeyDictionary[Callable, list[int] | None] = WeakKeyDictionary()  # by build
@@ -175,7 +178,7 @@ class ForwardGraph:
         if dynamic:
             self._probed.add(variant)
         if dynamic_axes.groups:
-            self._dynamic_cache[(variant, _pattern(inputs, dynamic_axes))] = built
+            self._dynamic_cache[(variant, _pattern(inputs, dynamic_axes))] = (built, tuple(t.shape for t in inputs))
             while len(self._dynamic_cache) > self.cache_size:
                 self._dynamic_cache.popitem(last=False)
         self._remember(key, built)
@@ -225,9 +228,8 @@ class ForwardGraph:
 
     def _dynamic_build(self, variant: Hashable, inputs: Sequence[torch.Tensor]) -> Callable | None:
         """The build of ``variant`` whose dynamic axes take these inputs' sizes, if any."""
-        for (built_variant, pattern), built in self._dynamic_cache.items():
-            # a compiled step whose dynamic axes torch specialised (``dynamic_axes`` ()) serves its shape only
-            if built_variant == variant and getattr(built, "dynamic_axes", True) and _matches(pattern, inputs):
+        for (built_variant, pattern), (built, shapes) in self._dynamic_cache.items():
+            if built_variant == variant and _matches(pattern, inputs) and _still_dynamic(built, shapes, inputs):
                 return built
         return None
 
@@ -254,6 +256,7 @@ class ForwardGraph:
         probes = SIZE_PROBES.pop(module, None)
         prepared = pipeline(module, device, self.module_transform).to(device)
         if probes is not None:
+            GRAPH_STRUCTURE.set(prepared, code_digest(prepared))  # before its literals follow the sizes
             probed = tuple(pipeline(probe, device, self.module_transform) for probe in probes.modules)
             names = [declaration.name for declaration in self.declarations]
             dynamic = generalise(prepared, dataclasses.replace(probes, modules=probed), names, linear_rows)
@@ -330,6 +333,19 @@ def _matches(pattern: Pattern, inputs: Sequence[torch.Tensor]) -> bool:
             elif wanted != actual:
                 return False
     return all(actual == factor * math.prod(sizes[k] for k in groups) for factor, groups, actual in following)
+
+
+def _still_dynamic(built: Callable, shapes: Shapes, inputs: Sequence[torch.Tensor]) -> bool:
+    """Whether ``inputs`` have the sizes ``shapes`` along the axes of a compiled ``built`` that torch
+    specialised (those not among its ``dynamic_axes`` any more); an uncompiled build keeps them all."""
+    dynamic = getattr(built, "dynamic_axes", None)
+    if dynamic is None:
+        return True
+    return all(
+        tensor.shape[axis] == size or (position, axis) in dynamic
+        for position, (tensor, shape) in enumerate(zip(inputs, shapes))
+        for axis, size in enumerate(shape)
+    )
 
 
 def _check_input(declaration: InputDeclaration, position: int, value: object) -> None:

@@ -11,3 +11,6 @@ SIZE_PROBES: MetaKey[SizeProbes] = MetaKey("size_probes")
 DYNAMIC_GROUPS: MetaKey[DynamicAxes] = MetaKey("dynamic_groups")
 # on a prepared module: the (input position, axis) pairs to compile as dynamic dimensions
 DYNAMIC_AXES: MetaKey[tuple[Axis, ...]] = MetaKey("dynamic_axes")
+# on a prepared module with dynamic axes: the digest of its code before they were generalised, shared by
+# the conversions of one graph for other sizes (``compile/fallbacks.py``: the key of the axes torch specialised)
+GRAPH_STRUCTURE: MetaKey[str] = MetaKey("graph_structure")

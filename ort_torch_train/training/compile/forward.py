@@ -61,7 +61,7 @@ class CompiledForward:
             except dynamic_tracing_errors() as error:
                 if not self.dynamic_axes:
                     raise
-                self._compiled, self._precompile = self._compilation.fixed(self.dynamic_axes, specialisation(error))
+                self._compiled, self._precompile = self._compilation.fixed(self.dynamic_axes, (), specialisation(error))
                 self.dynamic_axes = ()
                 return self._run(args)
         except dynamic_tracing_errors() as error:  # not even for fixed shapes: it runs uncompiled

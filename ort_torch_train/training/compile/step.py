@@ -28,8 +28,8 @@ from ort_torch_train.training.compile import fallbacks, precompiled
 from ort_torch_train.training.compile.cache_entries import CompileCache
 from ort_torch_train.training.compile.settings import records_cuda_graphs, torch_compile
 from ort_torch_train.training.compile.step_spec import StepSpec
-from ort_torch_train.training.dynamic_shapes import marked_args
-from ort_torch_train.training.meta_keys import DYNAMIC_AXES
+from ort_torch_train.training.dynamic_shapes import DynamicAxes, marked_args
+from ort_torch_train.training.meta_keys import DYNAMIC_AXES, DYNAMIC_GROUPS
 from ort_torch_train.training.precision import autocast_or_null
 from ort_torch_train.training.threads import ThreadPolicy
 
@@ -58,8 +58,9 @@ class CompiledTrainStep:
         self.spec = spec
         step = _train_step_function(module, spec)
         self._products: list[int] | None = MATRIX_PRODUCTS.get(module, None)  # they decide its BLAS threads
-        # the (input position, axis) pairs compiled as dynamic dimensions; () once torch needed them fixed
+        # the (input position, axis) pairs compiled as dynamic dimensions, less those torch specialised
         self.dynamic_axes: tuple[tuple[int, int], ...] = DYNAMIC_AXES.get(module, ())
+        self._groups = DYNAMIC_GROUPS.get(module, DynamicAxes())  # how those axes take their sizes
         self._scaler = None if spec.precision is None else spec.precision.loss_scaler
         compile_arguments = spec.compile_arguments.thawed()
         self._cuda_graphs = records_cuda_graphs(compile_arguments)
@@ -118,15 +119,15 @@ class CompiledTrainStep:
         return outputs
 
     def _first_call(self, arguments: tuple, cuda_graphs: bool) -> tuple[Tensor, ...]:
-        """Compile (its dynamic axes marked) and run; compiled again for fixed shapes where torch cannot
-        trace the step with its dynamic axes, run uncompiled where it cannot compile it at all. Each
-        fallback is remembered (``fallbacks.py``): no later step for these inputs tries it again."""
+        """Compile (its dynamic axes marked) and run; where torch specialises some of those axes, compiled
+        again with them fixed, and uncompiled where torch cannot compile the step at all. Both are
+        remembered (``fallbacks.py``): the specialised axes for every conversion of this graph, the eager
+        fallback for these inputs."""
         module, parts, cache = self._compilation.module, self.spec.key_parts(), self._compilation.cache
         if self.dynamic_axes:
-            key = fallbacks.structure_key(module, parts, self.dynamic_axes)
-            reason = fallbacks.recalled(fallbacks.FIXED, key, cache)
-            if reason is not None:
-                self._fix_shapes(reason, remembered=True)
+            specialised = fallbacks.recalled_axes(fallbacks.structure_key(module, parts), cache)
+            if specialised is not None:
+                self._fix_axes(specialised, arguments[0], remembered=True)
         eager_key = fallbacks.fallback_key(module, parts, arguments, ())
         reason = fallbacks.recalled(fallbacks.EAGER, eager_key, cache)
         if reason is not None:
@@ -139,24 +140,31 @@ class CompiledTrainStep:
             return self._run_eagerly(arguments, reason, remembered=False)
 
     def _compiled_first_call(self, arguments: tuple, cuda_graphs: bool) -> tuple[Tensor, ...]:
-        try:
-            self._precompiled(arguments, cuda_graphs)
-            if isinstance(self._compiled, precompiled.GuardedStep):
-                return self._compiled(*arguments)
-            return self._compiled(*marked_args(arguments, self.dynamic_axes))
-        except dynamic_tracing_errors() as error:
-            if not self.dynamic_axes:
-                raise
-            key = fallbacks.structure_key(self._compilation.module, self.spec.key_parts(), self.dynamic_axes)
-            fallbacks.remember(fallbacks.FIXED, key, specialisation(error), self._compilation.cache)
-            self._fix_shapes(specialisation(error), remembered=False)
-            self._precompiled(arguments, cuda_graphs)
-            return self._compiled(*arguments)
+        while True:  # each failure fixes one axis or more: at most one try per dynamic group, then fixed shapes
+            try:
+                self._precompiled(arguments, cuda_graphs)
+                if isinstance(self._compiled, precompiled.GuardedStep):
+                    return self._compiled(*arguments)
+                return self._compiled(*marked_args(arguments, self.dynamic_axes))
+            except dynamic_tracing_errors() as error:
+                if not self.dynamic_axes:
+                    raise
+                key = fallbacks.structure_key(self._compilation.module, self.spec.key_parts())
+                named = fallbacks.specialised_axes(error, self.dynamic_axes)
+                found = fallbacks.Specialised(named, specialisation(error))
+                self._fix_axes(fallbacks.remember_axes(key, found, self._compilation.cache), arguments[0], False)
 
-    def _fix_shapes(self, reason: str, remembered: bool) -> None:
-        """Compile for fixed shapes from now on, torch having specialised the dynamic axes (``reason``)."""
-        self._compiled, self._precompile = self._compilation.fixed(self.dynamic_axes, reason, remembered)
-        self.dynamic_axes = ()
+    def _fix_axes(self, specialised: fallbacks.Specialised, inputs: Sequence[Tensor], remembered: bool) -> None:
+        """Compile with the axes torch ``specialised`` fixed from now on, and the graph's other dynamic axes
+        still dynamic (all fixed where a group's axis is: ``DynamicAxes.without``)."""
+        fixed = specialised.fixed(self.dynamic_axes)
+        if not fixed:
+            return
+        kept = self._groups.without(fixed, [tuple(t.shape) for t in inputs])
+        self._compiled, self._precompile = self._compilation.fixed(
+            self.dynamic_axes, kept.axes, specialised.reason, remembered
+        )
+        self._groups, self.dynamic_axes = kept, kept.axes
 
     def _run_eagerly(self, arguments: tuple, reason: str, remembered: bool) -> tuple[Tensor, ...]:
         """Run the step uncompiled from now on, torch.compile having failed on it (``reason``)."""
@@ -197,19 +205,26 @@ class Compilation:
         )
 
     def fixed(
-        self, dynamic_axes: tuple[tuple[int, int], ...], reason: str, remembered: bool = False
+        self,
+        dynamic_axes: tuple[tuple[int, int], ...],
+        kept: tuple[tuple[int, int], ...],
+        reason: str,
+        remembered: bool = False,
     ) -> tuple[Callable, precompiled.Precompile | None]:
-        """A fresh compilation for fixed shapes, after torch could not keep ``dynamic_axes`` dynamic
-        (``reason``: torch's error, in this compilation or, ``remembered``, an earlier one)."""
+        """A fresh compilation with only the ``kept`` axes of ``dynamic_axes`` dynamic (none: fixed shapes),
+        after torch could not keep the others dynamic (``reason``: torch's error, in this compilation or,
+        ``remembered``, an earlier one)."""
         log.info(
-            "dynamic shapes: torch.compile cannot keep the %s's axes %s dynamic (%s%s); compiling it for "
-            "fixed shapes: each new size compiles a step of its own",
+            "dynamic shapes: torch.compile cannot keep the %s's axes %s dynamic (%s%s); compiling it %s",
             self.what,
-            list(dynamic_axes),
+            [axis for axis in dynamic_axes if axis not in kept],
             reason,
             ", remembered from an earlier compilation" if remembered else "",
+            f"with the axes {list(kept)} dynamic"
+            if kept
+            else "for fixed shapes: each new size compiles a step of its own",
         )
-        return self.start(())
+        return self.start(kept)
 
     def eager(self, inputs: Sequence[Tensor], reason: str, remembered: bool = False) -> tuple[Callable, None]:
         """The uncompiled function, with a WARNING, after torch.compile failed on it for ``inputs``

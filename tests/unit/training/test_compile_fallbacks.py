@@ -4,6 +4,7 @@ process, and not in the next one that shares its compile cache."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +17,8 @@ from ort_torch_train.torch_internals import compile_counters
 from ort_torch_train.training.compile import fallbacks
 from ort_torch_train.training.compile.cache_entries import CompileCache
 from ort_torch_train.training.compile.cache_store import CacheStore
+from ort_torch_train.training.dynamic_shapes import DynamicAxes, Follower
+from ort_torch_train.training.meta_keys import DYNAMIC_AXES
 from tests.helpers.corpus import Case
 
 STEPS = 3
@@ -84,73 +87,162 @@ class _Tagger(nn.Module):
         return self.head(self.lstm(self.embed(tokens))[0].mean(1))
 
 
-def test_a_fixed_shape_fallback_is_recalled_by_every_conversion_of_the_graph_and_from_the_cache(tmp_path):
-    """The conversions of one graph for two batch sizes share the key a fixed-shape fallback is kept under
-    (their code differs in size literals only); another model's does not. A recorded fallback is found in
-    this process and, by a new process, in the compile cache."""
-    torch.manual_seed(0)
-    generate_artifacts(
-        _Tagger(),
-        loss=LossType.CrossEntropyLoss,
-        optimizer=OptimType.AdamW,
-        artifact_directory=tmp_path / "lstm",
-        example_inputs=(torch.randint(0, 12, (2, 3)),),
-        input_names=["tokens"],
-        dynamic_axes={"tokens": {0: "batch", 1: "sequence"}},
-    )
-    module = Module(
-        tmp_path / "lstm" / "training_model.onnx", CheckpointState.load_checkpoint(tmp_path / "lstm" / "checkpoint")
-    )
+def test_the_specialised_axes_are_recalled_by_every_conversion_of_the_graph_and_from_the_cache(tmp_path):
+    """The conversions of one graph for batch 2 (its batch axis fixed: the LSTM's zero state is a table
+    of 2 rows, which the probe at 3 cannot cut) and for batch 3 (batch and length dynamic) share the key
+    the axes torch specialised are kept under; another step's parts do not. The axes are found in this
+    process and, by a new process, in the compile cache."""
+    directory = _tagger_artifacts(tmp_path / "lstm")
+    module = Module(directory / "training_model.onnx", CheckpointState.load_checkpoint(directory / "checkpoint"))
     graph, params = module._engine.train_graph, module._engine._train_params
-    keys = []
-    for rows in (3, 4):
-        tokens = torch.randint(0, 12, (rows, 3))
+    keys, axes = [], []
+    for rows in (2, 3):
+        tokens = torch.randint(0, 12, (rows, 4))
         converted = graph.specialised(
             [tokens, torch.zeros(rows, dtype=torch.int64)], params, rows, graph.compiled_module
         )
-        keys.append(fallbacks.structure_key(converted, ("parts",), ((0, 1),)))
+        keys.append(fallbacks.structure_key(converted, ("parts",)))
+        axes.append(DYNAMIC_AXES.get(converted, ()))
+    assert axes == [((0, 1),), ((0, 0), (1, 0), (0, 1))]
     assert keys[0] == keys[1]
-    assert fallbacks.structure_key(converted, ("other parts",), ((0, 1),)) != keys[0]
+    assert fallbacks.structure_key(converted, ("other parts",)) != keys[0]
     cache = CompileCache(CacheStore(tmp_path / "cache"))
-    fallbacks.remember(fallbacks.FIXED, keys[0], "specialized it to be a constant (3)", cache)
-    assert fallbacks.recalled(fallbacks.FIXED, keys[1], None) == "specialized it to be a constant (3)"
+    length = fallbacks.Specialised(frozenset({(0, 1)}), "specialized it to be a constant (3)")
+    assert fallbacks.remember_axes(keys[0], length, cache) == length
+    assert fallbacks.recalled_axes(keys[1], None) == length
+    assert length.fixed(axes[1]) == ((0, 1),)
     fallbacks._REMEMBERED.clear()  # a new process: only the cache knows
-    assert fallbacks.recalled(fallbacks.FIXED, keys[1], None) is None
-    assert fallbacks.recalled(fallbacks.FIXED, keys[1], CompileCache(CacheStore(tmp_path / "cache"))) == (
-        "specialized it to be a constant (3)"
-    )
+    assert fallbacks.recalled_axes(keys[1], None) is None
+    assert fallbacks.recalled_axes(keys[1], CompileCache(CacheStore(tmp_path / "cache"))) == length
+    # more axes specialised later add to them; an error naming none fixes every axis
+    batch = fallbacks.Specialised(frozenset({(0, 0)}), "specialized it to be a constant (2)")
+    assert fallbacks.remember_axes(keys[0], batch, cache).axes == {(0, 0), (0, 1)}
+    assert fallbacks.remember_axes(keys[0], fallbacks.Specialised(None, "numel"), cache).fixed(axes[1]) == axes[1]
 
 
-@pytest.mark.compile
-def test_a_remembered_fixed_shape_fallback_costs_one_graph_per_new_shape(tmp_path, caplog):
-    """torch specialises the LSTM's time loop: the first shape traces the dynamic step once, then compiles
-    it for fixed shapes; every later shape (new lengths, new batch sizes) compiles one graph, for fixed
-    shapes at once. Dynamo's own backend: the graphs are counted, not compiled by inductor."""
+def test_fixing_specialised_axes_keeps_the_other_groups_and_their_followers():
+    """T5's axes: batch, length (a table cut to it: up to 8) and the labels, batch x length. With the length
+    fixed the labels follow the batch, 8 per row; a group with one axis fixed is fixed whole (its axes
+    share one size in the graph); a fixed follower is dropped."""
+    axes = DynamicAxes((((0, 0),), ((0, 1),)), (Follower((1, 0), 1, (0, 1)),), ((1, 8),))
+    kept = axes.without({(0, 1)}, [(2, 8), (16,)])
+    assert kept == DynamicAxes((((0, 0),),), (Follower((1, 0), 8, (0,)),))
+    assert kept.axes == ((0, 0), (1, 0))
+    assert axes.without({(1, 0)}, [(2, 8), (16,)]) == DynamicAxes(axes.groups, (), axes.largest)
+    assert DynamicAxes((((0, 0), (1, 0)),)).without({(1, 0)}, [(3,), (3,)]) == DynamicAxes()
+
+
+def _tagger_artifacts(directory: Path) -> Path:
     torch.manual_seed(0)
     generate_artifacts(
         _Tagger(),
         loss=LossType.CrossEntropyLoss,
         optimizer=OptimType.AdamW,
-        artifact_directory=tmp_path,
+        artifact_directory=directory,
         example_inputs=(torch.randint(0, 12, (2, 3)),),
         input_names=["tokens"],
         dynamic_axes={"tokens": {0: "batch", 1: "sequence"}},
     )
+    return directory
+
+
+def _train(directory: Path, batches: list[tuple], compile, cache=False) -> tuple[list[float], list[int]]:
+    """Losses and the Dynamo graphs after each step of one Module (learning rate 1e-3)."""
+    module = Module(
+        directory / "training_model.onnx",
+        CheckpointState.load_checkpoint(directory / "checkpoint"),
+        compile=compile,
+        compile_cache=cache,
+    )
+    optimizer = Optimizer(directory / "optimizer_model.onnx", module)
+    optimizer.set_learning_rate(1e-3)
+    losses, graphs = [], []
+    for batch in batches:
+        losses.append(float(np.asarray(module.step(optimizer, *batch)).reshape(-1)[0]))
+        graphs.append(compile_counters()["stats"]["unique_graphs"])
+    return losses, graphs
+
+
+def _new_process() -> None:
+    """What a new process starts from: no Dynamo graphs, no fallback remembered in memory."""
     torch._dynamo.reset()
     compile_counters().clear()
     fallbacks._REMEMBERED.clear()
-    module = Module(
-        tmp_path / "training_model.onnx",
-        CheckpointState.load_checkpoint(tmp_path / "checkpoint"),
-        compile={"backend": "eager"},
-        compile_cache=False,
-    )
-    optimizer = Optimizer(tmp_path / "optimizer_model.onnx", module)
+
+
+@pytest.mark.compile
+def test_an_lstm_whose_length_torch_specialises_costs_one_graph_per_new_shape(tmp_path, caplog):
+    """torch specialises the LSTM's time loop: the first shape traces the dynamic step once, then compiles
+    it with the length fixed; every later new shape compiles one graph (the batch axis fixed at batch 2,
+    dynamic from batch 3 on: other dynamic axes, the same remembered length), and a new batch size at a
+    seen length none. A new process sharing the compile cache recalls the length: one graph for its first
+    shape. Dynamo's own backend: the graphs are counted, not compiled by inductor."""
+    directory = _tagger_artifacts(tmp_path / "lstm")
     rng = np.random.default_rng(0)
-    graphs = []
+    shapes = [(2, 3), (2, 4), (2, 5), (3, 4), (4, 6), (3, 6)]
+    batches = [(rng.integers(0, 12, shape), rng.integers(0, 3, shape[0])) for shape in shapes]
+    eager_losses, _ = _train(directory, batches, False)
+    _new_process()
     with caplog.at_level(logging.INFO, logger="ort_torch_train"):
-        for rows, length in [(3, 3), (3, 4), (3, 5), (4, 4), (5, 6)]:
-            module.step(optimizer, rng.integers(0, 12, (rows, length)), rng.integers(0, 3, rows))
-            graphs.append(compile_counters()["stats"]["unique_graphs"])
-    assert graphs == [2, 3, 4, 5, 6]
+        losses, graphs = _train(directory, batches, {"backend": "eager"}, cache=tmp_path / "cache")
+    assert graphs == [2, 3, 4, 5, 6, 6]
     assert sum("remembered from an earlier compilation" in r.getMessage() for r in caplog.records) == 4
+    np.testing.assert_allclose(losses, eager_losses, rtol=0, atol=1e-6)
+    _new_process()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="ort_torch_train"):
+        _, graphs = _train(
+            directory, [(rng.integers(0, 12, (3, 7)), rng.integers(0, 3, 3))], {"backend": "eager"}, tmp_path / "cache"
+        )
+    assert graphs == [1]
+    assert any("remembered from an earlier compilation" in r.getMessage() for r in caplog.records)
+
+
+def _t5_artifacts(directory: Path) -> Path:
+    transformers = pytest.importorskip("transformers")
+
+    class T5Logits(nn.Module):
+        """T5 (d_model 16, one encoder and one decoder layer) on its own ids as decoder ids: 2-D logits."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            config = transformers.T5Config(
+                vocab_size=32, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_decoder_layers=1, num_heads=2,
+                dropout_rate=0.0, use_cache=False, decoder_start_token_id=0, pad_token_id=0,
+            )  # fmt: skip
+            self.model = transformers.T5ForConditionalGeneration(config)
+
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            ones = torch.ones_like(tokens)
+            return self.model(input_ids=tokens, attention_mask=ones, decoder_input_ids=tokens).logits.flatten(0, 1)
+
+    torch.manual_seed(0)
+    generate_artifacts(
+        T5Logits(),
+        loss=LossType.CrossEntropyLoss,
+        optimizer=OptimType.AdamW,
+        artifact_directory=directory,
+        example_inputs=(torch.randint(0, 32, (2, 8)),),
+        input_names=["tokens"],
+        dynamic_axes={"tokens": {0: "batch", 1: "sequence"}},
+    )
+    return directory
+
+
+@pytest.mark.compile
+@pytest.mark.slow
+def test_t5_whose_buckets_torch_specialises_costs_one_graph_per_new_shape(tmp_path, caplog):
+    """torch specialises T5's relative-position buckets (the length), not its batch axis: the first shape
+    traces the dynamic step once, then compiles it with the length fixed and the batch dynamic (the labels,
+    flattened to batch x length, following it); a new length compiles one graph, a new batch size at a
+    seen length none. Losses equal eager's."""
+    directory = _t5_artifacts(tmp_path / "t5")
+    rng = np.random.default_rng(0)
+    shapes = [(2, 8), (2, 6), (3, 6), (3, 8)]
+    batches = [(rng.integers(0, 32, shape), rng.integers(0, 32, shape[0] * shape[1])) for shape in shapes]
+    eager_losses, _ = _train(directory, batches, False)
+    _new_process()
+    with caplog.at_level(logging.INFO, logger="ort_torch_train"):
+        losses, graphs = _train(directory, batches, {"backend": "eager"})
+    assert graphs == [2, 3, 3, 3]
+    np.testing.assert_allclose(losses, eager_losses, rtol=0, atol=1e-5)
