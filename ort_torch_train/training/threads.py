@@ -24,8 +24,10 @@ process, so every engine follows one ``ThreadPolicy``, ``process_threads()`` (an
 built and hands it to its compiled steps), which ``set_threads`` and the CLI's ``--threads`` set. It reads nothing and sets nothing at import; it changes torch's count
 through ``torch_settings.py``, where the package's process-wide torch settings are listed.
 
-Not covered: inductor's compiled loops keep the thread count they were compiled with. OpenMP's
-waiting is read once, when torch loads OpenMP (the same section measures ``OMP_WAIT_POLICY=PASSIVE``).
+A compiled step follows the load once, when it compiles, and then ``hold``s that count: inductor's
+compiled loops keep the thread count they were compiled with, and Dynamo's guards check it (another
+count would compile the step again). OpenMP's waiting is read once, when torch loads OpenMP (the same
+section measures ``OMP_WAIT_POLICY=PASSIVE``).
 """
 
 from __future__ import annotations
@@ -113,6 +115,16 @@ class ThreadPolicy:
             )
             set_intra_op_threads(wanted)
             self._applied = wanted
+
+    def hold(self, count: int, device: torch.device) -> None:
+        """Before a compiled step on ``device`` that was compiled at ``count`` threads: under "auto", torch's
+        count goes back to ``count``. Inductor's loops keep the count they were compiled with, and Dynamo's
+        guards check it, so another count would only compile the step again."""
+        if device.type != "cpu" or self.setting() != "auto" or torch.get_num_threads() == count:
+            return
+        log.info("threads: %d -> %d (the count the compiled step was compiled at)", torch.get_num_threads(), count)
+        set_intra_op_threads(count)
+        self._applied = count
 
     def restart_load_window(self) -> None:
         """Read the load from now on: called after a compilation, whose worker processes are this

@@ -50,11 +50,17 @@ class CompiledForward:
         self._called = False
         self._cuda_graphs = records_cuda_graphs(arguments)  # recorded and replayed by torch.compile's call
         self._threads = threads
+        self._compiled_at_threads = 0  # torch's thread count at the first call, which compiled the forward
 
     def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if self._called:
+            if args:
+                self._threads.hold(self._compiled_at_threads, args[0].device)
             return self._run(args)
-        self._called = True  # the first call compiles: dynamic axes marked on its arguments
+        self._called = True
+        self._compiled_at_threads = (
+            torch.get_num_threads()
+        )  # the first call compiles: dynamic axes marked on its arguments
         try:
             try:
                 return self._run(args, first=True)

@@ -69,6 +69,7 @@ class CompiledTrainStep:
         self._compilation = Compilation(step, module, external, compile_arguments, "train step", cache)
         self._compiled, self._precompile = self._compilation.start(self.dynamic_axes)
         self._threads = threads
+        self._compiled_at_threads = 0  # torch's thread count at the first call, which compiled the step
         self._called = False
         self._reset_flags: dict[torch.device, tuple[Tensor, Tensor]] = {}
 
@@ -100,7 +101,11 @@ class CompiledTrainStep:
         if cuda_graphs:  # updated in place: CUDA graphs replay only on inputs at fixed addresses
             for tensor in (*trainable, *frozen, *grads, *(t for moments in states for t in moments)):
                 mark_static_address(tensor)
-        self._threads.follow_load(device)
+        if self._called:
+            self._threads.hold(self._compiled_at_threads, device)
+        else:
+            self._threads.follow_load(device)
+            self._compiled_at_threads = torch.get_num_threads()
         with torch.no_grad(), blas_threads_for(self._products, device):
             if self._precompile is None:
                 outputs = self._compiled(*arguments)

@@ -14,6 +14,7 @@ import torch
 
 from ort_torch_train.api import CheckpointState, Module, Optimizer, set_threads
 from ort_torch_train.cli.main import build_parser, main
+from ort_torch_train.torch_internals import compile_counters
 from ort_torch_train.training import threads
 from ort_torch_train.training.threads import THREADS_VARIABLE, ThreadPolicy, process_threads, threads_setting
 from tests.helpers.paths import FIXTURES, ROOT
@@ -196,3 +197,47 @@ def test_the_cli_refuses_a_bad_variable_in_one_line(unchosen, monkeypatch, capsy
     monkeypatch.setenv(THREADS_VARIABLE, "many")
     assert main(["train", str(MLP / "artifacts"), "--data", str(MLP / "data.npz"), "--steps", "1"]) == 1
     assert f"error: {THREADS_VARIABLE}: {EXPECTED}, got 'many'" in capsys.readouterr().err
+
+
+@needs_proc_stat
+@pytest.mark.compile
+def test_a_compiled_step_keeps_the_count_it_was_compiled_at(unchosen, monkeypatch):
+    """Under auto, a step compiled at 2 threads runs at 2 after the load lowered the count: another count
+    would fail Dynamo's guards and compile the train step and the eval forward again."""
+    torch._dynamo.reset()
+    compile_counters().clear()
+    torch.set_num_threads(2)
+    wanted = [2]
+    monkeypatch.setattr(threads, "threads_for_load", lambda cpus, other_busy, ceiling: wanted[0])
+    state = CheckpointState.load_checkpoint(MLP / "artifacts" / "checkpoint")
+    module = Module(
+        MLP / "artifacts" / "training_model.onnx",
+        state,
+        MLP / "artifacts" / "eval_model.onnx",
+        compile={"backend": "eager"},
+        compile_cache=False,
+    )
+    optimizer = Optimizer(MLP / "artifacts" / "optimizer_model.onnx", module)
+    data = np.load(MLP / "data.npz")
+    batch = (data["x_train"][0], data["y_train"][0])
+
+    def lowered_by_the_load() -> None:
+        wanted[0] = 1
+        time.sleep(threads.CHECK_INTERVAL_S * 1.2)
+        unchosen.follow_load(CPU)  # an eager step of another Module, say
+        assert torch.get_num_threads() == 1
+
+    module.step(optimizer, *batch)
+    module.eval()
+    module(*batch)
+    compiled = compile_counters()["stats"]["unique_graphs"]
+    for _ in range(2):
+        lowered_by_the_load()
+        module.train()
+        module.step(optimizer, *batch)
+        assert torch.get_num_threads() == 2
+        lowered_by_the_load()
+        module.eval()
+        module(*batch)
+        assert torch.get_num_threads() == 2
+    assert compile_counters()["stats"]["unique_graphs"] == compiled
