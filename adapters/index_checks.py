@@ -51,7 +51,7 @@ def check_range(indices: torch.Tensor, low: int, high: int, op: str, name: str) 
 
     Returns the smallest entry where the check ran on the host (None otherwise)."""
     if indices.is_cuda or torch.compiler.is_compiling():  # no test of the count: it may be data-dependent
-        message = f"{op}: {name} holds a value outside the valid range [{low}, {high})"
+        message = f"{op}: {name} holds a value outside the valid range {_range_text(low, high)}"
         torch._assert_async(((indices >= low) & (indices < high)).all(), message)
         return None
     if indices.numel() == 0:
@@ -63,6 +63,17 @@ def check_range(indices: torch.Tensor, low: int, high: int, op: str, name: str) 
             f"{op}: {name} holds {value}, outside the valid range [{low}, {high})", value, (low, high)
         )
     return smallest
+
+
+def _range_text(low: int, high: int) -> str:
+    """``[low, high)``, or "of its axis" where a bound is a dynamic axis's size while tracing: formatting
+    that size would fix the axis to its current value (Dynamo shows it as an int; only a size with no
+    upper bound, as dynamic axes have, is told from a constant)."""
+    from torch.fx.experimental import symbolic_shapes
+
+    if all(symbolic_shapes.statically_known_true(abs(bound) < 2**62) for bound in (low, high)):
+        return f"[{low}, {high})"
+    return "of its axis"
 
 
 def _checked(indices: torch.Tensor, lows: list[int], highs: list[int], wrap: bool, op: str, name: str) -> torch.Tensor:
