@@ -69,6 +69,8 @@ def _range_text(low: int, high: int) -> str:
     """``[low, high)``, or "of its axis" where a bound is a dynamic axis's size while tracing: formatting
     that size would fix the axis to its current value (Dynamo shows it as an int; only a size with no
     upper bound, as dynamic axes have, is told from a constant)."""
+    if not torch.compiler.is_compiling():  # eager on CUDA: the bounds are ints (and sympy stays unloaded)
+        return f"[{low}, {high})"
     from torch.fx.experimental import symbolic_shapes
 
     if all(symbolic_shapes.statically_known_true(abs(bound) < 2**62) for bound in (low, high)):
