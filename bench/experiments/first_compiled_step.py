@@ -13,12 +13,12 @@ cache) on the checkout at ROOT (its ``ort_torch_train`` and ``adapters``: anothe
 "before" figure). ``reference`` trains the same torch model under plain ``torch.compile`` (forward,
 backward, torch.optim.AdamW; ``dynamic=True`` for the rows whose axes ours marks dynamic, else False)
 on the same batches. Both write the first step's seconds, the Dynamo graphs after each step, the nodes
-of each graph Dynamo hands to inductor, and the error a step raised, to OUT.json; ``first_step_cpu_s`` is
-the process's own CPU time in the first step (inductor's C++ compilers run in other processes). ``table`` runs, row by
-row, ``measure`` on this checkout then ``reference``, each in its own process with its own empty
-inductor cache directory, and writes every result, the load average and ``process_tree_cpu_s`` (CPU
-seconds of the whole process and its compilers: less sensitive to other jobs than seconds of wall time)
-to OUT.json (after each row).
+of each graph Dynamo hands to inductor, and the error a step raised, to OUT.json; ``first_step_cpu_s``
+is the process's own CPU time in the first step (inductor's C++ compilers run in other processes).
+``table`` runs, row by row, ``measure`` on this checkout then ``reference``, each in its own process
+with its own empty inductor cache directory, and writes every result, the load average and
+``process_tree_cpu_s`` (CPU seconds of the whole process and its compilers: less sensitive to other
+jobs than seconds of wall time) to OUT.json (after each row).
 """
 
 from __future__ import annotations
