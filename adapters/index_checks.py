@@ -20,8 +20,6 @@ import torch
 
 from ort_torch_train.errors import IndexRangeError
 
-_LARGE = 1 << 62  # beyond any size
-
 if TYPE_CHECKING:
     from onnx2torch.onnx_node import OnnxNode
 
@@ -68,17 +66,16 @@ def check_range(indices: torch.Tensor, low: int, high: int, op: str, name: str) 
 
 
 def _range_text(low: int, high: int) -> str:
-    """``[low, high)``; in a compiled graph where a bound is a size torch.compile keeps symbolic, words
-    instead: writing that size into the message would make torch specialise it to its value."""
-    if torch.compiler.is_compiling():
-        from torch.fx.experimental.symbolic_shapes import statically_known_true
+    """``[low, high)``, or "of its axis" where a bound is a dynamic axis's size while tracing: formatting
+    that size would fix the axis to its current value (Dynamo shows it as an int; only a size with no
+    upper bound, as dynamic axes have, is told from a constant)."""
+    if not torch.compiler.is_compiling():  # eager on CUDA: the bounds are ints (and sympy stays unloaded)
+        return f"[{low}, {high})"
+    from torch.fx.experimental import symbolic_shapes
 
-        # a number is within any range; a symbolic size's upper bound is unknown
-        if not all(
-            statically_known_true(-_LARGE < bound) and statically_known_true(bound < _LARGE) for bound in (low, high)
-        ):
-            return "of the axis it indexes"
-    return f"[{low}, {high})"
+    if all(symbolic_shapes.statically_known_true(abs(bound) < 2**62) for bound in (low, high)):
+        return f"[{low}, {high})"
+    return "of its axis"
 
 
 def _checked(indices: torch.Tensor, lows: list[int], highs: list[int], wrap: bool, op: str, name: str) -> torch.Tensor:

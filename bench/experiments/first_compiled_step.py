@@ -1,17 +1,24 @@
-"""First compiled steps of the tiny models with data-dependent sizes, for a before/after comparison.
+"""First compiled steps of tiny models, ours against the same torch models under plain torch.compile.
 
-    .venv/bin/python bench/experiments/first_compiled_step.py export DIR
-    .venv/bin/python bench/experiments/first_compiled_step.py measure ROOT DIR ROW OUT.json
-    .venv/bin/python bench/experiments/first_compiled_step.py reference ROW OUT.json
+    PYTHONPATH=. .venv/bin/python bench/experiments/first_compiled_step.py export DIR [ROW ...]
+    PYTHONPATH=. .venv/bin/python bench/experiments/first_compiled_step.py table DIR OUT.json [ROW ...]
+    PYTHONPATH=. .venv/bin/python bench/experiments/first_compiled_step.py measure ROOT DIR ROW OUT.json
+    PYTHONPATH=. .venv/bin/python bench/experiments/first_compiled_step.py reference DIR ROW OUT.json
 
-``export`` writes artifacts under DIR/<row> for the rows mixtral (transformers' routing), olmoe (routed
-over every expert; its second batch reaches 2 of 4 experts), dinov2 (bicubic Resize), lstm (a tiny
-LSTM, batch and sequence axes dynamic; 6 shapes) and t5 (a tiny T5, the same axes dynamic; 3 shapes). ``measure`` trains ROW with ``compile=True`` (no
-compile cache) on the checkout at ROOT (its ``ort_torch_train`` and ``adapters``: another commit's,
-for a "before" figure) and writes the first step's seconds, the Dynamo graphs after each step, or the
-error the first step raised, to OUT.json. ``reference`` times the same torch model's first step under
-plain ``torch.compile`` (forward, backward, torch.optim.AdamW; ``dynamic=True`` for lstm, whose axes ours
-marks dynamic, else False). One process per row and checkout; run them one at a time.
+Rows: mixtral (transformers' routing), olmoe (routed over every expert; its second batch reaches 2 of 4
+experts), dinov2 (bicubic Resize), vit, t5, llama (with an attention mask, per-token labels) and lstm (a
+tiny LSTM tagger); batch and sequence axes dynamic for t5, llama and lstm, static shapes for the others.
+``export`` writes artifacts under DIR/<row>. ``measure`` trains ROW with ``compile=True`` (no compile
+cache) on the checkout at ROOT (its ``ort_torch_train`` and ``adapters``: another commit's, for a
+"before" figure). ``reference`` trains the same torch model under plain ``torch.compile`` (forward,
+backward, torch.optim.AdamW; ``dynamic=True`` for the rows whose axes ours marks dynamic, else False)
+on the same batches. Both write the first step's seconds, the Dynamo graphs after each step, the nodes
+of each graph Dynamo hands to inductor, and the error a step raised, to OUT.json; ``first_step_cpu_s``
+is the process's own CPU time in the first step (inductor's C++ compilers run in other processes).
+``table`` runs, row by row, ``measure`` on this checkout then ``reference``, each in its own process
+with its own empty inductor cache directory, and writes every result, the load average and
+``process_tree_cpu_s`` (CPU seconds of the whole process and its compilers: less sensitive to other
+jobs than seconds of wall time) to OUT.json (after each row).
 """
 
 from __future__ import annotations
@@ -19,73 +26,58 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import resource
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-
-def _export(directory: Path) -> None:
-    import numpy as np
-    import torch
-
-    from ort_torch_train.artifacts import LossType, OptimType, generate_artifacts
-    from tests.helpers.moe_models import VOCAB, Dinov2Logits, experts_reached, tiny_moe
-
-    def export(model, example, row, name, **options) -> None:
-        generate_artifacts(
-            model,
-            loss=LossType.CrossEntropyLoss,
-            optimizer=OptimType.AdamW,
-            artifact_directory=directory / row,
-            example_inputs=(example,),
-            input_names=[name],
-            **options,
-        )
-
-    rng = np.random.default_rng(0)
-    for kind, every in (("mixtral", False), ("olmoe", True)):
-        model = tiny_moe(kind, every)
-        tokens = []
-        while len(tokens) < 3:
-            candidate = rng.integers(0, VOCAB, (2, 8))
-            if len(experts_reached(model, torch.from_numpy(candidate))) == 4:
-                tokens.append(candidate)
-        if every:
-            tokens[1] = np.full((2, 8), 5)
-        export(model, torch.from_numpy(tokens[0]), kind, "tokens")
-        np.save(directory / kind / "tokens.npy", np.stack(tokens))
-    export(Dinov2Logits(), torch.randn(2, 3, 16, 16), "dinov2", "pixels")
-
-    torch.manual_seed(0)
-    export(_tagger(), torch.randint(0, 12, (4, 8)), "lstm", "tokens", dynamic_axes={"tokens": {0: "b", 1: "s"}})
-    torch.manual_seed(0)
-    export(_t5(), torch.randint(0, 32, (2, 8)), "t5", "tokens", dynamic_axes={"tokens": {0: "b", 1: "s"}})
+ROWS = ("mixtral", "olmoe", "dinov2", "vit", "t5", "llama", "lstm")
+DYNAMIC = {"t5": ("tokens",), "llama": ("ids", "mask"), "lstm": ("tokens",)}
+SHAPES = {
+    "t5": [(2, 8), (2, 6), (3, 7)],
+    "llama": [(2, 8), (2, 6), (3, 16)],
+    "lstm": [(4, 8), (4, 6), (4, 10), (3, 7), (5, 9), (4, 12)],
+}
 
 
-def _t5():
+def _model(row: str):
+    """ROW's torch model, seeded: the one exported and the one the reference compiles."""
     import torch
     import transformers
-    from torch import nn
 
-    class T5Logits(nn.Module):
-        """T5 (d_model 16, one encoder and one decoder layer) on its own ids as decoder ids: 2-D logits."""
+    from tests.helpers.moe_models import Dinov2Logits, tiny_moe
 
-        def __init__(self) -> None:
-            super().__init__()
-            config = transformers.T5Config(
-                vocab_size=32, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_decoder_layers=1, num_heads=2,
-                dropout_rate=0.0, use_cache=False, decoder_start_token_id=0, pad_token_id=0,
-            )  # fmt: skip
-            self.model = transformers.T5ForConditionalGeneration(config)
+    torch.manual_seed(0)
+    if row in ("mixtral", "olmoe"):
+        return tiny_moe(row, every_expert=row == "olmoe")
+    if row == "dinov2":
+        return Dinov2Logits()
+    if row == "lstm":
+        return _Tagger()
+    if row == "vit":
+        config = transformers.ViTConfig(
+            hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, image_size=16,
+            patch_size=4, num_labels=3, attn_implementation="eager",
+        )  # fmt: skip
+        return _Logits(transformers.ViTForImageClassification(config), "pixel_values")
+    if row == "t5":
+        config = transformers.T5Config(
+            vocab_size=32, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_decoder_layers=1, num_heads=2,
+            dropout_rate=0.0, use_cache=False, decoder_start_token_id=0, pad_token_id=0,
+        )  # fmt: skip
+        return _Logits(transformers.T5ForConditionalGeneration(config), "t5")
+    if row == "llama":
+        config = transformers.LlamaConfig(
+            vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+            intermediate_size=32, max_position_embeddings=64, use_cache=False,
+        )  # fmt: skip
+        return _Logits(transformers.LlamaForCausalLM(config), "masked")
+    raise SystemExit(f"unknown row {row!r}; expected one of {ROWS}")
 
-        def forward(self, tokens):
-            ones = torch.ones_like(tokens)
-            return self.model(input_ids=tokens, attention_mask=ones, decoder_input_ids=tokens).logits.flatten(0, 1)
 
-    return T5Logits()
-
-
-def _tagger():
+def _Tagger():
     from torch import nn
 
     class Tagger(nn.Module):
@@ -99,31 +91,144 @@ def _tagger():
     return Tagger()
 
 
-def _reference(row: str, out: Path) -> None:
+def _Logits(model, call: str):
+    """A ``transformers`` model returning 2-D logits: per image, or per token flattened."""
+    import torch
+    from torch import nn
+
+    class Logits(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, *inputs):
+            if call == "pixel_values":
+                return self.model(pixel_values=inputs[0]).logits
+            if call == "t5":  # its own ids as decoder ids
+                ones = torch.ones_like(inputs[0])
+                out = self.model(input_ids=inputs[0], attention_mask=ones, decoder_input_ids=inputs[0])
+                return out.logits.flatten(0, 1)
+            return self.model(input_ids=inputs[0], attention_mask=inputs[1]).logits.flatten(0, 1)
+
+    return Logits()
+
+
+def _batches(row: str, directory: Path) -> list[tuple]:
+    """ROW's training batches as numpy arrays: inputs, then labels."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    if row in ("dinov2", "vit"):
+        return [(rng.standard_normal((2, 3, 16, 16), dtype=np.float32), rng.integers(0, 3, 2)) for _ in range(3)]
+    if row in ("mixtral", "olmoe"):
+        return [(b, rng.integers(0, 32, 16)) for b in np.load(directory / row / "tokens.npy")[:3]]
+    shapes = SHAPES[row][: int(os.environ.get("STEPS", 6))]
+    if row == "lstm":
+        return [(rng.integers(0, 12, s), rng.integers(0, 3, s[0])) for s in shapes]
+    if row == "t5":
+        return [(rng.integers(0, 32, s), rng.integers(0, 32, s[0] * s[1])) for s in shapes]
+    batches = []
+    for shape in shapes:  # llama: the first sequence's last token masked out
+        ids, mask = rng.integers(0, 32, shape), np.ones(shape, dtype=np.int64)
+        mask[0, -1] = 0
+        batches.append((ids, mask, rng.integers(0, 32, ids.size)))
+    return batches
+
+
+def _export(directory: Path, rows: list[str]) -> None:
     import numpy as np
     import torch
-    import torch.nn.functional as F
+
+    from ort_torch_train.artifacts import LossType, OptimType, generate_artifacts
+    from tests.helpers.moe_models import VOCAB, experts_reached
+
+    for row in rows:
+        model, names = _model(row), DYNAMIC.get(row, ("pixels",) if row in ("dinov2", "vit") else ("tokens",))
+        if row in ("mixtral", "olmoe"):
+            rng, tokens = np.random.default_rng(0), []
+            while len(tokens) < 3:
+                candidate = rng.integers(0, VOCAB, (2, 8))
+                if len(experts_reached(model, torch.from_numpy(candidate))) == 4:
+                    tokens.append(candidate)
+            if row == "olmoe":
+                tokens[1] = np.full((2, 8), 5)
+            (directory / row).mkdir(parents=True, exist_ok=True)
+            np.save(directory / row / "tokens.npy", np.stack(tokens))
+        example = tuple(torch.from_numpy(x) for x in _batches(row, directory)[0][:-1])
+        axes = {name: {0: "b", 1: "s"} for name in DYNAMIC.get(row, ())}
+        if row == "llama":  # as tests/unit/training/test_dynamic_tables.py exports it
+            axes["output"] = {0: "rows"}
+        generate_artifacts(
+            model,
+            loss=LossType.CrossEntropyLoss,
+            optimizer=OptimType.AdamW,
+            artifact_directory=directory / row,
+            example_inputs=example,
+            input_names=list(names),
+            **({"dynamic_axes": axes} if axes else {}),
+        )
+
+
+def _count_inductor_graphs() -> list[int]:
+    """Nodes of each graph Dynamo hands to inductor, appended as they come (inductor itself unchanged)."""
+    import torch._inductor.compile_fx as compile_fx
+
+    nodes: list[int] = []
+    inner, depth = compile_fx.compile_fx, [0]
+
+    def counted(graph, *args, **kwargs):
+        if not depth[0]:  # compile_fx calls itself once more under inductor options: counted once
+            nodes.append(len(graph.graph.nodes))
+        depth[0] += 1
+        try:
+            return inner(graph, *args, **kwargs)
+        finally:
+            depth[0] -= 1
+
+    compile_fx.compile_fx = counted
+    return nodes
+
+
+def _train(step, batches: list[tuple], result: dict) -> None:
+    """Runs ``step`` on each batch, recording losses, seconds and Dynamo graphs, or the error raised."""
+    import numpy as np
     from torch._dynamo.utils import counters
 
-    from tests.helpers.moe_models import Dinov2Logits, tiny_moe
-
-    torch.manual_seed(0)
-    if row == "lstm":
-        model, x, y = _tagger(), torch.randint(0, 12, (4, 8)), torch.randint(0, 3, (4,))
-    elif row == "dinov2":
-        model, x, y = Dinov2Logits(), torch.randn(2, 3, 16, 16), torch.randint(0, 3, (2,))
-    else:
-        model = tiny_moe(row, every_expert=row == "olmoe")
-        x, y = torch.randint(0, 32, (2, 8)), torch.randint(0, 32, (16,))
-    compiled = torch.compile(model, dynamic=row == "lstm")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    started = time.perf_counter()
-    loss = F.cross_entropy(compiled(x), y)
-    loss.backward()
-    optimizer.step()
-    seconds = round(time.perf_counter() - started, 1)
-    result = {"row": row, "reference": "torch.compile", "first_step_s": seconds, "loss": float(np.asarray(loss.item()))}
+    result.update(losses=[], graphs_after_step=[])
+    started, cpu_started = time.perf_counter(), time.process_time()
+    try:
+        for batch in batches:
+            result["losses"].append(float(np.asarray(step(batch)).reshape(-1)[0]))
+            result["graphs_after_step"].append(counters["stats"]["unique_graphs"])
+            result.setdefault("first_step_s", round(time.perf_counter() - started, 1))
+            result.setdefault("first_step_cpu_s", round(time.process_time() - cpu_started, 1))
+        result["total_s"] = round(time.perf_counter() - started, 1)
+    except Exception as error:
+        result.setdefault("first_step_s", round(time.perf_counter() - started, 1))
+        result["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
     result["graphs"] = counters["stats"]["unique_graphs"]
+
+
+def _reference(directory: Path, row: str, out: Path) -> None:
+    import torch
+    import torch.nn.functional as F
+
+    nodes = _count_inductor_graphs()
+    model = _model(row)
+    compiled = torch.compile(model, dynamic=row in DYNAMIC)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step(batch: tuple):
+        *inputs, labels = (torch.from_numpy(x) for x in batch)
+        loss = F.cross_entropy(compiled(*inputs), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss.detach().numpy()
+
+    result: dict = {"row": row, "side": "torch.compile", "dynamic": row in DYNAMIC}
+    _train(step, _batches(row, directory), result)
+    result["inductor_graph_nodes"] = nodes
     out.write_text(json.dumps(result))
     print(result)
 
@@ -139,46 +244,58 @@ def _measure(root: str, directory: Path, row: str, out: Path) -> None:
     adapters = importlib.util.module_from_spec(spec)
     sys.modules["ort_torch_train.adapters"] = adapters
     spec.loader.exec_module(adapters)
-    import numpy as np
-    from torch._dynamo.utils import counters
-
     from ort_torch_train.api import CheckpointState, Module, Optimizer
 
-    rng = np.random.default_rng(0)
-    if row == "lstm":
-        shapes = [(4, 8), (4, 6), (4, 10), (3, 7), (5, 9), (4, 12)][: int(os.environ.get("STEPS", 6))]
-        batches = [(rng.integers(0, 12, s), rng.integers(0, 3, s[0])) for s in shapes]
-    elif row == "t5":
-        batches = [(rng.integers(0, 32, s), rng.integers(0, 32, s[0] * s[1])) for s in [(2, 8), (2, 6), (3, 7)]]
-    elif row == "dinov2":
-        batches = [(rng.standard_normal((2, 3, 16, 16), dtype=np.float32), rng.integers(0, 3, 2)) for _ in range(3)]
-    else:
-        batches = [(b, rng.integers(0, 32, 16)) for b in np.load(directory / row / "tokens.npy")[:3]]
+    nodes = _count_inductor_graphs()
     state = CheckpointState.load_checkpoint(directory / row / "checkpoint")
     module = Module(directory / row / "training_model.onnx", state, compile=True, compile_cache=False)
     optimizer = Optimizer(directory / row / "optimizer_model.onnx", module)
-    result: dict = {"row": row, "root": root, "losses": [], "graphs_after_step": []}
-    started = time.perf_counter()
-    try:
-        for batch in batches:
-            result["losses"].append(float(np.asarray(module.step(optimizer, *batch)).reshape(-1)[0]))
-            result["graphs_after_step"].append(counters["stats"]["unique_graphs"])
-            result.setdefault("first_step_s", round(time.perf_counter() - started, 1))
-        result["total_s"] = round(time.perf_counter() - started, 1)
-    except Exception as error:
-        result.setdefault("first_step_s", round(time.perf_counter() - started, 1))
-        result["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
-    result["graphs"] = counters["stats"]["unique_graphs"]
+    result: dict = {"row": row, "side": "ours", "root": root, "dynamic": row in DYNAMIC}
+    _train(lambda batch: module.step(optimizer, *batch), _batches(row, directory), result)
+    result["inductor_graph_nodes"] = nodes
     out.write_text(json.dumps(result))
     print(result)
 
 
+def _children_cpu() -> float:
+    """User and system seconds of this process's waited-for descendants (compiler processes included)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _table(directory: Path, out: Path, rows: list[str]) -> None:
+    """Ours then the reference per row, each in a fresh process with an empty inductor cache directory."""
+    root = str(Path(__file__).resolve().parents[2])
+    table: dict = {"command": " ".join(sys.argv), "cpus": os.cpu_count(), "rows": {}}
+    for row in rows:
+        for side, args in (
+            ("ours", ["measure", root, str(directory), row]),
+            ("reference", ["reference", str(directory), row]),
+        ):
+            with tempfile.TemporaryDirectory() as scratch:
+                env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": f"{scratch}/inductor", "PYTHONPATH": root}
+                load_before, cpu_before = os.getloadavg(), _children_cpu()
+                run = subprocess.run(
+                    [sys.executable, __file__, *args, f"{scratch}/out.json"], env=env, capture_output=True, text=True
+                )
+                path = Path(f"{scratch}/out.json")
+                result = json.loads(path.read_text()) if path.exists() else {"error": run.stderr[-500:]}
+            result["load_average_before_after"] = [round(load_before[0], 2), round(os.getloadavg()[0], 2)]
+            result["process_tree_cpu_s"] = round(_children_cpu() - cpu_before, 1)
+            table["rows"].setdefault(row, {})[side] = result
+            out.write_text(json.dumps(table, indent=1))
+            print(row, side, result, flush=True)
+
+
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["export"]:
-        _export(Path(sys.argv[2]))
-    elif sys.argv[1:2] == ["reference"]:
-        _reference(sys.argv[2], Path(sys.argv[3]))
-    elif sys.argv[1:2] == ["measure"]:
-        _measure(sys.argv[2], Path(sys.argv[3]), sys.argv[4], Path(sys.argv[5]))
+    mode, args = sys.argv[1:2], sys.argv[2:]
+    if mode == ["export"]:
+        _export(Path(args[0]), args[1:] or list(ROWS))
+    elif mode == ["table"]:
+        _table(Path(args[0]), Path(args[1]), args[2:] or list(ROWS))
+    elif mode == ["reference"]:
+        _reference(Path(args[0]), args[1], Path(args[2]))
+    elif mode == ["measure"]:
+        _measure(args[0], Path(args[1]), args[2], Path(args[3]))
     else:
         raise SystemExit(__doc__)

@@ -96,10 +96,17 @@ def counting_like(graph: fx.Graph, constant: torch.Tensor, length: fx.Node) -> f
 
 
 def prefix_of(graph: fx.Graph, table: fx.Node, axes: tuple[int, ...], length: fx.Node) -> fx.Node:
-    """Nodes cutting the constant ``table`` to ``length`` along ``axes``."""
+    """Nodes cutting the constant ``table`` to ``length`` along ``axes``: a narrow of the first axis, an
+    index_select of the others (a narrowed inner axis is a view whose layout torch decides by comparing
+    ``length`` with the table's size, which fixes a dynamic length to it)."""
     cut = table
     for axis in axes:
-        cut = graph.call_method("narrow", (cut, axis, 0, length))
+        if axis == 0:
+            cut = graph.call_method("narrow", (cut, axis, 0, length))
+        else:
+            device = graph.call_function(getattr, (table, "device"))
+            positions = graph.call_function(torch.arange, (length,), {"device": device})
+            cut = graph.call_function(torch.index_select, (cut, axis, positions))
     return cut
 
 

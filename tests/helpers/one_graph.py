@@ -16,7 +16,11 @@ from ort_torch_train.torch_internals import compile_counters
 
 
 def train_counting_graphs(
-    directory: Path, batches: Sequence[tuple], compile: bool, caplog: pytest.LogCaptureFixture, refused: Sequence[str]
+    directory: Path,
+    batches: Sequence[tuple],
+    compile: bool | dict[str, str],
+    caplog: pytest.LogCaptureFixture,
+    refused: Sequence[str],
 ) -> tuple[list[float], np.ndarray, int]:
     """Losses, final parameters and Dynamo graphs of one step per batch (learning rate 1e-3: AdamW turns
     rounding-sized gradients into steps of its size); no log line of the run holds a phrase of ``refused``."""

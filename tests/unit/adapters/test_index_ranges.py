@@ -233,3 +233,26 @@ def test_a_sequence_past_gpt2_positions_names_the_inputs_and_the_table_size(tmp_
     assert f"a position table that holds {TOKENS} positions" in message
     assert caught.value.value == TOKENS + 3 and caught.value.valid == (-TOKENS, TOKENS)
     assert np.isfinite(float(module(tokens[:, :TOKENS], np.zeros(2 * TOKENS, np.int64))))  # a fitting one trains
+
+
+@pytest.mark.compile
+def test_a_compiled_range_check_over_a_dynamic_axis_keeps_the_axis_dynamic():
+    """Indices checked against a dynamic axis's size (a Gather over batch x length rows) compile once for
+    every size: the in-graph message does not write the size out (that would fix the axis to it)."""
+    from torch._dynamo.utils import counters
+
+    from ort_torch_train.adapters.index_checks import wrapped_indices
+
+    def gather(x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        return x.flatten()[wrapped_indices(indices, x.numel(), "Gather node 'g'", "input 'indices'")]
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(gather, backend="eager", fullgraph=True, dynamic=False)
+    indices = torch.tensor([0, -1, 3])
+    for shape in [(2, 6), (2, 5), (3, 7)]:
+        x = torch.randn(shape)
+        torch._dynamo.mark_dynamic(x, 0)
+        torch._dynamo.mark_dynamic(x, 1)
+        assert torch.equal(compiled(x, indices), gather(x, indices))
+    assert counters["stats"]["unique_graphs"] == 1

@@ -82,3 +82,41 @@ def test_llama_at_a_longer_length_than_any_seen_compiles_nothing_new(tmp_path, c
     _export(transformers.LlamaForCausalLM(config), tmp_path)
     batches = _batches([(2, 8), (2, 6), (3, 16)], per_token=True)
     assert_one_graph_like_eager(tmp_path, batches, caplog, REFUSED)
+
+
+def test_t5_keeps_batch_and_length_dynamic_under_its_relative_positions(tmp_path, caplog):
+    """T5's relative-position buckets cut a table of |key - query| to the length, and its loss checks
+    label indices against batch x length rows: neither fixes an axis. Traced by Dynamo only (backend
+    "eager"): the graph count is what is asserted, and the losses against eager's."""
+    from tests.helpers.one_graph import train_counting_graphs
+
+    config = transformers.T5Config(
+        vocab_size=VOCAB, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_decoder_layers=1, num_heads=2,
+        dropout_rate=0.0, use_cache=False, decoder_start_token_id=0, pad_token_id=0,
+    )  # fmt: skip
+    model = transformers.T5ForConditionalGeneration(config)
+
+    class Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            return self.model(input_ids=ids, attention_mask=mask, decoder_input_ids=ids).logits.flatten(0, 1)
+
+    torch.manual_seed(0)
+    axes = {0: "batch", 1: "sequence"}
+    generate_artifacts(
+        Logits(),
+        loss=LossType.CrossEntropyLoss,
+        optimizer=OptimType.AdamW,
+        artifact_directory=tmp_path,
+        example_inputs=(torch.randint(0, VOCAB, (2, 8)), torch.ones(2, 8, dtype=torch.int64)),
+        dynamic_axes={"ids": axes, "mask": axes, "output": {0: "rows"}},
+    )
+    batches = _batches([(2, 8), (2, 5), (2, 7)], per_token=True)
+    refused = ("stays fixed", "fixed shapes", "reject")
+    eager_losses, _, _ = train_counting_graphs(tmp_path, batches, False, caplog, refused)
+    losses, _, graphs = train_counting_graphs(tmp_path, batches, {"backend": "eager"}, caplog, refused)
+    assert graphs == 1
+    np.testing.assert_allclose(losses, eager_losses, rtol=0, atol=1e-5)
