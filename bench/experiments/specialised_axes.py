@@ -7,9 +7,8 @@ ROW: lstm or t5, whose artifacts ``first_compiled_step.py export DIR`` writes un
 sequence axes dynamic). SHAPES: batch x length per step, e.g. 2x8,2x6,3x6. Trains ROW with
 ``compile=True`` (inductor, ``compile_cache=False``) on the checkout at ROOT (its ``ort_torch_train`` and
 ``adapters``: another commit's, for a "before" figure) and writes the Dynamo graphs after each step, each
-step's seconds and loss to OUT.json. Pin the threads (``ORT_TORCH_TRAIN_THREADS``): the load-following
-policy changes torch's thread count between steps, and a precompiled step's guards then reject the
-inputs (one more graph on a busy machine).
+step's seconds and loss to OUT.json. Pin the threads (``ORT_TORCH_TRAIN_THREADS``) so that step times
+do not move with the load-following policy's count.
 """
 
 from __future__ import annotations

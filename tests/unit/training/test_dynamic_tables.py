@@ -86,7 +86,8 @@ def test_llama_at_a_longer_length_than_any_seen_compiles_nothing_new(tmp_path, c
 
 def test_t5_keeps_batch_and_length_dynamic_under_its_relative_positions(tmp_path, caplog):
     """T5's relative-position buckets cut a table of |key - query| to the length, and its loss checks
-    label indices against batch x length rows: neither fixes an axis. Traced by Dynamo only (backend
+    label indices against batch x length rows: neither fixes an axis, and new lengths and batch sizes
+    reuse the one graph. Traced by Dynamo only (backend
     "eager"): the graph count is what is asserted, and the losses against eager's."""
     from tests.helpers.one_graph import train_counting_graphs
 
@@ -114,7 +115,7 @@ def test_t5_keeps_batch_and_length_dynamic_under_its_relative_positions(tmp_path
         example_inputs=(torch.randint(0, VOCAB, (2, 8)), torch.ones(2, 8, dtype=torch.int64)),
         dynamic_axes={"ids": axes, "mask": axes, "output": {0: "rows"}},
     )
-    batches = _batches([(2, 8), (2, 5), (2, 7)], per_token=True)
+    batches = _batches([(2, 8), (2, 5), (3, 7), (3, 5)], per_token=True)
     refused = ("stays fixed", "fixed shapes", "reject")
     eager_losses, _, _ = train_counting_graphs(tmp_path, batches, False, caplog, refused)
     losses, _, graphs = train_counting_graphs(tmp_path, batches, {"backend": "eager"}, caplog, refused)
