@@ -52,12 +52,15 @@ def convert_graph(
     *,
     training: bool,
     examples: Sequence[torch.Tensor] | None = None,
+    constants: Mapping[str, torch.Tensor] | None = None,
 ) -> fx.GraphModule:
     """Build ``gm(*graph_inputs) -> tuple(graph_outputs)`` for inputs of ``input_specs``.
 
     ``examples`` (values matching the specs) only drive the example runs: nodes whose shapes
     depend on non-constant values are emitted in their run-time form either way. Without them the
     examples are zeros, which value-dependent nodes (a Reshape to a shape input) cannot run on.
+    ``constants`` are initializers lifted out of ``graph`` (``lift_initializers``): the module reads
+    them as they are, sharing their storage, where the graph's own initializers are copied.
     """
     if len(input_specs) != len(graph.input):
         raise ValueError(f"graph has {len(graph.input)} inputs, {len(input_specs)} specs were given")
@@ -83,7 +86,11 @@ def convert_graph(
     for initializer in graph.initializer:
         if initializer.name not in graph_inputs:
             builder.values[initializer.name] = Value(tensor_from_proto(initializer), True, True)
-    builder.reads_done((), [*graph_inputs, *(initializer.name for initializer in graph.initializer)])  # unread
+    lifted = {name: tensor for name, tensor in (constants or {}).items() if name not in graph_inputs}
+    for name, tensor in lifted.items():  # an example run that writes one writes a copy
+        builder.values[name] = Value(tensor.clone() if name in written else tensor, True, True)
+    initializers = [*(initializer.name for initializer in graph.initializer), *lifted]
+    builder.reads_done((), [*graph_inputs, *initializers])  # unread
 
     # Example runs must not consume the random numbers training draws (dropout masks stay reproducible).
     with torch.no_grad(), torch.random.fork_rng(devices=[]):

@@ -182,3 +182,23 @@ def declared_shape(value: onnx.ValueInfoProto) -> tuple[int | str | None, ...] |
         else:
             dims.append(dim.dim_param or None)
     return tuple(dims)
+
+
+def graph_without_initializers(graph: onnx.GraphProto) -> onnx.GraphProto:
+    """A copy of ``graph`` with no initializers, made without copying their data."""
+    copy = onnx.GraphProto()
+    for field, value in graph.ListFields():
+        if field.name != "initializer":
+            copy_field(copy, field, value)
+    return copy
+
+
+def copy_field(target: object, field: object, value: object) -> None:
+    """Set the protobuf ``field`` of ``target`` to ``value`` (a scalar, a message or a repeated field)."""
+    name = field.name  # type: ignore[attr-defined]
+    if isinstance(value, (str, bytes, int, float)):
+        setattr(target, name, value)
+    elif hasattr(value, "CopyFrom"):
+        getattr(target, name).CopyFrom(value)
+    else:  # a repeated field
+        getattr(target, name).extend(value)

@@ -15,6 +15,7 @@ import onnx
 import torch
 from torch import fx
 
+from ort_torch_train.convert.constants import lift_initializers
 from ort_torch_train.convert.graph import TensorSpec, convert_graph
 from ort_torch_train.convert.meta_keys import MATRIX_PRODUCTS
 from ort_torch_train.convert.registry import check_supported
@@ -92,7 +93,8 @@ class ForwardGraph:
     ) -> None:
         check_supported(graph, opsets)
         graph, self.string_casts = numeric_inputs(graph)  # string inputs parsed on the host (string_inputs.py)
-        self.graph = graph
+        # every conversion binds the same initializer tensors (constants.py): one copy of a constant weight
+        self.graph, self.constants = lift_initializers(graph)
         self.opsets = opsets
         self.layout = layout
         self.training = training
@@ -183,7 +185,14 @@ class ForwardGraph:
 
     def _convert(self, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> fx.GraphModule:
         specs = [TensorSpec(tuple(t.shape), t.dtype) for t in (*inputs, *params)]
-        return convert_graph(self.graph, self.opsets, specs, training=self.training, examples=(*inputs, *params))
+        return convert_graph(
+            self.graph,
+            self.opsets,
+            specs,
+            training=self.training,
+            examples=(*inputs, *params),
+            constants=self.constants,
+        )
 
     def _size_probes(self, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> SizeProbes:
         """The conversions with each group of candidate dynamic axes at its probe size, larger groups first.
