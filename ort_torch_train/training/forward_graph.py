@@ -7,7 +7,7 @@ import logging
 import math
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from weakref import WeakKeyDictionary
 
@@ -76,6 +76,9 @@ class ForwardGraph:
     (``dynamic_shapes.py``). Eager runs convert the first two input signatures as they are (a last
     partial batch costs no probing) and generalise the third: a run whose shapes keep changing converts
     three times, not once per shape.
+
+    Every conversion binds the same initializer tensors: ``constants`` (the values of the initializers
+    ``graph`` reads but does not hold) or, without them, ``graph``'s own initializers taken out of it.
     """
 
     def __init__(
@@ -90,11 +93,13 @@ class ForwardGraph:
         module_transform: Restructure | None = None,
         cache_size: int = 16,
         dynamic: DynamicSetting = True,
+        constants: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
         check_supported(graph, opsets)
         graph, self.string_casts = numeric_inputs(graph)  # string inputs parsed on the host (string_inputs.py)
-        # every conversion binds the same initializer tensors (constants.py): one copy of a constant weight
-        self.graph, self.constants = lift_initializers(graph)
+        if constants is None:  # one copy of a constant weight, not the proto's and one per conversion
+            graph, constants = lift_initializers(graph)
+        self.graph, self.constants = graph, dict(constants)
         self.opsets = opsets
         self.layout = layout
         self.training = training
