@@ -1,7 +1,8 @@
 """LoRA on an onnxruntime-genai builder model, fp32 against int4 (QLoRA): peak resident set and step time.
 
 ``prepare`` makes a random-init Llama-shaped ``transformers`` model (default: hidden 768, 12 layers, MLP
-2048, 12 heads over 4 KV heads, vocabulary 32000: 125M parameters; never committed), builds it with
+2048, 12 heads over 4 KV heads, vocabulary 32000: 125M parameters; ``--size 345m``: hidden 1024, 24
+layers, MLP 2816, 16 heads over 4; never committed), builds it with
 onnxruntime-genai's model builder for the CPU at fp32 and at int4 (MatMulNBits, block 32), and writes LoRA
 training artifacts for each (``generate_artifacts(lora=LoraConfig(r=8, targets=["all-linear"]))``,
 ``LossType.LanguageModelLoss``, AdamW) twice: ``plain`` as a LoRA user writes them (the weights LoRA does
@@ -13,8 +14,8 @@ graph), the process's peak (``ru_maxrss``) and the median step time (forward, ba
 adapters) after one warmup step. ``all`` prints a table with the int4/fp32 ratios (target: int4 peak RSS
 <= 0.45x fp32's at the same batch).
 
-    python bench/experiments/genai_qlora.py all --out bench/.cache/genai_qlora --steps 5 [--small] [--artifacts plain|frozen] [--json result.json]
-    python bench/experiments/genai_qlora.py run DIR --precision fp32|int4 [--artifacts plain|frozen] [--steps 5]
+    python bench/experiments/genai_qlora.py all --out bench/.cache/genai_qlora --steps 5 [--size small|125m|345m] [--artifacts plain|frozen] [--json result.json]
+    python bench/experiments/genai_qlora.py run DIR --precision fp32|int4 [--artifacts plain|frozen] [--steps 5] [--recompute N]
 """
 
 from __future__ import annotations
@@ -44,14 +45,23 @@ FULL = dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_a
             num_key_value_heads=4, vocab_size=32000)  # fmt: skip
 SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=256)  # fmt: skip
+LARGE = dict(
+    hidden_size=1024,
+    intermediate_size=2816,
+    num_hidden_layers=24,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+    vocab_size=32000,
+)  # fmt: skip  (345M parameters)
+SIZES = {"small": SMALL, "125m": FULL, "345m": LARGE}
 
 
-def prepare(out: Path, small: bool, tokens: int) -> None:
+def prepare(out: Path, size: str, tokens: int) -> None:
     import torch
     import transformers
 
     torch.manual_seed(0)
-    sizes = SMALL if small else FULL
+    sizes = SIZES[size]
     config = transformers.LlamaConfig(**sizes, max_position_embeddings=max(tokens, 128), bos_token_id=1, eos_token_id=2)
     model = transformers.LlamaForCausalLM(config)
     parameters = sum(p.numel() for p in model.parameters())
@@ -95,7 +105,9 @@ def write_artifacts(built: Path, artifacts: Path, frozen: bool) -> None:
         )
 
 
-def run(directory: Path, precision: str, kind: str, steps: int, threads: int, batch: int, tokens: int) -> dict:
+def run(
+    directory: Path, precision: str, kind: str, steps: int, threads: int, batch: int, tokens: int, recompute: int | None
+) -> dict:
     import numpy as np
 
     from ort_torch_train.api import CheckpointState, Module, Optimizer, set_threads
@@ -108,7 +120,7 @@ def run(directory: Path, precision: str, kind: str, steps: int, threads: int, ba
         state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
     loaded_rss = memory_mib()["VmRSS"]
     with RssSampler() as building:
-        module = Module(artifacts / "training_model.onnx", state)
+        module = Module(artifacts / "training_model.onnx", state, recompute=recompute)
         optimizer = Optimizer(artifacts / "optimizer_model.onnx", module)
     built_rss = memory_mib()["VmRSS"]
     rng = np.random.default_rng(0)
@@ -127,6 +139,7 @@ def run(directory: Path, precision: str, kind: str, steps: int, threads: int, ba
     return {
         "precision": precision,
         "artifacts": kind,
+        "recompute": recompute,
         "parameters": shape["parameters"],
         "trainable_parameters": module.parameters_size(True),
         "batch": batch,
@@ -146,13 +159,15 @@ def run(directory: Path, precision: str, kind: str, steps: int, threads: int, ba
     }
 
 
-def run_all(out: Path, small: bool, kind: str, steps: int, threads: int, batch: int, tokens: int) -> list[dict]:
+def run_all(
+    out: Path, size: str, kind: str, steps: int, threads: int, batch: int, tokens: int, recompute: int | None
+) -> list[dict]:
     if not (out / "shape.json").is_file():
-        prepare(out, small, tokens)
+        prepare(out, size, tokens)
     results = []
     for precision in PRECISIONS:  # each in its own process: its own peak RSS
         command = [sys.executable, __file__, "run", str(out), "--precision", precision, "--artifacts", kind]
-        command += ["--steps", str(steps)]
+        command += ["--steps", str(steps), *(["--recompute", str(recompute)] if recompute else [])]
         command += ["--threads", str(threads), "--batch", str(batch), "--tokens", str(tokens)]
         environment = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}  # freed large buffers leave the RSS
         completed = subprocess.run(command, capture_output=True, text=True, check=False, env=environment)
@@ -184,13 +199,16 @@ def main(argv: list[str] | None = None) -> list[dict] | dict | None:
     commands = parser.add_subparsers(dest="command", required=True)
     every = commands.add_parser("all")
     every.add_argument("--out", type=Path, default=Path("bench/.cache/genai_qlora"))
-    every.add_argument("--small", action="store_true", help="a 2-layer, hidden-64 Llama to check the script")
+    every.add_argument(
+        "--size", choices=SIZES, default="125m", help="small: a 2-layer, hidden-64 Llama to check the script"
+    )
     every.add_argument("--artifacts", choices=ARTIFACTS, default="plain")
     every.add_argument("--batch", type=int, default=4)
     every.add_argument("--tokens", type=int, default=128)
     every.add_argument("--steps", type=int, default=5)
     every.add_argument("--threads", type=int, default=2)
     every.add_argument("--json", type=Path, help="also write the results here")
+    every.add_argument("--recompute", type=int, help="recompute segments (Module's recompute=), on both sides")
     single = commands.add_parser("run")
     single.add_argument("directory", type=Path)
     single.add_argument("--precision", choices=PRECISIONS, required=True)
@@ -199,12 +217,24 @@ def main(argv: list[str] | None = None) -> list[dict] | dict | None:
     single.add_argument("--threads", type=int, default=2)
     single.add_argument("--batch", type=int, default=4)
     single.add_argument("--tokens", type=int, default=128)
+    single.add_argument("--recompute", type=int)
     args = parser.parse_args(argv)
     if args.command == "run":
-        result = run(args.directory, args.precision, args.artifacts, args.steps, args.threads, args.batch, args.tokens)
+        result = run(
+            args.directory,
+            args.precision,
+            args.artifacts,
+            args.steps,
+            args.threads,
+            args.batch,
+            args.tokens,
+            args.recompute,
+        )
         print(json.dumps(result))
         return result
-    results = run_all(args.out, args.small, args.artifacts, args.steps, args.threads, args.batch, args.tokens)
+    results = run_all(
+        args.out, args.size, args.artifacts, args.steps, args.threads, args.batch, args.tokens, args.recompute
+    )
     print(table(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
