@@ -68,7 +68,7 @@ def dequantize_nbits(
     return values.mul_(scales.reshape(n, blocks, 1)).reshape(n, blocks * block_size)[:, :k]
 
 
-CHUNK_ELEMENTS = 1 << 22  # float weight elements dequantised at a time: 16 MiB in float32
+CHUNK_ELEMENTS = 1 << 20  # float weight elements dequantised at a time: 4 MiB in float32
 
 
 def _row_chunks(packed: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None, spec: dict):
@@ -93,8 +93,16 @@ class _NBitsProduct(torch.autograd.Function):
     def forward(ctx: Any, a: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, zero_points: Any, spec: Any):
         ctx.save_for_backward(packed, scales, *(() if zero_points is None else (zero_points,)))
         ctx.spec, ctx.has_zero = spec, zero_points is not None
-        parts = [a @ weight.to(a.dtype).t() for _, _, weight in _row_chunks(packed, scales, zero_points, spec)]
-        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+        out = None
+        for start, stop, weight in _row_chunks(packed, scales, zero_points, spec):
+            part = a @ weight.to(a.dtype).t()
+            if start == 0 and stop == spec["n"]:
+                return part
+            if out is None:  # the columns of each chunk written in place: no list of parts and their concatenation
+                out = part.new_empty((*part.shape[:-1], spec["n"]))
+            out[..., start:stop] = part
+            del weight, part  # before the next chunk is dequantised
+        return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor):
@@ -104,6 +112,7 @@ class _NBitsProduct(torch.autograd.Function):
             for start, stop, weight in _row_chunks(packed, scales, rest[0] if ctx.has_zero else None, ctx.spec):
                 part = grad[..., start:stop] @ weight.to(grad.dtype)
                 grad_a = part if grad_a is None else grad_a.add_(part)
+                del weight, part  # before the next chunk is dequantised
         return grad_a, None, None, None, None
 
 

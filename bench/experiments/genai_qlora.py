@@ -1,17 +1,21 @@
 """LoRA on an onnxruntime-genai builder model, fp32 against int4 (QLoRA): peak resident set and step time.
 
 ``prepare`` makes a random-init Llama-shaped ``transformers`` model (default: hidden 768, 12 layers, MLP
-2048, 12 heads over 4 KV heads, vocabulary 32000: 125M parameters; never committed), builds it with
+2048, 12 heads over 4 KV heads, vocabulary 32000: 125M parameters; ``--size 345m``: hidden 1024, 24
+layers, MLP 2816, 16 heads over 4; never committed), builds it with
 onnxruntime-genai's model builder for the CPU at fp32 and at int4 (MatMulNBits, block 32), and writes LoRA
 training artifacts for each (``generate_artifacts(lora=LoraConfig(r=8, targets=["all-linear"]))``,
-``LossType.LanguageModelLoss``, AdamW). Each precision then trains in its own process, so that its peak
-resident set is its own: the resident set after building the Module, its peak over the steps (sampled
-every millisecond; the first step converts the graph), the process's peak (``ru_maxrss``) and the median
-step time (forward, backward, AdamW on the adapters) after one warmup step. ``all`` prints a table with
-the int4/fp32 ratios (target: int4 peak RSS <= 0.45x fp32's at the same batch).
+``LossType.LanguageModelLoss``, AdamW) twice: ``plain`` as a LoRA user writes them (the weights LoRA does
+not target stay graph constants) and ``frozen`` (every builder weight named in ``frozen_params``, so a
+checkpoint parameter). Each precision then trains in its own process, so that its peak resident set is
+its own: the resident set after the imports, after loading the checkpoint and after building the Module
+and its optimizer, its peak over the steps (sampled every millisecond; the first step converts the
+graph), the process's peak (``ru_maxrss``) and the median step time (forward, backward, AdamW on the
+adapters) after one warmup step. ``all`` prints a table with the int4/fp32 ratios (target: int4 peak RSS
+<= 0.45x fp32's at the same batch).
 
-    python bench/experiments/genai_qlora.py all --out bench/.cache/genai_qlora --steps 5 [--small] [--json result.json]
-    python bench/experiments/genai_qlora.py run DIR --precision fp32|int4 [--steps 5]
+    python bench/experiments/genai_qlora.py all --out bench/.cache/genai_qlora --steps 5 [--size small|125m|345m] [--artifacts plain|frozen] [--json result.json]
+    python bench/experiments/genai_qlora.py run DIR --precision fp32|int4 [--artifacts plain|frozen] [--steps 5] [--recompute N]
 """
 
 from __future__ import annotations
@@ -36,18 +40,28 @@ sys.path.insert(0, str(BENCH.parent / "examples"))
 from genai_lora import write_byte_tokenizer  # noqa: E402  (the builder needs a tokenizer; ids are drawn at random)
 
 PRECISIONS = ("fp32", "int4")
+ARTIFACTS = ("plain", "frozen")
 FULL = dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
             num_key_value_heads=4, vocab_size=32000)  # fmt: skip
 SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=256)  # fmt: skip
+LARGE = dict(
+    hidden_size=1024,
+    intermediate_size=2816,
+    num_hidden_layers=24,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+    vocab_size=32000,
+)  # fmt: skip  (345M parameters)
+SIZES = {"small": SMALL, "125m": FULL, "345m": LARGE}
 
 
-def prepare(out: Path, small: bool, tokens: int) -> None:
+def prepare(out: Path, size: str, tokens: int) -> None:
     import torch
     import transformers
 
     torch.manual_seed(0)
-    sizes = SMALL if small else FULL
+    sizes = SIZES[size]
     config = transformers.LlamaConfig(**sizes, max_position_embeddings=max(tokens, 128), bos_token_id=1, eos_token_id=2)
     model = transformers.LlamaForCausalLM(config)
     parameters = sum(p.numel() for p in model.parameters())
@@ -62,14 +76,15 @@ def prepare(out: Path, small: bool, tokens: int) -> None:
             raise SystemExit(
                 f"the builder failed for {precision}:\n{completed.stdout[-2000:]}{completed.stderr[-4000:]}"
             )
-        write_artifacts(built, out / f"artifacts-{precision}")
+        for kind in ARTIFACTS:
+            write_artifacts(built, out / f"artifacts-{precision}-{kind}", frozen=kind == "frozen")
     shape = {"vocab": config.vocab_size, "parameters": parameters}
     (out / "shape.json").write_text(json.dumps(shape))
 
 
-def write_artifacts(built: Path, artifacts: Path) -> None:
-    """LoRA artifacts of a builder model; every weight is a frozen checkpoint parameter (bound once, not a
-    graph constant that conversion would copy)."""
+def write_artifacts(built: Path, artifacts: Path, frozen: bool) -> None:
+    """LoRA artifacts of a builder model; with ``frozen`` every weight is a frozen checkpoint parameter,
+    else the weights LoRA does not target stay graph constants."""
     import onnx
 
     from ort_torch_train.artifacts import LossType, OptimType, generate_artifacts
@@ -77,11 +92,12 @@ def write_artifacts(built: Path, artifacts: Path) -> None:
 
     model = onnx.load(str(built / "model.onnx"), load_external_data=False)
     weights = [init.name for init in model.graph.initializer if len(init.dims) >= 1 and min(init.dims) > 0]
+    del model
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         generate_artifacts(
             str(built / "model.onnx"),
-            frozen_params=weights,
+            frozen_params=weights if frozen else None,
             loss=LossType.LanguageModelLoss,
             optimizer=OptimType.AdamW,
             artifact_directory=artifacts,
@@ -89,17 +105,23 @@ def write_artifacts(built: Path, artifacts: Path) -> None:
         )
 
 
-def run(directory: Path, precision: str, steps: int, threads: int, batch: int, tokens: int) -> dict:
+def run(
+    directory: Path, precision: str, kind: str, steps: int, threads: int, batch: int, tokens: int, recompute: int | None
+) -> dict:
     import numpy as np
 
     from ort_torch_train.api import CheckpointState, Module, Optimizer, set_threads
 
+    imported_rss = memory_mib()["VmRSS"]
     set_threads(threads)  # pinned: the library's default follows the load
     shape = json.loads((directory / "shape.json").read_text())
-    artifacts = directory / f"artifacts-{precision}"
-    state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
-    module = Module(artifacts / "training_model.onnx", state)
-    optimizer = Optimizer(artifacts / "optimizer_model.onnx", module)
+    artifacts = directory / f"artifacts-{precision}-{kind}"
+    with RssSampler() as loading:
+        state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
+    loaded_rss = memory_mib()["VmRSS"]
+    with RssSampler() as building:
+        module = Module(artifacts / "training_model.onnx", state, recompute=recompute)
+        optimizer = Optimizer(artifacts / "optimizer_model.onnx", module)
     built_rss = memory_mib()["VmRSS"]
     rng = np.random.default_rng(0)
     losses = []
@@ -116,25 +138,36 @@ def run(directory: Path, precision: str, steps: int, threads: int, batch: int, t
         times = [train_step() for _ in range(steps)]
     return {
         "precision": precision,
+        "artifacts": kind,
+        "recompute": recompute,
         "parameters": shape["parameters"],
         "trainable_parameters": module.parameters_size(True),
         "batch": batch,
         "tokens": tokens,
+        "rss_imported_mib": round(imported_rss, 1),
+        "rss_checkpoint_loaded_mib": round(loaded_rss, 1),
+        "peak_rss_loading_mib": round(loading.peak["VmRSS"], 1),
+        "peak_rss_building_mib": round(building.peak["VmRSS"], 1),
         "rss_built_mib": round(built_rss, 1),
         "peak_rss_steps_mib": round(max(first_step.peak["VmRSS"], later_steps.peak["VmRSS"]), 1),
+        "peak_rss_first_step_mib": round(first_step.peak["VmRSS"], 1),
         "peak_rss_later_steps_mib": round(later_steps.peak["VmRSS"], 1),
+        "rss_after_steps_mib": round(memory_mib()["VmRSS"], 1),
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "median_step_s": statistics.median(times),
         "losses": losses,
     }
 
 
-def run_all(out: Path, small: bool, steps: int, threads: int, batch: int, tokens: int) -> list[dict]:
+def run_all(
+    out: Path, size: str, kind: str, steps: int, threads: int, batch: int, tokens: int, recompute: int | None
+) -> list[dict]:
     if not (out / "shape.json").is_file():
-        prepare(out, small, tokens)
+        prepare(out, size, tokens)
     results = []
     for precision in PRECISIONS:  # each in its own process: its own peak RSS
-        command = [sys.executable, __file__, "run", str(out), "--precision", precision, "--steps", str(steps)]
+        command = [sys.executable, __file__, "run", str(out), "--precision", precision, "--artifacts", kind]
+        command += ["--steps", str(steps), *(["--recompute", str(recompute)] if recompute else [])]
         command += ["--threads", str(threads), "--batch", str(batch), "--tokens", str(tokens)]
         environment = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}  # freed large buffers leave the RSS
         completed = subprocess.run(command, capture_output=True, text=True, check=False, env=environment)
@@ -147,13 +180,13 @@ def run_all(out: Path, small: bool, steps: int, threads: int, batch: int, tokens
 def table(results: list[dict]) -> str:
     fp32 = results[0]
     lines = [
-        "| precision | parameters | trainable | batch x tokens | RSS built (MiB) | peak RSS in steps (MiB) | vs fp32 "
+        "| precision | artifacts | parameters | trainable | batch x tokens | RSS built (MiB) | peak RSS in steps (MiB) | vs fp32 "
         "| process peak RSS (MiB) | vs fp32 | step (s) | vs fp32 |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
-            f"| {r['precision']} | {r['parameters']:,} | {r['trainable_parameters']:,} | {r['batch']} x {r['tokens']} "
+            f"| {r['precision']} | {r['artifacts']} | {r['parameters']:,} | {r['trainable_parameters']:,} | {r['batch']} x {r['tokens']} "
             f"| {r['rss_built_mib']} | {r['peak_rss_steps_mib']} | {r['peak_rss_steps_mib'] / fp32['peak_rss_steps_mib']:.2f}x "
             f"| {r['peak_rss_mib']} | {r['peak_rss_mib'] / fp32['peak_rss_mib']:.2f}x "
             f"| {r['median_step_s']:.3f} | {r['median_step_s'] / fp32['median_step_s']:.2f}x |"
@@ -166,25 +199,42 @@ def main(argv: list[str] | None = None) -> list[dict] | dict | None:
     commands = parser.add_subparsers(dest="command", required=True)
     every = commands.add_parser("all")
     every.add_argument("--out", type=Path, default=Path("bench/.cache/genai_qlora"))
-    every.add_argument("--small", action="store_true", help="a 2-layer, hidden-64 Llama to check the script")
+    every.add_argument(
+        "--size", choices=SIZES, default="125m", help="small: a 2-layer, hidden-64 Llama to check the script"
+    )
+    every.add_argument("--artifacts", choices=ARTIFACTS, default="plain")
     every.add_argument("--batch", type=int, default=4)
     every.add_argument("--tokens", type=int, default=128)
     every.add_argument("--steps", type=int, default=5)
     every.add_argument("--threads", type=int, default=2)
     every.add_argument("--json", type=Path, help="also write the results here")
+    every.add_argument("--recompute", type=int, help="recompute segments (Module's recompute=), on both sides")
     single = commands.add_parser("run")
-    single.add_argument("artifacts", type=Path)
+    single.add_argument("directory", type=Path)
     single.add_argument("--precision", choices=PRECISIONS, required=True)
+    single.add_argument("--artifacts", choices=ARTIFACTS, default="plain")
     single.add_argument("--steps", type=int, default=5)
     single.add_argument("--threads", type=int, default=2)
     single.add_argument("--batch", type=int, default=4)
     single.add_argument("--tokens", type=int, default=128)
+    single.add_argument("--recompute", type=int)
     args = parser.parse_args(argv)
     if args.command == "run":
-        result = run(args.artifacts, args.precision, args.steps, args.threads, args.batch, args.tokens)
+        result = run(
+            args.directory,
+            args.precision,
+            args.artifacts,
+            args.steps,
+            args.threads,
+            args.batch,
+            args.tokens,
+            args.recompute,
+        )
         print(json.dumps(result))
         return result
-    results = run_all(args.out, args.small, args.steps, args.threads, args.batch, args.tokens)
+    results = run_all(
+        args.out, args.size, args.artifacts, args.steps, args.threads, args.batch, args.tokens, args.recompute
+    )
     print(table(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))

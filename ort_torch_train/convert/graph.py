@@ -52,12 +52,15 @@ def convert_graph(
     *,
     training: bool,
     examples: Sequence[torch.Tensor] | None = None,
+    constants: Mapping[str, torch.Tensor] | None = None,
 ) -> fx.GraphModule:
     """Build ``gm(*graph_inputs) -> tuple(graph_outputs)`` for inputs of ``input_specs``.
 
     ``examples`` (values matching the specs) only drive the example runs: nodes whose shapes
     depend on non-constant values are emitted in their run-time form either way. Without them the
     examples are zeros, which value-dependent nodes (a Reshape to a shape input) cannot run on.
+    ``constants`` are initializers lifted out of ``graph`` (``lift_initializers``): the module reads
+    them as they are, sharing their storage, where the graph's own initializers are copied.
     """
     if len(input_specs) != len(graph.input):
         raise ValueError(f"graph has {len(graph.input)} inputs, {len(input_specs)} specs were given")
@@ -83,7 +86,11 @@ def convert_graph(
     for initializer in graph.initializer:
         if initializer.name not in graph_inputs:
             builder.values[initializer.name] = Value(tensor_from_proto(initializer), True, True)
-    builder.reads_done((), [*graph_inputs, *(initializer.name for initializer in graph.initializer)])  # unread
+    lifted = {name: tensor for name, tensor in (constants or {}).items() if name not in graph_inputs}
+    for name, tensor in lifted.items():  # an example run that writes one writes a copy
+        builder.values[name] = Value(tensor.clone() if name in written else tensor, True, True)
+    initializers = [*(initializer.name for initializer in graph.initializer), *lifted]
+    builder.reads_done((), [*graph_inputs, *initializers])  # unread
 
     # Example runs must not consume the random numbers training draws (dropout masks stay reproducible).
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
@@ -276,18 +283,25 @@ def _reshapes_to_same(node: onnx.NodeProto, domain: str, inputs: list, outputs: 
     )
 
 
+CONVERTER_CONSTANT_BYTES = 1 << 20  # larger constants reach converters as run-time inputs
+
+
 def _make_module(builder: Builder, node: onnx.NodeProto, inputs: list[Value | None]) -> tuple[nn.Module, tuple]:
-    """Convert ``node`` in a one-node graph holding its constant inputs and concrete input shapes."""
+    """Convert ``node`` in a one-node graph holding its constant inputs (those up to
+    ``CONVERTER_CONSTANT_BYTES``, and any that decides an output shape) and concrete input shapes."""
     domain = node.domain if node.domain != "ai.onnx" else ""
     opset = builder.opsets.get(domain, 1)
     context_graph = onnx.GraphProto(name="node")
     context_graph.node.append(_without_unread_outputs(builder, node))
+    shape_inputs = op_facts(domain, node.op_type).shape_inputs
     seen: set[str] = set()
-    for name, value in zip(node.input, inputs):
+    for position, (name, value) in enumerate(zip(node.input, inputs)):
         if not name or name in seen or value is None:
             continue
         seen.add(name)
-        if value.const and isinstance(value.example, torch.Tensor):
+        # a weight-sized constant is read at run time (its bound tensor): not serialized for the converter
+        small = position in shape_inputs or _nbytes(value.example) <= CONVERTER_CONSTANT_BYTES
+        if value.const and isinstance(value.example, torch.Tensor) and small:
             context_graph.initializer.append(tensor_to_proto(value.example, name))
         elif isinstance(value.example, torch.Tensor):
             context_graph.input.append(
@@ -304,6 +318,10 @@ def _make_module(builder: Builder, node: onnx.NodeProto, inputs: list[Value | No
             f"cannot convert node {node.name!r} ({domain or 'ai.onnx'}::{node.op_type}, opset {opset}): {exc}"
         ) from exc
     return module, tuple(mapping.inputs)
+
+
+def _nbytes(example: Any) -> int:
+    return example.numel() * example.element_size() if isinstance(example, torch.Tensor) else 0
 
 
 def _without_unread_outputs(builder: Builder, node: onnx.NodeProto) -> onnx.NodeProto:

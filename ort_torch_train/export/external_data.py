@@ -19,6 +19,7 @@ import torch
 from ort_torch_train.dtypes import onnx_elem_type, torch_dtype
 from ort_torch_train.errors import ModelError
 from ort_torch_train.fileio import atomic_write, atomic_write_bytes
+from ort_torch_train.graph.layout import copy_field
 
 # Above this many bytes of initializer data a model is written with external data (protobuf's 2 GiB,
 # less room for the graph). Read at call time: tests lower it to force external data on small models.
@@ -175,18 +176,8 @@ def without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
     copy = onnx.ModelProto()
     for field, value in model.ListFields():
         if field.name != "graph":
-            _copy_field(copy, field, value)
+            copy_field(copy, field, value)
     for field, value in model.graph.ListFields():
         if field.name != "initializer":
-            _copy_field(copy.graph, field, value)
+            copy_field(copy.graph, field, value)
     return copy
-
-
-def _copy_field(target: object, field: object, value: object) -> None:
-    name = field.name  # type: ignore[attr-defined]
-    if isinstance(value, (str, bytes, int, float)):
-        setattr(target, name, value)
-    elif hasattr(value, "CopyFrom"):
-        getattr(target, name).CopyFrom(value)
-    else:  # a repeated field
-        getattr(target, name).extend(value)

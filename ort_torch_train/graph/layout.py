@@ -116,23 +116,25 @@ def eval_layout(model: onnx.ModelProto, param_names: Iterable[str]) -> GraphLayo
     )
 
 
-def forward_graph(model: onnx.ModelProto, layout: GraphLayout) -> onnx.GraphProto:
+def forward_graph(model: onnx.ModelProto, layout: GraphLayout, initializers: bool = True) -> onnx.GraphProto:
     """The part of ``model`` computing ``layout.user_outputs``; inputs ordered user inputs, then params.
 
     For a training graph this drops the gradient nodes, the accumulation buffers and lazy_reset_grad.
+    Without ``initializers`` the part holds none (their data is not copied): the caller takes them from ``model``.
     """
     inputs_by_name = {value.name: value for value in model.graph.input}
     missing = [name for name in (*layout.user_inputs, *layout.params) if name not in inputs_by_name]
     if missing:
         raise ModelError(f"graph has no input named {missing[0]!r}")
-    pruned = prune_graph(model.graph, layout.user_outputs)
+    pruned = prune_graph(model.graph, layout.user_outputs, initializers)
     del pruned.input[:]
     pruned.input.extend(inputs_by_name[name] for name in (*layout.user_inputs, *layout.params))
     return pruned
 
 
-def prune_graph(graph: onnx.GraphProto, outputs: Iterable[str]) -> onnx.GraphProto:
-    """A copy of ``graph`` keeping only what ``outputs`` need (inputs without consumers dropped)."""
+def prune_graph(graph: onnx.GraphProto, outputs: Iterable[str], initializers: bool = True) -> onnx.GraphProto:
+    """A copy of ``graph`` keeping only what ``outputs`` need (inputs without consumers dropped; the
+    initializers they need unless ``initializers`` is False)."""
     outputs = list(outputs)
     producers = {output: index for index, node in enumerate(graph.node) for output in node.output if output}
     needed: set[str] = set()
@@ -155,7 +157,8 @@ def prune_graph(graph: onnx.GraphProto, outputs: Iterable[str]) -> onnx.GraphPro
     for name in outputs:
         pruned.output.append(value_infos.get(name) or onnx.ValueInfoProto(name=name))
     pruned.node.extend(graph.node[i] for i in sorted(kept))
-    pruned.initializer.extend(init for init in graph.initializer if init.name in needed)
+    if initializers:
+        pruned.initializer.extend(init for init in graph.initializer if init.name in needed)
     pruned.value_info.extend(info for info in graph.value_info if info.name in needed and info.name not in outputs)
     return pruned
 
@@ -182,3 +185,23 @@ def declared_shape(value: onnx.ValueInfoProto) -> tuple[int | str | None, ...] |
         else:
             dims.append(dim.dim_param or None)
     return tuple(dims)
+
+
+def graph_without_initializers(graph: onnx.GraphProto) -> onnx.GraphProto:
+    """A copy of ``graph`` with no initializers, made without copying their data."""
+    copy = onnx.GraphProto()
+    for field, value in graph.ListFields():
+        if field.name != "initializer":
+            copy_field(copy, field, value)
+    return copy
+
+
+def copy_field(target: object, field: object, value: object) -> None:
+    """Set the protobuf ``field`` of ``target`` to ``value`` (a scalar, a message or a repeated field)."""
+    name = field.name  # type: ignore[attr-defined]
+    if isinstance(value, (str, bytes, int, float)):
+        setattr(target, name, value)
+    elif hasattr(value, "CopyFrom"):
+        getattr(target, name).CopyFrom(value)
+    else:  # a repeated field
+        getattr(target, name).extend(value)

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 import onnx
 
 from ort_torch_train.errors import ModelError
-from ort_torch_train.graph.layout import prune_graph
+from ort_torch_train.graph.layout import graph_without_initializers, prune_graph
 
 _PROTOBUF_LIMIT = 2**31 - 1  # the checker serializes the model; larger ones are checked by path only
 # ops ORT registers in the ONNX domain that ONNX has no schema for (ORT's generate_artifacts fuses
@@ -29,7 +29,16 @@ def check_model(model: onnx.ModelProto, what: str, outputs: Iterable[str] | None
     _check_initializer_sizes(model, what)
     if model.ByteSize() > _PROTOBUF_LIMIT:
         return
-    graph = prune_graph(model.graph, [value.name for value in model.graph.output] if outputs is None else outputs)
+    # the checker reads the initializers as inputs of their type and shape (their sizes are checked above):
+    # their data is not copied three times (pruned, made into a model, serialized) to be checked
+    light = graph_without_initializers(model.graph)
+    inputs = {value.name for value in light.input}
+    light.input.extend(
+        onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
+        for init in model.graph.initializer
+        if init.name not in inputs
+    )
+    graph = prune_graph(light, [value.name for value in model.graph.output] if outputs is None else outputs)
     typed = [value for value in graph.output if value.HasField("type")]  # ORT infers missing types
     del graph.output[:]
     graph.output.extend(typed)

@@ -16,6 +16,8 @@ import onnx
 import torch
 from torch import nn
 
+from ort_torch_train.convert.constants import initializer_tensors
+from ort_torch_train.convert.subgraphs import names_read
 from ort_torch_train.distributed.data_parallel import DataParallel, data_parallel
 from ort_torch_train.errors import ModelError
 from ort_torch_train.graph.layout import (
@@ -80,14 +82,16 @@ class TrainingEngine:
         self.train_graph = self._train_forward(training_model)
         self.eval_graph: ForwardGraph | None = None
         if eval_model is not None and self.eval_layout is not None:
+            eval_forward, eval_constants = _forward_and_constants(eval_model, self.eval_layout)
             self.eval_graph = ForwardGraph(
-                forward_graph(eval_model, self.eval_layout),
+                eval_forward,
                 opsets_of(eval_model),
                 self.eval_layout,
                 training=False,
                 compile=False if options.compile_arguments is None else options.compile_arguments,
                 compiler=partial(CompiledForward, cache=self.compile_cache, threads=self._threads),
                 dynamic=options.dynamic,
+                constants=eval_constants,
             )
         train_params = self.train_layout.params
         self._train_params = [state.params[n] for n in train_params]
@@ -125,14 +129,16 @@ class TrainingEngine:
             transform = partial(with_pattern_recompute, plan=recompute, user_inputs=len(layout.user_inputs))
         elif recompute is not None:
             transform = partial(with_recompute, segments=recompute)
+        graph, constants = _forward_and_constants(training_model, layout)
         return ForwardGraph(
-            forward_graph(training_model, layout),
+            graph,
             opsets_of(training_model),
             layout,
             training=True,
             compile=False if arguments is None else arguments,
             module_transform=transform,
             dynamic=self.options.dynamic,
+            constants=constants,
         )
 
     @property
@@ -402,3 +408,12 @@ class _GradientReset:
 
     def __init__(self) -> None:
         self.pending = True  # ORT's gradients start at zero for each new Module: the first step overwrites
+
+
+def _forward_and_constants(
+    model: onnx.ModelProto, layout: GraphLayout
+) -> tuple[onnx.GraphProto, dict[str, torch.Tensor]]:
+    """``model``'s forward graph without initializers, and the values of those it reads: their data is
+    read from ``model`` once, not copied into the forward graph's proto first."""
+    graph = forward_graph(model, layout, initializers=False)
+    return graph, initializer_tensors(model.graph, names_read(graph))

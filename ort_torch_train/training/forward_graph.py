@@ -7,7 +7,7 @@ import logging
 import math
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from weakref import WeakKeyDictionary
 
@@ -15,6 +15,7 @@ import onnx
 import torch
 from torch import fx
 
+from ort_torch_train.convert.constants import lift_initializers
 from ort_torch_train.convert.graph import TensorSpec, convert_graph
 from ort_torch_train.convert.meta_keys import MATRIX_PRODUCTS
 from ort_torch_train.convert.registry import check_supported
@@ -77,6 +78,9 @@ class ForwardGraph:
     (``dynamic_shapes.py``). Eager runs convert the first two input signatures as they are (a last
     partial batch costs no probing) and generalise the third: a run whose shapes keep changing converts
     three times, not once per shape.
+
+    Every conversion binds the same initializer tensors: ``constants`` (the values of the initializers
+    ``graph`` reads but does not hold) or, without them, ``graph``'s own initializers taken out of it.
     """
 
     def __init__(
@@ -91,10 +95,13 @@ class ForwardGraph:
         module_transform: Restructure | None = None,
         cache_size: int = 16,
         dynamic: DynamicSetting = True,
+        constants: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
         check_supported(graph, opsets)
         graph, self.string_casts = numeric_inputs(graph)  # string inputs parsed on the host (string_inputs.py)
-        self.graph = graph
+        if constants is None:  # one copy of a constant weight, not the proto's and one per conversion
+            graph, constants = lift_initializers(graph)
+        self.graph, self.constants = graph, dict(constants)
         self.opsets = opsets
         self.layout = layout
         self.training = training
@@ -186,7 +193,14 @@ class ForwardGraph:
 
     def _convert(self, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> fx.GraphModule:
         specs = [TensorSpec(tuple(t.shape), t.dtype) for t in (*inputs, *params)]
-        return convert_graph(self.graph, self.opsets, specs, training=self.training, examples=(*inputs, *params))
+        return convert_graph(
+            self.graph,
+            self.opsets,
+            specs,
+            training=self.training,
+            examples=(*inputs, *params),
+            constants=self.constants,
+        )
 
     def _size_probes(self, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> SizeProbes:
         """The conversions with each group of candidate dynamic axes at its probe size, larger groups first.

@@ -114,10 +114,11 @@ def test_llama_adapters_train_and_serve_in_genai(built, tmp_path, precision):
         np.testing.assert_allclose(genai_logits(model, adapters, "b"), second, atol=tolerance, rtol=0)
 
 
-@pytest.mark.parametrize("name", ["qwen2-int4", "phi3-fp32"])
+@pytest.mark.parametrize("name", ["qwen2-fp32", "qwen2-int4", "phi3-fp32", "phi3-int4"])
 def test_qwen2_and_phi3_adapters_train_export_and_generate(built, tmp_path, name):
-    """Layer 0's adapters are checked for training: the builder (0.18) wires the tiny Phi-3's lm_head to layer 0's
-    post-attention norm, so its layer 1 reaches only the present key/values and gets no gradient."""
+    """Qwen2 and Phi-3 at fp32 and int4. Layer 0's adapters are checked for training: the builder (0.18) wires the
+    tiny Phi-3's lm_head to layer 0's post-attention norm, so its layer 1 reaches only the present key/values and
+    gets no gradient."""
     model_dir = built[name]
     module, optimizer, _ = lora_module(model_dir, tmp_path / "artifacts", ["*q_proj*", "*v_proj*", "*o_proj*"])
     losses = train(module, optimizer, 20)

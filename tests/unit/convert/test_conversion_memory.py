@@ -10,6 +10,7 @@ import torch
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
+from ort_torch_train.convert import graph as convert_graph_module
 from ort_torch_train.convert.graph import TensorSpec, convert_graph
 from ort_torch_train.torch_internals import TorchDispatchMode
 
@@ -122,3 +123,29 @@ def test_values_read_only_by_subgraphs_and_inlined_branches_stay_until_read():
         after_if = torch.cos(x) ** 2 if condition else -torch.cos(x)
         torch.testing.assert_close(y, torch.exp(x) + after_if)
         torch.testing.assert_close(total, x + 3 * torch.sin(x) + after_if)
+
+
+def test_a_weight_sized_constant_is_bound_not_serialized_for_its_converter(monkeypatch):
+    """A lifted constant (``lift_initializers``) reaches the converted module as the tensor given, and its
+    converter reads it at run time: no serialized copy of the weight is made for the converter."""
+    weight = torch.randn(COLUMNS, 512)  # 2 MiB of float32
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Gather", ["w", "i"], ["rows"])]
+    graph = helper.make_graph(
+        nodes,
+        "weight",
+        [_info("x", FLOAT, [2, COLUMNS]), _info("i", TensorProto.INT64, [3])],
+        [_info("y", FLOAT, [2, 512]), _info("rows", FLOAT, [3, 512])],
+    )
+    serialized: list[str] = []
+    real = convert_graph_module.tensor_to_proto
+    monkeypatch.setattr(
+        convert_graph_module, "tensor_to_proto", lambda t, name: serialized.append(name) or real(t, name)
+    )
+    x, i = torch.randn(2, COLUMNS), torch.tensor([0, 5, COLUMNS - 1])
+    specs = [TensorSpec(tuple(t.shape), t.dtype) for t in (x, i)]
+    module = convert_graph(graph, {"": 17}, specs, training=True, examples=[x, i], constants={"w": weight})
+    assert "w" not in serialized
+    assert weight.untyped_storage().data_ptr() in {b.untyped_storage().data_ptr() for b in module.buffers()}
+    y, rows = module(x, i)
+    torch.testing.assert_close(y, x @ weight)
+    torch.testing.assert_close(rows, weight[i])
