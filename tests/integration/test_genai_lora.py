@@ -116,7 +116,8 @@ def test_llama_adapters_train_and_serve_in_genai(built, tmp_path, precision):
 
 @pytest.mark.parametrize("name", ["qwen2-fp32", "qwen2-int4", "phi3-fp32", "phi3-int4"])
 def test_qwen2_and_phi3_adapters_train_export_and_generate(built, tmp_path, name):
-    """Qwen2 and Phi-3 at fp32 and int4. Layer 0's adapters are checked for training: the builder (0.18) wires the
+    """Qwen2 and Phi-3 at fp32 and int4: two adapters on one base, each matching our eval, the base unchanged
+    with none active, generation with one. Layer 0's adapters are checked for training: the builder (0.18) wires the
     tiny Phi-3's lm_head to layer 0's post-attention norm, so its layer 1 reaches only the present key/values and
     gets no gradient."""
     model_dir = built[name]
@@ -130,14 +131,21 @@ def test_qwen2_and_phi3_adapters_train_export_and_generate(built, tmp_path, name
     assert tensors["model.layers.0.attn.v_proj.lora_B.MatMul.weight"].shape == (4, 2 * 16)  # 2 KV heads
     assert np.abs(tensors["model.layers.0.attn.q_proj.lora_B.MatMul.weight"]).max() > 0  # trained (see the note below)
     assert not any("k_proj" in name or "qkv_proj" in name for name in tensors)
+    train(module, optimizer, 5)  # a second adapter for the same base
+    second = our_logits(module)
+    export_adapter(module, tmp_path / "served" / "second.onnx_adapter")
     model = og.Model(str(tmp_path / "served"))
     adapters = og.Adapters(model)
     adapters.load(str(adapter), "trained")
+    adapters.load(str(tmp_path / "served" / "second.onnx_adapter"), "second")
     tolerance = FP32_TOLERANCE if name.endswith("fp32") else INT4_LEVEL4_TOLERANCE
     np.testing.assert_allclose(genai_logits(model, adapters, "trained"), ours, atol=tolerance, rtol=0)
+    np.testing.assert_allclose(genai_logits(model, adapters, "second"), second, atol=tolerance, rtol=0)
+    assert np.abs(ours - second).max() > 10 * tolerance  # the two adapters differ
+    np.testing.assert_array_equal(genai_logits(model), builder_logits(model_dir))  # no adapter: the base's outputs
     if name.endswith("fp32"):  # merged into the packed float weight's q and v columns
         module.export_model_for_inferencing(str(tmp_path / "merged.onnx"), ["logits"])
-        np.testing.assert_allclose(builder_logits(tmp_path, "merged.onnx"), ours, atol=FP32_TOLERANCE, rtol=0)
+        np.testing.assert_allclose(builder_logits(tmp_path, "merged.onnx"), second, atol=FP32_TOLERANCE, rtol=0)
     params = og.GeneratorParams(model)
     params.set_search_options(max_length=14)
     generator = og.Generator(model, params)
