@@ -9,7 +9,7 @@ comes from the ``EngineOptions``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 
 import onnx
@@ -82,7 +82,9 @@ class TrainingEngine:
         self.train_graph = self._train_forward(training_model)
         self.eval_graph: ForwardGraph | None = None
         if eval_model is not None and self.eval_layout is not None:
-            eval_forward, eval_constants = _forward_and_constants(eval_model, self.eval_layout)
+            eval_forward, eval_constants = _forward_and_constants(
+                eval_model, self.eval_layout, shared=self.train_graph.constants
+            )
             self.eval_graph = ForwardGraph(
                 eval_forward,
                 opsets_of(eval_model),
@@ -411,9 +413,10 @@ class _GradientReset:
 
 
 def _forward_and_constants(
-    model: onnx.ModelProto, layout: GraphLayout
+    model: onnx.ModelProto, layout: GraphLayout, shared: Mapping[str, torch.Tensor] | None = None
 ) -> tuple[onnx.GraphProto, dict[str, torch.Tensor]]:
     """``model``'s forward graph without initializers, and the values of those it reads: their data is
-    read from ``model`` once, not copied into the forward graph's proto first."""
+    read from ``model`` once, not copied into the forward graph's proto first; a value equal to the
+    tensor of its name in ``shared`` is that tensor."""
     graph = forward_graph(model, layout, initializers=False)
-    return graph, initializer_tensors(model.graph, names_read(graph))
+    return graph, initializer_tensors(model.graph, names_read(graph), shared)

@@ -1,6 +1,6 @@
 """A weight that generate_artifacts leaves as a graph constant (named in neither requires_grad nor
 frozen_params, as a LoRA user's base weights) is held once: the forward graph takes it out of its proto,
-and every conversion binds that tensor (``convert/constants.py``)."""
+and every conversion binds that tensor (``convert/constants.py``); the eval graph binds it too."""
 
 from __future__ import annotations
 
@@ -55,3 +55,33 @@ def test_a_constant_weight_is_bound_once_by_every_conversion(tmp_path):
         assert len(converted) == conversions
         for built in converted:
             assert weight.untyped_storage().data_ptr() in _storages(built)  # bound, not copied
+    # the eval graph binds the training graph's tensor of the same value
+    assert module._engine.eval_graph.constants["0.weight"] is module._engine.train_graph.constants["0.weight"]
+
+
+def test_an_eval_constant_that_differs_from_the_training_one_is_its_own(tmp_path):
+    """A constant of the eval model whose value is not the training model's (same name) is read from the
+    eval model: sharing asks for equal dtype, shape and bytes."""
+    import onnx
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 2))
+    generate_artifacts(
+        model,
+        requires_grad=["2.weight", "2.bias"],
+        loss=LossType.MSELoss,
+        optimizer=OptimType.AdamW,
+        artifact_directory=tmp_path,
+        example_inputs=(torch.randn(2, 8),),
+    )
+    eval_model = onnx.load(tmp_path / "eval_model.onnx")
+    (weight,) = [init for init in eval_model.graph.initializer if init.name == "0.weight"]
+    changed = onnx.numpy_helper.to_array(weight) * 2
+    weight.CopyFrom(onnx.numpy_helper.from_array(changed, "0.weight"))
+    onnx.save(eval_model, tmp_path / "eval_changed.onnx")
+    state = CheckpointState.load_checkpoint(tmp_path / "checkpoint")
+    module = Module(tmp_path / "training_model.onnx", state, tmp_path / "eval_changed.onnx")
+    engine = module._engine
+    assert engine.eval_graph.constants["0.weight"] is not engine.train_graph.constants["0.weight"]
+    np.testing.assert_array_equal(engine.eval_graph.constants["0.weight"].numpy(), changed)
+    assert engine.eval_graph.constants["0.bias"] is engine.train_graph.constants["0.bias"]
