@@ -82,7 +82,7 @@ def test_each_key_is_declared_once_under_a_name_of_its_own() -> None:
         if isinstance(value, MetaKey)
     ]
     names = [name for _, name in declared]
-    assert len(declared) == 7 and len(set(names)) == len(names), declared
+    assert len(declared) == 8 and len(set(names)) == len(names), declared
     assert not FX_ENTRIES & set(names)
 
 
