@@ -23,7 +23,6 @@ jobs than seconds of wall time) to OUT.json (after each row).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import resource
@@ -32,6 +31,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "harness"))
+
+from checkout import import_checkout  # noqa: E402
 
 ROWS = ("mixtral", "olmoe", "dinov2", "vit", "t5", "llama", "lstm")
 DYNAMIC = {"t5": ("tokens",), "llama": ("ids", "mask"), "lstm": ("tokens",)}
@@ -234,16 +237,7 @@ def _reference(directory: Path, row: str, out: Path) -> None:
 
 
 def _measure(root: str, directory: Path, row: str, out: Path) -> None:
-    sys.path.insert(0, root)
-    import ort_torch_train  # noqa: F401  (the checkout's, then its adapters as ort_torch_train.adapters)
-
-    spec = importlib.util.spec_from_file_location(
-        "ort_torch_train.adapters", f"{root}/adapters/__init__.py", submodule_search_locations=[f"{root}/adapters"]
-    )
-    assert spec is not None and spec.loader is not None
-    adapters = importlib.util.module_from_spec(spec)
-    sys.modules["ort_torch_train.adapters"] = adapters
-    spec.loader.exec_module(adapters)
+    import_checkout(root)
     from ort_torch_train.api import CheckpointState, Module, Optimizer
 
     nodes = _count_inductor_graphs()

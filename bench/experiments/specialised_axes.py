@@ -13,25 +13,19 @@ do not move with the load-following policy's count.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "harness"))
+
+from checkout import import_checkout  # noqa: E402
+
 
 def main() -> None:
     root, directory, row, shapes_text, out = sys.argv[1], Path(sys.argv[2]), sys.argv[3], sys.argv[4], Path(sys.argv[5])
-    sys.path.insert(0, root)
-    import ort_torch_train  # noqa: F401  (the checkout's, then its adapters as ort_torch_train.adapters)
-
-    spec = importlib.util.spec_from_file_location(
-        "ort_torch_train.adapters", f"{root}/adapters/__init__.py", submodule_search_locations=[f"{root}/adapters"]
-    )
-    assert spec is not None and spec.loader is not None
-    adapters = importlib.util.module_from_spec(spec)
-    sys.modules["ort_torch_train.adapters"] = adapters
-    spec.loader.exec_module(adapters)
+    import_checkout(root)
     import numpy as np
     from torch._dynamo.utils import counters
 
