@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -36,6 +35,8 @@ import numpy as np
 BENCH = Path(__file__).resolve().parents[1]
 HARNESS = BENCH / "harness"
 sys.path.insert(0, str(HARNESS))
+
+from memory import in_own_process  # noqa: E402
 
 
 def _setting(text: str) -> bool | int | None:
@@ -195,26 +196,8 @@ def main() -> int:
         return 0
     rows = []
     for setting in args.settings:
-        done = subprocess.run(
-            [
-                sys.executable,
-                __file__,
-                "--model",
-                args.model,
-                "--device",
-                args.device,
-                "--steps",
-                str(args.steps),
-                "--child",
-                setting,
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=BENCH,
-            env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"},
-        )
-        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        arguments = ["--model", args.model, "--device", args.device, "--steps", str(args.steps), "--child", setting]
+        rows.append(in_own_process(__file__, *arguments, cwd=BENCH))
     print(
         f"| {args.model} on {args.device} | recompute | saved for backward (MB) | vs first | "
         "peak memory added by the steps (MB) | vs first | median step (s) | vs first | max loss difference |"

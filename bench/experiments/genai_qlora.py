@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import statistics
 import subprocess
@@ -34,7 +33,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(BENCH / "harness"))
 
-from memory import RssSampler, memory_mib  # noqa: E402
+from memory import RssSampler, in_own_process, memory_mib  # noqa: E402
 
 sys.path.insert(0, str(BENCH.parent / "examples"))
 from genai_lora import write_byte_tokenizer  # noqa: E402  (the builder needs a tokenizer; ids are drawn at random)
@@ -166,14 +165,9 @@ def run_all(
         prepare(out, size, tokens)
     results = []
     for precision in PRECISIONS:  # each in its own process: its own peak RSS
-        command = [sys.executable, __file__, "run", str(out), "--precision", precision, "--artifacts", kind]
-        command += ["--steps", str(steps), *(["--recompute", str(recompute)] if recompute else [])]
-        command += ["--threads", str(threads), "--batch", str(batch), "--tokens", str(tokens)]
-        environment = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}  # freed large buffers leave the RSS
-        completed = subprocess.run(command, capture_output=True, text=True, check=False, env=environment)
-        if completed.returncode != 0:
-            raise SystemExit(f"{precision} failed:\n{completed.stderr[-4000:]}")
-        results.append(json.loads(completed.stdout.strip().splitlines()[-1]))
+        arguments = ["run", str(out), "--precision", precision, "--artifacts", kind, "--steps", str(steps)]
+        arguments += [*(["--recompute", str(recompute)] if recompute else []), "--threads", str(threads)]
+        results.append(in_own_process(__file__, *arguments, "--batch", str(batch), "--tokens", str(tokens)))
     return results
 
 

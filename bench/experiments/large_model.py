@@ -41,7 +41,7 @@ BENCH = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(BENCH / "harness"))
 
 from lm_models import TransformersLogits  # noqa: E402
-from memory import RssSampler, memory_mib  # noqa: E402
+from memory import RssSampler, in_own_process, memory_mib  # noqa: E402
 
 GPT2_LARGE = {"n_embd": 1280, "n_layer": 36, "n_head": 20}
 SMALL = {"n_embd": 64, "n_layer": 2, "n_head": 2, "vocab_size": 256}
@@ -250,13 +250,7 @@ def ort_load(out: Path, variant: str) -> dict:
 
 def in_process(*arguments: str) -> dict:
     """Run one phase of this script in its own process; its JSON result."""
-    environment = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}  # freed big tensors leave the resident set
-    completed = subprocess.run(
-        [sys.executable, __file__, *arguments], capture_output=True, text=True, check=False, env=environment, cwd=ROOT
-    )
-    if completed.returncode != 0:
-        raise SystemExit(f"phase {arguments} failed:\n{completed.stderr[-4000:]}")
-    return json.loads(completed.stdout.strip().splitlines()[-1])
+    return in_own_process(__file__, *arguments, cwd=ROOT)
 
 
 def available_gib() -> float:

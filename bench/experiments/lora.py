@@ -29,10 +29,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,7 +39,7 @@ BENCH = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(BENCH / "harness"))
 
 from lm_models import TransformersLogits  # noqa: E402
-from memory import RssSampler, memory_mib  # noqa: E402
+from memory import RssSampler, in_own_process, memory_mib  # noqa: E402
 
 VARIANTS = ("full", "lora", "lora-bf16")
 TARGETS = ["*attn.c_attn.weight", "*attn.c_proj.weight", "*mlp.c_fc.weight", "*mlp.c_proj.weight"]
@@ -140,15 +138,8 @@ def run_all(
         prepare(out, small, batch, tokens)
     results = []
     for variant in VARIANTS:  # each in its own process: its own peak RSS
-        command = [sys.executable, __file__, "run", str(out), "--variant", variant, "--steps", str(steps)]
-        command += ["--threads", str(threads), *(["--compile", compile] if compile else [])]
-        # glibc mmaps every allocation over 64 KiB, so freed tensors (float32 weights cast to bfloat16, the
-        # checkpoint file's bytes) leave the resident set
-        environment = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-        completed = subprocess.run(command, capture_output=True, text=True, check=False, env=environment)
-        if completed.returncode != 0:
-            raise SystemExit(f"variant {variant} failed:\n{completed.stderr[-4000:]}")
-        results.append(json.loads(completed.stdout.strip().splitlines()[-1]))
+        arguments = ["run", str(out), "--variant", variant, "--steps", str(steps), "--threads", str(threads)]
+        results.append(in_own_process(__file__, *arguments, *(["--compile", compile] if compile else [])))
     return results
 
 

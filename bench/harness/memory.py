@@ -1,7 +1,12 @@
-"""Resident memory of this process from /proc (Linux), and its peak while a block runs."""
+"""Resident memory of this process from /proc (Linux), its peak while a block runs, and runs in a process of
+their own (whose peak is theirs alone)."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -40,3 +45,20 @@ class RssSampler:
         self._stop.set()
         self._thread.join()
         self._update()
+
+
+def in_own_process(script: str, *arguments: str, cwd: str | Path | None = None) -> dict:
+    """Run ``script`` with ``arguments`` in a new Python process and return the JSON object its last output
+    line holds. glibc maps every allocation over 64 KiB there, so freed large tensors leave the resident
+    set. Raises SystemExit with the end of its stderr when it fails."""
+    completed = subprocess.run(
+        [sys.executable, script, *arguments],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=cwd,
+        env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"},
+    )
+    if completed.returncode != 0:
+        raise SystemExit(f"{Path(script).name} {' '.join(arguments)} failed:\n{completed.stderr[-4000:]}")
+    return json.loads(completed.stdout.strip().splitlines()[-1])
