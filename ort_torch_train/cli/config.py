@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ort_torch_train.cli.common import CliError
+from ort_torch_train.cli.errors import CliError
 from ort_torch_train.fileio import atomic_write_bytes
 
 COMMAND = "train"

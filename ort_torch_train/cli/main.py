@@ -15,13 +15,13 @@ import sys
 from typing import NoReturn
 
 from ort_torch_train import __version__
-from ort_torch_train.cli.common import CliError
 from ort_torch_train.cli.config import add_config_option, expand_config
-from ort_torch_train.cli.convert import add_convert_parser
-from ort_torch_train.cli.export import add_export_parser
-from ort_torch_train.cli.inspect import add_inspect_parser
+from ort_torch_train.cli.convert_options import add_convert_parser
+from ort_torch_train.cli.errors import CliError
+from ort_torch_train.cli.export_options import add_export_parser
+from ort_torch_train.cli.inspect_options import add_inspect_parser
 from ort_torch_train.cli.native import add_native_parser
-from ort_torch_train.cli.train import run_train
+from ort_torch_train.cli.runner import deferred
 from ort_torch_train.cli.train_options import add_train_parser
 from ort_torch_train.logs import enable
 
@@ -113,7 +113,14 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
     add_inspect_parser(commands, HelpFormatter)
     add_config_option(
-        add_train_parser(commands, HelpFormatter, positive_int, non_negative_int, learning_rate, run_train)
+        add_train_parser(
+            commands,
+            HelpFormatter,
+            positive_int,
+            non_negative_int,
+            learning_rate,
+            deferred("train", "train", "run_train"),
+        )
     )
     add_convert_parser(commands, HelpFormatter)
     add_export_parser(commands, HelpFormatter)

@@ -8,8 +8,6 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from ort_torch_train.training.threads import THREADS_VARIABLE, parse_threads
-
 ArgType = Callable[[str], object]
 
 DESCRIPTION = """\
@@ -153,6 +151,8 @@ def add_schedule_options(
 
 def thread_count(text: str) -> int | str:
     """argparse type of --threads: "auto", "torch" or a positive integer (``parse_threads``)."""
+    from ort_torch_train.training.threads import parse_threads  # torch: imported once --threads is given
+
     try:
         return parse_threads(text)
     except ValueError as error:
@@ -167,9 +167,9 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         "--threads",
         type=thread_count,
         metavar="N|auto|torch",
-        help=f"CPU threads per step: N, auto (the cores other processes leave free; results may then differ "
+        help="CPU threads per step: N, auto (the cores other processes leave free; results may then differ "
         "in the last bits between runs under different loads) or torch (torch's count, untouched). "
-        f"Default: ${THREADS_VARIABLE}, else torch when $OMP_NUM_THREADS is set, else auto",
+        "Default: $ORT_TORCH_TRAIN_THREADS, else torch when $OMP_NUM_THREADS is set, else auto",
     )
     group.add_argument(
         "--compile",
