@@ -18,6 +18,7 @@ from ort_torch_train import __version__
 from ort_torch_train.cli.config import add_config_option, expand_config
 from ort_torch_train.cli.convert_options import add_convert_parser
 from ort_torch_train.cli.errors import CliError
+from ort_torch_train.cli.evaluate_options import add_evaluate_parser
 from ort_torch_train.cli.export_options import add_export_parser
 from ort_torch_train.cli.inspect_options import add_inspect_parser
 from ort_torch_train.cli.native import add_native_parser
@@ -122,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
             deferred("train", "train", "run_train"),
         )
     )
+    add_evaluate_parser(commands, HelpFormatter, positive_int)
     add_convert_parser(commands, HelpFormatter)
     add_export_parser(commands, HelpFormatter)
     add_native_parser(commands, HelpFormatter)
