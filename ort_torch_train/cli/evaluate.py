@@ -29,7 +29,9 @@ def evaluation(args: argparse.Namespace) -> dict[str, Any]:
     paths = find_artifacts(source)
     training_model = load_onnx(paths.require("training_model", source), "training model")
     eval_model = load_onnx(paths.require("eval_model", source), "eval model")
-    checkpoint = existing_file(args.checkpoint, "checkpoint") if args.checkpoint else paths.require("checkpoint", source)
+    checkpoint = (
+        existing_file(args.checkpoint, "checkpoint") if args.checkpoint else paths.require("checkpoint", source)
+    )
     state = load_training_state(checkpoint)
     if state.is_nominal:
         raise CliError(f"{str(checkpoint)!r} is a nominal checkpoint (no parameter values): evaluate a complete one")
