@@ -16,7 +16,9 @@ eval_model.onnx for --eval-data) with ORT's loop: module(*batch) (--grad-accum t
 scheduler.step(), module.lazy_reset_grad(). Shows a progress bar (loss, learning rate, step rate,
 ETA) and saves an ORT checkpoint with the optimizer state and the data position, from which
 --resume continues: at the end, every --save-every steps, and on Ctrl-C (which then prints the
-summary and exits with status 130). Step rates exclude the first step (compilation with --compile)."""
+summary and exits with status 130). Step rates exclude the first step (compilation with --compile);
+the summary gives the bar's rate (evaluation and saving included) and that of the steps alone, and
+says why the run ended."""
 
 DATA_HELP = """\
 data layout:
@@ -261,7 +263,8 @@ def add_checkpoint_options(parser: argparse.ArgumentParser, positive_int: ArgTyp
         "--early-stop",
         type=positive_int,
         metavar="PATIENCE",
-        help="stop after PATIENCE evaluations without the --save-best metric (else --metric) improving",
+        help="stop after PATIENCE evaluations without the --save-best metric (else --metric) improving; a run "
+        "resumed from an early stop trains on when asked for more (a larger --max-steps, --steps, --epochs)",
     )
 
 
