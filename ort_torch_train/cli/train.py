@@ -334,7 +334,8 @@ def end_of_run(
             "the run exactly"
         )
     if result.stop_reason:
-        return "early_stop", result.stop_reason
+        held = f"already at step {result.last_step}: nothing to train; " if not result.losses else ""
+        return "early_stop", held + result.stop_reason
     if not result.losses:
         return "nothing_to_train", f"already at step {result.last_step}: nothing to train (--max-steps {max_steps})"
     if args.max_steps is not None:

@@ -58,7 +58,7 @@ def test_an_early_stop_at_the_last_step_is_reported_and_a_larger_max_steps_train
     assert summary["end"].startswith("early stop: steady_metric did not improve in 2 evaluations at step 10")
     code, out, err = train(capsys, cnn_data, "--max-steps", 12, *early, "--resume", ckpt)  # the same again
     assert code == 0, err
-    assert "nothing to train" not in out and "early stop: the run stopped early at step 10" in out
+    assert "already at step 10: nothing to train; early stop: the run stopped early at step 10" in out
     assert "give a max_steps above 12 (--max-steps), a patience above 2" in out
     code, out, err = train(capsys, cnn_data, "--max-steps", 14, *early, "--resume", ckpt)
     assert code == 0, err
