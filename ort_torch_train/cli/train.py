@@ -319,8 +319,8 @@ def rate_text(result: FitResult) -> str:
     if len(result.losses) < 2:
         return "one step, no rate"
     return (
-        f"{result.wall_steps_per_second:.1f} step/s (the bar's rate, evaluation and saving included; "
-        f"{result.steps_per_second:.1f} step/s in the training steps alone)"
+        f"{result.wall_steps_per_second:.4g} step/s (the bar's rate, evaluation and saving included; "
+        f"{result.steps_per_second:.4g} step/s in the training steps alone)"
     )
 
 
