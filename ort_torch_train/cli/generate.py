@@ -47,10 +47,11 @@ def run_generate(args: argparse.Namespace) -> None:
         print(f"{role.replace('_', ' ')}: {file}")
     if args.prefix:
         print(f"artifacts written to {str(output)!r} with the prefix {args.prefix!r}")
-    print(
-        f"{len(trainable)} trainable parameters, {len(frozen or [])} frozen; "
-        f"next: ort-torch-train train {output} --data DATA --max-steps N"
-    )
+    counts = f"{len(trainable)} trainable parameters, {len(frozen or [])} frozen"
+    if args.optimizer == "none":
+        print(f"{counts}; no optimizer model (`train` needs one: --optimizer AdamW or SGD)")
+    else:
+        print(f"{counts}; next: ort-torch-train train {output} --data DATA --max-steps N")
 
 
 def names(text: str | None) -> list[str] | None:

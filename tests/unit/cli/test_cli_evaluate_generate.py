@@ -133,3 +133,18 @@ def test_generate_all_trains_the_floating_point_initializers_less_the_frozen(cap
     trainable = {p["name"]: p["trainable"] for p in report["parameters"]}
     assert trainable == {"0.weight": False, "0.bias": True, "2.weight": True, "2.bias": True}
     assert report["optimizer"]["algorithm"] == "SGD"
+
+    (case / "generate.json").write_text(
+        json.dumps({"model": "base_model.onnx", "requires_grad": "all", "loss": "MSELoss", "output": "from-config"})
+    )
+    status, out, err = run_cli(
+        capsys, "generate", "--config", "generate.json", "--output", "from-flags", "--optimizer", "none"
+    )
+    assert status == 0, err
+    assert "no optimizer model (`train` needs one" in out
+    assert not (case / "from-config").exists()  # the flag wins over the file
+    assert sorted(path.name for path in (case / "from-flags").iterdir()) == [
+        "checkpoint",
+        "eval_model.onnx",
+        "training_model.onnx",
+    ]
