@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from ort_torch_train.cli.errors import CliError
 from ort_torch_train.dtypes import ONNX_TO_TORCH, dtype_name, elem_type_name
 from ort_torch_train.errors import CheckpointError
 from ort_torch_train.graph.layout import GRAD_BUFFER_SUFFIX, declared_shape, load_model
@@ -15,10 +16,6 @@ from ort_torch_train.graph.roles import model_role
 from ort_torch_train.state.training_state import TrainingState
 
 Shape = list[int | str | None] | None
-
-
-class CliError(Exception):
-    """A user error: reported as one line on stderr, exit status 1."""
 
 
 @dataclass

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ort_torch_train.cli.common import CliError
+from ort_torch_train.cli.errors import CliError
 from ort_torch_train.fileio import atomic_write_bytes
 
 COMMAND = "train"
@@ -100,7 +100,7 @@ def load_config(path: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
         if dest not in known or dest in ("config", "run"):
             close = difflib.get_close_matches(dest, sorted(known), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise CliError(f"{path!r}: {key!r} is not an option of `ort-torch-train train`{hint}")
+            raise CliError(f"{path!r}: {key!r} is not an option of `{parser.prog}`{hint}")
         options[dest] = value
     return options
 
@@ -186,3 +186,26 @@ def _flag_value(tokens: list[str], flag: str) -> str | None:
         elif token.startswith(flag + "="):
             value = token.split("=", 1)[1]
     return value
+
+
+def expand_command_config(argv: list[str], parser: argparse.ArgumentParser, command: str, positional: str) -> list[str]:
+    """``argv`` with the options of ``command``'s ``--config`` file inserted as flags before the command
+    line's own (which therefore win); the key ``positional`` stands for the command's positional argument."""
+    named = next((index for index, token in enumerate(argv) if not token.startswith("-")), None)
+    if named is None or argv[named] != command:
+        return argv
+    head, given = argv[: named + 1], argv[named + 1 :]
+    config = _flag_value(given, "--config")
+    if config is None:
+        return argv
+    subparser = _subparser(parser, command)
+    actions = {option: action for action in subparser._actions for option in action.option_strings}
+    given_dests, given_positional = _dests_in(given, actions)
+    tokens: list[str] = []
+    for dest, value in load_config(config, subparser).items():
+        if dest == positional:
+            if not given_positional:
+                tokens.insert(0, str(value))
+        elif dest not in given_dests:
+            tokens += _as_flags(dest, value, subparser)
+    return head + tokens + given

@@ -28,14 +28,6 @@ from ort_torch_train.lora.record import read_record
 from ort_torch_train.optim.optimizer_model import read_optimizer_model
 from ort_torch_train.state.training_state import TrainingState
 
-DESCRIPTION = """\
-Show what a set of training artifacts holds: the user inputs and outputs of the training and eval
-models (what you feed and get back; parameters and gradient buffers left out), every parameter with
-dtype, shape and trainability, the optimizer and its hyperparameters, and the checkpoint (complete
-or nominal, optimizer groups with step count and initial learning rate, properties). Without a
-checkpoint, the parameters are the training model's trainable ones. LoRA artifacts and checkpoints
-also show their adapters: rank, alpha and the adapted weights (adapters trainable, the rest frozen)."""
-
 
 def run_inspect(args: argparse.Namespace) -> None:
     """Print the report on ``args.paths`` (a folder or individual files)."""
@@ -287,26 +279,3 @@ def _numel(shape: list | None) -> int | None:
 def _count(sizes: list[int | None]) -> str:
     known = [size for size in sizes if size is not None]
     return "?" if len(known) < len(sizes) else f"{sum(known):,}"
-
-
-def add_inspect_parser(commands: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
-    """Register ``inspect`` and its options."""
-    parser = commands.add_parser(
-        "inspect",
-        help="show the models' inputs/outputs, parameters, optimizer and checkpoint",
-        description=DESCRIPTION,
-        epilog="examples:\n"
-        "  ort-torch-train inspect artifacts/\n"
-        "  ort-torch-train inspect artifacts/training_model.onnx run/checkpoint\n"
-        "  ort-torch-train inspect artifacts/ --json > artifacts.json",
-        formatter_class=formatter,
-    )
-    parser.add_argument(
-        "paths",
-        nargs="+",
-        metavar="PATH",
-        help="an artifacts folder, or individual files: .onnx models (training, eval or "
-        "optimizer, told apart by their graphs) and ORT checkpoints",
-    )
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.set_defaults(run=run_inspect)

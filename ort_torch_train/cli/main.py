@@ -1,4 +1,5 @@
-"""The ``ort-torch-train`` command line: inspect, train and convert ONNX Runtime training artifacts.
+"""The ``ort-torch-train`` command line: generate, inspect, train, evaluate, convert and export ONNX Runtime
+training artifacts.
 
 Every failure the user can act on (bad paths, npz keys, dtypes, shapes, files that are not what
 they should be) ends as one line ``ort-torch-train: error: ...`` on stderr and exit status 1;
@@ -15,13 +16,15 @@ import sys
 from typing import NoReturn
 
 from ort_torch_train import __version__
-from ort_torch_train.cli.common import CliError
-from ort_torch_train.cli.config import add_config_option, expand_config
-from ort_torch_train.cli.convert import add_convert_parser
-from ort_torch_train.cli.export import add_export_parser
-from ort_torch_train.cli.inspect import add_inspect_parser
+from ort_torch_train.cli.config import add_config_option, expand_command_config, expand_config
+from ort_torch_train.cli.convert_options import add_convert_parser
+from ort_torch_train.cli.errors import CliError
+from ort_torch_train.cli.evaluate_options import add_evaluate_parser
+from ort_torch_train.cli.export_options import add_export_parser
+from ort_torch_train.cli.generate_options import add_generate_parser
+from ort_torch_train.cli.inspect_options import add_inspect_parser
 from ort_torch_train.cli.native import add_native_parser
-from ort_torch_train.cli.train import run_train
+from ort_torch_train.cli.runner import deferred
 from ort_torch_train.cli.train_options import add_train_parser
 from ort_torch_train.logs import enable
 
@@ -34,10 +37,12 @@ trained behind ORT's API."""
 
 EPILOG = """\
 examples:
+  ort-torch-train generate model.onnx --requires-grad all --loss CrossEntropyLoss --output artifacts
   ort-torch-train inspect artifacts/
   ort-torch-train train artifacts/ --data train.npz --epochs 3 --output run/checkpoint
   ort-torch-train train artifacts/ --data train.parquet --max-steps 500 --output run/checkpoint
   ort-torch-train train artifacts/ --data train.parquet --max-steps 500 --resume run/checkpoint --output run/checkpoint
+  ort-torch-train evaluate artifacts/ --checkpoint run/checkpoint --data test.parquet --metric accuracy
   ort-torch-train convert run/checkpoint model.safetensors
   ort-torch-train train artifacts/ --data train.npz --steps 100 --lora r=8,alpha=16,targets=all-linear
   ort-torch-train export artifacts/ --checkpoint run/checkpoint --output model.onnx --adapter task.onnx_adapter
@@ -111,10 +116,19 @@ def build_parser() -> argparse.ArgumentParser:
         "or set ORT_TORCH_TRAIN_LOG=debug)",
     )
     commands = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
+    add_generate_parser(commands, HelpFormatter, non_negative_int)
     add_inspect_parser(commands, HelpFormatter)
     add_config_option(
-        add_train_parser(commands, HelpFormatter, positive_int, non_negative_int, learning_rate, run_train)
+        add_train_parser(
+            commands,
+            HelpFormatter,
+            positive_int,
+            non_negative_int,
+            learning_rate,
+            deferred("train", "train", "run_train"),
+        )
     )
+    add_evaluate_parser(commands, HelpFormatter, positive_int)
     add_convert_parser(commands, HelpFormatter)
     add_export_parser(commands, HelpFormatter)
     add_native_parser(commands, HelpFormatter)
@@ -126,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         argv = expand_config(sys.argv[1:] if argv is None else list(argv), parser)
+        argv = expand_command_config(argv, parser, "generate", positional="model")
     except CliError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2

@@ -63,6 +63,7 @@ from ort_torch_train.trainer import (
     with_model_outputs,
 )
 from ort_torch_train.trainer.data import data_position, keep_batch
+from ort_torch_train.trainer.loggers import as_written
 from ort_torch_train.trainer.metrics import BUILT_IN
 from ort_torch_train.training.threads import default_threads
 
@@ -193,7 +194,9 @@ def train(args: argparse.Namespace, launch: Launch, device: str) -> None:
         progress=False if args.quiet or not launch.is_main else where,
     )
     samples = len(job.evaluation[0]) if job.evaluation is not None else None
+    early = next((callback for callback in callbacks if isinstance(callback, EarlyStopping)), None)
     summary = summarize(args, result, device, launch, eval_before, optimizer, samples)
+    summary["ended"], summary["end"] = end_of_run(args, result, max_steps, early)
     if launch.is_main and args.summary:
         Path(args.summary).parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(args.summary, (json.dumps(summary, indent=2) + "\n").encode())
@@ -242,7 +245,9 @@ def make_callbacks(args: argparse.Namespace, launch: Launch, say: Any) -> list[C
     if args.save_best:
         callbacks.append(SaveBest(best_path(output), metric_name(args.save_best), report=say))
     if args.early_stop:
-        callbacks.append(EarlyStopping(metric_name(args.save_best or args.metric), args.early_stop))
+        more = bool(args.steps or args.epochs)  # counted from the checkpoint: a resumed run asks for more steps
+        metric = metric_name(args.save_best or args.metric)
+        callbacks.append(EarlyStopping(metric, args.early_stop, train_on=more, report=say))
     return callbacks
 
 
@@ -267,9 +272,10 @@ def summarize(
         "last_step": result.last_step,
         "device": device,
         "world_size": launch.world_size,
-        "loss_first": losses[0] if losses else None,
-        "loss_last": losses[-1] if losses else None,
+        "loss_first": as_written(losses[0]) if losses else None,
+        "loss_last": as_written(losses[-1]) if losses else None,
         "steps_per_s": None if math.isnan(result.steps_per_second) else result.steps_per_second,
+        "steps_per_s_overall": None if math.isnan(result.wall_steps_per_second) else result.wall_steps_per_second,
         "train_seconds": result.seconds,
         "compile_seconds": result.first_step_seconds if args.compile else None,
         "skipped_steps": optimizer.skipped_steps,
@@ -288,19 +294,14 @@ def summarize(
 def report(say: Any, summary: dict[str, Any], result: FitResult) -> None:
     """The text summary."""
     device = summary["device"]
-    if not result.losses:
-        say(f"already at step {result.last_step}: nothing to train")
-    else:
-        rate = result.steps_per_second
+    if result.losses:
         compiling = f" after {summary['compile_seconds']:.1f} s compiling" if summary["compile_seconds"] else ""
         ended = " (interrupted)" if result.interrupted else ""
         say(
-            f"trained steps {summary['first_step']}-{summary['last_step']}{ended} on {device}: "
-            f"{rate:.1f} step/s training only (after the first step; evaluation and saving left out)"
-            f"{compiling}: loss {result.losses[0]:.4g} -> {result.losses[-1]:.4g}"
+            f"trained steps {summary['first_step']}-{summary['last_step']}{ended} on {device}{compiling}: "
+            f"{rate_text(result)}: loss {result.losses[0]:.4g} -> {result.losses[-1]:.4g}"
         )
-    if result.stop_reason:
-        say(result.stop_reason)
+    say(summary["end"])
     if result.metrics:
         before = summary["eval_loss_before"]
         samples = summary["eval_samples"]
@@ -311,6 +312,45 @@ def report(say: Any, summary: dict[str, Any], result: FitResult) -> None:
     say(f"checkpoint with optimizer state: {summary['checkpoint']} (continue with --resume {summary['checkpoint']})")
     if summary["best_checkpoint"]:
         say(f"best checkpoint: {summary['best_checkpoint']}")
+
+
+def rate_text(result: FitResult) -> str:
+    """The run's step rates, each labelled: the bar's (everything) and the steps' alone."""
+    if len(result.losses) < 2:
+        return "one step, no rate"
+    return (
+        f"{result.wall_steps_per_second:.4g} step/s (the bar's rate, evaluation and saving included; "
+        f"{result.steps_per_second:.4g} step/s in the training steps alone)"
+    )
+
+
+def end_of_run(
+    args: argparse.Namespace, result: FitResult, max_steps: int, early: EarlyStopping | None
+) -> tuple[str, str]:
+    """Why the run ended, as a key (interrupted, early_stop, nothing_to_train, length) and a line."""
+    if result.interrupted:
+        return "interrupted", (
+            f"ended by Ctrl-C after step {result.last_step}: checkpoint saved, `--resume {args.output}` continues "
+            "the run exactly"
+        )
+    if result.stop_reason:
+        held = f"already at step {result.last_step}: nothing to train; " if not result.losses else ""
+        return "early_stop", held + result.stop_reason
+    if not result.losses:
+        return "nothing_to_train", f"already at step {result.last_step}: nothing to train (--max-steps {max_steps})"
+    if args.max_steps is not None:
+        length = f"--max-steps {args.max_steps}"
+    elif args.steps is not None:
+        length = f"--steps {args.steps}"
+    else:
+        length = f"--epochs {args.epochs}"
+    end = f"ended at step {result.last_step}: {length} reached"
+    if early is not None and early.reason is not None:  # the patience ran out at the last step
+        end += (
+            f"; {early.reason} (a resumed run with a larger --max-steps trains on, counting the evaluations "
+            "without improvement afresh)"
+        )
+    return "length", end
 
 
 def prepare(args: argparse.Namespace) -> TrainingJob:

@@ -8,8 +8,6 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from ort_torch_train.training.threads import THREADS_VARIABLE, parse_threads
-
 ArgType = Callable[[str], object]
 
 DESCRIPTION = """\
@@ -18,7 +16,9 @@ eval_model.onnx for --eval-data) with ORT's loop: module(*batch) (--grad-accum t
 scheduler.step(), module.lazy_reset_grad(). Shows a progress bar (loss, learning rate, step rate,
 ETA) and saves an ORT checkpoint with the optimizer state and the data position, from which
 --resume continues: at the end, every --save-every steps, and on Ctrl-C (which then prints the
-summary and exits with status 130). Step rates exclude the first step (compilation with --compile)."""
+summary and exits with status 130). Step rates exclude the first step (compilation with --compile);
+the summary gives the bar's rate (evaluation and saving included) and that of the steps alone, and
+says why the run ended."""
 
 DATA_HELP = """\
 data layout:
@@ -153,6 +153,8 @@ def add_schedule_options(
 
 def thread_count(text: str) -> int | str:
     """argparse type of --threads: "auto", "torch" or a positive integer (``parse_threads``)."""
+    from ort_torch_train.training.threads import parse_threads  # torch: imported once --threads is given
+
     try:
         return parse_threads(text)
     except ValueError as error:
@@ -167,9 +169,9 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         "--threads",
         type=thread_count,
         metavar="N|auto|torch",
-        help=f"CPU threads per step: N, auto (the cores other processes leave free; results may then differ "
+        help="CPU threads per step: N, auto (the cores other processes leave free; results may then differ "
         "in the last bits between runs under different loads) or torch (torch's count, untouched). "
-        f"Default: ${THREADS_VARIABLE}, else torch when $OMP_NUM_THREADS is set, else auto",
+        "Default: $ORT_TORCH_TRAIN_THREADS, else torch when $OMP_NUM_THREADS is set, else auto",
     )
     group.add_argument(
         "--compile",
@@ -261,7 +263,8 @@ def add_checkpoint_options(parser: argparse.ArgumentParser, positive_int: ArgTyp
         "--early-stop",
         type=positive_int,
         metavar="PATIENCE",
-        help="stop after PATIENCE evaluations without the --save-best metric (else --metric) improving",
+        help="stop after PATIENCE evaluations without the --save-best metric (else --metric) improving; a run "
+        "resumed from an early stop trains on when asked for more (a larger --max-steps, --steps, --epochs)",
     )
 
 

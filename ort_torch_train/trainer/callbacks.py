@@ -155,37 +155,68 @@ class SaveBest(_Monitor):
 
 class EarlyStopping(_Monitor):
     """Ends the run after ``patience`` evaluations in a row without ``metric`` improving (a value that is not
-    finite counts as no improvement, with a warning). A run resumed from a checkpoint that stopped stays
-    stopped; the evaluation after a Ctrl-C does not count (the resumed run counts as the whole run would).
+    finite counts as no improvement, with a warning); the evaluation after a Ctrl-C does not count (the
+    resumed run counts as the whole run would).
+
+    A run resumed from a checkpoint whose run stopped early stays stopped when it is headed where that run
+    was (the same ``max_steps``: repeating a command trains nothing more), and trains on, its count of
+    evaluations without improvement started afresh, when asked for more: a larger ``max_steps`` than the
+    stopped run's, a larger ``patience``, or ``train_on`` (steps counted from the checkpoint, as the CLI's
+    ``--steps`` and ``--epochs`` count them).
 
     Args:
         metric: the evaluated metric's name.
         patience: evaluations in a row without improvement before stopping.
+        train_on: a resumed run trains on after an early stop whatever its ``max_steps``.
+        report: called with a line when a resumed run trains on after an early stop.
     """
 
-    def __init__(self, metric: str, patience: int) -> None:
+    def __init__(
+        self, metric: str, patience: int, *, train_on: bool = False, report: Callable[[str], None] = _say_nothing
+    ) -> None:
         if patience < 1:
             raise InputError(f"patience: expected an integer >= 1, got {patience!r}")
         super().__init__(metric, "early_stop")
         self.patience = patience
+        self.train_on = train_on
+        self.report = report
         self.waited_key = f"{PROPERTY_PREFIX}early_stop.waited"
+        self.target_key = f"{PROPERTY_PREFIX}early_stop.target"  # where the run that stopped was headed
         self.stopped_before = False
+        self.reason: str | None = None  # why the patience ran out in this run (also at its last step)
 
     def on_train_begin(self, run: FitState) -> None:
-        """Stay stopped when the checkpoint's run stopped early."""
+        """Stay stopped when the checkpoint's run stopped early and this run asks for no more."""
         super().on_train_begin(run)
         waited = self._waited(run)
         self.stopped_before = waited >= self.patience
-        if self.stopped_before:
-            run.stop(
-                f"early stop: the run stopped early at step {run.step} ({self.metric_name} did not improve in "
-                f"{waited} evaluations; give a patience above {waited} to train on)"
+        if not self.stopped_before:
+            return
+        headed = self._count(run, self.target_key, None)
+        why = f"{self.metric_name} did not improve in {waited} evaluations, patience {self.patience}"
+        if self.train_on or (run.target_step is not None and headed is not None and run.target_step > headed):
+            self.stopped_before = False
+            run.properties[self.waited_key] = 0
+            until = f" to step {run.target_step}" if run.target_step is not None else ""
+            self.report(
+                f"the checkpoint's run stopped early at step {run.step} ({why}): training on{until}, the "
+                "evaluations without improvement counted afresh"
             )
+            return
+        more = f"a max_steps above {headed} (--max-steps), " if headed is not None else ""
+        run.stop(f"early stop: the run stopped early at step {run.step} ({why}); give {more}a patience above {waited}")
 
     def _waited(self, run: FitState) -> int:
-        value = run.properties.get(self.waited_key, 0)
+        waited = self._count(run, self.waited_key, 0)
+        assert waited is not None, "the default is 0"
+        return waited
+
+    def _count(self, run: FitState, key: str, default: int | None) -> int | None:
+        value = run.properties.get(key, default)
+        if value is None:
+            return None
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value != int(value):
-            raise CheckpointError(f"checkpoint property {self.waited_key!r} is {value!r}: expected an integer >= 0")
+            raise CheckpointError(f"checkpoint property {key!r} is {value!r}: expected an integer >= 0")
         return int(value)
 
     def on_evaluate(self, run: FitState, metrics: dict[str, float]) -> None:
@@ -199,7 +230,12 @@ class EarlyStopping(_Monitor):
         run.properties[self.waited_key] = waited
         if waited >= self.patience:
             best = "no finite value" if self.best is None else f"best {self.best:.4g}"
-            run.stop(f"early stop: {self.metric_name} did not improve in {waited} evaluations ({best})")
+            run.properties[self.target_key] = run.target_step if run.target_step is not None else run.step
+            self.reason = (
+                f"early stop: {self.metric_name} did not improve in {waited} evaluations at step {run.step} "
+                f"(patience {self.patience}; {best})"
+            )
+            run.stop(self.reason)
 
 
 class LogMetrics(Callback):

@@ -146,6 +146,8 @@ class FitResult:
         metrics: the last evaluation's metrics.
         interrupted: whether Ctrl-C ended the run.
         stop_reason: why a callback ended the run early (None: it ran to its end).
+        wall_seconds: the time from the end of the first step to the end of the run, evaluations,
+            callbacks and saves included (the progress bar's clock).
     """
 
     start_step: int
@@ -156,12 +158,20 @@ class FitResult:
     metrics: dict[str, float]
     interrupted: bool
     stop_reason: str | None
+    wall_seconds: float = 0.0  # after the first step, evaluations, callbacks and saves included
 
     @property
     def steps_per_second(self) -> float:
         """Steps per second after the first (NaN with fewer than two steps)."""
         steady = len(self.losses) - 1
         return steady / self.seconds if steady > 0 and self.seconds > 0 else math.nan
+
+    @property
+    def wall_steps_per_second(self) -> float:
+        """Steps per second after the first, evaluations, callbacks and saves included: the progress bar's
+        rate (NaN with fewer than two steps)."""
+        steady = len(self.losses) - 1
+        return steady / self.wall_seconds if steady > 0 and self.wall_seconds > 0 else math.nan
 
 
 def fit(
@@ -222,7 +232,7 @@ def fit(
         with interrupt as interrupted:
             for callback in callbacks:
                 callback.on_train_begin(run)
-            started = time.perf_counter()
+            started = wall_started = time.perf_counter()
             while (max_steps is None or run.step < max_steps) and not run.should_stop:
                 micro_batches = list(islice(stream, grad_accum))
                 if not micro_batches:
@@ -239,7 +249,7 @@ def fit(
                 if result.first_step_seconds is None:
                     result.first_step_seconds = run.first_step_seconds = now - started
                     bar.reset_clock()
-                    started = now
+                    started = wall_started = now
                 result.losses.append(run.loss)
                 result.seconds = now - started
                 run.steps_per_second = result.steps_per_second
@@ -259,6 +269,8 @@ def fit(
             if eval_data is not None and (not eval_every or run.step % eval_every or not result.losses):
                 _evaluate(run, eval_data, evaluated, callbacks)
             run.stop_reason = stopped  # a stop asked for by the closing evaluation ends nothing
+            if result.first_step_seconds is not None:
+                result.wall_seconds = time.perf_counter() - wall_started
             bar.close()
             for callback in callbacks:
                 callback.on_train_end(run)

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+import numpy as np
+
 from ort_torch_train.errors import InputError
 
 
@@ -40,8 +42,21 @@ def finite_or_none(value: float) -> float | None:
     return None if isinstance(value, float) and math.isnan(value) else value
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def as_written(value: float) -> float:
+    """A float32 value (a loss, a learning rate) as its shortest decimal, as the user wrote it
+    (0.009999999776482582 -> 0.01); any other value unchanged."""
+    if not isinstance(value, float) or not math.isfinite(value) or abs(value) > FLOAT32_MAX:
+        return value
+    single = np.float32(value)
+    return float(str(single)) if float(single) == value else value
+
+
 class JsonlLogger:
-    """One JSON line per ``log`` call, ``{"step": step, **values}``, appended to ``path``.
+    """One JSON line per ``log`` call, ``{"step": step, **values}``, appended to ``path``; float32 values
+    (the loss, the learning rate) written as their shortest decimals (``as_written``).
 
     Args:
         path: the JSON-lines file appended to.
@@ -53,7 +68,7 @@ class JsonlLogger:
 
     def log(self, step: int, values: dict[str, float]) -> None:
         """Append one line and flush it."""
-        line = {"step": step, **{name: finite_or_none(value) for name, value in values.items()}}
+        line = {"step": step, **{name: finite_or_none(as_written(value)) for name, value in values.items()}}
         self.file.write(json.dumps(line) + "\n")
         self.file.flush()
 
