@@ -6,6 +6,10 @@ Keys are the options' names (``max_steps`` or ``max-steps``; ``artifacts`` for A
 that names no option is an error. Each layer becomes the flags it stands for, placed before the
 command line's, so argparse checks every value as it checks a flag and the last one given wins.
 ``inputs`` may be a mapping of input to column or list of columns.
+
+The saved options are read back as untrusted input: a file they name for writing must lie inside their
+own folder, options never saved are refused, and code they name (``metric: package.module:function``)
+is imported only when the command line names it again.
 """
 
 from __future__ import annotations
@@ -13,17 +17,20 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ort_torch_train.cli.common import CliError
-from ort_torch_train.fileio import atomic_write_bytes
+from ort_torch_train.errors import PathOutsideError
+from ort_torch_train.fileio import atomic_write_bytes, path_inside
 
 COMMAND = "train"
 LENGTH = ("max_steps", "steps", "epochs")  # one of them: a higher layer's replaces a lower one's
 NOT_SAVED = ("run", "config", "resume", "verbose", "traceback", "json", "quiet")  # per invocation
+WRITTEN = ("output", "metrics", "summary", "tensorboard", "mlflow", "compile_cache")  # options naming a path written
 
 
 def add_config_option(parser: argparse.ArgumentParser) -> None:
@@ -69,7 +76,10 @@ def expand_config(argv: list[str], parser: argparse.ArgumentParser) -> list[str]
         (str(layer["resume"]) for layer in layers if "resume" in layer), None
     )
     if resume is not None and options_path(resume).is_file():
-        layers.append(load_config(str(options_path(resume)), train))
+        saved = load_config(str(options_path(resume)), train)
+        named = set(given_dests).union(*layers)  # the command line's options and its config file's
+        check_saved_options(saved, options_path(resume), named)
+        layers.append(saved)
     tokens: list[str] = []
     positional: str | None = None
     seen = set(given_dests)
@@ -85,6 +95,34 @@ def expand_config(argv: list[str], parser: argparse.ArgumentParser) -> list[str]
     return head + ([positional] if positional is not None else []) + tokens + given
 
 
+def check_saved_options(saved: Mapping[str, Any], path: Path, given: set[str]) -> None:
+    """Refuse saved options that a run never saves, a path written outside the saved file's folder, and
+    code to import that the command line does not name again (``given``: the options it sets)."""
+    for dest in saved:
+        if dest in NOT_SAVED:
+            raise CliError(f"{str(path)!r}: {dest!r} is never saved by a run: the file was edited; remove the key")
+    for dest in WRITTEN:
+        value = saved.get(dest)
+        if dest in given or value is None:
+            continue
+        if not isinstance(value, str) or (dest == "mlflow" and "://" in value):
+            raise CliError(
+                f"{str(path)!r}: {dest!r} is {value!r}, expected a path inside {str(path.parent)!r}; "
+                f"give --{dest.replace('_', '-')} on the command line to write elsewhere"
+            )
+        folder = os.path.abspath(path.parent)
+        try:
+            path_inside(folder, os.path.relpath(os.path.abspath(value), folder), f"{str(path)!r}: {dest!r}")
+        except (PathOutsideError, ValueError) as error:
+            raise CliError(f"{error}; give --{dest.replace('_', '-')} on the command line to write there") from None
+    metric = saved.get("metric")
+    if "metric" not in given and isinstance(metric, str) and ":" in metric:
+        raise CliError(
+            f"{str(path)!r}: 'metric' names code to import, {metric!r}: a saved file does not import code; "
+            f"give --metric {metric} on the command line to run it"
+        )
+
+
 def load_config(path: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
     """The options of a YAML, TOML or JSON file, by destination name; unknown keys refused."""
     file = Path(path)
@@ -93,11 +131,11 @@ def load_config(path: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
     data = _read(file)
     if not isinstance(data, Mapping):
         raise CliError(f"{path!r}: expected a mapping of option names to values, got {type(data).__name__}")
-    known = {action.dest for action in parser._actions if action.dest != "help"}
+    known = {action.dest for action in parser._actions if action.dest not in ("help", "config", "run")}
     options: dict[str, Any] = {}
     for key, value in data.items():
         dest = str(key).replace("-", "_")
-        if dest not in known or dest in ("config", "run"):
+        if dest not in known:
             close = difflib.get_close_matches(dest, sorted(known), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise CliError(f"{path!r}: {key!r} is not an option of `ort-torch-train train`{hint}")
