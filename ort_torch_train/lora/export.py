@@ -23,8 +23,8 @@ import torch
 from ort_torch_train.dtypes import onnx_elem_type
 from ort_torch_train.errors import ModelError, NominalStateError
 from ort_torch_train.export.external_data import write_model
-from ort_torch_train.fileio import path_inside
 from ort_torch_train.export.inference import inference_model, inference_model_and_weights, save_model
+from ort_torch_train.fileio import path_inside
 from ort_torch_train.graph.layout import load_model
 from ort_torch_train.lora.merge import merged_for_inference, stripped_model, uncast_parameters
 from ort_torch_train.lora.record import LoraRecord, read_record
