@@ -189,7 +189,7 @@ def _unique_keys(file: Path, pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
 def _yaml_loader(yaml: Any, file: Path) -> type:
     """PyYAML's SafeLoader refusing aliases (a few bytes of them expand to gigabytes) and keys given twice."""
 
-    class ConfigLoader(yaml.SafeLoader):  # type: ignore[misc, name-defined]
+    class ConfigLoader(yaml.SafeLoader):
         def compose_node(self, parent: Any, index: Any) -> Any:
             if self.check_event(yaml.AliasEvent):
                 event = self.peek_event()
