@@ -53,6 +53,10 @@ class SpecialFileError(RuntimeError, ValueError):
     """A path names a device, FIFO, socket or directory where a regular file is needed."""
 
 
+class PathOutsideError(RuntimeError, ValueError):
+    """A path the product would write leaves the folder the user named (``..``, absolute, or a symlink)."""
+
+
 class IndexRangeError(RuntimeError, IndexError):
     """An index read from the data lies outside the range its operator allows: ``value``, outside ``valid``
     (low, high), where they are known."""

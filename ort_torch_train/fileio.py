@@ -1,5 +1,6 @@
-"""Atomic file writes (a temp file in the target's directory, flushed, fsynced, renamed), bounded reads
-of regular files, and a lock serialising the writers of one file across processes."""
+"""Atomic file writes (a temp file in the target's directory, flushed, fsynced, renamed) that stay in the
+folder named, bounded reads of regular files, and a lock serialising the writers of one file across
+processes."""
 
 from __future__ import annotations
 
@@ -9,15 +10,47 @@ import stat
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
-from pathlib import Path
+from pathlib import Path, PureWindowsPath
 from typing import BinaryIO
 
-from .errors import SpecialFileError
+from .errors import PathOutsideError, SpecialFileError
 
 try:
     import fcntl
 except ImportError:  # Windows: no flock; path_lock goes through filelock
     fcntl = None  # type: ignore[assignment]
+
+
+def path_inside(folder: str | os.PathLike, name: object, what: str) -> Path:
+    """``folder / name``: the path a writer may write for ``name`` (a file name or relative path,
+    maybe read from a file), refused with PathOutsideError when ``name`` is empty, absolute or holds a
+    ``..`` part, or when the path resolves, through symbolic links (its own included), outside ``folder``.
+    ``what`` names where ``name`` came from (a key, an option) in the message."""
+    text = os.fspath(name) if isinstance(name, (str, os.PathLike)) else name
+    if not isinstance(text, str):
+        raise PathOutsideError(f"{what}: expected a file name, got {text!r}")
+    parts = text.replace("\\", "/").split("/")
+    if not text.strip() or os.path.isabs(text) or PureWindowsPath(text).anchor or ".." in parts:
+        raise PathOutsideError(
+            f"{what} {text!r} leaves the folder {os.fspath(folder)!r}: expected a name inside it "
+            "(no '..' part, not absolute)"
+        )
+    base = os.path.realpath(folder if os.fspath(folder) else ".")
+    target = Path(folder) / text
+    resolved = os.path.realpath(target)
+    if not _within(base, resolved):
+        raise PathOutsideError(
+            f"{what} {text!r}: {os.fspath(target)!r} is a symbolic link (or under one) leading to "
+            f"{resolved!r}, outside the folder {base!r}"
+        )
+    return target
+
+
+def _within(base: str, resolved: str) -> bool:
+    try:
+        return os.path.commonpath([base, resolved]) == base
+    except ValueError:  # Windows: another drive
+        return False
 
 
 def require_regular_or_absent(path: str | os.PathLike, what: str = "output path") -> None:
@@ -125,11 +158,13 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
     """Call ``write(file)`` on a temp file beside ``path``, then atomically replace ``path``.
 
     A failure at any point leaves the previous file at ``path`` untouched. A path naming a
-    directory, device, FIFO or socket is refused (it would be replaced by a regular file).
+    directory, device, FIFO or socket is refused (it would be replaced by a regular file), and so is a
+    symbolic link leading out of the path's folder (``path_inside``).
     """
-    target = Path(path)
+    given = Path(path)
+    directory = given.parent if str(given.parent) else Path(".")
+    target = path_inside(directory, given.name, "output path")
     require_regular_or_absent(target)
-    directory = target.parent if str(target.parent) else Path(".")
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
     try:
         if hasattr(os, "fchmod"):  # POSIX; Windows keeps its default

@@ -60,17 +60,29 @@ def _installed_torch() -> str | None:
         return None
 
 
+NO_TORCH = f"""\
+{DISTRIBUTION}: no torch is installed in this environment ({sys.executable}); pip would pick one (often a
+CUDA build with its nvidia packages). Install the torch build you want first, then run this again:
+    {sys.executable} -m pip install torch --index-url https://download.pytorch.org/whl/cpu    # CPU
+    {sys.executable} -m pip install torch                                                    # CUDA (Linux)
+(https://pytorch.org/get-started/locally/ lists the others)"""
+
+
+def known_extras() -> list[str]:
+    """The extras the installed distribution declares."""
+    return sorted(importlib.metadata.metadata(DISTRIBUTION).get_all("Provides-Extra") or [])
+
+
 def install(extras: tuple[str, ...] = ()) -> None:
-    """Install the requirements with this interpreter's pip, keeping the installed torch."""
+    """Install the requirements with this interpreter's pip, keeping the installed torch (SystemExit
+    when there is none: the user chooses its build)."""
+    torch = _installed_torch()
+    if torch is None:
+        raise SystemExit(NO_TORCH)
     resolved, no_deps = requirements(extras)
     pip = [sys.executable, "-m", "pip", "install"]
     if no_deps:
         subprocess.run([*pip, "--no-deps", *no_deps], check=True)
-    torch = _installed_torch()
-    if torch is None:
-        print(f"{DISTRIBUTION}: no torch installed; pip picks one (install yours first to choose the build)")
-        subprocess.run([*pip, *resolved], check=True)
-        return
     with tempfile.TemporaryDirectory() as directory:
         constraints = Path(directory, "constraints.txt")
         constraints.write_text(f"torch=={torch}\n")
@@ -82,6 +94,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--extra", action="append", default=[], help="also an extra's requirements (repeatable)")
     parser.add_argument("--print", action="store_true", help="list the requirements instead of installing them")
     args = parser.parse_args(argv)
+    unknown = sorted(set(args.extra) - set(known_extras()))
+    if unknown:
+        parser.error(f"unknown --extra {', '.join(unknown)}; the extras are {', '.join(known_extras())}")
     if args.print:
         resolved, no_deps = requirements(tuple(args.extra))
         print("\n".join(resolved + [f"{r}  # --no-deps" for r in no_deps]))

@@ -54,6 +54,7 @@ from ort_torch_train.export.external_data import EXTERNAL_DATA_THRESHOLD as MODE
 from ort_torch_train.export.external_data import is_external, write_model
 from ort_torch_train.export.inference import save_model
 from ort_torch_train.export.outputs import record_model_outputs
+from ort_torch_train.fileio import path_inside
 from ort_torch_train.graph.layout import opsets_of
 from ort_torch_train.graph.model_checks import with_ort_domain
 from ort_torch_train.lora.apply import add_lora_to_base
@@ -95,13 +96,15 @@ class Artifacts:
         """
         directory.mkdir(parents=True, exist_ok=True)
         checkpoint_threshold = EXTERNAL_DATA_THRESHOLD if threshold is None else threshold
-        write_model(self.training_model, directory / f"{prefix}training_model.onnx", self.weights, threshold=threshold)
-        write_model(self.eval_model, directory / f"{prefix}eval_model.onnx", self.weights, threshold=threshold)
-        write_checkpoint(self.checkpoint, directory / f"{prefix}checkpoint", checkpoint_threshold, artifact=True)
+        names = ("training_model.onnx", "eval_model.onnx", "checkpoint", "nominal_checkpoint", "optimizer_model.onnx")
+        path = {name: path_inside(directory, prefix + name, "prefix + file name") for name in names}
+        write_model(self.training_model, path["training_model.onnx"], self.weights, threshold=threshold)
+        write_model(self.eval_model, path["eval_model.onnx"], self.weights, threshold=threshold)
+        write_checkpoint(self.checkpoint, path["checkpoint"], checkpoint_threshold, artifact=True)
         if nominal_checkpoint:
-            write_checkpoint(nominal(self.checkpoint), directory / f"{prefix}nominal_checkpoint", artifact=True)
+            write_checkpoint(nominal(self.checkpoint), path["nominal_checkpoint"], artifact=True)
         if self.optimizer_model is not None:
-            save_model(self.optimizer_model, directory / f"{prefix}optimizer_model.onnx")
+            save_model(self.optimizer_model, path["optimizer_model.onnx"])
 
 
 def generate_artifacts(
@@ -156,6 +159,7 @@ def generate_artifacts(
     directory = Path.cwd() if artifact_directory is None else Path(os.fsdecode(artifact_directory))
     if directory.exists() and not directory.is_dir():
         raise NotADirectoryError(f"artifact_directory {str(directory)!r} is a file, expected a directory")
+    path_inside(directory, f"{prefix}checkpoint", "prefix + file name")  # a prefix leaving it refused at once
     threshold = MODEL_EXTERNAL_DATA_THRESHOLD if external_data_threshold is None else external_data_threshold
     with tempfile.TemporaryDirectory(prefix="ort-torch-train-base-") as scratch:  # a torch module's export
         base, weights, torch_split = _base_model(model, extra_options, Path(scratch), threshold)

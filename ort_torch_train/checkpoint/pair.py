@@ -37,6 +37,7 @@ from ..fileio import (
     atomic_write,
     atomic_write_bytes,
     open_regular_file,
+    path_inside,
     path_lock,
     read_descriptor,
     read_regular_file,
@@ -159,9 +160,11 @@ def _remove_stale_files(path: Path) -> None:
 
 
 def _require_regular_targets(path: Path) -> None:
-    for target, what in ((path, "checkpoint"), (data_file_path(path), "external data file")):
+    """Refuse before writing a target that is a directory or special file, or a symlink out of the folder."""
+    targets = ((path, "checkpoint"), (data_file_path(path), "external data file"), (manifest_path(path), "manifest"))
+    for target, what in targets:
+        path_inside(target.parent, target.name, what)
         require_regular_or_absent(target, what)
-    require_regular_or_absent(manifest_path(path), "checkpoint manifest")
 
 
 def replace_inline(path: Path, encoded: bytes | bytearray | memoryview) -> None:

@@ -7,15 +7,17 @@ import os
 import tempfile
 from pathlib import Path
 
+from ort_torch_train.checkpoint.odtc_read import FILE_IDENTIFIER
 from ort_torch_train.cli.common import CliError
-from ort_torch_train.fileio import require_regular_or_absent
+from ort_torch_train.fileio import open_regular_file, read_descriptor, require_regular_or_absent
 
 
 def check_writable_output(path: Path, option: str = "--output") -> None:
-    """``path`` can be saved to: not a directory or special file, and its folder exists (it is created
-    here) and accepts a new file."""
+    """``path`` can be saved to: not a directory or special file, nor a file other than a checkpoint
+    (which a save would replace), and its folder exists (it is created here) and accepts a new file."""
     try:
         require_regular_or_absent(path, f"{option} checkpoint")
+        check_replaces_a_checkpoint(path, option)
     except OSError as error:
         raise CliError(f"{option} {str(path)!r}: {error}") from error
     folder = path.parent
@@ -30,6 +32,23 @@ def check_writable_output(path: Path, option: str = "--output") -> None:
             f"{option} {str(path)!r} cannot be written ({reason}: {str(error.filename or folder)!r}); "
             "choose a folder this user can write"
         ) from error
+
+
+def check_replaces_a_checkpoint(path: Path, option: str) -> None:
+    """Refuse an existing ``path`` that is not an ORT checkpoint: a save replaces only a checkpoint."""
+    try:
+        fd = open_regular_file(path, f"{option} checkpoint")
+    except FileNotFoundError:
+        return
+    try:
+        head = bytes(read_descriptor(fd, 0, 8))
+    finally:
+        os.close(fd)
+    if head[4:8] != FILE_IDENTIFIER:
+        raise CliError(
+            f"{option} {str(path)!r} exists and is not an ORT checkpoint (no {FILE_IDENTIFIER.decode()} header): "
+            "a save would replace it; choose a new path, or remove the file yourself"
+        )
 
 
 def check_total_steps(total_steps: int | None, last_step: int) -> None:

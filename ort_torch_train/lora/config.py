@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -41,8 +42,9 @@ class LoraConfig:
     def __post_init__(self) -> None:
         if isinstance(self.r, bool) or not isinstance(self.r, int) or self.r <= 0:
             raise ValueError(f"LoraConfig.r: expected an integer rank > 0, got {self.r!r}")
-        if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)) or not self.alpha > 0:
-            raise ValueError(f"LoraConfig.alpha: expected a number > 0, got {self.alpha!r}")
+        alpha = self.alpha
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < math.inf:
+            raise ValueError(f"LoraConfig.alpha: expected a finite number > 0, got {alpha!r}")
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
             raise ValueError(f"LoraConfig.dropout: expected a probability in [0, 1), got {self.dropout!r}")
         targets = self.targets
@@ -92,6 +94,8 @@ class LoraConfig:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (ValueError, UnicodeDecodeError) as error:
             raise ValueError(f"{os.fspath(path)!r} is not readable JSON ({error})") from error
+        if not isinstance(data, dict):
+            raise ValueError(f"{os.fspath(path)!r}: expected a JSON object, got {type(data).__name__}")
         if data.get("peft_type", "LORA") != "LORA":
             raise ValueError(f"{os.fspath(path)!r}: a {data.get('peft_type')} adapter, expected LORA")
         unsupported = [key for key in ("use_dora", "use_rslora") if data.get(key)]
@@ -107,19 +111,24 @@ class LoraConfig:
                 raise ValueError(
                     f"{os.fspath(path)!r}: target_modules as a regular expression ({modules!r}) is not supported; list the modules"
                 )
-        elif isinstance(modules, list) and modules:
+        elif isinstance(modules, list) and modules and all(isinstance(name, str) and name for name in modules):
             # PEFT's name `q_proj` or path `model.layers.0.q_proj` ends a module path: its weight's name ends
             # with it (a wider match than PEFT's would leave PEFT tensors unmatched: load_peft_weights says so)
             targets = tuple(f"*{name}.weight" for name in modules)
         else:
-            raise ValueError(f"{os.fspath(path)!r}: no target_modules")
-        return cls(
-            r=int(data["r"]),
-            alpha=float(data.get("lora_alpha", 8)),
-            dropout=float(data.get("lora_dropout", 0.0)),
-            targets=targets,
-            seed=seed,
-        )
+            raise ValueError(f"{os.fspath(path)!r}: target_modules: expected module names, got {modules!r}")
+        rank = data.get("r")
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
+            raise ValueError(f"{os.fspath(path)!r}: r: expected an integer rank > 0, got {rank!r}")
+        numbers = {"lora_alpha": data.get("lora_alpha", 8), "lora_dropout": data.get("lora_dropout", 0.0)}
+        for key, value in numbers.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"{os.fspath(path)!r}: {key}: expected a finite number, got {value!r}")
+        try:
+            alpha, dropout = float(numbers["lora_alpha"]), float(numbers["lora_dropout"])
+            return cls(r=rank, alpha=alpha, dropout=dropout, targets=targets, seed=seed)
+        except ValueError as error:
+            raise ValueError(f"{os.fspath(path)!r}: {error}") from None
 
     @classmethod
     def parse(cls, text: str) -> LoraConfig:

@@ -24,6 +24,7 @@ from ort_torch_train.dtypes import onnx_elem_type
 from ort_torch_train.errors import ModelError, NominalStateError
 from ort_torch_train.export.external_data import write_model
 from ort_torch_train.export.inference import inference_model, inference_model_and_weights, save_model
+from ort_torch_train.fileio import path_inside
 from ort_torch_train.graph.layout import load_model
 from ort_torch_train.lora.merge import merged_for_inference, stripped_model, uncast_parameters
 from ort_torch_train.lora.record import LoraRecord, read_record
@@ -139,7 +140,7 @@ def export_adapter(
     adapter.set_adapter_version(adapter_version)
     adapter.set_model_version(model_version)
     adapter.set_parameters({name: onnxruntime.OrtValue.ortvalue_from_numpy(array) for name, array in arrays.items()})
-    target = Path(path)
+    target = path_inside(Path(path).parent, Path(path).name, "adapter path")
     fd, staged = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
     try:

@@ -15,6 +15,7 @@ from pathlib import Path
 import onnx
 
 from ort_torch_train.errors import ModelError
+from ort_torch_train.fileio import atomic_write, path_inside
 from ort_torch_train.lora.export import LoraModule, export_adapter, export_unmerged_model
 
 GENAI_CONFIG = "genai_config.json"
@@ -39,19 +40,32 @@ def export_for_genai(
         filename = json.loads(config_path.read_text())["model"]["decoder"]["filename"]
     except (KeyError, TypeError, ValueError) as error:
         raise ModelError(f"{config_path}: expected model.decoder.filename in the genai config ({error})") from None
-    if not adapter_name or Path(adapter_name).name != adapter_name:
+    if not isinstance(adapter_name, str) or adapter_name in ("", ".", "..") or Path(adapter_name).name != adapter_name:
         raise ValueError(f"adapter_name: expected a plain file name, got {adapter_name!r}")
-    built_model = onnx.load(str(source / filename), load_external_data=False)
+    key = f"{config_path}: model.decoder.filename"
+    model_path = path_inside(source, filename, key)
+    if target.exists() and os.path.samefile(source, target):
+        raise ValueError(
+            f"out_dir {str(target)!r} is built_dir {str(source)!r}: the export would replace the base model; "
+            "choose another folder"
+        )
+    built_model = onnx.load(str(model_path), load_external_data=False)
     outputs = [value.name for value in built_model.graph.output]
     target.mkdir(parents=True, exist_ok=True)
+    unmerged = path_inside(target, filename, key)
+    adapter = path_inside(target, f"{adapter_name}.onnx_adapter", "adapter_name")
     model_files = {filename, f"{filename}.data", *_external_files(built_model)}
     for entry in sorted(source.iterdir()):
         if entry.is_file() and entry.name not in model_files:
-            shutil.copy2(entry, target / entry.name)
-    export_unmerged_model(module, target / filename, outputs)
-    adapter = target / f"{adapter_name}.onnx_adapter"
+            _copy(entry, path_inside(target, entry.name, f"{str(source)!r}'s file"))
+    export_unmerged_model(module, unmerged, outputs)
     export_adapter(module, adapter)
     return adapter
+
+
+def _copy(source: Path, target: Path) -> None:
+    with open(source, "rb") as original:
+        atomic_write(target, lambda file: shutil.copyfileobj(original, file))
 
 
 def _external_files(model: onnx.ModelProto) -> set[str]:

@@ -91,6 +91,11 @@ def load_peft_weights(module: LoraModule, directory: str | os.PathLike, module_p
             "model's module paths)"
         )
     for key, (_, shape) in expected.items():
+        if not tensors[key].dtype.is_floating_point:
+            raise ModelError(
+                f"{os.fspath(file)!r}: {key!r} holds {str(tensors[key].dtype).removeprefix('torch.')} values, "
+                "expected floating-point adapter weights"
+            )
         if tuple(tensors[key].shape) != shape:
             raise ModelError(
                 f"{os.fspath(file)!r}: {key!r} is {list(tensors[key].shape)}, the module expects {list(shape)}"

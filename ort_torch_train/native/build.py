@@ -168,5 +168,6 @@ def _link(path: Path, target: Path) -> None:
 
 def _copy(source: Path, destination: Path) -> None:
     temporary = destination.with_name(destination.name + ".tmp")
+    temporary.unlink(missing_ok=True)  # a link there is replaced, not written through
     shutil.copyfile(source, temporary)
     os.replace(temporary, destination)

@@ -17,6 +17,7 @@ from typing import IO, Any, Protocol
 import numpy as np
 
 from ort_torch_train.errors import InputError
+from ort_torch_train.fileio import path_inside
 
 
 class Logger(Protocol):
@@ -64,7 +65,8 @@ class JsonlLogger:
 
     def __init__(self, path: str | os.PathLike) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self.file: IO[str] = open(path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
+        target = path_inside(Path(path).parent, Path(path).name, "metrics file")  # a link out of it refused
+        self.file: IO[str] = open(target, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
 
     def log(self, step: int, values: dict[str, float]) -> None:
         """Append one line and flush it."""

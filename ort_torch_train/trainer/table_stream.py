@@ -2,7 +2,8 @@
 they yield: memory holds those arrays and a few batches, never the whole table nor Python lists of values.
 
 ``TableColumns`` is a file's columns by name, each read when first used (``load`` reads several in one
-pass), so a column the run does not use (ragged lists, missing values, text) never blocks it.
+pass), so a column the run does not use (ragged lists, missing values, text) never blocks it; a CSV or
+JSONL row longer than a read block makes the block grow to hold it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from ort_torch_train.errors import InputError
 DATASET_FORMATS = {"parquet": "parquet", "arrow": "ipc", "csv": "csv", "jsonl": "json"}
 BATCH_ROWS = 65536  # rows per record batch read
 READ_BUFFER_BYTES = 1 << 20  # a Parquet column chunk is read in pieces of this size
+TEXT_BLOCK_BYTES = 1 << 20  # a CSV or JSONL file is read in blocks of this size at first, doubled for a longer row
+MAX_TEXT_BLOCK_BYTES = 1 << 30  # a row longer than this is refused
 
 
 def _pyarrow(path: Path) -> Any:
@@ -44,6 +47,7 @@ class TableColumns(Mapping[str, np.ndarray]):
         self._pa = _pyarrow(self.path)
         if not self.path.is_file():
             raise InputError(f"data file not found: {self.label}")
+        self._block_bytes = TEXT_BLOCK_BYTES
         self._dataset = self._guarded(self._open)
         self._names = list(self._dataset.schema.names)
         self._arrays: dict[str, np.ndarray] = {}
@@ -51,7 +55,7 @@ class TableColumns(Mapping[str, np.ndarray]):
     def _open(self) -> Any:
         dataset = self._pa.dataset
         try:
-            return dataset.dataset(self.path, format=DATASET_FORMATS[self.kind])
+            return dataset.dataset(self.path, format=self._format())
         except self._pa.ArrowInvalid:
             if self.kind != "arrow":
                 raise
@@ -59,12 +63,38 @@ class TableColumns(Mapping[str, np.ndarray]):
 
             return dataset.dataset(pa_feather.read_table(self.path))
 
+    def _format(self) -> Any:
+        """The dataset format, with the current block size for CSV and JSONL."""
+        dataset = self._pa.dataset
+        if self.kind == "csv":
+            import pyarrow.csv as pa_csv
+
+            return dataset.CsvFileFormat(read_options=pa_csv.ReadOptions(block_size=self._block_bytes))
+        if self.kind == "jsonl":
+            import pyarrow.json as pa_json
+
+            return dataset.JsonFileFormat(read_options=pa_json.ReadOptions(block_size=self._block_bytes))
+        return DATASET_FORMATS[self.kind]
+
     def _guarded(self, read: Any) -> Any:
-        try:
-            return read()
-        except (self._pa.ArrowException, OSError) as error:
-            message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise InputError(f"{self.label} is not a readable {self.kind} file ({message})") from error
+        """``read()``, again on the file reopened with twice the block size while a CSV or JSONL row
+        straddles two blocks; an InputError naming the file when it cannot be read."""
+        reopen = False
+        while True:
+            try:
+                if reopen:
+                    self._dataset = self._open()
+                return read()
+            except (self._pa.ArrowException, OSError) as error:
+                message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+                if "straddl" not in message or self.kind not in ("csv", "jsonl"):
+                    raise InputError(f"{self.label} is not a readable {self.kind} file ({message})") from error
+                if self._block_bytes >= MAX_TEXT_BLOCK_BYTES:
+                    raise InputError(
+                        f"{self.label} holds a row too long to read in blocks of {MAX_TEXT_BLOCK_BYTES} bytes, the largest"
+                    ) from error
+                self._block_bytes *= 2
+                reopen = True
 
     def __getitem__(self, name: str) -> np.ndarray:
         if name not in self._arrays:

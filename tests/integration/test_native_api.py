@@ -54,6 +54,10 @@ def test_every_function_and_every_error_case(native: NativeBuild, tmp_path: Path
         cases["corrupted_checkpoint"][0] == "1" and "Checkpoint verification failed" in cases["corrupted_checkpoint"][1]
     )
     assert cases["missing_checkpoint"][0] == "3"
+    assert cases["input_name_index_max"][0] == "2" and str(2**64 - 1) in cases["input_name_index_max"][1]
+    assert "-1" not in cases["input_name_index_max"][1]
+    over = cases["buffer_num_bytes_over_ssize"]
+    assert over[0] == "2" and f"num_bytes: {2**63} is larger than any buffer" in over[1], over
     nulls = [case for name, case in cases.items() if name.startswith("null_")]
     assert len(nulls) == 42 and all(code == "2" and "got NULL" in message for code, message in nulls)
     assert "Traceback" not in done.stderr  # errors are statuses, never printed tracebacks

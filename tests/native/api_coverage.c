@@ -3,6 +3,7 @@
  * Prints "called NAME" once per function, and "case NAME CODE MESSAGE" for each error case; exits 1 on a
  * failed expectation. */
 #include <math.h>
+#include <stdint.h>
 
 #include "ott_test.h"
 
@@ -86,6 +87,9 @@ static void names_and_counts(OrtTrainingSession* session, OrtAllocator* allocato
   CHECK(OTT_ORT(g_ort, AllocatorFree)(allocator, name));
   called("TrainingSessionGetEvalModelOutputName");
   expect_error("input_name_out_of_range", g_api->TrainingSessionGetTrainingModelInputName(session, 5, allocator, &name),
+               ORT_INVALID_ARGUMENT);
+  expect_error("input_name_index_max",
+               g_api->TrainingSessionGetTrainingModelInputName(session, SIZE_MAX, allocator, &name),
                ORT_INVALID_ARGUMENT);
 }
 
@@ -404,6 +408,8 @@ int main(int argc, char** argv) {
   OrtCheckpointState* bad = NULL;
   expect_error("corrupted_checkpoint", g_api->LoadCheckpoint(path, &bad), ORT_FAIL);
   expect_error("corrupted_checkpoint_buffer", g_api->LoadCheckpointFromBuffer("garbage!", 8, &bad), ORT_FAIL);
+  expect_error("buffer_num_bytes_over_ssize", g_api->LoadCheckpointFromBuffer("garbage!", (size_t)1 << 63, &bad),
+               ORT_INVALID_ARGUMENT);
   snprintf(path, sizeof path, "%s/missing/checkpoint", out);
   expect_error("missing_checkpoint", g_api->LoadCheckpoint(path, &bad), ORT_NO_SUCHFILE);
   expect_error("missing_model", g_api->CreateTrainingSession(env, options, state, "missing.onnx", NULL, NULL, &no_eval),

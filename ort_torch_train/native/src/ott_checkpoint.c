@@ -37,6 +37,10 @@ OrtStatus* ott_LoadCheckpointFromBuffer(const void* checkpoint_buffer, const siz
                                         OrtCheckpointState** checkpoint_state) {
   OTT_REQUIRE(checkpoint_buffer);
   OTT_REQUIRE(checkpoint_state);
+  const size_t largest = (size_t)-1 >> 1; /* Py_ssize_t's largest value: the largest buffer Python can view */
+  if (num_bytes > largest)
+    return ott_status(ORT_INVALID_ARGUMENT, "num_bytes: %zu is larger than any buffer can be (at most %zu)", num_bytes,
+                      largest);
   OTT_ENTER();
   PyObject* view = PyMemoryView_FromMemory((char*)checkpoint_buffer, (Py_ssize_t)num_bytes, PyBUF_READ);
   status = state_out(ott_call(OTT_load_checkpoint_buffer, Py_BuildValue("(N)", view)), checkpoint_state);

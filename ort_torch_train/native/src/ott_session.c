@@ -85,7 +85,7 @@ static OrtStatus* io_name(const OrtTrainingSession* sess, size_t index, OrtAlloc
   OTT_REQUIRE(allocator);
   OTT_REQUIRE(output);
   OTT_ENTER();
-  PyObject* name = ott_call(OTT_io_name, Py_BuildValue("(Oiin)", sess->session, training, inputs, (Py_ssize_t)index));
+  PyObject* name = ott_call(OTT_io_name, Py_BuildValue("(OiiK)", sess->session, training, inputs, (unsigned long long)index));
   status = name ? ott_string_out(name, allocator, output) : ott_python_error();
   Py_XDECREF(name);
   OTT_LEAVE();

@@ -4,6 +4,7 @@ come below them, length options from a higher layer replace a lower one's, unkno
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -45,3 +46,38 @@ def test_bad_config_files_are_one_line_errors(tmp_path, capsys) -> None:
     (tmp_path / "run.ini").write_text("")
     assert main(["train", "--config", str(tmp_path / "run.ini")]) == 2
     assert "unknown config format '.ini'" in capsys.readouterr().err
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once_with_a_short_message(tmp_path) -> None:
+    lines = ["a: &a [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]" for i in range(8)]
+    lines.append("inputs: *i")
+    (tmp_path / "bomb.yaml").write_text("\n".join(lines) + "\n")  # 9**9 strings once expanded
+    assert (tmp_path / "bomb.yaml").stat().st_size < 600
+    started = time.perf_counter()
+    with pytest.raises(CliError, match=r"line 2: the YAML alias \*a is not allowed") as refused:
+        expand_config(["train", "--config", str(tmp_path / "bomb.yaml")], build_parser())
+    assert time.perf_counter() - started < 1 and len(str(refused.value)) < 300
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "expected"),
+    [
+        ("twice.yaml", "lr: 0.1\nsteps: 2\nlr: 0.2\n", r"line 3: the key 'lr' is given twice"),
+        ("twice.json", '{"lr": 0.1, "lr": 0.2}', r"the key 'lr' is given twice"),
+        ("twice.toml", "lr = 0.1\nlr = 0.2\n", r"not a readable toml file"),
+        ("spelled.yaml", "max_steps: 3\nmax-steps: 4\n", r"'max_steps' and 'max-steps' set the same option"),
+        ("spelled.json", '{"grad-accum": 2, "grad_accum": 3}', r"'grad-accum' and 'grad_accum' set the same option"),
+        ("spelled.toml", 'no_shuffle = true\n"no-shuffle" = false\n', r"'no_shuffle' and 'no-shuffle' set the same"),
+    ],
+)
+def test_a_key_given_twice_or_spelled_two_ways_is_refused(tmp_path, name, text, expected) -> None:
+    (tmp_path / name).write_text(text)
+    with pytest.raises(CliError, match=expected):
+        expand_config(["train", "--config", str(tmp_path / name)], build_parser())
+
+
+def test_a_config_file_over_a_mebibyte_is_refused(tmp_path) -> None:
+    (tmp_path / "big.json").write_text('{"lr": 0.1, "data": "' + "x" * (1 << 20) + '"}')
+    with pytest.raises(CliError, match="more than the 1048576 expected"):
+        expand_config(["train", "--config", str(tmp_path / "big.json")], build_parser())

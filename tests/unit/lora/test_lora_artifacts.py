@@ -111,7 +111,7 @@ def test_module_lora_twice_is_refused(tmp_path) -> None:
     [
         ({"r": 0}, "r: expected an integer rank > 0, got 0"),
         ({"r": -2}, "rank > 0, got -2"),
-        ({"alpha": 0}, "alpha: expected a number > 0"),
+        ({"alpha": 0}, "alpha: expected a finite number > 0"),
         ({"dropout": 1.0}, "dropout: expected a probability in \\[0, 1\\)"),
         ({"targets": []}, "targets: expected non-empty name patterns"),
         ({"frozen_dtype": torch.int8}, "frozen_dtype: expected torch.bfloat16"),
