@@ -2,9 +2,11 @@
 callbacks for evaluation, checkpoints, early stopping and logging (see docs/training-loop.md)."""
 
 from ort_torch_train.trainer.callbacks import EarlyStopping, LogMetrics, SaveBest, SaveCheckpoints
+from ort_torch_train.trainer.classification import AUROC, F1Score, Precision, Recall
 from ort_torch_train.trainer.data import ArrayDataset, ResumableBatchSampler, array_loader
 from ort_torch_train.trainer.fit import Callback, FitResult, FitState, TrainingDiverged, fit
 from ort_torch_train.trainer.loggers import JsonlLogger, Logger, MlflowLogger, TensorBoardLogger
+from ort_torch_train.trainer.metric_base import StatefulMetric, TorchMetric
 from ort_torch_train.trainer.metrics import (
     Accuracy,
     Loss,
@@ -16,10 +18,12 @@ from ort_torch_train.trainer.metrics import (
 )
 
 __all__ = [
+    "AUROC",
     "Accuracy",
     "ArrayDataset",
     "Callback",
     "EarlyStopping",
+    "F1Score",
     "FitResult",
     "FitState",
     "JsonlLogger",
@@ -29,10 +33,14 @@ __all__ = [
     "Metric",
     "MlflowLogger",
     "Perplexity",
+    "Precision",
+    "Recall",
     "ResumableBatchSampler",
     "SaveBest",
     "SaveCheckpoints",
+    "StatefulMetric",
     "TensorBoardLogger",
+    "TorchMetric",
     "TrainingDiverged",
     "array_loader",
     "evaluate",

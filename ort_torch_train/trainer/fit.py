@@ -39,7 +39,8 @@ from ort_torch_train.trainer.loader_state import (
     store_loader_state,
     warn_if_order_is_lost,
 )
-from ort_torch_train.trainer.metrics import Metric, evaluate, metric_named
+from ort_torch_train.trainer.metric_base import Metric, StatefulMetric, as_metric
+from ort_torch_train.trainer.metrics import evaluate, metric_named
 from ort_torch_train.trainer.protocols import FitModule, FitOptimizer, Scheduler
 
 log = logging.getLogger(__name__)
@@ -176,7 +177,7 @@ def fit(
     scheduler: Scheduler | None = None,
     eval_data: Iterable[Any] | None = None,
     eval_every: int | None = None,
-    metrics: Sequence[str | Metric] = ("loss",),
+    metrics: Sequence[str | Metric | StatefulMetric] = ("loss",),
     callbacks: Sequence[Callback] = (),
     progress: bool | str = False,
     handle_interrupt: bool = True,
@@ -185,7 +186,7 @@ def fit(
     epoch count is ``epochs`` (whichever comes first).
 
     Batches are sequences of the training model's inputs (or mappings by input name). ``eval_data``
-    is evaluated with ``metrics`` (names from ``trainer.metrics`` or Metric objects) every
+    is evaluated with ``metrics`` (names from ``trainer.metrics``, Metric objects or torchmetrics metrics) every
     ``eval_every`` steps and at the end. ``progress``: a tqdm bar (a string: its description).
     ``grad_accum_reduction``: ``"sum"`` (ORT's semantics: ``grad_accum`` micro-batches give the sum of
     their gradients) or ``"mean"`` (their average, as HF and Lightning do: a learning rate ported from
@@ -203,7 +204,7 @@ def fit(
     optimizer_state = module.training_state.optimizer
     if optimizer_state is None:
         raise InputError("fit: the module's state has no optimizer state; build the Optimizer first")
-    evaluated = [metric if isinstance(metric, Metric) else metric_named(metric) for metric in metrics]
+    evaluated = [metric_named(metric) if isinstance(metric, str) else as_metric(metric) for metric in metrics]
     run = FitState(module, optimizer, optimizer_state.step, optimizer_state.step)
     run.monitored = {metric.name: metric for metric in evaluated}
     _start_position(run, data, grad_accum)
