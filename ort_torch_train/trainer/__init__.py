@@ -1,6 +1,7 @@
 """The training loop as a library: ``fit`` runs ORT's loop over any iterable or DataLoader, with
 callbacks for evaluation, checkpoints, early stopping and logging (see docs/training-loop.md)."""
 
+from ort_torch_train.progress import print
 from ort_torch_train.trainer.callbacks import EarlyStopping, LogMetrics, SaveBest, SaveCheckpoints
 from ort_torch_train.trainer.classification import AUROC, F1Score, Precision, Recall
 from ort_torch_train.trainer.data import ArrayDataset, ResumableBatchSampler, array_loader
@@ -46,5 +47,6 @@ __all__ = [
     "evaluate",
     "fit",
     "metric_named",
+    "print",
     "with_model_outputs",
 ]

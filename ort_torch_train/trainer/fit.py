@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from ort_torch_train.api import CheckpointState, Properties
 from ort_torch_train.errors import InputError
-from ort_torch_train.progress import ProgressBar
+from ort_torch_train.progress import ProgressBar, output_above_bar
 from ort_torch_train.trainer.batches import model_inputs
 from ort_torch_train.trainer.data import DataPosition, data_position, resumable_sampler, store_data_position
 from ort_torch_train.trainer.loader_state import (
@@ -187,7 +187,8 @@ def fit(
 
     Batches are sequences of the training model's inputs (or mappings by input name). ``eval_data``
     is evaluated with ``metrics`` (names from ``trainer.metrics``, Metric objects or torchmetrics metrics) every
-    ``eval_every`` steps and at the end. ``progress``: a tqdm bar (a string: its description).
+    ``eval_every`` steps and at the end. ``progress``: a tqdm bar (a string: its description); while
+    it runs, warnings and console log records go above it, and so does ``trainer.print``.
     ``grad_accum_reduction``: ``"sum"`` (ORT's semantics: ``grad_accum`` micro-batches give the sum of
     their gradients) or ``"mean"`` (their average, as HF and Lightning do: a learning rate ported from
     them keeps its meaning). ``handle_interrupt``: the first Ctrl-C ends the run after the current step (callbacks then save)
@@ -220,7 +221,7 @@ def fit(
     )
     interrupt = deferred_interrupt() if handle_interrupt else nullcontext(lambda: False)
     try:
-        with interrupt as interrupted:
+        with interrupt as interrupted, output_above_bar(bool(progress)):
             for callback in callbacks:
                 callback.on_train_begin(run)
             started = time.perf_counter()
