@@ -26,6 +26,7 @@ from pathlib import Path
 
 DISTRIBUTION = "ort-torch-train"
 _NO_DEPS = ("onnx2torch",)  # declares torchvision, which it imports only for two converters
+EXPECTED_PIP_CHECK = "onnx2torch 1.5.15 requires torchvision, which is not installed."  # the README says so
 
 
 def _name(requirement: str) -> str:
@@ -64,17 +65,18 @@ def install(extras: tuple[str, ...] = ()) -> None:
     """Install the requirements with this interpreter's pip, keeping the installed torch."""
     resolved, no_deps = requirements(extras)
     pip = [sys.executable, "-m", "pip", "install"]
-    if no_deps:
-        subprocess.run([*pip, "--no-deps", *no_deps], check=True)
     torch = _installed_torch()
     if torch is None:
         print(f"{DISTRIBUTION}: no torch installed; pip picks one (install yours first to choose the build)")
         subprocess.run([*pip, *resolved], check=True)
-        return
-    with tempfile.TemporaryDirectory() as directory:
-        constraints = Path(directory, "constraints.txt")
-        constraints.write_text(f"torch=={torch}\n")
-        subprocess.run([*pip, "-c", str(constraints), *resolved], check=True)
+    else:
+        with tempfile.TemporaryDirectory() as directory:
+            constraints = Path(directory, "constraints.txt")
+            constraints.write_text(f"torch=={torch}\n")
+            subprocess.run([*pip, "-c", str(constraints), *resolved], check=True)
+    if no_deps:  # last: pip's resolver, run before, then never sees onnx2torch's torchvision requirement
+        subprocess.run([*pip, "--no-deps", *no_deps], check=True)
+        print(f'{DISTRIBUTION}: done; `pip check` says "{EXPECTED_PIP_CHECK}": expected (torchvision is never used)')
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -77,7 +77,7 @@ def print(*values: object, sep: str = " ", end: str = "\n", file: TextIO | None 
     """``builtins.print`` that never lands on a progress bar's line: a live bar is cleared, the text
     printed, the bar redrawn below it (``tqdm.write``). Use it in callbacks of ``fit(progress=...)``.
 
-    Example:
+    Examples:
         ```python
         from ort_torch_train.trainer import Callback, print
 

@@ -193,6 +193,31 @@ def fit(
     their gradients) or ``"mean"`` (their average, as HF and Lightning do: a learning rate ported from
     them keeps its meaning). ``handle_interrupt``: the first Ctrl-C ends the run after the current step (callbacks then save)
     and the result says ``interrupted``; a second one interrupts at once.
+
+    Examples:
+        ```python
+        import numpy as np
+        from ort_torch_train.api import CheckpointState, Module, Optimizer
+
+        state = CheckpointState.load_checkpoint("artifacts/checkpoint")  # the README Quick start's artifacts
+        module = Module("artifacts/training_model.onnx", state, "artifacts/eval_model.onnx")
+        optimizer = Optimizer("artifacts/optimizer_model.onnx", module)
+        x = np.random.default_rng(0).standard_normal((16, 20), dtype=np.float32)
+        y = x[:, :5].argmax(axis=1)
+
+        from ort_torch_train.trainer import Callback, array_loader, fit, print
+
+
+        class PrintEvery(Callback):
+            def on_step_end(self, run) -> None:
+                if run.step % 5 == 0:
+                    print(f"step {run.step}: loss {run.loss:.3f}")  # above the progress bar
+
+
+        loader = array_loader([x, y], batch_size=8, seed=0)
+        result = fit(module, optimizer, loader, max_steps=10, eval_data=[(x, y)], callbacks=[PrintEvery()], progress=True)
+        print(result.last_step, result.metrics["loss"])
+        ```
     """
     if max_steps is None and epochs is None:
         raise InputError("fit: give max_steps (a total step count) or epochs")

@@ -75,9 +75,10 @@ class TorchMetric(Metric):
     Its name is ``name`` or the metric's class name; larger is better when the metric's
     ``higher_is_better`` says so.
 
-    Example:
+    Examples:
         ```python
         import torchmetrics
+        from ort_torch_train.trainer import TorchMetric
 
         f1 = TorchMetric(torchmetrics.classification.MulticlassF1Score(num_classes=5), name="f1_macro")
         ```
