@@ -75,6 +75,11 @@ class TorchMetric(Metric):
     Its name is ``name`` or the metric's class name; larger is better when the metric's
     ``higher_is_better`` says so.
 
+    Args:
+        metric: the metric it feeds (a ``torchmetrics.Metric`` or any object with ``update(preds, target)``,
+            ``compute()`` and ``reset()``).
+        name: the name it reports under (default: the metric's class name).
+
     Examples:
         ```python
         import torchmetrics
