@@ -96,7 +96,13 @@ def check_reference(site: Path, page: str) -> None:
     assert sorted({t for t in titles if titles.count(t) > 1}) == [], "search titles that cannot be told apart"
     assert "train_and_update" not in page  # an internal hook of the Optimizer
     sections = doc_reference.class_sections(page)
-    for name in ("api.Module", "api.Optimizer", "api.CheckpointState", "api.LinearLRScheduler", "api.CosineLRScheduler"):
+    for name in (
+        "api.Module",
+        "api.Optimizer",
+        "api.CheckpointState",
+        "api.LinearLRScheduler",
+        "api.CosineLRScheduler",
+    ):
         assert "Examples:" in sections[f"ort_torch_train.{name}"], name
     assert 'src="../search/main.js"' in page
     assert not re.findall(r'<script[^>]+src="https?:|<link[^>]+href="https?:[^"]+\.(?:css|js)"', page)
