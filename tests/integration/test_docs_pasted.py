@@ -18,8 +18,6 @@ import yaml
 from tests.helpers import doc_snippets
 from tests.helpers.paths import ROOT
 
-pytestmark = [pytest.mark.slow, pytest.mark.compile]
-
 
 def reading_order() -> list[Path]:
     """README.md, then the site's pages in nav order."""
@@ -33,6 +31,12 @@ def test_no_page_hides_its_setup() -> None:
     assert hidden == [], "setup must be shown (a collapsed ??? admonition is fine)"
 
 
+def test_setup_in_a_collapsed_admonition_is_read_as_a_block() -> None:
+    text = '??? example "Setup: x"\n\n    ```python\n    x = 1\n\n    y = x\n    ```\n\n```python\nz = y\n```\n'
+    blocks = doc_snippets.parse_blocks(ROOT / "docs" / "index.md", text)
+    assert [(block.line, block.code) for block in blocks] == [(4, "x = 1\n\ny = x\n"), (10, "z = y\n")]
+
+
 def digest(folder: Path) -> dict[str, str]:
     """The files of ``folder`` and their SHA-256."""
     return {
@@ -40,6 +44,8 @@ def digest(folder: Path) -> dict[str, str]:
     }
 
 
+@pytest.mark.slow
+@pytest.mark.compile  # the README's and scaling.md's compiled steps
 def test_pages_pasted_in_order_into_one_empty_folder(tmp_path: Path) -> None:
     folder = tmp_path / "reader"
     folder.mkdir()
@@ -100,6 +106,7 @@ for target in sys.argv[1:]:
 """
 
 
+@pytest.mark.slow
 def test_api_reference_examples_run_on_the_readme_artifacts(tmp_path: Path) -> None:
     """Every public class page's Examples section (the docstrings mkdocstrings renders) runs, pasted into
     the folder where the README's Quick start made its artifacts."""
