@@ -65,16 +65,18 @@ def install(extras: tuple[str, ...] = ()) -> None:
     """Install the requirements with this interpreter's pip, keeping the installed torch."""
     resolved, no_deps = requirements(extras)
     pip = [sys.executable, "-m", "pip", "install"]
+    # pip's closing conflict check would call onnx2torch missing (installed next) an ERROR: not shown
+    quiet = ["--no-warn-conflicts"] if no_deps else []
     torch = _installed_torch()
     if torch is None:
         print(f"{DISTRIBUTION}: no torch installed; pip picks one (install yours first to choose the build)")
-        subprocess.run([*pip, *resolved], check=True)
+        subprocess.run([*pip, *quiet, *resolved], check=True)
     else:
         with tempfile.TemporaryDirectory() as directory:
             constraints = Path(directory, "constraints.txt")
             constraints.write_text(f"torch=={torch}\n")
-            subprocess.run([*pip, "-c", str(constraints), *resolved], check=True)
-    if no_deps:  # last: pip's resolver, run before, then never sees onnx2torch's torchvision requirement
+            subprocess.run([*pip, *quiet, "-c", str(constraints), *resolved], check=True)
+    if no_deps:  # last, without a check: its torchvision requirement is the one `pip check` then reports
         subprocess.run([*pip, "--no-deps", *no_deps], check=True)
         print(f'{DISTRIBUTION}: done; `pip check` says "{EXPECTED_PIP_CHECK}": expected (torchvision is never used)')
 
