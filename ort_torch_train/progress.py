@@ -1,12 +1,18 @@
 """Progress bars on tqdm: steps, rate, ETA and the latest metrics on one line (stderr); status lines
-printed past the bar (``status_line``)."""
+printed past the bar (``status_line``, ``print``); log records and warnings kept off the bar's line
+while it is live (``output_above_bar``)."""
 
 from __future__ import annotations
 
+import logging
 import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from typing import TextIO
 
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 
 class ProgressBar:
@@ -65,3 +71,55 @@ def status_line(text: str) -> None:
     """Print ``text`` on stdout as its own line: a progress bar on the terminal is cleared first and
     redrawn below it, so the two never share a line."""
     tqdm.write(text)
+
+
+def print(*values: object, sep: str = " ", end: str = "\n", file: TextIO | None = None) -> None:
+    """``builtins.print`` that never lands on a progress bar's line: a live bar is cleared, the text
+    printed, the bar redrawn below it (``tqdm.write``). Use it in callbacks of ``fit(progress=...)``.
+
+    Examples:
+        ```python
+        from ort_torch_train.trainer import Callback, print
+
+        class PrintLoss(Callback):
+            def on_step_end(self, run) -> None:
+                print(f"step {run.step}: loss {run.loss:.3f}")
+        ```
+    """
+    tqdm.write(sep.join(str(value) for value in values), file=file, end=end)
+
+
+@contextmanager
+def output_above_bar(enabled: bool = True) -> Iterator[None]:
+    """While it lasts, ``warnings`` and the root logger's console handlers (an application's
+    ``logging.basicConfig``) write through ``tqdm.write``, above a live bar (the ``ort_torch_train``
+    logger's own handler always does); nothing changes when ``enabled`` is False."""
+    if not enabled:
+        yield
+        return
+    shown = warnings.showwarning
+
+    def show_above_bar(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
+        text = warnings.formatwarning(message, category, filename, lineno, line)
+        tqdm.write(text.rstrip("\n"), file=file or sys.stderr)
+
+    warnings.showwarning = show_above_bar
+    try:
+        console = any(_is_console(handler) for handler in logging.root.handlers)
+        with logging_redirect_tqdm([logging.root]) if console else nullcontext():
+            yield
+    finally:
+        if warnings.showwarning is show_above_bar:
+            warnings.showwarning = shown
+
+
+def _is_console(handler: logging.Handler) -> bool:
+    """Whether ``handler`` writes to the terminal (stdout or stderr)."""
+    return isinstance(handler, logging.StreamHandler) and getattr(handler, "stream", None) in (sys.stdout, sys.stderr)

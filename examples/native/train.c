@@ -104,9 +104,14 @@ int main(int argc, char** argv) {
   /* the exported model in ONNX Runtime, from the same program */
   OrtSession* inference = NULL;
   check(OTT_ORT(ort, CreateSession)(env, path, options, &inference));
-  const char* input_names[1] = {"input"};
+  OrtAllocator* allocator = NULL;
+  char* features_name = NULL; /* the model's own name for its input ("input", "features", ...) */
+  check(OTT_ORT(ort, GetAllocatorWithDefaultOptions)(&allocator));
+  check(training->TrainingSessionGetTrainingModelInputName(session, 0, allocator, &features_name));
+  const char* input_names[1] = {features_name};
   OrtValue* logits = NULL;
   check(OTT_ORT(ort, Run)(inference, NULL, input_names, (const OrtValue* const*)inputs, 1, outputs, 1, &logits));
+  check(OTT_ORT(ort, AllocatorFree)(allocator, features_name));
   float* scores = NULL;
   check(OTT_ORT(ort, GetTensorMutableData)(logits, (void**)&scores));
   int correct = 0;

@@ -77,7 +77,8 @@ int main(int argc, char** argv) {
     Ort::Session inference(env, (out + "/inference.onnx").c_str(), options);
     std::vector<Ort::Value> features;
     features.push_back(Ort::Value::CreateTensor<float>(cpu, x.data(), x.size(), x_dims, 2));
-    auto logits = inference.Run({"input"}, features, {"logits"});
+    const std::string features_name = session.InputNames(true)[0];  // the model's own input name
+    auto logits = inference.Run({features_name.c_str()}, features, {"logits"});
     const float* scores = logits[0].GetTensorData<float>();
     int correct = 0;
     for (int row = 0; row < kBatch; row++) {

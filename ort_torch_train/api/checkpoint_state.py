@@ -144,6 +144,16 @@ class CheckpointState:
 
     Args:
         state: the training state it wraps (``CheckpointState.load_checkpoint`` makes one from a file).
+
+    Examples:
+        ```python
+        from ort_torch_train.api import CheckpointState
+
+        state = CheckpointState.load_checkpoint("artifacts/checkpoint")  # the README Quick start's artifacts
+        state.properties["epoch"] = 3
+        CheckpointState.save_checkpoint(state, "example_checkpoint", include_optimizer_state=True)
+        assert CheckpointState.load_checkpoint("example_checkpoint").properties["epoch"] == 3
+        ```
     """
 
     def __init__(self, state: TrainingState) -> None:

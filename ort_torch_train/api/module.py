@@ -87,6 +87,25 @@ class Module(nn.Module):
         lora: a ``LoraConfig``: add low-rank adapters, the only trainable parameters.
         compile_cache: where compiled steps are cached: None the default, a path, or False for none.
         dynamic: with ``compile``, which symbolic axes stay dynamic: True all, a dict of axes per input, False none.
+
+    Examples:
+        ```python
+        import numpy as np
+        from ort_torch_train.api import CheckpointState, Module, Optimizer
+
+        state = CheckpointState.load_checkpoint("artifacts/checkpoint")  # the README Quick start's artifacts
+        module = Module("artifacts/training_model.onnx", state, "artifacts/eval_model.onnx")
+        optimizer = Optimizer("artifacts/optimizer_model.onnx", module)
+        x = np.random.default_rng(0).standard_normal((16, 20), dtype=np.float32)
+        y = x[:, :5].argmax(axis=1)
+        module.train()
+        loss = module(x, y)  # forward and backward: the gradients add up
+        optimizer.step()
+        module.lazy_reset_grad()
+        module.eval()
+        eval_loss = module(x, y)
+        module.export_model_for_inferencing("example_inference.onnx", ["logits"])
+        ```
     """
 
     def __init__(

@@ -36,6 +36,21 @@ class Optimizer:
             compiled train step instead.
         shard_state: ZeRO stage 1 on a ``Module(distributed=True)``: each rank keeps and updates
             only its shard of the optimizer state (``distributed/zero.py``).
+
+    Examples:
+        ```python
+        import numpy as np
+        from ort_torch_train.api import CheckpointState, Module, Optimizer
+
+        state = CheckpointState.load_checkpoint("artifacts/checkpoint")  # the README Quick start's artifacts
+        module = Module("artifacts/training_model.onnx", state, "artifacts/eval_model.onnx")
+        optimizer = Optimizer("artifacts/optimizer_model.onnx", module)
+        x = np.random.default_rng(0).standard_normal((16, 20), dtype=np.float32)
+        y = x[:, :5].argmax(axis=1)
+        optimizer.set_learning_rate(1e-3)
+        loss = module.step(optimizer, x, y)  # module(x, y); optimizer.step(); module.lazy_reset_grad()
+        assert optimizer.get_learning_rate() == np.float32(1e-3)
+        ```
     """
 
     def __init__(
@@ -161,6 +176,22 @@ class LinearLRScheduler(_MultiplicativeLRScheduler):
         warmup_step_count: steps of linear warmup from 0.
         total_step_count: the step at which the rate reaches 0.
         initial_lr: the peak learning rate.
+
+    Examples:
+        ```python
+        import numpy as np
+        from ort_torch_train.api import CheckpointState, Module, Optimizer, LinearLRScheduler
+
+        state = CheckpointState.load_checkpoint("artifacts/checkpoint")  # the README Quick start's artifacts
+        module = Module("artifacts/training_model.onnx", state, "artifacts/eval_model.onnx")
+        optimizer = Optimizer("artifacts/optimizer_model.onnx", module)
+        x = np.random.default_rng(0).standard_normal((16, 20), dtype=np.float32)
+        y = x[:, :5].argmax(axis=1)
+        scheduler = LinearLRScheduler(optimizer, warmup_step_count=2, total_step_count=10, initial_lr=1e-3)
+        for step in range(10):
+            module.step(optimizer, x, y)
+            scheduler.step()  # after optimizer.step(), as in ORT's loop
+        ```
     """
 
     def __init__(self, optimizer: Optimizer, warmup_step_count: int, total_step_count: int, initial_lr: float) -> None:
@@ -186,6 +217,22 @@ class CosineLRScheduler(_MultiplicativeLRScheduler):
         total_step_count: the step at which the cosine ends.
         initial_lr: the peak learning rate.
         min_lr_ratio: the final rate as a share of ``initial_lr``.
+
+    Examples:
+        ```python
+        import numpy as np
+        from ort_torch_train.api import CheckpointState, Module, Optimizer, CosineLRScheduler
+
+        state = CheckpointState.load_checkpoint("artifacts/checkpoint")  # the README Quick start's artifacts
+        module = Module("artifacts/training_model.onnx", state, "artifacts/eval_model.onnx")
+        optimizer = Optimizer("artifacts/optimizer_model.onnx", module)
+        x = np.random.default_rng(0).standard_normal((16, 20), dtype=np.float32)
+        y = x[:, :5].argmax(axis=1)
+        scheduler = CosineLRScheduler(optimizer, warmup_step_count=2, total_step_count=10, initial_lr=1e-3, min_lr_ratio=0.1)
+        for step in range(10):
+            module.step(optimizer, x, y)
+            scheduler.step()
+        ```
     """
 
     def __init__(
@@ -218,6 +265,22 @@ class ConstantWithWarmupLRScheduler(_MultiplicativeLRScheduler):
         optimizer: the Optimizer whose learning rate it sets.
         warmup_step_count: steps of linear warmup from 0.
         initial_lr: the rate after warmup.
+
+    Examples:
+        ```python
+        import numpy as np
+        from ort_torch_train.api import CheckpointState, Module, Optimizer, ConstantWithWarmupLRScheduler
+
+        state = CheckpointState.load_checkpoint("artifacts/checkpoint")  # the README Quick start's artifacts
+        module = Module("artifacts/training_model.onnx", state, "artifacts/eval_model.onnx")
+        optimizer = Optimizer("artifacts/optimizer_model.onnx", module)
+        x = np.random.default_rng(0).standard_normal((16, 20), dtype=np.float32)
+        y = x[:, :5].argmax(axis=1)
+        scheduler = ConstantWithWarmupLRScheduler(optimizer, warmup_step_count=3, initial_lr=1e-3)
+        for step in range(5):
+            module.step(optimizer, x, y)
+            scheduler.step()
+        ```
     """
 
     def __init__(self, optimizer: Optimizer, warmup_step_count: int, initial_lr: float) -> None:

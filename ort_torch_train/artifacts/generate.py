@@ -35,6 +35,7 @@ from ort_torch_train.artifacts.blocks import Block, PassThrough, building
 from ort_torch_train.artifacts.external import checkable, detach_weights, light_model_from_file, require_inline
 from ort_torch_train.artifacts.graph_edit import (
     ORT_MAX_OPSET,
+    batch_statistics_nodes,
     default_opset,
     disable_training_mode,
     move_initializers_to_inputs,
@@ -230,6 +231,7 @@ def build_artifacts(
     training_model.metadata_props.add(key="ort_torch_train.training_model", value=TRAINING_MODEL_NOTE)
     check_supported(training_model.graph, opsets_of(training_model))
 
+    _warn_running_statistics_stay(model)
     eval_model = model
     disable_training_mode(eval_model)
     trim_inference_batchnorm_outputs(eval_model)
@@ -387,3 +389,18 @@ def _rank_mismatch_only(model: onnx.ModelProto, error: Exception) -> bool:
     except Exception:
         return False
     return True
+
+
+def _warn_running_statistics_stay(model: onnx.ModelProto) -> None:
+    """A word for a model exported in training mode with BatchNorm: training normalises with batch
+    statistics, but the running mean and variance that the eval and inference models use stay constants."""
+    nodes = batch_statistics_nodes(model)
+    if nodes:
+        shown = ", ".join(nodes[:3]) + (f" and {len(nodes) - 3} more" if len(nodes) > 3 else "")
+        warnings.warn(
+            f"generate_artifacts: {len(nodes)} BatchNormalization node(s) ({shown}) train on each batch's "
+            "statistics, but their running mean and variance stay the exported values: the eval model and "
+            "exported inference models normalise with those (docs/artifacts.md, 'torch.nn.Module input')",
+            UserWarning,
+            stacklevel=4,
+        )

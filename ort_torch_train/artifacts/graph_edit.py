@@ -62,6 +62,15 @@ def move_initializers_to_inputs(model: onnx.ModelProto, names: set[str]) -> None
     model.graph.initializer.extend(kept)
 
 
+def batch_statistics_nodes(model: onnx.ModelProto) -> list[str]:
+    """The BatchNormalization nodes that normalise with each batch's statistics (exported in training mode)."""
+    return [
+        node.name or node.output[0]
+        for node in model.graph.node
+        if node.op_type == "BatchNormalization" and any(a.name == "training_mode" and a.i == 1 for a in node.attribute)
+    ]
+
+
 def disable_training_mode(model: onnx.ModelProto) -> None:
     """Eval semantics as ORT writes them: Dropout's training_mode input blanked, BatchNorm training_mode=0."""
     for node in model.graph.node:

@@ -225,7 +225,8 @@ def add_evaluation_options(parser: argparse.ArgumentParser, positive_int: ArgTyp
         "--metric",
         default="loss",
         metavar="NAME",
-        help="loss (default), accuracy, perplexity, mae, rmse, r2, or package.module:function (of outputs, batch); "
+        help="loss (default), accuracy, perplexity, f1, precision, recall, auroc, mae, rmse, r2, or "
+        "package.module:function (of outputs, batch) or :Class (a torchmetrics metric); "
         "the eval loss is always reported",
     )
 

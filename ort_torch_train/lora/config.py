@@ -30,6 +30,17 @@ class LoraConfig:
         frozen_dtype: hold the frozen parameters in this dtype (``torch.bfloat16``/``torch.float16``),
             cast back to their graph type where they are used; None keeps them as they are.
         seed: seeds the Kaiming-uniform initialisation of the A matrices (B starts at zero).
+
+    Examples:
+        ```python
+        from ort_torch_train.api import CheckpointState, Module, Optimizer
+        from ort_torch_train.lora import LoraConfig
+
+        state = CheckpointState.load_checkpoint("artifacts/checkpoint")  # the README Quick start's artifacts
+        lora = LoraConfig(r=4, alpha=8, targets=["all-linear"])  # or LoraConfig.parse("r=4,alpha=8,targets=all-linear")
+        module = Module("artifacts/training_model.onnx", state, "artifacts/eval_model.onnx", lora=lora)
+        optimizer = Optimizer("artifacts/optimizer_model.onnx", module)  # updates the adapters only
+        ```
     """
 
     r: int = 8

@@ -32,6 +32,26 @@ class TrainingSession:
         device: where parameters and steps live.
         session_options: ORT's SessionOptions, accepted and not used.
         compile: ``Module``'s (False, True, a torch.compile mode or a dict of its arguments).
+
+    Examples:
+        ```python
+        import numpy as np
+        from ort_torch_train.session import TrainingSession, load_checkpoint
+
+        state = load_checkpoint("artifacts/checkpoint")  # the README Quick start's artifacts
+        session = TrainingSession(
+            state, "artifacts/training_model.onnx", "artifacts/eval_model.onnx", "artifacts/optimizer_model.onnx"
+        )
+        x = np.random.default_rng(0).standard_normal((16, 20), dtype=np.float32)
+        y = x[:, :5].argmax(axis=1)
+        session.register_linear_lr_scheduler(2, 10, 1e-3)
+        for step in range(10):
+            loss = session.train_step([x, y])[0]
+            session.optimizer_step()
+            session.scheduler_step()
+            session.lazy_reset_grad()
+        eval_loss = session.eval_step([x, y])[0]
+        ```
     """
 
     def __init__(

@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from ort_torch_train.api import CheckpointState, Properties
 from ort_torch_train.errors import InputError
-from ort_torch_train.progress import ProgressBar
+from ort_torch_train.progress import ProgressBar, output_above_bar
 from ort_torch_train.trainer.batches import model_inputs
 from ort_torch_train.trainer.data import DataPosition, data_position, resumable_sampler, store_data_position
 from ort_torch_train.trainer.loader_state import (
@@ -39,7 +39,8 @@ from ort_torch_train.trainer.loader_state import (
     store_loader_state,
     warn_if_order_is_lost,
 )
-from ort_torch_train.trainer.metrics import Metric, evaluate, metric_named
+from ort_torch_train.trainer.metric_base import Metric, StatefulMetric, as_metric
+from ort_torch_train.trainer.metrics import evaluate, metric_named
 from ort_torch_train.trainer.protocols import FitModule, FitOptimizer, Scheduler
 
 log = logging.getLogger(__name__)
@@ -186,7 +187,7 @@ def fit(
     scheduler: Scheduler | None = None,
     eval_data: Iterable[Any] | None = None,
     eval_every: int | None = None,
-    metrics: Sequence[str | Metric] = ("loss",),
+    metrics: Sequence[str | Metric | StatefulMetric] = ("loss",),
     callbacks: Sequence[Callback] = (),
     progress: bool | str = False,
     handle_interrupt: bool = True,
@@ -195,12 +196,38 @@ def fit(
     epoch count is ``epochs`` (whichever comes first).
 
     Batches are sequences of the training model's inputs (or mappings by input name). ``eval_data``
-    is evaluated with ``metrics`` (names from ``trainer.metrics`` or Metric objects) every
-    ``eval_every`` steps and at the end. ``progress``: a tqdm bar (a string: its description).
+    is evaluated with ``metrics`` (names from ``trainer.metrics``, Metric objects or torchmetrics metrics) every
+    ``eval_every`` steps and at the end. ``progress``: a tqdm bar (a string: its description); while
+    it runs, warnings and console log records go above it, and so does ``trainer.print``.
     ``grad_accum_reduction``: ``"sum"`` (ORT's semantics: ``grad_accum`` micro-batches give the sum of
     their gradients) or ``"mean"`` (their average, as HF and Lightning do: a learning rate ported from
     them keeps its meaning). ``handle_interrupt``: the first Ctrl-C ends the run after the current step (callbacks then save)
     and the result says ``interrupted``; a second one interrupts at once.
+
+    Examples:
+        ```python
+        import numpy as np
+        from ort_torch_train.api import CheckpointState, Module, Optimizer
+
+        state = CheckpointState.load_checkpoint("artifacts/checkpoint")  # the README Quick start's artifacts
+        module = Module("artifacts/training_model.onnx", state, "artifacts/eval_model.onnx")
+        optimizer = Optimizer("artifacts/optimizer_model.onnx", module)
+        x = np.random.default_rng(0).standard_normal((16, 20), dtype=np.float32)
+        y = x[:, :5].argmax(axis=1)
+
+        from ort_torch_train.trainer import Callback, array_loader, fit, print
+
+
+        class PrintEvery(Callback):
+            def on_step_end(self, run) -> None:
+                if run.step % 5 == 0:
+                    print(f"step {run.step}: loss {run.loss:.3f}")  # above the progress bar
+
+
+        loader = array_loader([x, y], batch_size=8, seed=0)
+        result = fit(module, optimizer, loader, max_steps=10, eval_data=[(x, y)], callbacks=[PrintEvery()], progress=True)
+        print(result.last_step, result.metrics["loss"])
+        ```
     """
     if max_steps is None and epochs is None:
         raise InputError("fit: give max_steps (a total step count) or epochs")
@@ -213,7 +240,7 @@ def fit(
     optimizer_state = module.training_state.optimizer
     if optimizer_state is None:
         raise InputError("fit: the module's state has no optimizer state; build the Optimizer first")
-    evaluated = [metric if isinstance(metric, Metric) else metric_named(metric) for metric in metrics]
+    evaluated = [metric_named(metric) if isinstance(metric, str) else as_metric(metric) for metric in metrics]
     run = FitState(module, optimizer, optimizer_state.step, optimizer_state.step)
     run.monitored = {metric.name: metric for metric in evaluated}
     _start_position(run, data, grad_accum)
@@ -229,7 +256,7 @@ def fit(
     )
     interrupt = deferred_interrupt() if handle_interrupt else nullcontext(lambda: False)
     try:
-        with interrupt as interrupted:
+        with interrupt as interrupted, output_above_bar(bool(progress)):
             for callback in callbacks:
                 callback.on_train_begin(run)
             started = wall_started = time.perf_counter()

@@ -1,5 +1,6 @@
-"""Evaluation metrics over the eval model's outputs: loss, accuracy, perplexity, the regression metrics
-mae, rmse and r2, or your own function.
+"""Evaluation metrics over the eval model's outputs: loss, accuracy, perplexity, the classification
+metrics f1, precision, recall and auroc, the regression metrics mae, rmse and r2, any torchmetrics
+metric, or your own function.
 
 A metric sees each eval batch's outputs (the loss first, then any model outputs such as the logits)
 and the batch's inputs (the labels last), and gives one number for the whole eval set.
@@ -15,52 +16,18 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import onnx
 import torch
 
+from ort_torch_train.api.ortvalue import numpy_to_tensor
 from ort_torch_train.errors import InputError, ModelError
 from ort_torch_train.export.outputs import exportable_output_names
 from ort_torch_train.graph.layout import ModelSource, load_model
 from ort_torch_train.trainer.batches import model_inputs
+from ort_torch_train.trainer.classification import AUROC, F1Score, Precision, Recall
+from ort_torch_train.trainer.metric_base import Metric, Outputs, StatefulMetric, TorchMetric
 from ort_torch_train.trainer.protocols import EvalModule, NamedInputs
-
-Outputs = Sequence[torch.Tensor]
-
-
-class Metric:
-    """One number over the eval set: ``reset()``, ``update(outputs, batch)`` per batch, ``compute()``."""
-
-    name = "metric"
-    higher_is_better = False
-
-    def __init__(self) -> None:
-        self.total = 0.0
-        self.count = 0
-
-    def reset(self) -> None:
-        """Forget the batches seen."""
-        self.total = 0.0
-        self.count = 0
-
-    def update(self, outputs: Outputs, batch: Sequence[torch.Tensor]) -> None:
-        """Add one eval batch."""
-        rows = int(batch[0].shape[0]) if batch and batch[0].ndim else 1
-        self.total += self.batch_value(outputs, batch) * rows
-        self.count += rows
-
-    def batch_value(self, outputs: Outputs, batch: Sequence[torch.Tensor]) -> float:
-        """The metric of one batch (averaged over batches by their rows)."""
-        raise NotImplementedError
-
-    def compute(self) -> float:
-        """The metric over every batch since ``reset()``."""
-        return self.total / self.count if self.count else math.nan
-
-    def improved(self, value: float, best: float | None) -> bool:
-        """Whether ``value`` is better than ``best`` (None: nothing yet)."""
-        if best is None or math.isnan(best):
-            return not math.isnan(value)
-        return value > best if self.higher_is_better else value < best
 
 
 class Loss(Metric):
@@ -206,12 +173,18 @@ BUILT_IN: dict[str, type[Metric]] = {
     "mae": MeanAbsoluteError,
     "rmse": RootMeanSquaredError,
     "r2": R2Score,
+    "f1": F1Score,
+    "precision": Precision,
+    "recall": Recall,
+    "auroc": AUROC,
 }
 
 
 def metric_named(text: str) -> Metric:
-    """ "loss", "accuracy", "perplexity", "mae", "rmse", "r2", or "package.module:function" (a function of
-    (outputs, batch))."""
+    """A built-in metric by name ("loss", "accuracy", "perplexity", "f1", "precision", "recall", "auroc",
+    "mae", "rmse", "r2"), or "package.module:function" (a function of (outputs, batch)), or
+    "package.module:Class" of a metric that a call without arguments makes (a torchmetrics metric such
+    as "torchmetrics.classification:BinaryAUROC")."""
     if text in BUILT_IN:
         return BUILT_IN[text]()
     module_name, colon, function_name = text.partition(":")
@@ -224,7 +197,24 @@ def metric_named(text: str) -> Metric:
     function = getattr(module, function_name, None)
     if not callable(function):
         raise InputError(f"metric {text!r}: {module_name!r} has no function {function_name!r}")
+    if isinstance(function, type):
+        return _metric_of_class(text, function)
     return BatchFunction(function_name, function)
+
+
+def _metric_of_class(text: str, cls: type) -> Metric:
+    """An instance of the metric class ``cls`` made without arguments."""
+    try:
+        instance = cls()
+    except (TypeError, ValueError) as error:
+        raise InputError(
+            f"metric {text!r}: {cls.__name__}() needs arguments ({error}); build it in Python and pass the object"
+        ) from error
+    if isinstance(instance, Metric):
+        return instance
+    if isinstance(instance, StatefulMetric):
+        return TorchMetric(instance)
+    raise InputError(f"metric {text!r}: {cls.__name__} has no update(preds, target), compute() and reset()")
 
 
 def evaluate(module: EvalModule, data: Iterable[Sequence[Any]], metrics: Sequence[Metric]) -> dict[str, float]:
@@ -240,7 +230,7 @@ def evaluate(module: EvalModule, data: Iterable[Sequence[Any]], metrics: Sequenc
             if isinstance(batch, Mapping) and names is None:
                 raise InputError("evaluate: a batch keyed by input name needs a module with input_names()")
             values = model_inputs(batch, names) if isinstance(batch, Mapping) and names is not None else batch
-            tensors = [value if isinstance(value, torch.Tensor) else torch.as_tensor(value) for value in values]
+            tensors = [_as_tensor(value, position) for position, value in enumerate(values)]
             outputs = module(*tensors)
             outputs = tuple(outputs) if isinstance(outputs, (tuple, list)) else (outputs,)
             for metric in metrics:
@@ -248,6 +238,16 @@ def evaluate(module: EvalModule, data: Iterable[Sequence[Any]], metrics: Sequenc
     finally:
         module.train(was_training)
     return {metric.name: metric.compute() for metric in metrics}
+
+
+def _as_tensor(value: Any, position: int) -> torch.Tensor:
+    """An eval input as a tensor: a numpy array shared when torch can (a read-only one, as pandas gives,
+    copied)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, np.ndarray):
+        return numpy_to_tensor(value, f"eval input #{position}")
+    return torch.as_tensor(value)
 
 
 def with_model_outputs(eval_model: ModelSource, parameter_names: Iterable[str]) -> onnx.ModelProto:

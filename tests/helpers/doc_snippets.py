@@ -1,11 +1,14 @@
 """The ```python blocks of README.md and docs/*.md, as one program per page (its blocks chained in order).
 
-Markers, HTML comments that the rendered page does not show:
+A block may sit indented in a collapsed admonition (``??? example "Setup: ..."``, shown folded on the
+site): setup a reader needs is shown that way, never hidden. Markers, HTML comments that the
+rendered page does not show:
 
 - ``<!-- snippet: skip (reason) -->`` right before a block (blank lines between allowed): the block is
   not run (CUDA only, needs torchrun, a placeholder path ...); the reason is required.
-- ``<!-- snippet: setup`` or ``<!-- snippet: check``, then Python lines, then ``-->``: hidden code run at
-  that point of the page's program (define what a fragment assumes; assert what a block promises).
+- ``<!-- snippet: check``, then Python lines, then ``-->``: hidden code run at that point of the page's
+  program (assert what a block promises). ``<!-- snippet: setup`` is read the same way, but no page
+  may use it (tests/integration/test_docs_pasted.py): a reader cannot paste what the site hides.
 
 ``python -m tests.helpers.doc_snippets`` lists every page's blocks, run or skipped with the reason.
 """
@@ -14,12 +17,14 @@ from __future__ import annotations
 
 import re
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
 from tests.helpers.paths import ROOT
 
-FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.DOTALL | re.MULTILINE)
+# a fence at the line start, or indented inside a collapsed admonition (``??? example "Setup: ..."``)
+FENCE = re.compile(r"^(?P<indent>[ \t]*)```python[ \t]*\n(?P<code>.*?)^(?P=indent)```[ \t]*$", re.DOTALL | re.MULTILINE)
 HIDDEN = re.compile(r"^<!-- snippet: (?:setup|check)[^\n]*\n(.*?)^-->[ \t]*$", re.DOTALL | re.MULTILINE)
 SKIP = re.compile(r"<!-- snippet: skip \((?P<reason>[^)]+)\) -->\s*\Z")
 ANY_MARKER = re.compile(r"<!-- snippet: (\w+)")
@@ -60,7 +65,8 @@ def parse_blocks(page: Path, text: str) -> list[Block]:
         before = text[: match.start()]
         skip = SKIP.search(before)
         line = before.count("\n") + 2
-        found.append(Block(page, line, match.group(1), False, skip.group("reason") if skip else None))
+        code = textwrap.dedent(match.group("code")) if match.group("indent") else match.group("code")
+        found.append(Block(page, line, code, False, skip.group("reason") if skip else None))
     for match in HIDDEN.finditer(text):
         line = text[: match.start()].count("\n") + 2
         found.append(Block(page, line, match.group(1), True, None))

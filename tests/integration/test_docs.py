@@ -89,7 +89,21 @@ def test_documentation_builds_without_warnings(tmp_path: Path) -> None:
 def check_reference(site: Path, page: str) -> None:
     """Search, Module's parameters with their types, every constructor documented, helpers hidden,
     nothing loaded from another site (tests/helpers/doc_reference.py)."""
-    assert "CheckpointState" in (site / "search" / "search_index.json").read_text()
+    search = json.loads((site / "search" / "search_index.json").read_text())["docs"]
+    assert any(entry["title"] == "CheckpointState" for entry in search)
+    titles = [entry["title"] for entry in search if entry["location"].startswith("api/#")]
+    assert "Module.lazy_reset_grad" in titles and "TrainingSession.lazy_reset_grad" in titles
+    assert sorted({t for t in titles if titles.count(t) > 1}) == [], "search titles that cannot be told apart"
+    assert "train_and_update" not in page  # an internal hook of the Optimizer
+    sections = doc_reference.class_sections(page)
+    for name in (
+        "api.Module",
+        "api.Optimizer",
+        "api.CheckpointState",
+        "api.LinearLRScheduler",
+        "api.CosineLRScheduler",
+    ):
+        assert "Examples:" in sections[f"ort_torch_train.{name}"], name
     assert 'src="../search/main.js"' in page
     assert not re.findall(r'<script[^>]+src="https?:|<link[^>]+href="https?:[^"]+\.(?:css|js)"', page)
     module = doc_reference.documented_parameters(doc_reference.class_sections(page)["ort_torch_train.api.Module"])

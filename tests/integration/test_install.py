@@ -2,7 +2,7 @@
 installed torch stays (version and build), torchvision imports or is absent, and the CLI runs; then the
 README's Quick start, docs/cli.md's worked example (then the page's `inspect` and `--batched` examples and
 docs/scaling.md's torchrun line on what it made) and docs/training-loop.md's examples run on the installed
-wheel (they make their own artifacts and data)."""
+wheel (they make their own artifacts and data). `pip check` says what the README calls expected."""
 
 from __future__ import annotations
 
@@ -66,8 +66,10 @@ def test_readme_install_keeps_torch_and_runs_cli(tmp_path: Path) -> None:
         shutil.copy2(ROOT / name, source / name)
     for name in ("ort_torch_train", "adapters"):
         shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
-    wheel_command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w"]
-    _run([*wheel_command, str(tmp_path), str(source)], env)
+    wheel_command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-v", "-w"]
+    built = subprocess.run([*wheel_command, str(tmp_path), str(source)], env=env, capture_output=True, text=True)
+    output = built.stdout + built.stderr
+    assert built.returncode == 0 and "_Warning" not in output and "SetuptoolsDeprecationWarning" not in output, output
     (wheel,) = tmp_path.glob("ort_torch_train-*.whl")
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", str(venv)], env)
@@ -81,12 +83,15 @@ def test_readme_install_keeps_torch_and_runs_cli(tmp_path: Path) -> None:
     assert lines[0].endswith("ort-torch-train"), lines
     lines[0] = lines[0][: -len("ort-torch-train")] + str(wheel)  # the package, from the built wheel
     for line in lines:
-        _run(line, env, shell=True, cwd=tmp_path)
+        done = subprocess.run(line, env=env, shell=True, cwd=tmp_path, capture_output=True, text=True)
+        assert done.returncode == 0 and "ERROR" not in done.stdout + done.stderr, f"{line}\n{done.stdout}{done.stderr}"
 
     after = json.loads(_run(["python", "-c", _PROBE], env, cwd=tmp_path))
     assert {k: after[k] for k in ("version", "cuda", "git")} == {k: before[k] for k in ("version", "cuda", "git")}
     assert after["torchvision"] is None or after["torchvision"], after  # importable, or absent
     assert after["onnx2torch"], "onnx2torch was not installed"
+    check = subprocess.run(["pip", "check"], env=env, capture_output=True, text=True)
+    assert (check.returncode, check.stdout.strip()) == (1, readme_pip_check()), check.stdout + check.stderr
     listed = _run(["pip", "list", "--format=freeze"], env)
     assert "nvidia" not in listed.lower(), listed
     assert "usage" in _run(["ort-torch-train", "--help"], env, cwd=tmp_path).lower()
@@ -115,6 +120,14 @@ def test_readme_install_keeps_torch_and_runs_cli(tmp_path: Path) -> None:
     _run(["python", "-c", doc_snippets.RUNNER], env, cwd=loop_page, input=json.dumps(program))
     after_extra = json.loads(_run(["python", "-c", _PROBE], env, cwd=tmp_path))
     assert after_extra["version"] == before["version"] and after_extra["cuda"] == before["cuda"]
+
+
+def readme_pip_check() -> str:
+    """The `pip check` output that the README's install notes call expected."""
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"Expected afterwards: `pip check`.*?```text\n(.*?)```", text, re.S)
+    assert block, "README.md lost its expected `pip check` output"
+    return block.group(1).strip()
 
 
 def readme_quick_start() -> list[str]:

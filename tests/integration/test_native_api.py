@@ -112,6 +112,32 @@ def test_c_and_cpp_examples_train_export_infer_in_onnxruntime_and_agree(native: 
     assert outputs[0] == outputs[1]
 
 
+def test_c_and_cpp_examples_run_on_the_readme_artifacts(native: NativeBuild, tmp_path: Path) -> None:
+    """On the README Quick start's artifacts (input `features`, not the fixture's `input`), both examples
+    feed the inference model under the name the artifacts give."""
+    import torch
+
+    from ort_torch_train.artifacts import LossType, OptimType, generate_artifacts
+
+    torch.manual_seed(0)
+    generate_artifacts(
+        torch.nn.Sequential(torch.nn.Linear(20, 32), torch.nn.ReLU(), torch.nn.Linear(32, 5)),
+        example_inputs=(torch.zeros(64, 20),),
+        input_names=["features"],
+        output_names=["logits"],
+        dynamic_axes={"features": {0: "batch"}, "logits": {0: "batch"}},
+        loss=LossType.CrossEntropyLoss,
+        optimizer=OptimType.AdamW,
+        artifact_directory=tmp_path / "artifacts",
+    )
+    for source in ("train.c", "train.cpp"):
+        out = tmp_path / source
+        out.mkdir()
+        done = native.run(native.program(EXAMPLES / "native" / source), str(tmp_path / "artifacts"), str(out))
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert float(done.stdout.split("accuracy ")[1].split()[0]) >= 0.8, done.stdout
+
+
 def test_flags_command_prints_what_programs_compile_with(native: NativeBuild, capsys: pytest.CaptureFixture) -> None:
     assert main(["native", "flags", "--prefix", str(native.flags.prefix)]) == 0
     printed = capsys.readouterr().out.split()

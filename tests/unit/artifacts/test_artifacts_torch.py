@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -192,3 +193,25 @@ def test_torch_module_needs_example_inputs(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match=r"unexpected keyword argument\(s\) \['opset'\]"):
         generate_artifacts(MLP(), example_inputs=torch.randn(2, 10), opset=17, artifact_directory=tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_batchnorm_in_training_mode_gets_a_word_about_its_running_statistics(tmp_path: Path) -> None:
+    """BatchNorm trains on batch statistics while its running mean and variance stay constants: said
+    once, at generate time; a model without BatchNorm gets no warning."""
+    with pytest.warns(UserWarning, match=r"1 BatchNormalization node\(s\) .* running mean and variance stay") as caught:
+        generate_artifacts(
+            CNN(),
+            loss=LossType.CrossEntropyLoss,
+            artifact_directory=tmp_path / "cnn",
+            example_inputs=torch.randn(2, 1, 8, 8),
+        )
+    ours = [w for w in caught if "BatchNormalization" in str(w.message)]
+    assert len(ours) == 1 and ours[0].filename == __file__, [str(w.message)[:200] for w in caught]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        generate_artifacts(
+            MLP(),
+            loss=LossType.CrossEntropyLoss,
+            artifact_directory=tmp_path / "mlp",
+            example_inputs=torch.randn(2, 10),
+        )
