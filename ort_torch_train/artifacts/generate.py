@@ -35,6 +35,7 @@ from ort_torch_train.artifacts.blocks import Block, PassThrough, building
 from ort_torch_train.artifacts.external import checkable, detach_weights, light_model_from_file, require_inline
 from ort_torch_train.artifacts.graph_edit import (
     ORT_MAX_OPSET,
+    declare_constant_shapes,
     default_opset,
     disable_training_mode,
     move_initializers_to_inputs,
@@ -59,6 +60,8 @@ from ort_torch_train.graph.model_checks import with_ort_domain
 from ort_torch_train.lora.apply import add_lora_to_base
 from ort_torch_train.lora.config import LoraConfig
 from ort_torch_train.optim.optimizer_model import read_optimizer_model
+
+_WARNED_VERSIONS: set[tuple[int, int | None]] = set()  # (IR version, opset) pairs already warned about
 
 TRAINING_MODEL_NOTE = (
     "ort-torch-train training model: forward + loss with training semantics, parameters as inputs, no gradient "
@@ -211,6 +214,7 @@ def build_artifacts(
 
     names = itertools.count(1)  # onnxblock's name counter, fresh for every call
     model = copy.deepcopy(base)
+    declare_constant_shapes(model.graph)
     with building(model, names):
         outputs = _outputs(
             loss_block(*(loss_input_names or [v.name for v in base.graph.output])), additional_output_names
@@ -231,11 +235,13 @@ def build_artifacts(
     trim_inference_batchnorm_outputs(eval_model)
     record_model_outputs(eval_model, (value.name for value in base.graph.output))
     eval_model.ir_version = ort_ir_version(eval_model)
-    if not ort_loadable(eval_model):
+    versions = (eval_model.ir_version, default_opset(eval_model))
+    if not ort_loadable(eval_model) and versions not in _WARNED_VERSIONS:
+        _WARNED_VERSIONS.add(versions)  # once per process: every builder model (opset 22) would repeat it
         warnings.warn(
-            f"the models use IR version {eval_model.ir_version} / opset {default_opset(eval_model)}: "
+            f"the models use IR version {versions[0]} / opset {versions[1]}: "
             f"onnxruntime(-training) 1.19.2 loads IR <= 10 / opset <= {ORT_MAX_OPSET} only "
-            "(ort_torch_train's Module trains them)",
+            "(ort_torch_train's Module trains them; said once per process)",
             stacklevel=3,
         )
 

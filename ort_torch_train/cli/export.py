@@ -87,7 +87,7 @@ def run_export(args: argparse.Namespace) -> None:
         print(f"LoRA adapter: {args.adapter}")
     if args.genai:
         built, folder = args.genai
-        adapter = export_for_genai(exported, built, folder, args.adapter_name)
+        adapter = export_for_genai(exported, built, folder, args.adapter_name, args.accuracy_level)
         print(f"onnxruntime-genai folder: {folder} (adapter {adapter.name})")
 
 
@@ -129,6 +129,14 @@ def add_export_parser(commands: argparse._SubParsersAction, formatter: type[argp
         help="an onnxruntime-genai folder from the model builder's BUILT_DIR: unmerged model, config, tokenizer, adapter",
     )
     parser.add_argument("--adapter-name", default="adapter", help="--genai's adapter file name (default: adapter)")
+    parser.add_argument(
+        "--accuracy-level",
+        type=int,
+        choices=range(5),
+        metavar="N",
+        help="--genai: the int4 MatMulNBits accuracy_level, 0-4 (default: the builder's, 4 on the CPU: int8 "
+        "activations; 0 computes in float as training does)",
+    )
     parser.add_argument(
         "--lora",
         metavar="r=8,alpha=16,targets=...",
