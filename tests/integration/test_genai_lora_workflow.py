@@ -18,8 +18,15 @@ from ort_torch_train.artifacts import LossType, OptimType, generate_artifacts
 from ort_torch_train.cli.main import main as cli_main
 from ort_torch_train.errors import ModelError
 from ort_torch_train.lora import LoraConfig
+from ort_torch_train.lora.export import export_adapter, read_adapter
 from ort_torch_train.lora.genai import export_for_genai
-from tests.integration.test_genai_lora import genai_logits, our_logits, train
+from tests.integration.test_genai_lora import (
+    builder_logits,
+    genai_logits,
+    lora_module,
+    our_logits,
+    train,
+)
 
 og = pytest.importorskip("onnxruntime_genai")
 
@@ -105,3 +112,35 @@ def test_float_weights_left_as_constants_name_frozen_params_in_the_error(built, 
     state = CheckpointState.load_checkpoint(tmp_path / "checkpoint")
     with pytest.raises(ModelError, match="as constants, not checkpoint parameters.*frozen_params.*lora="):
         Module(tmp_path / "training_model.onnx", state, lora=LoraConfig(r=4, targets=["all-linear"]))
+
+
+def test_tied_int4_default_build_trains_exports_and_serves_with_an_adapter_on_the_tied_head(built, tmp_path):
+    """The builder's int4 default for a tied model (SmolLM, Qwen2.5, Llama 3.2): the embedding is a
+    GatherBlockQuantized over the LM head's packed weight; LoRA on every projection and on the head itself."""
+    model_dir = built["smollm-int4"]
+    built_model = onnx.load(str(model_dir / "model.onnx"), load_external_data=False)
+    (lookup,) = [node for node in built_model.graph.node if node.op_type == "GatherBlockQuantized"]
+    module, optimizer, _ = lora_module(model_dir, tmp_path / "artifacts", ["all-linear", "*lm_head*"])
+    losses = train(module, optimizer, 20)
+    assert losses[-1] < losses[0] - 0.3, losses
+    first = our_logits(module)
+    served = tmp_path / "served"  # float products: the exact trained numbers (level 4 drifts by 2e-2 here)
+    adapter = export_for_genai(module, model_dir, served, adapter_name="a", accuracy_level=0)
+    tensors = read_adapter(adapter)
+    assert tensors["lm_head.lora_B.MatMul.weight"].shape == (4, 256)
+    assert np.abs(tensors["lm_head.lora_B.MatMul.weight"]).max() > 0  # the tied head's adapter trained
+    train(module, optimizer, 5)
+    second = our_logits(module)
+    export_adapter(module, served / "b.onnx_adapter")
+    served_model = onnx.load(str(served / "model.onnx"), load_external_data=False)
+    assert lookup.input[0] in {value for node in served_model.graph.node for value in node.input}  # the tie is kept
+    model = og.Model(str(served))
+    adapters = og.Adapters(model)
+    adapters.load(str(adapter), "a")
+    adapters.load(str(served / "b.onnx_adapter"), "b")
+    np.testing.assert_allclose(genai_logits(model, adapters, "a"), first, atol=LEVEL0_TOLERANCE, rtol=0)
+    np.testing.assert_allclose(genai_logits(model, adapters, "b"), second, atol=LEVEL0_TOLERANCE, rtol=0)
+    assert np.abs(first - second).max() > 1e-2  # the two adapters differ
+    export_for_genai(module, model_dir, tmp_path / "default", adapter_name="b")  # the builder's accuracy level
+    model = og.Model(str(tmp_path / "default"))
+    np.testing.assert_array_equal(genai_logits(model), builder_logits(model_dir))  # none active: the builder's
