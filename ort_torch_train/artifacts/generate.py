@@ -52,7 +52,7 @@ from ort_torch_train.convert.registry import check_supported
 from ort_torch_train.dtypes import tensor_from_proto
 from ort_torch_train.errors import ModelError
 from ort_torch_train.export.external_data import EXTERNAL_DATA_THRESHOLD as MODEL_EXTERNAL_DATA_THRESHOLD
-from ort_torch_train.export.external_data import is_external, write_model
+from ort_torch_train.export.external_data import is_external, shared_initializers, write_model
 from ort_torch_train.export.inference import save_model
 from ort_torch_train.export.outputs import record_model_outputs
 from ort_torch_train.graph.layout import opsets_of
@@ -92,14 +92,29 @@ class Artifacts:
     ) -> None:
         """Write the files ORT's generator writes, named as it names them.
 
-        Models whose initializers pass ``threshold`` bytes (default: protobuf's 2 GB) keep them in
-        ``<model>.onnx.data``; the checkpoint's parameters go to ``checkpoint.data`` past ``threshold``
+        The constants both models hold (1 KiB or more) are stored once, in ``training_model.onnx.data``, which
+        the eval model refers to. Models whose initializers pass ``threshold`` bytes (default: protobuf's
+        2 GB) keep the others in ``<model>.onnx.data`` too; the checkpoint's parameters go to ``checkpoint.data`` past ``threshold``
         (default: ORT's 1800 MB).
         """
         directory.mkdir(parents=True, exist_ok=True)
         checkpoint_threshold = EXTERNAL_DATA_THRESHOLD if threshold is None else threshold
-        write_model(self.training_model, directory / f"{prefix}training_model.onnx", self.weights, threshold=threshold)
-        write_model(self.eval_model, directory / f"{prefix}eval_model.onnx", self.weights, threshold=threshold)
+        shared = shared_initializers(self.training_model, self.eval_model)  # held once: the eval model refers to them
+        placed = write_model(
+            self.training_model,
+            directory / f"{prefix}training_model.onnx",
+            self.weights,
+            threshold=threshold,
+            outside=shared,
+        )
+        references = {name: placed[name] for name in shared}
+        write_model(
+            self.eval_model,
+            directory / f"{prefix}eval_model.onnx",
+            self.weights,
+            threshold=threshold,
+            references=references,
+        )
         write_checkpoint(self.checkpoint, directory / f"{prefix}checkpoint", checkpoint_threshold, artifact=True)
         if nominal_checkpoint:
             write_checkpoint(nominal(self.checkpoint), directory / f"{prefix}nominal_checkpoint", artifact=True)
