@@ -114,13 +114,22 @@ def test_float_weights_left_as_constants_name_frozen_params_in_the_error(built, 
         Module(tmp_path / "training_model.onnx", state, lora=LoraConfig(r=4, targets=["all-linear"]))
 
 
-def test_tied_int4_default_build_trains_exports_and_serves_with_an_adapter_on_the_tied_head(built, tmp_path):
+@pytest.mark.parametrize(
+    "name, targets",
+    [
+        ("smollm-int4", ["all-linear", "*lm_head*"]),
+        ("qwen2.5-int4", ["*q_proj*", "*v_proj*", "*o_proj*", "*lm_head*"]),  # q/v of the packed, biased qkv_proj
+    ],
+)
+def test_tied_int4_default_build_trains_exports_and_serves_with_an_adapter_on_the_tied_head(
+    built, tmp_path, name, targets
+):
     """The builder's int4 default for a tied model (SmolLM, Qwen2.5, Llama 3.2): the embedding is a
-    GatherBlockQuantized over the LM head's packed weight; LoRA on every projection and on the head itself."""
-    model_dir = built["smollm-int4"]
+    GatherBlockQuantized over the LM head's packed weight; LoRA on the projections and on the head itself."""
+    model_dir = built[name]
     built_model = onnx.load(str(model_dir / "model.onnx"), load_external_data=False)
     (lookup,) = [node for node in built_model.graph.node if node.op_type == "GatherBlockQuantized"]
-    module, optimizer, _ = lora_module(model_dir, tmp_path / "artifacts", ["all-linear", "*lm_head*"])
+    module, optimizer, _ = lora_module(model_dir, tmp_path / "artifacts", targets)
     losses = train(module, optimizer, 20)
     assert losses[-1] < losses[0] - 0.3, losses
     first = our_logits(module)
