@@ -29,6 +29,8 @@ GENAI_MODELS = [
     "phi3:int4",
     "smollm:int4",
     "qwen2.5:int4",
+    "gemma2:fp32",
+    "gemma2:int4",
 ]
 
 

@@ -153,3 +153,23 @@ def test_tied_int4_default_build_trains_exports_and_serves_with_an_adapter_on_th
     export_for_genai(module, model_dir, tmp_path / "default", adapter_name="b")  # the builder's accuracy level
     model = og.Model(str(tmp_path / "default"))
     np.testing.assert_array_equal(genai_logits(model), builder_logits(model_dir))  # none active: the builder's
+
+
+@pytest.mark.parametrize("name", ["gemma2-fp32", "gemma2-int4"])
+def test_gemma2_sliding_window_and_softcaps_train_and_serve(built, tmp_path, name):
+    """Gemma2 (tied, attention and logit soft-capping, sliding-window layers whose KV buffers are window-sized:
+    GroupQueryAttention(sliding_window_cache=1), trained with an empty cache)."""
+    model_dir = built[name]
+    built_model = onnx.load(str(model_dir / "model.onnx"), load_external_data=False)
+    assert any(
+        attribute.name == "sliding_window_cache" for node in built_model.graph.node for attribute in node.attribute
+    )
+    module, optimizer, _ = lora_module(model_dir, tmp_path / "artifacts", ["*q_proj*", "*v_proj*", "*o_proj*"])
+    losses = train(module, optimizer, 20)
+    assert losses[-1] < losses[0] - 0.3, losses
+    ours = our_logits(module)
+    adapter = export_for_genai(module, model_dir, tmp_path / "served", adapter_name="a", accuracy_level=0)
+    model = og.Model(str(tmp_path / "served"))
+    adapters = og.Adapters(model)
+    adapters.load(str(adapter), "a")
+    np.testing.assert_allclose(genai_logits(model, adapters, "a"), ours, atol=LEVEL0_TOLERANCE, rtol=0)
