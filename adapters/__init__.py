@@ -12,6 +12,7 @@ from . import (  # noqa: E402,F401  (registers converters)
     detection,
     dropout,
     elementwise,
+    gather_block_quantized,
     group_norm,
     group_query_attention,
     indexing,

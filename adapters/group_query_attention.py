@@ -1,6 +1,6 @@
 """com.microsoft GroupQueryAttention, as onnxruntime-genai's model builder emits it: packed or separate
 Q/K/V, rotary embedding from cos/sin caches, a KV cache (empty in training), ``seqlens_k`` padding,
-``scale``, ``softcap`` and ``local_window_size``; attention by torch SDPA (``enable_gqa``)."""
+``scale``, ``softcap``, ``local_window_size`` and ``sliding_window_cache`` (with an empty cache); attention by torch SDPA (``enable_gqa``)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,16 @@ if TYPE_CHECKING:
     from onnx2torch.onnx_node import OnnxNode
 
 SUPPORTED_ATTRIBUTES = frozenset(
-    {"num_heads", "kv_num_heads", "scale", "softcap", "local_window_size", "do_rotary", "rotary_interleaved"}
+    {
+        "num_heads",
+        "kv_num_heads",
+        "scale",
+        "softcap",
+        "local_window_size",
+        "do_rotary",
+        "rotary_interleaved",
+        "sliding_window_cache",  # window-sized KV buffers: with the empty cache of training only
+    }
 )
 ZERO_DEFAULT_ATTRIBUTES = ("smooth_softmax", "qk_output")  # accepted at their default 0 only
 UNSUPPORTED_INPUTS = {11: "head_sink"}
@@ -43,6 +52,7 @@ class GroupQueryAttention(nn.Module):
         self.heads, self.kv_heads, self.scale, self.softcap = heads, kv_heads, scale, softcap
         self.window, self.rotary, self.interleaved = window, rotary, interleaved
         self.outputs = 3
+        self.window_cache = False  # sliding_window_cache=1: past/present buffers hold the last window only
 
     def forward(
         self,
@@ -59,6 +69,11 @@ class GroupQueryAttention(nn.Module):
         attention_bias: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, ...]:
         batch, seq, _ = query.shape
+        if self.window_cache and past_key is not None and past_key.shape[2] > 0:
+            raise NotImplementedError(
+                f"GroupQueryAttention: sliding_window_cache=1 with a past key/value buffer of {past_key.shape[2]} "
+                "rows is not supported (an empty cache, as in training, is: the present holds every position)"
+            )
         if seqlens_k is None or total_sequence_length is None:
             raise ValueError("GroupQueryAttention: the seqlens_k and total_sequence_length inputs are required")
         if key is None or value is None:  # packed: (batch, seq, (heads + 2 * kv_heads) * head_size)
@@ -155,5 +170,8 @@ def group_query_attention(node: OnnxNode, graph: OnnxGraph, context: ConversionC
         bool(attrs.get("rotary_interleaved", 0)),
     )
     module.outputs = len(node.output_values)
+    module.window_cache = bool(attrs.get("sliding_window_cache", 0))
+    if module.window_cache and module.window <= 0:
+        raise ValueError("GroupQueryAttention: sliding_window_cache=1 needs local_window_size > 0")
     inputs = list(node.input_values[:11])
     return result(module, node, inputs)

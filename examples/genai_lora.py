@@ -40,12 +40,24 @@ SIZES = dict(
 
 
 def write_hf_model(arch: str, folder: Path) -> None:
-    """A random-init transformers model of ``arch`` (llama, qwen2, phi3) and a byte-level tokenizer in ``folder``."""
+    """A random-init transformers model of ``arch`` (llama, qwen2, phi3; smollm, qwen2.5 and gemma2: a Llama, a
+    Qwen2 and a Gemma2 whose embedding and LM head are tied) and a byte-level tokenizer in ``folder``."""
     import torch
     import transformers
 
-    prefix = {"llama": "Llama", "qwen2": "Qwen2", "phi3": "Phi3"}[arch]
+    names = {
+        "llama": "Llama",
+        "smollm": "Llama",
+        "qwen2": "Qwen2",
+        "qwen2.5": "Qwen2",
+        "phi3": "Phi3",
+        "gemma2": "Gemma2",
+    }
+    prefix = names[arch]
     extra = {"original_max_position_embeddings": SIZES["max_position_embeddings"]} if arch == "phi3" else {}
+    extra |= {"tie_word_embeddings": arch in ("smollm", "qwen2.5", "gemma2")}
+    if arch == "gemma2":  # a window genai's 32-token tests reach, softcapped attention and logits (Gemma2's defaults)
+        extra |= {"head_dim": SIZES["hidden_size"] // SIZES["num_attention_heads"], "sliding_window": 16}
     config = getattr(transformers, f"{prefix}Config")(**SIZES, **extra, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     torch.manual_seed(0)
     getattr(transformers, f"{prefix}ForCausalLM")(config).eval().save_pretrained(folder)

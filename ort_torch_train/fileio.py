@@ -168,7 +168,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
     try:
         if hasattr(os, "fchmod"):  # POSIX; Windows keeps its default
-            os.fchmod(fd, _default_file_mode())
+            os.fchmod(fd, default_file_mode())
         with os.fdopen(fd, "wb") as tmp:
             write(tmp)
             tmp.flush()
@@ -193,7 +193,7 @@ def _kind(mode: int) -> str:
     return next((name for test, name in kinds if test(mode)), "socket" if stat.S_ISSOCK(mode) else "special file")
 
 
-def _default_file_mode() -> int:
+def default_file_mode() -> int:
     """0o666 minus the process umask: what open() would give a new file (mkstemp gives 0o600)."""
     umask = os.umask(0)
     os.umask(umask)

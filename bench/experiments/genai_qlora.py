@@ -14,7 +14,7 @@ graph), the process's peak (``ru_maxrss``) and the median step time (forward, ba
 adapters) after one warmup step. ``all`` prints a table with the int4/fp32 ratios (target: int4 peak RSS
 <= 0.45x fp32's at the same batch).
 
-    python bench/experiments/genai_qlora.py all --out bench/.cache/genai_qlora --steps 5 [--size small|125m|345m] [--artifacts plain|frozen] [--json result.json]
+    python bench/experiments/genai_qlora.py all --out bench/.cache/genai_qlora --steps 5 [--size small|125m|345m] [--artifacts plain|frozen] [--tied] [--json result.json]
     python bench/experiments/genai_qlora.py run DIR --precision fp32|int4 [--artifacts plain|frozen] [--steps 5] [--recompute N]
 """
 
@@ -55,13 +55,15 @@ LARGE = dict(
 SIZES = {"small": SMALL, "125m": FULL, "345m": LARGE}
 
 
-def prepare(out: Path, size: str, tokens: int) -> None:
+def prepare(out: Path, size: str, tokens: int, tied: bool = False) -> None:
     import torch
     import transformers
 
     torch.manual_seed(0)
     sizes = SIZES[size]
-    config = transformers.LlamaConfig(**sizes, max_position_embeddings=max(tokens, 128), bos_token_id=1, eos_token_id=2)
+    config = transformers.LlamaConfig(
+        **sizes, max_position_embeddings=max(tokens, 128), bos_token_id=1, eos_token_id=2, tie_word_embeddings=tied
+    )
     model = transformers.LlamaForCausalLM(config)
     parameters = sum(p.numel() for p in model.parameters())
     model.save_pretrained(out / "hf")
@@ -77,7 +79,7 @@ def prepare(out: Path, size: str, tokens: int) -> None:
             )
         for kind in ARTIFACTS:
             write_artifacts(built, out / f"artifacts-{precision}-{kind}", frozen=kind == "frozen")
-    shape = {"vocab": config.vocab_size, "parameters": parameters}
+    shape = {"vocab": config.vocab_size, "parameters": parameters, "tied": tied}
     (out / "shape.json").write_text(json.dumps(shape))
 
 
@@ -140,6 +142,7 @@ def run(
         "artifacts": kind,
         "recompute": recompute,
         "parameters": shape["parameters"],
+        "tied": shape.get("tied", False),
         "trainable_parameters": module.parameters_size(True),
         "batch": batch,
         "tokens": tokens,
@@ -159,10 +162,18 @@ def run(
 
 
 def run_all(
-    out: Path, size: str, kind: str, steps: int, threads: int, batch: int, tokens: int, recompute: int | None
+    out: Path,
+    size: str,
+    kind: str,
+    steps: int,
+    threads: int,
+    batch: int,
+    tokens: int,
+    recompute: int | None,
+    tied: bool = False,
 ) -> list[dict]:
     if not (out / "shape.json").is_file():
-        prepare(out, size, tokens)
+        prepare(out, size, tokens, tied)
     results = []
     for precision in PRECISIONS:  # each in its own process: its own peak RSS
         arguments = ["run", str(out), "--precision", precision, "--artifacts", kind, "--steps", str(steps)]
@@ -203,6 +214,11 @@ def main(argv: list[str] | None = None) -> list[dict] | dict | None:
     every.add_argument("--threads", type=int, default=2)
     every.add_argument("--json", type=Path, help="also write the results here")
     every.add_argument("--recompute", type=int, help="recompute segments (Module's recompute=), on both sides")
+    every.add_argument(
+        "--tied",
+        action="store_true",
+        help="tie the embedding and LM head (SmolLM, Llama 3.2): the int4 embedding is then GatherBlockQuantized",
+    )
     single = commands.add_parser("run")
     single.add_argument("directory", type=Path)
     single.add_argument("--precision", choices=PRECISIONS, required=True)
@@ -227,7 +243,15 @@ def main(argv: list[str] | None = None) -> list[dict] | dict | None:
         print(json.dumps(result))
         return result
     results = run_all(
-        args.out, args.size, args.artifacts, args.steps, args.threads, args.batch, args.tokens, args.recompute
+        args.out,
+        args.size,
+        args.artifacts,
+        args.steps,
+        args.threads,
+        args.batch,
+        args.tokens,
+        args.recompute,
+        args.tied,
     )
     print(table(results))
     if args.json:

@@ -36,6 +36,7 @@ from ort_torch_train.artifacts.external import checkable, detach_weights, light_
 from ort_torch_train.artifacts.graph_edit import (
     ORT_MAX_OPSET,
     batch_statistics_nodes,
+    declare_constant_shapes,
     default_opset,
     disable_training_mode,
     move_initializers_to_inputs,
@@ -52,7 +53,7 @@ from ort_torch_train.convert.registry import check_supported
 from ort_torch_train.dtypes import tensor_from_proto
 from ort_torch_train.errors import ModelError
 from ort_torch_train.export.external_data import EXTERNAL_DATA_THRESHOLD as MODEL_EXTERNAL_DATA_THRESHOLD
-from ort_torch_train.export.external_data import is_external, write_model
+from ort_torch_train.export.external_data import is_external, shared_initializers, write_model
 from ort_torch_train.export.inference import save_model
 from ort_torch_train.export.outputs import record_model_outputs
 from ort_torch_train.fileio import path_inside
@@ -61,6 +62,8 @@ from ort_torch_train.graph.model_checks import with_ort_domain
 from ort_torch_train.lora.apply import add_lora_to_base
 from ort_torch_train.lora.config import LoraConfig
 from ort_torch_train.optim.optimizer_model import read_optimizer_model
+
+_WARNED_VERSIONS: set[tuple[int, int | None]] = set()  # (IR version, opset) pairs already warned about
 
 TRAINING_MODEL_NOTE = (
     "ort-torch-train training model: forward + loss with training semantics, parameters as inputs, no gradient "
@@ -91,16 +94,23 @@ class Artifacts:
     ) -> None:
         """Write the files ORT's generator writes, named as it names them.
 
-        Models whose initializers pass ``threshold`` bytes (default: protobuf's 2 GB) keep them in
-        ``<model>.onnx.data``; the checkpoint's parameters go to ``checkpoint.data`` past ``threshold``
+        The constants both models hold (1 KiB or more) are stored once, in ``training_model.onnx.data``, which
+        the eval model refers to. Models whose initializers pass ``threshold`` bytes (default: protobuf's
+        2 GB) keep the others in ``<model>.onnx.data`` too; the checkpoint's parameters go to ``checkpoint.data`` past ``threshold``
         (default: ORT's 1800 MB).
         """
         directory.mkdir(parents=True, exist_ok=True)
         checkpoint_threshold = EXTERNAL_DATA_THRESHOLD if threshold is None else threshold
         names = ("training_model.onnx", "eval_model.onnx", "checkpoint", "nominal_checkpoint", "optimizer_model.onnx")
         path = {name: path_inside(directory, prefix + name, "prefix + file name") for name in names}
-        write_model(self.training_model, path["training_model.onnx"], self.weights, threshold=threshold)
-        write_model(self.eval_model, path["eval_model.onnx"], self.weights, threshold=threshold)
+        shared = shared_initializers(self.training_model, self.eval_model)  # held once: the eval model refers to them
+        placed = write_model(
+            self.training_model, path["training_model.onnx"], self.weights, threshold=threshold, outside=shared
+        )
+        references = {name: placed[name] for name in shared}
+        write_model(
+            self.eval_model, path["eval_model.onnx"], self.weights, threshold=threshold, references=references
+        )
         write_checkpoint(self.checkpoint, path["checkpoint"], checkpoint_threshold, artifact=True)
         if nominal_checkpoint:
             write_checkpoint(nominal(self.checkpoint), path["nominal_checkpoint"], artifact=True)
@@ -216,6 +226,7 @@ def build_artifacts(
 
     names = itertools.count(1)  # onnxblock's name counter, fresh for every call
     model = copy.deepcopy(base)
+    declare_constant_shapes(model.graph)
     with building(model, names):
         outputs = _outputs(
             loss_block(*(loss_input_names or [v.name for v in base.graph.output])), additional_output_names
@@ -237,11 +248,13 @@ def build_artifacts(
     trim_inference_batchnorm_outputs(eval_model)
     record_model_outputs(eval_model, (value.name for value in base.graph.output))
     eval_model.ir_version = ort_ir_version(eval_model)
-    if not ort_loadable(eval_model):
+    versions = (eval_model.ir_version, default_opset(eval_model))
+    if not ort_loadable(eval_model) and versions not in _WARNED_VERSIONS:
+        _WARNED_VERSIONS.add(versions)  # once per process: every builder model (opset 22) would repeat it
         warnings.warn(
-            f"the models use IR version {eval_model.ir_version} / opset {default_opset(eval_model)}: "
+            f"the models use IR version {versions[0]} / opset {versions[1]}: "
             f"onnxruntime(-training) 1.19.2 loads IR <= 10 / opset <= {ORT_MAX_OPSET} only "
-            "(ort_torch_train's Module trains them)",
+            "(ort_torch_train's Module trains them; said once per process)",
             stacklevel=3,
         )
 

@@ -128,3 +128,26 @@ def ort_loadable(model: onnx.ModelProto) -> bool:
     """Whether ORT 1.19.2 accepts the model's IR version and default-domain opset."""
     opset = default_opset(model)
     return model.ir_version <= ORT_MAX_IR_VERSION and (opset is None or opset <= ORT_MAX_OPSET)
+
+
+def declare_constant_shapes(graph: onnx.GraphProto) -> None:
+    """Give each value a Constant node computes the shape of the tensor it holds where ``value_info``
+    declares another (onnxruntime-genai's builder declares its ``[1]`` constants as scalars)."""
+    held = {
+        node.output[0]: list(node.attribute[0].t.dims)
+        for node in graph.node
+        if node.op_type == "Constant"
+        and node.domain in ("", "ai.onnx")
+        and len(node.attribute) == 1
+        and node.attribute[0].name == "value"
+    }
+    for value in graph.value_info:
+        dims = held.get(value.name)
+        tensor_type = value.type.tensor_type
+        if dims is None or not tensor_type.HasField("shape"):
+            continue
+        declared = [dim.dim_value if dim.HasField("dim_value") else None for dim in tensor_type.shape.dim]
+        if declared != dims:
+            tensor_type.shape.CopyFrom(
+                onnx.TensorShapeProto(dim=[onnx.TensorShapeProto.Dimension(dim_value=d) for d in dims])
+            )

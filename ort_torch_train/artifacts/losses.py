@@ -25,6 +25,7 @@ from ort_torch_train.artifacts.blocks import (
     input_unless_exists,
 )
 from ort_torch_train.artifacts.graph_edit import find_value_info, node_arg_exists
+from ort_torch_train.errors import ModelError
 
 _REDUCTIONS = {"mean": ReduceMean, "sum": ReduceSum, "none": PassThrough}
 
@@ -96,6 +97,7 @@ class CrossEntropyLoss(Block):
         if self._weight is not None:
             self._model.graph.initializer.append(onnx.numpy_helper.from_array(np.asarray(self._weight), weight_name))
         if not node_arg_exists(self._model, labels_name):
+            _require_class_scores(self._model.graph, scores_input_name)
             self._model.graph.input.append(_labels_like(self._model.graph, scores_input_name, labels_name))
         inputs = [scores_input_name, labels_name] + ([weight_name] if self._weight is not None else [])
         loss_name, _ = self.add_node(
@@ -142,6 +144,21 @@ class LanguageModelLoss(Block):
             ignore_index=self._ignore_index,
         )
         return loss_name
+
+
+def _require_class_scores(graph: onnx.GraphProto, scores_name: str) -> None:
+    """Refuse scores of rank 3 or more (a language model's ``[B, T, V]`` logits), whose labels
+    CrossEntropyLoss would declare without their last axis while SoftmaxCrossEntropyLoss reads classes on axis 1."""
+    scores = find_value_info(graph.output, scores_name)
+    if scores is None or not scores.type.tensor_type.HasField("shape"):
+        return
+    dims = [dim.dim_param or dim.dim_value for dim in scores.type.tensor_type.shape.dim]
+    if len(dims) >= 3:
+        raise ModelError(
+            f"loss CrossEntropyLoss: the scores {scores_name!r} have shape {dims} (rank {len(dims)}), expected "
+            "[batch, classes]; for a language model's [B, T, V] logits use LossType.LanguageModelLoss "
+            "(cross-entropy over the last axis against [B, T] labels)"
+        )
 
 
 def _labels_like(graph: onnx.GraphProto, scores_name: str, labels_name: str) -> onnx.ValueInfoProto:

@@ -80,7 +80,7 @@ def run_export(args: argparse.Namespace) -> None:
         print(f"LoRA adapter: {args.adapter}")
     if args.genai:
         built, folder = args.genai
-        adapter = export_for_genai(exported, built, folder, args.adapter_name)
+        adapter = export_for_genai(exported, built, folder, args.adapter_name, args.accuracy_level)
         print(f"onnxruntime-genai folder: {folder} (adapter {adapter.name})")
 
 

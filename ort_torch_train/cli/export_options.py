@@ -46,6 +46,14 @@ def add_export_parser(commands: argparse._SubParsersAction, formatter: type[argp
     )
     parser.add_argument("--adapter-name", default="adapter", help="--genai's adapter file name (default: adapter)")
     parser.add_argument(
+        "--accuracy-level",
+        type=int,
+        choices=range(5),
+        metavar="N",
+        help="--genai: the int4 MatMulNBits accuracy_level, 0-4 (default: the builder's, 4 on the CPU: int8 "
+        "activations; 0 computes in float as training does)",
+    )
+    parser.add_argument(
         "--lora",
         metavar="r=8,alpha=16,targets=...",
         help="the LoRA config of Module(lora=) (default: the checkpoint's)",

@@ -8,7 +8,7 @@ writer streams every weight to the data file one tensor at a time.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
@@ -98,28 +98,43 @@ def write_model(
     weights: Mapping[str, torch.Tensor] | None = None,
     external_data: bool = False,
     threshold: int | None = None,
-) -> None:
+    outside: Collection[str] = (),
+    references: Mapping[str, onnx.TensorProto] | None = None,
+) -> dict[str, onnx.TensorProto]:
     """Write ``model`` atomically; ``weights`` supply the data of its external initializers.
 
     The data go to ``<name>.data`` beside it when asked (then every initializer's), or, past ``threshold``
-    bytes of initializers (default ``EXTERNAL_DATA_THRESHOLD``), those of ``MIN_EXTERNAL_BYTES`` or more.
+    bytes of initializers (default ``EXTERNAL_DATA_THRESHOLD``), those of ``MIN_EXTERNAL_BYTES`` or more;
+    the initializers named in ``outside`` go there in any case. Those in ``references`` are written as
+    these external references (data another model's file already holds, in the same folder).
+    Returns the external reference written for each initializer placed in ``<name>.data``.
     """
-    weights = weights or {}
+    weights, references = weights or {}, references or {}
     target = Path(path)
     limit = EXTERNAL_DATA_THRESHOLD if threshold is None else threshold
-    missing = [init.name for init in model.graph.initializer if is_external(init) and init.name not in weights]
+    missing = [
+        init.name
+        for init in model.graph.initializer
+        if is_external(init) and init.name not in weights and init.name not in references
+    ]
     if missing:
         raise ModelError(f"initializers {missing[:5]} are external but no data was given for them")
-    if not external_data and initializer_bytes(model) <= limit:
+    inline = not external_data and initializer_bytes(model) <= limit
+    if inline and not outside and not references:
         atomic_write_bytes(target, _with_inline_weights(model, weights).SerializeToString())
-        return
+        return {}
     light = without_initializers(model)
     placed: list[tuple[int, onnx.TensorProto]] = []
+    written: dict[str, onnx.TensorProto] = {}
     size = 0
     data_name = target.name + ".data"
     for init in model.graph.initializer:
+        if init.name in references:
+            light.graph.initializer.append(references[init.name])
+            continue
         nbytes = tensor_nbytes(init)
-        if nbytes < (0 if external_data else MIN_EXTERNAL_BYTES) or init.data_type == onnx.TensorProto.STRING:
+        small = nbytes < (0 if external_data else MIN_EXTERNAL_BYTES) or init.data_type == onnx.TensorProto.STRING
+        if small or (inline and init.name not in outside):
             light.graph.initializer.append(_inline(init, weights))
             continue
         offset = -(-size // _ALIGNMENT) * _ALIGNMENT
@@ -128,11 +143,12 @@ def write_model(
         for key, value in (("location", data_name), ("offset", str(offset)), ("length", str(nbytes))):
             reference.external_data.add(key=key, value=value)
         light.graph.initializer.append(reference)
+        written[init.name] = reference
         placed.append((offset, init))
         size = offset + nbytes
-    if not placed:  # every initializer is small: nothing to put outside the proto
+    if not placed and not references:  # every initializer is small: nothing to put outside the proto
         atomic_write_bytes(target, _with_inline_weights(model, weights).SerializeToString())
-        return
+        return {}
 
     def write_data(file: BinaryIO) -> None:
         for offset, init in placed:
@@ -140,8 +156,26 @@ def write_model(
             for chunk in _data_chunks(init, weights):
                 file.write(chunk)
 
-    atomic_write(target.parent / data_name, write_data)
+    if placed:
+        atomic_write(target.parent / data_name, write_data)
     atomic_write_bytes(target, light.SerializeToString())
+    return written
+
+
+def shared_initializers(first: onnx.ModelProto, second: onnx.ModelProto) -> set[str]:
+    """The initializers of ``MIN_EXTERNAL_BYTES`` or more that both models hold under one name with the same
+    dtype, shape and data (external ones: the same data by name, as ``write_model``'s ``weights`` give it)."""
+    theirs = {init.name: init for init in second.graph.initializer}
+    shared = set()
+    for init in first.graph.initializer:
+        other = theirs.get(init.name)
+        if other is None or tensor_nbytes(init) < MIN_EXTERNAL_BYTES or init.data_type == onnx.TensorProto.STRING:
+            continue
+        if is_external(init) and is_external(other) and init.dims == other.dims and init.data_type == other.data_type:
+            shared.add(init.name)
+        elif init == other:
+            shared.add(init.name)
+    return shared
 
 
 def _data_chunks(init: onnx.TensorProto, weights: Mapping[str, torch.Tensor]) -> Iterator[memoryview | bytes]:

@@ -28,7 +28,7 @@ from ort_torch_train.lora.insert import (
 )
 from ort_torch_train.lora.packed import target_weight
 from ort_torch_train.lora.record import LoraRecord, read_record, write_record
-from ort_torch_train.lora.uses import quantization_parameters, quantized_weights
+from ort_torch_train.lora.uses import consumers_of, linear_uses, quantization_parameters, quantized_weights
 from ort_torch_train.state.training_state import TrainingState
 
 FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE)
@@ -98,11 +98,18 @@ def add_lora_to_artifacts(
     elem_types = {name: value.type.tensor_type.elem_type for name, value in inputs.items()}
     excluded = quantization_parameters(training.graph)
     candidates = {n: s for n, s in shapes.items() if elem_types[n] in FLOAT_TYPES and n not in excluded}
+    constants = {init.name: init.data_type for init in training.graph.initializer}
     for name, (shape, scales) in quantized_weights(training.graph).items():
-        if name in inputs and scales in elem_types:  # a packed weight's adapters take its scales' type
+        scales_type = elem_types.get(scales, constants.get(scales))
+        if (name in inputs or name in constants) and scales_type is not None:
+            # a packed weight (a frozen parameter or, without frozen_params, a graph constant): its adapters
+            # take its scales' type
             shapes[name] = candidates[name] = shape
-            elem_types[name] = elem_types[scales]
-    targets = select_targets(training.graph, candidates, config)
+            elem_types[name] = scales_type
+    try:
+        targets = select_targets(training.graph, candidates, config)
+    except ModelError as error:
+        raise ModelError(f"{error}{_constant_weights_hint(training.graph, candidates)}") from None
     record = insert_adapters(training.graph, targets, shapes, elem_types, config, training=True)
     models = [(training, record)]
     evaluation = None
@@ -121,6 +128,27 @@ def add_lora_to_artifacts(
                 model.graph.input.append(onnx.helper.make_tensor_value_info(name, elem_types[target.weight], shape))
         write_record(model, dataclasses.replace(model_record, casts=_cast_to_state(model, state)))
     return training, evaluation
+
+
+def _constant_weights_hint(graph: onnx.GraphProto, candidates: Iterable[str]) -> str:
+    """A note on the float weight matrices the graph holds as constants (not checkpoint parameters), or ''."""
+    known = set(candidates)
+    consumers = consumers_of(graph)
+    constants = [
+        init.name
+        for init in graph.initializer
+        if init.name not in known
+        and init.data_type in FLOAT_TYPES
+        and len(init.dims) == 2
+        and linear_uses(init.name, consumers)[0]
+    ]
+    if not constants:
+        return ""
+    return (
+        f"; the graph holds {len(constants)} weight matrices as constants, not checkpoint parameters "
+        f"(e.g. {constants[0]!r}): make the artifacts with those weights in frozen_params, or add the adapters "
+        "there with generate_artifacts(lora=...)"
+    )
 
 
 def _forward_model(model: onnx.ModelProto, param_names: list[str]) -> onnx.ModelProto:

@@ -24,7 +24,7 @@ from ort_torch_train.dtypes import onnx_elem_type
 from ort_torch_train.errors import ModelError, NominalStateError
 from ort_torch_train.export.external_data import write_model
 from ort_torch_train.export.inference import inference_model, inference_model_and_weights, save_model
-from ort_torch_train.fileio import path_inside
+from ort_torch_train.fileio import default_file_mode, path_inside
 from ort_torch_train.graph.layout import load_model
 from ort_torch_train.lora.merge import merged_for_inference, stripped_model, uncast_parameters
 from ort_torch_train.lora.record import LoraRecord, read_record
@@ -33,6 +33,7 @@ from ort_torch_train.state.training_state import TrainingState
 ADAPTERS_KEY = "ort_torch_train.lora_adapters"
 RANK_DIM = "lora_rank"
 ADAPTER_DEFAULTS = ("empty", "trained")
+ACCURACY_LEVELS = range(5)  # MatMulNBits: 0 unset, 1 float32, 2 float16, 3 bfloat16, 4 int8 activations
 
 
 class LoraModule(Protocol):
@@ -88,15 +89,20 @@ def export_unmerged_model(
     path: str | os.PathLike,
     graph_output_names: Sequence[str],
     adapter_defaults: str = "empty",
+    accuracy_level: int | None = None,
 ) -> None:
     """Write the inference model with the adapter tensors as overridable initializers.
 
     ``adapter_defaults="empty"`` (onnxruntime-genai's convention): rank-0 defaults, so the model
     alone is the base model and an active ``LoraAdapter`` supplies the adapters; ``"trained"``: the
     current adapters are the defaults. The rank dimension is symbolic (``lora_rank``).
+    ``accuracy_level`` (0-4) replaces the ``accuracy_level`` of every com.microsoft MatMulNBits node; None
+    keeps the model's.
     """
     if adapter_defaults not in ADAPTER_DEFAULTS:
         raise ValueError(f"adapter_defaults: expected one of {ADAPTER_DEFAULTS}, got {adapter_defaults!r}")
+    if accuracy_level is not None and (isinstance(accuracy_level, bool) or accuracy_level not in ACCURACY_LEVELS):
+        raise ValueError(f"accuracy_level: expected one of {list(ACCURACY_LEVELS)} or None, got {accuracy_level!r}")
     record = _record(module)
     assert module.eval_model is not None  # _record checked it
     model = stripped_model(module.eval_model, record, keep_adapters=True)
@@ -118,7 +124,17 @@ def export_unmerged_model(
             inference.graph.input.append(onnx.helper.make_tensor_value_info(name, elem_type, dims))
             declared[name] = {"shape": [d if isinstance(d, int) else None for d in dims], "elem_type": elem_type}
     inference.metadata_props.add(key=ADAPTERS_KEY, value=json.dumps(declared))
+    if accuracy_level is not None:
+        _set_accuracy_level(inference.graph, accuracy_level)
     save_model(inference, path)
+
+
+def _set_accuracy_level(graph: onnx.GraphProto, level: int) -> None:
+    for node in graph.node:
+        if node.op_type == "MatMulNBits" and node.domain == "com.microsoft":
+            kept = [attribute for attribute in node.attribute if attribute.name != "accuracy_level"]
+            del node.attribute[:]
+            node.attribute.extend([*kept, onnx.helper.make_attribute("accuracy_level", level)])
 
 
 def export_adapter(
@@ -145,6 +161,7 @@ def export_adapter(
     os.close(fd)
     try:
         adapter.export_adapter(staged)
+        os.chmod(staged, default_file_mode())  # mkstemp's 0600 would keep other accounts serving the folder out
         os.replace(staged, target)
     except BaseException:
         Path(staged).unlink(missing_ok=True)

@@ -26,11 +26,15 @@ def export_for_genai(
     built_dir: str | os.PathLike,
     out_dir: str | os.PathLike,
     adapter_name: str = "adapter",
+    accuracy_level: int | None = None,
 ) -> Path:
     """Write ``out_dir`` for onnxruntime-genai; returns the adapter file's path.
 
     ``built_dir`` is the model builder's output folder the module was trained from: its model's outputs
     (logits and present key/values) and its inputs become the unmerged model's, its other files are copied.
+    ``accuracy_level`` sets the int4 (MatMulNBits) products' accuracy level: None keeps the builder's (4 on
+    the CPU: int8 activations, the served logits then differ from training's), 0 computes them in float as
+    training does (docs/lora.md).
     """
     source, target = Path(os.fspath(built_dir)), Path(os.fspath(out_dir))
     config_path = source / GENAI_CONFIG
@@ -58,7 +62,7 @@ def export_for_genai(
     for entry in sorted(source.iterdir()):
         if entry.is_file() and entry.name not in model_files:
             _copy(entry, path_inside(target, entry.name, f"{str(source)!r}'s file"))
-    export_unmerged_model(module, unmerged, outputs)
+    export_unmerged_model(module, unmerged, outputs, accuracy_level=accuracy_level)
     export_adapter(module, adapter)
     return adapter
 

@@ -27,10 +27,10 @@ def merged_for_inference(
     merged = dict(uncast_parameters(params, record))
     for target in record.targets:
         a, b = merged.pop(target.lora_a), merged.pop(target.lora_b)
-        weight = merged[target.weight]
-        if not weight.is_floating_point():
+        weight = merged.get(target.weight)
+        if weight is None or not weight.is_floating_point():
             raise ModelError(
-                f"LoRA target {target.weight!r} is a quantised ({weight.dtype}) weight: its adapter cannot be merged "
+                f"LoRA target {target.weight!r} is a quantised or constant weight: its adapter cannot be merged "
                 "into it; export the unmerged model and the adapter file (export_for_genai, export_unmerged_model)"
             )
         delta = (a.detach().double() @ b.detach().double()) * (record.scaling / target.gemm_alpha)

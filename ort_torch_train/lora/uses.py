@@ -59,10 +59,14 @@ def consumers_of(graph: onnx.GraphProto) -> dict[str, list[tuple[onnx.NodeProto,
 def linear_uses(
     weight: str, consumers: Mapping[str, list[tuple[onnx.NodeProto, int]]]
 ) -> tuple[list[WeightUse], list[str]]:
-    """The MatMul/Gemm uses of ``weight`` and descriptions of every other use."""
+    """The MatMul/Gemm uses of ``weight`` and descriptions of every other use. A packed weight's embedding
+    lookups (GatherBlockQuantized, directly or through a Reshape: a tied, quantised embedding) are neither:
+    an adapter changes the products only, as PEFT's on a tied LM head."""
     uses: list[WeightUse] = []
     others: list[str] = []
     for node, index in consumers.get(weight, []):
+        if _quantized_lookup(node, index, consumers):
+            continue
         if node.op_type == "Transpose" and node.domain in ("", "ai.onnx") and attribute(node, "perm", [1, 0]) == [1, 0]:
             for inner, inner_index in consumers.get(node.output[0], []):
                 use = _matrix_use(inner, inner_index, flipped=True)
@@ -71,6 +75,21 @@ def linear_uses(
         use = _matrix_use(node, index, flipped=False)
         uses.append(use) if use else others.append(f"{node.op_type} input {index}")
     return uses, others
+
+
+def _quantized_lookup(
+    node: onnx.NodeProto, index: int, consumers: Mapping[str, list[tuple[onnx.NodeProto, int]]]
+) -> bool:
+    """Whether input ``index`` of ``node`` is the table of a GatherBlockQuantized, directly or through a Reshape."""
+    if node.op_type == "GatherBlockQuantized" and node.domain == MICROSOFT:
+        return index == 0
+    if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx") or index != 0:
+        return False
+    readers = consumers.get(node.output[0], [])
+    return bool(readers) and all(
+        reader.op_type == "GatherBlockQuantized" and reader.domain == MICROSOFT and position == 0
+        for reader, position in readers
+    )
 
 
 def _matrix_use(node: onnx.NodeProto, index: int, flipped: bool) -> WeightUse | None:

@@ -1,4 +1,4 @@
-"""Tiny random-init Llama, Qwen2 and Phi-3 models (examples/genai_lora.py's) built offline by
+"""Tiny random-init Llama, Qwen2, Phi-3 and tied-embedding (SmolLM-shaped Llama, Qwen2.5, Gemma2) models (examples/genai_lora.py's) built offline by
 onnxruntime-genai's model builder.
 
 ``python tests/helpers/genai_models.py ROOT arch:precision ...`` writes ``ROOT/<arch>-<precision>/`` (the

@@ -20,7 +20,18 @@ def example(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], ModuleType]:
     return importlib.import_module
 
 
-GENAI_MODELS = ["llama:fp32", "llama:int4", "qwen2:fp32", "qwen2:int4", "phi3:fp32", "phi3:int4"]
+GENAI_MODELS = [
+    "llama:fp32",
+    "llama:int4",
+    "qwen2:fp32",
+    "qwen2:int4",
+    "phi3:fp32",
+    "phi3:int4",
+    "smollm:int4",
+    "qwen2.5:int4",
+    "gemma2:fp32",
+    "gemma2:int4",
+]
 
 
 @pytest.fixture(scope="session")

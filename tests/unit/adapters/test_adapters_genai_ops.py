@@ -205,3 +205,29 @@ def test_simplified_layer_norm_in_both_domains_matches_onnxruntime():
     model.graph.node[0].domain = MS
     gm, tensors = convert_model(model, inputs)
     np.testing.assert_array_equal(gm(*tensors)[0].numpy(), got[0])
+
+
+# GroupQueryAttention(sliding_window_cache=1) -----------------------------------------------------------
+@pytest.mark.parametrize("seq", [3, 6])
+def test_group_query_attention_window_cache_with_an_empty_cache_matches_onnxruntime(seq):
+    """Gemma2's sliding-window layers: onnxruntime needs a window-sized buffer (it refuses an empty one), then
+    attends as local_window_size does and keeps the last min(seq, window) positions at the buffer's front;
+    training feeds an empty cache: the same attention, every position in the present."""
+    window, attrs = 4, {"num_heads": HEADS, "kv_num_heads": KV_HEADS, "do_rotary": 1, "local_window_size": 4}
+    inputs = gqa_inputs(seq, 0, [seq, seq], seq, True, True)
+    buffered = gqa_inputs(seq, window, [seq, seq], seq, True, True)
+    buffered[0] = inputs[0]
+    model = ms_model("GroupQueryAttention", buffered, outputs=3, sliding_window_cache=1, **attrs)
+    feeds = {vi.name: buffered[int(vi.name[2:])] for vi in model.graph.input}
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    expected = session.run(None, feeds)
+    gm, tensors = convert_model(
+        ms_model("GroupQueryAttention", inputs, outputs=3, sliding_window_cache=1, **attrs), inputs
+    )
+    got = [value.detach().numpy() for value in gm(*tensors)]
+    np.testing.assert_allclose(got[0], expected[0], atol=2e-6, rtol=1e-5)
+    kept = min(seq, window)
+    for ours, theirs in zip(got[1:], expected[1:]):
+        np.testing.assert_allclose(ours[:, :, seq - kept :], theirs[:, :, :kept], atol=2e-6, rtol=1e-5)
+    with pytest.raises(ModelError, match="sliding_window_cache=1 with a past key/value buffer of 4 rows"):
+        convert_model(model, buffered)  # a cache of the window's size (genai's token phase): refused, named

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from ort_torch_train.artifacts import (
     MSELoss,
     OptimType,
     build_artifacts,
+    generate,
     generate_artifacts,
 )
 from tests.helpers.artifacts_support import WeightedMseL1
@@ -181,10 +183,14 @@ def test_ir_version_is_capped_for_ort_1_19() -> None:
     assert artifacts.optimizer_model.ir_version == 10
 
 
-def test_an_opset_newer_than_ort_1_19_draws_a_warning() -> None:
+def test_an_opset_newer_than_ort_1_19_draws_a_warning_once(monkeypatch) -> None:
+    monkeypatch.setattr(generate, "_WARNED_VERSIONS", set())  # as in a fresh process
     model = linear_model(opset=22)
     model.ir_version = 11
     with pytest.warns(UserWarning, match="opset 22"):
         artifacts = build_artifacts(model, PARAMS, None, LossType.MSELoss, OptimType.SGD)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a second model of the same versions: no second warning
+        build_artifacts(linear_model(opset=22), PARAMS, None, LossType.MSELoss, OptimType.SGD)
     assert artifacts.eval_model.ir_version == 10  # IR 10 already covers opset 22
     assert [(o.domain, o.version) for o in artifacts.optimizer_model.opset_import] == [("com.microsoft", 1), ("", 21)]

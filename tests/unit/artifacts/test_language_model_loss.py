@@ -81,15 +81,37 @@ def test_several_outputs_beside_the_kv_cache_name_loss_input_names(tmp_path: Pat
         )
 
 
-def test_a_rank_that_onnxruntime_accepts_is_a_warning(tmp_path: Path) -> None:
+def test_a_constant_declared_as_a_scalar_gets_its_shape_without_a_warning(tmp_path: Path) -> None:
     model = lm_model()
     one = helper.make_tensor("one", TensorProto.INT64, [1], [1])  # declared as a scalar, as the builder does
     model.graph.node.insert(0, helper.make_node("Constant", [], ["one_value"], value=one))
     model.graph.value_info.append(helper.make_tensor_value_info("one_value", TensorProto.INT64, []))
     model.graph.node.append(helper.make_node("Identity", ["one_value"], ["one_out"]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        generate_artifacts(
+            model, requires_grad=["head.weight"], loss=LossType.LanguageModelLoss, artifact_directory=tmp_path
+        )
+    (declared,) = [v for v in onnx.load(tmp_path / "eval_model.onnx").graph.value_info if v.name == "one_value"]
+    assert [dim.dim_value for dim in declared.type.tensor_type.shape.dim] == [1]
+
+
+def test_a_rank_that_onnxruntime_accepts_is_a_warning(tmp_path: Path) -> None:
+    model = lm_model()
+    model.graph.initializer.append(helper.make_tensor("one", TensorProto.INT64, [1], [1]))
+    model.graph.node.append(helper.make_node("Identity", ["one"], ["one_value"]))  # declared as a scalar
+    model.graph.value_info.append(helper.make_tensor_value_info("one_value", TensorProto.INT64, []))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         generate_artifacts(
             model, requires_grad=["head.weight"], loss=LossType.LanguageModelLoss, artifact_directory=tmp_path
         )
     assert any("ranks differ" in str(w.message) for w in caught)
+
+
+def test_cross_entropy_on_language_model_logits_is_refused_naming_language_model_loss(tmp_path: Path) -> None:
+    with pytest.raises(ModelError, match=r"'logits' have shape \['B', 'T', 11\].*LossType.LanguageModelLoss"):
+        generate_artifacts(
+            lm_model(), requires_grad=["head.weight"], loss=LossType.CrossEntropyLoss, artifact_directory=tmp_path
+        )
+    assert not any(tmp_path.iterdir())  # refused before any file is written
