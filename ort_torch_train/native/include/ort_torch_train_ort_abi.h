@@ -124,6 +124,7 @@ enum OttOrtApiIndex {
   OTT_ORT_GetDimensions = 62,
   OTT_ORT_GetTensorShapeElementCount = 64,
   OTT_ORT_GetTensorTypeAndShape = 65,
+  OTT_ORT_CreateMemoryInfo = 68,
   OTT_ORT_CreateCpuMemoryInfo = 69,
   OTT_ORT_MemoryInfoGetName = 71,
   OTT_ORT_MemoryInfoGetId = 72,
@@ -184,6 +185,8 @@ typedef OrtStatus* (*OttFn_GetDimensionsCount)(const OrtTensorTypeAndShapeInfo* 
 typedef OrtStatus* (*OttFn_GetDimensions)(const OrtTensorTypeAndShapeInfo* info, int64_t* dims, size_t length);
 typedef OrtStatus* (*OttFn_GetTensorShapeElementCount)(const OrtTensorTypeAndShapeInfo* info, size_t* out);
 typedef OrtStatus* (*OttFn_GetTensorTypeAndShape)(const OrtValue* value, OrtTensorTypeAndShapeInfo** out);
+typedef OrtStatus* (*OttFn_CreateMemoryInfo)(const char* name, OrtAllocatorType type, int id, OrtMemType mem_type,
+                                             OrtMemoryInfo** out);
 typedef OrtStatus* (*OttFn_CreateCpuMemoryInfo)(OrtAllocatorType type, OrtMemType mem_type, OrtMemoryInfo** out);
 typedef OrtStatus* (*OttFn_MemoryInfoGetName)(const OrtMemoryInfo* info, const char** out);
 typedef OrtStatus* (*OttFn_MemoryInfoGetId)(const OrtMemoryInfo* info, int* out);
