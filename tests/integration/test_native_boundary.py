@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import site
 import subprocess
 
 import pytest
@@ -78,24 +79,37 @@ def test_a_call_in_a_forked_child_is_refused_naming_fork_not_hung(native: Native
     assert code == 1 and "fork()" in message
 
 
+def test_calls_after_the_host_finalized_python_are_refused(native: NativeBuild) -> None:
+    """A host that embeds Python, lets the library use its interpreter, then runs Py_FinalizeEx."""
+    done = native.run(native.program(BOUNDARY), str(MLP), "finalize", site.getsitepackages()[0])
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr
+    found = cases(done.stdout)
+    assert set(found) == {"load_after_py_finalize", "state_after_py_finalize"}
+    assert all(code == 1 and "Py_Finalize" in message for code, message in found.values())
+
+
 @pytest.mark.slow
 def test_the_boundary_program_is_clean_under_valgrind(native: NativeBuild) -> None:
     """No invalid read or write, in any frame, while the library refuses every bad tensor and handle."""
     if shutil.which("valgrind") is None:
         pytest.skip("valgrind is not installed")
-    program = native.program(BOUNDARY)
-    for mode in ("tensors", "handles"):
-        command = ["valgrind", "--error-limit=no", "--undef-value-errors=no", "--num-callers=30", str(program)]
-        done = subprocess.run(
-            [*command, str(MLP), mode],
-            capture_output=True,
-            text=True,
-            timeout=1500,
-            env=native.environment(threads=1, env={"PYTHONMALLOC": "malloc"}),
-        )
-        assert done.returncode == 0 and done.stdout.splitlines()[-1] == "done", (
-            done.stdout[-2000:] + done.stderr[-4000:]
-        )
-        invalid = re.findall(r"^==\d+== (Invalid (?:read|write|free)[^\n]*)", done.stderr, re.MULTILINE)
-        assert invalid == [], done.stderr[-6000:]
-        assert re.search(r"ERROR SUMMARY: \d+ errors", done.stderr)
+    command = ["valgrind", "--error-limit=no", "--undef-value-errors=no", "--num-callers=30"]
+    done = subprocess.run(
+        [*command, str(native.program(BOUNDARY)), str(MLP), "tensors,handles"],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env=native.environment(threads=1, env={"PYTHONMALLOC": "malloc"}),
+    )
+    assert done.returncode == 0 and done.stdout.splitlines()[-1] == "done", done.stdout[-2000:] + done.stderr[-4000:]
+    assert len(cases(done.stdout)) == len(TENSOR_CASES) + 6
+    assert re.search(r"ERROR SUMMARY: \d+ errors", done.stderr)
+    assert invalid_accesses(done.stderr) == [], done.stderr[-6000:]
+
+
+def invalid_accesses(log: str) -> list[str]:
+    """valgrind's invalid reads, writes and frees, less the dynamic loader's word-wise string reads (a known
+    false report: ld.so's strncmp reads whole words past a string's end, inside the allocation's alignment)."""
+    records = re.split(r"^==\d+== $", log, flags=re.MULTILINE)
+    invalid = [record.strip() for record in records if re.search(r"Invalid (?:read|write|free)", record)]
+    return [record for record in invalid if not re.search(r"\(dl-(?:load|open|deps)\.c:\d+\)", record)]

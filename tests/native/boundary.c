@@ -4,7 +4,11 @@
  *                                    ORT_INVALID_ARGUMENT and leave the parameters as they were
  *   boundary ARTIFACTS_DIR handles   a released session and state used again and released again
  *   boundary ARTIFACTS_DIR fork      a train step in a child made by fork() after the parent trained
- * Prints "case NAME CODE MESSAGE" for each refused call and "done" at the end; exits 1 on a failed expectation. */
+ *   boundary ARTIFACTS_DIR finalize SITE_DIR
+ *                                    a host that embeds Python (SITE_DIR: where its packages are), loads a
+ *                                    checkpoint, finalizes Python, calls again
+ * (tensors,handles: both, in one process.) Prints "case NAME CODE MESSAGE" for each refused call and "done" at the end; exits 1 on a failed expectation. */
+#include <dlfcn.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -251,13 +255,41 @@ static int fork_case(OrtTrainingSession* session) {
   return 0;
 }
 
+/* The host starts Python itself (libpython is loaded with the library), uses the library, then finalizes. */
+static int finalize_case(const char* site_dir) {
+  void (*initialize)(void) = (void (*)(void))dlsym(RTLD_DEFAULT, "Py_Initialize");
+  int (*finalize)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "Py_FinalizeEx");
+  int (*run)(const char*) = (int (*)(const char*))dlsym(RTLD_DEFAULT, "PyRun_SimpleString");
+  EXPECT(initialize != NULL && finalize != NULL && run != NULL);
+  initialize();
+  char code[1200];
+  snprintf(code, sizeof code, "import site; site.addsitedir('%s')", site_dir);
+  EXPECT(run(code) == 0);
+  char checkpoint[1024];
+  snprintf(checkpoint, sizeof checkpoint, "%s/checkpoint", g_dir);
+  OrtCheckpointState* state = NULL;
+  CHECK(g_api->LoadCheckpoint(checkpoint, &state));
+  finalize();
+  OrtCheckpointState* again = NULL;
+  expect_refused("load_after_py_finalize", g_api->LoadCheckpoint(checkpoint, &again), ORT_FAIL, "Py_Finalize");
+  OrtAllocator* allocator = NULL;
+  OrtValue* parameter = NULL;
+  CHECK(OTT_ORT(g_ort, GetAllocatorWithDefaultOptions)(&allocator));
+  expect_refused("state_after_py_finalize", g_api->GetParameter(state, "0.bias", allocator, &parameter), ORT_FAIL,
+                 "Py_Finalize");
+  g_api->ReleaseCheckpointState(state); /* forgotten, not touched */
+  printf("done\n");
+  return 0;
+}
+
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    fprintf(stderr, "usage: boundary ARTIFACTS_DIR tensors|handles|fork\n");
+  if (argc < 3) {
+    fprintf(stderr, "usage: boundary ARTIFACTS_DIR tensors|handles|fork|finalize [SITE_DIR]\n");
     return 2;
   }
   g_dir = argv[1];
   open_apis();
+  if (strcmp(argv[2], "finalize") == 0) return finalize_case(argc > 3 ? argv[3] : ".");
   for (int i = 0; i < 8 * 20; i++) g_x[i] = (float)((i * 37) % 11) / 11.0f - 0.5f;
   for (int i = 0; i < 8; i++) g_y[i] = i % 5;
   CHECK(OTT_ORT(g_ort, CreateEnv)(ORT_LOGGING_LEVEL_WARNING, "boundary", &g_env));
@@ -267,15 +299,13 @@ int main(int argc, char** argv) {
   open_session(&state, &session);
   CHECK(g_api->GetParametersSize(session, &g_count, false));
   g_before = parameters_now(session);
-  if (strcmp(argv[2], "tensors") == 0) {
+  if (strstr(argv[2], "tensors") != NULL) {
     step_cases(session);
     buffer_cases(session);
     parameter_cases(session, state);
-  } else if (strcmp(argv[2], "handles") == 0) {
-    handle_cases();
-  } else if (strcmp(argv[2], "fork") == 0) {
-    fork_case(session);
   }
+  if (strstr(argv[2], "handles") != NULL) handle_cases();
+  if (strcmp(argv[2], "fork") == 0) fork_case(session);
   g_api->ReleaseTrainingSession(session);
   g_api->ReleaseCheckpointState(state);
   free(g_before);

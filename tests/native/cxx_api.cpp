@@ -71,6 +71,15 @@ int main(int argc, char** argv) {
   } catch (const Ort::Exception& error) {
     EXPECT(error.GetOrtErrorCode() == ORT_INVALID_ARGUMENT);
   }
+  try {  // ONNX Runtime's own test (LoadModelsFromBufferThrows) asserts this text
+    std::vector<uint8_t> no_model;
+    Ort::TrainingSession empty(env, options, state, no_model);
+    return 1;
+  } catch (const Ort::Exception& error) {
+    EXPECT(std::string(error.what()).find("Training Session Creation failed. Train model data cannot be NULL.") !=
+           std::string::npos);
+    EXPECT(error.GetOrtErrorCode() == ORT_INVALID_ARGUMENT);
+  }
   Ort::CheckpointState::SaveCheckpoint(state, out + "/checkpoint", false);
   auto reloaded = Ort::CheckpointState::LoadCheckpoint(out + "/checkpoint");
   EXPECT(std::get<std::string>(reloaded.GetProperty("tag")) == "cxx");

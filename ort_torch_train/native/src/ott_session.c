@@ -57,10 +57,11 @@ OrtStatus* ott_CreateTrainingSessionFromBuffer(const OrtEnv* env, const OrtSessi
   OTT_REQUIRE(env);
   OTT_REQUIRE(options);
   OTT_REQUIRE(checkpoint_state);
-  OTT_REQUIRE(train_model_data);
   OTT_REQUIRE(out);
-  if (train_data_length == 0)
-    return ott_status(ORT_INVALID_ARGUMENT, "train_data_length: expected the training model's size, got 0");
+  if (train_model_data == NULL || train_data_length == 0) /* ORT's wording first, then the argument */
+    return ott_status(ORT_INVALID_ARGUMENT, "Training Session Creation failed. Train model data cannot be NULL. (%s)",
+                      train_model_data == NULL ? "train_model_data: expected a non-NULL pointer, got NULL"
+                                               : "train_data_length: expected the training model's size, got 0");
   OTT_ENTER_LIVE(checkpoint_state, OTT_HANDLE_STATE);
   status = create(options, checkpoint_state, bytes_or_none(train_model_data, train_data_length),
                   bytes_or_none(eval_model_data, eval_data_length), bytes_or_none(optim_model_data, optim_data_length),
