@@ -77,7 +77,9 @@ int main(int argc, char** argv) {
     Ort::Session inference(env, (out + "/inference.onnx").c_str(), options);
     std::vector<Ort::Value> features;
     features.push_back(Ort::Value::CreateTensor<float>(cpu, x.data(), x.size(), x_dims, 2));
-    auto logits = inference.Run({"input"}, features, {"logits"});
+    const char* input_names[] = {"input"};
+    const char* output_names[] = {"logits"};
+    auto logits = inference.Run(Ort::RunOptions{nullptr}, input_names, features.data(), 1, output_names, 1);
     const float* scores = logits[0].GetTensorData<float>();
     int correct = 0;
     for (int row = 0; row < kBatch; row++) {
