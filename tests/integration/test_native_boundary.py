@@ -58,6 +58,7 @@ def test_null_short_and_foreign_tensors_are_refused_at_every_entry_point(native:
     assert set(found) == set(TENSOR_CASES)
     for name, expected in TENSOR_CASES.items():
         assert found[name][0] == 2 and expected in found[name][1], (name, found[name])
+    assert "differs run_options_terminate_not_read" in done.stdout  # docs/native.md, "Differences from ONNX Runtime"
 
 
 def test_released_and_unknown_handles_are_statuses_and_double_release_is_ignored(native: NativeBuild) -> None:
@@ -70,6 +71,7 @@ def test_released_and_unknown_handles_are_statuses_and_double_release_is_ignored
     )
     assert "checkpoint_state: expected a live OrtCheckpointState" in found["state_used_after_release"][1]
     assert len(re.findall(r"is not a live \w+ \(released twice\?\); ignored", done.stderr)) == 2
+    assert "differs state_released_before_session" in done.stdout  # the session keeps its state alive
 
 
 def test_a_call_in_a_forked_child_is_refused_naming_fork_not_hung(native: NativeBuild) -> None:

@@ -143,6 +143,13 @@ static void step_cases(OrtTrainingSession* session) {
   expect_refused("train_output_memory", g_api->TrainStep(session, NULL, 2, good, 1, &foreign_loss),
                  ORT_INVALID_ARGUMENT, "outputs[0]");
   expect_unchanged("step", session);
+  OrtRunOptions* terminate = NULL; /* a difference from ONNX Runtime: run options are not read */
+  CHECK(OTT_ORT(g_ort, CreateRunOptions)(&terminate));
+  CHECK(OTT_ORT(g_ort, RunOptionsSetTerminate)(terminate));
+  CHECK(g_api->EvalStep(session, terminate, 2, good, 1, &loss));
+  printf("differs run_options_terminate_not_read\n");
+  OTT_ORT(g_ort, ReleaseValue)(loss);
+  OTT_ORT(g_ort, ReleaseRunOptions)(terminate);
   OrtValue* values[] = {good_x, good_y, null_x, null_y, short_in, foreign_x, null_loss, short_loss, foreign_loss};
   for (size_t i = 0; i < sizeof values / sizeof values[0]; i++) OTT_ORT(g_ort, ReleaseValue)(values[i]);
 }
@@ -200,6 +207,12 @@ static void parameter_cases(OrtTrainingSession* session, OrtCheckpointState* sta
 static void handle_cases(void) {
   OrtCheckpointState* state = NULL;
   OrtTrainingSession* session = NULL;
+  open_session(&state, &session);
+  g_api->ReleaseCheckpointState(state); /* ORT requires the state to outlive the session; here it lives on */
+  float learning_rate = 0;
+  CHECK(g_api->GetLearningRate(session, &learning_rate));
+  printf("differs state_released_before_session\n");
+  g_api->ReleaseTrainingSession(session);
   open_session(&state, &session);
   g_api->ReleaseTrainingSession(session);
   g_api->ReleaseCheckpointState(state);
