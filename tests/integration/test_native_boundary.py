@@ -8,10 +8,12 @@ import re
 import shutil
 import site
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from tests.helpers.native import MLP, PROGRAMS, NativeBuild, build_native
+from tests.helpers.ort_format import save_in_ort_format
 
 BOUNDARY = PROGRAMS / "boundary.c"
 
@@ -88,6 +90,15 @@ def test_calls_after_the_host_finalized_python_are_refused(native: NativeBuild) 
     found = cases(done.stdout)
     assert set(found) == {"load_after_py_finalize", "state_after_py_finalize"}
     assert all(code == 1 and "Py_Finalize" in message for code, message in found.values())
+
+
+def test_an_ort_format_training_model_is_refused_as_not_implemented(native: NativeBuild, tmp_path: Path) -> None:
+    model = save_in_ort_format(MLP / "eval_model.onnx", tmp_path / "model.ort")
+    done = native.run(native.program(BOUNDARY), str(MLP), "ortformat", str(model))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr
+    found = cases(done.stdout)
+    assert set(found) == {"ort_format_path", "ort_format_buffer"}
+    assert all(code == 9 and "is an ORT-format model (.ort, FlatBuffers)" in text for code, text in found.values())
 
 
 @pytest.mark.slow
