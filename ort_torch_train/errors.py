@@ -69,3 +69,7 @@ class IndexRangeError(RuntimeError, IndexError):
 
 class GraphSizeError(ModelError, MemoryError):
     """A graph would allocate or unroll more than can be done: a tensor or loop of an impossible size."""
+
+
+class OrtFormatModelError(ModelError, NotImplementedError):
+    """A model is in ONNX Runtime's own format (.ort, FlatBuffers), which is not read: only ONNX models are."""

@@ -78,7 +78,9 @@ int main(int argc, char** argv) {
     std::vector<Ort::Value> features;
     features.push_back(Ort::Value::CreateTensor<float>(cpu, x.data(), x.size(), x_dims, 2));
     const std::string features_name = session.InputNames(true)[0];  // the model's own input name
-    auto logits = inference.Run({features_name.c_str()}, features, {"logits"});
+    const char* input_names[] = {features_name.c_str()};
+    const char* output_names[] = {"logits"};
+    auto logits = inference.Run(Ort::RunOptions{nullptr}, input_names, features.data(), 1, output_names, 1);
     const float* scores = logits[0].GetTensorData<float>();
     int correct = 0;
     for (int row = 0; row < kBatch; row++) {

@@ -13,13 +13,32 @@ from dataclasses import dataclass
 
 import onnx
 
-from ort_torch_train.errors import ModelError
+from ort_torch_train.errors import ModelError, OrtFormatModelError
 
 GRAD_BUFFER_SUFFIX = "_grad.accumulation.buffer"
 GRAD_OUTPUT_SUFFIX = "_grad.accumulation.out"
 LAZY_RESET_GRAD = "lazy_reset_grad"
 
 ModelSource = str | os.PathLike | bytes | onnx.ModelProto
+
+ORT_FORMAT_IDENTIFIER = b"ORTM"  # the FlatBuffers file identifier of ONNX Runtime's ort.fbs (bytes 4-8)
+NOT_ORT_FORMAT = "nor an ORT-format model (.ort FlatBuffers: no ORTM identifier)"
+
+
+def refuse_ort_format(head: bytes, what: str) -> None:
+    """OrtFormatModelError when ``head``, a model's first bytes, is an ORT-format model's."""
+    if len(head) >= 8 and bytes(head[4:8]) == ORT_FORMAT_IDENTIFIER:
+        raise OrtFormatModelError(
+            f"{what} is an ORT-format model (.ort, FlatBuffers), which ort-torch-train does not read yet: "
+            "use the ONNX artifacts (.onnx; onnxruntime-training's generate_artifacts makes them unless "
+            "ort_format=True)"
+        )
+
+
+def file_head(path: str) -> bytes:
+    """A file's first 8 bytes (fewer for a shorter file)."""
+    with open(path, "rb") as file:
+        return file.read(8)
 
 
 def load_model(source: ModelSource, what: str, external_data: bool = True) -> onnx.ModelProto:
@@ -32,16 +51,18 @@ def load_model(source: ModelSource, what: str, external_data: bool = True) -> on
         return source
     try:
         if isinstance(source, (bytes, bytearray, memoryview)):
+            refuse_ort_format(bytes(source[:8]), what)
             return _with_text_names(onnx.load_from_string(bytes(source)), what)
         if not os.path.exists(source):
             raise FileNotFoundError(f"{what} not found: {os.fspath(source)!r}")
         if os.path.isdir(source):
             raise IsADirectoryError(f"{what} path {os.fspath(source)!r} is a directory, expected an ONNX file")
+        refuse_ort_format(file_head(os.fspath(source)), what)
         return _with_text_names(onnx.load(os.fspath(source), load_external_data=external_data), what)
     except (FileNotFoundError, IsADirectoryError, ModelError):
         raise
     except Exception as exc:
-        raise ModelError(f"{what} is not a readable ONNX model: {exc}") from exc
+        raise ModelError(f"{what} is not a readable ONNX model ({exc}), {NOT_ORT_FORMAT}") from exc
 
 
 def _with_text_names(model: onnx.ModelProto, what: str) -> onnx.ModelProto:

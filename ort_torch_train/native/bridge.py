@@ -118,6 +118,12 @@ def tensor_out(tensor: torch.Tensor) -> TensorOut:
     return host, host.data_ptr(), host.nbytes, elem_type, tuple(host.shape)
 
 
+def _naming(argument: str, error: ValueError | TypeError) -> InputError | InputTypeError:
+    """A bad-input error whose message starts with the C API's name of the argument."""
+    kind = InputTypeError if isinstance(error, TypeError) else InputError
+    return kind(f"{argument}: {error}")
+
+
 def _inputs(specs: Sequence[TensorSpec]) -> list[torch.Tensor]:
     return [tensor_in(spec, position) for position, spec in enumerate(specs)]
 
@@ -156,7 +162,10 @@ def parameter_type_and_shape(state: CheckpointState, name: str) -> tuple[int, tu
 
 def update_parameter(state: CheckpointState, name: str, spec: TensorSpec) -> None:
     """``UpdateParameter``: shape and type are checked against the parameter's."""
-    state.parameters[name] = tensor_in(spec, f"parameter {name!r}").cpu().numpy()
+    try:
+        state.parameters[name] = tensor_in(spec, f"parameter {name!r}").cpu().numpy()
+    except (ValueError, TypeError) as error:
+        raise _naming("parameter", error) from error
 
 
 def get_parameter(state: CheckpointState, name: str) -> TensorOut:
@@ -260,7 +269,10 @@ def copy_parameters_to_buffer(session: TrainingSession, spec: TensorSpec, traina
 
 def copy_buffer_to_parameters(session: TrainingSession, spec: TensorSpec, trainable_only: bool) -> None:
     """``CopyBufferToParameters`` (completes a nominal checkpoint)."""
-    session.copy_buffer_to_parameters(tensor_in(spec, "parameters_buffer").view(-1), trainable_only)
+    try:
+        session.copy_buffer_to_parameters(tensor_in(spec, "parameters_buffer").view(-1), trainable_only)
+    except (ValueError, TypeError) as error:
+        raise _naming("parameters_buffer", error) from error
 
 
 def export_model(session: TrainingSession, path: str, graph_output_names: list[str]) -> None:

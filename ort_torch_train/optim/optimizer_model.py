@@ -20,6 +20,7 @@ import onnx
 from onnx import AttributeProto, TensorProto
 
 from ort_torch_train.errors import ModelError
+from ort_torch_train.graph.layout import NOT_ORT_FORMAT, file_head, refuse_ort_format
 from ort_torch_train.optim.algorithm import MS_DOMAIN, AttributeValue, Hyperparameters, OptimizerAlgorithm
 from ort_torch_train.optim.registry import algorithms, find_algorithm
 
@@ -63,18 +64,24 @@ def _load(model) -> onnx.ModelProto:
     if isinstance(model, onnx.ModelProto):
         return model
     if isinstance(model, (bytes, bytearray, memoryview)):
+        refuse_ort_format(bytes(model[:8]), "optimizer model")
         try:
             return onnx.load_from_string(bytes(model))
         except Exception as exc:
-            raise ModelError(f"optimizer model: the bytes given are not a serialized ONNX model ({exc})") from exc
+            raise ModelError(
+                f"optimizer model: the bytes given are not a serialized ONNX model ({exc}), {NOT_ORT_FORMAT}"
+            ) from exc
     if isinstance(model, (str, os.PathLike)):
         path = os.fspath(model)
         if not os.path.isfile(path):
             raise ModelError(f"optimizer model: no such file {path!r}")
+        refuse_ort_format(file_head(path), f"optimizer model {path!r}")
         try:
             return onnx.load(path)
         except Exception as exc:
-            raise ModelError(f"optimizer model: {path!r} is not a readable ONNX model ({exc})") from exc
+            raise ModelError(
+                f"optimizer model: {path!r} is not a readable ONNX model ({exc}), {NOT_ORT_FORMAT}"
+            ) from exc
     raise TypeError(f"optimizer model must be a path, bytes or onnx.ModelProto; got {type(model).__name__}")
 
 

@@ -60,10 +60,14 @@ class NativeBuild:
     ) -> subprocess.CompletedProcess:
         """Run a program (the library preloaded when asked) with the engine on ``threads`` threads, ``env`` added;
         its output."""
-        env = dict(os.environ, **{THREADS_VARIABLE: str(threads)}, **(env or {}))
+        env = self.environment(threads, env)
         if preload:
             env["LD_PRELOAD"] = str(self.flags.library)
         return subprocess.run([str(program), *args], capture_output=True, text=True, env=env, timeout=timeout)
+
+    def environment(self, threads: int = 1, env: dict[str, str] | None = None) -> dict[str, str]:
+        """The environment programs run in: this one, the engine on ``threads`` threads, ``env`` added."""
+        return dict(os.environ, **{THREADS_VARIABLE: str(threads)}, **(env or {}))
 
 
 _BUILT: dict[Path, NativeBuild] = {}

@@ -60,6 +60,25 @@ int main(void) {
   OTT_ORT(g_ort, ReleaseValue)(over);
   OTT_ORT(g_ort, ReleaseMemoryInfo)(g_cpu);
 
+  OrtMemoryInfo* named = NULL; /* CreateMemoryInfo: the name given comes back */
+  CHECK(OTT_ORT(g_ort, CreateMemoryInfo)("Cpu", OrtDeviceAllocator, 0, OrtMemTypeDefault, &named));
+  CHECK(OTT_ORT(g_ort, MemoryInfoGetName)(named, &name));
+  EXPECT(strcmp(name, "Cpu") == 0);
+  OTT_ORT(g_ort, ReleaseMemoryInfo)(named);
+  OrtRunOptions* run_options = NULL; /* the run options: a tag set is read back; terminate set and unset */
+  const char* tag = NULL;
+  CHECK(OTT_ORT(g_ort, CreateRunOptions)(&run_options));
+  CHECK(OTT_ORT(g_ort, RunOptionsSetRunTag)(run_options, "abi_check"));
+  CHECK(OTT_ORT(g_ort, RunOptionsGetRunTag)(run_options, &tag));
+  EXPECT(strcmp(tag, "abi_check") == 0);
+  CHECK(OTT_ORT(g_ort, RunOptionsSetTerminate)(run_options));
+  CHECK(OTT_ORT(g_ort, RunOptionsUnsetTerminate)(run_options));
+  OTT_ORT(g_ort, ReleaseRunOptions)(run_options);
+  OrtSession* no_session = NULL; /* CreateSessionFromArray: bytes that are no model are refused as such */
+  status = OTT_ORT(g_ort, CreateSessionFromArray)(env, "not a model", 11, options, &no_session);
+  EXPECT(status != NULL && no_session == NULL);
+  OTT_ORT(g_ort, ReleaseStatus)(status);
+
   CHECK(OTT_ORT(g_ort, CreateTensorTypeAndShapeInfo)(&info));
   CHECK(OTT_ORT(g_ort, SetTensorElementType)(info, ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE));
   CHECK(OTT_ORT(g_ort, SetDimensions)(info, dims, 2));

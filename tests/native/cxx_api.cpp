@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
   EXPECT(std::get<std::string>(state.GetProperty("tag")) == "cxx");
 
   Ort::Value bias = state.GetParameter("2.bias");
-  EXPECT(bias.GetShape() == std::vector<int64_t>{5});
+  EXPECT(bias.GetTensorTypeAndShapeInfo().GetShape() == std::vector<int64_t>{5});
   float* values = bias.GetTensorMutableData<float>();
   for (int i = 0; i < 5; i++) values[i] = 0.25f * static_cast<float>(i);
   state.UpdateParameter("2.bias", bias);
@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
   EXPECT(again.GetTensorData<float>()[4] == 1.0f);
 
   Ort::Value all = session.ToBuffer(false);
-  EXPECT(all.GetElementCount() == 837);
+  EXPECT(all.GetTensorTypeAndShapeInfo().GetElementCount() == 837);
   all.GetTensorMutableData<float>()[0] = 3.0f;
   session.FromBuffer(all);
   EXPECT(session.ToBuffer(true).GetTensorData<float>()[0] == 3.0f);
@@ -69,6 +69,15 @@ int main(int argc, char** argv) {
     session.TrainStep(none);
     return 1;
   } catch (const Ort::Exception& error) {
+    EXPECT(error.GetOrtErrorCode() == ORT_INVALID_ARGUMENT);
+  }
+  try {  // ONNX Runtime's own test (LoadModelsFromBufferThrows) asserts this text
+    std::vector<uint8_t> no_model;
+    Ort::TrainingSession empty(env, options, state, no_model);
+    return 1;
+  } catch (const Ort::Exception& error) {
+    EXPECT(std::string(error.what()).find("Training Session Creation failed. Train model data cannot be NULL.") !=
+           std::string::npos);
     EXPECT(error.GetOrtErrorCode() == ORT_INVALID_ARGUMENT);
   }
   Ort::CheckpointState::SaveCheckpoint(state, out + "/checkpoint", false);

@@ -19,6 +19,7 @@
 extern "C" {
 #endif
 
+#ifndef ORT_API2_STATUS /* ONNX Runtime's own C header not included: declare what is used */
 /* The API version programs pass to GetApi / GetTrainingApi. 23 (ORT 1.23) holds every member listed
  * below; libonnxruntime answers it for any version up to its own. */
 #ifndef ORT_API_VERSION
@@ -97,6 +98,7 @@ typedef enum OrtLoggingLevel { /* ORT 1.0 */
 
 typedef enum OrtAllocatorType { OrtDeviceAllocator = 0, OrtArenaAllocator = 1 } OrtAllocatorType; /* ORT 1.0 */
 typedef enum OrtMemType { OrtMemTypeCPUOutput = -1, OrtMemTypeDefault = 0 } OrtMemType;            /* ORT 1.0 */
+#endif /* ORT_API2_STATUS */
 
 /* Positions of the OrtApi members used (index into the table of function pointers). */
 enum OttOrtApiIndex {
@@ -105,6 +107,7 @@ enum OttOrtApiIndex {
   OTT_ORT_GetErrorMessage = 2,
   OTT_ORT_CreateEnv = 3,
   OTT_ORT_CreateSession = 7,
+  OTT_ORT_CreateSessionFromArray = 8,
   OTT_ORT_Run = 9,
   OTT_ORT_CreateSessionOptions = 10,
   OTT_ORT_SetIntraOpNumThreads = 24,
@@ -112,6 +115,11 @@ enum OttOrtApiIndex {
   OTT_ORT_SessionGetOutputCount = 31,
   OTT_ORT_SessionGetInputName = 36,
   OTT_ORT_SessionGetOutputName = 37,
+  OTT_ORT_CreateRunOptions = 39,
+  OTT_ORT_RunOptionsSetRunTag = 42,
+  OTT_ORT_RunOptionsGetRunTag = 45,
+  OTT_ORT_RunOptionsSetTerminate = 46,
+  OTT_ORT_RunOptionsUnsetTerminate = 47,
   OTT_ORT_CreateTensorAsOrtValue = 48,
   OTT_ORT_CreateTensorWithDataAsOrtValue = 49,
   OTT_ORT_IsTensor = 50,
@@ -124,6 +132,7 @@ enum OttOrtApiIndex {
   OTT_ORT_GetDimensions = 62,
   OTT_ORT_GetTensorShapeElementCount = 64,
   OTT_ORT_GetTensorTypeAndShape = 65,
+  OTT_ORT_CreateMemoryInfo = 68,
   OTT_ORT_CreateCpuMemoryInfo = 69,
   OTT_ORT_MemoryInfoGetName = 71,
   OTT_ORT_MemoryInfoGetId = 72,
@@ -135,6 +144,7 @@ enum OttOrtApiIndex {
   OTT_ORT_ReleaseMemoryInfo = 94,
   OTT_ORT_ReleaseSession = 95,
   OTT_ORT_ReleaseValue = 96,
+  OTT_ORT_ReleaseRunOptions = 97,
   OTT_ORT_ReleaseTensorTypeAndShapeInfo = 99,
   OTT_ORT_ReleaseSessionOptions = 100,
   OTT_ORT_AddSessionConfigEntry = 130,
@@ -157,6 +167,14 @@ typedef const char* (*OttFn_GetErrorMessage)(const OrtStatus* status);
 typedef OrtStatus* (*OttFn_CreateEnv)(OrtLoggingLevel level, const char* logid, OrtEnv** out);
 typedef OrtStatus* (*OttFn_CreateSession)(const OrtEnv* env, const ORTCHAR_T* path, const OrtSessionOptions* options,
                                           OrtSession** out);
+typedef OrtStatus* (*OttFn_CreateSessionFromArray)(const OrtEnv* env, const void* model_data, size_t model_data_length,
+                                                   const OrtSessionOptions* options, OrtSession** out);
+typedef OrtStatus* (*OttFn_CreateRunOptions)(OrtRunOptions** out);
+typedef OrtStatus* (*OttFn_RunOptionsSetRunTag)(OrtRunOptions* options, const char* run_tag);
+typedef OrtStatus* (*OttFn_RunOptionsGetRunTag)(const OrtRunOptions* options, const char** run_tag);
+typedef OrtStatus* (*OttFn_RunOptionsSetTerminate)(OrtRunOptions* options);
+typedef OrtStatus* (*OttFn_RunOptionsUnsetTerminate)(OrtRunOptions* options);
+typedef void (*OttFn_ReleaseRunOptions)(OrtRunOptions* p);
 typedef OrtStatus* (*OttFn_Run)(OrtSession* session, const OrtRunOptions* run_options, const char* const* input_names,
                                 const OrtValue* const* inputs, size_t input_len, const char* const* output_names,
                                 size_t output_names_len, OrtValue** outputs);
@@ -184,6 +202,8 @@ typedef OrtStatus* (*OttFn_GetDimensionsCount)(const OrtTensorTypeAndShapeInfo* 
 typedef OrtStatus* (*OttFn_GetDimensions)(const OrtTensorTypeAndShapeInfo* info, int64_t* dims, size_t length);
 typedef OrtStatus* (*OttFn_GetTensorShapeElementCount)(const OrtTensorTypeAndShapeInfo* info, size_t* out);
 typedef OrtStatus* (*OttFn_GetTensorTypeAndShape)(const OrtValue* value, OrtTensorTypeAndShapeInfo** out);
+typedef OrtStatus* (*OttFn_CreateMemoryInfo)(const char* name, OrtAllocatorType type, int id, OrtMemType mem_type,
+                                             OrtMemoryInfo** out);
 typedef OrtStatus* (*OttFn_CreateCpuMemoryInfo)(OrtAllocatorType type, OrtMemType mem_type, OrtMemoryInfo** out);
 typedef OrtStatus* (*OttFn_MemoryInfoGetName)(const OrtMemoryInfo* info, const char** out);
 typedef OrtStatus* (*OttFn_MemoryInfoGetId)(const OrtMemoryInfo* info, int* out);
@@ -214,8 +234,10 @@ typedef OrtStatus* (*OttFn_GetSessionConfigEntry)(const OrtSessionOptions* optio
 #define OTT_ORT_SLOT(api, index) (((void* const*)(const void*)(api))[index])
 #define OTT_ORT(api, Name) ((OttFn_##Name)OTT_ORT_SLOT(api, OTT_ORT_##Name))
 
+#ifndef ORT_API2_STATUS
 /* ONNX Runtime's entry point, exported by libonnxruntime (and by libort_torch_train, which forwards it). */
 const OrtApiBase* OrtGetApiBase(void);
+#endif
 
 #ifdef __cplusplus
 }

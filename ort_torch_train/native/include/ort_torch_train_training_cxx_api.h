@@ -1,200 +1,64 @@
-// ONNX Runtime's training C++ API (Ort::TrainingSession, Ort::CheckpointState, Ort::SetSeed) over the
-// OrtTrainingApi table of libort_torch_train; header-only. It also holds the few Ort:: core classes these
-// use (Env, SessionOptions, MemoryInfo, Value, Session, Exception), written over ONNX Runtime's C table,
-// since ONNX Runtime's own C++ headers are not shipped here. Errors throw Ort::Exception, as ORT's do.
+// ONNX Runtime's training C++ API (Ort::TrainingSession, Ort::CheckpointState, Ort::SetSeed, as ONNX
+// Runtime's onnxruntime_training_cxx_api.h declares them) over the OrtTrainingApi table of libort_torch_train;
+// header-only. The core classes (Ort::Env, Ort::Value, Ort::Session, ...) are ONNX Runtime's own where its
+// onnxruntime_cxx_api.h is on the include path (include this header before, or instead of, that one), and
+// otherwise those of ort_torch_train_core_cxx_api.h, a subset with ORT's names and signatures. Define
+// ORT_TORCH_TRAIN_SELF_CONTAINED to use the subset even where ORT's header is present. Errors throw
+// Ort::Exception, as ORT's do.
 #ifndef ORT_TORCH_TRAIN_TRAINING_CXX_API_H
 #define ORT_TORCH_TRAIN_TRAINING_CXX_API_H
 
+#if !defined(ORT_TORCH_TRAIN_SELF_CONTAINED) && defined(__has_include)
+#if __has_include("onnxruntime_cxx_api.h")
+#define ORT_TORCH_TRAIN_WITH_ORT_CXX_API 1
+#endif
+#endif
+
 #include <cstdint>
 #include <optional>
-#include <stdexcept>
 #include <string>
-#include <utility>
 #include <variant>
 #include <vector>
 
+#ifdef ORT_TORCH_TRAIN_WITH_ORT_CXX_API
+#include "onnxruntime_c_api.h"
 #include "ort_torch_train_training_c_api.h"
+namespace Ort::detail {
+// declared before ORT's header, so that its detail::Base<T> releases the training handles
+void OrtRelease(OrtCheckpointState* p);
+void OrtRelease(OrtTrainingSession* p);
+}  // namespace Ort::detail
+#include "onnxruntime_cxx_api.h"
+#else
+#include "ort_torch_train_core_cxx_api.h"
+#endif
 
 namespace Ort {
 
-inline const OrtApi& GetApi() {
-  static const OrtApi* api = OrtGetApiBase()->GetApi(ORT_API_VERSION);
-  return *api;
-}
-
+// The training table of libort_torch_train (the explicit way in).
 inline const OrtTrainingApi& GetTrainingApi() {
   static const OrtTrainingApi* api = OrtTorchTrainGetTrainingApi(ORT_API_VERSION);
+  if (api == nullptr)
+    throw Exception("libort_torch_train has no training API for ORT_API_VERSION " + std::to_string(ORT_API_VERSION),
+                    ORT_FAIL);
   return *api;
-}
-
-class Exception : public std::runtime_error {
- public:
-  Exception(std::string message, OrtErrorCode code) : std::runtime_error(std::move(message)), code_(code) {}
-  OrtErrorCode GetOrtErrorCode() const { return code_; }
-
- private:
-  OrtErrorCode code_;
-};
-
-inline void ThrowOnError(OrtStatus* status) {
-  if (status == nullptr) return;
-  std::string message = OTT_ORT(&GetApi(), GetErrorMessage)(status);
-  OrtErrorCode code = OTT_ORT(&GetApi(), GetErrorCode)(status);
-  OTT_ORT(&GetApi(), ReleaseStatus)(status);
-  throw Exception(std::move(message), code);
 }
 
 namespace detail {
-// Owns one C handle; move-only, released by Release.
-template <typename T, void (*Release)(T*)>
-class Owner {
- public:
-  Owner() = default;
-  explicit Owner(T* p) : p_(p) {}
-  Owner(const Owner&) = delete;
-  Owner& operator=(const Owner&) = delete;
-  Owner(Owner&& other) noexcept : p_(std::exchange(other.p_, nullptr)) {}
-  Owner& operator=(Owner&& other) noexcept {
-    if (this != &other) {
-      reset();
-      p_ = std::exchange(other.p_, nullptr);
-    }
-    return *this;
-  }
-  ~Owner() { reset(); }
-  operator T*() const { return p_; }
-  T* release() { return std::exchange(p_, nullptr); }
-
- protected:
-  void reset() {
-    if (p_ != nullptr) Release(p_);
-    p_ = nullptr;
-  }
-  T* p_ = nullptr;
-};
-
-inline void ReleaseEnv(OrtEnv* p) { OTT_ORT(&GetApi(), ReleaseEnv)(p); }
-inline void ReleaseSessionOptions(OrtSessionOptions* p) { OTT_ORT(&GetApi(), ReleaseSessionOptions)(p); }
-inline void ReleaseMemoryInfo(OrtMemoryInfo* p) { OTT_ORT(&GetApi(), ReleaseMemoryInfo)(p); }
-inline void ReleaseValue(OrtValue* p) { OTT_ORT(&GetApi(), ReleaseValue)(p); }
-inline void ReleaseSession(OrtSession* p) { OTT_ORT(&GetApi(), ReleaseSession)(p); }
-inline void ReleaseTrainingSession(OrtTrainingSession* p) { GetTrainingApi().ReleaseTrainingSession(p); }
-inline void ReleaseCheckpointState(OrtCheckpointState* p) { GetTrainingApi().ReleaseCheckpointState(p); }
-
-template <typename T>
-constexpr ONNXTensorElementDataType ElementType();
-template <> constexpr ONNXTensorElementDataType ElementType<float>() { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
-template <> constexpr ONNXTensorElementDataType ElementType<double>() { return ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE; }
-template <> constexpr ONNXTensorElementDataType ElementType<int64_t>() { return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64; }
-template <> constexpr ONNXTensorElementDataType ElementType<int32_t>() { return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32; }
-template <> constexpr ONNXTensorElementDataType ElementType<uint8_t>() { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8; }
-template <> constexpr ONNXTensorElementDataType ElementType<bool>() { return ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL; }
+inline void OrtRelease(OrtCheckpointState* p) { GetTrainingApi().ReleaseCheckpointState(p); }
+inline void OrtRelease(OrtTrainingSession* p) { GetTrainingApi().ReleaseTrainingSession(p); }
 }  // namespace detail
-
-class Env : public detail::Owner<OrtEnv, detail::ReleaseEnv> {
- public:
-  explicit Env(OrtLoggingLevel level = ORT_LOGGING_LEVEL_WARNING, const char* logid = "") {
-    ThrowOnError(OTT_ORT(&GetApi(), CreateEnv)(level, logid, &p_));
-  }
-};
-
-class SessionOptions : public detail::Owner<OrtSessionOptions, detail::ReleaseSessionOptions> {
- public:
-  SessionOptions() { ThrowOnError(OTT_ORT(&GetApi(), CreateSessionOptions)(&p_)); }
-  SessionOptions& AddConfigEntry(const char* key, const char* value) {
-    ThrowOnError(OTT_ORT(&GetApi(), AddSessionConfigEntry)(p_, key, value));
-    return *this;
-  }
-  SessionOptions& SetIntraOpNumThreads(int threads) {
-    ThrowOnError(OTT_ORT(&GetApi(), SetIntraOpNumThreads)(p_, threads));
-    return *this;
-  }
-};
-
-class MemoryInfo : public detail::Owner<OrtMemoryInfo, detail::ReleaseMemoryInfo> {
- public:
-  explicit MemoryInfo(OrtMemoryInfo* p) : Owner(p) {}
-  static MemoryInfo CreateCpu(OrtAllocatorType type, OrtMemType mem_type) {
-    OrtMemoryInfo* p = nullptr;
-    ThrowOnError(OTT_ORT(&GetApi(), CreateCpuMemoryInfo)(type, mem_type, &p));
-    return MemoryInfo(p);
-  }
-};
-
-class Value : public detail::Owner<OrtValue, detail::ReleaseValue> {
- public:
-  explicit Value(std::nullptr_t = nullptr) {}
-  explicit Value(OrtValue* p) : Owner(p) {}
-  // A tensor over the caller's memory (not copied).
-  template <typename T>
-  static Value CreateTensor(const OrtMemoryInfo* info, T* data, size_t count, const int64_t* shape, size_t rank) {
-    OrtValue* p = nullptr;
-    ThrowOnError(OTT_ORT(&GetApi(), CreateTensorWithDataAsOrtValue)(info, data, count * sizeof(T), shape, rank,
-                                                                     detail::ElementType<T>(), &p));
-    return Value(p);
-  }
-  // A tensor in memory from ONNX Runtime's default allocator.
-  template <typename T>
-  static Value CreateTensor(const int64_t* shape, size_t rank) {
-    OrtAllocator* allocator = nullptr;
-    ThrowOnError(OTT_ORT(&GetApi(), GetAllocatorWithDefaultOptions)(&allocator));
-    OrtValue* p = nullptr;
-    ThrowOnError(OTT_ORT(&GetApi(), CreateTensorAsOrtValue)(allocator, shape, rank, detail::ElementType<T>(), &p));
-    return Value(p);
-  }
-  template <typename T>
-  T* GetTensorMutableData() {
-    void* data = nullptr;
-    ThrowOnError(OTT_ORT(&GetApi(), GetTensorMutableData)(p_, &data));
-    return static_cast<T*>(data);
-  }
-  template <typename T>
-  const T* GetTensorData() const {
-    return const_cast<Value*>(this)->GetTensorMutableData<T>();
-  }
-  std::vector<int64_t> GetShape() const {
-    OrtTensorTypeAndShapeInfo* info = nullptr;
-    ThrowOnError(OTT_ORT(&GetApi(), GetTensorTypeAndShape)(p_, &info));
-    size_t rank = 0;
-    OrtStatus* status = OTT_ORT(&GetApi(), GetDimensionsCount)(info, &rank);
-    std::vector<int64_t> shape(rank);
-    if (status == nullptr) status = OTT_ORT(&GetApi(), GetDimensions)(info, shape.data(), rank);
-    OTT_ORT(&GetApi(), ReleaseTensorTypeAndShapeInfo)(info);
-    ThrowOnError(status);
-    return shape;
-  }
-  size_t GetElementCount() const {
-    size_t count = 1;
-    for (int64_t dim : GetShape()) count *= static_cast<size_t>(dim);
-    return count;
-  }
-};
-
-// ONNX Runtime's inference session, for running an exported model.
-class Session : public detail::Owner<OrtSession, detail::ReleaseSession> {
- public:
-  Session(const Env& env, const char* model_path, const SessionOptions& options) {
-    ThrowOnError(OTT_ORT(&GetApi(), CreateSession)(env, model_path, options, &p_));
-  }
-  std::vector<Value> Run(const std::vector<const char*>& input_names, const std::vector<Value>& inputs,
-                         const std::vector<const char*>& output_names) {
-    std::vector<const OrtValue*> in(inputs.begin(), inputs.end());
-    std::vector<OrtValue*> out(output_names.size(), nullptr);
-    ThrowOnError(OTT_ORT(&GetApi(), Run)(p_, nullptr, input_names.data(), in.data(), in.size(), output_names.data(),
-                                         out.size(), out.data()));
-    std::vector<Value> values;
-    for (OrtValue* value : out) values.emplace_back(value);
-    return values;
-  }
-};
 
 using Property = std::variant<int64_t, float, std::string>;
 
 inline void SetSeed(const int64_t seed) { ThrowOnError(GetTrainingApi().SetSeed(seed)); }
 
-class CheckpointState : public detail::Owner<OrtCheckpointState, detail::ReleaseCheckpointState> {
+class CheckpointState : public detail::Base<OrtCheckpointState> {
+ private:
+  explicit CheckpointState(OrtCheckpointState* p) { p_ = p; }
+
  public:
-  explicit CheckpointState(OrtCheckpointState* p) : Owner(p) {}
+  CheckpointState() = delete;
 
   static CheckpointState LoadCheckpoint(const std::basic_string<ORTCHAR_T>& path) {
     OrtCheckpointState* p = nullptr;
@@ -225,7 +89,7 @@ class CheckpointState : public detail::Owner<OrtCheckpointState, detail::Release
   Property GetProperty(const std::string& name) {
     OrtAllocator* allocator = nullptr;
     ThrowOnError(OTT_ORT(&GetApi(), GetAllocatorWithDefaultOptions)(&allocator));
-    OrtPropertyType type;
+    OrtPropertyType type = OrtIntProperty;
     void* value = nullptr;
     ThrowOnError(GetTrainingApi().GetProperty(p_, name.c_str(), allocator, &type, &value));
     Property property = type == OrtIntProperty     ? Property(*static_cast<int64_t*>(value))
@@ -246,7 +110,7 @@ class CheckpointState : public detail::Owner<OrtCheckpointState, detail::Release
   }
 };
 
-class TrainingSession : public detail::Owner<OrtTrainingSession, detail::ReleaseTrainingSession> {
+class TrainingSession : public detail::Base<OrtTrainingSession> {
  public:
   TrainingSession(const Env& env, const SessionOptions& options, CheckpointState& state,
                   const std::basic_string<ORTCHAR_T>& train_model_path,
@@ -294,7 +158,9 @@ class TrainingSession : public detail::Owner<OrtTrainingSession, detail::Release
     size_t size = 0;
     ThrowOnError(GetTrainingApi().GetParametersSize(p_, &size, only_trainable));
     int64_t shape[1] = {static_cast<int64_t>(size)};
-    Value buffer = Value::CreateTensor<float>(shape, 1);
+    OrtAllocator* allocator = nullptr;
+    ThrowOnError(OTT_ORT(&GetApi(), GetAllocatorWithDefaultOptions)(&allocator));
+    Value buffer = Value::CreateTensor<float>(allocator, shape, 1);
     ThrowOnError(GetTrainingApi().CopyParametersToBuffer(p_, buffer, only_trainable));
     return buffer;
   }
@@ -302,7 +168,8 @@ class TrainingSession : public detail::Owner<OrtTrainingSession, detail::Release
   void FromBuffer(Value& buffer) {
     size_t all = 0;
     ThrowOnError(GetTrainingApi().GetParametersSize(p_, &all, false));
-    ThrowOnError(GetTrainingApi().CopyBufferToParameters(p_, buffer, buffer.GetElementCount() != all));
+    size_t given = buffer.GetTensorTypeAndShapeInfo().GetElementCount();
+    ThrowOnError(GetTrainingApi().CopyBufferToParameters(p_, buffer, given != all));
   }
 
  private:
@@ -311,7 +178,8 @@ class TrainingSession : public detail::Owner<OrtTrainingSession, detail::Release
     ThrowOnError(GetTrainingApi().TrainingSessionGetEvalModelOutputCount(p_, &eval_outputs_));
   }
   std::vector<Value> Step(bool training, const std::vector<Value>& input_values, size_t outputs) {
-    std::vector<const OrtValue*> in(input_values.begin(), input_values.end());
+    std::vector<const OrtValue*> in;
+    for (const Value& value : input_values) in.push_back(value);
     std::vector<OrtValue*> out(outputs, nullptr);
     const OrtTrainingApi& api = GetTrainingApi();
     ThrowOnError(training ? api.TrainStep(p_, nullptr, in.size(), in.data(), out.size(), out.data())

@@ -12,6 +12,12 @@
 #define OTT_LEAVE()     \
   ott_leave(ott_gil_);  \
   return status
+/* OTT_ENTER, then ORT_INVALID_ARGUMENT unless `handle` is live (checked with the GIL held, which a release takes). */
+#define OTT_ENTER_LIVE(handle, kind)                                           \
+  OTT_ENTER();                                                                 \
+  if ((status = ott_handle_check((handle), (kind), #handle)) != NULL) {        \
+    OTT_LEAVE();                                                               \
+  }
 
 OrtStatus* ott_done(PyObject* result);
 

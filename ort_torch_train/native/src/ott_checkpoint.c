@@ -1,4 +1,5 @@
 /* OrtTrainingApi: the checkpoint state's functions, and SetSeed. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "ott_api.h"
@@ -7,8 +8,9 @@ static PyObject* path_object(const char* path) { return PyUnicode_DecodeFSDefaul
 
 static OrtStatus* state_out(PyObject* state, OrtCheckpointState** out) {
   if (state == NULL) return ott_python_error();
-  OrtCheckpointState* handle = (OrtCheckpointState*)PyMem_RawMalloc(sizeof *handle);
-  if (handle == NULL) {
+  OrtCheckpointState* handle = (OrtCheckpointState*)malloc(sizeof *handle);
+  if (handle == NULL || !ott_handle_add(handle, OTT_HANDLE_STATE)) {
+    free(handle);
     Py_DECREF(state);
     return ott_status(ORT_FAIL, "out of memory");
   }
@@ -51,7 +53,7 @@ OrtStatus* ott_SaveCheckpoint(OrtCheckpointState* checkpoint_state, const ORTCHA
                               const bool include_optimizer_state) {
   OTT_REQUIRE(checkpoint_state);
   OTT_REQUIRE(checkpoint_path);
-  OTT_ENTER();
+  OTT_ENTER_LIVE(checkpoint_state, OTT_HANDLE_STATE);
   status = ott_done(ott_call(OTT_save_checkpoint, Py_BuildValue("(ONO)", checkpoint_state->state,
                                                                 path_object(checkpoint_path),
                                                                 include_optimizer_state ? Py_True : Py_False)));
@@ -60,10 +62,14 @@ OrtStatus* ott_SaveCheckpoint(OrtCheckpointState* checkpoint_state, const ORTCHA
 
 void ott_ReleaseCheckpointState(OrtCheckpointState* input) {
   if (input == NULL) return;
+  if (!ott_python_usable()) { /* after fork or Py_Finalize: the Python object cannot be touched, only forgotten */
+    ott_handle_remove(input, OTT_HANDLE_STATE);
+    return;
+  }
   PyGILState_STATE gil = PyGILState_Ensure();
-  Py_XDECREF(input->state);
+  PyObject* state = ott_handle_remove(input, OTT_HANDLE_STATE) ? input->state : NULL;
+  Py_XDECREF(state); /* the handle's memory is freed by the table, later */
   PyGILState_Release(gil);
-  PyMem_RawFree(input);
 }
 
 OrtStatus* ott_AddProperty(OrtCheckpointState* checkpoint_state, const char* property_name,
@@ -74,7 +80,7 @@ OrtStatus* ott_AddProperty(OrtCheckpointState* checkpoint_state, const char* pro
   if (property_type != OrtIntProperty && property_type != OrtFloatProperty && property_type != OrtStringProperty)
     return ott_status(ORT_INVALID_ARGUMENT, "property_type: expected OrtIntProperty, OrtFloatProperty or "
                       "OrtStringProperty (0, 1, 2), got %d", (int)property_type);
-  OTT_ENTER();
+  OTT_ENTER_LIVE(checkpoint_state, OTT_HANDLE_STATE);
   PyObject* value = property_type == OrtIntProperty     ? PyLong_FromLongLong(*(const int64_t*)property_value)
                     : property_type == OrtFloatProperty ? PyFloat_FromDouble(*(const float*)property_value)
                                                         : PyUnicode_FromString((const char*)property_value);
@@ -109,7 +115,7 @@ OrtStatus* ott_GetProperty(const OrtCheckpointState* checkpoint_state, const cha
   OTT_REQUIRE(allocator);
   OTT_REQUIRE(property_type);
   OTT_REQUIRE(property_value);
-  OTT_ENTER();
+  OTT_ENTER_LIVE(checkpoint_state, OTT_HANDLE_STATE);
   PyObject* value = ott_call(OTT_get_property, Py_BuildValue("(Os)", checkpoint_state->state, property_name));
   status = value ? property_out(value, allocator, property_type, property_value) : ott_python_error();
   Py_XDECREF(value);
@@ -142,7 +148,7 @@ OrtStatus* ott_GetParameterTypeAndShape(const OrtCheckpointState* checkpoint_sta
   OTT_REQUIRE(checkpoint_state);
   OTT_REQUIRE(parameter_name);
   OTT_REQUIRE(parameter_type_and_shape);
-  OTT_ENTER();
+  OTT_ENTER_LIVE(checkpoint_state, OTT_HANDLE_STATE);
   PyObject* answer =
       ott_call(OTT_parameter_type_and_shape, Py_BuildValue("(Os)", checkpoint_state->state, parameter_name));
   status = answer ? type_and_shape_out(answer, parameter_type_and_shape) : ott_python_error();
@@ -154,7 +160,7 @@ OrtStatus* ott_UpdateParameter(OrtCheckpointState* checkpoint_state, const char*
   OTT_REQUIRE(checkpoint_state);
   OTT_REQUIRE(parameter_name);
   OTT_REQUIRE(parameter);
-  OTT_ENTER();
+  OTT_ENTER_LIVE(checkpoint_state, OTT_HANDLE_STATE);
   PyObject* spec = NULL;
   status = ott_tensor_spec(parameter, "parameter", &spec);
   if (status == NULL)
@@ -169,7 +175,7 @@ OrtStatus* ott_GetParameter(const OrtCheckpointState* checkpoint_state, const ch
   OTT_REQUIRE(parameter_name);
   OTT_REQUIRE(allocator);
   OTT_REQUIRE(parameter);
-  OTT_ENTER();
+  OTT_ENTER_LIVE(checkpoint_state, OTT_HANDLE_STATE);
   PyObject* out = ott_call(OTT_get_parameter, Py_BuildValue("(Os)", checkpoint_state->state, parameter_name));
   *parameter = NULL;
   status = out ? ott_tensor_from_out(out, allocator, parameter, "parameter") : ott_python_error();

@@ -73,6 +73,21 @@ OrtStatus* ott_string_out(PyObject* text, OrtAllocator* allocator, char** out);
 void ott_session_settings(const OrtSessionOptions* options, char* device, size_t device_size, char* compile,
                           size_t compile_size);
 
+/* The table of live handles: a handle is added when made, checked on every call, removed when released. */
+typedef enum OttHandleKind { OTT_HANDLE_STATE, OTT_HANDLE_SESSION } OttHandleKind;
+int ott_handle_add(const void* handle, OttHandleKind kind); /* 0: no memory for the table */
+/* ORT_INVALID_ARGUMENT naming `what` unless `handle` is a live handle of that kind. */
+OrtStatus* ott_handle_check(const void* handle, OttHandleKind kind, const char* what);
+/* 0 (and a line on stderr) for a handle that is not live: released twice, or never made here. */
+int ott_handle_remove(void* handle, OttHandleKind kind);
+/* Whether Python may be called: not after the host finalized it, nor in a child made by fork(). */
+int ott_python_usable(void);
+
+/* A tensor the library writes into (an output given by the caller, a new one from the caller's allocator):
+ * ORT_INVALID_ARGUMENT naming `what` unless it is a tensor in host memory with data of `nbytes` bytes and
+ * element type `type` (`type` < 0: only the data and the memory are checked). */
+OrtStatus* ott_check_destination(const OrtValue* value, const char* what, int type, long long nbytes);
+
 /* Argument checks: return ORT_INVALID_ARGUMENT naming the argument. */
 #define OTT_REQUIRE(arg)                                                                              \
   do {                                                                                                \

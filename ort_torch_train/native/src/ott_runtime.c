@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ott_internal.h"
 
@@ -21,6 +22,8 @@ static pthread_once_t g_ort_once = PTHREAD_ONCE_INIT;
 static pthread_once_t g_python_once = PTHREAD_ONCE_INIT;
 static PyObject* g_bridge[OTT_BRIDGE_COUNT];
 static char g_python_failure[1024];
+static volatile int g_forked_child; /* set in a child made by fork() after Python started here */
+static volatile int g_python_finalized; /* set by Py_FinalizeEx (the host's) */
 
 static const char* const g_bridge_names[OTT_BRIDGE_COUNT] = {
     "error_status",       "load_checkpoint",    "load_checkpoint_buffer",
@@ -98,8 +101,19 @@ static int import_bridge(void) {
   return 1;
 }
 
+static void mark_forked_child(void) { g_forked_child = 1; }
+static void mark_finalized(void) { g_python_finalized = 1; }
+
+int ott_python_usable(void) { return !g_forked_child && !g_python_finalized && Py_IsInitialized(); }
+
+static void watch_process(void) {
+  pthread_atfork(NULL, NULL, mark_forked_child);
+  Py_AtExit(mark_finalized);
+}
+
 static void start_python(void) {
   if (Py_IsInitialized()) { /* the program embeds Python itself: use its interpreter */
+    watch_process();
     PyGILState_STATE gil = PyGILState_Ensure();
     import_bridge();
     PyGILState_Release(gil);
@@ -121,12 +135,20 @@ static void start_python(void) {
              status.err_msg ? status.err_msg : "unknown error");
     return;
   }
+  watch_process();
   import_bridge();
   PyEval_SaveThread(); /* every call takes the GIL for itself */
 }
 
 OrtStatus* ott_enter(PyGILState_STATE* gil) {
   pthread_once(&g_python_once, start_python);
+  if (g_forked_child)
+    return ott_status(ORT_FAIL, "libort_torch_train cannot run in a child made by fork() after the parent process "
+                      "used it (the parent's Python and OpenMP threads do not exist in the child): start the child "
+                      "with exec or posix_spawn, or make the library's first call after the fork");
+  if (g_python_finalized || (g_bridge[OTT_BRIDGE_COUNT - 1] != NULL && !Py_IsInitialized()))
+    return ott_status(ORT_FAIL, "libort_torch_train cannot run after the host finalized Python (Py_Finalize): "
+                      "finalize only after the library's last call");
   if (g_bridge[OTT_BRIDGE_COUNT - 1] == NULL)
     return ott_status(ORT_FAIL, "%s", g_python_failure[0] ? g_python_failure : "Python is not available");
   *gil = PyGILState_Ensure();
@@ -178,7 +200,24 @@ static size_t element_size(ONNXTensorElementDataType type) {
   }
 }
 
-OrtStatus* ott_tensor_spec(const OrtValue* value, const char* what, PyObject** spec) {
+/* What the tensor's memory info says: 1 host memory (Cpu, CudaPinned), 2 a CUDA device, 0 anything else. */
+static int memory_kind(const char* location) {
+  if (strcmp(location, "Cpu") == 0 || strcmp(location, "CudaPinned") == 0) return 1;
+  return strcmp(location, "Cuda") == 0 ? 2 : 0;
+}
+
+typedef struct {
+  ONNXTensorElementDataType type;
+  size_t rank, bytes;
+  int64_t dims[64];
+  void* data;
+  int memory; /* memory_kind */
+  int device_id;
+} TensorFacts;
+
+/* The facts of a tensor OrtValue, checked: ORT_INVALID_ARGUMENT naming `what` for a value that is not a tensor,
+ * of an element type or memory this library does not handle, or whose data pointer is NULL. */
+static OrtStatus* tensor_facts(const OrtValue* value, const char* what, TensorFacts* facts) {
   const OrtApi* ort = ott_ort();
   if (value == NULL) return ott_status(ORT_INVALID_ARGUMENT, "%s: expected an OrtValue, got NULL", what);
   int is_tensor = 0;
@@ -187,44 +226,77 @@ OrtStatus* ott_tensor_spec(const OrtValue* value, const char* what, PyObject** s
   if (!is_tensor) return ott_status(ORT_INVALID_ARGUMENT, "%s: expected a tensor OrtValue, got another kind", what);
   OrtTensorTypeAndShapeInfo* info = NULL;
   if ((status = OTT_ORT(ort, GetTensorTypeAndShape)(value, &info)) != NULL) return status;
-  ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-  size_t rank = 0, count = 0;
-  int64_t dims[64];
-  if ((status = OTT_ORT(ort, GetTensorElementType)(info, &type)) == NULL &&
-      (status = OTT_ORT(ort, GetDimensionsCount)(info, &rank)) == NULL && rank > 64)
-    status = ott_status(ORT_INVALID_ARGUMENT, "%s: rank %zu is over 64", what, rank);
-  if (status == NULL && (status = OTT_ORT(ort, GetDimensions)(info, dims, rank)) == NULL)
+  size_t count = 0;
+  facts->type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  if ((status = OTT_ORT(ort, GetTensorElementType)(info, &facts->type)) == NULL &&
+      (status = OTT_ORT(ort, GetDimensionsCount)(info, &facts->rank)) == NULL && facts->rank > 64)
+    status = ott_status(ORT_INVALID_ARGUMENT, "%s: rank %zu is over 64", what, facts->rank);
+  if (status == NULL && (status = OTT_ORT(ort, GetDimensions)(info, facts->dims, facts->rank)) == NULL)
     status = OTT_ORT(ort, GetTensorShapeElementCount)(info, &count);
   OTT_ORT(ort, ReleaseTensorTypeAndShapeInfo)(info);
   if (status != NULL) return status;
-  size_t size = element_size(type);
+  size_t size = element_size(facts->type);
   if (size == 0)
-    return ott_status(ORT_INVALID_ARGUMENT, "%s: element type %d is not supported by ort-torch-train", what, (int)type);
-  void* data = NULL;
-  if ((status = OTT_ORT(ort, GetTensorMutableData)((OrtValue*)value, &data)) != NULL) return status;
+    return ott_status(ORT_INVALID_ARGUMENT, "%s: element type %d is not supported by ort-torch-train", what,
+                      (int)facts->type);
+  if (count > SIZE_MAX / size)
+    return ott_status(ORT_INVALID_ARGUMENT, "%s: %zu elements of %zu bytes overflow the address space", what, count,
+                      size);
+  facts->bytes = count * size;
   const OrtMemoryInfo* memory = NULL;
-  const char* location = "Cpu";
-  int device_id = 0;
-  if (OTT_ORT(ort, GetTensorMemoryInfo)(value, &memory) == NULL && memory != NULL) {
-    OTT_ORT(ort, MemoryInfoGetName)(memory, &location);
-    OTT_ORT(ort, MemoryInfoGetId)(memory, &device_id);
+  const char* location = NULL;
+  facts->device_id = 0;
+  if ((status = OTT_ORT(ort, GetTensorMemoryInfo)(value, &memory)) != NULL) return status;
+  if (memory == NULL || (status = OTT_ORT(ort, MemoryInfoGetName)(memory, &location)) != NULL ||
+      (status = OTT_ORT(ort, MemoryInfoGetId)(memory, &facts->device_id)) != NULL || location == NULL) {
+    if (status != NULL) OTT_ORT(ort, ReleaseStatus)(status);
+    return ott_status(ORT_INVALID_ARGUMENT, "%s: the tensor's memory info cannot be read", what);
   }
-  int on_cuda = strncmp(location, "Cuda", 4) == 0 && strcmp(location, "CudaPinned") != 0;
-  PyObject* shape = PyTuple_New((Py_ssize_t)rank);
+  facts->memory = memory_kind(location);
+  if (facts->memory == 0)
+    return ott_status(ORT_INVALID_ARGUMENT, "%s: expected a tensor in Cpu or Cuda memory, got %s memory", what,
+                      location);
+  facts->data = NULL;
+  if ((status = OTT_ORT(ort, GetTensorMutableData)((OrtValue*)value, &facts->data)) != NULL) return status;
+  if (facts->data == NULL && facts->bytes > 0)
+    return ott_status(ORT_INVALID_ARGUMENT, "%s: the tensor's data pointer is NULL, its shape needs %zu bytes", what,
+                      facts->bytes);
+  return NULL;
+}
+
+OrtStatus* ott_tensor_spec(const OrtValue* value, const char* what, PyObject** spec) {
+  TensorFacts facts;
+  OrtStatus* status = tensor_facts(value, what, &facts);
+  if (status != NULL) return status;
+  PyObject* shape = PyTuple_New((Py_ssize_t)facts.rank);
   if (shape == NULL) return ott_python_error();
-  for (size_t i = 0; i < rank; i++) PyTuple_SET_ITEM(shape, i, PyLong_FromLongLong(dims[i]));
+  for (size_t i = 0; i < facts.rank; i++) PyTuple_SET_ITEM(shape, i, PyLong_FromLongLong(facts.dims[i]));
   PyObject* memory_object;
   PyObject* device;
-  if (on_cuda) {
-    memory_object = PyLong_FromVoidPtr(data);
-    device = PyUnicode_FromFormat("cuda:%d", device_id);
+  if (facts.memory == 2) {
+    memory_object = PyLong_FromVoidPtr(facts.data);
+    device = PyUnicode_FromFormat("cuda:%d", facts.device_id);
   } else {
     static char empty[1];
-    memory_object = PyMemoryView_FromMemory(data ? (char*)data : empty, (Py_ssize_t)(count * size), PyBUF_WRITE);
+    memory_object = PyMemoryView_FromMemory(facts.bytes ? (char*)facts.data : empty, (Py_ssize_t)facts.bytes,
+                                            PyBUF_WRITE);
     device = PyUnicode_FromString("cpu");
   }
-  *spec = Py_BuildValue("(NiNN)", memory_object, (int)type, shape, device);
+  *spec = Py_BuildValue("(NiNN)", memory_object, (int)facts.type, shape, device);
   return *spec ? NULL : ott_python_error();
+}
+
+OrtStatus* ott_check_destination(const OrtValue* value, const char* what, int type, long long nbytes) {
+  TensorFacts facts;
+  OrtStatus* status = tensor_facts(value, what, &facts);
+  if (status != NULL) return status;
+  if (facts.memory != 1)
+    return ott_status(ORT_INVALID_ARGUMENT, "%s: expected a tensor in host (Cpu) memory to write into, got one on "
+                      "CUDA device %d", what, facts.device_id);
+  if (type >= 0 && ((int)facts.type != type || (long long)facts.bytes != nbytes))
+    return ott_status(ORT_INVALID_ARGUMENT, "%s: expected element type %d and %lld bytes, got element type %d and "
+                      "%zu bytes", what, type, nbytes, (int)facts.type, facts.bytes);
+  return NULL;
 }
 
 OrtStatus* ott_tensor_from_out(PyObject* out, OrtAllocator* allocator, OrtValue** value, const char* what) {
@@ -240,20 +312,22 @@ OrtStatus* ott_tensor_from_out(PyObject* out, OrtAllocator* allocator, OrtValue*
   if (rank > 64) return ott_status(ORT_FAIL, "%s: rank %zu is over 64", what, rank);
   for (size_t i = 0; i < rank; i++) dims[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape_object, i));
   OrtStatus* status;
-  if (*value == NULL) { /* a new OrtValue from ONNX Runtime's allocator */
+  int created = *value == NULL;
+  if (created) { /* a new OrtValue from the caller's allocator, or ONNX Runtime's */
     if (allocator == NULL && (status = OTT_ORT(ort, GetAllocatorWithDefaultOptions)(&allocator)) != NULL) return status;
     if ((status = OTT_ORT(ort, CreateTensorAsOrtValue)(allocator, dims, rank, (ONNXTensorElementDataType)type, value)))
       return status;
-  } else { /* the caller's OrtValue: same type and element count */
-    PyObject* spec = NULL;
-    if ((status = ott_tensor_spec(*value, what, &spec)) != NULL) return status;
-    int given_type = (int)PyLong_AsLong(PyTuple_GET_ITEM(spec, 1));
-    Py_ssize_t given_bytes = PyObject_Length(PyTuple_GET_ITEM(spec, 0));
-    Py_DECREF(spec);
-    if (given_type != type || given_bytes != (Py_ssize_t)nbytes)
-      return ott_status(ORT_INVALID_ARGUMENT, "%s: the OrtValue given has element type %d and %zd bytes, expected %d and %llu",
-                        what, given_type, given_bytes, type, nbytes);
   }
+  status = ott_check_destination(*value, what, type, (long long)nbytes);
+  if (status != NULL && created) { /* the allocator's doing, not the caller's value */
+    OrtStatus* named = ott_status(ORT_INVALID_ARGUMENT, "allocator: the tensor it allocated is unusable: %s",
+                                  OTT_ORT(ort, GetErrorMessage)(status));
+    OTT_ORT(ort, ReleaseStatus)(status);
+    OTT_ORT(ort, ReleaseValue)(*value);
+    *value = NULL;
+    return named;
+  }
+  if (status != NULL) return status;
   void* data = NULL;
   if ((status = OTT_ORT(ort, GetTensorMutableData)(*value, &data)) != NULL) return status;
   if (nbytes) memcpy(data, (const void*)(uintptr_t)address, (size_t)nbytes);

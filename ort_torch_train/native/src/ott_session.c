@@ -1,10 +1,13 @@
 /* OrtTrainingApi: the training session's functions. */
+#include <stdlib.h>
+
 #include "ott_api.h"
 
 static OrtStatus* session_out(PyObject* session, OrtTrainingSession** out) {
   if (session == NULL) return ott_python_error();
-  OrtTrainingSession* handle = (OrtTrainingSession*)PyMem_RawMalloc(sizeof *handle);
-  if (handle == NULL) {
+  OrtTrainingSession* handle = (OrtTrainingSession*)malloc(sizeof *handle);
+  if (handle == NULL || !ott_handle_add(handle, OTT_HANDLE_SESSION)) {
+    free(handle);
     Py_DECREF(session);
     return ott_status(ORT_FAIL, "out of memory");
   }
@@ -40,7 +43,7 @@ OrtStatus* ott_CreateTrainingSession(const OrtEnv* env, const OrtSessionOptions*
   OTT_REQUIRE(checkpoint_state);
   OTT_REQUIRE(train_model_path);
   OTT_REQUIRE(out);
-  OTT_ENTER();
+  OTT_ENTER_LIVE(checkpoint_state, OTT_HANDLE_STATE);
   status = create(options, checkpoint_state, PyUnicode_DecodeFSDefault(train_model_path),
                   path_or_none(eval_model_path), path_or_none(optimizer_model_path), out);
   OTT_LEAVE();
@@ -54,11 +57,12 @@ OrtStatus* ott_CreateTrainingSessionFromBuffer(const OrtEnv* env, const OrtSessi
   OTT_REQUIRE(env);
   OTT_REQUIRE(options);
   OTT_REQUIRE(checkpoint_state);
-  OTT_REQUIRE(train_model_data);
   OTT_REQUIRE(out);
-  if (train_data_length == 0)
-    return ott_status(ORT_INVALID_ARGUMENT, "train_data_length: expected the training model's size, got 0");
-  OTT_ENTER();
+  if (train_model_data == NULL || train_data_length == 0) /* ORT's wording first, then the argument */
+    return ott_status(ORT_INVALID_ARGUMENT, "Training Session Creation failed. Train model data cannot be NULL. (%s)",
+                      train_model_data == NULL ? "train_model_data: expected a non-NULL pointer, got NULL"
+                                               : "train_data_length: expected the training model's size, got 0");
+  OTT_ENTER_LIVE(checkpoint_state, OTT_HANDLE_STATE);
   status = create(options, checkpoint_state, bytes_or_none(train_model_data, train_data_length),
                   bytes_or_none(eval_model_data, eval_data_length), bytes_or_none(optim_model_data, optim_data_length),
                   out);
@@ -68,7 +72,7 @@ OrtStatus* ott_CreateTrainingSessionFromBuffer(const OrtEnv* env, const OrtSessi
 static OrtStatus* io_count(const OrtTrainingSession* sess, size_t* out, int training, int inputs) {
   OTT_REQUIRE(sess);
   OTT_REQUIRE(out);
-  OTT_ENTER();
+  OTT_ENTER_LIVE(sess, OTT_HANDLE_SESSION);
   PyObject* count = ott_call(OTT_io_count, Py_BuildValue("(Oii)", sess->session, training, inputs));
   if (count == NULL) {
     status = ott_python_error();
@@ -84,7 +88,7 @@ static OrtStatus* io_name(const OrtTrainingSession* sess, size_t index, OrtAlloc
   OTT_REQUIRE(sess);
   OTT_REQUIRE(allocator);
   OTT_REQUIRE(output);
-  OTT_ENTER();
+  OTT_ENTER_LIVE(sess, OTT_HANDLE_SESSION);
   PyObject* name = ott_call(OTT_io_name, Py_BuildValue("(OiiK)", sess->session, training, inputs, (unsigned long long)index));
   status = name ? ott_string_out(name, allocator, output) : ott_python_error();
   Py_XDECREF(name);
@@ -126,7 +130,7 @@ static OrtStatus* step(OttBridgeFn fn, const OrtTrainingSession* sess, size_t in
   OTT_REQUIRE(sess);
   if (inputs_len > 0) OTT_REQUIRE(inputs);
   if (outputs_len > 0) OTT_REQUIRE(outputs);
-  OTT_ENTER();
+  OTT_ENTER_LIVE(sess, OTT_HANDLE_SESSION);
   PyObject* specs = PyTuple_New((Py_ssize_t)inputs_len);
   for (size_t i = 0; specs != NULL && status == NULL && i < inputs_len; i++) {
     PyObject* spec = NULL;
@@ -136,6 +140,11 @@ static OrtStatus* step(OttBridgeFn fn, const OrtTrainingSession* sess, size_t in
     if (status == NULL) PyTuple_SET_ITEM(specs, (Py_ssize_t)i, spec);
   }
   if (specs == NULL) status = ott_python_error();
+  for (size_t i = 0; status == NULL && i < outputs_len; i++) { /* the caller's outputs, checked before the step */
+    char what[48];
+    snprintf(what, sizeof what, "outputs[%zu]", i);
+    if (outputs[i] != NULL) status = ott_check_destination(outputs[i], what, -1, 0);
+  }
   PyObject* results = NULL;
   if (status == NULL) {
     results = ott_call(fn, Py_BuildValue("(OO)", sess->session, specs));
@@ -145,11 +154,13 @@ static OrtStatus* step(OttBridgeFn fn, const OrtTrainingSession* sess, size_t in
   if (status == NULL && (size_t)PyList_GET_SIZE(results) != outputs_len)
     status = ott_status(ORT_INVALID_ARGUMENT, "outputs_len: the model has %zd user outputs, got %zu",
                         PyList_GET_SIZE(results), outputs_len);
-  unsigned char* created = status == NULL ? (unsigned char*)PyMem_RawCalloc(outputs_len + 1, 1) : NULL;
+  unsigned char* created = status == NULL ? (unsigned char*)calloc(outputs_len + 1, 1) : NULL;
   if (status == NULL && created == NULL) status = ott_status(ORT_FAIL, "out of memory");
   for (size_t i = 0; status == NULL && i < outputs_len; i++) {
+    char what[48];
+    snprintf(what, sizeof what, "outputs[%zu]", i);
     created[i] = outputs[i] == NULL;
-    status = ott_tensor_from_out(PyList_GET_ITEM(results, (Py_ssize_t)i), NULL, &outputs[i], "outputs");
+    status = ott_tensor_from_out(PyList_GET_ITEM(results, (Py_ssize_t)i), NULL, &outputs[i], what);
   }
   for (size_t i = 0; status != NULL && created != NULL && i < outputs_len; i++) {
     if (created[i] && outputs[i] != NULL) { /* give back the ones made here; the caller's stay theirs */
@@ -157,7 +168,7 @@ static OrtStatus* step(OttBridgeFn fn, const OrtTrainingSession* sess, size_t in
       outputs[i] = NULL;
     }
   }
-  PyMem_RawFree(created);
+  free(created);
   Py_XDECREF(results);
   OTT_LEAVE();
 }
@@ -176,7 +187,7 @@ OrtStatus* ott_EvalStep(const OrtTrainingSession* sess, const OrtRunOptions* run
 
 static OrtStatus* session_call(OttBridgeFn fn, OrtTrainingSession* sess) {
   OTT_REQUIRE(sess);
-  OTT_ENTER();
+  OTT_ENTER_LIVE(sess, OTT_HANDLE_SESSION);
   status = ott_done(ott_call(fn, Py_BuildValue("(O)", sess->session)));
   OTT_LEAVE();
 }
@@ -190,7 +201,7 @@ OrtStatus* ott_OptimizerStep(OrtTrainingSession* sess, const OrtRunOptions* run_
 
 OrtStatus* ott_SetLearningRate(OrtTrainingSession* sess, float learning_rate) {
   OTT_REQUIRE(sess);
-  OTT_ENTER();
+  OTT_ENTER_LIVE(sess, OTT_HANDLE_SESSION);
   status = ott_done(ott_call(OTT_set_learning_rate, Py_BuildValue("(Od)", sess->session, (double)learning_rate)));
   OTT_LEAVE();
 }
@@ -198,7 +209,7 @@ OrtStatus* ott_SetLearningRate(OrtTrainingSession* sess, float learning_rate) {
 OrtStatus* ott_GetLearningRate(OrtTrainingSession* sess, float* learning_rate) {
   OTT_REQUIRE(sess);
   OTT_REQUIRE(learning_rate);
-  OTT_ENTER();
+  OTT_ENTER_LIVE(sess, OTT_HANDLE_SESSION);
   PyObject* value = ott_call(OTT_get_learning_rate, Py_BuildValue("(O)", sess->session));
   if (value == NULL) {
     status = ott_python_error();
@@ -212,7 +223,7 @@ OrtStatus* ott_GetLearningRate(OrtTrainingSession* sess, float* learning_rate) {
 OrtStatus* ott_RegisterLinearLRScheduler(OrtTrainingSession* sess, const int64_t warmup_step_count,
                                          const int64_t total_step_count, const float initial_lr) {
   OTT_REQUIRE(sess);
-  OTT_ENTER();
+  OTT_ENTER_LIVE(sess, OTT_HANDLE_SESSION);
   status = ott_done(ott_call(OTT_register_linear_lr_scheduler,
                              Py_BuildValue("(OLLd)", sess->session, (long long)warmup_step_count,
                                            (long long)total_step_count, (double)initial_lr)));
@@ -222,7 +233,7 @@ OrtStatus* ott_RegisterLinearLRScheduler(OrtTrainingSession* sess, const int64_t
 OrtStatus* ott_GetParametersSize(OrtTrainingSession* sess, size_t* out, bool trainable_only) {
   OTT_REQUIRE(sess);
   OTT_REQUIRE(out);
-  OTT_ENTER();
+  OTT_ENTER_LIVE(sess, OTT_HANDLE_SESSION);
   PyObject* size = ott_call(OTT_parameters_size, Py_BuildValue("(OO)", sess->session, trainable_only ? Py_True : Py_False));
   if (size == NULL) {
     status = ott_python_error();
@@ -236,7 +247,7 @@ OrtStatus* ott_GetParametersSize(OrtTrainingSession* sess, size_t* out, bool tra
 static OrtStatus* buffer_call(OttBridgeFn fn, OrtTrainingSession* sess, OrtValue* parameters_buffer, bool trainable_only) {
   OTT_REQUIRE(sess);
   OTT_REQUIRE(parameters_buffer);
-  OTT_ENTER();
+  OTT_ENTER_LIVE(sess, OTT_HANDLE_SESSION);
   PyObject* spec = NULL;
   status = ott_tensor_spec(parameters_buffer, "parameters_buffer", &spec);
   if (status == NULL)
@@ -254,10 +265,14 @@ OrtStatus* ott_CopyBufferToParameters(OrtTrainingSession* sess, OrtValue* parame
 
 void ott_ReleaseTrainingSession(OrtTrainingSession* input) {
   if (input == NULL) return;
+  if (!ott_python_usable()) { /* after fork or Py_Finalize: the Python object cannot be touched, only forgotten */
+    ott_handle_remove(input, OTT_HANDLE_SESSION);
+    return;
+  }
   PyGILState_STATE gil = PyGILState_Ensure();
-  Py_XDECREF(input->session);
+  PyObject* session = ott_handle_remove(input, OTT_HANDLE_SESSION) ? input->session : NULL;
+  Py_XDECREF(session); /* the handle's memory is freed by the table, later */
   PyGILState_Release(gil);
-  PyMem_RawFree(input);
 }
 
 OrtStatus* ott_ExportModelForInferencing(OrtTrainingSession* sess, const ORTCHAR_T* inference_model_path,
@@ -268,7 +283,7 @@ OrtStatus* ott_ExportModelForInferencing(OrtTrainingSession* sess, const ORTCHAR
   for (size_t i = 0; i < graph_outputs_len; i++)
     if (graph_output_names[i] == NULL)
       return ott_status(ORT_INVALID_ARGUMENT, "graph_output_names[%zu]: expected a name, got NULL", i);
-  OTT_ENTER();
+  OTT_ENTER_LIVE(sess, OTT_HANDLE_SESSION);
   PyObject* names = PyList_New((Py_ssize_t)graph_outputs_len);
   for (size_t i = 0; names != NULL && i < graph_outputs_len; i++)
     PyList_SET_ITEM(names, (Py_ssize_t)i, PyUnicode_FromString(graph_output_names[i]));

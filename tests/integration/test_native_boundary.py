@@ -1,0 +1,128 @@
+"""The C boundary (libort_torch_train): tensors with a NULL or short buffer or in foreign memory, released and
+unknown handles, a call in a forked child; each an ORT_INVALID_ARGUMENT (or ORT_FAIL) status naming what is
+wrong, the parameters unchanged, the host alive; and the same program under valgrind."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import site
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.native import MLP, PROGRAMS, NativeBuild, build_native
+from tests.helpers.ort_format import save_in_ort_format
+
+BOUNDARY = PROGRAMS / "boundary.c"
+
+# each entry point that takes or fills a tensor, with a NULL data pointer, a short buffer and foreign memory
+TENSOR_CASES = {
+    "train_input_null": "inputs[0]: the tensor's data pointer is NULL",
+    "train_input_null_labels": "inputs[1]: the tensor's data pointer is NULL",
+    "train_input_short": "Got invalid dimensions for input: input",
+    "train_input_memory": "inputs[0]: expected a tensor in Cpu or Cuda memory, got DML memory",
+    "eval_input_null": "inputs[0]: the tensor's data pointer is NULL",
+    "eval_input_short": "Got invalid dimensions for input: input",
+    "train_output_null": "outputs[0]: the tensor's data pointer is NULL",
+    "eval_output_null": "outputs[0]: the tensor's data pointer is NULL",
+    "eval_output_short": "outputs[0]: expected element type 1 and 4 bytes, got element type 1 and 0 bytes",
+    "train_output_memory": "outputs[0]: expected a tensor in Cpu or Cuda memory",
+    "copy_to_null": "parameters_buffer: the tensor's data pointer is NULL",
+    "copy_to_short": "parameters_buffer: expected 837 elements",
+    "copy_to_memory": "parameters_buffer: expected a tensor in Cpu or Cuda memory",
+    "copy_from_null": "parameters_buffer: the tensor's data pointer is NULL",
+    "copy_from_short": "parameters_buffer: Parameters buffer size incorrect. Expected:837, Actual:836",
+    "copy_from_memory": "parameters_buffer: expected a tensor in Cpu or Cuda memory",
+    "update_null": "parameter: the tensor's data pointer is NULL",
+    "update_short": "parameter: Parameter 0.bias: Parameter data shape mismatch",
+    "update_memory": "parameter: expected a tensor in Cpu or Cuda memory",
+    "get_parameter_null": "allocator: the tensor it allocated is unusable",
+}
+
+
+@pytest.fixture(scope="module")
+def native(tmp_path_factory: pytest.TempPathFactory) -> NativeBuild:
+    return build_native(tmp_path_factory)
+
+
+def cases(stdout: str) -> dict[str, tuple[int, str]]:
+    found = (line.split(" ", 3) for line in stdout.splitlines() if line.startswith("case "))
+    return {name: (int(code), message) for _, name, code, message in found}
+
+
+def test_null_short_and_foreign_tensors_are_refused_at_every_entry_point(native: NativeBuild) -> None:
+    done = native.run(native.program(BOUNDARY), str(MLP), "tensors")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr  # the program checks the parameters unchanged
+    assert done.stdout.splitlines()[-1] == "done"
+    found = cases(done.stdout)
+    assert set(found) == set(TENSOR_CASES)
+    for name, expected in TENSOR_CASES.items():
+        assert found[name][0] == 2 and expected in found[name][1], (name, found[name])
+    assert "differs run_options_terminate_not_read" in done.stdout  # docs/native.md, "Differences from ONNX Runtime"
+
+
+def test_released_and_unknown_handles_are_statuses_and_double_release_is_ignored(native: NativeBuild) -> None:
+    done = native.run(native.program(BOUNDARY), str(MLP), "handles")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr
+    found = cases(done.stdout)
+    assert len(found) == 6 and all(code == 2 for code, _ in found.values())
+    assert (
+        "sess: expected a live OrtTrainingSession, got one that was released" in found["session_step_after_release"][1]
+    )
+    assert "checkpoint_state: expected a live OrtCheckpointState" in found["state_used_after_release"][1]
+    assert len(re.findall(r"is not a live \w+ \(released twice\?\); ignored", done.stderr)) == 2
+    assert "differs state_released_before_session" in done.stdout  # the session keeps its state alive
+
+
+def test_a_call_in_a_forked_child_is_refused_naming_fork_not_hung(native: NativeBuild) -> None:
+    done = native.run(native.program(BOUNDARY), str(MLP), "fork", threads=2, timeout=240)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr
+    code, message = cases(done.stdout)["train_step_in_forked_child"]
+    assert code == 1 and "fork()" in message
+
+
+def test_calls_after_the_host_finalized_python_are_refused(native: NativeBuild) -> None:
+    """A host that embeds Python, lets the library use its interpreter, then runs Py_FinalizeEx."""
+    done = native.run(native.program(BOUNDARY), str(MLP), "finalize", site.getsitepackages()[0])
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr
+    found = cases(done.stdout)
+    assert set(found) == {"load_after_py_finalize", "state_after_py_finalize"}
+    assert all(code == 1 and "Py_Finalize" in message for code, message in found.values())
+
+
+def test_an_ort_format_training_model_is_refused_as_not_implemented(native: NativeBuild, tmp_path: Path) -> None:
+    model = save_in_ort_format(MLP / "eval_model.onnx", tmp_path / "model.ort")
+    done = native.run(native.program(BOUNDARY), str(MLP), "ortformat", str(model))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr
+    found = cases(done.stdout)
+    assert set(found) == {"ort_format_path", "ort_format_buffer"}
+    assert all(code == 9 and "is an ORT-format model (.ort, FlatBuffers)" in text for code, text in found.values())
+
+
+@pytest.mark.slow
+def test_the_boundary_program_is_clean_under_valgrind(native: NativeBuild) -> None:
+    """No invalid read or write, in any frame, while the library refuses every bad tensor and handle."""
+    if shutil.which("valgrind") is None:
+        pytest.skip("valgrind is not installed")
+    command = ["valgrind", "--error-limit=no", "--undef-value-errors=no", "--num-callers=30"]
+    done = subprocess.run(
+        [*command, str(native.program(BOUNDARY)), str(MLP), "tensors,handles"],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env=native.environment(threads=1, env={"PYTHONMALLOC": "malloc"}),
+    )
+    assert done.returncode == 0 and done.stdout.splitlines()[-1] == "done", done.stdout[-2000:] + done.stderr[-4000:]
+    assert len(cases(done.stdout)) == len(TENSOR_CASES) + 6
+    assert re.search(r"ERROR SUMMARY: \d+ errors", done.stderr)
+    assert invalid_accesses(done.stderr) == [], done.stderr[-6000:]
+
+
+def invalid_accesses(log: str) -> list[str]:
+    """valgrind's invalid reads, writes and frees, less the dynamic loader's word-wise string reads (a known
+    false report: ld.so's strncmp reads whole words past a string's end, inside the allocation's alignment)."""
+    records = re.split(r"^==\d+== $", log, flags=re.MULTILINE)
+    invalid = [record.strip() for record in records if re.search(r"Invalid (?:read|write|free)", record)]
+    return [record for record in invalid if not re.search(r"\(dl-(?:load|open|deps)\.c:\d+\)", record)]
