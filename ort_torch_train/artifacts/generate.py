@@ -108,9 +108,7 @@ class Artifacts:
             self.training_model, path["training_model.onnx"], self.weights, threshold=threshold, outside=shared
         )
         references = {name: placed[name] for name in shared}
-        write_model(
-            self.eval_model, path["eval_model.onnx"], self.weights, threshold=threshold, references=references
-        )
+        write_model(self.eval_model, path["eval_model.onnx"], self.weights, threshold=threshold, references=references)
         write_checkpoint(self.checkpoint, path["checkpoint"], checkpoint_threshold, artifact=True)
         if nominal_checkpoint:
             write_checkpoint(nominal(self.checkpoint), path["nominal_checkpoint"], artifact=True)
