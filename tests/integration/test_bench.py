@@ -11,6 +11,7 @@ import pytest
 
 from tests.helpers.paths import ROOT
 from tests.helpers.scripts import load_script
+from tests.helpers.timeouts import scaled
 
 
 @pytest.mark.slow
@@ -35,7 +36,7 @@ def test_quick_benchmark_writes_table_and_results(tmp_path: Path) -> None:
         ],
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=scaled(180),
         cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -96,7 +97,7 @@ def test_mixed_precision_benchmark_names_the_attention_kernels(tmp_path: Path) -
         ],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=scaled(300),
         cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -146,7 +147,7 @@ def test_eager_floor_counts_nodes_and_prints_each_model(tmp_path: Path) -> None:
         ],
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=scaled(180),
         cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -213,18 +213,7 @@ def test_simplified_layer_norm_in_both_domains_matches_onnxruntime():
     model = ms_model("SimplifiedLayerNormalization", inputs, constant=(1,), epsilon=1e-6)
     model.graph.node[0].domain = ""
     got, expected = ort_and_converted(model, inputs)
-    weight = dequantize_nbits(
-        *(torch.from_numpy(t) if t is not None else None for t in (packed, scales, zero)),
-        bits=bits,
-        block_size=block,
-        k=k,
-        n=n,
-    )
-    terms = torch.from_numpy(inputs[0]).double().abs() @ weight.double().abs().t()
-    if bias:
-        terms += torch.from_numpy(inputs[5]).double().abs()
-    # float32 sums of k products in another order and kernel (ORT's, or torch's at another thread count)
-    assert_close_to_terms(got[0], expected[0], terms, rtol=1e-6)
+    np.testing.assert_allclose(got[0], expected[0], atol=1e-5, rtol=1e-5)
     model.graph.node[0].domain = MS
     gm, tensors = convert_model(model, inputs)
     np.testing.assert_array_equal(gm(*tensors)[0].numpy(), got[0])

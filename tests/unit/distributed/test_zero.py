@@ -95,7 +95,9 @@ def test_one_rank_steps_like_the_whole_tensors(group: dist.ProcessGroup, name: s
         if exact:
             torch.testing.assert_close(got, expected, rtol=0, atol=0)
         else:  # the initial value plus the steps' updates
-            assert_close_to_terms(got, expected, initial[param].detach().abs() + (expected - initial[param]).abs(), 1e-6)
+            assert_close_to_terms(
+                got, expected, initial[param].detach().abs() + (expected - initial[param]).abs(), 1e-6
+            )
         for key, moment in whole_state.optimizer.momentums[param].items():  # SGD's momentum0 too: zeros
             sharded_moment = sharded_state.optimizer.momentums[param][key]
             assert sharded_moment.shape == (moment.numel(),)  # this rank's slice: all of it, flattened
