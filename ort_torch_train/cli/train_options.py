@@ -180,7 +180,8 @@ def run_threads(threads: int | str | None, deterministic: bool) -> tuple[int | s
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
-    """--device, --threads, --deterministic, --compile, --mixed-precision, --recompute, --shard-state, --compile-cache, --lora."""
+    """--device, --threads, --deterministic, --compile, --mixed-precision, --recompute, --shard-state,
+    --compile-cache, --lora."""
     group = parser.add_argument_group("engine")
     group.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (default: cuda when available)")
     group.add_argument(
