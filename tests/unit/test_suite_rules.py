@@ -8,7 +8,10 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from tests.helpers.paths import ROOT
+from tests.helpers.timeouts import DEFAULT_SCALE, TIMEOUT_SCALE_VARIABLE, scaled
 
 TESTS = ROOT / "tests"
 FACTOR = "scaled"  # tests/helpers/timeouts.py
@@ -202,3 +205,14 @@ def test_the_rules_find_what_they_forbid() -> None:
         "test_by_fixture (line 10)",
         "test_cli (line 12)",
     ]
+
+
+def test_the_factor_comes_from_its_variable_and_refuses_a_bad_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(TIMEOUT_SCALE_VARIABLE, raising=False)
+    assert scaled(10) == 10 * DEFAULT_SCALE
+    monkeypatch.setenv(TIMEOUT_SCALE_VARIABLE, "2.5")
+    assert scaled(10) == 25
+    for bad in ("0", "-1", "many", "inf", "nan"):
+        monkeypatch.setenv(TIMEOUT_SCALE_VARIABLE, bad)
+        with pytest.raises(ValueError, match=f"^{TIMEOUT_SCALE_VARIABLE}: expected a number > 0, got {bad!r}$"):
+            scaled(10)
