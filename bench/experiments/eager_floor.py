@@ -149,10 +149,9 @@ def measure_model(artifacts: ArtifactSet, blocks: int) -> dict[str, float]:
     return {**times, "forward ops": forward_ops.count, "backward ops": backward_ops.count, "nodes": nodes}
 
 
-def step_us(name: str, artifacts: ArtifactSet, threads: int, rounds: int, log_dir: Path) -> dict[str, float]:
+def step_us(name: str, artifacts: ArtifactSet, settings: Settings, log_dir: Path) -> dict[str, float]:
     """Median step (us) of the eager step (a) and, where ORT can run these artifacts, of ORT's."""
     log_dir.mkdir(parents=True, exist_ok=True)
-    settings = Settings(threads=threads, device="cpu", rounds=rounds, steps=None, warmup=None)
     configs = ["ours"] if artifacts.ort_missing else ["ours", "ort"]
     results = run_model(MODELS[name], artifacts, configs, settings, log_dir, progress=lambda _: None)
     for result in results:
@@ -167,16 +166,19 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds of the (a) and ORT workers")
     parser.add_argument("--blocks", type=int, default=9, help="alternating blocks of 20 calls each, in this process")
+    parser.add_argument("--steps", type=int, help="timed steps per round (default: the model's)")
+    parser.add_argument("--warmup", type=int, help="warm-up steps per round (default: the model's)")
     parser.add_argument("--no-ort", action="store_true", help="use this project's generator and skip ORT")
     parser.add_argument("--cache", type=Path, default=BENCH / ".cache", help="artifact cache")
     args = parser.parse_args()
     set_threads(args.threads)
+    settings = Settings(threads=args.threads, device="cpu", rounds=args.rounds, steps=args.steps, warmup=args.warmup)
     rows, ort_missing = [], set()
     for name in args.models:
         artifacts = prepare_artifacts(MODELS[name], args.cache, use_ort=not args.no_ort)
         if artifacts.ort_missing:
             ort_missing.add(artifacts.ort_missing)
-        steps = step_us(name, artifacts, args.threads, args.rounds, args.cache / "logs")
+        steps = step_us(name, artifacts, settings, args.cache / "logs")
         parts = measure_model(artifacts, args.blocks)
         units = unit_costs(args.blocks)
         floor = parts["forward ops"] * units["tracked op"] + parts["nodes"] * units["node"] + units["backward call"]

@@ -26,7 +26,6 @@ from ort_torch_train.api import (
     Module,
     Optimizer,
     Properties,
-    set_threads,
 )
 from ort_torch_train.cli.common import (
     CliError,
@@ -41,6 +40,7 @@ from ort_torch_train.cli.data import check_arrays, check_batch_size, input_specs
 from ort_torch_train.cli.distributed import Launch, launch_from_environment
 from ort_torch_train.cli.export import lora_setting
 from ort_torch_train.cli.train_checks import check_total_steps, check_writable_output
+from ort_torch_train.cli.train_options import run_threads
 from ort_torch_train.fileio import atomic_write_bytes
 from ort_torch_train.graph.layout import eval_layout, training_layout
 from ort_torch_train.progress import status_line
@@ -65,7 +65,7 @@ from ort_torch_train.trainer import (
 from ort_torch_train.trainer.data import data_position, keep_batch
 from ort_torch_train.trainer.loggers import as_written
 from ort_torch_train.trainer.metrics import BUILT_IN
-from ort_torch_train.training.threads import default_threads
+from ort_torch_train.training.threads import process_threads
 
 NEEDS_MODEL_OUTPUTS = ("loss", "perplexity")  # metrics that need only the loss
 
@@ -123,7 +123,7 @@ def metric_name(text: str) -> str:
 
 def train(args: argparse.Namespace, launch: Launch, device: str) -> None:
     """``run_train`` on this rank."""
-    set_threads(default_threads() if args.threads is None else args.threads)
+    process_threads().choose(*run_threads(args.threads, args.deterministic))
     check_writable_output(Path(args.output))
     job = prepare(args)
     if launch.is_main:

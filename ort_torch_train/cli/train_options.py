@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from ort_torch_train.cli.errors import CliError
+
 ArgType = Callable[[str], object]
 
 DESCRIPTION = """\
@@ -161,8 +163,30 @@ def thread_count(text: str) -> int | str:
         raise argparse.ArgumentTypeError(str(error).removeprefix("threads: ")) from None
 
 
+def run_threads(threads: int | str | None, deterministic: bool) -> tuple[int | str, str]:
+    """The thread setting of a run and what chose it, from --threads (None when not given) and
+    --deterministic: --threads, else ``default_threads``; --deterministic turns "torch" into torch's
+    count, and refuses auto."""
+    import torch  # run time only: parsing stays free of torch
+
+    from ort_torch_train.training.threads import default_source, default_threads
+
+    if threads is not None:
+        setting, source = threads, f"--threads {threads}"
+    else:
+        setting, source = default_threads(), default_source()
+    if not deterministic:
+        return setting, source
+    if threads == "auto":
+        raise CliError("--deterministic fixes the thread count: --threads auto follows the load; give --threads N")
+    if isinstance(setting, int):
+        return setting, f"--deterministic, {source}"
+    return torch.get_num_threads(), "--deterministic: torch's count"
+
+
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
-    """--device, --threads, --compile, --mixed-precision, --recompute, --shard-state, --compile-cache, --lora."""
+    """--device, --threads, --deterministic, --compile, --mixed-precision, --recompute, --shard-state,
+    --compile-cache, --lora."""
     group = parser.add_argument_group("engine")
     group.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (default: cuda when available)")
     group.add_argument(
@@ -172,6 +196,12 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         help="CPU threads per step: N, auto (the cores other processes leave free; results may then differ "
         "in the last bits between runs under different loads) or torch (torch's count, untouched). "
         "Default: $ORT_TORCH_TRAIN_THREADS, else torch when $OMP_NUM_THREADS is set, else auto",
+    )
+    group.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="a fixed CPU thread count (--threads N, else the count that variable fixes, else torch's), so that "
+        "two runs of one command on one machine repeat bit for bit whatever the load",
     )
     group.add_argument(
         "--compile",

@@ -26,6 +26,7 @@ from ort_torch_train.errors import (
     UnsupportedOperatorError,
 )
 from ort_torch_train.session import TrainingSession, load_checkpoint_from_buffer, set_seed
+from ort_torch_train.training.threads import threads_setting
 
 TensorSpec = tuple[memoryview | int, int, tuple[int, ...], str]
 """(memory, ONNX element type, shape, device): memory is a memoryview on the CPU, an address on CUDA."""
@@ -182,7 +183,9 @@ def create_session(
     device: str,
     compile: str,
 ) -> TrainingSession:
-    """``CreateTrainingSession`` / ``...FromBuffer``; device and compile come from the session options."""
+    """``CreateTrainingSession`` / ``...FromBuffer``; device and compile come from the session options. The
+    first one logs the thread policy in effect (info: ``ORT_TORCH_TRAIN_LOG=info``)."""
+    threads_setting()
     return TrainingSession(
         state, train_model, eval_model, optimizer_model, device=device or "cpu", compile=compile_setting(compile)
     )

@@ -22,7 +22,9 @@ once at the policy's first use (``default_threads``):
 The policy is this package's one process-wide setting of its own: torch keeps a single thread count per
 process, so every engine follows one ``ThreadPolicy``, ``process_threads()`` (an engine takes it when
 built and hands it to its compiled steps), which ``set_threads`` and the CLI's ``--threads`` set. It reads nothing and sets nothing at import; it changes torch's count
-through ``torch_settings.py``, where the package's process-wide torch settings are listed.
+through ``torch_settings.py``, where the package's process-wide torch settings are listed. The policy in
+effect is logged (info: the CLI's ``-v``, ``ORT_TORCH_TRAIN_LOG=info``) when chosen, and at its first use
+when the environment chooses it.
 
 A compiled step follows the load once, when it compiles, and then ``hold``s that count: inductor's
 compiled loops keep the thread count they were compiled with, and Dynamo's guards check it (another
@@ -65,22 +67,24 @@ class ThreadPolicy:
         self._next_check = 0.0
         self._last: Sample | None = None  # the sample the next decision reads the interval from
 
-    def choose(self, threads: int | str) -> None:
+    def choose(self, threads: int | str, source: str = "set_threads") -> None:
         """Make ``threads`` the setting: "auto", "torch" or an int n >= 1 (torch's count set to n at once);
-        a count auto lowered goes back to auto's ceiling first."""
+        a count auto lowered goes back to auto's ceiling first. Logs the policy (info), naming ``source``."""
         if threads not in POLICIES and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
             raise ValueError(_expected("threads", threads))
         self._apply(threads)
         if threads == "auto":
             self._last = _sample()
+        log.info("threads: %s (%s)", describe(threads), source)
 
     def setting(self) -> int | str:
         """The setting in effect: "auto", "torch" or the fixed count (``default_threads``, chosen once, until
-        ``choose`` is called)."""
+        ``choose`` is called, and logged then)."""
         setting = self._setting
         if setting is None:
             setting = default_threads()
             self._apply(setting)
+            log.info("threads: %s (%s)", describe(setting), default_source())
         return setting
 
     def follow_load(self, device: torch.device) -> None:
@@ -181,6 +185,27 @@ def default_threads() -> int | str:
     if text:
         return parse_threads(text, THREADS_VARIABLE)
     return "torch" if os.environ.get("OMP_NUM_THREADS") else "auto"
+
+
+def default_source() -> str:
+    """What chose ``default_threads``' setting, in words: the variable that pinned it, or the default."""
+    text = os.environ.get(THREADS_VARIABLE)
+    if text:
+        return f"${THREADS_VARIABLE}={text}"
+    return f"$OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}" if os.environ.get("OMP_NUM_THREADS") else "the default"
+
+
+def describe(setting: int | str) -> str:
+    """A setting as the policy's one-line log says it: what it runs on and whether runs repeat bit for bit."""
+    count = torch.get_num_threads()
+    if setting == "auto":
+        return (
+            f"auto, at most {count}, fewer while other processes keep CPUs busy: results follow the load in their "
+            f"last bits (a fixed count repeats them: --deterministic, --threads N or ${THREADS_VARIABLE}=N)"
+        )
+    if setting == "torch":
+        return f"torch's count, {count}, fixed: CPU steps repeat bit for bit"
+    return f"{setting}, fixed: CPU steps repeat bit for bit"
 
 
 def threads_for_load(cpus: int, other_busy: float, ceiling: int) -> int:

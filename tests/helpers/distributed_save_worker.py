@@ -22,6 +22,7 @@ import torch.distributed as dist
 from ort_torch_train.api import CheckpointState, Module, Optimizer
 from ort_torch_train.fileio import path_lock
 from tests.helpers.distributed_worker import MLP, batches, part
+from tests.helpers.timeouts import scaled
 
 ARTIFACTS = MLP / "artifacts"
 
@@ -120,7 +121,7 @@ def lost_saver(rank: int, out: Path) -> dict[str, str]:
 
 def main() -> None:
     scenario, out = sys.argv[1], Path(sys.argv[2])
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=20))
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=scaled(20)))
     rank = dist.get_rank()
     if scenario == "saves":
         outcomes = {**saves(rank, out), **start_up(rank, out)}

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from tests.helpers.paths import FIXTURES
+from tests.helpers.timeouts import scaled
 
 MLP = FIXTURES / "mlp_ce_adamw_sched"
 TRANSFORMER = FIXTURES / "transformer"
@@ -276,7 +277,7 @@ def main() -> None:
         dist.barrier()
         dist.destroy_process_group()
         return
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=20))
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=scaled(20)))
     rank, world_size = dist.get_rank(), dist.get_world_size()
     errors = {}
     if scenario == "lost_rank":

@@ -17,6 +17,7 @@ from ort_torch_train.native import Flags, NativeBuildError, build
 from ort_torch_train.native.build import find_compiler
 from ort_torch_train.training.threads import THREADS_VARIABLE
 from tests.helpers.paths import ROOT
+from tests.helpers.timeouts import scaled
 
 PROGRAMS = ROOT / "tests" / "native"
 MLP = ROOT / "tests" / "fixtures" / "mlp_ce_adamw_sched" / "artifacts"
@@ -55,7 +56,7 @@ class NativeBuild:
         *args: str,
         preload: bool = False,
         threads: int = 1,
-        timeout: float = 300,
+        timeout: float | None = None,
         env: dict[str, str] | None = None,
     ) -> subprocess.CompletedProcess:
         """Run a program (the library preloaded when asked) with the engine on ``threads`` threads, ``env`` added;
@@ -63,7 +64,9 @@ class NativeBuild:
         env = self.environment(threads, env)
         if preload:
             env["LD_PRELOAD"] = str(self.flags.library)
-        return subprocess.run([str(program), *args], capture_output=True, text=True, env=env, timeout=timeout)
+        return subprocess.run(
+            [str(program), *args], capture_output=True, text=True, env=env, timeout=timeout or scaled(300)
+        )
 
     def environment(self, threads: int = 1, env: dict[str, str] | None = None) -> dict[str, str]:
         """The environment programs run in: this one, the engine on ``threads`` threads, ``env`` added."""

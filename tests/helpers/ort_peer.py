@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.paths import ROOT
+from tests.helpers.timeouts import scaled
 
 ORT_PYTHON = Path(os.environ.get("ORT_TRAINING_PYTHON", ROOT / ".venv-ort" / "bin" / "python"))
 
@@ -25,14 +26,18 @@ requires_ort = [
 ]
 
 
-def run_ort(script: str, *args: str | os.PathLike, timeout: float = 300) -> object:
+def run_ort(script: str, *args: str | os.PathLike, timeout: float | None = None) -> object:
     """Run script (Python source) under ORT's interpreter with args as sys.argv[1:].
 
     The script must print one JSON value as the last line of its stdout; it is returned. A failing
     script fails the calling test with its stderr.
     """
     result = subprocess.run(
-        [str(ORT_PYTHON), "-c", script, *map(str, args)], capture_output=True, text=True, timeout=timeout, check=False
+        [str(ORT_PYTHON), "-c", script, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout or scaled(300),
+        check=False,
     )
     if result.returncode != 0:
         pytest.fail(f"ORT script failed ({result.returncode}):\n{result.stderr[-4000:]}")

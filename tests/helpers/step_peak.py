@@ -9,6 +9,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from tests.helpers.timeouts import scaled
+
 
 def status_mb(field: str) -> float:
     """A ``/proc/self/status`` field (VmRSS, VmHWM, ...) in MiB."""
@@ -37,7 +39,11 @@ def run_printing_mb(script: str, directory: Path) -> float:
     glibc mmapping every allocation over 64 KiB so that freed tensors leave the resident set at once."""
     environment = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
     out = subprocess.run(
-        [sys.executable, "-c", script, str(directory)], capture_output=True, text=True, timeout=300, env=environment
+        [sys.executable, "-c", script, str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=scaled(300),
+        env=environment,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     return float(out.stdout.strip().splitlines()[-1])

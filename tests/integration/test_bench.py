@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 
 from tests.helpers.paths import ROOT
 from tests.helpers.scripts import load_script
+from tests.helpers.timeouts import scaled
 
 
 @pytest.mark.slow
@@ -35,7 +37,7 @@ def test_quick_benchmark_writes_table_and_results(tmp_path: Path) -> None:
         ],
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=scaled(180),
         cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -96,7 +98,7 @@ def test_mixed_precision_benchmark_names_the_attention_kernels(tmp_path: Path) -
         ],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=scaled(300),
         cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -141,12 +143,16 @@ def test_eager_floor_counts_nodes_and_prints_each_model(tmp_path: Path) -> None:
             "1",
             "--rounds",
             "1",
+            "--steps",
+            "3",
+            "--warmup",
+            "1",
             "--cache",
             str(tmp_path / "cache"),
         ],
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=scaled(180),
         cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -155,7 +161,9 @@ def test_eager_floor_counts_nodes_and_prints_each_model(tmp_path: Path) -> None:
     step, untracked, forward, backward = map(float, row[1:5])
     forward_ops, backward_ops, nodes = int(row[5]), int(row[7]), int(row[9])
     tracked_op, node, backward_call = float(row[10]), float(row[12]), float(row[14])
-    assert min(step, untracked, forward, tracked_op, node, backward_call) > 0
+    assert min(step, untracked, forward) > 0
+    # the unit costs are differences of timed medians: one block on a busy machine may put one below zero
+    assert all(math.isfinite(cost) for cost in (tracked_op, node, backward_call))
     assert forward_ops > 0 and backward_ops > 0 and nodes > forward_ops // 2
     floor = forward_ops * tracked_op + nodes * node + backward_call
     assert abs(float(row[15]) - floor) <= 1 and row[16:] == ["-", "-", "-"]

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from ort_torch_train.state.training_state import TrainingState
+from tests.helpers.timeouts import scaled
 from tests.unit.cli.test_cli import ort_case, run_cli, sample_major_npz
 
 
@@ -101,13 +102,13 @@ def test_sigint_saves_a_checkpoint_that_resumes_exactly(capsys, tmp_path, cnn_da
         text=True,
     )
     try:
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + scaled(240)
         while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
             assert process.poll() is None, process.communicate()[1][-2000:]
             assert time.monotonic() < deadline, "training never wrote 3 metrics lines"
             time.sleep(0.2)
         process.send_signal(signal.SIGINT)
-        out, err = process.communicate(timeout=120)
+        out, err = process.communicate(timeout=scaled(120))
     finally:
         if process.poll() is None:
             process.kill()
@@ -138,7 +139,7 @@ def test_log_level_from_the_environment() -> None:
         [sys.executable, "-c", code],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=scaled(300),
         env={**os.environ, "ORT_TORCH_TRAIN_LOG": "debug"},
     )
     assert loud.returncode == 0 and loud.stdout == "", loud.stderr

@@ -21,6 +21,7 @@ from tests.helpers import distributed_worker as worker
 from tests.helpers.ort_peer import requires_ort, run_ort
 from tests.helpers.paths import ROOT
 from tests.helpers.ports import free_port
+from tests.helpers.timeouts import scaled
 
 WORLD_SIZE = 2
 TOLERANCE = 1e-6
@@ -87,7 +88,7 @@ def rank_results(out: Path, run: str) -> list[dict[str, np.ndarray]]:
 def eager(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("ddp_eager")
     worker.train("mlp_adamw_sched", save_at=(10, out / "one_process_step10.ckpt"))
-    require_success(launch("eager", out, timeout=120))
+    require_success(launch("eager", out, timeout=scaled(120)))
     return out
 
 
@@ -176,7 +177,7 @@ def test_legacy_session_on_two_ranks_trains_like_one_process(eager: Path, run: s
 def test_legacy_session_under_mpirun_environment_trains_like_one_process(tmp_path: Path) -> None:
     """mpirun's OMPI_COMM_WORLD_RANK/SIZE (no RANK/WORLD_SIZE): the legacy session initialises the
     process group itself and world_size=2 == the 1-process full-batch run."""
-    require_success(launch("legacy_mpi", tmp_path, timeout=90, mpi=True))
+    require_success(launch("legacy_mpi", tmp_path, timeout=scaled(90), mpi=True))
     reference = worker.legacy_train()
     ranks = rank_results(tmp_path, "legacy_mpi")
     for key in reference:
@@ -218,7 +219,7 @@ def test_misuse_raises_on_every_rank(eager: Path, case: str, expected: str) -> N
 
 @pytest.mark.distributed
 def test_lost_rank_raises_within_the_timeout(tmp_path: Path) -> None:
-    results = launch("lost_rank", tmp_path, timeout=60)
+    results = launch("lost_rank", tmp_path, timeout=scaled(60))
     require_success(results)
     assert "rank 0 of 2" in json.loads((tmp_path / "errors_rank0.json").read_text()).get("lost_rank", "")
 
@@ -243,10 +244,10 @@ def test_ort_loads_the_rank0_checkpoint(eager: Path) -> None:
 def test_compiled_steps_on_two_ranks_train_like_one_process_and_load_from_the_compile_cache(tmp_path: Path) -> None:
     """The first launch trains compiled (plain and sharded) like one process and saves the plain step in an
     empty compile cache; a second launch loads it on both ranks and trains bitwise alike."""
-    require_success(launch("compiled", tmp_path, timeout=400))
+    require_success(launch("compiled", tmp_path, timeout=scaled(400)))
     for run in worker.SCENARIOS["compiled"]:
         assert_same_training(tmp_path, run)
-    require_success(launch("compiled_cache", tmp_path, timeout=400))
+    require_success(launch("compiled_cache", tmp_path, timeout=scaled(400)))
     cold, warm = (
         [dict(np.load(tmp_path / f"cached_compile_{launch}_rank{rank}.npz")) for rank in range(2)]
         for launch in ("cold", "warm")

@@ -19,11 +19,12 @@ from ort_torch_train.state.training_state import TrainingState
 from tests.helpers import distributed_worker as worker
 from tests.helpers.paths import ROOT
 from tests.helpers.ports import free_port
+from tests.helpers.timeouts import scaled
 from tests.integration.test_distributed import TOLERANCE
 from tests.unit.cli.test_cli import run_cli
 
 
-def torchrun(*args: object, timeout: float = 120) -> subprocess.CompletedProcess:
+def torchrun(*args: object, timeout: float | None = None) -> subprocess.CompletedProcess:
     """``torchrun --nproc_per_node=2 ARGS`` on a free port; fails the test (killing every rank) past ``timeout``."""
     command = [
         sys.executable,
@@ -43,6 +44,7 @@ def torchrun(*args: object, timeout: float = 120) -> subprocess.CompletedProcess
         stderr=subprocess.PIPE,
         start_new_session=True,
     )
+    timeout = timeout or scaled(120)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

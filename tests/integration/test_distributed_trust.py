@@ -11,6 +11,7 @@ import pytest
 
 from ort_torch_train.api import CheckpointState
 from tests.helpers import distributed_save_worker
+from tests.helpers.timeouts import scaled
 from tests.integration.test_distributed import WORLD_SIZE, launch, require_success
 
 pytestmark = pytest.mark.distributed
@@ -23,7 +24,7 @@ def outcomes(out: Path) -> list[dict[str, str]]:
 @pytest.fixture(scope="session")
 def saves(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("saves")
-    require_success(launch("saves", out, timeout=90, worker_module=distributed_save_worker.__name__))
+    require_success(launch("saves", out, timeout=scaled(90), worker_module=distributed_save_worker.__name__))
     return out
 
 
@@ -66,7 +67,7 @@ def test_ranks_with_different_optimizer_state_or_learning_rate_are_refused(saves
 
 
 def test_a_rank_dying_during_a_save_raises_the_projects_error(tmp_path: Path) -> None:
-    results = launch("lost_saver", tmp_path, timeout=90, worker_module=distributed_save_worker.__name__)
+    results = launch("lost_saver", tmp_path, timeout=scaled(90), worker_module=distributed_save_worker.__name__)
     assert results[0].returncode == 17, results[0].stderr[-3000:]
     assert results[1].returncode == 0, results[1].stderr[-3000:]
     error = json.loads((tmp_path / "outcomes_rank1.json").read_text())["lost_saver"]

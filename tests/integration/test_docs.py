@@ -17,6 +17,7 @@ import pytest
 
 from tests.helpers import doc_reference, doc_snippets
 from tests.helpers.paths import ROOT
+from tests.helpers.timeouts import scaled
 
 PUBLIC_MODULES = [
     "ort_torch_train.api",
@@ -74,7 +75,7 @@ def test_documentation_builds_without_warnings(tmp_path: Path) -> None:
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=scaled(120),
         cwd=ROOT,
     )
     output = result.stdout + result.stderr
@@ -147,7 +148,7 @@ def test_page_snippets_run_chained(page: Path, tmp_path: Path, snippet_compile_c
         input=json.dumps(doc_snippets.program(blocks)),
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=scaled(600),
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(ROOT), "TORCHINDUCTOR_CACHE_DIR": str(snippet_compile_cache)},
     )

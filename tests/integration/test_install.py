@@ -19,6 +19,7 @@ import pytest
 
 from tests.helpers import doc_snippets
 from tests.helpers.ports import free_port
+from tests.helpers.timeouts import scaled
 from tests.unit.cli.test_cli_docs import (
     batched_example,
     inspect_example,
@@ -112,7 +113,7 @@ def test_readme_install_keeps_torch_and_runs_cli(tmp_path: Path) -> None:
     assert not inspect_output_matches(shown, _run(command, env, cwd=example))
     assert "trained steps 1-20" in _run(batched_example(), env, cwd=example)
     launch_env = {**env, "PET_MASTER_PORT": str(free_port())}  # torchrun's --master-port, free under xdist
-    assert "trained steps 1-10" in _run(torchrun_example(), launch_env, cwd=example, timeout=180)
+    assert "trained steps 1-10" in _run(torchrun_example(), launch_env, cwd=example, timeout=scaled(180))
     assert (example / "run" / "ddp").is_file()
     loop_page = tmp_path / "training_loop"  # docs/training-loop.md's examples, its setup making the artifacts
     loop_page.mkdir()

@@ -21,6 +21,7 @@ from tests.helpers import distributed_worker as worker
 from tests.helpers.ort_peer import ORT_PYTHON, run_ort
 from tests.helpers.paths import ROOT
 from tests.helpers.ports import free_port
+from tests.helpers.timeouts import scaled
 from tests.integration.test_distributed import TOLERANCE
 from tests.unit.cli.test_cli import run_cli
 
@@ -83,7 +84,7 @@ def test_two_nodes_train_like_one_process_and_ort_loads_the_rank0_checkpoint(cap
     code, _, err = run_cli(capsys, *TRAIN, "--steps", 6, "--output", tmp_path / "one")
     assert code == 0, err
     nodes = start_nodes(tmp_path, *TRAIN, "--steps", 6, "--shard-state")
-    assert wait_all(nodes, tmp_path, timeout=120) == [0, 0]
+    assert wait_all(nodes, tmp_path, timeout=scaled(120)) == [0, 0]
     # each node names its own --output (its own disk), so each rank writes its own copy: the same bytes
     saved = [tmp_path / f"node{node}" for node in range(2)]
     assert saved[0].read_bytes() == saved[1].read_bytes()
@@ -112,10 +113,10 @@ def test_a_node_lost_mid_run_fails_the_other(tmp_path: Path) -> None:
     """Killing one launcher and its process (SIGKILL: the machine is gone) while both train makes the
     other's step fail on the broken connection, and its launcher exit non-zero, within a minute."""
     nodes = start_nodes(tmp_path, *TRAIN, "--steps", 1_000_000)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + scaled(120)
     while not any((tmp_path / f"node{node}.jsonl").exists() for node in range(2)):  # rank 0 trains
         assert time.monotonic() < deadline and all(node.poll() is None for node in nodes), "no node started training"
         time.sleep(0.2)
     kill_node(nodes[1])
-    [status] = wait_all(nodes[:1], tmp_path, timeout=60)
+    [status] = wait_all(nodes[:1], tmp_path, timeout=scaled(60))
     assert status != 0 and "ort-torch-train: error:" in (tmp_path / "node0.log").read_text()

@@ -84,8 +84,15 @@ def test_transparent_path_trains_an_unmodified_program_when_preloaded(native: Na
 
 
 def test_two_sessions_on_two_threads_match_serial_runs(native: NativeBuild) -> None:
-    done = native.run(native.program(PROGRAMS / "threads_rss.c"), str(MLP), "threads", "20")
+    """At a fixed thread count (the run's ORT_TORCH_TRAIN_THREADS=1), which the library logs at its first
+    session (ORT_TORCH_TRAIN_LOG=info): under auto the count would follow the load."""
+    program = native.program(PROGRAMS / "threads_rss.c")
+    done = native.run(program, str(MLP), "threads", "20", threads=1, env={"ORT_TORCH_TRAIN_LOG": "info"})
     assert done.returncode == 0 and done.stdout.strip() == "same", done.stdout + done.stderr
+    policy = [line for line in done.stderr.splitlines() if "threads: " in line]
+    assert len(policy) == 1 and policy[0].endswith(
+        "threads: 1, fixed: CPU steps repeat bit for bit ($ORT_TORCH_TRAIN_THREADS=1)"
+    ), done.stderr
 
 
 def test_rss_stays_flat_over_2000_steps(native: NativeBuild) -> None:

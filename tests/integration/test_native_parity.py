@@ -14,6 +14,7 @@ from ort_torch_train.api import CheckpointState, LinearLRScheduler, Module, Opti
 from tests.conftest import SUITE_THREADS
 from tests.helpers.native import PROGRAMS, NativeBuild, build_native
 from tests.helpers.paths import FIXTURES
+from tests.helpers.timeouts import scaled
 
 STEPS = 20
 FIXTURE_NAMES = ("mlp_ce_adamw_sched", "cnn", "transformer")
@@ -58,7 +59,7 @@ def run_c(native: NativeBuild, root: Path, names: tuple[str, ...], compile: bool
         out.mkdir()
         jobs.append(f"{FIXTURES / name / 'artifacts'}:{data}:{out}:{STEPS}:{int(compile)}")
         outputs[name] = out
-    done = native.run(native.program(PROGRAMS / "train_parity.c"), *jobs, threads=SUITE_THREADS, timeout=600)
+    done = native.run(native.program(PROGRAMS / "train_parity.c"), *jobs, threads=SUITE_THREADS, timeout=scaled(600))
     assert done.returncode == 0, done.stdout + done.stderr
     return outputs
 

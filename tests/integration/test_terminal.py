@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.paths import FIXTURES
+from tests.helpers.timeouts import scaled
 from tests.unit.cli.test_cli import sample_major_npz
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")]
@@ -33,7 +34,7 @@ def run_in_tmux(command: str, cwd: Path, width: int = 100) -> list[str]:
         [*tmux, "new-session", "-d", "-s", session, "-x", str(width), "-y", "50", "-c", str(cwd), shell], check=True
     )
     try:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + scaled(90)
         while time.monotonic() < deadline:
             pane = subprocess.run(
                 [*tmux, "capture-pane", "-p", "-J", "-S", "-", "-t", session],

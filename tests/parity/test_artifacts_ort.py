@@ -19,6 +19,7 @@ from ort_torch_train.artifacts import LossType, OptimType, generate_artifacts
 from tests.helpers.artifacts_support import generate_arguments, input_keys, load_expected
 from tests.helpers.corpus import corpus_cases
 from tests.helpers.ort_peer import requires_ort, run_ort
+from tests.helpers.timeouts import scaled
 from tests.unit.artifacts.test_artifacts_torch import CNN, GPT, HAS_ONNXSCRIPT, data
 
 pytestmark = [*requires_ort, pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")]
@@ -103,7 +104,7 @@ def test_ort_loads_and_trains_with_our_checkpoint_eval_and_optimizer_models(tmp_
             }
         )
         expectations[str(case)] = expected
-    results = run_ort(CORPUS_SCRIPT, json.dumps(jobs), timeout=600)
+    results = run_ort(CORPUS_SCRIPT, json.dumps(jobs), timeout=scaled(600))
 
     for case, result in results.items():
         expected = expectations[case]

@@ -19,6 +19,7 @@ from ort_torch_train.optim.clip import clip_grad_norm_
 from ort_torch_train.optim.optimizer_model import read_optimizer_model
 from ort_torch_train.optim.sgd import SGD_ALGORITHM, SGDHyperparameters, sgd
 from tests.helpers.ort_peer import ORT_PYTHON
+from tests.helpers.timeouts import scaled
 
 pytestmark = [
     pytest.mark.ort_peer,
@@ -105,7 +106,9 @@ def ort_run(tmp_path_factory):
     np.savez(work / "data.npz", **data)
     (work / "cases.json").write_text(__import__("json").dumps(CASES))
     (work / "run_ort.py").write_text(ORT_SCRIPT)
-    subprocess.run([str(ORT_PYTHON), str(work / "run_ort.py"), str(work)], check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [str(ORT_PYTHON), str(work / "run_ort.py"), str(work)], check=True, capture_output=True, timeout=scaled(120)
+    )
     return work, data, dict(np.load(work / "results.npz"))
 
 

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.helpers.timeouts import scaled
+
 ROOT = Path(__file__).resolve().parents[2]
 
 _WITHOUT_FCNTL = """
@@ -33,7 +35,11 @@ print(open(target, "rb").read() in (b"\\x00", b"\\x01", b"\\x02"))
 
 def test_fileio_imports_and_locks_without_fcntl(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-c", _WITHOUT_FCNTL, str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", _WITHOUT_FCNTL, str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=scaled(60),
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "True"
@@ -61,7 +67,7 @@ def test_the_compile_cache_is_off_where_the_os_cannot_check_owners_and_links(tmp
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=scaled(60),
     )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()

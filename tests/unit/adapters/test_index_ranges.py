@@ -18,6 +18,7 @@ from ort_torch_train.api import CheckpointState, Module, Optimizer
 from ort_torch_train.artifacts import LossType, OptimType, generate_artifacts
 from ort_torch_train.errors import IndexRangeError
 from tests.helpers.adapter_harness import convert_model, one_node_model, reference_outputs
+from tests.helpers.timeouts import scaled
 
 VOCAB, WIDTH, BATCH = 16, 4, 3
 RNG = np.random.default_rng(5)
@@ -197,7 +198,11 @@ def test_on_cuda_an_index_out_of_range_stops_with_a_device_side_assert() -> None
     """On CUDA the check runs on the device (no host synchronisation): a bad index fails the process's
     CUDA work with a device-side assert, raised as a RuntimeError at the next synchronisation."""
     process = subprocess.run(
-        [sys.executable, "-c", CUDA_SCRIPT], capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[3]
+        [sys.executable, "-c", CUDA_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=scaled(120),
+        cwd=Path(__file__).parents[3],
     )
     model, inputs, _ = _node_case("GatherND")
     first_line = process.stdout.splitlines()[0]

@@ -10,6 +10,7 @@ import torch
 
 from ort_torch_train.api import CheckpointState, OrtValue
 from ort_torch_train.errors import NominalStateError
+from tests.helpers.timeouts import scaled
 
 
 def test_two_threads_on_one_module_lose_no_step(mlp_case):
@@ -28,7 +29,7 @@ def test_two_threads_on_one_module_lose_no_step(mlp_case):
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(timeout=120)
+        thread.join(timeout=scaled(120))
     assert module.training_state.optimizer.step - start == 300
 
 
@@ -61,7 +62,7 @@ def test_save_while_another_thread_trains_writes_consistent_states(mlp_case, tmp
                 )
     finally:
         stop.set()
-        worker.join(timeout=60)
+        worker.join(timeout=scaled(60))
 
 
 def test_failed_step_after_lazy_reset_keeps_the_gradients(mlp_case):

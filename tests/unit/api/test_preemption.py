@@ -15,6 +15,7 @@ import pytest
 
 from tests.helpers import preemption_worker
 from tests.helpers.paths import ROOT
+from tests.helpers.timeouts import scaled
 
 
 @pytest.mark.slow
@@ -29,7 +30,7 @@ def test_saves_from_a_sigterm_handler_hold_one_step(tmp_path: Path) -> None:
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + scaled(60)
         while not (tmp_path / "ready").exists() and worker.poll() is None and time.monotonic() < deadline:
             time.sleep(0.01)
         while worker.poll() is None and time.monotonic() < deadline:

@@ -12,6 +12,7 @@ import pytest
 
 from ort_torch_train.checkpoint.odtc import read_checkpoint
 from ort_torch_train.errors import CheckpointError
+from tests.helpers.timeouts import scaled
 
 
 def _offsets(b: flatbuffers.Builder, offsets: list[int]) -> int:
@@ -90,6 +91,9 @@ def test_inspect_refuses_the_bomb(tmp_path) -> None:
     path = tmp_path / "bomb"
     path.write_bytes(shared_dims_bomb())
     result = subprocess.run(
-        [sys.executable, "-m", "ort_torch_train", "inspect", str(path)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "ort_torch_train", "inspect", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=scaled(120),
     )
     assert result.returncode != 0 and "shared with" in result.stderr and "Traceback" not in result.stderr

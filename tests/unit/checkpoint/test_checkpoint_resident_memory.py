@@ -11,6 +11,7 @@ import torch
 
 from ort_torch_train.state.training_state import TrainingState
 from tests.helpers.paths import FIXTURES
+from tests.helpers.timeouts import scaled
 
 # a GPT-2-like mix: one large embedding, per layer a few MB-sized matrices and small vectors
 SIZES = {"embedding": 20 * 2**18}
@@ -42,7 +43,7 @@ def test_parameters_gradients_and_moments_are_all_that_stays_resident(tmp_path: 
     TrainingState(params).save(tmp_path / "checkpoint")
     optimizer_model = FIXTURES / "mlp_ce_adamw_sched" / "artifacts" / "optimizer_model.onnx"
     command = [sys.executable, "-c", SCRIPT, str(tmp_path / "checkpoint"), str(optimizer_model)]
-    out = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(command, capture_output=True, text=True, timeout=scaled(120), check=True)
     growth_mb = float(out.stdout.strip().splitlines()[-1])
     tensors_mb = 4 * sum(SIZES.values()) * 4 / 2**20  # parameters, gradients, two AdamW moments
     assert growth_mb < tensors_mb * 1.15, f"{growth_mb:.0f} MB resident for {tensors_mb} MB of tensors"

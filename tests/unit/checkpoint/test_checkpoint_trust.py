@@ -21,6 +21,7 @@ from ort_torch_train.checkpoint.pair import manifest_path
 from ort_torch_train.checkpoint.records import CheckpointRecord
 from ort_torch_train.errors import CheckpointError, SpecialFileError
 from ort_torch_train.fileio import atomic_write, path_lock
+from tests.helpers.timeouts import scaled
 from tests.unit.checkpoint.test_checkpoint_atomic import _generation, _record
 
 
@@ -73,8 +74,8 @@ def test_read_while_saving_sees_one_saved_pair(tmp_path: Path) -> None:
     writer = _fork(_saves(path, 2, 10**9))
     loads, generations = 0, set()
     try:
-        deadline = time.monotonic() + 2
-        while time.monotonic() < deadline:
+        saving_until = time.monotonic() + 2
+        while time.monotonic() < saving_until:
             generations.add(_generation(path))  # asserts that every part comes from one save
             loads += 1
     finally:
@@ -87,7 +88,7 @@ def test_read_while_saving_sees_one_saved_pair(tmp_path: Path) -> None:
 def test_concurrent_saves_to_one_path_all_succeed(tmp_path: Path) -> None:
     path = tmp_path / "checkpoint"
     savers = [_fork(_saves(path, 1000 * (index + 1), 12)) for index in range(3)]
-    assert _reap(savers, timeout=60) == [0, 0, 0]
+    assert _reap(savers, timeout=scaled(60)) == [0, 0, 0]
     assert _generation(path) in {1000 * (index + 1) + 11 for index in range(3)}  # one save's pair, whole
     assert sorted(os.listdir(tmp_path)) == ["checkpoint", "checkpoint.data", "checkpoint.manifest"]
 
@@ -148,7 +149,7 @@ def test_special_manifest_or_checkpoint_fails_fast(tmp_path: Path) -> None:
             with open(report, "a") as file:
                 file.write(outcome.replace("\n", " ") + "\n")
 
-    assert _reap([_fork(load_each)], timeout=20) == [0]
+    assert _reap([_fork(load_each)], timeout=scaled(20)) == [0]
     lines = report.read_text().splitlines()
     assert len(lines) == len(paths)
     for path, line in zip(paths, lines):

@@ -13,6 +13,7 @@ import pytest
 
 from ort_torch_train.state.training_state import TrainingState
 from tests.helpers.paths import ROOT
+from tests.helpers.timeouts import scaled
 from tests.unit.cli.test_cli import run_cli
 
 
@@ -79,7 +80,7 @@ def test_the_worked_example_runs(capsys, tmp_path, monkeypatch) -> None:
     pytest.importorskip("pyarrow")
     make_data, commands = worked_example()
     code = shlex.split(make_data)[2]
-    subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True, timeout=120)
+    subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True, timeout=scaled(120))
     monkeypatch.chdir(tmp_path)
     first, second = (shlex.split(command) for command in commands)
     assert first[0] == second[0] == "ort-torch-train"

@@ -13,6 +13,7 @@ import pytest
 
 from tests.helpers.graph_bombs import NESTED_TRIPS, SCAN_STEPS
 from tests.helpers.paths import ROOT
+from tests.helpers.timeouts import scaled
 
 pytestmark = pytest.mark.slow  # a subprocess each (a few seconds)
 SIZE_OPS = ("Expand", "Tile", "ConstantOfShape", "Range")
@@ -24,7 +25,7 @@ def _bombs(*names: str) -> dict:
         [sys.executable, "-m", "tests.helpers.graph_bombs", *names],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=scaled(120),
         cwd=ROOT,
         env=environment,
     )

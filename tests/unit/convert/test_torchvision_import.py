@@ -9,6 +9,8 @@ import textwrap
 
 import pytest
 
+from tests.helpers.timeouts import scaled
+
 PROBE = textwrap.dedent(
     """
     import json, sys
@@ -52,7 +54,7 @@ def _probe(setup: str, extra_path: str | None = None) -> dict:
     code = PROBE.format(setup=setup)
     env_path = [extra_path] if extra_path else []
     command = [sys.executable, "-c", f"import sys; sys.path[:0] = {env_path!r}\n" + code]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=scaled(300))
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -90,6 +92,8 @@ def test_stand_in_never_reaches_the_user(setup):
         "from ort_torch_train.onnx2torch_import import import_onnx2torch\nimport_onnx2torch()\n"
         "try:\n    import torchvision\n    print('imported')\nexcept Exception as e:\n    print(type(e).__name__)\n"
     )
-    result = subprocess.run([sys.executable, "-c", "import sys\n" + code], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", "import sys\n" + code], capture_output=True, text=True, timeout=scaled(300)
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] in ("ModuleNotFoundError", "RuntimeError")

@@ -12,6 +12,7 @@ from ort_torch_train.api import CheckpointState, Module, Optimizer
 from ort_torch_train.state.flat import zeros_in_one_buffer
 from ort_torch_train.state.training_state import OptimizerState, TrainingState
 from tests.helpers.paths import FIXTURES
+from tests.helpers.timeouts import scaled
 
 PIECES, PIECE_MB = 8, 16
 
@@ -35,7 +36,7 @@ SCRIPT = textwrap.dedent(
 
 
 def test_flattening_frees_each_old_tensor_as_it_copies():
-    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=scaled(120))
     assert out.returncode == 0, out.stderr[-2000:]
     growth_mb = float(out.stdout.strip().splitlines()[-1])
     # copying a whole kind before freeing the old tensors (torch.cat) grows the peak by PIECES * PIECE_MB

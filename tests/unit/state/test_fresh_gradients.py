@@ -16,6 +16,7 @@ from ort_torch_train.api import CheckpointState, Module, Optimizer
 from ort_torch_train.state import fresh_gradients
 from tests.helpers.corpus import Case
 from tests.helpers.step_peak import run_printing_mb
+from tests.helpers.timeouts import scaled
 
 
 def _trained(case: Case, compile: bool, state: CheckpointState | None = None) -> tuple[Module, Optimizer]:
@@ -86,19 +87,19 @@ def test_parameter_grad_waits_for_a_step_in_another_thread(mlp_case):
     def step() -> None:
         with state.training_state.lock:
             stepping.set()
-            done.wait(timeout=30)
+            done.wait(timeout=scaled(30))
 
     stepper = threading.Thread(target=step)
     stepper.start()
-    stepping.wait(timeout=30)
+    stepping.wait(timeout=scaled(30))
     read: list = []
     reader = threading.Thread(target=lambda: read.append(state.parameters[name].grad))
     reader.start()
-    reader.join(timeout=0.3)
+    reader.join(timeout=scaled(0.3))
     assert reader.is_alive() and not read  # waits while the step holds the lock
     done.set()
-    stepper.join(timeout=30)
-    reader.join(timeout=30)
+    stepper.join(timeout=scaled(30))
+    reader.join(timeout=scaled(30))
     assert len(read) == 1 and read[0].shape == state.parameters[name].data.shape
 
 

@@ -35,6 +35,7 @@ from ort_torch_train.training.compile.cache_store import (
 from ort_torch_train.training.options import EngineOptions
 from tests.helpers.corpus import Case
 from tests.helpers.paths import FIXTURES, ROOT
+from tests.helpers.timeouts import scaled
 
 
 @pytest.fixture(autouse=True)
@@ -197,7 +198,7 @@ def test_two_processes_filling_one_cache_keep_every_entry(tmp_path):
     directory = tmp_path / "cache"
     writers = [subprocess.Popen([sys.executable, "-c", _WRITER, str(directory), name, "20"], cwd=ROOT) for name in "ab"]
     try:
-        assert [writer.wait(timeout=120) for writer in writers] == [0, 0]
+        assert [writer.wait(timeout=scaled(120)) for writer in writers] == [0, 0]
     finally:  # a writer stuck past the timeout fails the test and is not left behind
         for writer in writers:
             if writer.poll() is None:
@@ -220,7 +221,7 @@ def _cli_train(case: Path, cache: Path, out: Path, inductor: Path) -> tuple[dict
     arguments += ["--output", out]
     command = [sys.executable, "-m", "tests.helpers.count_compilations", str(out) + ".json"]
     result = subprocess.run(
-        [*command, *map(str, arguments)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=400
+        [*command, *map(str, arguments)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=scaled(400)
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(Path(str(out) + ".json").read_text()), result.stderr
@@ -260,7 +261,7 @@ def test_a_second_cli_run_loads_every_step_and_a_flipped_bit_only_recompiles(tmp
 
 def _train_in_a_process(case_dir: Path, cache: Path, out: Path, env: dict, *extra: str) -> tuple[dict, str]:
     command = [sys.executable, "-m", "tests.helpers.precompile_worker", str(case_dir), str(cache), str(out), *extra]
-    result = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=scaled(300))
     assert result.returncode == 0, result.stderr[-3000:]
     with np.load(out) as saved:
         return {key: saved[key] for key in saved.files}, result.stderr

@@ -25,6 +25,7 @@ from ort_torch_train.training.dynamic_shapes import probe_inputs, probe_size
 from ort_torch_train.training.engine import TrainingEngine
 from ort_torch_train.training.graph_literals import grid_of
 from ort_torch_train.training.meta_keys import DYNAMIC_AXES
+from tests.helpers.timeouts import scaled
 
 VOCAB, HIDDEN, CLASSES = 16, 5, 3
 
@@ -239,7 +240,7 @@ def test_probing_the_sizes_peaks_no_higher_than_converting_for_fixed_shapes(tmp_
         [sys.executable, "-c", _PROBE_PEAK_SCRIPT, str(tmp_path)],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=scaled(300),
         env=environment,
     )
     assert out.returncode == 0, out.stderr[-3000:]
@@ -365,7 +366,7 @@ def test_a_saved_dynamic_step_loads_in_a_process_whose_first_batch_has_other_siz
 
     def train(rows: int, length: int) -> str:
         command = [sys.executable, "-c", _CACHED_TRAINING, str(directory), str(cache), str(rows), str(length)]
-        result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        result = subprocess.run(command, capture_output=True, text=True, timeout=scaled(600))
         assert result.returncode == 0, result.stderr[-3000:]
         return result.stderr
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from ort_torch_train.adapters.shape_ops import broadcast_shape
+from tests.helpers.timeouts import scaled
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -47,7 +48,7 @@ def test_an_eager_run_loads_no_compiler_modules(tmp_path: Path) -> None:
         [sys.executable, "-c", SCRIPT, str(case), str(tmp_path / "checkpoint")],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=scaled(120),
         cwd=ROOT,
     )
     assert run.returncode == 0, run.stderr[-2000:]

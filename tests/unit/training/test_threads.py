@@ -3,6 +3,7 @@ chosen by ``set_threads`` or the environment (``training/threads.py``)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -13,7 +14,9 @@ import pytest
 import torch
 
 from ort_torch_train.api import CheckpointState, Module, Optimizer, set_threads
+from ort_torch_train.cli.common import CliError
 from ort_torch_train.cli.main import build_parser, main
+from ort_torch_train.cli.train_options import run_threads
 from ort_torch_train.torch_internals import compile_counters
 from ort_torch_train.training import threads
 from ort_torch_train.training.threads import THREADS_VARIABLE, ThreadPolicy, process_threads, threads_setting
@@ -241,3 +244,56 @@ def test_a_compiled_step_keeps_the_count_it_was_compiled_at(unchosen, monkeypatc
         module(*batch)
         assert torch.get_num_threads() == 2
     assert compile_counters()["stats"]["unique_graphs"] == compiled
+
+
+@pytest.mark.parametrize(
+    ("variables", "logged"),
+    [
+        ({}, "threads: auto, at most 2, fewer while other processes keep CPUs busy"),
+        ({THREADS_VARIABLE: "3"}, f"threads: 3, fixed: CPU steps repeat bit for bit (${THREADS_VARIABLE}=3)"),
+        (
+            {"OMP_NUM_THREADS": "2"},
+            "threads: torch's count, 2, fixed: CPU steps repeat bit for bit ($OMP_NUM_THREADS=2)",
+        ),
+    ],
+)
+def test_the_policy_in_effect_is_logged_once_at_its_first_use(unchosen, monkeypatch, caplog, variables, logged):
+    torch.set_num_threads(2)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    with caplog.at_level("INFO", logger=threads.__name__):
+        unchosen.setting()
+        unchosen.setting()
+    [message] = [record.getMessage() for record in caplog.records if record.name == threads.__name__]
+    assert message.startswith(logged)
+    assert message.endswith("(the default)") == (not variables)
+
+
+def test_deterministic_runs_at_a_fixed_count(unchosen, monkeypatch):
+    torch.set_num_threads(2)
+    assert run_threads(None, False) == ("auto", "the default")
+    assert run_threads(None, True) == (2, "--deterministic: torch's count")
+    assert run_threads(3, True) == (3, "--deterministic, --threads 3")
+    assert run_threads("torch", True) == (2, "--deterministic: torch's count")
+    with pytest.raises(CliError, match="--deterministic fixes the thread count: --threads auto follows the load"):
+        run_threads("auto", True)
+    monkeypatch.setenv(THREADS_VARIABLE, "auto")
+    assert run_threads(None, True) == (2, "--deterministic: torch's count")  # the option wins over the variable
+    monkeypatch.setenv(THREADS_VARIABLE, "1")
+    assert run_threads(None, True) == (1, f"--deterministic, ${THREADS_VARIABLE}=1")
+
+
+def test_the_cli_logs_the_policy_at_start_with_v(unchosen, monkeypatch, caplog, tmp_path):
+    torch.set_num_threads(2)
+    monkeypatch.chdir(tmp_path)
+    command = ["-v", "train", str(MLP / "artifacts"), "--data", str(MLP / "data.npz"), "--inputs", "x_train,y_train"]
+    package = logging.getLogger("ort_torch_train")  # -v sets its level and adds a stderr handler: put back after
+    level, handlers = package.level, list(package.handlers)
+    try:
+        with caplog.at_level("INFO", logger=threads.__name__):
+            assert main([*command, "--batched", "--steps", "1", "--output", "run", "--deterministic"]) == 0
+    finally:
+        package.handlers = handlers
+        package.setLevel(level)
+    assert "threads: 2, fixed: CPU steps repeat bit for bit (--deterministic: torch's count)" in caplog.messages
+    assert threads_setting() == 2
