@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.paths import ROOT
+from tests.helpers.timeouts import scaled
 from tests.unit.cli.test_cli import run_cli
 
 SECTION = "### From an ONNX model to onnxruntime"
@@ -39,7 +40,7 @@ def test_generate_train_evaluate_export_agree_with_onnxruntime(capsys, tmp_path,
     ort = pytest.importorskip("onnxruntime")
     pytest.importorskip("yaml")
     code, commands, config = example()
-    subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True, timeout=120)
+    subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True, timeout=scaled(120))
     monkeypatch.chdir(tmp_path)
     assert [command[:2] for command in commands] == [
         ["ort-torch-train", "generate"],

@@ -17,6 +17,7 @@ import yaml
 
 from tests.helpers import doc_snippets
 from tests.helpers.paths import ROOT
+from tests.helpers.timeouts import scaled
 
 
 def reading_order() -> list[Path]:
@@ -67,7 +68,7 @@ def test_pages_pasted_in_order_into_one_empty_folder(tmp_path: Path) -> None:
             input=json.dumps(doc_snippets.program(blocks)),
             capture_output=True,
             text=True,
-            timeout=600,
+            timeout=scaled(600),
             cwd=folder,
             env=env,
         )
@@ -113,7 +114,7 @@ def test_api_reference_examples_run_on_the_readme_artifacts(tmp_path: Path) -> N
     quick_start = doc_snippets.page_blocks(ROOT / "README.md")[0]
     assert "generate_artifacts(" in quick_start.code
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    subprocess.run([sys.executable, "-c", quick_start.code], cwd=tmp_path, env=env, check=True, timeout=300)
+    subprocess.run([sys.executable, "-c", quick_start.code], cwd=tmp_path, env=env, check=True, timeout=scaled(300))
     pytest.importorskip("torchmetrics")
     result = subprocess.run(
         [sys.executable, "-c", RUN_EXAMPLES, *REFERENCE_EXAMPLES],
@@ -121,7 +122,7 @@ def test_api_reference_examples_run_on_the_readme_artifacts(tmp_path: Path) -> N
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=scaled(600),
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     assert result.stdout.count("ran ") == len(REFERENCE_EXAMPLES), result.stdout

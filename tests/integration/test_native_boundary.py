@@ -14,6 +14,7 @@ import pytest
 
 from tests.helpers.native import MLP, PROGRAMS, NativeBuild, build_native
 from tests.helpers.ort_format import save_in_ort_format
+from tests.helpers.timeouts import scaled
 
 BOUNDARY = PROGRAMS / "boundary.c"
 
@@ -77,7 +78,7 @@ def test_released_and_unknown_handles_are_statuses_and_double_release_is_ignored
 
 
 def test_a_call_in_a_forked_child_is_refused_naming_fork_not_hung(native: NativeBuild) -> None:
-    done = native.run(native.program(BOUNDARY), str(MLP), "fork", threads=2, timeout=240)
+    done = native.run(native.program(BOUNDARY), str(MLP), "fork", threads=2, timeout=scaled(240))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr
     code, message = cases(done.stdout)["train_step_in_forked_child"]
     assert code == 1 and "fork()" in message
@@ -111,7 +112,7 @@ def test_the_boundary_program_is_clean_under_valgrind(native: NativeBuild) -> No
         [*command, str(native.program(BOUNDARY)), str(MLP), "tensors,handles"],
         capture_output=True,
         text=True,
-        timeout=1800,
+        timeout=scaled(1800),
         env=native.environment(threads=1, env={"PYTHONMALLOC": "malloc"}),
     )
     assert done.returncode == 0 and done.stdout.splitlines()[-1] == "done", done.stdout[-2000:] + done.stderr[-4000:]

@@ -13,13 +13,14 @@ import pytest
 from packaging.requirements import Requirement
 
 from tests.helpers.paths import ROOT
+from tests.helpers.timeouts import scaled
 
 HEAVY = ("torch", "onnx", "numpy", "onnx2torch")
 
 
 def _cli(python: str | Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [str(python), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False
+        [str(python), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=scaled(120), check=False
     )
 
 
@@ -50,7 +51,7 @@ def test_help_version_and_usage_errors_import_neither_torch_nor_onnx(args: list[
 def python_without_torch(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
     """A fresh venv (no site packages: no torch, onnx or numpy) with the checkout on its path."""
     venv = tmp_path_factory.mktemp("venv-without-torch")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=scaled(120))
     python = venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
     env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTHON", "VIRTUAL_ENV"))}
     env["PYTHONPATH"] = str(ROOT)
