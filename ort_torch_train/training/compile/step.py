@@ -126,22 +126,21 @@ class CompiledTrainStep:
     def _first_call(self, arguments: tuple, cuda_graphs: bool) -> tuple[Tensor, ...]:
         """Compile (its dynamic axes marked) and run; where torch specialises some of those axes, compiled
         again with them fixed, and uncompiled where torch cannot compile the step at all. Both are
-        remembered (``fallbacks.py``): the specialised axes for every conversion of this graph, the eager
-        fallback for these inputs."""
+        remembered (``fallbacks.py``) for every conversion of this graph: a new input size tries neither again."""
         module, parts, cache = self._compilation.module, self.spec.key_parts(), self._compilation.cache
+        structure = fallbacks.structure_key(module, parts)
         if self.dynamic_axes:
-            specialised = fallbacks.recalled_axes(fallbacks.structure_key(module, parts), cache)
+            specialised = fallbacks.recalled_axes(structure, cache)
             if specialised is not None:
                 self._fix_axes(specialised, arguments[0], remembered=True)
-        eager_key = fallbacks.fallback_key(module, parts, arguments, ())
-        reason = fallbacks.recalled(fallbacks.EAGER, eager_key, cache)
+        reason = fallbacks.recalled(fallbacks.EAGER, structure, cache)
         if reason is not None:
             return self._run_eagerly(arguments, reason, remembered=True)
         try:
             return self._compiled_first_call(arguments, cuda_graphs)
         except dynamic_tracing_errors() as error:
             reason = specialisation(error)
-            fallbacks.remember(fallbacks.EAGER, eager_key, reason, cache)
+            fallbacks.remember(fallbacks.EAGER, structure, reason, cache)
             return self._run_eagerly(arguments, reason, remembered=False)
 
     def _compiled_first_call(self, arguments: tuple, cuda_graphs: bool) -> tuple[Tensor, ...]:
@@ -232,9 +231,10 @@ class Compilation:
         return self.start(kept)
 
     def eager(self, inputs: Sequence[Tensor], reason: str, remembered: bool = False) -> tuple[Callable, None]:
-        """The uncompiled function, with a WARNING, after torch.compile failed on it for ``inputs``
-        (``reason``: torch's error, in this compilation or, ``remembered``, an earlier one)."""
-        log.warning(
+        """The uncompiled function, after torch.compile failed on it for ``inputs`` (``reason``: torch's
+        error, in this compilation, with a WARNING, or, ``remembered``, an earlier one, said at INFO)."""
+        log.log(
+            logging.INFO if remembered else logging.WARNING,
             "torch.compile cannot compile the %s for inputs %s (%s%s); it runs uncompiled (eager) from now on",
             self.what,
             [tuple(t.shape) for t in inputs],

@@ -61,17 +61,44 @@ def test_a_step_that_cannot_compile_runs_eagerly_once_warned_and_is_remembered(m
     np.testing.assert_allclose(parameters, eager_parameters, rtol=0, atol=1e-6)
     tried = len(BACKEND_CALLS)
     assert tried >= 1
-    # a new Module of the same model in this process does not try again
+    # a new Module of the same model in this process does not try again, and says so at INFO only
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="ort_torch_train"):
+    with caplog.at_level(logging.INFO, logger="ort_torch_train"):
         again, _ = _losses(mlp_case, {"backend": failing_backend})
     assert len(BACKEND_CALLS) == tried
     assert any("remembered from an earlier compilation" in r.getMessage() for r in caplog.records)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert again == losses
     # the next process, sharing the compile cache, finds the fallback there
     fallbacks._REMEMBERED.clear()
     _losses(mlp_case, {"backend": failing_backend}, cache=tmp_path)
     assert len(BACKEND_CALLS) == tried
+
+
+@pytest.mark.compile
+def test_a_step_that_cannot_compile_is_not_tried_again_at_a_new_shape(tmp_path, caplog):
+    """A graph whose step torch.compile cannot compile, trained at a new shape every step: the first
+    shape tries (and warns), every later conversion recalls the fallback for the graph, whatever its
+    sizes, and tries nothing."""
+    directory = _tagger_artifacts(tmp_path / "lstm")
+    rng = np.random.default_rng(0)
+    shapes = [(2, 3), (2, 4), (3, 5), (4, 6), (1, 7)]
+    batches = [(rng.integers(0, 12, shape), rng.integers(0, 3, shape[0])) for shape in shapes]
+    eager_losses, _ = _train(directory, batches, False)
+    _new_process()
+    BACKEND_CALLS.clear()
+    _train(directory, batches[:1], {"backend": failing_backend})
+    tried = len(BACKEND_CALLS)
+    _new_process()
+    BACKEND_CALLS.clear()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="ort_torch_train"):
+        losses, _ = _train(directory, batches, {"backend": failing_backend})
+    assert len(BACKEND_CALLS) == tried
+    said = [r for r in caplog.records if "runs uncompiled (eager)" in r.getMessage()]
+    assert [r.levelno for r in said][:1] == [logging.WARNING]
+    assert all(r.levelno == logging.INFO and "remembered" in r.getMessage() for r in said[1:])
+    np.testing.assert_allclose(losses, eager_losses, rtol=0, atol=1e-6)
 
 
 class _Tagger(nn.Module):
