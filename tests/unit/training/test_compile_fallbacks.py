@@ -115,9 +115,9 @@ class _Tagger(nn.Module):
 
 
 def test_the_specialised_axes_are_recalled_by_every_conversion_of_the_graph_and_from_the_cache(tmp_path):
-    """The conversions of one graph for batch 2 (its batch axis fixed: the LSTM's zero state is a table
-    of 2 rows, which the probe at 3 cannot cut) and for batch 3 (batch and length dynamic) share the key
-    the axes torch specialised are kept under; another step's parts do not. The axes are found in this
+    """The conversions of one graph for batch 2 and for batch 3 (batch and length dynamic in both: the
+    LSTM's zero state is rebuilt at the batch size) share the key the axes torch specialised are kept
+    under; another step's parts do not. The axes are found in this
     process and, by a new process, in the compile cache."""
     directory = _tagger_artifacts(tmp_path / "lstm")
     module = Module(directory / "training_model.onnx", CheckpointState.load_checkpoint(directory / "checkpoint"))
@@ -130,7 +130,7 @@ def test_the_specialised_axes_are_recalled_by_every_conversion_of_the_graph_and_
         )
         keys.append(fallbacks.structure_key(converted, ("parts",)))
         axes.append(DYNAMIC_AXES.get(converted, ()))
-    assert axes == [((0, 1),), ((0, 0), (1, 0), (0, 1))]
+    assert axes == [((0, 0), (1, 0), (0, 1))] * 2
     assert keys[0] == keys[1]
     assert fallbacks.structure_key(converted, ("other parts",)) != keys[0]
     cache = CompileCache(CacheStore(tmp_path / "cache"))
@@ -200,9 +200,8 @@ def _new_process() -> None:
 @pytest.mark.compile
 def test_an_lstm_whose_length_torch_specialises_costs_one_graph_per_new_shape(tmp_path, caplog):
     """torch specialises the LSTM's time loop: the first shape traces the dynamic step once, then compiles
-    it with the length fixed; every later new shape compiles one graph (the batch axis fixed at batch 2,
-    dynamic from batch 3 on: other dynamic axes, the same remembered length), and a new batch size at a
-    seen length none. A new process sharing the compile cache recalls the length: one graph for its first
+    it with the length fixed; every later new length compiles one graph (the batch axis dynamic, the
+    same remembered length fixed), and a new batch size at a seen length at most one. A new process sharing the compile cache recalls the length: one graph for its first
     shape. Dynamo's own backend: the graphs are counted, not compiled by inductor."""
     directory = _tagger_artifacts(tmp_path / "lstm")
     rng = np.random.default_rng(0)
