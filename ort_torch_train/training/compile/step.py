@@ -22,7 +22,7 @@ from torch import Tensor, fx
 
 from ort_torch_train.convert.meta_keys import MATRIX_PRODUCTS
 from ort_torch_train.optim.clip import clip_grad_norm_
-from ort_torch_train.torch_internals import dynamic_tracing_errors, mark_static_address
+from ort_torch_train.torch_internals import dynamic_tracing_errors, mark_static_address, size_one_kept_dynamic
 from ort_torch_train.training.blas_threads import blas_threads_for
 from ort_torch_train.training.compile import fallbacks, precompiled
 from ort_torch_train.training.compile.cache_entries import CompileCache
@@ -109,8 +109,9 @@ class CompiledTrainStep:
         with torch.no_grad(), blas_threads_for(self._products, device):
             if self._precompile is None:
                 outputs = self._compiled(*arguments)
-            else:
-                outputs = self._first_call(arguments, cuda_graphs)
+            else:  # traced so that batch 1 takes the graph of the other sizes
+                with size_one_kept_dynamic(bool(self.dynamic_axes)):
+                    outputs = self._first_call(arguments, cuda_graphs)
         if cuda_graphs:  # the outputs live in the graph's memory, which the next replay overwrites
             outputs = tuple(t.clone() for t in outputs)
         if started is not None:

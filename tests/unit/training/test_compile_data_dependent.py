@@ -73,12 +73,13 @@ def test_olmoe_with_an_expert_no_token_reaches_compiles_in_one_graph_and_trains_
 def test_mixtral_with_dynamic_shapes_and_an_expert_no_token_reaches_compiles_in_one_graph(tmp_path, caplog):
     """Mixtral routed over every expert, batch and length dynamic: the zeros the experts add their tokens
     to follow batch x length, and the sizes read from each expert's token count are declared to torch,
-    so that new batch sizes, longer lengths and a batch leaving an expert empty reuse the first graph.
+    so that new batch sizes, batch 1, longer lengths and a batch leaving an expert empty reuse the first
+    graph.
     Traced by Dynamo and AOT autograd (backend "aot_eager"): the graph count is asserted, and the losses
     and parameters against eager's."""
     model = tiny_moe("mixtral", every_expert=True, experts=EXPERTS)
     rng = np.random.default_rng(0)
-    shapes = [(2, 8), (3, 5), (2, 12), (4, 6), (2, 16)]
+    shapes = [(4, 16), (4, 16), (3, 16), (4, 9), (1, 23), (2, 16), (4, 31), (3, 7)]  # batch x length per step
     tokens = [rng.integers(0, VOCAB, shape) for shape in shapes]
     tokens[3] = np.full(shapes[3], 5)
     assert len(experts_reached(model, torch.from_numpy(tokens[3]))) < EXPERTS

@@ -98,7 +98,7 @@ def test_one_compiled_step_trains_on_partial_batches_and_new_lengths_like_eager(
     directory, positions = artifacts
     if positions:
         pytest.skip("the positions fix the length (test_a_size_the_graph_needs_as_a_constant_stays_fixed...)")
-    batches = _batches([(64, 8), (64, 8), (37, 8), (64, 12), (64, 20), (37, 20)])
+    batches = _batches([(64, 8), (64, 8), (37, 8), (64, 12), (1, 20), (37, 20), (1, 7)])  # batch 1: no graph of its own
     losses, evaluations = {}, {}
     for compile in (False, True):
         module, optimizer = _trainer(directory, compile=compile)
