@@ -106,9 +106,8 @@ def size_one_kept_dynamic(enabled: bool) -> Any:
     """A context in which torch.compile traces dynamic sizes as ranging from 0 (``backed_size_oblivious``):
     the graph it compiles for sizes >= 2 serves size 1 too, instead of a guard sending size 1 to a graph
     of its own."""
-    import torch.fx.experimental._config as symbolic_shapes_config
-
-    return symbolic_shapes_config.patch(backed_size_oblivious=enabled)
+    config: Any = importlib.import_module("torch.fx.experimental._config")  # a torch ConfigModule
+    return config.patch(backed_size_oblivious=enabled)
 
 
 def compile_counters() -> Any:
