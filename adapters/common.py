@@ -121,6 +121,17 @@ def values_of(values: torch.Tensor | list) -> list:
     return values.tolist() if isinstance(values, torch.Tensor) else list(values)
 
 
+def sizes_of(values: torch.Tensor | list, least: int = 0) -> list:
+    """``values_of`` a shape input whose entries are sizes, each declared to torch.compile as at least
+    ``least`` where it is formed: a size read from data (the tokens a Mixture-of-Experts layer routes to
+    one expert) is otherwise a value torch knows nothing of, and any comparison on it a guard it cannot make."""
+    sizes = values_of(values)
+    if torch.compiler.is_compiling():
+        for size in sizes:
+            torch._check(size >= least)
+    return sizes
+
+
 def input_dtype(node: OnnxNode, graph: OnnxGraph, position: int = 0) -> torch.dtype:
     """The torch dtype of input ``position`` (constant or not)."""
     name = node.input_values[position]

@@ -15,7 +15,7 @@ from torch import nn
 
 from ort_torch_train.dtypes import tensor_from_proto, torch_dtype
 
-from .common import Inline, OperationConverterResult, attributes, input_dtype, result, values_of
+from .common import Inline, OperationConverterResult, attributes, input_dtype, result, sizes_of
 from .registry import ConversionContext, register
 from .size_limits import check_output_size
 
@@ -63,7 +63,7 @@ def constant(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> Op
 
 def constant_of_shape(shape: torch.Tensor | list, value: float | int | bool, dtype: torch.dtype) -> torch.Tensor:
     """A tensor of ``shape`` (an int64 tensor, or sizes a compiled graph computed) filled with ``value``."""
-    dims = values_of(shape)
+    dims = sizes_of(shape)
     check_output_size("ConstantOfShape", dims, dtype)
     return torch.full(dims, value, dtype=dtype)
 

@@ -66,16 +66,31 @@ def check_range(indices: torch.Tensor, low: int, high: int, op: str, name: str) 
 
 
 def _range_text(low: int, high: int) -> str:
-    """``[low, high)``, or "of its axis" where a bound is a dynamic axis's size while tracing: formatting
-    that size would fix the axis to its current value (Dynamo shows it as an int; only a size with no
-    upper bound, as dynamic axes have, is told from a constant)."""
+    """``[low, high)``, or "of its axis" where a bound is a size that varies while tracing: formatting that
+    size would fix it to its current value (Dynamo shows a symbolic size as an int, so a bound is told from
+    a constant by its value range, a point only for a constant)."""
     if not torch.compiler.is_compiling():  # eager on CUDA: the bounds are ints (and sympy stays unloaded)
         return f"[{low}, {high})"
-    from torch.fx.experimental import symbolic_shapes
-
-    if all(symbolic_shapes.statically_known_true(abs(bound) < 2**62) for bound in (low, high)):
+    if all(_known_constant(bound) for bound in (low, high)):
         return f"[{low}, {high})"
     return "of its axis"
+
+
+def _known_constant(size: int) -> bool:
+    """Whether ``size`` holds one value whatever the traced graph's inputs, decided without a guard: the
+    least bound torch knows above it (found by bisection) is one it knows below it too."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    low, high = -(2**62), 2**62
+    if not statically_known_true(size <= high) or not statically_known_true(size >= low):
+        return False
+    while low < high:
+        middle = (low + high) // 2
+        if statically_known_true(size <= middle):
+            high = middle
+        else:
+            low = middle + 1
+    return statically_known_true(size >= high)
 
 
 def _checked(indices: torch.Tensor, lows: list[int], highs: list[int], wrap: bool, op: str, name: str) -> torch.Tensor:

@@ -27,6 +27,7 @@ from .common import (
     is_constant,
     normalize_axis,
     result,
+    sizes_of,
     values_of,
 )
 from .index_checks import check_range, index_source, wrapped_indices
@@ -185,7 +186,7 @@ def _equal_split(size: int, parts: int) -> list[int]:
 
 def split_dynamic(x: torch.Tensor, split: torch.Tensor, axis: int) -> tuple[torch.Tensor, ...]:
     """Split with sizes known only at run time."""
-    return torch.split(x, split.tolist(), axis)
+    return torch.split(x, sizes_of(split), axis)
 
 
 @register("Split", since=1, shape_inputs=(1,))

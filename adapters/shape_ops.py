@@ -23,7 +23,7 @@ from .common import (
     input_shape,
     normalize_axis,
     result,
-    values_of,
+    sizes_of,
 )
 from .registry import ConversionContext, register
 from .size_limits import check_output_size
@@ -44,7 +44,7 @@ def _reshape_dims(source: tuple[int, ...] | torch.Size, shape: list[int], allowz
 
 def reshape_dynamic(x: torch.Tensor, shape: torch.Tensor | list, allowzero: bool) -> torch.Tensor:
     """Reshape with a shape known only at run time (a tensor, or sizes a compiled graph computed)."""
-    return x.reshape(_reshape_dims(x.shape, values_of(shape), allowzero))
+    return x.reshape(_reshape_dims(x.shape, sizes_of(shape, least=-1), allowzero))
 
 
 @register("Reshape", since=1, shape_inputs=(1,))
@@ -127,7 +127,7 @@ def flatten(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> Ope
 # Expand / Tile / Transpose ------------------------------------------------------------------------
 def expand_dynamic(x: torch.Tensor, shape: torch.Tensor | list) -> torch.Tensor:
     """Expand (bidirectional broadcast) to a shape known only at run time."""
-    dims = tuple(values_of(shape))
+    dims = tuple(sizes_of(shape))
     # torch's rule where sizes may be symbolic (traced); eagerly, ours, which does not load sympy
     target = torch.broadcast_shapes(x.shape, dims) if torch.compiler.is_compiling() else broadcast_shape(x.shape, dims)
     check_output_size("Expand", target, x.dtype)
@@ -156,7 +156,7 @@ def expand(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> Oper
 
 def tile_dynamic(x: torch.Tensor, repeats: torch.Tensor | list) -> torch.Tensor:
     """Tile with repeats known only at run time."""
-    counts = values_of(repeats)
+    counts = sizes_of(repeats)
     check_output_size("Tile", [size * count for size, count in zip(x.shape, counts)], x.dtype)
     return x.repeat(counts)
 

@@ -44,6 +44,8 @@ __all__ = [
     # own automatic dynamic shapes compile a second time first); its compile counters, which tests read
     "mark_dynamic",
     "compile_counters",
+    # symbolic shapes: dynamic sizes traced with size-oblivious reasoning, so that size 1 is not specialised
+    "size_one_kept_dynamic",
     # what torch.compile raises when it cannot trace a graph with its dynamic axes: it specialised one
     # (symbolic shapes' constraint violation) or an operator's tracing rule needs fixed sizes (Dynamo's errors)
     "dynamic_tracing_errors",
@@ -98,6 +100,14 @@ def mark_static_address(tensor: Tensor) -> None:
 def mark_dynamic(tensor: Tensor, axis: int) -> None:
     """Dynamo's ``mark_dynamic``: the axis compiles as a dynamic dimension from the first compilation."""
     torch._dynamo.mark_dynamic(tensor, axis)
+
+
+def size_one_kept_dynamic(enabled: bool) -> Any:
+    """A context in which torch.compile traces dynamic sizes as ranging from 0 (``backed_size_oblivious``):
+    the graph it compiles for sizes >= 2 serves size 1 too, instead of a guard sending size 1 to a graph
+    of its own."""
+    config: Any = importlib.import_module("torch.fx.experimental._config")  # a torch ConfigModule
+    return config.patch(backed_size_oblivious=enabled)
 
 
 def compile_counters() -> Any:

@@ -61,7 +61,7 @@ class Module(nn.Module):
     default directory or the one ``load_compile_cache`` chose, a path another, False none, for this
     Module only; see ``training/compile/cache.py``).
     With ``compile``, ``dynamic`` (default True) lets the axes the ONNX graph leaves symbolic (batch,
-    sequence) take any size >= 2 in one compiled step: a last partial batch, the eval set and new
+    sequence) take any size >= 1 in one compiled step: a last partial batch, the eval set and new
     sequence lengths reuse it (a dict ``{input name: [axes]}`` picks the axes, False compiles each
     new shape on its own). Eager runs convert the graph for each of the first three input shapes
     only: the third serves the later ones alike. An axis whose size the converted graph needs as a constant stays

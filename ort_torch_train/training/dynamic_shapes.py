@@ -12,9 +12,10 @@ ids) as the same grid at those sizes, a table whose first rows are its shorter v
 (the graph then serves sizes up to the one it was made for: ``DynamicAxes.largest``; tables computed
 from a Range, rotary tables and causal masks, are not constants: the conversion leaves them to run
 time), and the group's axes compile as dynamic dimensions. A group stays fixed, with an INFO line naming why, when its size reaches anything else:
-another constant tensor, a submodule's settings, the graph's structure. Sizes 0 and 1 always stay
-fixed: torch.compile specialises them; so does torch.func.grad's linear of a 3-d input, which a
-dynamic graph runs over its rows instead (``linear_over_rows``). Where torch.compile specialises a
+another constant tensor, a submodule's settings, the graph's structure. Sizes 0 and 1 are never probed
+(a compiled step made for sizes >= 2 serves size 1 too: ``torch_internals.size_one_kept_dynamic``).
+torch.func.grad's linear of a 3-d input specialises its sizes: a dynamic graph runs it over its rows
+instead (``linear_over_rows``). Where torch.compile specialises a
 dynamic axis anyway, the step compiles again with that axis's group fixed and the other groups dynamic,
 with an INFO line, and every later conversion of the graph fixes it too (``compile/step.py``,
 ``compile/fallbacks.py``).
@@ -283,7 +284,7 @@ def generalise(
         if index in by_group
     }
     log.info(
-        "dynamic shapes: %s compile once for every size >= 2%s",
+        "dynamic shapes: %s compile once for every size >= 1 (eager graphs: >= 2)%s",
         "; ".join(
             _axes_text(probes.groups[index], input_names) + (f" (up to {largest[place]})" if place in largest else "")
             for place, index in enumerate(dynamic)

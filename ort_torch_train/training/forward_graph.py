@@ -243,7 +243,13 @@ class ForwardGraph:
     def _dynamic_build(self, variant: Hashable, inputs: Sequence[torch.Tensor]) -> Callable | None:
         """The build of ``variant`` whose dynamic axes take these inputs' sizes, if any."""
         for (built_variant, pattern), (built, shapes) in self._dynamic_cache.items():
-            if built_variant == variant and _matches(pattern, inputs) and _still_dynamic(built, shapes, inputs):
+            # a compiled build's dynamic sizes serve size 1 too (``size_one_kept_dynamic``), an eager one's not
+            smallest = 2 if getattr(built, "dynamic_axes", None) is None else 1
+            if (
+                built_variant == variant
+                and _matches(pattern, inputs, smallest)
+                and _still_dynamic(built, shapes, inputs)
+            ):
                 return built
         return None
 
@@ -325,9 +331,9 @@ def _pattern(inputs: Sequence[torch.Tensor], dynamic: DynamicAxes) -> Pattern:
     )
 
 
-def _matches(pattern: Pattern, inputs: Sequence[torch.Tensor]) -> bool:
-    """Whether ``inputs`` have ``pattern``'s dtypes and fixed sizes, one size of 2 or more per group (at
-    most its largest, if it has one), and the sizes that follow those."""
+def _matches(pattern: Pattern, inputs: Sequence[torch.Tensor], smallest: int) -> bool:
+    """Whether ``inputs`` have ``pattern``'s dtypes and fixed sizes, one size of ``smallest`` or more per
+    group (at most its largest, if it has one), and the sizes that follow those."""
     if len(pattern) != len(inputs):
         return False
     sizes: dict[int, int] = {}
@@ -340,7 +346,7 @@ def _matches(pattern: Pattern, inputs: Sequence[torch.Tensor]) -> bool:
                 following.append((wanted[1], wanted[2], actual))
             elif isinstance(wanted, tuple):
                 largest = wanted[2]
-                if actual < 2 or (largest is not None and actual > largest):
+                if actual < smallest or (largest is not None and actual > largest):
                     return False
                 if sizes.setdefault(wanted[1], actual) != actual:
                     return False

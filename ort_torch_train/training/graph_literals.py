@@ -4,7 +4,7 @@ expression: the comparison behind dynamic shapes (``dynamic_shapes.py``).
 Besides literals, three kinds of constant tensors may differ by a length: one that counts up along one
 axis (position ids folded from ``arange(length)``), recorded at the path ``COUNT_LENGTH``; a grid, an
 integer tensor that is an affine function of its indices or a tensor of one value (token-type ids
-expanded to batch x length, the flat indices of a batch x length mask), whose sizes and steps are
+expanded to batch x length, the flat indices of a batch x length mask, an MoE layer's zeros), whose sizes and steps are
 recorded at ``(GRID, "size" | "step", axis)``; and a table whose rows at a shorter length are its first
 rows (rotary cos/sin tables, causal masks), recorded at ``(PREFIX, axes)``.
 """
@@ -134,16 +134,15 @@ def _table_differences(a: Any, b: Any) -> dict[tuple, tuple[int, int]] | None:
 
 def grid_of(tensor: torch.Tensor) -> tuple[Any, tuple[int, ...]] | None:
     """``(start, steps)`` of a tensor whose element at ``index`` is ``start + sum(steps * index)``: an
-    integer tensor affine in its indices, or an integer or bool tensor of one value (steps 0); else None."""
+    integer tensor affine in its indices, or a tensor of one value (steps 0: a float one is the zeros a
+    Mixture-of-Experts layer adds its routed tokens to); else None."""
     flat = tensor.detach().cpu()
-    # not float ones: a float constant of one value sized by the batch (an accumulator of routed tokens)
-    # computed at run time keeps a MoE graph from compiling (data-dependent guards), not investigated
-    if flat.numel() < 2 or flat.is_complex() or flat.dtype.is_floating_point:
+    if flat.numel() < 2 or flat.is_complex():
         return None
     start = flat.flatten()[0]
     if bool((flat == start).all()):
         return start.item(), (0,) * flat.dim()
-    if flat.dtype == torch.bool:
+    if flat.dtype == torch.bool or flat.dtype.is_floating_point:
         return None
     steps = tuple(
         int(flat.select(axis, 1).flatten()[0] - start) if size > 1 else 0 for axis, size in enumerate(flat.shape)
@@ -170,6 +169,8 @@ def grid_like(graph: fx.Graph, constant: torch.Tensor, parts: dict[tuple[str, in
     start, steps = found
     shape = tuple(parts.get(("size", axis), size) for axis, size in enumerate(constant.shape))
     place: dict[str, fx.node.Argument] = {"dtype": constant.dtype, "device": constant.device}
+    if constant.dtype.is_floating_point:  # one value (an accumulator of routed tokens): filled, not a view
+        return graph.call_function(torch.full, (shape, start), place)
     values = graph.call_function(torch.full, ((1,) * constant.dim(), start), place)
     for axis, step in enumerate(steps):
         step = parts.get(("step", axis), step)

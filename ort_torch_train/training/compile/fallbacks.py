@@ -3,8 +3,9 @@
 Two fallbacks: ``SPECIALISED``, the axes torch.compile specialised in a step of a graph marked dynamic
 (remembered for the graph, whatever its conversion and its other dynamic axes: those axes are compiled
 fixed from then on), and ``EAGER``, a step torch.compile cannot compile at all (run uncompiled,
-remembered by step key). Each is kept for this process and, with a compile cache, in the cache
-(``CompileCache.save_fallback``), so that neither this process nor the next tries that compilation again.
+remembered for the graph too: no new input size tries it again). Each is kept for this process and,
+with a compile cache, in the cache (``CompileCache.save_fallback``), so that neither this process nor
+the next tries that compilation again.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import torch
 from torch import fx
 
 from ort_torch_train.training.compile.cache_entries import CompileCache
-from ort_torch_train.training.compile.precompiled import step_key
 from ort_torch_train.training.dynamic_shapes import Axis
 from ort_torch_train.training.meta_keys import GRAPH_STRUCTURE
 
@@ -47,13 +47,6 @@ class Specialised:
     def fixed(self, marked: Sequence[Axis]) -> tuple[Axis, ...]:
         """The axes of ``marked`` to compile fixed."""
         return tuple(marked) if self.axes is None else tuple(axis for axis in marked if axis in self.axes)
-
-
-def fallback_key(
-    module: torch.nn.Module, parts: Sequence[object], args: tuple, dynamic: Sequence[tuple[int, int]]
-) -> str:
-    """The key a fallback of the step for ``args`` (its ``dynamic`` axes marked) is remembered under."""
-    return step_key(module, parts, args, dynamic)
 
 
 def code_digest(module: torch.nn.Module) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from ort_torch_train.torch_internals import dynamic_tracing_errors
+from ort_torch_train.torch_internals import dynamic_tracing_errors, size_one_kept_dynamic
 from ort_torch_train.training.compile import precompiled
 from ort_torch_train.training.compile.cache_entries import CompileCache
 from ort_torch_train.training.compile.settings import FrozenArguments, records_cuda_graphs
@@ -63,7 +63,8 @@ class CompiledForward:
         )  # the first call compiles: dynamic axes marked on its arguments
         try:
             try:
-                return self._run(args, first=True)
+                with size_one_kept_dynamic(bool(self.dynamic_axes)):  # batch 1 takes the graph of the others
+                    return self._run(args, first=True)
             except dynamic_tracing_errors() as error:
                 if not self.dynamic_axes:
                     raise

@@ -22,7 +22,7 @@ from torch import Tensor, fx
 
 from ort_torch_train.convert.meta_keys import MATRIX_PRODUCTS
 from ort_torch_train.optim.clip import clip_grad_norm_
-from ort_torch_train.torch_internals import dynamic_tracing_errors, mark_static_address
+from ort_torch_train.torch_internals import dynamic_tracing_errors, mark_static_address, size_one_kept_dynamic
 from ort_torch_train.training.blas_threads import blas_threads_for
 from ort_torch_train.training.compile import fallbacks, precompiled
 from ort_torch_train.training.compile.cache_entries import CompileCache
@@ -109,8 +109,9 @@ class CompiledTrainStep:
         with torch.no_grad(), blas_threads_for(self._products, device):
             if self._precompile is None:
                 outputs = self._compiled(*arguments)
-            else:
-                outputs = self._first_call(arguments, cuda_graphs)
+            else:  # traced so that batch 1 takes the graph of the other sizes
+                with size_one_kept_dynamic(bool(self.dynamic_axes)):
+                    outputs = self._first_call(arguments, cuda_graphs)
         if cuda_graphs:  # the outputs live in the graph's memory, which the next replay overwrites
             outputs = tuple(t.clone() for t in outputs)
         if started is not None:
@@ -126,22 +127,21 @@ class CompiledTrainStep:
     def _first_call(self, arguments: tuple, cuda_graphs: bool) -> tuple[Tensor, ...]:
         """Compile (its dynamic axes marked) and run; where torch specialises some of those axes, compiled
         again with them fixed, and uncompiled where torch cannot compile the step at all. Both are
-        remembered (``fallbacks.py``): the specialised axes for every conversion of this graph, the eager
-        fallback for these inputs."""
+        remembered (``fallbacks.py``) for every conversion of this graph: a new input size tries neither again."""
         module, parts, cache = self._compilation.module, self.spec.key_parts(), self._compilation.cache
+        structure = fallbacks.structure_key(module, parts)
         if self.dynamic_axes:
-            specialised = fallbacks.recalled_axes(fallbacks.structure_key(module, parts), cache)
+            specialised = fallbacks.recalled_axes(structure, cache)
             if specialised is not None:
                 self._fix_axes(specialised, arguments[0], remembered=True)
-        eager_key = fallbacks.fallback_key(module, parts, arguments, ())
-        reason = fallbacks.recalled(fallbacks.EAGER, eager_key, cache)
+        reason = fallbacks.recalled(fallbacks.EAGER, structure, cache)
         if reason is not None:
             return self._run_eagerly(arguments, reason, remembered=True)
         try:
             return self._compiled_first_call(arguments, cuda_graphs)
         except dynamic_tracing_errors() as error:
             reason = specialisation(error)
-            fallbacks.remember(fallbacks.EAGER, eager_key, reason, cache)
+            fallbacks.remember(fallbacks.EAGER, structure, reason, cache)
             return self._run_eagerly(arguments, reason, remembered=False)
 
     def _compiled_first_call(self, arguments: tuple, cuda_graphs: bool) -> tuple[Tensor, ...]:
@@ -232,9 +232,10 @@ class Compilation:
         return self.start(kept)
 
     def eager(self, inputs: Sequence[Tensor], reason: str, remembered: bool = False) -> tuple[Callable, None]:
-        """The uncompiled function, with a WARNING, after torch.compile failed on it for ``inputs``
-        (``reason``: torch's error, in this compilation or, ``remembered``, an earlier one)."""
-        log.warning(
+        """The uncompiled function, after torch.compile failed on it for ``inputs`` (``reason``: torch's
+        error, in this compilation, with a WARNING, or, ``remembered``, an earlier one, said at INFO)."""
+        log.log(
+            logging.INFO if remembered else logging.WARNING,
             "torch.compile cannot compile the %s for inputs %s (%s%s); it runs uncompiled (eager) from now on",
             self.what,
             [tuple(t.shape) for t in inputs],

@@ -93,3 +93,27 @@ def test_identity_and_size():
 def test_shape(bounds):
     check_dynamic("Shape", [rand(2, 3, 4)], opset=15, **bounds)
     check("Shape", [rand(2, 3, 4)], opset=19, **bounds)
+
+
+@pytest.mark.compile
+def test_a_compiled_expand_to_a_size_read_from_data_needs_no_guard_on_it():
+    """Expand to a shape tensor computed from a NonZero's count (the tokens routed to one expert): the
+    size read back is declared a size where it is formed, so broadcasting decides nothing on its value;
+    one graph serves every count, none included."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    from ort_torch_train.adapters.shape_ops import expand_dynamic
+
+    def routed(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        shape = torch.tensor([torch.nonzero(mask).shape[0], 1]) * torch.tensor([1, 3])  # a shape tensor in the graph
+        return expand_dynamic(x, shape) * 2
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(routed, backend="eager", fullgraph=True, dynamic=False)
+    for mask in ([1, 0, 1], [0, 0, 0], [1, 1, 1]):
+        mask = torch.tensor(mask, dtype=torch.bool)
+        assert torch.equal(compiled(torch.ones(1, 1), mask), routed(torch.ones(1, 1), mask))
+    assert compiled(torch.ones(1, 1), torch.tensor([0, 0, 0], dtype=torch.bool)).shape == (0, 3)
+    assert counters["stats"]["unique_graphs"] == 1

@@ -261,3 +261,34 @@ def test_a_compiled_range_check_over_a_dynamic_axis_keeps_the_axis_dynamic():
         torch._dynamo.mark_dynamic(x, 1)
         assert torch.equal(compiled(x, indices), gather(x, indices))
     assert counters["stats"]["unique_graphs"] == 1
+
+
+@pytest.mark.compile
+def test_a_compiled_range_check_over_a_bounded_dynamic_size_keeps_the_axis_dynamic():
+    """A size torch knows an upper bound of (rows of a table cut to the dynamic length, as MoE's index_add
+    into a narrowed buffer) is still no constant: the message does not write it, and the axis stays
+    dynamic; the constant bound of the other check is written."""
+    from torch._dynamo.utils import counters
+
+    from ort_torch_train.adapters.index_checks import wrapped_indices
+
+    table = torch.zeros(16)
+
+    def scatter(x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        rows = table.narrow(0, 0, x.shape[0])
+        checked = wrapped_indices(indices, table.shape[0], "Gather", "input 'i'")
+        return rows.index_add(0, wrapped_indices(checked, rows.shape[0], "ScatterElements", "input 'i'"), x[:2])
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(scatter, backend="eager", fullgraph=True, dynamic=False)
+    indices = torch.tensor([0, 3])
+    for length in (8, 5, 12):
+        x = torch.randn(length)
+        torch._dynamo.mark_dynamic(x, 0)
+        assert torch.equal(compiled(x, indices), scatter(x, indices))
+    assert counters["stats"]["unique_graphs"] == 1
+    with pytest.raises(RuntimeError, match=r"ScatterElements: input 'i' holds a value outside the valid range of its"):
+        compiled(torch.randn(6), torch.tensor([0, 9]))
+    with pytest.raises(RuntimeError, match=r"Gather: input 'i' holds a value outside the valid range \[-16, 16\)"):
+        compiled(torch.randn(6), torch.tensor([0, 16]))

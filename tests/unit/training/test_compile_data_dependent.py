@@ -14,7 +14,7 @@ from ort_torch_train.artifacts import LossType, OptimType, generate_artifacts
 
 transformers = pytest.importorskip("transformers")
 from tests.helpers.moe_models import VOCAB, Dinov2Logits, experts_reached, tiny_moe  # noqa: E402
-from tests.helpers.one_graph import assert_one_graph_like_eager  # noqa: E402
+from tests.helpers.one_graph import assert_one_graph_like_eager, train_counting_graphs  # noqa: E402
 
 pytestmark = [pytest.mark.compile, pytest.mark.slow, pytest.mark.filterwarnings("ignore")]
 STEPS, SHAPE, EXPERTS = 5, (2, 8), 3  # 3 experts: each one a batch reaches is a block of the graph
@@ -68,6 +68,37 @@ def test_olmoe_with_an_expert_no_token_reaches_compiles_in_one_graph_and_trains_
     tokens = [every[0], repeated[0], every[1], repeated[1], every[2]]
     _export(model, torch.from_numpy(tokens[0]), tmp_path, "tokens")
     assert_one_graph_like_eager(tmp_path, _token_batches(tokens), caplog, REFUSED)
+
+
+def test_mixtral_with_dynamic_shapes_and_an_expert_no_token_reaches_compiles_in_one_graph(tmp_path, caplog):
+    """Mixtral routed over every expert, batch and length dynamic: the zeros the experts add their tokens
+    to follow batch x length, and the sizes read from each expert's token count are declared to torch,
+    so that new batch sizes, batch 1, longer lengths and a batch leaving an expert empty reuse the first
+    graph.
+    Traced by Dynamo and AOT autograd (backend "aot_eager"): the graph count is asserted, and the losses
+    and parameters against eager's."""
+    model = tiny_moe("mixtral", every_expert=True, experts=EXPERTS)
+    rng = np.random.default_rng(0)
+    shapes = [(4, 16), (4, 16), (3, 16), (4, 9), (1, 23), (2, 16), (4, 31), (3, 7)]  # batch x length per step
+    tokens = [rng.integers(0, VOCAB, shape) for shape in shapes]
+    tokens[3] = np.full(shapes[3], 5)
+    assert len(experts_reached(model, torch.from_numpy(tokens[3]))) < EXPERTS
+    generate_artifacts(
+        model,
+        loss=LossType.CrossEntropyLoss,
+        optimizer=OptimType.AdamW,
+        artifact_directory=tmp_path,
+        example_inputs=(torch.from_numpy(tokens[0]),),
+        input_names=["tokens"],
+        dynamic_axes={"tokens": {0: "batch", 1: "sequence"}},
+    )
+    batches = _token_batches(tokens)
+    refused = (*REFUSED, "stays fixed", " up to ")
+    eager_losses, eager_parameters, _ = train_counting_graphs(tmp_path, batches, False, caplog, refused)
+    losses, parameters, graphs = train_counting_graphs(tmp_path, batches, {"backend": "aot_eager"}, caplog, refused)
+    assert graphs == 1
+    np.testing.assert_allclose(losses, eager_losses, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(parameters, eager_parameters, rtol=0, atol=1e-6)
 
 
 def test_dinov2_compiles_in_one_graph_and_trains_like_eager(tmp_path, caplog):

@@ -61,17 +61,44 @@ def test_a_step_that_cannot_compile_runs_eagerly_once_warned_and_is_remembered(m
     np.testing.assert_allclose(parameters, eager_parameters, rtol=0, atol=1e-6)
     tried = len(BACKEND_CALLS)
     assert tried >= 1
-    # a new Module of the same model in this process does not try again
+    # a new Module of the same model in this process does not try again, and says so at INFO only
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="ort_torch_train"):
+    with caplog.at_level(logging.INFO, logger="ort_torch_train"):
         again, _ = _losses(mlp_case, {"backend": failing_backend})
     assert len(BACKEND_CALLS) == tried
     assert any("remembered from an earlier compilation" in r.getMessage() for r in caplog.records)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert again == losses
     # the next process, sharing the compile cache, finds the fallback there
     fallbacks._REMEMBERED.clear()
     _losses(mlp_case, {"backend": failing_backend}, cache=tmp_path)
     assert len(BACKEND_CALLS) == tried
+
+
+@pytest.mark.compile
+def test_a_step_that_cannot_compile_is_not_tried_again_at_a_new_shape(tmp_path, caplog):
+    """A graph whose step torch.compile cannot compile, trained at a new shape every step: the first
+    shape tries (and warns), every later conversion recalls the fallback for the graph, whatever its
+    sizes, and tries nothing."""
+    directory = _tagger_artifacts(tmp_path / "lstm")
+    rng = np.random.default_rng(0)
+    shapes = [(2, 3), (2, 4), (3, 5), (4, 6), (1, 7)]
+    batches = [(rng.integers(0, 12, shape), rng.integers(0, 3, shape[0])) for shape in shapes]
+    eager_losses, _ = _train(directory, batches, False)
+    _new_process()
+    BACKEND_CALLS.clear()
+    _train(directory, batches[:1], {"backend": failing_backend})
+    tried = len(BACKEND_CALLS)
+    _new_process()
+    BACKEND_CALLS.clear()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="ort_torch_train"):
+        losses, _ = _train(directory, batches, {"backend": failing_backend})
+    assert len(BACKEND_CALLS) == tried
+    said = [r for r in caplog.records if "runs uncompiled (eager)" in r.getMessage()]
+    assert [r.levelno for r in said][:1] == [logging.WARNING]
+    assert all(r.levelno == logging.INFO and "remembered" in r.getMessage() for r in said[1:])
+    np.testing.assert_allclose(losses, eager_losses, rtol=0, atol=1e-6)
 
 
 class _Tagger(nn.Module):
@@ -88,9 +115,9 @@ class _Tagger(nn.Module):
 
 
 def test_the_specialised_axes_are_recalled_by_every_conversion_of_the_graph_and_from_the_cache(tmp_path):
-    """The conversions of one graph for batch 2 (its batch axis fixed: the LSTM's zero state is a table
-    of 2 rows, which the probe at 3 cannot cut) and for batch 3 (batch and length dynamic) share the key
-    the axes torch specialised are kept under; another step's parts do not. The axes are found in this
+    """The conversions of one graph for batch 2 and for batch 3 (batch and length dynamic in both: the
+    LSTM's zero state is rebuilt at the batch size) share the key the axes torch specialised are kept
+    under; another step's parts do not. The axes are found in this
     process and, by a new process, in the compile cache."""
     directory = _tagger_artifacts(tmp_path / "lstm")
     module = Module(directory / "training_model.onnx", CheckpointState.load_checkpoint(directory / "checkpoint"))
@@ -103,7 +130,7 @@ def test_the_specialised_axes_are_recalled_by_every_conversion_of_the_graph_and_
         )
         keys.append(fallbacks.structure_key(converted, ("parts",)))
         axes.append(DYNAMIC_AXES.get(converted, ()))
-    assert axes == [((0, 1),), ((0, 0), (1, 0), (0, 1))]
+    assert axes == [((0, 0), (1, 0), (0, 1))] * 2
     assert keys[0] == keys[1]
     assert fallbacks.structure_key(converted, ("other parts",)) != keys[0]
     cache = CompileCache(CacheStore(tmp_path / "cache"))
@@ -173,9 +200,8 @@ def _new_process() -> None:
 @pytest.mark.compile
 def test_an_lstm_whose_length_torch_specialises_costs_one_graph_per_new_shape(tmp_path, caplog):
     """torch specialises the LSTM's time loop: the first shape traces the dynamic step once, then compiles
-    it with the length fixed; every later new shape compiles one graph (the batch axis fixed at batch 2,
-    dynamic from batch 3 on: other dynamic axes, the same remembered length), and a new batch size at a
-    seen length none. A new process sharing the compile cache recalls the length: one graph for its first
+    it with the length fixed; every later new length compiles one graph (the batch axis dynamic, the
+    same remembered length fixed), and a new batch size at a seen length at most one. A new process sharing the compile cache recalls the length: one graph for its first
     shape. Dynamo's own backend: the graphs are counted, not compiled by inductor."""
     directory = _tagger_artifacts(tmp_path / "lstm")
     rng = np.random.default_rng(0)

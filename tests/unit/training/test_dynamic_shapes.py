@@ -99,7 +99,7 @@ def test_one_compiled_step_trains_on_partial_batches_and_new_lengths_like_eager(
     directory, positions = artifacts
     if positions:
         pytest.skip("the positions fix the length (test_a_size_the_graph_needs_as_a_constant_stays_fixed...)")
-    batches = _batches([(64, 8), (64, 8), (37, 8), (64, 12), (64, 20), (37, 20)])
+    batches = _batches([(64, 8), (64, 8), (37, 8), (64, 12), (1, 20), (37, 20), (1, 7)])  # batch 1: no graph of its own
     losses, evaluations = {}, {}
     for compile in (False, True):
         module, optimizer = _trainer(directory, compile=compile)
@@ -390,8 +390,9 @@ def test_a_dynamic_step_is_keyed_without_its_dynamic_sizes(artifacts):
 
 
 def test_grid_constants_are_told_by_their_start_and_steps():
-    """A mask's flat indices over batch x length, token-type ids and an all-True mask are grids (rebuilt
-    from the sizes at run time); a table of other values is not."""
+    """A mask's flat indices over batch x length, token-type ids, an all-True mask and the float zeros an
+    MoE layer adds its routed tokens to are grids (rebuilt from the sizes at run time); a table of other
+    values is not, nor is a float tensor of more than one value."""
     flat_indices = torch.arange(4).reshape(4, 1, 1, 1) * 8 + torch.arange(8)
     assert grid_of(flat_indices) == (0, (8, 0, 0, 1))
     assert grid_of(torch.zeros(4, 8, dtype=torch.int64)) == (0, (0, 0))
@@ -399,3 +400,5 @@ def test_grid_constants_are_told_by_their_start_and_steps():
     assert grid_of(torch.tensor([[0, 1], [1, 3]])) is None
     assert grid_of(torch.tril(torch.ones(4, 4, dtype=torch.bool))) is None
     assert grid_of(torch.linspace(0, 1, 5)) is None
+    assert grid_of(torch.zeros(16, 32)) == (0.0, (0, 0))
+    assert grid_of(torch.arange(6, dtype=torch.float32)) is None
