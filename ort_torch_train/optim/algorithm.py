@@ -9,14 +9,17 @@ an algorithm's name, so a new algorithm is one module: its kernel and its record
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-from torch import Tensor
-
-from ort_torch_train.optim.compiled import FusedUpdate
 from ort_torch_train.optim.float32 import to_float32
+
+if TYPE_CHECKING:  # the records need no torch: their kernels import it when they run (``lazy_kernel``)
+    from torch import Tensor
+
+    from ort_torch_train.optim.compiled import FusedUpdate
 
 MS_DOMAIN = "com.microsoft"
 DEFAULT_LEARNING_RATE = to_float32(0.001)  # ORT's, until the first set_learning_rate (a float32 value)
@@ -44,7 +47,7 @@ class PreparedKernel(NamedTuple):
     step_tensor: Tensor | None  # a reused float32 scalar on the params' device, for kernels that read the step so
 
 
-TensorLists = list[Tensor]
+TensorLists = list["Tensor"]
 # kernel(params, grads, moments (one list per name of ``updated_moments``), hyperparameters, the 1-based step
 # fed to the node (completed steps + 1), the prepared kernel)
 Update = Callable[[TensorLists, TensorLists, list[TensorLists], Hyperparameters, int, PreparedKernel], None]
@@ -90,3 +93,14 @@ class OptimizerAlgorithm:
 
     def __repr__(self) -> str:
         return f"OptimizerAlgorithm({self.domain}::{self.op_type})"
+
+
+def lazy_kernel(module: str, function: str) -> Callable:
+    """``module.function``, the module imported at the first call: a record names its kernels this way, so that
+    reading an optimizer model needs no torch."""
+
+    def call(*args: object) -> object:
+        return getattr(importlib.import_module(module), function)(*args)
+
+    call.__qualname__ = call.__name__ = function
+    return call
