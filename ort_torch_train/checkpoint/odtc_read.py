@@ -11,12 +11,9 @@ import torch
 from ort_torch_train.dtypes import torch_dtype
 
 from .fbs_reader import FlatBuffer
-from .odtc_walk import CHECKPOINT_VERSION, FILE_IDENTIFIER, ExternalReader, GroupEntry, TensorData, TensorEntry
-from .odtc_walk import walk_checkpoint
+from .odtc_walk import ExternalReader, GroupEntry, TensorData, TensorEntry, walk_checkpoint
 from .records import CheckpointRecord, OptimizerGroupRecord
 from .tensor_bytes import tensor_from_bytes
-
-__all__ = ["CHECKPOINT_VERSION", "FILE_IDENTIFIER", "decode_checkpoint"]
 
 
 class _TensorMaker:

@@ -110,7 +110,9 @@ def _check_moments(
     params = {entry.name: entry for entry in layout.trainable + layout.frozen}
     for name, moments in momentums.items():
         if name not in params:
-            raise CheckpointError(f"optimizer group {group_name!r} holds moments for {name!r}, which is not a parameter")
+            raise CheckpointError(
+                f"optimizer group {group_name!r} holds moments for {name!r}, which is not a parameter"
+            )
         param = params[name]
         for moment in moments:
             if not layout.is_nominal and (moment.dims != param.dims or moment.data_type != param.data_type):

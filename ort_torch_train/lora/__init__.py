@@ -33,7 +33,19 @@ _EXPORTS = {
     "load_peft_weights": "peft",
     "read_record": "record",
 }
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "ALL_LINEAR",
+    "LORA_PROPERTY",
+    "LoraConfig",
+    "LoraRecord",
+    "LoraTarget",
+    "adapter_names",
+    "add_lora_to_artifacts",
+    "add_lora_to_base",
+    "export_peft",
+    "load_peft_weights",
+    "read_record",
+]
 
 
 def __getattr__(name: str) -> object:

@@ -30,7 +30,18 @@ _EXPORTS = {
     "read_optimizer_model": "optimizer_model",
     "sgd": "sgd",
 }
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "AdamWHyperparameters",
+    "OptimizerSpec",
+    "SGDHyperparameters",
+    "adamw",
+    "clip_grad_norm_",
+    "constant_with_warmup",
+    "cosine_with_warmup",
+    "linear_with_warmup",
+    "read_optimizer_model",
+    "sgd",
+]
 
 
 def __getattr__(name: str) -> object:

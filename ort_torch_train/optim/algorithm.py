@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from ort_torch_train.optim.float32 import to_float32
 
@@ -95,12 +95,18 @@ class OptimizerAlgorithm:
         return f"OptimizerAlgorithm({self.domain}::{self.op_type})"
 
 
-def lazy_kernel(module: str, function: str) -> Callable:
+@dataclass(frozen=True)
+class LazyKernel:
     """``module.function``, the module imported at the first call: a record names its kernels this way, so that
-    reading an optimizer model needs no torch."""
+    reading an optimizer model needs no torch (and the record still pickles by reference)."""
 
-    def call(*args: object) -> object:
-        return getattr(importlib.import_module(module), function)(*args)
+    module: str
+    function: str
 
-    call.__qualname__ = call.__name__ = function
-    return call
+    def __call__(self, *args: Any) -> Any:
+        return getattr(importlib.import_module(self.module), self.function)(*args)
+
+
+def lazy_kernel(module: str, function: str) -> Callable[..., Any]:
+    """The kernel ``module.function``, imported when it first runs."""
+    return LazyKernel(module, function)
