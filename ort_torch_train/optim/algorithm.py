@@ -1,10 +1,11 @@
 """The record of one ORT optimizer op type: everything that differs from one optimizer algorithm to another.
 
 Modelled on torch/optim, where an optimizer is a thin class over one functional kernel: here each
-algorithm is one functional kernel and, beside it in the same module, one ``OptimizerAlgorithm``
-record (``optim/adamw.py``, ``optim/sgd.py``). The optimizer-model reader, the engine, ZeRO,
-``inspect`` and the artifact generator look the record up (``optim/registry.py``) and never branch on
-an algorithm's name, so a new algorithm is one module: its kernel and its record, registered.
+algorithm is one functional kernel and one ``OptimizerAlgorithm`` record. The optimizer-model reader, the
+engine, ZeRO, ``inspect`` and the artifact generator look the record up (``optim/registry.py``) and never
+branch on an algorithm's name, so a new algorithm is one module: its kernel and its record, registered.
+The built-in records sit in torch-free modules beside their kernels (``optim/adamw_record.py`` naming
+``optim/adamw.py``'s through ``lazy_kernel``), so that reading an optimizer model needs no torch.
 """
 
 from __future__ import annotations
