@@ -8,6 +8,8 @@ running its kernel on the tensor lists a provider gives (``tensor_lists.py``).
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -48,3 +50,17 @@ def __getattr__(name: str) -> object:
     if name not in _EXPORTS:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+
+
+class _Package(types.ModuleType):
+    """This package, whose exports ``adamw`` and ``sgd`` stay the kernel functions when their modules (named
+    alike) load later: the import system's binding of such a submodule here is left out, as it was when the
+    package imported them eagerly."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name in _EXPORTS and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
