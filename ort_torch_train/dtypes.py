@@ -6,6 +6,10 @@ import numpy as np
 import onnx
 import torch
 
+from ort_torch_train.elem_types import ELEM_TYPE_NAMES as ELEM_TYPE_NAMES  # re-exported: callers import them here
+from ort_torch_train.elem_types import elem_dtype
+from ort_torch_train.elem_types import elem_type_name as elem_type_name
+from ort_torch_train.elem_types import ort_tensor_type as ort_tensor_type
 from ort_torch_train.errors import UnsupportedTypeError
 
 ONNX_TO_TORCH: dict[int, torch.dtype] = {
@@ -25,40 +29,6 @@ ONNX_TO_TORCH: dict[int, torch.dtype] = {
 }
 TORCH_TO_ONNX: dict[torch.dtype, int] = {dtype: code for code, dtype in ONNX_TO_TORCH.items()}
 
-ELEM_TYPE_NAMES: dict[int, str] = {
-    0: "UNDEFINED",
-    1: "FLOAT",
-    2: "UINT8",
-    3: "INT8",
-    4: "UINT16",
-    5: "INT16",
-    6: "INT32",
-    7: "INT64",
-    8: "STRING",
-    9: "BOOL",
-    10: "FLOAT16",
-    11: "DOUBLE",
-    12: "UINT32",
-    13: "UINT64",
-    14: "COMPLEX64",
-    15: "COMPLEX128",
-    16: "BFLOAT16",
-    17: "FLOAT8E4M3FN",
-    18: "FLOAT8E4M3FNUZ",
-    19: "FLOAT8E5M2",
-    20: "FLOAT8E5M2FNUZ",
-}
-
-
-def elem_type_name(code: int) -> str:
-    """ONNX's name for an element type code: 1 -> 'FLOAT'."""
-    return ELEM_TYPE_NAMES.get(code, f"<unknown {code}>")
-
-
-def ort_tensor_type(code: int) -> str:
-    """ORT's spelling of a tensor type in messages: 1 -> 'tensor(float)'."""
-    return f"tensor({elem_type_name(code).lower()})"
-
 
 def dtype_name(dtype: torch.dtype | np.dtype) -> str:
     """A short readable name: float32, int64, bfloat16, ..."""
@@ -67,14 +37,8 @@ def dtype_name(dtype: torch.dtype | np.dtype) -> str:
 
 def torch_dtype(code: int, tensor_name: str = "") -> torch.dtype:
     """The torch dtype of an ONNX element type code."""
-    try:
-        return ONNX_TO_TORCH[code]
-    except KeyError:
-        subject = f"tensor {tensor_name!r} has element type" if tensor_name else "element type"
-        raise UnsupportedTypeError(
-            f"{subject} {elem_type_name(code)} ({code}), which has no torch equivalent here; "
-            f"supported: {', '.join(elem_type_name(c) for c in ONNX_TO_TORCH)}"
-        ) from None
+    elem_dtype(code, tensor_name)  # UnsupportedTypeError for a type without one
+    return ONNX_TO_TORCH[code]
 
 
 def onnx_elem_type(dtype: torch.dtype, tensor_name: str = "") -> int:

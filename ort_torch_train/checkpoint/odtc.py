@@ -32,11 +32,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..errors import CheckpointError, SpecialFileError
-from .odtc_read import CHECKPOINT_VERSION, FILE_IDENTIFIER, decode_checkpoint
+from .odtc_read import decode_checkpoint
+from .odtc_walk import CHECKPOINT_VERSION, FILE_IDENTIFIER
 from .odtc_write import ExternalDataPlan, check_record, data_bytes, encode_checkpoint
-from .pair import PairReader, Writer, commit_pair, data_file_path, replace_inline
+from .pair import Writer, commit_pair, data_file_path, replace_inline
 from .records import CheckpointRecord, OptimizerGroupRecord
+from .source import read_source
 from .tensor_bytes import tensor_to_bytes
 
 __all__ = [
@@ -61,45 +62,6 @@ def external_data_path(checkpoint_path: str | os.PathLike) -> Path:
     return data_file_path(Path(checkpoint_path))
 
 
-class _ExternalDataFile:
-    """A checkpoint's external data file, read through the pair's open descriptor; every read bounds-checked."""
-
-    def __init__(self, checkpoint_path: Path | None, pair: PairReader | None = None) -> None:
-        self.checkpoint_path = checkpoint_path
-        self.pair = pair
-        self.checked = False
-        self.total_read = 0
-
-    def __call__(self, offset: int, nbytes: int, what: str) -> bytearray:
-        if self.checkpoint_path is None or self.pair is None:
-            raise CheckpointError(
-                "External data is present in the checkpoint but the checkpoint path is not "
-                "provided. External data with loading from buffer is not supported."
-            )
-        pair, path = self.pair, self.pair.data_file
-        if pair.data_fd is None:
-            raise CheckpointError(
-                f"Failed to open checkpoint's external data file: {str(path)!r} (the "
-                f"checkpoint {str(self.checkpoint_path)!r} declares external data)."
-            )
-        if not self.checked:
-            pair.check_data_file()
-            self.checked = True
-        size = pair.data_size
-        if offset + nbytes > size:
-            raise CheckpointError(
-                f"Failed reading external checkpoint data. {what} needs bytes [{offset}, "
-                f"{offset + nbytes}) of {str(path)!r}, which holds {size} bytes."
-            )
-        self.total_read += nbytes
-        if self.total_read > size:
-            raise CheckpointError(
-                f"Checkpoint is invalid. Tensors share external data: together they read more "
-                f"than the {size} bytes of {str(path)!r}."
-            )
-        return pair.read_data(offset, nbytes)
-
-
 def read_checkpoint(
     source: str | os.PathLike | bytes | bytearray | memoryview,
 ) -> CheckpointRecord:
@@ -109,21 +71,7 @@ def read_checkpoint(
     that is not a valid version-2 ODTC checkpoint (a device or FIFO at the path included). A pair
     with external data is read from descriptors opened once: saves running meanwhile cannot mix it.
     """
-    if isinstance(source, bytes | bytearray | memoryview):
-        return decode_checkpoint(source, _ExternalDataFile(None))
-    if not isinstance(source, str | os.PathLike):
-        raise TypeError(f"checkpoint source must be a path or bytes, got {type(source).__name__}")
-    path = Path(source)
-    try:
-        pair = PairReader(path)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"checkpoint file {str(path)!r} does not exist") from None
-    except IsADirectoryError:
-        raise IsADirectoryError(f"checkpoint path {str(path)!r} is a directory, expected a file") from None
-    except SpecialFileError as error:
-        raise CheckpointError(str(error)) from None
-    with pair:
-        return decode_checkpoint(pair.checkpoint_bytes(), _ExternalDataFile(path, pair))
+    return read_source(source, decode_checkpoint)
 
 
 def checkpoint_to_bytes(record: CheckpointRecord, *, artifact: bool = False) -> bytes:

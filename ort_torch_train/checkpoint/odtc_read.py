@@ -1,203 +1,41 @@
-"""Decode an ORT "ODTC" checkpoint buffer into a CheckpointRecord (see ``odtc`` for the format).
+"""Decode an ORT "ODTC" checkpoint buffer into a CheckpointRecord of torch tensors (see ``odtc`` for the format).
 
-Decoding is two passes: the structure is walked and verified through ``fbs_reader`` (no tensor
-memory is allocated), then every tensor's size is checked against its dims and element type and
-only then copied out of the buffer (or the external data file) into a torch tensor.
+The buffer is walked and verified by ``odtc_walk`` (no tensor memory is allocated); only then is every
+tensor's data, checked against its dims and element type there, copied into a torch tensor.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-from dataclasses import dataclass
-
 import torch
 
-from ort_torch_train.dtypes import elem_type_name, torch_dtype
+from ort_torch_train.dtypes import torch_dtype
 
-from ..errors import CheckpointError
-from .fbs_reader import FlatBuffer, Table
+from .fbs_reader import FlatBuffer
+from .odtc_walk import ExternalReader, GroupEntry, TensorData, TensorEntry, walk_checkpoint
 from .records import CheckpointRecord, OptimizerGroupRecord
 from .tensor_bytes import tensor_from_bytes
 
-FILE_IDENTIFIER = b"ODTC"
-CHECKPOINT_VERSION = 2
-
-# Reads (offset, byte count, tensor description) from the external data file.
-ExternalReader = Callable[[int, int, str], bytes | bytearray]
-
-
-@dataclass
-class _TensorEntry:
-    """A tensor as found in the buffer, before any data is copied."""
-
-    where: str
-    name: str
-    data_type: int
-    dims: list[int]
-    raw_data: tuple[int, int] | None  # (start, length) in the buffer
-    external_offset: int
-
-
-def _invalid(message: str) -> CheckpointError:
-    return CheckpointError(f"Checkpoint is invalid. {message}")
-
-
-def _tensor_entry(table: Table) -> _TensorEntry:
-    name = table.string(0, "name")
-    table.string(1, "doc_string")
-    dims = table.int64s(2, "dims")
-    data_type = int(table.scalar(3, "<i", 0, "data_type"))
-    raw_data = table.vector(4, 1, "raw_data")
-    table.strings(5, "string_data")
-    external_offset = int(table.scalar(6, "<q", -1, "external_data_offset"))
-    if name is None:
-        raise _invalid(f"{table.where} has no name.")
-    if dims is None:
-        raise _invalid(f"{table.where} ({name!r}) has no dims.")
-    table.buf.claim(dims, f"{table.where}.dims", "the dims vector")
-    return _TensorEntry(table.where, name, data_type, dims, raw_data, external_offset)
-
-
-def _tensor_entries(tables: list[Table] | None, where: str) -> list[_TensorEntry]:
-    if tables is None:
-        raise _invalid(f"{where} is missing (Expected: a vector of tensors. Actual: nullptr).")
-    entries, seen = [], set()
-    for table in tables:  # names checked as they come: a table referenced twice fails at once
-        table.buf.charge(16, table.where)  # a tensor table takes at least that many uncounted bytes
-        entry = _tensor_entry(table)
-        if entry.name in seen:
-            raise _invalid(f"{where} holds the name {entry.name!r} more than once.")
-        seen.add(entry.name)
-        entries.append(entry)
-    return entries
-
-
-def _check_unique(names: list[str], where: str) -> None:
-    seen: set[str] = set()
-    for name in names:
-        if name in seen:
-            raise _invalid(f"{where} holds the name {name!r} more than once.")
-        seen.add(name)
-
 
 class _TensorMaker:
-    """Copies tensors out of the buffer or the external file, checking sizes before allocating."""
+    """Torch tensors of checked tensor entries: empty ones of their dtype (nominal), or copies of their data."""
 
-    def __init__(self, buf: FlatBuffer, read_external: ExternalReader | None) -> None:
-        self.buf = buf
-        self.read_external = read_external  # None: the checkpoint declares no external data
-        self.inline_bytes = 0
+    def __init__(self, data: TensorData) -> None:
+        self.data = data
 
-    def nominal(self, entry: _TensorEntry) -> torch.Tensor:
-        return torch.empty(0, dtype=self._dtype(entry))
+    def nominal(self, entry: TensorEntry) -> torch.Tensor:
+        self.data.dtype(entry)  # an element type without a dtype is refused here too
+        return torch.empty(0, dtype=torch_dtype(entry.data_type, entry.name))
 
-    def full(self, entry: _TensorEntry) -> torch.Tensor:
-        dtype = self._dtype(entry)
-        label = f"{entry.where} ({entry.name!r})"
-        if any(dim < 0 for dim in entry.dims):
-            raise _invalid(f"{label} has a negative dimension in dims {entry.dims}.")
-        # a zero dim empties the tensor, but torch still needs the other dims' strides to fit in int64
-        if math.prod(max(dim, 1) for dim in entry.dims) * dtype.itemsize >= 2**63:
-            raise _invalid(f"{label} has dims {entry.dims} whose size overflows int64.")
-        nbytes = math.prod(entry.dims) * dtype.itemsize
-        data: bytes | bytearray | memoryview
-        if entry.external_offset >= 0:
-            data = self._external(entry, label, nbytes)
-        elif entry.raw_data is not None:
-            data = self._inline(entry, entry.raw_data, label, nbytes)
-        else:
-            raise _invalid(f"{label} has neither raw_data nor an external_data_offset.")
-        return tensor_from_bytes(data, dtype, entry.dims)
-
-    def _dtype(self, entry: _TensorEntry) -> torch.dtype:
-        try:
-            return torch_dtype(entry.data_type, entry.name)
-        except ValueError as error:
-            raise _invalid(f"{entry.where}: {error}") from None
-
-    def _inline(self, entry: _TensorEntry, raw_data: tuple[int, int], label: str, nbytes: int) -> memoryview:
-        start, length = raw_data
-        if length != nbytes:
-            raise _invalid(
-                f"{label} holds {length} bytes of raw_data, but dims {entry.dims} of "
-                f"{elem_type_name(entry.data_type)} need {nbytes}."
-            )
-        self.inline_bytes += length
-        if self.inline_bytes > self.buf.size:
-            raise _invalid("tensors share raw_data: their total size exceeds the buffer size.")
-        return self.buf.data[start : start + length]
-
-    def _external(self, entry: _TensorEntry, label: str, nbytes: int) -> bytes | bytearray:
-        if self.read_external is None:
-            raise _invalid(
-                f"{label} has an external_data_offset, but the module state does not declare "
-                "external data (has_external_data is false)."
-            )
-        return self.read_external(entry.external_offset, nbytes, label)
+    def full(self, entry: TensorEntry) -> torch.Tensor:
+        data = self.data.read(entry)
+        return tensor_from_bytes(data, torch_dtype(entry.data_type, entry.name), entry.dims)
 
 
-@dataclass
-class _GroupEntry:
-    """An optimizer group as found in the buffer, before any data is copied."""
-
-    name: str
-    step: int
-    initial_learning_rate: float
-    momentums: dict[str, list[_TensorEntry]]
-
-
-def _group_entries(tables: list[Table] | None) -> list[_GroupEntry]:
-    groups: list[_GroupEntry] = []
-    for table in tables or []:
-        name = table.string(0, "group_name")
-        if name is not None and any(group.name == name for group in groups):
-            raise _invalid(f"optimizer_groups holds the name {name!r} more than once.")
-        step = int(table.scalar(1, "<q", 0, "step"))
-        learning_rate = float(table.scalar(2, "<f", 0.0, "initial_learning_rate"))
-        states = table.tables(3, "optimizer_states")
-        if name is None:
-            raise _invalid(f"{table.where} has no group_name.")
-        if states is None:
-            raise _invalid(f"{table.where} ({name!r}) has no optimizer_states.")
-        momentums: dict[str, list[_TensorEntry]] = {}
-        for state in states:
-            param_name = state.string(0, "param_name")
-            if param_name is None:
-                raise _invalid(f"{state.where} has no param_name.")
-            if param_name in momentums:
-                raise _invalid(f"{table.where} ({name!r}) lists parameter {param_name!r} twice.")
-            momentums[param_name] = _tensor_entries(state.tables(1, "momentums"), f"{state.where}.momentums")
-        groups.append(_GroupEntry(name, step, learning_rate, momentums))
-    _check_unique([group.name for group in groups], "optimizer_groups")
-    return groups
-
-
-def _optimizer_group(group: _GroupEntry, maker: _TensorMaker) -> OptimizerGroupRecord:
+def _optimizer_group(group: GroupEntry, maker: _TensorMaker) -> OptimizerGroupRecord:
     momentums = {
         param: {entry.name: maker.full(entry) for entry in entries} for param, entries in group.momentums.items()
     }
     return OptimizerGroupRecord(group.name, group.step, group.initial_learning_rate, momentums)
-
-
-def _properties(table: Table | None) -> dict[str, int | float | str]:
-    if table is None:
-        return {}
-    found: list[tuple[str, int | float | str]] = []
-    kinds = ((0, "ints", "<q", int), (1, "floats", "<f", float))
-    for slot, field_name, fmt, kind in kinds:
-        for item in table.tables(slot, field_name) or []:
-            name = item.string(0, "name")
-            if name is None:
-                raise _invalid(f"{item.where} has no name.")
-            found.append((name, kind(item.scalar(1, fmt, 0, "value"))))
-    for item in table.tables(2, "strings") or []:
-        name, value = item.string(0, "name"), item.string(1, "value")
-        if name is None or value is None:
-            raise _invalid(f"{item.where} has no {'name' if name is None else 'value'}.")
-        found.append((name, value))
-    _check_unique([name for name, _ in found], "property_bag")
-    return dict(found)
 
 
 def decode_checkpoint(data: bytes | bytearray | memoryview, read_external: ExternalReader) -> CheckpointRecord:
@@ -205,38 +43,16 @@ def decode_checkpoint(data: bytes | bytearray | memoryview, read_external: Exter
     the external data file."""
     buf = FlatBuffer(data)
     try:
-        return _decode(buf, read_external)
+        layout = walk_checkpoint(buf)
+        maker = _TensorMaker(TensorData(buf, read_external if layout.has_external_data else None))
+        make = maker.nominal if layout.is_nominal else maker.full
+        return CheckpointRecord(
+            trainable={entry.name: make(entry) for entry in layout.trainable},
+            frozen={entry.name: make(entry) for entry in layout.frozen},
+            is_nominal=layout.is_nominal,
+            optimizer_groups=[_optimizer_group(group, maker) for group in layout.groups],
+            properties=layout.properties,
+            has_external_data=layout.has_external_data,
+        )
     finally:
         buf.release()
-
-
-def _decode(buf: FlatBuffer, read_external: ExternalReader) -> CheckpointRecord:
-    root = buf.root(FILE_IDENTIFIER)
-    version = int(root.scalar(0, "<i", 0, "version"))
-    module = root.table(1, "module_state")
-    groups = _group_entries(root.tables(2, "optimizer_groups"))
-    property_table = root.table(3, "property_bag")
-    trainable = frozen = []
-    is_nominal = has_external = False
-    if module is not None:
-        trainable = _tensor_entries(module.tables(0, "requires_grad_params"), "module_state.requires_grad_params")
-        frozen = _tensor_entries(module.tables(1, "frozen_params"), "module_state.frozen_params")
-        is_nominal = bool(module.scalar(2, "<B", 0, "is_nominal_state"))
-        has_external = bool(module.scalar(3, "<B", 0, "has_external_data"))
-    properties = _properties(property_table)
-    if version != CHECKPOINT_VERSION:
-        raise _invalid(
-            f"Checkpoint version {version} is not supported (this reader supports version {CHECKPOINT_VERSION} only)."
-        )
-    _check_unique([entry.name for entry in trainable + frozen], "module_state")
-
-    maker = _TensorMaker(buf, read_external if has_external else None)
-    make = maker.nominal if is_nominal else maker.full
-    return CheckpointRecord(
-        trainable={entry.name: make(entry) for entry in trainable},
-        frozen={entry.name: make(entry) for entry in frozen},
-        is_nominal=is_nominal,
-        optimizer_groups=[_optimizer_group(group, maker) for group in groups],
-        properties=properties,
-        has_external_data=has_external,
-    )

@@ -19,7 +19,7 @@ import torch
 from ort_torch_train.dtypes import onnx_elem_type
 
 from ..errors import CheckpointError
-from .odtc_read import CHECKPOINT_VERSION, FILE_IDENTIFIER
+from .odtc_walk import CHECKPOINT_VERSION, FILE_IDENTIFIER
 from .records import CheckpointRecord
 from .tensor_bytes import tensor_to_bytes
 

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 
+from ort_torch_train.checkpoint.summary import CheckpointSummary, summarize_checkpoint
 from ort_torch_train.cli.errors import CliError
-from ort_torch_train.dtypes import ONNX_TO_TORCH, dtype_name, elem_type_name
+from ort_torch_train.elem_types import ELEM_DTYPES, elem_type_name
 from ort_torch_train.errors import CheckpointError
 from ort_torch_train.graph.layout import GRAD_BUFFER_SUFFIX, declared_shape, load_model
 from ort_torch_train.graph.roles import model_role
-from ort_torch_train.state.training_state import TrainingState
+
+if TYPE_CHECKING:
+    from ort_torch_train.state.training_state import TrainingState
 
 Shape = list[int | str | None] | None
 
@@ -94,9 +98,20 @@ def classify_paths(paths: list[str]) -> ArtifactPaths:
 
 def load_training_state(path: Path) -> TrainingState:
     """An ORT checkpoint, or a CliError naming the file when it is none."""
+    from ort_torch_train.state.training_state import TrainingState  # torch: imported by the commands that train
+
     path = existing_file(path, "checkpoint")
     try:
         return TrainingState.load(path)
+    except CheckpointError as error:
+        raise CliError(f"{str(path)!r} is not a readable ORT checkpoint: {error}") from error
+
+
+def load_checkpoint_summary(path: Path) -> CheckpointSummary:
+    """What an ORT checkpoint holds (read without torch), or a CliError naming the file when it is none."""
+    path = existing_file(path, "checkpoint")
+    try:
+        return summarize_checkpoint(path)
     except CheckpointError as error:
         raise CliError(f"{str(path)!r} is not a readable ORT checkpoint: {error}") from error
 
@@ -122,7 +137,7 @@ def value_dtype(value: onnx.ValueInfoProto) -> str:
     if kind != "tensor_type":
         return onnx.helper.printable_type(value.type) or "unknown"
     code = value.type.tensor_type.elem_type
-    return dtype_name(ONNX_TO_TORCH[code]) if code in ONNX_TO_TORCH else elem_type_name(code).lower()
+    return ELEM_DTYPES[code].name if code in ELEM_DTYPES else elem_type_name(code).lower()
 
 
 def value_shape(value: onnx.ValueInfoProto) -> Shape:

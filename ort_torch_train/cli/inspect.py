@@ -10,23 +10,22 @@ from typing import Any
 
 import onnx
 
+from ort_torch_train.checkpoint.summary import CheckpointSummary, ParameterSummary
 from ort_torch_train.cli.common import (
     ArtifactPaths,
     classify_paths,
+    load_checkpoint_summary,
     load_onnx,
-    load_training_state,
     shape_text,
     short_float,
     trainable_names_of,
     value_dtype,
     value_shape,
 )
-from ort_torch_train.dtypes import dtype_name
 from ort_torch_train.graph.layout import GraphLayout, eval_layout, opsets_of, training_layout
 from ort_torch_train.lora.config import LORA_PROPERTY, LoraConfig
 from ort_torch_train.lora.record import read_record
 from ort_torch_train.optim.optimizer_model import read_optimizer_model
-from ort_torch_train.state.training_state import TrainingState
 
 
 def run_inspect(args: argparse.Namespace) -> None:
@@ -38,11 +37,11 @@ def run_inspect(args: argparse.Namespace) -> None:
 def inspect_artifacts(paths: ArtifactPaths) -> dict[str, Any]:
     """A JSON-ready description of the models, parameters, optimizer and checkpoint."""
     report: dict[str, Any] = {"files": paths.found()}
-    state = load_training_state(paths.checkpoint) if paths.checkpoint else None
+    state = load_checkpoint_summary(paths.checkpoint) if paths.checkpoint else None
     training = load_onnx(paths.training_model, "training model") if paths.training_model else None
     evaluation = load_onnx(paths.eval_model, "eval model") if paths.eval_model else None
     if state is not None:
-        param_names = list(state.params)
+        param_names = [param.name for param in state.parameters]
     elif training is not None:
         param_names = trainable_names_of(training)
         report["note"] = (
@@ -82,22 +81,23 @@ def _describe_optimizer(path: str | os.PathLike) -> dict[str, Any]:
     }
 
 
-def _mismatched_parameters(state: TrainingState, training: onnx.ModelProto) -> list[str]:
+def _mismatched_parameters(state: CheckpointSummary, training: onnx.ModelProto) -> list[str]:
     """Checkpoint parameters the training model does not take, or declares with another shape."""
     declared = {value.name: value_shape(value) for value in training.graph.input}
     problems = []
-    for name, param in state.params.items():
+    for param in state.parameters:
+        name = param.name
         if name not in declared:
             problems.append(f"{name} is no input of it")
             continue
         shape = declared[name]
         if (
-            not state.is_nominal
+            param.shape is not None
             and shape is not None
             and all(isinstance(d, int) for d in shape)
-            and shape != list(param.shape)
+            and shape != param.shape
         ):
-            problems.append(f"{name} is {list(param.shape)}, the model declares {shape}")
+            problems.append(f"{name} is {param.shape}, the model declares {shape}")
     return problems
 
 
@@ -116,24 +116,26 @@ def _describe_model(model: onnx.ModelProto, layout: GraphLayout) -> dict[str, An
     }
 
 
-def _describe_parameters(state: TrainingState | None, names: list[str], models: list[onnx.ModelProto]) -> list[dict]:
+def _describe_parameters(
+    state: CheckpointSummary | None, names: list[str], models: list[onnx.ModelProto]
+) -> list[dict]:
     declared = {v.name: v for model in models for v in model.graph.input}
+    params: dict[str, ParameterSummary] = {p.name: p for p in state.parameters} if state is not None else {}
     described = []
     for name in names:
         shape: list[int] | list[int | str | None] | None
         if state is not None and not state.is_nominal:
-            param = state.params[name]
-            dtype, shape = dtype_name(param.dtype), list(param.shape)
+            dtype, shape = params[name].dtype, params[name].shape
         else:  # a nominal checkpoint stores no shapes: take the models' declarations
             value = declared.get(name, onnx.ValueInfoProto(name=name))
-            dtype = dtype_name(state.params[name].dtype) if state is not None else value_dtype(value)
+            dtype = params[name].dtype if state is not None else value_dtype(value)
             shape = value_shape(value) if name in declared else None
-        trainable = state.params[name].requires_grad if state is not None else True
+        trainable = params[name].trainable if state is not None else True
         described.append({"name": name, "dtype": dtype, "shape": shape, "trainable": trainable})
     return described
 
 
-def _describe_lora(state: TrainingState | None, model: onnx.ModelProto | None) -> dict[str, Any] | None:
+def _describe_lora(state: CheckpointSummary | None, model: onnx.ModelProto | None) -> dict[str, Any] | None:
     """The adapters the models carry (generate_artifacts(lora=)) or the checkpoint's LoRA config (Module(lora=))."""
     record = read_record(model) if model is not None else None
     if record is not None:
@@ -157,18 +159,18 @@ def _describe_lora(state: TrainingState | None, model: onnx.ModelProto | None) -
         "alpha": short_float(config.alpha),
         "scaling": short_float(config.scaling),
         "targets": list(config.targets),
-        "adapters": [{"name": name} for name in state.trainable_names()],
+        "adapters": [{"name": param.name} for param in state.parameters if param.trainable],
     }
 
 
-def _describe_checkpoint(state: TrainingState) -> dict[str, Any]:
+def _describe_checkpoint(state: CheckpointSummary) -> dict[str, Any]:
     groups = []
     if state.optimizer is not None:
         opt = state.optimizer
         moments = sorted({key for moments in opt.momentums.values() for key in moments})
         groups.append(
             {
-                "name": opt.group_name,
+                "name": opt.name,
                 "step": opt.step,
                 "initial_lr": short_float(opt.initial_learning_rate),
                 "moments": moments,

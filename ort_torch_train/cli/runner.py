@@ -22,8 +22,8 @@ REQUIREMENTS = {  # the packages a command cannot run without, and how to get th
 class DeferredCommand:
     """The runner of ``command``: ``module.function(args)``, the module imported at the call.
 
-    A package the command needs that cannot be imported is a CliError naming the command, the package
-    and how to install it.
+    A package the command needs that cannot be imported (when the module loads, or later in the run) is a
+    CliError naming the command, the package and how to install it.
     """
 
     def __init__(self, command: str, module: str, function: str) -> None:
@@ -32,8 +32,9 @@ class DeferredCommand:
         self.function = function
 
     def __call__(self, args: argparse.Namespace) -> None:
-        try:
-            module = importlib.import_module(self.module)
+        try:  # the run too: a command that needs torch only for some inputs imports it then
+            run: Runner = getattr(importlib.import_module(self.module), self.function)
+            run(args)
         except ImportError as error:
             missing = (error.name or "").partition(".")[0]
             if missing not in REQUIREMENTS:
@@ -42,8 +43,6 @@ class DeferredCommand:
                 f"`ort-torch-train {self.command}` needs {missing}, which cannot be imported ({error}): "
                 f"{REQUIREMENTS[missing]}"
             ) from error
-        run: Runner = getattr(module, self.function)
-        run(args)
 
 
 def deferred(command: str, module: str, function: str) -> Runner:

@@ -8,12 +8,15 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 LORA_PROPERTY = "ort_torch_train.lora"  # the checkpoint property holding the config of Module(lora=)
 ALL_LINEAR = "all-linear"
-FROZEN_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+# the names frozen_dtype may be given as -> the torch dtype's name (torch is imported only for a config that sets one)
+FROZEN_DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16"}
 
 
 @dataclass(frozen=True)
@@ -67,11 +70,15 @@ class LoraConfig:
             )
         object.__setattr__(self, "targets", tuple(targets))
         dtype = self.frozen_dtype
+        if dtype is None:
+            return
+        import torch
+
         if isinstance(dtype, str):
             if dtype not in FROZEN_DTYPES:
                 raise ValueError(f"LoraConfig.frozen_dtype: expected one of {sorted(FROZEN_DTYPES)}, got {dtype!r}")
-            object.__setattr__(self, "frozen_dtype", FROZEN_DTYPES[dtype])
-        elif dtype is not None and dtype not in (torch.bfloat16, torch.float16):
+            object.__setattr__(self, "frozen_dtype", getattr(torch, FROZEN_DTYPES[dtype]))
+        elif dtype not in (torch.bfloat16, torch.float16):
             raise ValueError(f"LoraConfig.frozen_dtype: expected torch.bfloat16, torch.float16 or None, got {dtype!r}")
 
     @property

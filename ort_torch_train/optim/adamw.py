@@ -14,75 +14,29 @@ a per-tensor loop; also the kernel that torch.compile runs: "compiled", and a co
 and "foreach" perform exactly these float32 operations in this order (no fused multiply-add);
 "fused" maps them onto ``torch._fused_adamw_`` (per-step scalars) and differs by float rounding only
 (both multi-tensor implementations live in ``adamw_multi_tensor.py``). ``ADAMW_ALGORITHM`` is the
-op's record (``optim/algorithm.py``).
+op's record (``adamw_record.py``).
 The one op that is not bit-exact to ORT's CPU kernel is sqrt: ORT uses Eigen's fast-math
 approximation (rsqrtps + one Newton step), torch's CPU float32 sqrt is within 0.75 ulp.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import numbers
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Generic, NamedTuple, TypeVar
 
 import torch
 from torch import Tensor
 
-from ort_torch_train.errors import ModelError
 from ort_torch_train.optim.adamw_multi_tensor import fused_adamw, fused_kernel_accepts, multi_tensor_adamw
-from ort_torch_train.optim.algorithm import (
-    DEFAULT_LEARNING_RATE,
-    AttributeValue,
-    Hyperparameters,
-    OptimizerAlgorithm,
-    PreparedKernel,
-)
+from ort_torch_train.optim.adamw_record import ADAMW_ALGORITHM as ADAMW_ALGORITHM  # re-exported: imported here too
+from ort_torch_train.optim.adamw_record import ATTRIBUTE_DEFAULTS as ATTRIBUTE_DEFAULTS
+from ort_torch_train.optim.adamw_record import IMPLEMENTATIONS, AdamWHyperparameters, own_hyperparameters
+from ort_torch_train.optim.adamw_record import hyperparameters_from_attributes as hyperparameters_from_attributes
+from ort_torch_train.optim.algorithm import Hyperparameters, PreparedKernel
 from ort_torch_train.optim.compiled import FusedUpdate, compiled, scalar_tensor
 from ort_torch_train.optim.float32 import to_float32
-
-IMPLEMENTATIONS = ("fused", "foreach", "single", "compiled")
-
-
-@dataclass(frozen=True)
-class AdamWHyperparameters:
-    """The learning rate and the AdamWOptimizer node's attributes (beta1/beta2 are ORT's alpha/beta)."""
-
-    lr: float
-    beta1: float
-    beta2: float
-    eps: float
-    weight_decay: float
-    adam_mode: int  # 0: torch AdamW, 1: HF AdamW
-    correct_bias: bool
-
-    def with_learning_rate(self, lr: float) -> AdamWHyperparameters:
-        """These hyperparameters with another learning rate."""
-        return dataclasses.replace(self, lr=lr)
-
-    def float32(self) -> AdamWHyperparameters:
-        """These hyperparameters with every float rounded to float32, as ORT uses them."""
-        return dataclasses.replace(
-            self,
-            lr=to_float32(self.lr),
-            beta1=to_float32(self.beta1),
-            beta2=to_float32(self.beta2),
-            eps=to_float32(self.eps),
-            weight_decay=to_float32(self.weight_decay),
-        )
-
-    def check(self) -> None:
-        """Raise ValueError where ORT's kernel would refuse these values."""
-        for name, beta in (("beta1", self.beta1), ("beta2", self.beta2)):
-            if not 0.0 <= beta < 1.0:
-                raise ValueError(f"adamw: {name} must be in [0, 1) as a float32; got {beta!r}")
-        if self.adam_mode not in (0, 1):
-            raise ValueError(f"adamw: adam_mode must be 0 (torch AdamW) or 1 (HF AdamW); got {self.adam_mode!r}")
-        if self.adam_mode == 0 and not self.correct_bias:
-            raise ValueError("adamw: adam_mode 0 requires correct_bias (as in ORT); got correct_bias=False")
-
 
 Scalar = TypeVar("Scalar", float, Tensor)
 
@@ -265,73 +219,13 @@ def _dtypes(tensors: list[Tensor]) -> list[str]:
     return sorted({str(t.dtype) for t in tensors})
 
 
-# ---- the record of com.microsoft.AdamWOptimizer ------------------------------------------------
-_INPUTS = ("learning_rate", "step", "params", "gradients", "first_order_moments", "second_order_moments")
-# Defaults of missing attributes: ORT fills them from the op SCHEMA (training_op_defs.cc) before the
-# kernel reads them, so weight_decay defaults to 0.01 (the schema), not 0 (adamwbase.h). Observed
-# with onnxruntime-training 1.19.2; floats are float32 attributes.
-ATTRIBUTE_DEFAULTS: dict[str, AttributeValue] = {
-    "alpha": to_float32(0.9),
-    "beta": to_float32(0.999),
-    "epsilon": to_float32(1e-8),
-    "weight_decay": to_float32(0.01),
-    "adam_mode": 0,
-    "correct_bias": 1,
-}
-
-
-def hyperparameters_from_attributes(attributes: Mapping[str, AttributeValue]) -> AdamWHyperparameters:
-    """The kernel's hyperparameters (at the default learning rate) from every AdamWOptimizer attribute;
-    ModelError for values ORT's kernel refuses."""
-    op = "optimizer model: AdamWOptimizer"
-    floats = {name: float(attributes[name]) for name in ("alpha", "beta", "epsilon", "weight_decay")}
-    ints = {name: int(attributes[name]) for name in ("adam_mode", "correct_bias")}
-    for name in ("alpha", "beta"):
-        if not 0.0 <= floats[name] < 1.0:
-            raise ModelError(f"{op} attribute {name} must be in [0, 1); found {floats[name]}")
-    for name in ("epsilon", "weight_decay"):
-        if not (math.isfinite(floats[name]) and floats[name] >= 0.0):
-            raise ModelError(f"{op} attribute {name} must be finite and >= 0; found {floats[name]}")
-    for name in ("adam_mode", "correct_bias"):
-        if ints[name] not in (0, 1):
-            raise ModelError(f"{op} attribute {name} must be 0 or 1; found {ints[name]}")
-    if ints["adam_mode"] == 0 and ints["correct_bias"] != 1:
-        raise ModelError(f"{op} with adam_mode 0 (torch AdamW) requires correct_bias 1; found correct_bias 0")
-    return AdamWHyperparameters(
-        lr=DEFAULT_LEARNING_RATE,
-        beta1=floats["alpha"],
-        beta2=floats["beta"],
-        eps=floats["epsilon"],
-        weight_decay=floats["weight_decay"],
-        adam_mode=ints["adam_mode"],
-        correct_bias=bool(ints["correct_bias"]),
-    )
-
-
-def _own(hyperparameters: Hyperparameters) -> AdamWHyperparameters:
-    if not isinstance(hyperparameters, AdamWHyperparameters):
-        raise TypeError(f"adamw: expected AdamWHyperparameters; got {type(hyperparameters).__name__}")
-    return hyperparameters
-
-
-def _reported(hyperparameters: Hyperparameters) -> dict[str, float | int | bool]:
-    h = _own(hyperparameters)
-    return {
-        "beta1": h.beta1,
-        "beta2": h.beta2,
-        "epsilon": h.eps,
-        "weight_decay": h.weight_decay,
-        "adam_mode": h.adam_mode,
-        "correct_bias": h.correct_bias,
-    }
-
-
-def _default_implementation(params: list[Tensor], grads: list[Tensor], moments: list[list[Tensor]]) -> str:
+# ---- the kernels of ADAMW_ALGORITHM (adamw_record.py), called through the record -----------------------
+def kernel_default_implementation(params: list[Tensor], grads: list[Tensor], moments: list[list[Tensor]]) -> str:
     exp_avgs, exp_avg_sqs = moments
     return choose_adamw_implementation(params, grads, exp_avgs, exp_avg_sqs)
 
 
-def _update(
+def kernel_update(
     params: list[Tensor],
     grads: list[Tensor],
     moments: list[list[Tensor]],
@@ -345,7 +239,7 @@ def _update(
         grads,
         exp_avgs,
         exp_avg_sqs,
-        _own(hyperparameters),
+        own_hyperparameters(hyperparameters),
         step=step,
         implementation=kernel.implementation,
         scratch=kernel.scratch,
@@ -353,31 +247,10 @@ def _update(
     )
 
 
-def _fused_update(hyperparameters: Hyperparameters, clip_max_norm: float | None) -> FusedUpdate:
-    h = _own(hyperparameters)
+def kernel_fused_update(hyperparameters: Hyperparameters, clip_max_norm: float | None) -> FusedUpdate:
+    h = own_hyperparameters(hyperparameters)
     return FusedUpdate(single_tensor_adamw, (h.adam_mode, h.weight_decay != 0.0), clip_max_norm)
 
 
-def _step_scalars(hyperparameters: Hyperparameters, step: int) -> Sequence[float]:
-    return adamw_step_scalars(_own(hyperparameters), step)
-
-
-ADAMW_ALGORITHM = OptimizerAlgorithm(
-    op_type="AdamWOptimizer",
-    display_name="AdamW",
-    name="adamw",
-    graph_inputs=_INPUTS,
-    node_inputs=_INPUTS,
-    attribute_defaults=ATTRIBUTE_DEFAULTS,
-    make_hyperparameters=hyperparameters_from_attributes,
-    reported=_reported,
-    stored_moments=("momentum0", "momentum1"),
-    updated_moments=("momentum0", "momentum1"),
-    implementations=IMPLEMENTATIONS,
-    default_implementation=_default_implementation,
-    update=_update,
-    scratch_lists=2,
-    fused_update=_fused_update,
-    step_scalars=_step_scalars,
-    elementwise=True,
-)
+def kernel_step_scalars(hyperparameters: Hyperparameters, step: int) -> Sequence[float]:
+    return adamw_step_scalars(own_hyperparameters(hyperparameters), step)

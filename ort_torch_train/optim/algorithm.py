@@ -1,22 +1,26 @@
 """The record of one ORT optimizer op type: everything that differs from one optimizer algorithm to another.
 
 Modelled on torch/optim, where an optimizer is a thin class over one functional kernel: here each
-algorithm is one functional kernel and, beside it in the same module, one ``OptimizerAlgorithm``
-record (``optim/adamw.py``, ``optim/sgd.py``). The optimizer-model reader, the engine, ZeRO,
-``inspect`` and the artifact generator look the record up (``optim/registry.py``) and never branch on
-an algorithm's name, so a new algorithm is one module: its kernel and its record, registered.
+algorithm is one functional kernel and one ``OptimizerAlgorithm`` record. The optimizer-model reader, the
+engine, ZeRO, ``inspect`` and the artifact generator look the record up (``optim/registry.py``) and never
+branch on an algorithm's name, so a new algorithm is one module: its kernel and its record, registered.
+The built-in records sit in torch-free modules beside their kernels (``optim/adamw_record.py`` naming
+``optim/adamw.py``'s through ``lazy_kernel``), so that reading an optimizer model needs no torch.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from torch import Tensor
-
-from ort_torch_train.optim.compiled import FusedUpdate
 from ort_torch_train.optim.float32 import to_float32
+
+if TYPE_CHECKING:  # the records need no torch: their kernels import it when they run (``lazy_kernel``)
+    from torch import Tensor
+
+    from ort_torch_train.optim.compiled import FusedUpdate
 
 MS_DOMAIN = "com.microsoft"
 DEFAULT_LEARNING_RATE = to_float32(0.001)  # ORT's, until the first set_learning_rate (a float32 value)
@@ -44,7 +48,7 @@ class PreparedKernel(NamedTuple):
     step_tensor: Tensor | None  # a reused float32 scalar on the params' device, for kernels that read the step so
 
 
-TensorLists = list[Tensor]
+TensorLists = list["Tensor"]
 # kernel(params, grads, moments (one list per name of ``updated_moments``), hyperparameters, the 1-based step
 # fed to the node (completed steps + 1), the prepared kernel)
 Update = Callable[[TensorLists, TensorLists, list[TensorLists], Hyperparameters, int, PreparedKernel], None]
@@ -90,3 +94,20 @@ class OptimizerAlgorithm:
 
     def __repr__(self) -> str:
         return f"OptimizerAlgorithm({self.domain}::{self.op_type})"
+
+
+@dataclass(frozen=True)
+class LazyKernel:
+    """``module.function``, the module imported at the first call: a record names its kernels this way, so that
+    reading an optimizer model needs no torch (and the record still pickles by reference)."""
+
+    module: str
+    function: str
+
+    def __call__(self, *args: Any) -> Any:
+        return getattr(importlib.import_module(self.module), self.function)(*args)
+
+
+def lazy_kernel(module: str, function: str) -> Callable[..., Any]:
+    """The kernel ``module.function``, imported when it first runs."""
+    return LazyKernel(module, function)

@@ -6,9 +6,9 @@ algorithm's record (``optim/algorithm.py``) for this process.
 
 from __future__ import annotations
 
-from ort_torch_train.optim.adamw import ADAMW_ALGORITHM
+from ort_torch_train.optim.adamw_record import ADAMW_ALGORITHM
 from ort_torch_train.optim.algorithm import OptimizerAlgorithm
-from ort_torch_train.optim.sgd import SGD_ALGORITHM
+from ort_torch_train.optim.sgd_record import SGD_ALGORITHM
 
 _ALGORITHMS: dict[tuple[str, str], OptimizerAlgorithm] = {
     (algorithm.domain, algorithm.op_type): algorithm for algorithm in (ADAMW_ALGORITHM, SGD_ALGORITHM)

@@ -3,41 +3,21 @@
 Reference: onnxruntime ``orttraining/training_ops/cpu/optimizer/sgd/sgd.cc`` (1.19.2), in float32:
 ``delta = -lr * g ; w = w + delta`` (no momentum, no weight decay). Every implementation rounds the
 product before the addition, as ORT does (``add_(g, alpha=-lr)`` would fuse them into one FMA).
-``SGD_ALGORITHM`` is the op's record (``optim/algorithm.py``).
+``SGD_ALGORITHM`` is the op's record (``sgd_record.py``).
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
-from ort_torch_train.optim.algorithm import (
-    DEFAULT_LEARNING_RATE,
-    AttributeValue,
-    Hyperparameters,
-    OptimizerAlgorithm,
-    PreparedKernel,
-)
+from ort_torch_train.optim.algorithm import Hyperparameters, PreparedKernel
 from ort_torch_train.optim.compiled import FusedUpdate, compiled, scalar_tensor
 from ort_torch_train.optim.float32 import to_float32
 from ort_torch_train.optim.scratch import scaled_copy
-
-IMPLEMENTATIONS = ("foreach", "single", "compiled")
-
-
-@dataclass(frozen=True)
-class SGDHyperparameters:
-    """The learning rate: SGDOptimizerV2 has no attribute."""
-
-    lr: float
-
-    def with_learning_rate(self, lr: float) -> SGDHyperparameters:
-        """These hyperparameters with another learning rate."""
-        return dataclasses.replace(self, lr=lr)
+from ort_torch_train.optim.sgd_record import IMPLEMENTATIONS
+from ort_torch_train.optim.sgd_record import SGD_ALGORITHM as SGD_ALGORITHM  # re-exported: imported here too
+from ort_torch_train.optim.sgd_record import SGDHyperparameters as SGDHyperparameters
 
 
 @torch.no_grad()
@@ -81,19 +61,14 @@ def single_tensor_sgd(params: list[Tensor], grads: list[Tensor], negative_lr: fl
 
 
 # ---- the record of com.microsoft.SGDOptimizerV2 ------------------------------------------------
-def _hyperparameters(attributes: Mapping[str, AttributeValue]) -> SGDHyperparameters:
-    return SGDHyperparameters(DEFAULT_LEARNING_RATE)
 
 
-def _reported(hyperparameters: Hyperparameters) -> dict[str, float | int | bool]:
-    return {}  # no attribute
-
-
-def _default_implementation(params: list[Tensor], grads: list[Tensor], moments: list[list[Tensor]]) -> str:
+# ---- the kernels of SGD_ALGORITHM (sgd_record.py), called through the record ---------------------------
+def kernel_default_implementation(params: list[Tensor], grads: list[Tensor], moments: list[list[Tensor]]) -> str:
     return "foreach"
 
 
-def _update(
+def kernel_update(
     params: list[Tensor],
     grads: list[Tensor],
     moments: list[list[Tensor]],
@@ -106,31 +81,9 @@ def _update(
     sgd(params, grads, hyperparameters, implementation=kernel.implementation, scratch=kernel.scratch)
 
 
-def _fused_update(hyperparameters: Hyperparameters, clip_max_norm: float | None) -> FusedUpdate:
+def kernel_fused_update(hyperparameters: Hyperparameters, clip_max_norm: float | None) -> FusedUpdate:
     return FusedUpdate(single_tensor_sgd, (), clip_max_norm)
 
 
-def _step_scalars(hyperparameters: Hyperparameters, step: int) -> float:
+def kernel_step_scalars(hyperparameters: Hyperparameters, step: int) -> float:
     return -hyperparameters.lr
-
-
-SGD_ALGORITHM = OptimizerAlgorithm(
-    op_type="SGDOptimizerV2",
-    display_name="SGD",
-    name="sgd",
-    graph_inputs=("learning_rate", "step", "params", "gradients", "first_order_moments"),
-    node_inputs=("learning_rate", "params", "gradients"),
-    attribute_defaults={},
-    make_hyperparameters=_hyperparameters,
-    reported=_reported,
-    # ORT's checkpoint holds a zero momentum0 per parameter that SGDOptimizerV2 never reads
-    stored_moments=("momentum0",),
-    updated_moments=(),
-    implementations=IMPLEMENTATIONS,
-    default_implementation=_default_implementation,
-    update=_update,
-    scratch_lists=1,
-    fused_update=_fused_update,
-    step_scalars=_step_scalars,
-    elementwise=True,
-)

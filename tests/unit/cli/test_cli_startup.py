@@ -4,6 +4,7 @@ command that needs torch says so in one line."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -88,3 +89,78 @@ def test_tomli_is_declared_for_python_before_3_11() -> None:
     assert tomli.marker is not None
     assert tomli.marker.evaluate({"python_version": "3.10"})
     assert not tomli.marker.evaluate({"python_version": "3.11"})
+
+
+# onnx and what it imports, taken from this interpreter's packages into the venv without torch
+ONNX_PACKAGES = ("onnx", "numpy", "numpy.libs", "ml_dtypes", "google", "typing_extensions.py")
+FIXTURES = ROOT / "tests" / "fixtures"
+INSPECTED = [
+    [str(FIXTURES / "mlp_ce_adamw_sched" / "artifacts")],
+    [str(FIXTURES / "mlp_ce_adamw_sched" / "artifacts"), "--json"],
+    [str(FIXTURES / "mlp_ce_adamw_sched" / "artifacts" / "nominal_checkpoint")],
+    [str(FIXTURES / "mlp_ce_adamw_sched" / "final_checkpoint_with_optimizer"), "--json"],
+    [str(FIXTURES / "regress_mse_sgd" / "artifacts")],
+    [str(FIXTURES / "mlp_frozen" / "artifacts"), "--json"],
+]
+
+
+@pytest.fixture(scope="module")
+def python_with_onnx_without_torch(python_without_torch) -> tuple[Path, dict[str, str]]:
+    """The venv without torch, with onnx (and numpy, protobuf, ml_dtypes, which onnx imports) on its path."""
+    python, env = python_without_torch
+    site = Path(importlib.util.find_spec("onnx").origin).parent.parent
+    packages = python.parent.parent / "onnx-only"
+    packages.mkdir(exist_ok=True)
+    for name in ONNX_PACKAGES:
+        if (site / name).exists() and not (packages / name).exists():
+            (packages / name).symlink_to(site / name)
+    env = {**env, "PYTHONPATH": os.pathsep.join([str(ROOT), str(packages)])}
+    assert _cli(python, "-c", "import torch", env=env).returncode != 0, "the venv without torch imports torch"
+    probe = _cli(python, "-c", "import onnx", env=env)
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    return python, env
+
+
+@pytest.mark.parametrize("args", INSPECTED, ids=lambda args: "-".join(Path(arg).name for arg in args))
+def test_inspect_imports_no_torch(args: list[str]) -> None:
+    done = _cli(sys.executable, "-X", "importtime", "-m", "ort_torch_train", "inspect", *args)
+    assert done.returncode == 0, done.stderr[-2000:]
+    imported = imported_packages(done.stderr)
+    assert "onnx" in imported or "checkpoint" in Path(args[0]).name  # a checkpoint alone needs no onnx model
+    assert not imported & {"torch", "onnx2torch", "flatbuffers"}, sorted(imported & {"torch", "onnx2torch"})
+
+
+@pytest.mark.parametrize("args", INSPECTED, ids=lambda args: "-".join(Path(arg).name for arg in args))
+def test_inspect_without_torch_reports_what_it_reports_with_torch(python_with_onnx_without_torch, args) -> None:
+    python, env = python_with_onnx_without_torch
+    without = _cli(python, "-m", "ort_torch_train", "inspect", *args, env=env)
+    assert without.returncode == 0, without.stderr[-2000:]
+    with_torch = _cli(
+        sys.executable,
+        "-c",
+        "import torch, runpy; runpy.run_module('ort_torch_train', run_name='__main__')",
+        "inspect",
+        *args,
+    )
+    assert with_torch.returncode == 0, with_torch.stderr[-2000:]
+    assert without.stdout == with_torch.stdout
+    assert "parameters" in without.stdout
+
+
+def test_inspect_without_torch_refuses_a_damaged_checkpoint_as_loading_it_does(
+    python_with_onnx_without_torch, tmp_path: Path
+) -> None:
+    """The walk inspect reads a checkpoint with is the one the torch engine loads it with: the same refusal."""
+    python, env = python_with_onnx_without_torch
+    data = bytearray((FIXTURES / "mlp_ce_adamw_sched" / "artifacts" / "checkpoint").read_bytes())
+    damaged = tmp_path / "checkpoint"
+    damaged.write_bytes(data[: len(data) // 2])
+    done = _cli(python, "-m", "ort_torch_train", "inspect", str(damaged), env=env)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "is not a readable ORT checkpoint" in done.stderr
+    from ort_torch_train.errors import CheckpointError
+    from ort_torch_train.state.training_state import TrainingState
+
+    with pytest.raises(CheckpointError) as loading:
+        TrainingState.load(damaged)
+    assert str(loading.value) in done.stderr
