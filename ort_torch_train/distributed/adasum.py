@@ -8,8 +8,7 @@ the combination in float64. The ranks combine in a binary tree by recursive doub
 pair with the lower rank's as ``a``, so every rank ends with the same bits. The tree needs a
 power-of-two world size: ``check_world_size`` refuses any other on every rank before the first step.
 """
-
-from __future__ import annotations
+# no ``from __future__ import annotations``: DDP checks the hook's annotations as objects
 
 from collections.abc import Sequence
 from typing import Any
