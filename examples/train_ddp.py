@@ -4,7 +4,7 @@ Each rank trains on its slice of every batch; gradients are averaged across rank
 so N ranks follow the trajectory of one process on the whole batch. Rank 0 writes the ORT
 checkpoint (optimizer moments gathered from their shards with ``--shard-state``).
 
-    torchrun --nproc_per_node=2 examples/train_ddp.py [CASE_DIR] [--steps 20] [--shard-state] [--out runs/ddp]
+    torchrun --nproc_per_node=2 examples/train_ddp.py [CASE_DIR] [--steps 20] [--shard-state] [--adasum] [--out runs/ddp]
 
 CASE_DIR is an ORT case folder (``artifacts/`` + ``data.npz``, e.g. tests/fixtures/mlp_ce_adamw_sched).
 Backends: gloo on CPU, NCCL with one GPU per process (``--device cuda``).
@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("case", nargs="?", type=Path, default=DEFAULT_CASE)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--shard-state", action="store_true", help="ZeRO-1: shard the optimizer moments")
+    parser.add_argument("--adasum", action="store_true", help="combine gradients by Adasum (2, 4, 8... ranks)")
     parser.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (NCCL, one GPU per process)")
     parser.add_argument("--out", type=Path, default=Path("runs/ddp"))
     args = parser.parse_args(argv)
@@ -50,7 +51,12 @@ def train(args: argparse.Namespace, device: str) -> dict:
     artifacts = args.case / "artifacts"
     state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
     module = Module(
-        artifacts / "training_model.onnx", state, artifacts / "eval_model.onnx", device=device, distributed=True
+        artifacts / "training_model.onnx",
+        state,
+        artifacts / "eval_model.onnx",
+        device=device,
+        distributed=True,
+        gradient_combination="adasum" if args.adasum else "average",
     )
     optimizer = Optimizer(artifacts / "optimizer_model.onnx", module, shard_state=args.shard_state)
     scheduler = LinearLRScheduler(optimizer, 3, args.steps, 0.01)

@@ -82,6 +82,8 @@ class Module(nn.Module):
         compile: ``True``, a torch.compile mode or a dict of torch.compile arguments: compiled steps.
         distributed: train data-parallel on torch.distributed (gradients averaged across ranks).
         process_group: the ranks' group with ``distributed`` (default: the default group).
+        gradient_combination: with ``distributed``, "average" (default) or "adasum" (eager steps, a
+            power-of-two number of ranks; docs/scaling.md).
         mixed_precision: ``"bf16"`` or ``"fp16"`` autocast with float32 master weights (None: off).
         recompute: activation recomputation: segment count, ``True`` (about sqrt of the op count) or None.
         lora: a ``LoraConfig``: add low-rank adapters, the only trainable parameters.
@@ -124,6 +126,7 @@ class Module(nn.Module):
         lora: LoraConfig | None = None,
         compile_cache: CompileCacheSetting = None,
         dynamic: DynamicSetting = True,
+        gradient_combination: str = "average",
     ) -> None:
         training_model = load_model(train_model_uri, "training model")
         eval_model = load_model(eval_model_uri, "eval model") if eval_model_uri is not None else None
@@ -139,6 +142,7 @@ class Module(nn.Module):
             process_group=process_group,
             compile_cache=compile_cache,
             dynamic=dynamic,
+            gradient_combination=gradient_combination,
         )
         if lora is not None:
             if not isinstance(lora, LoraConfig):

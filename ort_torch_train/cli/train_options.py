@@ -225,6 +225,11 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="under torchrun: each rank keeps 1/N of the optimizer state (ZeRO stage 1)",
     )
+    group.add_argument(
+        "--adasum",
+        action="store_true",
+        help="under torchrun, eager steps, 2/4/8... ranks: combine the gradients by Adasum instead of averaging",
+    )
     cache = group.add_mutually_exclusive_group()
     cache.add_argument(
         "--compile-cache",

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ort_torch_train.checkpoint.tensor_bytes import tensor_to_bytes
+from ort_torch_train.distributed.adasum import adasum_hook, check_world_size
 from ort_torch_train.distributed.checkpoint import DistributedCheckpoint
 from ort_torch_train.errors import DistributedError
 from ort_torch_train.state.training_state import TrainingState
@@ -53,18 +54,31 @@ def require_process_group(process_group: Any, what: str) -> Any:
 
 
 class DataParallel:
-    """Averages a training engine's gradients across the ranks of ``group`` (see the module doc)."""
+    """Averages a training engine's gradients across the ranks of ``group`` (see the module doc), or
+    combines them by Adasum (``gradient_combination="adasum"``: ``distributed/adasum.py``)."""
 
-    def __init__(self, graph: Any, names: Sequence[str], params: Sequence[nn.Parameter], group: Any) -> None:
+    def __init__(
+        self,
+        graph: Any,
+        names: Sequence[str],
+        params: Sequence[nn.Parameter],
+        group: Any,
+        gradient_combination: str = "average",
+    ) -> None:
         self.group = group
+        self.gradient_combination = gradient_combination
         self.checkpoint = DistributedCheckpoint(group)  # how the state's checkpoints are saved
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
         self.synchronise = True
+        if gradient_combination == "adasum":
+            check_world_size(self.world_size, self.rank)  # every rank raises, before any collective
         require_identical(dict(zip(names, params)), group, "parameters")
         self._ddp: DistributedDataParallel | None = DistributedDataParallel(
             _TrainGraph(graph, params), process_group=group, init_sync=False
         )
+        if gradient_combination == "adasum":
+            self._ddp.register_comm_hook(group, adasum_hook)
         _LIVE.add(self)
 
     def forward(self, inputs: Sequence[Tensor]) -> tuple[Tensor, ...]:
@@ -215,10 +229,13 @@ def require_same_learning_rate(learning_rate: float, group: Any, device: torch.d
     )
 
 
-def data_parallel(graph: Any, state: TrainingState, names: Sequence[str], group: Any) -> DataParallel:
+def data_parallel(
+    graph: Any, state: TrainingState, names: Sequence[str], group: Any, gradient_combination: str = "average"
+) -> DataParallel:
     """Data parallelism for a training graph over ``state``'s parameters ``names``, whose ranks all hold
-    the same values; from now on the state's checkpoints are written once, by rank 0."""
+    the same values, combining gradients by ``gradient_combination`` ("average" or "adasum"); from now
+    on the state's checkpoints are written once, by rank 0."""
     state.require_loaded("perform distributed training")
-    parallel = DataParallel(graph, names, [state.params[name] for name in names], group)
+    parallel = DataParallel(graph, names, [state.params[name] for name in names], group, gradient_combination)
     state.coordinate_saves(parallel.checkpoint)
     return parallel

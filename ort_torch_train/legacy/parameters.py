@@ -22,7 +22,6 @@ UNSUPPORTED_SETTINGS: dict[str, tuple[Any, str]] = {
     "pipeline_parallel_size": (1, "pipeline parallelism is not implemented"),
     "num_pipeline_micro_batches": (1, "pipeline parallelism is not implemented"),
     "pipeline_cut_info_string": ("", "pipeline parallelism is not implemented"),
-    "enable_adasum": (False, "Adasum gradient reduction is not implemented"),
     "use_memory_efficient_gradient": (
         False,
         "ORT's memory-efficient gradient graph is not implemented "
@@ -78,6 +77,7 @@ class TrainingParameters:
         "data_parallel_size",
         "allreduce_post_accumulation",
         "deepspeed_zero_stage",
+        "enable_adasum",
         *UNSUPPORTED_SETTINGS,
     )
 
@@ -109,6 +109,7 @@ class TrainingParameters:
         self.data_parallel_size: int = 1
         self.allreduce_post_accumulation: bool = False
         self.deepspeed_zero_stage: int = 0  # 1: optimizer state sharded across the ranks (legacy/zero.py)
+        self.enable_adasum: bool = False  # gradients combined by Adasum (distributed/adasum.py), eager only
         for name, (default, _) in UNSUPPORTED_SETTINGS.items():
             setattr(self, name, type(default)(default))  # fresh containers per instance
 

@@ -76,12 +76,14 @@ class TrainingSession:
             parameters.immutable_weights,
         )
         self.training_state = TrainingState(setup.params)
+        distributed = legacy_distributed(parameters, self._provider.device)
         options = EngineOptions.of(
             device=self._provider.device,
             mixed_precision="fp16" if parameters.use_mixed_precision else None,
             loss_scale=parameters.loss_scale if parameters.use_mixed_precision else 0.0,
             recompute=recompute_plan(parameters),
-            distributed=legacy_distributed(parameters, self._provider.device),
+            distributed=distributed,
+            gradient_combination="adasum" if parameters.enable_adasum and distributed else "average",
         )
         self._engine = TrainingEngine(setup.model, self.training_state, setup.model, options)
         self._reduce_once = parameters.allreduce_post_accumulation

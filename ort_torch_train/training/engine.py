@@ -108,7 +108,9 @@ class TrainingEngine:
         state.to(options.device)
         self._data_parallel: DataParallel | None = None  # averages the gradients across ranks
         if options.distributed:
-            self._data_parallel = data_parallel(self.train_graph, state, train_params, options.process_group)
+            self._data_parallel = data_parallel(
+                self.train_graph, state, train_params, options.process_group, options.gradient_combination
+            )
         self._precision: MixedPrecision | None = None  # autocast and loss scaling (precision.py)
         if options.mixed_precision is not None:
             group = None if self._data_parallel is None else self._data_parallel.group  # ranks agree on skipping

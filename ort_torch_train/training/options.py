@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from ort_torch_train.distributed.adasum import check_gradient_combination
 from ort_torch_train.distributed.data_parallel import require_process_group
 from ort_torch_train.errors import DistributedError
 from ort_torch_train.training.binding import parse_device
@@ -40,9 +41,11 @@ class EngineOptions:
         dynamic: which input axes a compiled step takes at any size (``training/dynamic_shapes.py``):
             True every axis the ONNX graph leaves symbolic, a dict those axes by input name, False none
             (each new input shape compiles a step of its own).
+        gradient_combination: how the ranks' gradients combine: "average" or "adasum"
+            (``distributed/adasum.py``).
 
-    Valid combinations: every field with every other, except that ``loss_scale`` needs "fp16" and a
-    process group needs ``distributed``. Compiled with recompute, the train step is not one graph:
+    Valid combinations: every field with every other, except that ``loss_scale`` needs "fp16", a
+    process group needs ``distributed``, and "adasum" needs ``distributed`` and eager steps. Compiled with recompute, the train step is not one graph:
     the train forward compiles alone (torch.func's one-graph step refuses checkpoint's saved-tensor
     hooks), its backward runs through autograd and the optimizer update after it.
     """
@@ -55,6 +58,7 @@ class EngineOptions:
     process_group: Any
     compile_cache: CompileCacheSetting = None
     dynamic: bool | Mapping[str, tuple[int, ...]] = True
+    gradient_combination: str = "average"
 
     @classmethod
     def of(
@@ -69,6 +73,7 @@ class EngineOptions:
         process_group: Any = None,
         compile_cache: CompileCacheSetting = None,
         dynamic: DynamicSetting = True,
+        gradient_combination: str = "average",
     ) -> EngineOptions:
         """Checked options from a face's arguments (``Module``'s names); raises naming the bad argument."""
         target = parse_device(device)
@@ -88,13 +93,27 @@ class EngineOptions:
             group = require_process_group(process_group, "Module(distributed=True)")
         elif process_group is not None:
             raise DistributedError("Module: process_group is given but distributed is False; pass distributed=True")
+        combination = check_gradient_combination(gradient_combination)
+        if combination == "adasum" and (group is None or arguments is not None):
+            raise ValueError(
+                "gradient_combination: 'adasum' needs distributed=True and eager steps (compile=False); got "
+                f"distributed={distributed!r}, compile={compile!r}"
+            )
         named = isinstance(compile_cache, (str, os.PathLike)) and bool(os.fspath(compile_cache))
         if not (compile_cache is None or compile_cache is False or named):
             raise ValueError(
                 f"compile_cache: expected a directory, None (the default one) or False; got {compile_cache!r}"
             )
         return cls(
-            target, arguments, mixed_precision, scale, plan or None, group, compile_cache, dynamic_setting(dynamic)
+            target,
+            arguments,
+            mixed_precision,
+            scale,
+            plan or None,
+            group,
+            compile_cache,
+            dynamic_setting(dynamic),
+            combination,
         )
 
     @property

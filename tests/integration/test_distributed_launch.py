@@ -150,6 +150,37 @@ def test_train_ddp_example_trains_like_one_process(tmp_path: Path) -> None:
     )
 
 
+def test_train_cli_adasum_needs_a_launch(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    code, _, err = run_cli(
+        capsys,
+        "train",
+        worker.MLP / "artifacts",
+        "--data",
+        worker.MLP / "data.npz",
+        "--batched",
+        "--inputs",
+        "x_train,y_train",
+        "--steps",
+        1,
+        "--adasum",
+    )
+    assert code != 0 and "--adasum" in err and "torchrun" in err
+
+
+@pytest.mark.distributed
+def test_adasum_under_torchrun_keeps_the_ranks_identical(tmp_path: Path) -> None:
+    torchrun(ROOT / "examples" / "train_ddp.py", worker.MLP, "--steps", 6, "--adasum", "--out", tmp_path / "example")
+    common = ["train", worker.MLP / "artifacts", "--data", worker.MLP / "data.npz", "--batched"]
+    common += ["--inputs", "x_train,y_train", "--steps", 4, "--batch-size", 64, "--adasum", "--json"]
+    launched = torchrun("-m", "ort_torch_train", *common, "--output", tmp_path / "cli")
+    assert json.loads(launched.stdout)["world_size"] == 2
+    for run in (tmp_path / "example" / "checkpoint", tmp_path / "cli"):
+        trained = TrainingState.load(run)
+        initial = TrainingState.load(worker.MLP / "artifacts" / "checkpoint")
+        assert trained.optimizer.step == (6 if run.name == "checkpoint" else 4)
+        assert any(not torch.equal(trained.params[n], initial.params[n]) for n in initial.params)
+
+
 def test_launch_environment_reads_torchrun_then_mpirun_variables() -> None:
     mpirun = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}
     environment = LaunchEnvironment.read({**mpirun, "MASTER_ADDR": "127.0.0.1"})

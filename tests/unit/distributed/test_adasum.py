@@ -1,0 +1,133 @@
+"""Adasum (``distributed/adasum.py``) on 2 and 4 gloo ranks (tests/helpers/adasum_worker.py): the DDP hook's
+combined gradients against a direct float64 implementation of the published formula on the same per-rank
+gradients, training runs whose ranks stay identical, and a non-power-of-two world size refused on every rank."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ort_torch_train.distributed.adasum import check_gradient_combination
+from ort_torch_train.training.options import EngineOptions
+from tests.helpers import adasum_worker
+from tests.helpers.paths import ROOT
+from tests.helpers.ports import free_port
+from tests.helpers.timeouts import scaled
+
+
+def launch(scenario: str, out: Path, world_size: int, timeout: float) -> None:
+    """Run the worker's ``scenario`` on ``world_size`` ranks; fail (after killing them all) when one
+    fails or is stuck past ``timeout``."""
+    port = free_port()
+    environ = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", adasum_worker.__name__, scenario, str(out)],
+            env={
+                **environ,
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world_size),
+                "LOCAL_RANK": str(rank),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "OMP_NUM_THREADS": "1",
+                "ORT_TORCH_TRAIN_THREADS": "1",
+            },
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        for rank in range(world_size)
+    ]
+    try:
+        for rank, proc in enumerate(procs):
+            _, stderr = proc.communicate(timeout=timeout)
+            assert proc.returncode == 0, f"rank {rank} failed:\n{stderr[-4000:]}"
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"adasum scenario {scenario!r}: a rank did not finish within {timeout} s")
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def adasum_reference(vectors: list[np.ndarray]) -> np.ndarray:
+    """The published formula in float64, applied over ranks as a binary tree (neighbours first)."""
+    level = [v.astype(np.float64).reshape(-1) for v in vectors]
+    while len(level) > 1:
+        combined = []
+        for a, b in zip(level[::2], level[1::2]):
+            dot, aa, bb = a @ b, a @ a, b @ b
+            combined.append((1 - dot / (2 * aa) if aa else 1.0) * a + (1 - dot / (2 * bb) if bb else 1.0) * b)
+        level = combined
+    return level[0]
+
+
+def test_the_reference_is_the_formula() -> None:
+    a, b = np.array([1.0, 0.0]), np.array([0.0, 2.0])
+    np.testing.assert_array_equal(adasum_reference([a, b]), a + b)  # orthogonal: summed
+    np.testing.assert_array_equal(adasum_reference([a, a]), a)  # parallel and equal: averaged
+    np.testing.assert_array_equal(adasum_reference([a, np.zeros(2)]), a)  # a zero side: the other
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_hook_combines_like_the_formula(tmp_path: Path, world_size: int) -> None:
+    launch("hook", tmp_path, world_size, timeout=scaled(120))
+    ranks = [dict(np.load(tmp_path / f"hook_rank{rank}.npz")) for rank in range(world_size)]
+    names = [key.removeprefix("local/") for key in ranks[0] if key.startswith("local/")]
+    assert {"odd_only", "dead", "body.0.weight"} <= set(names)
+    for name in names:
+        locals_ = [r[f"local/{name}"] for r in ranks]
+        differ = not all(np.array_equal(locals_[0], other) for other in locals_[1:])
+        assert differ == (name != "dead"), name  # ranks differ, except where every gradient is zero
+        expected = adasum_reference(locals_).reshape(locals_[0].shape)
+        for rank, result in enumerate(ranks):
+            combined = result[f"combined/{name}"]
+            assert combined.dtype == np.float32
+            np.testing.assert_array_equal(combined, ranks[0][f"combined/{name}"])  # the same bits everywhere
+            scale = np.abs(np.stack(locals_)).sum(axis=0)  # the terms' magnitude bounds the rounding
+            assert np.all(np.abs(combined - expected) <= 1e-6 * scale + 1e-30), f"{name} on rank {rank}"
+    np.testing.assert_array_equal(ranks[0]["combined/dead"], 0.0)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_training_with_adasum_keeps_the_ranks_identical(tmp_path: Path, world_size: int) -> None:
+    launch("train", tmp_path, world_size, timeout=scaled(240))
+    ranks = [dict(np.load(tmp_path / f"train_rank{rank}.npz")) for rank in range(world_size)]
+    for key in ranks[0]:
+        if "losses" in key:
+            assert np.all(np.isfinite(ranks[0][key]))
+            continue
+        for result in ranks[1:]:
+            np.testing.assert_array_equal(result[key], ranks[0][key], err_msg=key)
+    assert not np.array_equal(ranks[0]["losses"][0], ranks[1]["losses"][0])  # each rank saw its own batch
+
+
+@pytest.mark.distributed
+def test_a_world_size_not_a_power_of_two_is_refused_on_every_rank(tmp_path: Path) -> None:
+    launch("misuse", tmp_path, 3, timeout=scaled(120))
+    for rank in range(3):
+        errors = json.loads((tmp_path / f"misuse_rank{rank}.json").read_text())
+        assert errors.keys() == {"module", "legacy"}, errors
+        for message in errors.values():
+            assert "power-of-two world size" in message and "got 3" in message and f"rank {rank}" in message
+
+
+def test_the_option_is_checked_once() -> None:
+    assert check_gradient_combination("adasum") == "adasum"
+    with pytest.raises(ValueError, match=r"gradient_combination: expected one of \('average', 'adasum'\), got 'sum'"):
+        check_gradient_combination("sum")
+    with pytest.raises(ValueError, match="'adasum' needs distributed=True"):
+        EngineOptions.of(gradient_combination="adasum")
