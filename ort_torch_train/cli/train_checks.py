@@ -7,7 +7,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from ort_torch_train.checkpoint.odtc_read import FILE_IDENTIFIER
+from ort_torch_train.checkpoint.odtc_walk import FILE_IDENTIFIER
 from ort_torch_train.cli.common import CliError
 from ort_torch_train.fileio import open_regular_file, read_descriptor, require_regular_or_absent
 
