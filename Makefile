@@ -37,7 +37,7 @@ lint: $(STAMP)
 
 # two pytest workers (pytest-xdist): the suite is mostly single-threaded Python and subprocesses
 test: lint
-	$(PY) -m pytest -q -n 2
+	$(PY) -m pytest -q -n 2 --durations=15
 
 # tests/unit (every package) without the tests marked compile, distributed, slow or ort_peer, and the
 # distributed package's single-process check

@@ -362,9 +362,10 @@ def test_interrupted_mid_epoch_and_resumed_to_the_same_max_steps_equals_one_run(
     assert json.loads(summary_file.read_text()) == summary
     assert summary["interrupted"] is True and summary["last_step"] == 7
     assert TrainingState.load(tmp_path / "a" / "ckpt").properties["ort_torch_train.data_position"] == 7
-    code, out, err = run_cli(
-        capsys, *common, "--resume", tmp_path / "a" / "ckpt", "--workers", 2, "--output", tmp_path / "a" / "ckpt"
-    )
+    resume = [*common, "--resume", tmp_path / "a" / "ckpt", "--workers", 2, "--output", tmp_path / "a" / "ckpt"]
+    code, _, err = run_cli(capsys, *resume)  # the saved --summary leaves the checkpoint's folder: named again
+    assert code == 2 and "give --summary on the command line" in err
+    code, out, err = run_cli(capsys, *resume, "--summary", summary_file)
     assert code == 0, err
     assert "resumed from" in out and "trained steps 8-26" in out
     code, _, err = run_cli(capsys, *common, "--output", tmp_path / "b" / "ckpt", "--quiet")

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from tests.helpers.paths import ROOT
+from tests.helpers.timeouts import scaled
 
 PROBE = """
 import sys
@@ -21,7 +22,7 @@ print(adamw.__module__, adamw.__name__, sgd.__module__, sgd.__name__, read_optim
 
 def test_optimizer_records_load_without_torch_and_kernel_exports_stay_functions() -> None:
     done = subprocess.run(
-        [sys.executable, "-c", PROBE], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, "-c", PROBE], cwd=ROOT, capture_output=True, text=True, timeout=scaled(120), check=False
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines() == [
