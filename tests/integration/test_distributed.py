@@ -28,17 +28,22 @@ TOLERANCE = 1e-6
 
 
 def launch(
-    scenario: str, out: Path, timeout: float, mpi: bool = False, worker_module: str = worker.__name__
+    scenario: str,
+    out: Path,
+    timeout: float,
+    mpi: bool = False,
+    worker_module: str = worker.__name__,
+    world_size: int = WORLD_SIZE,
 ) -> list[subprocess.CompletedProcess]:
-    """Run ``worker_module`` on WORLD_SIZE ranks, with torchrun's environment or (``mpi``) mpirun's; fail
-    (after killing them all) when one is stuck past ``timeout``."""
+    """Run ``worker_module`` on ``world_size`` ranks, with torchrun's environment or (``mpi``) mpirun's;
+    fail (after killing them all) when one is stuck past ``timeout``."""
     port = free_port()
     procs = []
-    for rank in range(WORLD_SIZE):
+    for rank in range(world_size):
         ranks = (
-            {"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(WORLD_SIZE)}
+            {"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(world_size)}
             if mpi
-            else {"RANK": str(rank), "WORLD_SIZE": str(WORLD_SIZE), "LOCAL_RANK": str(rank)}
+            else {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank)}
         )
         environ = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
         env = {

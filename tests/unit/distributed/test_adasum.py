@@ -5,10 +5,6 @@ gradients, training runs whose ranks stay identical, and a non-power-of-two worl
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,48 +13,15 @@ import pytest
 from ort_torch_train.distributed.adasum import check_gradient_combination
 from ort_torch_train.training.options import EngineOptions
 from tests.helpers import adasum_worker
-from tests.helpers.paths import ROOT
-from tests.helpers.ports import free_port
 from tests.helpers.timeouts import scaled
+from tests.integration.test_distributed import launch as launch_ranks
+from tests.integration.test_distributed import require_success
 
 
 def launch(scenario: str, out: Path, world_size: int, timeout: float) -> None:
-    """Run the worker's ``scenario`` on ``world_size`` ranks; fail (after killing them all) when one
-    fails or is stuck past ``timeout``."""
-    port = free_port()
-    environ = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", adasum_worker.__name__, scenario, str(out)],
-            env={
-                **environ,
-                "RANK": str(rank),
-                "WORLD_SIZE": str(world_size),
-                "LOCAL_RANK": str(rank),
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-                "OMP_NUM_THREADS": "1",
-                "ORT_TORCH_TRAIN_THREADS": "1",
-            },
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        for rank in range(world_size)
-    ]
-    try:
-        for rank, proc in enumerate(procs):
-            _, stderr = proc.communicate(timeout=timeout)
-            assert proc.returncode == 0, f"rank {rank} failed:\n{stderr[-4000:]}"
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"adasum scenario {scenario!r}: a rank did not finish within {timeout} s")
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+    """Run the worker's ``scenario`` on ``world_size`` ranks; fail when one fails or is stuck past ``timeout``."""
+    results = launch_ranks(scenario, out, timeout, worker_module=adasum_worker.__name__, world_size=world_size)
+    require_success(results)
 
 
 def adasum_reference(vectors: list[np.ndarray]) -> np.ndarray:
