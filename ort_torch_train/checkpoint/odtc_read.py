@@ -10,7 +10,7 @@ import torch
 
 from ort_torch_train.dtypes import torch_dtype
 
-from .fbs_reader import FlatBuffer
+from ort_torch_train.graph.fbs_reader import FlatBuffer
 from .odtc_walk import ExternalReader, GroupEntry, TensorData, TensorEntry, walk_checkpoint
 from .records import CheckpointRecord, OptimizerGroupRecord
 from .tensor_bytes import tensor_from_bytes

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from ort_torch_train.checkpoint.fbs_reader import FlatBuffer
+from ort_torch_train.graph.fbs_reader import FlatBuffer
 from ort_torch_train.checkpoint.odtc import (
     CheckpointRecord,
     OptimizerGroupRecord,

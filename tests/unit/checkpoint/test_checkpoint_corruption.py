@@ -17,7 +17,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
-from ort_torch_train.checkpoint.fbs_reader import VERIFICATION_FAILED
+from ort_torch_train.graph.fbs_reader import VERIFICATION_FAILED
 from ort_torch_train.checkpoint.odtc import (
     CheckpointRecord,
     checkpoint_to_bytes,
