@@ -58,7 +58,8 @@ def load_model(source: ModelSource, what: str, external_data: bool = True) -> on
     except (FileNotFoundError, IsADirectoryError, ModelError):
         raise
     except Exception as exc:
-        raise ModelError(f"{what} is not a readable ONNX model ({exc}), {NOT_ORT_FORMAT}") from exc
+        named = what if isinstance(source, (bytes, bytearray, memoryview)) else f"{what} {os.fspath(source)!r}"
+        raise ModelError(f"{named} is not a readable ONNX model ({exc}), {NOT_ORT_FORMAT}") from exc
 
 
 def _with_text_names(model: onnx.ModelProto, what: str) -> onnx.ModelProto:
