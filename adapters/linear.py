@@ -41,7 +41,11 @@ def gemm_without_c(a: torch.Tensor, b: torch.Tensor, *, alpha: float, trans_a: b
     return gemm(a, b, alpha=alpha, beta=0.0, trans_a=trans_a, trans_b=trans_b)
 
 
-GEMM_FORMS = {"linear": F.linear, "gemm_without_c": gemm_without_c, "gemm": gemm}
+GEMM_FORMS: dict[str, Callable[..., torch.Tensor]] = {
+    "linear": F.linear,
+    "gemm_without_c": gemm_without_c,
+    "gemm": gemm,
+}
 
 
 def gemm_form(node: OnnxNode, graph: OnnxGraph, onnx_opset: int) -> tuple[str, dict, list[str]]:

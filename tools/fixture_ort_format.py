@@ -23,8 +23,8 @@ from pathlib import Path
 import fixture_io as fio
 import fixture_record as rec
 import numpy as np
-from onnxruntime.tools.convert_onnx_models_to_ort import OptimizationStyle, convert_onnx_models_to_ort
 from fixture_extras import RUNNER_ENV
+from onnxruntime.tools.convert_onnx_models_to_ort import OptimizationStyle, convert_onnx_models_to_ort
 from onnxruntime.training.api import CheckpointState, Module, Optimizer
 
 MODELS = ("training_model", "eval_model", "optimizer_model")

@@ -184,8 +184,16 @@ class _Reader:
         if not name:
             raise self.invalid(table.where, "the attribute has no name")
         kind = int(table.scalar(2, "<i", 0, "type"))
-        attribute = onnx.AttributeProto(name=name, doc_string=table.string(1, "doc_string"), type=kind)
         kinds = onnx.AttributeProto.AttributeType
+        if not kinds.FLOAT <= kind <= kinds.GRAPHS:
+            raise self.invalid(
+                table.where,
+                f"attribute {name!r} has type {kind}; ORT-format attributes are FLOAT, INT, STRING, TENSOR, GRAPH, "
+                "FLOATS, INTS, STRINGS, TENSORS or GRAPHS (1-10)",
+            )
+        attribute = onnx.AttributeProto(
+            name=name, doc_string=table.string(1, "doc_string"), type=kinds.Name(kinds.ValueType(kind))
+        )
         if kind == kinds.FLOAT:
             attribute.f = float(table.scalar(3, "<f", 0.0, "f"))
         elif kind == kinds.INT:
@@ -204,14 +212,8 @@ class _Reader:
             attribute.strings.extend(table.byte_strings(10, "strings") or [])
         elif kind == kinds.TENSORS:
             attribute.tensors.extend(self.tensor(tensor) for tensor in table.tables(11, "tensors") or [])
-        elif kind == kinds.GRAPHS:
+        else:  # GRAPHS
             attribute.graphs.extend(self.graph(graph) for graph in table.tables(12, "graphs") or [])
-        else:
-            raise self.invalid(
-                table.where,
-                f"attribute {name!r} has type {kind}; ORT-format attributes are FLOAT, INT, STRING, TENSOR, GRAPH, "
-                "FLOATS, INTS, STRINGS, TENSORS or GRAPHS (1-10)",
-            )
         return attribute
 
     def required(self, parent: Table, child: Table | None, field: str) -> Table:

@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import numpy_helper
+from onnx.reference import ReferenceEvaluator
 
 from ort_torch_train.errors import ModelError, OrtFormatModelError
 from ort_torch_train.graph.layout import load_model, opsets_of
@@ -59,7 +60,14 @@ def test_an_ort_format_optimizer_model_reads_as_its_onnx_model() -> None:
 def test_a_model_saved_in_ort_format_by_the_installed_onnxruntime_reads(tmp_path: Path) -> None:
     saved = save_in_ort_format(ONNX_ARTIFACTS / "eval_model.onnx", tmp_path / "eval_model.ort")
     model = load_model(saved, "eval model")
-    assert [value.name for value in model.graph.input] == ["input", "labels", "0.weight", "0.bias", "2.weight", "2.bias"]
+    assert [value.name for value in model.graph.input] == [
+        "input",
+        "labels",
+        "0.weight",
+        "0.bias",
+        "2.weight",
+        "2.bias",
+    ]
     onnx.checker.check_model(model)
 
 
@@ -103,3 +111,52 @@ def test_a_file_in_neither_format_names_both(tmp_path: Path) -> None:
             load_model(path, "training model")
         with pytest.raises(ModelError, match="nor an ORT-format model"):
             read_optimizer_model(path.read_bytes())
+
+
+def test_subgraphs_and_attributes_read_back_as_onnxruntime_saved_them(tmp_path: Path) -> None:
+    """An If whose branches read an outer-scope value, float, int and ints attributes, a constant: saved in ORT
+    format by the installed onnxruntime (optimizations off), read back, and run by onnx's reference evaluator."""
+    ort = pytest.importorskip("onnxruntime")
+    h = onnx.helper
+    branch = {
+        name: h.make_graph(
+            [h.make_node(op, ["scaled"], [f"{name}_out"], **attrs)],
+            name,
+            [],
+            [h.make_tensor_value_info(f"{name}_out", onnx.TensorProto.FLOAT, ["batch", 3])],
+        )
+        for name, op, attrs in (("then", "LeakyRelu", {"alpha": 0.25}), ("else", "Neg", {}))
+    }
+    nodes = [
+        h.make_node("Mul", ["x", "scale"], ["scaled"]),
+        h.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+        h.make_node("Greater", ["total", "zero"], ["positive"]),
+        h.make_node("If", ["positive"], ["chosen"], then_branch=branch["then"], else_branch=branch["else"]),
+        h.make_node("Transpose", ["chosen"], ["y"], perm=[1, 0]),
+    ]
+    graph = h.make_graph(
+        nodes,
+        "g",
+        [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 3])],
+        [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [3, "batch"])],
+        [
+            numpy_helper.from_array(np.float32([1.5, -2.0, 0.5]), "scale"),
+            numpy_helper.from_array(np.float32(0), "zero"),
+        ],
+    )
+    source = tmp_path / "if.onnx"
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8), source)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.optimized_model_filepath = str(tmp_path / "if.ort")
+    options.add_session_config_entry("session.save_model_format", "ORT")
+    ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+    model = load_model(tmp_path / "if.ort", "model")
+    assert [value.name for value in model.graph.output] == ["y"]
+    assert model.graph.output[0] == onnx.load(source).graph.output[0]
+    [if_node] = [node for node in model.graph.node if node.op_type == "If"]
+    assert [attribute.g.node[0].op_type for attribute in if_node.attribute] == ["LeakyRelu", "Neg"]
+    run = ReferenceEvaluator(model)
+    for x in (np.float32([[1, 2, 3], [4, 5, -6]]), np.float32([[-1, -2, 3], [-4, 5, -6]])):
+        expected = ort.InferenceSession(str(source), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        np.testing.assert_array_equal(run.run(None, {"x": x})[0], expected)
