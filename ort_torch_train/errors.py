@@ -71,5 +71,5 @@ class GraphSizeError(ModelError, MemoryError):
     """A graph would allocate or unroll more than can be done: a tensor or loop of an impossible size."""
 
 
-class OrtFormatModelError(ModelError, NotImplementedError):
-    """A model is in ONNX Runtime's own format (.ort, FlatBuffers), which is not read: only ONNX models are."""
+class OrtFormatModelError(ModelError):
+    """A model in ONNX Runtime's own format (.ort, FlatBuffers) that is damaged or holds what cannot be read."""

@@ -50,6 +50,7 @@ class FixtureSpec:
     stochastic: bool = False  # contains Dropout(p>0): ORT's RNG cannot be matched
     track_frozen_each_step: bool = False  # record frozen params (BN running stats) after every step
     optimizer_variants: bool = False
+    ort_format: bool = False  # artifacts_ort/: the models in ORT format and ORT's run on them
     notes: list[str] = field(default_factory=list)
 
 
@@ -232,6 +233,7 @@ FIXTURES: list[FixtureSpec] = [
         scheduler={"warmup_step_count": 3, "total_step_count": 20, "initial_lr": 0.01},
         nominal_checkpoint=True,
         properties={"epoch": 3, "best_loss": 0.25, "tag": "fixtures"},
+        ort_format=True,
     ),
     FixtureSpec(
         "mlp_frozen",

@@ -40,6 +40,7 @@ from fixture_export import (  # noqa: E402
     patch_layernorm_outputs,
     torch_param_names,
 )
+from fixture_ort_format import write_ort_format_artifacts  # noqa: E402
 from fixture_specs import BY_NAME, FIXTURES, FixtureSpec, make_data  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -240,6 +241,8 @@ def build_fixture(spec: FixtureSpec, root: Path) -> None:
         )
     record_training(run, exp, arrays)
     record_extras(run, exp, arrays)
+    if spec.ort_format:
+        write_ort_format_artifacts(run)
     fio.save_npz(out / "arrays.npz", arrays)
     write_summaries(out)
     exp["arrays_npz_keys_note"] = "keys use '__' as separator, e.g. final__0.weight, grad_step1__0.weight"

@@ -74,7 +74,7 @@ class Module(nn.Module):
     them (docs/lora.md).
 
     Args:
-        train_model_uri: the training model (path, bytes or ModelProto).
+        train_model_uri: the training model (path, bytes or ModelProto; ONNX or ORT format, told by the content).
         state: the checkpoint state whose parameters the module trains (bound, not copied).
         eval_model_uri: the eval model, for eval mode and the exports (optional).
         device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` (or a ``torch.device``) where parameters and steps live.

@@ -28,7 +28,7 @@ class Optimizer:
     """Updates a Module's trainable parameters from their accumulated gradients.
 
     Args:
-        optimizer_uri: the optimizer model (path, bytes or ModelProto) from ``generate_artifacts``.
+        optimizer_uri: the optimizer model (path, bytes or ModelProto; ONNX or ORT format) from ``generate_artifacts``.
         module: the Module to train (its ``training_state`` and ``trainable_parameter_names``).
         implementation: the update kernel, beyond ORT's API: "fused" (default where it applies),
             "foreach"/"single" (ORT's exact float32 op order) or "compiled" (torch.compile'd).

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 
 from ort_torch_train.dtypes import torch_dtype
+from ort_torch_train.graph.fbs_reader import FlatBuffer
 
-from .fbs_reader import FlatBuffer
 from .odtc_walk import ExternalReader, GroupEntry, TensorData, TensorEntry, walk_checkpoint
 from .records import CheckpointRecord, OptimizerGroupRecord
 from .tensor_bytes import tensor_from_bytes

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ort_torch_train.elem_types import ElemDtype, elem_dtype, elem_type_name
+from ort_torch_train.graph.fbs_reader import FlatBuffer, Table
 
 from ..errors import CheckpointError, UnsupportedTypeError
-from .fbs_reader import FlatBuffer, Table
 
 FILE_IDENTIFIER = b"ODTC"
 CHECKPOINT_VERSION = 2

@@ -12,9 +12,9 @@ import os
 from dataclasses import dataclass
 
 from ort_torch_train.elem_types import FLOATING_ELEM_TYPES
+from ort_torch_train.graph.fbs_reader import FlatBuffer
 
 from ..errors import CheckpointError
-from .fbs_reader import FlatBuffer
 from .odtc_walk import CheckpointLayout, ExternalReader, TensorData, TensorEntry, walk_checkpoint
 from .source import read_source
 

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 
 import onnx
 
-from ort_torch_train.errors import ModelError, OrtFormatModelError
+from ort_torch_train.errors import ModelError
+
+from .ort_format import is_ort_format, read_ort_model, read_ort_model_file
 
 GRAD_BUFFER_SUFFIX = "_grad.accumulation.buffer"
 GRAD_OUTPUT_SUFFIX = "_grad.accumulation.out"
@@ -21,18 +23,7 @@ LAZY_RESET_GRAD = "lazy_reset_grad"
 
 ModelSource = str | os.PathLike | bytes | onnx.ModelProto
 
-ORT_FORMAT_IDENTIFIER = b"ORTM"  # the FlatBuffers file identifier of ONNX Runtime's ort.fbs (bytes 4-8)
 NOT_ORT_FORMAT = "nor an ORT-format model (.ort FlatBuffers: no ORTM identifier)"
-
-
-def refuse_ort_format(head: bytes, what: str) -> None:
-    """OrtFormatModelError when ``head``, a model's first bytes, is an ORT-format model's."""
-    if len(head) >= 8 and bytes(head[4:8]) == ORT_FORMAT_IDENTIFIER:
-        raise OrtFormatModelError(
-            f"{what} is an ORT-format model (.ort, FlatBuffers), which ort-torch-train does not read yet: "
-            "use the ONNX artifacts (.onnx; onnxruntime-training's generate_artifacts makes them unless "
-            "ort_format=True)"
-        )
 
 
 def file_head(path: str) -> bytes:
@@ -42,27 +33,33 @@ def file_head(path: str) -> bytes:
 
 
 def load_model(source: ModelSource, what: str, external_data: bool = True) -> onnx.ModelProto:
-    """Load an ONNX model from a path, bytes or a ModelProto; ``what`` names it in errors.
+    """Load an ONNX or ORT-format (.ort) model from a path, bytes or a ModelProto; ``what`` names it in errors.
 
-    ``external_data=False`` leaves a file's external tensor data on disk (the initializers keep their
+    The format is told by the content (an ORT-format model's FlatBuffers identifier), not the file's name.
+    ``external_data=False`` leaves an ONNX file's external tensor data on disk (the initializers keep their
     references), so a model past 2 GB loads without its weights.
     """
     if isinstance(source, onnx.ModelProto):
         return source
     try:
         if isinstance(source, (bytes, bytearray, memoryview)):
-            refuse_ort_format(bytes(source[:8]), what)
+            if is_ort_format(source[:8]):
+                return _with_text_names(read_ort_model(source, what), what)
             return _with_text_names(onnx.load_from_string(bytes(source)), what)
         if not os.path.exists(source):
             raise FileNotFoundError(f"{what} not found: {os.fspath(source)!r}")
         if os.path.isdir(source):
-            raise IsADirectoryError(f"{what} path {os.fspath(source)!r} is a directory, expected an ONNX file")
-        refuse_ort_format(file_head(os.fspath(source)), what)
+            raise IsADirectoryError(
+                f"{what} path {os.fspath(source)!r} is a directory, expected an ONNX or ORT-format model file"
+            )
+        if is_ort_format(file_head(os.fspath(source))):
+            return _with_text_names(read_ort_model_file(os.fspath(source), what), what)
         return _with_text_names(onnx.load(os.fspath(source), load_external_data=external_data), what)
     except (FileNotFoundError, IsADirectoryError, ModelError):
         raise
     except Exception as exc:
-        raise ModelError(f"{what} is not a readable ONNX model ({exc}), {NOT_ORT_FORMAT}") from exc
+        named = what if isinstance(source, (bytes, bytearray, memoryview)) else f"{what} {os.fspath(source)!r}"
+        raise ModelError(f"{named} is not a readable ONNX model ({exc}), {NOT_ORT_FORMAT}") from exc
 
 
 def _with_text_names(model: onnx.ModelProto, what: str) -> onnx.ModelProto:

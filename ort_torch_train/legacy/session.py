@@ -28,7 +28,8 @@ from ort_torch_train.api.ortvalue import numpy_to_tensor
 from ort_torch_train.dtypes import ort_tensor_type, tensor_to_proto
 from ort_torch_train.errors import CheckpointError, InputError, InputTypeError
 from ort_torch_train.fileio import atomic_write_bytes
-from ort_torch_train.graph.layout import load_model
+from ort_torch_train.graph.layout import file_head, load_model
+from ort_torch_train.graph.ort_format import is_ort_format
 from ort_torch_train.legacy.distributed import legacy_distributed
 from ort_torch_train.legacy.graph import build_training_setup
 from ort_torch_train.legacy.metadata import ModelMetadata, NodeArg
@@ -285,13 +286,16 @@ class TrainingSession:
 
 
 def _load_forward_model(path_or_bytes: Any) -> onnx.ModelProto:
+    """The forward ONNX model; an ORT-format model (by its name or its content) is refused: the legacy session
+    builds its training graph from an ONNX model, as ORT's did."""
     if isinstance(path_or_bytes, (str, os.PathLike)):
-        if os.fspath(path_or_bytes).endswith(".ort"):
-            raise NotImplementedError(
-                f"{os.fspath(path_or_bytes)!r}: ORT format models are not supported; give the ONNX model"
-            )
+        path = os.fspath(path_or_bytes)
+        if path.endswith(".ort") or os.path.isfile(path) and is_ort_format(file_head(path)):
+            raise NotImplementedError(f"{path!r}: ORT format models are not supported; give the ONNX model")
         return load_model(path_or_bytes, "model")
     if isinstance(path_or_bytes, bytes):
+        if is_ort_format(path_or_bytes[:8]):
+            raise NotImplementedError("the model bytes: ORT format models are not supported; give the ONNX model")
         return load_model(path_or_bytes, "model")
     raise TypeError(f"Unable to load from type '{type(path_or_bytes)}'")
 

@@ -20,7 +20,8 @@ import onnx
 from onnx import AttributeProto, TensorProto
 
 from ort_torch_train.errors import ModelError
-from ort_torch_train.graph.layout import NOT_ORT_FORMAT, file_head, refuse_ort_format
+from ort_torch_train.graph.layout import NOT_ORT_FORMAT, file_head
+from ort_torch_train.graph.ort_format import is_ort_format, read_ort_model, read_ort_model_file
 from ort_torch_train.optim.algorithm import MS_DOMAIN, AttributeValue, Hyperparameters, OptimizerAlgorithm
 from ort_torch_train.optim.registry import algorithms, find_algorithm
 
@@ -64,7 +65,8 @@ def _load(model) -> onnx.ModelProto:
     if isinstance(model, onnx.ModelProto):
         return model
     if isinstance(model, (bytes, bytearray, memoryview)):
-        refuse_ort_format(bytes(model[:8]), "optimizer model")
+        if is_ort_format(model[:8]):
+            return read_ort_model(model, "optimizer model")
         try:
             return onnx.load_from_string(bytes(model))
         except Exception as exc:
@@ -75,7 +77,8 @@ def _load(model) -> onnx.ModelProto:
         path = os.fspath(model)
         if not os.path.isfile(path):
             raise ModelError(f"optimizer model: no such file {path!r}")
-        refuse_ort_format(file_head(path), f"optimizer model {path!r}")
+        if is_ort_format(file_head(path)):
+            return read_ort_model_file(path, "optimizer model")
         try:
             return onnx.load(path)
         except Exception as exc:

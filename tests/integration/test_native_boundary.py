@@ -10,13 +10,14 @@ import site
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.helpers.native import MLP, PROGRAMS, NativeBuild, build_native
-from tests.helpers.ort_format import save_in_ort_format
 from tests.helpers.timeouts import scaled
 
 BOUNDARY = PROGRAMS / "boundary.c"
+ORT_FORMAT = MLP.parent / "artifacts_ort"
 
 # each entry point that takes or fills a tensor, with a NULL data pointer, a short buffer and foreign memory
 TENSOR_CASES = {
@@ -93,13 +94,23 @@ def test_calls_after_the_host_finalized_python_are_refused(native: NativeBuild) 
     assert all(code == 1 and "Py_Finalize" in message for code, message in found.values())
 
 
-def test_an_ort_format_training_model_is_refused_as_not_implemented(native: NativeBuild, tmp_path: Path) -> None:
-    model = save_in_ort_format(MLP / "eval_model.onnx", tmp_path / "model.ort")
-    done = native.run(native.program(BOUNDARY), str(MLP), "ortformat", str(model))
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr
-    found = cases(done.stdout)
-    assert set(found) == {"ort_format_path", "ort_format_buffer"}
-    assert all(code == 9 and "is an ORT-format model (.ort, FlatBuffers)" in text for code, text in found.values())
+def test_a_damaged_model_file_is_a_status_naming_it_and_the_formats_tried(native: NativeBuild, tmp_path: Path) -> None:
+    """A truncated ORT-format training model, and a file of random bytes, from a path and from a buffer."""
+    data = (ORT_FORMAT / "training_model.ort").read_bytes()
+    truncated = tmp_path / "truncated.ort"
+    truncated.write_bytes(data[: len(data) // 2])
+    noise = tmp_path / "noise.onnx"
+    noise.write_bytes(np.random.default_rng(52).integers(0, 256, 4096, dtype=np.uint8).tobytes())
+    for model, first, then in (
+        (truncated, "is a damaged or unreadable ORT-format model (.ort)", "ORT model verification failed."),
+        (noise, "is not a readable ONNX model", "nor an ORT-format model (.ort FlatBuffers: no ORTM identifier)"),
+    ):
+        done = native.run(native.program(BOUNDARY), str(MLP), "badmodel", str(model), first)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr
+        found = cases(done.stdout)
+        assert set(found) == {"bad_model_path", "bad_model_buffer"}
+        assert str(model) in found["bad_model_path"][1]  # the file is named
+        assert all(then in message for _, message in found.values())
 
 
 @pytest.mark.slow

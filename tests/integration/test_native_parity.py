@@ -1,6 +1,7 @@
 """C programs trained through libort_torch_train give what the Python API gives, bit for bit: losses, eval
 loss, parameters, checkpoint bytes and exported model bytes, for 20 steps on the committed fixtures, eager
-and with ``compile=True`` (the ``ort_torch_train.compile`` session option)."""
+and with ``compile=True`` (the ``ort_torch_train.compile`` session option); and ORT-format (.ort) artifacts,
+from files and from buffers, train through the C API as the ONNX artifacts do."""
 
 from __future__ import annotations
 
@@ -106,3 +107,22 @@ def test_c_api_compiled_matches_python_api_compiled(native: NativeBuild, tmp_pat
     c_out = run_c(native, tmp_path, (name,), compile=True)[name]
     run_python(name, tmp_path / "python", compile=True)
     assert_same_files(c_out, tmp_path / "python")
+
+
+def test_c_api_trains_ort_format_artifacts_as_the_onnx_ones(native: NativeBuild, tmp_path: Path) -> None:
+    """CreateTrainingSession from .ort files and CreateTrainingSessionFromBuffer from their bytes, in one process
+    with the ONNX run: the same losses, eval loss, parameters and checkpoint bytes."""
+    name = "mlp_ce_adamw_sched"
+    artifacts, ort_format, data = FIXTURES / name / "artifacts", FIXTURES / name / "artifacts_ort", tmp_path / "data"
+    write_inputs(name, data)
+    outputs = {label: tmp_path / label for label in ("onnx", "ort-files", "ort-buffers")}
+    models = {"onnx": "", "ort-files": f":{ort_format}:ort:0", "ort-buffers": f":{ort_format}:ort:1"}
+    for out in outputs.values():
+        out.mkdir()
+    jobs = [f"{artifacts}:{data}:{outputs[label]}:{STEPS}:0{models[label]}" for label in outputs]
+    done = native.run(native.program(PROGRAMS / "train_parity.c"), *jobs, threads=SUITE_THREADS, timeout=scaled(600))
+    assert done.returncode == 0, done.stdout + done.stderr
+    for label in ("ort-files", "ort-buffers"):
+        for file in ("losses.bin", "eval.bin", "params.bin", "checkpoint"):
+            assert (outputs[label] / file).read_bytes() == (outputs["onnx"] / file).read_bytes(), f"{label}: {file}"
+        assert (outputs[label] / "inference.onnx").stat().st_size > 0

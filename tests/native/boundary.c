@@ -4,8 +4,9 @@
  *                                    ORT_INVALID_ARGUMENT and leave the parameters as they were
  *   boundary ARTIFACTS_DIR handles   a released session and state used again and released again
  *   boundary ARTIFACTS_DIR fork      a train step in a child made by fork() after the parent trained
- *   boundary ARTIFACTS_DIR ortformat MODEL.ort
- *                                    an ORT-format model as the training model, from its path and its bytes
+ *   boundary ARTIFACTS_DIR badmodel MODEL TEXT
+ *                                    a damaged model file as the training model, from its path and its bytes:
+ *                                    refused (ORT_FAIL) with a message holding TEXT
  *   boundary ARTIFACTS_DIR finalize SITE_DIR
  *                                    a host that embeds Python (SITE_DIR: where its packages are), loads a
  *                                    checkpoint, finalizes Python, calls again
@@ -297,22 +298,22 @@ static int finalize_case(const char* site_dir) {
   return 0;
 }
 
-static void ort_format_case(OrtCheckpointState* state, const char* model) {
+static void bad_model_case(OrtCheckpointState* state, const char* model, const char* text) {
   OrtTrainingSession* other = NULL;
-  expect_refused("ort_format_path", g_api->CreateTrainingSession(g_env, g_options, state, model, NULL, NULL, &other),
-                 ORT_NOT_IMPLEMENTED, "ORT-format model");
+  expect_refused("bad_model_path", g_api->CreateTrainingSession(g_env, g_options, state, model, NULL, NULL, &other),
+                 ORT_FAIL, text);
   size_t size = 0;
   void* bytes = read_file(model, &size);
-  expect_refused("ort_format_buffer",
+  expect_refused("bad_model_buffer",
                  g_api->CreateTrainingSessionFromBuffer(g_env, g_options, state, bytes, size, NULL, 0, NULL, 0, &other),
-                 ORT_NOT_IMPLEMENTED, "ORT-format model");
+                 ORT_FAIL, text);
   EXPECT(other == NULL);
   free(bytes);
 }
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: boundary ARTIFACTS_DIR tensors|handles|fork|ortformat MODEL|finalize SITE_DIR\n");
+    fprintf(stderr, "usage: boundary ARTIFACTS_DIR tensors|handles|fork|badmodel MODEL TEXT|finalize SITE_DIR\n");
     return 2;
   }
   g_dir = argv[1];
@@ -334,7 +335,7 @@ int main(int argc, char** argv) {
   }
   if (strstr(argv[2], "handles") != NULL) handle_cases();
   if (strcmp(argv[2], "fork") == 0) fork_case(session);
-  if (strcmp(argv[2], "ortformat") == 0 && argc > 3) ort_format_case(state, argv[3]);
+  if (strcmp(argv[2], "badmodel") == 0 && argc > 4) bad_model_case(state, argv[3], argv[4]);
   g_api->ReleaseTrainingSession(session);
   g_api->ReleaseCheckpointState(state);
   free(g_before);

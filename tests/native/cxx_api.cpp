@@ -1,5 +1,6 @@
 // The C++ classes' remaining members (the example covers the training loop): buffers in, properties,
-// parameters, names, learning rate, and an error as Ort::Exception with ORT's code.
+// parameters, names, learning rate, and an error as Ort::Exception with ORT's code; ORT-format models (the
+// fixture's artifacts_ort/, beside ARTIFACTS_DIR) from paths and from buffers train as the ONNX models do.
 //   cxx_api ARTIFACTS_DIR OUT_DIR        prints "ok"
 #include <cstdio>
 #include <fstream>
@@ -21,6 +22,46 @@
 static std::vector<uint8_t> Read(const std::string& path) {
   std::ifstream file(path, std::ios::binary);
   return std::vector<uint8_t>(std::istreambuf_iterator<char>(file), {});
+}
+
+// The loss of a second training step (the first step's update applied) on fixed data.
+static float SecondStepLoss(Ort::TrainingSession& session) {
+  std::vector<float> x(8 * 20);
+  std::vector<int64_t> y(8);
+  for (size_t i = 0; i < x.size(); i++) x[i] = static_cast<float>((i * 37) % 11) / 11.0f - 0.5f;
+  for (size_t i = 0; i < y.size(); i++) y[i] = static_cast<int64_t>(i % 5);
+  auto cpu = Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault);
+  const int64_t x_dims[2] = {8, 20}, y_dims[1] = {8};
+  std::vector<Ort::Value> inputs;
+  inputs.push_back(Ort::Value::CreateTensor<float>(cpu, x.data(), x.size(), x_dims, 2));
+  inputs.push_back(Ort::Value::CreateTensor<int64_t>(cpu, y.data(), y.size(), y_dims, 1));
+  float loss = 0.0f;
+  for (int step = 0; step < 2; step++) {
+    loss = session.TrainStep(inputs)[0].GetTensorData<float>()[0];
+    session.OptimizerStep();
+    session.LazyResetGrad();
+  }
+  return loss;
+}
+
+static int OrtFormatModelsTrainAsOnnxModels(const Ort::Env& env, const Ort::SessionOptions& options,
+                                            const std::string& dir) {
+  const std::string ort = dir + "/../artifacts_ort";
+  auto onnx_state = Ort::CheckpointState::LoadCheckpoint(dir + "/checkpoint");
+  auto path_state = Ort::CheckpointState::LoadCheckpoint(dir + "/checkpoint");
+  auto buffer_state = Ort::CheckpointState::LoadCheckpoint(dir + "/checkpoint");
+  Ort::TrainingSession onnx(env, options, onnx_state, dir + "/training_model.onnx", dir + "/eval_model.onnx",
+                            dir + "/optimizer_model.onnx");
+  Ort::TrainingSession from_paths(env, options, path_state, ort + "/training_model.ort", ort + "/eval_model.ort",
+                                  ort + "/optimizer_model.ort");
+  Ort::TrainingSession from_buffers(env, options, buffer_state, Read(ort + "/training_model.ort"),
+                                    Read(ort + "/eval_model.ort"), Read(ort + "/optimizer_model.ort"));
+  EXPECT(from_paths.InputNames(true) == onnx.InputNames(true));
+  EXPECT(from_buffers.OutputNames(false) == onnx.OutputNames(false));
+  const float expected = SecondStepLoss(onnx);
+  EXPECT(SecondStepLoss(from_paths) == expected);
+  EXPECT(SecondStepLoss(from_buffers) == expected);
+  return 0;
 }
 
 int main(int argc, char** argv) {
@@ -80,6 +121,7 @@ int main(int argc, char** argv) {
            std::string::npos);
     EXPECT(error.GetOrtErrorCode() == ORT_INVALID_ARGUMENT);
   }
+  if (OrtFormatModelsTrainAsOnnxModels(env, options, dir) != 0) return 1;
   Ort::CheckpointState::SaveCheckpoint(state, out + "/checkpoint", false);
   auto reloaded = Ort::CheckpointState::LoadCheckpoint(out + "/checkpoint");
   EXPECT(std::get<std::string>(reloaded.GetProperty("tag")) == "cxx");

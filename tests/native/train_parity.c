@@ -1,5 +1,8 @@
 /* Trains fixtures through the C API and writes what the Python API is compared with:
- *   train_parity JOB...   JOB = artifacts_dir:data_dir:out_dir:steps:compile
+ *   train_parity JOB...   JOB = artifacts_dir:data_dir:out_dir:steps:compile[:models_dir:extension:buffers]
+ * The checkpoint comes from artifacts_dir; the three models from models_dir (default artifacts_dir), named
+ * <role>_model.<extension> (default onnx), from their paths or, when buffers is 1, from their bytes
+ * (CreateTrainingSessionFromBuffer).
  * data_dir/manifest.txt: "train K TYPE RANK DIMS..." and "eval K TYPE RANK DIMS..." per input, "export NAME";
  * inputs are data_dir/train_<step>_<K>.bin and eval_<K>.bin. Writes out_dir/losses.bin, eval.bin, params.bin,
  * checkpoint, inference.onnx. */
@@ -64,6 +67,14 @@ static void run_job(char* job, OrtEnv* env) {
   char* out = strtok(NULL, ":");
   int steps = atoi(strtok(NULL, ":"));
   int compile = atoi(strtok(NULL, ":"));
+  char* models = strtok(NULL, ":");
+  char* extension = models != NULL ? strtok(NULL, ":") : NULL;
+  char* buffers_flag = extension != NULL ? strtok(NULL, ":") : NULL;
+  int from_buffers = buffers_flag != NULL && atoi(buffers_flag) == 1;
+  if (models == NULL || extension == NULL) {
+    models = artifacts;
+    extension = "onnx";
+  }
   char path[1024], train[1024], eval[1024], optim[1024];
   Input inputs[16];
   char exports[8][64];
@@ -76,11 +87,19 @@ static void run_job(char* job, OrtEnv* env) {
   OrtCheckpointState* state = NULL;
   snprintf(path, sizeof path, "%s/checkpoint", artifacts);
   CHECK(g_api->LoadCheckpoint(path, &state));
-  snprintf(train, sizeof train, "%s/training_model.onnx", artifacts);
-  snprintf(eval, sizeof eval, "%s/eval_model.onnx", artifacts);
-  snprintf(optim, sizeof optim, "%s/optimizer_model.onnx", artifacts);
+  snprintf(train, sizeof train, "%s/training_model.%s", models, extension);
+  snprintf(eval, sizeof eval, "%s/eval_model.%s", models, extension);
+  snprintf(optim, sizeof optim, "%s/optimizer_model.%s", models, extension);
   OrtTrainingSession* session = NULL;
-  CHECK(g_api->CreateTrainingSession(env, options, state, train, eval, optim, &session));
+  if (from_buffers) {
+    size_t sizes[3];
+    void* bytes[3] = {read_file(train, &sizes[0]), read_file(eval, &sizes[1]), read_file(optim, &sizes[2])};
+    CHECK(g_api->CreateTrainingSessionFromBuffer(env, options, state, bytes[0], sizes[0], bytes[1], sizes[1], bytes[2],
+                                                 sizes[2], &session));
+    for (int i = 0; i < 3; i++) free(bytes[i]);
+  } else {
+    CHECK(g_api->CreateTrainingSession(env, options, state, train, eval, optim, &session));
+  }
   CHECK(g_api->RegisterLinearLRScheduler(session, 3, steps, 0.01f));
 
   snprintf(path, sizeof path, "%s/losses.bin", out);

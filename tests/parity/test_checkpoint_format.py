@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 
-from ort_torch_train.checkpoint.fbs_reader import FlatBuffer
 from ort_torch_train.checkpoint.odtc import (
     CheckpointRecord,
     OptimizerGroupRecord,
@@ -22,6 +21,7 @@ from ort_torch_train.checkpoint.odtc import (
 )
 from ort_torch_train.checkpoint.tensor_bytes import tensor_to_bytes
 from ort_torch_train.errors import CheckpointError
+from ort_torch_train.graph.fbs_reader import FlatBuffer
 
 FINAL_FILES = ("final_checkpoint_no_optimizer", "final_checkpoint_with_optimizer")
 

@@ -17,7 +17,6 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
-from ort_torch_train.checkpoint.fbs_reader import VERIFICATION_FAILED
 from ort_torch_train.checkpoint.odtc import (
     CheckpointRecord,
     checkpoint_to_bytes,
@@ -27,6 +26,7 @@ from ort_torch_train.checkpoint.odtc import (
 )
 from ort_torch_train.checkpoint.records import OptimizerGroupRecord
 from ort_torch_train.errors import CheckpointError
+from ort_torch_train.graph.fbs_reader import VERIFICATION_FAILED
 
 FLOAT, INT64, STRING, COMPLEX64 = 1, 7, 8, 14
 ONE_FLOAT = struct.pack("<f", 1.0)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from ort_torch_train.checkpoint.fbs_reader import FlatBuffer
 from ort_torch_train.checkpoint.odtc import read_checkpoint
+from ort_torch_train.graph.fbs_reader import FlatBuffer
 from ort_torch_train.state.training_state import TrainingState
 
 

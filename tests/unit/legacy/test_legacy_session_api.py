@@ -30,6 +30,7 @@ from tests.helpers.legacy_models import (
     session,
     train,
 )
+from tests.helpers.paths import FIXTURES
 
 
 def trained_names(parameters: TrainingParameters) -> set[str]:
@@ -248,6 +249,12 @@ def test_zero_stage_1_in_one_process_trains_unsharded():
 def test_ort_format_is_not_implemented(tmp_path):
     with pytest.raises(NotImplementedError, match="ORT format"):
         TrainingSession(str(tmp_path / "model.ort"), params_for())
+    ort_format = (FIXTURES / "mlp_ce_adamw_sched" / "artifacts_ort" / "eval_model.ort").read_bytes()
+    renamed = tmp_path / "model.onnx"  # told by its content, not its name
+    renamed.write_bytes(ort_format)
+    for source in (str(renamed), ort_format):
+        with pytest.raises(NotImplementedError, match="ORT format models are not supported"):
+            TrainingSession(source, params_for())
 
 
 def test_configuration_errors():
