@@ -70,16 +70,19 @@ def find_artifacts(directory: str | Path) -> ArtifactPaths:
         raise CliError(f"{str(directory)!r} is not a folder (expected the folder holding the artifacts)")
     paths = ArtifactPaths()
     for role, name in ARTIFACT_FILE_NAMES.items():
-        if (directory / name).is_file():
-            setattr(paths, role, directory / name)
+        candidates = [name] if role == "checkpoint" else [name, name.replace(".onnx", ".ort")]
+        found = next((directory / candidate for candidate in candidates if (directory / candidate).is_file()), None)
+        if found is not None:
+            setattr(paths, role, found)
     if not paths.found():
         hint = f" (did you mean {str(directory / 'artifacts')!r}?)" if (directory / "artifacts").is_dir() else ""
-        raise CliError(f"{str(directory)!r} holds none of {', '.join(ARTIFACT_FILE_NAMES.values())}{hint}")
+        names = ", ".join(ARTIFACT_FILE_NAMES.values())
+        raise CliError(f"{str(directory)!r} holds none of {names} (or the models' .ort forms){hint}")
     return paths
 
 
 def classify_paths(paths: list[str]) -> ArtifactPaths:
-    """Artifact files given one by one (or one folder): ONNX files by their graphs, others as checkpoints."""
+    """Artifact files given one by one (or one folder): models (.onnx, .ort) by their graphs, others as checkpoints."""
     if len(paths) == 1 and Path(paths[0]).is_dir():
         return find_artifacts(paths[0])
     found = ArtifactPaths()
@@ -87,7 +90,8 @@ def classify_paths(paths: list[str]) -> ArtifactPaths:
         if Path(text).is_dir():
             raise CliError(f"{text!r} is a folder: give one artifacts folder, or individual files")
         path = existing_file(text, "artifact file")
-        role = model_role(load_onnx(path, "ONNX model")) if path.suffix == ".onnx" else "checkpoint"
+        is_model = path.suffix in (".onnx", ".ort")
+        role = model_role(load_onnx(path, "ONNX model")) if is_model else "checkpoint"
         if getattr(found, role) is not None:
             raise CliError(
                 f"two files given as the {role.replace('_', ' ')}: {str(getattr(found, role))!r} and {text!r}"

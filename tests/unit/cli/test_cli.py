@@ -327,3 +327,22 @@ def test_user_errors_are_one_line_without_traceback(capsys, bad_inputs, name) ->
     assert re.match(r"ort-torch-train( \w+)?: error: ", lines[0]), lines[0]
     assert fragment in lines[0]
     assert "Traceback" not in err and out == ""
+
+
+def test_train_reads_ort_format_artifacts_as_the_onnx_ones(capsys, tmp_path) -> None:
+    """A folder of ORT-format (.ort) models beside the checkpoint trains to the same bytes as the ONNX one."""
+    case = FIXTURES / "mlp_ce_adamw_sched"
+    ort_folder = tmp_path / "ort_artifacts"
+    ort_folder.mkdir()
+    for model in (case / "artifacts_ort").glob("*.ort"):
+        (ort_folder / model.name).write_bytes(model.read_bytes())
+    (ort_folder / "checkpoint").write_bytes((case / "artifacts" / "checkpoint").read_bytes())
+    code, out, err = run_cli(capsys, "inspect", ort_folder, "--json")
+    assert code == 0, err
+    assert set(json.loads(out)["files"]) == {"training_model", "eval_model", "optimizer_model", "checkpoint"}
+    data = case / "data.npz"
+    common = ["--data", data, "--inputs", "x_train,y_train", "--batched", "--no-shuffle", "--steps", 5]
+    for name, folder in (("onnx", case / "artifacts"), ("ort", ort_folder)):
+        code, out, err = run_cli(capsys, "train", folder, *common, "--output", tmp_path / name)
+        assert code == 0, err
+    assert (tmp_path / "ort").read_bytes() == (tmp_path / "onnx").read_bytes()
