@@ -57,6 +57,30 @@ def train(run: str, pipelined: bool, checkpoint_out: Path | None = None) -> dict
     }
 
 
+def legacy_train(pipelined: bool, rank: int = 0) -> dict[str, np.ndarray]:
+    """The legacy TrainingSession (Adam, 2-run accumulation) on 8 batches of 6 rows, with 2 pipeline
+    stages cut at the hidden activation and 2 micro-batches per run, or in one process."""
+    from tests.helpers.legacy_models import LR, params_for, session
+
+    settings: dict[str, Any] = {"gradient_accumulation_steps": 2}
+    if pipelined:
+        settings |= {
+            "world_rank": rank,
+            "world_size": 2,
+            "pipeline_parallel_size": 2,
+            "num_pipeline_micro_batches": 2,
+            "pipeline_cut_info_string": "r",
+        }
+    sess = session(params_for("AdamOptimizer", **settings))
+    rng = np.random.default_rng(3)
+    losses = []
+    for _ in range(8):
+        x, y = rng.standard_normal((6, 4)).astype(np.float32), rng.integers(0, 3, 6).astype(np.int64)
+        losses.append(float(sess.run(["loss"], {"x": x, "y": y, LR: np.array([0.02], np.float32)})[0]))
+    state = sess.get_model_state()["full_precision"]
+    return {"losses": np.array(losses), **{f"param/{n}": np.asarray(v) for n, v in state.items()}}
+
+
 def misuse(rank: int) -> dict[str, str]:
     """The error each bad setting raises on this rank, before any step."""
     from ort_torch_train.api import CheckpointState, Module
@@ -94,6 +118,8 @@ def main() -> None:
         for run in RUNS:
             checkpoint = out / f"{run}.ckpt"
             np.savez(out / f"{run}_rank{rank}.npz", **train(run, True, checkpoint))
+    elif scenario == "legacy":
+        np.savez(out / f"legacy_rank{rank}.npz", **legacy_train(True, rank))
     elif scenario == "misuse":
         (out / f"misuse_rank{rank}.json").write_text(json.dumps(misuse(rank)))
     else:
