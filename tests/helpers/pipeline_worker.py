@@ -20,7 +20,7 @@ import numpy as np
 from tests.helpers.distributed_worker import MLP, TRANSFORMER, batches
 from tests.helpers.timeouts import scaled
 
-STEPS = 6
+STEPS = 4
 # name -> (fixture, PipelineOptions' arguments for 2 ranks; None: one process, no pipeline)
 RUNS: dict[str, tuple[Path, dict[str, Any]]] = {
     "mlp_gpipe": (MLP, {"stages": 2, "micro_batches": 4, "schedule": "gpipe"}),
