@@ -106,7 +106,9 @@ class PipelineParallel:
         self.world_size = dist.get_world_size(group)
         self.reduction = reduction
         self.checkpoint = DistributedCheckpoint(group)
-        self._last_rank = dist.get_global_rank(group, len(stages) - 1) if group is not dist.group.WORLD else len(stages) - 1
+        self._last_rank = (
+            dist.get_global_rank(group, len(stages) - 1) if group is not dist.group.WORLD else len(stages) - 1
+        )
         params = state.params
         self._stage_params = [[params[name] for name in stage.params] for stage in stages]
         self._stage_grads = [[param for param in stage if param.requires_grad] for stage in self._stage_params]
@@ -167,8 +169,8 @@ class PipelineParallel:
         if schedule is not None:
             return schedule
         values: tuple[Tensor, ...] = tuple(micro_batch)
-        for stage, runner in enumerate(self._runners[:-1]):
-            values = tuple(_example(value) for value in runner(values, self._stage_params[stage]))
+        for index, runner in enumerate(self._runners[:-1]):
+            values = tuple(_example(value) for value in runner(values, self._stage_params[index]))
         outputs = tuple(_example(value) for value in self._module(*values))
         stage = PipelineStage(
             self._module,

@@ -107,7 +107,7 @@ class StageGraph:
 
 
 def loss_reduction(graph: onnx.GraphProto, loss: str) -> str:
-    """"mean" or "sum": how the node computing ``loss`` reduces over the batch; raises ModelError when
+    """ "mean" or "sum": how the node computing ``loss`` reduces over the batch; raises ModelError when
     the graph does not say (micro-batches then cannot add up to the full batch's loss)."""
     producers = {output: node for node in graph.node for output in node.output}
     node = producers.get(loss)
@@ -144,7 +144,7 @@ def cut_graph(
     reads = [node_reads(node) for node in nodes]
     cuts = options.cut_list
     if cuts:
-        ends = _named_cut_ends(graph, nodes, cuts)
+        ends = _named_cut_ends(nodes, cuts)
     else:
         ends = _balanced_cut_ends(nodes, reads, params, options.stages)
     ends.append(len(nodes) - 1)
@@ -196,10 +196,10 @@ def _producers(nodes: Sequence[onnx.NodeProto]) -> dict[str, int]:
     return {output: index for index, node in enumerate(nodes) for output in node.output if output}
 
 
-def _named_cut_ends(graph: onnx.GraphProto, nodes: Sequence[onnx.NodeProto], cuts: Sequence[Cut]) -> list[int]:
+def _named_cut_ends(nodes: Sequence[onnx.NodeProto], cuts: Sequence[Cut]) -> list[int]:
     """The index of each cut's last node: the last producer of its tensors."""
     producers = _producers(nodes)
-    ends = []
+    ends: list[int] = []
     for number, cut in enumerate(cuts):
         end = -1
         for edge in cut:

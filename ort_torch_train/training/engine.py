@@ -116,7 +116,13 @@ class TrainingEngine:
         if options.pipeline is not None:
             graph = self.train_graph
             self._pipeline = pipeline_parallel(
-                graph.graph, graph.opsets, self.train_layout, graph.constants, state, options.pipeline, options.pipeline_group
+                graph.graph,
+                graph.opsets,
+                self.train_layout,
+                graph.constants,
+                state,
+                options.pipeline,
+                options.pipeline_group,
             )
         self._precision: MixedPrecision | None = None  # autocast and loss scaling (precision.py)
         if options.mixed_precision is not None:

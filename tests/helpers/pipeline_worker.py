@@ -26,7 +26,10 @@ RUNS: dict[str, tuple[Path, dict[str, Any]]] = {
     "mlp_gpipe": (MLP, {"stages": 2, "micro_batches": 4, "schedule": "gpipe"}),
     "mlp_1f1b_cut": (MLP, {"stages": 2, "micro_batches": 2, "schedule": "1f1b", "cuts": "/1/Relu_output_0"}),
     "transformer_1f1b": (TRANSFORMER, {"stages": 2, "micro_batches": 2, "schedule": "1f1b"}),
-    "transformer_gpipe_cut": (TRANSFORMER, {"stages": 2, "micro_batches": 4, "schedule": "gpipe", "cuts": "/enc/norm1/LayerNormalization_output_0"}),
+    "transformer_gpipe_cut": (
+        TRANSFORMER,
+        {"stages": 2, "micro_batches": 4, "schedule": "gpipe", "cuts": "/enc/norm1/LayerNormalization_output_0"},
+    ),
 }
 
 

@@ -99,7 +99,9 @@ def test_balanced_cut_splits_by_parameter_elements() -> None:
 
 def test_bad_cuts_and_stage_counts_name_the_problem() -> None:
     graph, inputs, params = forward_of(MLP)
-    with pytest.raises(ModelError, match=r"'nope' is not an edge of the graph .* valid ones include \['/0/Gemm_output_0'"):
+    with pytest.raises(
+        ModelError, match=r"'nope' is not an edge of the graph .* valid ones include \['/0/Gemm_output_0'"
+    ):
         cut_graph(graph, inputs, params, {}, PipelineOptions(stages=2, cuts="nope"))
     with pytest.raises(ModelError, match=r"\['x'\] do not consume '/0/Gemm_output_0'"):
         cut_graph(graph, inputs, params, {}, PipelineOptions(stages=2, cuts="/0/Gemm_output_0-x"))
