@@ -24,6 +24,7 @@ from ort_torch_train.graph.layout import forward_graph, training_layout
 from ort_torch_train.training.options import EngineOptions
 from tests.helpers import pipeline_worker as worker
 from tests.helpers.distributed_worker import MLP, TRANSFORMER
+from tests.helpers.paths import ROOT
 from tests.helpers.timeouts import scaled
 from tests.integration.test_distributed import launch as launch_ranks
 from tests.integration.test_distributed import require_success
@@ -187,3 +188,17 @@ def test_legacy_pipeline_settings_are_checked() -> None:
         session(params_for(num_pipeline_micro_batches=2))
     with pytest.raises(NotImplementedError, match="only a pipeline alone"):
         session(params_for(pipeline_parallel_size=2, world_size=4, data_parallel_size=2))
+
+
+@pytest.mark.distributed
+def test_the_example_under_torchrun_trains_like_one_process(tmp_path: Path) -> None:
+    from tests.helpers import distributed_worker
+    from tests.integration.test_distributed_launch import assert_same_parameters, json_objects, torchrun
+
+    example = ROOT / "examples" / "train_pipeline.py"
+    launched = torchrun(example, MLP, "--schedule", "1f1b", "--out", tmp_path, timeout=scaled(120))
+    summaries = sorted(json_objects(launched.stdout), key=lambda summary: summary["rank"])
+    assert [s["world_size"] for s in summaries] == [2, 2] and summaries[1]["checkpoint"] is None
+    reference = distributed_worker.train("mlp_adamw_sched")  # 1 process, the same batches and schedule
+    params = {key.removeprefix("param/"): value for key, value in reference.items() if key.startswith("param/")}
+    assert_same_parameters(tmp_path / "checkpoint", params)
