@@ -24,6 +24,7 @@ from ort_torch_train.graph.layout import forward_graph, training_layout
 from ort_torch_train.training.options import EngineOptions
 from tests.helpers import pipeline_worker as worker
 from tests.helpers.distributed_worker import MLP, TRANSFORMER
+from tests.helpers.ort_peer import requires_ort, run_ort
 from tests.helpers.paths import ROOT
 from tests.helpers.timeouts import scaled
 from tests.integration.test_distributed import launch as launch_ranks
@@ -152,6 +153,21 @@ def test_the_checkpoint_is_the_one_a_single_process_writes(trained: Path, tmp_pa
         np.testing.assert_array_equal(param.data, ranks[f"param/{name}"], err_msg=name)
     CheckpointState.save_checkpoint(state, tmp_path / "again.ckpt", include_optimizer_state=True)
     assert (tmp_path / "again.ckpt").read_bytes() == saved.read_bytes()
+
+
+@pytest.mark.distributed
+@pytest.mark.ort_peer
+@requires_ort[1]
+def test_ort_reads_the_pipeline_checkpoint(trained: Path) -> None:
+    script = (
+        "import sys, json\nfrom onnxruntime.training.api import CheckpointState\n"
+        "s = CheckpointState.load_checkpoint(sys.argv[1])\n"
+        "print(json.dumps({n: p.data.tolist() for n, p in s.parameters}))"
+    )
+    saved = trained / "mlp_1f1b_cut.ckpt"
+    theirs = run_ort(script, saved)
+    for name, param in CheckpointState.load_checkpoint(saved).parameters:
+        np.testing.assert_array_equal(np.asarray(theirs[name], dtype=np.float32), param.data, err_msg=name)
 
 
 @pytest.mark.distributed
