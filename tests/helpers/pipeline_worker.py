@@ -4,7 +4,7 @@
 MASTER_ADDR, MASTER_PORT). ``train``: the runs of ``RUNS`` with ``Module(pipeline=...)`` on every rank,
 each on the full batch; ``legacy``: the legacy session with ``pipeline_parallel_size``; ``misuse``: the
 error each rank saw. Each rank writes ``OUT_DIR/<run>_rank<r>.npz`` (losses, final parameters, and for
-the last run a checkpoint saved at the end) or ``OUT_DIR/misuse_rank<r>.json``.
+each run a checkpoint saved at the end) or ``OUT_DIR/misuse_rank<r>.json``.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ RUNS: dict[str, tuple[Path, dict[str, Any]]] = {
     "mlp_gpipe": (MLP, {"stages": 2, "micro_batches": 4, "schedule": "gpipe"}),
     "mlp_1f1b_cut": (MLP, {"stages": 2, "micro_batches": 2, "schedule": "1f1b", "cuts": "/1/Relu_output_0"}),
     "transformer_1f1b": (TRANSFORMER, {"stages": 2, "micro_batches": 2, "schedule": "1f1b"}),
+    "transformer_1f1b_4": (TRANSFORMER, {"stages": 4, "micro_batches": 4, "schedule": "1f1b"}),
     "transformer_gpipe_cut": (
         TRANSFORMER,
         {"stages": 2, "micro_batches": 4, "schedule": "gpipe", "cuts": "/enc/norm1/LayerNormalization_output_0"},
@@ -117,8 +118,11 @@ def main() -> None:
     scenario, out = sys.argv[1], Path(sys.argv[2])
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=scaled(20)))
     rank = dist.get_rank()
-    if scenario == "train":
-        for run in RUNS:
+    if scenario == "train4":  # 4 ranks
+        run = "transformer_1f1b_4"
+        np.savez(out / f"{run}_rank{rank}.npz", **train(run, True, out / f"{run}.ckpt"))
+    elif scenario == "train":
+        for run in (run for run, (_, settings) in RUNS.items() if settings["stages"] == 2):
             checkpoint = out / f"{run}.ckpt"
             np.savez(out / f"{run}_rank{rank}.npz", **train(run, True, checkpoint))
     elif scenario == "legacy":

@@ -128,17 +128,29 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.mark.distributed
-@pytest.mark.parametrize("run", list(worker.RUNS))
-def test_two_stages_train_like_one_process(trained: Path, run: str) -> None:
+def assert_trains_like_one_process(out: Path, run: str, world_size: int) -> None:
+    """Every rank's losses (each step) and final parameters match one process's; the ranks agree bitwise."""
     reference = worker.train(run, pipelined=False)
-    ranks = [dict(np.load(trained / f"{run}_rank{rank}.npz")) for rank in range(2)]
+    ranks = [dict(np.load(out / f"{run}_rank{rank}.npz")) for rank in range(world_size)]
     for result in ranks:
         np.testing.assert_allclose(result["losses"], reference["losses"], rtol=LOSS_TOLERANCE, atol=0, err_msg=run)
         for key in reference:
             if key.startswith("param/"):
                 np.testing.assert_array_equal(result[key], ranks[0][key], err_msg=f"ranks differ on {key}")
                 np.testing.assert_allclose(result[key], reference[key], rtol=0, atol=PARAM_TOLERANCE, err_msg=key)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("run", [run for run, (_, settings) in worker.RUNS.items() if settings["stages"] == 2])
+def test_two_stages_train_like_one_process(trained: Path, run: str) -> None:
+    assert_trains_like_one_process(trained, run, 2)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_four_stages_train_like_one_process(tmp_path: Path) -> None:
+    require_success(launch_ranks("train4", tmp_path, scaled(240), worker_module=worker.__name__, world_size=4))
+    assert_trains_like_one_process(tmp_path, "transformer_1f1b_4", 4)
 
 
 @pytest.mark.distributed
