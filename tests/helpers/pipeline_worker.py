@@ -1,8 +1,8 @@
 """One rank of the pipeline-parallel tests (tests/unit/distributed/test_pipeline.py launches them).
 
 ``python -m tests.helpers.pipeline_worker SCENARIO OUT_DIR`` with torchrun's env (RANK, WORLD_SIZE,
-MASTER_ADDR, MASTER_PORT). ``train``: the runs of ``RUNS`` with ``Module(pipeline=...)`` on every rank,
-each on the full batch; ``legacy``: the legacy session with ``pipeline_parallel_size``; ``misuse``: the
+MASTER_ADDR, MASTER_PORT). ``train``: the 2-stage runs of ``RUNS`` with ``Module(pipeline=...)`` on every
+rank, each on the full batch; ``train4``: the 4-stage one on 4 ranks; ``legacy``: the legacy session with ``pipeline_parallel_size``; ``misuse``: the
 error each rank saw. Each rank writes ``OUT_DIR/<run>_rank<r>.npz`` (losses, final parameters, and for
 each run a checkpoint saved at the end) or ``OUT_DIR/misuse_rank<r>.json``.
 """
