@@ -35,6 +35,7 @@ from ort_torch_train.passes.pipeline import run_eager
 from ort_torch_train.state.training_state import TrainingState
 
 _SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+_SIGNATURES_KEPT = 8  # input signatures whose conversions and schedules are kept (a last partial batch adds one)
 _COLLECTIVE_WORDS = ("gloo", "Gloo", "NCCL", "nccl", "timed out", "Timed out", "Connection", "closed", "peer")
 
 
@@ -61,6 +62,7 @@ class _StageRunner:
                 constants=self.stage.constants,
             )
             module = self._modules[key] = run_eager(converted, self.device).to(self.device)
+            _forget_oldest(self._modules)
         return tuple(module(*inputs, *params))
 
 
@@ -184,6 +186,7 @@ class PipelineParallel:
         schedule = self._schedules[key] = _SCHEDULES[self.options.schedule](
             stage, n_microbatches=self.options.micro_batches, loss_fn=self._micro_batch_loss, scale_grads=False
         )
+        _forget_oldest(self._schedules)
         return schedule
 
     def _check_batch(self, inputs: Sequence[Tensor]) -> None:
@@ -216,6 +219,11 @@ class PipelineParallel:
                 if stage != self.rank:
                     for grad, part in zip(grads, flat.split([grad.numel() for grad in grads])):  # type: ignore[union-attr]
                         grad.copy_(part.view_as(grad))  # type: ignore[union-attr]
+
+
+def _forget_oldest(cache: dict) -> None:
+    while len(cache) > _SIGNATURES_KEPT:
+        del cache[next(iter(cache))]
 
 
 def _example(value: Tensor) -> Tensor:

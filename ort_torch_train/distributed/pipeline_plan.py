@@ -121,13 +121,15 @@ def loss_reduction(graph: onnx.GraphProto, loss: str) -> str:
         if node.op_type in ("SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"):
             attributes = {a.name: a for a in node.attribute}
             reduction = attributes["reduction"].s.decode() if "reduction" in attributes else "mean"
-            if reduction in ("mean", "sum"):
+            weighted = "ignore_index" in attributes or (len(node.input) > 2 and bool(node.input[2]))
+            if reduction == "sum" or (reduction == "mean" and not weighted):
                 return reduction
     found = "a graph input" if node is None else f"{node.op_type} node {node.name!r}"
     raise ModelError(
         f"pipeline micro_batches > 1: the loss {loss!r} comes from {found}, not a mean or sum over the batch "
         "(ReduceMean, ReduceSum, or SoftmaxCrossEntropyLoss/NegativeLogLikelihoodLoss with reduction "
-        "'mean' or 'sum'), so micro-batch losses cannot add up to the batch's; use micro_batches=1"
+        "'sum', or 'mean' without weights or ignore_index), so micro-batch losses cannot add up to the "
+        "batch's; use micro_batches=1"
     )
 
 

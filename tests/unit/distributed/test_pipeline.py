@@ -5,13 +5,15 @@ named and balanced cuts, Module and the legacy session, against one process on t
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
+import torch.distributed as dist
 
-from ort_torch_train.api import CheckpointState
+from ort_torch_train.api import CheckpointState, Module
 from ort_torch_train.distributed.pipeline_plan import (
     CutEdge,
     PipelineOptions,
@@ -118,6 +120,40 @@ def test_the_loss_reduction_is_read_from_the_graph() -> None:
     assert loss_reduction(graph, graph.output[0].name) == "mean"
     with pytest.raises(ModelError, match="the loss '/1/Relu_output_0' comes from Relu node"):
         loss_reduction(graph, "/1/Relu_output_0")
+    loss = onnx.helper.make_node("SoftmaxCrossEntropyLoss", ["scores", "labels"], ["loss"], ignore_index=-1)
+    ignoring = onnx.helper.make_graph([loss], "g", [], [])
+    with pytest.raises(ModelError, match="SoftmaxCrossEntropyLoss node .* without weights or ignore_index"):
+        loss_reduction(ignoring, "loss")  # a mean over the rows kept: micro-batches keep other counts
+
+
+@pytest.fixture
+def one_rank(tmp_path: Path) -> Iterator[None]:
+    """A gloo process group of this process alone, destroyed after the test."""
+    assert not dist.is_initialized()
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_micro_batches_accumulate_like_whole_batches_of_any_size(one_rank: None) -> None:
+    """One stage, 2 micro-batches, batches of 8, 4 and 8 rows without a reset: the losses and the
+    accumulated gradients of one plain Module, within float rounding."""
+    artifacts = MLP / "artifacts"
+    data = np.load(MLP / "data.npz")
+    x, y = data["x_train"][0], data["y_train"][0]
+    plain = Module(artifacts / "training_model.onnx", CheckpointState.load_checkpoint(artifacts / "checkpoint"))
+    piped = Module(
+        artifacts / "training_model.onnx",
+        CheckpointState.load_checkpoint(artifacts / "checkpoint"),
+        pipeline=PipelineOptions(stages=1, micro_batches=2, schedule="1f1b"),
+    )
+    for rows in (8, 4, 8):
+        np.testing.assert_allclose(piped(x[:rows], y[:rows]), plain(x[:rows], y[:rows]), rtol=LOSS_TOLERANCE)
+    for name, param in plain.training_state.params.items():
+        other = piped.training_state.params[name]
+        np.testing.assert_allclose(other.grad.numpy(), param.grad.numpy(), rtol=0, atol=1e-6, err_msg=name)
 
 
 # ---- two ranks -----------------------------------------------------------------------------------------------
