@@ -17,6 +17,7 @@ from ort_torch_train.api.ortvalue import OrtValue, from_tensors, numpy_to_tensor
 from ort_torch_train.api.protocols import StepOptimizer
 from ort_torch_train.convert.string_inputs import parse_string_inputs
 from ort_torch_train.distributed.data_parallel import DataParallel
+from ort_torch_train.distributed.pipeline_plan import PipelineOptions
 from ort_torch_train.errors import DistributedError, InputTypeError, ModelError
 from ort_torch_train.export.outputs import exportable_output_names
 from ort_torch_train.graph.layout import GraphLayout, ModelSource, load_model
@@ -89,6 +90,8 @@ class Module(nn.Module):
         lora: a ``LoraConfig``: add low-rank adapters, the only trainable parameters.
         compile_cache: where compiled steps are cached: None the default, a path, or False for none.
         dynamic: with ``compile``, which symbolic axes stay dynamic: True all, a dict of axes per input, False none.
+        pipeline: a ``PipelineOptions``: train steps run as a pipeline, one stage per rank of ``process_group``
+            (default: the default group), eager float32 (docs/scaling.md).
 
     Examples:
         ```python
@@ -127,6 +130,7 @@ class Module(nn.Module):
         compile_cache: CompileCacheSetting = None,
         dynamic: DynamicSetting = True,
         gradient_combination: str = "average",
+        pipeline: PipelineOptions | None = None,
     ) -> None:
         training_model = load_model(train_model_uri, "training model")
         eval_model = load_model(eval_model_uri, "eval model") if eval_model_uri is not None else None
@@ -143,6 +147,7 @@ class Module(nn.Module):
             compile_cache=compile_cache,
             dynamic=dynamic,
             gradient_combination=gradient_combination,
+            pipeline=pipeline,
         )
         if lora is not None:
             if not isinstance(lora, LoraConfig):

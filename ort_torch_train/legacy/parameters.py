@@ -19,9 +19,6 @@ OPTIMIZERS = tuple(LEGACY_OPTIMIZERS)  # the training_optimizer_name values
 # setting -> (value that is honoured, why any other value is not)
 UNSUPPORTED_SETTINGS: dict[str, tuple[Any, str]] = {
     "horizontal_parallel_size": (1, "Megatron horizontal parallelism is not implemented"),
-    "pipeline_parallel_size": (1, "pipeline parallelism is not implemented"),
-    "num_pipeline_micro_batches": (1, "pipeline parallelism is not implemented"),
-    "pipeline_cut_info_string": ("", "pipeline parallelism is not implemented"),
     "use_memory_efficient_gradient": (
         False,
         "ORT's memory-efficient gradient graph is not implemented "
@@ -78,6 +75,9 @@ class TrainingParameters:
         "allreduce_post_accumulation",
         "deepspeed_zero_stage",
         "enable_adasum",
+        "pipeline_parallel_size",
+        "num_pipeline_micro_batches",
+        "pipeline_cut_info_string",
         *UNSUPPORTED_SETTINGS,
     )
 
@@ -110,6 +110,10 @@ class TrainingParameters:
         self.allreduce_post_accumulation: bool = False
         self.deepspeed_zero_stage: int = 0  # 1: optimizer state sharded across the ranks (legacy/zero.py)
         self.enable_adasum: bool = False  # gradients combined by Adasum (distributed/adasum.py), eager only
+        # pipeline parallelism on torch.distributed.pipelining (legacy/pipeline.py)
+        self.pipeline_parallel_size: int = 1
+        self.num_pipeline_micro_batches: int = 1
+        self.pipeline_cut_info_string: str = ""
         for name, (default, _) in UNSUPPORTED_SETTINGS.items():
             setattr(self, name, type(default)(default))  # fresh containers per instance
 

@@ -34,6 +34,7 @@ from ort_torch_train.legacy.distributed import legacy_distributed
 from ort_torch_train.legacy.graph import build_training_setup
 from ort_torch_train.legacy.metadata import ModelMetadata, NodeArg
 from ort_torch_train.legacy.parameters import TrainingParameters, check_supported, recompute_plan
+from ort_torch_train.legacy.pipeline import legacy_pipeline
 from ort_torch_train.legacy.providers import choose_provider
 from ort_torch_train.legacy.zero import build_legacy_optimizer
 from ort_torch_train.optim.float32 import to_float32
@@ -77,7 +78,8 @@ class TrainingSession:
             parameters.immutable_weights,
         )
         self.training_state = TrainingState(setup.params)
-        distributed = legacy_distributed(parameters, self._provider.device)
+        pipeline = legacy_pipeline(parameters, self._provider.device)
+        distributed = pipeline is None and legacy_distributed(parameters, self._provider.device)
         options = EngineOptions.of(
             device=self._provider.device,
             mixed_precision="fp16" if parameters.use_mixed_precision else None,
@@ -85,6 +87,7 @@ class TrainingSession:
             recompute=recompute_plan(parameters),
             distributed=distributed,
             gradient_combination="adasum" if parameters.enable_adasum and distributed else "average",
+            pipeline=pipeline,
         )
         self._engine = TrainingEngine(setup.model, self.training_state, setup.model, options)
         self._reduce_once = parameters.allreduce_post_accumulation

@@ -19,6 +19,7 @@ from torch import nn
 from ort_torch_train.convert.constants import initializer_tensors
 from ort_torch_train.convert.subgraphs import names_read
 from ort_torch_train.distributed.data_parallel import DataParallel, data_parallel
+from ort_torch_train.distributed.pipeline import PipelineParallel, pipeline_parallel
 from ort_torch_train.errors import ModelError
 from ort_torch_train.graph.layout import (
     GraphLayout,
@@ -111,6 +112,18 @@ class TrainingEngine:
             self._data_parallel = data_parallel(
                 self.train_graph, state, train_params, options.process_group, options.gradient_combination
             )
+        self._pipeline: PipelineParallel | None = None  # the train step run as a pipeline across ranks
+        if options.pipeline is not None:
+            graph = self.train_graph
+            self._pipeline = pipeline_parallel(
+                graph.graph,
+                graph.opsets,
+                self.train_layout,
+                graph.constants,
+                state,
+                options.pipeline,
+                options.pipeline_group,
+            )
         self._precision: MixedPrecision | None = None  # autocast and loss scaling (precision.py)
         if options.mixed_precision is not None:
             group = None if self._data_parallel is None else self._data_parallel.group  # ranks agree on skipping
@@ -167,6 +180,10 @@ class TrainingEngine:
         """Forward and backward; gradients accumulate into the parameters' ``.grad``."""
         self.training_state.require_loaded("perform TrainStep")
         inputs = self._on_device(inputs)
+        if self._pipeline is not None:
+            outputs = self._pipeline.train_step(inputs, self._gradient_reset.pending)
+            self._gradient_reset.pending = False
+            return outputs
         if self.options.compiles_whole_step and self.trainable_parameter_names:
             return self._compiled_step(inputs, None)
         data_parallel = self._data_parallel  # a failing forward leaves the gradients alone

@@ -11,6 +11,7 @@ import torch
 
 from ort_torch_train.distributed.adasum import check_gradient_combination
 from ort_torch_train.distributed.data_parallel import require_process_group
+from ort_torch_train.distributed.pipeline_plan import PipelineOptions
 from ort_torch_train.errors import DistributedError
 from ort_torch_train.training.binding import parse_device
 from ort_torch_train.training.compile.cache import CompileCacheSetting
@@ -43,9 +44,13 @@ class EngineOptions:
             (each new input shape compiles a step of its own).
         gradient_combination: how the ranks' gradients combine: "average" or "adasum"
             (``distributed/adasum.py``).
+        pipeline: the train step run as a pipeline across the ranks of ``pipeline_group``
+            (``distributed/pipeline.py``), or None.
+        pipeline_group: the pipeline's process group (the default one unless ``process_group`` names one).
 
     Valid combinations: every field with every other, except that ``loss_scale`` needs "fp16", a
-    process group needs ``distributed``, and "adasum" needs ``distributed`` and eager steps. Compiled with recompute, the train step is not one graph:
+    process group needs ``distributed`` or ``pipeline``, "adasum" needs ``distributed`` and eager steps, and
+    ``pipeline`` takes eager steps in float32 without recompute and without ``distributed``. Compiled with recompute, the train step is not one graph:
     the train forward compiles alone (torch.func's one-graph step refuses checkpoint's saved-tensor
     hooks), its backward runs through autograd and the optimizer update after it.
     """
@@ -59,6 +64,8 @@ class EngineOptions:
     compile_cache: CompileCacheSetting = None
     dynamic: bool | Mapping[str, tuple[int, ...]] = True
     gradient_combination: str = "average"
+    pipeline: PipelineOptions | None = None
+    pipeline_group: Any = None
 
     @classmethod
     def of(
@@ -74,6 +81,7 @@ class EngineOptions:
         compile_cache: CompileCacheSetting = None,
         dynamic: DynamicSetting = True,
         gradient_combination: str = "average",
+        pipeline: PipelineOptions | None = None,
     ) -> EngineOptions:
         """Checked options from a face's arguments (``Module``'s names); raises naming the bad argument."""
         target = parse_device(device)
@@ -88,10 +96,11 @@ class EngineOptions:
         if scale != 0 and mixed_precision != "fp16":
             raise ValueError(f"loss_scale: {loss_scale!r} needs mixed_precision 'fp16'; got {mixed_precision!r}")
         plan: Recompute = recompute if isinstance(recompute, RecomputePlan) else recompute_segments(recompute)
+        pipeline_group = _pipeline_group(pipeline, process_group, distributed, arguments, mixed_precision, recompute)
         group = None
         if distributed:
             group = require_process_group(process_group, "Module(distributed=True)")
-        elif process_group is not None:
+        elif process_group is not None and pipeline is None:
             raise DistributedError("Module: process_group is given but distributed is False; pass distributed=True")
         combination = check_gradient_combination(gradient_combination)
         if combination == "adasum" and (group is None or arguments is not None):
@@ -114,6 +123,8 @@ class EngineOptions:
             compile_cache,
             dynamic_setting(dynamic),
             combination,
+            pipeline,
+            pipeline_group,
         )
 
     @property
@@ -139,3 +150,30 @@ class EngineOptions:
         if "mode" not in arguments:
             arguments["options"] = {"cpp_wrapper": False, **(arguments.get("options") or {})}
         return arguments
+
+
+def _pipeline_group(
+    pipeline: PipelineOptions | None,
+    process_group: Any,
+    distributed: bool,
+    compile_arguments: Mapping[str, Any] | None,
+    mixed_precision: str | None,
+    recompute: object,
+) -> Any:
+    """The process group a ``pipeline`` runs on (None without one); raises for options it does not take."""
+    if pipeline is None:
+        return None
+    if not isinstance(pipeline, PipelineOptions):
+        raise ValueError(
+            f"pipeline: expected an ort_torch_train.distributed.pipeline_plan.PipelineOptions, got {type(pipeline).__name__}"
+        )
+    taken = {
+        "distributed": distributed,
+        "compile": compile_arguments is not None,
+        "mixed_precision": mixed_precision is not None,
+        "recompute": bool(recompute),
+    }
+    refused = [name for name, given in taken.items() if given]
+    if refused:
+        raise ValueError(f"pipeline: runs eager float32 steps without data parallelism or recompute; got {refused}")
+    return require_process_group(process_group, "Module(pipeline=...)")

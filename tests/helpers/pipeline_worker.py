@@ -1,0 +1,139 @@
+"""One rank of the pipeline-parallel tests (tests/unit/distributed/test_pipeline.py launches them).
+
+``python -m tests.helpers.pipeline_worker SCENARIO OUT_DIR`` with torchrun's env (RANK, WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT). ``train``: the 2-stage runs of ``RUNS`` with ``Module(pipeline=...)`` on every
+rank, each on the full batch; ``train4``: the 4-stage one on 4 ranks; ``legacy``: the legacy session with ``pipeline_parallel_size``; ``misuse``: the
+error each rank saw. Each rank writes ``OUT_DIR/<run>_rank<r>.npz`` (losses, final parameters, and for
+each run a checkpoint saved at the end) or ``OUT_DIR/misuse_rank<r>.json``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tests.helpers.distributed_worker import MLP, TRANSFORMER, batches
+from tests.helpers.timeouts import scaled
+
+STEPS = 4
+# name -> (fixture, PipelineOptions' arguments for 2 ranks; None: one process, no pipeline)
+RUNS: dict[str, tuple[Path, dict[str, Any]]] = {
+    "mlp_gpipe": (MLP, {"stages": 2, "micro_batches": 4, "schedule": "gpipe"}),
+    "mlp_1f1b_cut": (MLP, {"stages": 2, "micro_batches": 2, "schedule": "1f1b", "cuts": "/1/Relu_output_0"}),
+    "transformer_1f1b": (TRANSFORMER, {"stages": 2, "micro_batches": 2, "schedule": "1f1b"}),
+    "transformer_1f1b_4": (TRANSFORMER, {"stages": 4, "micro_batches": 4, "schedule": "1f1b"}),
+    "transformer_gpipe_cut": (
+        TRANSFORMER,
+        {"stages": 2, "micro_batches": 4, "schedule": "gpipe", "cuts": "/enc/norm1/LayerNormalization_output_0"},
+    ),
+}
+
+
+def train(run: str, pipelined: bool, checkpoint_out: Path | None = None) -> dict[str, np.ndarray]:
+    """``run`` for STEPS steps on the fixture's full batches, through the pipeline or in one process."""
+    from ort_torch_train.api import CheckpointState, LinearLRScheduler, Module, Optimizer
+    from ort_torch_train.distributed.pipeline_plan import PipelineOptions
+
+    fixture, settings = RUNS[run]
+    artifacts = fixture / "artifacts"
+    state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
+    pipeline = PipelineOptions(**settings) if pipelined else None
+    module = Module(artifacts / "training_model.onnx", state, artifacts / "eval_model.onnx", pipeline=pipeline)
+    optimizer = Optimizer(artifacts / "optimizer_model.onnx", module)
+    scheduler = LinearLRScheduler(optimizer, 2, STEPS, 0.01)
+    losses = []
+    for step in range(STEPS):
+        loss = module(*batches(fixture, step))
+        optimizer.step()
+        module.lazy_reset_grad()
+        scheduler.step()
+        losses.append(float(np.asarray(loss).reshape(-1)[0]))
+    if checkpoint_out is not None:
+        CheckpointState.save_checkpoint(state, checkpoint_out, include_optimizer_state=True)
+    return {
+        "losses": np.array(losses, dtype=np.float64),
+        **{f"param/{n}": p.data.copy() for n, p in state.parameters},
+    }
+
+
+def legacy_train(pipelined: bool, rank: int = 0) -> dict[str, np.ndarray]:
+    """The legacy TrainingSession (Adam, 2-run accumulation) on 8 batches of 6 rows, with 2 pipeline
+    stages cut at the hidden activation and 2 micro-batches per run, or in one process."""
+    from tests.helpers.legacy_models import LR, params_for, session
+
+    settings: dict[str, Any] = {"gradient_accumulation_steps": 2}
+    if pipelined:
+        settings |= {
+            "world_rank": rank,
+            "world_size": 2,
+            "pipeline_parallel_size": 2,
+            "num_pipeline_micro_batches": 2,
+            "pipeline_cut_info_string": "r",
+        }
+    sess = session(params_for("AdamOptimizer", **settings))
+    rng = np.random.default_rng(3)
+    losses = []
+    for _ in range(8):
+        x, y = rng.standard_normal((6, 4)).astype(np.float32), rng.integers(0, 3, 6).astype(np.int64)
+        losses.append(float(sess.run(["loss"], {"x": x, "y": y, LR: np.array([0.02], np.float32)})[0]))
+    state = sess.get_model_state()["full_precision"]
+    return {"losses": np.array(losses), **{f"param/{n}": np.asarray(v) for n, v in state.items()}}
+
+
+def misuse(rank: int) -> dict[str, str]:
+    """The error each bad setting raises on this rank, before any step."""
+    from ort_torch_train.api import CheckpointState, Module
+    from ort_torch_train.distributed.pipeline_plan import PipelineOptions
+
+    artifacts = MLP / "artifacts"
+    cases: dict[str, dict[str, Any]] = {
+        "not_an_edge": {"stages": 2, "cuts": "no_such_tensor"},
+        "too_many_stages": {"stages": 2 + 6},  # checked against the world size first
+        "different_settings": {"stages": 2, "micro_batches": 2 + rank},
+    }
+    errors = {}
+    for case, settings in cases.items():
+        try:
+            state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
+            Module(artifacts / "training_model.onnx", state, pipeline=PipelineOptions(**settings))
+        except Exception as error:
+            errors[case] = f"{type(error).__name__}: {error}"
+    state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
+    module = Module(artifacts / "training_model.onnx", state, pipeline=PipelineOptions(stages=2, micro_batches=3))
+    try:
+        module(*batches(MLP, 0))
+    except Exception as error:
+        errors["micro_batches_not_dividing"] = f"{type(error).__name__}: {error}"
+    return errors
+
+
+def main() -> None:
+    import torch.distributed as dist
+
+    scenario, out = sys.argv[1], Path(sys.argv[2])
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=scaled(20)))
+    rank = dist.get_rank()
+    if scenario == "train4":  # 4 ranks
+        run = "transformer_1f1b_4"
+        np.savez(out / f"{run}_rank{rank}.npz", **train(run, True, out / f"{run}.ckpt"))
+    elif scenario == "train":
+        for run in (run for run, (_, settings) in RUNS.items() if settings["stages"] == 2):
+            checkpoint = out / f"{run}.ckpt"
+            np.savez(out / f"{run}_rank{rank}.npz", **train(run, True, checkpoint))
+    elif scenario == "legacy":
+        np.savez(out / f"legacy_rank{rank}.npz", **legacy_train(True, rank))
+    elif scenario == "misuse":
+        (out / f"misuse_rank{rank}.json").write_text(json.dumps(misuse(rank)))
+    else:
+        raise ValueError(f"unknown scenario {scenario!r}")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
