@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ort_torch_train.adapters.registry import OpLibrary
 from ort_torch_train.api.checkpoint_state import CheckpointState
 from ort_torch_train.api.kv_cache import with_empty_past
 from ort_torch_train.api.ortvalue import OrtValue, from_tensors, numpy_to_tensor, to_tensors
@@ -89,6 +90,8 @@ class Module(nn.Module):
         lora: a ``LoraConfig``: add low-rank adapters, the only trainable parameters.
         compile_cache: where compiled steps are cached: None the default, a path, or False for none.
         dynamic: with ``compile``, which symbolic axes stay dynamic: True all, a dict of axes per input, False none.
+        custom_ops: operators of the session's own (an ``adapters.OpLibrary``, as the C API makes from a
+            registered custom-op library), converted before the registry's.
 
     Examples:
         ```python
@@ -127,6 +130,7 @@ class Module(nn.Module):
         compile_cache: CompileCacheSetting = None,
         dynamic: DynamicSetting = True,
         gradient_combination: str = "average",
+        custom_ops: OpLibrary | None = None,
     ) -> None:
         training_model = load_model(train_model_uri, "training model")
         eval_model = load_model(eval_model_uri, "eval model") if eval_model_uri is not None else None
@@ -143,6 +147,7 @@ class Module(nn.Module):
             compile_cache=compile_cache,
             dynamic=dynamic,
             gradient_combination=gradient_combination,
+            custom_ops=custom_ops,
         )
         if lora is not None:
             if not isinstance(lora, LoraConfig):

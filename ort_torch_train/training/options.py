@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from ort_torch_train.adapters.registry import OpLibrary
 from ort_torch_train.distributed.adasum import check_gradient_combination
 from ort_torch_train.distributed.data_parallel import require_process_group
 from ort_torch_train.errors import DistributedError
@@ -43,6 +44,8 @@ class EngineOptions:
             (each new input shape compiles a step of its own).
         gradient_combination: how the ranks' gradients combine: "average" or "adasum"
             (``distributed/adasum.py``).
+        custom_ops: the session's own operators (``adapters.OpLibrary``: a custom-op library registered
+            through the C API), converted before the registry's, or None.
 
     Valid combinations: every field with every other, except that ``loss_scale`` needs "fp16", a
     process group needs ``distributed``, and "adasum" needs ``distributed`` and eager steps. Compiled with recompute, the train step is not one graph:
@@ -59,6 +62,7 @@ class EngineOptions:
     compile_cache: CompileCacheSetting = None
     dynamic: bool | Mapping[str, tuple[int, ...]] = True
     gradient_combination: str = "average"
+    custom_ops: OpLibrary | None = None
 
     @classmethod
     def of(
@@ -74,6 +78,7 @@ class EngineOptions:
         compile_cache: CompileCacheSetting = None,
         dynamic: DynamicSetting = True,
         gradient_combination: str = "average",
+        custom_ops: OpLibrary | None = None,
     ) -> EngineOptions:
         """Checked options from a face's arguments (``Module``'s names); raises naming the bad argument."""
         target = parse_device(device)
@@ -104,6 +109,10 @@ class EngineOptions:
             raise ValueError(
                 f"compile_cache: expected a directory, None (the default one) or False; got {compile_cache!r}"
             )
+        if custom_ops is not None and not isinstance(custom_ops, OpLibrary):
+            raise TypeError(
+                f"custom_ops: expected an ort_torch_train.adapters.OpLibrary or None, got {type(custom_ops).__name__}"
+            )
         return cls(
             target,
             arguments,
@@ -114,6 +123,7 @@ class EngineOptions:
             compile_cache,
             dynamic_setting(dynamic),
             combination,
+            custom_ops,
         )
 
     @property
