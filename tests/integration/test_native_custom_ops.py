@@ -31,7 +31,9 @@ def native(tmp_path_factory: pytest.TempPathFactory) -> NativeBuild:
 
 def compile_library(native: NativeBuild, source: Path, output: Path) -> Path:
     command = [native.compiler, "-std=c11", "-O1", "-Wall", "-shared", "-fPIC", *native.flags.cflags]
-    done = subprocess.run([*command, str(source), "-o", str(output)], capture_output=True, text=True, timeout=scaled(120))
+    done = subprocess.run(
+        [*command, str(source), "-o", str(output)], capture_output=True, text=True, timeout=scaled(120)
+    )
     assert done.returncode == 0, done.stderr
     return output
 
@@ -88,7 +90,9 @@ def artifacts(folder: Path, custom_after_parameters: bool) -> Path:
                 node.op_type = "ScaledSquare" if node.name == "square" else "Negate"
                 del node.input[1:]
                 if node.name == "square":
-                    node.attribute.extend([helper.make_attribute("alpha", ALPHA), helper.make_attribute("shift", SHIFT)])
+                    node.attribute.extend(
+                        [helper.make_attribute("alpha", ALPHA), helper.make_attribute("shift", SHIFT)]
+                    )
         trained.opset_import.append(helper.make_opsetid("ott.test", 1))
         onnx.save(trained, folder / name)
     return folder
