@@ -44,9 +44,10 @@ def library(native: NativeBuild, tmp_path_factory: pytest.TempPathFactory) -> Pa
     return compile_library(native, PROGRAMS / "custom_op_library.c", folder / "libott_test_ops.so")
 
 
-def artifacts(folder: Path, custom_after_parameters: bool) -> Path:
+def artifacts(folder: Path, custom_after_parameters: bool, shift: bool = True) -> Path:
     """Artifacts of y = (-ScaledSquare(x)) @ W + B (the custom ops upstream of every parameter), or of
-    y = ScaledSquare(x @ W + B); made from standard stand-ins, then the stand-ins become the custom ops."""
+    y = ScaledSquare(x @ W + B); made from standard stand-ins, then the stand-ins become the custom ops
+    (ScaledSquare without its shift attribute unless ``shift``)."""
     nodes = (
         [
             helper.make_node("MatMul", ["x", "W"], ["mm"], name="matmul"),
@@ -90,9 +91,8 @@ def artifacts(folder: Path, custom_after_parameters: bool) -> Path:
                 node.op_type = "ScaledSquare" if node.name == "square" else "Negate"
                 del node.input[1:]
                 if node.name == "square":
-                    node.attribute.extend(
-                        [helper.make_attribute("alpha", ALPHA), helper.make_attribute("shift", SHIFT)]
-                    )
+                    node.attribute.append(helper.make_attribute("alpha", ALPHA))
+                    node.attribute.extend([helper.make_attribute("shift", SHIFT)] if shift else [])
         trained.opset_import.append(helper.make_opsetid("ott.test", 1))
         onnx.save(trained, folder / name)
     return folder
@@ -152,3 +152,11 @@ def test_a_library_that_cannot_register_gets_a_status(native: NativeBuild, tmp_p
     unrelated = compile_library(native, source, tmp_path / "libunrelated.so")
     refused = native.run(program, "register", str(unrelated))
     assert refused.stdout.startswith("status 2 ") and "has no function RegisterCustomOps" in refused.stdout
+
+
+def test_a_kernel_that_fails_gives_the_step_its_status(native: NativeBuild, library: Path, tmp_path: Path) -> None:
+    folder = artifacts(tmp_path / "artifacts", custom_after_parameters=False, shift=False)
+    done = native.run(native.program(PROGRAMS / "custom_ops.c"), "train", str(library), str(folder), str(tmp_path))
+    assert done.returncode == 1 and "TrainStep" in done.stderr
+    assert "the custom op's CreateKernel failed: No attribute with name:'shift' is defined." in done.stderr
+    assert "Traceback" not in done.stderr
