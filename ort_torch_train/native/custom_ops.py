@@ -65,6 +65,9 @@ class _Kernel:
         self.key = next(_KEYS)
         _KERNELS[self.key] = self
 
+    def __deepcopy__(self, memo: dict) -> _Kernel:
+        return self  # one kernel per node: a copied module runs the same one
+
     def compute(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         where = f"custom op {self.op.domain}::{self.op.name} (node {self.node_name!r})"
         held = [tensor.contiguous() for tensor in inputs]

@@ -2,7 +2,7 @@
  *   custom_ops train LIBRARY ARTIFACTS OUT   trains 5 steps, prints "loss STEP VALUE", the eval outputs
  *                                            ("eval K VALUES...") and trained parameters ("params VALUES..."),
  *                                            exports OUT/inference.onnx and runs it with ONNX Runtime
- *                                            ("inference VALUES...");
+ *                                            ("inference VALUES..."), all on a clone of the options;
  *   custom_ops create LIBRARY ARTIFACTS      creates the session only: "status CODE MESSAGE" or "created";
  *   custom_ops register LIBRARY              registers LIBRARY: "status CODE MESSAGE" or "registered".
  * The artifacts' models read x float[4,3] and target float[4,2]; "y" is the model's output. */
@@ -110,8 +110,12 @@ int main(int argc, char** argv) {
     report(create(env, options, argv[3], &state, &session), "created");
     if (session != NULL) g_api->ReleaseTrainingSession(session);
     g_api->ReleaseCheckpointState(state);
-  } else {
+  } else { /* on a clone of the options, the original released: the clone keeps the registered ops */
     EXPECT(argc == 5 && strcmp(argv[1], "train") == 0);
+    OrtSessionOptions* clone = NULL;
+    CHECK(OTT_ORT(g_ort, CloneSessionOptions)(options, &clone));
+    OTT_ORT(g_ort, ReleaseSessionOptions)(options);
+    options = clone;
     train(env, options, argv[3], argv[4]);
   }
   OTT_ORT(g_ort, ReleaseSessionOptions)(options);

@@ -149,6 +149,7 @@ enum OttOrtApiIndex {
   OTT_ORT_CreateSessionFromArray = 8,
   OTT_ORT_Run = 9,
   OTT_ORT_CreateSessionOptions = 10,
+  OTT_ORT_CloneSessionOptions = 12,
   OTT_ORT_SetIntraOpNumThreads = 24,
   OTT_ORT_CreateCustomOpDomain = 26,
   OTT_ORT_CustomOpDomain_Add = 27,
@@ -284,6 +285,7 @@ typedef OrtStatus* (*OttFn_SessionOptionsAppendExecutionProvider_CUDA_V2)(OrtSes
 typedef OrtStatus* (*OttFn_GetCUDAProviderOptionsAsString)(const OrtCUDAProviderOptionsV2* cuda_options,
                                                           OrtAllocator* allocator, char** out);
 typedef const struct OrtTrainingApi* (*OttFn_GetTrainingApi)(uint32_t version);
+typedef OrtStatus* (*OttFn_CloneSessionOptions)(const OrtSessionOptions* in_options, OrtSessionOptions** out_options);
 typedef OrtStatus* (*OttFn_CreateCustomOpDomain)(const char* domain, OrtCustomOpDomain** out);
 typedef OrtStatus* (*OttFn_CustomOpDomain_Add)(OrtCustomOpDomain* domain, const OrtCustomOp* op);
 typedef OrtStatus* (*OttFn_AddCustomOpDomain)(OrtSessionOptions* options, OrtCustomOpDomain* domain);

@@ -125,6 +125,52 @@ static void forwarded_ReleaseCustomOpDomain(OrtCustomOpDomain* handle) {
   REAL(ReleaseCustomOpDomain)(handle);
 }
 
+/* The options' uses forgotten (a new options object may get the same address). */
+static void forget_uses(const OrtSessionOptions* options) {
+  for (Use** use = &g_uses; *use != NULL;) {
+    if ((*use)->options == options) {
+      Use* gone = *use;
+      *use = gone->next;
+      free(gone);
+    } else {
+      use = &(*use)->next;
+    }
+  }
+}
+
+static void forwarded_ReleaseSessionOptions(OrtSessionOptions* options) {
+  pthread_mutex_lock(&g_lock);
+  forget_uses(options);
+  pthread_mutex_unlock(&g_lock);
+  REAL(ReleaseSessionOptions)(options);
+}
+
+/* A clone has the original's custom-op domains (ONNX Runtime copies them): so do the records. */
+static OrtStatus* forwarded_CloneSessionOptions(const OrtSessionOptions* options, OrtSessionOptions** out) {
+  OrtStatus* status = REAL(CloneSessionOptions)(options, out);
+  if (status != NULL || out == NULL || *out == NULL) return status;
+  pthread_mutex_lock(&g_lock);
+  forget_uses(*out);
+  Use* clones = NULL;
+  for (const Use* use = g_uses; use != NULL && status == NULL; use = use->next) {
+    if (use->options != options) continue;
+    Use* clone = (Use*)malloc(sizeof *clone);
+    if (clone == NULL) status = no_memory();
+    else {
+      *clone = (Use){*out, use->domain, clones};
+      clones = clone;
+    }
+  }
+  while (clones != NULL) { /* prepended after the walk, so that the walk never meets them */
+    Use* next = clones->next;
+    clones->next = g_uses;
+    g_uses = clones;
+    clones = next;
+  }
+  pthread_mutex_unlock(&g_lock);
+  return status;
+}
+
 /* The library's RegisterCustomOps, called with this library's table so that its domains are recorded here too. */
 static OrtStatus* register_from(OrtSessionOptions* options, void* library, const char* path, const char* function) {
   OttFn_RegisterCustomOps registration = (OttFn_RegisterCustomOps)dlsym(library, function);
@@ -180,6 +226,8 @@ void ott_custom_ops_install(void** table, const void* const* real, const OrtApiB
   table[OTT_ORT_RegisterCustomOpsLibrary] = (void*)forwarded_RegisterCustomOpsLibrary;
   table[OTT_ORT_RegisterCustomOpsLibrary_V2] = (void*)forwarded_RegisterCustomOpsLibrary_V2;
   table[OTT_ORT_RegisterCustomOpsUsingFunction] = (void*)forwarded_RegisterCustomOpsUsingFunction;
+  table[OTT_ORT_ReleaseSessionOptions] = (void*)forwarded_ReleaseSessionOptions;
+  table[OTT_ORT_CloneSessionOptions] = (void*)forwarded_CloneSessionOptions;
   ott_kernel_install(table, real);
 }
 

@@ -310,7 +310,10 @@ static PyObject* compute(PyObject* self, PyObject* args) {
     }
     int64_t dims[64];
     size_t rank = (size_t)PyTuple_GET_SIZE(shape);
-    if (rank > 64) rank = 64;
+    if (rank > 64) {
+      status = ott_status(ORT_INVALID_ARGUMENT, "input %zu: rank %zu is over 64", i, rank);
+      break;
+    }
     for (size_t d = 0; d < rank; d++) dims[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, d));
     status = OTT_ORT(ort, CreateTensorWithDataAsOrtValue)(g_cpu, (void*)(uintptr_t)address, (size_t)nbytes, dims, rank,
                                                           (ONNXTensorElementDataType)type, &context.inputs[i]);
