@@ -41,6 +41,24 @@ from . import (  # noqa: E402,F401  (registers converters)
     training_ops,
     unsigned,
 )
-from .registry import ConversionContext, OpFacts, declare, find_converter, normalize_domain, op_facts, register
+from .registry import (
+    ConversionContext,
+    OpFacts,
+    OpLibrary,
+    declare,
+    find_converter,
+    normalize_domain,
+    op_facts,
+    register,
+)
 
-__all__ = ["ConversionContext", "OpFacts", "declare", "find_converter", "normalize_domain", "op_facts", "register"]
+__all__ = [
+    "ConversionContext",
+    "OpFacts",
+    "OpLibrary",
+    "declare",
+    "find_converter",
+    "normalize_domain",
+    "op_facts",
+    "register",
+]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import onnx
 import torch
@@ -36,6 +36,20 @@ class ConversionContext:
 
 
 Converter = Callable[[Any, Any, ConversionContext], Any]
+
+
+@runtime_checkable
+class OpLibrary(Protocol):
+    """Operators a session brings of its own (``Module(custom_ops=)``: a custom-op library registered
+    through the C API), consulted before this registry for that session's graphs only."""
+
+    def converter(self, domain: str, op_type: str) -> Converter | None:
+        """The converter for ``domain::op_type``, or None when the library lacks the op."""
+        ...
+
+    def differentiable(self, domain: str, op_type: str) -> bool:
+        """Whether gradients flow back through the library's ``domain::op_type``."""
+        ...
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ort_torch_train.adapters.registry import OpLibrary
 from ort_torch_train.api.checkpoint_state import CheckpointState
 from ort_torch_train.api.kv_cache import with_empty_past
 from ort_torch_train.api.ortvalue import OrtValue, from_tensors, numpy_to_tensor, to_tensors
@@ -92,6 +93,8 @@ class Module(nn.Module):
         dynamic: with ``compile``, which symbolic axes stay dynamic: True all, a dict of axes per input, False none.
         pipeline: a ``PipelineOptions``: train steps run as a pipeline, one stage per rank of ``process_group``
             (default: the default group), eager float32 (docs/scaling.md).
+        custom_ops: operators of the session's own (an ``adapters.OpLibrary``, as the C API makes from a
+            registered custom-op library), converted before the registry's.
 
     Examples:
         ```python
@@ -131,6 +134,7 @@ class Module(nn.Module):
         dynamic: DynamicSetting = True,
         gradient_combination: str = "average",
         pipeline: PipelineOptions | None = None,
+        custom_ops: OpLibrary | None = None,
     ) -> None:
         training_model = load_model(train_model_uri, "training model")
         eval_model = load_model(eval_model_uri, "eval model") if eval_model_uri is not None else None
@@ -148,6 +152,7 @@ class Module(nn.Module):
             dynamic=dynamic,
             gradient_combination=gradient_combination,
             pipeline=pipeline,
+            custom_ops=custom_ops,
         )
         if lora is not None:
             if not isinstance(lora, LoraConfig):

@@ -13,7 +13,7 @@ import onnx
 import torch
 from torch import fx, nn
 
-from ort_torch_train.adapters.registry import SubgraphConverter
+from ort_torch_train.adapters.registry import OpLibrary, SubgraphConverter
 from ort_torch_train.convert.subgraphs import names_read, node_reads
 
 
@@ -43,8 +43,10 @@ class Builder:
         training: bool,
         node_converter: Callable[[Builder, onnx.NodeProto, int], None],
         convert_subgraph: SubgraphConverter,
+        library: OpLibrary | None = None,
     ) -> None:
         self.onnx_graph = graph
+        self.library = library  # the session's own operators, converted before the registry's
         self.opsets = opsets
         self.training = training
         self.convert_subgraph = convert_subgraph

@@ -24,7 +24,7 @@ import torch
 from torch import fx, nn
 
 from ort_torch_train.adapters.common import Inline
-from ort_torch_train.adapters.registry import OpFacts, SubgraphConverter, op_facts
+from ort_torch_train.adapters.registry import OpFacts, OpLibrary, SubgraphConverter, op_facts
 from ort_torch_train.convert.builder import Builder, Value, meta_value
 from ort_torch_train.convert.control_flow import CONTROL_FLOW_OPS, convert_control_flow
 from ort_torch_train.convert.matrix_products import ProductRecorder
@@ -53,6 +53,7 @@ def convert_graph(
     training: bool,
     examples: Sequence[torch.Tensor] | None = None,
     constants: Mapping[str, torch.Tensor] | None = None,
+    library: OpLibrary | None = None,
 ) -> fx.GraphModule:
     """Build ``gm(*graph_inputs) -> tuple(graph_outputs)`` for inputs of ``input_specs``.
 
@@ -60,11 +61,12 @@ def convert_graph(
     depend on non-constant values are emitted in their run-time form either way. Without them the
     examples are zeros, which value-dependent nodes (a Reshape to a shape input) cannot run on.
     ``constants`` are initializers lifted out of ``graph`` (``lift_initializers``): the module reads
-    them as they are, sharing their storage, where the graph's own initializers are copied.
+    them as they are, sharing their storage, where the graph's own initializers are copied. ``library``:
+    the session's own operators (``OpLibrary``), converted before the registry's.
     """
     if len(input_specs) != len(graph.input):
         raise ValueError(f"graph has {len(graph.input)} inputs, {len(input_specs)} specs were given")
-    builder = Builder(graph, opsets, training, _convert_node, _subgraph_converter(opsets, training))
+    builder = Builder(graph, opsets, training, _convert_node, _subgraph_converter(opsets, training, library), library)
     used_placeholder_names: set[str] = set()
     given = examples is not None
     if examples is None:
@@ -139,12 +141,12 @@ def _output_shapes_static(facts: OpFacts, inputs: Sequence[str], values: Mapping
     return True
 
 
-def _subgraph_converter(opsets: dict[str, int], training: bool) -> SubgraphConverter:
+def _subgraph_converter(opsets: dict[str, int], training: bool, library: OpLibrary | None) -> SubgraphConverter:
     """Converts a graph attribute for its example inputs, as this conversion does."""
 
     def convert(graph: onnx.GraphProto, examples: Sequence[torch.Tensor]) -> fx.GraphModule:
         specs = [TensorSpec(tuple(example.shape), example.dtype) for example in examples]
-        return convert_graph(graph, opsets, specs, training=training, examples=examples)
+        return convert_graph(graph, opsets, specs, training=training, examples=examples, library=library)
 
     return convert
 
@@ -307,7 +309,9 @@ def _make_module(builder: Builder, node: onnx.NodeProto, inputs: list[Value | No
             context_graph.input.append(
                 onnx.helper.make_tensor_value_info(name, onnx_elem_type(value.example.dtype), list(value.example.shape))
             )
-    convert = converter_for(domain, node.op_type, opset, builder.training, builder.opsets, builder.convert_subgraph)
+    convert = converter_for(
+        domain, node.op_type, opset, builder.training, builder.opsets, builder.convert_subgraph, builder.library
+    )
     try:
         module, mapping = convert(node, context_graph)
     except IndexRangeError:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import onnx
 
 from ort_torch_train import adapters
-from ort_torch_train.adapters.registry import SubgraphConverter
+from ort_torch_train.adapters.registry import OpLibrary, SubgraphConverter
 from ort_torch_train.convert.control_flow import CONTROL_FLOW_OPS
 from ort_torch_train.convert.subgraphs import subgraphs
 from ort_torch_train.errors import UnsupportedOperatorError
@@ -27,10 +27,11 @@ def _onnx2torch_converter(domain: str, op_type: str, opset: int) -> Callable[...
         return None
 
 
-def has_converter(domain: str, op_type: str, opset: int) -> bool:
-    """Whether some converter handles ``domain::op_type`` at ``opset``."""
+def has_converter(domain: str, op_type: str, opset: int, library: OpLibrary | None = None) -> bool:
+    """Whether some converter handles ``domain::op_type`` at ``opset`` (``library``: the session's own ops)."""
     return (
-        (domain == "" and op_type in CONTROL_FLOW_OPS)
+        (library is not None and library.converter(domain, op_type) is not None)
+        or (domain == "" and op_type in CONTROL_FLOW_OPS)
         or adapters.find_converter(domain, op_type, opset) is not None
         or _onnx2torch_converter(domain, op_type, opset) is not None
     )
@@ -43,13 +44,16 @@ def converter_for(
     training: bool,
     opsets: dict[str, int] | None = None,
     convert_subgraph: SubgraphConverter | None = None,
+    library: OpLibrary | None = None,
 ) -> NodeConverter:
     """A function ``(node, one_node_graph) -> (module, mapping)`` for the operator (``opsets``: the graph's;
-    ``convert_subgraph``: how the graph's conversion converts graph attributes)."""
+    ``convert_subgraph``: how the graph's conversion converts graph attributes; ``library``: the session's
+    own ops, first)."""
     import_onnx2torch()
     from onnx2torch.onnx_graph import OnnxGraph
 
-    own = adapters.find_converter(domain, op_type, opset)
+    own = library.converter(domain, op_type) if library is not None else None
+    own = own or adapters.find_converter(domain, op_type, opset)
     context = adapters.ConversionContext(
         training=training, opset=opset, opsets=dict(opsets or {}), convert_subgraph=convert_subgraph
     )
@@ -76,12 +80,30 @@ def unsupported_operator_error(domain: str, op_type: str, opset: int, node_name:
     )
 
 
-def check_supported(graph: onnx.GraphProto, opsets: dict[str, int]) -> None:
+def check_supported(graph: onnx.GraphProto, opsets: dict[str, int], library: OpLibrary | None = None) -> None:
     """Raise UnsupportedOperatorError for the first node (subgraphs included) no converter handles."""
     for node in graph.node:
         domain = adapters.normalize_domain(node.domain)
         opset = opsets.get(domain, 1)
-        if not has_converter(domain, node.op_type, opset):
+        if not has_converter(domain, node.op_type, opset, library):
             raise unsupported_operator_error(domain, node.op_type, opset, node.name)
         for subgraph in subgraphs(node):
-            check_supported(subgraph, opsets)
+            check_supported(subgraph, opsets, library)
+
+
+def check_differentiable(graph: onnx.GraphProto, trainable: Collection[str], library: OpLibrary) -> None:
+    """Raise UnsupportedOperatorError for the first node of ``library`` that gradients must flow back
+    through (some input depends on a trainable parameter) where the library cannot differentiate it."""
+    depends: dict[str, str] = {name: name for name in trainable}  # value -> a trainable parameter it depends on
+    for node in graph.node:
+        parameter = next((depends[name] for name in node.input if name in depends), None)
+        if parameter is None:
+            continue
+        domain = adapters.normalize_domain(node.domain)
+        if library.converter(domain, node.op_type) is not None and not library.differentiable(domain, node.op_type):
+            raise UnsupportedOperatorError(
+                f"custom op {domain or 'ai.onnx'}::{node.op_type} (node {node.name!r}) has no gradient, and the "
+                f"trainable parameter {parameter!r} needs one through it: freeze {parameter!r}, or move the op "
+                "where no trainable parameter is upstream of it (the eval model, or a frozen path)"
+            )
+        depends.update((name, parameter) for name in node.output if name)

@@ -25,6 +25,7 @@ from ort_torch_train.errors import (
     NominalStateError,
     UnsupportedOperatorError,
 )
+from ort_torch_train.native.custom_ops import Compute, CreateKernel, CustomOpLibrary, RegisteredOp
 from ort_torch_train.session import TrainingSession, load_checkpoint_from_buffer, set_seed
 from ort_torch_train.training.threads import threads_setting
 
@@ -182,12 +183,22 @@ def create_session(
     optimizer_model: str | bytes | None,
     device: str,
     compile: str,
+    custom_ops: Sequence[RegisteredOp] = (),
+    kernel_functions: tuple[CreateKernel, Compute] | None = None,
 ) -> TrainingSession:
-    """``CreateTrainingSession`` / ``...FromBuffer``; device and compile come from the session options. The
-    first one logs the thread policy in effect (info: ``ORT_TORCH_TRAIN_LOG=info``)."""
+    """``CreateTrainingSession`` / ``...FromBuffer``; device, compile and the custom ops registered on them
+    (with the C side's functions that run one) come from the session options. The first one logs the thread
+    policy in effect (info: ``ORT_TORCH_TRAIN_LOG=info``)."""
     threads_setting()
+    library = CustomOpLibrary(custom_ops, *kernel_functions) if custom_ops and kernel_functions else None
     return TrainingSession(
-        state, train_model, eval_model, optimizer_model, device=device or "cpu", compile=compile_setting(compile)
+        state,
+        train_model,
+        eval_model,
+        optimizer_model,
+        device=device or "cpu",
+        compile=compile_setting(compile),
+        custom_ops=library,
     )
 
 

@@ -13,6 +13,7 @@ from typing import Any, TypeGuard
 import numpy as np
 import torch
 
+from ort_torch_train.adapters import OpLibrary
 from ort_torch_train.api import CheckpointState, LinearLRScheduler, Module, Optimizer
 from ort_torch_train.api.ortvalue import OrtValue, from_tensors, to_tensors
 from ort_torch_train.errors import InputError, ModelError
@@ -32,6 +33,7 @@ class TrainingSession:
         device: where parameters and steps live.
         session_options: ORT's SessionOptions, accepted and not used.
         compile: ``Module``'s (False, True, a torch.compile mode or a dict of its arguments).
+        custom_ops: ``Module``'s (operators of the session's own, as a registered custom-op library gives).
 
     Examples:
         ```python
@@ -64,6 +66,7 @@ class TrainingSession:
         device: str = "cpu",
         session_options: Any = None,
         compile: bool | str | dict = False,
+        custom_ops: OpLibrary | None = None,
     ) -> None:
         self.checkpoint_state = checkpoint_state
         evaluation = load_model(eval_model, "eval model") if _given(eval_model) else None
@@ -74,6 +77,7 @@ class TrainingSession:
             device,
             session_options,
             compile=compile,
+            custom_ops=custom_ops,
         )
         self.optimizer = Optimizer(optimizer_model, self.module) if _given(optimizer_model) else None
         self.scheduler: LinearLRScheduler | None = None

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ort_torch_train.convert.constants import initializer_tensors
+from ort_torch_train.convert.registry import check_differentiable
 from ort_torch_train.convert.subgraphs import names_read
 from ort_torch_train.distributed.data_parallel import DataParallel, data_parallel
 from ort_torch_train.distributed.pipeline import PipelineParallel, pipeline_parallel
@@ -95,6 +96,7 @@ class TrainingEngine:
                 compiler=partial(CompiledForward, cache=self.compile_cache, threads=self._threads),
                 dynamic=options.dynamic,
                 constants=eval_constants,
+                library=options.custom_ops,
             )
         train_params = self.train_layout.params
         self._train_params = [state.params[n] for n in train_params]
@@ -147,6 +149,8 @@ class TrainingEngine:
         elif recompute is not None:
             transform = partial(with_recompute, segments=recompute)
         graph, constants = _forward_and_constants(training_model, layout)
+        if self.options.custom_ops is not None:
+            check_differentiable(graph, self.trainable_parameter_names, self.options.custom_ops)
         return ForwardGraph(
             graph,
             opsets_of(training_model),
@@ -156,6 +160,7 @@ class TrainingEngine:
             module_transform=transform,
             dynamic=self.options.dynamic,
             constants=constants,
+            library=self.options.custom_ops,
         )
 
     @property

@@ -15,6 +15,7 @@ import onnx
 import torch
 from torch import fx
 
+from ort_torch_train.adapters.registry import OpLibrary
 from ort_torch_train.convert.constants import lift_initializers
 from ort_torch_train.convert.graph import TensorSpec, convert_graph
 from ort_torch_train.convert.meta_keys import MATRIX_PRODUCTS
@@ -96,8 +97,10 @@ class ForwardGraph:
         cache_size: int = 16,
         dynamic: DynamicSetting = True,
         constants: Mapping[str, torch.Tensor] | None = None,
+        library: OpLibrary | None = None,
     ) -> None:
-        check_supported(graph, opsets)
+        check_supported(graph, opsets, library)
+        self.library = library  # the session's own operators (a custom-op library), converted first
         graph, self.string_casts = numeric_inputs(graph)  # string inputs parsed on the host (string_inputs.py)
         if constants is None:  # one copy of a constant weight, not the proto's and one per conversion
             graph, constants = lift_initializers(graph)
@@ -200,6 +203,7 @@ class ForwardGraph:
             training=self.training,
             examples=(*inputs, *params),
             constants=self.constants,
+            library=self.library,
         )
 
     def _size_probes(self, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> SizeProbes:

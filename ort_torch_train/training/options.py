@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from ort_torch_train.adapters.registry import OpLibrary
 from ort_torch_train.distributed.adasum import check_gradient_combination
 from ort_torch_train.distributed.data_parallel import require_process_group
 from ort_torch_train.distributed.pipeline_plan import PipelineOptions
@@ -47,6 +48,8 @@ class EngineOptions:
         pipeline: the train step run as a pipeline across the ranks of ``pipeline_group``
             (``distributed/pipeline.py``), or None.
         pipeline_group: the pipeline's process group (the default one unless ``process_group`` names one).
+        custom_ops: the session's own operators (``adapters.OpLibrary``: a custom-op library registered
+            through the C API), converted before the registry's, or None.
 
     Valid combinations: every field with every other, except that ``loss_scale`` needs "fp16", a
     process group needs ``distributed`` or ``pipeline``, "adasum" needs ``distributed`` and eager steps, and
@@ -66,6 +69,7 @@ class EngineOptions:
     gradient_combination: str = "average"
     pipeline: PipelineOptions | None = None
     pipeline_group: Any = None
+    custom_ops: OpLibrary | None = None
 
     @classmethod
     def of(
@@ -82,6 +86,7 @@ class EngineOptions:
         dynamic: DynamicSetting = True,
         gradient_combination: str = "average",
         pipeline: PipelineOptions | None = None,
+        custom_ops: OpLibrary | None = None,
     ) -> EngineOptions:
         """Checked options from a face's arguments (``Module``'s names); raises naming the bad argument."""
         target = parse_device(device)
@@ -113,6 +118,10 @@ class EngineOptions:
             raise ValueError(
                 f"compile_cache: expected a directory, None (the default one) or False; got {compile_cache!r}"
             )
+        if custom_ops is not None and not isinstance(custom_ops, OpLibrary):
+            raise TypeError(
+                f"custom_ops: expected an ort_torch_train.adapters.OpLibrary or None, got {type(custom_ops).__name__}"
+            )
         return cls(
             target,
             arguments,
@@ -125,6 +134,7 @@ class EngineOptions:
             combination,
             pipeline,
             pipeline_group,
+            custom_ops,
         )
 
     @property

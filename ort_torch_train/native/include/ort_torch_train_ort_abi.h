@@ -98,7 +98,46 @@ typedef enum OrtLoggingLevel { /* ORT 1.0 */
 
 typedef enum OrtAllocatorType { OrtDeviceAllocator = 0, OrtArenaAllocator = 1 } OrtAllocatorType; /* ORT 1.0 */
 typedef enum OrtMemType { OrtMemTypeCPUOutput = -1, OrtMemTypeDefault = 0 } OrtMemType;            /* ORT 1.0 */
+
+/* Custom operators (ORT 1.0; members appended by ORT_API_VERSION as noted): what a custom-op library gives. */
+typedef struct OrtKernelInfo OrtKernelInfo;
+typedef struct OrtKernelContext OrtKernelContext;
+typedef struct OrtCustomOpDomain OrtCustomOpDomain;
+typedef struct OrtShapeInferContext OrtShapeInferContext;
+typedef enum OrtCustomOpInputOutputCharacteristic {
+  INPUT_OUTPUT_REQUIRED = 0,
+  INPUT_OUTPUT_OPTIONAL,
+  INPUT_OUTPUT_VARIADIC
+} OrtCustomOpInputOutputCharacteristic;
+typedef struct OrtCustomOp {
+  uint32_t version; /* the ORT_API_VERSION the op was written for: says which members below exist */
+  void* (*CreateKernel)(const struct OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info);
+  const char* (*GetName)(const struct OrtCustomOp* op);
+  const char* (*GetExecutionProviderType)(const struct OrtCustomOp* op);
+  ONNXTensorElementDataType (*GetInputType)(const struct OrtCustomOp* op, size_t index);
+  size_t (*GetInputTypeCount)(const struct OrtCustomOp* op);
+  ONNXTensorElementDataType (*GetOutputType)(const struct OrtCustomOp* op, size_t index);
+  size_t (*GetOutputTypeCount)(const struct OrtCustomOp* op);
+  void (*KernelCompute)(void* op_kernel, OrtKernelContext* context);
+  void (*KernelDestroy)(void* op_kernel);
+  OrtCustomOpInputOutputCharacteristic (*GetInputCharacteristic)(const struct OrtCustomOp* op, size_t index);
+  OrtCustomOpInputOutputCharacteristic (*GetOutputCharacteristic)(const struct OrtCustomOp* op, size_t index);
+  OrtMemType (*GetInputMemoryType)(const struct OrtCustomOp* op, size_t index);          /* version 8 */
+  int (*GetVariadicInputMinArity)(const struct OrtCustomOp* op);                         /* version 14 */
+  int (*GetVariadicInputHomogeneity)(const struct OrtCustomOp* op);
+  int (*GetVariadicOutputMinArity)(const struct OrtCustomOp* op);
+  int (*GetVariadicOutputHomogeneity)(const struct OrtCustomOp* op);
+  OrtStatus* (*CreateKernelV2)(const struct OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info,
+                               void** kernel);                                           /* version 16 */
+  OrtStatus* (*KernelComputeV2)(void* op_kernel, OrtKernelContext* context);
+  OrtStatus* (*InferOutputShapeFn)(const struct OrtCustomOp* op, OrtShapeInferContext* context); /* version 17 */
+  int (*GetStartVersion)(const struct OrtCustomOp* op);
+  int (*GetEndVersion)(const struct OrtCustomOp* op);
+} OrtCustomOp;
 #endif /* ORT_API2_STATUS */
+
+/* The version from which OrtCustomOp has CreateKernelV2 and KernelComputeV2. */
+#define OTT_CUSTOM_OP_V2_VERSION 16
 
 /* Positions of the OrtApi members used (index into the table of function pointers). */
 enum OttOrtApiIndex {
@@ -110,7 +149,12 @@ enum OttOrtApiIndex {
   OTT_ORT_CreateSessionFromArray = 8,
   OTT_ORT_Run = 9,
   OTT_ORT_CreateSessionOptions = 10,
+  OTT_ORT_CloneSessionOptions = 12,
   OTT_ORT_SetIntraOpNumThreads = 24,
+  OTT_ORT_CreateCustomOpDomain = 26,
+  OTT_ORT_CustomOpDomain_Add = 27,
+  OTT_ORT_AddCustomOpDomain = 28,
+  OTT_ORT_RegisterCustomOpsLibrary = 29,
   OTT_ORT_SessionGetInputCount = 30,
   OTT_ORT_SessionGetOutputCount = 31,
   OTT_ORT_SessionGetInputName = 36,
@@ -139,6 +183,13 @@ enum OttOrtApiIndex {
   OTT_ORT_AllocatorAlloc = 75,
   OTT_ORT_AllocatorFree = 76,
   OTT_ORT_GetAllocatorWithDefaultOptions = 78,
+  OTT_ORT_KernelInfoGetAttribute_float = 85,
+  OTT_ORT_KernelInfoGetAttribute_int64 = 86,
+  OTT_ORT_KernelInfoGetAttribute_string = 87,
+  OTT_ORT_KernelContext_GetInputCount = 88,
+  OTT_ORT_KernelContext_GetOutputCount = 89,
+  OTT_ORT_KernelContext_GetInput = 90,
+  OTT_ORT_KernelContext_GetOutput = 91,
   OTT_ORT_ReleaseEnv = 92,
   OTT_ORT_ReleaseStatus = 93,
   OTT_ORT_ReleaseMemoryInfo = 94,
@@ -147,12 +198,20 @@ enum OttOrtApiIndex {
   OTT_ORT_ReleaseRunOptions = 97,
   OTT_ORT_ReleaseTensorTypeAndShapeInfo = 99,
   OTT_ORT_ReleaseSessionOptions = 100,
+  OTT_ORT_ReleaseCustomOpDomain = 101,
   OTT_ORT_AddSessionConfigEntry = 130,
   OTT_ORT_SessionOptionsAppendExecutionProvider_CUDA = 152,
+  OTT_ORT_KernelInfoGetAttributeArray_float = 162,
+  OTT_ORT_KernelInfoGetAttributeArray_int64 = 163,
   OTT_ORT_GetTensorMemoryInfo = 194,
   OTT_ORT_SessionOptionsAppendExecutionProvider_CUDA_V2 = 204,
   OTT_ORT_GetCUDAProviderOptionsAsString = 207,
   OTT_ORT_GetTrainingApi = 219,
+  OTT_ORT_RegisterCustomOpsLibrary_V2 = 228,
+  OTT_ORT_RegisterCustomOpsUsingFunction = 229,
+  OTT_ORT_KernelInfo_GetInputCount = 230,
+  OTT_ORT_KernelInfo_GetOutputCount = 231,
+  OTT_ORT_KernelInfoGetAttribute_tensor = 236,
   OTT_ORT_HasSessionConfigEntry = 237,
   OTT_ORT_GetSessionConfigEntry = 238,
   OTT_ORT_KNOWN_MEMBERS = 239 /* members up to and including GetSessionConfigEntry */
@@ -226,6 +285,36 @@ typedef OrtStatus* (*OttFn_SessionOptionsAppendExecutionProvider_CUDA_V2)(OrtSes
 typedef OrtStatus* (*OttFn_GetCUDAProviderOptionsAsString)(const OrtCUDAProviderOptionsV2* cuda_options,
                                                           OrtAllocator* allocator, char** out);
 typedef const struct OrtTrainingApi* (*OttFn_GetTrainingApi)(uint32_t version);
+typedef OrtStatus* (*OttFn_CloneSessionOptions)(const OrtSessionOptions* in_options, OrtSessionOptions** out_options);
+typedef OrtStatus* (*OttFn_CreateCustomOpDomain)(const char* domain, OrtCustomOpDomain** out);
+typedef OrtStatus* (*OttFn_CustomOpDomain_Add)(OrtCustomOpDomain* domain, const OrtCustomOp* op);
+typedef OrtStatus* (*OttFn_AddCustomOpDomain)(OrtSessionOptions* options, OrtCustomOpDomain* domain);
+typedef OrtStatus* (*OttFn_RegisterCustomOpsLibrary)(OrtSessionOptions* options, const char* library_path,
+                                                     void** library_handle);
+typedef OrtStatus* (*OttFn_RegisterCustomOpsLibrary_V2)(OrtSessionOptions* options, const ORTCHAR_T* library_name);
+typedef OrtStatus* (*OttFn_RegisterCustomOpsUsingFunction)(OrtSessionOptions* options,
+                                                           const char* registration_func_name);
+typedef void (*OttFn_ReleaseCustomOpDomain)(OrtCustomOpDomain* p);
+typedef OrtStatus* (*OttFn_KernelInfoGetAttribute_float)(const OrtKernelInfo* info, const char* name, float* out);
+typedef OrtStatus* (*OttFn_KernelInfoGetAttribute_int64)(const OrtKernelInfo* info, const char* name, int64_t* out);
+typedef OrtStatus* (*OttFn_KernelInfoGetAttribute_string)(const OrtKernelInfo* info, const char* name, char* out,
+                                                          size_t* size);
+typedef OrtStatus* (*OttFn_KernelInfoGetAttributeArray_float)(const OrtKernelInfo* info, const char* name,
+                                                              float* out, size_t* size);
+typedef OrtStatus* (*OttFn_KernelInfoGetAttributeArray_int64)(const OrtKernelInfo* info, const char* name,
+                                                              int64_t* out, size_t* size);
+typedef OrtStatus* (*OttFn_KernelInfo_GetInputCount)(const OrtKernelInfo* info, size_t* out);
+typedef OrtStatus* (*OttFn_KernelInfo_GetOutputCount)(const OrtKernelInfo* info, size_t* out);
+typedef OrtStatus* (*OttFn_KernelInfoGetAttribute_tensor)(const OrtKernelInfo* info, const char* name,
+                                                          OrtAllocator* allocator, OrtValue** out);
+typedef OrtStatus* (*OttFn_KernelContext_GetInputCount)(const OrtKernelContext* context, size_t* out);
+typedef OrtStatus* (*OttFn_KernelContext_GetOutputCount)(const OrtKernelContext* context, size_t* out);
+typedef OrtStatus* (*OttFn_KernelContext_GetInput)(const OrtKernelContext* context, size_t index,
+                                                   const OrtValue** out);
+typedef OrtStatus* (*OttFn_KernelContext_GetOutput)(OrtKernelContext* context, size_t index, const int64_t* dim_values,
+                                                    size_t dim_count, OrtValue** out);
+/* What a custom-op library exports (RegisterCustomOpsLibrary looks it up by this name). */
+typedef OrtStatus* (*OttFn_RegisterCustomOps)(OrtSessionOptions* options, const OrtApiBase* api);
 typedef OrtStatus* (*OttFn_HasSessionConfigEntry)(const OrtSessionOptions* options, const char* key, int* out);
 typedef OrtStatus* (*OttFn_GetSessionConfigEntry)(const OrtSessionOptions* options, const char* key, char* value,
                                                   size_t* size);

@@ -2,6 +2,7 @@
 #include <stdlib.h>
 
 #include "ott_api.h"
+#include "ott_custom_ops.h"
 
 static OrtStatus* session_out(PyObject* session, OrtTrainingSession** out) {
   if (session == NULL) return ott_python_error();
@@ -30,7 +31,19 @@ static OrtStatus* create(const OrtSessionOptions* options, OrtCheckpointState* s
                          PyObject* evaluation, PyObject* optimizer, OrtTrainingSession** out) {
   char device[64], compile[64];
   ott_session_settings(options, device, sizeof device, compile, sizeof compile);
-  PyObject* args = Py_BuildValue("(ONNNss)", state->state, train, evaluation, optimizer, device, compile);
+  PyObject* custom_ops = ott_custom_ops_for(options); /* the OrtCustomOps registered on the options */
+  PyObject* kernels = custom_ops != NULL && PyList_GET_SIZE(custom_ops) > 0 ? ott_kernel_functions() : Py_NewRef(Py_None);
+  if (custom_ops == NULL || kernels == NULL) {
+    Py_XDECREF(custom_ops);
+    Py_XDECREF(kernels);
+    Py_XDECREF(train);
+    Py_XDECREF(evaluation);
+    Py_XDECREF(optimizer);
+    return ott_python_error();
+  }
+  PyObject* args = Py_BuildValue("(ONNNssNN)", state->state, train, evaluation, optimizer, device, compile,
+                                 custom_ops, kernels);
+  if (args == NULL) return ott_python_error();
   return session_out(ott_call(OTT_create_session, args), out);
 }
 

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "ott_api.h"
+#include "ott_custom_ops.h"
 
 #define OTT_EXPORT __attribute__((visibility("default")))
 
@@ -142,6 +143,7 @@ static void build_table(void) {
   g_table[OTT_ORT_GetTrainingApi] = (void*)forwarded_GetTrainingApi;
   g_table[OTT_ORT_SessionOptionsAppendExecutionProvider_CUDA] = (void*)forwarded_AppendCUDA;
   g_table[OTT_ORT_SessionOptionsAppendExecutionProvider_CUDA_V2] = (void*)forwarded_AppendCUDA_V2;
+  ott_custom_ops_install(g_table, g_real_table, &g_base);
   g_base.GetVersionString = real_base->GetVersionString;
   g_base.GetApi = forwarded_GetApi;
 }
@@ -150,6 +152,11 @@ static const OrtApi* forwarded_GetApi(uint32_t version) {
   const OrtApiBase* real_base = ott_real_base();
   if (real_base == NULL || real_base->GetApi(version) == NULL) return NULL; /* a version ORT does not know */
   return (const OrtApi*)(const void*)g_table;
+}
+
+const OrtApi* ott_forwarded_api(void) {
+  pthread_once(&g_table_once, build_table);
+  return g_base.GetApi != NULL ? (const OrtApi*)(const void*)g_table : NULL;
 }
 
 /* ONNX Runtime's entry point, forwarded: its table with the training API answered by this library. */
