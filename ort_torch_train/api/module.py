@@ -89,6 +89,8 @@ class Module(nn.Module):
         lora: a ``LoraConfig``: add low-rank adapters, the only trainable parameters.
         compile_cache: where compiled steps are cached: None the default, a path, or False for none.
         dynamic: with ``compile``, which symbolic axes stay dynamic: True all, a dict of axes per input, False none.
+        tensor_parallel_size: split Megatron's MLP weight pairs across this many ranks of the default
+            group (eager steps; with ``distributed`` the other ranks' factor is data parallel; docs/scaling.md).
 
     Examples:
         ```python
@@ -127,6 +129,7 @@ class Module(nn.Module):
         compile_cache: CompileCacheSetting = None,
         dynamic: DynamicSetting = True,
         gradient_combination: str = "average",
+        tensor_parallel_size: int = 1,
     ) -> None:
         training_model = load_model(train_model_uri, "training model")
         eval_model = load_model(eval_model_uri, "eval model") if eval_model_uri is not None else None
@@ -143,6 +146,7 @@ class Module(nn.Module):
             compile_cache=compile_cache,
             dynamic=dynamic,
             gradient_combination=gradient_combination,
+            tensor_parallel_size=tensor_parallel_size,
         )
         if lora is not None:
             if not isinstance(lora, LoraConfig):

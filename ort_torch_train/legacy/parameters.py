@@ -16,9 +16,13 @@ from ort_torch_train.training.recompute_patterns import RecomputePlan
 
 OPTIMIZERS = tuple(LEGACY_OPTIMIZERS)  # the training_optimizer_name values
 
+SLICED_REASON = (
+    "ORT's sliced_* name the graph inputs and outputs that its pipeline cuts into micro-batches (their axes "
+    "and micro-batch shapes); tensor parallelism (horizontal_parallel_size) slices weights, found by pattern, "
+    "and slices no named tensor, so they describe nothing it does (docs/scaling.md, Legacy settings)"
+)
 # setting -> (value that is honoured, why any other value is not)
 UNSUPPORTED_SETTINGS: dict[str, tuple[Any, str]] = {
-    "horizontal_parallel_size": (1, "Megatron horizontal parallelism is not implemented"),
     "pipeline_parallel_size": (1, "pipeline parallelism is not implemented"),
     "num_pipeline_micro_batches": (1, "pipeline parallelism is not implemented"),
     "pipeline_cut_info_string": ("", "pipeline parallelism is not implemented"),
@@ -29,9 +33,9 @@ UNSUPPORTED_SETTINGS: dict[str, tuple[Any, str]] = {
         "memory with torch.utils.checkpoint)",
     ),
     "set_gradients_as_graph_outputs": (False, "gradients as graph outputs are not implemented"),
-    "sliced_schema": ({}, "sliced (model-parallel) tensors are not implemented"),
-    "sliced_axes": ({}, "sliced (model-parallel) tensors are not implemented"),
-    "sliced_tensor_names": ([], "sliced (model-parallel) tensors are not implemented"),
+    "sliced_schema": ({}, SLICED_REASON),
+    "sliced_axes": ({}, SLICED_REASON),
+    "sliced_tensor_names": ([], SLICED_REASON),
     "model_after_graph_transforms_path": ("", "ORT's intermediate training graphs are not produced here"),
     "model_with_gradient_graph_path": ("", "ORT's intermediate training graphs are not produced here"),
     "model_with_training_graph_path": ("", "ORT's intermediate training graphs are not produced here"),
@@ -78,6 +82,7 @@ class TrainingParameters:
         "allreduce_post_accumulation",
         "deepspeed_zero_stage",
         "enable_adasum",
+        "horizontal_parallel_size",
         *UNSUPPORTED_SETTINGS,
     )
 
@@ -110,6 +115,7 @@ class TrainingParameters:
         self.allreduce_post_accumulation: bool = False
         self.deepspeed_zero_stage: int = 0  # 1: optimizer state sharded across the ranks (legacy/zero.py)
         self.enable_adasum: bool = False  # gradients combined by Adasum (distributed/adasum.py), eager only
+        self.horizontal_parallel_size: int = 1  # Megatron tensor parallel (distributed/tensor_parallel.py)
         for name, (default, _) in UNSUPPORTED_SETTINGS.items():
             setattr(self, name, type(default)(default))  # fresh containers per instance
 

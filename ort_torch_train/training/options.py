@@ -11,6 +11,7 @@ import torch
 
 from ort_torch_train.distributed.adasum import check_gradient_combination
 from ort_torch_train.distributed.data_parallel import require_process_group
+from ort_torch_train.distributed.tensor_parallel import TensorParallel, check_tensor_parallel_size
 from ort_torch_train.errors import DistributedError
 from ort_torch_train.training.binding import parse_device
 from ort_torch_train.training.compile.cache import CompileCacheSetting
@@ -43,6 +44,8 @@ class EngineOptions:
             (each new input shape compiles a step of its own).
         gradient_combination: how the ranks' gradients combine: "average" or "adasum"
             (``distributed/adasum.py``).
+        tensor_parallel: the ``(dp, tp)`` mesh whose tp ranks share Megatron's weight pairs
+            (``distributed/tensor_parallel.py``), or None; with it, ``process_group`` is the mesh's dp group.
 
     Valid combinations: every field with every other, except that ``loss_scale`` needs "fp16", a
     process group needs ``distributed``, and "adasum" needs ``distributed`` and eager steps. Compiled with recompute, the train step is not one graph:
@@ -59,6 +62,7 @@ class EngineOptions:
     compile_cache: CompileCacheSetting = None
     dynamic: bool | Mapping[str, tuple[int, ...]] = True
     gradient_combination: str = "average"
+    tensor_parallel: TensorParallel | None = None
 
     @classmethod
     def of(
@@ -74,6 +78,7 @@ class EngineOptions:
         compile_cache: CompileCacheSetting = None,
         dynamic: DynamicSetting = True,
         gradient_combination: str = "average",
+        tensor_parallel_size: int = 1,
     ) -> EngineOptions:
         """Checked options from a face's arguments (``Module``'s names); raises naming the bad argument."""
         target = parse_device(device)
@@ -94,6 +99,16 @@ class EngineOptions:
         elif process_group is not None:
             raise DistributedError("Module: process_group is given but distributed is False; pass distributed=True")
         combination = check_gradient_combination(gradient_combination)
+        tensor_parallel = None
+        if check_tensor_parallel_size(tensor_parallel_size) > 1:
+            if process_group is not None or arguments is not None:
+                raise ValueError(
+                    f"tensor_parallel_size={tensor_parallel_size}: expected eager steps (compile=False) over the "
+                    f"default process group (process_group=None); got compile={compile!r}, "
+                    f"process_group={process_group!r}"
+                )
+            tensor_parallel = TensorParallel(tensor_parallel_size, distributed, target)
+            group = tensor_parallel.data_parallel_group
         if combination == "adasum" and (group is None or arguments is not None):
             raise ValueError(
                 "gradient_combination: 'adasum' needs distributed=True and eager steps (compile=False); got "
@@ -114,6 +129,7 @@ class EngineOptions:
             compile_cache,
             dynamic_setting(dynamic),
             combination,
+            tensor_parallel,
         )
 
     @property

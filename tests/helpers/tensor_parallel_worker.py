@@ -1,0 +1,125 @@
+"""One rank of the tensor-parallel tests (tests/integration/test_tensor_parallel.py launches 2 or 4).
+
+``python -m tests.helpers.tensor_parallel_worker SCENARIO OUT_DIR`` with torchrun's env. Each rank
+writes ``OUT_DIR/<run>_rank<r>.npz`` (losses, parameters), the checkpoints rank 0 saves, and
+``OUT_DIR/errors_rank<r>.json`` (the errors of the bad-input scenario, class and message).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from tests.helpers.distributed_worker import TRANSFORMER, batches, part
+from tests.helpers.timeouts import scaled
+
+STEPS = 6
+
+
+def train(out: Path, run: str, tensor_parallel_size: int = 1, data_parallel_size: int = 1, rank: int = 0) -> None:
+    """Train the transformer fixture for ``STEPS`` steps (each data-parallel replica on its share of the
+    batch), save the checkpoint (with its optimizer state) and write losses and parameters."""
+    from ort_torch_train.api import CheckpointState, LinearLRScheduler, Module, Optimizer
+
+    artifacts = TRANSFORMER / "artifacts"
+    state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = Module(
+            artifacts / "training_model.onnx",
+            state,
+            artifacts / "eval_model.onnx",
+            distributed=data_parallel_size > 1,
+            tensor_parallel_size=tensor_parallel_size,
+        )
+    optimizer = Optimizer(artifacts / "optimizer_model.onnx", module)
+    CheckpointState.save_checkpoint(state, out / f"{run}_step0.ckpt", include_optimizer_state=True)
+    scheduler = LinearLRScheduler(optimizer, 3, STEPS, 0.01)
+    replica = rank // tensor_parallel_size
+    losses = []
+    for step in range(STEPS):
+        loss = module(*part(batches(TRANSFORMER, step), replica, data_parallel_size))
+        optimizer.step()
+        module.lazy_reset_grad()
+        scheduler.step()
+        losses.append(float(np.asarray(loss).reshape(-1)[0]))
+    module.eval()
+    eval_loss = module(*part(batches(TRANSFORMER, 0), replica, data_parallel_size))
+    CheckpointState.save_checkpoint(state, out / f"{run}.ckpt", include_optimizer_state=True)
+    (out / f"{run}_one_process_bytes_rank{rank}.ckpt").write_bytes(state.training_state.to_bytes(True))
+    np.savez(
+        out / f"{run}_rank{rank}.npz",
+        losses=np.array(losses, dtype=np.float64),
+        eval_loss=np.asarray(eval_loss, dtype=np.float64),
+        warnings=np.array([str(w.message) for w in caught if "tensor_parallel_size" in str(w.message)]),
+        **{f"param/{name}": np.array(p.data) for name, p in state.parameters},
+    )
+
+
+def legacy_train(out: Path, run: str, horizontal_parallel_size: int, rank: int = 0, world_size: int = 1) -> None:
+    """The legacy TrainingSession (Adam) on ``horizontal_parallel_size`` ranks, 4 steps on the same batches."""
+    from tests.helpers.legacy_models import LR, params_for, session
+
+    settings = {"world_rank": rank, "world_size": world_size, "horizontal_parallel_size": horizontal_parallel_size}
+    sess = session(params_for("AdamOptimizer", **settings))
+    rng = np.random.default_rng(3)
+    losses = []
+    for _ in range(4):
+        x, y = rng.standard_normal((6, 4)).astype(np.float32), rng.integers(0, 3, 6).astype(np.int64)
+        losses.append(float(sess.run(["loss"], {"x": x, "y": y, LR: np.array([0.02], np.float32)})[0]))
+    state = sess.get_model_state()["full_precision"]
+    np.savez(
+        out / f"{run}_rank{rank}.npz",
+        losses=np.array(losses),
+        **{f"param/{n}": np.asarray(v) for n, v in state.items()},
+    )
+
+
+def bad_input(rank: int) -> dict[str, str]:
+    """Each misuse on 2 ranks, as ``class: message``."""
+    from ort_torch_train.api import CheckpointState, Module
+
+    errors = {}
+    cases = {
+        # rank 1 asks for data parallel too: the ranks' settings differ
+        "different_settings": ("transformer", {"tensor_parallel_size": 2, "distributed": rank == 1}),
+        "size_not_dividing": ("transformer", {"tensor_parallel_size": 3, "distributed": True}),
+        "no_pattern": ("bce", {"tensor_parallel_size": 2}),
+    }
+    for case, (fixture, options) in cases.items():
+        artifacts = TRANSFORMER.parent / fixture / "artifacts"
+        try:
+            Module(artifacts / "training_model.onnx", CheckpointState.load_checkpoint(artifacts / "checkpoint"), **options)
+        except Exception as error:  # recorded for the test to check
+            errors[case] = f"{type(error).__name__}: {error}"
+        else:
+            errors[case] = "no error"
+    return errors
+
+
+def main() -> None:
+    import torch.distributed as dist
+
+    scenario, out = sys.argv[1], Path(sys.argv[2])
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=scaled(20)))
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    if scenario == "tensor_parallel":
+        train(out, "tensor_parallel", tensor_parallel_size=world_size, rank=rank)
+        legacy_train(out, "legacy", world_size, rank, world_size)
+    elif scenario == "tensor_and_data_parallel":
+        train(out, "tensor_and_data_parallel", tensor_parallel_size=2, data_parallel_size=world_size // 2, rank=rank)
+    elif scenario == "bad_input":
+        (out / f"errors_rank{rank}.json").write_text(json.dumps(bad_input(rank)))
+    else:
+        raise ValueError(f"unknown scenario {scenario!r}")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
