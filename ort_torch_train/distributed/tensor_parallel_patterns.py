@@ -157,7 +157,9 @@ def shard_pairs(
     graph = module.graph
     placeholders = [node for node in graph.nodes if node.op == "placeholder"]
     if len(placeholders) < len(params):
-        raise ModelError(f"tensor parallel: the converted graph has {len(placeholders)} inputs for {len(params)} parameters")
+        raise ModelError(
+            f"tensor parallel: the converted graph has {len(placeholders)} inputs for {len(params)} parameters"
+        )
     by_name = dict(zip(params, placeholders[len(placeholders) - len(params) :]))
     module.add_submodule("tensor_parallel_column", ShardParameter(mesh, 0))
     module.add_submodule("tensor_parallel_row", ShardParameter(mesh, 1))
@@ -181,7 +183,7 @@ def shard_pairs(
         if pair.row.bias is not None:
             with graph.inserting_after(left):
                 result = graph.call_function(torch.add, (left, by_name[pair.row.bias]))
-        row.replace_all_uses_with(result, delete_user_cb=lambda user: user is not left)
+        row.replace_all_uses_with(result, delete_user_cb=lambda user, left=left: user is not left)
     graph.lint()
     module.recompile()
     return module
@@ -218,4 +220,3 @@ def _is_activation(node: fx.Node) -> bool:
     if node.op == "call_function":
         return node.target in _FX_ACTIVATIONS
     return node.op == "call_method" and node.target in _FX_ACTIVATION_METHODS
-

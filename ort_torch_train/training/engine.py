@@ -80,7 +80,9 @@ class TrainingEngine:
         self._buffer = ParameterBuffer(state, training_model, self.train_layout.params, self.trainable_parameter_names)
         self.eval_layout = eval_layout(eval_model, names) if eval_model is not None else None
         self._tensor_parallel = (  # Megatron's weight pairs sharded across the tp ranks (eval stays whole)
-            None if options.tensor_parallel is None else options.tensor_parallel.plan(training_model, self.train_layout, state)
+            None
+            if options.tensor_parallel is None
+            else options.tensor_parallel.plan(training_model, self.train_layout, state)
         )
         self.train_graph = self._train_forward(training_model)
         self.eval_graph: ForwardGraph | None = None

@@ -15,10 +15,25 @@ from pathlib import Path
 
 import numpy as np
 
+from ort_torch_train.torch_internals import TorchDispatchMode
 from tests.helpers.distributed_worker import TRANSFORMER, batches, part
 from tests.helpers.timeouts import scaled
 
 STEPS = 6
+
+
+class Collectives(TorchDispatchMode):
+    """Counts the functional collectives (DTensor's) that run inside it, by op."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        name = str(func.overloadpacket)
+        if "c10d" in name:
+            self.counts[name] = self.counts.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
 
 
 def train(out: Path, run: str, tensor_parallel_size: int = 1, data_parallel_size: int = 1, rank: int = 0) -> None:
@@ -42,8 +57,11 @@ def train(out: Path, run: str, tensor_parallel_size: int = 1, data_parallel_size
     scheduler = LinearLRScheduler(optimizer, 3, STEPS, 0.01)
     replica = rank // tensor_parallel_size
     losses = []
+    collectives = {}
     for step in range(STEPS):
-        loss = module(*part(batches(TRANSFORMER, step), replica, data_parallel_size))
+        with Collectives() as counted:  # the collectives the step runs (none in one process)
+            loss = module(*part(batches(TRANSFORMER, step), replica, data_parallel_size))
+        collectives = collectives or counted.counts
         optimizer.step()
         module.lazy_reset_grad()
         scheduler.step()
@@ -56,6 +74,7 @@ def train(out: Path, run: str, tensor_parallel_size: int = 1, data_parallel_size
         out / f"{run}_rank{rank}.npz",
         losses=np.array(losses, dtype=np.float64),
         eval_loss=np.asarray(eval_loss, dtype=np.float64),
+        collectives=np.array(json.dumps(collectives)),
         warnings=np.array([str(w.message) for w in caught if "tensor_parallel_size" in str(w.message)]),
         **{f"param/{name}": np.array(p.data) for name, p in state.parameters},
     )
@@ -94,7 +113,9 @@ def bad_input(rank: int) -> dict[str, str]:
     for case, (fixture, options) in cases.items():
         artifacts = TRANSFORMER.parent / fixture / "artifacts"
         try:
-            Module(artifacts / "training_model.onnx", CheckpointState.load_checkpoint(artifacts / "checkpoint"), **options)
+            Module(
+                artifacts / "training_model.onnx", CheckpointState.load_checkpoint(artifacts / "checkpoint"), **options
+            )
         except Exception as error:  # recorded for the test to check
             errors[case] = f"{type(error).__name__}: {error}"
         else:

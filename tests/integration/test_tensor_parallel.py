@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from tests.helpers import tensor_parallel_worker as worker
-from tests.integration.test_distributed import launch, require_success
 from tests.helpers.timeouts import scaled
+from tests.integration.test_distributed import launch, require_success
 
 LOSS_RTOL = 1e-6
 PARAM_ATOL = 1e-5
@@ -59,7 +59,14 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.distributed
 def test_two_ranks_split_the_mlp_pair_and_train_like_one_process(two_ranks: Path, tmp_path: Path) -> None:
     ranks = results(two_ranks, "tensor_parallel", 2)
-    assert_like_one_process(ranks, reference(tmp_path, "tensor_parallel"), replicas=1)
+    one = reference(tmp_path, "tensor_parallel")
+    assert_like_one_process(ranks, one, replicas=1)
+    # a step all-reduces the pair's output and its input's gradient, and all-gathers the gradients of
+    # its three sharded parameters (the column weight and bias, the row weight)
+    assert json.loads(str(one["collectives"])) == {}
+    collectives = json.loads(str(ranks[0]["collectives"]))
+    moved = {op: collectives.get(f"_c10d_functional.{op}") for op in ("all_reduce", "all_gather_into_tensor")}
+    assert moved == {"all_reduce": 2, "all_gather_into_tensor": 3}, collectives
     for rank in ranks:  # eval runs the whole graph on every rank
         np.testing.assert_allclose(rank["eval_loss"], ranks[0]["eval_loss"], rtol=0, atol=0)
     # the attention and head layers match no pattern: named in one warning
@@ -78,7 +85,9 @@ def test_tensor_parallel_checkpoint_is_the_one_process_file(two_ranks: Path) -> 
 
     state = CheckpointState.load_checkpoint(worker.TRANSFORMER / "artifacts" / "checkpoint")
     step0 = (two_ranks / "tensor_parallel_step0.ckpt").read_bytes()
-    assert step0 == CheckpointState.load_checkpoint(two_ranks / "tensor_parallel_step0.ckpt").training_state.to_bytes(True)
+    assert step0 == CheckpointState.load_checkpoint(two_ranks / "tensor_parallel_step0.ckpt").training_state.to_bytes(
+        True
+    )
     for name, param in CheckpointState.load_checkpoint(two_ranks / "tensor_parallel_step0.ckpt").parameters:
         np.testing.assert_array_equal(param.data, state.parameters[name].data)
 
@@ -108,7 +117,9 @@ def test_four_ranks_tensor_by_data_parallel_train_like_one_process(tmp_path: Pat
         ("no_pattern", "no weight pair to shard"),
     ],
 )
-def test_bad_input_raises_on_every_rank_before_the_first_step(tmp_path_factory: pytest.TempPathFactory, case: str, expected: str) -> None:
+def test_bad_input_raises_on_every_rank_before_the_first_step(
+    tmp_path_factory: pytest.TempPathFactory, case: str, expected: str
+) -> None:
     out = bad_input_results(tmp_path_factory)
     for rank in range(2):
         errors = json.loads((out / f"errors_rank{rank}.json").read_text())
