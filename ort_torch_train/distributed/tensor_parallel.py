@@ -37,7 +37,7 @@ from ort_torch_train.distributed.checkpoint import DistributedCheckpoint
 from ort_torch_train.distributed.data_parallel import DataParallel, require_identical, require_process_group
 from ort_torch_train.distributed.tensor_parallel_patterns import WeightPair, find_weight_pairs, shard_pairs
 from ort_torch_train.errors import DistributedError, ModelError
-from ort_torch_train.graph.layout import GraphLayout
+from ort_torch_train.graph.layout import GraphLayout, forward_graph
 from ort_torch_train.passes.pipeline import Restructure
 from ort_torch_train.state.training_state import TrainingState
 
@@ -79,7 +79,7 @@ class TensorParallel:
         when nothing can be sharded, a pair does not split into equal slices, or the ranks' parameters
         differ."""
         shapes = {name: tuple(state.params[name].shape) for name in layout.params}
-        pairs, unmatched = find_weight_pairs(model, shapes)
+        pairs, unmatched = find_weight_pairs(forward_graph(model, layout, initializers=False), shapes)
         if not pairs:
             raise ModelError(
                 f"tensor_parallel_size={self.size}: the training graph has no weight pair to shard (a MatMul/Gemm "

@@ -58,11 +58,11 @@ class WeightPair:
 
 
 def find_weight_pairs(
-    model: onnx.ModelProto, params: Mapping[str, Sequence[int]]
+    graph: onnx.GraphProto, params: Mapping[str, Sequence[int]]
 ) -> tuple[list[WeightPair], list[str]]:
-    """The weight pairs of ``model``'s graph over ``params`` (name -> shape), and the weights of the
+    """The weight pairs of a forward ``graph`` over ``params`` (name -> shape), and the weights of the
     linear layers that are in none (they run replicated)."""
-    nodes = list(model.graph.node)
+    nodes = list(graph.node)
     producer = {output: node for node in nodes for output in node.output}
     consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
     for node in nodes:
@@ -183,7 +183,8 @@ def shard_pairs(
         if pair.row.bias is not None:
             with graph.inserting_after(left):
                 result = graph.call_function(torch.add, (left, by_name[pair.row.bias]))
-        row.replace_all_uses_with(result, delete_user_cb=lambda user, left=left: user is not left)
+        for user in [user for user in row.users if user is not left]:
+            user.replace_input_with(row, result)
     graph.lint()
     module.recompile()
     return module

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import tensor_parallel_worker as worker
+from tests.helpers.paths import ROOT
 from tests.helpers.timeouts import scaled
 from tests.integration.test_distributed import launch, require_success
 
@@ -135,3 +136,18 @@ def bad_input_results(tmp_path_factory: pytest.TempPathFactory) -> Path:
         require_success(launch("bad_input", out, timeout=scaled(60), worker_module=worker.__name__))
         _BAD_INPUT.append(out)
     return _BAD_INPUT[0]
+
+
+@pytest.mark.distributed
+def test_the_example_under_torchrun_splits_the_mlp_and_trains_like_one_process(tmp_path: Path) -> None:
+    from tests.helpers import distributed_worker
+    from tests.integration.test_distributed_launch import assert_same_parameters, json_objects, torchrun
+
+    launched = torchrun(
+        ROOT / "examples" / "train_ddp.py", distributed_worker.MLP, "--tensor-parallel", 2, "--out", tmp_path
+    )
+    summaries = sorted(json_objects(launched.stdout), key=lambda s: s["rank"])
+    assert [s["last_loss"] for s in summaries[1:]] == [summaries[0]["last_loss"]]  # one replica: the same loss
+    reference = distributed_worker.train("mlp_adamw_sched")  # 1 process, the same batches and schedule
+    params = {k.removeprefix("param/"): v for k, v in reference.items() if k.startswith("param/")}
+    assert_same_parameters(tmp_path / "checkpoint", params)
