@@ -26,6 +26,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from ort_torch_train.errors import ModelError
+from ort_torch_train.passes.onednn_linear import LINEARS
 
 ACTIVATIONS = ("Relu", "Gelu", "FastGelu", "BiasGelu", "QuickGelu", "Tanh", "Sigmoid")
 _FX_ACTIVATIONS = {torch.relu, F.relu, F.gelu, torch.tanh, torch.sigmoid, F.silu, F.tanh, F.sigmoid}
@@ -173,10 +174,10 @@ def shard_pairs(
             bias = None
             if pair.column.bias is not None:
                 bias = graph.call_module("tensor_parallel_column", (by_name[pair.column.bias],))
-        column.args = (entered, weight, bias)
+        column.target, column.args = F.linear, (entered, weight, bias)  # DTensor's linear, not oneDNN's op
         with graph.inserting_before(row):
             row_weight = graph.call_module("tensor_parallel_row", (by_name[pair.row.weight],))
-        row.args = (activation, row_weight, None)
+        row.target, row.args = F.linear, (activation, row_weight, None)
         with graph.inserting_after(row):
             left = graph.call_module("tensor_parallel_leave", (row,))
         result = left
@@ -209,8 +210,8 @@ def _converted_pair(pair: WeightPair, by_name: Mapping[str, fx.Node]) -> tuple[f
 
 
 def _is_linear(node: fx.Node, weight: fx.Node, bias: fx.Node | None) -> bool:
-    """Whether ``node`` is ``linear(x, weight, bias)``."""
-    if node.op != "call_function" or node.target is not F.linear or node.kwargs:
+    """Whether ``node`` is ``linear(x, weight, bias)`` (``F.linear`` or its oneDNN form)."""
+    if node.op != "call_function" or node.target not in LINEARS or node.kwargs:
         return False
     args = list(node.args) + [None] * (3 - len(node.args))
     return args[1] is weight and args[2] is bias

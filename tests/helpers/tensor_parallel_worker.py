@@ -99,6 +99,23 @@ def legacy_train(out: Path, run: str, horizontal_parallel_size: int, rank: int =
     )
 
 
+def odd_hidden_session(rank: int) -> None:
+    """A legacy session with horizontal_parallel_size=2 on a model whose pair has 5 hidden features."""
+    from onnx import numpy_helper
+
+    from ort_torch_train.legacy import TrainingSession
+    from tests.helpers.legacy_models import forward_model, params_for
+
+    model = forward_model()
+    for index, initializer in enumerate(model.graph.initializer):
+        value = numpy_helper.to_array(initializer)
+        if initializer.name in ("fc1.weight", "fc1.bias", "fc2.weight"):
+            cut = value[:, :5] if initializer.name == "fc2.weight" else value[:5]
+            model.graph.initializer[index].CopyFrom(numpy_helper.from_array(cut, initializer.name))
+    settings = {"world_rank": rank, "world_size": 2, "horizontal_parallel_size": 2}
+    TrainingSession(model.SerializeToString(), params_for("AdamOptimizer", **settings))
+
+
 def bad_input(rank: int) -> dict[str, str]:
     """Each misuse on 2 ranks, as ``class: message``."""
     from ort_torch_train.api import CheckpointState, Module
@@ -110,6 +127,10 @@ def bad_input(rank: int) -> dict[str, str]:
         "size_not_dividing": ("transformer", {"tensor_parallel_size": 3, "distributed": True}),
         "no_pattern": ("bce", {"tensor_parallel_size": 2}),
     }
+    try:  # the legacy model with 5 hidden features instead of 6: no equal halves
+        odd_hidden_session(rank)
+    except Exception as error:  # recorded for the test to check
+        errors["hidden_not_dividing"] = f"{type(error).__name__}: {error}"
     for case, (fixture, options) in cases.items():
         artifacts = TRANSFORMER.parent / fixture / "artifacts"
         try:

@@ -116,6 +116,7 @@ def test_four_ranks_tensor_by_data_parallel_train_like_one_process(tmp_path: Pat
         ("different_settings", "different tensor parallel settings"),
         ("size_not_dividing", "expected a world size of a multiple of 3, got 2"),
         ("no_pattern", "no weight pair to shard"),
+        ("hidden_not_dividing", "has 5 hidden features, expected a multiple of 2"),
     ],
 )
 def test_bad_input_raises_on_every_rank_before_the_first_step(

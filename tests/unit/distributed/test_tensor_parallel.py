@@ -6,12 +6,20 @@ from __future__ import annotations
 
 import onnx
 import pytest
+import torch
+from torch import fx
 
 from ort_torch_train.distributed.tensor_parallel import check_tensor_parallel_size
-from ort_torch_train.distributed.tensor_parallel_patterns import find_weight_pairs
-from ort_torch_train.errors import DistributedError
+from ort_torch_train.distributed.tensor_parallel_patterns import (
+    LinearLayer,
+    WeightPair,
+    _converted_pair,
+    find_weight_pairs,
+)
+from ort_torch_train.errors import DistributedError, ModelError
 from ort_torch_train.graph.layout import forward_graph, training_layout
 from ort_torch_train.legacy.parameters import SLICED_REASON, UNSUPPORTED_SETTINGS
+from ort_torch_train.passes.onednn_linear import LINEARS
 from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.training.options import EngineOptions
 from tests.helpers.legacy_models import WEIGHTS, forward_model, params_for, session
@@ -86,3 +94,19 @@ def test_sliced_settings_are_refused_naming_what_they_describe(name: str) -> Non
     with pytest.raises(NotImplementedError, match="pipeline cuts into micro-batches"):
         session(params_for(**{name: value}))
     assert UNSUPPORTED_SETTINGS[name][1] == SLICED_REASON
+
+
+@pytest.mark.parametrize("linear", LINEARS)
+def test_a_converted_pair_is_found_in_either_linear_form(linear: object) -> None:
+    """Large products are converted to oneDNN's ``linear``, small ones stay ``F.linear``: both are a pair's."""
+    graph = fx.Graph()
+    x, w1, b1, w2, b2 = (graph.placeholder(name) for name in ("x", "w1", "b1", "w2", "b2"))
+    hidden = graph.call_function(linear, (x, w1, b1))
+    activation = graph.call_function(torch.relu, (hidden,))
+    graph.output(graph.call_function(linear, (activation, w2, b2)))
+    pair = WeightPair(LinearLayer("w1", "b1", "h", "x", 8), "Relu", LinearLayer("w2", "b2", "y", "r", 4))
+    by_name = {"x": x, "w1": w1, "b1": b1, "w2": w2, "b2": b2}
+    assert _converted_pair(pair, by_name) == (hidden, activation, list(activation.users)[0])
+    activation.target = torch.exp  # not an activation of the pattern: the pair is named as lost
+    with pytest.raises(ModelError, match="w1 -> Relu -> w2 of the ONNX graph is not two linear layers"):
+        _converted_pair(pair, by_name)
