@@ -36,9 +36,18 @@ class Collectives(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def train(out: Path, run: str, tensor_parallel_size: int = 1, data_parallel_size: int = 1, rank: int = 0) -> None:
+def train(
+    out: Path,
+    run: str,
+    tensor_parallel_size: int = 1,
+    data_parallel_size: int = 1,
+    rank: int = 0,
+    recompute: int | None = None,
+    shard_state: bool = False,
+) -> None:
     """Train the transformer fixture for ``STEPS`` steps (each data-parallel replica on its share of the
-    batch), save the checkpoint (with its optimizer state) and write losses and parameters."""
+    batch; ``shard_state`` asks for data parallel, of one replica with tensor parallel on every rank),
+    save the checkpoint (with its optimizer state) and write losses and parameters."""
     from ort_torch_train.api import CheckpointState, LinearLRScheduler, Module, Optimizer
 
     artifacts = TRANSFORMER / "artifacts"
@@ -49,10 +58,11 @@ def train(out: Path, run: str, tensor_parallel_size: int = 1, data_parallel_size
             artifacts / "training_model.onnx",
             state,
             artifacts / "eval_model.onnx",
-            distributed=data_parallel_size > 1,
+            distributed=data_parallel_size > 1 or shard_state,
             tensor_parallel_size=tensor_parallel_size,
+            recompute=recompute,
         )
-    optimizer = Optimizer(artifacts / "optimizer_model.onnx", module)
+    optimizer = Optimizer(artifacts / "optimizer_model.onnx", module, shard_state=shard_state)
     CheckpointState.save_checkpoint(state, out / f"{run}_step0.ckpt", include_optimizer_state=True)
     scheduler = LinearLRScheduler(optimizer, 3, STEPS, 0.01)
     replica = rank // tensor_parallel_size
@@ -69,7 +79,8 @@ def train(out: Path, run: str, tensor_parallel_size: int = 1, data_parallel_size
     module.eval()
     eval_loss = module(*part(batches(TRANSFORMER, 0), replica, data_parallel_size))
     CheckpointState.save_checkpoint(state, out / f"{run}.ckpt", include_optimizer_state=True)
-    (out / f"{run}_one_process_bytes_rank{rank}.ckpt").write_bytes(state.training_state.to_bytes(True))
+    if not shard_state:  # the bytes one process writes for these values (sharded moments: gathered by the save only)
+        (out / f"{run}_one_process_bytes_rank{rank}.ckpt").write_bytes(state.training_state.to_bytes(True))
     np.savez(
         out / f"{run}_rank{rank}.npz",
         losses=np.array(losses, dtype=np.float64),
@@ -153,6 +164,7 @@ def main() -> None:
     if scenario == "tensor_parallel":
         train(out, "tensor_parallel", tensor_parallel_size=world_size, rank=rank)
         legacy_train(out, "legacy", world_size, rank, world_size)
+        train(out, "recompute_sharded", tensor_parallel_size=world_size, rank=rank, recompute=2, shard_state=True)
     elif scenario == "tensor_and_data_parallel":
         train(out, "tensor_and_data_parallel", tensor_parallel_size=2, data_parallel_size=world_size // 2, rank=rank)
     elif scenario == "bad_input":

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ort_torch_train.state.training_state import TrainingState
 from tests.helpers import tensor_parallel_worker as worker
 from tests.helpers.paths import ROOT
 from tests.helpers.timeouts import scaled
@@ -26,14 +27,14 @@ def results(out: Path, run: str, world_size: int) -> list[dict[str, np.ndarray]]
     return [dict(np.load(out / f"{run}_rank{rank}.npz")) for rank in range(world_size)]
 
 
-def reference(tmp_path: Path, run: str, legacy: bool = False) -> dict[str, np.ndarray]:
+def reference(tmp_path: Path, run: str, legacy: bool = False, recompute: int | None = None) -> dict[str, np.ndarray]:
     """One process on the full batches."""
     one = tmp_path / "one_process"
     one.mkdir(exist_ok=True)
     if legacy:
         worker.legacy_train(one, run, 1)
     else:
-        worker.train(one, run)
+        worker.train(one, run, recompute=recompute)
     return dict(np.load(one / f"{run}_rank0.npz"))
 
 
@@ -91,6 +92,16 @@ def test_tensor_parallel_checkpoint_is_the_one_process_file(two_ranks: Path) -> 
     )
     for name, param in CheckpointState.load_checkpoint(two_ranks / "tensor_parallel_step0.ckpt").parameters:
         np.testing.assert_array_equal(param.data, state.parameters[name].data)
+
+
+@pytest.mark.distributed
+def test_recompute_and_sharded_optimizer_state_compose_with_tensor_parallel(two_ranks: Path, tmp_path: Path) -> None:
+    ranks = results(two_ranks, "recompute_sharded", 2)
+    assert_like_one_process(ranks, reference(tmp_path, "recompute_sharded", recompute=2), replicas=1)
+    saved = TrainingState.load(two_ranks / "recompute_sharded.ckpt")  # whole values, moments gathered
+    for name, param in saved.params.items():
+        np.testing.assert_array_equal(param.detach().numpy(), ranks[0][f"param/{name}"])
+        assert all(moment.shape == param.shape for moment in saved.optimizer.momentums[name].values()), name
 
 
 @pytest.mark.distributed
