@@ -15,6 +15,7 @@ import pytest
 
 from ort_torch_train.state.training_state import TrainingState
 from tests.helpers import tensor_parallel_worker as worker
+from tests.helpers.ort_peer import requires_ort, run_ort
 from tests.helpers.paths import ROOT
 from tests.helpers.timeouts import scaled
 from tests.integration.test_distributed import launch, require_success
@@ -163,3 +164,19 @@ def test_the_example_under_torchrun_splits_the_mlp_and_trains_like_one_process(t
     reference = distributed_worker.train("mlp_adamw_sched")  # 1 process, the same batches and schedule
     params = {k.removeprefix("param/"): v for k, v in reference.items() if k.startswith("param/")}
     assert_same_parameters(tmp_path / "checkpoint", params)
+
+
+@pytest.mark.distributed
+@pytest.mark.ort_peer
+@requires_ort[1]
+def test_ort_reads_the_tensor_parallel_checkpoint_bit_for_bit(two_ranks: Path) -> None:
+    script = (
+        "import sys, json\nfrom onnxruntime.training.api import CheckpointState\n"
+        "s = CheckpointState.load_checkpoint(sys.argv[1])\n"
+        "print(json.dumps({n: p.data.tobytes().hex() for n, p in s.parameters}))"
+    )
+    theirs = run_ort(script, two_ranks / "tensor_parallel.ckpt")
+    ours = results(two_ranks, "tensor_parallel", 2)[0]
+    assert sorted(theirs) == sorted(key.removeprefix("param/") for key in ours if key.startswith("param/"))
+    for name, data in theirs.items():
+        assert bytes.fromhex(data) == ours[f"param/{name}"].astype(np.float32).tobytes(), name
