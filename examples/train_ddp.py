@@ -33,6 +33,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--adasum", action="store_true", help="combine gradients by Adasum (2, 4, 8... ranks)")
     parser.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (NCCL, one GPU per process)")
     parser.add_argument("--out", type=Path, default=Path("runs/ddp"))
+    parser.add_argument(
+        "--tensor-parallel", type=int, default=1, help="ranks sharing one replica (Megatron's MLP pairs)"
+    )
     args = parser.parse_args(argv)
 
     cuda = args.device.startswith("cuda")
@@ -46,8 +49,10 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def train(args: argparse.Namespace, device: str) -> dict:
-    """ORT's loop on this rank's slice of each batch; rank 0 writes the checkpoint."""
+    """ORT's loop on this rank's slice of each batch (its replica's, with tensor parallel); rank 0 writes
+    the checkpoint."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
+    replica, replicas = rank // args.tensor_parallel, world_size // args.tensor_parallel
     artifacts = args.case / "artifacts"
     state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
     module = Module(
@@ -57,6 +62,7 @@ def train(args: argparse.Namespace, device: str) -> dict:
         device=device,
         distributed=True,
         gradient_combination="adasum" if args.adasum else "average",
+        tensor_parallel_size=args.tensor_parallel,
     )
     optimizer = Optimizer(artifacts / "optimizer_model.onnx", module, shard_state=args.shard_state)
     scheduler = LinearLRScheduler(optimizer, 3, args.steps, 0.01)
@@ -66,8 +72,8 @@ def train(args: argparse.Namespace, device: str) -> dict:
     losses = []
     for step in range(args.steps):
         batch = [array[step % len(array)] for array in batches]
-        share = len(batch[0]) // world_size
-        loss = module(*[array[rank * share : (rank + 1) * share] for array in batch])
+        share = len(batch[0]) // replicas
+        loss = module(*[array[replica * share : (replica + 1) * share] for array in batch])
         optimizer.step()
         scheduler.step()
         module.lazy_reset_grad()

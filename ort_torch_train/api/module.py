@@ -95,6 +95,8 @@ class Module(nn.Module):
             (default: the default group), eager float32 (docs/scaling.md).
         custom_ops: operators of the session's own (an ``adapters.OpLibrary``, as the C API makes from a
             registered custom-op library), converted before the registry's.
+        tensor_parallel_size: split Megatron's MLP weight pairs across this many ranks of the default
+            group (eager steps; with ``distributed`` the other ranks' factor is data parallel; docs/scaling.md).
 
     Examples:
         ```python
@@ -135,6 +137,7 @@ class Module(nn.Module):
         gradient_combination: str = "average",
         pipeline: PipelineOptions | None = None,
         custom_ops: OpLibrary | None = None,
+        tensor_parallel_size: int = 1,
     ) -> None:
         training_model = load_model(train_model_uri, "training model")
         eval_model = load_model(eval_model_uri, "eval model") if eval_model_uri is not None else None
@@ -153,6 +156,7 @@ class Module(nn.Module):
             gradient_combination=gradient_combination,
             pipeline=pipeline,
             custom_ops=custom_ops,
+            tensor_parallel_size=tensor_parallel_size,
         )
         if lora is not None:
             if not isinstance(lora, LoraConfig):

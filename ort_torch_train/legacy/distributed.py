@@ -17,15 +17,17 @@ from ort_torch_train.legacy.parameters import TrainingParameters
 
 def legacy_distributed(parameters: TrainingParameters, device: torch.device) -> bool:
     """Whether a legacy session trains data-parallel on the default process group (initialised here
-    for a process training on ``device`` when needed); False for a single process."""
+    for a process training on ``device`` when needed, also for tensor parallel alone); False for a
+    single process or ``horizontal_parallel_size`` ranks sharing one replica."""
     world_size, world_rank = parameters.world_size, parameters.world_rank
-    if world_size == 1 and parameters.data_parallel_size == 1:
+    horizontal = parameters.horizontal_parallel_size
+    if world_size == 1 and parameters.data_parallel_size == 1 and horizontal == 1:
         return False
-    if parameters.data_parallel_size != world_size:
+    if parameters.data_parallel_size * horizontal != world_size:
         raise NotImplementedError(
-            f"TrainingParameters.data_parallel_size = {parameters.data_parallel_size} with "
-            f"world_size = {world_size}: only pure data parallelism "
-            "(data_parallel_size == world_size) is implemented"
+            f"TrainingParameters.data_parallel_size = {parameters.data_parallel_size} and "
+            f"horizontal_parallel_size = {horizontal} with world_size = {world_size}: expected "
+            "data_parallel_size * horizontal_parallel_size == world_size"
         )
     if not dist.is_initialized():
         missing = LaunchEnvironment.read().missing_rendezvous
@@ -41,4 +43,4 @@ def legacy_distributed(parameters: TrainingParameters, device: torch.device) -> 
             f"process group has this process as rank {dist.get_rank()} of "
             f"{dist.get_world_size()}"
         )
-    return True
+    return parameters.data_parallel_size > 1

@@ -16,9 +16,14 @@ from ort_torch_train.training.recompute_patterns import RecomputePlan
 
 OPTIMIZERS = tuple(LEGACY_OPTIMIZERS)  # the training_optimizer_name values
 
+SLICED_REASON = (
+    "ORT's sliced_* name the graph inputs and outputs that its pipeline cuts into micro-batches (their axes "
+    "and micro-batch shapes); tensor parallelism (horizontal_parallel_size) slices weights, found by pattern, "
+    "and the pipeline here splits every input on axis 0 (num_pipeline_micro_batches), so no per-tensor "
+    "schema describes what either does (docs/scaling.md, Legacy settings that cannot apply)"
+)
 # setting -> (value that is honoured, why any other value is not)
 UNSUPPORTED_SETTINGS: dict[str, tuple[Any, str]] = {
-    "horizontal_parallel_size": (1, "Megatron horizontal parallelism is not implemented"),
     "use_memory_efficient_gradient": (
         False,
         "ORT's memory-efficient gradient graph is not implemented "
@@ -26,9 +31,9 @@ UNSUPPORTED_SETTINGS: dict[str, tuple[Any, str]] = {
         "memory with torch.utils.checkpoint)",
     ),
     "set_gradients_as_graph_outputs": (False, "gradients as graph outputs are not implemented"),
-    "sliced_schema": ({}, "sliced (model-parallel) tensors are not implemented"),
-    "sliced_axes": ({}, "sliced (model-parallel) tensors are not implemented"),
-    "sliced_tensor_names": ([], "sliced (model-parallel) tensors are not implemented"),
+    "sliced_schema": ({}, SLICED_REASON),
+    "sliced_axes": ({}, SLICED_REASON),
+    "sliced_tensor_names": ([], SLICED_REASON),
     "model_after_graph_transforms_path": ("", "ORT's intermediate training graphs are not produced here"),
     "model_with_gradient_graph_path": ("", "ORT's intermediate training graphs are not produced here"),
     "model_with_training_graph_path": ("", "ORT's intermediate training graphs are not produced here"),
@@ -78,6 +83,7 @@ class TrainingParameters:
         "pipeline_parallel_size",
         "num_pipeline_micro_batches",
         "pipeline_cut_info_string",
+        "horizontal_parallel_size",
         *UNSUPPORTED_SETTINGS,
     )
 
@@ -114,6 +120,7 @@ class TrainingParameters:
         self.pipeline_parallel_size: int = 1
         self.num_pipeline_micro_batches: int = 1
         self.pipeline_cut_info_string: str = ""
+        self.horizontal_parallel_size: int = 1  # Megatron tensor parallel (distributed/tensor_parallel.py)
         for name, (default, _) in UNSUPPORTED_SETTINGS.items():
             setattr(self, name, type(default)(default))  # fresh containers per instance
 

@@ -88,6 +88,7 @@ class TrainingSession:
             distributed=distributed,
             gradient_combination="adasum" if parameters.enable_adasum and distributed else "average",
             pipeline=pipeline,
+            tensor_parallel_size=parameters.horizontal_parallel_size,
         )
         self._engine = TrainingEngine(setup.model, self.training_state, setup.model, options)
         self._reduce_once = parameters.allreduce_post_accumulation

@@ -81,6 +81,11 @@ class TrainingEngine:
         self._trainable_name_tuple = tuple(self.trainable_parameter_names)  # compared at every fused step
         self._buffer = ParameterBuffer(state, training_model, self.train_layout.params, self.trainable_parameter_names)
         self.eval_layout = eval_layout(eval_model, names) if eval_model is not None else None
+        self._tensor_parallel = (  # Megatron's weight pairs sharded across the tp ranks (eval stays whole)
+            None
+            if options.tensor_parallel is None
+            else options.tensor_parallel.plan(training_model, self.train_layout, state)
+        )
         self.train_graph = self._train_forward(training_model)
         self.eval_graph: ForwardGraph | None = None
         if eval_model is not None and self.eval_layout is not None:
@@ -126,6 +131,8 @@ class TrainingEngine:
                 options.pipeline,
                 options.pipeline_group,
             )
+        if self._tensor_parallel is not None:
+            self._tensor_parallel.coordinate_saves(state, self._data_parallel)
         self._precision: MixedPrecision | None = None  # autocast and loss scaling (precision.py)
         if options.mixed_precision is not None:
             group = None if self._data_parallel is None else self._data_parallel.group  # ranks agree on skipping
@@ -148,6 +155,8 @@ class TrainingEngine:
             transform = partial(with_pattern_recompute, plan=recompute, user_inputs=len(layout.user_inputs))
         elif recompute is not None:
             transform = partial(with_recompute, segments=recompute)
+        if self._tensor_parallel is not None:
+            transform = self._tensor_parallel.restructure(then=transform)
         graph, constants = _forward_and_constants(training_model, layout)
         if self.options.custom_ops is not None:
             check_differentiable(graph, self.trainable_parameter_names, self.options.custom_ops)

@@ -13,6 +13,7 @@ from ort_torch_train.adapters.registry import OpLibrary
 from ort_torch_train.distributed.adasum import check_gradient_combination
 from ort_torch_train.distributed.data_parallel import require_process_group
 from ort_torch_train.distributed.pipeline_plan import PipelineOptions
+from ort_torch_train.distributed.tensor_parallel import TensorParallel, check_tensor_parallel_size
 from ort_torch_train.errors import DistributedError
 from ort_torch_train.training.binding import parse_device
 from ort_torch_train.training.compile.cache import CompileCacheSetting
@@ -50,6 +51,8 @@ class EngineOptions:
         pipeline_group: the pipeline's process group (the default one unless ``process_group`` names one).
         custom_ops: the session's own operators (``adapters.OpLibrary``: a custom-op library registered
             through the C API), converted before the registry's, or None.
+        tensor_parallel: the ``(dp, tp)`` mesh whose tp ranks share Megatron's weight pairs
+            (``distributed/tensor_parallel.py``), or None; with it, ``process_group`` is the mesh's dp group.
 
     Valid combinations: every field with every other, except that ``loss_scale`` needs "fp16", a
     process group needs ``distributed`` or ``pipeline``, "adasum" needs ``distributed`` and eager steps, and
@@ -70,6 +73,7 @@ class EngineOptions:
     pipeline: PipelineOptions | None = None
     pipeline_group: Any = None
     custom_ops: OpLibrary | None = None
+    tensor_parallel: TensorParallel | None = None
 
     @classmethod
     def of(
@@ -87,6 +91,7 @@ class EngineOptions:
         gradient_combination: str = "average",
         pipeline: PipelineOptions | None = None,
         custom_ops: OpLibrary | None = None,
+        tensor_parallel_size: int = 1,
     ) -> EngineOptions:
         """Checked options from a face's arguments (``Module``'s names); raises naming the bad argument."""
         target = parse_device(device)
@@ -108,6 +113,21 @@ class EngineOptions:
         elif process_group is not None and pipeline is None:
             raise DistributedError("Module: process_group is given but distributed is False; pass distributed=True")
         combination = check_gradient_combination(gradient_combination)
+        tensor_parallel = None
+        if check_tensor_parallel_size(tensor_parallel_size) > 1:
+            if pipeline is not None:
+                raise ValueError(
+                    f"tensor_parallel_size={tensor_parallel_size} with pipeline={pipeline!r}: expected one of "
+                    "tensor parallel and pipeline parallel; the two do not compose yet"
+                )
+            if process_group is not None or arguments is not None:
+                raise ValueError(
+                    f"tensor_parallel_size={tensor_parallel_size}: expected eager steps (compile=False) over the "
+                    f"default process group (process_group=None); got compile={compile!r}, "
+                    f"process_group={process_group!r}"
+                )
+            tensor_parallel = TensorParallel(tensor_parallel_size, distributed, target)
+            group = tensor_parallel.data_parallel_group
         if combination == "adasum" and (group is None or arguments is not None):
             raise ValueError(
                 "gradient_combination: 'adasum' needs distributed=True and eager steps (compile=False); got "
@@ -135,6 +155,7 @@ class EngineOptions:
             pipeline,
             pipeline_group,
             custom_ops,
+            tensor_parallel,
         )
 
     @property

@@ -1,0 +1,182 @@
+"""Tensor parallel (``Module(tensor_parallel_size=N)``, legacy ``horizontal_parallel_size``) on gloo
+ranks (tests/helpers/tensor_parallel_worker.py) against one process on the same batches.
+
+The ranks split the transformer fixture's MLP pair; their summation order differs from one
+process's, so values agree within tolerances, not bitwise; the ranks agree with each other bitwise.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ort_torch_train.state.training_state import TrainingState
+from tests.helpers import tensor_parallel_worker as worker
+from tests.helpers.ort_peer import requires_ort, run_ort
+from tests.helpers.paths import ROOT
+from tests.helpers.timeouts import scaled
+from tests.integration.test_distributed import launch, require_success
+
+LOSS_RTOL = 1e-6
+PARAM_ATOL = 1e-5
+
+
+def results(out: Path, run: str, world_size: int) -> list[dict[str, np.ndarray]]:
+    return [dict(np.load(out / f"{run}_rank{rank}.npz")) for rank in range(world_size)]
+
+
+def reference(tmp_path: Path, run: str, legacy: bool = False, recompute: int | None = None) -> dict[str, np.ndarray]:
+    """One process on the full batches."""
+    one = tmp_path / "one_process"
+    one.mkdir(exist_ok=True)
+    if legacy:
+        worker.legacy_train(one, run, 1)
+    else:
+        worker.train(one, run, recompute=recompute)
+    return dict(np.load(one / f"{run}_rank0.npz"))
+
+
+def assert_like_one_process(ranks: list[dict[str, np.ndarray]], one: dict[str, np.ndarray], replicas: int) -> None:
+    """The ranks hold bitwise the same parameters, within PARAM_ATOL of one process's; the replicas'
+    mean loss is one process's within LOSS_RTOL at every step."""
+    for key in one:
+        if key.startswith("param/"):
+            for rank, result in enumerate(ranks[1:], 1):
+                assert np.array_equal(result[key], ranks[0][key]), f"rank {rank} differs from rank 0 on {key}"
+            np.testing.assert_allclose(ranks[0][key], one[key], rtol=0, atol=PARAM_ATOL, err_msg=key)
+    group = len(ranks) // replicas
+    losses = np.mean([ranks[replica * group]["losses"] for replica in range(replicas)], axis=0)
+    np.testing.assert_allclose(losses, one["losses"], rtol=LOSS_RTOL, atol=0)
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tensor_parallel")
+    require_success(launch("tensor_parallel", out, timeout=scaled(90), worker_module=worker.__name__))
+    return out
+
+
+@pytest.mark.distributed
+def test_two_ranks_split_the_mlp_pair_and_train_like_one_process(two_ranks: Path, tmp_path: Path) -> None:
+    ranks = results(two_ranks, "tensor_parallel", 2)
+    one = reference(tmp_path, "tensor_parallel")
+    assert_like_one_process(ranks, one, replicas=1)
+    # a step all-reduces the pair's output and its input's gradient, and all-gathers the gradients of
+    # its three sharded parameters (the column weight and bias, the row weight)
+    assert json.loads(str(one["collectives"])) == {}
+    collectives = json.loads(str(ranks[0]["collectives"]))
+    moved = {op: collectives.get(f"_c10d_functional.{op}") for op in ("all_reduce", "all_gather_into_tensor")}
+    assert moved == {"all_reduce": 2, "all_gather_into_tensor": 3}, collectives
+    for rank in ranks:  # eval runs the whole graph on every rank
+        np.testing.assert_allclose(rank["eval_loss"], ranks[0]["eval_loss"], rtol=0, atol=0)
+    # the attention and head layers match no pattern: named in one warning
+    (warning,) = ranks[0]["warnings"]
+    assert "enc.self_attn.in_proj_weight" in warning and "head.weight" in warning
+    assert "enc.linear1.weight" not in warning
+
+
+@pytest.mark.distributed
+def test_tensor_parallel_checkpoint_is_the_one_process_file(two_ranks: Path) -> None:
+    one_process = (two_ranks / "tensor_parallel_one_process_bytes_rank0.ckpt").read_bytes()
+    assert (two_ranks / "tensor_parallel.ckpt").read_bytes() == one_process
+    assert (two_ranks / "tensor_parallel_one_process_bytes_rank1.ckpt").read_bytes() == one_process
+    # saved before the first step, it is the loaded checkpoint's own bytes as one process writes them
+    from ort_torch_train.api import CheckpointState
+
+    state = CheckpointState.load_checkpoint(worker.TRANSFORMER / "artifacts" / "checkpoint")
+    step0 = (two_ranks / "tensor_parallel_step0.ckpt").read_bytes()
+    assert step0 == CheckpointState.load_checkpoint(two_ranks / "tensor_parallel_step0.ckpt").training_state.to_bytes(
+        True
+    )
+    for name, param in CheckpointState.load_checkpoint(two_ranks / "tensor_parallel_step0.ckpt").parameters:
+        np.testing.assert_array_equal(param.data, state.parameters[name].data)
+
+
+@pytest.mark.distributed
+def test_recompute_and_sharded_optimizer_state_compose_with_tensor_parallel(two_ranks: Path, tmp_path: Path) -> None:
+    ranks = results(two_ranks, "recompute_sharded", 2)
+    assert_like_one_process(ranks, reference(tmp_path, "recompute_sharded", recompute=2), replicas=1)
+    saved = TrainingState.load(two_ranks / "recompute_sharded.ckpt")  # whole values, moments gathered
+    for name, param in saved.params.items():
+        np.testing.assert_array_equal(param.detach().numpy(), ranks[0][f"param/{name}"])
+        assert all(moment.shape == param.shape for moment in saved.optimizer.momentums[name].values()), name
+
+
+@pytest.mark.distributed
+def test_legacy_horizontal_parallel_size_trains_like_one_process(two_ranks: Path, tmp_path: Path) -> None:
+    assert_like_one_process(results(two_ranks, "legacy", 2), reference(tmp_path, "legacy", legacy=True), replicas=1)
+
+
+@pytest.mark.distributed
+def test_four_ranks_tensor_by_data_parallel_train_like_one_process(tmp_path: Path) -> None:
+    out = tmp_path / "ranks"
+    out.mkdir()
+    require_success(
+        launch("tensor_and_data_parallel", out, timeout=scaled(120), worker_module=worker.__name__, world_size=4)
+    )
+    ranks = results(out, "tensor_and_data_parallel", 4)
+    assert_like_one_process(ranks, reference(tmp_path, "tensor_and_data_parallel"), replicas=2)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("different_settings", "different tensor parallel settings"),
+        ("size_not_dividing", "expected a world size of a multiple of 3, got 2"),
+        ("no_pattern", "no weight pair to shard"),
+        ("hidden_not_dividing", "has 5 hidden features, expected a multiple of 2"),
+    ],
+)
+def test_bad_input_raises_on_every_rank_before_the_first_step(
+    tmp_path_factory: pytest.TempPathFactory, case: str, expected: str
+) -> None:
+    out = bad_input_results(tmp_path_factory)
+    for rank in range(2):
+        errors = json.loads((out / f"errors_rank{rank}.json").read_text())
+        assert expected in errors[case], f"rank {rank}: {errors[case]}"
+
+
+_BAD_INPUT: list[Path] = []
+
+
+def bad_input_results(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not _BAD_INPUT:
+        out = tmp_path_factory.mktemp("tensor_parallel_bad_input")
+        require_success(launch("bad_input", out, timeout=scaled(60), worker_module=worker.__name__))
+        _BAD_INPUT.append(out)
+    return _BAD_INPUT[0]
+
+
+@pytest.mark.distributed
+def test_the_example_under_torchrun_splits_the_mlp_and_trains_like_one_process(tmp_path: Path) -> None:
+    from tests.helpers import distributed_worker
+    from tests.integration.test_distributed_launch import assert_same_parameters, json_objects, torchrun
+
+    launched = torchrun(
+        ROOT / "examples" / "train_ddp.py", distributed_worker.MLP, "--tensor-parallel", 2, "--out", tmp_path
+    )
+    summaries = sorted(json_objects(launched.stdout), key=lambda s: s["rank"])
+    assert [s["last_loss"] for s in summaries[1:]] == [summaries[0]["last_loss"]]  # one replica: the same loss
+    reference = distributed_worker.train("mlp_adamw_sched")  # 1 process, the same batches and schedule
+    params = {k.removeprefix("param/"): v for k, v in reference.items() if k.startswith("param/")}
+    assert_same_parameters(tmp_path / "checkpoint", params)
+
+
+@pytest.mark.distributed
+@pytest.mark.ort_peer
+@requires_ort[1]
+def test_ort_reads_the_tensor_parallel_checkpoint_bit_for_bit(two_ranks: Path) -> None:
+    script = (
+        "import sys, json\nfrom onnxruntime.training.api import CheckpointState\n"
+        "s = CheckpointState.load_checkpoint(sys.argv[1])\n"
+        "print(json.dumps({n: p.data.tobytes().hex() for n, p in s.parameters}))"
+    )
+    theirs = run_ort(script, two_ranks / "tensor_parallel.ckpt")
+    ours = results(two_ranks, "tensor_parallel", 2)[0]
+    assert sorted(theirs) == sorted(key.removeprefix("param/") for key in ours if key.startswith("param/"))
+    for name, data in theirs.items():
+        assert bytes.fromhex(data) == ours[f"param/{name}"].astype(np.float32).tobytes(), name
