@@ -49,7 +49,7 @@ class Parameter:
     @property
     def data(self) -> np.ndarray:
         """The parameter's values (a zero-copy view when the parameter is on the CPU)."""
-        return _to_numpy(self._state.parameter(self._name), f"Parameter {self._name}")
+        return _to_numpy(self._state.whole_parameter(self._name), f"Parameter {self._name}")
 
     @data.setter
     def data(self, value: np.ndarray) -> None:

@@ -69,6 +69,9 @@ class Module(nn.Module):
     ``distributed=True`` trains data-parallel on torch.distributed (``process_group``, default the
     default group): gradients are averaged across ranks at each train step, steps inside
     ``no_sync()`` accumulate locally (see ``distributed/data_parallel.py``); eval stays local.
+    ``sharding="zero2"|"zero3"`` trains sharded on FSDP2 (implies ``distributed``): each rank keeps
+    shards of the gradients and moments ("zero2") and of the parameters too, gathered per layer
+    ("zero3"); see ``distributed/fully_sharded.py`` and docs/scaling.md.
     ``lora=LoraConfig(...)`` adds low-rank adapters beside the targeted weights: the state gains them
     as its only trainable parameters, the rest is frozen, and ``export_model_for_inferencing`` merges
     them (docs/lora.md).
@@ -89,6 +92,7 @@ class Module(nn.Module):
         lora: a ``LoraConfig``: add low-rank adapters, the only trainable parameters.
         compile_cache: where compiled steps are cached: None the default, a path, or False for none.
         dynamic: with ``compile``, which symbolic axes stay dynamic: True all, a dict of axes per input, False none.
+        sharding: "zero2" or "zero3": sharded data parallelism on FSDP2 (eager float32 steps), or None.
 
     Examples:
         ```python
@@ -127,6 +131,7 @@ class Module(nn.Module):
         compile_cache: CompileCacheSetting = None,
         dynamic: DynamicSetting = True,
         gradient_combination: str = "average",
+        sharding: str | None = None,
     ) -> None:
         training_model = load_model(train_model_uri, "training model")
         eval_model = load_model(eval_model_uri, "eval model") if eval_model_uri is not None else None
@@ -143,6 +148,7 @@ class Module(nn.Module):
             compile_cache=compile_cache,
             dynamic=dynamic,
             gradient_combination=gradient_combination,
+            sharding=sharding,
         )
         if lora is not None:
             if not isinstance(lora, LoraConfig):

@@ -11,6 +11,7 @@ import torch
 
 from ort_torch_train.distributed.adasum import check_gradient_combination
 from ort_torch_train.distributed.data_parallel import require_process_group
+from ort_torch_train.distributed.fully_sharded import check_sharding
 from ort_torch_train.errors import DistributedError
 from ort_torch_train.training.binding import parse_device
 from ort_torch_train.training.compile.cache import CompileCacheSetting
@@ -43,6 +44,8 @@ class EngineOptions:
             (each new input shape compiles a step of its own).
         gradient_combination: how the ranks' gradients combine: "average" or "adasum"
             (``distributed/adasum.py``).
+        sharding: "zero2" or "zero3" (FSDP2, ``distributed/fully_sharded.py``; implies ``distributed``,
+            eager steps without recompute or mixed precision), or None.
 
     Valid combinations: every field with every other, except that ``loss_scale`` needs "fp16", a
     process group needs ``distributed``, and "adasum" needs ``distributed`` and eager steps. Compiled with recompute, the train step is not one graph:
@@ -59,6 +62,7 @@ class EngineOptions:
     compile_cache: CompileCacheSetting = None
     dynamic: bool | Mapping[str, tuple[int, ...]] = True
     gradient_combination: str = "average"
+    sharding: str | None = None
 
     @classmethod
     def of(
@@ -74,6 +78,7 @@ class EngineOptions:
         compile_cache: CompileCacheSetting = None,
         dynamic: DynamicSetting = True,
         gradient_combination: str = "average",
+        sharding: str | None = None,
     ) -> EngineOptions:
         """Checked options from a face's arguments (``Module``'s names); raises naming the bad argument."""
         target = parse_device(device)
@@ -89,6 +94,15 @@ class EngineOptions:
             raise ValueError(f"loss_scale: {loss_scale!r} needs mixed_precision 'fp16'; got {mixed_precision!r}")
         plan: Recompute = recompute if isinstance(recompute, RecomputePlan) else recompute_segments(recompute)
         group = None
+        sharded = check_sharding(sharding)
+        if sharded is not None:
+            if arguments is not None or plan or mixed_precision is not None or gradient_combination != "average":
+                raise ValueError(
+                    f"sharding: {sharded!r} runs eager float32 steps with averaged gradients; got compile={compile!r}, "
+                    f"recompute={recompute!r}, mixed_precision={mixed_precision!r}, "
+                    f"gradient_combination={gradient_combination!r} (docs/scaling.md, Sharded training)"
+                )
+            distributed = True
         if distributed:
             group = require_process_group(process_group, "Module(distributed=True)")
         elif process_group is not None:
@@ -114,6 +128,7 @@ class EngineOptions:
             compile_cache,
             dynamic_setting(dynamic),
             combination,
+            sharded,
         )
 
     @property
