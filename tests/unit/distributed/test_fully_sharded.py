@@ -14,11 +14,15 @@ from ort_torch_train.api import CheckpointState
 from ort_torch_train.checkpoint.odtc import read_checkpoint
 from ort_torch_train.distributed.fully_sharded import check_sharding
 from ort_torch_train.distributed.layer_units import LayerPlan, layer_of
+from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.training.options import EngineOptions
 from tests.helpers import sharding_worker
+from tests.helpers.distributed_worker import MLP
 from tests.helpers.timeouts import scaled
 from tests.integration.test_distributed import launch as launch_ranks
 from tests.integration.test_distributed import require_success
+from tests.integration.test_distributed_launch import torchrun
+from tests.unit.cli.test_cli import run_cli
 
 LOSS_TOLERANCE = 1e-6  # relative, each step
 PARAMETER_TOLERANCE = 1e-5
@@ -135,3 +139,26 @@ def test_the_option_is_checked_once() -> None:
         EngineOptions.of(sharding="zero2", compile=True)
     with pytest.raises(ValueError, match="recompute=2"):
         EngineOptions.of(sharding="zero3", recompute=2)
+
+
+CLI_ARGS = ["--inputs", "x_train,y_train", "--steps", 4, "--batch-size", 64, "--no-shuffle", "--json"]
+
+
+def test_train_cli_sharding_needs_a_launch(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    data = ["train", MLP / "artifacts", "--data", MLP / "data.npz", "--batched", *CLI_ARGS[:-1]]
+    code, _, err = run_cli(capsys, *data, "--sharding", "zero3", "--output", tmp_path / "out")
+    assert code != 0 and "--sharding zero3" in err and "torchrun" in err
+
+
+@pytest.mark.distributed
+def test_train_cli_with_sharding_trains_like_one_process(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    """``torchrun ... train --sharding zero3``: each of 2 ranks feeds 32 of every 64 rows."""
+    common = ["train", MLP / "artifacts", "--data", MLP / "data.npz", "--batched", *CLI_ARGS]
+    code, _, err = run_cli(capsys, *common, "--output", tmp_path / "one")
+    assert code == 0, err
+    launched = torchrun("-m", "ort_torch_train", *common, "--sharding", "zero3", "--output", tmp_path / "sharded")
+    assert json.loads(launched.stdout)["world_size"] == 2
+    one, sharded = TrainingState.load(tmp_path / "one"), TrainingState.load(tmp_path / "sharded")
+    assert sharded.optimizer is not None and sharded.optimizer.step == 4
+    for name, param in one.params.items():
+        np.testing.assert_allclose(sharded.params[name].detach(), param.detach(), rtol=0, atol=PARAMETER_TOLERANCE)
