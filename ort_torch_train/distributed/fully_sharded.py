@@ -225,8 +225,6 @@ def _local_moments(
     cuts the parameter (dim-0 chunks)."""
     if moments is None:
         raise CheckpointError(f"Parameter {name} not found in the source optimizer checkpoint states.")
-    mesh = param.device_mesh
-    rank, ranks = mesh.get_local_rank(), mesh.size()
     owned = {}
     for key in keys:
         moment = moments.get(key)
@@ -238,10 +236,29 @@ def _local_moments(
             raise CheckpointError(
                 f"optimizer state {name!r}/{key!r}: expected {param.dtype} of shape {tuple(param.shape)}; found {found}"
             )
-        chunks = torch.chunk(moment.to(local.device), ranks, dim=0)
-        piece = chunks[rank] if rank < len(chunks) else moment.new_zeros((0, *moment.shape[1:]))
-        owned[key] = piece.clone().view(local.shape)
+        owned[key] = local_chunk(moment.to(local.device), param)
     return owned
+
+
+def local_chunk(whole: Tensor, param: DTensor) -> Tensor:
+    """This rank's piece of ``whole`` (a tensor of ``param``'s shape), cut as FSDP2 cut ``param``: a copy."""
+    mesh = param.device_mesh
+    chunks = torch.chunk(whole.detach(), mesh.size(), dim=0)
+    rank = mesh.get_local_rank()
+    piece = chunks[rank] if rank < len(chunks) else whole.new_zeros((0, *whole.shape[1:]))
+    return piece.clone().view(param.to_local().shape)
+
+
+def local_shard(tensor: Tensor) -> Tensor:
+    """A sharded tensor's local shard (the same storage), or the tensor itself."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def global_norm(grads: Sequence[Tensor], group: Any) -> Tensor:
+    """The L2 norm of every rank's gradient shards together (one all-reduce over ``group``)."""
+    squared = torch.stack(torch._foreach_norm(list(grads))).square().sum()
+    dist.all_reduce(squared, op=dist.ReduceOp.SUM, group=group)
+    return squared.sqrt()
 
 
 def _require_same_settings(settings: list[Any], group: Any, device: torch.device) -> None:

@@ -18,6 +18,7 @@ from typing import Protocol
 
 import numpy as np
 import torch
+from torch.distributed.tensor import distribute_tensor
 
 from ort_torch_train.checkpoint.odtc import checkpoint_to_bytes, read_checkpoint, write_checkpoint
 from ort_torch_train.checkpoint.records import CheckpointRecord, OptimizerGroupRecord
@@ -238,8 +239,12 @@ class TrainingState:
             )
         param = self.parameter(name)
         tensor = self._checked_value(name, value)
+        mesh = getattr(param, "device_mesh", None)
         with self.lock, torch.no_grad():
-            param.copy_(tensor)
+            if mesh is None:
+                param.copy_(tensor)
+            else:  # a sharded parameter (a DTensor) takes this rank's piece of the whole value
+                param.copy_(distribute_tensor(tensor.to(param.device), mesh, param.placements, src_data_rank=None))
 
     def _checked_value(self, name: str, value: object) -> torch.Tensor:
         param = self.params[name]

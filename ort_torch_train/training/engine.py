@@ -167,7 +167,10 @@ class TrainingEngine:
         """The differentiable forward of the train (``training``) or eval graph, no backward."""
         graph, params = self._mode_graph(training)
         with autocast_or_null(self.precision, self.device):
-            outputs = graph(self._on_device(inputs), params)
+            if training and self._data_parallel is not None and self.options.sharding is not None:
+                outputs = self._data_parallel.forward(self._on_device(inputs))  # gathers the shards
+            else:
+                outputs = graph(self._on_device(inputs), params)
         return outputs[0] if len(outputs) == 1 else outputs
 
     def train_step(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:

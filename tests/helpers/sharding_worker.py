@@ -4,8 +4,9 @@
 ``<run>:<sharding>`` (a run of ``RUNS``, "zero2" or "zero3", "none" for one process on the whole batches):
 each rank trains on its share of every batch and writes ``<scenario>_rank<r>.npz`` (the losses, the final
 whole parameters, the eval loss) and rank 0 the checkpoint ``<scenario>.ckpt``. ``resume:<sharding>``
-loads the ``mlp`` run's checkpoint saved after 3 steps and trains the rest. ``misuse``: the errors each
-rank saw (``misuse_rank<r>.json``).
+loads the ``mlp`` run's checkpoint saved after 3 steps and trains the rest. ``legacy:<stage>``: the legacy
+session with ``deepspeed_zero_stage`` 2 or 3 (``distributed_worker.legacy_train``). ``misuse``: the errors
+each rank saw (``misuse_rank<r>.json``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.helpers.distributed_worker import CLIP_MODEL, MLP, MLP_OPTIMIZERS, batches, part
+from tests.helpers.distributed_worker import CLIP_MODEL, MLP, MLP_OPTIMIZERS, batches, legacy_train, part
 from tests.helpers.paths import FIXTURES
 from tests.helpers.timeouts import scaled
 
@@ -107,6 +108,9 @@ def main() -> None:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     if scenario == "misuse":
         (out / f"misuse_rank{rank}.json").write_text(json.dumps(misuse(rank)))
+    elif scenario.startswith("legacy:"):  # deepspeed_zero_stage 2 or 3
+        results = legacy_train(rank, world_size, zero_stage=int(scenario.split(":")[1]))
+        np.savez(out / f"{scenario}_rank{rank}.npz", **results)
     else:
         np.savez(out / f"{scenario}_rank{rank}.npz", **train(scenario, rank, world_size, out))
     dist.destroy_process_group()

@@ -17,7 +17,7 @@ from ort_torch_train.distributed.layer_units import LayerPlan, layer_of
 from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.training.options import EngineOptions
 from tests.helpers import sharding_worker
-from tests.helpers.distributed_worker import MLP
+from tests.helpers.distributed_worker import MLP, legacy_train
 from tests.helpers.timeouts import scaled
 from tests.integration.test_distributed import launch as launch_ranks
 from tests.integration.test_distributed import require_success
@@ -162,3 +162,19 @@ def test_train_cli_with_sharding_trains_like_one_process(capsys: pytest.CaptureF
     assert sharded.optimizer is not None and sharded.optimizer.step == 4
     for name, param in one.params.items():
         np.testing.assert_allclose(sharded.params[name].detach(), param.detach(), rtol=0, atol=PARAMETER_TOLERANCE)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("stage", [2, 3])
+def test_legacy_session_with_zero_stage_trains_like_one_process(tmp_path: Path, stage: int) -> None:
+    """Adam with clipping and 2-step accumulation reduced once; its state read and loaded into a new session
+    at step 8 (gathered, then cut again)."""
+    reference = legacy_train()
+    ranks = run(f"legacy:{stage}", tmp_path, 2)
+    np.testing.assert_allclose(np.mean([r["losses"] for r in ranks], axis=0), reference["losses"], rtol=1e-6)
+    for key, value in reference.items():
+        if key.startswith(("param/", "moment/")):
+            for result in ranks:
+                np.testing.assert_allclose(result[key], value, rtol=0, atol=PARAMETER_TOLERANCE, err_msg=key)
+    full = int(reference["held_moment_elements"])
+    assert sum(int(r["held_moment_elements"]) for r in ranks) == full  # each rank holds its shards only
