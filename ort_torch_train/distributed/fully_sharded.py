@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 from weakref import WeakKeyDictionary
 
 import torch
@@ -43,7 +43,7 @@ SHARDINGS = ("zero2", "zero3")
 def check_sharding(sharding: object) -> str | None:
     """``sharding`` checked: None (off), "zero2" or "zero3"."""
     if sharding is None or sharding in SHARDINGS:
-        return sharding  # type: ignore[return-value]  # one of the strings above
+        return sharding
     raise ValueError(f"sharding: expected None, 'zero2' or 'zero3'; got {sharding!r}")
 
 
@@ -66,13 +66,14 @@ class _ShardedRoot(nn.Module):
         module = self._graph[0].module_for(inputs, self._stand_ins)
         layered = self._layered.get(module)
         if layered is None:
-            layered = self._layered[module] = LayeredGraph(module, self._plan, list(self.units), self._user_inputs)
+            units = [cast(Unit, unit) for unit in self.units]
+            layered = self._layered[module] = LayeredGraph(module, self._plan, units, self._user_inputs)
         shared = iter(self.shared)
         return layered(*inputs, *(next(shared) if owner is None else None for owner in self._plan.owner))
 
     def sharded_parameters(self) -> list[nn.Parameter]:
         """The parameters, sharded, in the graph's order."""
-        per_unit = [iter(unit.params) for unit in self.units]  # type: ignore[union-attr]  # Units
+        per_unit = [iter(cast(Unit, unit).params) for unit in self.units]
         shared = iter(self.shared)
         return [next(shared) if owner is None else next(per_unit[owner]) for owner in self._plan.owner]
 
@@ -113,6 +114,11 @@ class FullyShardedParallel(DataParallel):
             raise DistributedError("sharded step after the process's exit began (the sharded module is released)")
         root.set_requires_gradient_sync(self.synchronise)
         return root(list(inputs))  # type: ignore[operator]  # an nn.Module
+
+    @property
+    def sharded_module(self) -> nn.Module | None:
+        """The root module that ``fully_shard`` wraps, its per-layer units inside (None once released)."""
+        return self._root  # type: ignore[return-value]  # an FSDPModule is an nn.Module
 
     def release(self) -> None:
         """Drop the sharded module (no step runs after it)."""
@@ -196,10 +202,11 @@ class ShardedCheckpoint(DistributedCheckpoint):
     rank 0 writes what one process writes."""
 
     def gathered(
-        self, state: TrainingState, target: str, include_optimizer_state: bool
+        self, state: TrainingState, target: str, include_optimizer_state: bool, counted: bool = False
     ) -> tuple[dict[str, Tensor] | None, dict[str, dict[str, Tensor]] | None]:
         """The whole parameters and (``include_optimizer_state``) moments, gathered from every rank."""
-        self._await_every_rank(target)
+        if not counted:
+            self._await_every_rank(target)
         with self._failures(target, "gathering the sharded parameters"), torch.no_grad():
             params = {name: _whole(param) for name, param in state.params.items()}
         _, moments = super().gathered(state, target, include_optimizer_state, counted=True)
@@ -270,4 +277,3 @@ def _require_same_settings(settings: list[Any], group: Any, device: torch.device
         "sharding settings",
         "every rank must be launched with the same sharding and model",
     )
-

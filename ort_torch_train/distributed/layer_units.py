@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import onnx
 import torch
@@ -65,8 +66,8 @@ class LayerPlan:
             inside = layer in stretch and all(stretch[layer][0] <= i < stretch[layer][1] for i in readers[name])
             owned[name] = layer if inside and readers[name] else None
         units = tuple(layer for layer in order if layer in owned.values())
-        index = {layer: k for k, layer in enumerate(units)}
-        return cls(units, tuple(None if owned[n] is None else index[owned[n]] for n in param_names))
+        unit_index = {layer: k for k, layer in enumerate(units)}
+        return cls(units, tuple(None if (own := owned[n]) is None else unit_index[own] for n in param_names))
 
 
 class Unit(nn.Module):
@@ -111,17 +112,17 @@ class LayeredGraph:
         for node in module.graph.nodes:
             if node.op in ("placeholder", "output"):
                 continue
-            owners = [owner[arg] for arg in node.all_input_nodes if owner.get(arg) is not None]
-            running = max([running, *owners])  # type: ignore[type-var]  # ints: None filtered out
-            for arg in node.all_input_nodes:
-                if owner.get(arg) is not None and owner[arg] != running:
+            owners = [(arg, k) for arg in node.all_input_nodes if (k := owner.get(arg)) is not None]
+            running = max([running, *(k for _, k in owners)])
+            for arg, k in owners:
+                if k != running:
                     raise DistributedError(
-                        f"sharding: the converted graph reads parameter {plan.units[owner[arg]]!r}'s "  # type: ignore[index]
+                        f"sharding: the converted graph reads layer {plan.units[k]!r}'s parameter "
                         f"{arg.target!r} after layer {plan.units[running]!r} began; its layers are not in "
                         "order, so it cannot be cut into per-layer units"
                     )
             partition_of[node] = running
-        self.split = split_module(module, None, lambda node: partition_of[node], keep_original_order=True)
+        self.split = split_module(module, module, lambda node: partition_of[node], keep_original_order=True)
         owned_positions: dict[int, list[int]] = {}
         for node in self.split.graph.nodes:
             if node.op != "call_module" or not units:
@@ -156,7 +157,7 @@ class ZeroStandIns(Sequence[Tensor]):
     def __len__(self) -> int:
         return len(self._specs)
 
-    def __getitem__(self, index):  # type: ignore[no-untyped-def,override]  # Sequence's int and slice forms
+    def __getitem__(self, index: Any) -> Any:  # Sequence's int and slice forms
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
         shape, dtype, device = self._specs[index]

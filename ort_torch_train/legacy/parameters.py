@@ -108,7 +108,9 @@ class TrainingParameters:
         self.world_size: int = 1
         self.data_parallel_size: int = 1
         self.allreduce_post_accumulation: bool = False
-        self.deepspeed_zero_stage: int = 0  # 1: optimizer state sharded (legacy/zero.py); 2, 3: FSDP2 (legacy/sharded.py)
+        self.deepspeed_zero_stage: int = (
+            0  # 1: optimizer state sharded (legacy/zero.py); 2, 3: FSDP2 (legacy/sharded.py)
+        )
         self.enable_adasum: bool = False  # gradients combined by Adasum (distributed/adasum.py), eager only
         for name, (default, _) in UNSUPPORTED_SETTINGS.items():
             setattr(self, name, type(default)(default))  # fresh containers per instance
@@ -157,7 +159,9 @@ def check_supported(parameters: TrainingParameters) -> None:
             "supported: LAMB's per-weight trust ratio is not element-wise; use "
             "AdamOptimizer or SGDOptimizer, or stage 0"
         )
-    recomputes = parameters.gelu_recompute or parameters.attn_dropout_recompute or parameters.transformer_layer_recompute
+    recomputes = (
+        parameters.gelu_recompute or parameters.attn_dropout_recompute or parameters.transformer_layer_recompute
+    )
     if stage >= 2 and (parameters.use_mixed_precision or recomputes):
         raise NotImplementedError(
             f"TrainingParameters.deepspeed_zero_stage = {stage} runs float32 steps without recompute: "

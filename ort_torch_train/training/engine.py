@@ -328,6 +328,7 @@ class TrainingEngine:
         if self.eval_graph is None:
             raise ModelError("Eval model was not provided: evaluation needs the eval model (eval_model_uri).")
         inputs = self._on_device(inputs)
+        params: Sequence[torch.Tensor]
         if self.options.sharding is not None:  # gathered from every rank's shards
             with torch.no_grad():
                 params = [self.training_state.whole_parameter(name) for name in self._layout(False).params]
