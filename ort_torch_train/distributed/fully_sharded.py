@@ -93,6 +93,12 @@ class FullyShardedParallel(DataParallel):
         device = state.device
         _require_same_settings([sharding, plan], group, device)
         require_identical({name: state.params[name] for name in names}, group, "parameters")
+        scalars = [name for name in names if state.params[name].dim() == 0]
+        if scalars:  # every rank, as the settings and parameters agree
+            raise DistributedError(
+                f"sharding={sharding!r}: FSDP2 shards parameters along their first axis; the model's "
+                f"parameters {scalars[:3]} are scalars (0-d): train it without sharding (distributed=True)"
+            )
         mesh = DeviceMesh.from_group(group, device.type)
         root = _ShardedRoot(graph, plan, [state.params[name] for name in names], len(graph.layout.user_inputs))
         for unit in root.units:

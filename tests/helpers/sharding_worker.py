@@ -3,7 +3,7 @@
 ``python -m tests.helpers.sharding_worker SCENARIO OUT_DIR`` with torchrun's env. ``SCENARIO`` is
 ``<run>:<sharding>`` (a run of ``RUNS``, "zero2" or "zero3", "none" for one process on the whole batches):
 each rank trains on its share of every batch and writes ``<scenario>_rank<r>.npz`` (the losses, the final
-whole parameters, the eval loss) and rank 0 the checkpoint ``<scenario>.ckpt``. ``resume:<sharding>``
+whole parameters, the last step's whole gradients, the eval loss) and rank 0 the checkpoint ``<scenario>.ckpt``. ``resume:<sharding>``
 loads the ``mlp`` run's checkpoint saved after 3 steps and trains the rest. ``legacy:<stage>``: the legacy
 session with ``deepspeed_zero_stage`` 2 or 3 (``distributed_worker.legacy_train``). ``misuse``: the errors
 each rank saw (``misuse_rank<r>.json``).
@@ -68,12 +68,14 @@ def train(scenario: str, rank: int, world_size: int, out: Path) -> dict[str, np.
         if step == 2 and not resume:
             CheckpointState.save_checkpoint(state, out / f"{scenario}.at3.ckpt", include_optimizer_state=True)
     CheckpointState.save_checkpoint(state, out / f"{scenario}.ckpt", include_optimizer_state=True)
+    grads = {f"grad/{n}": p.grad.copy() for n, p in state.parameters}  # the last step's, gathered
     module.eval()
     eval_loss = module(*part(batches(fixture, 0), rank, world_size))
     return {
         "losses": np.array(losses, dtype=np.float64),
         "eval_loss": np.asarray(eval_loss, dtype=np.float64).reshape(-1),
         **{f"param/{n}": p.data.copy() for n, p in state.parameters},
+        **grads,
     }
 
 

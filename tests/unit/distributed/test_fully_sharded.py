@@ -41,11 +41,11 @@ def run(scenario: str, out: Path, world_size: int) -> list[dict[str, np.ndarray]
 
 def assert_matches_one_process(single: dict[str, np.ndarray], ranks: list[dict[str, np.ndarray]]) -> None:
     """The ranks' mean loss each step is the one process's (each rank saw an equal share of the batch), and
-    every rank reads the same whole final parameters, those of the one process."""
+    every rank reads the same whole final parameters and last gradients, those of the one process."""
     mean = np.mean([r["losses"] for r in ranks], axis=0)
     np.testing.assert_allclose(mean, single["losses"], rtol=LOSS_TOLERANCE, atol=0)
-    names = [key for key in single if key.startswith("param/")]
-    assert names and names == [key for key in ranks[0] if key.startswith("param/")]
+    names = [key for key in single if key.startswith(("param/", "grad/"))]
+    assert names and names == [key for key in ranks[0] if key.startswith(("param/", "grad/"))]
     for name in names:
         for result in ranks:
             np.testing.assert_array_equal(result[name], ranks[0][name], err_msg=name)
