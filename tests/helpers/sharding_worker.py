@@ -5,7 +5,8 @@
 each rank trains on its share of every batch and writes ``<scenario>_rank<r>.npz`` (the losses, the final
 whole parameters, the last step's whole gradients, the eval loss) and rank 0 the checkpoint ``<scenario>.ckpt``. ``resume:<sharding>``
 loads the ``mlp`` run's checkpoint saved after 3 steps and trains the rest. ``legacy:<stage>``: the legacy
-session with ``deepspeed_zero_stage`` 2 or 3 (``distributed_worker.legacy_train``). ``misuse``: the errors
+session with ``deepspeed_zero_stage`` 2 or 3 (``distributed_worker.legacy_train``). ``fit:<sharding>``: the
+trainer's ``fit`` with averaged gradient accumulation. ``misuse``: the errors
 each rank saw (``misuse_rank<r>.json``).
 """
 
@@ -79,6 +80,28 @@ def train(scenario: str, rank: int, world_size: int, out: Path) -> dict[str, np.
     }
 
 
+def fit_run(sharding: str, rank: int, world_size: int) -> dict[str, np.ndarray]:
+    """``fit`` on the mlp run: two micro-batches a step averaged (``grad_accum_reduction="mean"``), the
+    first under ``no_sync``; the losses fit reports (the ranks' mean) and the final whole parameters."""
+    from ort_torch_train.api import CheckpointState, Module, Optimizer
+    from ort_torch_train.trainer import fit
+
+    artifacts = MLP / "artifacts"
+    state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
+    module = Module(artifacts / "training_model.onnx", state, sharding=None if sharding == "none" else sharding)
+    optimizer = Optimizer(artifacts / "optimizer_model.onnx", module)
+    data = [
+        tuple(part(half, rank, world_size))
+        for step in range(STEPS)
+        for half in (part(batches(MLP, step), index, 2) for index in range(2))
+    ]
+    result = fit(module, optimizer, data, max_steps=STEPS, grad_accum=2, grad_accum_reduction="mean")
+    return {
+        "losses": np.array(result.losses, dtype=np.float64),
+        **{f"param/{n}": p.data.copy() for n, p in state.parameters},
+    }
+
+
 def misuse(rank: int) -> dict[str, str]:
     """What a sharded Module raises on this rank: ranks launched with different settings (rank 0 "zero3",
     the others "zero2"), and a model whose ranks start from different parameters."""
@@ -110,6 +133,8 @@ def main() -> None:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     if scenario == "misuse":
         (out / f"misuse_rank{rank}.json").write_text(json.dumps(misuse(rank)))
+    elif scenario.startswith("fit:"):
+        np.savez(out / f"{scenario}_rank{rank}.npz", **fit_run(scenario.split(":")[1], rank, world_size))
     elif scenario.startswith("legacy:"):  # deepspeed_zero_stage 2 or 3
         results = legacy_train(rank, world_size, zero_stage=int(scenario.split(":")[1]))
         np.savez(out / f"{scenario}_rank{rank}.npz", **results)

@@ -91,6 +91,15 @@ def test_clipping_and_accumulation_see_every_rank(tmp_path: Path) -> None:
 
 
 @pytest.mark.distributed
+def test_fit_with_averaged_accumulation_trains_like_one_process(tmp_path: Path) -> None:
+    single = sharding_worker.fit_run("none", 0, 1)
+    ranks = run("fit:zero3", tmp_path, 2)
+    for result in ranks:  # fit reports the ranks' mean loss on every rank
+        np.testing.assert_allclose(result["losses"], single["losses"], rtol=LOSS_TOLERANCE, atol=0)
+    assert_matches_one_process(single, ranks)
+
+
+@pytest.mark.distributed
 def test_a_checkpoint_loaded_into_a_sharded_run_is_sharded(tmp_path: Path) -> None:
     """One process's checkpoint after 3 steps (moments included) resumed on 2 sharded ranks: the last 3
     steps as the one process ran them."""
