@@ -123,7 +123,6 @@ class LayeredGraph:
                     )
             partition_of[node] = running
         self.split = split_module(module, module, lambda node: partition_of[node], keep_original_order=True)
-        owned_positions: dict[int, list[int]] = {}
         for node in self.split.graph.nodes:
             if node.op != "call_module" or not units:
                 continue
@@ -134,14 +133,14 @@ class LayeredGraph:
                 param = param_of.get(arg.name) if isinstance(arg, fx.Node) and arg.op == "placeholder" else None
                 if param is not None and plan.owner[param] == index:
                     positions.append((position, unit_params.index(param)))
-            owned_positions[index] = [p for p, _ in sorted(positions, key=lambda item: item[1])]
             if len(positions) != len(unit_params):
                 raise DistributedError(
                     f"sharding: layer {plan.units[index]!r}'s partition of the converted graph reads "
                     f"{len(positions)} of its {len(unit_params)} parameters"
                 )
             partition = getattr(self.split, str(node.target))
-            setattr(self.split, str(node.target), _UnitCall(units[index], partition, tuple(owned_positions[index])))
+            ordered = tuple(position for position, _ in sorted(positions, key=lambda item: item[1]))
+            setattr(self.split, str(node.target), _UnitCall(units[index], partition, ordered))
 
     def __call__(self, *args: Tensor | None) -> tuple[Tensor, ...]:
         return tuple(self.split(*args))
