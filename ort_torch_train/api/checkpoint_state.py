@@ -49,7 +49,7 @@ class Parameter:
     @property
     def data(self) -> np.ndarray:
         """The parameter's values (a zero-copy view when the parameter is on the CPU)."""
-        return _to_numpy(self._state.parameter(self._name), f"Parameter {self._name}")
+        return _to_numpy(self._state.whole_parameter(self._name), f"Parameter {self._name}")
 
     @data.setter
     def data(self, value: np.ndarray) -> None:
@@ -61,7 +61,10 @@ class Parameter:
         steps (a compiled step may release the gradients' memory while it runs)."""
         with self._state.lock:
             grad = self._state.parameter(self._name).grad
-            return None if grad is None else _to_numpy(grad, f"Gradient of {self._name}")
+            if grad is None:
+                return None
+            gather = getattr(grad, "full_tensor", None)  # a sharded gradient: gathered (a collective)
+            return _to_numpy(grad if gather is None else gather(), f"Gradient of {self._name}")
 
     @property
     def requires_grad(self) -> bool:

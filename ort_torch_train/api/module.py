@@ -71,6 +71,9 @@ class Module(nn.Module):
     ``distributed=True`` trains data-parallel on torch.distributed (``process_group``, default the
     default group): gradients are averaged across ranks at each train step, steps inside
     ``no_sync()`` accumulate locally (see ``distributed/data_parallel.py``); eval stays local.
+    ``sharding="zero2"|"zero3"`` trains sharded on FSDP2 (implies ``distributed``): each rank keeps
+    shards of the gradients and moments ("zero2") and of the parameters too, gathered per layer
+    ("zero3"); see ``distributed/fully_sharded.py`` and docs/scaling.md.
     ``lora=LoraConfig(...)`` adds low-rank adapters beside the targeted weights: the state gains them
     as its only trainable parameters, the rest is frozen, and ``export_model_for_inferencing`` merges
     them (docs/lora.md).
@@ -97,6 +100,7 @@ class Module(nn.Module):
             registered custom-op library), converted before the registry's.
         tensor_parallel_size: split Megatron's MLP weight pairs across this many ranks of the default
             group (eager steps; with ``distributed`` the other ranks' factor is data parallel; docs/scaling.md).
+        sharding: "zero2" or "zero3": sharded data parallelism on FSDP2 (eager float32 steps), or None.
 
     Examples:
         ```python
@@ -138,6 +142,7 @@ class Module(nn.Module):
         pipeline: PipelineOptions | None = None,
         custom_ops: OpLibrary | None = None,
         tensor_parallel_size: int = 1,
+        sharding: str | None = None,
     ) -> None:
         training_model = load_model(train_model_uri, "training model")
         eval_model = load_model(eval_model_uri, "eval model") if eval_model_uri is not None else None
@@ -157,6 +162,7 @@ class Module(nn.Module):
             pipeline=pipeline,
             custom_ops=custom_ops,
             tensor_parallel_size=tensor_parallel_size,
+            sharding=sharding,
         )
         if lora is not None:
             if not isinstance(lora, LoraConfig):

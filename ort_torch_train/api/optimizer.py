@@ -8,6 +8,7 @@ import onnx
 
 from ort_torch_train.api.protocols import TrainableModule
 from ort_torch_train.distributed.data_parallel import require_same_learning_rate, require_same_optimizer_state
+from ort_torch_train.distributed.fully_sharded import FullyShardedParallel
 from ort_torch_train.distributed.zero import ShardedTensors
 from ort_torch_train.errors import DistributedError
 from ort_torch_train.optim.engine import OptimizerEngine
@@ -69,7 +70,18 @@ class Optimizer:
         precision = module.precision
         loss_scaler = None if precision is None else precision.loss_scaler
         self._engine: OptimizerEngine
-        if shard_state:
+        if isinstance(data_parallel, FullyShardedParallel):  # the kernels run on the parameters' shards
+            if shard_state:
+                raise DistributedError("Optimizer(shard_state=True): a sharded Module's moments are sharded already")
+            self._engine = data_parallel.optimizer_engine(
+                OptimizerEngine,
+                spec=spec,
+                state=module.training_state,
+                param_names=module.trainable_parameter_names,
+                implementation=implementation,
+                loss_scaler=loss_scaler,
+            )
+        elif shard_state:
             self._engine = _sharded_engine(spec, module, implementation, loss_scaler)
         else:
             self._engine = OptimizerEngine(

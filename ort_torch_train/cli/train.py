@@ -92,6 +92,11 @@ def run_train(args: argparse.Namespace) -> None:
             "--shard-state shards the optimizer state across ranks: launch 2 or more processes with "
             "`torchrun --nproc_per_node=N -m ort_torch_train train ...`"
         )
+    if args.sharding and (int(os.environ.get("WORLD_SIZE", "1")) <= 1 or args.shard_state):
+        raise CliError(
+            f"--sharding {args.sharding} shards across ranks: launch 2 or more processes with "
+            "`torchrun --nproc_per_node=N -m ort_torch_train train ...`, without --shard-state (implied)"
+        )
     if args.adasum and (int(os.environ.get("WORLD_SIZE", "1")) <= 1 or args.compile):
         raise CliError(
             "--adasum combines the ranks' gradients in eager steps: launch 2, 4, 8... processes with "
@@ -145,6 +150,7 @@ def train(args: argparse.Namespace, launch: Launch, device: str) -> None:
         lora=lora_setting(args.lora, job.state.training_state, job.training_model),
         compile_cache=False if args.no_compile_cache else args.compile_cache,
         gradient_combination="adasum" if args.adasum else "average",
+        sharding=args.sharding,
     )
     optimizer = Optimizer(job.optimizer_model, module, shard_state=args.shard_state)
     optimizer_state = job.state.training_state.optimizer

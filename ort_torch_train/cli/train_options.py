@@ -226,6 +226,12 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         help="under torchrun: each rank keeps 1/N of the optimizer state (ZeRO stage 1)",
     )
     group.add_argument(
+        "--sharding",
+        choices=("zero2", "zero3"),
+        help="under torchrun, eager float32 steps: FSDP2 sharding of the gradients and optimizer state "
+        "(zero2), and of the parameters too, gathered per layer (zero3)",
+    )
+    group.add_argument(
         "--adasum",
         action="store_true",
         help="under torchrun, eager steps, 2/4/8... ranks: combine the gradients by Adasum instead of averaging",

@@ -19,17 +19,25 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import torch.distributed as dist
+from torch import Tensor
 
-from ort_torch_train.distributed.zero import ShardedTensors
 from ort_torch_train.errors import CheckpointError, DistributedError
 from ort_torch_train.optim.engine import OptimizerEngine
 from ort_torch_train.state.training_state import TrainingState
 
 ARRIVAL_TIMEOUT = 60.0  # seconds rank 0 waits for the other ranks at a save of sharded moments
 _KEY = "ort_torch_train/save"
+
+
+class MomentsGatherer(Protocol):
+    """An optimizer engine's tensor provider that holds shards of the moments (ZeRO)."""
+
+    def gathered_momentums(self, engine: OptimizerEngine) -> dict[str, dict[str, Tensor]]:
+        """Every parameter's whole moments, gathered from every rank's shards (a collective)."""
+        ...
 
 
 class DistributedCheckpoint:
@@ -44,9 +52,9 @@ class DistributedCheckpoint:
         self._saves = 0  # save_checkpoint calls on this rank
         self._sharded_saves = 0  # those that gathered sharded moments
         # the engine whose moments are sharded, and its tensor provider that holds the shards, if any
-        self._sharded: tuple[OptimizerEngine, ShardedTensors] | None = None
+        self._sharded: tuple[OptimizerEngine, MomentsGatherer] | None = None
 
-    def gather_moments_from(self, engine: OptimizerEngine, shards: ShardedTensors) -> None:
+    def gather_moments_from(self, engine: OptimizerEngine, shards: MomentsGatherer) -> None:
         """Save the whole moments, gathered from the shards of ``engine`` that ``shards`` (its tensor
         provider) holds, instead of the state's slices."""
         self._sharded = (engine, shards)
@@ -60,29 +68,43 @@ class DistributedCheckpoint:
                 "handler and save between steps (docs/scaling.md, Preemption)."
             )
         target = os.path.abspath(path)
-        gathered = None
-        if include_optimizer_state and self._sharded is not None:
-            self._await_every_rank(target)
-            with self._failures(target, "gathering the sharded moments"):
-                engine, shards = self._sharded
-                gathered = shards.gathered_momentums(engine)
+        params, gathered = self.gathered(state, target, include_optimizer_state)
         self._saves += 1
         if self.rank == 0:
-            self._write_and_publish(state, target, include_optimizer_state, gathered)
+            self._write_and_publish(state, target, include_optimizer_state, gathered, params)
             return
         with self._failures(target, "waiting for rank 0's save"):
             published = json.loads(self._store.get(f"{_KEY}/{self._saves}"))
-        if published["path"] != target:
-            state.save(target, include_optimizer_state, moments=gathered)  # per-rank paths: each rank writes its own
+        if published["path"] != target:  # per-rank paths: each rank writes its own
+            state.save(target, include_optimizer_state, moments=gathered, params=params)
         elif published["error"] is not None:
             raise DistributedError(f"save_checkpoint: rank 0 failed to write {target!r}: {published['error']}")
 
+    def gathered(
+        self, state: TrainingState, target: str, include_optimizer_state: bool, counted: bool = False
+    ) -> tuple[dict[str, Tensor] | None, dict[str, dict[str, Tensor]] | None]:
+        """What a save writes instead of the state's own tensors: whole parameters (None here: every rank
+        holds them) and the moments gathered from the ranks' shards (None: not sharded or not saved). A
+        collective where the moments are sharded; ``counted``: this rank has already met the others."""
+        if not include_optimizer_state or self._sharded is None:
+            return None, None
+        if not counted:
+            self._await_every_rank(target)
+        with self._failures(target, "gathering the sharded moments"):
+            engine, shards = self._sharded
+            return None, shards.gathered_momentums(engine)
+
     def _write_and_publish(
-        self, state: TrainingState, target: str, include_optimizer_state: bool, gathered: dict | None
+        self,
+        state: TrainingState,
+        target: str,
+        include_optimizer_state: bool,
+        gathered: dict | None,
+        params: dict[str, Tensor] | None,
     ) -> None:
         error: Exception | None = None
         try:
-            state.save(target, include_optimizer_state, moments=gathered)
+            state.save(target, include_optimizer_state, moments=gathered, params=params)
         except Exception as failure:  # published first, so that no rank waits for it in vain
             error = failure
         outcome = {"path": target, "error": None if error is None else f"{type(error).__name__}: {error}"}
@@ -104,8 +126,8 @@ class DistributedCheckpoint:
                     self._sharded_saves -= 1
                     raise DistributedError(
                         f"save_checkpoint({target!r}) on rank 0: only {arrived} of {self.world_size} ranks "
-                        f"called it within {self.arrival_timeout:g} s. With Optimizer(shard_state=True) every "
-                        "rank holds a slice of the moments, so every rank must call save_checkpoint (rank 0 "
+                        f"called it within {self.arrival_timeout:g} s. With Optimizer(shard_state=True) (or Module(sharding=...)) "
+                        "every rank holds a slice of the moments (and parameters), so every rank must call save_checkpoint (rank 0 "
                         "writes the file): call it on all ranks, not under `if rank == 0:`; or save without "
                         "the optimizer state (include_optimizer_state=False) from rank 0 alone."
                     )

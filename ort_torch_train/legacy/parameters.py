@@ -114,7 +114,9 @@ class TrainingParameters:
         self.world_size: int = 1
         self.data_parallel_size: int = 1
         self.allreduce_post_accumulation: bool = False
-        self.deepspeed_zero_stage: int = 0  # 1: optimizer state sharded across the ranks (legacy/zero.py)
+        self.deepspeed_zero_stage: int = (
+            0  # 1: optimizer state sharded (legacy/zero.py); 2, 3: FSDP2 (legacy/sharded.py)
+        )
         self.enable_adasum: bool = False  # gradients combined by Adasum (distributed/adasum.py), eager only
         # pipeline parallelism on torch.distributed.pipelining (legacy/pipeline.py)
         self.pipeline_parallel_size: int = 1
@@ -157,16 +159,24 @@ def check_supported(parameters: TrainingParameters) -> None:
             )
     optimizer = parameters.training_optimizer_name
     stage = parameters.deepspeed_zero_stage
-    if stage not in (0, 1):
+    if stage not in (0, 1, 2, 3):
         raise NotImplementedError(
-            f"TrainingParameters.deepspeed_zero_stage = {stage!r} is not supported: only "
-            "stage 0 (no sharding) and 1 (optimizer state sharded) are implemented"
+            f"TrainingParameters.deepspeed_zero_stage = {stage!r} is not supported: stages 0 (no sharding), "
+            "1 (optimizer state sharded), 2 and 3 (FSDP2: gradients, and for 3 the weights, sharded too) are"
         )
-    if stage == 1 and optimizer == "LambOptimizer":
+    if stage and optimizer == "LambOptimizer":
         raise NotImplementedError(
-            "TrainingParameters.deepspeed_zero_stage = 1 with LambOptimizer is not "
+            f"TrainingParameters.deepspeed_zero_stage = {stage} with LambOptimizer is not "
             "supported: LAMB's per-weight trust ratio is not element-wise; use "
             "AdamOptimizer or SGDOptimizer, or stage 0"
+        )
+    recomputes = (
+        parameters.gelu_recompute or parameters.attn_dropout_recompute or parameters.transformer_layer_recompute
+    )
+    if stage >= 2 and (parameters.use_mixed_precision or recomputes):
+        raise NotImplementedError(
+            f"TrainingParameters.deepspeed_zero_stage = {stage} runs float32 steps without recompute: "
+            "use_mixed_precision and the *_recompute settings must be off (docs/scaling.md, Sharded training)"
         )
     if optimizer and optimizer not in OPTIMIZERS:
         raise ValueError(

@@ -25,6 +25,7 @@ import onnx
 import torch
 
 from ort_torch_train.api.ortvalue import numpy_to_tensor
+from ort_torch_train.distributed.fully_sharded import FullyShardedParallel, global_norm, local_shard
 from ort_torch_train.dtypes import ort_tensor_type, tensor_to_proto
 from ort_torch_train.errors import CheckpointError, InputError, InputTypeError
 from ort_torch_train.fileio import atomic_write_bytes
@@ -89,6 +90,7 @@ class TrainingSession:
             gradient_combination="adasum" if parameters.enable_adasum and distributed else "average",
             pipeline=pipeline,
             tensor_parallel_size=parameters.horizontal_parallel_size,
+            sharding={2: "zero2", 3: "zero3"}.get(parameters.deepspeed_zero_stage) if distributed else None,
         )
         self._engine = TrainingEngine(setup.model, self.training_state, setup.model, options)
         self._reduce_once = parameters.allreduce_post_accumulation
@@ -158,7 +160,8 @@ class TrainingSession:
         results[GROUP_ACCUMULATED_GRADIENTS] = torch.tensor(True)
         self._accumulated += 1
         params = self.training_state.params
-        grads = [grad for name in self._trained if (grad := params[name].grad) is not None]
+        grads = [local_shard(grad) for name in self._trained if (grad := params[name].grad) is not None]
+        group = data_parallel.group if isinstance(data_parallel, FullyShardedParallel) else None
         scale = to_float32(1.0 / self._accumulation_steps)
         optimizer = self._optimizer
         norm = None
@@ -167,14 +170,14 @@ class TrainingSession:
                 torch._foreach_mul_(grads, scale)
             finite = self._loss_scaler is None or self._loss_scaler.unscale_and_update(grads)
             if wants_norm or optimizer.clip_grad_norm:
-                norm = _global_norm(grads)
+                norm = _global_norm(grads, group)
             if finite:
                 assert learning_rate is not None  # _feeds requires it whenever an update may run
                 optimizer.step(learning_rate, norm)
             engine.lazy_reset_grad()
             self._accumulated = 0
         elif wants_norm:
-            norm = _global_norm(torch._foreach_mul(grads, scale))
+            norm = _global_norm(torch._foreach_mul(grads, scale), group)
         if norm is not None:
             results[GLOBAL_GRADIENT_NORM] = norm
         return results
@@ -243,7 +246,7 @@ class TrainingSession:
     def get_state(self) -> dict[str, np.ndarray]:
         """Trained weights and optimizer state (``Moment_1_<w>``, ``Moment_2_<w>``, ``Update_Count_<w>``),
         sorted by name, as copies."""
-        tensors: dict[str, torch.Tensor] = {name: self.training_state.params[name] for name in self._trained}
+        tensors: dict[str, torch.Tensor] = {name: self.training_state.whole_parameter(name) for name in self._trained}
         if self._optimizer is not None:
             tensors.update(self._optimizer.state_tensors())
         return {name: _numpy(tensors[name]) for name in sorted(tensors)}
@@ -260,7 +263,7 @@ class TrainingSession:
     def get_model_state(self, include_mixed_precision_weights: bool = False) -> dict[str, dict[str, np.ndarray]]:
         """``{"full_precision": {weight: value}}`` for the trained weights (plus an empty
         ``"mixed_precision"`` when asked: there are no fp16 copies here)."""
-        state = {"full_precision": {name: _numpy(self.training_state.params[name]) for name in self._trained}}
+        state = {"full_precision": {name: _numpy(self.training_state.whole_parameter(name)) for name in self._trained}}
         if include_mixed_precision_weights:
             state["mixed_precision"] = {}
         return state
@@ -285,7 +288,7 @@ class TrainingSession:
         trained = set(self._trained)
         for init in model.graph.initializer:
             if init.name in trained:
-                init.CopyFrom(tensor_to_proto(self.training_state.params[init.name], init.name))
+                init.CopyFrom(tensor_to_proto(self.training_state.whole_parameter(init.name), init.name))
         atomic_write_bytes(path, model.SerializeToString())
 
 
@@ -332,8 +335,10 @@ def _type_name(dtype: np.dtype) -> str:
         return str(dtype)
 
 
-def _global_norm(grads: list[torch.Tensor] | tuple[torch.Tensor, ...]) -> torch.Tensor:
-    """ORT's ReduceAllL2: the L2 norm of all gradients together."""
+def _global_norm(grads: list[torch.Tensor] | tuple[torch.Tensor, ...], group: Any) -> torch.Tensor:
+    """ORT's ReduceAllL2: the L2 norm of all gradients together (with ``group``, of every rank's shards)."""
+    if group is not None:
+        return global_norm(grads, group)
     return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
 
 

@@ -18,11 +18,13 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ort_torch_train.distributed.data_parallel import DataParallel
+from ort_torch_train.distributed.fully_sharded import FullyShardedParallel
 from ort_torch_train.distributed.zero import FlatShard
 from ort_torch_train.errors import DistributedError
 from ort_torch_train.legacy.moments import MOMENT_1, MOMENT_2, STATE_PREFIXES, UPDATE_COUNT
 from ort_torch_train.legacy.optimizers import InitialState, LegacyOptimizer, build_optimizer
 from ort_torch_train.legacy.parameters import TrainingParameters
+from ort_torch_train.legacy.sharded import FsdpLegacyOptimizer
 from ort_torch_train.optim.tensor_lists import gradient_buffers
 
 
@@ -30,7 +32,7 @@ def build_legacy_optimizer(
     parameters: TrainingParameters,
     params: Mapping[str, torch.nn.Parameter],
     data_parallel: DataParallel | None,
-) -> LegacyOptimizer | ShardedLegacyOptimizer | None:
+) -> LegacyOptimizer | ShardedLegacyOptimizer | FsdpLegacyOptimizer | None:
     """The optimizer ``parameters`` name over the trained ``params``; under ZeRO stage 1 in a
     data-parallel run, over this rank's slice of them. None for no optimizer name or no trained weight."""
 
@@ -50,6 +52,8 @@ def build_legacy_optimizer(
         return None  # ORT then builds no optimizer graph, and takes no learning rate
     if parameters.deepspeed_zero_stage == 0 or data_parallel is None:
         return build(params, parameters.optimizer_initial_state)
+    if isinstance(data_parallel, FullyShardedParallel):  # stages 2 and 3
+        return FsdpLegacyOptimizer(build, params, parameters.optimizer_initial_state)
     return ShardedLegacyOptimizer(build, params, parameters.optimizer_initial_state, data_parallel.group)
 
 

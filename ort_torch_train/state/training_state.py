@@ -18,6 +18,7 @@ from typing import Protocol
 
 import numpy as np
 import torch
+from torch.distributed.tensor import distribute_tensor
 
 from ort_torch_train.checkpoint.odtc import checkpoint_to_bytes, read_checkpoint, write_checkpoint
 from ort_torch_train.checkpoint.records import CheckpointRecord, OptimizerGroupRecord
@@ -117,10 +118,18 @@ class TrainingState:
             has_external_data=record.has_external_data,
         )
 
-    def to_record(self, include_optimizer_state: bool = False, *, moments: Moments | None = None) -> CheckpointRecord:
+    def to_record(
+        self,
+        include_optimizer_state: bool = False,
+        *,
+        moments: Moments | None = None,
+        params: Mapping[str, torch.Tensor] | None = None,
+    ) -> CheckpointRecord:
         """The state as a record sharing the live tensors; the optimizer group only when asked
         for and when there is one (ORT silently writes none otherwise), holding ``moments`` when given
-        (the whole moments gathered from a rank's sharded slices) instead of the state's own."""
+        (the whole moments gathered from a rank's sharded slices) instead of the state's own, and
+        ``params`` (whole values gathered from sharded parameters) instead of the parameters' values."""
+        values = {n: p.detach() for n, p in self.params.items()} if params is None else params
         groups = []
         if include_optimizer_state and self.optimizer is not None:
             opt = self.optimizer
@@ -136,8 +145,8 @@ class TrainingState:
                 )
             )
         return CheckpointRecord(
-            trainable={n: p.detach() for n, p in self.params.items() if p.requires_grad},
-            frozen={n: p.detach() for n, p in self.params.items() if not p.requires_grad},
+            trainable={n: values[n] for n, p in self.params.items() if p.requires_grad},
+            frozen={n: values[n] for n, p in self.params.items() if not p.requires_grad},
             is_nominal=self.is_nominal,
             optimizer_groups=groups,
             properties=dict(self.properties),
@@ -145,22 +154,35 @@ class TrainingState:
         )
 
     def save(
-        self, path: str | os.PathLike, include_optimizer_state: bool = False, *, moments: Moments | None = None
+        self,
+        path: str | os.PathLike,
+        include_optimizer_state: bool = False,
+        *,
+        moments: Moments | None = None,
+        params: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
-        """Write an ORT checkpoint file atomically (the property bag is always saved; ``moments`` as in
-        ``to_record``).
+        """Write an ORT checkpoint file atomically (the property bag is always saved; ``moments`` and
+        ``params`` as in ``to_record``).
 
         Asked for while this thread is inside a step of the state (from a signal handler, say), the
         save is done when the step ends: a checkpoint always holds the state between two steps.
         """
         if self.lock.held_by_current_thread():
-            self.lock.defer(lambda: self._write(path, include_optimizer_state, moments), f"save of {os.fspath(path)!r}")
+            self.lock.defer(
+                lambda: self._write(path, include_optimizer_state, moments, params), f"save of {os.fspath(path)!r}"
+            )
             return
         with self.lock:
-            self._write(path, include_optimizer_state, moments)
+            self._write(path, include_optimizer_state, moments, params)
 
-    def _write(self, path: str | os.PathLike, include_optimizer_state: bool, moments: Moments | None) -> None:
-        write_checkpoint(self.to_record(include_optimizer_state, moments=moments), path)
+    def _write(
+        self,
+        path: str | os.PathLike,
+        include_optimizer_state: bool,
+        moments: Moments | None,
+        params: Mapping[str, torch.Tensor] | None = None,
+    ) -> None:
+        write_checkpoint(self.to_record(include_optimizer_state, moments=moments, params=params), path)
         log.info("saved checkpoint %s (optimizer state: %s)", os.fspath(path), include_optimizer_state)
 
     def coordinate_saves(self, coordinator: SaveCoordinator) -> None:
@@ -201,6 +223,13 @@ class TrainingState:
             )
         return self.params[name]
 
+    def whole_parameter(self, name: str) -> torch.Tensor:
+        """The parameter's whole value, as ``parameter``; a sharded one (a DTensor) is gathered from every
+        rank, a collective that every rank calls."""
+        param = self.parameter(name)
+        gather = getattr(param, "full_tensor", None)
+        return param if gather is None else gather()
+
     def set_parameter_data(self, name: str, value: np.ndarray | torch.Tensor) -> None:
         """Copy value into the parameter in place, after checking name, shape and dtype."""
         if name in self.params and self.is_nominal:
@@ -210,8 +239,13 @@ class TrainingState:
             )
         param = self.parameter(name)
         tensor = self._checked_value(name, value)
+        mesh = getattr(param, "device_mesh", None)
         with self.lock, torch.no_grad():
-            param.copy_(tensor)
+            if mesh is None:
+                param.copy_(tensor)
+            else:  # a sharded parameter (a DTensor) takes this rank's piece of the whole value
+                placements = getattr(param, "placements")  # noqa: B009  # a DTensor's
+                param.copy_(distribute_tensor(tensor.to(param.device), mesh, placements, src_data_rank=None))
 
     def _checked_value(self, name: str, value: object) -> torch.Tensor:
         param = self.params[name]

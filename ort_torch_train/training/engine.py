@@ -21,6 +21,7 @@ from ort_torch_train.convert.registry import check_differentiable
 from ort_torch_train.convert.subgraphs import names_read
 from ort_torch_train.distributed.data_parallel import DataParallel, data_parallel
 from ort_torch_train.distributed.pipeline import PipelineParallel, pipeline_parallel
+from ort_torch_train.distributed.fully_sharded import FullyShardedParallel
 from ort_torch_train.errors import ModelError
 from ort_torch_train.graph.layout import (
     GraphLayout,
@@ -115,7 +116,13 @@ class TrainingEngine:
         self._gradient_reset = _GradientReset()
         state.to(options.device)
         self._data_parallel: DataParallel | None = None  # averages the gradients across ranks
-        if options.distributed:
+        if options.sharding is not None:  # the state's parameters become their shards
+            self._data_parallel = FullyShardedParallel(
+                self.train_graph, state, train_params, options.process_group, options.sharding
+            )
+            self._train_params = [state.params[n] for n in train_params]
+            self._eval_params = [state.params[n] for n in self.eval_layout.params] if self.eval_layout else []
+        elif options.distributed:
             self._data_parallel = data_parallel(
                 self.train_graph, state, train_params, options.process_group, options.gradient_combination
             )
@@ -187,7 +194,10 @@ class TrainingEngine:
         """The differentiable forward of the train (``training``) or eval graph, no backward."""
         graph, params = self._mode_graph(training)
         with autocast_or_null(self.precision, self.device):
-            outputs = graph(self._on_device(inputs), params)
+            if training and self._data_parallel is not None and self.options.sharding is not None:
+                outputs = self._data_parallel.forward(self._on_device(inputs))  # gathers the shards
+            else:
+                outputs = graph(self._on_device(inputs), params)
         return outputs[0] if len(outputs) == 1 else outputs
 
     def train_step(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -349,8 +359,14 @@ class TrainingEngine:
         if self.eval_graph is None:
             raise ModelError("Eval model was not provided: evaluation needs the eval model (eval_model_uri).")
         inputs = self._on_device(inputs)
-        module = self.eval_graph.module_for(inputs, self._eval_params)
-        params = self._eval_params if self.eval_graph.compile_arguments is None else self._detached_eval_params()
+        params: Sequence[torch.Tensor]
+        if self.options.sharding is not None:  # gathered from every rank's shards
+            with torch.no_grad():
+                params = [self.training_state.whole_parameter(name) for name in self._layout(False).params]
+            module = self.eval_graph.module_for(inputs, params)
+        else:
+            module = self.eval_graph.module_for(inputs, self._eval_params)
+            params = self._eval_params if self.eval_graph.compile_arguments is None else self._detached_eval_params()
         products = self.eval_graph.matrix_products(module)
         device = self.device
         self._threads.follow_load(device)

@@ -14,6 +14,7 @@ from ort_torch_train.distributed.adasum import check_gradient_combination
 from ort_torch_train.distributed.data_parallel import require_process_group
 from ort_torch_train.distributed.pipeline_plan import PipelineOptions
 from ort_torch_train.distributed.tensor_parallel import TensorParallel, check_tensor_parallel_size
+from ort_torch_train.distributed.fully_sharded import check_sharding
 from ort_torch_train.errors import DistributedError
 from ort_torch_train.training.binding import parse_device
 from ort_torch_train.training.compile.cache import CompileCacheSetting
@@ -53,6 +54,8 @@ class EngineOptions:
             through the C API), converted before the registry's, or None.
         tensor_parallel: the ``(dp, tp)`` mesh whose tp ranks share Megatron's weight pairs
             (``distributed/tensor_parallel.py``), or None; with it, ``process_group`` is the mesh's dp group.
+        sharding: "zero2" or "zero3" (FSDP2, ``distributed/fully_sharded.py``; implies ``distributed``,
+            eager steps without recompute or mixed precision), or None.
 
     Valid combinations: every field with every other, except that ``loss_scale`` needs "fp16", a
     process group needs ``distributed`` or ``pipeline``, "adasum" needs ``distributed`` and eager steps, and
@@ -74,6 +77,7 @@ class EngineOptions:
     pipeline_group: Any = None
     custom_ops: OpLibrary | None = None
     tensor_parallel: TensorParallel | None = None
+    sharding: str | None = None
 
     @classmethod
     def of(
@@ -92,6 +96,7 @@ class EngineOptions:
         pipeline: PipelineOptions | None = None,
         custom_ops: OpLibrary | None = None,
         tensor_parallel_size: int = 1,
+        sharding: str | None = None,
     ) -> EngineOptions:
         """Checked options from a face's arguments (``Module``'s names); raises naming the bad argument."""
         target = parse_device(device)
@@ -108,6 +113,20 @@ class EngineOptions:
         plan: Recompute = recompute if isinstance(recompute, RecomputePlan) else recompute_segments(recompute)
         pipeline_group = _pipeline_group(pipeline, process_group, distributed, arguments, mixed_precision, recompute)
         group = None
+        sharded = check_sharding(sharding)
+        if sharded is not None:
+            if pipeline is not None or tensor_parallel_size != 1:
+                raise ValueError(
+                    f"sharding: {sharded!r} with pipeline={pipeline!r}, tensor_parallel_size={tensor_parallel_size!r}: "
+                    "sharded data parallelism does not compose with pipeline or tensor parallelism yet"
+                )
+            if arguments is not None or plan or mixed_precision is not None or gradient_combination != "average":
+                raise ValueError(
+                    f"sharding: {sharded!r} runs eager float32 steps with averaged gradients; got compile={compile!r}, "
+                    f"recompute={recompute!r}, mixed_precision={mixed_precision!r}, "
+                    f"gradient_combination={gradient_combination!r} (docs/scaling.md, Sharded training)"
+                )
+            distributed = True
         if distributed:
             group = require_process_group(process_group, "Module(distributed=True)")
         elif process_group is not None and pipeline is None:
@@ -156,6 +175,7 @@ class EngineOptions:
             pipeline_group,
             custom_ops,
             tensor_parallel,
+            sharded,
         )
 
     @property

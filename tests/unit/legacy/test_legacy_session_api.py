@@ -234,16 +234,29 @@ def test_unsupported_settings_raise_not_implemented(name):
 
 
 @pytest.mark.parametrize(
-    "optimizer, stage, expected", [("AdamOptimizer", 2, "only stage 0"), ("LambOptimizer", 1, "not element-wise")]
+    "optimizer, stage, expected",
+    [
+        ("AdamOptimizer", 4, r"stages 0 \(no sharding\)"),
+        ("LambOptimizer", 1, "not element-wise"),
+        ("LambOptimizer", 3, "not element-wise"),
+    ],
 )
 def test_zero_stages_that_are_not_implemented_raise(optimizer, stage, expected):
     with pytest.raises(NotImplementedError, match=expected):
         session(params_for(optimizer, deepspeed_zero_stage=stage))
 
 
-def test_zero_stage_1_in_one_process_trains_unsharded():
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_zero_stages_in_one_process_train_unsharded(stage):
     data, rates = batches(3), lrs(3)
-    assert train(session(params_for(deepspeed_zero_stage=1)), data, rates) == train(session(params_for()), data, rates)
+    assert train(session(params_for(deepspeed_zero_stage=stage)), data, rates) == train(
+        session(params_for()), data, rates
+    )
+
+
+def test_zero_stages_2_and_3_refuse_mixed_precision():
+    with pytest.raises(NotImplementedError, match="deepspeed_zero_stage = 2 runs float32 steps"):
+        session(params_for(deepspeed_zero_stage=2, use_mixed_precision=True))
 
 
 def test_ort_format_is_not_implemented(tmp_path):

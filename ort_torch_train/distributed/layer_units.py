@@ -1,0 +1,163 @@
+"""The converted training graph cut into per-layer units, so that FSDP2 shards and gathers one layer at a time.
+
+A converted graph is one flat ``fx.GraphModule`` that takes the parameters as inputs. ``layer_of`` names
+a parameter's layer by its name: the prefix up to the first numbered component (``model.layers.3``,
+``transformer.h.0``), else the name without its last component (``fc1``). ``LayerPlan`` gives each layer
+whose parameters the ONNX graph reads in one stretch a unit of its own; a parameter read across layers
+(tied embeddings) or outside any layer belongs to the root. ``LayeredGraph`` cuts a converted module
+(``torch.fx.passes.split_module``) into one partition per unit, in graph order, and runs each partition
+inside its unit's ``forward``, so the unit's FSDP hooks gather its parameters around it (and, for ZeRO-3,
+free them after it) and reduce-scatter their gradients when its backward is done.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import onnx
+import torch
+from torch import Tensor, fx, nn
+from torch.fx.passes.split_module import split_module
+
+from ort_torch_train.errors import DistributedError
+
+_NUMBERED = re.compile(r"^(.*?\.\d+)\.")
+
+
+def layer_of(name: str) -> str:
+    """The layer a parameter belongs to, by its name (see the module doc)."""
+    match = _NUMBERED.match(name)
+    if match:
+        return match.group(1)
+    head, dot, _ = name.rpartition(".")
+    return head if dot else name
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """Which unit owns each parameter: ``owner[i]`` is the unit index of the i-th graph parameter, or None
+    (the root); ``units[k]`` the layer name of unit k, in the order the graph reads them."""
+
+    units: tuple[str, ...]
+    owner: tuple[int | None, ...]
+
+    @classmethod
+    def of(cls, graph: onnx.GraphProto, param_names: Sequence[str]) -> LayerPlan:
+        """The plan for a forward graph reading ``param_names``: a layer's parameters go to its unit when
+        every node reading them sits between the layer's first node and the next layer's first node."""
+        layers = {name: layer_of(name) for name in param_names}
+        readers: dict[str, list[int]] = {name: [] for name in param_names}
+        order: list[str] = []  # layers, by their first reader
+        for index, node in enumerate(graph.node):
+            for name in node.input:
+                if name in readers:
+                    readers[name].append(index)
+                    if layers[name] not in order:
+                        order.append(layers[name])
+        first = {layer: min(readers[n][0] for n in param_names if layers[n] == layer and readers[n]) for layer in order}
+        bounds = sorted(first.values()) + [len(graph.node)]
+        stretch = {layer: (start, bounds[bounds.index(start) + 1]) for layer, start in first.items()}
+        owned: dict[str, str | None] = {}
+        for name in param_names:
+            layer = layers[name]
+            inside = layer in stretch and all(stretch[layer][0] <= i < stretch[layer][1] for i in readers[name])
+            owned[name] = layer if inside and readers[name] else None
+        units = tuple(layer for layer in order if layer in owned.values())
+        unit_index = {layer: k for k, layer in enumerate(units)}
+        return cls(units, tuple(None if (own := owned[n]) is None else unit_index[own] for n in param_names))
+
+
+class Unit(nn.Module):
+    """One layer's parameters (``fully_shard`` shards and gathers them); its ``forward`` runs a partition
+    of the graph with them put in at ``positions`` of its arguments."""
+
+    def __init__(self, params: Sequence[nn.Parameter]) -> None:
+        super().__init__()
+        self.params = nn.ParameterList(params)
+
+    def forward(self, partition: Callable, positions: tuple[int, ...], *args: object) -> object:
+        values = list(args)
+        for position, param in zip(positions, self.params):
+            values[position] = param
+        return partition(*values)
+
+
+class _UnitCall(nn.Module):
+    """A partition of the cut graph, run inside its unit's forward."""
+
+    def __init__(self, unit: Unit, partition: fx.GraphModule, positions: tuple[int, ...]) -> None:
+        super().__init__()
+        self.partition = partition
+        self._unit = [unit]  # a list: the unit stays out of this module's tree
+        self.positions = positions
+
+    def forward(self, *args: object) -> object:
+        return self._unit[0](self.partition, self.positions, *args)
+
+
+class LayeredGraph:
+    """A converted module cut into one partition per unit (see the module doc): called with the user inputs,
+    then the parameters (None where a unit puts in its own)."""
+
+    def __init__(self, module: fx.GraphModule, plan: LayerPlan, units: Sequence[Unit], user_inputs: int) -> None:
+        placeholders = [node for node in module.graph.nodes if node.op == "placeholder"]
+        param_nodes = placeholders[user_inputs:]
+        owner = {node: plan.owner[i] for i, node in enumerate(param_nodes)}
+        param_of = {node.name: i for i, node in enumerate(param_nodes)}
+        partition_of: dict[fx.Node, int] = {}
+        running = 0
+        for node in module.graph.nodes:
+            if node.op in ("placeholder", "output"):
+                continue
+            owners = [(arg, k) for arg in node.all_input_nodes if (k := owner.get(arg)) is not None]
+            running = max([running, *(k for _, k in owners)])
+            for arg, k in owners:
+                if k != running:
+                    raise DistributedError(
+                        f"sharding: the converted graph reads layer {plan.units[k]!r}'s parameter "
+                        f"{arg.target!r} after layer {plan.units[running]!r} began; its layers are not in "
+                        "order, so it cannot be cut into per-layer units"
+                    )
+            partition_of[node] = running
+        self.split = split_module(module, module, lambda node: partition_of[node], keep_original_order=True)
+        for node in self.split.graph.nodes:
+            if node.op != "call_module" or not units:
+                continue
+            index = int(str(node.target).rsplit("_", 1)[1])
+            positions = []
+            unit_params = [i for i, k in enumerate(plan.owner) if k == index]
+            for position, arg in enumerate(node.args):
+                param = param_of.get(arg.name) if isinstance(arg, fx.Node) and arg.op == "placeholder" else None
+                if param is not None and plan.owner[param] == index:
+                    positions.append((position, unit_params.index(param)))
+            if len(positions) != len(unit_params):
+                raise DistributedError(
+                    f"sharding: layer {plan.units[index]!r}'s partition of the converted graph reads "
+                    f"{len(positions)} of its {len(unit_params)} parameters"
+                )
+            partition = getattr(self.split, str(node.target))
+            ordered = tuple(position for position, _ in sorted(positions, key=lambda item: item[1]))
+            setattr(self.split, str(node.target), _UnitCall(units[index], partition, ordered))
+
+    def __call__(self, *args: Tensor | None) -> tuple[Tensor, ...]:
+        return tuple(self.split(*args))
+
+
+class ZeroStandIns(Sequence[Tensor]):
+    """Zero tensors of the parameters' whole shapes, made when read: what a conversion's example run
+    takes where the parameters are sharded (the examples' values drive only shape-finding runs)."""
+
+    def __init__(self, params: Sequence[Tensor]) -> None:
+        self._specs = [(tuple(p.shape), p.dtype, p.device) for p in params]
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+    def __getitem__(self, index: Any) -> Any:  # Sequence's int and slice forms
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        shape, dtype, device = self._specs[index]
+        return torch.zeros(shape, dtype=dtype, device=device)

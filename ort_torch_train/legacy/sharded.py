@@ -1,0 +1,96 @@
+"""``deepspeed_zero_stage`` 2 and 3 for the legacy optimizers: their kernels on the FSDP2 shards.
+
+The session's engine shards the trained weights with ``fully_shard`` (``distributed/fully_sharded.py``);
+each rank runs the legacy SGD/Adam kernel on its dim-0 shard of every weight, keeping that shard's
+moments. Adam's kernel is element-wise given the global gradient norm, which the session computes over
+every rank's gradient shards. Reading or loading the optimizer state gathers or cuts the whole
+tensors: those calls are collectives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.distributed.tensor import DTensor
+
+from ort_torch_train.distributed.fully_sharded import local_chunk
+from ort_torch_train.errors import DistributedError
+from ort_torch_train.legacy.moments import MOMENT_1, MOMENT_2, STATE_PREFIXES
+from ort_torch_train.legacy.optimizers import InitialState, LegacyOptimizer
+
+
+class FsdpLegacyOptimizer:
+    """A legacy optimizer over this rank's shards of the trained weights, with the legacy optimizer's face."""
+
+    def __init__(
+        self,
+        build: Callable[[Mapping[str, torch.nn.Parameter], InitialState], LegacyOptimizer],
+        params: Mapping[str, torch.nn.Parameter],
+        initial_state: InitialState,
+    ) -> None:
+        self.params: dict[str, DTensor] = {}
+        pieces = {}
+        for name, param in params.items():
+            if not isinstance(param, DTensor) or param.grad is None:
+                raise DistributedError(f"deepspeed_zero_stage 2/3: weight {name!r} is not sharded by the engine")
+            self.params[name] = param
+            piece = torch.nn.Parameter(param.to_local().detach(), requires_grad=False)  # the shard's storage
+            piece.grad = param.grad.to_local()  # type: ignore[attr-defined]  # a DTensor gradient
+            pieces[name] = piece
+        cut = {
+            weight: {key: self._cut(weight, key, value) for key, value in values.items()}
+            for weight, values in initial_state.items()
+            if weight in self.params
+        }
+        self.inner = build(pieces, cut)
+        self.clip_grad_norm = self.inner.clip_grad_norm
+
+    def step(self, learning_rate: float, grad_norm: Tensor | None = None) -> None:
+        """Update this rank's shards (the global ``grad_norm`` computed over every rank's)."""
+        self.inner.step(learning_rate, grad_norm)
+
+    def optimizer_state(self) -> dict[str, dict[str, Tensor]]:
+        """The whole state of every weight, gathered from the ranks' shards (a collective)."""
+        whole: dict[str, dict[str, Tensor]] = {}
+        for name, values in self.inner.optimizer_state().items():
+            param = self.params[name]
+            whole[name] = {
+                key: (
+                    DTensor.from_local(
+                        value, param.device_mesh, param.placements, shape=param.shape, stride=param.stride()
+                    ).full_tensor()
+                    if key in (MOMENT_1, MOMENT_2)
+                    else value
+                )
+                for key, value in values.items()
+            }
+        return whole
+
+    def state_tensors(self) -> dict[str, Tensor]:
+        """ORT's optimizer-state initializers, whole (a collective)."""
+        return {
+            f"{prefix}_{weight}": value
+            for weight, values in self.optimizer_state().items()
+            for prefix, value in values.items()
+        }
+
+    def load_state_tensor(self, name: str, value: object) -> bool:
+        """Load this rank's shard of one ``<prefix>_<weight>`` tensor; False when it is not a state tensor."""
+        for prefix in STATE_PREFIXES:
+            weight = name.removeprefix(prefix + "_")
+            if weight != name and weight in self.params:
+                return self.inner.load_state_tensor(name, self._cut(weight, prefix, value))
+        return False
+
+    def _cut(self, weight: str, key: str, value: object) -> object:
+        """This rank's shard of a whole moment, after checking its shape; any other value is not cut."""
+        if key not in (MOMENT_1, MOMENT_2):
+            return value
+        tensor = value.detach() if isinstance(value, Tensor) else torch.as_tensor(np.asarray(value))
+        param = self.params[weight]
+        if tuple(tensor.shape) != tuple(param.shape):
+            raise ValueError(f"{key} of {weight!r}: expected shape {list(param.shape)}, got {list(tensor.shape)}")
+        return local_chunk(tensor, param)

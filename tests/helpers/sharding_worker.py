@@ -1,0 +1,147 @@
+"""One rank of the sharded-training tests (tests/unit/distributed/test_fully_sharded.py launches 2 or 4).
+
+``python -m tests.helpers.sharding_worker SCENARIO OUT_DIR`` with torchrun's env. ``SCENARIO`` is
+``<run>:<sharding>`` (a run of ``RUNS``, "zero2" or "zero3", "none" for one process on the whole batches):
+each rank trains on its share of every batch and writes ``<scenario>_rank<r>.npz`` (the losses, the final
+whole parameters, the last step's whole gradients, the eval loss) and rank 0 the checkpoint ``<scenario>.ckpt``. ``resume:<sharding>``
+loads the ``mlp`` run's checkpoint saved after 3 steps and trains the rest. ``legacy:<stage>``: the legacy
+session with ``deepspeed_zero_stage`` 2 or 3 (``distributed_worker.legacy_train``). ``fit:<sharding>``: the
+trainer's ``fit`` with averaged gradient accumulation. ``misuse``: the errors
+each rank saw (``misuse_rank<r>.json``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from tests.helpers.distributed_worker import CLIP_MODEL, MLP, MLP_OPTIMIZERS, batches, legacy_train, part
+from tests.helpers.paths import FIXTURES
+from tests.helpers.timeouts import scaled
+
+TRANSFORMER = FIXTURES / "transformer"
+STEPS = 6
+RUNS = {  # fixture, optimizer model (None: the fixture's), two micro-batches per step
+    "mlp": (MLP, None, False),
+    "mlp_clip_accumulate": (MLP_OPTIMIZERS, CLIP_MODEL, True),
+    "transformer": (TRANSFORMER, None, False),
+}
+
+
+def train(scenario: str, rank: int, world_size: int, out: Path) -> dict[str, np.ndarray]:
+    """Train the scenario's run on this rank's share of each batch (see the module doc)."""
+    from ort_torch_train.api import CheckpointState, LinearLRScheduler, Module, Optimizer
+
+    run, sharding = scenario.split(":")
+    resume = run == "resume"
+    fixture, optimizer_model, accumulate = RUNS["mlp" if resume else run]
+    artifacts = fixture / "artifacts"
+    state = CheckpointState.load_checkpoint(out / "mlp:none.at3.ckpt" if resume else artifacts / "checkpoint")
+    module = Module(
+        artifacts / "training_model.onnx",
+        state,
+        artifacts / "eval_model.onnx",
+        sharding=None if sharding == "none" else sharding,
+    )
+    optimizer = Optimizer(optimizer_model or artifacts / "optimizer_model.onnx", module)
+    scheduler = LinearLRScheduler(optimizer, 2, STEPS, 0.01)
+    losses = []
+    for step in range(3 if resume else 0, STEPS):
+        inputs = batches(fixture, step)
+        if accumulate:  # two micro-batches: the first accumulates locally
+            halves = [part(inputs, i, 2) for i in range(2)]
+            if sharding != "none":
+                with module.no_sync():
+                    module(*part(halves[0], rank, world_size))
+            else:
+                module(*halves[0])
+            loss = module(*part(halves[1], rank, world_size))
+        else:
+            loss = module(*part(inputs, rank, world_size))
+        optimizer.step()
+        module.lazy_reset_grad()
+        scheduler.step()
+        losses.append(float(np.asarray(loss).reshape(-1)[0]))
+        if step == 2 and not resume:
+            CheckpointState.save_checkpoint(state, out / f"{scenario}.at3.ckpt", include_optimizer_state=True)
+    CheckpointState.save_checkpoint(state, out / f"{scenario}.ckpt", include_optimizer_state=True)
+    grads = {f"grad/{n}": p.grad.copy() for n, p in state.parameters}  # the last step's, gathered
+    module.eval()
+    eval_loss = module(*part(batches(fixture, 0), rank, world_size))
+    return {
+        "losses": np.array(losses, dtype=np.float64),
+        "eval_loss": np.asarray(eval_loss, dtype=np.float64).reshape(-1),
+        **{f"param/{n}": p.data.copy() for n, p in state.parameters},
+        **grads,
+    }
+
+
+def fit_run(sharding: str, rank: int, world_size: int) -> dict[str, np.ndarray]:
+    """``fit`` on the mlp run: two micro-batches a step averaged (``grad_accum_reduction="mean"``), the
+    first under ``no_sync``; the losses fit reports (the ranks' mean) and the final whole parameters."""
+    from ort_torch_train.api import CheckpointState, Module, Optimizer
+    from ort_torch_train.trainer import fit
+
+    artifacts = MLP / "artifacts"
+    state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
+    module = Module(artifacts / "training_model.onnx", state, sharding=None if sharding == "none" else sharding)
+    optimizer = Optimizer(artifacts / "optimizer_model.onnx", module)
+    data = [
+        tuple(part(half, rank, world_size))
+        for step in range(STEPS)
+        for half in (part(batches(MLP, step), index, 2) for index in range(2))
+    ]
+    result = fit(module, optimizer, data, max_steps=STEPS, grad_accum=2, grad_accum_reduction="mean")
+    return {
+        "losses": np.array(result.losses, dtype=np.float64),
+        **{f"param/{n}": p.data.copy() for n, p in state.parameters},
+    }
+
+
+def misuse(rank: int) -> dict[str, str]:
+    """What a sharded Module raises on this rank: ranks launched with different settings (rank 0 "zero3",
+    the others "zero2"), and a model whose ranks start from different parameters."""
+    from ort_torch_train.api import CheckpointState, Module
+    from ort_torch_train.errors import DistributedError
+
+    artifacts = MLP / "artifacts"
+    errors = {}
+    state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
+    try:
+        Module(artifacts / "training_model.onnx", state, sharding="zero3" if rank == 0 else "zero2")
+    except DistributedError as error:
+        errors["settings"] = str(error)
+    state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
+    if rank == 1:
+        state.parameters["0.bias"].data = state.parameters["0.bias"].data + 1
+    try:
+        Module(artifacts / "training_model.onnx", state, sharding="zero3")
+    except DistributedError as error:
+        errors["parameters"] = str(error)
+    return errors
+
+
+def main() -> None:
+    import torch.distributed as dist
+
+    scenario, out = sys.argv[1], Path(sys.argv[2])
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=scaled(20)))
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    if scenario == "misuse":
+        (out / f"misuse_rank{rank}.json").write_text(json.dumps(misuse(rank)))
+    elif scenario.startswith("fit:"):
+        np.savez(out / f"{scenario}_rank{rank}.npz", **fit_run(scenario.split(":")[1], rank, world_size))
+    elif scenario.startswith("legacy:"):  # deepspeed_zero_stage 2 or 3
+        results = legacy_train(rank, world_size, zero_stage=int(scenario.split(":")[1]))
+        np.savez(out / f"{scenario}_rank{rank}.npz", **results)
+    else:
+        np.savez(out / f"{scenario}_rank{rank}.npz", **train(scenario, rank, world_size, out))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

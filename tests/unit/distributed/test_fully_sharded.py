@@ -1,0 +1,189 @@
+"""Sharded training on FSDP2 (``distributed/fully_sharded.py``): 2 and 4 gloo ranks (tests/helpers/sharding_worker.py)
+against one process on the same artifacts and batches; the per-layer cut of the graph; bad settings refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from ort_torch_train.api import CheckpointState
+from ort_torch_train.checkpoint.odtc import read_checkpoint
+from ort_torch_train.distributed.fully_sharded import check_sharding
+from ort_torch_train.distributed.layer_units import LayerPlan, layer_of
+from ort_torch_train.state.training_state import TrainingState
+from ort_torch_train.training.options import EngineOptions
+from tests.helpers import sharding_worker
+from tests.helpers.distributed_worker import MLP, legacy_train
+from tests.helpers.timeouts import scaled
+from tests.integration.test_distributed import launch as launch_ranks
+from tests.integration.test_distributed import require_success
+from tests.integration.test_distributed_launch import torchrun
+from tests.unit.cli.test_cli import run_cli
+
+LOSS_TOLERANCE = 1e-6  # relative, each step
+PARAMETER_TOLERANCE = 1e-5
+
+
+def run(scenario: str, out: Path, world_size: int) -> list[dict[str, np.ndarray]]:
+    """The scenario on ``world_size`` ranks (one process, in this one, for "<run>:none"); each rank's results."""
+    if scenario.endswith(":none"):
+        np.savez(out / f"{scenario}_rank0.npz", **sharding_worker.train(scenario, 0, 1, out))
+    else:
+        require_success(
+            launch_ranks(scenario, out, scaled(120), worker_module=sharding_worker.__name__, world_size=world_size)
+        )
+    return [dict(np.load(out / f"{scenario}_rank{rank}.npz")) for rank in range(world_size)]
+
+
+def assert_matches_one_process(single: dict[str, np.ndarray], ranks: list[dict[str, np.ndarray]]) -> None:
+    """The ranks' mean loss each step is the one process's (each rank saw an equal share of the batch), and
+    every rank reads the same whole final parameters and last gradients, those of the one process."""
+    mean = np.mean([r["losses"] for r in ranks], axis=0)
+    np.testing.assert_allclose(mean, single["losses"], rtol=LOSS_TOLERANCE, atol=0)
+    names = [key for key in single if key.startswith(("param/", "grad/"))]
+    assert names and names == [key for key in ranks[0] if key.startswith(("param/", "grad/"))]
+    for name in names:
+        for result in ranks:
+            np.testing.assert_array_equal(result[name], ranks[0][name], err_msg=name)
+        np.testing.assert_allclose(ranks[0][name], single[name], rtol=0, atol=PARAMETER_TOLERANCE, err_msg=name)
+
+
+def assert_checkpoint_is_one_process_save(path: Path, ranks: list[dict[str, np.ndarray]], tmp_path: Path) -> None:
+    """The sharded run's checkpoint holds its whole final parameters, and one process that loads and saves it
+    again writes the same bytes (moments included)."""
+    state = CheckpointState.load_checkpoint(path)
+    for name, param in state.parameters:
+        np.testing.assert_array_equal(param.data, ranks[0][f"param/{name}"], err_msg=name)
+    record = read_checkpoint(path.read_bytes())
+    assert record.optimizer_groups and record.optimizer_groups[0].step == sharding_worker.STEPS
+    again = tmp_path / "again.ckpt"
+    CheckpointState.save_checkpoint(state, again, include_optimizer_state=True)
+    assert again.read_bytes() == path.read_bytes()
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(("sharding", "world_size"), [("zero2", 2), ("zero3", 4)])
+def test_mlp_sharded_trains_like_one_process(tmp_path: Path, sharding: str, world_size: int) -> None:
+    """On 4 ranks the last layer's 5 rows are cut unevenly (2, 2, 1, 0): FSDP2 pads the shards."""
+    single = run("mlp:none", tmp_path, 1)[0]
+    ranks = run(f"mlp:{sharding}", tmp_path, world_size)
+    assert_matches_one_process(single, ranks)
+    assert_checkpoint_is_one_process_save(tmp_path / f"mlp:{sharding}.ckpt", ranks, tmp_path)
+    # eval gathers the parameters: each rank's eval loss on its half averages to the whole batch's
+    np.testing.assert_allclose(np.mean([r["eval_loss"] for r in ranks]), single["eval_loss"], rtol=1e-6)
+
+
+@pytest.mark.distributed
+def test_transformer_zero3_trains_like_one_process(tmp_path: Path) -> None:
+    assert_matches_one_process(run("transformer:none", tmp_path, 1)[0], run("transformer:zero3", tmp_path, 2))
+
+
+@pytest.mark.distributed
+def test_clipping_and_accumulation_see_every_rank(tmp_path: Path) -> None:
+    """A clipping AdamW (the global norm of every rank's shards) with two micro-batches per step, the first
+    under ``no_sync``."""
+    single = run("mlp_clip_accumulate:none", tmp_path, 1)[0]
+    assert_matches_one_process(single, run("mlp_clip_accumulate:zero3", tmp_path, 2))
+
+
+@pytest.mark.distributed
+def test_fit_with_averaged_accumulation_trains_like_one_process(tmp_path: Path) -> None:
+    single = sharding_worker.fit_run("none", 0, 1)
+    ranks = run("fit:zero3", tmp_path, 2)
+    for result in ranks:  # fit reports the ranks' mean loss on every rank
+        np.testing.assert_allclose(result["losses"], single["losses"], rtol=LOSS_TOLERANCE, atol=0)
+    assert_matches_one_process(single, ranks)
+
+
+@pytest.mark.distributed
+def test_a_checkpoint_loaded_into_a_sharded_run_is_sharded(tmp_path: Path) -> None:
+    """One process's checkpoint after 3 steps (moments included) resumed on 2 sharded ranks: the last 3
+    steps as the one process ran them."""
+    single = run("mlp:none", tmp_path, 1)[0]
+    ranks = run("resume:zero2", tmp_path, 2)
+    assert_matches_one_process({**single, "losses": single["losses"][3:]}, ranks)
+
+
+@pytest.mark.distributed
+def test_ranks_launched_with_different_settings_are_refused_on_every_rank(tmp_path: Path) -> None:
+    require_success(launch_ranks("misuse", tmp_path, scaled(120), worker_module=sharding_worker.__name__))
+    for rank in range(2):
+        errors = json.loads((tmp_path / f"misuse_rank{rank}.json").read_text())
+        assert "different sharding settings" in errors["settings"] and f"rank {rank}" in errors["settings"]
+        assert "different parameters" in errors["parameters"] and f"rank {rank}" in errors["parameters"]
+
+
+def test_layers_are_named_by_prefix() -> None:
+    assert layer_of("model.layers.3.self_attn.q_proj.weight") == "model.layers.3"
+    assert layer_of("transformer.h.11.mlp.c_fc.bias") == "transformer.h.11"
+    assert layer_of("enc.linear1.weight") == "enc.linear1"
+    assert layer_of("0.weight") == "0"
+    assert layer_of("scale") == "scale"
+
+
+def test_a_parameter_read_across_layers_belongs_to_the_root() -> None:
+    """Tied embeddings: read by the first layer's node and the last one's, so no layer's unit owns them."""
+    nodes = [
+        onnx.helper.make_node("Gather", ["wte", "ids"], ["h0"]),
+        onnx.helper.make_node("MatMul", ["h0", "h.0.w"], ["h1"]),
+        onnx.helper.make_node("Add", ["h1", "h.0.b"], ["h2"]),
+        onnx.helper.make_node("MatMul", ["h2", "h.1.w"], ["h3"]),
+        onnx.helper.make_node("MatMul", ["h3", "wte"], ["logits"]),
+    ]
+    graph = onnx.helper.make_graph(nodes, "g", [], [])
+    plan = LayerPlan.of(graph, ["wte", "h.0.w", "h.0.b", "h.1.w"])
+    assert plan.units == ("h.0", "h.1")
+    assert plan.owner == (None, 0, 0, 1)
+
+
+def test_the_option_is_checked_once() -> None:
+    assert check_sharding("zero3") == "zero3" and check_sharding(None) is None
+    with pytest.raises(ValueError, match=r"sharding: expected None, 'zero2' or 'zero3'; got 'zero4'"):
+        check_sharding("zero4")
+    with pytest.raises(ValueError, match="sharding: 'zero2' runs eager float32 steps"):
+        EngineOptions.of(sharding="zero2", compile=True)
+    with pytest.raises(ValueError, match="recompute=2"):
+        EngineOptions.of(sharding="zero3", recompute=2)
+
+
+CLI_ARGS = ["--inputs", "x_train,y_train", "--steps", 4, "--batch-size", 64, "--no-shuffle", "--json"]
+
+
+def test_train_cli_sharding_needs_a_launch(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    data = ["train", MLP / "artifacts", "--data", MLP / "data.npz", "--batched", *CLI_ARGS[:-1]]
+    code, _, err = run_cli(capsys, *data, "--sharding", "zero3", "--output", tmp_path / "out")
+    assert code != 0 and "--sharding zero3" in err and "torchrun" in err
+
+
+@pytest.mark.distributed
+def test_train_cli_with_sharding_trains_like_one_process(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    """``torchrun ... train --sharding zero3``: each of 2 ranks feeds 32 of every 64 rows."""
+    common = ["train", MLP / "artifacts", "--data", MLP / "data.npz", "--batched", *CLI_ARGS]
+    code, _, err = run_cli(capsys, *common, "--output", tmp_path / "one")
+    assert code == 0, err
+    launched = torchrun("-m", "ort_torch_train", *common, "--sharding", "zero3", "--output", tmp_path / "sharded")
+    assert json.loads(launched.stdout)["world_size"] == 2
+    one, sharded = TrainingState.load(tmp_path / "one"), TrainingState.load(tmp_path / "sharded")
+    assert sharded.optimizer is not None and sharded.optimizer.step == 4
+    for name, param in one.params.items():
+        np.testing.assert_allclose(sharded.params[name].detach(), param.detach(), rtol=0, atol=PARAMETER_TOLERANCE)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("stage", [2, 3])
+def test_legacy_session_with_zero_stage_trains_like_one_process(tmp_path: Path, stage: int) -> None:
+    """Adam with clipping and 2-step accumulation reduced once; its state read and loaded into a new session
+    at step 8 (gathered, then cut again)."""
+    reference = legacy_train()
+    ranks = run(f"legacy:{stage}", tmp_path, 2)
+    np.testing.assert_allclose(np.mean([r["losses"] for r in ranks], axis=0), reference["losses"], rtol=1e-6)
+    for key, value in reference.items():
+        if key.startswith(("param/", "moment/")):
+            for result in ranks:
+                np.testing.assert_allclose(result[key], value, rtol=0, atol=PARAMETER_TOLERANCE, err_msg=key)
+    full = int(reference["held_moment_elements"])
+    assert sum(int(r["held_moment_elements"]) for r in ranks) == full  # each rank holds its shards only
