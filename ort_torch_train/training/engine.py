@@ -9,46 +9,33 @@ comes from the ``EngineOptions``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from functools import partial
 
 import onnx
 import torch
 from torch import nn
 
-from ort_torch_train.convert.constants import initializer_tensors
-from ort_torch_train.convert.registry import check_differentiable
-from ort_torch_train.convert.subgraphs import names_read
-from ort_torch_train.distributed.data_parallel import DataParallel, data_parallel
-from ort_torch_train.distributed.pipeline import PipelineParallel, pipeline_parallel
-from ort_torch_train.distributed.fully_sharded import FullyShardedParallel
+from ort_torch_train.distributed.data_parallel import DataParallel
 from ort_torch_train.errors import ModelError
-from ort_torch_train.graph.layout import (
-    GraphLayout,
-    eval_layout,
-    forward_graph,
-    opsets_of,
-    training_layout,
-)
+from ort_torch_train.graph.layout import GraphLayout, eval_layout, training_layout
 from ort_torch_train.graph.model_checks import check_eval_pair, check_model
 from ort_torch_train.optim.compiled import FusedUpdate
 from ort_torch_train.optim.engine import OptimizerEngine
-from ort_torch_train.passes.pipeline import Restructure
 from ort_torch_train.state.flat import FlatLayout
 from ort_torch_train.state.fresh_gradients import FreshGradients, pays_off
 from ort_torch_train.state.parameter_buffer import ParameterBuffer
 from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.training.blas_threads import blas_threads_for
 from ort_torch_train.training.compile.cache import compile_cache_for
-from ort_torch_train.training.compile.forward import CompiledForward
 from ort_torch_train.training.compile.settings import FrozenArguments, records_cuda_graphs
 from ort_torch_train.training.compile.step import CompiledTrainStep
 from ort_torch_train.training.compile.step_spec import ParameterPlan, Reduction, StepSpec
 from ort_torch_train.training.forward_graph import ForwardGraph
+from ort_torch_train.training.forward_models import eval_forward, train_forward
 from ort_torch_train.training.options import EngineOptions
 from ort_torch_train.training.precision import MixedPrecision, autocast_or_null, backward, float32_outputs
-from ort_torch_train.training.recompute import with_recompute
-from ort_torch_train.training.recompute_patterns import RecomputePlan, with_pattern_recompute
+from ort_torch_train.training.ranks import rank_strategies
 from ort_torch_train.training.threads import process_threads
 
 
@@ -87,22 +74,14 @@ class TrainingEngine:
             if options.tensor_parallel is None
             else options.tensor_parallel.plan(training_model, self.train_layout, state)
         )
-        self.train_graph = self._train_forward(training_model)
+        self.train_graph = train_forward(
+            training_model, self.train_layout, options, self.trainable_parameter_names, self._tensor_parallel
+        )
         self.eval_graph: ForwardGraph | None = None
         if eval_model is not None and self.eval_layout is not None:
-            eval_forward, eval_constants = _forward_and_constants(
-                eval_model, self.eval_layout, shared=self.train_graph.constants
-            )
-            self.eval_graph = ForwardGraph(
-                eval_forward,
-                opsets_of(eval_model),
-                self.eval_layout,
-                training=False,
-                compile=False if options.compile_arguments is None else options.compile_arguments,
-                compiler=partial(CompiledForward, cache=self.compile_cache, threads=self._threads),
-                dynamic=options.dynamic,
-                constants=eval_constants,
-                library=options.custom_ops,
+            shared = self.train_graph.constants
+            self.eval_graph = eval_forward(
+                eval_model, self.eval_layout, options, shared, self.compile_cache, self._threads
             )
         train_params = self.train_layout.params
         self._train_params = [state.params[n] for n in train_params]
@@ -115,69 +94,17 @@ class TrainingEngine:
         self._eval_aliases: list[torch.Tensor] = []  # _detached_eval_params
         self._gradient_reset = _GradientReset()
         state.to(options.device)
-        self._data_parallel: DataParallel | None = None  # averages the gradients across ranks
-        if options.sharding is not None:  # the state's parameters become their shards
-            self._data_parallel = FullyShardedParallel(
-                self.train_graph, state, train_params, options.process_group, options.sharding
-            )
+        ranks = rank_strategies(self.train_graph, self.train_layout, state, options, self._tensor_parallel)
+        self._data_parallel, self._pipeline = ranks  # gradients combined across ranks; a pipeline across them
+        if options.sharding is not None:  # the state's parameters became their shards
             self._train_params = [state.params[n] for n in train_params]
             self._eval_params = [state.params[n] for n in self.eval_layout.params] if self.eval_layout else []
-        elif options.distributed:
-            self._data_parallel = data_parallel(
-                self.train_graph, state, train_params, options.process_group, options.gradient_combination
-            )
-        self._pipeline: PipelineParallel | None = None  # the train step run as a pipeline across ranks
-        if options.pipeline is not None:
-            graph = self.train_graph
-            self._pipeline = pipeline_parallel(
-                graph.graph,
-                graph.opsets,
-                self.train_layout,
-                graph.constants,
-                state,
-                options.pipeline,
-                options.pipeline_group,
-            )
-        if self._tensor_parallel is not None:
-            self._tensor_parallel.coordinate_saves(state, self._data_parallel)
         self._precision: MixedPrecision | None = None  # autocast and loss scaling (precision.py)
         if options.mixed_precision is not None:
             group = None if self._data_parallel is None else self._data_parallel.group  # ranks agree on skipping
             self._precision = MixedPrecision(
                 options.mixed_precision, state, loss_scale=options.loss_scale, process_group=group
             )
-
-    def _train_forward(self, training_model: onnx.ModelProto) -> ForwardGraph:
-        """The training graph pruned to its user outputs, under training semantics (never the
-        eval graph: ORT trains what the training model computes).
-
-        Compiled training runs a CompiledTrainStep around it; under recompute it compiles on its own
-        (``options.compiles_whole_step`` False), its backward then running through autograd.
-        """
-        layout = self.train_layout
-        arguments = self.options.train_forward_compile_arguments
-        recompute = self.options.recompute
-        transform: Restructure | None = None
-        if isinstance(recompute, RecomputePlan):
-            transform = partial(with_pattern_recompute, plan=recompute, user_inputs=len(layout.user_inputs))
-        elif recompute is not None:
-            transform = partial(with_recompute, segments=recompute)
-        if self._tensor_parallel is not None:
-            transform = self._tensor_parallel.restructure(then=transform)
-        graph, constants = _forward_and_constants(training_model, layout)
-        if self.options.custom_ops is not None:
-            check_differentiable(graph, self.trainable_parameter_names, self.options.custom_ops)
-        return ForwardGraph(
-            graph,
-            opsets_of(training_model),
-            layout,
-            training=True,
-            compile=False if arguments is None else arguments,
-            module_transform=transform,
-            dynamic=self.options.dynamic,
-            constants=constants,
-            library=self.options.custom_ops,
-        )
 
     @property
     def precision(self) -> MixedPrecision | None:
@@ -459,13 +386,3 @@ class _GradientReset:
 
     def __init__(self) -> None:
         self.pending = True  # ORT's gradients start at zero for each new Module: the first step overwrites
-
-
-def _forward_and_constants(
-    model: onnx.ModelProto, layout: GraphLayout, shared: Mapping[str, torch.Tensor] | None = None
-) -> tuple[onnx.GraphProto, dict[str, torch.Tensor]]:
-    """``model``'s forward graph without initializers, and the values of those it reads: their data is
-    read from ``model`` once, not copied into the forward graph's proto first; a value equal to the
-    tensor of its name in ``shared`` is that tensor."""
-    graph = forward_graph(model, layout, initializers=False)
-    return graph, initializer_tensors(model.graph, names_read(graph), shared)

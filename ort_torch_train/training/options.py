@@ -12,9 +12,9 @@ import torch
 from ort_torch_train.adapters.registry import OpLibrary
 from ort_torch_train.distributed.adasum import check_gradient_combination
 from ort_torch_train.distributed.data_parallel import require_process_group
+from ort_torch_train.distributed.fully_sharded import check_sharding
 from ort_torch_train.distributed.pipeline_plan import PipelineOptions
 from ort_torch_train.distributed.tensor_parallel import TensorParallel, check_tensor_parallel_size
-from ort_torch_train.distributed.fully_sharded import check_sharding
 from ort_torch_train.errors import DistributedError
 from ort_torch_train.training.binding import parse_device
 from ort_torch_train.training.compile.cache import CompileCacheSetting

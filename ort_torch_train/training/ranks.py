@@ -1,0 +1,47 @@
+"""The cross-rank strategies of an engine, made from its ``EngineOptions``: gradients combined across ranks
+(DDP, Adasum or FSDP2 sharding, ``distributed/``) and the train step run as a pipeline."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ort_torch_train.distributed.data_parallel import DataParallel, data_parallel
+from ort_torch_train.distributed.fully_sharded import FullyShardedParallel
+from ort_torch_train.distributed.pipeline import PipelineParallel, pipeline_parallel
+from ort_torch_train.distributed.tensor_parallel import TensorParallelPlan
+from ort_torch_train.graph.layout import GraphLayout
+from ort_torch_train.state.training_state import TrainingState
+from ort_torch_train.training.forward_graph import ForwardGraph
+from ort_torch_train.training.options import EngineOptions
+
+
+class RankStrategies(NamedTuple):
+    """What combines the ranks' gradients (None: one process) and the pipeline the train step runs as
+    (None: none)."""
+
+    data_parallel: DataParallel | None
+    pipeline: PipelineParallel | None
+
+
+def rank_strategies(
+    graph: ForwardGraph,
+    layout: GraphLayout,
+    state: TrainingState,
+    options: EngineOptions,
+    tensor_parallel: TensorParallelPlan | None,
+) -> RankStrategies:
+    """The strategies ``options`` ask for over the training ``graph`` and ``state``; under sharding the
+    state's parameters become their shards. Each checks the ranks agree before any step."""
+    combined: DataParallel | None = None
+    if options.sharding is not None:
+        combined = FullyShardedParallel(graph, state, layout.params, options.process_group, options.sharding)
+    elif options.distributed:
+        combined = data_parallel(graph, state, layout.params, options.process_group, options.gradient_combination)
+    pipeline = None
+    if options.pipeline is not None:
+        pipeline = pipeline_parallel(
+            graph.graph, graph.opsets, layout, graph.constants, state, options.pipeline, options.pipeline_group
+        )
+    if tensor_parallel is not None:
+        tensor_parallel.coordinate_saves(state, combined)
+    return RankStrategies(combined, pipeline)
