@@ -43,6 +43,7 @@ from ort_torch_train.training.compile.step import CompiledTrainStep
 from ort_torch_train.training.compile.step_spec import ParameterPlan, Reduction, StepSpec
 from ort_torch_train.training.forward_graph import ForwardGraph
 from ort_torch_train.training.options import EngineOptions
+from ort_torch_train.training.package.packaged import PackagedSteps
 from ort_torch_train.training.precision import MixedPrecision, autocast_or_null, backward, float32_outputs
 from ort_torch_train.training.recompute import with_recompute
 from ort_torch_train.training.recompute_patterns import RecomputePlan, with_pattern_recompute
@@ -106,6 +107,11 @@ class TrainingEngine:
         self._eval_aliases: list[torch.Tensor] = []  # _detached_eval_params
         self._gradient_reset = _GradientReset()
         state.to(options.device)
+        self._packaged: PackagedSteps | None = None  # the steps of options.package, run instead of compiling
+        if options.package is not None:
+            self._packaged = PackagedSteps(
+                options.package, training_model, eval_model, state.params, self.trainable_parameter_names
+            )
         self._data_parallel: DataParallel | None = None  # averages the gradients across ranks
         if options.distributed:
             self._data_parallel = data_parallel(
@@ -167,6 +173,10 @@ class TrainingEngine:
         """Forward and backward; gradients accumulate into the parameters' ``.grad``."""
         self.training_state.require_loaded("perform TrainStep")
         inputs = self._on_device(inputs)
+        if self._packaged is not None:
+            outputs = self._packaged.train_step(inputs, *self._parameter_views(), self._gradient_reset.pending)
+            self._gradient_reset.pending = False
+            return outputs
         if self.options.compiles_whole_step and self.trainable_parameter_names:
             return self._compiled_step(inputs, None)
         data_parallel = self._data_parallel  # a failing forward leaves the gradients alone
@@ -318,6 +328,8 @@ class TrainingEngine:
         if self.eval_graph is None:
             raise ModelError("Eval model was not provided: evaluation needs the eval model (eval_model_uri).")
         inputs = self._on_device(inputs)
+        if self._packaged is not None:
+            return self._packaged.eval_step(inputs, self._detached_eval_params())
         module = self.eval_graph.module_for(inputs, self._eval_params)
         params = self._eval_params if self.eval_graph.compile_arguments is None else self._detached_eval_params()
         products = self.eval_graph.matrix_products(module)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -16,6 +17,7 @@ from ort_torch_train.training.binding import parse_device
 from ort_torch_train.training.compile.cache import CompileCacheSetting
 from ort_torch_train.training.compile.settings import CompileSetting, compile_arguments
 from ort_torch_train.training.dynamic_shapes import DynamicSetting, dynamic_setting
+from ort_torch_train.training.package.packaged import package_folder
 from ort_torch_train.training.precision import check_mixed_precision
 from ort_torch_train.training.recompute import RecomputeSetting, recompute_segments
 from ort_torch_train.training.recompute_patterns import RecomputePlan
@@ -43,9 +45,12 @@ class EngineOptions:
             (each new input shape compiles a step of its own).
         gradient_combination: how the ranks' gradients combine: "average" or "adasum"
             (``distributed/adasum.py``).
+        package: the folder of a package of steps compiled ahead of time (``training/package/``), which
+            the train and eval steps run through instead of compiling, or None; ``compile="package:DIR"``.
 
     Valid combinations: every field with every other, except that ``loss_scale`` needs "fp16", a
-    process group needs ``distributed``, and "adasum" needs ``distributed`` and eager steps. Compiled with recompute, the train step is not one graph:
+    process group needs ``distributed``, "adasum" needs ``distributed`` and eager steps, and a package
+    runs on the CPU in float32, one process, no recompute. Compiled with recompute, the train step is not one graph:
     the train forward compiles alone (torch.func's one-graph step refuses checkpoint's saved-tensor
     hooks), its backward runs through autograd and the optimizer update after it.
     """
@@ -59,6 +64,7 @@ class EngineOptions:
     compile_cache: CompileCacheSetting = None
     dynamic: bool | Mapping[str, tuple[int, ...]] = True
     gradient_combination: str = "average"
+    package: Path | None = None
 
     @classmethod
     def of(
@@ -77,7 +83,14 @@ class EngineOptions:
     ) -> EngineOptions:
         """Checked options from a face's arguments (``Module``'s names); raises naming the bad argument."""
         target = parse_device(device)
-        arguments = compile_arguments(compile)
+        package = package_folder(compile)
+        arguments = None if package is not None else compile_arguments(compile)
+        if package is not None and (target.type != "cpu" or mixed_precision or recompute or distributed):
+            raise ValueError(
+                f"compile={compile!r}: a package runs on the CPU in float32, in one process, without recompute; "
+                f"got device={device!r}, mixed_precision={mixed_precision!r}, recompute={recompute!r}, "
+                f"distributed={distributed!r}"
+            )
         check_mixed_precision(mixed_precision)
         try:
             scale = float(loss_scale)
@@ -114,6 +127,7 @@ class EngineOptions:
             compile_cache,
             dynamic_setting(dynamic),
             combination,
+            package,
         )
 
     @property
