@@ -88,9 +88,12 @@ def build_package(artifacts: str | os.PathLike, out: str | os.PathLike, *, examp
         entries = _compile(eval_step, example, axes, [None] * len(params), entries, path)
         evaluation = Program(EVAL_FILE, entries, tuple(engine.eval_layout.user_outputs))
 
-    optimizer, algorithm, moments = None, None, ()
-    if models[OPTIMIZER] is not None:
-        spec = read_optimizer_model(models[OPTIMIZER])
+    optimizer: Program | None = None
+    algorithm: str | None = None
+    moments: tuple[str, ...] = ()
+    optimizer_model = models[OPTIMIZER]
+    if optimizer_model is not None:
+        spec = read_optimizer_model(optimizer_model)
         algorithm, moments = spec.algorithm.name, spec.algorithm.updated_moments
         update = spec.algorithm.fused_update(spec.hyperparameters, spec.clip_max_norm)
         scalars = scalar_tensor(spec.algorithm.step_scalars(spec.hyperparameters, 1), torch.device("cpu"))
@@ -162,8 +165,8 @@ def _examples(graph: ForwardGraph, size: int) -> tuple[list[Tensor], list[progra
 def _compile(
     function: Callable[..., tuple],
     example: Sequence[Tensor],
-    axes: list[programs.AxisSizes],
-    fixed: list[programs.AxisSizes],
+    axes: Sequence[programs.AxisSizes],
+    fixed: Sequence[programs.AxisSizes],
     entries: tuple[TensorEntry, ...],
     path: Path,
 ) -> tuple[TensorEntry, ...]:

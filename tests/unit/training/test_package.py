@@ -118,13 +118,13 @@ def test_packaged_optimizer_step_is_the_eager_update(package: Path) -> None:
     steps = PackagedSteps(package, onnx.load(case.artifact("training_model.onnx")), None, state.params, names)
     steps.optimizer_step(params, [p.grad for p in engine.parameters], moments, engine.next_step_scalars())
     engine.count_step()
-    assert states[1].optimizer.step == states[0].optimizer.step == 1
+    assert state.optimizer.step == states[0].optimizer.step == 1
     for name in names:
-        torch.testing.assert_close(states[1].params[name], states[0].params[name], rtol=0, atol=1e-6)
-        moments, reference = states[1].optimizer.momentums[name], states[0].optimizer.momentums[name]
-        assert sorted(moments) == sorted(reference) and moments
+        torch.testing.assert_close(state.params[name], states[0].params[name], rtol=0, atol=1e-6)
+        held, reference = state.optimizer.momentums[name], states[0].optimizer.momentums[name]
+        assert sorted(held) == sorted(reference) and held
         for moment, value in reference.items():
-            torch.testing.assert_close(moments[moment], value, rtol=0, atol=1e-6, msg=f"{name} {moment}")
+            torch.testing.assert_close(held[moment], value, rtol=0, atol=1e-6, msg=f"{name} {moment}")
 
 
 def _edited(package: Path, folder: Path, **changes: object) -> Path:
