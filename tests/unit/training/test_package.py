@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -18,13 +19,15 @@ from ort_torch_train.api import Module, Optimizer
 from ort_torch_train.cli.main import main
 from ort_torch_train.errors import InputError, PackageError
 from ort_torch_train.optim.engine import OptimizerEngine
+from ort_torch_train.optim.float32 import to_float32
 from ort_torch_train.optim.optimizer_model import read_optimizer_model
 from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.training.options import EngineOptions
 from ort_torch_train.training.package.manifest import MANIFEST
 from ort_torch_train.training.package.packaged import PackagedSteps
 from tests.helpers.corpus import Case
-from tests.helpers.paths import FIXTURES
+from tests.helpers.paths import FIXTURES, ROOT
+from tests.helpers.timeouts import scaled
 
 CASE = "mlp_ce_adamw_sched"
 STEPS = 5
@@ -174,6 +177,84 @@ def test_package_of_other_artifacts_and_bad_inputs_are_refused(package: Path, tm
         module(x[:, :7], y)
     with pytest.raises(InputError, match=r"input 'labels': the package takes int64 \['any'\], got int32"):
         module(x, y.astype(np.int32))
+
+
+def _tensor_record(tensor: torch.Tensor) -> bytes:
+    """One tensor of the C++ program's run file: "dtype rank dims" and its raw bytes."""
+    names = {torch.float32: "f32", torch.int64: "i64", torch.bool: "b8"}
+    header = " ".join([names[tensor.dtype], str(tensor.dim()), *(str(n) for n in tensor.shape)])
+    return header.encode() + b"\n" + tensor.contiguous().numpy().tobytes()
+
+
+@pytest.mark.compile
+@pytest.mark.slow
+def test_a_cpp_program_trains_through_the_package_with_no_python(package: Path, tmp_path: Path) -> None:
+    """Item 2's foundation: libtorch's C++ loader runs the package's train and optimizer steps in a process with
+    no libpython, to 1e-6 of the Python eager run."""
+    compiler = shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        pytest.skip("no C++ compiler")
+    case = _case()
+    torch_dir = Path(torch.__file__).parent
+    program = tmp_path / "packaged_steps"
+    build = [
+        compiler,
+        "-std=c++20",
+        "-O1",
+        f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+        f"-I{torch_dir / 'include'}",
+        f"-I{torch_dir / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
+        str(ROOT / "tests" / "native" / "packaged_steps.cpp"),
+        "-o",
+        str(program),
+        f"-L{torch_dir / 'lib'}",
+        "-ltorch",
+        "-ltorch_cpu",
+        "-lc10",
+        f"-Wl,-rpath,{torch_dir / 'lib'}",
+    ]
+    subprocess.run(build, check=True, capture_output=True, timeout=scaled(300))
+
+    module = Module(case.artifact("training_model.onnx"), case.load_state())
+    optimizer = Optimizer(case.artifact("optimizer_model.onnx"), module)
+    spec = read_optimizer_model(case.artifact("optimizer_model.onnx"))
+    state = module.training_state
+    names = module.trainable_parameter_names
+    moments = spec.algorithm.updated_moments
+    records = [f"count {len(names)}\n".encode(), *(_tensor_record(state.params[n].detach()) for n in names)]
+    held = state.optimizer.momentums if state.optimizer is not None else {}
+    records.append(f"count {len(moments)}\n".encode())
+    for moment in moments:
+        for name in names:
+            value = held.get(name, {}).get(moment)
+            records.append(_tensor_record(torch.zeros_like(state.params[name]) if value is None else value))
+    records += [f"count {STEPS}\n".encode(), b"count 2\n"]
+    losses = []
+    for step in range(STEPS):
+        learning_rate = case.lr_before(step)
+        optimizer.set_learning_rate(learning_rate)
+        inputs = case.train_inputs(step)
+        hyperparameters = spec.hyperparameters.with_learning_rate(to_float32(learning_rate))
+        scalars = torch.tensor(spec.algorithm.step_scalars(hyperparameters, step + 1), dtype=torch.float32)
+        records += [*(_tensor_record(torch.from_numpy(np.asarray(a))) for a in inputs), _tensor_record(scalars)]
+        losses.append(float(module(*inputs)))
+        optimizer.step()
+        module.lazy_reset_grad()
+    run_file = tmp_path / "run.bin"
+    run_file.write_bytes(b"".join(records))
+
+    done = subprocess.run(
+        [str(program), str(package), str(run_file)], capture_output=True, text=True, timeout=scaled(120)
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "libpython mapped: 0"
+    native_losses = [float(line.split()[1]) for line in lines if line.startswith("loss ")]
+    np.testing.assert_allclose(native_losses, losses, rtol=0, atol=1e-6)
+    native_params = [np.array(line.split()[1:], dtype=np.float64) for line in lines if line.startswith("param ")]
+    for name, values in zip(names, native_params, strict=True):
+        expected = state.params[name].detach().numpy().reshape(-1)
+        np.testing.assert_allclose(values, expected, rtol=0, atol=1e-6, err_msg=name)
 
 
 def test_package_setting_is_checked_once() -> None:
