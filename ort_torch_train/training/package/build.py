@@ -35,6 +35,7 @@ from ort_torch_train.training.package.manifest import (
     Manifest,
     Program,
     TensorEntry,
+    cpu_features_here,
     environment,
     model_digest,
 )
@@ -112,6 +113,7 @@ def build_package(artifacts: str | os.PathLike, out: str | os.PathLike, *, examp
         torch=here["torch"],
         machine=here["machine"],
         cpu_capability=here["cpu_capability"],
+        cpu_features=cpu_features_here(),
         trainable=tuple(_entry(name, tensor) for name, tensor in zip(trainable_names, trainable)),
         frozen=tuple(_entry(name, tensor) for name, tensor in zip(plan.frozen_names(graph_names), frozen)),
         eval_parameters=tuple(engine.eval_layout.params) if engine.eval_layout is not None else (),

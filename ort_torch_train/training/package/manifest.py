@@ -19,6 +19,7 @@ import torch
 
 from ort_torch_train.errors import PackageError
 from ort_torch_train.fileio import atomic_write_bytes, path_inside, read_regular_file
+from ort_torch_train.torch_internals import cpu_features
 
 FORMAT = "ort-torch-train-package/1"
 MANIFEST = "manifest.json"
@@ -48,7 +49,7 @@ class Program:
 @dataclass(frozen=True)
 class Manifest:
     """A package's record: what it was built from (``artifacts``: model role -> digest, ``torch``, ``machine``,
-    ``cpu_capability``), the parameters its programs take, and its ``train``, ``eval`` and ``optimizer``
+    ``cpu_capability``, ``cpu_features``), the parameters its programs take, and its ``train``, ``eval`` and ``optimizer``
     programs (the last two None where the artifacts have no such model). The optimizer program runs
     ``optimizer_algorithm`` on the trainable parameters and the ``moments`` of each."""
 
@@ -56,6 +57,7 @@ class Manifest:
     torch: str
     machine: str
     cpu_capability: str
+    cpu_features: tuple[str, ...]
     trainable: tuple[TensorEntry, ...]
     frozen: tuple[TensorEntry, ...]
     eval_parameters: tuple[str, ...]
@@ -91,6 +93,7 @@ class Manifest:
                 torch=_string(data["torch"]),
                 machine=_string(data["machine"]),
                 cpu_capability=_string(data["cpu_capability"]),
+                cpu_features=tuple(_string(name) for name in data["cpu_features"]),
                 trainable=_entries(data["trainable"]),
                 frozen=_entries(data["frozen"]),
                 eval_parameters=tuple(_string(name) for name in data["eval_parameters"]),
@@ -122,8 +125,14 @@ def environment() -> dict[str, str]:
     }
 
 
+def cpu_features_here() -> tuple[str, ...]:
+    """The CPU features torch reports here (``torch_internals.cpu_features``)."""
+    return tuple(cpu_features())
+
+
 def check_environment(manifest: Manifest, folder: str | os.PathLike) -> None:
-    """Refuse a package built with another torch or for another CPU, naming which."""
+    """Refuse a package built with another torch or for another CPU (another architecture or capability, or
+    features this one lacks), naming which."""
     here = environment()
     for key, what in (("torch", "torch version"), ("machine", "CPU architecture"), ("cpu_capability", "CPU")):
         built = getattr(manifest, key)
@@ -132,6 +141,12 @@ def check_environment(manifest: Manifest, folder: str | os.PathLike) -> None:
                 f"package {os.fspath(folder)!r} was built for another {what}: {built!r}, this process has "
                 f"{here[key]!r}; build it again here (`ort-torch-train package`)"
             )
+    missing = sorted(set(manifest.cpu_features) - set(cpu_features_here()))
+    if missing:
+        raise PackageError(
+            f"package {os.fspath(folder)!r} was built for a CPU with features this CPU lacks: {missing}; build it "
+            "again here (`ort-torch-train package`)"
+        )
 
 
 def check_artifacts(manifest: Manifest, folder: str | os.PathLike, models: dict[str, onnx.ModelProto | None]) -> None:

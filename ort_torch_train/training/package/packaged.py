@@ -19,6 +19,7 @@ from torch import Tensor
 from ort_torch_train.dtypes import dtype_name
 from ort_torch_train.errors import InputError, InputTypeError, PackageError
 from ort_torch_train.fileio import path_inside
+from ort_torch_train.torch_internals import aoti_package_runner
 from ort_torch_train.training.package.manifest import (
     EVAL,
     TRAINING,
@@ -81,10 +82,10 @@ class PackagedSteps:
         self._optimizer = None if manifest.optimizer is None else self._load(manifest.optimizer)
         self._flags = (torch.tensor(False), torch.tensor(True))
 
-    def _load(self, program: Program) -> Callable[..., Sequence[Tensor]]:
+    def _load(self, program: Program) -> Callable[[list[Tensor]], list[Tensor]]:
         path = path_inside(self.folder, program.file, "package program")
         try:
-            return torch._inductor.aoti_load_package(os.fspath(path))
+            return aoti_package_runner(os.fspath(path))
         except Exception as error:  # a damaged or foreign file: torch's loader raises many kinds
             raise PackageError(f"package {os.fspath(self.folder)!r}: cannot load {program.file!r}: {error}") from None
 
@@ -109,7 +110,7 @@ class PackagedSteps:
         """Forward and backward: ``grads`` replaced (``reset``) or added to, ``frozen`` updated; the outputs."""
         program = self.manifest.train
         inputs = _checked_inputs(program, inputs, "TrainStep")
-        returned = self._train(*inputs, *trainable, *frozen, *grads, self._flags[bool(reset)])
+        returned = self._train([*inputs, *trainable, *frozen, *grads, self._flags[bool(reset)]])
         count = len(program.outputs)
         with torch.no_grad():
             torch._foreach_copy_([*grads, *frozen], list(returned[count:]))
@@ -120,7 +121,7 @@ class PackagedSteps:
         if self._eval is None or self.manifest.eval is None:
             raise PackageError(f"package {os.fspath(self.folder)!r} holds no eval step")
         inputs = _checked_inputs(self.manifest.eval, inputs, "EvalStep")
-        return tuple(self._eval(*inputs, *params))
+        return tuple(self._eval([*inputs, *params]))
 
     def optimizer_step(
         self, params: Sequence[Tensor], grads: Sequence[Tensor], moments: Sequence[Sequence[Tensor]], scalars: Tensor
@@ -132,7 +133,7 @@ class PackagedSteps:
             raise PackageError(f"package {os.fspath(self.folder)!r} holds no optimizer step")
         (scalars,) = _checked_inputs(self.manifest.optimizer, [scalars], "OptimizerStep")
         flat_moments = [tensor for moment in moments for tensor in moment]
-        returned = self._optimizer(*params, *grads, *flat_moments, scalars)
+        returned = self._optimizer([*params, *grads, *flat_moments, scalars])
         with torch.no_grad():
             torch._foreach_copy_([*params, *grads, *flat_moments], list(returned))
 
