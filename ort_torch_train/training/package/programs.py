@@ -44,13 +44,14 @@ def train_function(module: Callable[..., Sequence[Tensor]], inputs: int, plan: P
         grads = args[inputs + trainable_count + frozen_count : -1]
         reset = args[-1]
 
-        def loss_and_outputs(trainable: list[Tensor]) -> tuple[Tensor, Sequence[Tensor]]:
+        # frozen is an argument too: a transformed function may not mutate a captured tensor (BatchNorm's statistics)
+        def loss_and_outputs(trainable: list[Tensor], frozen: list[Tensor]) -> tuple[Tensor, Sequence[Tensor]]:
             params = [trainable[i] if is_trainable else frozen[i] for is_trainable, i in plan.sources]
             outputs = module(*user, *params)
             loss = outputs[0]
             return (loss if loss.dim() == 0 else loss.sum()), outputs  # a non-scalar loss: ORT's ones seed
 
-        gradients, outputs = torch.func.grad(loss_and_outputs, has_aux=True)(trainable)
+        gradients, outputs = torch.func.grad(loss_and_outputs, argnums=0, has_aux=True)(trainable, frozen)
         accumulated = [torch.where(reset, new, old + new) for old, new in zip(grads, gradients)]
         return (*outputs, *accumulated, *frozen)
 

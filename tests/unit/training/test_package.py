@@ -24,6 +24,7 @@ from ort_torch_train.optim.float32 import to_float32
 from ort_torch_train.optim.optimizer_model import read_optimizer_model
 from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.training.options import EngineOptions
+from ort_torch_train.training.package.build import build_package
 from ort_torch_train.training.package.manifest import MANIFEST
 from ort_torch_train.training.package.packaged import PackagedSteps
 from tests.helpers.corpus import Case
@@ -179,6 +180,38 @@ def test_package_of_other_artifacts_and_bad_inputs_are_refused(package: Path, tm
         module(x[:, :7], y)
     with pytest.raises(InputError, match=r"input 'labels': the package takes int64 \['any'\], got int32"):
         module(x, y.astype(np.int32))
+
+
+@pytest.mark.compile
+@pytest.mark.slow
+def test_batchnorm_statistics_update_through_the_package(tmp_path: Path) -> None:
+    """The frozen parameters a forward updates (BatchNorm's running statistics) come back from the train step."""
+    case = _case("bn_frozen_stats")
+    out = tmp_path / "bn"
+    build_package(case.root / "artifacts", out)
+
+    def train(compile: bool | str) -> tuple[list[float], dict[str, np.ndarray]]:
+        module = Module(case.artifact("training_model.onnx"), case.load_state(), compile=compile)
+        optimizer = Optimizer(case.artifact("optimizer_model.onnx"), module)
+        losses = []
+        for step in range(3):
+            losses.append(float(module(*case.train_inputs(step))))
+            optimizer.step()
+            module.lazy_reset_grad()
+        return losses, {n: p.detach().numpy().copy() for n, p in module.training_state.params.items()}
+
+    (eager_losses, eager), (losses, packaged) = train(False), train(f"package:{out}")
+    np.testing.assert_allclose(losses, eager_losses, rtol=0, atol=1e-6)
+    statistics = [name for name in eager if "running" in name]
+    assert statistics and all(
+        not np.array_equal(eager[n], case.load_state().training_state.params[n]) for n in statistics
+    )
+    for name, value in eager.items():
+        # BatchNorm cancels the gradient of the bias before it: AdamW turns its rounding noise into lr-sized steps
+        # (as for compiled steps: test_compile.py)
+        np.testing.assert_allclose(
+            packaged[name], value, rtol=0, atol=1e-5 if name in statistics else 1e-4, err_msg=name
+        )
 
 
 def _tensor_record(tensor: torch.Tensor) -> bytes:
