@@ -72,7 +72,7 @@ def build_package(artifacts: str | os.PathLike, out: str | os.PathLike, *, examp
     frozen = [state.params[name].detach() for name in plan.frozen_names(graph_names)]
 
     inputs, axes, entries = _examples(engine.train_graph, example_size)
-    module = engine.train_graph.module_for(inputs, [state.params[name] for name in graph_names])
+    module = _converted(engine.train_graph, inputs, [state.params[name] for name in graph_names])
     train_step = programs.train_function(module, len(inputs), plan)
     example = [*inputs, *trainable, *frozen, *(torch.zeros_like(t) for t in trainable), torch.tensor(True)]
     fixed = [None] * (len(example) - len(inputs))
@@ -83,7 +83,7 @@ def build_package(artifacts: str | os.PathLike, out: str | os.PathLike, *, examp
     if engine.eval_graph is not None and engine.eval_layout is not None:
         params = [state.params[name] for name in engine.eval_layout.params]
         inputs, axes, entries = _examples(engine.eval_graph, example_size)
-        eval_step = programs.eval_function(engine.eval_graph.module_for(inputs, params))
+        eval_step = programs.eval_function(_converted(engine.eval_graph, inputs, params))
         example = [*inputs, *(p.detach() for p in params)]
         path = path_inside(out, EVAL_FILE, "package program")
         entries = _compile(eval_step, example, axes, [None] * len(params), entries, path)
@@ -130,6 +130,12 @@ def build_package(artifacts: str | os.PathLike, out: str | os.PathLike, *, examp
 def _model(folder: Path, role: str) -> onnx.ModelProto | None:
     path = folder / f"{role}.onnx"
     return onnx.load(os.fspath(path)) if path.is_file() else None
+
+
+def _converted(graph: ForwardGraph, inputs: list[Tensor], params: list[Tensor]) -> Callable[..., Sequence[Tensor]]:
+    """``graph`` converted for ``inputs``, its literals that follow the sizes of dynamic axes made expressions of
+    those sizes (``ForwardGraph.eager_module``), so that the export can keep the axes dynamic."""
+    return graph.specialised(inputs, params, "package", graph.eager_module, dynamic=True)
 
 
 def _entry(name: str, tensor: Tensor) -> TensorEntry:
