@@ -132,7 +132,9 @@ def _model(folder: Path, role: str) -> onnx.ModelProto | None:
     return onnx.load(os.fspath(path)) if path.is_file() else None
 
 
-def _converted(graph: ForwardGraph, inputs: list[Tensor], params: list[Tensor]) -> Callable[..., Sequence[Tensor]]:
+def _converted(
+    graph: ForwardGraph, inputs: Sequence[Tensor], params: Sequence[Tensor]
+) -> Callable[..., Sequence[Tensor]]:
     """``graph`` converted for ``inputs``, its literals that follow the sizes of dynamic axes made expressions of
     those sizes (``ForwardGraph.eager_module``), so that the export can keep the axes dynamic."""
     return graph.specialised(inputs, params, "package", graph.eager_module, dynamic=True)
