@@ -73,3 +73,8 @@ class GraphSizeError(ModelError, MemoryError):
 
 class OrtFormatModelError(ModelError):
     """A model in ONNX Runtime's own format (.ort, FlatBuffers) that is damaged or holds what cannot be read."""
+
+
+class PackageError(RuntimeError, ValueError):
+    """A packaged step (``ort-torch-train package``) that cannot serve here: built from other artifacts, with
+    another torch or for another CPU, or an incomplete or malformed package."""

@@ -258,3 +258,10 @@ def swap_storage_memory(first: torch.UntypedStorage, second: torch.UntypedStorag
 def storage_use_count(storage: torch.UntypedStorage) -> int:
     """The number of references to ``storage``'s storage (each tensor viewing it, each storage object)."""
     return torch._C._storage_Use_Count(storage._cdata)
+
+
+def aoti_package_runner(path: str) -> Callable[[list[Tensor]], list[Tensor]]:
+    """The program in the AOTInductor package file ``path``, loaded by libtorch's C++ loader: a function of the
+    flat list of its input tensors. ``torch._inductor.aoti_load_package`` wraps the same loader, but importing
+    inductor and its pytree handling cost seconds at load and microseconds at every call."""
+    return torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, -1).run

@@ -49,6 +49,8 @@ class Module(nn.Module):
     arguments such as ``{"options": {"cpp_wrapper": True}}``) runs each train step (forward and
     backward) as one torch.compile'd graph and the eval graph through torch.compile;
     ``step(optimizer, *inputs)`` puts the optimizer's update into the train step's graph too.
+    ``compile="package:DIR"`` runs the train and eval steps through a package compiled ahead of time
+    (``ort-torch-train package``; ``training/package/``) with no compilation, on the CPU in float32.
     ``mixed_precision="bf16"|"fp16"`` runs the forward under ``torch.autocast`` with float32 master
     weights; "fp16" adds GradScaler's dynamic loss scaling (the Optimizer unscales, skips inf/nan
     steps and reports them; the scale is saved in the checkpoint's properties). ``recompute=k`` (or
@@ -84,7 +86,8 @@ class Module(nn.Module):
         eval_model_uri: the eval model, for eval mode and the exports (optional).
         device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` (or a ``torch.device``) where parameters and steps live.
         session_options: ORT's SessionOptions, accepted for compatibility and not used.
-        compile: ``True``, a torch.compile mode or a dict of torch.compile arguments: compiled steps.
+        compile: ``True``, a torch.compile mode or a dict of torch.compile arguments: compiled steps;
+            ``"package:DIR"``: the steps of a package built ahead of time.
         distributed: train data-parallel on torch.distributed (gradients averaged across ranks).
         process_group: the ranks' group with ``distributed`` (default: the default group).
         gradient_combination: with ``distributed``, "average" (default) or "adasum" (eager steps, a

@@ -1,5 +1,5 @@
-"""The ``ort-torch-train`` command line: generate, inspect, train, evaluate, convert and export ONNX Runtime
-training artifacts.
+"""The ``ort-torch-train`` command line: generate, inspect, train, evaluate, convert, export and package ONNX
+Runtime training artifacts.
 
 Every failure the user can act on (bad paths, npz keys, dtypes, shapes, files that are not what
 they should be) ends as one line ``ort-torch-train: error: ...`` on stderr and exit status 1;
@@ -24,6 +24,7 @@ from ort_torch_train.cli.export_options import add_export_parser
 from ort_torch_train.cli.generate_options import add_generate_parser
 from ort_torch_train.cli.inspect_options import add_inspect_parser
 from ort_torch_train.cli.native import add_native_parser
+from ort_torch_train.cli.package_options import add_package_parser
 from ort_torch_train.cli.runner import deferred
 from ort_torch_train.cli.train_options import add_train_parser
 from ort_torch_train.logs import enable
@@ -46,6 +47,7 @@ examples:
   ort-torch-train convert run/checkpoint model.safetensors
   ort-torch-train train artifacts/ --data train.npz --steps 100 --lora r=8,alpha=16,targets=all-linear
   ort-torch-train export artifacts/ --checkpoint run/checkpoint --output model.onnx --adapter task.onnx_adapter
+  ort-torch-train package artifacts/ --out packaged/
   ort-torch-train native build --prefix ~/.local/ort-torch-train
 
 Run `ort-torch-train COMMAND --help` for each command's options."""
@@ -131,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_evaluate_parser(commands, HelpFormatter, positive_int)
     add_convert_parser(commands, HelpFormatter)
     add_export_parser(commands, HelpFormatter)
+    add_package_parser(commands, HelpFormatter, positive_int)
     add_native_parser(commands, HelpFormatter)
     return parser
 

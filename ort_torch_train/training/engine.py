@@ -34,6 +34,7 @@ from ort_torch_train.training.compile.step_spec import ParameterPlan, Reduction,
 from ort_torch_train.training.forward_graph import ForwardGraph
 from ort_torch_train.training.forward_models import eval_forward, train_forward
 from ort_torch_train.training.options import EngineOptions
+from ort_torch_train.training.package.packaged import PackagedSteps
 from ort_torch_train.training.precision import MixedPrecision, autocast_or_null, backward, float32_outputs
 from ort_torch_train.training.ranks import rank_strategies
 from ort_torch_train.training.threads import process_threads
@@ -94,6 +95,11 @@ class TrainingEngine:
         self._eval_aliases: list[torch.Tensor] = []  # _detached_eval_params
         self._gradient_reset = _GradientReset()
         state.to(options.device)
+        self._packaged: PackagedSteps | None = None  # the steps of options.package, run instead of compiling
+        if options.package is not None:
+            self._packaged = PackagedSteps(
+                options.package, training_model, eval_model, state.params, self.trainable_parameter_names
+            )
         ranks = rank_strategies(self.train_graph, self.train_layout, state, options, self._tensor_parallel)
         self._data_parallel, self._pipeline = ranks  # gradients combined across ranks; a pipeline across them
         if options.sharding is not None:  # the state's parameters became their shards
@@ -133,6 +139,10 @@ class TrainingEngine:
         inputs = self._on_device(inputs)
         if self._pipeline is not None:
             outputs = self._pipeline.train_step(inputs, self._gradient_reset.pending)
+            self._gradient_reset.pending = False
+            return outputs
+        if self._packaged is not None:
+            outputs = self._packaged.train_step(inputs, *self._parameter_views(), self._gradient_reset.pending)
             self._gradient_reset.pending = False
             return outputs
         if self.options.compiles_whole_step and self.trainable_parameter_names:
@@ -286,6 +296,8 @@ class TrainingEngine:
         if self.eval_graph is None:
             raise ModelError("Eval model was not provided: evaluation needs the eval model (eval_model_uri).")
         inputs = self._on_device(inputs)
+        if self._packaged is not None:
+            return self._packaged.eval_step(inputs, self._detached_eval_params())
         params: Sequence[torch.Tensor]
         if self.options.sharding is not None:  # gathered from every rank's shards
             with torch.no_grad():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,6 +21,7 @@ from ort_torch_train.training.binding import parse_device
 from ort_torch_train.training.compile.cache import CompileCacheSetting
 from ort_torch_train.training.compile.settings import CompileSetting, compile_arguments
 from ort_torch_train.training.dynamic_shapes import DynamicSetting, dynamic_setting
+from ort_torch_train.training.package.packaged import package_folder
 from ort_torch_train.training.precision import check_mixed_precision
 from ort_torch_train.training.recompute import RecomputeSetting, recompute_segments
 from ort_torch_train.training.recompute_patterns import RecomputePlan
@@ -57,9 +59,14 @@ class EngineOptions:
         sharding: "zero2" or "zero3" (FSDP2, ``distributed/fully_sharded.py``; implies ``distributed``,
             eager steps without recompute or mixed precision), or None.
 
+        package: the folder of a package of steps compiled ahead of time (``training/package/``), which
+            the train and eval steps run through instead of compiling, or None; ``compile="package:DIR"``.
+
+
     Valid combinations: every field with every other, except that ``loss_scale`` needs "fp16", a
-    process group needs ``distributed`` or ``pipeline``, "adasum" needs ``distributed`` and eager steps, and
-    ``pipeline`` takes eager steps in float32 without recompute and without ``distributed``. Compiled with recompute, the train step is not one graph:
+    process group needs ``distributed`` or ``pipeline``, "adasum" needs ``distributed`` and eager steps,
+    ``pipeline`` takes eager steps in float32 without recompute and without ``distributed``, and a package
+    runs on the CPU in float32, one process, no recompute. Compiled with recompute, the train step is not one graph:
     the train forward compiles alone (torch.func's one-graph step refuses checkpoint's saved-tensor
     hooks), its backward runs through autograd and the optimizer update after it.
     """
@@ -78,6 +85,7 @@ class EngineOptions:
     custom_ops: OpLibrary | None = None
     tensor_parallel: TensorParallel | None = None
     sharding: str | None = None
+    package: Path | None = None
 
     @classmethod
     def of(
@@ -100,7 +108,16 @@ class EngineOptions:
     ) -> EngineOptions:
         """Checked options from a face's arguments (``Module``'s names); raises naming the bad argument."""
         target = parse_device(device)
-        arguments = compile_arguments(compile)
+        package = package_folder(compile)
+        arguments = None if package is not None else compile_arguments(compile)
+        several = distributed or sharding is not None or pipeline is not None or tensor_parallel_size != 1
+        if package is not None and (target.type != "cpu" or mixed_precision or recompute or several):
+            raise ValueError(
+                f"compile={compile!r}: a package runs on the CPU in float32, in one process, without recompute; "
+                f"got device={device!r}, mixed_precision={mixed_precision!r}, recompute={recompute!r}, "
+                f"distributed={distributed!r}, sharding={sharding!r}, pipeline={pipeline!r}, "
+                f"tensor_parallel_size={tensor_parallel_size!r}"
+            )
         check_mixed_precision(mixed_precision)
         try:
             scale = float(loss_scale)
@@ -176,6 +193,7 @@ class EngineOptions:
             custom_ops,
             tensor_parallel,
             sharded,
+            package,
         )
 
     @property

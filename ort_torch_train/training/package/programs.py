@@ -1,0 +1,120 @@
+"""The steps a package holds, as pure functions of tensors, and their ahead-of-time compilation.
+
+Each step takes every tensor it reads as an argument and returns every tensor it changes, so that
+``torch.export`` sees no mutation of an input: the caller copies the returned tensors over its own.
+
+- train: ``(*inputs, *trainable, *frozen, *grads, reset) -> (*outputs, *grads, *frozen)``, forward and
+  ``torch.func.grad``'s backward; the gradients replace ``grads`` where ``reset`` (a boolean tensor) is
+  true, else add to them (ORT's accumulation until ``LazyResetGrad``); ``frozen`` comes back with what the
+  forward updated in it (BatchNorm's running statistics).
+- optimizer: ``(*params, *grads, *moments, scalars) -> (*params, *grads, *moments)``, the optimizer's
+  fused update (``optim/compiled.py``), clipping first where the optimizer model does.
+- eval: ``(*inputs, *params) -> outputs``, the eval graph's forward.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+from torch.export import Dim, ExportedProgram
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from ort_torch_train.fileio import atomic_write
+from ort_torch_train.optim.clip import clip_grad_norm_
+from ort_torch_train.optim.compiled import FusedUpdate
+from ort_torch_train.training.compile.step_spec import ParameterPlan
+
+AxisSizes = dict[int, Dim] | None  # one input's dynamic axes for torch.export, None: all fixed
+
+
+def train_function(module: Callable[..., Sequence[Tensor]], inputs: int, plan: ParameterPlan) -> Callable[..., tuple]:
+    """The train step over ``module`` (``module(*inputs, *graph parameters)``), taking ``inputs`` user inputs
+    and the parameters as ``plan`` splits them into trainable and frozen."""
+    trainable_count = sum(1 for is_trainable, _ in plan.sources if is_trainable)
+    frozen_count = len(plan.sources) - trainable_count
+
+    def train_step(*args: Tensor) -> tuple[Tensor, ...]:
+        user = args[:inputs]
+        trainable = list(args[inputs : inputs + trainable_count])
+        frozen = [tensor.clone() for tensor in args[inputs + trainable_count : inputs + trainable_count + frozen_count]]
+        grads = args[inputs + trainable_count + frozen_count : -1]
+        reset = args[-1]
+
+        # frozen is an argument too: a transformed function may not mutate a captured tensor (BatchNorm's statistics)
+        def loss_and_outputs(trainable: list[Tensor], frozen: list[Tensor]) -> tuple[Tensor, Sequence[Tensor]]:
+            params = [trainable[i] if is_trainable else frozen[i] for is_trainable, i in plan.sources]
+            outputs = module(*user, *params)
+            loss = outputs[0]
+            return (loss if loss.dim() == 0 else loss.sum()), outputs  # a non-scalar loss: ORT's ones seed
+
+        gradients, outputs = torch.func.grad(loss_and_outputs, argnums=0, has_aux=True)(trainable, frozen)
+        accumulated = [torch.where(reset, new, old + new) for old, new in zip(grads, gradients)]
+        return (*outputs, *accumulated, *frozen)
+
+    return train_step
+
+
+def optimizer_function(update: FusedUpdate, parameters: int, moments: int) -> Callable[..., tuple]:
+    """The optimizer step of ``update`` over ``parameters`` trainable tensors with ``moments`` moments each."""
+
+    def optimizer_step(*args: Tensor) -> tuple[Tensor, ...]:
+        params = [tensor.clone() for tensor in args[:parameters]]
+        grads = [tensor.clone() for tensor in args[parameters : 2 * parameters]]
+        states = [
+            [tensor.clone() for tensor in args[(2 + m) * parameters : (3 + m) * parameters]] for m in range(moments)
+        ]
+        scalars = args[-1]
+        if update.clip_max_norm is not None:
+            clip_grad_norm_(grads, update.clip_max_norm)
+        update.kernel(params, grads, *states, scalars, *update.constants)
+        return (*params, *grads, *(tensor for state in states for tensor in state))
+
+    return optimizer_step
+
+
+def eval_function(module: Callable[..., Sequence[Tensor]]) -> Callable[..., tuple]:
+    """The eval step over ``module``."""
+
+    def eval_step(*args: Tensor) -> tuple[Tensor, ...]:
+        return tuple(module(*args))
+
+    return eval_step
+
+
+class _Traced(torch.nn.Module):
+    """A traced step as the module torch.export takes."""
+
+    def __init__(self, graph: torch.fx.GraphModule) -> None:
+        super().__init__()
+        self.graph_module = graph
+
+    def forward(self, *args: Tensor) -> tuple[Tensor, ...]:
+        return self.graph_module(*args)
+
+
+def export_step(
+    function: Callable[..., tuple], example: Sequence[Tensor], axes: Sequence[AxisSizes]
+) -> ExportedProgram:
+    """``function`` traced for ``example`` (as ATen operations, backward included) and exported, the ``axes``
+    of each argument dynamic."""
+    traced = make_fx(function, tracing_mode="symbolic")(*example)
+    return torch.export.export(_Traced(traced), tuple(example), dynamic_shapes=(tuple(axes),), strict=False)
+
+
+def compile_program(program: ExportedProgram, path: str | os.PathLike) -> None:
+    """Compile ``program`` with AOTInductor into the package file ``path`` (written atomically)."""
+
+    def write(file: object) -> None:
+        torch._inductor.aoti_compile_and_package(program, package_path=file)  # type: ignore[arg-type]
+
+    atomic_write(path, write)
+
+
+def dimension(name: str) -> Dim:
+    """A torch.export dimension of any size >= 1 for the ONNX symbolic axis ``name``."""
+    identifier = re.sub(r"\W", "_", name)
+    return Dim(identifier if identifier[:1].isalpha() else f"axis_{identifier}", min=1)
