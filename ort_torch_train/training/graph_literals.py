@@ -4,7 +4,9 @@ expression: the comparison behind dynamic shapes (``dynamic_shapes.py``).
 Besides literals, three kinds of constant tensors may differ by a length: one that counts up along one
 axis (position ids folded from ``arange(length)``), recorded at the path ``COUNT_LENGTH``; a grid, an
 integer tensor that is an affine function of its indices or a tensor of one value (token-type ids
-expanded to batch x length, the flat indices of a batch x length mask, an MoE layer's zeros), whose sizes and steps are
+expanded to batch x length, the flat indices of a batch x length mask, an MoE layer's zeros) or a relative
+table, an integer tensor whose last two axes (query, key) hold a piecewise affine function of the key's
+offset from the query (T5's distances behind its relative-position buckets), whose sizes and steps are
 recorded at ``(GRID, "size" | "step", axis)``; and a table whose rows at a shorter length are its first
 rows (rotary cos/sin tables, causal masks), recorded at ``(PREFIX, axes)``.
 """
@@ -120,9 +122,15 @@ def _table_differences(a: Any, b: Any) -> dict[tuple, tuple[int, int]] | None:
         return {COUNT_LENGTH: lengths}
     grid_a, grid_b = grid_of(a), grid_of(b)
     if grid_a is not None and grid_b is not None and grid_a[0] == grid_b[0]:
+        steps = (grid_a[1], grid_b[1])
+    elif grid_a is None and grid_b is None and relative_of(a) is not None and relative_of(a) == relative_of(b):
+        steps = ((), ())  # a relative table's steps do not change with its sizes
+    else:
+        steps = None
+    if steps is not None:
         return {
             (GRID, part, axis): (x, y)
-            for part, (of_a, of_b) in (("size", (a.shape, b.shape)), ("step", (grid_a[1], grid_b[1])))
+            for part, (of_a, of_b) in (("size", (a.shape, b.shape)), ("step", steps))
             for axis, (x, y) in enumerate(zip(of_a, of_b))
             if x != y
         }
@@ -164,11 +172,12 @@ def _grid_values(start: int, steps: tuple[int, ...], shape: torch.Size, dtype: t
 def grid_like(graph: fx.Graph, constant: torch.Tensor, parts: dict[tuple[str, int], Any]) -> fx.Node:
     """Nodes computing the grid ``constant`` (``grid_of``) with the sizes and steps in ``parts``
     (("size" | "step", axis) -> a node or an int; the constant's own where absent)."""
-    found = grid_of(constant)
-    assert found is not None
-    start, steps = found
     shape = tuple(parts.get(("size", axis), size) for axis, size in enumerate(constant.shape))
     place: dict[str, fx.node.Argument] = {"dtype": constant.dtype, "device": constant.device}
+    found = grid_of(constant)
+    if found is None:
+        return _relative_like(graph, constant, shape, place)
+    start, steps = found
     if constant.dtype.is_floating_point:  # one value (an accumulator of routed tokens): filled, not a view
         return graph.call_function(torch.full, (shape, start), place)
     values = graph.call_function(torch.full, ((1,) * constant.dim(), start), place)
@@ -181,6 +190,33 @@ def grid_like(graph: fx.Graph, constant: torch.Tensor, parts: dict[tuple[str, in
         counted = graph.call_method("reshape", (graph.call_function(torch.mul, (counted, step)), view))
         values = graph.call_function(torch.add, (values, counted))
     return graph.call_method("expand", (values, shape))
+
+
+def relative_of(tensor: torch.Tensor) -> tuple[int, int, int] | None:
+    """``(start, up, down)`` of an integer tensor whose element at (..., i, j) is ``start + up * max(j - i, 0)
+    + down * max(i - j, 0)`` (its leading axes of size 1, its last two of size 2 or more); else None."""
+    if tensor.dim() < 2 or tensor.dtype.is_floating_point or tensor.is_complex() or tensor.dtype == torch.bool:
+        return None
+    if any(size != 1 for size in tensor.shape[:-2]) or min(tensor.shape[-2:]) < 2:
+        return None
+    table = tensor.detach().cpu().reshape(tensor.shape[-2:])
+    start, up, down = int(table[0, 0]), int(table[0, 1] - table[0, 0]), int(table[1, 0] - table[0, 0])
+    return (start, up, down) if torch.equal(table, _relative_values(start, up, down, *table.shape)) else None
+
+
+def _relative_values(start: int, up: int, down: int, queries: Any, keys: Any, **place: Any) -> torch.Tensor:
+    offsets = torch.arange(keys, **place).reshape(1, keys) - torch.arange(queries, **place).reshape(queries, 1)
+    return start + up * offsets.clamp(min=0) + down * (-offsets).clamp(min=0)
+
+
+def _relative_like(
+    graph: fx.Graph, constant: torch.Tensor, shape: tuple[Any, ...], place: dict[str, fx.node.Argument]
+) -> fx.Node:
+    """Nodes computing the relative table ``constant`` (``relative_of``) at ``shape``."""
+    found = relative_of(constant)
+    assert found is not None
+    table = graph.call_function(_relative_values, (*found, shape[-2], shape[-1]), place)
+    return graph.call_method("reshape", (table, shape))
 
 
 def _prefix_axes(a: torch.Tensor, b: torch.Tensor) -> tuple[int, ...] | None:

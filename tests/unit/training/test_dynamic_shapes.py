@@ -23,7 +23,7 @@ from ort_torch_train.torch_internals import compile_counters
 from ort_torch_train.training.compile.precompiled import step_key
 from ort_torch_train.training.dynamic_shapes import probe_inputs, probe_size
 from ort_torch_train.training.engine import TrainingEngine
-from ort_torch_train.training.graph_literals import grid_of
+from ort_torch_train.training.graph_literals import grid_like, grid_of, relative_of
 from ort_torch_train.training.meta_keys import DYNAMIC_AXES
 from tests.helpers.timeouts import scaled
 
@@ -402,3 +402,21 @@ def test_grid_constants_are_told_by_their_start_and_steps():
     assert grid_of(torch.linspace(0, 1, 5)) is None
     assert grid_of(torch.zeros(16, 32)) == (0.0, (0, 0))
     assert grid_of(torch.arange(6, dtype=torch.float32)) is None
+
+
+def test_relative_tables_are_told_by_their_offsets_and_rebuilt_at_other_lengths():
+    """T5's |key - query| (encoder) and max(query - key, 0) (decoder) tables are relative tables, rebuilt
+    at any query and key lengths, longer ones included; a table of other values, a float one and one
+    with a leading axis longer than 1 are not."""
+    offsets = torch.arange(6).reshape(1, 6) - torch.arange(5).reshape(5, 1)
+    assert relative_of(offsets.abs()) == (0, 1, 1)
+    assert relative_of((-offsets).clamp(min=0).reshape(1, 5, 6)) == (0, 0, 1)
+    assert relative_of(offsets.abs() ** 2) is None
+    assert relative_of(offsets.abs().float()) is None
+    assert relative_of(offsets.abs().expand(2, 5, 6)) is None
+    graph = torch.fx.Graph()
+    queries, keys = graph.placeholder("queries"), graph.placeholder("keys")
+    graph.output(grid_like(graph, (-offsets).clamp(min=0).reshape(1, 5, 6), {("size", 1): queries, ("size", 2): keys}))
+    rebuilt = torch.fx.GraphModule(torch.nn.Module(), graph)(9, 11)
+    longer = torch.arange(11).reshape(1, 11) - torch.arange(9).reshape(9, 1)
+    assert torch.equal(rebuilt, (-longer).clamp(min=0).reshape(1, 9, 11))
