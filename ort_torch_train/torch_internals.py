@@ -87,9 +87,20 @@ __all__ = [
     # storage: how many tensors (and storage objects) hold a storage, to tell whether anything besides
     # the ones known views it before its memory is freed; no public API counts them
     "storage_use_count",
+    # dispatcher: autograd back on inside a custom op's kernel (which runs below autograd), for a backward
+    # op that differentiates a kernel torch fuses (``adapters/rnn_fused.py``); no public API lifts it
+    "autograd_dispatch",
 ]
 
 tree_leaves = torch.utils._pytree.tree_leaves
+
+
+def autograd_dispatch() -> Any:
+    """A context in which operators dispatch to autograd again, inside a kernel that runs below it."""
+    excluded = torch._C._dispatch_tls_local_exclude_set()
+    for key in ("AutogradFunctionality", "AutogradOther", "AutogradNestedTensor"):
+        excluded = excluded.remove(getattr(torch._C.DispatchKey, key))
+    return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), excluded)
 
 
 def mark_static_address(tensor: Tensor) -> None:
