@@ -6,7 +6,8 @@ axis (position ids folded from ``arange(length)``), recorded at the path ``COUNT
 integer tensor that is an affine function of its indices or a tensor of one value (token-type ids
 expanded to batch x length, the flat indices of a batch x length mask, an MoE layer's zeros) or a relative
 table, an integer tensor whose last two axes (query, key) hold a piecewise affine function of the key's
-offset from the query (T5's distances behind its relative-position buckets), whose sizes and steps are
+offset from the query (T5's distances behind its relative-position buckets), or stacked grids (the index
+tuples of a GatherND, each entry a grid), whose sizes and steps are
 recorded at ``(GRID, "size" | "step", axis)``; and a table whose rows at a shorter length are its first
 rows (rotary cos/sin tables, causal masks), recorded at ``(PREFIX, axes)``.
 """
@@ -22,6 +23,7 @@ Place = tuple[int, tuple[Any, ...]]  # (node position, path into its (args, kwar
 COUNT_LENGTH = ("count length",)  # the path of a counting constant's length
 PREFIX = "prefix"  # (PREFIX, axes): the path of a prefix table's length along ``axes``
 GRID = "grid"  # (GRID, "size" | "step", axis): the path of a grid's size or step along ``axis``
+_MOST_COORDINATES = 8  # stacked grids: the most index tuples' entries along their last axis
 
 
 def literal_differences(base: fx.GraphModule, probe: fx.GraphModule) -> dict[Place, tuple[int, int]] | str:
@@ -123,8 +125,8 @@ def _table_differences(a: Any, b: Any) -> dict[tuple, tuple[int, int]] | None:
     grid_a, grid_b = grid_of(a), grid_of(b)
     if grid_a is not None and grid_b is not None and grid_a[0] == grid_b[0]:
         steps = (grid_a[1], grid_b[1])
-    elif grid_a is None and grid_b is None and relative_of(a) is not None and relative_of(a) == relative_of(b):
-        steps = ((), ())  # a relative table's steps do not change with its sizes
+    elif grid_a is None and grid_b is None and _fixed_steps(a) is not None and _fixed_steps(a) == _fixed_steps(b):
+        steps = ((), ())  # a relative table's or stacked grids' steps do not change with their sizes
     else:
         steps = None
     if steps is not None:
@@ -175,6 +177,9 @@ def grid_like(graph: fx.Graph, constant: torch.Tensor, parts: dict[tuple[str, in
     shape = tuple(parts.get(("size", axis), size) for axis, size in enumerate(constant.shape))
     place: dict[str, fx.node.Argument] = {"dtype": constant.dtype, "device": constant.device}
     found = grid_of(constant)
+    if found is None and stacked_grids(constant) is not None:
+        slices = [grid_like(graph, constant.select(-1, k), parts) for k in range(constant.shape[-1])]
+        return graph.call_function(torch.stack, (slices, -1))
     if found is None:
         return _relative_like(graph, constant, shape, place)
     start, steps = found
@@ -190,6 +195,26 @@ def grid_like(graph: fx.Graph, constant: torch.Tensor, parts: dict[tuple[str, in
         counted = graph.call_method("reshape", (graph.call_function(torch.mul, (counted, step)), view))
         values = graph.call_function(torch.add, (values, counted))
     return graph.call_method("expand", (values, shape))
+
+
+def stacked_grids(tensor: torch.Tensor) -> tuple[tuple[Any, tuple[int, ...]], ...] | None:
+    """``grid_of`` of each slice along the last axis of an integer tensor whose every such slice is a grid
+    and not all of it one (GatherND's index tuples over a batch x length grid); else None."""
+    if tensor.dim() < 2 or not 2 <= tensor.shape[-1] <= _MOST_COORDINATES or tensor.dtype.is_floating_point:
+        return None
+    if tensor.is_complex() or tensor.dtype == torch.bool:
+        return None
+    grids = tuple(grid_of(tensor.select(-1, k)) for k in range(tensor.shape[-1]))
+    return None if any(grid is None for grid in grids) else grids  # type: ignore[return-value]
+
+
+def _fixed_steps(tensor: torch.Tensor) -> tuple[str, Any] | None:
+    """What stays of a table with steps that do not follow its sizes (a relative table, stacked grids)."""
+    relative = relative_of(tensor)
+    if relative is not None:
+        return "relative", relative
+    stacked = stacked_grids(tensor)
+    return None if stacked is None else ("stacked", stacked)
 
 
 def relative_of(tensor: torch.Tensor) -> tuple[int, int, int] | None:
