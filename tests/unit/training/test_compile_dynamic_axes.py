@@ -80,3 +80,57 @@ def test_an_lstm_compiles_once_over_eight_shapes_with_batch_1_and_longer_lengths
     assert graphs == 1
     np.testing.assert_allclose(losses, eager_losses, rtol=0, atol=1e-6)
     np.testing.assert_allclose(parameters, eager_parameters, rtol=0, atol=1e-6)
+
+
+@pytest.mark.compile
+@pytest.mark.slow
+def test_a_dynamo_exported_whisper_compiles_once_over_eight_shapes(tmp_path, caplog):
+    """A Whisper-shaped encoder-decoder exported by torch.onnx.export(dynamo=True), batch and decoder length
+    dynamic: the GatherND index tuples its attention masks are built from (batch x length grids, stacked)
+    are rebuilt from the sizes at run time, so that neither axis is bounded by the first batch. One graph,
+    the losses and parameters eager's. Traced by Dynamo and AOT autograd (backend "aot_eager")."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("onnxscript")
+    vocab, mel, frames = 32, 4, 16
+    config = transformers.WhisperConfig(
+        vocab_size=vocab, num_mel_bins=mel, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_source_positions=frames // 2,
+        max_target_positions=64, dropout=0.0, use_cache=False, pad_token_id=0, decoder_start_token_id=1,
+        attn_implementation="eager",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.WhisperForConditionalGeneration(config)
+
+    class Logits(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, features: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+            return self.model(input_features=features, decoder_input_ids=ids).logits.flatten(0, 1)
+
+    batch, length = torch.export.Dim("batch"), torch.export.Dim("length")
+    generate_artifacts(
+        Logits(),
+        loss=LossType.CrossEntropyLoss,
+        optimizer=OptimType.AdamW,
+        artifact_directory=tmp_path,
+        example_inputs=(torch.randn(SHAPES[0][0], mel, frames), torch.randint(0, vocab, SHAPES[0])),
+        input_names=["features", "ids"],
+        exporter="dynamo",
+        dynamic_shapes={"features": {0: batch}, "ids": {0: batch, 1: length}},
+    )
+    rng = np.random.default_rng(0)
+    batches = [
+        (
+            rng.standard_normal((b, mel, frames), dtype=np.float32),
+            rng.integers(0, vocab, (b, n)),
+            rng.integers(0, vocab, b * n),
+        )
+        for b, n in SHAPES
+    ]
+    eager_losses, eager_parameters, _ = train_counting_graphs(tmp_path, batches, False, caplog, REFUSED)
+    losses, parameters, graphs = train_counting_graphs(tmp_path, batches, {"backend": "aot_eager"}, caplog, REFUSED)
+    assert graphs == 1
+    np.testing.assert_allclose(losses, eager_losses, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(parameters, eager_parameters, rtol=0, atol=1e-6)
