@@ -76,17 +76,18 @@ def _forward_op(
     direction: str,
     relu: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """``fused_kernel``'s Y, Y_h and Y_c (an empty tensor for RNN and GRU), without autograd."""
+    """``fused_kernel``'s Y, Y_h and Y_c (an empty tensor for RNN and GRU), without autograd; contiguous,
+    as the fake kernel says (a compiled graph checks the strides)."""
     with torch.no_grad():
         y, y_h, y_c = fused_kernel(op_type, direction, relu, x, w, r, b, h0, c0)
-    return y, y_h, y_h.new_empty(0) if y_c is None else y_c
+    return y.contiguous(), y_h.contiguous(), y_h.new_empty(0) if y_c is None else y_c.contiguous()
 
 
 @_forward_op.register_fake
 def _(x, w, r, b, h0, c0, op_type, direction, relu):
     directions = 2 if direction == "bidirectional" else 1
     y = x.new_empty((x.shape[0], directions, x.shape[1], r.shape[-1]))
-    return y, torch.empty_like(h0), h0.new_empty(0) if c0 is None else torch.empty_like(c0)
+    return y, h0.new_empty(h0.shape), h0.new_empty(0) if c0 is None else c0.new_empty(c0.shape)
 
 
 @torch.library.custom_op("ort_torch_train::fused_recurrent_backward", mutates_args=())
@@ -104,22 +105,25 @@ def _backward_op(
     direction: str,
     relu: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """The gradients of ``fused_kernel``'s inputs x, w, r, b, h0, c0 (those absent: empty tensors)."""
+    """The gradients of ``fused_kernel``'s inputs x, w, r, b, h0, c0 (those absent: empty tensors), contiguous."""
     with torch.enable_grad(), autograd_dispatch():  # the kernel runs below autograd
         inputs = [None if t is None else t.detach().requires_grad_() for t in (x, w, r, b, h0, c0)]
-        y, y_h, y_c = fused_kernel(op_type, direction, relu, *inputs)
+        x_, w_, r_, b_, h0_, c0_ = inputs
+        assert x_ is not None and w_ is not None and r_ is not None and h0_ is not None
+        y, y_h, y_c = fused_kernel(op_type, direction, relu, x_, w_, r_, b_, h0_, c0_)
         outputs = [(y, grad_y), (y_h, grad_h)] + ([] if y_c is None else [(y_c, grad_c)])
         present = [t for t in inputs if t is not None]
         grads = iter(torch.autograd.grad([o for o, _ in outputs], present, [g for _, g in outputs], allow_unused=True))
     found = [None if t is None else next(grads) for t in inputs]
     return tuple(  # type: ignore[return-value]
-        x.new_empty(0) if t is None else torch.zeros_like(t) if g is None else g for t, g in zip(inputs, found)
+        x.new_empty(0) if t is None else t.new_zeros(t.shape) if g is None else g.contiguous()
+        for t, g in zip(inputs, found)
     )
 
 
 @_backward_op.register_fake
 def _(x, w, r, b, h0, c0, grad_y, grad_h, grad_c, op_type, direction, relu):
-    return tuple(x.new_empty(0) if t is None else torch.empty_like(t) for t in (x, w, r, b, h0, c0))
+    return tuple(x.new_empty(0) if t is None else t.new_empty(t.shape) for t in (x, w, r, b, h0, c0))
 
 
 class _FusedRecurrent(torch.autograd.Function):
