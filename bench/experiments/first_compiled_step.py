@@ -16,9 +16,9 @@ cache) on the checkout at ROOT (its ``ort_torch_train`` and ``adapters``: anothe
 "before" figure). ``reference`` trains the same torch model under plain ``torch.compile`` (forward,
 backward, torch.optim.AdamW; ``dynamic=True`` for the rows whose axes ours marks dynamic, else False)
 on the same batches. Both write the first step's seconds, the Dynamo graphs after each step, the nodes
-of each graph Dynamo hands to inductor, the error a step raised, and the first step's compile time by
-phase (``first_step_phases_s``: ``dynamo``, tracing bytecode outside the backend; ``aot_autograd``, the
-backend less inductor; ``inductor``; and ours' ``first_step_conversion_s``, from its log) to OUT.json; ``first_step_cpu_s``
+of each graph Dynamo hands to inductor, the error a step raised, and the first step's compile time
+(``first_step_phases_s``: Dynamo's timers, ``_compile_phases``; ours' ``first_step_conversion_s``, from
+its log) to OUT.json; ``first_step_cpu_s``
 is the process's own CPU time in the first step (inductor's C++ compilers run in other processes).
 ``table`` runs, row by row, ``measure`` on this checkout then ``reference``, each in its own process
 with its own empty inductor cache directory, and writes every result, the load average and
@@ -234,18 +234,18 @@ def _train(step, batches: list[tuple], result: dict) -> None:
 
 
 def _compile_phases() -> dict:
-    """Seconds of the compilations so far by phase, from Dynamo's timers (nested: each phase less the next)."""
+    """Seconds of the compilations so far in Dynamo's timers: the whole of Dynamo's compile (absent on a
+    precompiled step's path), its backend call, AOT autograd's, and inductor's (nested in that order; the
+    reference's backward compiles outside the backend call, at its first backward)."""
     from torch._dynamo.utils import compilation_time_metrics
 
-    def total(name: str) -> float:
-        return sum(compilation_time_metrics.get(name, []))
-
-    backend, inductor = total("OutputGraph.call_user_compiler"), total("compile_fx_inner")
-    return {
-        "dynamo": round(total("_compile.compile_inner") - backend, 1),
-        "aot_autograd": round(backend - inductor, 1),
-        "inductor": round(inductor, 1),
+    timers = {
+        "dynamo": "_compile.compile_inner",
+        "backend": "OutputGraph.call_user_compiler",
+        "aot_autograd": "create_aot_dispatcher_function",
+        "inductor": "compile_fx_inner",
     }
+    return {name: round(sum(compilation_time_metrics.get(timer, [])), 1) for name, timer in timers.items()}
 
 
 class _Conversions:
