@@ -21,7 +21,7 @@ from ort_torch_train.errors import UnsupportedOperatorError
 from .common import OperationConverterResult, attributes, has_input, input_shape, result
 from .registry import MICROSOFT, ConversionContext, register
 from .rnn_cells import ActivationSpec, activation_specs, recurrent_direction
-from .rnn_fused import TORCH_GATE_ORDER, allow_recurrent_in_graph, fused_kernel, fused_recurrent
+from .rnn_fused import TORCH_GATE_ORDER, fused_kernel, fused_recurrent
 
 if TYPE_CHECKING:
     from onnx2torch.onnx_graph import OnnxGraph
@@ -224,8 +224,6 @@ def check_shapes(node: OnnxNode, graph: OnnxGraph, config: RecurrentConfig) -> N
 def _convert(node: OnnxNode, graph: OnnxGraph, op_type: str):
     config = recurrent_config(node, op_type)
     check_shapes(node, graph, config)
-    if config.fused:
-        allow_recurrent_in_graph()
     return result(Recurrent(config), node)
 
 

@@ -5,18 +5,17 @@ fixes the length: every new length compiles a graph of its own. ``fused_recurren
 whole instead: a custom op (its output shapes follow the input's, the length included) applied by an
 autograd Function whose backward is a second custom op, which runs the kernel again under autograd and
 returns its input gradients. torch.compile takes the Function's application as one call
-(``allow_recurrent_in_graph``): its backward is then the Function's own, inside ``torch.func.grad`` too.
+(``written_whole``): its backward is then the Function's own, inside ``torch.func.grad`` too.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
 from torch import _VF, Tensor
 
-from ort_torch_train.torch_internals import autograd_dispatch
+from ort_torch_train.torch_internals import autograd_dispatch, written_whole
 
 TORCH_GATE_ORDER = {"RNN": (0,), "GRU": (1, 0, 2), "LSTM": (0, 2, 3, 1)}
 
@@ -156,6 +155,7 @@ class _FusedRecurrent(torch.autograd.Function):
         return (*(g if present else None for g, present in zip(grads, ctx.present)), None)
 
 
+@written_whole
 def fused_recurrent(
     op_type: str,
     direction: str,
@@ -170,9 +170,3 @@ def fused_recurrent(
     """``fused_kernel`` as one opaque, differentiable call (what a compiled graph runs)."""
     y, y_h, y_c = _FusedRecurrent.apply(x, w, r, b, h0, c0, (op_type, direction, relu))
     return y, y_h, None if c0 is None else y_c
-
-
-@functools.cache
-def allow_recurrent_in_graph() -> None:
-    """Have torch.compile take ``fused_recurrent`` as one call of its graph, not trace into it (once a process)."""
-    torch.compiler.allow_in_graph(fused_recurrent)

@@ -90,9 +90,29 @@ __all__ = [
     # dispatcher: autograd back on inside a custom op's kernel (which runs below autograd), for a backward
     # op that differentiates a kernel torch fuses (``adapters/rnn_fused.py``); no public API lifts it
     "autograd_dispatch",
+    # Dynamo: functions written whole into the graphs torch.compile traces (``torch.compiler.allow_in_graph``,
+    # which imports Dynamo: applied when a compilation starts, not when the function is defined)
+    "written_whole",
+    "allow_written_whole",
 ]
 
 tree_leaves = torch.utils._pytree.tree_leaves
+
+
+_WRITTEN_WHOLE: list[Callable[..., Any]] = []  # written_whole's functions that allow_written_whole has not applied yet
+
+
+def written_whole(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function``, to be written whole into the graphs torch.compile traces, not traced into
+    (``torch.compiler.allow_in_graph``, applied by ``allow_written_whole``)."""
+    _WRITTEN_WHOLE.append(function)
+    return function
+
+
+def allow_written_whole() -> None:
+    """``torch.compiler.allow_in_graph`` for the functions ``written_whole`` marked (before torch.compile)."""
+    while _WRITTEN_WHOLE:
+        torch.compiler.allow_in_graph(_WRITTEN_WHOLE.pop())
 
 
 def autograd_dispatch() -> Any:
