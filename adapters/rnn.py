@@ -3,7 +3,8 @@
 torch's fused recurrent kernels run the nodes whose semantics they share (default activations, no
 clip, peepholes, input_forget or sequence_lens, GRU with ``linear_before_reset=1``), with the ONNX
 weights' gate blocks re-ordered on the fly (GRU ``zrh`` -> torch ``rzn``, LSTM ``iofc`` -> ``ifco``);
-every other node runs the per-timestep loop of ``rnn_cells``. onnxruntime-training's forward nodes
+every other node runs the per-timestep loop of ``rnn_cells``. A compiled graph runs the fused kernel as
+one opaque call with a backward of its own (``rnn_fused``), so that the length stays dynamic. onnxruntime-training's forward nodes
 ``com.microsoft::GRUTraining``/``LSTMTraining`` (in ORT-made training models) convert the same way.
 """
 
@@ -13,20 +14,20 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-from torch import _VF, nn
+from torch import nn
 
 from ort_torch_train.errors import UnsupportedOperatorError
 
 from .common import OperationConverterResult, attributes, has_input, input_shape, result
 from .registry import MICROSOFT, ConversionContext, register
 from .rnn_cells import ActivationSpec, activation_specs, recurrent_direction
+from .rnn_fused import TORCH_GATE_ORDER, fused_kernel, fused_recurrent
 
 if TYPE_CHECKING:
     from onnx2torch.onnx_graph import OnnxGraph
     from onnx2torch.onnx_node import OnnxNode
 
 _DEFAULT_ACTIVATIONS = {"RNN": ("Tanh",), "GRU": ("Sigmoid", "Tanh"), "LSTM": ("Sigmoid", "Tanh", "Tanh")}
-_TORCH_GATE_ORDER = {"RNN": (0,), "GRU": (1, 0, 2), "LSTM": (0, 2, 3, 1)}
 _DIRECTIONS = ("forward", "reverse", "bidirectional")
 _INPUTS = ("X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P")
 
@@ -92,8 +93,9 @@ def recurrent(
     states = (config.num_directions, x.shape[1], r.shape[-1])
     h0 = x.new_zeros(states) if initial_h is None else initial_h
     c0 = None if config.op_type != "LSTM" else (x.new_zeros(states) if initial_c is None else initial_c)
-    if config.fused:
-        y, y_h, y_c = _fused(config, x, w, r, b, h0, c0)
+    if config.fused:  # in a compiled graph, one opaque call that keeps the length dynamic
+        run = fused_recurrent if torch.compiler.is_compiling() else fused_kernel
+        y, y_h, y_c = run(config.op_type, config.direction, config.activations[0].name == "relu", x, w, r, b, h0, c0)
     else:
         y, y_h, y_c = _looped(config, x, w, r, b, sequence_lens, h0, c0, p)
     if config.layout == 1:
@@ -103,38 +105,6 @@ def recurrent(
     if config.outputs == 1 and not config.extra_outputs:
         return y
     return (y, y_h, y_c)[: config.outputs] + (None,) * config.extra_outputs
-
-
-def _reorder(tensor: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:
-    if len(order) == 1:
-        return tensor
-    blocks = tensor.chunk(len(order))
-    return torch.cat([blocks[i] for i in order])
-
-
-def _fused(config: RecurrentConfig, x, w, r, b, h0, c0):
-    """torch's fused kernel; Y as ``[seq, directions, batch, hidden]``."""
-    order = _TORCH_GATE_ORDER[config.op_type]
-    weights = []
-    for d in range(config.num_directions):
-        weights += [_reorder(w[d], order), _reorder(r[d], order)]
-        if b is not None:
-            weights += [_reorder(bias, order) for bias in b[d].chunk(2)]
-    reverse = config.direction == "reverse"
-    if reverse:
-        x = x.flip(0)
-    args = (weights, b is not None, 1, 0.0, torch.is_grad_enabled(), config.num_directions == 2, False)
-    y_c = None
-    if config.op_type == "LSTM":
-        y, y_h, y_c = _VF.lstm(x, (h0, c0), *args)
-    elif config.op_type == "GRU":
-        y, y_h = _VF.gru(x, h0, *args)
-    else:
-        kernel = _VF.rnn_relu if config.activations[0].name == "relu" else _VF.rnn_tanh
-        y, y_h = kernel(x, h0, *args)
-    if reverse:
-        y = y.flip(0)
-    return y.view(x.shape[0], x.shape[1], config.num_directions, -1).transpose(1, 2), y_h, y_c
 
 
 def _looped(config: RecurrentConfig, x, w, r, b, sequence_lens, h0, c0, p):
@@ -229,7 +199,7 @@ def check_shapes(node: OnnxNode, graph: OnnxGraph, config: RecurrentConfig) -> N
             raise ValueError(f"{op_type}: input {name} must have rank 3, got shape {list(shapes[name])}")
     x, hidden = shapes["X"], shapes["R"][-1]
     batch, features = (x[0] if config.layout else x[1]), x[2]
-    directions, gates = config.num_directions, len(_TORCH_GATE_ORDER[op_type])
+    directions, gates = config.num_directions, len(TORCH_GATE_ORDER[op_type])
     state = (batch, directions, hidden) if config.layout else (directions, batch, hidden)
     expected = {
         "W": (directions, gates * hidden, features),

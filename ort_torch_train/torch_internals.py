@@ -87,9 +87,40 @@ __all__ = [
     # storage: how many tensors (and storage objects) hold a storage, to tell whether anything besides
     # the ones known views it before its memory is freed; no public API counts them
     "storage_use_count",
+    # dispatcher: autograd back on inside a custom op's kernel (which runs below autograd), for a backward
+    # op that differentiates a kernel torch fuses (``adapters/rnn_fused.py``); no public API lifts it
+    "autograd_dispatch",
+    # Dynamo: functions written whole into the graphs torch.compile traces (``torch.compiler.allow_in_graph``,
+    # which imports Dynamo: applied when a compilation starts, not when the function is defined)
+    "written_whole",
+    "allow_written_whole",
 ]
 
 tree_leaves = torch.utils._pytree.tree_leaves
+
+
+_WRITTEN_WHOLE: list[Callable[..., Any]] = []  # written_whole's functions that allow_written_whole has not applied yet
+
+
+def written_whole(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function``, to be written whole into the graphs torch.compile traces, not traced into
+    (``torch.compiler.allow_in_graph``, applied by ``allow_written_whole``)."""
+    _WRITTEN_WHOLE.append(function)
+    return function
+
+
+def allow_written_whole() -> None:
+    """``torch.compiler.allow_in_graph`` for the functions ``written_whole`` marked (before torch.compile)."""
+    while _WRITTEN_WHOLE:
+        torch.compiler.allow_in_graph(_WRITTEN_WHOLE.pop())
+
+
+def autograd_dispatch() -> Any:
+    """A context in which operators dispatch to autograd again, inside a kernel that runs below it."""
+    excluded = torch._C._dispatch_tls_local_exclude_set()
+    for key in ("AutogradFunctionality", "AutogradOther", "AutogradNestedTensor"):
+        excluded = excluded.remove(getattr(torch._C.DispatchKey, key))
+    return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), excluded)
 
 
 def mark_static_address(tensor: Tensor) -> None:

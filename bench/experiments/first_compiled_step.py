@@ -6,14 +6,19 @@
     PYTHONPATH=. .venv/bin/python bench/experiments/first_compiled_step.py reference DIR ROW OUT.json
 
 Rows: mixtral (transformers' routing), olmoe (routed over every expert; its second batch reaches 2 of 4
-experts), dinov2 (bicubic Resize), vit, t5, llama (with an attention mask, per-token labels) and lstm (a
-tiny LSTM tagger); batch and sequence axes dynamic for t5, llama and lstm, static shapes for the others.
+experts), dinov2 (bicubic Resize), vit, t5, llama (with an attention mask, per-token labels), lstm (a
+tiny LSTM tagger) and whisper (a tiny Whisper exported by ``torch.onnx.export(dynamo=True)``, per-token
+labels); batch and sequence axes dynamic for t5, llama, lstm and whisper (its decoder's length), static
+shapes for the others. t5, lstm and whisper train on issue 57's 8 shapes (batch 1 and a longer length
+included; ``STEPS=N``: the first N).
 ``export`` writes artifacts under DIR/<row>. ``measure`` trains ROW with ``compile=True`` (no compile
 cache) on the checkout at ROOT (its ``ort_torch_train`` and ``adapters``: another commit's, for a
 "before" figure). ``reference`` trains the same torch model under plain ``torch.compile`` (forward,
 backward, torch.optim.AdamW; ``dynamic=True`` for the rows whose axes ours marks dynamic, else False)
 on the same batches. Both write the first step's seconds, the Dynamo graphs after each step, the nodes
-of each graph Dynamo hands to inductor, and the error a step raised, to OUT.json; ``first_step_cpu_s``
+of each graph Dynamo hands to inductor, the error a step raised, and the first step's compile time
+(``first_step_phases_s``: Dynamo's timers, ``_compile_phases``; ours' ``first_step_conversion_s``, from
+its log) to OUT.json; ``first_step_cpu_s``
 is the process's own CPU time in the first step (inductor's C++ compilers run in other processes).
 ``table`` runs, row by row, ``measure`` on this checkout then ``reference``, each in its own process
 with its own empty inductor cache directory, and writes every result, the load average and
@@ -36,13 +41,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "harness"))
 
 from checkout import import_checkout  # noqa: E402
 
-ROWS = ("mixtral", "olmoe", "dinov2", "vit", "t5", "llama", "lstm")
-DYNAMIC = {"t5": ("tokens",), "llama": ("ids", "mask"), "lstm": ("tokens",)}
-SHAPES = {
-    "t5": [(2, 8), (2, 6), (3, 7)],
-    "llama": [(2, 8), (2, 6), (3, 16)],
-    "lstm": [(4, 8), (4, 6), (4, 10), (3, 7), (5, 9), (4, 12)],
-}
+ROWS = ("mixtral", "olmoe", "dinov2", "vit", "t5", "llama", "lstm", "whisper")
+DYNAMIC = {"t5": ("tokens",), "llama": ("ids", "mask"), "lstm": ("tokens",), "whisper": ("features", "ids")}
+ISSUE_SHAPES = [(4, 16), (4, 16), (3, 16), (4, 9), (1, 23), (2, 16), (4, 31), (3, 7)]  # issue 57's batch x length
+SHAPES = {"t5": ISSUE_SHAPES, "llama": [(2, 8), (2, 6), (3, 16)], "lstm": ISSUE_SHAPES, "whisper": ISSUE_SHAPES}
+MELS, FRAMES = 4, 16  # whisper's input features: mel bins x frames (twice its encoder positions)
 
 
 def _model(row: str):
@@ -71,6 +74,14 @@ def _model(row: str):
             dropout_rate=0.0, use_cache=False, decoder_start_token_id=0, pad_token_id=0,
         )  # fmt: skip
         return _Logits(transformers.T5ForConditionalGeneration(config), "t5")
+    if row == "whisper":
+        config = transformers.WhisperConfig(
+            vocab_size=32, num_mel_bins=MELS, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+            decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_source_positions=FRAMES // 2,
+            max_target_positions=64, dropout=0.0, use_cache=False, pad_token_id=0, decoder_start_token_id=1,
+            attn_implementation="eager",
+        )  # fmt: skip
+        return _Logits(transformers.WhisperForConditionalGeneration(config), "whisper")
     if row == "llama":
         config = transformers.LlamaConfig(
             vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
@@ -111,6 +122,8 @@ def _Logits(model, call: str):
                 ones = torch.ones_like(inputs[0])
                 out = self.model(input_ids=inputs[0], attention_mask=ones, decoder_input_ids=inputs[0])
                 return out.logits.flatten(0, 1)
+            if call == "whisper":
+                return self.model(input_features=inputs[0], decoder_input_ids=inputs[1]).logits.flatten(0, 1)
             return self.model(input_ids=inputs[0], attention_mask=inputs[1]).logits.flatten(0, 1)
 
     return Logits()
@@ -125,11 +138,14 @@ def _batches(row: str, directory: Path) -> list[tuple]:
         return [(rng.standard_normal((2, 3, 16, 16), dtype=np.float32), rng.integers(0, 3, 2)) for _ in range(3)]
     if row in ("mixtral", "olmoe"):
         return [(b, rng.integers(0, 32, 16)) for b in np.load(directory / row / "tokens.npy")[:3]]
-    shapes = SHAPES[row][: int(os.environ.get("STEPS", 6))]
+    shapes = SHAPES[row][: int(os.environ.get("STEPS", 8))]
     if row == "lstm":
         return [(rng.integers(0, 12, s), rng.integers(0, 3, s[0])) for s in shapes]
     if row == "t5":
         return [(rng.integers(0, 32, s), rng.integers(0, 32, s[0] * s[1])) for s in shapes]
+    if row == "whisper":
+        features = [rng.standard_normal((s[0], MELS, FRAMES), dtype=np.float32) for s in shapes]
+        return [(f, rng.integers(0, 32, s), rng.integers(0, 32, s[0] * s[1])) for f, s in zip(features, shapes)]
     batches = []
     for shape in shapes:  # llama: the first sequence's last token masked out
         ids, mask = rng.integers(0, 32, shape), np.ones(shape, dtype=np.int64)
@@ -161,6 +177,10 @@ def _export(directory: Path, rows: list[str]) -> None:
         axes = {name: {0: "b", 1: "s"} for name in DYNAMIC.get(row, ())}
         if row == "llama":  # as tests/unit/training/test_dynamic_tables.py exports it
             axes["output"] = {0: "rows"}
+        if row == "whisper":  # as tests/unit/training/test_compile_dynamic_axes.py exports it
+            batch, length = torch.export.Dim("batch"), torch.export.Dim("length")
+            shapes = (({0: batch}, {0: batch, 1: length}),)  # Logits takes *inputs: one argument
+            axes = {"exporter": "dynamo", "dynamic_shapes": shapes}  # type: ignore[dict-item]
         generate_artifacts(
             model,
             loss=LossType.CrossEntropyLoss,
@@ -168,7 +188,7 @@ def _export(directory: Path, rows: list[str]) -> None:
             artifact_directory=directory / row,
             example_inputs=example,
             input_names=list(names),
-            **({"dynamic_axes": axes} if axes else {}),
+            **(axes if row == "whisper" else {"dynamic_axes": axes} if axes else {}),
         )
 
 
@@ -205,11 +225,47 @@ def _train(step, batches: list[tuple], result: dict) -> None:
             result["graphs_after_step"].append(counters["stats"]["unique_graphs"])
             result.setdefault("first_step_s", round(time.perf_counter() - started, 1))
             result.setdefault("first_step_cpu_s", round(time.process_time() - cpu_started, 1))
+            result.setdefault("first_step_phases_s", _compile_phases())
         result["total_s"] = round(time.perf_counter() - started, 1)
     except Exception as error:
         result.setdefault("first_step_s", round(time.perf_counter() - started, 1))
         result["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
     result["graphs"] = counters["stats"]["unique_graphs"]
+
+
+def _compile_phases() -> dict:
+    """Seconds of the compilations so far in Dynamo's timers: the whole of Dynamo's compile (absent on a
+    precompiled step's path), its backend call, AOT autograd's, and inductor's (nested in that order; the
+    reference's backward compiles outside the backend call, at its first backward)."""
+    from torch._dynamo.utils import compilation_time_metrics
+
+    timers = {
+        "dynamo": "_compile.compile_inner",
+        "backend": "OutputGraph.call_user_compiler",
+        "aot_autograd": "create_aot_dispatcher_function",
+        "inductor": "compile_fx_inner",
+    }
+    return {name: round(sum(compilation_time_metrics.get(timer, [])), 1) for name, timer in timers.items()}
+
+
+class _Conversions:
+    """The seconds ours logs for each conversion ("converted the training graph in 0.21 s"), summed."""
+
+    def __init__(self) -> None:
+        import logging
+        import re
+
+        self.seconds, pattern = 0.0, re.compile(r"converted the .* in ([0-9.]+) s")
+
+        class Handler(logging.Handler):
+            def emit(handler, record: logging.LogRecord) -> None:  # noqa: N805
+                found = pattern.search(record.getMessage())
+                if found:
+                    self.seconds += float(found.group(1))
+
+        logger = logging.getLogger("ort_torch_train")
+        logger.setLevel(logging.INFO)
+        logger.addHandler(Handler())
 
 
 def _reference(directory: Path, row: str, out: Path) -> None:
@@ -240,12 +296,19 @@ def _measure(root: str, directory: Path, row: str, out: Path) -> None:
     import_checkout(root)
     from ort_torch_train.api import CheckpointState, Module, Optimizer
 
-    nodes = _count_inductor_graphs()
+    nodes, conversions = _count_inductor_graphs(), _Conversions()
     state = CheckpointState.load_checkpoint(directory / row / "checkpoint")
     module = Module(directory / row / "training_model.onnx", state, compile=True, compile_cache=False)
     optimizer = Optimizer(directory / row / "optimizer_model.onnx", module)
     result: dict = {"row": row, "side": "ours", "root": root, "dynamic": row in DYNAMIC}
-    _train(lambda batch: module.step(optimizer, *batch), _batches(row, directory), result)
+
+    def step(batch: tuple):  # the Module converts nothing before its first step
+        outputs = module.step(optimizer, *batch)
+        result.setdefault("first_step_conversion_s", round(conversions.seconds, 1))
+        return outputs
+
+    _train(step, _batches(row, directory), result)
+    result["conversion_s"] = round(conversions.seconds, 1)
     result["inductor_graph_nodes"] = nodes
     out.write_text(json.dumps(result))
     print(result)

@@ -8,7 +8,8 @@ graph on its examples, then peaks no higher than the first one). A literal that 
 is rewritten as an expression of the input's size (``c * x.size(axis)`` or ``x.size(axis) + c``), a
 constant that counts up as long as the group (position ids) as ``arange`` of that expression, a grid
 (an integer constant affine in its indices, or an integer or bool one of a single value: a mask's flat indices, token-type
-ids) as the same grid at those sizes, a table whose first rows are its shorter version as those rows
+ids), a relative table (T5's distances between query and key positions) or stacked grids (a GatherND's
+index tuples) as the same table at those sizes, a table whose first rows are its shorter version as those rows
 (the graph then serves sizes up to the one it was made for: ``DynamicAxes.largest``; tables computed
 from a Range, rotary tables and causal masks, are not constants: the conversion leaves them to run
 time), and the group's axes compile as dynamic dimensions. A group stays fixed, with an INFO line naming why, when its size reaches anything else:

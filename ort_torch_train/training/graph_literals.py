@@ -4,7 +4,10 @@ expression: the comparison behind dynamic shapes (``dynamic_shapes.py``).
 Besides literals, three kinds of constant tensors may differ by a length: one that counts up along one
 axis (position ids folded from ``arange(length)``), recorded at the path ``COUNT_LENGTH``; a grid, an
 integer tensor that is an affine function of its indices or a tensor of one value (token-type ids
-expanded to batch x length, the flat indices of a batch x length mask, an MoE layer's zeros), whose sizes and steps are
+expanded to batch x length, the flat indices of a batch x length mask, an MoE layer's zeros) or a relative
+table, an integer tensor whose last two axes (query, key) hold a piecewise affine function of the key's
+offset from the query (T5's distances behind its relative-position buckets), or stacked grids (the index
+tuples of a GatherND, each entry a grid), whose sizes and steps are
 recorded at ``(GRID, "size" | "step", axis)``; and a table whose rows at a shorter length are its first
 rows (rotary cos/sin tables, causal masks), recorded at ``(PREFIX, axes)``.
 """
@@ -20,6 +23,7 @@ Place = tuple[int, tuple[Any, ...]]  # (node position, path into its (args, kwar
 COUNT_LENGTH = ("count length",)  # the path of a counting constant's length
 PREFIX = "prefix"  # (PREFIX, axes): the path of a prefix table's length along ``axes``
 GRID = "grid"  # (GRID, "size" | "step", axis): the path of a grid's size or step along ``axis``
+_MOST_COORDINATES = 8  # stacked grids: the most index tuples' entries along their last axis
 
 
 def literal_differences(base: fx.GraphModule, probe: fx.GraphModule) -> dict[Place, tuple[int, int]] | str:
@@ -120,9 +124,15 @@ def _table_differences(a: Any, b: Any) -> dict[tuple, tuple[int, int]] | None:
         return {COUNT_LENGTH: lengths}
     grid_a, grid_b = grid_of(a), grid_of(b)
     if grid_a is not None and grid_b is not None and grid_a[0] == grid_b[0]:
+        steps = (grid_a[1], grid_b[1])
+    elif grid_a is None and grid_b is None and _fixed_steps(a) is not None and _fixed_steps(a) == _fixed_steps(b):
+        steps = ((), ())  # a relative table's or stacked grids' steps do not change with their sizes
+    else:
+        steps = None
+    if steps is not None:
         return {
             (GRID, part, axis): (x, y)
-            for part, (of_a, of_b) in (("size", (a.shape, b.shape)), ("step", (grid_a[1], grid_b[1])))
+            for part, (of_a, of_b) in (("size", (a.shape, b.shape)), ("step", steps))
             for axis, (x, y) in enumerate(zip(of_a, of_b))
             if x != y
         }
@@ -164,11 +174,15 @@ def _grid_values(start: int, steps: tuple[int, ...], shape: torch.Size, dtype: t
 def grid_like(graph: fx.Graph, constant: torch.Tensor, parts: dict[tuple[str, int], Any]) -> fx.Node:
     """Nodes computing the grid ``constant`` (``grid_of``) with the sizes and steps in ``parts``
     (("size" | "step", axis) -> a node or an int; the constant's own where absent)."""
-    found = grid_of(constant)
-    assert found is not None
-    start, steps = found
     shape = tuple(parts.get(("size", axis), size) for axis, size in enumerate(constant.shape))
     place: dict[str, fx.node.Argument] = {"dtype": constant.dtype, "device": constant.device}
+    found = grid_of(constant)
+    if found is None and stacked_grids(constant) is not None:
+        slices = [grid_like(graph, constant.select(-1, k), parts) for k in range(constant.shape[-1])]
+        return graph.call_function(torch.stack, (slices, -1))
+    if found is None:
+        return _relative_like(graph, constant, shape, place)
+    start, steps = found
     if constant.dtype.is_floating_point:  # one value (an accumulator of routed tokens): filled, not a view
         return graph.call_function(torch.full, (shape, start), place)
     values = graph.call_function(torch.full, ((1,) * constant.dim(), start), place)
@@ -181,6 +195,53 @@ def grid_like(graph: fx.Graph, constant: torch.Tensor, parts: dict[tuple[str, in
         counted = graph.call_method("reshape", (graph.call_function(torch.mul, (counted, step)), view))
         values = graph.call_function(torch.add, (values, counted))
     return graph.call_method("expand", (values, shape))
+
+
+def stacked_grids(tensor: torch.Tensor) -> tuple[tuple[Any, tuple[int, ...]], ...] | None:
+    """``grid_of`` of each slice along the last axis of an integer tensor whose every such slice is a grid
+    and not all of it one (GatherND's index tuples over a batch x length grid); else None."""
+    if tensor.dim() < 2 or not 2 <= tensor.shape[-1] <= _MOST_COORDINATES or tensor.dtype.is_floating_point:
+        return None
+    if tensor.is_complex() or tensor.dtype == torch.bool:
+        return None
+    grids = tuple(grid_of(tensor.select(-1, k)) for k in range(tensor.shape[-1]))
+    return None if any(grid is None for grid in grids) else grids  # type: ignore[return-value]
+
+
+def _fixed_steps(tensor: torch.Tensor) -> tuple[str, Any] | None:
+    """What stays of a table with steps that do not follow its sizes (a relative table, stacked grids)."""
+    relative = relative_of(tensor)
+    if relative is not None:
+        return "relative", relative
+    stacked = stacked_grids(tensor)
+    return None if stacked is None else ("stacked", stacked)
+
+
+def relative_of(tensor: torch.Tensor) -> tuple[int, int, int] | None:
+    """``(start, up, down)`` of an integer tensor whose element at (..., i, j) is ``start + up * max(j - i, 0)
+    + down * max(i - j, 0)`` (its leading axes of size 1, its last two of size 2 or more); else None."""
+    if tensor.dim() < 2 or tensor.dtype.is_floating_point or tensor.is_complex() or tensor.dtype == torch.bool:
+        return None
+    if any(size != 1 for size in tensor.shape[:-2]) or min(tensor.shape[-2:]) < 2:
+        return None
+    table = tensor.detach().cpu().reshape(tensor.shape[-2:])
+    start, up, down = int(table[0, 0]), int(table[0, 1] - table[0, 0]), int(table[1, 0] - table[0, 0])
+    return (start, up, down) if torch.equal(table, _relative_values(start, up, down, *table.shape)) else None
+
+
+def _relative_values(start: int, up: int, down: int, queries: Any, keys: Any, **place: Any) -> torch.Tensor:
+    offsets = torch.arange(keys, **place).reshape(1, keys) - torch.arange(queries, **place).reshape(queries, 1)
+    return start + up * offsets.clamp(min=0) + down * (-offsets).clamp(min=0)
+
+
+def _relative_like(
+    graph: fx.Graph, constant: torch.Tensor, shape: tuple[Any, ...], place: dict[str, fx.node.Argument]
+) -> fx.Node:
+    """Nodes computing the relative table ``constant`` (``relative_of``) at ``shape``."""
+    found = relative_of(constant)
+    assert found is not None
+    table = graph.call_function(_relative_values, (*found, shape[-2], shape[-1]), place)
+    return graph.call_method("reshape", (table, shape))
 
 
 def _prefix_axes(a: torch.Tensor, b: torch.Tensor) -> tuple[int, ...] | None:

@@ -10,6 +10,7 @@ import torch
 from torch import fx
 
 from ort_torch_train.passes.onednn_linear import cpu_matmuls
+from ort_torch_train.torch_internals import allow_written_whole
 
 CompileSetting = bool | str | Mapping[str, Any]
 Compiler = Callable[[fx.GraphModule, Mapping[str, Any]], Callable]
@@ -64,6 +65,7 @@ def records_cuda_graphs(arguments: Mapping[str, Any]) -> bool:
 def torch_compile(module: Callable, arguments: Mapping[str, Any]) -> Callable:
     """``module`` through torch.compile with ``arguments``, whole (``fullgraph``); shapes fixed but the
     axes its first call's inputs mark dynamic (no automatic dynamic shapes: no second compilation)."""
+    allow_written_whole()
     return torch.compile(module, fullgraph=True, dynamic=False, **arguments)
 
 

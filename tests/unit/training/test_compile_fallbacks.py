@@ -195,30 +195,3 @@ def _new_process() -> None:
     torch._dynamo.reset()
     compile_counters().clear()
     fallbacks._REMEMBERED.clear()
-
-
-@pytest.mark.compile
-def test_an_lstm_whose_length_torch_specialises_costs_one_graph_per_new_shape(tmp_path, caplog):
-    """torch specialises the LSTM's time loop: the first shape traces the dynamic step once, then compiles
-    it with the length fixed; every later new length compiles one graph (the batch axis dynamic, the
-    same remembered length fixed), and a new batch size at a seen length at most one. A new process sharing the compile cache recalls the length: one graph for its first
-    shape. Dynamo's own backend: the graphs are counted, not compiled by inductor."""
-    directory = _tagger_artifacts(tmp_path / "lstm")
-    rng = np.random.default_rng(0)
-    shapes = [(2, 3), (2, 4), (2, 5), (3, 4), (4, 6), (3, 6)]
-    batches = [(rng.integers(0, 12, shape), rng.integers(0, 3, shape[0])) for shape in shapes]
-    eager_losses, _ = _train(directory, batches, False)
-    _new_process()
-    with caplog.at_level(logging.INFO, logger="ort_torch_train"):
-        losses, graphs = _train(directory, batches, {"backend": "eager"}, cache=tmp_path / "cache")
-    assert graphs == [2, 3, 4, 5, 6, 6]
-    assert sum("remembered from an earlier compilation" in r.getMessage() for r in caplog.records) == 4
-    np.testing.assert_allclose(losses, eager_losses, rtol=0, atol=1e-6)
-    _new_process()
-    caplog.clear()
-    with caplog.at_level(logging.INFO, logger="ort_torch_train"):
-        _, graphs = _train(
-            directory, [(rng.integers(0, 12, (3, 7)), rng.integers(0, 3, 3))], {"backend": "eager"}, tmp_path / "cache"
-        )
-    assert graphs == [1]
-    assert any("remembered from an earlier compilation" in r.getMessage() for r in caplog.records)

@@ -84,11 +84,16 @@ def test_llama_at_a_longer_length_than_any_seen_compiles_nothing_new(tmp_path, c
     assert_one_graph_like_eager(tmp_path, batches, caplog, REFUSED)
 
 
-def test_t5_keeps_batch_and_length_dynamic_under_its_relative_positions(tmp_path, caplog):
-    """T5's relative-position buckets cut a table of |key - query| to the length, and its loss checks
-    label indices against batch x length rows: neither fixes an axis, and new lengths and batch sizes
-    reuse the one graph. Traced by Dynamo only (backend
-    "eager"): the graph count is what is asserted, and the losses against eager's."""
+SHAPES = [(4, 16), (4, 16), (3, 16), (4, 9), (1, 23), (2, 16), (4, 31), (3, 7)]  # the issue's batch x length per step
+
+
+def test_t5_compiles_once_over_eight_shapes_with_batch_1_and_longer_lengths(tmp_path, caplog):
+    """T5's relative-position buckets start from the distances between query and key positions, a table
+    the conversion folds at the length it was made for: rebuilt from the length at run time (a relative
+    table), it bounds nothing, so batch 1, new batch sizes and lengths longer than any seen reuse the one
+    graph; its loss checks label indices against batch x length rows, which fixes no axis either.
+    Traced by Dynamo and AOT autograd (backend "aot_eager"): the graph count is asserted, and the losses
+    and parameters against eager's."""
     from tests.helpers.one_graph import train_counting_graphs
 
     config = transformers.T5Config(
@@ -112,12 +117,13 @@ def test_t5_keeps_batch_and_length_dynamic_under_its_relative_positions(tmp_path
         loss=LossType.CrossEntropyLoss,
         optimizer=OptimType.AdamW,
         artifact_directory=tmp_path,
-        example_inputs=(torch.randint(0, VOCAB, (2, 8)), torch.ones(2, 8, dtype=torch.int64)),
+        example_inputs=(torch.randint(0, VOCAB, SHAPES[0]), torch.ones(SHAPES[0], dtype=torch.int64)),
         dynamic_axes={"ids": axes, "mask": axes, "output": {0: "rows"}},
     )
-    batches = _batches([(2, 8), (2, 5), (3, 7), (3, 5)], per_token=True)
-    refused = ("stays fixed", "fixed shapes", "reject")
-    eager_losses, _, _ = train_counting_graphs(tmp_path, batches, False, caplog, refused)
-    losses, _, graphs = train_counting_graphs(tmp_path, batches, {"backend": "eager"}, caplog, refused)
+    batches = _batches(SHAPES, per_token=True)
+    refused = (*REFUSED, "reject")
+    eager_losses, eager_parameters, _ = train_counting_graphs(tmp_path, batches, False, caplog, refused)
+    losses, parameters, graphs = train_counting_graphs(tmp_path, batches, {"backend": "aot_eager"}, caplog, refused)
     assert graphs == 1
-    np.testing.assert_allclose(losses, eager_losses, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(losses, eager_losses, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(parameters, eager_parameters, rtol=0, atol=1e-6)

@@ -1,0 +1,136 @@
+"""Dynamic axes that hold in a compiled step: an LSTM's length (torch's fused kernel as one opaque call
+with a backward of its own) compiles once over new batch sizes, batch 1 and longer lengths, and trains
+as eager does; the opaque call's gradients are the fused kernel's, for RNN, GRU and LSTM in every
+direction."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from ort_torch_train.adapters.rnn_fused import fused_kernel, fused_recurrent
+from ort_torch_train.artifacts import LossType, OptimType, generate_artifacts
+from tests.helpers.one_graph import train_counting_graphs
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+SHAPES = [(4, 16), (4, 16), (3, 16), (4, 9), (1, 23), (2, 16), (4, 31), (3, 7)]  # batch x length per step
+REFUSED = ("stays fixed", "fixed shapes", " up to ", "runs uncompiled", "specialised")
+
+
+@pytest.mark.parametrize(
+    ("op_type", "direction", "relu"),
+    [("LSTM", "bidirectional", False), ("GRU", "reverse", False), ("RNN", "forward", True)],
+)
+def test_the_opaque_fused_kernel_has_the_kernels_gradients(op_type, direction, relu):
+    """torch.func.grad through the opaque call (forward op, backward op) against autograd through the kernel."""
+    torch.manual_seed(0)
+    directions, gates, hidden = 2 if direction == "bidirectional" else 1, {"RNN": 1, "GRU": 3, "LSTM": 4}[op_type], 3
+    x = torch.randn(5, 2, 4)
+    w, r = torch.randn(directions, gates * hidden, 4), torch.randn(directions, gates * hidden, hidden)
+    b, h0 = torch.randn(directions, 2 * gates * hidden), torch.randn(directions, 2, hidden)
+    c0 = torch.randn(directions, 2, hidden) if op_type == "LSTM" else None
+
+    def loss(run, x, w, r, b, h0):
+        y, y_h, y_c = run(op_type, direction, relu, x, w, r, b, h0, c0)
+        return (
+            (y * torch.linspace(-1, 1, y.numel()).reshape(y.shape)).sum()
+            + y_h.sum()
+            + (0 if y_c is None else y_c.sum())
+        )
+
+    expected = torch.func.grad(loss, argnums=(1, 2, 3, 4, 5))(fused_kernel, x, w, r, b, h0)
+    found = torch.func.grad(loss, argnums=(1, 2, 3, 4, 5))(fused_recurrent, x, w, r, b, h0)
+    for a, e in zip(found, expected):
+        torch.testing.assert_close(a, e, rtol=0, atol=1e-6)
+
+
+class _Tagger(nn.Module):
+    """Token embedding -> LSTM -> mean over time -> linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(12, 2)
+        self.lstm = nn.LSTM(2, 2, batch_first=True)
+        self.head = nn.Linear(2, 3)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.lstm(self.embed(tokens))[0].mean(1))
+
+
+@pytest.mark.compile
+def test_an_lstm_compiles_once_over_eight_shapes_with_batch_1_and_longer_lengths(tmp_path, caplog):
+    """torch.nn.LSTM exported to the ONNX LSTM op, batch and length dynamic: one graph for every shape,
+    the losses and parameters eager's. Traced by Dynamo and AOT autograd (backend "aot_eager")."""
+    torch.manual_seed(0)
+    generate_artifacts(
+        _Tagger(),
+        loss=LossType.CrossEntropyLoss,
+        optimizer=OptimType.AdamW,
+        artifact_directory=tmp_path,
+        example_inputs=(torch.randint(0, 12, SHAPES[0]),),
+        input_names=["tokens"],
+        dynamic_axes={"tokens": {0: "batch", 1: "sequence"}},
+    )
+    rng = np.random.default_rng(0)
+    batches = [(rng.integers(0, 12, shape), rng.integers(0, 3, shape[0])) for shape in SHAPES]
+    eager_losses, eager_parameters, _ = train_counting_graphs(tmp_path, batches, False, caplog, REFUSED)
+    losses, parameters, graphs = train_counting_graphs(tmp_path, batches, {"backend": "aot_eager"}, caplog, REFUSED)
+    assert graphs == 1
+    np.testing.assert_allclose(losses, eager_losses, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(parameters, eager_parameters, rtol=0, atol=1e-6)
+
+
+@pytest.mark.compile
+@pytest.mark.slow
+def test_a_dynamo_exported_whisper_compiles_once_over_eight_shapes(tmp_path, caplog):
+    """A Whisper-shaped encoder-decoder exported by torch.onnx.export(dynamo=True), batch and decoder length
+    dynamic: the GatherND index tuples its attention masks are built from (batch x length grids, stacked)
+    are rebuilt from the sizes at run time, so that neither axis is bounded by the first batch. One graph,
+    the losses and parameters eager's. Traced by Dynamo and AOT autograd (backend "aot_eager")."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("onnxscript")
+    vocab, mel, frames = 32, 4, 16
+    config = transformers.WhisperConfig(
+        vocab_size=vocab, num_mel_bins=mel, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_source_positions=frames // 2,
+        max_target_positions=64, dropout=0.0, use_cache=False, pad_token_id=0, decoder_start_token_id=1,
+        attn_implementation="eager",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.WhisperForConditionalGeneration(config)
+
+    class Logits(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, features: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+            return self.model(input_features=features, decoder_input_ids=ids).logits.flatten(0, 1)
+
+    batch, length = torch.export.Dim("batch"), torch.export.Dim("length")
+    generate_artifacts(
+        Logits(),
+        loss=LossType.CrossEntropyLoss,
+        optimizer=OptimType.AdamW,
+        artifact_directory=tmp_path,
+        example_inputs=(torch.randn(SHAPES[0][0], mel, frames), torch.randint(0, vocab, SHAPES[0])),
+        input_names=["features", "ids"],
+        exporter="dynamo",
+        dynamic_shapes={"features": {0: batch}, "ids": {0: batch, 1: length}},
+    )
+    rng = np.random.default_rng(0)
+    batches = [
+        (
+            rng.standard_normal((b, mel, frames), dtype=np.float32),
+            rng.integers(0, vocab, (b, n)),
+            rng.integers(0, vocab, b * n),
+        )
+        for b, n in SHAPES
+    ]
+    eager_losses, eager_parameters, _ = train_counting_graphs(tmp_path, batches, False, caplog, REFUSED)
+    losses, parameters, graphs = train_counting_graphs(tmp_path, batches, {"backend": "aot_eager"}, caplog, REFUSED)
+    assert graphs == 1
+    np.testing.assert_allclose(losses, eager_losses, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(parameters, eager_parameters, rtol=0, atol=1e-6)
