@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, cast
 
 import onnx
 
 from ort_torch_train.api.protocols import TrainableModule
 from ort_torch_train.distributed.data_parallel import require_same_learning_rate, require_same_optimizer_state
-from ort_torch_train.distributed.fully_sharded import FullyShardedParallel
 from ort_torch_train.distributed.zero import ShardedTensors
 from ort_torch_train.errors import DistributedError
 from ort_torch_train.optim.engine import OptimizerEngine
@@ -21,6 +21,9 @@ from ort_torch_train.optim.schedulers import (
     linear_with_warmup,
     scheduled_learning_rate,
 )
+
+if TYPE_CHECKING:  # FSDP2 loads Dynamo's shape machinery: a sharded Module has imported it
+    from ort_torch_train.distributed.fully_sharded import FullyShardedParallel
 from ort_torch_train.optim.torch_adapter import TorchOptimizerAdapter
 from ort_torch_train.state.loss_scale import LossScaler
 
@@ -70,7 +73,8 @@ class Optimizer:
         precision = module.precision
         loss_scaler = None if precision is None else precision.loss_scaler
         self._engine: OptimizerEngine
-        if isinstance(data_parallel, FullyShardedParallel):  # the kernels run on the parameters' shards
+        if data_parallel is not None and data_parallel.shards_parameters:  # the kernels run on the shards
+            data_parallel = cast("FullyShardedParallel", data_parallel)
             if shard_state:
                 raise DistributedError("Optimizer(shard_state=True): a sharded Module's moments are sharded already")
             self._engine = data_parallel.optimizer_engine(

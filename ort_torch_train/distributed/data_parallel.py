@@ -57,6 +57,8 @@ class DataParallel:
     """Averages a training engine's gradients across the ranks of ``group`` (see the module doc), or
     combines them by Adasum (``gradient_combination="adasum"``: ``distributed/adasum.py``)."""
 
+    shards_parameters = False  # every rank holds whole parameters (FSDP2's ``fully_sharded.py`` does not)
+
     def __init__(
         self,
         graph: Any,

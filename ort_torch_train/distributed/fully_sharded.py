@@ -82,6 +82,8 @@ class FullyShardedParallel(DataParallel):
     """ZeRO-2 ("zero2") or ZeRO-3 ("zero3") over the ranks of ``group`` for a training graph over ``state``'s
     parameters ``names`` (see the module doc); the state's parameters become their shards."""
 
+    shards_parameters = True  # the state's parameters are this rank's shards (DTensors)
+
     def __init__(self, graph: Any, state: TrainingState, names: Sequence[str], group: Any, sharding: str) -> None:
         self.group = group
         self.sharding = sharding

@@ -25,7 +25,6 @@ import onnx
 import torch
 
 from ort_torch_train.api.ortvalue import numpy_to_tensor
-from ort_torch_train.distributed.fully_sharded import FullyShardedParallel, global_norm, local_shard
 from ort_torch_train.dtypes import ort_tensor_type, tensor_to_proto
 from ort_torch_train.errors import CheckpointError, InputError, InputTypeError
 from ort_torch_train.fileio import atomic_write_bytes
@@ -160,8 +159,13 @@ class TrainingSession:
         results[GROUP_ACCUMULATED_GRADIENTS] = torch.tensor(True)
         self._accumulated += 1
         params = self.training_state.params
-        grads = [local_shard(grad) for name in self._trained if (grad := params[name].grad) is not None]
-        group = data_parallel.group if isinstance(data_parallel, FullyShardedParallel) else None
+        sharded = data_parallel is not None and data_parallel.shards_parameters
+        grads = [grad for name in self._trained if (grad := params[name].grad) is not None]
+        if sharded:  # the kernels and the norm run on this rank's shards
+            from ort_torch_train.distributed.fully_sharded import local_shard
+
+            grads = [local_shard(grad) for grad in grads]
+        group = data_parallel.group if data_parallel is not None and sharded else None
         scale = to_float32(1.0 / self._accumulation_steps)
         optimizer = self._optimizer
         norm = None
@@ -338,6 +342,8 @@ def _type_name(dtype: np.dtype) -> str:
 def _global_norm(grads: list[torch.Tensor] | tuple[torch.Tensor, ...], group: Any) -> torch.Tensor:
     """ORT's ReduceAllL2: the L2 norm of all gradients together (with ``group``, of every rank's shards)."""
     if group is not None:
+        from ort_torch_train.distributed.fully_sharded import global_norm  # a sharded session has imported it
+
         return global_norm(grads, group)
     return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
 

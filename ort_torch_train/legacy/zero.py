@@ -10,7 +10,7 @@ loading the optimizer state gathers or cuts the whole tensors: those calls are c
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -18,14 +18,15 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ort_torch_train.distributed.data_parallel import DataParallel
-from ort_torch_train.distributed.fully_sharded import FullyShardedParallel
 from ort_torch_train.distributed.zero import FlatShard
 from ort_torch_train.errors import DistributedError
 from ort_torch_train.legacy.moments import MOMENT_1, MOMENT_2, STATE_PREFIXES, UPDATE_COUNT
 from ort_torch_train.legacy.optimizers import InitialState, LegacyOptimizer, build_optimizer
 from ort_torch_train.legacy.parameters import TrainingParameters
-from ort_torch_train.legacy.sharded import FsdpLegacyOptimizer
 from ort_torch_train.optim.tensor_lists import gradient_buffers
+
+if TYPE_CHECKING:
+    from ort_torch_train.legacy.sharded import FsdpLegacyOptimizer
 
 
 def build_legacy_optimizer(
@@ -52,7 +53,9 @@ def build_legacy_optimizer(
         return None  # ORT then builds no optimizer graph, and takes no learning rate
     if parameters.deepspeed_zero_stage == 0 or data_parallel is None:
         return build(params, parameters.optimizer_initial_state)
-    if isinstance(data_parallel, FullyShardedParallel):  # stages 2 and 3
+    if data_parallel.shards_parameters:  # stages 2 and 3 (FSDP2)
+        from ort_torch_train.legacy.sharded import FsdpLegacyOptimizer  # DTensor: loaded by sharded runs only
+
         return FsdpLegacyOptimizer(build, params, parameters.optimizer_initial_state)
     return ShardedLegacyOptimizer(build, params, parameters.optimizer_initial_state, data_parallel.group)
 

@@ -18,7 +18,6 @@ from typing import Protocol
 
 import numpy as np
 import torch
-from torch.distributed.tensor import distribute_tensor
 
 from ort_torch_train.checkpoint.odtc import checkpoint_to_bytes, read_checkpoint, write_checkpoint
 from ort_torch_train.checkpoint.records import CheckpointRecord, OptimizerGroupRecord
@@ -244,6 +243,8 @@ class TrainingState:
             if mesh is None:
                 param.copy_(tensor)
             else:  # a sharded parameter (a DTensor) takes this rank's piece of the whole value
+                from torch.distributed.tensor import distribute_tensor  # DTensor: loaded by sharded runs only
+
                 placements = getattr(param, "placements")  # noqa: B009  # a DTensor's
                 param.copy_(distribute_tensor(tensor.to(param.device), mesh, placements, src_data_rank=None))
 

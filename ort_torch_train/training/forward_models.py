@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from functools import partial
+from typing import TYPE_CHECKING
 
 import onnx
 import torch
@@ -11,7 +12,6 @@ import torch
 from ort_torch_train.convert.constants import initializer_tensors
 from ort_torch_train.convert.registry import check_differentiable
 from ort_torch_train.convert.subgraphs import names_read
-from ort_torch_train.distributed.tensor_parallel import TensorParallelPlan
 from ort_torch_train.graph.layout import GraphLayout, forward_graph, opsets_of
 from ort_torch_train.passes.pipeline import Restructure
 from ort_torch_train.training.compile.cache_entries import CompileCache
@@ -21,6 +21,9 @@ from ort_torch_train.training.options import EngineOptions
 from ort_torch_train.training.recompute import with_recompute
 from ort_torch_train.training.recompute_patterns import RecomputePlan, with_pattern_recompute
 from ort_torch_train.training.threads import ThreadPolicy
+
+if TYPE_CHECKING:  # DTensor: loaded by tensor-parallel runs only
+    from ort_torch_train.distributed.tensor_parallel import TensorParallelPlan
 
 
 def train_forward(

@@ -6,16 +6,14 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ort_torch_train.adapters.registry import OpLibrary
 from ort_torch_train.distributed.adasum import check_gradient_combination
 from ort_torch_train.distributed.data_parallel import require_process_group
-from ort_torch_train.distributed.fully_sharded import check_sharding
 from ort_torch_train.distributed.pipeline_plan import PipelineOptions
-from ort_torch_train.distributed.tensor_parallel import TensorParallel, check_tensor_parallel_size
 from ort_torch_train.errors import DistributedError
 from ort_torch_train.training.binding import parse_device
 from ort_torch_train.training.compile.cache import CompileCacheSetting
@@ -25,6 +23,9 @@ from ort_torch_train.training.package.packaged import package_folder
 from ort_torch_train.training.precision import check_mixed_precision
 from ort_torch_train.training.recompute import RecomputeSetting, recompute_segments
 from ort_torch_train.training.recompute_patterns import RecomputePlan
+
+if TYPE_CHECKING:
+    from ort_torch_train.distributed.tensor_parallel import TensorParallel
 
 Recompute = int | bool | RecomputePlan | None
 
@@ -130,7 +131,11 @@ class EngineOptions:
         plan: Recompute = recompute if isinstance(recompute, RecomputePlan) else recompute_segments(recompute)
         pipeline_group = _pipeline_group(pipeline, process_group, distributed, arguments, mixed_precision, recompute)
         group = None
-        sharded = check_sharding(sharding)
+        sharded = None
+        if sharding is not None:  # FSDP2 and DTensor load Dynamo's shape machinery: imported when asked for
+            from ort_torch_train.distributed.fully_sharded import check_sharding
+
+            sharded = check_sharding(sharding)
         if sharded is not None:
             if pipeline is not None or tensor_parallel_size != 1:
                 raise ValueError(
@@ -150,7 +155,10 @@ class EngineOptions:
             raise DistributedError("Module: process_group is given but distributed is False; pass distributed=True")
         combination = check_gradient_combination(gradient_combination)
         tensor_parallel = None
-        if check_tensor_parallel_size(tensor_parallel_size) > 1:
+        if tensor_parallel_size is not True and tensor_parallel_size != 1:  # DTensor: imported when asked for
+            from ort_torch_train.distributed.tensor_parallel import TensorParallel, check_tensor_parallel_size
+
+            check_tensor_parallel_size(tensor_parallel_size)
             if pipeline is not None:
                 raise ValueError(
                     f"tensor_parallel_size={tensor_parallel_size} with pipeline={pipeline!r}: expected one of "

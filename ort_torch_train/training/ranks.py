@@ -3,16 +3,17 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from ort_torch_train.distributed.data_parallel import DataParallel, data_parallel
-from ort_torch_train.distributed.fully_sharded import FullyShardedParallel
-from ort_torch_train.distributed.pipeline import PipelineParallel, pipeline_parallel
-from ort_torch_train.distributed.tensor_parallel import TensorParallelPlan
 from ort_torch_train.graph.layout import GraphLayout
 from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.training.forward_graph import ForwardGraph
 from ort_torch_train.training.options import EngineOptions
+
+if TYPE_CHECKING:  # FSDP2, DTensor and pipelining load Dynamo's shape machinery: imported where used
+    from ort_torch_train.distributed.pipeline import PipelineParallel
+    from ort_torch_train.distributed.tensor_parallel import TensorParallelPlan
 
 
 class RankStrategies(NamedTuple):
@@ -34,11 +35,15 @@ def rank_strategies(
     state's parameters become their shards. Each checks the ranks agree before any step."""
     combined: DataParallel | None = None
     if options.sharding is not None:
+        from ort_torch_train.distributed.fully_sharded import FullyShardedParallel
+
         combined = FullyShardedParallel(graph, state, layout.params, options.process_group, options.sharding)
     elif options.distributed:
         combined = data_parallel(graph, state, layout.params, options.process_group, options.gradient_combination)
     pipeline = None
     if options.pipeline is not None:
+        from ort_torch_train.distributed.pipeline import pipeline_parallel
+
         pipeline = pipeline_parallel(
             graph.graph, graph.opsets, layout, graph.constants, state, options.pipeline, options.pipeline_group
         )
