@@ -172,15 +172,16 @@ def _convert_node(builder: Builder, node: onnx.NodeProto, index: int) -> None:
     foldable = all(value.const for value in present) and not facts.random
     module, mapping_inputs = _make_module(builder, node, inputs)
     args = [builder.values[name].example if name else None for name in mapping_inputs]
+    static = _output_shapes_static(facts, node.input, builder.values)
+    shape_only = not foldable and static and not facts.writes_inputs and _float_run_time_inputs(present)
     if foldable or builder.matrix_products is None:
-        result = _run(module, node, args)
+        result = _example_run(module, node, args, shape_only)
     else:
         with ProductRecorder(builder.matrix_products) as recorder:
-            result = _run(module, node, args)
+            result = _example_run(module, node, args, shape_only, builder.matrix_products)
         if not recorder.complete:
             builder.matrix_products = None
     outputs = _split_outputs(builder, node, result)
-    static = _output_shapes_static(facts, node.input, builder.values)
     counted = foldable and (node.op_type == "Range" or any(value.counted for value in present))
     if counted and any(_floating_or_bool(value) for value in outputs.values()):
         # tables computed from a Range (rotary cos/sin, causal masks) run at run time from it, so that they
@@ -339,6 +340,44 @@ def _without_unread_outputs(builder: Builder, node: onnx.NodeProto) -> onnx.Node
     trimmed.CopyFrom(node)
     del trimmed.output[keep:]
     return trimmed
+
+
+def _float_run_time_inputs(present: Sequence[Value]) -> bool:
+    """Whether every value of a node that is not a constant is a floating-point tensor (no integer or bool
+    value decides what it computes)."""
+    run_time = [value.example for value in present if not value.const]
+    return bool(run_time) and all(
+        isinstance(example, torch.Tensor) and example.dtype.is_floating_point for example in run_time
+    )
+
+
+def _example_run(
+    module: nn.Module, node: onnx.NodeProto, args: list, shape_only: bool, products: list[int] | None = None
+) -> Any:
+    """``node``'s outputs on ``args``. With ``shape_only`` (a node whose output shapes follow from its input
+    shapes and whose run-time inputs are all floating point) a run on meta tensors gives the shapes, and
+    floating-point outputs are zeros of those shapes: nothing folds from a run-time value, and what later
+    nodes compute from it does not decide a shape. A node the meta run fails on, or that gives a value
+    that is not a floating-point tensor, runs on ``args`` (the matrix products the meta run recorded into
+    ``products`` dropped)."""
+    if shape_only:
+        recorded = len(products) if products is not None else 0
+        on_meta = [arg.to("meta") if isinstance(arg, torch.Tensor) else arg for arg in args]
+        try:
+            result = _run(module, node, on_meta)
+        except Exception:  # a converter that reads input values (or cannot run on meta): the example run
+            result = None
+        shapes = result if isinstance(result, (tuple, list)) else (result,)
+        if result is not None and all(_floating_tensor(value) for value in shapes):
+            zeros = [torch.zeros((), dtype=value.dtype).expand(value.shape) for value in shapes]
+            return type(result)(zeros) if isinstance(result, (tuple, list)) else zeros[0]
+        if products is not None:
+            del products[recorded:]
+    return _run(module, node, args)
+
+
+def _floating_tensor(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.dtype.is_floating_point
 
 
 def _run(module: nn.Module, node: onnx.NodeProto, args: list) -> Any:
