@@ -5,7 +5,9 @@ not a float or bool value computed from a Range: rotary tables and causal masks 
 run time; or a Shape/Size of a tensor whose shape the signature fixes), dropped as a no-op for these shapes,
 or converted (the project's adapters first, then onnx2torch) into one ``call_module``. Every kept
 node also runs once on example tensors, so later nodes see concrete shapes and constants: that is
-what turns the shape arithmetic of exported graphs into plain Python values. An example is dropped
+what turns the shape arithmetic of exported graphs into plain Python values. A node whose output shapes
+follow from its input shapes and whose run-time inputs are floating point runs on meta tensors instead,
+its outputs zeros (a graph without value-dependent shapes; ``_example_run``). An example is dropped
 once no node still to convert reads it (``Builder.reads_done``).
 """
 
@@ -53,6 +55,7 @@ def convert_graph(
     training: bool,
     examples: Sequence[torch.Tensor] | None = None,
     constants: Mapping[str, torch.Tensor] | None = None,
+    shape_only_runs: bool = True,
 ) -> fx.GraphModule:
     """Build ``gm(*graph_inputs) -> tuple(graph_outputs)`` for inputs of ``input_specs``.
 
@@ -61,10 +64,16 @@ def convert_graph(
     examples are zeros, which value-dependent nodes (a Reshape to a shape input) cannot run on.
     ``constants`` are initializers lifted out of ``graph`` (``lift_initializers``): the module reads
     them as they are, sharing their storage, where the graph's own initializers are copied.
+    ``shape_only_runs`` False runs every node on its examples (a subgraph, whose values a Loop or If reads).
     """
     if len(input_specs) != len(graph.input):
         raise ValueError(f"graph has {len(graph.input)} inputs, {len(input_specs)} specs were given")
     builder = Builder(graph, opsets, training, _convert_node, _subgraph_converter(opsets, training))
+    # a graph whose shapes can follow values (NonZero, Loop, ...) runs every node on its examples
+    builder.shape_only_runs = shape_only_runs and not any(
+        facts.data_dependent_shape or facts.control_flow
+        for facts in (op_facts(node.domain if node.domain != "ai.onnx" else "", node.op_type) for node in graph.node)
+    )
     used_placeholder_names: set[str] = set()
     given = examples is not None
     if examples is None:
@@ -144,7 +153,7 @@ def _subgraph_converter(opsets: dict[str, int], training: bool) -> SubgraphConve
 
     def convert(graph: onnx.GraphProto, examples: Sequence[torch.Tensor]) -> fx.GraphModule:
         specs = [TensorSpec(tuple(example.shape), example.dtype) for example in examples]
-        return convert_graph(graph, opsets, specs, training=training, examples=examples)
+        return convert_graph(graph, opsets, specs, training=training, examples=examples, shape_only_runs=False)
 
     return convert
 
@@ -173,7 +182,8 @@ def _convert_node(builder: Builder, node: onnx.NodeProto, index: int) -> None:
     module, mapping_inputs = _make_module(builder, node, inputs)
     args = [builder.values[name].example if name else None for name in mapping_inputs]
     static = _output_shapes_static(facts, node.input, builder.values)
-    shape_only = not foldable and static and not facts.writes_inputs and _float_run_time_inputs(present)
+    shape_only = builder.shape_only_runs and not foldable and static and not facts.writes_inputs
+    shape_only = shape_only and _float_run_time_inputs(present)
     if foldable or builder.matrix_products is None:
         result = _example_run(module, node, args, shape_only)
     else:
