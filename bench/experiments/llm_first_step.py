@@ -183,7 +183,14 @@ def run_all(out: Path, args: argparse.Namespace) -> dict:
         runs.append(in_own_process(__file__, "peft", str(out), *common))
     uptime = subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
     shape = json.loads((out / "shape.json").read_text())
-    return {"shape": shape, "rows": args.rows, "tokens": args.tokens, "threads": args.threads, "load": uptime, "runs": runs}
+    return {
+        "shape": shape,
+        "rows": args.rows,
+        "tokens": args.tokens,
+        "threads": args.threads,
+        "load": uptime,
+        "runs": runs,
+    }
 
 
 def table(result: dict) -> str:

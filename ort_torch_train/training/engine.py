@@ -50,7 +50,6 @@ from ort_torch_train.training.recompute import with_recompute
 from ort_torch_train.training.recompute_patterns import RecomputePlan, with_pattern_recompute
 from ort_torch_train.training.threads import process_threads
 
-
 log = logging.getLogger(__name__)
 
 

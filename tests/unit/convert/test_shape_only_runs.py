@@ -29,7 +29,11 @@ class _LargestMade(TorchDispatchMode):
         result = func(*args, **(kwargs or {}))
         read = {arg.untyped_storage().data_ptr() for arg in args if isinstance(arg, torch.Tensor) and not arg.is_meta}
         for made in result if isinstance(result, (tuple, list)) else [result]:
-            if isinstance(made, torch.Tensor) and made.device.type == "cpu" and made.untyped_storage().data_ptr() not in read:
+            if (
+                isinstance(made, torch.Tensor)
+                and made.device.type == "cpu"
+                and made.untyped_storage().data_ptr() not in read
+            ):
                 self.largest = max(self.largest, made.untyped_storage().nbytes() // 4)
         return result
 
@@ -37,15 +41,11 @@ class _LargestMade(TorchDispatchMode):
 def _convert(model: onnx.ModelProto, examples: list[torch.Tensor], shape_only_runs: bool = True):
     specs = [TensorSpec(tuple(t.shape), t.dtype) for t in examples]
     opsets = {o.domain: o.version for o in model.opset_import}
-    return convert_graph(
-        model.graph, opsets, specs, training=True, examples=examples, shape_only_runs=shape_only_runs
-    )
+    return convert_graph(model.graph, opsets, specs, training=True, examples=examples, shape_only_runs=shape_only_runs)
 
 
 def _model(nodes: list[onnx.NodeProto], inputs: list, outputs: list, weights: dict[str, np.ndarray]):
-    graph = helper.make_graph(
-        nodes, "g", inputs, outputs, [numpy_helper.from_array(v, k) for k, v in weights.items()]
-    )
+    graph = helper.make_graph(nodes, "g", inputs, outputs, [numpy_helper.from_array(v, k) for k, v in weights.items()])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
