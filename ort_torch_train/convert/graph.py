@@ -295,6 +295,7 @@ def _reshapes_to_same(node: onnx.NodeProto, domain: str, inputs: list, outputs: 
 
 
 CONVERTER_CONSTANT_BYTES = 1 << 20  # larger constants reach converters as run-time inputs
+SHAPE_ONLY_BYTES = 1 << 20  # nodes reading a run-time value this large may run on meta tensors
 
 
 def _make_module(builder: Builder, node: onnx.NodeProto, inputs: list[Value | None]) -> tuple[nn.Module, tuple]:
@@ -354,10 +355,13 @@ def _without_unread_outputs(builder: Builder, node: onnx.NodeProto) -> onnx.Node
 
 def _float_run_time_inputs(present: Sequence[Value]) -> bool:
     """Whether every value of a node that is not a constant is a floating-point tensor (no integer or bool
-    value decides what it computes)."""
+    value decides what it computes), one of them at least ``SHAPE_ONLY_BYTES`` (meta runs import torch's
+    symbolic shapes, which small graphs do not pay for)."""
     run_time = [value.example for value in present if not value.const]
-    return bool(run_time) and all(
-        isinstance(example, torch.Tensor) and example.dtype.is_floating_point for example in run_time
+    return (
+        bool(run_time)
+        and all(isinstance(example, torch.Tensor) and example.dtype.is_floating_point for example in run_time)
+        and max(_nbytes(example) for example in run_time) >= SHAPE_ONLY_BYTES
     )
 
 
