@@ -64,6 +64,8 @@ class Builder:
         self._module_names: set[str] = set()
         # multiply-accumulates of the products the nodes' runs dispatch; None once some are not known
         self.matrix_products: list[int] | None = []
+        # nodes with static output shapes and only floating-point run-time inputs may run on meta tensors
+        self.shape_only_runs = False
 
     def convert_node(self, node: onnx.NodeProto, index: int) -> None:
         """Convert ``node`` (the ``index``-th of the graph) into this pass's graph."""

@@ -5,7 +5,9 @@ not a float or bool value computed from a Range: rotary tables and causal masks 
 run time; or a Shape/Size of a tensor whose shape the signature fixes), dropped as a no-op for these shapes,
 or converted (the project's adapters first, then onnx2torch) into one ``call_module``. Every kept
 node also runs once on example tensors, so later nodes see concrete shapes and constants: that is
-what turns the shape arithmetic of exported graphs into plain Python values. An example is dropped
+what turns the shape arithmetic of exported graphs into plain Python values. A node whose output shapes
+follow from its input shapes and whose run-time inputs are floating point runs on meta tensors instead,
+its outputs zeros (a graph without value-dependent shapes; ``_example_run``). An example is dropped
 once no node still to convert reads it (``Builder.reads_done``).
 """
 
@@ -54,6 +56,7 @@ def convert_graph(
     examples: Sequence[torch.Tensor] | None = None,
     constants: Mapping[str, torch.Tensor] | None = None,
     library: OpLibrary | None = None,
+    shape_only_runs: bool = True,
 ) -> fx.GraphModule:
     """Build ``gm(*graph_inputs) -> tuple(graph_outputs)`` for inputs of ``input_specs``.
 
@@ -62,11 +65,17 @@ def convert_graph(
     examples are zeros, which value-dependent nodes (a Reshape to a shape input) cannot run on.
     ``constants`` are initializers lifted out of ``graph`` (``lift_initializers``): the module reads
     them as they are, sharing their storage, where the graph's own initializers are copied. ``library``:
-    the session's own operators (``OpLibrary``), converted before the registry's.
+    the session's own operators (``OpLibrary``), converted before the registry's. ``shape_only_runs``
+    False runs every node on its examples (a subgraph, whose values a Loop or If reads).
     """
     if len(input_specs) != len(graph.input):
         raise ValueError(f"graph has {len(graph.input)} inputs, {len(input_specs)} specs were given")
     builder = Builder(graph, opsets, training, _convert_node, _subgraph_converter(opsets, training, library), library)
+    # a graph whose shapes can follow values (NonZero, Loop, ...) runs every node on its examples
+    builder.shape_only_runs = shape_only_runs and not any(
+        facts.data_dependent_shape or facts.control_flow
+        for facts in (op_facts(node.domain if node.domain != "ai.onnx" else "", node.op_type) for node in graph.node)
+    )
     used_placeholder_names: set[str] = set()
     given = examples is not None
     if examples is None:
@@ -146,7 +155,9 @@ def _subgraph_converter(opsets: dict[str, int], training: bool, library: OpLibra
 
     def convert(graph: onnx.GraphProto, examples: Sequence[torch.Tensor]) -> fx.GraphModule:
         specs = [TensorSpec(tuple(example.shape), example.dtype) for example in examples]
-        return convert_graph(graph, opsets, specs, training=training, examples=examples, library=library)
+        return convert_graph(
+            graph, opsets, specs, training=training, examples=examples, library=library, shape_only_runs=False
+        )
 
     return convert
 
@@ -174,15 +185,17 @@ def _convert_node(builder: Builder, node: onnx.NodeProto, index: int) -> None:
     foldable = all(value.const for value in present) and not facts.random
     module, mapping_inputs = _make_module(builder, node, inputs)
     args = [builder.values[name].example if name else None for name in mapping_inputs]
+    static = _output_shapes_static(facts, node.input, builder.values)
+    shape_only = builder.shape_only_runs and not foldable and static and not facts.writes_inputs
+    shape_only = shape_only and _float_run_time_inputs(present)
     if foldable or builder.matrix_products is None:
-        result = _run(module, node, args)
+        result = _example_run(module, node, args, shape_only)
     else:
         with ProductRecorder(builder.matrix_products) as recorder:
-            result = _run(module, node, args)
+            result = _example_run(module, node, args, shape_only, builder.matrix_products)
         if not recorder.complete:
             builder.matrix_products = None
     outputs = _split_outputs(builder, node, result)
-    static = _output_shapes_static(facts, node.input, builder.values)
     counted = foldable and (node.op_type == "Range" or any(value.counted for value in present))
     if counted and any(_floating_or_bool(value) for value in outputs.values()):
         # tables computed from a Range (rotary cos/sin, causal masks) run at run time from it, so that they
@@ -286,6 +299,7 @@ def _reshapes_to_same(node: onnx.NodeProto, domain: str, inputs: list, outputs: 
 
 
 CONVERTER_CONSTANT_BYTES = 1 << 20  # larger constants reach converters as run-time inputs
+SHAPE_ONLY_BYTES = 1 << 20  # nodes reading a run-time value this large may run on meta tensors
 
 
 def _make_module(builder: Builder, node: onnx.NodeProto, inputs: list[Value | None]) -> tuple[nn.Module, tuple]:
@@ -343,6 +357,47 @@ def _without_unread_outputs(builder: Builder, node: onnx.NodeProto) -> onnx.Node
     trimmed.CopyFrom(node)
     del trimmed.output[keep:]
     return trimmed
+
+
+def _float_run_time_inputs(present: Sequence[Value]) -> bool:
+    """Whether every value of a node that is not a constant is a floating-point tensor (no integer or bool
+    value decides what it computes), one of them at least ``SHAPE_ONLY_BYTES`` (meta runs import torch's
+    symbolic shapes, which small graphs do not pay for)."""
+    run_time = [value.example for value in present if not value.const]
+    return (
+        bool(run_time)
+        and all(isinstance(example, torch.Tensor) and example.dtype.is_floating_point for example in run_time)
+        and max(_nbytes(example) for example in run_time) >= SHAPE_ONLY_BYTES
+    )
+
+
+def _example_run(
+    module: nn.Module, node: onnx.NodeProto, args: list, shape_only: bool, products: list[int] | None = None
+) -> Any:
+    """``node``'s outputs on ``args``. With ``shape_only`` (a node whose output shapes follow from its input
+    shapes and whose run-time inputs are all floating point) a run on meta tensors gives the shapes, and
+    floating-point outputs are zeros of those shapes: nothing folds from a run-time value, and what later
+    nodes compute from it does not decide a shape. A node the meta run fails on, or that gives a value
+    that is not a floating-point tensor, runs on ``args`` (the matrix products the meta run recorded into
+    ``products`` dropped)."""
+    if shape_only:
+        recorded = len(products) if products is not None else 0
+        on_meta = [arg.to("meta") if isinstance(arg, torch.Tensor) else arg for arg in args]
+        try:
+            result = _run(module, node, on_meta)
+        except Exception:  # a converter that reads input values (or cannot run on meta): the example run
+            result = None
+        shapes = result if isinstance(result, (tuple, list)) else (result,)
+        if result is not None and all(_floating_tensor(value) for value in shapes):
+            zeros = [torch.zeros((), dtype=value.dtype).expand(value.shape) for value in shapes]
+            return type(result)(zeros) if isinstance(result, (tuple, list)) else zeros[0]
+        if products is not None:
+            del products[recorded:]
+    return _run(module, node, args)
+
+
+def _floating_tensor(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.dtype.is_floating_point
 
 
 def _run(module: nn.Module, node: onnx.NodeProto, args: list) -> Any:

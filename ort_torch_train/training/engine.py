@@ -9,6 +9,8 @@ comes from the ``EngineOptions``.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Sequence
 from functools import partial
 
@@ -39,6 +41,8 @@ from ort_torch_train.training.precision import MixedPrecision, autocast_or_null,
 from ort_torch_train.training.ranks import rank_strategies
 from ort_torch_train.training.threads import process_threads
 
+log = logging.getLogger(__name__)
+
 
 class TrainingEngine:
     """Train and eval steps over ONNX training artifacts, executed by PyTorch, as ``options`` configure them.
@@ -56,6 +60,7 @@ class TrainingEngine:
         eval_model: onnx.ModelProto | None,
         options: EngineOptions,
     ) -> None:
+        started = time.perf_counter()
         self.options = options
         self.training_state = state
         self.compile_cache = None if options.compile_arguments is None else compile_cache_for(options.compile_cache)
@@ -111,6 +116,7 @@ class TrainingEngine:
             self._precision = MixedPrecision(
                 options.mixed_precision, state, loss_scale=options.loss_scale, process_group=group
             )
+        log.info("read the training model (layout, checks, constants) in %.2f s", time.perf_counter() - started)
 
     @property
     def precision(self) -> MixedPrecision | None:

@@ -182,7 +182,14 @@ class ForwardGraph:
             if probes.groups:
                 SIZE_PROBES.set(module, probes)
         device = params[0].device if params else inputs[0].device
+        started = time.perf_counter()
         built = build(module, device)
+        log.info(
+            "prepared the %s graph (graph passes%s) in %.2f s",
+            "training" if self.training else "eval",
+            "" if self.compile_arguments is None else ", compilation set up",
+            time.perf_counter() - started,
+        )
         dynamic_axes = DYNAMIC_GROUPS.get(module, DynamicAxes())
         self._conversions[variant] += 1
         if dynamic:
