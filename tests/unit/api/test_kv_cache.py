@@ -9,7 +9,7 @@ import torch
 
 from ort_torch_train.api.kv_cache import with_empty_past
 from ort_torch_train.errors import InputError
-from ort_torch_train.training.forward_graph import InputDeclaration
+from ort_torch_train.training.input_checks import InputDeclaration
 
 DECLARED = (
     InputDeclaration("input_ids", onnx.TensorProto.INT64, ("batch", "seq")),
