@@ -1,0 +1,124 @@
+"""The runtime with no Python (issue 51, item 2): a C program written against ONNX Runtime's training C API, linked
+against libort_torch_train_packaged (libtorch only), trains a package in a process where no libpython is mapped,
+and gives what the Python API gives: losses, eval loss and parameters to 1e-6 of the eager run, and the checkpoint
+byte for byte as the Python run through the same package writes it. Every bad call it tries is a status."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ort_torch_train.api import LinearLRScheduler, Module, Optimizer
+from ort_torch_train.native.build import NativeBuildError, find_compiler
+from ort_torch_train.native.packaged_build import PackagedFlags, build_packaged
+from ort_torch_train.state.training_state import TrainingState
+from ort_torch_train.training.package.build import build_package
+from tests.helpers.native import PROGRAMS
+from tests.helpers.paths import FIXTURES
+from tests.helpers.timeouts import scaled
+
+CASE = "mlp_ce_adamw_sched"
+STEPS = 6
+ACCUMULATED = 1  # the step after which neither the optimizer steps nor the gradients reset
+ELEM_TYPES = {"float32": 1, "int64": 7}
+pytestmark = [pytest.mark.compile, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The mlp fixture's package and the C program linked against the runtime, built once for the module."""
+    if not (FIXTURES / CASE / "expected.json").is_file():
+        pytest.skip(f"fixture {CASE} not present")
+    root = tmp_path_factory.mktemp("packaged_runtime")
+    try:
+        compiler = find_compiler()
+        flags: PackagedFlags = build_packaged(root / "prefix")
+    except NativeBuildError as error:
+        pytest.skip(f"packaged runtime not buildable here: {error}")
+    program = root / "packaged_runtime"
+    command = [compiler, "-std=c11", "-O1", "-Wall", f"-I{PROGRAMS}", *flags.cflags]
+    command += [str(PROGRAMS / "packaged_runtime.c"), "-o", str(program), *flags.libs]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=scaled(120))
+    assert done.returncode == 0, f"{' '.join(command)}\n{done.stderr}"
+    package = root / "package"
+    build_package(FIXTURES / CASE / "artifacts", package)
+    return package, program
+
+
+def _batches() -> tuple[list[list[np.ndarray]], list[np.ndarray]]:
+    expected = json.loads((FIXTURES / CASE / "expected.json").read_text())
+    data = np.load(FIXTURES / CASE / "data.npz")
+    train = [[data[key][step] for key in expected["data_keys"]["train"]] for step in range(STEPS)]
+    return train, [data[key] for key in expected["data_keys"]["eval"]]
+
+
+def _write_inputs(folder: Path) -> None:
+    """The manifest and raw input files packaged_runtime.c reads."""
+    folder.mkdir()
+    train, evaluation = _batches()
+    lines = []
+    for kind, arrays in (("train", train[0]), ("eval", evaluation)):
+        for k, array in enumerate(arrays):
+            lines.append(f"{kind} {k} {ELEM_TYPES[array.dtype.name]} {array.ndim} {' '.join(map(str, array.shape))}")
+    for step, arrays in enumerate(train):
+        for k, array in enumerate(arrays):
+            np.ascontiguousarray(array).tofile(folder / f"train_{step}_{k}.bin")
+    for k, array in enumerate(evaluation):
+        np.ascontiguousarray(array).tofile(folder / f"eval_{k}.bin")
+    (folder / "manifest.txt").write_text("\n".join(lines) + "\n")
+
+
+def _python_run(compile: bool | str) -> tuple[list[float], float, np.ndarray, bytes]:
+    """What packaged_runtime.c does, through the Python API."""
+    artifacts = FIXTURES / CASE / "artifacts"
+    module = Module(
+        str(artifacts / "training_model.onnx"),
+        TrainingState.load(artifacts / "checkpoint"),
+        str(artifacts / "eval_model.onnx"),
+        compile=compile,
+    )
+    optimizer = Optimizer(str(artifacts / "optimizer_model.onnx"), module)
+    scheduler = LinearLRScheduler(optimizer, 2, STEPS + 1, 0.01)
+    train, evaluation = _batches()
+    losses = []
+    for step, inputs in enumerate(train):
+        losses.append(float(module(*inputs)))
+        if step != ACCUMULATED:
+            optimizer.step()
+            module.lazy_reset_grad()
+            scheduler.step()
+    module.eval()
+    eval_loss = float(module(*evaluation))
+    params = module.contiguous_parameters(False).detach().numpy().copy()
+    return losses, eval_loss, params, bytes(module.training_state.to_bytes(include_optimizer_state=True))
+
+
+def test_c_program_trains_a_package_with_no_python_as_python_does(built: tuple[Path, Path], tmp_path: Path) -> None:
+    package, program = built
+    data, out = tmp_path / "data", tmp_path / "out"
+    _write_inputs(data)
+    out.mkdir()
+    checkpoint = FIXTURES / CASE / "artifacts" / "checkpoint"
+    arguments = [str(package), str(checkpoint), str(data), str(out), str(STEPS), str(ACCUMULATED)]
+    done = subprocess.run([str(program), *arguments], capture_output=True, text=True, timeout=scaled(300))
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[:2] == ["libpython mapped: 0", "boundary: ok"] and lines[-1] == "done"
+
+    eager, packaged = _python_run(False), _python_run(f"package:{package}")
+    losses = np.fromfile(out / "losses.bin", dtype=np.float32)
+    np.testing.assert_allclose(losses, eager[0], rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(losses, np.float32(packaged[0]))
+    assert float(np.fromfile(out / "eval.bin", dtype=np.float32)[0]) == pytest.approx(eager[1], abs=1e-6)
+    params = np.fromfile(out / "params.bin", dtype=np.float32)
+    np.testing.assert_allclose(params, eager[2], rtol=0, atol=1e-6)
+    written = (out / "checkpoint").read_bytes()
+    assert written == packaged[3]  # the same programs and update math: the same bytes as the Python run's
+    saved, reference = TrainingState.load(written), TrainingState.load(eager[3])
+    assert saved.optimizer is not None and saved.optimizer.step == STEPS - 1
+    for name, value in reference.state_dict().items():
+        np.testing.assert_allclose(saved.state_dict()[name].numpy(), value.numpy(), rtol=0, atol=1e-6, err_msg=name)
