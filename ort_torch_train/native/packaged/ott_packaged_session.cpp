@@ -100,7 +100,10 @@ struct Session::Description {
       } else if (key == "hyperparameter") {
         std::string value;
         words >> role >> value;
-        hyperparameters[role] = std::strtod(value.c_str(), nullptr);
+        char* end = nullptr;
+        hyperparameters[role] = std::strtod(value.c_str(), &end);
+        if (value.empty() || end != value.c_str() + value.size())
+          throw Error(ORT_FAIL, "package description: malformed line '" + line + "'");
       } else {
         throw Error(ORT_FAIL, "package description: unknown line '" + line + "'");
       }
