@@ -6,6 +6,7 @@ byte for byte as the Python run through the same package writes it. Every bad ca
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -110,8 +111,17 @@ def c_run(built: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) ->
     arguments = [str(package), str(checkpoint), str(data), str(out), str(STEPS), str(ACCUMULATED)]
     done = subprocess.run([str(program), *arguments], capture_output=True, text=True, timeout=scaled(300))
     assert done.returncode == 0, done.stdout + done.stderr
-    lines = done.stdout.splitlines()
-    assert lines[:2] == ["libpython mapped: 0", "boundary: ok"] and lines[-1] == "done"
+    manifest = json.loads((package / "manifest.json").read_text())
+    train = [entry["name"] for entry in manifest["train"]["inputs"]], manifest["train"]["outputs"]
+    evaluation = [entry["name"] for entry in manifest["eval"]["inputs"]], manifest["eval"]["outputs"]
+    names = " | ".join(" ".join(group) for group in (*train, *evaluation))
+    assert done.stdout.splitlines() == [
+        "libpython mapped: 0",
+        f"names: {names}",
+        "0.weight: 2 32 20",
+        "boundary: ok",
+        "done",
+    ]
     return out
 
 
@@ -128,7 +138,7 @@ def test_c_program_trains_a_package_with_no_python_as_python_does(built: tuple[P
     # the bytes are those the Python engine writes for the same state; the Python runs' own states differ from
     # it in the last bit of some values (their optimizer runs the eager kernel, the runtime the package's program)
     assert bytes(saved.to_bytes(include_optimizer_state=True)) == written
-    assert len(written) == len(eager[3]) == len(packaged[3])
+    assert saved.properties == {"epoch": 3, "note": "packaged"}  # AddProperty's, saved
     assert saved.optimizer is not None and reference.optimizer is not None
     assert (saved.optimizer.step, saved.optimizer.initial_learning_rate) == (
         reference.optimizer.step,
@@ -147,7 +157,8 @@ LOAD_SCRIPT = """
 import json, sys
 from onnxruntime.training.api import CheckpointState
 state = CheckpointState.load_checkpoint(sys.argv[1])
-print(json.dumps({name: state.parameters[name].data.ravel().tolist() for name in sys.argv[2:]}))
+values = {name: state.parameters[name].data.ravel().tolist() for name in sys.argv[2:]}
+print(json.dumps([values, state.properties["epoch"], state.properties["note"]]))
 """
 
 
@@ -156,7 +167,41 @@ print(json.dumps({name: state.parameters[name].data.ravel().tolist() for name in
 def test_onnx_runtime_loads_the_checkpoint_the_runtime_saved(c_run: Path) -> None:
     saved = TrainingState.load((c_run / "checkpoint").read_bytes())
     names = list(saved.params)
-    loaded = run_ort(LOAD_SCRIPT, c_run / "checkpoint", *names)
-    assert isinstance(loaded, dict) and sorted(loaded) == sorted(names)
+    found = run_ort(LOAD_SCRIPT, c_run / "checkpoint", *names)
+    assert isinstance(found, list) and found[1:] == [3, "packaged"]
+    loaded = found[0]
+    assert sorted(loaded) == sorted(names)
     for name in names:
         np.testing.assert_array_equal(np.float32(loaded[name]), saved.params[name].detach().numpy().ravel())
+
+
+@pytest.mark.parametrize(
+    ("line", "replacement", "named"),
+    [
+        ("torch ", "torch 1.0.0", "was built for another torch version: '1.0.0'"),
+        ("machine ", "machine riscv64", "was built for another CPU architecture: 'riscv64'"),
+        ("program train ", "program train ../train_step.pt2", "program file '../train_step.pt2' leaves the folder"),
+        ("end", "", "native_steps.txt is incomplete"),
+        (
+            "parameter trainable 0.bias ",
+            "parameter trainable 0.bias float32 1 31",
+            "parameter '0.bias' is float32 [31]",
+        ),
+    ],
+)
+def test_a_package_built_elsewhere_or_damaged_is_a_status_naming_which(
+    built: tuple[Path, Path], tmp_path: Path, line: str, replacement: str, named: str
+) -> None:
+    package, program = built
+    edited = tmp_path / "package"
+    shutil.copytree(package, edited)
+    description = edited / "native_steps.txt"
+    lines = [replacement if text.startswith(line) else text for text in description.read_text().splitlines()]
+    description.write_text("".join(f"{text}\n" for text in lines if text))
+    data, out = tmp_path / "data", tmp_path / "out"
+    _write_inputs(data)
+    out.mkdir()
+    checkpoint = FIXTURES / CASE / "artifacts" / "checkpoint"
+    arguments = [str(edited), str(checkpoint), str(data), str(out), str(STEPS), str(ACCUMULATED)]
+    done = subprocess.run([str(program), *arguments], capture_output=True, text=True, timeout=scaled(120))
+    assert done.returncode == 1 and "CreateTrainingSession" in done.stderr and named in done.stderr, done.stderr

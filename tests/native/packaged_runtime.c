@@ -4,8 +4,9 @@
  * DATA_DIR/manifest.txt: "train K TYPE RANK DIMS..." and "eval K TYPE RANK DIMS..." per input; inputs are
  * DATA_DIR/train_<step>_<K>.bin and eval_<K>.bin. Each step is TrainStep, then (except the step ACCUMULATED, whose
  * gradients the next step adds to) OptimizerStep, LazyResetGrad and SchedulerStep of a linear schedule
- * (warmup 2, total STEPS + 1, initial 0.01). Prints "libpython mapped: N" and "boundary: ok" once every bad call
- * tried came back as a status; writes OUT_DIR/losses.bin, eval.bin, params.bin and checkpoint. */
+ * (warmup 2, total STEPS + 1, initial 0.01). Prints "libpython mapped: N", the steps' names and a parameter's shape
+ * (adding the properties epoch = 3 and note = "packaged"), "boundary: ok" once every bad call tried came back as a
+ * status; writes OUT_DIR/losses.bin, eval.bin, params.bin and checkpoint. */
 #include "ott_test.h"
 
 typedef struct {
@@ -99,7 +100,60 @@ static void bad_calls(OrtEnv* env, OrtSessionOptions* options, OrtCheckpointStat
   expect_status(g_api->CopyParametersToBuffer(session, inputs[0], false), ORT_INVALID_ARGUMENT,
                 "CopyParametersToBuffer(wrong size)");
   expect_status(g_api->ExportModelForInferencing(session, "x.onnx", 0, NULL), ORT_NOT_IMPLEMENTED, "Export");
+  OrtAllocator* allocator = NULL;
+  char* name = NULL;
+  CHECK(OTT_ORT(g_ort, GetAllocatorWithDefaultOptions)(&allocator));
+  expect_status(g_api->TrainingSessionGetTrainingModelInputName(session, 2, allocator, &name), ORT_INVALID_ARGUMENT,
+                "TrainingModelInputName(past the last)");
+  expect_status(g_api->UpdateParameter(state, "0.bias", inputs[0]), ORT_INVALID_ARGUMENT, "UpdateParameter(shape)");
+  expect_status(g_api->GetParameter(state, "no such", allocator, &out), ORT_INVALID_ARGUMENT, "GetParameter(name)");
+  expect_status(g_api->GetProperty(state, "no such", allocator, NULL, NULL), ORT_INVALID_ARGUMENT, "GetProperty");
   printf("boundary: ok\n");
+}
+
+/* Prints the steps' input and output names and the first parameter's shape; gives the state two properties and
+ * sets 2.bias to its own value (GetParameter, UpdateParameter). */
+static void describe(OrtTrainingSession* session, OrtCheckpointState* state) {
+  OrtAllocator* allocator = NULL;
+  CHECK(OTT_ORT(g_ort, GetAllocatorWithDefaultOptions)(&allocator));
+  size_t counts[4];
+  CHECK(g_api->TrainingSessionGetTrainingModelInputCount(session, &counts[0]));
+  CHECK(g_api->TrainingSessionGetTrainingModelOutputCount(session, &counts[1]));
+  CHECK(g_api->TrainingSessionGetEvalModelInputCount(session, &counts[2]));
+  CHECK(g_api->TrainingSessionGetEvalModelOutputCount(session, &counts[3]));
+  printf("names:");
+  for (int kind = 0; kind < 4; kind++) {
+    for (size_t i = 0; i < counts[kind]; i++) {
+      char* name = NULL;
+      if (kind == 0) CHECK(g_api->TrainingSessionGetTrainingModelInputName(session, i, allocator, &name));
+      if (kind == 1) CHECK(g_api->TrainingSessionGetTrainingModelOutputName(session, i, allocator, &name));
+      if (kind == 2) CHECK(g_api->TrainingSessionGetEvalModelInputName(session, i, allocator, &name));
+      if (kind == 3) CHECK(g_api->TrainingSessionGetEvalModelOutputName(session, i, allocator, &name));
+      printf(" %s", name);
+      CHECK(OTT_ORT(g_ort, AllocatorFree)(allocator, name));
+    }
+    printf(kind == 3 ? "\n" : " |");
+  }
+  OrtTensorTypeAndShapeInfo* info = NULL;
+  CHECK(g_api->GetParameterTypeAndShape(state, "0.weight", &info));
+  int64_t dims[8];
+  size_t rank = 0;
+  CHECK(OTT_ORT(g_ort, GetDimensionsCount)(info, &rank));
+  CHECK(OTT_ORT(g_ort, GetDimensions)(info, dims, rank));
+  printf("0.weight: %zu %ld %ld\n", rank, (long)dims[0], (long)dims[1]);
+  OTT_ORT(g_ort, ReleaseTensorTypeAndShapeInfo)(info);
+  int64_t epoch = 3;
+  CHECK(g_api->AddProperty(state, "epoch", OrtIntProperty, &epoch));
+  CHECK(g_api->AddProperty(state, "note", OrtStringProperty, (void*)"packaged"));
+  enum OrtPropertyType type;
+  void* value = NULL;
+  CHECK(g_api->GetProperty(state, "epoch", allocator, &type, &value));
+  EXPECT(type == OrtIntProperty && *(int64_t*)value == 3);
+  CHECK(OTT_ORT(g_ort, AllocatorFree)(allocator, value));
+  OrtValue* bias = NULL;
+  CHECK(g_api->GetParameter(state, "2.bias", allocator, &bias));
+  CHECK(g_api->UpdateParameter(state, "2.bias", bias));
+  OTT_ORT(g_ort, ReleaseValue)(bias);
 }
 
 int main(int argc, char** argv) {
@@ -117,6 +171,7 @@ int main(int argc, char** argv) {
   OrtTrainingSession* session = NULL;
   CHECK(g_api->CreateTrainingSession(env, options, state, package, NULL, package, &session));
   CHECK(g_api->RegisterLinearLRScheduler(session, 2, steps + 1, 0.01f));
+  describe(session, state);
   Input inputs[16];
   int n = read_manifest(data, inputs);
   char path[1024];

@@ -150,6 +150,8 @@ class Session {
   size_t eval_outputs() const;
   size_t train_inputs() const;
   size_t eval_inputs() const;
+  // The name of a step's input or output (train: the train step, else the eval step); Error past the last.
+  const std::string& name(bool train, bool input, size_t index) const;
   struct Description;
 
  private:

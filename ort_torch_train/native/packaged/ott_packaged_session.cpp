@@ -3,6 +3,8 @@
 // (gradient accumulation until LazyResetGrad, the optimizer's per-step scalars, the step count, the LR schedule).
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 
+#include <sys/utsname.h>
+
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -77,6 +79,11 @@ struct Session::Description {
         if (role != OTT_TORCH_VERSION)
           throw Error(ORT_FAIL, "package '" + folder + "' was built for another torch version: '" + role +
                                     "' (this runtime is built with " + OTT_TORCH_VERSION + ")");
+      } else if (key == "machine") {
+        words >> role;
+        struct utsname here;
+        if (uname(&here) != 0 || role != here.machine)
+          throw Error(ORT_FAIL, "package '" + folder + "' was built for another CPU architecture: '" + role + "'");
       } else if (key == "parameter") {
         words >> role;
         (role == "trainable" ? trainable : frozen).push_back(read_entry(words, line));
@@ -323,5 +330,14 @@ size_t Session::train_outputs() const { return description_->outputs["train"].si
 size_t Session::eval_outputs() const { return description_->outputs["eval"].size(); }
 size_t Session::train_inputs() const { return description_->inputs["train"].size(); }
 size_t Session::eval_inputs() const { return description_->inputs["eval"].size(); }
+
+const std::string& Session::name(bool train, bool input, size_t index) const {
+  const char* role = train ? "train" : "eval";
+  size_t count = input ? description_->inputs[role].size() : description_->outputs[role].size();
+  if (index >= count)
+    throw invalid_argument(std::string("index ") + std::to_string(index) + " is past the " + role + " step's " +
+                           std::to_string(count) + (input ? " inputs" : " outputs"));
+  return input ? description_->inputs[role][index].name : description_->outputs[role][index];
+}
 
 }  // namespace ott

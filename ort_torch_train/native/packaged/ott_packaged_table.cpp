@@ -2,7 +2,7 @@
 //
 // CreateTrainingSession takes the package folder (written by `ort-torch-train package`) as train_model_path; the
 // package holds the eval and optimizer steps too, so eval_model_path and optimizer_model_path must each be NULL or
-// the same folder. Members a package cannot answer (the models' bytes, ExportModelForInferencing, ...) return
+// the same folder. CreateTrainingSessionFromBuffer (a package is a folder) and ExportModelForInferencing return
 // ORT_NOT_IMPLEMENTED naming themselves.
 #include <cstring>
 #include <fstream>
@@ -125,8 +125,28 @@ OrtStatus* InputCount(const OrtTrainingSession* session, size_t* out, bool train
 OrtStatus* TrainInputCount(const OrtTrainingSession* s, size_t* out) { return InputCount(s, out, true); }
 OrtStatus* EvalInputCount(const OrtTrainingSession* s, size_t* out) { return InputCount(s, out, false); }
 
-OrtStatus* NameNotImplemented(const OrtTrainingSession*, size_t, OrtAllocator*, char**) {
-  return ott::make_status(ORT_NOT_IMPLEMENTED, "the packaged runtime does not answer input and output names yet");
+OrtStatus* Name(const OrtTrainingSession* session, size_t index, OrtAllocator* allocator, char** out, bool train,
+                bool input) {
+  return guarded([&] {
+    require(allocator, "allocator"), require(out, "output");
+    const std::string& name = session_of(session).name(train, input, index);
+    void* copy = allocator->Alloc(allocator, name.size() + 1);
+    if (copy == nullptr) throw Error(ORT_FAIL, "the allocator returned NULL");
+    std::memcpy(copy, name.c_str(), name.size() + 1);
+    *out = static_cast<char*>(copy);
+  });
+}
+OrtStatus* TrainOutputName(const OrtTrainingSession* s, size_t i, OrtAllocator* a, char** out) {
+  return Name(s, i, a, out, true, false);
+}
+OrtStatus* EvalOutputName(const OrtTrainingSession* s, size_t i, OrtAllocator* a, char** out) {
+  return Name(s, i, a, out, false, false);
+}
+OrtStatus* TrainInputName(const OrtTrainingSession* s, size_t i, OrtAllocator* a, char** out) {
+  return Name(s, i, a, out, true, true);
+}
+OrtStatus* EvalInputName(const OrtTrainingSession* s, size_t i, OrtAllocator* a, char** out) {
+  return Name(s, i, a, out, false, true);
 }
 
 OrtStatus* LazyResetGrad(OrtTrainingSession* session) {
@@ -203,28 +223,76 @@ OrtStatus* ExportModelForInferencing(OrtTrainingSession*, const ORTCHAR_T*, size
   return ott::make_status(ORT_NOT_IMPLEMENTED, "ExportModelForInferencing: not answered by the packaged runtime yet");
 }
 OrtStatus* SetSeed(const int64_t seed) { return guarded([&] { at::manual_seed(uint64_t(seed)); }); }
-OrtStatus* AddProperty(OrtCheckpointState*, const char*, enum OrtPropertyType, void*) {
-  return ott::make_status(ORT_NOT_IMPLEMENTED, "AddProperty: not answered by the packaged runtime yet");
+OrtStatus* AddProperty(OrtCheckpointState* state, const char* name, enum OrtPropertyType type, void* value) {
+  return guarded([&] {
+    require(state, "checkpoint_state"), require(name, "property_name"), require(value, "property_value");
+    ott::Property property{name, int(type)};
+    if (type == OrtIntProperty) property.int_value = *static_cast<const int64_t*>(value);
+    else if (type == OrtFloatProperty) property.float_value = *static_cast<const float*>(value);
+    else if (type == OrtStringProperty) property.string_value = static_cast<const char*>(value);
+    else throw invalid_argument("AddProperty: unknown property type " + std::to_string(int(type)));
+    for (ott::Property& held : state->data.properties)
+      if (held.name == property.name) return void(held = property);
+    state->data.properties.push_back(property);
+  });
 }
-OrtStatus* GetProperty(const OrtCheckpointState*, const char*, OrtAllocator*, enum OrtPropertyType*, void**) {
-  return ott::make_status(ORT_NOT_IMPLEMENTED, "GetProperty: not answered by the packaged runtime yet");
+OrtStatus* GetProperty(const OrtCheckpointState* state, const char* name, OrtAllocator* allocator,
+                       enum OrtPropertyType* type, void** value) {
+  return guarded([&] {
+    require(state, "checkpoint_state"), require(name, "property_name"), require(allocator, "allocator");
+    require(type, "property_type"), require(value, "property_value");
+    for (const ott::Property& held : state->data.properties) {
+      if (held.name != name) continue;
+      size_t size = held.kind == 0 ? 8 : held.kind == 1 ? 4 : held.string_value.size() + 1;
+      const void* source = held.kind == 0 ? static_cast<const void*>(&held.int_value)
+                           : held.kind == 1 ? static_cast<const void*>(&held.float_value)
+                                            : static_cast<const void*>(held.string_value.c_str());
+      void* copy = allocator->Alloc(allocator, size);
+      if (copy == nullptr) throw Error(ORT_FAIL, "the allocator returned NULL");
+      std::memcpy(copy, source, size);
+      *type = OrtPropertyType(held.kind), *value = copy;
+      return;
+    }
+    throw invalid_argument(std::string("GetProperty: the checkpoint state has no property '") + name + "'");
+  });
 }
-OrtStatus* GetParameterTypeAndShape(const OrtCheckpointState*, const char*, OrtTensorTypeAndShapeInfo**) {
-  return ott::make_status(ORT_NOT_IMPLEMENTED, "GetParameterTypeAndShape: not answered by the packaged runtime yet");
+
+at::Tensor& parameter(const OrtCheckpointState* state, const char* name) {
+  require(state, "checkpoint_state"), require(name, "parameter_name");
+  at::Tensor* found = const_cast<OrtCheckpointState*>(state)->data.find(name);
+  if (found == nullptr) throw invalid_argument(std::string("the checkpoint state has no parameter '") + name + "'");
+  return *found;
 }
-OrtStatus* UpdateParameter(OrtCheckpointState*, const char*, OrtValue*) {
-  return ott::make_status(ORT_NOT_IMPLEMENTED, "UpdateParameter: not answered by the packaged runtime yet");
+OrtStatus* GetParameterTypeAndShape(const OrtCheckpointState* state, const char* name, OrtTensorTypeAndShapeInfo** out) {
+  return guarded([&] {
+    require(out, "parameter_type_and_shape");
+    const at::Tensor& tensor = parameter(state, name);
+    *out = new OrtTensorTypeAndShapeInfo{ott::onnx_type(tensor.scalar_type()), tensor.sizes().vec()};
+  });
 }
-OrtStatus* GetParameter(const OrtCheckpointState*, const char*, OrtAllocator*, OrtValue**) {
-  return ott::make_status(ORT_NOT_IMPLEMENTED, "GetParameter: not answered by the packaged runtime yet");
+OrtStatus* UpdateParameter(OrtCheckpointState* state, const char* name, OrtValue* value) {
+  return guarded([&] {
+    require(value, "parameter");
+    at::Tensor& tensor = parameter(state, name);
+    if (value->tensor.scalar_type() != tensor.scalar_type() || value->tensor.sizes() != tensor.sizes())
+      throw invalid_argument(std::string("UpdateParameter: '") + name + "' is " + c10::toString(tensor.scalar_type()) +
+                             " of another shape or type than the value given");
+    tensor.copy_(value->tensor);  // in place: a session training the state sees it
+  });
+}
+OrtStatus* GetParameter(const OrtCheckpointState* state, const char* name, OrtAllocator* allocator, OrtValue** out) {
+  return guarded([&] {
+    require(allocator, "allocator"), require(out, "parameter");
+    *out = new OrtValue{parameter(state, name).clone()};
+  });
 }
 
 const OrtTrainingApi kTable = {
     LoadCheckpoint, SaveCheckpoint, CreateTrainingSession, CreateTrainingSessionFromBuffer, TrainOutputCount,
-    EvalOutputCount, NameNotImplemented, NameNotImplemented, LazyResetGrad, TrainStep, EvalStep, SetLearningRate,
+    EvalOutputCount, TrainOutputName, EvalOutputName, LazyResetGrad, TrainStep, EvalStep, SetLearningRate,
     GetLearningRate, OptimizerStep, RegisterLinearLRScheduler, SchedulerStep, GetParametersSize,
     CopyParametersToBuffer, CopyBufferToParameters, ReleaseTrainingSession, ReleaseCheckpointState,
-    ExportModelForInferencing, SetSeed, TrainInputCount, EvalInputCount, NameNotImplemented, NameNotImplemented,
+    ExportModelForInferencing, SetSeed, TrainInputCount, EvalInputCount, TrainInputName, EvalInputName,
     AddProperty, GetProperty, LoadCheckpointFromBuffer, GetParameterTypeAndShape, UpdateParameter, GetParameter,
 };
 

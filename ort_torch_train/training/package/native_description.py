@@ -1,7 +1,7 @@
 """``native_steps.txt``: a package described for the runtime with no Python (``native/packaged/``), one record a line.
 
-The runtime reads no JSON and no ONNX: this file gives it, in words split by single spaces, the torch the package
-was built with, the parameters (trainable, then frozen, in the programs' order), each program's file, user inputs
+The runtime reads no JSON and no ONNX: this file gives it, in words split by single spaces, the torch and the CPU
+architecture the package was built for, the parameters (trainable, then frozen, in the programs' order), each program's file, user inputs
 (dtype, rank, sizes; -1 for a dynamic axis) and outputs, the eval step's parameters, and the optimizer's algorithm,
 moments and hyperparameters (as ``float.hex``, exact), so that it computes each step's scalars as the Python engine
 does. The last line is ``end``. Names holding whitespace cannot be written and are refused.
@@ -42,7 +42,7 @@ def _program(role: str, program: Program) -> list[str]:
 
 def describe(manifest: Manifest, hyperparameters: Hyperparameters | None) -> bytes:
     """The description of the package ``manifest`` records; ``hyperparameters``: its optimizer's (a dataclass)."""
-    lines = [FORMAT, f"torch {manifest.torch}"]
+    lines = [FORMAT, f"torch {manifest.torch}", f"machine {_word(manifest.machine, 'machine')}"]
     lines += [f"parameter trainable {_entry(entry, 'parameter')}" for entry in manifest.trainable]
     lines += [f"parameter frozen {_entry(entry, 'parameter')}" for entry in manifest.frozen]
     lines += _program("train", manifest.train)
