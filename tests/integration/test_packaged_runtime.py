@@ -6,6 +6,7 @@ byte for byte as the Python run through the same package writes it. Every bad ca
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -14,8 +15,9 @@ import numpy as np
 import pytest
 
 from ort_torch_train.api import LinearLRScheduler, Module, Optimizer
+from ort_torch_train.cli.main import main
 from ort_torch_train.native.build import NativeBuildError, find_compiler
-from ort_torch_train.native.packaged_build import PackagedFlags, build_packaged
+from ort_torch_train.native.packaged_build import PackagedFlags, build_packaged, packaged_flags
 from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.training.package.build import build_package
 from tests.helpers.native import PROGRAMS
@@ -205,3 +207,13 @@ def test_a_package_built_elsewhere_or_damaged_is_a_status_naming_which(
     arguments = [str(edited), str(checkpoint), str(data), str(out), str(STEPS), str(ACCUMULATED)]
     done = subprocess.run([str(program), *arguments], capture_output=True, text=True, timeout=scaled(120))
     assert done.returncode == 1 and "CreateTrainingSession" in done.stderr and named in done.stderr, done.stderr
+
+
+def test_the_command_line_prints_the_runtime_flags(built: tuple[Path, Path], capsys: pytest.CaptureFixture) -> None:
+    prefix = built[1].parent / "prefix"
+    assert main(["native", "flags", "--packaged", "--prefix", str(prefix)]) == 0
+    flags = packaged_flags(prefix)
+    assert capsys.readouterr().out.strip() == shlex.join(flags.cflags + flags.libs)
+    assert "-l:libort_torch_train_packaged.so" in flags.libs and not any(
+        flag.startswith("-lpython") for flag in flags.libs
+    )

@@ -75,6 +75,7 @@ at::ScalarType scalar_type(int32_t onnx_type, const std::string& what);
 ONNXTensorElementDataType onnx_type(at::ScalarType type);
 // torch's dtype name ("float32", "int64", ...) as the package's description writes it.
 at::ScalarType dtype_named(const std::string& name, const std::string& what);
+std::string dtype_name(at::ScalarType type);
 
 // A named tensor as a checkpoint holds it.
 struct Named {

@@ -44,14 +44,23 @@ ONNXTensorElementDataType onnx_type(at::ScalarType type) {
   }
 }
 
+namespace {
+const std::pair<const char*, at::ScalarType> kDtypeNames[] = {
+    {"float32", at::kFloat}, {"float64", at::kDouble}, {"float16", at::kHalf}, {"bfloat16", at::kBFloat16},
+    {"int64", at::kLong},    {"int32", at::kInt},      {"int16", at::kShort},  {"int8", at::kChar},
+    {"uint8", at::kByte},    {"bool", at::kBool}};
+}  // namespace
+
 at::ScalarType dtype_named(const std::string& name, const std::string& what) {
-  static const std::pair<const char*, at::ScalarType> names[] = {
-      {"float32", at::kFloat}, {"float64", at::kDouble}, {"float16", at::kHalf}, {"bfloat16", at::kBFloat16},
-      {"int64", at::kLong},    {"int32", at::kInt},      {"int16", at::kShort},  {"int8", at::kChar},
-      {"uint8", at::kByte},    {"bool", at::kBool}};
-  for (const auto& [known, type] : names)
+  for (const auto& [known, type] : kDtypeNames)
     if (name == known) return type;
   throw Error(ORT_FAIL, what + ": dtype '" + name + "' is not supported");
+}
+
+std::string dtype_name(at::ScalarType type) {
+  for (const auto& [known, named] : kDtypeNames)
+    if (type == named) return known;
+  return c10::toString(type);
 }
 
 }  // namespace ott

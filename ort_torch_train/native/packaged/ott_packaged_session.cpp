@@ -141,8 +141,8 @@ struct Session::Description {
         fits = entry.shape[axis] < 0 ? given[i].size(int64_t(axis)) >= 1 : given[i].size(int64_t(axis)) == entry.shape[axis];
       if (!fits)
         throw invalid_argument(std::string(what) + ": input '" + entry.name + "': the package takes " +
-                               c10::toString(entry.dtype) + " " + shape_text(entry.shape) + ", got " +
-                               c10::toString(given[i].scalar_type()) + " " + shape_text(given[i].sizes().vec()));
+                               dtype_name(entry.dtype) + " " + shape_text(entry.shape) + ", got " +
+                               dtype_name(given[i].scalar_type()) + " " + shape_text(given[i].sizes().vec()));
       ready.push_back(given[i].contiguous());
     }
     return ready;
@@ -164,8 +164,8 @@ Session::Session(const std::string& folder, OrtCheckpointState* state)
       at::Tensor* tensor = data.find(entry.name);
       if (tensor == nullptr || tensor->scalar_type() != entry.dtype || tensor->sizes().vec() != entry.shape)
         throw invalid_argument("CreateTrainingSession: parameter '" + entry.name + "' is " +
-                               c10::toString(entry.dtype) + " " + shape_text(entry.shape) + " in the package, " +
-                               (tensor ? std::string(c10::toString(tensor->scalar_type())) + " " +
+                               dtype_name(entry.dtype) + " " + shape_text(entry.shape) + " in the package, " +
+                               (tensor ? dtype_name(tensor->scalar_type()) + " " +
                                              shape_text(tensor->sizes().vec())
                                        : std::string("absent")) +
                                " in the checkpoint state");

@@ -275,7 +275,7 @@ OrtStatus* UpdateParameter(OrtCheckpointState* state, const char* name, OrtValue
     require(value, "parameter");
     at::Tensor& tensor = parameter(state, name);
     if (value->tensor.scalar_type() != tensor.scalar_type() || value->tensor.sizes() != tensor.sizes())
-      throw invalid_argument(std::string("UpdateParameter: '") + name + "' is " + c10::toString(tensor.scalar_type()) +
+      throw invalid_argument(std::string("UpdateParameter: '") + name + "' is " + ott::dtype_name(tensor.scalar_type()) +
                              " of another shape or type than the value given");
     tensor.copy_(value->tensor);  // in place: a session training the state sees it
   });
