@@ -1,10 +1,10 @@
 /* Trains a package through the packaged runtime (libort_torch_train_packaged: libtorch, no Python, no onnxruntime),
  * written against ONNX Runtime's training C API as any ORT program is:
- *   packaged_runtime PACKAGE_DIR CHECKPOINT DATA_DIR OUT_DIR STEPS ACCUMULATED
+ *   packaged_runtime PACKAGE_DIR CHECKPOINT DATA_DIR OUT_DIR STEPS ACCUMULATED PARAMETER
  * DATA_DIR/manifest.txt: "train K TYPE RANK DIMS..." and "eval K TYPE RANK DIMS..." per input; inputs are
  * DATA_DIR/train_<step>_<K>.bin and eval_<K>.bin. Each step is TrainStep, then (except the step ACCUMULATED, whose
  * gradients the next step adds to) OptimizerStep, LazyResetGrad and SchedulerStep of a linear schedule
- * (warmup 2, total STEPS + 1, initial 0.01). Prints "libpython mapped: N", the steps' names and a parameter's shape
+ * (warmup 2, total STEPS + 1, initial 0.01). Prints "libpython mapped: N", the steps' names and PARAMETER's shape
  * (adding the properties epoch = 3 and note = "packaged"), "boundary: ok" once every bad call tried came back as a
  * status; writes OUT_DIR/losses.bin, eval.bin, params.bin and checkpoint. */
 #include "ott_test.h"
@@ -105,15 +105,15 @@ static void bad_calls(OrtEnv* env, OrtSessionOptions* options, OrtCheckpointStat
   CHECK(OTT_ORT(g_ort, GetAllocatorWithDefaultOptions)(&allocator));
   expect_status(g_api->TrainingSessionGetTrainingModelInputName(session, 2, allocator, &name), ORT_INVALID_ARGUMENT,
                 "TrainingModelInputName(past the last)");
-  expect_status(g_api->UpdateParameter(state, "0.bias", inputs[0]), ORT_INVALID_ARGUMENT, "UpdateParameter(shape)");
+  expect_status(g_api->UpdateParameter(state, "0.weight", inputs[1]), ORT_INVALID_ARGUMENT, "UpdateParameter(shape)");
   expect_status(g_api->GetParameter(state, "no such", allocator, &out), ORT_INVALID_ARGUMENT, "GetParameter(name)");
   expect_status(g_api->GetProperty(state, "no such", allocator, NULL, NULL), ORT_INVALID_ARGUMENT, "GetProperty");
   printf("boundary: ok\n");
 }
 
-/* Prints the steps' input and output names and the first parameter's shape; gives the state two properties and
- * sets 2.bias to its own value (GetParameter, UpdateParameter). */
-static void describe(OrtTrainingSession* session, OrtCheckpointState* state) {
+/* Prints the steps' input and output names and the shape of `parameter`; gives the state two properties and sets
+ * `parameter` to its own value (GetParameter, UpdateParameter). */
+static void describe(OrtTrainingSession* session, OrtCheckpointState* state, const char* parameter) {
   OrtAllocator* allocator = NULL;
   CHECK(OTT_ORT(g_ort, GetAllocatorWithDefaultOptions)(&allocator));
   size_t counts[4];
@@ -135,12 +135,15 @@ static void describe(OrtTrainingSession* session, OrtCheckpointState* state) {
     printf(kind == 3 ? "\n" : " |");
   }
   OrtTensorTypeAndShapeInfo* info = NULL;
-  CHECK(g_api->GetParameterTypeAndShape(state, "0.weight", &info));
+  CHECK(g_api->GetParameterTypeAndShape(state, parameter, &info));
   int64_t dims[8];
   size_t rank = 0;
   CHECK(OTT_ORT(g_ort, GetDimensionsCount)(info, &rank));
+  EXPECT(rank <= 8);
   CHECK(OTT_ORT(g_ort, GetDimensions)(info, dims, rank));
-  printf("0.weight: %zu %ld %ld\n", rank, (long)dims[0], (long)dims[1]);
+  printf("%s:", parameter);
+  for (size_t i = 0; i < rank; i++) printf(" %ld", (long)dims[i]);
+  printf("\n");
   OTT_ORT(g_ort, ReleaseTensorTypeAndShapeInfo)(info);
   int64_t epoch = 3;
   CHECK(g_api->AddProperty(state, "epoch", OrtIntProperty, &epoch));
@@ -151,13 +154,13 @@ static void describe(OrtTrainingSession* session, OrtCheckpointState* state) {
   EXPECT(type == OrtIntProperty && *(int64_t*)value == 3);
   CHECK(OTT_ORT(g_ort, AllocatorFree)(allocator, value));
   OrtValue* bias = NULL;
-  CHECK(g_api->GetParameter(state, "2.bias", allocator, &bias));
-  CHECK(g_api->UpdateParameter(state, "2.bias", bias));
+  CHECK(g_api->GetParameter(state, parameter, allocator, &bias));
+  CHECK(g_api->UpdateParameter(state, parameter, bias));
   OTT_ORT(g_ort, ReleaseValue)(bias);
 }
 
 int main(int argc, char** argv) {
-  EXPECT(argc == 7);
+  EXPECT(argc == 8);
   const char *package = argv[1], *data = argv[3], *out = argv[4];
   int steps = atoi(argv[5]), accumulated = atoi(argv[6]);
   open_apis();
@@ -171,7 +174,7 @@ int main(int argc, char** argv) {
   OrtTrainingSession* session = NULL;
   CHECK(g_api->CreateTrainingSession(env, options, state, package, NULL, package, &session));
   CHECK(g_api->RegisterLinearLRScheduler(session, 2, steps + 1, 0.01f));
-  describe(session, state);
+  describe(session, state, argv[7]);
   Input inputs[16];
   int n = read_manifest(data, inputs);
   char path[1024];

@@ -160,6 +160,7 @@ class Session {
   OrtCheckpointState* state_;
   std::unique_ptr<Description> description_;
   std::vector<at::Tensor> trainable_, frozen_, grads_;
+  std::vector<std::pair<bool, at::Tensor>> ordered_;  // (trainable, parameter) in the training graph's order
   std::vector<std::vector<at::Tensor>> moments_;  // one list per moment name
   bool reset_ = true;
   float learning_rate_;

@@ -55,7 +55,7 @@ struct Session::Description {
   std::map<std::string, std::string> files;              // program -> its file
   std::map<std::string, std::vector<Entry>> inputs;      // program -> its user inputs
   std::map<std::string, std::vector<std::string>> outputs;
-  std::vector<std::string> eval_parameters, moments;
+  std::vector<std::string> eval_parameters, moments, order;
   std::string algorithm;
   std::map<std::string, double> hyperparameters;
   std::map<std::string, std::unique_ptr<torch::inductor::AOTIModelPackageLoader>> programs;
@@ -87,6 +87,9 @@ struct Session::Description {
       } else if (key == "parameter") {
         words >> role;
         (role == "trainable" ? trainable : frozen).push_back(read_entry(words, line));
+      } else if (key == "parameter_order") {
+        order.emplace_back();
+        words >> order.back();
       } else if (key == "program") {
         words >> role >> files[role];
       } else if (key == "input") {
@@ -174,6 +177,14 @@ Session::Session(const std::string& folder, OrtCheckpointState* state)
   };
   bind(description_->trainable, trainable_);
   bind(description_->frozen, frozen_);
+  for (const std::string& name : description_->order) {  // the flat buffer's order: the training graph's
+    for (size_t i = 0; i < trainable_.size(); i++)
+      if (description_->trainable[i].name == name) ordered_.push_back({true, trainable_[i]});
+    for (size_t i = 0; i < frozen_.size(); i++)
+      if (description_->frozen[i].name == name) ordered_.push_back({false, frozen_[i]});
+  }
+  if (ordered_.size() != trainable_.size() + frozen_.size())
+    throw Error(ORT_FAIL, "package description: parameter_order does not list each parameter once");
   for (const at::Tensor& param : trainable_) grads_.push_back(at::zeros_like(param));
   if (!description_->files.count("optimizer")) return;
   if (!data.has_optimizer) {
@@ -293,9 +304,10 @@ void Session::scheduler_step() {
 }
 
 std::vector<at::Tensor> Session::parameters(bool trainable_only) const {
-  std::vector<at::Tensor> all(trainable_);
-  if (!trainable_only) all.insert(all.end(), frozen_.begin(), frozen_.end());
-  return all;
+  std::vector<at::Tensor> chosen;
+  for (const auto& [trainable, tensor] : ordered_)
+    if (trainable || !trainable_only) chosen.push_back(tensor);
+  return chosen;
 }
 
 size_t Session::parameters_size(bool trainable_only) const {

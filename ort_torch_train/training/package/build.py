@@ -128,7 +128,7 @@ def build_package(artifacts: str | os.PathLike, out: str | os.PathLike, *, examp
         optimizer_algorithm=algorithm,
         moments=tuple(moments),
     )
-    write_description(out, manifest, hyperparameters)
+    write_description(out, manifest, graph_names, hyperparameters)
     manifest.write(out)
     return manifest
 

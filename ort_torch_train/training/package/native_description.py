@@ -1,7 +1,8 @@
 """``native_steps.txt``: a package described for the runtime with no Python (``native/packaged/``), one record a line.
 
 The runtime reads no JSON and no ONNX: this file gives it, in words split by single spaces, the torch and the CPU
-architecture the package was built for, the parameters (trainable, then frozen, in the programs' order), each program's file, user inputs
+architecture the package was built for, the parameters (trainable, then frozen, in the programs' order; then the training graph's order,
+the flat buffer's), each program's file, user inputs
 (dtype, rank, sizes; -1 for a dynamic axis) and outputs, the eval step's parameters, and the optimizer's algorithm,
 moments and hyperparameters (as ``float.hex``, exact), so that it computes each step's scalars as the Python engine
 does. The last line is ``end``. Names holding whitespace cannot be written and are refused.
@@ -40,11 +41,13 @@ def _program(role: str, program: Program) -> list[str]:
     return lines
 
 
-def describe(manifest: Manifest, hyperparameters: Hyperparameters | None) -> bytes:
-    """The description of the package ``manifest`` records; ``hyperparameters``: its optimizer's (a dataclass)."""
+def describe(manifest: Manifest, graph_order: Sequence[str], hyperparameters: Hyperparameters | None) -> bytes:
+    """The description of the package ``manifest`` records; ``graph_order``: the training graph's parameters in
+    its order (that of the parameters' flat buffer); ``hyperparameters``: its optimizer's (a dataclass)."""
     lines = [FORMAT, f"torch {manifest.torch}", f"machine {_word(manifest.machine, 'machine')}"]
     lines += [f"parameter trainable {_entry(entry, 'parameter')}" for entry in manifest.trainable]
     lines += [f"parameter frozen {_entry(entry, 'parameter')}" for entry in manifest.frozen]
+    lines += [f"parameter_order {_word(name, 'parameter')}" for name in graph_order]
     lines += _program("train", manifest.train)
     if manifest.eval is not None:
         lines += _program("eval", manifest.eval)
@@ -68,6 +71,9 @@ def _numbers(hyperparameters: Hyperparameters | None) -> Sequence[tuple[str, flo
     ]
 
 
-def write_description(folder: str | os.PathLike, manifest: Manifest, hyperparameters: Hyperparameters | None) -> None:
-    """Write ``native_steps.txt`` in the package ``folder``, atomically."""
-    atomic_write_bytes(path_inside(folder, DESCRIPTION, "package description"), describe(manifest, hyperparameters))
+def write_description(
+    folder: str | os.PathLike, manifest: Manifest, graph_order: Sequence[str], hyperparameters: Hyperparameters | None
+) -> None:
+    """Write ``native_steps.txt`` in the package ``folder``, atomically (``describe``)."""
+    text = describe(manifest, graph_order, hyperparameters)
+    atomic_write_bytes(path_inside(folder, DESCRIPTION, "package description"), text)
