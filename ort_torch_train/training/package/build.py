@@ -1,7 +1,8 @@
 """``build_package``: a set of training artifacts compiled ahead of time into a package of steps.
 
 The package is a folder holding one AOTInductor program per step (``programs.py``: train, eval,
-optimizer) and ``manifest.json`` (``manifest.py``), written last: a folder without it is no package.
+optimizer), ``native_steps.txt`` (``native_description.py``: what the runtime with no Python reads) and
+``manifest.json`` (``manifest.py``), written last: a folder without it is no package.
 The axes the ONNX graphs leave symbolic stay dynamic where torch.export can keep them so; else the
 programs take the example size (``example_size``) only, and the manifest says which.
 """
@@ -20,6 +21,7 @@ from torch import Tensor
 from ort_torch_train.dtypes import dtype_name
 from ort_torch_train.errors import PackageError
 from ort_torch_train.fileio import path_inside
+from ort_torch_train.optim.algorithm import Hyperparameters
 from ort_torch_train.optim.compiled import scalar_tensor
 from ort_torch_train.optim.optimizer_model import read_optimizer_model
 from ort_torch_train.state.training_state import TrainingState
@@ -39,6 +41,7 @@ from ort_torch_train.training.package.manifest import (
     environment,
     model_digest,
 )
+from ort_torch_train.training.package.native_description import write_description
 
 log = logging.getLogger(__name__)
 TRAIN_FILE, EVAL_FILE, OPTIMIZER_FILE = "train_step.pt2", "eval_step.pt2", "optimizer_step.pt2"
@@ -90,12 +93,14 @@ def build_package(artifacts: str | os.PathLike, out: str | os.PathLike, *, examp
         evaluation = Program(EVAL_FILE, entries, tuple(engine.eval_layout.user_outputs))
 
     optimizer: Program | None = None
+    hyperparameters: Hyperparameters | None = None
     algorithm: str | None = None
     moments: tuple[str, ...] = ()
     optimizer_model = models[OPTIMIZER]
     if optimizer_model is not None:
         spec = read_optimizer_model(optimizer_model)
         algorithm, moments = spec.algorithm.name, spec.algorithm.updated_moments
+        hyperparameters = spec.hyperparameters
         update = spec.algorithm.fused_update(spec.hyperparameters, spec.clip_max_norm)
         scalars = scalar_tensor(spec.algorithm.step_scalars(spec.hyperparameters, 1), torch.device("cpu"))
         optimizer_step = programs.optimizer_function(update, len(trainable), len(moments))
@@ -123,6 +128,7 @@ def build_package(artifacts: str | os.PathLike, out: str | os.PathLike, *, examp
         optimizer_algorithm=algorithm,
         moments=tuple(moments),
     )
+    write_description(out, manifest, graph_names, hyperparameters)
     manifest.write(out)
     return manifest
 

@@ -79,7 +79,7 @@ def test_packaged_module_trains_as_eager_does_without_compiling(package: Path) -
     case = _case()
     manifest = json.loads((package / MANIFEST).read_text())
     assert sorted(p.name for p in package.iterdir()) == sorted(
-        [MANIFEST, "train_step.pt2", "eval_step.pt2", "optimizer_step.pt2"]
+        [MANIFEST, "native_steps.txt", "train_step.pt2", "eval_step.pt2", "optimizer_step.pt2"]
     )
     assert [entry["shape"] for entry in manifest["train"]["inputs"]] == [[None, 20], [None]]  # the batch is dynamic
     eager = _run(case, False)

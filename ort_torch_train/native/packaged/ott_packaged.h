@@ -1,0 +1,173 @@
+// libort_torch_train_packaged's internals: the handles, values, statuses and checkpoint state, over libtorch alone.
+#ifndef OTT_PACKAGED_H
+#define OTT_PACKAGED_H
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ort_torch_train_training_c_api.h"
+
+// The handles the program holds. A status, a value, a memory info and an env are this library's own: the runtime
+// answers the few core OrtApi members a training program calls (ott_packaged_core.cpp), not ONNX Runtime.
+struct OrtStatus {
+  OrtErrorCode code;
+  std::string message;
+};
+struct OrtValue {
+  at::Tensor tensor;
+};
+struct OrtMemoryInfo {
+  int id;
+};
+struct OrtEnv {
+  int unused;
+};
+struct OrtSessionOptions {
+  int unused;
+};
+struct OrtRunOptions {
+  int unused;
+};
+struct OrtTensorTypeAndShapeInfo {
+  ONNXTensorElementDataType type;
+  std::vector<int64_t> dims;
+};
+
+namespace ott {
+
+// An error that becomes a status at the C boundary.
+struct Error : std::runtime_error {
+  OrtErrorCode code;
+  Error(OrtErrorCode code, const std::string& message) : std::runtime_error(message), code(code) {}
+};
+inline Error invalid_argument(const std::string& message) { return Error(ORT_INVALID_ARGUMENT, message); }
+
+OrtStatus* make_status(OrtErrorCode code, const std::string& message);
+
+// Runs body, turning every exception into a status: nothing thrown crosses the C boundary.
+template <typename Body>
+OrtStatus* guarded(Body body) noexcept {
+  try {
+    body();
+    return nullptr;
+  } catch (const Error& error) {
+    return make_status(error.code, error.what());
+  } catch (const std::exception& error) {
+    return make_status(ORT_RUNTIME_EXCEPTION, error.what());
+  } catch (...) {
+    return make_status(ORT_RUNTIME_EXCEPTION, "unknown error");
+  }
+}
+
+template <typename T>
+void require(T* pointer, const char* what) {
+  if (pointer == nullptr) throw invalid_argument(std::string(what) + " is NULL");
+}
+
+// ONNX element type <-> torch dtype; Error for one the runtime does not hold.
+at::ScalarType scalar_type(int32_t onnx_type, const std::string& what);
+ONNXTensorElementDataType onnx_type(at::ScalarType type);
+// torch's dtype name ("float32", "int64", ...) as the package's description writes it.
+at::ScalarType dtype_named(const std::string& name, const std::string& what);
+std::string dtype_name(at::ScalarType type);
+
+// A named tensor as a checkpoint holds it.
+struct Named {
+  std::string name;
+  at::Tensor tensor;
+};
+
+// One property of the checkpoint's property bag: an int64, a float or a string.
+struct Property {
+  std::string name;
+  int kind;  // 0 int64, 1 float, 2 string
+  int64_t int_value = 0;
+  float float_value = 0;
+  std::string string_value;
+};
+
+// The one optimizer group ORT keeps: its step count, initial learning rate and each parameter's moments.
+struct OptimizerGroup {
+  std::string name;
+  int64_t step = 0;
+  float initial_learning_rate = 0;
+  std::map<std::string, std::vector<Named>> momentums;  // parameter -> its moments (name -> tensor)
+};
+
+// What an ODTC checkpoint holds (ott_packaged_odtc.cpp reads and writes it).
+struct CheckpointData {
+  std::vector<Named> trainable, frozen;  // file order
+  bool is_nominal = false;
+  bool has_optimizer = false;
+  OptimizerGroup optimizer;
+  std::vector<Property> properties;
+  at::Tensor* find(const std::string& name);
+};
+
+// Parse an untrusted ODTC buffer (every offset bounds-checked); Error naming what is wrong.
+CheckpointData read_checkpoint(const uint8_t* data, size_t size);
+// The ODTC bytes the Python engine writes for this state (ORT's save::FromCheckpointState layout).
+std::vector<uint8_t> write_checkpoint(const CheckpointData& state, bool include_optimizer_state);
+
+class Session;
+
+}  // namespace ott
+
+struct OrtCheckpointState {
+  ott::CheckpointData data;
+  int sessions = 0;       // sessions training it
+  bool released = false;  // ReleaseCheckpointState came before the last of them was released
+};
+struct OrtTrainingSession {
+  std::unique_ptr<ott::Session> session;
+};
+
+namespace ott {
+
+// A package's steps over a checkpoint state (ott_packaged_session.cpp).
+class Session {
+ public:
+  Session(const std::string& folder, OrtCheckpointState* state);
+  ~Session();
+  std::vector<at::Tensor> train_step(const std::vector<at::Tensor>& inputs);
+  std::vector<at::Tensor> eval_step(const std::vector<at::Tensor>& inputs);
+  void lazy_reset_grad() { reset_ = true; }
+  void optimizer_step();
+  void set_learning_rate(float value);
+  float learning_rate() const { return learning_rate_; }
+  OrtCheckpointState* state() const { return state_; }
+  void register_linear_scheduler(int64_t warmup, int64_t total, float initial);
+  void scheduler_step();
+  size_t parameters_size(bool trainable_only) const;
+  void copy_parameters_to(at::Tensor buffer, bool trainable_only) const;
+  void copy_parameters_from(const at::Tensor& buffer, bool trainable_only);
+  size_t train_outputs() const;
+  size_t eval_outputs() const;
+  size_t train_inputs() const;
+  size_t eval_inputs() const;
+  // The name of a step's input or output (train: the train step, else the eval step); Error past the last.
+  const std::string& name(bool train, bool input, size_t index) const;
+  struct Description;
+
+ private:
+  std::vector<at::Tensor> parameters(bool trainable_only) const;
+  OrtCheckpointState* state_;
+  std::unique_ptr<Description> description_;
+  std::vector<at::Tensor> trainable_, frozen_, grads_;
+  std::vector<std::pair<bool, at::Tensor>> ordered_;  // (trainable, parameter) in the training graph's order
+  std::vector<std::vector<at::Tensor>> moments_;  // one list per moment name
+  bool reset_ = true;
+  float learning_rate_;
+  bool scheduled_ = false;
+  int64_t warmup_ = 0, total_ = 0;
+};
+
+}  // namespace ott
+
+#endif  // OTT_PACKAGED_H

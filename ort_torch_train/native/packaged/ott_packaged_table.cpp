@@ -1,0 +1,303 @@
+// The OrtTrainingApi table over packages: every argument checked at the boundary, every error a status.
+//
+// CreateTrainingSession takes the package folder (written by `ort-torch-train package`) as train_model_path; the
+// package holds the eval and optimizer steps too, so eval_model_path and optimizer_model_path must each be NULL or
+// the same folder. CreateTrainingSessionFromBuffer (a package is a folder) and ExportModelForInferencing return
+// ORT_NOT_IMPLEMENTED naming themselves.
+#include <cstring>
+#include <fstream>
+#include <iterator>
+
+#include "ott_packaged.h"
+
+namespace {
+
+using ott::Error;
+using ott::guarded;
+using ott::invalid_argument;
+using ott::require;
+
+constexpr size_t kCheckpointLimit = size_t(1) << 31;  // bytes of a checkpoint read at most (one FlatBuffer)
+
+std::vector<at::Tensor> input_tensors(size_t count, const OrtValue* const* inputs) {
+  if (count > 0) require(inputs, "inputs");
+  std::vector<at::Tensor> tensors;
+  for (size_t i = 0; i < count; i++) {
+    if (inputs[i] == nullptr) throw invalid_argument("inputs[" + std::to_string(i) + "] is NULL");
+    tensors.push_back(inputs[i]->tensor);
+  }
+  return tensors;
+}
+
+void give_outputs(const std::vector<at::Tensor>& produced, size_t count, OrtValue** outputs, const char* what) {
+  if (count != produced.size())
+    throw invalid_argument(std::string(what) + ": outputs_len is " + std::to_string(count) + "; the step has " +
+                           std::to_string(produced.size()) + " outputs");
+  if (count > 0) require(outputs, "outputs");
+  for (size_t i = 0; i < count; i++) {
+    delete outputs[i];  // ORT's rule: an OrtValue given in an output slot is replaced
+    outputs[i] = new OrtValue{produced[i].clone()};
+  }
+}
+
+ott::Session& session_of(const OrtTrainingSession* session) {
+  require(session, "session");
+  return *session->session;
+}
+
+OrtStatus* LoadCheckpointFromBuffer(const void* buffer, const size_t size, OrtCheckpointState** out) {
+  return guarded([&] {
+    require(buffer, "checkpoint_buffer"), require(out, "checkpoint_state");
+    *out = new OrtCheckpointState{ott::read_checkpoint(static_cast<const uint8_t*>(buffer), size)};
+  });
+}
+
+OrtStatus* LoadCheckpoint(const ORTCHAR_T* path, OrtCheckpointState** out) {
+  return guarded([&] {
+    require(path, "checkpoint_path"), require(out, "checkpoint_state");
+    std::ifstream in(path, std::ios::binary | std::ios::ate);
+    if (!in) throw Error(ORT_NO_SUCHFILE, std::string("LoadCheckpoint: cannot open '") + path + "'");
+    std::streamoff size = in.tellg();
+    if (size < 0 || size_t(size) > kCheckpointLimit)
+      throw invalid_argument(std::string("LoadCheckpoint: '") + path + "' is not a checkpoint file of at most 2 GiB");
+    std::vector<uint8_t> bytes(static_cast<size_t>(size));
+    in.seekg(0);
+    if (!in.read(reinterpret_cast<char*>(bytes.data()), size))
+      throw Error(ORT_FAIL, std::string("LoadCheckpoint: cannot read '") + path + "'");
+    *out = new OrtCheckpointState{ott::read_checkpoint(bytes.data(), bytes.size())};
+  });
+}
+
+OrtStatus* SaveCheckpoint(OrtCheckpointState* state, const ORTCHAR_T* path, const bool include_optimizer_state) {
+  return guarded([&] {
+    require(state, "checkpoint_state"), require(path, "checkpoint_path");
+    std::vector<uint8_t> bytes = ott::write_checkpoint(state->data, include_optimizer_state);
+    std::string temporary = std::string(path) + ".tmp";  // written whole, then renamed over the file
+    {
+      std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+      if (!out || !out.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size())))
+        throw Error(ORT_FAIL, std::string("SaveCheckpoint: cannot write '") + temporary + "'");
+    }
+    if (std::rename(temporary.c_str(), path) != 0) {
+      std::remove(temporary.c_str());
+      throw Error(ORT_FAIL, std::string("SaveCheckpoint: cannot replace '") + path + "'");
+    }
+  });
+}
+
+OrtStatus* CreateTrainingSession(const OrtEnv* env, const OrtSessionOptions* options, OrtCheckpointState* state,
+                                 const ORTCHAR_T* package, const ORTCHAR_T* eval_path, const ORTCHAR_T* optimizer_path,
+                                 OrtTrainingSession** out) {
+  return guarded([&] {
+    require(env, "env"), require(options, "options"), require(state, "checkpoint_state");
+    require(package, "train_model_path (the package folder)"), require(out, "out");
+    for (const ORTCHAR_T* other : {eval_path, optimizer_path})
+      if (other != nullptr && std::strcmp(other, package) != 0)
+        throw invalid_argument(std::string("CreateTrainingSession: the packaged runtime takes the package folder as "
+                                           "train_model_path; eval_model_path and optimizer_model_path must be NULL "
+                                           "or the same folder, got '") + other + "'");
+    auto session = std::make_unique<ott::Session>(package, state);
+    *out = new OrtTrainingSession{std::move(session)};
+    state->sessions++;
+  });
+}
+
+OrtStatus* CreateTrainingSessionFromBuffer(const OrtEnv*, const OrtSessionOptions*, OrtCheckpointState*, const void*,
+                                           size_t, const void*, size_t, const void*, size_t, OrtTrainingSession**) {
+  return ott::make_status(ORT_NOT_IMPLEMENTED, "CreateTrainingSessionFromBuffer: the packaged runtime trains a "
+                                               "package folder (CreateTrainingSession), not models' bytes");
+}
+
+OrtStatus* OutputCount(const OrtTrainingSession* session, size_t* out, bool train) {
+  return guarded([&] {
+    require(out, "out");
+    *out = train ? session_of(session).train_outputs() : session_of(session).eval_outputs();
+  });
+}
+OrtStatus* TrainOutputCount(const OrtTrainingSession* s, size_t* out) { return OutputCount(s, out, true); }
+OrtStatus* EvalOutputCount(const OrtTrainingSession* s, size_t* out) { return OutputCount(s, out, false); }
+OrtStatus* InputCount(const OrtTrainingSession* session, size_t* out, bool train) {
+  return guarded([&] {
+    require(out, "out");
+    *out = train ? session_of(session).train_inputs() : session_of(session).eval_inputs();
+  });
+}
+OrtStatus* TrainInputCount(const OrtTrainingSession* s, size_t* out) { return InputCount(s, out, true); }
+OrtStatus* EvalInputCount(const OrtTrainingSession* s, size_t* out) { return InputCount(s, out, false); }
+
+OrtStatus* Name(const OrtTrainingSession* session, size_t index, OrtAllocator* allocator, char** out, bool train,
+                bool input) {
+  return guarded([&] {
+    require(allocator, "allocator"), require(out, "output");
+    const std::string& name = session_of(session).name(train, input, index);
+    void* copy = allocator->Alloc(allocator, name.size() + 1);
+    if (copy == nullptr) throw Error(ORT_FAIL, "the allocator returned NULL");
+    std::memcpy(copy, name.c_str(), name.size() + 1);
+    *out = static_cast<char*>(copy);
+  });
+}
+OrtStatus* TrainOutputName(const OrtTrainingSession* s, size_t i, OrtAllocator* a, char** out) {
+  return Name(s, i, a, out, true, false);
+}
+OrtStatus* EvalOutputName(const OrtTrainingSession* s, size_t i, OrtAllocator* a, char** out) {
+  return Name(s, i, a, out, false, false);
+}
+OrtStatus* TrainInputName(const OrtTrainingSession* s, size_t i, OrtAllocator* a, char** out) {
+  return Name(s, i, a, out, true, true);
+}
+OrtStatus* EvalInputName(const OrtTrainingSession* s, size_t i, OrtAllocator* a, char** out) {
+  return Name(s, i, a, out, false, true);
+}
+
+OrtStatus* LazyResetGrad(OrtTrainingSession* session) {
+  return guarded([&] { session_of(session).lazy_reset_grad(); });
+}
+
+OrtStatus* TrainStep(OrtTrainingSession* session, const OrtRunOptions*, size_t inputs_len,
+                     const OrtValue* const* inputs, size_t outputs_len, OrtValue** outputs) {
+  return guarded([&] {
+    ott::Session& steps = session_of(session);
+    if (outputs_len != steps.train_outputs())
+      throw invalid_argument("TrainStep: outputs_len is " + std::to_string(outputs_len) + "; the step has " +
+                             std::to_string(steps.train_outputs()) + " outputs");
+    give_outputs(steps.train_step(input_tensors(inputs_len, inputs)), outputs_len, outputs, "TrainStep");
+  });
+}
+
+OrtStatus* EvalStep(const OrtTrainingSession* session, const OrtRunOptions*, size_t inputs_len,
+                    const OrtValue* const* inputs, size_t outputs_len, OrtValue** outputs) {
+  return guarded([&] {
+    ott::Session& steps = session_of(session);
+    if (outputs_len != steps.eval_outputs())
+      throw invalid_argument("EvalStep: outputs_len is " + std::to_string(outputs_len) + "; the step has " +
+                             std::to_string(steps.eval_outputs()) + " outputs");
+    give_outputs(steps.eval_step(input_tensors(inputs_len, inputs)), outputs_len, outputs, "EvalStep");
+  });
+}
+
+OrtStatus* SetLearningRate(OrtTrainingSession* session, float value) {
+  return guarded([&] { session_of(session).set_learning_rate(value); });
+}
+OrtStatus* GetLearningRate(OrtTrainingSession* session, float* out) {
+  return guarded([&] { require(out, "learning_rate"), *out = session_of(session).learning_rate(); });
+}
+OrtStatus* OptimizerStep(OrtTrainingSession* session, const OrtRunOptions*) {
+  return guarded([&] { session_of(session).optimizer_step(); });
+}
+OrtStatus* RegisterLinearLRScheduler(OrtTrainingSession* session, const int64_t warmup, const int64_t total,
+                                     const float initial) {
+  return guarded([&] { session_of(session).register_linear_scheduler(warmup, total, initial); });
+}
+OrtStatus* SchedulerStep(OrtTrainingSession* session) {
+  return guarded([&] { session_of(session).scheduler_step(); });
+}
+OrtStatus* GetParametersSize(OrtTrainingSession* session, size_t* out, bool trainable_only) {
+  return guarded([&] { require(out, "out"), *out = session_of(session).parameters_size(trainable_only); });
+}
+OrtStatus* CopyParametersToBuffer(OrtTrainingSession* session, OrtValue* buffer, bool trainable_only) {
+  return guarded([&] {
+    require(buffer, "parameters_buffer");
+    session_of(session).copy_parameters_to(buffer->tensor, trainable_only);
+  });
+}
+OrtStatus* CopyBufferToParameters(OrtTrainingSession* session, OrtValue* buffer, bool trainable_only) {
+  return guarded([&] {
+    require(buffer, "parameters_buffer");
+    session_of(session).copy_parameters_from(buffer->tensor, trainable_only);
+  });
+}
+
+void ReleaseCheckpointState(OrtCheckpointState* state) {
+  if (state == nullptr) return;
+  if (state->sessions > 0) state->released = true;  // freed with the last session training it
+  else delete state;
+}
+void ReleaseTrainingSession(OrtTrainingSession* session) {
+  if (session == nullptr) return;
+  OrtCheckpointState* state = session->session ? session->session->state() : nullptr;
+  delete session;
+  if (state != nullptr && --state->sessions == 0 && state->released) delete state;
+}
+
+OrtStatus* ExportModelForInferencing(OrtTrainingSession*, const ORTCHAR_T*, size_t, const char* const*) {
+  return ott::make_status(ORT_NOT_IMPLEMENTED, "ExportModelForInferencing: not answered by the packaged runtime yet");
+}
+OrtStatus* SetSeed(const int64_t seed) { return guarded([&] { at::manual_seed(uint64_t(seed)); }); }
+OrtStatus* AddProperty(OrtCheckpointState* state, const char* name, enum OrtPropertyType type, void* value) {
+  return guarded([&] {
+    require(state, "checkpoint_state"), require(name, "property_name"), require(value, "property_value");
+    ott::Property property{name, int(type)};
+    if (type == OrtIntProperty) property.int_value = *static_cast<const int64_t*>(value);
+    else if (type == OrtFloatProperty) property.float_value = *static_cast<const float*>(value);
+    else if (type == OrtStringProperty) property.string_value = static_cast<const char*>(value);
+    else throw invalid_argument("AddProperty: unknown property type " + std::to_string(int(type)));
+    for (ott::Property& held : state->data.properties)
+      if (held.name == property.name) return void(held = property);
+    state->data.properties.push_back(property);
+  });
+}
+OrtStatus* GetProperty(const OrtCheckpointState* state, const char* name, OrtAllocator* allocator,
+                       enum OrtPropertyType* type, void** value) {
+  return guarded([&] {
+    require(state, "checkpoint_state"), require(name, "property_name"), require(allocator, "allocator");
+    require(type, "property_type"), require(value, "property_value");
+    for (const ott::Property& held : state->data.properties) {
+      if (held.name != name) continue;
+      size_t size = held.kind == 0 ? 8 : held.kind == 1 ? 4 : held.string_value.size() + 1;
+      const void* source = held.kind == 0 ? static_cast<const void*>(&held.int_value)
+                           : held.kind == 1 ? static_cast<const void*>(&held.float_value)
+                                            : static_cast<const void*>(held.string_value.c_str());
+      void* copy = allocator->Alloc(allocator, size);
+      if (copy == nullptr) throw Error(ORT_FAIL, "the allocator returned NULL");
+      std::memcpy(copy, source, size);
+      *type = OrtPropertyType(held.kind), *value = copy;
+      return;
+    }
+    throw invalid_argument(std::string("GetProperty: the checkpoint state has no property '") + name + "'");
+  });
+}
+
+at::Tensor& parameter(const OrtCheckpointState* state, const char* name) {
+  require(state, "checkpoint_state"), require(name, "parameter_name");
+  at::Tensor* found = const_cast<OrtCheckpointState*>(state)->data.find(name);
+  if (found == nullptr) throw invalid_argument(std::string("the checkpoint state has no parameter '") + name + "'");
+  return *found;
+}
+OrtStatus* GetParameterTypeAndShape(const OrtCheckpointState* state, const char* name, OrtTensorTypeAndShapeInfo** out) {
+  return guarded([&] {
+    require(out, "parameter_type_and_shape");
+    const at::Tensor& tensor = parameter(state, name);
+    *out = new OrtTensorTypeAndShapeInfo{ott::onnx_type(tensor.scalar_type()), tensor.sizes().vec()};
+  });
+}
+OrtStatus* UpdateParameter(OrtCheckpointState* state, const char* name, OrtValue* value) {
+  return guarded([&] {
+    require(value, "parameter");
+    at::Tensor& tensor = parameter(state, name);
+    if (value->tensor.scalar_type() != tensor.scalar_type() || value->tensor.sizes() != tensor.sizes())
+      throw invalid_argument(std::string("UpdateParameter: '") + name + "' is " + ott::dtype_name(tensor.scalar_type()) +
+                             " of another shape or type than the value given");
+    tensor.copy_(value->tensor);  // in place: a session training the state sees it
+  });
+}
+OrtStatus* GetParameter(const OrtCheckpointState* state, const char* name, OrtAllocator* allocator, OrtValue** out) {
+  return guarded([&] {
+    require(allocator, "allocator"), require(out, "parameter");
+    *out = new OrtValue{parameter(state, name).clone()};
+  });
+}
+
+const OrtTrainingApi kTable = {
+    LoadCheckpoint, SaveCheckpoint, CreateTrainingSession, CreateTrainingSessionFromBuffer, TrainOutputCount,
+    EvalOutputCount, TrainOutputName, EvalOutputName, LazyResetGrad, TrainStep, EvalStep, SetLearningRate,
+    GetLearningRate, OptimizerStep, RegisterLinearLRScheduler, SchedulerStep, GetParametersSize,
+    CopyParametersToBuffer, CopyBufferToParameters, ReleaseTrainingSession, ReleaseCheckpointState,
+    ExportModelForInferencing, SetSeed, TrainInputCount, EvalInputCount, TrainInputName, EvalInputName,
+    AddProperty, GetProperty, LoadCheckpointFromBuffer, GetParameterTypeAndShape, UpdateParameter, GetParameter,
+};
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) const OrtTrainingApi* OrtTorchTrainGetTrainingApi(uint32_t version) {
+  return version >= 1 && version <= ORT_API_VERSION ? &kTable : nullptr;
+}

@@ -1,0 +1,243 @@
+"""The runtime with no Python (issue 51, item 2): a C program written against ONNX Runtime's training C API, linked
+against libort_torch_train_packaged (libtorch only), trains a package in a process where no libpython is mapped,
+and gives what the Python API gives: losses, eval loss and parameters to 1e-6 of the eager run, and the checkpoint
+byte for byte as the Python run through the same package writes it. Every bad call it tries is a status."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ort_torch_train.api import LinearLRScheduler, Module, Optimizer
+from ort_torch_train.cli.main import main
+from ort_torch_train.native.build import NativeBuildError, find_compiler
+from ort_torch_train.native.packaged_build import PackagedFlags, build_packaged, packaged_flags
+from ort_torch_train.state.training_state import TrainingState
+from ort_torch_train.training.package.build import build_package
+from tests.helpers.native import PROGRAMS
+from tests.helpers.ort_peer import ORT_PYTHON, run_ort
+from tests.helpers.paths import FIXTURES
+from tests.helpers.timeouts import scaled
+
+CASE = "mlp_ce_adamw_sched"
+# the fixtures trained, and the tolerance of their parameters against the eager run's: BatchNorm cancels the gradient
+# of the bias before it, and AdamW turns its rounding noise into lr-sized steps (as for compiled steps: test_compile.py)
+CASES = {CASE: 1e-6, "bn_frozen_stats": 1e-4}
+STEPS = 6
+ACCUMULATED = 1  # the step after which neither the optimizer steps nor the gradients reset
+ELEM_TYPES = {"float32": 1, "int64": 7}
+pytestmark = [pytest.mark.compile, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The runtime's install folder and the C program linked against it, built once for the module."""
+    root = tmp_path_factory.mktemp("packaged_runtime")
+    try:
+        compiler = find_compiler()
+        flags: PackagedFlags = build_packaged(root / "prefix")
+    except NativeBuildError as error:
+        pytest.skip(f"packaged runtime not buildable here: {error}")
+    program = root / "packaged_runtime"
+    command = [compiler, "-std=c11", "-O1", "-Wall", f"-I{PROGRAMS}", *flags.cflags]
+    command += [str(PROGRAMS / "packaged_runtime.c"), "-o", str(program), *flags.libs]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=scaled(120))
+    assert done.returncode == 0, f"{' '.join(command)}\n{done.stderr}"
+    return flags.prefix, program
+
+
+_PACKAGES: dict[str, Path] = {}
+
+
+def _package(case: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fixture's package, built once for the module."""
+    if case not in _PACKAGES:
+        if not (FIXTURES / case / "expected.json").is_file():
+            pytest.skip(f"fixture {case} not present")
+        _PACKAGES[case] = tmp_path_factory.mktemp("package") / case
+        build_package(FIXTURES / case / "artifacts", _PACKAGES[case])
+    return _PACKAGES[case]
+
+
+def _batches(case: str) -> tuple[list[list[np.ndarray]], list[np.ndarray]]:
+    expected = json.loads((FIXTURES / case / "expected.json").read_text())
+    data = np.load(FIXTURES / case / "data.npz")
+    train = [[data[key][step] for key in expected["data_keys"]["train"]] for step in range(STEPS)]
+    return train, [data[key] for key in expected["data_keys"]["eval"]]
+
+
+def _write_inputs(case: str, folder: Path) -> None:
+    """The manifest and raw input files packaged_runtime.c reads."""
+    folder.mkdir()
+    train, evaluation = _batches(case)
+    lines = []
+    for kind, arrays in (("train", train[0]), ("eval", evaluation)):
+        for k, array in enumerate(arrays):
+            lines.append(f"{kind} {k} {ELEM_TYPES[array.dtype.name]} {array.ndim} {' '.join(map(str, array.shape))}")
+    for step, arrays in enumerate(train):
+        for k, array in enumerate(arrays):
+            np.ascontiguousarray(array).tofile(folder / f"train_{step}_{k}.bin")
+    for k, array in enumerate(evaluation):
+        np.ascontiguousarray(array).tofile(folder / f"eval_{k}.bin")
+    (folder / "manifest.txt").write_text("\n".join(lines) + "\n")
+
+
+def _python_run(case: str, compile: bool | str) -> tuple[list[float], float, np.ndarray, bytes]:
+    """What packaged_runtime.c does, through the Python API."""
+    artifacts = FIXTURES / case / "artifacts"
+    module = Module(
+        str(artifacts / "training_model.onnx"),
+        TrainingState.load(artifacts / "checkpoint"),
+        str(artifacts / "eval_model.onnx"),
+        compile=compile,
+    )
+    optimizer = Optimizer(str(artifacts / "optimizer_model.onnx"), module)
+    scheduler = LinearLRScheduler(optimizer, 2, STEPS + 1, 0.01)
+    train, evaluation = _batches(case)
+    losses = []
+    for step, inputs in enumerate(train):
+        losses.append(float(module(*inputs)))
+        if step != ACCUMULATED:
+            optimizer.step()
+            module.lazy_reset_grad()
+            scheduler.step()
+    module.eval()
+    eval_loss = float(module(*evaluation))
+    params = module.contiguous_parameters(False).detach().numpy().copy()
+    return losses, eval_loss, params, bytes(module.training_state.to_bytes(include_optimizer_state=True))
+
+
+def _run_c(program: Path, package: Path, case: str, folder: Path) -> subprocess.CompletedProcess:
+    data, out = folder / "data", folder / "out"
+    _write_inputs(case, data)
+    out.mkdir()
+    checkpoint = FIXTURES / case / "artifacts" / "checkpoint"
+    arguments = [str(package), str(checkpoint), str(data), str(out), str(STEPS), str(ACCUMULATED), "0.weight"]
+    return subprocess.run([str(program), *arguments], capture_output=True, text=True, timeout=scaled(300))
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def c_run(
+    request: pytest.FixtureRequest, built: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, Path, Path]:
+    """The C program's run on a fixture: (the fixture, its package, the output folder: losses.bin, eval.bin,
+    params.bin, checkpoint)."""
+    case: str = request.param
+    package = _package(case, tmp_path_factory)
+    root = tmp_path_factory.mktemp("c_run")
+    done = _run_c(built[1], package, case, root)
+    assert done.returncode == 0, done.stdout + done.stderr
+    manifest = json.loads((package / "manifest.json").read_text())
+    train = [entry["name"] for entry in manifest["train"]["inputs"]], manifest["train"]["outputs"]
+    evaluation = [entry["name"] for entry in manifest["eval"]["inputs"]], manifest["eval"]["outputs"]
+    names = " | ".join(" ".join(group) for group in (*train, *evaluation))
+    shape = next(entry["shape"] for entry in manifest["trainable"] if entry["name"] == "0.weight")
+    assert done.stdout.splitlines() == [
+        "libpython mapped: 0",
+        f"names: {names}",
+        "0.weight: " + " ".join(map(str, shape)),
+        "boundary: ok",
+        "done",
+    ]
+    return case, package, root / "out"
+
+
+def test_c_program_trains_a_package_with_no_python_as_python_does(c_run: tuple[str, Path, Path]) -> None:
+    case, package, out = c_run
+    eager, packaged = _python_run(case, False), _python_run(case, f"package:{package}")
+    losses = np.fromfile(out / "losses.bin", dtype=np.float32)
+    np.testing.assert_allclose(losses, eager[0], rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(losses, np.float32(packaged[0]))  # the same train program: the same bits
+    tolerance = CASES[case]
+    assert float(np.fromfile(out / "eval.bin", dtype=np.float32)[0]) == pytest.approx(eager[1], abs=tolerance)
+    np.testing.assert_allclose(np.fromfile(out / "params.bin", dtype=np.float32), eager[2], rtol=0, atol=tolerance)
+    written = (out / "checkpoint").read_bytes()
+    saved, reference = TrainingState.load(written), TrainingState.load(eager[3])
+    # the bytes are those the Python engine writes for the same state; the Python runs' own states differ from
+    # it in the last bit of some values (their optimizer runs the eager kernel, the runtime the package's program)
+    assert bytes(saved.to_bytes(include_optimizer_state=True)) == written
+    assert saved.properties == {"epoch": 3, "note": "packaged"}  # AddProperty's, saved
+    assert saved.optimizer is not None and reference.optimizer is not None
+    assert (saved.optimizer.step, saved.optimizer.initial_learning_rate) == (
+        reference.optimizer.step,
+        reference.optimizer.initial_learning_rate,
+    )
+    assert saved.optimizer.step == STEPS - 1
+    for name, value in reference.state_dict().items():
+        np.testing.assert_allclose(
+            saved.state_dict()[name].numpy(), value.numpy(), rtol=0, atol=tolerance, err_msg=name
+        )
+    for name, moments in reference.optimizer.momentums.items():
+        for moment, value in moments.items():
+            held = saved.optimizer.momentums[name][moment].numpy()
+            np.testing.assert_allclose(held, value.numpy(), rtol=0, atol=tolerance, err_msg=f"{name} {moment}")
+
+
+LOAD_SCRIPT = """
+import json, sys
+from onnxruntime.training.api import CheckpointState
+state = CheckpointState.load_checkpoint(sys.argv[1])
+values = {name: state.parameters[name].data.ravel().tolist() for name in sys.argv[2:]}
+print(json.dumps([values, state.properties["epoch"], state.properties["note"]]))
+"""
+
+
+@pytest.mark.ort_peer
+@pytest.mark.skipif(not ORT_PYTHON.exists(), reason=f"no onnxruntime-training python at {ORT_PYTHON}")
+def test_onnx_runtime_loads_the_checkpoint_the_runtime_saved(c_run: tuple[str, Path, Path]) -> None:
+    _, _, out = c_run
+    saved = TrainingState.load((out / "checkpoint").read_bytes())
+    names = list(saved.params)
+    found = run_ort(LOAD_SCRIPT, out / "checkpoint", *names)
+    assert isinstance(found, list) and found[1:] == [3, "packaged"]
+    loaded = found[0]
+    assert sorted(loaded) == sorted(names)
+    for name in names:
+        np.testing.assert_array_equal(np.float32(loaded[name]), saved.params[name].detach().numpy().ravel())
+
+
+@pytest.mark.parametrize(
+    ("line", "replacement", "named"),
+    [
+        ("torch ", "torch 1.0.0", "was built for another torch version: '1.0.0'"),
+        ("machine ", "machine riscv64", "was built for another CPU architecture: 'riscv64'"),
+        ("program train ", "program train ../train_step.pt2", "program file '../train_step.pt2' leaves the folder"),
+        ("end", "", "native_steps.txt is incomplete"),
+        (
+            "parameter trainable 0.bias ",
+            "parameter trainable 0.bias float32 1 31",
+            "parameter '0.bias' is float32 [31]",
+        ),
+    ],
+)
+def test_a_package_built_elsewhere_or_damaged_is_a_status_naming_which(
+    built: tuple[Path, Path],
+    tmp_path_factory: pytest.TempPathFactory,
+    tmp_path: Path,
+    line: str,
+    replacement: str,
+    named: str,
+) -> None:
+    edited = tmp_path / "package"
+    shutil.copytree(_package(CASE, tmp_path_factory), edited)
+    description = edited / "native_steps.txt"
+    lines = [replacement if text.startswith(line) else text for text in description.read_text().splitlines()]
+    description.write_text("".join(f"{text}\n" for text in lines if text))
+    done = _run_c(built[1], edited, CASE, tmp_path)
+    assert done.returncode == 1 and "CreateTrainingSession" in done.stderr and named in done.stderr, done.stderr
+
+
+def test_the_command_line_prints_the_runtime_flags(built: tuple[Path, Path], capsys: pytest.CaptureFixture) -> None:
+    prefix = built[0]
+    assert main(["native", "flags", "--packaged", "--prefix", str(prefix)]) == 0
+    flags = packaged_flags(prefix)
+    assert capsys.readouterr().out.strip() == shlex.join(flags.cflags + flags.libs)
+    assert "-l:libort_torch_train_packaged.so" in flags.libs and not any(
+        flag.startswith("-lpython") for flag in flags.libs
+    )

@@ -1,0 +1,234 @@
+/* Trains a package through the packaged runtime (libort_torch_train_packaged: libtorch, no Python, no onnxruntime),
+ * written against ONNX Runtime's training C API as any ORT program is:
+ *   packaged_runtime PACKAGE_DIR CHECKPOINT DATA_DIR OUT_DIR STEPS ACCUMULATED PARAMETER
+ * DATA_DIR/manifest.txt: "train K TYPE RANK DIMS..." and "eval K TYPE RANK DIMS..." per input; inputs are
+ * DATA_DIR/train_<step>_<K>.bin and eval_<K>.bin. Each step is TrainStep, then (except the step ACCUMULATED, whose
+ * gradients the next step adds to) OptimizerStep, LazyResetGrad and SchedulerStep of a linear schedule
+ * (warmup 2, total STEPS + 1, initial 0.01). Prints "libpython mapped: N", the steps' names and PARAMETER's shape
+ * (adding the properties epoch = 3 and note = "packaged"), "boundary: ok" once every bad call tried came back as a
+ * status; writes OUT_DIR/losses.bin, eval.bin, params.bin and checkpoint. */
+#include "ott_test.h"
+
+typedef struct {
+  char kind[8];
+  int type, rank;
+  int64_t dims[8];
+} Input;
+
+static int read_manifest(const char* dir, Input* inputs) {
+  char path[1024], kind[8];
+  snprintf(path, sizeof path, "%s/manifest.txt", dir);
+  FILE* file = fopen(path, "r");
+  EXPECT(file != NULL);
+  int n = 0, index;
+  while (n < 16 && fscanf(file, "%7s", kind) == 1) {
+    Input* in = &inputs[n++];
+    strcpy(in->kind, kind);
+    EXPECT(fscanf(file, "%d %d %d", &index, &in->type, &in->rank) == 3 && in->rank <= 8);
+    for (int d = 0; d < in->rank; d++) EXPECT(fscanf(file, "%ld", &in->dims[d]) == 1);
+  }
+  fclose(file);
+  return n;
+}
+
+static int load_inputs(const char* dir, const Input* all, int n, const char* kind, int step, OrtValue** values,
+                       void** buffers) {
+  int k = 0;
+  for (int i = 0; i < n; i++) {
+    if (strcmp(all[i].kind, kind) != 0) continue;
+    char path[1024];
+    if (step >= 0) snprintf(path, sizeof path, "%s/train_%d_%d.bin", dir, step, k);
+    else snprintf(path, sizeof path, "%s/eval_%d.bin", dir, k);
+    size_t size;
+    buffers[k] = read_file(path, &size);
+    values[k] = tensor_over(buffers[k], size, (ONNXTensorElementDataType)all[i].type, all[i].dims, (size_t)all[i].rank);
+    k++;
+  }
+  return k;
+}
+
+static void release_inputs(OrtValue** values, void** buffers, int k) {
+  for (int i = 0; i < k; i++) {
+    OTT_ORT(g_ort, ReleaseValue)(values[i]);
+    free(buffers[i]);
+  }
+}
+
+static int libpython_lines(void) {
+  FILE* maps = fopen("/proc/self/maps", "r");
+  char line[4096];
+  int found = 0;
+  while (maps != NULL && fgets(line, sizeof line, maps) != NULL) found += strstr(line, "libpython") != NULL;
+  if (maps != NULL) fclose(maps);
+  return found;
+}
+
+/* The call must fail with a status of `code` (never crash). */
+static void expect_status(OrtStatus* status, OrtErrorCode code, const char* what) {
+  if (status == NULL || OTT_ORT(g_ort, GetErrorCode)(status) != code) {
+    fprintf(stderr, "%s: expected status %d, got %s\n", what, (int)code,
+            status ? OTT_ORT(g_ort, GetErrorMessage)(status) : "none");
+    exit(1);
+  }
+  OTT_ORT(g_ort, ReleaseStatus)(status);
+}
+
+static void bad_calls(OrtEnv* env, OrtSessionOptions* options, OrtCheckpointState* state, OrtTrainingSession* session,
+                      OrtValue** inputs, int k) {
+  OrtTrainingSession* none = NULL;
+  OrtValue* out = NULL;
+  OrtCheckpointState* other = NULL;
+  expect_status(g_api->TrainStep(NULL, NULL, (size_t)k, (const OrtValue* const*)inputs, 1, &out),
+                ORT_INVALID_ARGUMENT, "TrainStep(NULL session)");
+  expect_status(g_api->TrainStep(session, NULL, (size_t)k, (const OrtValue* const*)inputs, 3, &out),
+                ORT_INVALID_ARGUMENT, "TrainStep(outputs_len 3)");
+  expect_status(g_api->TrainStep(session, NULL, (size_t)k, NULL, 1, &out), ORT_INVALID_ARGUMENT, "TrainStep(NULL inputs)");
+  expect_status(g_api->TrainStep(session, NULL, 1, (const OrtValue* const*)inputs, 1, &out), ORT_INVALID_ARGUMENT,
+                "TrainStep(one input)");
+  const OrtValue* swapped[2] = {inputs[1], inputs[0]};
+  expect_status(g_api->TrainStep(session, NULL, 2, swapped, 1, &out), ORT_INVALID_ARGUMENT, "TrainStep(swapped)");
+  expect_status(g_api->CreateTrainingSession(env, options, state, "/nonexistent", NULL, NULL, &none), ORT_NO_SUCHFILE,
+                "CreateTrainingSession(no package)");
+  expect_status(g_api->CreateTrainingSession(env, options, NULL, "/nonexistent", NULL, NULL, &none),
+                ORT_INVALID_ARGUMENT, "CreateTrainingSession(NULL state)");
+  expect_status(g_api->LoadCheckpoint("/nonexistent", &other), ORT_NO_SUCHFILE, "LoadCheckpoint(no file)");
+  const char garbage[64] = "not a checkpoint at all";
+  expect_status(g_api->LoadCheckpointFromBuffer(garbage, sizeof garbage, &other), ORT_INVALID_ARGUMENT,
+                "LoadCheckpointFromBuffer(garbage)");
+  expect_status(g_api->GetLearningRate(session, NULL), ORT_INVALID_ARGUMENT, "GetLearningRate(NULL)");
+  expect_status(g_api->SetLearningRate(session, -1.0f), ORT_INVALID_ARGUMENT, "SetLearningRate(-1)");
+  expect_status(g_api->CopyParametersToBuffer(session, inputs[0], false), ORT_INVALID_ARGUMENT,
+                "CopyParametersToBuffer(wrong size)");
+  expect_status(g_api->ExportModelForInferencing(session, "x.onnx", 0, NULL), ORT_NOT_IMPLEMENTED, "Export");
+  OrtAllocator* allocator = NULL;
+  char* name = NULL;
+  CHECK(OTT_ORT(g_ort, GetAllocatorWithDefaultOptions)(&allocator));
+  expect_status(g_api->TrainingSessionGetTrainingModelInputName(session, 2, allocator, &name), ORT_INVALID_ARGUMENT,
+                "TrainingModelInputName(past the last)");
+  expect_status(g_api->UpdateParameter(state, "0.weight", inputs[1]), ORT_INVALID_ARGUMENT, "UpdateParameter(shape)");
+  expect_status(g_api->GetParameter(state, "no such", allocator, &out), ORT_INVALID_ARGUMENT, "GetParameter(name)");
+  expect_status(g_api->GetProperty(state, "no such", allocator, NULL, NULL), ORT_INVALID_ARGUMENT, "GetProperty");
+  printf("boundary: ok\n");
+}
+
+/* Prints the steps' input and output names and the shape of `parameter`; gives the state two properties and sets
+ * `parameter` to its own value (GetParameter, UpdateParameter). */
+static void describe(OrtTrainingSession* session, OrtCheckpointState* state, const char* parameter) {
+  OrtAllocator* allocator = NULL;
+  CHECK(OTT_ORT(g_ort, GetAllocatorWithDefaultOptions)(&allocator));
+  size_t counts[4];
+  CHECK(g_api->TrainingSessionGetTrainingModelInputCount(session, &counts[0]));
+  CHECK(g_api->TrainingSessionGetTrainingModelOutputCount(session, &counts[1]));
+  CHECK(g_api->TrainingSessionGetEvalModelInputCount(session, &counts[2]));
+  CHECK(g_api->TrainingSessionGetEvalModelOutputCount(session, &counts[3]));
+  printf("names:");
+  for (int kind = 0; kind < 4; kind++) {
+    for (size_t i = 0; i < counts[kind]; i++) {
+      char* name = NULL;
+      if (kind == 0) CHECK(g_api->TrainingSessionGetTrainingModelInputName(session, i, allocator, &name));
+      if (kind == 1) CHECK(g_api->TrainingSessionGetTrainingModelOutputName(session, i, allocator, &name));
+      if (kind == 2) CHECK(g_api->TrainingSessionGetEvalModelInputName(session, i, allocator, &name));
+      if (kind == 3) CHECK(g_api->TrainingSessionGetEvalModelOutputName(session, i, allocator, &name));
+      printf(" %s", name);
+      CHECK(OTT_ORT(g_ort, AllocatorFree)(allocator, name));
+    }
+    printf(kind == 3 ? "\n" : " |");
+  }
+  OrtTensorTypeAndShapeInfo* info = NULL;
+  CHECK(g_api->GetParameterTypeAndShape(state, parameter, &info));
+  int64_t dims[8];
+  size_t rank = 0;
+  CHECK(OTT_ORT(g_ort, GetDimensionsCount)(info, &rank));
+  EXPECT(rank <= 8);
+  CHECK(OTT_ORT(g_ort, GetDimensions)(info, dims, rank));
+  printf("%s:", parameter);
+  for (size_t i = 0; i < rank; i++) printf(" %ld", (long)dims[i]);
+  printf("\n");
+  OTT_ORT(g_ort, ReleaseTensorTypeAndShapeInfo)(info);
+  int64_t epoch = 3;
+  CHECK(g_api->AddProperty(state, "epoch", OrtIntProperty, &epoch));
+  CHECK(g_api->AddProperty(state, "note", OrtStringProperty, (void*)"packaged"));
+  enum OrtPropertyType type;
+  void* value = NULL;
+  CHECK(g_api->GetProperty(state, "epoch", allocator, &type, &value));
+  EXPECT(type == OrtIntProperty && *(int64_t*)value == 3);
+  CHECK(OTT_ORT(g_ort, AllocatorFree)(allocator, value));
+  OrtValue* bias = NULL;
+  CHECK(g_api->GetParameter(state, parameter, allocator, &bias));
+  CHECK(g_api->UpdateParameter(state, parameter, bias));
+  OTT_ORT(g_ort, ReleaseValue)(bias);
+}
+
+int main(int argc, char** argv) {
+  EXPECT(argc == 8);
+  const char *package = argv[1], *data = argv[3], *out = argv[4];
+  int steps = atoi(argv[5]), accumulated = atoi(argv[6]);
+  open_apis();
+  printf("libpython mapped: %d\n", libpython_lines());
+  OrtEnv* env = NULL;
+  CHECK(OTT_ORT(g_ort, CreateEnv)(ORT_LOGGING_LEVEL_WARNING, "packaged_runtime", &env));
+  OrtSessionOptions* options = NULL;
+  CHECK(OTT_ORT(g_ort, CreateSessionOptions)(&options));
+  OrtCheckpointState* state = NULL;
+  CHECK(g_api->LoadCheckpoint(argv[2], &state));
+  OrtTrainingSession* session = NULL;
+  CHECK(g_api->CreateTrainingSession(env, options, state, package, NULL, package, &session));
+  CHECK(g_api->RegisterLinearLRScheduler(session, 2, steps + 1, 0.01f));
+  describe(session, state, argv[7]);
+  Input inputs[16];
+  int n = read_manifest(data, inputs);
+  char path[1024];
+  snprintf(path, sizeof path, "%s/losses.bin", out);
+  FILE* losses = fopen(path, "wb");
+  EXPECT(losses != NULL);
+  for (int step = 0; step < steps; step++) {
+    OrtValue* values[16];
+    void* buffers[16];
+    int k = load_inputs(data, inputs, n, "train", step, values, buffers);
+    if (step == 0) bad_calls(env, options, state, session, values, k);
+    OrtValue* loss = NULL;
+    CHECK(g_api->TrainStep(session, NULL, (size_t)k, (const OrtValue* const*)values, 1, &loss));
+    fwrite(tensor_data(loss), sizeof(float), tensor_count(loss), losses);
+    OTT_ORT(g_ort, ReleaseValue)(loss);
+    if (step != accumulated) {
+      CHECK(g_api->OptimizerStep(session, NULL));
+      CHECK(g_api->LazyResetGrad(session));
+      CHECK(g_api->SchedulerStep(session));
+    }
+    release_inputs(values, buffers, k);
+  }
+  fclose(losses);
+
+  OrtValue* values[16];
+  void* buffers[16];
+  int k = load_inputs(data, inputs, n, "eval", -1, values, buffers);
+  OrtValue* eval_loss = NULL;
+  CHECK(g_api->EvalStep(session, NULL, (size_t)k, (const OrtValue* const*)values, 1, &eval_loss));
+  snprintf(path, sizeof path, "%s/eval.bin", out);
+  write_file(path, tensor_data(eval_loss), sizeof(float) * tensor_count(eval_loss));
+  OTT_ORT(g_ort, ReleaseValue)(eval_loss);
+  release_inputs(values, buffers, k);
+
+  size_t size = 0;
+  CHECK(g_api->GetParametersSize(session, &size, false));
+  OrtAllocator* allocator = NULL;
+  CHECK(OTT_ORT(g_ort, GetAllocatorWithDefaultOptions)(&allocator));
+  OrtValue* params = NULL;
+  int64_t dims[1] = {(int64_t)size};
+  CHECK(OTT_ORT(g_ort, CreateTensorAsOrtValue)(allocator, dims, 1, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, &params));
+  CHECK(g_api->CopyParametersToBuffer(session, params, false));
+  snprintf(path, sizeof path, "%s/params.bin", out);
+  write_file(path, tensor_data(params), size * sizeof(float));
+  CHECK(g_api->CopyBufferToParameters(session, params, false)); /* the same values back: the checkpoint is unchanged */
+  OTT_ORT(g_ort, ReleaseValue)(params);
+
+  snprintf(path, sizeof path, "%s/checkpoint", out);
+  CHECK(g_api->SaveCheckpoint(state, path, true));
+  g_api->ReleaseCheckpointState(state); /* before the session: freed with it */
+  g_api->ReleaseTrainingSession(session);
+  OTT_ORT(g_ort, ReleaseSessionOptions)(options);
+  OTT_ORT(g_ort, ReleaseMemoryInfo)(g_cpu);
+  OTT_ORT(g_ort, ReleaseEnv)(env);
+  printf("done\n");
+  return 0;
+}
