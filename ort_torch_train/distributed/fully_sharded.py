@@ -10,7 +10,10 @@ keeps them until its backward is done. The optimizer kernels run on the local sh
 (``LocalShards``); the gradient clip uses the norm of every rank's shards together. A checkpoint save
 is a collective: every rank gathers the whole parameters and moments and rank 0 writes the same ODTC
 bytes one process writes (``ShardedCheckpoint``). Reading a parameter through the state gathers it
-(``TrainingState.parameter``). Compiled steps, recompute and mixed precision are refused with sharding.
+(``TrainingState.parameter``). With ``recompute`` each unit's activations are recomputed in its backward
+(``layer_units.Unit``). Mixed precision is the engine's autocast around the sharded forward: the
+parameters, their gradients and the moments stay float32, and fp16's loss scaler unscales the local
+gradient shards, the ranks agreeing on a skip. Compiled steps are refused with sharding.
 """
 
 from __future__ import annotations
@@ -50,10 +53,12 @@ def check_sharding(sharding: object) -> str | None:
 class _ShardedRoot(nn.Module):
     """The training graph over per-layer units: ``fully_shard`` applies to each unit, then to this root."""
 
-    def __init__(self, graph: Any, plan: LayerPlan, params: Sequence[nn.Parameter], user_inputs: int) -> None:
+    def __init__(
+        self, graph: Any, plan: LayerPlan, params: Sequence[nn.Parameter], user_inputs: int, recompute: bool
+    ) -> None:
         super().__init__()
         self.units = nn.ModuleList(
-            Unit([p for p, owner in zip(params, plan.owner) if owner == k]) for k in range(len(plan.units))
+            Unit([p for p, owner in zip(params, plan.owner) if owner == k], recompute) for k in range(len(plan.units))
         )
         self.shared = nn.ParameterList([p for p, owner in zip(params, plan.owner) if owner is None])
         self._graph = [graph]  # a list: the graph stays out of the module tree
@@ -80,9 +85,12 @@ class _ShardedRoot(nn.Module):
 
 class FullyShardedParallel(DataParallel):
     """ZeRO-2 ("zero2") or ZeRO-3 ("zero3") over the ranks of ``group`` for a training graph over ``state``'s
-    parameters ``names`` (see the module doc); the state's parameters become their shards."""
+    parameters ``names`` (see the module doc); the state's parameters become their shards. ``recompute``:
+    each layer unit's activations recomputed in its backward."""
 
-    def __init__(self, graph: Any, state: TrainingState, names: Sequence[str], group: Any, sharding: str) -> None:
+    def __init__(
+        self, graph: Any, state: TrainingState, names: Sequence[str], group: Any, sharding: str, recompute: bool = False
+    ) -> None:
         self.group = group
         self.sharding = sharding
         self.gradient_combination = "average"
@@ -91,7 +99,7 @@ class FullyShardedParallel(DataParallel):
         self.synchronise = True
         plan = LayerPlan.of(graph.graph, names)
         device = state.device
-        _require_same_settings([sharding, plan], group, device)
+        _require_same_settings([sharding, recompute, plan], group, device)
         require_identical({name: state.params[name] for name in names}, group, "parameters")
         scalars = [name for name in names if state.params[name].dim() == 0]
         if scalars:  # every rank, as the settings and parameters agree
@@ -100,7 +108,8 @@ class FullyShardedParallel(DataParallel):
                 f"parameters {scalars[:3]} are scalars (0-d): train it without sharding (distributed=True)"
             )
         mesh = DeviceMesh.from_group(group, device.type)
-        root = _ShardedRoot(graph, plan, [state.params[name] for name in names], len(graph.layout.user_inputs))
+        params = [state.params[name] for name in names]
+        root = _ShardedRoot(graph, plan, params, len(graph.layout.user_inputs), recompute)
         for unit in root.units:
             fully_shard(unit, mesh=mesh, reshard_after_forward=sharding == "zero3")
         self._root: FSDPModule | None = fully_shard(root, mesh=mesh, reshard_after_forward=False)

@@ -7,7 +7,9 @@ whose parameters the ONNX graph reads in one stretch a unit of its own; a parame
 (tied embeddings) or outside any layer belongs to the root. ``LayeredGraph`` cuts a converted module
 (``torch.fx.passes.split_module``) into one partition per unit, in graph order, and runs each partition
 inside its unit's ``forward``, so the unit's FSDP hooks gather its parameters around it (and, for ZeRO-3,
-free them after it) and reduce-scatter their gradients when its backward is done.
+free them after it) and reduce-scatter their gradients when its backward is done. A unit made with
+``recompute`` runs its partition under ``torch.utils.checkpoint``: its backward gathers the parameters
+again, reruns the partition (the same random numbers) and keeps none of its activations in between.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import onnx
 import torch
 from torch import Tensor, fx, nn
+from torch.utils.checkpoint import checkpoint
 from torch.fx.passes.split_module import split_module
 
 from ort_torch_train.errors import DistributedError
@@ -72,13 +75,19 @@ class LayerPlan:
 
 class Unit(nn.Module):
     """One layer's parameters (``fully_shard`` shards and gathers them); its ``forward`` runs a partition
-    of the graph with them put in at ``positions`` of its arguments."""
+    of the graph with them put in at ``positions`` of its arguments, under checkpoint with ``recompute``."""
 
-    def __init__(self, params: Sequence[nn.Parameter]) -> None:
+    def __init__(self, params: Sequence[nn.Parameter], recompute: bool = False) -> None:
         super().__init__()
         self.params = nn.ParameterList(params)
+        self.recompute = recompute
 
     def forward(self, partition: Callable, positions: tuple[int, ...], *args: object) -> object:
+        if self.recompute and torch.is_grad_enabled():
+            return checkpoint(self._run, partition, positions, *args, use_reentrant=False)
+        return self._run(partition, positions, *args)
+
+    def _run(self, partition: Callable, positions: tuple[int, ...], *args: object) -> object:
         values = list(args)
         for position, param in zip(positions, self.params):
             values[position] = param

@@ -34,7 +34,9 @@ def rank_strategies(
     state's parameters become their shards. Each checks the ranks agree before any step."""
     combined: DataParallel | None = None
     if options.sharding is not None:
-        combined = FullyShardedParallel(graph, state, layout.params, options.process_group, options.sharding)
+        combined = FullyShardedParallel(
+            graph, state, layout.params, options.process_group, options.sharding, options.recompute is not None
+        )
     elif options.distributed:
         combined = data_parallel(graph, state, layout.params, options.process_group, options.gradient_combination)
     pipeline = None

@@ -1,7 +1,8 @@
 """One rank of the sharded-training tests (tests/unit/distributed/test_fully_sharded.py launches 2 or 4).
 
 ``python -m tests.helpers.sharding_worker SCENARIO OUT_DIR`` with torchrun's env. ``SCENARIO`` is
-``<run>:<sharding>`` (a run of ``RUNS``, "zero2" or "zero3", "none" for one process on the whole batches):
+``<run>:<sharding>[:<option>]`` (a run of ``RUNS``, "zero2" or "zero3", "none" for one process on the whole
+batches; an option of ``OPTIONS``: recompute, or bf16 / fp16 mixed precision):
 each rank trains on its share of every batch and writes ``<scenario>_rank<r>.npz`` (the losses, the final
 whole parameters, the last step's whole gradients, the eval loss) and rank 0 the checkpoint ``<scenario>.ckpt``. ``resume:<sharding>``
 loads the ``mlp`` run's checkpoint saved after 3 steps and trains the rest. ``legacy:<stage>``: the legacy
@@ -15,6 +16,7 @@ from __future__ import annotations
 import datetime
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -25,10 +27,22 @@ from tests.helpers.timeouts import scaled
 
 TRANSFORMER = FIXTURES / "transformer"
 STEPS = 6
+WARMUP, PEAK_LEARNING_RATE = 2, 0.01
+LEARNING_RATES_SUM = sum(  # LinearLRScheduler's rates over the steps: up for WARMUP steps, then down to 0
+    PEAK_LEARNING_RATE * (step / WARMUP if step < WARMUP else (STEPS - step) / (STEPS - WARMUP))
+    for step in range(STEPS)
+)
 RUNS = {  # fixture, optimizer model (None: the fixture's), two micro-batches per step
     "mlp": (MLP, None, False),
     "mlp_clip_accumulate": (MLP_OPTIMIZERS, CLIP_MODEL, True),
     "transformer": (TRANSFORMER, None, False),
+}
+
+OPTIONS = {
+    "": {},
+    "recompute": {"recompute": True},
+    "bf16": {"mixed_precision": "bf16"},
+    "fp16": {"mixed_precision": "fp16"},
 }
 
 
@@ -36,7 +50,7 @@ def train(scenario: str, rank: int, world_size: int, out: Path) -> dict[str, np.
     """Train the scenario's run on this rank's share of each batch (see the module doc)."""
     from ort_torch_train.api import CheckpointState, LinearLRScheduler, Module, Optimizer
 
-    run, sharding = scenario.split(":")
+    run, sharding, *option = scenario.split(":")
     resume = run == "resume"
     fixture, optimizer_model, accumulate = RUNS["mlp" if resume else run]
     artifacts = fixture / "artifacts"
@@ -46,10 +60,13 @@ def train(scenario: str, rank: int, world_size: int, out: Path) -> dict[str, np.
         state,
         artifacts / "eval_model.onnx",
         sharding=None if sharding == "none" else sharding,
+        **OPTIONS[option[0] if option else ""],
     )
     optimizer = Optimizer(optimizer_model or artifacts / "optimizer_model.onnx", module)
-    scheduler = LinearLRScheduler(optimizer, 2, STEPS, 0.01)
-    losses = []
+    scheduler = LinearLRScheduler(optimizer, WARMUP, STEPS, PEAK_LEARNING_RATE)
+    losses: list[float] = []
+    saved = saved_elements(lambda: module(*part(batches(fixture, 0), rank, world_size)))
+    module.lazy_reset_grad()
     for step in range(3 if resume else 0, STEPS):
         inputs = batches(fixture, step)
         if accumulate:  # two micro-batches: the first accumulates locally
@@ -75,9 +92,26 @@ def train(scenario: str, rank: int, world_size: int, out: Path) -> dict[str, np.
     return {
         "losses": np.array(losses, dtype=np.float64),
         "eval_loss": np.asarray(eval_loss, dtype=np.float64).reshape(-1),
+        "saved_elements": np.array(saved),
         **{f"param/{n}": p.data.copy() for n, p in state.parameters},
         **grads,
     }
+
+
+def saved_elements(step: Callable[[], object]) -> int:
+    """How many tensor elements ``step``'s forward keeps for its backward, outside recomputed regions."""
+    import torch
+
+    count = 0
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        nonlocal count
+        count += tensor.numel()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        step()
+    return count
 
 
 def fit_run(sharding: str, rank: int, world_size: int) -> dict[str, np.ndarray]:

@@ -29,8 +29,9 @@ PARAMETER_TOLERANCE = 1e-5
 
 
 def run(scenario: str, out: Path, world_size: int) -> list[dict[str, np.ndarray]]:
-    """The scenario on ``world_size`` ranks (one process, in this one, for "<run>:none"); each rank's results."""
-    if scenario.endswith(":none"):
+    """The scenario on ``world_size`` ranks (one process, in this one, for "<run>:none[:<option>]"); each rank's
+    results."""
+    if scenario.split(":")[1] == "none":
         np.savez(out / f"{scenario}_rank0.npz", **sharding_worker.train(scenario, 0, 1, out))
     else:
         require_success(
@@ -80,6 +81,46 @@ def test_mlp_sharded_trains_like_one_process(tmp_path: Path, sharding: str, worl
 @pytest.mark.distributed
 def test_transformer_zero3_trains_like_one_process(tmp_path: Path) -> None:
     assert_matches_one_process(run("transformer:none", tmp_path, 1)[0], run("transformer:zero3", tmp_path, 2))
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(("run_name", "sharding"), [("transformer", "zero3"), ("mlp", "zero2")])
+def test_recompute_per_layer_unit_trains_like_one_process(tmp_path: Path, run_name: str, sharding: str) -> None:
+    """``recompute=True`` under sharding checkpoints each layer unit: the same losses, parameters and gradients
+    as one process with recompute, and each rank keeps less for its backward than half of what one
+    process without recompute keeps on the whole batch (a half batch without recompute keeps more than
+    half: the gathered parameters too)."""
+    single = run(f"{run_name}:none:recompute", tmp_path, 1)[0]
+    ranks = run(f"{run_name}:{sharding}:recompute", tmp_path, 2)
+    assert_matches_one_process(single, ranks)
+    whole_batch_kept = run(f"{run_name}:none", tmp_path, 1)[0]["saved_elements"]
+    assert all(r["saved_elements"] < whole_batch_kept / 2 for r in ranks)
+
+
+# Mixed precision: the ranks' matmuls see half the rows, so the weight gradients' low-precision sums differ
+# from one process's by the dtype's rounding. Losses: within the dtype's machine epsilon relative (bf16
+# 2**-7, fp16 2**-10). Parameters: AdamW moves a weight by at most about the learning rate each step, so two
+# runs whose gradients differ by rounding drift apart by at most twice the learning rates' sum.
+MIXED_LOSS_TOLERANCE = {"bf16": 2.0**-7, "fp16": 2.0**-10}
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(("sharding", "precision"), [("zero3", "bf16"), ("zero2", "fp16")])
+def test_mixed_precision_trains_like_one_process_under_the_same_autocast(
+    tmp_path: Path, sharding: str, precision: str
+) -> None:
+    single = run(f"transformer:none:{precision}", tmp_path, 1)[0]
+    ranks = run(f"transformer:{sharding}:{precision}", tmp_path, 2)
+    mean = np.mean([r["losses"] for r in ranks], axis=0)
+    np.testing.assert_allclose(mean, single["losses"], rtol=MIXED_LOSS_TOLERANCE[precision], atol=0)
+    float32 = run("transformer:none", tmp_path, 1)[0]["losses"]
+    assert not np.allclose(mean, float32, rtol=1e-6, atol=0)  # the sharded forward ran under autocast
+    drift = 2 * sharding_worker.LEARNING_RATES_SUM
+    for name in (key for key in single if key.startswith("param/")):
+        for result in ranks:
+            np.testing.assert_array_equal(result[name], ranks[0][name], err_msg=name)
+        np.testing.assert_allclose(ranks[0][name], single[name], rtol=0, atol=drift, err_msg=name)
+    assert_checkpoint_is_one_process_save(tmp_path / f"transformer:{sharding}:{precision}.ckpt", ranks, tmp_path)
 
 
 @pytest.mark.distributed
@@ -144,9 +185,9 @@ def test_the_option_is_checked_once() -> None:
     assert check_sharding("zero3") == "zero3" and check_sharding(None) is None
     with pytest.raises(ValueError, match=r"sharding: expected None, 'zero2' or 'zero3'; got 'zero4'"):
         check_sharding("zero4")
-    with pytest.raises(ValueError, match="sharding: 'zero2' runs eager float32 steps"):
+    with pytest.raises(ValueError, match="sharding: 'zero2' runs eager steps"):
         EngineOptions.of(sharding="zero2", compile=True)
-    with pytest.raises(ValueError, match="recompute=2"):
+    with pytest.raises(ValueError, match="recomputes per layer unit: expected recompute=True .* got 2"):
         EngineOptions.of(sharding="zero3", recompute=2)
 
 
