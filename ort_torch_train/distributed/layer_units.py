@@ -22,8 +22,8 @@ from typing import Any
 import onnx
 import torch
 from torch import Tensor, fx, nn
-from torch.utils.checkpoint import checkpoint
 from torch.fx.passes.split_module import split_module
+from torch.utils.checkpoint import checkpoint
 
 from ort_torch_train.errors import DistributedError
 

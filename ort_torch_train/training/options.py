@@ -143,7 +143,7 @@ class EngineOptions:
                     f"sharding: {sharded!r} runs eager steps with averaged gradients; got compile={compile!r}, "
                     f"gradient_combination={gradient_combination!r} (docs/scaling.md, Sharded training)"
                 )
-            if plan not in (None, False, True):
+            if plan and plan is not True:  # a segment count or ORT's patterns
                 raise ValueError(
                     f"sharding: {sharded!r} recomputes per layer unit: expected recompute=True (each unit's "
                     f"activations recomputed in its backward) or None; got {recompute!r}"

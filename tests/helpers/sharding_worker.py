@@ -6,7 +6,8 @@ batches; an option of ``OPTIONS``: recompute, or bf16 / fp16 mixed precision):
 each rank trains on its share of every batch and writes ``<scenario>_rank<r>.npz`` (the losses, the final
 whole parameters, the last step's whole gradients, the eval loss) and rank 0 the checkpoint ``<scenario>.ckpt``. ``resume:<sharding>``
 loads the ``mlp`` run's checkpoint saved after 3 steps and trains the rest. ``legacy:<stage>``: the legacy
-session with ``deepspeed_zero_stage`` 2 or 3 (``distributed_worker.legacy_train``). ``fit:<sharding>``: the
+session with ``deepspeed_zero_stage`` 2 or 3 (``distributed_worker.legacy_train``; ``legacy:<stage>:fp16``
+with ``use_mixed_precision``). ``fit:<sharding>``: the
 trainer's ``fit`` with averaged gradient accumulation. ``misuse``: the errors
 each rank saw (``misuse_rank<r>.json``).
 """
@@ -169,8 +170,9 @@ def main() -> None:
         (out / f"misuse_rank{rank}.json").write_text(json.dumps(misuse(rank)))
     elif scenario.startswith("fit:"):
         np.savez(out / f"{scenario}_rank{rank}.npz", **fit_run(scenario.split(":")[1], rank, world_size))
-    elif scenario.startswith("legacy:"):  # deepspeed_zero_stage 2 or 3
-        results = legacy_train(rank, world_size, zero_stage=int(scenario.split(":")[1]))
+    elif scenario.startswith("legacy:"):  # deepspeed_zero_stage 2 or 3, and ":fp16" use_mixed_precision
+        _, stage, *fp16 = scenario.split(":")
+        results = legacy_train(rank, world_size, zero_stage=int(stage), mixed_precision=bool(fp16))
         np.savez(out / f"{scenario}_rank{rank}.npz", **results)
     else:
         np.savez(out / f"{scenario}_rank{rank}.npz", **train(scenario, rank, world_size, out))

@@ -124,6 +124,20 @@ def test_mixed_precision_trains_like_one_process_under_the_same_autocast(
 
 
 @pytest.mark.distributed
+def test_legacy_session_with_zero_stage_and_mixed_precision_trains_like_one_process(tmp_path: Path) -> None:
+    """``deepspeed_zero_stage`` 3 with ``use_mixed_precision`` (fp16, dynamic loss scale) against one process's
+    fp16 session; Adam's 5 updates at learning rate 0.02 bound the parameters' drift (see above)."""
+    reference = legacy_train(mixed_precision=True)
+    ranks = run("legacy:3:fp16", tmp_path, 2)
+    mean = np.mean([r["losses"] for r in ranks], axis=0)
+    np.testing.assert_allclose(mean, reference["losses"], rtol=MIXED_LOSS_TOLERANCE["fp16"], atol=0)
+    assert not np.allclose(mean, legacy_train()["losses"], rtol=1e-6, atol=0)  # the sharded session ran fp16
+    for key in (key for key in reference if key.startswith("param/")):
+        for result in ranks:
+            np.testing.assert_allclose(result[key], reference[key], rtol=0, atol=2 * 5 * 0.02, err_msg=key)
+
+
+@pytest.mark.distributed
 def test_clipping_and_accumulation_see_every_rank(tmp_path: Path) -> None:
     """A clipping AdamW (the global norm of every rank's shards) with two micro-batches per step, the first
     under ``no_sync``."""
@@ -189,6 +203,8 @@ def test_the_option_is_checked_once() -> None:
         EngineOptions.of(sharding="zero2", compile=True)
     with pytest.raises(ValueError, match="recomputes per layer unit: expected recompute=True .* got 2"):
         EngineOptions.of(sharding="zero3", recompute=2)
+    with pytest.raises(ValueError, match="got 1"):
+        EngineOptions.of(sharding="zero3", recompute=1)
 
 
 CLI_ARGS = ["--inputs", "x_train,y_train", "--steps", 4, "--batch-size", 64, "--no-shuffle", "--json"]
