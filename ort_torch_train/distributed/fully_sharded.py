@@ -1,8 +1,8 @@
 """Sharded training on FSDP2 (``torch.distributed.fsdp.fully_shard``): ZeRO-2 and ZeRO-3.
 
-``Module(..., sharding="zero2"|"zero3")``. The training graph is cut into per-layer units
-(``layer_units.py``); each unit, then a root holding the parameters no single layer owns, goes through
-``fully_shard`` over the data-parallel group. Every rank then keeps dim-0 shards of the parameters
+``Module(..., sharding="zero2"|"zero3")``. The training graph is cut into per-layer units and a unit of
+the parameters layers share (``layer_units.py``); each unit, then the root (holding shared parameters
+that no unit can), goes through ``fully_shard`` over the data-parallel group. Every rank then keeps dim-0 shards of the parameters
 (DTensors, which replace the state's parameters), of their gradients (reduce-scattered, averaged) and
 of the optimizer's moments. A unit's parameters are gathered before its part of the forward; "zero3"
 frees them after it and gathers them again for its backward (``reshard_after_forward=True``), "zero2"
@@ -57,10 +57,11 @@ class _ShardedRoot(nn.Module):
         self, graph: Any, plan: LayerPlan, params: Sequence[nn.Parameter], user_inputs: int, recompute: bool
     ) -> None:
         super().__init__()
+        unit_of = [plan.unit_of(i) for i in range(len(params))]
         self.units = nn.ModuleList(
-            Unit([p for p, owner in zip(params, plan.owner) if owner == k], recompute) for k in range(len(plan.units))
+            Unit([p for p, k in zip(params, unit_of) if k == unit], recompute) for unit in range(plan.unit_count)
         )
-        self.shared = nn.ParameterList([p for p, owner in zip(params, plan.owner) if owner is None])
+        self.shared = nn.ParameterList([p for p, k in zip(params, unit_of) if k is None])  # held by the root
         self._graph = [graph]  # a list: the graph stays out of the module tree
         self._plan = plan
         self._user_inputs = user_inputs
@@ -74,13 +75,15 @@ class _ShardedRoot(nn.Module):
             units = [cast(Unit, unit) for unit in self.units]
             layered = self._layered[module] = LayeredGraph(module, self._plan, units, self._user_inputs)
         shared = iter(self.shared)
-        return layered(*inputs, *(next(shared) if owner is None else None for owner in self._plan.owner))
+        unit_of = [self._plan.unit_of(i) for i in range(len(self._plan.owner))]
+        return layered(*inputs, *(next(shared) if unit is None else None for unit in unit_of))
 
     def sharded_parameters(self) -> list[nn.Parameter]:
         """The parameters, sharded, in the graph's order."""
         per_unit = [iter(cast(Unit, unit).params) for unit in self.units]
         shared = iter(self.shared)
-        return [next(shared) if owner is None else next(per_unit[owner]) for owner in self._plan.owner]
+        unit_of = [self._plan.unit_of(i) for i in range(len(self._plan.owner))]
+        return [next(shared) if unit is None else next(per_unit[unit]) for unit in unit_of]
 
 
 class FullyShardedParallel(DataParallel):

@@ -61,9 +61,9 @@ def batches(fixture: Path, step: int) -> list[np.ndarray]:
 
 
 def part(arrays: list[np.ndarray], index: int, count: int) -> list[np.ndarray]:
-    """The index-th of ``count`` equal slices of a batch."""
-    size = len(arrays[0]) // count
-    return [array[index * size : (index + 1) * size] for array in arrays]
+    """The index-th of ``count`` equal slices of a batch: of each array's axis 0 (flattened token labels are
+    sliced with their sequences)."""
+    return [array[index * (len(array) // count) : (index + 1) * (len(array) // count)] for array in arrays]
 
 
 def train(

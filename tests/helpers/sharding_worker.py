@@ -33,11 +33,42 @@ LEARNING_RATES_SUM = sum(  # LinearLRScheduler's rates over the steps: up for WA
     PEAK_LEARNING_RATE * (step / WARMUP if step < WARMUP else (STEPS - step) / (STEPS - WARMUP))
     for step in range(STEPS)
 )
+TIED_LM = "tied_lm"  # a fixture folder made in OUT_DIR by ``make_tied_lm`` before the ranks start
 RUNS = {  # fixture, optimizer model (None: the fixture's), two micro-batches per step
     "mlp": (MLP, None, False),
     "mlp_clip_accumulate": (MLP_OPTIMIZERS, CLIP_MODEL, True),
     "transformer": (TRANSFORMER, None, False),
+    TIED_LM: (Path(TIED_LM), None, False),
 }
+
+
+def make_tied_lm(out: Path) -> None:
+    """``OUT_DIR/tied_lm``, laid out as a fixture (artifacts/, data.npz, expected.json): a 1-layer GPT-2
+    (``transformers``) whose output projection is its token embedding, every parameter trained."""
+    import torch
+
+    from ort_torch_train.artifacts import AdamW, LossType, generate_artifacts
+    from tests.helpers.lora_models import BATCH, TOKENS, tiny_lm
+    from tests.helpers.lora_models import batches as lm_batches
+
+    folder = out / TIED_LM
+    generate_artifacts(
+        tiny_lm("gpt2"),
+        example_inputs=(torch.zeros(BATCH, TOKENS, dtype=torch.int64),),
+        input_names=["tokens"],
+        output_names=["logits"],
+        loss=LossType.CrossEntropyLoss,
+        optimizer=AdamW(),
+        artifact_directory=folder / "artifacts",
+    )
+    data = lm_batches(STEPS)
+    np.savez(
+        folder / "data.npz",
+        tokens=np.stack([t.numpy() for t, _ in data]),
+        labels=np.stack([y.numpy() for _, y in data]),
+    )
+    (folder / "expected.json").write_text(json.dumps({"data_keys": {"train": ["tokens", "labels"]}}))
+
 
 OPTIONS = {
     "": {},
@@ -54,6 +85,7 @@ def train(scenario: str, rank: int, world_size: int, out: Path) -> dict[str, np.
     run, sharding, *option = scenario.split(":")
     resume = run == "resume"
     fixture, optimizer_model, accumulate = RUNS["mlp" if resume else run]
+    fixture = out / fixture if run == TIED_LM else fixture
     artifacts = fixture / "artifacts"
     state = CheckpointState.load_checkpoint(out / "mlp:none.at3.ckpt" if resume else artifacts / "checkpoint")
     module = Module(

@@ -138,6 +138,20 @@ def test_legacy_session_with_zero_stage_and_mixed_precision_trains_like_one_proc
 
 
 @pytest.mark.distributed
+def test_tied_embeddings_get_a_unit_of_their_own(tmp_path: Path) -> None:
+    """A GPT-2 whose token embedding is also its output projection: the embedding, read by the graph's
+    first and last nodes, is a shared unit gathered for each of the two stretches (freed between them
+    under ZeRO-3), and the run trains as one process does."""
+    sharding_worker.make_tied_lm(tmp_path)
+    artifacts = tmp_path / sharding_worker.TIED_LM / "artifacts"
+    graph = onnx.load(artifacts / "training_model.onnx").graph
+    plan = LayerPlan.of(graph, [i.name for i in graph.input][2:])
+    assert plan.shared_unit and plan.owner[0] is None and plan.unit_count == len(plan.units) + 1
+    single = run(f"{sharding_worker.TIED_LM}:none", tmp_path, 1)[0]
+    assert_matches_one_process(single, run(f"{sharding_worker.TIED_LM}:zero3", tmp_path, 2))
+
+
+@pytest.mark.distributed
 def test_clipping_and_accumulation_see_every_rank(tmp_path: Path) -> None:
     """A clipping AdamW (the global norm of every rank's shards) with two micro-batches per step, the first
     under ``no_sync``."""
@@ -173,8 +187,10 @@ def test_ranks_launched_with_different_settings_are_refused_on_every_rank(tmp_pa
 
 
 def test_layers_are_named_by_prefix() -> None:
-    assert layer_of("model.layers.3.self_attn.q_proj.weight") == "model.layers.3"
-    assert layer_of("transformer.h.11.mlp.c_fc.bias") == "transformer.h.11"
+    assert layer_of("model.layers.3.self_attn.q_proj.weight") == "model.layers.3.self_attn"
+    assert layer_of("transformer.h.11.mlp.c_fc.bias") == "transformer.h.11.mlp"
+    assert layer_of("transformer.h.0.ln_1.weight") == "transformer.h.0.ln_1"
+    assert layer_of("h.0.weight") == "h.0"
     assert layer_of("enc.linear1.weight") == "enc.linear1"
     assert layer_of("0.weight") == "0"
     assert layer_of("scale") == "scale"
@@ -193,6 +209,10 @@ def test_a_parameter_read_across_layers_belongs_to_the_root() -> None:
     plan = LayerPlan.of(graph, ["wte", "h.0.w", "h.0.b", "h.1.w"])
     assert plan.units == ("h.0", "h.1")
     assert plan.owner == (None, 0, 0, 1)
+    assert plan.shared_unit and plan.unit_count == 3 and plan.unit_of(0) == 2  # its own unit, after the layers
+    nodes.append(onnx.helper.make_node("Mul", ["wte", "h.1.w"], ["scaled"]))  # read with a layer's parameter
+    mixed = LayerPlan.of(onnx.helper.make_graph(nodes, "g", [], []), ["wte", "h.0.w", "h.0.b", "h.1.w"])
+    assert not mixed.shared_unit and mixed.unit_of(0) is None and mixed.unit_count == 2  # the root holds it
 
 
 def test_the_option_is_checked_once() -> None:
