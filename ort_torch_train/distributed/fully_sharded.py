@@ -1,8 +1,8 @@
 """Sharded training on FSDP2 (``torch.distributed.fsdp.fully_shard``): ZeRO-2 and ZeRO-3.
 
-``Module(..., sharding="zero2"|"zero3")``. The training graph is cut into per-layer units
-(``layer_units.py``); each unit, then a root holding the parameters no single layer owns, goes through
-``fully_shard`` over the data-parallel group. Every rank then keeps dim-0 shards of the parameters
+``Module(..., sharding="zero2"|"zero3")``. The training graph is cut into per-layer units and a unit of
+the parameters layers share (``layer_units.py``); each unit, then the root (holding shared parameters
+that no unit can), goes through ``fully_shard`` over the data-parallel group. Every rank then keeps dim-0 shards of the parameters
 (DTensors, which replace the state's parameters), of their gradients (reduce-scattered, averaged) and
 of the optimizer's moments. A unit's parameters are gathered before its part of the forward; "zero3"
 frees them after it and gathers them again for its backward (``reshard_after_forward=True``), "zero2"
@@ -10,7 +10,10 @@ keeps them until its backward is done. The optimizer kernels run on the local sh
 (``LocalShards``); the gradient clip uses the norm of every rank's shards together. A checkpoint save
 is a collective: every rank gathers the whole parameters and moments and rank 0 writes the same ODTC
 bytes one process writes (``ShardedCheckpoint``). Reading a parameter through the state gathers it
-(``TrainingState.parameter``). Compiled steps, recompute and mixed precision are refused with sharding.
+(``TrainingState.parameter``). With ``recompute`` each unit's activations are recomputed in its backward
+(``layer_units.Unit``). Mixed precision is the engine's autocast around the sharded forward: the
+parameters, their gradients and the moments stay float32, and fp16's loss scaler unscales the local
+gradient shards, the ranks agreeing on a skip. Compiled steps are refused with sharding.
 """
 
 from __future__ import annotations
@@ -50,12 +53,15 @@ def check_sharding(sharding: object) -> str | None:
 class _ShardedRoot(nn.Module):
     """The training graph over per-layer units: ``fully_shard`` applies to each unit, then to this root."""
 
-    def __init__(self, graph: Any, plan: LayerPlan, params: Sequence[nn.Parameter], user_inputs: int) -> None:
+    def __init__(
+        self, graph: Any, plan: LayerPlan, params: Sequence[nn.Parameter], user_inputs: int, recompute: bool
+    ) -> None:
         super().__init__()
+        unit_of = [plan.unit_of(i) for i in range(len(params))]
         self.units = nn.ModuleList(
-            Unit([p for p, owner in zip(params, plan.owner) if owner == k]) for k in range(len(plan.units))
+            Unit([p for p, k in zip(params, unit_of) if k == unit], recompute) for unit in range(plan.unit_count)
         )
-        self.shared = nn.ParameterList([p for p, owner in zip(params, plan.owner) if owner is None])
+        self.shared = nn.ParameterList([p for p, k in zip(params, unit_of) if k is None])  # held by the root
         self._graph = [graph]  # a list: the graph stays out of the module tree
         self._plan = plan
         self._user_inputs = user_inputs
@@ -69,22 +75,27 @@ class _ShardedRoot(nn.Module):
             units = [cast(Unit, unit) for unit in self.units]
             layered = self._layered[module] = LayeredGraph(module, self._plan, units, self._user_inputs)
         shared = iter(self.shared)
-        return layered(*inputs, *(next(shared) if owner is None else None for owner in self._plan.owner))
+        unit_of = [self._plan.unit_of(i) for i in range(len(self._plan.owner))]
+        return layered(*inputs, *(next(shared) if unit is None else None for unit in unit_of))
 
     def sharded_parameters(self) -> list[nn.Parameter]:
         """The parameters, sharded, in the graph's order."""
         per_unit = [iter(cast(Unit, unit).params) for unit in self.units]
         shared = iter(self.shared)
-        return [next(shared) if owner is None else next(per_unit[owner]) for owner in self._plan.owner]
+        unit_of = [self._plan.unit_of(i) for i in range(len(self._plan.owner))]
+        return [next(shared) if unit is None else next(per_unit[unit]) for unit in unit_of]
 
 
 class FullyShardedParallel(DataParallel):
     """ZeRO-2 ("zero2") or ZeRO-3 ("zero3") over the ranks of ``group`` for a training graph over ``state``'s
-    parameters ``names`` (see the module doc); the state's parameters become their shards."""
+    parameters ``names`` (see the module doc); the state's parameters become their shards. ``recompute``:
+    each layer unit's activations recomputed in its backward."""
 
     shards_parameters = True  # the state's parameters are this rank's shards (DTensors)
 
-    def __init__(self, graph: Any, state: TrainingState, names: Sequence[str], group: Any, sharding: str) -> None:
+    def __init__(
+        self, graph: Any, state: TrainingState, names: Sequence[str], group: Any, sharding: str, recompute: bool = False
+    ) -> None:
         self.group = group
         self.sharding = sharding
         self.gradient_combination = "average"
@@ -93,7 +104,7 @@ class FullyShardedParallel(DataParallel):
         self.synchronise = True
         plan = LayerPlan.of(graph.graph, names)
         device = state.device
-        _require_same_settings([sharding, plan], group, device)
+        _require_same_settings([sharding, recompute, plan], group, device)
         require_identical({name: state.params[name] for name in names}, group, "parameters")
         scalars = [name for name in names if state.params[name].dim() == 0]
         if scalars:  # every rank, as the settings and parameters agree
@@ -102,7 +113,8 @@ class FullyShardedParallel(DataParallel):
                 f"parameters {scalars[:3]} are scalars (0-d): train it without sharding (distributed=True)"
             )
         mesh = DeviceMesh.from_group(group, device.type)
-        root = _ShardedRoot(graph, plan, [state.params[name] for name in names], len(graph.layout.user_inputs))
+        params = [state.params[name] for name in names]
+        root = _ShardedRoot(graph, plan, params, len(graph.layout.user_inputs), recompute)
         for unit in root.units:
             fully_shard(unit, mesh=mesh, reshard_after_forward=sharding == "zero3")
         self._root: FSDPModule | None = fully_shard(root, mesh=mesh, reshard_after_forward=False)

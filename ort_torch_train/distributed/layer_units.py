@@ -1,13 +1,21 @@
 """The converted training graph cut into per-layer units, so that FSDP2 shards and gathers one layer at a time.
 
 A converted graph is one flat ``fx.GraphModule`` that takes the parameters as inputs. ``layer_of`` names
-a parameter's layer by its name: the prefix up to the first numbered component (``model.layers.3``,
-``transformer.h.0``), else the name without its last component (``fc1``). ``LayerPlan`` gives each layer
-whose parameters the ONNX graph reads in one stretch a unit of its own; a parameter read across layers
-(tied embeddings) or outside any layer belongs to the root. ``LayeredGraph`` cuts a converted module
-(``torch.fx.passes.split_module``) into one partition per unit, in graph order, and runs each partition
-inside its unit's ``forward``, so the unit's FSDP hooks gather its parameters around it (and, for ZeRO-3,
-free them after it) and reduce-scatter their gradients when its backward is done.
+a parameter's layer by its name: in a numbered layer, the block of it the parameter sits in (the prefix up
+to the component after the first number: ``model.layers.3.self_attn``, ``transformer.h.0.mlp``,
+``transformer.h.0.ln_1``), else the prefix up to the number (``h.0``), else the name without its last
+component (``fc1``); a transformer layer is so cut into its attention, MLP and norms, and no more than
+one such block's parameters are gathered at a time. ``LayerPlan`` gives each layer
+whose parameters the ONNX graph reads in one stretch a unit of its own; the parameters read across layers
+(tied embeddings) or outside any layer are shared: they form one more unit, called for each stretch of
+the graph that reads them (a tied embedding: the lookup first, the output projection last), unless a
+node reads them together with a layer's parameters, when the root holds them. ``LayeredGraph`` cuts a
+converted module (``torch.fx.passes.split_module``) into one partition per such stretch, in graph order,
+and runs each partition inside its unit's ``forward``, so the unit's FSDP hooks gather its parameters
+around it (and, for ZeRO-3, free them after it) and reduce-scatter their gradients when its backward is
+done: a shared unit's after each of its stretches' backward. A unit made with
+``recompute`` runs its partition under ``torch.utils.checkpoint``: its backward gathers the parameters
+again, reruns the partition (the same random numbers) and keeps none of its activations in between.
 """
 
 from __future__ import annotations
@@ -21,15 +29,17 @@ import onnx
 import torch
 from torch import Tensor, fx, nn
 from torch.fx.passes.split_module import split_module
+from torch.utils.checkpoint import checkpoint
 
 from ort_torch_train.errors import DistributedError
 
+_NUMBERED_BLOCK = re.compile(r"^(.*?\.\d+\.[^.]+)\.")
 _NUMBERED = re.compile(r"^(.*?\.\d+)\.")
 
 
 def layer_of(name: str) -> str:
     """The layer a parameter belongs to, by its name (see the module doc)."""
-    match = _NUMBERED.match(name)
+    match = _NUMBERED_BLOCK.match(name) or _NUMBERED.match(name)
     if match:
         return match.group(1)
     head, dot, _ = name.rpartition(".")
@@ -39,10 +49,22 @@ def layer_of(name: str) -> str:
 @dataclass(frozen=True)
 class LayerPlan:
     """Which unit owns each parameter: ``owner[i]`` is the unit index of the i-th graph parameter, or None
-    (the root); ``units[k]`` the layer name of unit k, in the order the graph reads them."""
+    (shared); ``units[k]`` the layer name of unit k, in the order the graph reads them; ``shared_unit``:
+    whether the shared parameters form a unit of their own (no node reads them with a layer's)."""
 
     units: tuple[str, ...]
     owner: tuple[int | None, ...]
+    shared_unit: bool = False
+
+    @property
+    def unit_count(self) -> int:
+        """The layer units, and the shared unit when there is one."""
+        return len(self.units) + (self.shared_unit and None in self.owner)
+
+    def unit_of(self, index: int) -> int | None:
+        """The unit of the ``index``-th parameter (the shared unit's index is ``len(units)``), None: the root's."""
+        owner = self.owner[index]
+        return owner if owner is not None else (len(self.units) if self.shared_unit else None)
 
     @classmethod
     def of(cls, graph: onnx.GraphProto, param_names: Sequence[str]) -> LayerPlan:
@@ -67,28 +89,51 @@ class LayerPlan:
             owned[name] = layer if inside and readers[name] else None
         units = tuple(layer for layer in order if layer in owned.values())
         unit_index = {layer: k for k, layer in enumerate(units)}
-        return cls(units, tuple(None if (own := owned[n]) is None else unit_index[own] for n in param_names))
+        shared = {name for name in param_names if owned[name] is None}
+        mixed = any(
+            shared.intersection(node.input) and any(owned.get(name) is not None for name in node.input)
+            for node in graph.node
+        )
+        owner = tuple(None if (own := owned[n]) is None else unit_index[own] for n in param_names)
+        return cls(units, owner, shared_unit=not mixed)
 
 
 class Unit(nn.Module):
     """One layer's parameters (``fully_shard`` shards and gathers them); its ``forward`` runs a partition
-    of the graph with them put in at ``positions`` of its arguments."""
+    of the graph with them put in at ``positions`` of its arguments, under checkpoint with ``recompute``."""
 
-    def __init__(self, params: Sequence[nn.Parameter]) -> None:
+    def __init__(self, params: Sequence[nn.Parameter], recompute: bool = False) -> None:
         super().__init__()
         self.params = nn.ParameterList(params)
+        self.recompute = recompute
 
-    def forward(self, partition: Callable, positions: tuple[int, ...], *args: object) -> object:
+    def forward(self, partition: Callable, positions: tuple[tuple[int, int], ...], *args: object) -> object:
+        """``partition(*args)`` with parameter ``k`` of this unit put in at argument ``position`` for each
+        ``(position, k)`` of ``positions``."""
+        if self.recompute and torch.is_grad_enabled():
+            return checkpoint(self._run, partition, positions, *args, use_reentrant=False)
+        return self._run(partition, positions, *args)
+
+    def _run(self, partition: Callable, positions: tuple[tuple[int, int], ...], *args: object) -> object:
         values = list(args)
-        for position, param in zip(positions, self.params):
-            values[position] = param
-        return partition(*values)
+        for position, k in positions:
+            values[position] = self.params[k]
+        outputs = partition(*values)
+        if isinstance(outputs, tuple):
+            return tuple(_not_a_view(output) for output in outputs)
+        return _not_a_view(outputs)
+
+
+def _not_a_view(value: object) -> object:
+    """A view tensor copied (FSDP2's pre-backward hook on a unit's output would be lost to an in-place op on
+    a view of it), anything else as it is."""
+    return value.clone() if isinstance(value, Tensor) and value._is_view() else value
 
 
 class _UnitCall(nn.Module):
     """A partition of the cut graph, run inside its unit's forward."""
 
-    def __init__(self, unit: Unit, partition: fx.GraphModule, positions: tuple[int, ...]) -> None:
+    def __init__(self, unit: Unit, partition: fx.GraphModule, positions: tuple[tuple[int, int], ...]) -> None:
         super().__init__()
         self.partition = partition
         self._unit = [unit]  # a list: the unit stays out of this module's tree
@@ -99,48 +144,56 @@ class _UnitCall(nn.Module):
 
 
 class LayeredGraph:
-    """A converted module cut into one partition per unit (see the module doc): called with the user inputs,
-    then the parameters (None where a unit puts in its own)."""
+    """A converted module cut into one partition per stretch of a unit (see the module doc): called with the
+    user inputs, then the parameters (None where a unit puts in its own)."""
 
     def __init__(self, module: fx.GraphModule, plan: LayerPlan, units: Sequence[Unit], user_inputs: int) -> None:
         placeholders = [node for node in module.graph.nodes if node.op == "placeholder"]
         param_nodes = placeholders[user_inputs:]
-        owner = {node: plan.owner[i] for i, node in enumerate(param_nodes)}
+        unit_of = {node: k for i, node in enumerate(param_nodes) if (k := plan.unit_of(i)) is not None}
         param_of = {node.name: i for i, node in enumerate(param_nodes)}
+        names = [*plan.units, "shared parameters"]
+        segments: list[int] = []  # the unit of each partition, in graph order
         partition_of: dict[fx.Node, int] = {}
-        running = 0
+        running = 0  # the last layer begun
         for node in module.graph.nodes:
             if node.op in ("placeholder", "output"):
                 continue
-            owners = [(arg, k) for arg in node.all_input_nodes if (k := owner.get(arg)) is not None]
-            running = max([running, *(k for _, k in owners)])
+            owners = {(arg, k) for arg in node.all_input_nodes if (k := unit_of.get(arg)) is not None}
             for arg, k in owners:
-                if k != running:
+                if k < len(plan.units) and k < running:
                     raise DistributedError(
-                        f"sharding: the converted graph reads layer {plan.units[k]!r}'s parameter "
-                        f"{arg.target!r} after layer {plan.units[running]!r} began; its layers are not in "
-                        "order, so it cannot be cut into per-layer units"
+                        f"sharding: the converted graph reads layer {names[k]!r}'s parameter {arg.target!r} after "
+                        f"layer {names[running]!r} began; its layers are not in order, so it cannot be cut into "
+                        "per-layer units"
                     )
-            partition_of[node] = running
+                running = max(running, k if k < len(plan.units) else running)
+            if len({k for _, k in owners}) > 1:
+                raise DistributedError(
+                    f"sharding: node {node.name!r} of the converted graph reads the parameters of "
+                    f"{sorted(names[k] for _, k in owners)} together; it cannot be cut into per-layer units"
+                )
+            if owners and (not segments or segments[-1] != next(iter(owners))[1]):
+                segments.append(next(iter(owners))[1])
+            partition_of[node] = max(len(segments) - 1, 0)
         self.split = split_module(module, module, lambda node: partition_of[node], keep_original_order=True)
+        unit_params = [[i for i in range(len(plan.owner)) if plan.unit_of(i) == k] for k in range(len(units))]
         for node in self.split.graph.nodes:
             if node.op != "call_module" or not units:
                 continue
-            index = int(str(node.target).rsplit("_", 1)[1])
+            index = segments[int(str(node.target).rsplit("_", 1)[1])] if segments else 0
             positions = []
-            unit_params = [i for i, k in enumerate(plan.owner) if k == index]
             for position, arg in enumerate(node.args):
                 param = param_of.get(arg.name) if isinstance(arg, fx.Node) and arg.op == "placeholder" else None
-                if param is not None and plan.owner[param] == index:
-                    positions.append((position, unit_params.index(param)))
-            if len(positions) != len(unit_params):
+                if param is not None and plan.unit_of(param) == index:
+                    positions.append((position, unit_params[index].index(param)))
+            if index < len(plan.units) and len(positions) != len(unit_params[index]):
                 raise DistributedError(
-                    f"sharding: layer {plan.units[index]!r}'s partition of the converted graph reads "
-                    f"{len(positions)} of its {len(unit_params)} parameters"
+                    f"sharding: layer {names[index]!r}'s partition of the converted graph reads "
+                    f"{len(positions)} of its {len(unit_params[index])} parameters"
                 )
             partition = getattr(self.split, str(node.target))
-            ordered = tuple(position for position, _ in sorted(positions, key=lambda item: item[1]))
-            setattr(self.split, str(node.target), _UnitCall(units[index], partition, ordered))
+            setattr(self.split, str(node.target), _UnitCall(units[index], partition, tuple(positions)))
 
     def __call__(self, *args: Tensor | None) -> tuple[Tensor, ...]:
         return tuple(self.split(*args))

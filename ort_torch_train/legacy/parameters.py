@@ -173,10 +173,11 @@ def check_supported(parameters: TrainingParameters) -> None:
     recomputes = (
         parameters.gelu_recompute or parameters.attn_dropout_recompute or parameters.transformer_layer_recompute
     )
-    if stage >= 2 and (parameters.use_mixed_precision or recomputes):
+    if stage >= 2 and recomputes:
         raise NotImplementedError(
-            f"TrainingParameters.deepspeed_zero_stage = {stage} runs float32 steps without recompute: "
-            "use_mixed_precision and the *_recompute settings must be off (docs/scaling.md, Sharded training)"
+            f"TrainingParameters.deepspeed_zero_stage = {stage} recomputes whole layer units, not ORT's patterns: "
+            "the *_recompute settings must be off (Module(sharding=..., recompute=True); docs/scaling.md, "
+            "Sharded training)"
         )
     if optimizer and optimizer not in OPTIMIZERS:
         raise ValueError(

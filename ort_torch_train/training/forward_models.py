@@ -44,7 +44,7 @@ def train_forward(
     transform: Restructure | None = None
     if isinstance(recompute, RecomputePlan):
         transform = partial(with_pattern_recompute, plan=recompute, user_inputs=len(layout.user_inputs))
-    elif recompute is not None:
+    elif recompute is not None and options.sharding is None:  # sharded: each layer unit recomputes its own
         transform = partial(with_recompute, segments=recompute)
     if tensor_parallel is not None:
         transform = tensor_parallel.restructure(then=transform)

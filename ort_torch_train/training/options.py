@@ -58,15 +58,15 @@ class EngineOptions:
         tensor_parallel: the ``(dp, tp)`` mesh whose tp ranks share Megatron's weight pairs
             (``distributed/tensor_parallel.py``), or None; with it, ``process_group`` is the mesh's dp group.
         sharding: "zero2" or "zero3" (FSDP2, ``distributed/fully_sharded.py``; implies ``distributed``,
-            eager steps without recompute or mixed precision), or None.
-
+            eager steps; ``recompute`` True recomputes each layer unit), or None.
         package: the folder of a package of steps compiled ahead of time (``training/package/``), which
             the train and eval steps run through instead of compiling, or None; ``compile="package:DIR"``.
 
 
     Valid combinations: every field with every other, except that ``loss_scale`` needs "fp16", a
     process group needs ``distributed`` or ``pipeline``, "adasum" needs ``distributed`` and eager steps,
-    ``pipeline`` takes eager steps in float32 without recompute and without ``distributed``, and a package
+    ``pipeline`` takes eager steps in float32 without recompute and without ``distributed``, ``sharding``
+    takes eager steps with averaged gradients and ``recompute`` None or True, and a package
     runs on the CPU in float32, one process, no recompute. Compiled with recompute, the train step is not one graph:
     the train forward compiles alone (torch.func's one-graph step refuses checkpoint's saved-tensor
     hooks), its backward runs through autograd and the optimizer update after it.
@@ -142,11 +142,15 @@ class EngineOptions:
                     f"sharding: {sharded!r} with pipeline={pipeline!r}, tensor_parallel_size={tensor_parallel_size!r}: "
                     "sharded data parallelism does not compose with pipeline or tensor parallelism yet"
                 )
-            if arguments is not None or plan or mixed_precision is not None or gradient_combination != "average":
+            if arguments is not None or gradient_combination != "average":
                 raise ValueError(
-                    f"sharding: {sharded!r} runs eager float32 steps with averaged gradients; got compile={compile!r}, "
-                    f"recompute={recompute!r}, mixed_precision={mixed_precision!r}, "
+                    f"sharding: {sharded!r} runs eager steps with averaged gradients; got compile={compile!r}, "
                     f"gradient_combination={gradient_combination!r} (docs/scaling.md, Sharded training)"
+                )
+            if plan and plan is not True:  # a segment count or ORT's patterns
+                raise ValueError(
+                    f"sharding: {sharded!r} recomputes per layer unit: expected recompute=True (each unit's "
+                    f"activations recomputed in its backward) or None; got {recompute!r}"
                 )
             distributed = True
         if distributed:

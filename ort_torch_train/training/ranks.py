@@ -37,7 +37,9 @@ def rank_strategies(
     if options.sharding is not None:
         from ort_torch_train.distributed.fully_sharded import FullyShardedParallel
 
-        combined = FullyShardedParallel(graph, state, layout.params, options.process_group, options.sharding)
+        combined = FullyShardedParallel(
+            graph, state, layout.params, options.process_group, options.sharding, options.recompute is not None
+        )
     elif options.distributed:
         combined = data_parallel(graph, state, layout.params, options.process_group, options.gradient_combination)
     pipeline = None

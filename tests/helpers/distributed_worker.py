@@ -61,9 +61,9 @@ def batches(fixture: Path, step: int) -> list[np.ndarray]:
 
 
 def part(arrays: list[np.ndarray], index: int, count: int) -> list[np.ndarray]:
-    """The index-th of ``count`` equal slices of a batch."""
-    size = len(arrays[0]) // count
-    return [array[index * size : (index + 1) * size] for array in arrays]
+    """The index-th of ``count`` equal slices of a batch: of each array's axis 0 (flattened token labels are
+    sliced with their sequences)."""
+    return [array[index * (len(array) // count) : (index + 1) * (len(array) // count)] for array in arrays]
 
 
 def train(
@@ -126,10 +126,12 @@ def train(
     }
 
 
-def legacy_train(rank: int = 0, world_size: int = 1, zero_stage: int = 0) -> dict[str, np.ndarray]:
-    """The legacy TrainingSession (Adam, 2-step accumulation reduced once) on this rank's share of 8
-    batches, then its state (get_state) loaded into a new session that trains on 2 more; the
-    parameters and (whole, gathered under ZeRO stage 1) optimizer state."""
+def legacy_train(
+    rank: int = 0, world_size: int = 1, zero_stage: int = 0, mixed_precision: bool = False
+) -> dict[str, np.ndarray]:
+    """The legacy TrainingSession (Adam, 2-step accumulation reduced once, ``use_mixed_precision`` as asked)
+    on this rank's share of 8 batches, then its state (get_state) loaded into a new session that trains on
+    2 more; the parameters and (whole, gathered under ZeRO stage 1) optimizer state."""
     from tests.helpers.legacy_models import LR, params_for, session
 
     settings = {
@@ -139,6 +141,7 @@ def legacy_train(rank: int = 0, world_size: int = 1, zero_stage: int = 0) -> dic
         "gradient_accumulation_steps": 2,
         "allreduce_post_accumulation": True,
         "deepspeed_zero_stage": zero_stage,
+        "use_mixed_precision": mixed_precision,
     }
     sess = session(params_for("AdamOptimizer", **settings))
     rng = np.random.default_rng(3)

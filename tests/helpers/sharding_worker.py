@@ -1,11 +1,13 @@
 """One rank of the sharded-training tests (tests/unit/distributed/test_fully_sharded.py launches 2 or 4).
 
 ``python -m tests.helpers.sharding_worker SCENARIO OUT_DIR`` with torchrun's env. ``SCENARIO`` is
-``<run>:<sharding>`` (a run of ``RUNS``, "zero2" or "zero3", "none" for one process on the whole batches):
+``<run>:<sharding>[:<option>]`` (a run of ``RUNS``, "zero2" or "zero3", "none" for one process on the whole
+batches; an option of ``OPTIONS``: recompute, or bf16 / fp16 mixed precision):
 each rank trains on its share of every batch and writes ``<scenario>_rank<r>.npz`` (the losses, the final
 whole parameters, the last step's whole gradients, the eval loss) and rank 0 the checkpoint ``<scenario>.ckpt``. ``resume:<sharding>``
 loads the ``mlp`` run's checkpoint saved after 3 steps and trains the rest. ``legacy:<stage>``: the legacy
-session with ``deepspeed_zero_stage`` 2 or 3 (``distributed_worker.legacy_train``). ``fit:<sharding>``: the
+session with ``deepspeed_zero_stage`` 2 or 3 (``distributed_worker.legacy_train``; ``legacy:<stage>:fp16``
+with ``use_mixed_precision``). ``fit:<sharding>``: the
 trainer's ``fit`` with averaged gradient accumulation. ``misuse``: the errors
 each rank saw (``misuse_rank<r>.json``).
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 import datetime
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -25,10 +28,53 @@ from tests.helpers.timeouts import scaled
 
 TRANSFORMER = FIXTURES / "transformer"
 STEPS = 6
+WARMUP, PEAK_LEARNING_RATE = 2, 0.01
+LEARNING_RATES_SUM = sum(  # LinearLRScheduler's rates over the steps: up for WARMUP steps, then down to 0
+    PEAK_LEARNING_RATE * (step / WARMUP if step < WARMUP else (STEPS - step) / (STEPS - WARMUP))
+    for step in range(STEPS)
+)
+TIED_LM = "tied_lm"  # a fixture folder made in OUT_DIR by ``make_tied_lm`` before the ranks start
 RUNS = {  # fixture, optimizer model (None: the fixture's), two micro-batches per step
     "mlp": (MLP, None, False),
     "mlp_clip_accumulate": (MLP_OPTIMIZERS, CLIP_MODEL, True),
     "transformer": (TRANSFORMER, None, False),
+    TIED_LM: (Path(TIED_LM), None, False),
+}
+
+
+def make_tied_lm(out: Path) -> None:
+    """``OUT_DIR/tied_lm``, laid out as a fixture (artifacts/, data.npz, expected.json): a 1-layer GPT-2
+    (``transformers``) whose output projection is its token embedding, every parameter trained."""
+    import torch
+
+    from ort_torch_train.artifacts import AdamW, LossType, generate_artifacts
+    from tests.helpers.lora_models import BATCH, TOKENS, tiny_lm
+    from tests.helpers.lora_models import batches as lm_batches
+
+    folder = out / TIED_LM
+    generate_artifacts(
+        tiny_lm("gpt2"),
+        example_inputs=(torch.zeros(BATCH, TOKENS, dtype=torch.int64),),
+        input_names=["tokens"],
+        output_names=["logits"],
+        loss=LossType.CrossEntropyLoss,
+        optimizer=AdamW(),
+        artifact_directory=folder / "artifacts",
+    )
+    data = lm_batches(STEPS)
+    np.savez(
+        folder / "data.npz",
+        tokens=np.stack([t.numpy() for t, _ in data]),
+        labels=np.stack([y.numpy() for _, y in data]),
+    )
+    (folder / "expected.json").write_text(json.dumps({"data_keys": {"train": ["tokens", "labels"]}}))
+
+
+OPTIONS = {
+    "": {},
+    "recompute": {"recompute": True},
+    "bf16": {"mixed_precision": "bf16"},
+    "fp16": {"mixed_precision": "fp16"},
 }
 
 
@@ -36,9 +82,10 @@ def train(scenario: str, rank: int, world_size: int, out: Path) -> dict[str, np.
     """Train the scenario's run on this rank's share of each batch (see the module doc)."""
     from ort_torch_train.api import CheckpointState, LinearLRScheduler, Module, Optimizer
 
-    run, sharding = scenario.split(":")
+    run, sharding, *option = scenario.split(":")
     resume = run == "resume"
     fixture, optimizer_model, accumulate = RUNS["mlp" if resume else run]
+    fixture = out / fixture if run == TIED_LM else fixture
     artifacts = fixture / "artifacts"
     state = CheckpointState.load_checkpoint(out / "mlp:none.at3.ckpt" if resume else artifacts / "checkpoint")
     module = Module(
@@ -46,10 +93,13 @@ def train(scenario: str, rank: int, world_size: int, out: Path) -> dict[str, np.
         state,
         artifacts / "eval_model.onnx",
         sharding=None if sharding == "none" else sharding,
+        **OPTIONS[option[0] if option else ""],
     )
     optimizer = Optimizer(optimizer_model or artifacts / "optimizer_model.onnx", module)
-    scheduler = LinearLRScheduler(optimizer, 2, STEPS, 0.01)
-    losses = []
+    scheduler = LinearLRScheduler(optimizer, WARMUP, STEPS, PEAK_LEARNING_RATE)
+    losses: list[float] = []
+    saved = saved_elements(lambda: module(*part(batches(fixture, 0), rank, world_size)))
+    module.lazy_reset_grad()
     for step in range(3 if resume else 0, STEPS):
         inputs = batches(fixture, step)
         if accumulate:  # two micro-batches: the first accumulates locally
@@ -75,9 +125,26 @@ def train(scenario: str, rank: int, world_size: int, out: Path) -> dict[str, np.
     return {
         "losses": np.array(losses, dtype=np.float64),
         "eval_loss": np.asarray(eval_loss, dtype=np.float64).reshape(-1),
+        "saved_elements": np.array(saved),
         **{f"param/{n}": p.data.copy() for n, p in state.parameters},
         **grads,
     }
+
+
+def saved_elements(step: Callable[[], object]) -> int:
+    """How many tensor elements ``step``'s forward keeps for its backward, outside recomputed regions."""
+    import torch
+
+    count = 0
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        nonlocal count
+        count += tensor.numel()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        step()
+    return count
 
 
 def fit_run(sharding: str, rank: int, world_size: int) -> dict[str, np.ndarray]:
@@ -135,8 +202,9 @@ def main() -> None:
         (out / f"misuse_rank{rank}.json").write_text(json.dumps(misuse(rank)))
     elif scenario.startswith("fit:"):
         np.savez(out / f"{scenario}_rank{rank}.npz", **fit_run(scenario.split(":")[1], rank, world_size))
-    elif scenario.startswith("legacy:"):  # deepspeed_zero_stage 2 or 3
-        results = legacy_train(rank, world_size, zero_stage=int(scenario.split(":")[1]))
+    elif scenario.startswith("legacy:"):  # deepspeed_zero_stage 2 or 3, and ":fp16" use_mixed_precision
+        _, stage, *fp16 = scenario.split(":")
+        results = legacy_train(rank, world_size, zero_stage=int(stage), mixed_precision=bool(fp16))
         np.savez(out / f"{scenario}_rank{rank}.npz", **results)
     else:
         np.savez(out / f"{scenario}_rank{rank}.npz", **train(scenario, rank, world_size, out))

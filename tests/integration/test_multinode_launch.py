@@ -1,7 +1,8 @@
 """Two simulated nodes on this machine: two torchrun launchers, one process each, meeting over c10d's
 rendezvous on loopback, as on two machines (``torchrun --nnodes=2 --rdzv-backend=c10d
---rdzv-endpoint=HOST:PORT``): they train like one process, rank 0's checkpoint loads in ORT, and a
-node lost mid-run fails the other."""
+--rdzv-endpoint=HOST:PORT``, or the static ``--node-rank``/``--master-addr`` one): they train like one
+process (with ZeRO-1 or ZeRO-3 sharding), rank 0's checkpoint loads in ORT, and a node lost mid-run
+fails the other."""
 
 from __future__ import annotations
 
@@ -29,14 +30,20 @@ TRAIN = ["train", worker.MLP / "artifacts", "--data", worker.MLP / "data.npz", "
 TRAIN += ["--batched", "--lr", "0.01", "--json"]
 
 
-def start_nodes(tmp_path: Path, *args: object) -> list[subprocess.Popen]:
+def start_nodes(tmp_path: Path, *args: object, static: bool = False) -> list[subprocess.Popen]:
     """Two launchers of ``ort-torch-train ARGS`` (``--output`` and ``--metrics`` per node added), each
-    its own session, as on two machines."""
+    its own session, as on two machines; ``static``: torchrun's static rendezvous (``--node-rank`` 0 and 1
+    meeting at node 0's ``--master-addr``/``--master-port``) instead of c10d's."""
     endpoint, job = f"127.0.0.1:{free_port()}", uuid.uuid4().hex[:8]
     nodes = []
     for node in range(2):
         command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1"]
-        command += ["--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={job}", "--max-restarts=0"]
+        if static:
+            address, port = endpoint.split(":")
+            command += [f"--node-rank={node}", f"--master-addr={address}", f"--master-port={port}"]
+        else:
+            command += ["--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={job}"]
+        command += ["--max-restarts=0"]
         command += ["-m", "ort_torch_train", *map(str, args)]
         command += ["--output", str(tmp_path / f"node{node}"), "--metrics", str(tmp_path / f"node{node}.jsonl")]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -105,6 +112,24 @@ def test_two_nodes_train_like_one_process_and_ort_loads_the_rank0_checkpoint(cap
     theirs = run_ort(script, saved[0], worker.MLP / "artifacts")
     for name, value in trained.state_dict().items():
         np.testing.assert_array_equal(np.asarray(theirs[name], dtype=np.float32), value.numpy(), err_msg=name)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_two_nodes_with_zero3_sharding_train_like_one_process(capsys, tmp_path: Path) -> None:
+    """``torchrun --nnodes=2 --node-rank=0|1`` over loopback, ``train --sharding zero3``: each node's rank
+    feeds half of every batch and holds half of each parameter, gradient and moment; the checkpoint
+    (gathered, written by rank 0) holds one process's parameters and moments after the same steps."""
+    code, _, err = run_cli(capsys, *TRAIN, "--steps", 4, "--output", tmp_path / "one")
+    assert code == 0, err
+    nodes = start_nodes(tmp_path, *TRAIN, "--steps", 4, "--sharding", "zero3", static=True)
+    assert wait_all(nodes, tmp_path, timeout=scaled(120)) == [0, 0]
+    reference = TrainingState.load(tmp_path / "one").state_dict()
+    trained = TrainingState.load(tmp_path / "node0")
+    assert trained.optimizer is not None and trained.optimizer.step == 4
+    assert trained.state_dict().keys() == reference.keys()
+    for name, value in trained.state_dict().items():
+        np.testing.assert_allclose(value.numpy(), reference[name].numpy(), rtol=0, atol=TOLERANCE, err_msg=name)
 
 
 @pytest.mark.distributed

@@ -29,8 +29,9 @@ PARAMETER_TOLERANCE = 1e-5
 
 
 def run(scenario: str, out: Path, world_size: int) -> list[dict[str, np.ndarray]]:
-    """The scenario on ``world_size`` ranks (one process, in this one, for "<run>:none"); each rank's results."""
-    if scenario.endswith(":none"):
+    """The scenario on ``world_size`` ranks (one process, in this one, for "<run>:none[:<option>]"); each rank's
+    results."""
+    if scenario.split(":")[1] == "none":
         np.savez(out / f"{scenario}_rank0.npz", **sharding_worker.train(scenario, 0, 1, out))
     else:
         require_success(
@@ -83,6 +84,74 @@ def test_transformer_zero3_trains_like_one_process(tmp_path: Path) -> None:
 
 
 @pytest.mark.distributed
+@pytest.mark.parametrize(("run_name", "sharding"), [("transformer", "zero3"), ("mlp", "zero2")])
+def test_recompute_per_layer_unit_trains_like_one_process(tmp_path: Path, run_name: str, sharding: str) -> None:
+    """``recompute=True`` under sharding checkpoints each layer unit: the same losses, parameters and gradients
+    as one process with recompute, and each rank keeps less for its backward than half of what one
+    process without recompute keeps on the whole batch (a half batch without recompute keeps more than
+    half: the gathered parameters too)."""
+    single = run(f"{run_name}:none:recompute", tmp_path, 1)[0]
+    ranks = run(f"{run_name}:{sharding}:recompute", tmp_path, 2)
+    assert_matches_one_process(single, ranks)
+    whole_batch_kept = run(f"{run_name}:none", tmp_path, 1)[0]["saved_elements"]
+    assert all(r["saved_elements"] < whole_batch_kept / 2 for r in ranks)
+
+
+# Mixed precision: the ranks' matmuls see half the rows, so the weight gradients' low-precision sums differ
+# from one process's by the dtype's rounding. Losses: within the dtype's machine epsilon relative (bf16
+# 2**-7, fp16 2**-10). Parameters: AdamW moves a weight by at most about the learning rate each step, so two
+# runs whose gradients differ by rounding drift apart by at most twice the learning rates' sum.
+MIXED_LOSS_TOLERANCE = {"bf16": 2.0**-7, "fp16": 2.0**-10}
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(("sharding", "precision"), [("zero3", "bf16"), ("zero2", "fp16")])
+def test_mixed_precision_trains_like_one_process_under_the_same_autocast(
+    tmp_path: Path, sharding: str, precision: str
+) -> None:
+    single = run(f"transformer:none:{precision}", tmp_path, 1)[0]
+    ranks = run(f"transformer:{sharding}:{precision}", tmp_path, 2)
+    mean = np.mean([r["losses"] for r in ranks], axis=0)
+    np.testing.assert_allclose(mean, single["losses"], rtol=MIXED_LOSS_TOLERANCE[precision], atol=0)
+    float32 = run("transformer:none", tmp_path, 1)[0]["losses"]
+    assert not np.allclose(mean, float32, rtol=1e-6, atol=0)  # the sharded forward ran under autocast
+    drift = 2 * sharding_worker.LEARNING_RATES_SUM
+    for name in (key for key in single if key.startswith("param/")):
+        for result in ranks:
+            np.testing.assert_array_equal(result[name], ranks[0][name], err_msg=name)
+        np.testing.assert_allclose(ranks[0][name], single[name], rtol=0, atol=drift, err_msg=name)
+    assert_checkpoint_is_one_process_save(tmp_path / f"transformer:{sharding}:{precision}.ckpt", ranks, tmp_path)
+
+
+@pytest.mark.distributed
+def test_legacy_session_with_zero_stage_and_mixed_precision_trains_like_one_process(tmp_path: Path) -> None:
+    """``deepspeed_zero_stage`` 3 with ``use_mixed_precision`` (fp16, dynamic loss scale) against one process's
+    fp16 session; Adam's 5 updates at learning rate 0.02 bound the parameters' drift (see above)."""
+    reference = legacy_train(mixed_precision=True)
+    ranks = run("legacy:3:fp16", tmp_path, 2)
+    mean = np.mean([r["losses"] for r in ranks], axis=0)
+    np.testing.assert_allclose(mean, reference["losses"], rtol=MIXED_LOSS_TOLERANCE["fp16"], atol=0)
+    assert not np.allclose(mean, legacy_train()["losses"], rtol=1e-6, atol=0)  # the sharded session ran fp16
+    for key in (key for key in reference if key.startswith("param/")):
+        for result in ranks:
+            np.testing.assert_allclose(result[key], reference[key], rtol=0, atol=2 * 5 * 0.02, err_msg=key)
+
+
+@pytest.mark.distributed
+def test_tied_embeddings_get_a_unit_of_their_own(tmp_path: Path) -> None:
+    """A GPT-2 whose token embedding is also its output projection: the embedding, read by the graph's
+    first and last nodes, is a shared unit gathered for each of the two stretches (freed between them
+    under ZeRO-3), and the run trains as one process does."""
+    sharding_worker.make_tied_lm(tmp_path)
+    artifacts = tmp_path / sharding_worker.TIED_LM / "artifacts"
+    graph = onnx.load(artifacts / "training_model.onnx").graph
+    plan = LayerPlan.of(graph, [i.name for i in graph.input][2:])
+    assert plan.shared_unit and plan.owner[0] is None and plan.unit_count == len(plan.units) + 1
+    single = run(f"{sharding_worker.TIED_LM}:none", tmp_path, 1)[0]
+    assert_matches_one_process(single, run(f"{sharding_worker.TIED_LM}:zero3", tmp_path, 2))
+
+
+@pytest.mark.distributed
 def test_clipping_and_accumulation_see_every_rank(tmp_path: Path) -> None:
     """A clipping AdamW (the global norm of every rank's shards) with two micro-batches per step, the first
     under ``no_sync``."""
@@ -118,8 +187,10 @@ def test_ranks_launched_with_different_settings_are_refused_on_every_rank(tmp_pa
 
 
 def test_layers_are_named_by_prefix() -> None:
-    assert layer_of("model.layers.3.self_attn.q_proj.weight") == "model.layers.3"
-    assert layer_of("transformer.h.11.mlp.c_fc.bias") == "transformer.h.11"
+    assert layer_of("model.layers.3.self_attn.q_proj.weight") == "model.layers.3.self_attn"
+    assert layer_of("transformer.h.11.mlp.c_fc.bias") == "transformer.h.11.mlp"
+    assert layer_of("transformer.h.0.ln_1.weight") == "transformer.h.0.ln_1"
+    assert layer_of("h.0.weight") == "h.0"
     assert layer_of("enc.linear1.weight") == "enc.linear1"
     assert layer_of("0.weight") == "0"
     assert layer_of("scale") == "scale"
@@ -138,16 +209,22 @@ def test_a_parameter_read_across_layers_belongs_to_the_root() -> None:
     plan = LayerPlan.of(graph, ["wte", "h.0.w", "h.0.b", "h.1.w"])
     assert plan.units == ("h.0", "h.1")
     assert plan.owner == (None, 0, 0, 1)
+    assert plan.shared_unit and plan.unit_count == 3 and plan.unit_of(0) == 2  # its own unit, after the layers
+    nodes.append(onnx.helper.make_node("Mul", ["wte", "h.1.w"], ["scaled"]))  # read with a layer's parameter
+    mixed = LayerPlan.of(onnx.helper.make_graph(nodes, "g", [], []), ["wte", "h.0.w", "h.0.b", "h.1.w"])
+    assert not mixed.shared_unit and mixed.unit_of(0) is None and mixed.unit_count == 2  # the root holds it
 
 
 def test_the_option_is_checked_once() -> None:
     assert check_sharding("zero3") == "zero3" and check_sharding(None) is None
     with pytest.raises(ValueError, match=r"sharding: expected None, 'zero2' or 'zero3'; got 'zero4'"):
         check_sharding("zero4")
-    with pytest.raises(ValueError, match="sharding: 'zero2' runs eager float32 steps"):
+    with pytest.raises(ValueError, match="sharding: 'zero2' runs eager steps"):
         EngineOptions.of(sharding="zero2", compile=True)
-    with pytest.raises(ValueError, match="recompute=2"):
+    with pytest.raises(ValueError, match="recomputes per layer unit: expected recompute=True .* got 2"):
         EngineOptions.of(sharding="zero3", recompute=2)
+    with pytest.raises(ValueError, match="got 1"):
+        EngineOptions.of(sharding="zero3", recompute=1)
 
 
 CLI_ARGS = ["--inputs", "x_train,y_train", "--steps", 4, "--batch-size", 64, "--no-shuffle", "--json"]

@@ -254,9 +254,9 @@ def test_zero_stages_in_one_process_train_unsharded(stage):
     )
 
 
-def test_zero_stages_2_and_3_refuse_mixed_precision():
-    with pytest.raises(NotImplementedError, match="deepspeed_zero_stage = 2 runs float32 steps"):
-        session(params_for(deepspeed_zero_stage=2, use_mixed_precision=True))
+def test_zero_stages_2_and_3_refuse_ort_recompute_patterns():
+    with pytest.raises(NotImplementedError, match="deepspeed_zero_stage = 2 recomputes whole layer units"):
+        session(params_for(deepspeed_zero_stage=2, transformer_layer_recompute=True))
 
 
 def test_ort_format_is_not_implemented(tmp_path):
