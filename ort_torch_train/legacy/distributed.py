@@ -19,7 +19,7 @@ def legacy_distributed(parameters: TrainingParameters, device: torch.device) -> 
     """Whether a legacy session trains data-parallel on the default process group (initialised here
     for a process training on ``device`` when needed, also for tensor parallel alone); False for a
     single process or ``horizontal_parallel_size`` ranks sharing one replica."""
-    world_size, world_rank = parameters.world_size, parameters.world_rank
+    world_size = parameters.world_size
     horizontal = parameters.horizontal_parallel_size
     if world_size == 1 and parameters.data_parallel_size == 1 and horizontal == 1:
         return False
@@ -29,12 +29,20 @@ def legacy_distributed(parameters: TrainingParameters, device: torch.device) -> 
             f"horizontal_parallel_size = {horizontal} with world_size = {world_size}: expected "
             "data_parallel_size * horizontal_parallel_size == world_size"
         )
+    join_default_group(parameters, device, f"TrainingParameters.world_size = {world_size}")
+    return parameters.data_parallel_size > 1
+
+
+def join_default_group(parameters: TrainingParameters, device: torch.device, setting: str) -> None:
+    """Initialise the default process group as rank ``world_rank`` of ``world_size`` for a process training on
+    ``device`` unless one is, then check this process holds that rank; ``setting`` names what asked for it."""
+    world_size, world_rank = parameters.world_size, parameters.world_rank
     if not dist.is_initialized():
         missing = LaunchEnvironment.read().missing_rendezvous
         if missing:
             raise DistributedError(
-                f"TrainingParameters.world_size = {world_size}: no process group is initialised "
-                f"and the environment lacks {list(missing)} (launch with torchrun, or set them for mpirun)"
+                f"{setting}: no process group is initialised and the environment lacks {list(missing)} "
+                "(launch with torchrun, or set them for mpirun)"
             )
         init_default_group(device, world_rank, world_size)
     if (dist.get_rank(), dist.get_world_size()) != (world_rank, world_size):
@@ -43,4 +51,3 @@ def legacy_distributed(parameters: TrainingParameters, device: torch.device) -> 
             f"process group has this process as rank {dist.get_rank()} of "
             f"{dist.get_world_size()}"
         )
-    return parameters.data_parallel_size > 1

@@ -9,11 +9,9 @@ is split into that many micro-batches; ``gradient_accumulation_steps`` still cou
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
-from ort_torch_train.distributed.launch import LaunchEnvironment, init_default_group
 from ort_torch_train.distributed.pipeline_plan import PipelineOptions
-from ort_torch_train.errors import DistributedError
+from ort_torch_train.legacy.distributed import join_default_group
 from ort_torch_train.legacy.parameters import TrainingParameters
 
 
@@ -33,24 +31,12 @@ def legacy_pipeline(parameters: TrainingParameters, device: torch.device) -> Pip
         options = PipelineOptions(stages=size, micro_batches=micro_batches, cuts=cuts)
     except ValueError as error:
         raise ValueError(f"TrainingParameters pipeline settings: {error}") from None
-    world_size, world_rank = parameters.world_size, parameters.world_rank
+    world_size = parameters.world_size
     if world_size != size or parameters.data_parallel_size != 1:
         raise NotImplementedError(
             f"TrainingParameters.pipeline_parallel_size = {size} with world_size = {world_size} and "
             f"data_parallel_size = {parameters.data_parallel_size}: only a pipeline alone (world_size == "
             "pipeline_parallel_size, data_parallel_size 1) is implemented"
         )
-    if not dist.is_initialized():
-        missing = LaunchEnvironment.read().missing_rendezvous
-        if missing:
-            raise DistributedError(
-                f"TrainingParameters.pipeline_parallel_size = {size}: no process group is initialised and the "
-                f"environment lacks {list(missing)} (launch with torchrun, or set them for mpirun)"
-            )
-        init_default_group(device, world_rank, world_size)
-    if (dist.get_rank(), dist.get_world_size()) != (world_rank, world_size):
-        raise DistributedError(
-            f"TrainingParameters.world_rank/world_size = {world_rank}/{world_size}, but the process group has "
-            f"this process as rank {dist.get_rank()} of {dist.get_world_size()}"
-        )
+    join_default_group(parameters, device, f"TrainingParameters.pipeline_parallel_size = {size}")
     return options
