@@ -203,25 +203,32 @@ class LocalHeads(nn.Module):
 
 
 class ReshapeLocalHeads(nn.Module):
-    """A reshape inside the attention, on this rank's heads: a target shape written for the whole tensor
-    (no -1, N times this rank's elements) has its heads dimension divided by N; raises when it does not
-    divide."""
+    """A reshape inside an attention block, on this rank's heads. A target shape written for all the
+    heads has its heads dimension divided by N: splitting the features (a rank more), the dimension
+    before the last when it is the block's ``heads`` count or times the last gives one of its
+    projections' ``features``; otherwise the last when it is one of ``features``. Any other target
+    (a -1 there, a shape computed from the local tensor) is taken as it is."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, features: Sequence[int], heads: int | None) -> None:
         super().__init__()
-        self.size = size
+        self.size, self.features, self.heads = size, frozenset(features), heads
 
     def forward(self, value: Tensor, shape: Sequence[int]) -> Tensor:
         target = [int(dim) for dim in shape]
-        if -1 in target or _product(target) == value.numel():
-            return value.reshape(target)
-        heads_dim = len(target) - 2 if len(target) > value.dim() else len(target) - 1
-        if _product(target) != value.numel() * self.size or target[heads_dim] % self.size:
-            raise ModelError(
-                f"tensor_parallel_size={self.size}: the attention reshapes {list(value.shape)} (this rank's heads) "
-                f"into {target}, written for all heads; expected a heads dimension that is a multiple of {self.size}"
-            )
-        target[heads_dim] //= self.size
+        heads_dim = None
+        if len(target) > value.dim() and len(target) >= 2:
+            if target[-2] > 0 and (target[-2] == self.heads or target[-2] * target[-1] in self.features):
+                heads_dim = len(target) - 2
+        elif target and target[-1] in self.features:
+            heads_dim = len(target) - 1
+        if heads_dim is not None:
+            if target[heads_dim] % self.size:
+                raise ModelError(
+                    f"tensor_parallel_size={self.size}: the attention reshapes {list(value.shape)} (this rank's "
+                    f"heads) into {target}, written for all heads; expected a heads dimension that is a multiple "
+                    f"of {self.size}"
+                )
+            target[heads_dim] //= self.size
         return value.reshape(target)
 
 
@@ -236,13 +243,6 @@ class EnterRow(nn.Module):
         return DTensor.from_local(value, self.mesh, [Shard(value.dim() - 1)], run_check=False)
 
 
-def _product(dims: Sequence[int]) -> int:
-    result = 1
-    for dim in dims:
-        result *= dim
-    return result
-
-
 def shard_attention(
     module: fx.GraphModule, blocks: Sequence[AttentionBlock], by_name: Mapping[str, fx.Node], mesh: DeviceMesh
 ) -> None:
@@ -251,9 +251,11 @@ def shard_attention(
     graph = module.graph
     add_pair_modules(module, mesh)
     module.add_submodule("tensor_parallel_local_heads", LocalHeads())
-    module.add_submodule("tensor_parallel_reshape_heads", ReshapeLocalHeads(mesh.size()))
     module.add_submodule("tensor_parallel_enter_row", EnterRow(mesh))
-    for block in blocks:
+    for number, block in enumerate(blocks):
+        reshape = f"tensor_parallel_reshape_heads_{number}"
+        features = [column.out_features for column in block.columns]
+        module.add_submodule(reshape, ReshapeLocalHeads(mesh.size(), features, block.heads))
         row = converted_linear(block.row, by_name, f"the attention block {block.name}")
         columns = [converted_linear(column, by_name, f"the attention block {block.name}") for column in block.columns]
         entered: dict[fx.Node, fx.Node] = {}  # one replicated input per distinct input: one gradient all-reduce
@@ -274,7 +276,7 @@ def shard_attention(
             for user in [user for user in column.users if user is not local]:
                 user.replace_input_with(column, local)
             locals_.append(local)
-        _reshape_heads(graph, locals_, row, block)
+        _reshape_heads(graph, locals_, row, block, reshape)
         with graph.inserting_before(row):
             sharded = graph.call_module("tensor_parallel_enter_row", (row.args[0],))
             row_weight = graph.call_module("tensor_parallel_row", (by_name[block.row.weight],))
@@ -289,9 +291,12 @@ def shard_attention(
             user.replace_input_with(row, result)
 
 
-def _reshape_heads(graph: fx.Graph, starts: Sequence[fx.Node], row: fx.Node, block: AttentionBlock) -> None:
+def _reshape_heads(
+    graph: fx.Graph, starts: Sequence[fx.Node], row: fx.Node, block: AttentionBlock, reshape: str
+) -> None:
     """Point the reshapes between the projections' local outputs ``starts`` and the output projection
-    ``row`` at ``ReshapeLocalHeads``; raises when the values escape past ``row``."""
+    ``row`` at the ``reshape`` submodule (a ``ReshapeLocalHeads``); raises when the values escape past
+    ``row``."""
     seen: set[fx.Node] = set()
     stack = list(starts)
     reached_row = False
@@ -312,8 +317,8 @@ def _reshape_heads(graph: fx.Graph, starts: Sequence[fx.Node], row: fx.Node, blo
             shape = node.args[1] if len(node.args) == 2 and isinstance(node.args[1], (tuple, list)) else node.args[1:]
             node.op, node.target, node.args = (
                 "call_module",
-                "tensor_parallel_reshape_heads",
+                reshape,
                 (node.args[0], tuple(shape)),
             )
         elif node.op == "call_function" and node.target is torch.reshape:
-            node.op, node.target = "call_module", "tensor_parallel_reshape_heads"
+            node.op, node.target = "call_module", reshape

@@ -52,11 +52,14 @@ def test_a_projection_taken_by_a_pair_or_a_packed_projection_is_no_block(attenti
 
 
 def test_a_reshape_written_for_all_heads_takes_this_ranks_heads() -> None:
-    reshape = ReshapeLocalHeads(2)
+    reshape = ReshapeLocalHeads(2, [16], heads=4)
     local = torch.arange(2 * 3 * 8.0).reshape(2, 3, 8)  # 2 of 4 heads of size 4
     assert reshape(local, (2, 3, 4, 4)).shape == (2, 3, 2, 4)  # split: the heads dimension halved
-    assert reshape(local.reshape(2, 3, 2, 4), (2, 3, 16)).shape == (2, 3, 8)  # merge: the features halved
-    assert reshape(local, (2, 3, -1, 4)).shape == (2, 3, 2, 4)  # -1: already this rank's
+    assert ReshapeLocalHeads(2, [16], None)(local, (2, 3, 4, 4)).shape == (2, 3, 2, 4)  # 4 x 4: the features
+    heads = local.reshape(2, 3, 2, 4)
+    assert reshape(heads, (2, 3, 16)).shape == (2, 3, 8)  # merge: the features halved
+    assert reshape(heads, (-1, 16)).shape == (6, 8)  # a -1 elsewhere: still halved
+    assert reshape(local, (2, 3, -1, 4)).shape == (2, 3, 2, 4)  # -1 in the heads dimension: already this rank's
     assert reshape(local, (2, 3, 2, 4)).shape == (2, 3, 2, 4)  # computed from the local tensor: as is
     with pytest.raises(ModelError, match="expected a heads dimension that is a multiple of 2"):
-        ReshapeLocalHeads(2)(torch.zeros(2, 3, 6), (2, 3, 3, 4))
+        ReshapeLocalHeads(2, [12], heads=3)(torch.zeros(2, 3, 6), (2, 3, 3, 4))
