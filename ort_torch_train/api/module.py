@@ -101,7 +101,7 @@ class Module(nn.Module):
             (default: the default group), eager float32 (docs/scaling.md).
         custom_ops: operators of the session's own (an ``adapters.OpLibrary``, as the C API makes from a
             registered custom-op library), converted before the registry's.
-        tensor_parallel_size: split Megatron's MLP weight pairs across this many ranks of the default
+        tensor_parallel_size: split Megatron's MLP pairs and attention heads across this many ranks of the default
             group (eager steps; with ``distributed`` the other ranks' factor is data parallel; docs/scaling.md).
         sharding: "zero2" or "zero3": sharded data parallelism on FSDP2 (eager steps; recompute=True
             recomputes per layer unit), or None.

@@ -3,11 +3,13 @@
 A step's batch (``--batch-size`` rows, or one ready-made ``--batched`` batch) is the global batch:
 rank r of W feeds its r-th of W equal slices (``trainer.data.array_loader``), so W ranks follow the
 trajectory of one process on the whole batch. Rank 0 prints and writes the metrics; every rank
-takes part in the checkpoint saves (collective).
+takes part in the checkpoint saves (collective). Under ``--pipeline-stages N`` the W = N ranks are a
+pipeline's stages instead: every rank reads the whole batch.
 """
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 
 import torch
@@ -15,6 +17,7 @@ import torch.distributed as dist
 
 from ort_torch_train.cli.common import CliError
 from ort_torch_train.distributed.launch import LaunchEnvironment, init_default_group
+from ort_torch_train.distributed.pipeline_plan import PipelineOptions
 
 
 @dataclass(frozen=True)
@@ -68,3 +71,27 @@ def launch_from_environment(device: str) -> tuple[Launch, str]:
             )
         init_default_group(torch.device(device), environment.rank, world_size)
     return Launch(dist.get_rank(), dist.get_world_size(), owns_group, device), device
+
+
+def pipeline_setting(args: argparse.Namespace, launch: Launch) -> PipelineOptions | None:
+    """The ``--pipeline-*`` options as ``Module``'s ``pipeline`` (None without ``--pipeline-stages``);
+    raises naming the option when they do not fit the launch."""
+    if args.pipeline_stages is None:
+        for option, value, default in (
+            ("--micro-batches", args.micro_batches, 1),
+            ("--pipeline-schedule", args.pipeline_schedule, "gpipe"),
+            ("--pipeline-cuts", args.pipeline_cuts, ""),
+        ):
+            if value != default:
+                raise CliError(f"{option} shapes a pipeline: give --pipeline-stages N too")
+        return None
+    if launch.world_size != args.pipeline_stages:
+        raise CliError(
+            f"--pipeline-stages {args.pipeline_stages} runs one stage per rank: launch {args.pipeline_stages} "
+            f"processes with `torchrun --nproc_per_node={args.pipeline_stages} -m ort_torch_train train ...`, "
+            f"got {launch.world_size}"
+        )
+    try:
+        return PipelineOptions(args.pipeline_stages, args.micro_batches, args.pipeline_cuts, args.pipeline_schedule)
+    except ValueError as error:
+        raise CliError(str(error)) from error

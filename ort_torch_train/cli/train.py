@@ -37,7 +37,7 @@ from ort_torch_train.cli.common import (
 )
 from ort_torch_train.cli.config import save_options
 from ort_torch_train.cli.data import check_arrays, check_batch_size, input_specs, load_data, select_arrays
-from ort_torch_train.cli.distributed import Launch, launch_from_environment
+from ort_torch_train.cli.distributed import Launch, launch_from_environment, pipeline_setting
 from ort_torch_train.cli.export import lora_setting
 from ort_torch_train.cli.train_checks import check_total_steps, check_writable_output
 from ort_torch_train.cli.train_options import run_threads
@@ -138,13 +138,15 @@ def train(args: argparse.Namespace, launch: Launch, device: str) -> None:
     job = prepare(args)
     if launch.is_main:
         save_options(args)  # OUTPUT.options.json: --resume OUTPUT reads them back
+    pipeline = pipeline_setting(args, launch)  # its stages are the ranks: each reads the whole batch
     module = Module(
         job.training_model,
         job.state,
         job.eval_model,
         device=device,
         compile=args.compile,
-        distributed=launch.distributed,
+        distributed=launch.distributed and pipeline is None,
+        pipeline=pipeline,
         mixed_precision=args.mixed_precision,
         recompute=args.recompute,
         lora=lora_setting(args.lora, job.state.training_state, job.training_model),
@@ -163,8 +165,8 @@ def train(args: argparse.Namespace, launch: Launch, device: str) -> None:
         shuffle=not args.no_shuffle,
         seed=job.seed,
         workers=args.workers,
-        rank=launch.rank,
-        world_size=launch.world_size,
+        rank=0 if pipeline else launch.rank,
+        world_size=1 if pipeline else launch.world_size,
     )
     max_steps = target_step(args, start, len(loader))
     check_total_steps(args.total_steps, max_steps)

@@ -232,6 +232,24 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         "(zero2), and of the parameters too, gathered per layer (zero3); with --recompute auto, per layer",
     )
     group.add_argument(
+        "--pipeline-stages",
+        type=int,
+        metavar="N",
+        help="under torchrun with N ranks, eager float32 steps: cut the training graph into N stages, one per "
+        "rank, each rank reading the whole batch (docs/scaling.md, Pipeline parallel)",
+    )
+    group.add_argument(
+        "--micro-batches", type=int, default=1, metavar="M", help="with --pipeline-stages: micro-batches per batch"
+    )
+    group.add_argument("--pipeline-schedule", choices=("gpipe", "1f1b"), default="gpipe", help="with --pipeline-stages")
+    group.add_argument(
+        "--pipeline-cuts",
+        default="",
+        metavar="CUTS",
+        help="with --pipeline-stages: the tensor names to cut at, in ORT's pipeline_cut_info_string format "
+        "(default: balanced by parameter count)",
+    )
+    group.add_argument(
         "--adasum",
         action="store_true",
         help="under torchrun, eager steps, 2/4/8... ranks: combine the gradients by Adasum instead of averaging",

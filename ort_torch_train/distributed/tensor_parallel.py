@@ -3,27 +3,28 @@
 The default process group's ranks form a 2-D device mesh ``(dp, tp)``: consecutive groups of N ranks
 share the work of one model replica (tensor parallel), and the ranks at the same position across
 those groups average their gradients (data parallel, with ``distributed=True``). Megatron's weight
-pairs of the training graph (``tensor_parallel_patterns.py``) run as DTensors sharded across the
-tp ranks: each rank computes its slice of the pair's hidden features, and the pair's output is the
-sum over the slices. The parameters, their gradients and the optimizer state stay whole on every
+pairs of the training graph (``tensor_parallel_patterns.py``) and attention blocks
+(``tensor_parallel_attention.py``) run as DTensors sharded across the tp ranks: each rank computes its
+slice of the pair's hidden features (of the block's heads), and the output is the sum over the slices. The parameters, their gradients and the optimizer state stay whole on every
 rank (the shards' gradients are all-gathered in backward), so the optimizer, gradient clipping,
 checkpoints, eval and export see the same values as one process: the ranks split the pairs'
 matrix products and hidden activations, not the parameters' memory.
 
 Before the first step, on every rank: the ranks' settings must agree (checked through the store,
 with a deadline, so that a rank launched otherwise is an error rather than a hang), the world size
-must be a multiple of N (equal to N without ``distributed``), each pair's hidden size a multiple of
-N, and the graph must hold at least one pair. Linear layers in no pair run replicated, with a warning
-naming them.
+must be a multiple of N (equal to N without ``distributed``), each pair's hidden size and each block's
+projections and heads a multiple of N, and the graph must hold at least one pair or block. Linear
+layers in none run replicated, with a warning naming them.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import math
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -35,12 +36,23 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from ort_torch_train.distributed.checkpoint import DistributedCheckpoint
 from ort_torch_train.distributed.data_parallel import DataParallel, require_identical, require_process_group
-from ort_torch_train.distributed.tensor_parallel_patterns import WeightPair, find_weight_pairs, shard_pairs
+from ort_torch_train.distributed.tensor_parallel_attention import (
+    AttentionBlock,
+    find_attention_blocks,
+    shard_attention,
+)
+from ort_torch_train.distributed.tensor_parallel_patterns import (
+    WeightPair,
+    find_weight_pairs,
+    parameter_nodes,
+    shard_pairs,
+)
 from ort_torch_train.errors import DistributedError, ModelError
 from ort_torch_train.graph.layout import GraphLayout, forward_graph
 from ort_torch_train.passes.pipeline import Restructure
 from ort_torch_train.state.training_state import TrainingState
 
+SMALL_CONSTANT = 64  # elements of an initializer that shape inference may read for the heads count
 AGREEMENT_TIMEOUT = 60.0  # seconds a rank waits for the others' settings
 _KEY = "ort_torch_train/tensor_parallel"
 _agreements = itertools.count(1)  # tensor-parallel engines built in this process
@@ -79,11 +91,17 @@ class TensorParallel:
         when nothing can be sharded, a pair does not split into equal slices, or the ranks' parameters
         differ."""
         shapes = {name: tuple(state.params[name].shape) for name in layout.params}
-        pairs, unmatched = find_weight_pairs(forward_graph(model, layout, initializers=False), shapes)
-        if not pairs:
+        graph = forward_graph(model, layout, initializers=False)
+        pairs, unmatched = find_weight_pairs(graph, shapes)
+        paired = {weight for pair in pairs for weight in (pair.column.weight, pair.row.weight)}
+        blocks = find_attention_blocks(graph, shapes, paired, small_constants(model, shapes))
+        in_blocks = {weight for block in blocks for weight in block.weights}
+        unmatched = [weight for weight in unmatched if weight not in in_blocks]
+        if not pairs and not blocks:
             raise ModelError(
-                f"tensor_parallel_size={self.size}: the training graph has no weight pair to shard (a MatMul/Gemm "
-                "over a parameter, an activation, then another; Megatron's MLP block); its linear layers "
+                f"tensor_parallel_size={self.size}: the training graph has no weight pair or attention block to shard "
+                "(a MatMul/Gemm over a parameter, an activation, then another: Megatron's MLP block; or query, key "
+                "and value projections, the attention, then an output projection); its linear layers "
                 f"{unmatched} match no pattern. Use tensor_parallel_size=1"
             )
         for pair in pairs:
@@ -92,6 +110,18 @@ class TensorParallel:
                     f"tensor_parallel_size={self.size}: the weight pair {pair.name} has {pair.column.out_features} "
                     f"hidden features, expected a multiple of {self.size}"
                 )
+        for block in blocks:
+            if block.heads is not None and block.heads % self.size:
+                raise ModelError(
+                    f"tensor_parallel_size={self.size}: the attention block {block.name} has {block.heads} heads, "
+                    f"expected a multiple of {self.size}"
+                )
+            for column in block.columns:
+                if column.out_features % self.size:
+                    raise ModelError(
+                        f"tensor_parallel_size={self.size}: the attention block {block.name} projects to "
+                        f"{column.out_features} features ({column.weight}), expected a multiple of {self.size}"
+                    )
         if unmatched:
             warnings.warn(
                 f"tensor_parallel_size={self.size}: the linear layers {unmatched} match no tensor-parallel pattern "
@@ -103,23 +133,34 @@ class TensorParallel:
             dist.group.WORLD,
             "parameters",
         )
-        return TensorParallelPlan(self, pairs, list(layout.params))
+        return TensorParallelPlan(self, pairs, blocks, list(layout.params))
 
 
 class TensorParallelPlan:
     """The weight pairs a ``TensorParallel`` mesh shards in one training graph."""
 
-    def __init__(self, tensor_parallel: TensorParallel, pairs: Sequence[WeightPair], params: Sequence[str]) -> None:
+    def __init__(
+        self,
+        tensor_parallel: TensorParallel,
+        pairs: Sequence[WeightPair],
+        blocks: Sequence[AttentionBlock],
+        params: Sequence[str],
+    ) -> None:
         self.tensor_parallel = tensor_parallel
         self.pairs = list(pairs)
+        self.blocks = list(blocks)
         self.params = list(params)
 
     def restructure(self, then: Restructure | None) -> Restructure:
         """The rewrite that shards the pairs of a converted training graph, followed by ``then``."""
 
         def rewrite(module: fx.GraphModule) -> fx.GraphModule:
-            sharded = shard_pairs(module, self.pairs, self.params, self.tensor_parallel.mesh)
-            return sharded if then is None else then(sharded)
+            by_name = parameter_nodes(module, self.params)
+            shard_pairs(module, self.pairs, by_name, self.tensor_parallel.mesh)
+            shard_attention(module, self.blocks, by_name, self.tensor_parallel.mesh)
+            module.graph.lint()
+            module.recompile()
+            return module if then is None else then(module)
 
         return rewrite
 
@@ -130,6 +171,16 @@ class TensorParallelPlan:
         if data_parallel is not None:
             data_parallel.checkpoint = checkpoint
         state.coordinate_saves(checkpoint)
+
+
+def small_constants(model: onnx.ModelProto, params: Mapping[str, object]) -> list[onnx.TensorProto]:
+    """The initializers of ``model`` that are no parameter and hold at most ``SMALL_CONSTANT`` elements
+    (shape arithmetic's constants)."""
+    return [
+        tensor
+        for tensor in model.graph.initializer
+        if tensor.name not in params and math.prod(tensor.dims) <= SMALL_CONSTANT and not tensor.external_data
+    ]
 
 
 def agree_on_settings(settings: dict[str, Any], rank: int, world_size: int, timeout: float = AGREEMENT_TIMEOUT) -> None:

@@ -42,6 +42,7 @@ class LinearLayer:
     output: str  # the value after the bias, if any
     input: str
     out_features: int
+    product: str = ""  # the MatMul/Gemm's own output (before the bias)
 
 
 @dataclass(frozen=True)
@@ -63,13 +64,8 @@ def find_weight_pairs(
 ) -> tuple[list[WeightPair], list[str]]:
     """The weight pairs of a forward ``graph`` over ``params`` (name -> shape), and the weights of the
     linear layers that are in none (they run replicated)."""
-    nodes = list(graph.node)
-    producer = {output: node for node in nodes for output in node.output}
-    consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
-    for node in nodes:
-        for name in node.input:
-            consumers[name].append(node)
-    layers = [layer for node in nodes if (layer := _linear_layer(node, producer, consumers, params)) is not None]
+    layers = linear_layers(graph, params)
+    _, consumers = graph_links(graph)
     by_input: dict[str, list[LinearLayer]] = defaultdict(list)
     for layer in layers:
         by_input[layer.input].append(layer)
@@ -86,6 +82,23 @@ def find_weight_pairs(
                 break
     unmatched = [layer.weight for layer in layers if layer.weight not in paired]
     return pairs, unmatched
+
+
+def graph_links(graph: onnx.GraphProto) -> tuple[dict[str, onnx.NodeProto], dict[str, list[onnx.NodeProto]]]:
+    """The node producing each value of ``graph``, and the nodes reading it."""
+    nodes = list(graph.node)
+    producer = {output: node for node in nodes for output in node.output}
+    consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+    for node in nodes:
+        for name in node.input:
+            consumers[name].append(node)
+    return producer, consumers
+
+
+def linear_layers(graph: onnx.GraphProto, params: Mapping[str, Sequence[int]]) -> list[LinearLayer]:
+    """The MatMul/Gemm nodes of ``graph`` over a 2-D parameter of ``params`` (name -> shape), in order."""
+    producer, consumers = graph_links(graph)
+    return [layer for node in graph.node if (layer := _linear_layer(node, producer, consumers, params)) is not None]
 
 
 def _linear_layer(
@@ -116,7 +129,7 @@ def _linear_layer(
             if add.op_type == "Add" and len(other) == 1 and other[0] in params and len(params[other[0]]) == 1:
                 bias, output = other[0], add.output[0]
                 break
-    return LinearLayer(weight, bias, output, node.input[0], int(out_features))
+    return LinearLayer(weight, bias, output, node.input[0], int(out_features), node.output[0])
 
 
 class ShardParameter(nn.Module):
@@ -150,22 +163,32 @@ class LeavePair(nn.Module):
         return value.redistribute(value.device_mesh, [Replicate()]).to_local()
 
 
-def shard_pairs(
-    module: fx.GraphModule, pairs: Sequence[WeightPair], params: Sequence[str], mesh: DeviceMesh
-) -> fx.GraphModule:
-    """``module`` (the converted graph over ``params``, its last placeholders) with each of ``pairs``
-    run sharded on ``mesh`` (see the module doc); raises naming a pair the converted graph lost."""
-    graph = module.graph
-    placeholders = [node for node in graph.nodes if node.op == "placeholder"]
+def parameter_nodes(module: fx.GraphModule, params: Sequence[str]) -> dict[str, fx.Node]:
+    """The placeholders of ``module`` (the converted graph over ``params``, its last placeholders), by name."""
+    placeholders = [node for node in module.graph.nodes if node.op == "placeholder"]
     if len(placeholders) < len(params):
         raise ModelError(
             f"tensor parallel: the converted graph has {len(placeholders)} inputs for {len(params)} parameters"
         )
-    by_name = dict(zip(params, placeholders[len(placeholders) - len(params) :]))
-    module.add_submodule("tensor_parallel_column", ShardParameter(mesh, 0))
-    module.add_submodule("tensor_parallel_row", ShardParameter(mesh, 1))
-    module.add_submodule("tensor_parallel_enter", EnterPair(mesh))
-    module.add_submodule("tensor_parallel_leave", LeavePair())
+    return dict(zip(params, placeholders[len(placeholders) - len(params) :]))
+
+
+def add_pair_modules(module: fx.GraphModule, mesh: DeviceMesh) -> None:
+    """Give ``module`` the submodules a sharded linear layer calls (once)."""
+    if not hasattr(module, "tensor_parallel_enter"):
+        module.add_submodule("tensor_parallel_column", ShardParameter(mesh, 0))
+        module.add_submodule("tensor_parallel_row", ShardParameter(mesh, 1))
+        module.add_submodule("tensor_parallel_enter", EnterPair(mesh))
+        module.add_submodule("tensor_parallel_leave", LeavePair())
+
+
+def shard_pairs(
+    module: fx.GraphModule, pairs: Sequence[WeightPair], by_name: Mapping[str, fx.Node], mesh: DeviceMesh
+) -> None:
+    """Rewrite ``module`` (whose parameters' placeholders are ``by_name``) so that each of ``pairs`` runs
+    sharded on ``mesh`` (see the module doc); raises naming a pair the converted graph lost."""
+    graph = module.graph
+    add_pair_modules(module, mesh)
     for pair in pairs:
         column, activation, row = _converted_pair(pair, by_name)
         with graph.inserting_before(column):
@@ -186,9 +209,17 @@ def shard_pairs(
                 result = graph.call_function(torch.add, (left, by_name[pair.row.bias]))
         for user in [user for user in row.users if user is not left]:
             user.replace_input_with(row, result)
-    graph.lint()
-    module.recompile()
-    return module
+
+
+def converted_linear(layer: LinearLayer, by_name: Mapping[str, fx.Node], what: str) -> fx.Node:
+    """The converted graph's ``linear`` node of ``layer`` (of ``what``, named when it is missing)."""
+    for node in by_name[layer.weight].users:
+        if _is_linear(node, by_name[layer.weight], by_name.get(layer.bias or "")):
+            return node
+    raise ModelError(
+        f"tensor parallel: the linear layer over {layer.weight} of {what} is not one linear node in the converted "
+        "graph, so it cannot be sharded"
+    )
 
 
 def _converted_pair(pair: WeightPair, by_name: Mapping[str, fx.Node]) -> tuple[fx.Node, fx.Node, fx.Node]:

@@ -2,7 +2,8 @@
 
 ``python -m tests.helpers.pipeline_worker SCENARIO OUT_DIR`` with torchrun's env (RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT). ``train``: the 2-stage runs of ``RUNS`` with ``Module(pipeline=...)`` on every
-rank, each on the full batch; ``train4``: the 4-stage one on 4 ranks; ``legacy``: the legacy session with ``pipeline_parallel_size``; ``misuse``: the
+rank, each on the full batch; ``train4``: the 4-stage one on 4 ranks; ``fit``: the trainer's ``fit`` through a
+pipeline; ``legacy``: the legacy session with ``pipeline_parallel_size``; ``misuse``: the
 error each rank saw. Each rank writes ``OUT_DIR/<run>_rank<r>.npz`` (losses, final parameters, and for
 each run a checkpoint saved at the end) or ``OUT_DIR/misuse_rank<r>.json``.
 """
@@ -21,6 +22,7 @@ from tests.helpers.distributed_worker import MLP, TRANSFORMER, batches
 from tests.helpers.timeouts import scaled
 
 STEPS = 4
+FIT_RUN = "transformer_1f1b"  # the pipeline the ``fit`` scenario trains through
 # name -> (fixture, PipelineOptions' arguments for 2 ranks; None: one process, no pipeline)
 RUNS: dict[str, tuple[Path, dict[str, Any]]] = {
     "mlp_gpipe": (MLP, {"stages": 2, "micro_batches": 4, "schedule": "gpipe"}),
@@ -57,6 +59,26 @@ def train(run: str, pipelined: bool, checkpoint_out: Path | None = None) -> dict
         CheckpointState.save_checkpoint(state, checkpoint_out, include_optimizer_state=True)
     return {
         "losses": np.array(losses, dtype=np.float64),
+        **{f"param/{n}": p.data.copy() for n, p in state.parameters},
+    }
+
+
+def fit_run(pipelined: bool) -> dict[str, np.ndarray]:
+    """The trainer's ``fit`` on the transformer through ``FIT_RUN``'s pipeline (or one process), STEPS
+    steps on the full batches: the losses it reports and the final parameters."""
+    from ort_torch_train.api import CheckpointState, Module, Optimizer
+    from ort_torch_train.distributed.pipeline_plan import PipelineOptions
+    from ort_torch_train.trainer import fit
+
+    fixture, settings = RUNS[FIT_RUN]
+    artifacts = fixture / "artifacts"
+    state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
+    pipeline = PipelineOptions(**settings) if pipelined else None
+    module = Module(artifacts / "training_model.onnx", state, pipeline=pipeline)
+    optimizer = Optimizer(artifacts / "optimizer_model.onnx", module)
+    result = fit(module, optimizer, [tuple(batches(fixture, step)) for step in range(STEPS)], max_steps=STEPS)
+    return {
+        "losses": np.array(result.losses, dtype=np.float64),
         **{f"param/{n}": p.data.copy() for n, p in state.parameters},
     }
 
@@ -125,6 +147,8 @@ def main() -> None:
         for run in (run for run, (_, settings) in RUNS.items() if settings["stages"] == 2):
             checkpoint = out / f"{run}.ckpt"
             np.savez(out / f"{run}_rank{rank}.npz", **train(run, True, checkpoint))
+    elif scenario == "fit":
+        np.savez(out / f"fit_rank{rank}.npz", **fit_run(True))
     elif scenario == "legacy":
         np.savez(out / f"legacy_rank{rank}.npz", **legacy_train(True, rank))
     elif scenario == "misuse":

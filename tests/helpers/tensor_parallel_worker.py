@@ -2,7 +2,9 @@
 
 ``python -m tests.helpers.tensor_parallel_worker SCENARIO OUT_DIR`` with torchrun's env. Each rank
 writes ``OUT_DIR/<run>_rank<r>.npz`` (losses, parameters), the checkpoints rank 0 saves, and
-``OUT_DIR/errors_rank<r>.json`` (the errors of the bad-input scenario, class and message).
+``OUT_DIR/errors_rank<r>.json`` (the errors of the bad-input scenario, class and message). The
+``attention`` scenario trains ``OUT_DIR/attention`` (``tests/helpers/attention_model.py``), its heads
+and MLP split.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from tests.helpers.distributed_worker import TRANSFORMER, batches, part
 from tests.helpers.timeouts import scaled
 
 STEPS = 6
+ATTENTION, ODD_HEADS = "attention", "odd_heads"  # attention fixtures made in OUT_DIR before the ranks start
 
 
 class Collectives(TorchDispatchMode):
@@ -44,13 +47,14 @@ def train(
     rank: int = 0,
     recompute: int | None = None,
     shard_state: bool = False,
+    fixture: Path = TRANSFORMER,
 ) -> None:
-    """Train the transformer fixture for ``STEPS`` steps (each data-parallel replica on its share of the
+    """Train ``fixture`` (the transformer's by default) for ``STEPS`` steps (each data-parallel replica on its share of the
     batch; ``shard_state`` asks for data parallel, of one replica with tensor parallel on every rank),
     save the checkpoint (with its optimizer state) and write losses and parameters."""
     from ort_torch_train.api import CheckpointState, LinearLRScheduler, Module, Optimizer
 
-    artifacts = TRANSFORMER / "artifacts"
+    artifacts = fixture / "artifacts"
     state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -70,14 +74,14 @@ def train(
     collectives = {}
     for step in range(STEPS):
         with Collectives() as counted:  # the collectives the step runs (none in one process)
-            loss = module(*part(batches(TRANSFORMER, step), replica, data_parallel_size))
+            loss = module(*part(batches(fixture, step), replica, data_parallel_size))
         collectives = collectives or counted.counts
         optimizer.step()
         module.lazy_reset_grad()
         scheduler.step()
         losses.append(float(np.asarray(loss).reshape(-1)[0]))
     module.eval()
-    eval_loss = module(*part(batches(TRANSFORMER, 0), replica, data_parallel_size))
+    eval_loss = module(*part(batches(fixture, 0), replica, data_parallel_size))
     CheckpointState.save_checkpoint(state, out / f"{run}.ckpt", include_optimizer_state=True)
     if not shard_state:  # the bytes one process writes for these values (sharded moments: gathered by the save only)
         (out / f"{run}_one_process_bytes_rank{rank}.ckpt").write_bytes(state.training_state.to_bytes(True))
@@ -127,8 +131,9 @@ def odd_hidden_session(rank: int) -> None:
     TrainingSession(model.SerializeToString(), params_for("AdamOptimizer", **settings))
 
 
-def bad_input(rank: int) -> dict[str, str]:
-    """Each misuse on 2 ranks, as ``class: message``."""
+def bad_input(rank: int, out: Path) -> dict[str, str]:
+    """Each misuse on 2 ranks, as ``class: message`` (``out/odd_heads``: an attention fixture of 3 heads,
+    made before the ranks start)."""
     from ort_torch_train.api import CheckpointState, Module
 
     errors = {}
@@ -137,13 +142,14 @@ def bad_input(rank: int) -> dict[str, str]:
         "different_settings": ("transformer", {"tensor_parallel_size": 2, "distributed": rank == 1}),
         "size_not_dividing": ("transformer", {"tensor_parallel_size": 3, "distributed": True}),
         "no_pattern": ("bce", {"tensor_parallel_size": 2}),
+        "heads_not_dividing": (out / ODD_HEADS, {"tensor_parallel_size": 2}),
     }
     try:  # the legacy model with 5 hidden features instead of 6: no equal halves
         odd_hidden_session(rank)
     except Exception as error:  # recorded for the test to check
         errors["hidden_not_dividing"] = f"{type(error).__name__}: {error}"
     for case, (fixture, options) in cases.items():
-        artifacts = TRANSFORMER.parent / fixture / "artifacts"
+        artifacts = TRANSFORMER.parent / fixture / "artifacts"  # an absolute ``fixture`` path stays itself
         try:
             Module(
                 artifacts / "training_model.onnx", CheckpointState.load_checkpoint(artifacts / "checkpoint"), **options
@@ -168,7 +174,9 @@ def main() -> None:
     elif scenario == "tensor_and_data_parallel":
         train(out, "tensor_and_data_parallel", tensor_parallel_size=2, data_parallel_size=world_size // 2, rank=rank)
     elif scenario == "bad_input":
-        (out / f"errors_rank{rank}.json").write_text(json.dumps(bad_input(rank)))
+        (out / f"errors_rank{rank}.json").write_text(json.dumps(bad_input(rank, out)))
+    elif scenario == "attention":
+        train(out, "attention", tensor_parallel_size=world_size, rank=rank, fixture=out / ATTENTION)
     else:
         raise ValueError(f"unknown scenario {scenario!r}")
     dist.barrier()

@@ -1,8 +1,9 @@
 """Tensor parallel (``Module(tensor_parallel_size=N)``, legacy ``horizontal_parallel_size``) on gloo
 ranks (tests/helpers/tensor_parallel_worker.py) against one process on the same batches.
 
-The ranks split the transformer fixture's MLP pair; their summation order differs from one
-process's, so values agree within tolerances, not bitwise; the ranks agree with each other bitwise.
+The ranks split the transformer fixture's MLP pair (and the attention model's heads too); their
+summation order differs from one process's, so values agree within tolerances, not bitwise; the ranks
+agree with each other bitwise.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pytest
 
 from ort_torch_train.state.training_state import TrainingState
 from tests.helpers import tensor_parallel_worker as worker
+from tests.helpers.attention_model import make_attention_fixture
 from tests.helpers.ort_peer import requires_ort, run_ort
 from tests.helpers.paths import ROOT
 from tests.helpers.timeouts import scaled
@@ -79,6 +81,29 @@ def test_two_ranks_split_the_mlp_pair_and_train_like_one_process(two_ranks: Path
 
 
 @pytest.mark.distributed
+def test_two_ranks_split_the_attention_heads_and_the_mlp_and_train_like_one_process(tmp_path: Path) -> None:
+    out = tmp_path / "ranks"
+    make_attention_fixture(out / worker.ATTENTION)  # 4 heads: 2 per rank
+    require_success(launch("attention", out, timeout=scaled(120), worker_module=worker.__name__))
+    ranks = results(out, "attention", 2)
+    one_process = tmp_path / "one_process"
+    one_process.mkdir()
+    worker.train(one_process, "attention", fixture=out / worker.ATTENTION)
+    assert_like_one_process(ranks, dict(np.load(one_process / "attention_rank0.npz")), replicas=1)
+    # a step all-reduces the attention's and the MLP's outputs and their inputs' gradients (the three
+    # projections share one input), and all-gathers the gradients of the 7 + 3 sharded parameters (the
+    # projections' weights and biases, the output projection's weight; the MLP's three)
+    collectives = json.loads(str(ranks[0]["collectives"]))
+    moved = {op: collectives.get(f"_c10d_functional.{op}") for op in ("all_reduce", "all_gather_into_tensor")}
+    assert moved == {"all_reduce": 4, "all_gather_into_tensor": 10}, collectives
+    (warning,) = ranks[0]["warnings"]  # only the classifier's head runs replicated
+    assert "['head.weight']" in warning
+    saved = (out / "attention.ckpt").read_bytes()
+    assert saved == (out / "attention_one_process_bytes_rank0.ckpt").read_bytes()
+    assert saved == (out / "attention_one_process_bytes_rank1.ckpt").read_bytes()
+
+
+@pytest.mark.distributed
 def test_tensor_parallel_checkpoint_is_the_one_process_file(two_ranks: Path) -> None:
     one_process = (two_ranks / "tensor_parallel_one_process_bytes_rank0.ckpt").read_bytes()
     assert (two_ranks / "tensor_parallel.ckpt").read_bytes() == one_process
@@ -127,8 +152,9 @@ def test_four_ranks_tensor_by_data_parallel_train_like_one_process(tmp_path: Pat
     [
         ("different_settings", "different tensor parallel settings"),
         ("size_not_dividing", "expected a world size of a multiple of 3, got 2"),
-        ("no_pattern", "no weight pair to shard"),
+        ("no_pattern", "no weight pair or attention block to shard"),
         ("hidden_not_dividing", "has 5 hidden features, expected a multiple of 2"),
+        ("heads_not_dividing", "-> attention -> block.output.weight has 3 heads, expected a multiple of 2"),
     ],
 )
 def test_bad_input_raises_on_every_rank_before_the_first_step(
@@ -146,6 +172,7 @@ _BAD_INPUT: list[Path] = []
 def bad_input_results(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not _BAD_INPUT:
         out = tmp_path_factory.mktemp("tensor_parallel_bad_input")
+        make_attention_fixture(out / worker.ODD_HEADS, hidden=12, heads=3)
         require_success(launch("bad_input", out, timeout=scaled(60), worker_module=worker.__name__))
         _BAD_INPUT.append(out)
     return _BAD_INPUT[0]

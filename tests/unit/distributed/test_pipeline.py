@@ -266,3 +266,57 @@ def test_the_example_under_torchrun_trains_like_one_process(tmp_path: Path) -> N
     reference = distributed_worker.train("mlp_adamw_sched")  # 1 process, the same batches and schedule
     params = {key.removeprefix("param/"): value for key, value in reference.items() if key.startswith("param/")}
     assert_same_parameters(tmp_path / "checkpoint", params)
+
+
+@pytest.mark.distributed
+def test_fit_through_a_pipeline_trains_like_one_process(tmp_path: Path) -> None:
+    launch("fit", tmp_path, timeout=scaled(120))
+    reference = worker.fit_run(pipelined=False)
+    for rank in range(2):  # fit reports the batch's loss on every stage
+        result = dict(np.load(tmp_path / f"fit_rank{rank}.npz"))
+        np.testing.assert_allclose(result["losses"], reference["losses"], rtol=LOSS_TOLERANCE, atol=0)
+        for key in (key for key in reference if key.startswith("param/")):
+            np.testing.assert_allclose(result[key], reference[key], rtol=0, atol=PARAM_TOLERANCE, err_msg=key)
+
+
+def cli_arguments(tmp_path: Path, name: str) -> list[object]:
+    return [
+        "train", MLP / "artifacts", "--data", MLP / "data.npz", "--inputs", "x_train,y_train", "--batched",
+        "--steps", 4, "--lr", 0.01, "--json", "--metrics", tmp_path / f"{name}.jsonl", "--output", tmp_path / name,
+    ]  # fmt: skip
+
+
+@pytest.mark.distributed
+def test_train_cli_pipeline_stages_train_like_one_process(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    from ort_torch_train.state.training_state import TrainingState
+    from tests.integration.test_distributed_launch import assert_same_parameters, torchrun
+    from tests.unit.cli.test_cli import run_cli
+
+    code, _, err = run_cli(capsys, *cli_arguments(tmp_path, "one"))
+    assert code == 0, err
+    pipeline = ["--pipeline-stages", 2, "--micro-batches", 2, "--pipeline-schedule", "1f1b"]
+    launched = torchrun("-m", "ort_torch_train", *cli_arguments(tmp_path, "two"), *pipeline)
+    assert json.loads(launched.stdout)["last_step"] == 4  # rank 0's summary
+    losses = {
+        name: [json.loads(line)["loss"] for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+        for name in ("one", "two")
+    }
+    np.testing.assert_allclose(losses["two"], losses["one"], rtol=LOSS_TOLERANCE, atol=0)
+    reference = {name: tensor.numpy() for name, tensor in TrainingState.load(tmp_path / "one").state_dict().items()}
+    assert_same_parameters(tmp_path / "two", reference)  # the whole state, saved by rank 0
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (["--micro-batches", "2"], "--micro-batches shapes a pipeline: give --pipeline-stages N too"),
+        (["--pipeline-stages", "2"], "--pipeline-stages 2 runs one stage per rank: launch 2 processes"),
+    ],
+)
+def test_train_cli_pipeline_options_are_checked(
+    capsys: pytest.CaptureFixture, tmp_path: Path, options: list[str], message: str
+) -> None:
+    from tests.unit.cli.test_cli import run_cli
+
+    code, _, err = run_cli(capsys, *cli_arguments(tmp_path, "run"), *options)
+    assert code != 0 and message in err, err
