@@ -43,7 +43,7 @@ from ort_torch_train.cli.train_checks import check_total_steps, check_writable_o
 from ort_torch_train.cli.train_options import run_threads
 from ort_torch_train.fileio import atomic_write_bytes
 from ort_torch_train.graph.layout import eval_layout, training_layout
-from ort_torch_train.progress import status_line
+from ort_torch_train.progress import phases_shown, status_line
 from ort_torch_train.trainer import (
     ArrayDataset,
     Callback,
@@ -105,7 +105,8 @@ def run_train(args: argparse.Namespace) -> None:
     check_option_combinations(args)
     launch, device = launch_from_environment(args.device)
     try:
-        train(args, launch, device)
+        with phases_shown(launch.is_main and not (args.quiet or args.json)):  # checkpoint, conversion, passes
+            train(args, launch, device)
     except BaseException:
         launch.close(finished=False)
         raise

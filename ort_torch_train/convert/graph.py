@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import re
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +63,7 @@ def convert_graph(
     constants: Mapping[str, torch.Tensor] | None = None,
     library: OpLibrary | None = None,
     shape_only_runs: bool = True,
+    on_node: Callable[[], None] | None = None,
 ) -> fx.GraphModule:
     """Build ``gm(*graph_inputs) -> tuple(graph_outputs)`` for inputs of ``input_specs``.
 
@@ -72,7 +73,8 @@ def convert_graph(
     ``constants`` are initializers lifted out of ``graph`` (``lift_initializers``): the module reads
     them as they are, sharing their storage, where the graph's own initializers are copied. ``library``:
     the session's own operators (``OpLibrary``), converted before the registry's. ``shape_only_runs``
-    False runs every node on its examples (a subgraph, whose values a Loop or If reads).
+    False runs every node on its examples (a subgraph, whose values a Loop or If reads). ``on_node`` is
+    called after each node is converted (a progress bar's count).
     """
     if len(input_specs) != len(graph.input):
         raise ValueError(f"graph has {len(graph.input)} inputs, {len(input_specs)} specs were given")
@@ -113,6 +115,8 @@ def convert_graph(
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
         for index, node in enumerate(graph.node):
             builder.convert_node(node, index)
+            if on_node is not None:
+                on_node()
 
     outputs = [builder.fx_value(output.name) for output in graph.output]
     builder.fx_graph.output(tuple(outputs))
