@@ -105,8 +105,7 @@ def run_train(args: argparse.Namespace) -> None:
     check_option_combinations(args)
     launch, device = launch_from_environment(args.device)
     try:
-        with phases_shown(launch.is_main and not (args.quiet or args.json)):  # checkpoint, conversion, passes
-            train(args, launch, device)
+        train(args, launch, device)
     except BaseException:
         launch.close(finished=False)
         raise
@@ -139,6 +138,13 @@ def train(args: argparse.Namespace, launch: Launch, device: str) -> None:
     job = prepare(args)
     if launch.is_main:
         save_options(args)  # OUTPUT.options.json: --resume OUTPUT reads them back
+    metric_named(args.metric)  # a --metric that does not name one fails before any graph is converted
+    with phases_shown(launch.is_main and not (args.quiet or args.json)):  # conversion, passes, compilation
+        train_job(args, launch, device, job)
+
+
+def train_job(args: argparse.Namespace, launch: Launch, device: str, job: TrainingJob) -> None:
+    """Train ``job`` (its inputs checked) on this rank, then report and save."""
     module = Module(
         job.training_model,
         job.state,
