@@ -6,8 +6,8 @@ run time; or a Shape/Size of a tensor whose shape the signature fixes), dropped 
 or converted (the project's adapters first, then onnx2torch) into one ``call_module``. Every kept
 node also runs once on example tensors, so later nodes see concrete shapes and constants: that is
 what turns the shape arithmetic of exported graphs into plain Python values. A node whose output shapes
-follow from its input shapes and whose run-time inputs are floating point runs on meta tensors instead,
-its outputs zeros (a graph without value-dependent shapes; ``example_run.py``). An example is dropped
+follow from its input shapes and whose run-time inputs are floating point (or a quantised weight's packed
+integers) runs on meta tensors instead, its outputs zeros (a graph without value-dependent shapes; ``example_run.py``). An example is dropped
 once no node still to convert reads it (``Builder.reads_done``).
 """
 

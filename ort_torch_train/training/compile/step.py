@@ -98,9 +98,12 @@ class CompiledTrainStep:
             loss_scale,
         )
         first = not self._called
-        shapes = [tuple(t.shape) for t in inputs] if first else []
-        done = f"compiled the train step for inputs {shapes}"
-        compiling = Phase(log, "compiling the train step", done=done) if first else nullcontext()
+        shapes = [tuple(t.shape) for t in inputs]
+        compiling = (
+            Phase(log, "compiling the train step", done=f"compiled the train step for inputs {shapes}")
+            if first
+            else nullcontext()
+        )
         cuda_graphs = self._cuda_graphs and device.type == "cuda"
         if cuda_graphs:  # updated in place: CUDA graphs replay only on inputs at fixed addresses
             for tensor in (*trainable, *frozen, *grads, *(t for moments in states for t in moments)):
