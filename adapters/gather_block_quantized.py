@@ -90,7 +90,7 @@ def normalized(axis: int, rank: int) -> int | None:
     return axis + rank if -rank <= axis < 0 else axis if 0 <= axis < rank else None
 
 
-@register("GatherBlockQuantized", domain=MICROSOFT)
+@register("GatherBlockQuantized", domain=MICROSOFT, quantized_inputs=(0, 3))
 def gather_block_quantized(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     bits, block_size = int(attrs.get("bits", 4)), int(attrs.get("block_size", 128))

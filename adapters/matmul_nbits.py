@@ -140,7 +140,7 @@ class MatMulNBits(nn.Module):
         return out if bias is None else out + bias.to(out.dtype)
 
 
-@register("MatMulNBits", domain=MICROSOFT)
+@register("MatMulNBits", domain=MICROSOFT, quantized_inputs=(1, 3))
 def matmul_nbits(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     attrs = attributes(node)
     bits = int(attrs.get("bits", 4))

@@ -64,6 +64,10 @@ class OpFacts:
       BatchNorm's running statistics).
     - ``control_flow``: runs subgraphs that input values choose or repeat (so its output shapes
       depend on values too).
+    - ``quantized_inputs``: positions of integer inputs holding a quantised weight (packed values, zero
+      points): the op computes floating-point values from them, and their values decide no shape and no
+      element read, so the conversion's shape-only run takes them as it takes floats; the op's other integer
+      inputs (indices) are read there as they are.
     """
 
     random: bool = False
@@ -71,6 +75,7 @@ class OpFacts:
     data_dependent_shape: bool = False
     writes_inputs: tuple[int, ...] = ()
     control_flow: bool = False
+    quantized_inputs: tuple[int, ...] = ()
 
 
 _REGISTRY: dict[tuple[str, str], list[tuple[int, Converter]]] = {}
@@ -88,10 +93,13 @@ def register(
     data_dependent_shape: bool = False,
     writes_inputs: tuple[int, ...] = (),
     control_flow: bool = False,
+    quantized_inputs: tuple[int, ...] = (),
 ) -> Callable[[Converter], Converter]:
     """Register ``fn`` for ``domain::op_type`` at opset versions ``>= since``, with the op's facts (OpFacts)."""
     key = (normalize_domain(domain), op_type)
-    facts = OpFacts(random, tuple(shape_inputs), data_dependent_shape, tuple(writes_inputs), control_flow)
+    facts = OpFacts(
+        random, tuple(shape_inputs), data_dependent_shape, tuple(writes_inputs), control_flow, tuple(quantized_inputs)
+    )
 
     def decorate(fn: Converter) -> Converter:
         entries = _REGISTRY.setdefault(key, [])

@@ -1,14 +1,19 @@
 """Progress bars on tqdm: steps, rate, ETA and the latest metrics on one line (stderr); status lines
 printed past the bar (``status_line``, ``print``); log records and warnings kept off the bar's line
-while it is live (``output_above_bar``)."""
+while it is live (``output_above_bar``); the library's long phases (``Phase``: reading a checkpoint,
+converting a graph node by node, the graph passes, compiling), logged, and shown while ``phases_shown``
+lasts."""
 
 from __future__ import annotations
 
 import logging
 import sys
+import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
+from contextvars import ContextVar
+from types import TracebackType
 from typing import TextIO
 
 from tqdm import tqdm
@@ -123,3 +128,66 @@ def output_above_bar(enabled: bool = True) -> Iterator[None]:
 def _is_console(handler: logging.Handler) -> bool:
     """Whether ``handler`` writes to the terminal (stdout or stderr)."""
     return isinstance(handler, logging.StreamHandler) and getattr(handler, "stream", None) in (sys.stdout, sys.stderr)
+
+
+_PHASES_SHOWN: ContextVar[bool] = ContextVar("ort_torch_train_phases_shown", default=False)
+
+
+@contextmanager
+def phases_shown(enabled: bool = True) -> Iterator[None]:
+    """While it lasts (and ``enabled``), the library's long phases (``Phase``) show on stderr: a bar for a
+    counted one, a line when each ends. Outside it they only log (quiet unless logging is enabled)."""
+    token = _PHASES_SHOWN.set(enabled)
+    try:
+        yield
+    finally:
+        _PHASES_SHOWN.reset(token)
+
+
+class Phase:
+    """``with Phase(log, "converting the training graph", total=nodes, done="converted the training graph")
+    as phase: ... phase.advance()``: an INFO record on ``logger`` when the phase starts and one with its
+    seconds when it ends (``"<done> in 1.23 s"``, ``done`` by default ``"<description>: done"``; one saying it
+    failed when it raises). Under ``phases_shown`` also a bar counting ``total`` units (none without a
+    total) and the record's text on stderr when it ends."""
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        description: str,
+        *,
+        total: int | None = None,
+        unit: str = "node",
+        done: str | None = None,
+    ) -> None:
+        self.logger, self.description, self.total, self.unit = logger, description, total, unit
+        self.done = done if done is not None else f"{description}: done"
+        self.bar: tqdm | None = None
+        self.started = 0.0
+        self.seconds = 0.0
+
+    def __enter__(self) -> Phase:
+        counted = "" if self.total is None else f" ({self.total} {self.unit}s)"
+        self.logger.info("%s%s ...", self.description, counted)
+        if _PHASES_SHOWN.get() and self.total is not None:
+            self.bar = tqdm(
+                total=self.total, desc=self.description, unit=self.unit, file=sys.stderr, leave=False, mininterval=1.0
+            )
+        self.started = time.perf_counter()
+        return self
+
+    def advance(self, units: int = 1) -> None:
+        """Count ``units`` more done."""
+        if self.bar is not None:
+            self.bar.update(units)
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.seconds = time.perf_counter() - self.started
+        if self.bar is not None:
+            self.bar.close()
+        ended = f"{self.done} in" if kind is None else f"{self.description}: failed after"
+        self.logger.info("%s %.2f s", ended, self.seconds)
+        if _PHASES_SHOWN.get():
+            tqdm.write(f"{ended} {self.seconds:.1f} s", file=sys.stderr)

@@ -20,7 +20,7 @@ Both run eager float32 (int4 rows: ours on the int4 build, PEFT still float32) o
 the same thread count. ``--before ROOT`` runs ours also from another checkout's tree (a "before" figure).
 ``all`` prints a table with ours / PEFT for load + first step (target: <= 1.5x).
 
-    python bench/experiments/llm_first_step.py all --out bench/.cache/llm_first_step [--int4] [--rounds 2] [--before ROOT] [--json result.json]
+    python bench/experiments/llm_first_step.py all --out bench/.cache/llm_first_step [--int4] [--precisions int4] [--rounds 2] [--before ROOT] [--json result.json]
     python bench/experiments/llm_first_step.py ours DIR --precision fp32|int4 [--root ROOT]
     python bench/experiments/llm_first_step.py peft DIR
 """
@@ -172,7 +172,8 @@ def run_all(out: Path, args: argparse.Namespace) -> dict:
     if not (out / "shape.json").is_file():
         prepare(out, args.layers, args.small, args.int4, args.tokens)
     common = ["--rows", str(args.rows), "--tokens", str(args.tokens), "--threads", str(args.threads)]
-    precisions = ("fp32", "int4") if (out / "artifacts-int4").is_dir() else ("fp32",)
+    built = ("fp32", "int4") if (out / "artifacts-int4").is_dir() else ("fp32",)
+    precisions = [precision for precision in built if precision in (args.precisions or built)]
     runs: list[dict] = []
     for _ in range(args.rounds):
         for precision in precisions:
@@ -227,6 +228,7 @@ def main(argv: list[str] | None = None) -> dict:
     every.add_argument("--layers", type=int, default=30)
     every.add_argument("--small", action="store_true", help="a 2-layer, hidden-64 Llama to check the script")
     every.add_argument("--int4", action="store_true", help="also the builder's int4 build (ours only)")
+    every.add_argument("--precisions", nargs="+", choices=("fp32", "int4"), help="ours on these builds only")
     every.add_argument("--rounds", type=int, default=1)
     every.add_argument("--before", help="also run ours from this checkout's tree")
     every.add_argument("--json", type=Path, help="also write the results here")

@@ -43,7 +43,7 @@ from ort_torch_train.cli.train_checks import check_total_steps, check_writable_o
 from ort_torch_train.cli.train_options import run_threads
 from ort_torch_train.fileio import atomic_write_bytes
 from ort_torch_train.graph.layout import eval_layout, training_layout
-from ort_torch_train.progress import status_line
+from ort_torch_train.progress import phases_shown, status_line
 from ort_torch_train.trainer import (
     ArrayDataset,
     Callback,
@@ -138,6 +138,13 @@ def train(args: argparse.Namespace, launch: Launch, device: str) -> None:
     job = prepare(args)
     if launch.is_main:
         save_options(args)  # OUTPUT.options.json: --resume OUTPUT reads them back
+    metric_named(args.metric)  # a --metric that does not name one fails before any graph is converted
+    with phases_shown(launch.is_main and not (args.quiet or args.json)):  # conversion, passes, compilation
+        train_job(args, launch, device, job)
+
+
+def train_job(args: argparse.Namespace, launch: Launch, device: str, job: TrainingJob) -> None:
+    """Train ``job`` (its inputs checked) on this rank, then report and save."""
     pipeline = pipeline_setting(args, launch)  # its stages are the ranks: each reads the whole batch
     module = Module(
         job.training_model,

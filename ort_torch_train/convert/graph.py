@@ -6,18 +6,17 @@ run time; or a Shape/Size of a tensor whose shape the signature fixes), dropped 
 or converted (the project's adapters first, then onnx2torch) into one ``call_module``. Every kept
 node also runs once on example tensors, so later nodes see concrete shapes and constants: that is
 what turns the shape arithmetic of exported graphs into plain Python values. A node whose output shapes
-follow from its input shapes and whose run-time inputs are floating point runs on meta tensors instead,
-its outputs zeros (a graph without value-dependent shapes; ``_example_run``). An example is dropped
+follow from its input shapes and whose run-time inputs are floating point (or a quantised weight's packed
+integers) runs on meta tensors instead, its outputs zeros (a graph without value-dependent shapes; ``example_run.py``). An example is dropped
 once no node still to convert reads it (``Builder.reads_done``).
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 import re
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,9 +25,16 @@ import torch
 from torch import fx, nn
 
 from ort_torch_train.adapters.common import Inline
-from ort_torch_train.adapters.registry import OpFacts, OpLibrary, SubgraphConverter, op_facts
+from ort_torch_train.adapters.registry import OpLibrary, SubgraphConverter, op_facts
 from ort_torch_train.convert.builder import Builder, Value, meta_value
 from ort_torch_train.convert.control_flow import CONTROL_FLOW_OPS, convert_control_flow
+from ort_torch_train.convert.example_run import (
+    call_signature,
+    example_run,
+    output_shapes_static,
+    run_node,
+    shape_only_arguments,
+)
 from ort_torch_train.convert.matrix_products import ProductRecorder
 from ort_torch_train.convert.meta_keys import INPUT_REQUIRES_GRAD, MATRIX_PRODUCTS
 from ort_torch_train.convert.registry import converter_for
@@ -57,6 +63,7 @@ def convert_graph(
     constants: Mapping[str, torch.Tensor] | None = None,
     library: OpLibrary | None = None,
     shape_only_runs: bool = True,
+    on_node: Callable[[], None] | None = None,
 ) -> fx.GraphModule:
     """Build ``gm(*graph_inputs) -> tuple(graph_outputs)`` for inputs of ``input_specs``.
 
@@ -66,7 +73,8 @@ def convert_graph(
     ``constants`` are initializers lifted out of ``graph`` (``lift_initializers``): the module reads
     them as they are, sharing their storage, where the graph's own initializers are copied. ``library``:
     the session's own operators (``OpLibrary``), converted before the registry's. ``shape_only_runs``
-    False runs every node on its examples (a subgraph, whose values a Loop or If reads).
+    False runs every node on its examples (a subgraph, whose values a Loop or If reads). ``on_node`` is
+    called after each node is converted (a progress bar's count).
     """
     if len(input_specs) != len(graph.input):
         raise ValueError(f"graph has {len(graph.input)} inputs, {len(input_specs)} specs were given")
@@ -107,6 +115,8 @@ def convert_graph(
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
         for index, node in enumerate(graph.node):
             builder.convert_node(node, index)
+            if on_node is not None:
+                on_node()
 
     outputs = [builder.fx_value(output.name) for output in graph.output]
     builder.fx_graph.output(tuple(outputs))
@@ -135,19 +145,6 @@ def _written_in_place(graph: onnx.GraphProto) -> set[str]:
             for subgraph in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
                 written |= _written_in_place(subgraph)
     return written
-
-
-def _output_shapes_static(facts: OpFacts, inputs: Sequence[str], values: Mapping[str, Value]) -> bool:
-    """Whether a node's output shapes follow from its input shapes alone (given the constants)."""
-    if facts.data_dependent_shape or facts.control_flow:
-        return False
-    for position, name in enumerate(inputs):
-        if not name:
-            continue
-        value = values[name]
-        if not value.static_shape or (position in facts.shape_inputs and not value.const):
-            return False
-    return True
 
 
 def _subgraph_converter(opsets: dict[str, int], training: bool, library: OpLibrary | None) -> SubgraphConverter:
@@ -185,14 +182,15 @@ def _convert_node(builder: Builder, node: onnx.NodeProto, index: int) -> None:
     foldable = all(value.const for value in present) and not facts.random
     module, mapping_inputs = _make_module(builder, node, inputs)
     args = [builder.values[name].example if name else None for name in mapping_inputs]
-    static = _output_shapes_static(facts, node.input, builder.values)
-    shape_only = builder.shape_only_runs and not foldable and static and not facts.writes_inputs
-    shape_only = shape_only and _float_run_time_inputs(present)
+    static = output_shapes_static(facts, node.input, builder.values)
+    on_meta = None
+    if builder.shape_only_runs and not foldable and static and not facts.writes_inputs:
+        on_meta = shape_only_arguments(node, facts, builder.values, mapping_inputs, args)
     if foldable or builder.matrix_products is None:
-        result = _example_run(module, node, args, shape_only)
+        result = example_run(module, node, args, on_meta)
     else:
         with ProductRecorder(builder.matrix_products) as recorder:
-            result = _example_run(module, node, args, shape_only, builder.matrix_products)
+            result = example_run(module, node, args, on_meta, builder.matrix_products)
         if not recorder.complete:
             builder.matrix_products = None
     outputs = _split_outputs(builder, node, result)
@@ -204,7 +202,7 @@ def _convert_node(builder: Builder, node: onnx.NodeProto, index: int) -> None:
         module, mapping_inputs = _make_module(builder, node, [_run_time_input(value) for value in inputs])
         if builder.matrix_products is not None:  # its products run at every step now
             with ProductRecorder(builder.matrix_products) as recorder:
-                _run(module, node, [builder.values[name].example if name else None for name in mapping_inputs])
+                run_node(module, node, [builder.values[name].example if name else None for name in mapping_inputs])
             if not recorder.complete:
                 builder.matrix_products = None
     if foldable:
@@ -244,7 +242,7 @@ def _emit(builder: Builder, node: onnx.NodeProto, index: int, module: nn.Module,
         if isinstance(module.function, str):
             return builder.fx_graph.call_method(module.function, args, module.kwargs)
         return builder.fx_graph.call_function(module.function, args, module.kwargs)
-    call_args, call_kwargs = _call_signature(module, fx_args)
+    call_args, call_kwargs = call_signature(module, fx_args)
     module_name = builder.module_name(node, index)
     builder.root.add_module(module_name, module)
     return builder.fx_graph.call_module(module_name, tuple(call_args), call_kwargs)
@@ -299,7 +297,6 @@ def _reshapes_to_same(node: onnx.NodeProto, domain: str, inputs: list, outputs: 
 
 
 CONVERTER_CONSTANT_BYTES = 1 << 20  # larger constants reach converters as run-time inputs
-SHAPE_ONLY_BYTES = 1 << 20  # nodes reading a run-time value this large may run on meta tensors
 
 
 def _make_module(builder: Builder, node: onnx.NodeProto, inputs: list[Value | None]) -> tuple[nn.Module, tuple]:
@@ -359,57 +356,6 @@ def _without_unread_outputs(builder: Builder, node: onnx.NodeProto) -> onnx.Node
     return trimmed
 
 
-def _float_run_time_inputs(present: Sequence[Value]) -> bool:
-    """Whether every value of a node that is not a constant is a floating-point tensor (no integer or bool
-    value decides what it computes), one of them at least ``SHAPE_ONLY_BYTES`` (meta runs import torch's
-    symbolic shapes, which small graphs do not pay for)."""
-    run_time = [value.example for value in present if not value.const]
-    return (
-        bool(run_time)
-        and all(isinstance(example, torch.Tensor) and example.dtype.is_floating_point for example in run_time)
-        and max(_nbytes(example) for example in run_time) >= SHAPE_ONLY_BYTES
-    )
-
-
-def _example_run(
-    module: nn.Module, node: onnx.NodeProto, args: list, shape_only: bool, products: list[int] | None = None
-) -> Any:
-    """``node``'s outputs on ``args``. With ``shape_only`` (a node whose output shapes follow from its input
-    shapes and whose run-time inputs are all floating point) a run on meta tensors gives the shapes, and
-    floating-point outputs are zeros of those shapes: nothing folds from a run-time value, and what later
-    nodes compute from it does not decide a shape. A node the meta run fails on, or that gives a value
-    that is not a floating-point tensor, runs on ``args`` (the matrix products the meta run recorded into
-    ``products`` dropped)."""
-    if shape_only:
-        recorded = len(products) if products is not None else 0
-        on_meta = [arg.to("meta") if isinstance(arg, torch.Tensor) else arg for arg in args]
-        try:
-            result = _run(module, node, on_meta)
-        except Exception:  # a converter that reads input values (or cannot run on meta): the example run
-            result = None
-        shapes = result if isinstance(result, (tuple, list)) else (result,)
-        if result is not None and all(_floating_tensor(value) for value in shapes):
-            zeros = [torch.zeros((), dtype=value.dtype).expand(value.shape) for value in shapes]
-            return type(result)(zeros) if isinstance(result, (tuple, list)) else zeros[0]
-        if products is not None:
-            del products[recorded:]
-    return _run(module, node, args)
-
-
-def _floating_tensor(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) and value.dtype.is_floating_point
-
-
-def _run(module: nn.Module, node: onnx.NodeProto, args: list) -> Any:
-    call_args, call_kwargs = _call_signature(module, args)
-    try:
-        return module(*call_args, **call_kwargs)
-    except (IndexError, GraphSizeError):
-        raise  # an index out of range in the example values (the user's data), or an impossible size
-    except Exception as exc:
-        raise ModelError(f"node {node.name!r} ({node.op_type}) failed on example inputs: {exc}") from exc
-
-
 def _split_outputs(builder: Builder, node: onnx.NodeProto, result: Any) -> dict[str, Any]:
     names = list(node.output)
     if isinstance(result, (tuple, list)):
@@ -421,14 +367,3 @@ def _split_outputs(builder: Builder, node: onnx.NodeProto, result: Any) -> dict[
             f"but its output {read_later[0]!r} is used"
         )
     return {names[0]: result}
-
-
-def _call_signature(module: nn.Module, args: list) -> tuple[list, dict]:
-    """onnx2torch's convention: absent optional inputs after the first become keyword arguments (an
-    Inline call takes them positionally, as None, as its emitted fx call does)."""
-    if None not in args or isinstance(module, Inline):
-        return args, {}
-    first_absent = args.index(None)
-    names = tuple(inspect.signature(module.forward).parameters)[first_absent : len(args)]
-    kwargs = {name: value for name, value in zip(names, args[first_absent:]) if value is not None}
-    return args[:first_absent], kwargs

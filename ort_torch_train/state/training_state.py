@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
@@ -23,6 +22,7 @@ from ort_torch_train.checkpoint.odtc import checkpoint_to_bytes, read_checkpoint
 from ort_torch_train.checkpoint.records import CheckpointRecord, OptimizerGroupRecord
 from ort_torch_train.checkpoint.safetensors import load_safetensors, save_safetensors
 from ort_torch_train.errors import CheckpointError, NominalStateError, ParameterDataError, SafetensorsError
+from ort_torch_train.progress import Phase
 from ort_torch_train.state.flat import FlatState, flatten
 from ort_torch_train.state.lock import StateLock
 from ort_torch_train.state.optimizer_state import OptimizerState
@@ -81,14 +81,9 @@ class TrainingState:
     @classmethod
     def load(cls, source: str | os.PathLike | bytes | bytearray | memoryview) -> TrainingState:
         """Load an ORT checkpoint file (or its bytes)."""
-        started = time.perf_counter()
-        state = cls.from_record(read_checkpoint(source))
-        log.info(
-            "loaded checkpoint %s: %d parameters in %.2f s",
-            source_text(source),
-            len(state.params),
-            time.perf_counter() - started,
-        )
+        with Phase(log, f"reading the checkpoint {source_text(source)}") as phase:
+            state = cls.from_record(read_checkpoint(source))
+            phase.done = f"loaded checkpoint {source_text(source)}: {len(state.params)} parameters"
         return state
 
     @classmethod

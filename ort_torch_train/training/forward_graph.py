@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from weakref import WeakKeyDictionary
@@ -23,6 +22,7 @@ from ort_torch_train.convert.string_inputs import numeric_inputs
 from ort_torch_train.errors import IndexRangeError, InputError
 from ort_torch_train.graph.layout import GraphLayout, declared_shape
 from ort_torch_train.passes.pipeline import Restructure, run_compiled, run_eager
+from ort_torch_train.progress import Phase
 from ort_torch_train.training.compile.fallbacks import code_digest
 from ort_torch_train.training.compile.settings import (
     Compiler,
@@ -155,27 +155,22 @@ class ForwardGraph:
             variant,
             [(tuple(t.shape), str(t.dtype)) for t in inputs],
         )
-        started = time.perf_counter()
-        try:
-            module = self._convert(inputs, params)
-        except IndexRangeError as error:  # an index the example run computed from these shapes
-            raise shape_index_error(self.declarations, inputs, error) from error
-        log.info(
-            "converted the %s graph in %.2f s", "training" if self.training else "eval", time.perf_counter() - started
-        )
+        which = "training" if self.training else "eval"
+        nodes = len(self.graph.node)
+        with Phase(log, f"converting the {which} graph", total=nodes, done=f"converted the {which} graph") as phase:
+            try:
+                module = self._convert(inputs, params, phase.advance)
+            except IndexRangeError as error:  # an index the example run computed from these shapes
+                raise shape_index_error(self.declarations, inputs, error) from error
         if dynamic:
-            probes = self._size_probes(inputs, params)
+            with Phase(log, f"probing the {which} graph's dynamic axes (a conversion per axis group)"):
+                probes = self._size_probes(inputs, params)
             if probes.groups:
                 SIZE_PROBES.set(module, probes)
         device = params[0].device if params else inputs[0].device
-        started = time.perf_counter()
-        built = build(module, device)
-        log.info(
-            "prepared the %s graph (graph passes%s) in %.2f s",
-            "training" if self.training else "eval",
-            "" if self.compile_arguments is None else ", compilation set up",
-            time.perf_counter() - started,
-        )
+        compiled = "" if self.compile_arguments is None else ", compilation set up"
+        with Phase(log, f"preparing the {which} graph", done=f"prepared the {which} graph (graph passes{compiled})"):
+            built = build(module, device)
         dynamic_axes = DYNAMIC_GROUPS.get(module, DynamicAxes())
         self._conversions[variant] += 1
         if dynamic:
@@ -187,7 +182,9 @@ class ForwardGraph:
         self._remember(key, built)
         return built
 
-    def _convert(self, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> fx.GraphModule:
+    def _convert(
+        self, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor], on_node: Callable[[], None] | None = None
+    ) -> fx.GraphModule:
         specs = [TensorSpec(tuple(t.shape), t.dtype) for t in (*inputs, *params)]
         return convert_graph(
             self.graph,
@@ -197,6 +194,7 @@ class ForwardGraph:
             examples=(*inputs, *params),
             constants=self.constants,
             library=self.library,
+            on_node=on_node,
         )
 
     def _size_probes(self, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> SizeProbes:

@@ -9,12 +9,14 @@ Other calls, and a graph recording CUDA graphs on CUDA, run a plain torch.compil
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from torch import fx
 
+from ort_torch_train.progress import Phase
 from ort_torch_train.torch_internals import dynamic_tracing_errors, size_one_kept_dynamic
 from ort_torch_train.training.compile import precompiled
 from ort_torch_train.training.compile.cache_entries import CompileCache
@@ -23,6 +25,8 @@ from ort_torch_train.training.compile.step import Compilation, specialisation
 from ort_torch_train.training.dynamic_shapes import marked_args
 from ort_torch_train.training.meta_keys import DYNAMIC_AXES
 from ort_torch_train.training.threads import ThreadPolicy
+
+log = logging.getLogger(__name__)
 
 _AUTOCAST_DEVICES = ("cpu", "cuda")
 
@@ -61,21 +65,24 @@ class CompiledForward:
         self._compiled_at_threads = (
             torch.get_num_threads()
         )  # the first call compiles: dynamic axes marked on its arguments
-        try:
+        with Phase(log, "compiling the eval graph", done="compiled the eval graph"):
             try:
-                with size_one_kept_dynamic(bool(self.dynamic_axes)):  # batch 1 takes the graph of the others
-                    return self._run(args, first=True)
-            except dynamic_tracing_errors() as error:
-                if not self.dynamic_axes:
-                    raise
-                self._compiled, self._precompile = self._compilation.fixed(self.dynamic_axes, (), specialisation(error))
-                self.dynamic_axes = ()
-                return self._run(args)
-        except dynamic_tracing_errors() as error:  # not even for fixed shapes: it runs uncompiled
-            self._compiled, self._precompile = self._compilation.eager(args, specialisation(error))
-            return self._compiled(*args)
-        finally:
-            self._threads.restart_load_window()
+                try:
+                    with size_one_kept_dynamic(bool(self.dynamic_axes)):  # batch 1 takes the graph of the others
+                        return self._run(args, first=True)
+                except dynamic_tracing_errors() as error:
+                    if not self.dynamic_axes:
+                        raise
+                    self._compiled, self._precompile = self._compilation.fixed(
+                        self.dynamic_axes, (), specialisation(error)
+                    )
+                    self.dynamic_axes = ()
+                    return self._run(args)
+            except dynamic_tracing_errors() as error:  # not even for fixed shapes: it runs uncompiled
+                self._compiled, self._precompile = self._compilation.eager(args, specialisation(error))
+                return self._compiled(*args)
+            finally:
+                self._threads.restart_load_window()
 
     def _run(self, args: tuple[torch.Tensor, ...], first: bool = False) -> tuple[torch.Tensor, ...]:
         """The compiled forward on ``args``; ``first``: the call that compiles it (with its dynamic axes)."""

@@ -12,8 +12,8 @@ overwrite them: the caller frees the old ones first (``state/fresh_gradients.py`
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +22,7 @@ from torch import Tensor, fx
 
 from ort_torch_train.convert.meta_keys import MATRIX_PRODUCTS
 from ort_torch_train.optim.clip import clip_grad_norm_
+from ort_torch_train.progress import Phase
 from ort_torch_train.torch_internals import dynamic_tracing_errors, mark_static_address, size_one_kept_dynamic
 from ort_torch_train.training.blas_threads import blas_threads_for
 from ort_torch_train.training.compile import fallbacks, precompiled
@@ -96,7 +97,13 @@ class CompiledTrainStep:
             scalars,
             loss_scale,
         )
-        started = None if self._called else time.perf_counter()
+        first = not self._called
+        shapes = [tuple(t.shape) for t in inputs]
+        compiling = (
+            Phase(log, "compiling the train step", done=f"compiled the train step for inputs {shapes}")
+            if first
+            else nullcontext()
+        )
         cuda_graphs = self._cuda_graphs and device.type == "cuda"
         if cuda_graphs:  # updated in place: CUDA graphs replay only on inputs at fixed addresses
             for tensor in (*trainable, *frozen, *grads, *(t for moments in states for t in moments)):
@@ -106,7 +113,7 @@ class CompiledTrainStep:
         else:
             self._threads.follow_load(device)
             self._compiled_at_threads = torch.get_num_threads()
-        with torch.no_grad(), blas_threads_for(self._products, device):
+        with compiling, torch.no_grad(), blas_threads_for(self._products, device):
             if self._precompile is None:
                 outputs = self._compiled(*arguments)
             else:  # traced so that batch 1 takes the graph of the other sizes
@@ -114,14 +121,9 @@ class CompiledTrainStep:
                     outputs = self._first_call(arguments, cuda_graphs)
         if cuda_graphs:  # the outputs live in the graph's memory, which the next replay overwrites
             outputs = tuple(t.clone() for t in outputs)
-        if started is not None:
+        if first:
             self._called = True
             self._threads.restart_load_window()
-            log.info(
-                "compiled the train step for inputs %s in %.1f s",
-                [tuple(t.shape) for t in inputs],
-                time.perf_counter() - started,
-            )
         return outputs
 
     def _first_call(self, arguments: tuple, cuda_graphs: bool) -> tuple[Tensor, ...]:

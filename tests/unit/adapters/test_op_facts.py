@@ -71,6 +71,7 @@ SHAPE_VALUE_INPUTS = {
     "ReduceSumSquare": (1,),
 }
 WRITTEN_INPUTS = {("", "BatchNormalization"): (3, 4), ("com.microsoft", "BatchNormInternal"): (3, 4)}
+QUANTIZED_INPUTS = {("com.microsoft", "MatMulNBits"): (1, 3), ("com.microsoft", "GatherBlockQuantized"): (0, 3)}
 
 
 @pytest.fixture
@@ -103,7 +104,8 @@ def test_the_former_tables_facts_are_all_on_the_registrations_and_nothing_else()
     expected |= {("", op_type): OpFacts(control_flow=True) for op_type in CONTROL_FLOW}
     expected |= {("", op_type): OpFacts(shape_inputs=positions) for op_type, positions in SHAPE_VALUE_INPUTS.items()}
     expected |= {key: OpFacts(writes_inputs=positions) for key, positions in WRITTEN_INPUTS.items()}
-    assert len(expected) == len(RANDOM) + len(DATA_DEPENDENT | CONTROL_FLOW) + len(SHAPE_VALUE_INPUTS) + 2
+    expected |= {key: OpFacts(quantized_inputs=positions) for key, positions in QUANTIZED_INPUTS.items()}
+    assert len(expected) == len(RANDOM) + len(DATA_DEPENDENT | CONTROL_FLOW) + len(SHAPE_VALUE_INPUTS) + 4
 
     for (domain, op_type), facts in expected.items():
         assert op_facts(domain, op_type) == facts, f"{domain or 'ai.onnx'}::{op_type}"
