@@ -248,15 +248,14 @@ def main(argv: list[str] | None = None) -> dict:
         programs["native-before"] = args.native_before
         sides += (("native-before", "run"),)
     load_start = os.getloadavg()[0]
-    results = {}
-    for model in args.models:
-        results[model] = measure(model, {p: programs[p] for p, _ in sides if p in programs}, sides, args)
-        print(model, json.dumps({s: {b: min(v) for b, v in r.items()} for s, r in results[model]["blocks"].items()}))
-    load = (load_start, os.getloadavg()[0])
     command = " ".join([".venv/bin/python bench/experiments/tiny_models_vs_ort.py", *(argv or sys.argv[1:])])
-    text = report(results, load, command)
-    Path(f"{out}.md").write_text(text)
-    Path(f"{out}.json").write_text(json.dumps({"load_average": load, "results": results}, indent=1) + "\n")
+    results: dict[str, dict] = {}
+    for model in args.models:  # the files rewritten after each model: a cut-short run keeps what it measured
+        results[model] = measure(model, {p: programs[p] for p, _ in sides if p in programs}, sides, args)
+        load = (load_start, os.getloadavg()[0])
+        text = report(results, load, command)
+        Path(f"{out}.md").write_text(text)
+        Path(f"{out}.json").write_text(json.dumps({"load_average": load, "results": results}, indent=1) + "\n")
     print(text)
     return results
 
