@@ -163,6 +163,9 @@ class Session {
   std::vector<std::pair<bool, at::Tensor>> ordered_;  // (trainable, parameter) in the training graph's order
   std::vector<std::vector<at::Tensor>> moments_;  // one list per moment name
   bool reset_ = true;
+  at::Tensor reset_flags_[2];  // the train program's reset argument: false, true
+  at::Tensor scalars_;         // the optimizer program's per-step scalars, rewritten each step
+  size_t train_outputs_ = 0;
   float learning_rate_;
   bool scheduled_ = false;
   int64_t warmup_ = 0, total_ = 0;

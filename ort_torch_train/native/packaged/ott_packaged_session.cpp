@@ -48,6 +48,20 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return text + "]";
 }
 
+// `target` made to hold `value`: where both have one layout, `target` takes over `value`'s storage (no copy; every
+// handle to `target`, the checkpoint state's included, sees it), else `value` is copied into it.
+void adopt(at::Tensor& target, const at::Tensor& value) {
+  if (target.is_same(value)) return;
+  c10::TensorImpl* impl = target.unsafeGetTensorImpl();
+  if (value.scalar_type() == target.scalar_type() && value.device() == target.device() &&
+      value.sizes() == target.sizes() && value.strides() == target.strides() && impl->allow_tensor_metadata_change()) {
+    impl->set_storage_keep_dtype(value.storage());
+    impl->set_storage_offset(value.storage_offset());
+  } else {
+    target.copy_(value);
+  }
+}
+
 }  // namespace
 
 struct Session::Description {
@@ -151,10 +165,14 @@ struct Session::Description {
     return ready;
   }
 
-  std::vector<at::Tensor> run(const std::string& role, const std::vector<at::Tensor>& arguments) {
+  torch::inductor::AOTIModelPackageLoader& program(const std::string& role) {
     auto found = programs.find(role);
     if (found == programs.end()) throw Error(ORT_FAIL, "the package holds no " + role + " step");
-    return found->second->run(arguments);
+    return *found->second;
+  }
+
+  std::vector<at::Tensor> run(const std::string& role, const std::vector<at::Tensor>& arguments) {
+    return program(role).run(arguments);
   }
 };
 
@@ -186,6 +204,8 @@ Session::Session(const std::string& folder, OrtCheckpointState* state)
   if (ordered_.size() != trainable_.size() + frozen_.size())
     throw Error(ORT_FAIL, "package description: parameter_order does not list each parameter once");
   for (const at::Tensor& param : trainable_) grads_.push_back(at::zeros_like(param));
+  for (bool flag : {false, true}) reset_flags_[flag] = at::scalar_tensor(flag, at::TensorOptions().dtype(at::kBool));
+  train_outputs_ = description_->outputs["train"].size();
   if (!description_->files.count("optimizer")) return;
   if (!data.has_optimizer) {
     data.has_optimizer = true;
@@ -215,20 +235,25 @@ Session::Session(const std::string& folder, OrtCheckpointState* state)
 
 Session::~Session() = default;
 
+// The steps copy no tensor: the programs' arguments are handed over (boxed_run), the gradients are the train
+// program's outputs themselves (the session alone holds them) and the parameters, moments and frozen statistics
+// take over their new values' storage (adopt).
 std::vector<at::Tensor> Session::train_step(const std::vector<at::Tensor>& inputs) {
   std::vector<at::Tensor> arguments = description_->checked("train", inputs, "TrainStep");
+  arguments.reserve(arguments.size() + 2 * grads_.size() + frozen_.size() + 1);
   arguments.insert(arguments.end(), trainable_.begin(), trainable_.end());
   arguments.insert(arguments.end(), frozen_.begin(), frozen_.end());
   arguments.insert(arguments.end(), grads_.begin(), grads_.end());
-  arguments.push_back(at::scalar_tensor(reset_, at::TensorOptions().dtype(at::kBool)));
-  std::vector<at::Tensor> returned = description_->run("train", arguments);
-  size_t outputs = description_->outputs["train"].size();
+  arguments.push_back(reset_flags_[reset_ ? 1 : 0]);
+  std::vector<at::Tensor> returned = description_->program("train").boxed_run(std::move(arguments));
+  const size_t outputs = train_outputs_;
   if (returned.size() != outputs + grads_.size() + frozen_.size())
     throw Error(ORT_FAIL, "TrainStep: the train program returned " + std::to_string(returned.size()) + " tensors");
-  for (size_t i = 0; i < grads_.size(); i++) grads_[i].copy_(returned[outputs + i]);
-  for (size_t i = 0; i < frozen_.size(); i++) frozen_[i].copy_(returned[outputs + grads_.size() + i]);
+  for (size_t i = 0; i < grads_.size(); i++) grads_[i] = std::move(returned[outputs + i]);
+  for (size_t i = 0; i < frozen_.size(); i++) adopt(frozen_[i], returned[outputs + grads_.size() + i]);
   reset_ = false;
-  return std::vector<at::Tensor>(returned.begin(), returned.begin() + int64_t(outputs));
+  returned.resize(outputs);
+  return returned;
 }
 
 std::vector<at::Tensor> Session::eval_step(const std::vector<at::Tensor>& inputs) {
@@ -262,16 +287,26 @@ void Session::optimizer_step() {
   } else {
     throw Error(ORT_NOT_IMPLEMENTED, "OptimizerStep: algorithm '" + description_->algorithm + "' is not supported");
   }
-  at::Tensor scalars = at::tensor(values, at::TensorOptions().dtype(at::kFloat));
-  if (values.size() == 1) scalars = scalars.reshape({});
-  std::vector<at::Tensor> arguments(trainable_);
+  if (!scalars_.defined() || size_t(scalars_.numel()) != values.size()) {
+    scalars_ = at::empty({int64_t(values.size())}, at::TensorOptions().dtype(at::kFloat));
+    if (values.size() == 1) scalars_ = scalars_.reshape({});
+  }
+  std::copy(values.begin(), values.end(), scalars_.data_ptr<float>());
+  std::vector<at::Tensor> arguments;
+  arguments.reserve((2 + moments_.size()) * trainable_.size() + 1);
+  arguments.insert(arguments.end(), trainable_.begin(), trainable_.end());
   arguments.insert(arguments.end(), grads_.begin(), grads_.end());
   for (const auto& moment : moments_) arguments.insert(arguments.end(), moment.begin(), moment.end());
-  arguments.push_back(scalars);
-  std::vector<at::Tensor> returned = description_->run("optimizer", arguments);
-  if (returned.size() + 1 != arguments.size())
+  arguments.push_back(scalars_);
+  const size_t expected = arguments.size() - 1;
+  std::vector<at::Tensor> returned = description_->program("optimizer").boxed_run(std::move(arguments));
+  if (returned.size() != expected)
     throw Error(ORT_FAIL, "OptimizerStep: the optimizer program returned " + std::to_string(returned.size()) + " tensors");
-  for (size_t i = 0; i < returned.size(); i++) arguments[i].copy_(returned[i]);
+  const size_t count = trainable_.size();
+  for (size_t i = 0; i < count; i++) adopt(trainable_[i], returned[i]);
+  for (size_t i = 0; i < count; i++) grads_[i] = std::move(returned[count + i]);  // clipped where the model clips
+  for (size_t m = 0; m < moments_.size(); m++)
+    for (size_t i = 0; i < count; i++) adopt(moments_[m][i], returned[(2 + m) * count + i]);
   state_->data.optimizer.step = step;
 }
 
