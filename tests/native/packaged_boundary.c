@@ -1,8 +1,9 @@
 /* Every entry point of the packaged runtime (libort_torch_train_packaged), with NULLs, handles in the wrong state and
- * bad sizes, then a short training run, an export and its inference, everything released: run under valgrind
- * (bench/experiments/packaged_leaks.py, tests/integration/test_packaged_leaks.py) to find leaks and invalid accesses.
- *   packaged_boundary PACKAGE_DIR CHECKPOINT OUT_DIR EXPORT_OUTPUT
- * The package is the mlp fixture's (input [batch, 20] float, labels [batch] int64). Prints "called NAME" once for
+ * bad sizes, then a short training run, an export and its inference, everything released. Under valgrind
+ * (bench/experiments/packaged_leaks.py) it finds leaks and invalid accesses; tests/integration/test_packaged_boundary.py
+ * runs it without.
+ *   ORT_TORCH_TRAIN_PACKAGE=PACKAGE_DIR packaged_boundary PACKAGE_DIR CHECKPOINT OUT_DIR EXPORT_OUTPUT ARTIFACTS_DIR
+ * The package is the mlp fixture's (input [batch, 20] float, labels [batch] int64), built from ARTIFACTS_DIR. Prints "called NAME" once for
  * each training-table member it called, "bad: N" (the bad calls that came back as statuses) and "done". */
 #include "ott_test.h"
 
@@ -22,8 +23,28 @@ static void refused(OrtStatus* status, const char* what) {
   bad++;
 }
 
+/* CreateTrainingSessionFromBuffer over the artifacts' bytes ($ORT_TORCH_TRAIN_PACKAGE's package): another model in
+ * a role is refused, the package's own open a session. */
+static void from_buffers(OrtEnv* env, OrtSessionOptions* options, OrtCheckpointState* state, const char* artifacts) {
+  const char* files[3] = {"training_model.onnx", "eval_model.onnx", "optimizer_model.onnx"};
+  void* models[3];
+  size_t sizes[3];
+  char path[1024];
+  for (int i = 0; i < 3; i++) {
+    snprintf(path, sizeof path, "%s/%s", artifacts, files[i]);
+    models[i] = read_file(path, &sizes[i]);
+  }
+  OrtTrainingSession* session = NULL;
+  refused(g_api->CreateTrainingSessionFromBuffer(env, options, state, models[0], sizes[0], models[0], sizes[0], NULL, 0,
+                                                 &session), "CTSFB(training model as the eval model)");
+  CHECK(g_api->CreateTrainingSessionFromBuffer(env, options, state, models[0], sizes[0], models[1], sizes[1], models[2],
+                                               sizes[2], &session));
+  g_api->ReleaseTrainingSession(session);
+  for (int i = 0; i < 3; i++) free(models[i]);
+}
+
 static OrtTrainingSession* bad_sessions(OrtEnv* env, OrtSessionOptions* options, OrtCheckpointState* state,
-                                        const char* package) {
+                                        const char* package, const char* artifacts) {
   OrtTrainingSession* session = NULL;
   refused(g_api->CreateTrainingSession(NULL, options, state, package, NULL, NULL, &session), "CTS(NULL env)");
   refused(g_api->CreateTrainingSession(env, NULL, state, package, NULL, NULL, &session), "CTS(NULL options)");
@@ -41,6 +62,7 @@ static OrtTrainingSession* bad_sessions(OrtEnv* env, OrtSessionOptions* options,
           "CTSFB(NULL with size)");
   refused(g_api->CreateTrainingSessionFromBuffer(env, options, state, model, sizeof model, NULL, 0, NULL, 0, &session),
           "CTSFB(other model)");
+  from_buffers(env, options, state, artifacts);
   called("CreateTrainingSessionFromBuffer");
   CHECK(g_api->CreateTrainingSession(env, options, state, package, NULL, package, &session));
   called("CreateTrainingSession");
@@ -163,7 +185,7 @@ static void infer(OrtEnv* env, OrtSessionOptions* options, const char* model, Or
 }
 
 int main(int argc, char** argv) {
-  EXPECT(argc == 5);
+  EXPECT(argc == 6);
   const char *package = argv[1], *out = argv[3];
   open_apis();
   OrtEnv* env = NULL;
@@ -180,7 +202,7 @@ int main(int argc, char** argv) {
   called("LoadCheckpointFromBuffer");
   CHECK(g_api->LoadCheckpoint(argv[2], &state));
   called("LoadCheckpoint");
-  OrtTrainingSession* session = bad_sessions(env, options, state, package);
+  OrtTrainingSession* session = bad_sessions(env, options, state, package, argv[5]);
 
   static float x[BATCH * 20];
   static int64_t y[BATCH];
