@@ -26,11 +26,25 @@ def add_package_parser(
         description=DESCRIPTION,
         epilog="examples:\n"
         "  ort-torch-train package artifacts/ --out packaged/\n"
-        "  ort-torch-train package artifacts/ --out packaged/ --example-size 32",
+        "  ort-torch-train package artifacts/ --out packaged/ --example-size 32\n"
+        "  ort-torch-train package artifacts/ --export-outputs logits,probabilities",
         formatter_class=formatter,
     )
     parser.add_argument("artifacts", metavar="ARTIFACTS_DIR", help="folder holding the training artifacts")
-    parser.add_argument("--out", metavar="DIR", required=True, help="the package's folder (created if missing)")
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        help="the package's folder (created if missing; default ARTIFACTS_DIR/package, where the runtime with no "
+        "Python looks for the package of a model file it is given)",
+    )
+    parser.add_argument(
+        "--export-outputs",
+        action="append",
+        default=[],
+        metavar="NAMES",
+        help="comma-separated output names the runtime with no Python can export for inference, besides the eval "
+        "model's outputs before its loss (repeat for more sets)",
+    )
     parser.add_argument(
         "--example-size",
         type=positive_int,

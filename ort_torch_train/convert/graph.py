@@ -13,6 +13,8 @@ once no node still to convert reads it (``Builder.reads_done``).
 
 from __future__ import annotations
 
+import builtins
+import keyword
 import logging
 import re
 from collections import Counter
@@ -90,9 +92,7 @@ def convert_graph(
         examples = [torch.zeros(spec.shape, dtype=spec.dtype) for spec in input_specs]
     written = _written_in_place(graph)
     for value_info, spec, example in zip(graph.input, input_specs, examples):
-        name = re.sub(r"\W", "_", value_info.name) or "input"
-        if not name.isidentifier() or name in used_placeholder_names:
-            name = f"input_{len(used_placeholder_names)}"
+        name = _placeholder_name(value_info.name, used_placeholder_names)
         used_placeholder_names.add(name)
         builder.fx_nodes[value_info.name] = builder.fx_graph.placeholder(name)
         builder.fx_nodes[value_info.name].meta["val"] = torch.empty(spec.shape, dtype=spec.dtype, device="meta")
@@ -367,3 +367,15 @@ def _split_outputs(builder: Builder, node: onnx.NodeProto, result: Any) -> dict[
             f"but its output {read_later[0]!r} is used"
         )
     return {names[0]: result}
+
+
+def _placeholder_name(onnx_name: str, used: set[str]) -> str:
+    """A Python name for the graph input ``onnx_name``, none of ``used``: FX renames a placeholder named like a
+    builtin (``input`` -> ``input_1``), so such a name is replaced too, or the renamed one could shadow another."""
+    name = re.sub(r"\W", "_", onnx_name) or "input"
+    if name.isidentifier() and not keyword.iskeyword(name) and name not in vars(builtins) and name not in used:
+        return name
+    index = len(used)
+    while f"input_{index}" in used:
+        index += 1
+    return f"input_{index}"

@@ -16,12 +16,11 @@ import pytest
 
 from ort_torch_train.api import LinearLRScheduler, Module, Optimizer
 from ort_torch_train.cli.main import main
-from ort_torch_train.native.build import NativeBuildError, find_compiler
-from ort_torch_train.native.packaged_build import PackagedFlags, build_packaged, packaged_flags
+from ort_torch_train.native.packaged_build import packaged_flags
 from ort_torch_train.state.training_state import TrainingState
-from ort_torch_train.training.package.build import build_package
 from tests.helpers.native import PROGRAMS
 from tests.helpers.ort_peer import ORT_PYTHON, run_ort
+from tests.helpers.packaged import fixture_package, packaged_program, packaged_runtime
 from tests.helpers.paths import FIXTURES
 from tests.helpers.timeouts import scaled
 
@@ -37,32 +36,20 @@ pytestmark = [pytest.mark.compile, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The runtime's install folder and the C program linked against it, built once for the module."""
-    root = tmp_path_factory.mktemp("packaged_runtime")
-    try:
-        compiler = find_compiler()
-        flags: PackagedFlags = build_packaged(root / "prefix")
-    except NativeBuildError as error:
-        pytest.skip(f"packaged runtime not buildable here: {error}")
-    program = root / "packaged_runtime"
-    command = [compiler, "-std=c11", "-O1", "-Wall", f"-I{PROGRAMS}", *flags.cflags]
-    command += [str(PROGRAMS / "packaged_runtime.c"), "-o", str(program), *flags.libs]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=scaled(120))
-    assert done.returncode == 0, f"{' '.join(command)}\n{done.stderr}"
-    return flags.prefix, program
-
-
-_PACKAGES: dict[str, Path] = {}
+    """The runtime's install folder and the C program linked against it, built once for the session."""
+    flags = packaged_runtime(tmp_path_factory)
+    return flags.prefix, packaged_program(tmp_path_factory, PROGRAMS / "packaged_runtime.c")
 
 
 def _package(case: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The fixture's package, built once for the module."""
-    if case not in _PACKAGES:
-        if not (FIXTURES / case / "expected.json").is_file():
-            pytest.skip(f"fixture {case} not present")
-        _PACKAGES[case] = tmp_path_factory.mktemp("package") / case
-        build_package(FIXTURES / case / "artifacts", _PACKAGES[case])
-    return _PACKAGES[case]
+    """The fixture's package, built once for the session."""
+    return fixture_package(tmp_path_factory, case)
+
+
+def _export_outputs(package: Path) -> list[str]:
+    """The outputs of the package's first prepared export (the eval model's outputs before its loss)."""
+    lines = (package / "native_steps.txt").read_text().splitlines()
+    return [line.split()[2] for line in lines if line.startswith("export_output 0 ")]
 
 
 def _batches(case: str) -> tuple[list[list[np.ndarray]], list[np.ndarray]]:
@@ -88,8 +75,10 @@ def _write_inputs(case: str, folder: Path) -> None:
     (folder / "manifest.txt").write_text("\n".join(lines) + "\n")
 
 
-def _python_run(case: str, compile: bool | str) -> tuple[list[float], float, np.ndarray, bytes]:
-    """What packaged_runtime.c does, through the Python API."""
+def _python_run(
+    case: str, compile: bool | str, export: tuple[Path, list[str]] | None = None
+) -> tuple[list[float], float, np.ndarray, bytes]:
+    """What packaged_runtime.c does, through the Python API (exporting ``export``'s outputs to its path)."""
     artifacts = FIXTURES / case / "artifacts"
     module = Module(
         str(artifacts / "training_model.onnx"),
@@ -110,6 +99,8 @@ def _python_run(case: str, compile: bool | str) -> tuple[list[float], float, np.
     module.eval()
     eval_loss = float(module(*evaluation))
     params = module.contiguous_parameters(False).detach().numpy().copy()
+    if export is not None:
+        module.export_model_for_inferencing(export[0], export[1])
     return losses, eval_loss, params, bytes(module.training_state.to_bytes(include_optimizer_state=True))
 
 
@@ -119,6 +110,7 @@ def _run_c(program: Path, package: Path, case: str, folder: Path) -> subprocess.
     out.mkdir()
     checkpoint = FIXTURES / case / "artifacts" / "checkpoint"
     arguments = [str(package), str(checkpoint), str(data), str(out), str(STEPS), str(ACCUMULATED), "0.weight"]
+    arguments.append(",".join(_export_outputs(package)))
     return subprocess.run([str(program), *arguments], capture_output=True, text=True, timeout=scaled(300))
 
 
@@ -177,6 +169,35 @@ def test_c_program_trains_a_package_with_no_python_as_python_does(c_run: tuple[s
         for moment, value in moments.items():
             held = saved.optimizer.momentums[name][moment].numpy()
             np.testing.assert_allclose(held, value.numpy(), rtol=0, atol=tolerance, err_msg=f"{name} {moment}")
+
+
+def test_the_runtime_exports_the_model_the_python_engine_exports(c_run: tuple[str, Path, Path], tmp_path: Path) -> None:
+    """ExportModelForInferencing with no Python: the package's prepared model with the trained values spliced in
+    is the Python engine's export after the same training (its graph, outputs, and values to the runs' tolerance),
+    and onnxruntime runs both to the same outputs."""
+    import onnx
+    import onnxruntime
+
+    case, package, out = c_run
+    names = _export_outputs(package)
+    assert names, "the package prepared no export"
+    _python_run(case, False, (tmp_path / "python.onnx", names))
+    runtime, python = onnx.load(out / "inference.onnx"), onnx.load(tmp_path / "python.onnx")
+    assert [value.name for value in runtime.graph.output] == names == [value.name for value in python.graph.output]
+    assert list(runtime.graph.node) == list(python.graph.node)
+    assert list(runtime.graph.input) == list(python.graph.input)
+    held = {init.name: onnx.numpy_helper.to_array(init) for init in runtime.graph.initializer}
+    expected = {init.name: onnx.numpy_helper.to_array(init) for init in python.graph.initializer}
+    assert sorted(held) == sorted(expected)
+    for name, value in expected.items():
+        np.testing.assert_allclose(held[name], value, rtol=0, atol=CASES[case], err_msg=name)
+    eval_inputs = [entry["name"] for entry in json.loads((package / "manifest.json").read_text())["eval"]["inputs"]]
+    evaluation = dict(zip(eval_inputs, _batches(case)[1]))
+    feeds = {value.name: evaluation[value.name] for value in runtime.graph.input}
+    paths = (out / "inference.onnx", tmp_path / "python.onnx")
+    ran = [onnxruntime.InferenceSession(str(path)).run(None, feeds) for path in paths]
+    for got, want in zip(*ran):
+        np.testing.assert_allclose(got, want, rtol=0, atol=10 * CASES[case])
 
 
 LOAD_SCRIPT = """

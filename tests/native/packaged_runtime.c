@@ -1,12 +1,13 @@
 /* Trains a package through the packaged runtime (libort_torch_train_packaged: libtorch, no Python, no onnxruntime),
  * written against ONNX Runtime's training C API as any ORT program is:
- *   packaged_runtime PACKAGE_DIR CHECKPOINT DATA_DIR OUT_DIR STEPS ACCUMULATED PARAMETER
+ *   packaged_runtime PACKAGE_DIR CHECKPOINT DATA_DIR OUT_DIR STEPS ACCUMULATED PARAMETER EXPORT_OUTPUTS
  * DATA_DIR/manifest.txt: "train K TYPE RANK DIMS..." and "eval K TYPE RANK DIMS..." per input; inputs are
  * DATA_DIR/train_<step>_<K>.bin and eval_<K>.bin. Each step is TrainStep, then (except the step ACCUMULATED, whose
  * gradients the next step adds to) OptimizerStep, LazyResetGrad and SchedulerStep of a linear schedule
  * (warmup 2, total STEPS + 1, initial 0.01). Prints "libpython mapped: N", the steps' names and PARAMETER's shape
  * (adding the properties epoch = 3 and note = "packaged"), "boundary: ok" once every bad call tried came back as a
- * status; writes OUT_DIR/losses.bin, eval.bin, params.bin and checkpoint. */
+ * status; writes OUT_DIR/losses.bin, eval.bin, params.bin, checkpoint and inference.onnx (ExportModelForInferencing
+ * of EXPORT_OUTPUTS, comma-separated names). */
 #include "ott_test.h"
 
 typedef struct {
@@ -99,7 +100,11 @@ static void bad_calls(OrtEnv* env, OrtSessionOptions* options, OrtCheckpointStat
   expect_status(g_api->SetLearningRate(session, -1.0f), ORT_INVALID_ARGUMENT, "SetLearningRate(-1)");
   expect_status(g_api->CopyParametersToBuffer(session, inputs[0], false), ORT_INVALID_ARGUMENT,
                 "CopyParametersToBuffer(wrong size)");
-  expect_status(g_api->ExportModelForInferencing(session, "x.onnx", 0, NULL), ORT_NOT_IMPLEMENTED, "Export");
+  expect_status(g_api->ExportModelForInferencing(session, "x.onnx", 0, NULL), ORT_INVALID_ARGUMENT, "Export(none)");
+  const char* unprepared[1] = {"no_such_output"};
+  expect_status(g_api->ExportModelForInferencing(session, "x.onnx", 1, unprepared), ORT_INVALID_ARGUMENT,
+                "Export(unprepared)");
+  expect_status(g_api->ExportModelForInferencing(session, NULL, 1, unprepared), ORT_INVALID_ARGUMENT, "Export(NULL)");
   OrtAllocator* allocator = NULL;
   char* name = NULL;
   CHECK(OTT_ORT(g_ort, GetAllocatorWithDefaultOptions)(&allocator));
@@ -160,7 +165,7 @@ static void describe(OrtTrainingSession* session, OrtCheckpointState* state, con
 }
 
 int main(int argc, char** argv) {
-  EXPECT(argc == 8);
+  EXPECT(argc == 9);
   const char *package = argv[1], *data = argv[3], *out = argv[4];
   int steps = atoi(argv[5]), accumulated = atoi(argv[6]);
   open_apis();
@@ -224,6 +229,13 @@ int main(int argc, char** argv) {
 
   snprintf(path, sizeof path, "%s/checkpoint", out);
   CHECK(g_api->SaveCheckpoint(state, path, true));
+  char names[1024];
+  const char* outputs[16];
+  size_t count = 0;
+  snprintf(names, sizeof names, "%s", argv[8]);
+  for (char* name = strtok(names, ","); name != NULL && count < 16; name = strtok(NULL, ",")) outputs[count++] = name;
+  snprintf(path, sizeof path, "%s/inference.onnx", out);
+  CHECK(g_api->ExportModelForInferencing(session, path, count, outputs));
   g_api->ReleaseCheckpointState(state); /* before the session: freed with it */
   g_api->ReleaseTrainingSession(session);
   OTT_ORT(g_ort, ReleaseSessionOptions)(options);

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -117,6 +118,63 @@ std::vector<uint8_t> write_checkpoint(const CheckpointData& state, bool include_
 
 class Session;
 
+// A tensor a package names: its name, dtype and shape (-1: an axis of any size).
+struct TensorSpec {
+  std::string name;
+  at::ScalarType dtype;
+  std::vector<int64_t> shape;
+};
+// Reads "NAME DTYPE RANK SIZES..." from words; Error naming line where it is malformed.
+TensorSpec read_spec(std::istringstream& words, const std::string& line);
+std::string shape_text(const std::vector<int64_t>& shape);
+
+// One inference export a package prepared (ott_packaged_export.cpp): its model file, whose parameters' data lie at
+// the ranges given (each parameter's bytes, in the model's order), and its compiled inference program.
+struct ExportSet {
+  struct Range {
+    TensorSpec tensor;
+    uint64_t offset = 0, length = 0;
+  };
+  std::string folder, model_file, program_file;
+  std::vector<std::string> outputs;
+  std::vector<TensorSpec> inputs;
+  std::vector<Range> parameters;
+};
+
+// What a package prepares besides its steps: the digests of the artifacts it was built from and its inference
+// exports, read from the native_steps.txt lines the session's description hands over.
+struct Prepared {
+  std::string folder;
+  std::map<std::string, std::string> artifacts;  // model role -> sha1 of its file
+  std::map<int64_t, std::shared_ptr<ExportSet>> exports;
+  // Reads one line whose key is its own (artifact, export, export_input, export_output, export_parameter); false
+  // for another key.
+  bool read(const std::string& key, std::istringstream& words, const std::string& line);
+};
+
+// A file's bytes (at most limit); Error naming what and the path where it cannot be read.
+std::string read_file(const std::string& path, size_t limit, const std::string& what);
+// Write bytes to path whole, then rename it into place; Error naming what where it fails.
+void write_file_atomically(const std::string& path, const std::string& bytes, const std::string& what);
+// ExportModelForInferencing: the prepared export of outputs, with state's current parameter values, at path.
+void export_model(const Prepared& prepared, CheckpointData& state, const std::string& path,
+                  const std::vector<std::string>& outputs);
+// Make a package's exports known to CreateSession while the returned holder lives (a training session's).
+std::shared_ptr<void> register_exports(const Prepared& prepared);
+
+// Fill the slots of OrtApi's CreateSession, Run and ReleaseSession (ott_packaged_inference.cpp).
+void set_inference_members(void** slots);
+
+// CreateTrainingSession's rule for model paths (ott_packaged_locate.cpp): a package folder is the package itself; a
+// model file's package is $ORT_TORCH_TRAIN_PACKAGE, else the folder "package" beside the file.
+std::string package_folder_for(const std::string& train_model_path);
+// One model given to CreateTrainingSession(FromBuffer): its role, bytes and where they came from.
+struct GivenModel {
+  std::string role, bytes, where;
+};
+// Refuse models other than the ones the package in folder was built from, naming the one that differs.
+void check_models(const std::string& folder, const std::vector<GivenModel>& models);
+
 }  // namespace ott
 
 struct OrtCheckpointState {
@@ -126,6 +184,7 @@ struct OrtCheckpointState {
 };
 struct OrtTrainingSession {
   std::unique_ptr<ott::Session> session;
+  std::shared_ptr<void> exports;  // the package's exports, known to CreateSession while the session lives
 };
 
 namespace ott {
@@ -153,6 +212,8 @@ class Session {
   size_t eval_inputs() const;
   // The name of a step's input or output (train: the train step, else the eval step); Error past the last.
   const std::string& name(bool train, bool input, size_t index) const;
+  // The package's artifact digests and prepared inference exports.
+  const Prepared& prepared() const;
   struct Description;
 
  private:

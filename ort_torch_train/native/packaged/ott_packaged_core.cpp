@@ -1,6 +1,7 @@
 // The core OrtApi members a training program calls, answered by the packaged runtime itself (no onnxruntime in the
 // process): statuses, environments, session and run options, CPU memory info, the default allocator and tensors
-// (an OrtValue holds an at::Tensor). Every other member of the table is NULL: a program calling one fails at once.
+// (an OrtValue holds an at::Tensor), and inference sessions over the models it exported (ott_packaged_inference.cpp).
+// Every other member of the table is NULL: a program calling one fails at once.
 #include <cstdlib>
 #include <cstring>
 
@@ -198,6 +199,7 @@ struct CoreTable {
     OTT_SET(GetTensorShapeElementCount), OTT_SET(ReleaseTensorTypeAndShapeInfo), OTT_SET(ReleaseValue);
     OTT_SET(GetTrainingApi);
 #undef OTT_SET
+    ott::set_inference_members(slots);
   }
 };
 

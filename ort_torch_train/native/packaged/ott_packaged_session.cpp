@@ -16,21 +16,9 @@
 #endif
 
 namespace ott {
-namespace {
 
-constexpr const char* kFormat = "ort-torch-train-native/1";
-constexpr const char* kDescription = "native_steps.txt";
-constexpr const char* kGroup = "group0";         // ORT's one optimizer group
-constexpr float kDefaultLearningRate = 0.001f;   // ORT's, until the first SetLearningRate
-
-struct Entry {
-  std::string name;
-  at::ScalarType dtype;
-  std::vector<int64_t> shape;  // -1: any size
-};
-
-Entry read_entry(std::istringstream& words, const std::string& line) {
-  Entry entry;
+TensorSpec read_spec(std::istringstream& words, const std::string& line) {
+  TensorSpec entry;
   std::string dtype;
   int rank = -1;
   words >> entry.name >> dtype >> rank;
@@ -47,6 +35,15 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   for (size_t i = 0; i < shape.size(); i++) text += (i ? ", " : "") + (shape[i] < 0 ? "any" : std::to_string(shape[i]));
   return text + "]";
 }
+
+namespace {
+
+constexpr const char* kFormat = "ort-torch-train-native/1";
+constexpr const char* kDescription = "native_steps.txt";
+constexpr const char* kGroup = "group0";         // ORT's one optimizer group
+constexpr float kDefaultLearningRate = 0.001f;   // ORT's, until the first SetLearningRate
+
+using Entry = TensorSpec;
 
 // `target` made to hold `value`: where both have one layout, `target` takes over `value`'s storage (no copy; every
 // handle to `target`, the checkpoint state's included, sees it), else `value` is copied into it.
@@ -73,8 +70,10 @@ struct Session::Description {
   std::string algorithm;
   std::map<std::string, double> hyperparameters;
   std::map<std::string, std::unique_ptr<torch::inductor::AOTIModelPackageLoader>> programs;
+  Prepared prepared;
 
   explicit Description(const std::string& folder) {
+    prepared.folder = folder;
     std::ifstream in(folder + "/" + kDescription);
     if (!in) throw Error(ORT_NO_SUCHFILE, "package '" + folder + "': no " + kDescription +
                                               " (expected a folder written by `ort-torch-train package`)");
@@ -100,7 +99,7 @@ struct Session::Description {
           throw Error(ORT_FAIL, "package '" + folder + "' was built for another CPU architecture: '" + role + "'");
       } else if (key == "parameter") {
         words >> role;
-        (role == "trainable" ? trainable : frozen).push_back(read_entry(words, line));
+        (role == "trainable" ? trainable : frozen).push_back(read_spec(words, line));
       } else if (key == "parameter_order") {
         order.emplace_back();
         words >> order.back();
@@ -108,7 +107,7 @@ struct Session::Description {
         words >> role >> files[role];
       } else if (key == "input") {
         words >> role;
-        inputs[role].push_back(read_entry(words, line));
+        inputs[role].push_back(read_spec(words, line));
       } else if (key == "output") {
         words >> role;
         outputs[role].emplace_back();
@@ -128,7 +127,7 @@ struct Session::Description {
         hyperparameters[role] = std::strtod(value.c_str(), &end);
         if (value.empty() || end != value.c_str() + value.size())
           throw Error(ORT_FAIL, "package description: malformed line '" + line + "'");
-      } else {
+      } else if (!prepared.read(key, words, line)) {
         throw Error(ORT_FAIL, "package description: unknown line '" + line + "'");
       }
     }
@@ -372,6 +371,8 @@ void Session::copy_parameters_from(const at::Tensor& buffer, bool trainable_only
     at += param.numel();
   }
 }
+
+const Prepared& Session::prepared() const { return description_->prepared; }
 
 size_t Session::train_outputs() const { return description_->outputs["train"].size(); }
 size_t Session::eval_outputs() const { return description_->outputs["eval"].size(); }

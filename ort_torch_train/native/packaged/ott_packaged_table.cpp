@@ -1,9 +1,10 @@
 // The OrtTrainingApi table over packages: every argument checked at the boundary, every error a status.
 //
-// CreateTrainingSession takes the package folder (written by `ort-torch-train package`) as train_model_path; the
-// package holds the eval and optimizer steps too, so eval_model_path and optimizer_model_path must each be NULL or
-// the same folder. CreateTrainingSessionFromBuffer (a package is a folder) and ExportModelForInferencing return
-// ORT_NOT_IMPLEMENTED naming themselves.
+// CreateTrainingSession takes the package folder (written by `ort-torch-train package`) as train_model_path, or the
+// model files it was built from (ott_packaged_locate.cpp: their package, their digests checked);
+// CreateTrainingSessionFromBuffer takes the models' bytes, the package named by $ORT_TORCH_TRAIN_PACKAGE.
+// ExportModelForInferencing writes an output set the package prepared (ott_packaged_export.cpp).
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -85,27 +86,67 @@ OrtStatus* SaveCheckpoint(OrtCheckpointState* state, const ORTCHAR_T* path, cons
   });
 }
 
+constexpr const char* kRoles[3] = {"training_model", "eval_model", "optimizer_model"};
+constexpr size_t kModelLimit = (size_t(1) << 31) - 1;  // bytes of a model checked against a package's digest at most
+
+void open_session(const std::string& folder, OrtCheckpointState* state, OrtTrainingSession** out) {
+  auto session = std::make_unique<ott::Session>(folder, state);
+  std::shared_ptr<void> exports = ott::register_exports(session->prepared());
+  *out = new OrtTrainingSession{std::move(session), std::move(exports)};
+  state->sessions++;
+}
+
 OrtStatus* CreateTrainingSession(const OrtEnv* env, const OrtSessionOptions* options, OrtCheckpointState* state,
-                                 const ORTCHAR_T* package, const ORTCHAR_T* eval_path, const ORTCHAR_T* optimizer_path,
-                                 OrtTrainingSession** out) {
+                                 const ORTCHAR_T* train_path, const ORTCHAR_T* eval_path,
+                                 const ORTCHAR_T* optimizer_path, OrtTrainingSession** out) {
   return guarded([&] {
     require(env, "env"), require(options, "options"), require(state, "checkpoint_state");
-    require(package, "train_model_path (the package folder)"), require(out, "out");
-    for (const ORTCHAR_T* other : {eval_path, optimizer_path})
-      if (other != nullptr && std::strcmp(other, package) != 0)
-        throw invalid_argument(std::string("CreateTrainingSession: the packaged runtime takes the package folder as "
-                                           "train_model_path; eval_model_path and optimizer_model_path must be NULL "
-                                           "or the same folder, got '") + other + "'");
-    auto session = std::make_unique<ott::Session>(package, state);
-    *out = new OrtTrainingSession{std::move(session)};
-    state->sessions++;
+    require(train_path, "train_model_path"), require(out, "out");
+    const std::string folder = ott::package_folder_for(train_path);
+    const ORTCHAR_T* paths[3] = {train_path, eval_path, optimizer_path};
+    if (folder == train_path) {  // the package folder itself
+      for (const ORTCHAR_T* other : {eval_path, optimizer_path})
+        if (other != nullptr && std::strcmp(other, train_path) != 0)
+          throw invalid_argument(std::string("CreateTrainingSession: train_model_path is a package folder; "
+                                             "eval_model_path and optimizer_model_path must be NULL or the same "
+                                             "folder, got '") + other + "'");
+    } else {  // model files: their package, built from them
+      std::vector<ott::GivenModel> models;
+      for (size_t i = 0; i < 3; i++)
+        if (paths[i] != nullptr)
+          models.push_back({kRoles[i], ott::read_file(paths[i], kModelLimit, "CreateTrainingSession"),
+                            std::string("'") + paths[i] + "'"});
+      ott::check_models(folder, models);
+    }
+    open_session(folder, state, out);
   });
 }
 
-OrtStatus* CreateTrainingSessionFromBuffer(const OrtEnv*, const OrtSessionOptions*, OrtCheckpointState*, const void*,
-                                           size_t, const void*, size_t, const void*, size_t, OrtTrainingSession**) {
-  return ott::make_status(ORT_NOT_IMPLEMENTED, "CreateTrainingSessionFromBuffer: the packaged runtime trains a "
-                                               "package folder (CreateTrainingSession), not models' bytes");
+OrtStatus* CreateTrainingSessionFromBuffer(const OrtEnv* env, const OrtSessionOptions* options,
+                                           OrtCheckpointState* state, const void* train_data, size_t train_len,
+                                           const void* eval_data, size_t eval_len, const void* optimizer_data,
+                                           size_t optimizer_len, OrtTrainingSession** out) {
+  return guarded([&] {
+    require(env, "env"), require(options, "options"), require(state, "checkpoint_state");
+    require(train_data, "train_model_data"), require(out, "out");
+    const char* folder = std::getenv("ORT_TORCH_TRAIN_PACKAGE");
+    if (folder == nullptr || *folder == '\0')
+      throw invalid_argument("CreateTrainingSessionFromBuffer: set ORT_TORCH_TRAIN_PACKAGE to the package built from "
+                             "these models (`ort-torch-train package`): the packaged runtime trains a package");
+    const void* data[3] = {train_data, eval_data, optimizer_data};
+    const size_t sizes[3] = {train_len, eval_len, optimizer_len};
+    std::vector<ott::GivenModel> models;
+    for (size_t i = 0; i < 3; i++) {
+      if ((data[i] == nullptr) != (sizes[i] == 0) || sizes[i] > kModelLimit)
+        throw invalid_argument(std::string("CreateTrainingSessionFromBuffer: the ") + kRoles[i] + " buffer is " +
+                               (data[i] ? "given" : "NULL") + " with " + std::to_string(sizes[i]) + " bytes");
+      if (data[i] != nullptr)
+        models.push_back({kRoles[i], std::string(static_cast<const char*>(data[i]), sizes[i]),
+                          std::string("the ") + kRoles[i] + " buffer"});
+    }
+    ott::check_models(folder, models);
+    open_session(folder, state, out);
+  });
 }
 
 OrtStatus* OutputCount(const OrtTrainingSession* session, size_t* out, bool train) {
@@ -219,8 +260,20 @@ void ReleaseTrainingSession(OrtTrainingSession* session) {
   if (state != nullptr && --state->sessions == 0 && state->released) delete state;
 }
 
-OrtStatus* ExportModelForInferencing(OrtTrainingSession*, const ORTCHAR_T*, size_t, const char* const*) {
-  return ott::make_status(ORT_NOT_IMPLEMENTED, "ExportModelForInferencing: not answered by the packaged runtime yet");
+OrtStatus* ExportModelForInferencing(OrtTrainingSession* session, const ORTCHAR_T* path, size_t outputs_len,
+                                     const char* const* outputs) {
+  return guarded([&] {
+    ott::Session& steps = session_of(session);
+    require(path, "inference_model_path");
+    if (outputs_len == 0) throw invalid_argument("ExportModelForInferencing: graph_outputs_len is 0");
+    require(outputs, "graph_output_names");
+    std::vector<std::string> names;
+    for (size_t i = 0; i < outputs_len; i++) {
+      if (outputs[i] == nullptr) throw invalid_argument("graph_output_names[" + std::to_string(i) + "] is NULL");
+      names.push_back(outputs[i]);
+    }
+    ott::export_model(steps.prepared(), steps.state()->data, path, names);
+  });
 }
 OrtStatus* SetSeed(const int64_t seed) { return guarded([&] { at::manual_seed(uint64_t(seed)); }); }
 OrtStatus* AddProperty(OrtCheckpointState* state, const char* name, enum OrtPropertyType type, void* value) {

@@ -9,6 +9,7 @@ programs take the example size (``example_size``) only, and the manifest says wh
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -21,6 +22,7 @@ from torch import Tensor
 from ort_torch_train.dtypes import dtype_name
 from ort_torch_train.errors import PackageError
 from ort_torch_train.fileio import path_inside
+from ort_torch_train.graph.layout import GraphLayout
 from ort_torch_train.optim.algorithm import Hyperparameters
 from ort_torch_train.optim.compiled import scalar_tensor
 from ort_torch_train.optim.optimizer_model import read_optimizer_model
@@ -28,7 +30,9 @@ from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.training.compile.step_spec import ParameterPlan
 from ort_torch_train.training.engine import TrainingEngine
 from ort_torch_train.training.forward_graph import ForwardGraph
+from ort_torch_train.training.forward_models import eval_forward
 from ort_torch_train.training.options import EngineOptions
+from ort_torch_train.training.package import exports as exports_of
 from ort_torch_train.training.package import programs
 from ort_torch_train.training.package.manifest import (
     EVAL,
@@ -42,21 +46,33 @@ from ort_torch_train.training.package.manifest import (
     model_digest,
 )
 from ort_torch_train.training.package.native_description import write_description
+from ort_torch_train.training.threads import process_threads
 
 log = logging.getLogger(__name__)
 TRAIN_FILE, EVAL_FILE, OPTIMIZER_FILE = "train_step.pt2", "eval_step.pt2", "optimizer_step.pt2"
+DEFAULT_FOLDER = "package"  # beside the artifacts: where the runtime with no Python looks for a model file's package
 
 
-def build_package(artifacts: str | os.PathLike, out: str | os.PathLike, *, example_size: int = 8) -> Manifest:
+def build_package(
+    artifacts: str | os.PathLike,
+    out: str | os.PathLike | None = None,
+    *,
+    example_size: int = 8,
+    export_outputs: Sequence[Sequence[str]] = (),
+) -> Manifest:
     """Compile the artifacts in the folder ``artifacts`` (training_model.onnx and checkpoint, eval_model.onnx
-    and optimizer_model.onnx where present) into a package in the folder ``out``; return its manifest.
+    and optimizer_model.onnx where present) into a package in the folder ``out`` (None: ``artifacts/package``,
+    where the runtime with no Python looks for it); return its manifest.
 
     ``example_size`` is the size the example inputs give each symbolic axis (any size runs where the axis
-    stays dynamic). Raises PackageError for a folder without the training model or checkpoint.
+    stays dynamic). ``export_outputs``: the output sets, besides the eval model's outputs before its loss, that
+    the runtime with no Python exports for inference (``exports.py``). Raises PackageError for a folder without
+    the training model or checkpoint.
     """
     if not isinstance(example_size, int) or isinstance(example_size, bool) or example_size < 2:
         raise ValueError(f"example_size: expected an int >= 2 (sizes 0 and 1 specialise), got {example_size!r}")
     folder = Path(artifacts)
+    out = folder / DEFAULT_FOLDER if out is None else out
     models = {role: _model(folder, role) for role in (TRAINING, EVAL, OPTIMIZER)}
     training_model, eval_model = models[TRAINING], models[EVAL]
     checkpoint = folder / "checkpoint"
@@ -112,6 +128,14 @@ def build_package(artifacts: str | os.PathLike, out: str | os.PathLike, *, examp
         entry = TensorEntry("scalars", dtype_name(scalars.dtype), tuple(scalars.shape))
         optimizer = Program(OPTIMIZER_FILE, (entry,), ())
 
+    exports = []
+    if eval_model is not None:
+        sets = exports_of.output_sets(eval_model, list(state.params), export_outputs)
+        for index, outputs in enumerate(sets):
+            exports.append(_prepared_export(eval_model, state, outputs, index, out, example_size))
+    elif export_outputs:
+        raise PackageError("package: export_outputs needs an eval model; the artifacts hold none")
+
     here = environment()
     manifest = Manifest(
         artifacts={role: model_digest(model) for role, model in models.items() if model is not None},
@@ -128,9 +152,36 @@ def build_package(artifacts: str | os.PathLike, out: str | os.PathLike, *, examp
         optimizer_algorithm=algorithm,
         moments=tuple(moments),
     )
-    write_description(out, manifest, graph_names, hyperparameters)
+    digests = {role: _file_digest(folder / f"{role}.onnx") for role, model in models.items() if model is not None}
+    write_description(out, manifest, graph_names, hyperparameters, exports, digests)
     manifest.write(out)
     return manifest
+
+
+def _prepared_export(
+    eval_model: onnx.ModelProto,
+    state: TrainingState,
+    outputs: Sequence[str],
+    index: int,
+    out: str | os.PathLike,
+    size: int,
+) -> tuple[exports_of.ExportTemplate, Program]:
+    """The inference export of ``outputs`` prepared: its model with the parameters' ranges, and its graph compiled."""
+    template = exports_of.write_template(eval_model, state.params, outputs, out, f"export_{index}.onnx")
+    names = [entry.name for entry in template.parameters]
+    layout = GraphLayout(user_inputs=template.inputs, params=tuple(names), user_outputs=tuple(outputs))
+    graph = eval_forward(eval_model, layout, EngineOptions.of(), {}, None, process_threads())
+    params = [state.params[name].detach() for name in names]
+    inputs, axes, entries = _examples(graph, size)
+    step = programs.eval_function(_converted(graph, inputs, params))
+    file = f"export_{index}.pt2"
+    entries = _compile(step, [*inputs, *params], axes, [None] * len(params), entries, path_inside(out, file, "package"))
+    return template, Program(file, entries, tuple(outputs))
+
+
+def _file_digest(path: Path) -> str:
+    """The sha1 of the file's bytes, as the runtime with no Python checks a model file given it."""
+    return hashlib.sha1(path.read_bytes()).hexdigest()
 
 
 def _model(folder: Path, role: str) -> onnx.ModelProto | None:

@@ -5,18 +5,20 @@ architecture the package was built for, the parameters (trainable, then frozen, 
 the flat buffer's), each program's file, user inputs
 (dtype, rank, sizes; -1 for a dynamic axis) and outputs, the eval step's parameters, and the optimizer's algorithm,
 moments and hyperparameters (as ``float.hex``, exact), so that it computes each step's scalars as the Python engine
-does. The last line is ``end``. Names holding whitespace cannot be written and are refused.
+does; the sha1 of each artifact file the package was built from (``artifact``), and each prepared inference export
+(``exports.py``): its model file and program, outputs, inputs and parameters' byte ranges. The last line is ``end``. Names holding whitespace cannot be written and are refused.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from ort_torch_train.errors import PackageError
 from ort_torch_train.fileio import atomic_write_bytes, path_inside
 from ort_torch_train.optim.algorithm import Hyperparameters
+from ort_torch_train.training.package.exports import ExportTemplate
 from ort_torch_train.training.package.manifest import Manifest, Program, TensorEntry
 
 FORMAT = "ort-torch-train-native/1"
@@ -41,9 +43,30 @@ def _program(role: str, program: Program) -> list[str]:
     return lines
 
 
-def describe(manifest: Manifest, graph_order: Sequence[str], hyperparameters: Hyperparameters | None) -> bytes:
+Export = tuple[ExportTemplate, Program]
+
+
+def _export(index: int, template: ExportTemplate, program: Program) -> list[str]:
+    """An export's lines: its files, its program's inputs, outputs, and its parameters with their byte ranges."""
+    lines = [f"export {index} {_word(template.model_file, 'export file')} {_word(program.file, 'program file')}"]
+    lines += [f"export_input {index} {_entry(entry, 'input')}" for entry in program.inputs]
+    lines += [f"export_output {index} {_word(name, 'output')}" for name in template.outputs]
+    for entry in template.parameters:
+        described = _entry(TensorEntry(entry.name, entry.dtype, entry.shape), "parameter")
+        lines.append(f"export_parameter {index} {entry.offset} {entry.length} {described}")
+    return lines
+
+
+def describe(
+    manifest: Manifest,
+    graph_order: Sequence[str],
+    hyperparameters: Hyperparameters | None,
+    exports: Sequence[Export],
+    digests: Mapping[str, str],
+) -> bytes:
     """The description of the package ``manifest`` records; ``graph_order``: the training graph's parameters in
-    its order (that of the parameters' flat buffer); ``hyperparameters``: its optimizer's (a dataclass)."""
+    its order (that of the parameters' flat buffer); ``hyperparameters``: its optimizer's (a dataclass);
+    ``exports``: the prepared inference exports; ``digests``: model role -> sha1 of its artifact file."""
     lines = [FORMAT, f"torch {manifest.torch}", f"machine {_word(manifest.machine, 'machine')}"]
     lines += [f"parameter trainable {_entry(entry, 'parameter')}" for entry in manifest.trainable]
     lines += [f"parameter frozen {_entry(entry, 'parameter')}" for entry in manifest.frozen]
@@ -57,6 +80,9 @@ def describe(manifest: Manifest, graph_order: Sequence[str], hyperparameters: Hy
         lines += [f"algorithm {manifest.optimizer_algorithm}"]
         lines += [f"moment {_word(name, 'moment')}" for name in manifest.moments]
         lines += [f"hyperparameter {name} {value.hex()}" for name, value in _numbers(hyperparameters)]
+    lines += [f"artifact {_word(role, 'role')} {digest}" for role, digest in digests.items()]
+    for index, (template, program) in enumerate(exports):
+        lines += _export(index, template, program)
     lines.append("end")
     return ("\n".join(lines) + "\n").encode()
 
@@ -72,8 +98,13 @@ def _numbers(hyperparameters: Hyperparameters | None) -> Sequence[tuple[str, flo
 
 
 def write_description(
-    folder: str | os.PathLike, manifest: Manifest, graph_order: Sequence[str], hyperparameters: Hyperparameters | None
+    folder: str | os.PathLike,
+    manifest: Manifest,
+    graph_order: Sequence[str],
+    hyperparameters: Hyperparameters | None,
+    exports: Sequence[Export],
+    digests: Mapping[str, str],
 ) -> None:
     """Write ``native_steps.txt`` in the package ``folder``, atomically (``describe``)."""
-    text = describe(manifest, graph_order, hyperparameters)
+    text = describe(manifest, graph_order, hyperparameters, exports, digests)
     atomic_write_bytes(path_inside(folder, DESCRIPTION, "package description"), text)
