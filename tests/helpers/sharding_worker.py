@@ -2,9 +2,9 @@
 
 ``python -m tests.helpers.sharding_worker SCENARIO OUT_DIR`` with torchrun's env. ``SCENARIO`` is
 ``<run>:<sharding>[:<option>]`` (a run of ``RUNS``, "zero2" or "zero3", "none" for one process on the whole
-batches; an option of ``OPTIONS``: recompute, or bf16 / fp16 mixed precision):
+batches; an option of ``OPTIONS``: recompute, bf16 / fp16 mixed precision, or compiled steps):
 each rank trains on its share of every batch and writes ``<scenario>_rank<r>.npz`` (the losses, the final
-whole parameters, the last step's whole gradients, the eval loss) and rank 0 the checkpoint ``<scenario>.ckpt``. ``resume:<sharding>``
+whole parameters, the last step's whole gradients, the eval loss, the graphs Dynamo traced by each step's end) and rank 0 the checkpoint ``<scenario>.ckpt``. ``resume:<sharding>``
 loads the ``mlp`` run's checkpoint saved after 3 steps and trains the rest. ``legacy:<stage>``: the legacy
 session with ``deepspeed_zero_stage`` 2 or 3 (``distributed_worker.legacy_train``; ``legacy:<stage>:fp16``
 with ``use_mixed_precision``). ``fit:<sharding>``: the
@@ -75,12 +75,16 @@ OPTIONS = {
     "recompute": {"recompute": True},
     "bf16": {"mixed_precision": "bf16"},
     "fp16": {"mixed_precision": "fp16"},
+    "compile": {"compile": {"backend": "aot_eager"}},
+    "compile_recompute": {"compile": {"backend": "aot_eager"}, "recompute": True},
+    "inductor": {"compile": True},
 }
 
 
 def train(scenario: str, rank: int, world_size: int, out: Path) -> dict[str, np.ndarray]:
     """Train the scenario's run on this rank's share of each batch (see the module doc)."""
     from ort_torch_train.api import CheckpointState, LinearLRScheduler, Module, Optimizer
+    from ort_torch_train.torch_internals import compile_counters
 
     run, sharding, *option = scenario.split(":")
     resume = run == "resume"
@@ -98,8 +102,11 @@ def train(scenario: str, rank: int, world_size: int, out: Path) -> dict[str, np.
     optimizer = Optimizer(optimizer_model or artifacts / "optimizer_model.onnx", module)
     scheduler = LinearLRScheduler(optimizer, WARMUP, STEPS, PEAK_LEARNING_RATE)
     losses: list[float] = []
-    saved = saved_elements(lambda: module(*part(batches(fixture, 0), rank, world_size)))
-    module.lazy_reset_grad()
+    graphs: list[int] = []  # the graphs Dynamo traced by the end of each step
+    saved = 0  # a compiled run is not counted: the one-graph step refuses saved-tensor hooks
+    if "compile" not in OPTIONS[option[0] if option else ""]:
+        saved = saved_elements(lambda: module(*part(batches(fixture, 0), rank, world_size)))
+        module.lazy_reset_grad()
     for step in range(3 if resume else 0, STEPS):
         inputs = batches(fixture, step)
         if accumulate:  # two micro-batches: the first accumulates locally
@@ -116,6 +123,7 @@ def train(scenario: str, rank: int, world_size: int, out: Path) -> dict[str, np.
         module.lazy_reset_grad()
         scheduler.step()
         losses.append(float(np.asarray(loss).reshape(-1)[0]))
+        graphs.append(compile_counters()["stats"]["unique_graphs"])
         if step == 2 and not resume:
             CheckpointState.save_checkpoint(state, out / f"{scenario}.at3.ckpt", include_optimizer_state=True)
     CheckpointState.save_checkpoint(state, out / f"{scenario}.ckpt", include_optimizer_state=True)
@@ -126,6 +134,7 @@ def train(scenario: str, rank: int, world_size: int, out: Path) -> dict[str, np.
         "losses": np.array(losses, dtype=np.float64),
         "eval_loss": np.asarray(eval_loss, dtype=np.float64).reshape(-1),
         "saved_elements": np.array(saved),
+        "traced_graphs": np.array(graphs),
         **{f"param/{n}": p.data.copy() for n, p in state.parameters},
         **grads,
     }
