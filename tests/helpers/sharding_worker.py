@@ -7,7 +7,7 @@ each rank trains on its share of every batch and writes ``<scenario>_rank<r>.npz
 whole parameters, the last step's whole gradients, the eval loss, the graphs Dynamo traced by each step's end) and rank 0 the checkpoint ``<scenario>.ckpt``. ``resume:<sharding>``
 loads the ``mlp`` run's checkpoint saved after 3 steps and trains the rest. ``legacy:<stage>``: the legacy
 session with ``deepspeed_zero_stage`` 2 or 3 (``distributed_worker.legacy_train``; ``legacy:<stage>:fp16``
-with ``use_mixed_precision``). ``fit:<sharding>``: the
+with ``use_mixed_precision``). ``fit:<sharding>[:<option>]``: the
 trainer's ``fit`` with averaged gradient accumulation. ``misuse``: the errors
 each rank saw (``misuse_rank<r>.json``).
 """
@@ -76,7 +76,6 @@ OPTIONS = {
     "bf16": {"mixed_precision": "bf16"},
     "fp16": {"mixed_precision": "fp16"},
     "compile": {"compile": {"backend": "aot_eager"}},
-    "compile_recompute": {"compile": {"backend": "aot_eager"}, "recompute": True},
     "inductor": {"compile": True},
 }
 
@@ -103,8 +102,8 @@ def train(scenario: str, rank: int, world_size: int, out: Path) -> dict[str, np.
     scheduler = LinearLRScheduler(optimizer, WARMUP, STEPS, PEAK_LEARNING_RATE)
     losses: list[float] = []
     graphs: list[int] = []  # the graphs Dynamo traced by the end of each step
-    saved = 0  # a compiled run is not counted: the one-graph step refuses saved-tensor hooks
-    if "compile" not in OPTIONS[option[0] if option else ""]:
+    saved = 0  # one process's compiled run is not counted: the one-graph step refuses saved-tensor hooks
+    if sharding != "none" or "compile" not in OPTIONS[option[0] if option else ""]:
         saved = saved_elements(lambda: module(*part(batches(fixture, 0), rank, world_size)))
         module.lazy_reset_grad()
     for step in range(3 if resume else 0, STEPS):
@@ -156,15 +155,18 @@ def saved_elements(step: Callable[[], object]) -> int:
     return count
 
 
-def fit_run(sharding: str, rank: int, world_size: int) -> dict[str, np.ndarray]:
+def fit_run(sharding: str, rank: int, world_size: int, option: str = "") -> dict[str, np.ndarray]:
     """``fit`` on the mlp run: two micro-batches a step averaged (``grad_accum_reduction="mean"``), the
-    first under ``no_sync``; the losses fit reports (the ranks' mean) and the final whole parameters."""
+    first under ``no_sync``, with the ``OPTIONS`` named by ``option``; the losses fit reports (the ranks'
+    mean) and the final whole parameters."""
     from ort_torch_train.api import CheckpointState, Module, Optimizer
     from ort_torch_train.trainer import fit
 
     artifacts = MLP / "artifacts"
     state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
-    module = Module(artifacts / "training_model.onnx", state, sharding=None if sharding == "none" else sharding)
+    module = Module(
+        artifacts / "training_model.onnx", state, sharding=None if sharding == "none" else sharding, **OPTIONS[option]
+    )
     optimizer = Optimizer(artifacts / "optimizer_model.onnx", module)
     data = [
         tuple(part(half, rank, world_size))
@@ -210,7 +212,8 @@ def main() -> None:
     if scenario == "misuse":
         (out / f"misuse_rank{rank}.json").write_text(json.dumps(misuse(rank)))
     elif scenario.startswith("fit:"):
-        np.savez(out / f"{scenario}_rank{rank}.npz", **fit_run(scenario.split(":")[1], rank, world_size))
+        _, sharding, *option = scenario.split(":")
+        np.savez(out / f"{scenario}_rank{rank}.npz", **fit_run(sharding, rank, world_size, *option))
     elif scenario.startswith("legacy:"):  # deepspeed_zero_stage 2 or 3, and ":fp16" use_mixed_precision
         _, stage, *fp16 = scenario.split(":")
         results = legacy_train(rank, world_size, zero_stage=int(stage), mixed_precision=bool(fp16))

@@ -1,0 +1,70 @@
+"""Compiled sharded steps (``Module(sharding=..., compile=...)``): each layer unit's stretch of the graph compiled
+on its own inside FSDP2's hooks, on 2 gloo ranks (tests/helpers/sharding_worker.py) against one process's
+compiled and eager runs of the same artifacts and batches; the settings compiled sharding refuses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ort_torch_train.training.options import EngineOptions
+from tests.helpers import sharding_worker
+from tests.unit.distributed.test_fully_sharded import (
+    LOSS_TOLERANCE,
+    assert_checkpoint_is_one_process_save,
+    assert_matches_one_process,
+    run,
+)
+
+COMPILED = "compile"  # sharding_worker.OPTIONS: aot_eager, whose graphs Dynamo counts as inductor's
+
+
+def assert_compiled_once(ranks: list[dict[str, np.ndarray]]) -> None:
+    """Every rank traced its graphs in the first step and none after it (no recompilation per step)."""
+    for result in ranks:
+        graphs = result["traced_graphs"]
+        assert graphs[0] > 0 and (graphs == graphs[0]).all(), graphs
+    assert len({int(r["traced_graphs"][0]) for r in ranks}) == 1
+
+
+@pytest.mark.compile
+@pytest.mark.distributed
+@pytest.mark.parametrize(("run_name", "sharding"), [("mlp", "zero2"), ("transformer", "zero3")])
+def test_compiled_sharded_steps_train_like_one_process(tmp_path: Path, run_name: str, sharding: str) -> None:
+    compiled = run(f"{run_name}:none:{COMPILED}", tmp_path, 1)[0]
+    eager = run(f"{run_name}:none", tmp_path, 1)[0]
+    ranks = run(f"{run_name}:{sharding}:{COMPILED}", tmp_path, 2)
+    assert_matches_one_process(compiled, ranks)
+    assert_matches_one_process(eager, ranks)
+    assert_compiled_once(ranks)
+    assert_checkpoint_is_one_process_save(tmp_path / f"{run_name}:{sharding}:{COMPILED}.ckpt", ranks, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.compile
+@pytest.mark.distributed
+def test_inductor_compiled_sharded_step_trains_like_one_process(tmp_path: Path) -> None:
+    """``compile=True`` (inductor, this project's CPU defaults) on the mlp under ZeRO-3."""
+    single = run("mlp:none:inductor", tmp_path, 1)[0]
+    ranks = run("mlp:zero3:inductor", tmp_path, 2)
+    assert_matches_one_process(single, ranks)
+    assert_compiled_once(ranks)
+
+
+@pytest.mark.compile
+@pytest.mark.distributed
+def test_fit_with_a_compiled_sharded_module_trains_like_one_process(tmp_path: Path) -> None:
+    single = sharding_worker.fit_run("none", 0, 1)
+    ranks = run(f"fit:zero2:{COMPILED}", tmp_path, 2)
+    for result in ranks:
+        np.testing.assert_allclose(result["losses"], single["losses"], rtol=LOSS_TOLERANCE, atol=0)
+    assert_matches_one_process(single, ranks)
+
+
+def test_compiled_sharding_refuses_recompute_by_name() -> None:
+    with pytest.raises(ValueError, match=r"sharding: 'zero3' with compile=True and recompute=True: torch 2\.13"):
+        EngineOptions.of(sharding="zero3", compile=True, recompute=True)
+    with pytest.raises(ValueError, match="sharding: 'zero2' averages the gradients; got gradient_combination='adasum'"):
+        EngineOptions.of(sharding="zero2", compile=True, gradient_combination="adasum")
