@@ -147,10 +147,12 @@ class EngineOptions:
                     f"sharding: {sharded!r} averages the gradients; got gradient_combination="
                     f"{gradient_combination!r} (docs/scaling.md, Sharded training)"
                 )
-            if plan and plan is not True:  # a segment count or ORT's patterns
+            inside_units = isinstance(plan, RecomputePlan) and plan.transformer_layers is None
+            if plan and plan is not True and not inside_units:  # a segment count or whole transformer layers
                 raise ValueError(
                     f"sharding: {sharded!r} recomputes per layer unit: expected recompute=True (each unit's "
-                    f"activations recomputed in its backward) or None; got {recompute!r}"
+                    "activations recomputed in its backward), a legacy session's GELU or attention-dropout "
+                    f"patterns (inside one unit each) or None; got {recompute!r}"
                 )
             if plan and arguments is not None:
                 raise ValueError(

@@ -47,7 +47,7 @@ def rank_strategies(
             layout.params,
             options.process_group,
             options.sharding,
-            options.recompute is not None,
+            options.recompute is True,  # else None or the legacy patterns, checkpointed in the graph itself
             compiler,
         )
     elif options.distributed:

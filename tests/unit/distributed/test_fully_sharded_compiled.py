@@ -1,6 +1,7 @@
 """Compiled sharded steps (``Module(sharding=..., compile=...)``): each layer unit's stretch of the graph compiled
 on its own inside FSDP2's hooks, on 2 gloo ranks (tests/helpers/sharding_worker.py) against one process's
-compiled and eager runs of the same artifacts and batches; the settings compiled sharding refuses."""
+compiled and eager runs of the same artifacts and batches; the settings compiled sharding refuses; the legacy
+session's ``gelu_recompute`` with ZeRO stages 2 and 3."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import pytest
 
 from ort_torch_train.training.options import EngineOptions
 from tests.helpers import sharding_worker
+from tests.helpers.distributed_worker import legacy_train
 from tests.unit.distributed.test_fully_sharded import (
     LOSS_TOLERANCE,
+    PARAMETER_TOLERANCE,
     assert_checkpoint_is_one_process_save,
     assert_matches_one_process,
     run,
@@ -68,3 +71,19 @@ def test_compiled_sharding_refuses_recompute_by_name() -> None:
         EngineOptions.of(sharding="zero3", compile=True, recompute=True)
     with pytest.raises(ValueError, match="sharding: 'zero2' averages the gradients; got gradient_combination='adasum'"):
         EngineOptions.of(sharding="zero2", compile=True, gradient_combination="adasum")
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("stage", [2, 3])
+def test_legacy_gelu_recompute_with_zero_stage_trains_like_one_process(tmp_path: Path, stage: int) -> None:
+    """``gelu_recompute`` with ``deepspeed_zero_stage`` 2 and 3: the GELU region (inside one sharding unit) is
+    checkpointed on every rank, and the run trains as one process with ``gelu_recompute`` does."""
+    reference = legacy_train(gelu=True)
+    ranks = run(f"legacy:{stage}:gelu", tmp_path, 2)
+    assert int(reference["recomputed_segments"]) == 1
+    assert all(int(r["recomputed_segments"]) == 1 for r in ranks)
+    np.testing.assert_allclose(np.mean([r["losses"] for r in ranks], axis=0), reference["losses"], rtol=LOSS_TOLERANCE)
+    for key, value in reference.items():
+        if key.startswith(("param/", "moment/")):
+            for result in ranks:
+                np.testing.assert_allclose(result[key], value, rtol=0, atol=PARAMETER_TOLERANCE, err_msg=key)
