@@ -87,9 +87,7 @@ class _ShardedRoot(nn.Module):
         layered = self._layered.get(module)
         if layered is None:
             units = [cast(Unit, unit) for unit in self.units]
-            layered = self._layered[module] = LayeredGraph(
-                module, self._plan, units, self._user_inputs, self._compiler
-            )
+            layered = self._layered[module] = LayeredGraph(module, self._plan, units, self._user_inputs, self._compiler)
         shared = iter(self.shared)
         unit_of = [self._plan.unit_of(i) for i in range(len(self._plan.owner))]
         return layered(*inputs, *(next(shared) if unit is None else None for unit in unit_of))

@@ -40,7 +40,9 @@ def rank_strategies(
         from ort_torch_train.distributed.fully_sharded import FullyShardedParallel
 
         arguments = options.compile_arguments  # compiled: each layer unit's stretch of the graph on its own
-        compiler = None if arguments is None else partial(torch_compile, arguments=for_device(arguments, options.device))
+        compiler = (
+            None if arguments is None else partial(torch_compile, arguments=for_device(arguments, options.device))
+        )
         combined = FullyShardedParallel(
             graph,
             state,
