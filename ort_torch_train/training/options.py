@@ -66,7 +66,8 @@ class EngineOptions:
     Valid combinations: every field with every other, except that ``loss_scale`` needs "fp16", a
     process group needs ``distributed`` or ``pipeline``, "adasum" needs ``distributed`` and eager steps,
     ``pipeline`` takes eager steps in float32 without recompute and without ``distributed``, ``sharding``
-    takes averaged gradients and ``recompute`` None or (eager steps) True, and a package
+    takes averaged gradients and ``recompute`` None or, in eager steps, True or a legacy session's GELU or
+    attention-dropout patterns, and a package
     runs on the CPU in float32, one process, no recompute. Compiled with recompute, the train step is not one graph:
     the train forward compiles alone (torch.func's one-graph step refuses checkpoint's saved-tensor
     hooks), its backward runs through autograd and the optimizer update after it.
@@ -156,7 +157,7 @@ class EngineOptions:
                 )
             if plan and arguments is not None:
                 raise ValueError(
-                    f"sharding: {sharded!r} with compile={compile!r} and recompute=True: torch 2.13's checkpoint "
+                    f"sharding: {sharded!r} with compile={compile!r} and recompute={recompute!r}: torch 2.13's checkpoint "
                     "reruns a unit with Dynamo disabled, so it cannot rerun a compiled unit, and a unit compiled "
                     "under checkpoint keeps more for its backward than one compiled without it; expected "
                     "recompute=None with compile, or compile=False (docs/scaling.md, Sharded training)"
