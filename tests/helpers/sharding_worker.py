@@ -7,7 +7,7 @@ each rank trains on its share of every batch and writes ``<scenario>_rank<r>.npz
 whole parameters, the last step's whole gradients, the eval loss, the graphs Dynamo traced by each step's end) and rank 0 the checkpoint ``<scenario>.ckpt``. ``resume:<sharding>``
 loads the ``mlp`` run's checkpoint saved after 3 steps and trains the rest. ``legacy:<stage>``: the legacy
 session with ``deepspeed_zero_stage`` 2 or 3 (``distributed_worker.legacy_train``; ``legacy:<stage>:fp16``
-with ``use_mixed_precision``, ``legacy:<stage>:gelu`` a GELU model with ``gelu_recompute``). ``fit:<sharding>[:<option>]``: the
+with ``use_mixed_precision``, ``legacy:<stage>:<recompute>`` with ``recompute`` of ``legacy_train``). ``fit:<sharding>[:<option>]``: the
 trainer's ``fit`` with averaged gradient accumulation. ``misuse``: the errors
 each rank saw (``misuse_rank<r>.json``).
 """
@@ -214,10 +214,10 @@ def main() -> None:
     elif scenario.startswith("fit:"):
         _, sharding, *option = scenario.split(":")
         np.savez(out / f"{scenario}_rank{rank}.npz", **fit_run(sharding, rank, world_size, *option))
-    elif scenario.startswith("legacy:"):  # deepspeed_zero_stage 2 or 3, and ":fp16" or ":gelu" (gelu_recompute)
+    elif scenario.startswith("legacy:"):  # deepspeed_zero_stage 2 or 3, and ":fp16" or a recompute
         _, stage, *option = scenario.split(":")
-        fp16, gelu = option == ["fp16"], option == ["gelu"]
-        results = legacy_train(rank, world_size, zero_stage=int(stage), mixed_precision=fp16, gelu=gelu)
+        fp16, recompute = option == ["fp16"], None if option in ([], ["fp16"]) else option[0]
+        results = legacy_train(rank, world_size, zero_stage=int(stage), mixed_precision=fp16, recompute=recompute)
         np.savez(out / f"{scenario}_rank{rank}.npz", **results)
     else:
         np.savez(out / f"{scenario}_rank{rank}.npz", **train(scenario, rank, world_size, out))

@@ -83,7 +83,7 @@ def test_compiled_sharding_refuses_recompute_by_name() -> None:
 def test_legacy_gelu_recompute_with_zero_stage_trains_like_one_process(tmp_path: Path, stage: int) -> None:
     """``gelu_recompute`` with ``deepspeed_zero_stage`` 2 and 3: the GELU region (inside one sharding unit) is
     checkpointed on every rank, and the run trains as one process with ``gelu_recompute`` does."""
-    reference = legacy_train(gelu=True)
+    reference = legacy_train(recompute="gelu")
     ranks = run(f"legacy:{stage}:gelu", tmp_path, 2)
     assert int(reference["recomputed_segments"]) == 1
     assert all(int(r["recomputed_segments"]) == 1 for r in ranks)
@@ -111,3 +111,16 @@ def test_train_cli_with_sharding_and_compile_trains_like_one_process(
     assert sharded.optimizer is not None and sharded.optimizer.step == 4
     for name, param in one.params.items():
         np.testing.assert_allclose(sharded.params[name].detach(), param.detach(), rtol=0, atol=PARAMETER_TOLERANCE)
+
+
+@pytest.mark.distributed
+def test_legacy_attn_dropout_recompute_with_zero_stage_3_replays_the_masks(tmp_path: Path) -> None:
+    """``attn_dropout_recompute`` with ``deepspeed_zero_stage`` 3: the Softmax's dropout region (inside one unit)
+    is checkpointed, and its rerun draws the masks of the forward: each rank trains as the same sharded
+    session without the setting does (ranks draw their own masks, so one process is no reference)."""
+    plain, recomputed = run("legacy:3:dropout", tmp_path, 2), run("legacy:3:attn_dropout", tmp_path, 2)
+    for without, within in zip(plain, recomputed):
+        assert int(without["recomputed_segments"]) == 0 and int(within["recomputed_segments"]) == 1
+        np.testing.assert_allclose(within["losses"], without["losses"], rtol=LOSS_TOLERANCE, atol=0)
+        for key in (key for key in without if key.startswith("param/")):
+            np.testing.assert_allclose(within[key], without[key], rtol=0, atol=PARAMETER_TOLERANCE, err_msg=key)
