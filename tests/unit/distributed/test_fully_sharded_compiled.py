@@ -1,7 +1,7 @@
 """Compiled sharded steps (``Module(sharding=..., compile=...)``): each layer unit's stretch of the graph compiled
 on its own inside FSDP2's hooks, on 2 gloo ranks (tests/helpers/sharding_worker.py) against one process's
 compiled and eager runs of the same artifacts and batches; the settings compiled sharding refuses; the legacy
-session's ``gelu_recompute`` with ZeRO stages 2 and 3."""
+session's ``gelu_recompute`` and ``attn_dropout_recompute`` with ZeRO stages 2 and 3."""
 
 from __future__ import annotations
 
