@@ -7,9 +7,14 @@ optimizer moments: at rest after the steps, and the peak during one step, sample
 operation (a TorchDispatchMode), counting the gathered (unsharded) parameters and gradients FSDP2 holds
 at that moment, so the layer-wise gather shows; the largest number of layers gathered at once is
 reported too. DDP's bucket buffers and the activations are not counted. Timed steps run without the
-sampler; the ratios compare each sharding with DDP on the same ranks, in the same run.
+sampler; the ratios compare each sharding with DDP on the same ranks, in the same run. With
+``--compile`` every configuration runs compiled steps (DDP and one process: the one-graph step;
+sharding: each unit's stretch compiled), the first step (compilation) among the warmup steps; the
+sampler, which sees no operation inside a compiled graph, is not run, so only the bytes at rest are
+reported. ``--worlds`` chooses the world sizes.
 
     .venv/bin/python bench/experiments/sharding_memory.py [--steps 4] [--warmup 1] [--layers 8] [--hidden 256]
+        [--compile] [--worlds 2,4]
 """
 
 from __future__ import annotations
@@ -30,10 +35,13 @@ import numpy as np
 BENCH = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(BENCH / "harness"))
 
-CONFIGURATIONS = [
-    ("one process", 1, None),
-    *((f"{mode} x{n}", n, mode) for n in (2, 4) for mode in ("ddp", "zero2", "zero3")),
-]
+
+def configurations(worlds: list[int]) -> list[tuple[str, int, str | None]]:
+    """(name, world size, mode) of each run: one process, then DDP, ZeRO-2 and ZeRO-3 on each world size."""
+    return [
+        ("one process", 1, None),
+        *((f"{mode} x{n}", n, mode) for n in worlds for mode in ("ddp", "zero2", "zero3")),
+    ]
 
 
 def bench_model(layers: int, hidden: int):  # type: ignore[no-untyped-def]  # the harness's BenchModel
@@ -97,8 +105,8 @@ def held_bytes(state, sharded) -> tuple[int, int]:  # type: ignore[no-untyped-de
     return total, gathered
 
 
-def worker(directory: Path, steps: int, warmup: int, mode: str) -> None:
-    """One rank: timed steps, then one step under the sampler; print a JSON report."""
+def worker(directory: Path, steps: int, warmup: int, mode: str, compile: bool) -> None:
+    """One rank: timed steps, then (eager) one step under the sampler; print a JSON report."""
     import torch
     import torch.distributed as dist
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -110,7 +118,11 @@ def worker(directory: Path, steps: int, warmup: int, mode: str) -> None:
     state = CheckpointState.load_checkpoint(directory / "checkpoint")
     sharding = mode if mode in ("zero2", "zero3") else None
     module = Module(
-        directory / "training_model.onnx", state, distributed=world_size > 1 and sharding is None, sharding=sharding
+        directory / "training_model.onnx",
+        state,
+        distributed=world_size > 1 and sharding is None,
+        sharding=sharding,
+        compile=compile,
     )
     optimizer = Optimizer(directory / "optimizer_model.onnx", module)
     x, y = np.load(directory / "x.npy"), np.load(directory / "y.npy").reshape(len(np.load(directory / "x.npy")), -1)
@@ -137,10 +149,11 @@ def worker(directory: Path, steps: int, warmup: int, mode: str) -> None:
             peak["bytes"], peak["layers"] = max(peak["bytes"], held), max(peak["layers"], layers)
             return out
 
-    with Sampler():
-        module(*inputs)
-        optimizer.step()
-        module.lazy_reset_grad()
+    if not compile:
+        with Sampler():
+            module(*inputs)
+            optimizer.step()
+            module.lazy_reset_grad()
     report = {"rank": rank, "step_s": times, "rest_bytes": rest, "peak_bytes": peak["bytes"], "layers": peak["layers"]}
     print(json.dumps(report), flush=True)
     dist.barrier()
@@ -153,7 +166,7 @@ def run_world(world_size: int, mode: str, directory: Path, args: argparse.Namesp
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     command = [sys.executable, __file__, "--worker", str(directory), "--mode", mode]
-    command += ["--steps", str(args.steps), "--warmup", str(args.warmup)]
+    command += ["--steps", str(args.steps), "--warmup", str(args.warmup), *(["--compile"] if args.compile else [])]
     environment = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world_size)}
     environment.update({"OMP_NUM_THREADS": "1", "ORT_TORCH_TRAIN_THREADS": "1"})
     procs = [
@@ -177,16 +190,18 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--worker", type=Path)
     parser.add_argument("--mode", default="single", help=argparse.SUPPRESS)  # a worker's setting
+    parser.add_argument("--compile", action="store_true", help="compiled steps (inductor) in every configuration")
+    parser.add_argument("--worlds", default="2,4", help="the world sizes, comma-separated")
     args = parser.parse_args()
     if args.worker is not None:
-        worker(args.worker, args.steps, args.warmup, args.mode)
+        worker(args.worker, args.steps, args.warmup, args.mode, args.compile)
         return
     from model_artifacts import prepare_artifacts
 
     model = bench_model(args.layers, args.hidden)
     artifacts = prepare_artifacts(model, BENCH / ".cache", use_ort=False)
     results = {}
-    for name, world_size, mode in CONFIGURATIONS:
+    for name, world_size, mode in configurations([int(n) for n in args.worlds.split(",")]):
         reports = run_world(world_size, mode or "single", artifacts.directory, args)
         results[name] = {
             "median_step_s": statistics.median(reports[0]["step_s"]),
@@ -197,14 +212,23 @@ def main() -> None:
     one = results["one process"]
     for name, result in results.items():
         world = name.rsplit("x", 1)[-1] if "x" in name else None
-        result["peak_vs_one_process"] = result["peak_bytes_per_rank"] / one["peak_bytes_per_rank"]
+        result["peak_vs_one_process"] = (
+            result["peak_bytes_per_rank"] / one["peak_bytes_per_rank"] if not args.compile else None
+        )
         result["rest_vs_one_process"] = result["rest_bytes_per_rank"] / one["rest_bytes_per_rank"]
         if world is not None:
             result["step_time_vs_ddp"] = result["median_step_s"] / results[f"ddp x{world}"]["median_step_s"]
     load = os.getloadavg()
     print(
         json.dumps(
-            {"model": model.describe(), "cpu_count": os.cpu_count(), "loadavg": load, "results": results}, indent=1
+            {
+                "model": model.describe(),
+                "compile": args.compile,
+                "cpu_count": os.cpu_count(),
+                "loadavg": load,
+                "results": results,
+            },
+            indent=1,
         )
     )
 

@@ -103,8 +103,8 @@ class Module(nn.Module):
             registered custom-op library), converted before the registry's.
         tensor_parallel_size: split Megatron's MLP pairs and attention heads across this many ranks of the default
             group (eager steps; with ``distributed`` the other ranks' factor is data parallel; docs/scaling.md).
-        sharding: "zero2" or "zero3": sharded data parallelism on FSDP2 (eager steps; recompute=True
-            recomputes per layer unit), or None.
+        sharding: "zero2" or "zero3": sharded data parallelism on FSDP2 (recompute=True recomputes per
+            layer unit, eager; compiled, each layer unit compiles on its own), or None.
 
     Examples:
         ```python

@@ -228,8 +228,9 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--sharding",
         choices=("zero2", "zero3"),
-        help="under torchrun, eager steps: FSDP2 sharding of the gradients and optimizer state "
-        "(zero2), and of the parameters too, gathered per layer (zero3); with --recompute auto, per layer",
+        help="under torchrun: FSDP2 sharding of the gradients and optimizer state (zero2), and of the "
+        "parameters too, gathered per layer (zero3); with --recompute auto (eager), per layer; with "
+        "--compile, each layer compiled on its own",
     )
     group.add_argument(
         "--pipeline-stages",

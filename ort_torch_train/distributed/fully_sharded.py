@@ -13,19 +13,21 @@ bytes one process writes (``ShardedCheckpoint``). Reading a parameter through th
 (``TrainingState.parameter``). With ``recompute`` each unit's activations are recomputed in its backward
 (``layer_units.Unit``). Mixed precision is the engine's autocast around the sharded forward: the
 parameters, their gradients and the moments stay float32, and fp16's loss scaler unscales the local
-gradient shards, the ranks agreeing on a skip. Compiled steps are refused with sharding.
+gradient shards, the ranks agreeing on a skip. A compiled sharded step (given a ``compiler``) compiles
+each unit's stretch of the graph on its own (``LayeredGraph``'s compiler) after the compiled graph rewrites;
+FSDP2's gathers, reduce-scatters and the optimizer update on the local shards stay eager around them.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 from weakref import WeakKeyDictionary
 
 import torch
 import torch.distributed as dist
-from torch import Tensor, nn
+from torch import Tensor, fx, nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
@@ -51,10 +53,17 @@ def check_sharding(sharding: object) -> str | None:
 
 
 class _ShardedRoot(nn.Module):
-    """The training graph over per-layer units: ``fully_shard`` applies to each unit, then to this root."""
+    """The training graph over per-layer units: ``fully_shard`` applies to each unit, then to this root.
+    With a ``compiler`` each unit's partitions run compiled."""
 
     def __init__(
-        self, graph: Any, plan: LayerPlan, params: Sequence[nn.Parameter], user_inputs: int, recompute: bool
+        self,
+        graph: Any,
+        plan: LayerPlan,
+        params: Sequence[nn.Parameter],
+        user_inputs: int,
+        recompute: bool,
+        compiler: Callable[[fx.GraphModule], Callable] | None = None,
     ) -> None:
         super().__init__()
         unit_of = [plan.unit_of(i) for i in range(len(params))]
@@ -66,14 +75,19 @@ class _ShardedRoot(nn.Module):
         self._plan = plan
         self._user_inputs = user_inputs
         self._stand_ins = ZeroStandIns(params)
+        self._compiler = compiler
         self._layered: WeakKeyDictionary[Any, LayeredGraph] = WeakKeyDictionary()
 
     def forward(self, inputs: list[Tensor]) -> tuple[Tensor, ...]:
-        module = self._graph[0].module_for(inputs, self._stand_ins)
+        graph = self._graph[0]
+        if self._compiler is None:
+            module = graph.module_for(inputs, self._stand_ins)
+        else:  # the compiled graph rewrites, then each partition compiled (per input signature, as graph caches)
+            module = graph.specialised(inputs, self._stand_ins, "sharded", graph.compiled_module, dynamic=False)
         layered = self._layered.get(module)
         if layered is None:
             units = [cast(Unit, unit) for unit in self.units]
-            layered = self._layered[module] = LayeredGraph(module, self._plan, units, self._user_inputs)
+            layered = self._layered[module] = LayeredGraph(module, self._plan, units, self._user_inputs, self._compiler)
         shared = iter(self.shared)
         unit_of = [self._plan.unit_of(i) for i in range(len(self._plan.owner))]
         return layered(*inputs, *(next(shared) if unit is None else None for unit in unit_of))
@@ -89,12 +103,20 @@ class _ShardedRoot(nn.Module):
 class FullyShardedParallel(DataParallel):
     """ZeRO-2 ("zero2") or ZeRO-3 ("zero3") over the ranks of ``group`` for a training graph over ``state``'s
     parameters ``names`` (see the module doc); the state's parameters become their shards. ``recompute``:
-    each layer unit's activations recomputed in its backward."""
+    each layer unit's activations recomputed in its backward. ``compiler``: what compiles each unit's
+    partitions (None: eager)."""
 
     shards_parameters = True  # the state's parameters are this rank's shards (DTensors)
 
     def __init__(
-        self, graph: Any, state: TrainingState, names: Sequence[str], group: Any, sharding: str, recompute: bool = False
+        self,
+        graph: Any,
+        state: TrainingState,
+        names: Sequence[str],
+        group: Any,
+        sharding: str,
+        recompute: bool = False,
+        compiler: Callable[[fx.GraphModule], Callable] | None = None,
     ) -> None:
         self.group = group
         self.sharding = sharding
@@ -104,7 +126,7 @@ class FullyShardedParallel(DataParallel):
         self.synchronise = True
         plan = LayerPlan.of(graph.graph, names)
         device = state.device
-        _require_same_settings([sharding, recompute, plan], group, device)
+        _require_same_settings([sharding, recompute, compiler is not None, plan], group, device)
         require_identical({name: state.params[name] for name in names}, group, "parameters")
         scalars = [name for name in names if state.params[name].dim() == 0]
         if scalars:  # every rank, as the settings and parameters agree
@@ -114,7 +136,7 @@ class FullyShardedParallel(DataParallel):
             )
         mesh = DeviceMesh.from_group(group, device.type)
         params = [state.params[name] for name in names]
-        root = _ShardedRoot(graph, plan, params, len(graph.layout.user_inputs), recompute)
+        root = _ShardedRoot(graph, plan, params, len(graph.layout.user_inputs), recompute, compiler)
         for unit in root.units:
             fully_shard(unit, mesh=mesh, reshard_after_forward=sharding == "zero3")
         self._root: FSDPModule | None = fully_shard(root, mesh=mesh, reshard_after_forward=False)
@@ -145,8 +167,8 @@ class FullyShardedParallel(DataParallel):
         self._root = None
 
     def compiled_reduction(self) -> None:
-        """Compiled sharded steps are refused (``EngineOptions``): nothing to reduce in a compiled graph."""
-        raise DistributedError("sharding: compiled steps are not supported with sharding (compile=False)")
+        """Never asked for: a compiled sharded step is no one-graph step (``EngineOptions.compiles_whole_step``)."""
+        raise DistributedError("sharding: a sharded step does not run as one compiled graph")
 
     def optimizer_engine(self, engine: type[OptimizerEngine], **arguments: Any) -> OptimizerEngine:
         """An optimizer engine (built as ``engine(**arguments, tensors=...)``) whose kernels run on this rank's

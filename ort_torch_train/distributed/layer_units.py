@@ -16,6 +16,8 @@ around it (and, for ZeRO-3, free them after it) and reduce-scatter their gradien
 done: a shared unit's after each of its stretches' backward. A unit made with
 ``recompute`` runs its partition under ``torch.utils.checkpoint``: its backward gathers the parameters
 again, reruns the partition (the same random numbers) and keeps none of its activations in between.
+Given a ``compiler`` (compiled sharded steps), each partition runs compiled: torch.compile's graph of one
+stretch, its forward and backward inside the unit's FSDP hooks, which stay eager.
 """
 
 from __future__ import annotations
@@ -131,23 +133,37 @@ def _not_a_view(value: object) -> object:
 
 
 class _UnitCall(nn.Module):
-    """A partition of the cut graph, run inside its unit's forward."""
+    """A partition of the cut graph (compiled by ``compiler`` when given), run inside its unit's forward."""
 
-    def __init__(self, unit: Unit, partition: fx.GraphModule, positions: tuple[tuple[int, int], ...]) -> None:
+    def __init__(
+        self,
+        unit: Unit,
+        partition: fx.GraphModule,
+        positions: tuple[tuple[int, int], ...],
+        compiler: Callable[[fx.GraphModule], Callable] | None,
+    ) -> None:
         super().__init__()
         self.partition = partition
+        self._run = [partition if compiler is None else compiler(partition)]  # a list: kept out of the module tree
         self._unit = [unit]  # a list: the unit stays out of this module's tree
         self.positions = positions
 
     def forward(self, *args: object) -> object:
-        return self._unit[0](self.partition, self.positions, *args)
+        return self._unit[0](self._run[0], self.positions, *args)
 
 
 class LayeredGraph:
     """A converted module cut into one partition per stretch of a unit (see the module doc): called with the
     user inputs, then the parameters (None where a unit puts in its own)."""
 
-    def __init__(self, module: fx.GraphModule, plan: LayerPlan, units: Sequence[Unit], user_inputs: int) -> None:
+    def __init__(
+        self,
+        module: fx.GraphModule,
+        plan: LayerPlan,
+        units: Sequence[Unit],
+        user_inputs: int,
+        compiler: Callable[[fx.GraphModule], Callable] | None = None,
+    ) -> None:
         placeholders = [node for node in module.graph.nodes if node.op == "placeholder"]
         param_nodes = placeholders[user_inputs:]
         unit_of = {node: k for i, node in enumerate(param_nodes) if (k := plan.unit_of(i)) is not None}
@@ -193,7 +209,7 @@ class LayeredGraph:
                     f"{len(positions)} of its {len(unit_params[index])} parameters"
                 )
             partition = getattr(self.split, str(node.target))
-            setattr(self.split, str(node.target), _UnitCall(units[index], partition, tuple(positions)))
+            setattr(self.split, str(node.target), _UnitCall(units[index], partition, tuple(positions), compiler))
 
     def __call__(self, *args: Tensor | None) -> tuple[Tensor, ...]:
         return tuple(self.split(*args))

@@ -57,8 +57,8 @@ class EngineOptions:
             through the C API), converted before the registry's, or None.
         tensor_parallel: the ``(dp, tp)`` mesh whose tp ranks share Megatron's weight pairs
             (``distributed/tensor_parallel.py``), or None; with it, ``process_group`` is the mesh's dp group.
-        sharding: "zero2" or "zero3" (FSDP2, ``distributed/fully_sharded.py``; implies ``distributed``,
-            eager steps; ``recompute`` True recomputes each layer unit), or None.
+        sharding: "zero2" or "zero3" (FSDP2, ``distributed/fully_sharded.py``; implies ``distributed``;
+            ``recompute`` True recomputes each layer unit, eager; compiled, each unit's stretch compiles on its own), or None.
         package: the folder of a package of steps compiled ahead of time (``training/package/``), which
             the train and eval steps run through instead of compiling, or None; ``compile="package:DIR"``.
 
@@ -66,7 +66,8 @@ class EngineOptions:
     Valid combinations: every field with every other, except that ``loss_scale`` needs "fp16", a
     process group needs ``distributed`` or ``pipeline``, "adasum" needs ``distributed`` and eager steps,
     ``pipeline`` takes eager steps in float32 without recompute and without ``distributed``, ``sharding``
-    takes eager steps with averaged gradients and ``recompute`` None or True, and a package
+    takes averaged gradients and ``recompute`` None or, in eager steps, True or a legacy session's GELU or
+    attention-dropout patterns, and a package
     runs on the CPU in float32, one process, no recompute. Compiled with recompute, the train step is not one graph:
     the train forward compiles alone (torch.func's one-graph step refuses checkpoint's saved-tensor
     hooks), its backward runs through autograd and the optimizer update after it.
@@ -142,15 +143,24 @@ class EngineOptions:
                     f"sharding: {sharded!r} with pipeline={pipeline!r}, tensor_parallel_size={tensor_parallel_size!r}: "
                     "sharded data parallelism does not compose with pipeline or tensor parallelism yet"
                 )
-            if arguments is not None or gradient_combination != "average":
+            if gradient_combination != "average":
                 raise ValueError(
-                    f"sharding: {sharded!r} runs eager steps with averaged gradients; got compile={compile!r}, "
-                    f"gradient_combination={gradient_combination!r} (docs/scaling.md, Sharded training)"
+                    f"sharding: {sharded!r} averages the gradients; got gradient_combination="
+                    f"{gradient_combination!r} (docs/scaling.md, Sharded training)"
                 )
-            if plan and plan is not True:  # a segment count or ORT's patterns
+            inside_units = isinstance(plan, RecomputePlan) and plan.transformer_layers is None
+            if plan and plan is not True and not inside_units:  # a segment count or whole transformer layers
                 raise ValueError(
                     f"sharding: {sharded!r} recomputes per layer unit: expected recompute=True (each unit's "
-                    f"activations recomputed in its backward) or None; got {recompute!r}"
+                    "activations recomputed in its backward), a legacy session's GELU or attention-dropout "
+                    f"patterns (inside one unit each) or None; got {recompute!r}"
+                )
+            if plan and arguments is not None:
+                raise ValueError(
+                    f"sharding: {sharded!r} with compile={compile!r} and recompute={recompute!r}: torch 2.13's checkpoint "
+                    "reruns a unit with Dynamo disabled, so it cannot rerun a compiled unit, and a unit compiled "
+                    "under checkpoint keeps more for its backward than one compiled without it; expected "
+                    "recompute=None with compile, or compile=False (docs/scaling.md, Sharded training)"
                 )
             distributed = True
         if distributed:
@@ -217,7 +227,7 @@ class EngineOptions:
     def compiles_whole_step(self) -> bool:
         """Whether a train step (forward, backward, and the update with ``train_and_update``) is one
         compiled graph; else only the forward graphs compile, if anything does."""
-        return self.compile_arguments is not None and self.recompute is None
+        return self.compile_arguments is not None and self.recompute is None and self.sharding is None
 
     @property
     def train_forward_compile_arguments(self) -> dict[str, Any] | None:
@@ -225,7 +235,7 @@ class EngineOptions:
 
         Inductor's C++ wrapper cannot generate checkpoint's RNG replay: it is off unless a mode is asked for.
         """
-        if self.compile_arguments is None or self.recompute is None:
+        if self.compile_arguments is None or self.recompute is None or self.sharding is not None:
             return None
         arguments = dict(self.compile_arguments)
         if "mode" not in arguments:

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING, NamedTuple
 
 from ort_torch_train.distributed.data_parallel import DataParallel, data_parallel
 from ort_torch_train.graph.layout import GraphLayout
 from ort_torch_train.state.training_state import TrainingState
+from ort_torch_train.training.compile.settings import for_device, torch_compile
 from ort_torch_train.training.forward_graph import ForwardGraph
 from ort_torch_train.training.options import EngineOptions
 
@@ -37,8 +39,18 @@ def rank_strategies(
     if options.sharding is not None:
         from ort_torch_train.distributed.fully_sharded import FullyShardedParallel
 
+        arguments = options.compile_arguments  # compiled: each layer unit's stretch of the graph on its own
+        compiler = (
+            None if arguments is None else partial(torch_compile, arguments=for_device(arguments, options.device))
+        )
         combined = FullyShardedParallel(
-            graph, state, layout.params, options.process_group, options.sharding, options.recompute is not None
+            graph,
+            state,
+            layout.params,
+            options.process_group,
+            options.sharding,
+            options.recompute is True,  # else None or the legacy patterns, checkpointed in the graph itself
+            compiler,
         )
     elif options.distributed:
         combined = data_parallel(graph, state, layout.params, options.process_group, options.gradient_combination)

@@ -127,11 +127,20 @@ def train(
 
 
 def legacy_train(
-    rank: int = 0, world_size: int = 1, zero_stage: int = 0, mixed_precision: bool = False
+    rank: int = 0,
+    world_size: int = 1,
+    zero_stage: int = 0,
+    mixed_precision: bool = False,
+    recompute: str | None = None,
 ) -> dict[str, np.ndarray]:
     """The legacy TrainingSession (Adam, 2-step accumulation reduced once, ``use_mixed_precision`` as asked)
     on this rank's share of 8 batches, then its state (get_state) loaded into a new session that trains on
-    2 more; the parameters and (whole, gathered under ZeRO stage 1) optimizer state."""
+    2 more; the parameters and (whole, gathered under ZeRO stage 1) optimizer state. ``recompute``: "gelu"
+    the model with a GELU, trained with ``gelu_recompute``; "attn_dropout" a Softmax's dropout, trained
+    with ``attn_dropout_recompute``; "dropout" that model without it; the result's
+    ``recomputed_segments`` counts the checkpointed regions of its training graph."""
+    import torch
+
     from tests.helpers.legacy_models import LR, params_for, session
 
     settings = {
@@ -142,13 +151,17 @@ def legacy_train(
         "allreduce_post_accumulation": True,
         "deepspeed_zero_stage": zero_stage,
         "use_mixed_precision": mixed_precision,
+        "gelu_recompute": recompute == "gelu",
+        "attn_dropout_recompute": recompute == "attn_dropout",
     }
-    sess = session(params_for("AdamOptimizer", **settings))
+    activation = {"gelu": "Gelu", "attn_dropout": "Softmax", "dropout": "Softmax"}.get(recompute or "", "Relu")
+    sess = session(params_for("AdamOptimizer", **settings), activation)
     rng = np.random.default_rng(3)
     losses = []
+    torch.manual_seed(rank)  # the dropout masks: each rank's own, the same with and without recompute
     for step in range(10):
         if step == 8:
-            saved, sess = sess.get_state(), session(params_for("AdamOptimizer", **settings))
+            saved, sess = sess.get_state(), session(params_for("AdamOptimizer", **settings), activation)
             sess.load_state(saved, strict=True)
         x, y = rng.standard_normal((6, 4)).astype(np.float32), rng.integers(0, 3, 6).astype(np.int64)
         x, y = part([x, y], rank, world_size)
@@ -156,8 +169,13 @@ def legacy_train(
     state = sess.get_model_state()["full_precision"]
     moments = {f"moment/{w}/{k}": v for w, values in sess.get_optimizer_state().items() for k, v in values.items()}
     held = getattr(sess._optimizer, "inner", sess._optimizer).moments  # the moments this rank keeps
+    engine = sess._engine  # the last batch's converted training graph (cached: no conversion)
+    params = [sess.training_state.params[name] for name in engine.train_layout.params]
+    module = engine.train_graph.module_for([torch.from_numpy(x), torch.from_numpy(y)], params)
+    segments = sum(hasattr(child, "segment") for child in module.children())
     return {
         "losses": np.array(losses),
+        "recomputed_segments": np.array(segments),
         "held_moment_elements": np.array(sum(m.numel() for ms in held.values() for m in ms)),
         **{f"param/{n}": np.asarray(v) for n, v in state.items()},
         **moments,

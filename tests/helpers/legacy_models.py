@@ -22,11 +22,13 @@ LR = "Learning_Rate"
 
 
 # ---- fixtures: a forward model with its loss as an output ---------------------------------------
-def forward_model(seed: int = 0) -> onnx.ModelProto:
+def forward_model(seed: int = 0, activation: str = "Relu") -> onnx.ModelProto:
     """x -> Gemm -> Relu -> Gemm -> Mul(scale) -> Reshape(shape) -> logits; loss = CE(logits, y).
 
     ``scale`` is a scalar float initializer (1.0), ``shape`` an int64 one read at Reshape's
-    stop-gradient input, ``unused.weight`` is read by no node. Outputs: [logits, loss].
+    stop-gradient input, ``unused.weight`` is read by no node. Outputs: [logits, loss]. ``activation``
+    "Gelu": com.microsoft's Gelu instead of the Relu (what ``gelu_recompute`` recomputes); "Softmax":
+    a Softmax and a Dropout (ratio 0.25, training) instead (what ``attn_dropout_recompute`` recomputes).
     """
     rng = np.random.default_rng(seed)
     init = lambda name, shape: numpy_helper.from_array(  # noqa: E731
@@ -34,7 +36,7 @@ def forward_model(seed: int = 0) -> onnx.ModelProto:
     )
     nodes = [
         helper.make_node("Gemm", ["x", "fc1.weight", "fc1.bias"], ["h"], transB=1),
-        helper.make_node("Relu", ["h"], ["r"]),
+        *_activation(activation),
         helper.make_node("Gemm", ["r", "fc2.weight", "fc2.bias"], ["z"], transB=1),
         helper.make_node("Mul", ["z", "scale"], ["zs"]),
         helper.make_node("Reshape", ["zs", "shape"], ["logits"]),
@@ -61,9 +63,24 @@ def forward_model(seed: int = 0) -> onnx.ModelProto:
             init("unused.weight", (2,)),
         ],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="tests")
+    opsets = [helper.make_opsetid("", 17), *([helper.make_opsetid("com.microsoft", 1)] if activation == "Gelu" else [])]
+    model = helper.make_model(graph, opset_imports=opsets, producer_name="tests")
     model.metadata_props.add(key="author", value="legacy-tests")
     return model
+
+
+def _activation(kind: str) -> list[onnx.NodeProto]:
+    """The nodes from ``h`` to ``r`` of ``forward_model``."""
+    if kind == "Gelu":
+        return [helper.make_node("Gelu", ["h"], ["r"], domain="com.microsoft")]
+    if kind == "Softmax":
+        return [
+            helper.make_node("Softmax", ["h"], ["p"], axis=-1),
+            helper.make_node("Constant", [], ["ratio"], value=numpy_helper.from_array(np.array(0.25, np.float32))),
+            helper.make_node("Constant", [], ["training"], value=numpy_helper.from_array(np.array(True))),
+            helper.make_node("Dropout", ["p", "ratio", "training"], ["r"]),
+        ]
+    return [helper.make_node("Relu", ["h"], ["r"])]
 
 
 def batches(count: int, seed: int = 1) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -91,8 +108,8 @@ def params_for(
     return p
 
 
-def session(parameters: TrainingParameters, **kwargs) -> TrainingSession:
-    return TrainingSession(forward_model().SerializeToString(), parameters, **kwargs)
+def session(parameters: TrainingParameters, activation: str = "Relu", **kwargs) -> TrainingSession:
+    return TrainingSession(forward_model(activation=activation).SerializeToString(), parameters, **kwargs)
 
 
 def train(sess: TrainingSession, data, rates, lr_name: str = LR) -> list[float]:

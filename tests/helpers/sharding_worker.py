@@ -2,12 +2,12 @@
 
 ``python -m tests.helpers.sharding_worker SCENARIO OUT_DIR`` with torchrun's env. ``SCENARIO`` is
 ``<run>:<sharding>[:<option>]`` (a run of ``RUNS``, "zero2" or "zero3", "none" for one process on the whole
-batches; an option of ``OPTIONS``: recompute, or bf16 / fp16 mixed precision):
+batches; an option of ``OPTIONS``: recompute, bf16 / fp16 mixed precision, or compiled steps):
 each rank trains on its share of every batch and writes ``<scenario>_rank<r>.npz`` (the losses, the final
-whole parameters, the last step's whole gradients, the eval loss) and rank 0 the checkpoint ``<scenario>.ckpt``. ``resume:<sharding>``
+whole parameters, the last step's whole gradients, the eval loss, the graphs Dynamo traced by each step's end) and rank 0 the checkpoint ``<scenario>.ckpt``. ``resume:<sharding>``
 loads the ``mlp`` run's checkpoint saved after 3 steps and trains the rest. ``legacy:<stage>``: the legacy
 session with ``deepspeed_zero_stage`` 2 or 3 (``distributed_worker.legacy_train``; ``legacy:<stage>:fp16``
-with ``use_mixed_precision``). ``fit:<sharding>``: the
+with ``use_mixed_precision``, ``legacy:<stage>:<recompute>`` with ``recompute`` of ``legacy_train``). ``fit:<sharding>[:<option>]``: the
 trainer's ``fit`` with averaged gradient accumulation. ``misuse``: the errors
 each rank saw (``misuse_rank<r>.json``).
 """
@@ -75,12 +75,15 @@ OPTIONS = {
     "recompute": {"recompute": True},
     "bf16": {"mixed_precision": "bf16"},
     "fp16": {"mixed_precision": "fp16"},
+    "compile": {"compile": {"backend": "aot_eager"}},
+    "inductor": {"compile": True},
 }
 
 
 def train(scenario: str, rank: int, world_size: int, out: Path) -> dict[str, np.ndarray]:
     """Train the scenario's run on this rank's share of each batch (see the module doc)."""
     from ort_torch_train.api import CheckpointState, LinearLRScheduler, Module, Optimizer
+    from ort_torch_train.torch_internals import compile_counters
 
     run, sharding, *option = scenario.split(":")
     resume = run == "resume"
@@ -98,8 +101,11 @@ def train(scenario: str, rank: int, world_size: int, out: Path) -> dict[str, np.
     optimizer = Optimizer(optimizer_model or artifacts / "optimizer_model.onnx", module)
     scheduler = LinearLRScheduler(optimizer, WARMUP, STEPS, PEAK_LEARNING_RATE)
     losses: list[float] = []
-    saved = saved_elements(lambda: module(*part(batches(fixture, 0), rank, world_size)))
-    module.lazy_reset_grad()
+    graphs: list[int] = []  # the graphs Dynamo traced by the end of each step
+    saved = 0  # one process's compiled run is not counted: the one-graph step refuses saved-tensor hooks
+    if sharding != "none" or "compile" not in OPTIONS[option[0] if option else ""]:
+        saved = saved_elements(lambda: module(*part(batches(fixture, 0), rank, world_size)))
+        module.lazy_reset_grad()
     for step in range(3 if resume else 0, STEPS):
         inputs = batches(fixture, step)
         if accumulate:  # two micro-batches: the first accumulates locally
@@ -116,6 +122,7 @@ def train(scenario: str, rank: int, world_size: int, out: Path) -> dict[str, np.
         module.lazy_reset_grad()
         scheduler.step()
         losses.append(float(np.asarray(loss).reshape(-1)[0]))
+        graphs.append(compile_counters()["stats"]["unique_graphs"])
         if step == 2 and not resume:
             CheckpointState.save_checkpoint(state, out / f"{scenario}.at3.ckpt", include_optimizer_state=True)
     CheckpointState.save_checkpoint(state, out / f"{scenario}.ckpt", include_optimizer_state=True)
@@ -126,6 +133,7 @@ def train(scenario: str, rank: int, world_size: int, out: Path) -> dict[str, np.
         "losses": np.array(losses, dtype=np.float64),
         "eval_loss": np.asarray(eval_loss, dtype=np.float64).reshape(-1),
         "saved_elements": np.array(saved),
+        "traced_graphs": np.array(graphs),
         **{f"param/{n}": p.data.copy() for n, p in state.parameters},
         **grads,
     }
@@ -147,15 +155,18 @@ def saved_elements(step: Callable[[], object]) -> int:
     return count
 
 
-def fit_run(sharding: str, rank: int, world_size: int) -> dict[str, np.ndarray]:
+def fit_run(sharding: str, rank: int, world_size: int, option: str = "") -> dict[str, np.ndarray]:
     """``fit`` on the mlp run: two micro-batches a step averaged (``grad_accum_reduction="mean"``), the
-    first under ``no_sync``; the losses fit reports (the ranks' mean) and the final whole parameters."""
+    first under ``no_sync``, with the ``OPTIONS`` named by ``option``; the losses fit reports (the ranks'
+    mean) and the final whole parameters."""
     from ort_torch_train.api import CheckpointState, Module, Optimizer
     from ort_torch_train.trainer import fit
 
     artifacts = MLP / "artifacts"
     state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
-    module = Module(artifacts / "training_model.onnx", state, sharding=None if sharding == "none" else sharding)
+    module = Module(
+        artifacts / "training_model.onnx", state, sharding=None if sharding == "none" else sharding, **OPTIONS[option]
+    )
     optimizer = Optimizer(artifacts / "optimizer_model.onnx", module)
     data = [
         tuple(part(half, rank, world_size))
@@ -201,10 +212,12 @@ def main() -> None:
     if scenario == "misuse":
         (out / f"misuse_rank{rank}.json").write_text(json.dumps(misuse(rank)))
     elif scenario.startswith("fit:"):
-        np.savez(out / f"{scenario}_rank{rank}.npz", **fit_run(scenario.split(":")[1], rank, world_size))
-    elif scenario.startswith("legacy:"):  # deepspeed_zero_stage 2 or 3, and ":fp16" use_mixed_precision
-        _, stage, *fp16 = scenario.split(":")
-        results = legacy_train(rank, world_size, zero_stage=int(stage), mixed_precision=bool(fp16))
+        _, sharding, *option = scenario.split(":")
+        np.savez(out / f"{scenario}_rank{rank}.npz", **fit_run(sharding, rank, world_size, *option))
+    elif scenario.startswith("legacy:"):  # deepspeed_zero_stage 2 or 3, and ":fp16" or a recompute
+        _, stage, *option = scenario.split(":")
+        fp16, recompute = option == ["fp16"], None if option in ([], ["fp16"]) else option[0]
+        results = legacy_train(rank, world_size, zero_stage=int(stage), mixed_precision=fp16, recompute=recompute)
         np.savez(out / f"{scenario}_rank{rank}.npz", **results)
     else:
         np.savez(out / f"{scenario}_rank{rank}.npz", **train(scenario, rank, world_size, out))

@@ -1,0 +1,126 @@
+"""Compiled sharded steps (``Module(sharding=..., compile=...)``): each layer unit's stretch of the graph compiled
+on its own inside FSDP2's hooks, on 2 gloo ranks (tests/helpers/sharding_worker.py) against one process's
+compiled and eager runs of the same artifacts and batches; the settings compiled sharding refuses; the legacy
+session's ``gelu_recompute`` and ``attn_dropout_recompute`` with ZeRO stages 2 and 3."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ort_torch_train.state.training_state import TrainingState
+from ort_torch_train.training.options import EngineOptions
+from tests.helpers import sharding_worker
+from tests.helpers.distributed_worker import MLP, legacy_train
+from tests.integration.test_distributed_launch import torchrun
+from tests.unit.cli.test_cli import run_cli
+from tests.unit.distributed.test_fully_sharded import (
+    CLI_ARGS,
+    LOSS_TOLERANCE,
+    PARAMETER_TOLERANCE,
+    assert_checkpoint_is_one_process_save,
+    assert_matches_one_process,
+    run,
+)
+
+COMPILED = "compile"  # sharding_worker.OPTIONS: aot_eager, whose graphs Dynamo counts as inductor's
+
+
+def assert_compiled_once(ranks: list[dict[str, np.ndarray]]) -> None:
+    """Every rank traced its graphs in the first step and none after it (no recompilation per step)."""
+    for result in ranks:
+        graphs = result["traced_graphs"]
+        assert graphs[0] > 0 and (graphs == graphs[0]).all(), graphs
+    assert len({int(r["traced_graphs"][0]) for r in ranks}) == 1
+
+
+@pytest.mark.compile
+@pytest.mark.distributed
+@pytest.mark.parametrize(("run_name", "sharding"), [("mlp", "zero2"), ("transformer", "zero3")])
+def test_compiled_sharded_steps_train_like_one_process(tmp_path: Path, run_name: str, sharding: str) -> None:
+    compiled = run(f"{run_name}:none:{COMPILED}", tmp_path, 1)[0]
+    eager = run(f"{run_name}:none", tmp_path, 1)[0]
+    ranks = run(f"{run_name}:{sharding}:{COMPILED}", tmp_path, 2)
+    assert_matches_one_process(compiled, ranks)
+    assert_matches_one_process(eager, ranks)
+    assert_compiled_once(ranks)
+    assert_checkpoint_is_one_process_save(tmp_path / f"{run_name}:{sharding}:{COMPILED}.ckpt", ranks, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.compile
+@pytest.mark.distributed
+def test_inductor_compiled_sharded_step_trains_like_one_process(tmp_path: Path) -> None:
+    """``compile=True`` (inductor, this project's CPU defaults) on the mlp under ZeRO-3."""
+    single = run("mlp:none:inductor", tmp_path, 1)[0]
+    ranks = run("mlp:zero3:inductor", tmp_path, 2)
+    assert_matches_one_process(single, ranks)
+    assert_compiled_once(ranks)
+
+
+@pytest.mark.compile
+@pytest.mark.distributed
+def test_fit_with_a_compiled_sharded_module_trains_like_one_process(tmp_path: Path) -> None:
+    single = sharding_worker.fit_run("none", 0, 1)
+    ranks = run(f"fit:zero2:{COMPILED}", tmp_path, 2)
+    for result in ranks:
+        np.testing.assert_allclose(result["losses"], single["losses"], rtol=LOSS_TOLERANCE, atol=0)
+    assert_matches_one_process(single, ranks)
+
+
+def test_compiled_sharding_refuses_recompute_by_name() -> None:
+    with pytest.raises(ValueError, match=r"sharding: 'zero3' with compile=True and recompute=True: torch 2\.13"):
+        EngineOptions.of(sharding="zero3", compile=True, recompute=True)
+    with pytest.raises(ValueError, match="sharding: 'zero2' averages the gradients; got gradient_combination='adasum'"):
+        EngineOptions.of(sharding="zero2", compile=True, gradient_combination="adasum")
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("stage", [2, 3])
+def test_legacy_gelu_recompute_with_zero_stage_trains_like_one_process(tmp_path: Path, stage: int) -> None:
+    """``gelu_recompute`` with ``deepspeed_zero_stage`` 2 and 3: the GELU region (inside one sharding unit) is
+    checkpointed on every rank, and the run trains as one process with ``gelu_recompute`` does."""
+    reference = legacy_train(recompute="gelu")
+    ranks = run(f"legacy:{stage}:gelu", tmp_path, 2)
+    assert int(reference["recomputed_segments"]) == 1
+    assert all(int(r["recomputed_segments"]) == 1 for r in ranks)
+    np.testing.assert_allclose(np.mean([r["losses"] for r in ranks], axis=0), reference["losses"], rtol=LOSS_TOLERANCE)
+    for key, value in reference.items():
+        if key.startswith(("param/", "moment/")):
+            for result in ranks:
+                np.testing.assert_allclose(result[key], value, rtol=0, atol=PARAMETER_TOLERANCE, err_msg=key)
+
+
+@pytest.mark.slow
+@pytest.mark.compile
+@pytest.mark.distributed
+def test_train_cli_with_sharding_and_compile_trains_like_one_process(
+    capsys: pytest.CaptureFixture, tmp_path: Path
+) -> None:
+    """``torchrun ... train --sharding zero2 --compile`` against one compiled process: each of 2 ranks feeds 32 of
+    every 64 rows."""
+    common = ["train", MLP / "artifacts", "--data", MLP / "data.npz", "--batched", *CLI_ARGS, "--compile"]
+    code, _, err = run_cli(capsys, *common, "--output", tmp_path / "one")
+    assert code == 0, err
+    launched = torchrun("-m", "ort_torch_train", *common, "--sharding", "zero2", "--output", tmp_path / "sharded")
+    assert json.loads(launched.stdout)["world_size"] == 2
+    one, sharded = TrainingState.load(tmp_path / "one"), TrainingState.load(tmp_path / "sharded")
+    assert sharded.optimizer is not None and sharded.optimizer.step == 4
+    for name, param in one.params.items():
+        np.testing.assert_allclose(sharded.params[name].detach(), param.detach(), rtol=0, atol=PARAMETER_TOLERANCE)
+
+
+@pytest.mark.distributed
+def test_legacy_attn_dropout_recompute_with_zero_stage_3_replays_the_masks(tmp_path: Path) -> None:
+    """``attn_dropout_recompute`` with ``deepspeed_zero_stage`` 3: the Softmax's dropout region (inside one unit)
+    is checkpointed, and its rerun draws the masks of the forward: each rank trains as the same sharded
+    session without the setting does (ranks draw their own masks, so one process is no reference)."""
+    plain, recomputed = run("legacy:3:dropout", tmp_path, 2), run("legacy:3:attn_dropout", tmp_path, 2)
+    for without, within in zip(plain, recomputed):
+        assert int(without["recomputed_segments"]) == 0 and int(within["recomputed_segments"]) == 1
+        np.testing.assert_allclose(within["losses"], without["losses"], rtol=LOSS_TOLERANCE, atol=0)
+        for key in (key for key in without if key.startswith("param/")):
+            np.testing.assert_allclose(within[key], without[key], rtol=0, atol=PARAMETER_TOLERANCE, err_msg=key)
