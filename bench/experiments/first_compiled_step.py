@@ -4,6 +4,7 @@
     PYTHONPATH=. .venv/bin/python bench/experiments/first_compiled_step.py table DIR OUT.json [ROW ...]
     PYTHONPATH=. .venv/bin/python bench/experiments/first_compiled_step.py measure ROOT DIR ROW OUT.json
     PYTHONPATH=. .venv/bin/python bench/experiments/first_compiled_step.py reference DIR ROW OUT.json
+    PYTHONPATH=. .venv/bin/python bench/experiments/first_compiled_step.py markdown TABLE.json [...]
 
 Rows (``first_step_models.py``): mixtral and qwen2-moe (transformers' routing; Qwen2-MoE with its shared
 expert), olmoe (routed over every expert; its second batch reaches 2 of 4 experts), dinov2 (bicubic
@@ -12,8 +13,8 @@ llama (with an attention mask, per-token labels), lstm (a tiny LSTM tagger) and 
 exported by ``torch.onnx.export(dynamo=True)``, per-token labels); batch and sequence axes dynamic for
 t5, llama, lstm and whisper (its decoder's length), static shapes for the others. t5, lstm and whisper
 train on issue 57's 8 shapes (batch 1 and a longer length included; ``STEPS=N``: the first N).
-``export`` writes artifacts under DIR/<row>. ``measure`` trains ROW with ``compile=True`` (no compile
-cache) on the checkout at ROOT (its ``ort_torch_train`` and ``adapters``: another commit's, for a
+``export`` writes artifacts under DIR/<row>. ``measure`` trains ROW with ``compile=True`` (or the JSON in
+``OURS_COMPILE``, e.g. ``{"options": {"cpp_wrapper": false}}``; no compile cache) on the checkout at ROOT (its ``ort_torch_train`` and ``adapters``: another commit's, for a
 "before" figure). ``reference`` trains the same torch model under plain ``torch.compile`` (forward,
 backward, torch.optim.AdamW; ``dynamic=True`` for the rows whose axes ours marks dynamic, else False)
 on the same batches. Both write to OUT.json the first step's seconds, the Dynamo graphs after each
@@ -27,7 +28,7 @@ compile timers, ``compile_phases.py``; the rest, running the step; every timer i
 ``table`` runs, row by row, ``measure`` on this checkout then ``reference``, each in its own process
 with its own empty inductor cache directory, and writes every result, the load average and
 ``process_tree_cpu_s`` (CPU seconds of the whole process and its compilers: less sensitive to other
-jobs than seconds of wall time) to OUT.json (after each row).
+jobs than seconds of wall time) to OUT.json (after each row). ``markdown`` prints tables' rows as Markdown.
 """
 
 from __future__ import annotations
@@ -161,9 +162,10 @@ def _measure(root: str, directory: Path, row: str, out: Path) -> None:
 
     account, conversions = CompileAccount(), _Conversions()
     state = CheckpointState.load_checkpoint(directory / row / "checkpoint")
-    module = Module(directory / row / "training_model.onnx", state, compile=True, compile_cache=False)
+    compile = json.loads(os.environ.get("OURS_COMPILE", "true"))
+    module = Module(directory / row / "training_model.onnx", state, compile=compile, compile_cache=False)
     optimizer = Optimizer(directory / row / "optimizer_model.onnx", module)
-    result: dict = {"row": row, "side": "ours", "root": root, "dynamic": row in DYNAMIC}
+    result: dict = {"row": row, "side": "ours", "root": root, "dynamic": row in DYNAMIC, "compile": compile}
 
     def step(batch: tuple):  # the Module converts nothing before its first step
         return module.step(optimizer, *batch)
@@ -204,6 +206,38 @@ def _table(directory: Path, out: Path, rows: list[str]) -> None:
             print(row, side, result, flush=True)
 
 
+PHASES = ("conversion", "dynamo", "aot_autograd", "inductor", "rest")
+
+
+def _markdown(paths: list[Path]) -> None:
+    """Prints the rows of the ``table`` results at ``paths`` as Markdown: per side, then ours / reference."""
+    print("| row | side | graphs after each step | first step s | " + " | ".join(PHASES) + " | Dynamo graph nodes | "
+          "ATen graph nodes (checks, shape, update) | process tree CPU s | load before/after |")  # fmt: skip
+    print("|---" * (10 + len(PHASES)) + "|")
+    ratios = []
+    for path in paths:
+        for row, sides in json.loads(path.read_text())["rows"].items():
+            for side in ("ours", "reference"):
+                result = sides.get(side, {})
+                phases = result.get("first_step_phases_s", {})
+                kinds = [
+                    f"{nodes} ({k.get('checks', 0)}, {k.get('shape', 0)}, {k.get('update', 0)})"
+                    for nodes, k in zip(result.get("aten_graph_nodes", []), result.get("aten_graph_kinds", []))
+                ]
+                cells = [
+                    row, side, result.get("graphs_after_step", result.get("error", "-")), result.get("first_step_s"),
+                    *(phases.get(phase, "-") for phase in PHASES), result.get("dynamo_graph_nodes"), ", ".join(kinds),
+                    result.get("process_tree_cpu_s"), " / ".join(map(str, result.get("load_average_before_after", []))),
+                ]  # fmt: skip
+                print("| " + " | ".join(str(cell) for cell in cells) + " |")
+            ours, reference = sides.get("ours", {}), sides.get("reference", {})
+            if ours.get("first_step_s") and reference.get("first_step_s") and "error" not in ours:
+                wall = ours["first_step_s"] / reference["first_step_s"]
+                cpu = ours.get("process_tree_cpu_s", 0) / max(reference.get("process_tree_cpu_s", 0), 0.1)
+                ratios.append(f"{row} {wall:.2f}x ({cpu:.2f}x)")
+    print("\nOurs / plain torch.compile, first step wall (process tree CPU, all steps): " + ", ".join(ratios))
+
+
 if __name__ == "__main__":
     mode, args = sys.argv[1:2], sys.argv[2:]
     if mode == ["export"]:
@@ -214,5 +248,7 @@ if __name__ == "__main__":
         _reference(Path(args[0]), args[1], Path(args[2]))
     elif mode == ["measure"]:
         _measure(args[0], Path(args[1]), args[2], Path(args[3]))
+    elif mode == ["markdown"]:
+        _markdown([Path(arg) for arg in args])
     else:
         raise SystemExit(__doc__)
