@@ -213,7 +213,7 @@ def _markdown(paths: list[Path]) -> None:
     """Prints the rows of the ``table`` results at ``paths`` as Markdown: per side, then ours / reference."""
     print("| row | side | graphs after each step | first step s | " + " | ".join(PHASES) + " | Dynamo graph nodes | "
           "ATen graph nodes (checks, shape, update) | process tree CPU s | load before/after |")  # fmt: skip
-    print("|---" * (10 + len(PHASES)) + "|")
+    print("|---" * (8 + len(PHASES)) + "|")
     ratios = []
     for path in paths:
         for row, sides in json.loads(path.read_text())["rows"].items():
