@@ -20,7 +20,10 @@ if TYPE_CHECKING:
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 # Below this many multiply-adds a 2-D conv runs as a sum over its kernel taps under torch.compile:
 # inductor fuses that into one loop, while oneDNN's per-call setup dominates tiny convs (docs/performance.md).
+# Each tap adds its own nodes to the compiled graph (forward and backward), so kernels of more taps than a
+# 3x3 stay with the conv kernel: compile time grows with the taps.
 _DIRECT_MAX_MACS = 1_000_000
+_DIRECT_MAX_TAPS = 9
 _CONV_TRANSPOSE = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
 
 
@@ -150,7 +153,10 @@ def conv(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> Operat
         pads = [0] * (2 * rank) if auto_pad == "VALID" else attrs.get("pads", [0] * (2 * rank))
     groups = attrs.get("group", 1)
     direct = (
-        rank == 2 and groups == 1 and _multiply_adds(node, graph, pads, kernel, strides, dilations) <= _DIRECT_MAX_MACS
+        rank == 2
+        and groups == 1
+        and math.prod(kernel) <= _DIRECT_MAX_TAPS
+        and _multiply_adds(node, graph, pads, kernel, strides, dilations) <= _DIRECT_MAX_MACS
     )
     return result(Conv(rank, strides, pads, dilations, groups, direct), node)
 

@@ -37,7 +37,8 @@ def route_over_every_expert(self, hidden_states: torch.Tensor, top_k_index: torc
 
 
 def tiny_moe(kind: str, every_expert: bool = False, experts: int = 4) -> nn.Module:
-    """A one-layer ``mixtral`` or ``olmoe`` LM (hidden 32, ``experts`` experts, 2 per token), seeded;
+    """A one-layer ``mixtral``, ``olmoe`` or ``qwen2_moe`` (with its shared expert) LM (hidden 32, ``experts``
+    experts, 2 per token), seeded;
     ``every_expert``: its experts loop over every expert (``route_over_every_expert``)."""
     import transformers
 
@@ -59,8 +60,13 @@ def tiny_moe(kind: str, every_expert: bool = False, experts: int = 4) -> nn.Modu
         model = transformers.MixtralForCausalLM(transformers.MixtralConfig(num_local_experts=experts, **common))
     elif kind == "olmoe":
         model = transformers.OlmoeForCausalLM(transformers.OlmoeConfig(num_experts=experts, **common))
+    elif kind == "qwen2_moe":
+        config = transformers.Qwen2MoeConfig(
+            num_experts=experts, moe_intermediate_size=32, shared_expert_intermediate_size=32, **common
+        )
+        model = transformers.Qwen2MoeForCausalLM(config)
     else:
-        raise ValueError(f"unknown MoE model {kind!r}; expected mixtral or olmoe")
+        raise ValueError(f"unknown MoE model {kind!r}; expected mixtral, olmoe or qwen2_moe")
     if every_expert:
         experts = model.model.layers[0].mlp.experts
         experts.forward = route_over_every_expert.__get__(experts)

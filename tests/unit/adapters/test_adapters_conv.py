@@ -14,7 +14,8 @@ CASES = {
     "plain": ((8, 1, 12, 12), (4, 1, 3, 3), {}),
     "stride_dilation": ((4, 3, 13, 11), (5, 3, 3, 2), {"strides": [2, 1], "dilations": [1, 2]}),
     "asymmetric_pads": ((4, 2, 9, 9), (3, 2, 3, 3), {"pads": [1, 0, 2, 1]}),
-    "same_upper": ((2, 2, 7, 8), (3, 2, 4, 3), {"auto_pad": "SAME_UPPER", "strides": [2, 2]}),
+    "same_upper": ((2, 2, 7, 8), (3, 2, 3, 3), {"auto_pad": "SAME_UPPER", "strides": [2, 2]}),
+    "two_by_two": ((2, 3, 8, 8), (4, 3, 2, 2), {"strides": [2, 2]}),
 }
 
 
@@ -61,6 +62,9 @@ def test_small_conv_compiles_to_kernel_taps_with_the_same_values_and_gradients(c
 def test_large_conv_stays_with_the_conv_kernel():
     inputs = [rand(64, 3, 32, 32), rand(16, 3, 3, 3, seed=1)]
     gm, _ = convert_model(one_node_model("Conv", inputs), inputs)
+    assert not [m for m in gm.modules() if isinstance(m, Conv)][0].direct
+    many_taps = [rand(2, 3, 16, 16), rand(8, 3, 4, 4, seed=1)]  # a patchifying stem: 16 taps, few multiply-adds
+    gm, _ = convert_model(one_node_model("Conv", many_taps, strides=[4, 4]), many_taps)
     assert not [m for m in gm.modules() if isinstance(m, Conv)][0].direct
     grouped = [rand(2, 4, 6, 6), rand(4, 1, 3, 3, seed=1)]
     gm, _ = convert_model(one_node_model("Conv", grouped, group=4), grouped)
