@@ -99,8 +99,8 @@ def _checked(indices: torch.Tensor, lows: list[int], highs: list[int], wrap: boo
         if not wrap or (smallest is not None and smallest >= 0):  # nothing to count from the end
             return indices
         return torch.where(indices < 0, indices + highs[0], indices)
-    for column, (low, high) in enumerate(zip(lows, highs)):
-        check_range(indices[..., column], low, high, op, f"{name}[..., {column}]")
+    for column, (low, high) in enumerate(zip(lows, highs)):  # narrowed, not selected: see gather_nd
+        check_range(indices.narrow(-1, column, 1), low, high, op, f"{name}[..., {column}]")
     if not wrap:
         return indices
     sizes = torch.tensor(highs, dtype=torch.int64, device=indices.device)

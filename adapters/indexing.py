@@ -260,8 +260,10 @@ def gather_nd(data: torch.Tensor, indices: torch.Tensor, batch_dims: int, source
     flat = data.reshape(batch, *data.shape[batch_dims:])
     indices = wrapped_indices(indices, data.shape[batch_dims : batch_dims + depth], *source)
     picks = indices.reshape(batch, -1, depth)
-    rows = torch.arange(batch, device=data.device).reshape(batch, 1).expand(batch, picks.shape[1])
-    index = (rows, *picks.unbind(-1))
+    # the columns split off (batch, picks, 1), not selected: inductor lowers a selected column of a
+    # strided tensor through a view that guards each size against 1, so batch 1 would compile again
+    rows = torch.arange(batch, device=data.device).reshape(batch, 1, 1)
+    index = (rows, *picks.split(1, -1))
     gathered = flat[index]
     return gathered.reshape(*indices.shape[:-1], *data.shape[batch_dims + depth :])
 

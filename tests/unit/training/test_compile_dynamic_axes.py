@@ -134,3 +134,52 @@ def test_a_dynamo_exported_whisper_compiles_once_over_eight_shapes(tmp_path, cap
     assert graphs == 1
     np.testing.assert_allclose(losses, eager_losses, rtol=0, atol=1e-6)
     np.testing.assert_allclose(parameters, eager_parameters, rtol=0, atol=1e-6)
+
+
+class _KeyPadded(nn.Module):
+    """Token embedding -> attention whose key padding mask is picked per (row, query, key) by advanced
+    indexing (GatherND's index tuples over batch x length grids once exported, as a Whisper's masks) ->
+    linear, per token."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(12, 4)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        batch, length = tokens.shape
+        rows = torch.arange(batch)[:, None, None].expand(batch, length, length)
+        keys = torch.arange(length)[None, None, :].expand(batch, length, length)
+        kept = (tokens != 0)[rows, keys]
+        hidden = self.embed(tokens)
+        scores = (hidden @ hidden.transpose(1, 2)).masked_fill(~kept, -1e4)
+        return self.head(scores.softmax(-1) @ hidden).flatten(0, 1)
+
+
+@pytest.mark.compile
+@pytest.mark.slow
+def test_gather_nd_over_batch_by_length_grids_compiles_once_with_batch_1_under_inductor(tmp_path, caplog):
+    """A dynamo export's GatherND index tuples (batch x length grids, stacked): their range check takes
+    each column narrowed, not selected, since inductor lowers a selected column of a stored strided
+    tensor through a view that guards every size against 1 (a second graph at batch 1). One graph
+    under inductor over the issue's 8 shapes, the losses and parameters eager's."""
+    pytest.importorskip("onnxscript")
+    torch.manual_seed(0)
+    batch, length = torch.export.Dim("batch"), torch.export.Dim("length")
+    generate_artifacts(
+        _KeyPadded(),
+        loss=LossType.CrossEntropyLoss,
+        optimizer=OptimType.AdamW,
+        artifact_directory=tmp_path,
+        example_inputs=(torch.randint(0, 12, SHAPES[0]),),
+        input_names=["tokens"],
+        exporter="dynamo",
+        dynamic_shapes={"tokens": {0: batch, 1: length}},
+    )
+    rng = np.random.default_rng(0)
+    batches = [(rng.integers(0, 12, shape), rng.integers(0, 3, shape[0] * shape[1])) for shape in SHAPES]
+    eager_losses, eager_parameters, _ = train_counting_graphs(tmp_path, batches, False, caplog, REFUSED)
+    losses, parameters, graphs = train_counting_graphs(tmp_path, batches, {"backend": "inductor"}, caplog, REFUSED)
+    assert graphs == 1
+    np.testing.assert_allclose(losses, eager_losses, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(parameters, eager_parameters, rtol=0, atol=1e-6)
