@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import OperationConverterResult, attributes, constant_input, result
 from . import lean_cross_entropy
+from .common import OperationConverterResult, attributes, constant_input, result
 from .registry import MICROSOFT, ConversionContext, register
 
 if TYPE_CHECKING:
@@ -37,7 +37,9 @@ class NegativeLogLikelihood(nn.Module):
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:
         if self._lean_for(scores, weight):
             try:
-                loss = lean_cross_entropy.LeanSoftmaxCrossEntropy.apply(scores, labels, self.ignore_index, self.reduction)
+                loss = lean_cross_entropy.LeanSoftmaxCrossEntropy.apply(
+                    scores, labels, self.ignore_index, self.reduction
+                )
             except IndexError as error:
                 raise self._label_error(labels, scores.shape[1]) from error
             return loss, None  # the log-probabilities output is read by no node

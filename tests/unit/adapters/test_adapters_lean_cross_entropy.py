@@ -63,7 +63,9 @@ def tiny_int4_lm() -> onnx.ModelProto:
 
     def nbits(x: str, name: str, n: int, y: str) -> onnx.NodeProto:
         inputs = [x, f"{name}_Q4", f"{name}_scales"]
-        return helper.make_node("MatMulNBits", inputs, [y], domain="com.microsoft", K=HIDDEN, N=n, bits=4, block_size=BLOCK)
+        return helper.make_node(
+            "MatMulNBits", inputs, [y], domain="com.microsoft", K=HIDDEN, N=n, bits=4, block_size=BLOCK
+        )
 
     embedding = generator.standard_normal((VOCAB, HIDDEN)).astype(np.float32)
     down, head = "model.layers.0.mlp.down_proj.MatMul.weight", "lm_head.MatMul.weight"
@@ -78,7 +80,9 @@ def tiny_int4_lm() -> onnx.ModelProto:
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["B", "T", VOCAB])],
         [numpy_helper.from_array(embedding, "embed.weight"), *packed(HIDDEN, down), *packed(VOCAB, head)],
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    return helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    )
 
 
 def test_int4_lora_step_has_the_losses_and_adapter_gradients_of_log_softmax_and_nll_loss(tmp_path: Path, monkeypatch):
