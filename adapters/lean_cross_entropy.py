@@ -19,6 +19,11 @@ BLOCK_ELEMENTS = 1 << 20  # score elements reduced at a time: 4 MiB in float32
 LEAN_FROM_ELEMENTS = 1 << 22  # smaller scores (classifiers) keep log_softmax + nll_loss: torch's rounding
 
 
+def pays_for(scores: torch.Tensor) -> bool:
+    """Whether ``scores`` are large enough for the lean loss (``LEAN_FROM_ELEMENTS``)."""
+    return scores.numel() >= LEAN_FROM_ELEMENTS
+
+
 def _row_blocks(classes_last: torch.Tensor) -> Iterator[tuple[int | slice, ...]]:
     """Index tuples over ``classes_last`` (``[..., positions, C]``) selecting ``[rows, C]`` blocks of at
     most ``BLOCK_ELEMENTS`` scores (at least one row), without copying."""

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import lean_cross_entropy
 from .common import OperationConverterResult, attributes, constant_input, result
+from .lean_cross_entropy import LeanSoftmaxCrossEntropy, pays_for
 from .registry import MICROSOFT, ConversionContext, register
 
 if TYPE_CHECKING:
@@ -37,9 +37,7 @@ class NegativeLogLikelihood(nn.Module):
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:
         if self._lean_for(scores, weight):
             try:
-                loss = lean_cross_entropy.LeanSoftmaxCrossEntropy.apply(
-                    scores, labels, self.ignore_index, self.reduction
-                )
+                loss = LeanSoftmaxCrossEntropy.apply(scores, labels, self.ignore_index, self.reduction)
             except IndexError as error:
                 raise self._label_error(labels, scores.shape[1]) from error
             return loss, None  # the log-probabilities output is read by no node
@@ -54,12 +52,7 @@ class NegativeLogLikelihood(nn.Module):
         return (loss, log_prob) if self.from_scores else loss
 
     def _lean_for(self, scores: torch.Tensor, weight: torch.Tensor | None) -> bool:
-        return (
-            self.lean
-            and weight is None
-            and scores.numel() >= lean_cross_entropy.LEAN_FROM_ELEMENTS
-            and not torch.compiler.is_compiling()
-        )
+        return self.lean and weight is None and pays_for(scores) and not torch.compiler.is_compiling()
 
     def _loss(self, log_prob: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
         labels = labels.long()
