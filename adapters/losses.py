@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .common import OperationConverterResult, attributes, constant_input, result
+from .lean_cross_entropy import LeanSoftmaxCrossEntropy, pays_for
 from .registry import MICROSOFT, ConversionContext, register
 
 if TYPE_CHECKING:
@@ -21,16 +22,25 @@ _TORCH_DEFAULT_IGNORE = -100
 class NegativeLogLikelihood(nn.Module):
     """ONNX NegativeLogLikelihoodLoss on log-probabilities, optionally from raw scores."""
 
-    def __init__(self, reduction: str, ignore_index: int | None, from_scores: bool, labels_name: str) -> None:
+    def __init__(
+        self, reduction: str, ignore_index: int | None, from_scores: bool, labels_name: str, lean: bool = False
+    ) -> None:
         super().__init__()
         self.reduction = reduction
         self.ignore_index = _TORCH_DEFAULT_IGNORE if ignore_index is None else ignore_index
         self.from_scores = from_scores
         self.labels_name = labels_name
+        self.lean = lean  # scores in, log-probabilities never read: LeanSoftmaxCrossEntropy (eager, unweighted)
 
     def forward(
         self, scores: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor | None = None
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:
+        if self._lean_for(scores, weight):
+            try:
+                loss = LeanSoftmaxCrossEntropy.apply(scores, labels, self.ignore_index, self.reduction)
+            except IndexError as error:
+                raise self._label_error(labels, scores.shape[1]) from error
+            return loss, None  # the log-probabilities output is read by no node
         log_prob = torch.log_softmax(scores, dim=1) if self.from_scores else scores
         if torch.compiler.is_compiling():
             loss = self._loss(log_prob, labels, weight)
@@ -40,6 +50,9 @@ class NegativeLogLikelihood(nn.Module):
             except IndexError as error:
                 raise self._label_error(labels, scores.shape[1]) from error
         return (loss, log_prob) if self.from_scores else loss
+
+    def _lean_for(self, scores: torch.Tensor, weight: torch.Tensor | None) -> bool:
+        return self.lean and weight is None and pays_for(scores) and not torch.compiler.is_compiling()
 
     def _loss(self, log_prob: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
         labels = labels.long()
@@ -69,13 +82,21 @@ def _ignore_index(node: OnnxNode, graph: OnnxGraph) -> int | None:
     return attributes(node).get("ignore_index")
 
 
+def _read(name: str, graph: OnnxGraph) -> bool:
+    """Whether a node or the graph's outputs read value ``name``."""
+    return name in graph.output_values or any(name in node.input_values for node in graph.nodes.values())
+
+
 def _convert(node: OnnxNode, graph: OnnxGraph, from_scores: bool):
     attrs = attributes(node)
+    reduction = attrs.get("reduction", "mean")
+    log_prob_read = len(node.output_values) > 1 and bool(node.output_values[1]) and _read(node.output_values[1], graph)
     module = NegativeLogLikelihood(
-        reduction=attrs.get("reduction", "mean"),
+        reduction=reduction,
         ignore_index=_ignore_index(node, graph),
         from_scores=from_scores,
         labels_name=node.input_values[1],
+        lean=from_scores and not log_prob_read and reduction in ("mean", "sum"),
     )
     return result(module, node, node.input_values[:3])
 

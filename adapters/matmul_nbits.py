@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .common import OperationConverterResult, attributes, result
@@ -34,14 +33,16 @@ def unpack_bits(packed: torch.Tensor, bits: int, count: int) -> torch.Tensor:
 
 
 def _float_values(packed: torch.Tensor, bits: int, count: int, dtype: torch.dtype) -> torch.Tensor:
-    """``unpack_bits(...)`` as ``dtype``: below 8 bits by looking each byte up in a 256-row table of its
-    values (one gather instead of shifts, masks and a cast)."""
+    """``unpack_bits(...)`` as ``dtype``, a fresh tensor: each of a byte's values shifted and masked
+    straight into its strided place of the float result (no uint8 copy of every value first)."""
     if bits == 8:
         return packed[..., :count].to(dtype)
-    codes = torch.arange(256, device=packed.device)
-    shifts = torch.arange(0, 8, bits, device=packed.device)
-    table = ((codes.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)).to(dtype)  # (256, values per byte)
-    values = F.embedding(packed.to(torch.int32), table)
+    per_byte = 8 // bits
+    values = torch.empty((*packed.shape, per_byte), dtype=dtype, device=packed.device)
+    mask = (1 << bits) - 1
+    for position in range(per_byte):
+        shifted = packed >> (position * bits) if position else packed
+        values[..., position] = shifted & mask if position < per_byte - 1 else shifted
     return values.reshape(*packed.shape[:-1], -1)[..., :count]
 
 

@@ -52,10 +52,21 @@ LARGE = dict(
     num_key_value_heads=4,
     vocab_size=32000,
 )  # fmt: skip  (345M parameters)
-SIZES = {"small": SMALL, "125m": FULL, "345m": LARGE}
+LLAMA_3_2_1B = dict(
+    hidden_size=2048,
+    intermediate_size=8192,
+    num_hidden_layers=16,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    vocab_size=128256,
+    rope_theta=500000.0,
+)  # fmt: skip  (Llama-3.2-1B's shape: 1.24B parameters with the embedding tied)
+SIZES = {"small": SMALL, "125m": FULL, "345m": LARGE, "1b": LLAMA_3_2_1B}
 
 
-def prepare(out: Path, size: str, tokens: int, tied: bool = False) -> None:
+def prepare(
+    out: Path, size: str, tokens: int, tied: bool = False, rank: int = 8, kinds: tuple[str, ...] = ARTIFACTS
+) -> None:
     import torch
     import transformers
 
@@ -77,13 +88,13 @@ def prepare(out: Path, size: str, tokens: int, tied: bool = False) -> None:
             raise SystemExit(
                 f"the builder failed for {precision}:\n{completed.stdout[-2000:]}{completed.stderr[-4000:]}"
             )
-        for kind in ARTIFACTS:
-            write_artifacts(built, out / f"artifacts-{precision}-{kind}", frozen=kind == "frozen")
-    shape = {"vocab": config.vocab_size, "parameters": parameters, "tied": tied}
+        for kind in kinds:
+            write_artifacts(built, out / f"artifacts-{precision}-{kind}", frozen=kind == "frozen", rank=rank)
+    shape = {"vocab": config.vocab_size, "parameters": parameters, "tied": tied, "rank": rank}
     (out / "shape.json").write_text(json.dumps(shape))
 
 
-def write_artifacts(built: Path, artifacts: Path, frozen: bool) -> None:
+def write_artifacts(built: Path, artifacts: Path, frozen: bool, rank: int = 8) -> None:
     """LoRA artifacts of a builder model; with ``frozen`` every weight is a frozen checkpoint parameter,
     else the weights LoRA does not target stay graph constants."""
     import onnx
@@ -102,7 +113,7 @@ def write_artifacts(built: Path, artifacts: Path, frozen: bool) -> None:
             loss=LossType.LanguageModelLoss,
             optimizer=OptimType.AdamW,
             artifact_directory=artifacts,
-            lora=LoraConfig(r=8, alpha=16, targets=["all-linear"]),
+            lora=LoraConfig(r=rank, alpha=2 * rank, targets=["all-linear"]),
         )
 
 
@@ -171,9 +182,10 @@ def run_all(
     tokens: int,
     recompute: int | None,
     tied: bool = False,
+    rank: int = 8,
 ) -> list[dict]:
     if not (out / "shape.json").is_file():
-        prepare(out, size, tokens, tied)
+        prepare(out, size, tokens, tied, rank, kinds=(kind,))
     results = []
     for precision in PRECISIONS:  # each in its own process: its own peak RSS
         arguments = ["run", str(out), "--precision", precision, "--artifacts", kind, "--steps", str(steps)]
@@ -213,6 +225,7 @@ def main(argv: list[str] | None = None) -> list[dict] | dict | None:
     every.add_argument("--steps", type=int, default=5)
     every.add_argument("--threads", type=int, default=2)
     every.add_argument("--json", type=Path, help="also write the results here")
+    every.add_argument("--rank", type=int, default=8, help="LoRA's r (alpha 2r) on every linear weight")
     every.add_argument("--recompute", type=int, help="recompute segments (Module's recompute=), on both sides")
     every.add_argument(
         "--tied",
@@ -252,6 +265,7 @@ def main(argv: list[str] | None = None) -> list[dict] | dict | None:
         args.tokens,
         args.recompute,
         args.tied,
+        args.rank,
     )
     print(table(results))
     if args.json:

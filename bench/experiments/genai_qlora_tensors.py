@@ -2,7 +2,7 @@
 and alive at once, by the op that made them and their shape (a TorchDispatchMode; the step after the
 first, which converts the graph).
 
-    python bench/experiments/genai_qlora_tensors.py bench/.cache/genai_qlora --precision int4 [--batch 1] [--top 20]
+    python bench/experiments/genai_qlora_tensors.py bench/.cache/genai_qlora --precision int4 [--batch 1] [--tokens 128] [--top 20]
 
 A tensor is counted once per storage; a view of an op's input is not counted.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import weakref
 from pathlib import Path
 
@@ -67,7 +68,8 @@ def main() -> None:
     state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
     module = Module(artifacts / "training_model.onnx", state)
     optimizer = Optimizer(artifacts / "optimizer_model.onnx", module)
-    ids = np.random.default_rng(0).integers(3, 32000, (args.batch, args.tokens), dtype=np.int64)
+    vocab = json.loads((args.directory / "shape.json").read_text())["vocab"]
+    ids = np.random.default_rng(0).integers(3, vocab, (args.batch, args.tokens), dtype=np.int64)
     module.step(optimizer, ids, np.ones_like(ids), ids)  # converts the graph
     with LiveTensors() as live:
         module.step(optimizer, ids, np.ones_like(ids), ids)
