@@ -14,14 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+from ort_torch_train.distributed.launch import run_local_ranks
 
 BENCH = Path(__file__).resolve().parents[1]
 HARNESS = BENCH / "harness"
@@ -65,43 +65,11 @@ def worker(directory: Path, steps: int, warmup: int, device: str, shard_state: b
 
 
 def run_world(world_size: int, shard_state: bool, directory: Path, args: argparse.Namespace) -> list[dict]:
-    """Launch ``world_size`` ranks (env:// rendezvous, as torchrun); return each rank's report."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    """Launch ``world_size`` ranks (env:// rendezvous, as torchrun), every one reaped; return each rank's report."""
     threads = args.threads or max(1, (os.cpu_count() or 1) // world_size)
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                __file__,
-                "--worker",
-                str(directory),
-                "--steps",
-                str(args.steps),
-                "--warmup",
-                str(args.warmup),
-                "--device",
-                args.device,
-                *(["--shard-state"] if shard_state else []),
-            ],
-            env={
-                **os.environ,
-                "RANK": str(rank),
-                "WORLD_SIZE": str(world_size),
-                "LOCAL_RANK": str(rank),
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-                "OMP_NUM_THREADS": str(threads),
-            },
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for rank in range(world_size)
-    ]
-    outputs = [proc.communicate(timeout=args.timeout)[0] for proc in procs]
-    if any(proc.returncode for proc in procs):
-        raise RuntimeError(f"world {world_size}: a rank failed")
+    command = [sys.executable, __file__, "--worker", str(directory), "--steps", str(args.steps)]
+    command += ["--warmup", str(args.warmup), "--device", args.device, *(["--shard-state"] if shard_state else [])]
+    outputs = run_local_ranks(command, world_size, args.timeout, {**os.environ, "OMP_NUM_THREADS": str(threads)})
     return [json.loads(output.strip().splitlines()[-1]) for output in outputs]
 
 

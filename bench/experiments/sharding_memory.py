@@ -23,14 +23,14 @@ import argparse
 import datetime
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+from ort_torch_train.distributed.launch import run_local_ranks
 
 BENCH = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(BENCH / "harness"))
@@ -161,23 +161,11 @@ def worker(directory: Path, steps: int, warmup: int, mode: str, compile: bool) -
 
 
 def run_world(world_size: int, mode: str, directory: Path, args: argparse.Namespace) -> list[dict]:
-    """Launch ``world_size`` ranks (env:// rendezvous, as torchrun); each rank's report."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    """Launch ``world_size`` ranks (env:// rendezvous, as torchrun), every one reaped; each rank's report."""
     command = [sys.executable, __file__, "--worker", str(directory), "--mode", mode]
     command += ["--steps", str(args.steps), "--warmup", str(args.warmup), *(["--compile"] if args.compile else [])]
-    environment = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world_size)}
-    environment.update({"OMP_NUM_THREADS": "1", "ORT_TORCH_TRAIN_THREADS": "1"})
-    procs = [
-        subprocess.Popen(
-            command, env={**environment, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE, text=True
-        )
-        for r in range(world_size)
-    ]
-    outputs = [proc.communicate(timeout=args.timeout)[0] for proc in procs]
-    if any(proc.returncode for proc in procs):
-        raise RuntimeError(f"{mode} x{world_size}: a rank failed")
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", "ORT_TORCH_TRAIN_THREADS": "1"}
+    outputs = run_local_ranks(command, world_size, args.timeout, environment)
     return [json.loads(output.strip().splitlines()[-1]) for output in outputs]
 
 
