@@ -10,7 +10,8 @@ which see its top graph only:
 * eager: row-wise regions on 2-D activations (``fuse_rows.py``), then low-precision frozen parameters
   upcast inside the ops that read them (``frozen_upcasts.py``);
 * compiled: small CPU attention as products inductor fuses (``small_attention.py``), then matrix
-  products of low-precision frozen parameters upcast again for backward (``frozen_products.py``).
+  products of low-precision frozen parameters upcast again for backward (``frozen_products.py``),
+  then reshapes of broadcasts made to read a contiguous copy (``broadcast_reshapes.py``).
 
 Compiled graphs also get ``onednn_linear.cpu_matmuls()``, an inductor pass over the differentiated
 graph (``training/compile/settings.py``).
@@ -24,6 +25,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import fx
 
+from ort_torch_train.passes.broadcast_reshapes import contiguous_broadcast_reshapes
 from ort_torch_train.passes.frozen_products import products_upcast_twice
 from ort_torch_train.passes.frozen_upcasts import upcast_where_used
 from ort_torch_train.passes.fuse import fuse_graph
@@ -65,6 +67,7 @@ COMPILED_PASSES: tuple[Step, ...] = (
     RESTRUCTURE,
     small_attention_products,
     products_upcast_twice,
+    contiguous_broadcast_reshapes,
 )
 
 

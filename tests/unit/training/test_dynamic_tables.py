@@ -127,3 +127,23 @@ def test_t5_compiles_once_over_eight_shapes_with_batch_1_and_longer_lengths(tmp_
     assert graphs == 1
     np.testing.assert_allclose(losses, eager_losses, rtol=0, atol=1e-6)
     np.testing.assert_allclose(parameters, eager_parameters, rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_llama_compiles_once_over_eight_shapes_with_batch_1_under_inductor(tmp_path, caplog):
+    """A grouped-query attention's repeated key and value heads (unsqueeze, expand, reshape) reshape a
+    contiguous copy in the compiled graph: inductor computes a reshaped broadcast's strides with guards
+    that the batch is not 1, which compiled a second graph at batch 1. One graph under inductor over the
+    issue's 8 shapes, the losses and parameters eager's."""
+    from tests.helpers.one_graph import train_counting_graphs
+
+    config = transformers.LlamaConfig(
+        **TINY, num_key_value_heads=1, intermediate_size=32, max_position_embeddings=64, use_cache=False
+    )
+    _export(transformers.LlamaForCausalLM(config), tmp_path)
+    batches = _batches(SHAPES, per_token=True)
+    eager_losses, eager_parameters, _ = train_counting_graphs(tmp_path, batches, False, caplog, REFUSED)
+    losses, parameters, graphs = train_counting_graphs(tmp_path, batches, {"backend": "inductor"}, caplog, REFUSED)
+    assert graphs == 1
+    np.testing.assert_allclose(losses, eager_losses, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(parameters, eager_parameters, rtol=0, atol=1e-6)
