@@ -183,4 +183,3 @@ def test_gather_nd_over_batch_by_length_grids_compiles_once_with_batch_1_under_i
     assert graphs == 1
     np.testing.assert_allclose(losses, eager_losses, rtol=0, atol=1e-6)
     np.testing.assert_allclose(parameters, eager_parameters, rtol=0, atol=1e-6)
-
