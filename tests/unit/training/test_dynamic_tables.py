@@ -127,3 +127,37 @@ def test_t5_compiles_once_over_eight_shapes_with_batch_1_and_longer_lengths(tmp_
     assert graphs == 1
     np.testing.assert_allclose(losses, eager_losses, rtol=0, atol=1e-6)
     np.testing.assert_allclose(parameters, eager_parameters, rtol=0, atol=1e-6)
+
+
+def _tiny_llama() -> torch.nn.Module:
+    config = transformers.LlamaConfig(
+        **TINY, num_key_value_heads=1, intermediate_size=32, max_position_embeddings=64, use_cache=False
+    )
+    return transformers.LlamaForCausalLM(config)
+
+
+def _tiny_bert() -> torch.nn.Module:
+    config = transformers.BertConfig(
+        **TINY, intermediate_size=32, max_position_embeddings=64, num_labels=3, hidden_dropout_prob=0.0
+    )
+    config.attention_probs_dropout_prob = 0.0
+    return transformers.BertForSequenceClassification(config)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("build", "per_token"), [(_tiny_llama, True), (_tiny_bert, False)], ids=["llama", "bert"])
+def test_batch_1_shares_the_graph_of_eight_shapes_under_inductor(tmp_path, caplog, build, per_token):
+    """Llama's repeated key and value heads (unsqueeze, expand, reshape) and BERT's pooler (the first
+    token, selected) each made inductor guard that the batch is not 1 (a reshaped broadcast's strides;
+    the reinplacing of the select's backward), which compiled a second graph at batch 1: the compiled
+    graph reshapes a contiguous copy and picks the token by index. One graph under inductor over the
+    issue's 8 shapes, the losses and parameters eager's."""
+    from tests.helpers.one_graph import train_counting_graphs
+
+    _export(build(), tmp_path)
+    batches = _batches(SHAPES, per_token=per_token)
+    eager_losses, eager_parameters, _ = train_counting_graphs(tmp_path, batches, False, caplog, REFUSED)
+    losses, parameters, graphs = train_counting_graphs(tmp_path, batches, {"backend": "inductor"}, caplog, REFUSED)
+    assert graphs == 1
+    np.testing.assert_allclose(losses, eager_losses, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(parameters, eager_parameters, rtol=0, atol=1e-6)
