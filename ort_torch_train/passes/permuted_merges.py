@@ -53,9 +53,10 @@ def copy_permuted_merges(module: fx.GraphModule, device: torch.device) -> None:
     place, for torch.compile); the count is added to ``module``'s ``FUSIONS``."""
     rewritten = 0
     for node in list(module.graph.nodes):
-        if not (_merges_permuted(node) and len(args_of(node)) == 2):
+        if not _merges_permuted(node):
             continue
-        source, shape = args_of(node)
+        source, *sizes = args_of(node)
+        shape = sizes[0] if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) else tuple(sizes)
         with module.graph.inserting_before(node):
             copied = module.graph.call_function(reshape_copied, (source, shape))
         copied.meta.update(node.meta)
