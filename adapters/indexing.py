@@ -160,6 +160,16 @@ def gather(data: torch.Tensor, indices: torch.Tensor, axis: int, checked: tuple[
     return picked.reshape(data.shape[:axis] + indices.shape + data.shape[axis + 1 :])
 
 
+def select_one(x: torch.Tensor, axis: int, index: int) -> torch.Tensor:
+    """``x.select(axis, index)``; in a compiled graph picked by ``index_select``, whose gradient adds into
+    zeros where select's scatters into a view of them (inductor checks that view for overlap with a
+    guard that the leading size is not 1: a graph of its own for batch 1). The same values either way."""
+    if not torch.compiler.is_compiling():
+        return x.select(axis, index)
+    picked = x.index_select(axis, torch.tensor([index], device=x.device))
+    return picked.reshape(x.shape[:axis] + x.shape[axis + 1 :])
+
+
 @register("Gather", since=1)
 def gather_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     shape = input_shape(node, graph, 0)
@@ -171,7 +181,7 @@ def gather_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> O
     check_range(indices, -size, size, *index_source(node, 1))
     flat = [int(i) % size for i in indices.reshape(-1).tolist()]
     if indices.dim() == 0:
-        return result(Inline(torch.select, axis, flat[0]), node, node.input_values[:1])
+        return result(Inline(select_one, axis, flat[0]), node, node.input_values[:1])
     if indices.dim() == 1 and flat and flat == list(range(flat[0], flat[0] + len(flat))):
         return result(Inline("narrow", axis, flat[0], len(flat)), node, node.input_values[:1])
     return result(Inline(gather, axis, index_source(node, 1) if bool((indices < 0).any()) else None), node)

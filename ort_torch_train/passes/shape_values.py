@@ -168,7 +168,12 @@ class _Rewriter:
             return (narrowed, [first[0], *args[2:]]), 1
         if node.op == "call_method" and target == "to" and _integer_dtype(args[1:]):
             return (_same, [first[0]]), first[1]
-        if node.op == "call_function" and target is torch.select and first[1] == 1 and args[1] == 0:
+        if (
+            node.op == "call_function"
+            and target in (torch.select, indexing.select_one)
+            and first[1] == 1
+            and args[1] == 0
+        ):
             return (selected, [first[0], args[2]]), 0
         if node.op == "call_function" and target is torch.unsqueeze and first[1] == 0 and args[1] in (0, -1, (0,)):
             return (as_list, [first[0]]), 1
