@@ -1,7 +1,7 @@
 """Dynamic axes that hold in a compiled step: an LSTM's length (torch's fused kernel as one opaque call
 with a backward of its own) compiles once over new batch sizes, batch 1 and longer lengths, and trains
 as eager does; the opaque call's gradients are the fused kernel's, for RNN, GRU and LSTM in every
-direction."""
+direction. Bidirectional RNN, GRU and LSTM taggers keep batch 1 in the graph of the other sizes."""
 
 from __future__ import annotations
 
@@ -47,16 +47,37 @@ def test_the_opaque_fused_kernel_has_the_kernels_gradients(op_type, direction, r
 
 
 class _Tagger(nn.Module):
-    """Token embedding -> LSTM -> mean over time -> linear."""
+    """Token embedding -> recurrent layer (``kind``: "LSTM", "GRU" or "RNN") -> mean over time -> linear."""
 
-    def __init__(self) -> None:
+    def __init__(self, kind: str = "LSTM", bidirectional: bool = False) -> None:
         super().__init__()
         self.embed = nn.Embedding(12, 2)
-        self.lstm = nn.LSTM(2, 2, batch_first=True)
-        self.head = nn.Linear(2, 3)
+        self.recurrent = getattr(nn, kind)(2, 2, batch_first=True, bidirectional=bidirectional)
+        self.head = nn.Linear(4 if bidirectional else 2, 3)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.head(self.lstm(self.embed(tokens))[0].mean(1))
+        return self.head(self.recurrent(self.embed(tokens))[0].mean(1))
+
+
+def _tagger_compiles_once(tagger: nn.Module, directory, caplog) -> None:
+    """``tagger`` exported with batch and length dynamic trains in one aot_eager graph over ``SHAPES``,
+    the losses and parameters eager's."""
+    generate_artifacts(
+        tagger,
+        loss=LossType.CrossEntropyLoss,
+        optimizer=OptimType.AdamW,
+        artifact_directory=directory,
+        example_inputs=(torch.randint(0, 12, SHAPES[0]),),
+        input_names=["tokens"],
+        dynamic_axes={"tokens": {0: "batch", 1: "sequence"}},
+    )
+    rng = np.random.default_rng(0)
+    batches = [(rng.integers(0, 12, shape), rng.integers(0, 3, shape[0])) for shape in SHAPES]
+    eager_losses, eager_parameters, _ = train_counting_graphs(directory, batches, False, caplog, REFUSED)
+    losses, parameters, graphs = train_counting_graphs(directory, batches, {"backend": "aot_eager"}, caplog, REFUSED)
+    assert graphs == 1
+    np.testing.assert_allclose(losses, eager_losses, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(parameters, eager_parameters, rtol=0, atol=1e-6)
 
 
 @pytest.mark.compile
@@ -64,22 +85,18 @@ def test_an_lstm_compiles_once_over_eight_shapes_with_batch_1_and_longer_lengths
     """torch.nn.LSTM exported to the ONNX LSTM op, batch and length dynamic: one graph for every shape,
     the losses and parameters eager's. Traced by Dynamo and AOT autograd (backend "aot_eager")."""
     torch.manual_seed(0)
-    generate_artifacts(
-        _Tagger(),
-        loss=LossType.CrossEntropyLoss,
-        optimizer=OptimType.AdamW,
-        artifact_directory=tmp_path,
-        example_inputs=(torch.randint(0, 12, SHAPES[0]),),
-        input_names=["tokens"],
-        dynamic_axes={"tokens": {0: "batch", 1: "sequence"}},
-    )
-    rng = np.random.default_rng(0)
-    batches = [(rng.integers(0, 12, shape), rng.integers(0, 3, shape[0])) for shape in SHAPES]
-    eager_losses, eager_parameters, _ = train_counting_graphs(tmp_path, batches, False, caplog, REFUSED)
-    losses, parameters, graphs = train_counting_graphs(tmp_path, batches, {"backend": "aot_eager"}, caplog, REFUSED)
-    assert graphs == 1
-    np.testing.assert_allclose(losses, eager_losses, rtol=0, atol=1e-6)
-    np.testing.assert_allclose(parameters, eager_parameters, rtol=0, atol=1e-6)
+    _tagger_compiles_once(_Tagger(), tmp_path, caplog)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("kind", ["LSTM", "GRU", "RNN"])
+def test_a_bidirectional_rnn_compiles_once_with_batch_1(tmp_path, caplog, kind):
+    """A bidirectional layer's output is exported as a Transpose then a Reshape merging the two directions,
+    (length, batch, 2, hidden) -> (length, batch, 2 hidden): a view only at batch 1, which Dynamo guarded
+    on (a second graph at batch 1). Compiled, the merge reads a row-major copy: one graph over the 8
+    shapes, the losses and parameters eager's."""
+    torch.manual_seed(0)
+    _tagger_compiles_once(_Tagger(kind, bidirectional=True), tmp_path, caplog)
 
 
 @pytest.mark.compile
