@@ -34,6 +34,7 @@ from ort_torch_train.distributed.tensor_parallel_patterns import (
     converted_linear,
     graph_links,
     linear_layers,
+    row_parallel,
 )
 from ort_torch_train.errors import ModelError
 
@@ -279,16 +280,7 @@ def shard_attention(
         _reshape_heads(graph, locals_, row, block, reshape)
         with graph.inserting_before(row):
             sharded = graph.call_module("tensor_parallel_enter_row", (row.args[0],))
-            row_weight = graph.call_module("tensor_parallel_row", (by_name[block.row.weight],))
-        row.target, row.args = F.linear, (sharded, row_weight, None)
-        with graph.inserting_after(row):
-            left = graph.call_module("tensor_parallel_leave", (row,))
-        result = left
-        if block.row.bias is not None:
-            with graph.inserting_after(left):
-                result = graph.call_function(torch.add, (left, by_name[block.row.bias]))
-        for user in [user for user in row.users if user is not left]:
-            user.replace_input_with(row, result)
+        row_parallel(graph, row, sharded, block.row, by_name)
 
 
 def _reshape_heads(

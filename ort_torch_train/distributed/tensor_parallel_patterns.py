@@ -198,17 +198,25 @@ def shard_pairs(
             if pair.column.bias is not None:
                 bias = graph.call_module("tensor_parallel_column", (by_name[pair.column.bias],))
         column.target, column.args = F.linear, (entered, weight, bias)  # DTensor's linear, not oneDNN's op
-        with graph.inserting_before(row):
-            row_weight = graph.call_module("tensor_parallel_row", (by_name[pair.row.weight],))
-        row.target, row.args = F.linear, (activation, row_weight, None)
-        with graph.inserting_after(row):
-            left = graph.call_module("tensor_parallel_leave", (row,))
-        result = left
-        if pair.row.bias is not None:
-            with graph.inserting_after(left):
-                result = graph.call_function(torch.add, (left, by_name[pair.row.bias]))
-        for user in [user for user in row.users if user is not left]:
-            user.replace_input_with(row, result)
+        row_parallel(graph, row, activation, pair.row, by_name)
+
+
+def row_parallel(
+    graph: fx.Graph, row: fx.Node, sharded_input: fx.Node, layer: LinearLayer, by_name: Mapping[str, fx.Node]
+) -> None:
+    """Rewrite the linear ``row`` (``layer``) to multiply ``sharded_input`` by its row-sharded weight, leave the
+    tensor-parallel region (the partial sums reduced) and add its bias after; every reader takes the result."""
+    with graph.inserting_before(row):
+        row_weight = graph.call_module("tensor_parallel_row", (by_name[layer.weight],))
+    row.target, row.args = F.linear, (sharded_input, row_weight, None)
+    with graph.inserting_after(row):
+        left = graph.call_module("tensor_parallel_leave", (row,))
+    result = left
+    if layer.bias is not None:
+        with graph.inserting_after(left):
+            result = graph.call_function(torch.add, (left, by_name[layer.bias]))
+    for user in [user for user in row.users if user is not left]:
+        user.replace_input_with(row, result)
 
 
 def converted_linear(layer: LinearLayer, by_name: Mapping[str, fx.Node], what: str) -> fx.Node:
