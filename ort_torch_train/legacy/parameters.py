@@ -170,14 +170,6 @@ def check_supported(parameters: TrainingParameters) -> None:
             "supported: LAMB's per-weight trust ratio is not element-wise; use "
             "AdamOptimizer or SGDOptimizer, or stage 0"
         )
-    if stage >= 2 and parameters.transformer_layer_recompute:
-        raise NotImplementedError(
-            f"TrainingParameters.transformer_layer_recompute with deepspeed_zero_stage = {stage} is not supported: "
-            "a transformer layer's recomputed region reads its attention's, MLP's and norms' parameters, which "
-            "sharding gathers as separate units, one at a time; gelu_recompute and attn_dropout_recompute work "
-            "with stages 2 and 3, and Module(sharding=..., recompute=True) recomputes every unit "
-            "(docs/scaling.md, Sharded training)"
-        )
     if optimizer and optimizer not in OPTIMIZERS:
         raise ValueError(
             f"TrainingParameters.training_optimizer_name: Failed to get Optimizer builder for "
