@@ -107,12 +107,14 @@ def export_bert(model: nn.Module, path: Path, dynamic_batch: bool = False) -> Pa
     return path
 
 
-def bert_parameters(model: onnx.ModelProto, loss: str, **settings: object) -> TrainingParameters:
-    """Adam on every float weight of ``model``, 2 accumulation steps, and ``settings``."""
+def bert_parameters(
+    model: onnx.ModelProto, loss: str, optimizer: str = "AdamOptimizer", **settings: object
+) -> TrainingParameters:
+    """``optimizer`` on every float weight of ``model``, 2 accumulation steps, and ``settings``."""
     weights = [init.name for init in model.graph.initializer if init.data_type == TensorProto.FLOAT and init.dims]
     p = TrainingParameters()
     p.loss_output_name = loss
-    p.training_optimizer_name = "AdamOptimizer"
+    p.training_optimizer_name = optimizer
     p.optimizer_attributes_map = {w: {} for w in weights}
     p.optimizer_int_attributes_map = {w: {} for w in weights}
     p.gradient_accumulation_steps = 2  # the first run's gradients stay in .grad to compare
@@ -123,14 +125,20 @@ def bert_parameters(model: onnx.ModelProto, loss: str, **settings: object) -> Tr
 
 def sharded_layers_train(path: Path, rank: int = 0, world_size: int = 1, zero_stage: int = 0) -> dict[str, np.ndarray]:
     """``path`` (a ``Bert`` without dropout, its batch axis dynamic) trained by a legacy session with ``transformer_layer_recompute``
-    over ``world_size`` data-parallel ranks at ``deepspeed_zero_stage``, each on its share of every batch:
+    over ``world_size`` data-parallel ranks at ``deepspeed_zero_stage``, each on its share of every batch, by SGD
+    (Adam would turn the key projection's bias gradient, zero but for rounding, into whole steps):
     the losses, the checkpointed regions of the training graph, the sharding units (under stages 2 and 3)
     and the final whole parameters."""
     settings = {"world_rank": rank, "world_size": world_size, "data_parallel_size": world_size}
     session = TrainingSession(
         str(path),
         bert_parameters(
-            onnx.load(path), "loss", deepspeed_zero_stage=zero_stage, transformer_layer_recompute=True, **settings
+            onnx.load(path),
+            "loss",
+            "SGDOptimizer",
+            deepspeed_zero_stage=zero_stage,
+            transformer_layer_recompute=True,
+            **settings,
         ),
     )
     losses = []
