@@ -147,8 +147,8 @@ def train(scenario: str, rank: int, world_size: int, out: Path) -> dict[str, np.
 
 def saved_for_backward(step: Callable[[], object]) -> tuple[int, int, int]:
     """What ``step``'s forward keeps for its backward, outside recomputed regions: how many tensor elements,
-    how many tensors, and the bytes of its floating-point tensors that are not parameters (activations; a checkpoint inside a
-    compiled graph keeps the RNG state, bytes, to replay its random numbers)."""
+    how many tensors, and the bytes of its floating-point tensors that are neither parameters nor their views
+    (activations; a checkpoint inside a compiled graph keeps the RNG state, bytes, to replay its random numbers)."""
     import torch
 
     elements = tensors = activation_bytes = 0
@@ -157,7 +157,8 @@ def saved_for_backward(step: Callable[[], object]) -> tuple[int, int, int]:
         nonlocal elements, tensors, activation_bytes
         elements += tensor.numel()
         tensors += 1
-        if tensor.is_floating_point() and not isinstance(tensor, torch.nn.Parameter):
+        base = tensor if tensor._base is None else tensor._base
+        if tensor.is_floating_point() and not (base.is_leaf and base.requires_grad):  # not a parameter (view)
             activation_bytes += tensor.nbytes
         return tensor
 
