@@ -50,7 +50,9 @@ class TrainingParameters:
     ``propagate_cast_ops_*`` are accepted and have no effect (autocast decides the casts).
     ``gelu_recompute``, ``attn_dropout_recompute`` and ``transformer_layer_recompute`` (with
     ``number_recompute_layers``: 0 = every layer but the last, ORT's default) recompute those
-    subgraphs in backward with torch.utils.checkpoint (``training/recompute_patterns.py``).
+    subgraphs in backward with torch.utils.checkpoint (``training/recompute_patterns.py``); with
+    ``deepspeed_zero_stage`` 2 or 3, ``transformer_layer_recompute`` makes each numbered layer one sharding
+    unit, its parameters gathered together (``distributed/layer_units.py``).
     """
 
     __slots__ = (
