@@ -81,6 +81,7 @@ OPTIONS = {
     "compile": {"compile": {"backend": "aot_eager"}},
     "compile_recompute": {"compile": {"backend": "aot_eager"}, "recompute": True},
     "inductor": {"compile": True},
+    "inductor_recompute": {"compile": True, "recompute": True},
 }
 
 
