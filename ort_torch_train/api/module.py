@@ -104,7 +104,7 @@ class Module(nn.Module):
         tensor_parallel_size: split Megatron's MLP pairs and attention heads across this many ranks of the default
             group (eager steps; with ``distributed`` the other ranks' factor is data parallel; docs/scaling.md).
         sharding: "zero2" or "zero3": sharded data parallelism on FSDP2 (recompute=True recomputes per
-            layer unit, eager; compiled, each layer unit compiles on its own), or None.
+            layer unit; compiled, each layer unit compiles on its own, its checkpoint inside), or None.
 
     Examples:
         ```python

@@ -10,11 +10,14 @@ keeps them until its backward is done. The optimizer kernels run on the local sh
 (``LocalShards``); the gradient clip uses the norm of every rank's shards together. A checkpoint save
 is a collective: every rank gathers the whole parameters and moments and rank 0 writes the same ODTC
 bytes one process writes (``ShardedCheckpoint``). Reading a parameter through the state gathers it
-(``TrainingState.parameter``). With ``recompute`` each unit's activations are recomputed in its backward
-(``layer_units.Unit``). Mixed precision is the engine's autocast around the sharded forward: the
+(``TrainingState.parameter``). Recompute (``layer_units.UnitRecompute``): with ``each_unit`` each unit's
+activations are recomputed in its backward, eager or compiled; with ``whole_layers`` (a legacy session's
+transformer layers) each numbered layer is one unit, so that a layer's recomputed region gathers its
+parameters at once. Mixed precision is the engine's autocast around the sharded forward: the
 parameters, their gradients and the moments stay float32, and fp16's loss scaler unscales the local
 gradient shards, the ranks agreeing on a skip. A compiled sharded step (given a ``compiler``) compiles
-each unit's stretch of the graph on its own (``LayeredGraph``'s compiler) after the compiled graph rewrites;
+each unit's stretch of the graph on its own (``LayeredGraph``'s compiler) after the compiled graph rewrites,
+the checkpoint inside the compiled stretch with recompute;
 FSDP2's gathers, reduce-scatters and the optimizer update on the local shards stay eager around them.
 """
 
@@ -34,7 +37,7 @@ from torch.distributed.tensor import DTensor
 
 from ort_torch_train.distributed.checkpoint import DistributedCheckpoint
 from ort_torch_train.distributed.data_parallel import DataParallel, require_identical
-from ort_torch_train.distributed.layer_units import LayeredGraph, LayerPlan, Unit, ZeroStandIns
+from ort_torch_train.distributed.layer_units import LayeredGraph, LayerPlan, Unit, UnitRecompute, ZeroStandIns
 from ort_torch_train.errors import CheckpointError, DistributedError
 from ort_torch_train.optim.algorithm import OptimizerAlgorithm
 from ort_torch_train.optim.clip import clip_grad_norm_
@@ -54,7 +57,7 @@ def check_sharding(sharding: object) -> str | None:
 
 class _ShardedRoot(nn.Module):
     """The training graph over per-layer units: ``fully_shard`` applies to each unit, then to this root.
-    With a ``compiler`` each unit's partitions run compiled."""
+    With a ``compiler`` each unit's partitions run compiled; with ``recompute`` checkpointed."""
 
     def __init__(
         self,
@@ -68,8 +71,9 @@ class _ShardedRoot(nn.Module):
         super().__init__()
         unit_of = [plan.unit_of(i) for i in range(len(params))]
         self.units = nn.ModuleList(
-            Unit([p for p, k in zip(params, unit_of) if k == unit], recompute) for unit in range(plan.unit_count)
+            Unit([p for p, k in zip(params, unit_of) if k == unit]) for unit in range(plan.unit_count)
         )
+        self._recompute = recompute
         self.shared = nn.ParameterList([p for p, k in zip(params, unit_of) if k is None])  # held by the root
         self._graph = [graph]  # a list: the graph stays out of the module tree
         self._plan = plan
@@ -87,7 +91,9 @@ class _ShardedRoot(nn.Module):
         layered = self._layered.get(module)
         if layered is None:
             units = [cast(Unit, unit) for unit in self.units]
-            layered = self._layered[module] = LayeredGraph(module, self._plan, units, self._user_inputs, self._compiler)
+            layered = self._layered[module] = LayeredGraph(
+                module, self._plan, units, self._user_inputs, self._compiler, self._recompute
+            )
         shared = iter(self.shared)
         unit_of = [self._plan.unit_of(i) for i in range(len(self._plan.owner))]
         return layered(*inputs, *(next(shared) if unit is None else None for unit in unit_of))
@@ -103,8 +109,8 @@ class _ShardedRoot(nn.Module):
 class FullyShardedParallel(DataParallel):
     """ZeRO-2 ("zero2") or ZeRO-3 ("zero3") over the ranks of ``group`` for a training graph over ``state``'s
     parameters ``names`` (see the module doc); the state's parameters become their shards. ``recompute``:
-    each layer unit's activations recomputed in its backward. ``compiler``: what compiles each unit's
-    partitions (None: eager)."""
+    what the units recompute (``UnitRecompute``). ``compiler``: what compiles each unit's partitions
+    (None: eager)."""
 
     shards_parameters = True  # the state's parameters are this rank's shards (DTensors)
 
@@ -115,7 +121,7 @@ class FullyShardedParallel(DataParallel):
         names: Sequence[str],
         group: Any,
         sharding: str,
-        recompute: bool = False,
+        recompute: UnitRecompute = UnitRecompute(),
         compiler: Callable[[fx.GraphModule], Callable] | None = None,
     ) -> None:
         self.group = group
@@ -124,7 +130,7 @@ class FullyShardedParallel(DataParallel):
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
         self.synchronise = True
-        plan = LayerPlan.of(graph.graph, names)
+        plan = LayerPlan.of(graph.graph, names, recompute.whole_layers)
         device = state.device
         _require_same_settings([sharding, recompute, compiler is not None, plan], group, device)
         require_identical({name: state.params[name] for name in names}, group, "parameters")
@@ -136,7 +142,7 @@ class FullyShardedParallel(DataParallel):
             )
         mesh = DeviceMesh.from_group(group, device.type)
         params = [state.params[name] for name in names]
-        root = _ShardedRoot(graph, plan, params, len(graph.layout.user_inputs), recompute, compiler)
+        root = _ShardedRoot(graph, plan, params, len(graph.layout.user_inputs), recompute.each_unit, compiler)
         for unit in root.units:
             fully_shard(unit, mesh=mesh, reshard_after_forward=sharding == "zero3")
         self._root: FSDPModule | None = fully_shard(root, mesh=mesh, reshard_after_forward=False)

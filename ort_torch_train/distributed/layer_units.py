@@ -5,7 +5,9 @@ a parameter's layer by its name: in a numbered layer, the block of it the parame
 to the component after the first number: ``model.layers.3.self_attn``, ``transformer.h.0.mlp``,
 ``transformer.h.0.ln_1``), else the prefix up to the number (``h.0``), else the name without its last
 component (``fc1``); a transformer layer is so cut into its attention, MLP and norms, and no more than
-one such block's parameters are gathered at a time. ``LayerPlan`` gives each layer
+one such block's parameters are gathered at a time. With ``whole_layers`` (``UnitRecompute``: whole
+transformer layers recomputed) a numbered layer is one unit (``model.layers.3``): its parameters are
+gathered together, as its recomputed region reads them all. ``LayerPlan`` gives each layer
 whose parameters the ONNX graph reads in one stretch a unit of its own; the parameters read across layers
 (tied embeddings) or outside any layer are shared: they form one more unit, called for each stretch of
 the graph that reads them (a tied embedding: the lookup first, the output projection last), unless a
@@ -13,11 +15,12 @@ node reads them together with a layer's parameters, when the root holds them. ``
 converted module (``torch.fx.passes.split_module``) into one partition per such stretch, in graph order,
 and runs each partition inside its unit's ``forward``, so the unit's FSDP hooks gather its parameters
 around it (and, for ZeRO-3, free them after it) and reduce-scatter their gradients when its backward is
-done: a shared unit's after each of its stretches' backward. A unit made with
-``recompute`` runs its partition under ``torch.utils.checkpoint``: its backward gathers the parameters
+done: a shared unit's after each of its stretches' backward. With ``UnitRecompute.each_unit`` every
+partition runs under ``torch.utils.checkpoint`` (``checkpointed``): its backward gathers the parameters
 again, reruns the partition (the same random numbers) and keeps none of its activations in between.
-Given a ``compiler`` (compiled sharded steps), each partition runs compiled: torch.compile's graph of one
-stretch, its forward and backward inside the unit's FSDP hooks, which stay eager.
+Given a ``compiler`` (compiled sharded steps), each partition runs compiled, the checkpoint inside the
+compiled function (torch.compile traces it and recomputes the partition in the compiled backward): one
+stretch's forward and backward inside the unit's FSDP hooks, which stay eager.
 """
 
 from __future__ import annotations
@@ -39,13 +42,30 @@ _NUMBERED_BLOCK = re.compile(r"^(.*?\.\d+\.[^.]+)\.")
 _NUMBERED = re.compile(r"^(.*?\.\d+)\.")
 
 
-def layer_of(name: str) -> str:
-    """The layer a parameter belongs to, by its name (see the module doc)."""
-    match = _NUMBERED_BLOCK.match(name) or _NUMBERED.match(name)
+def layer_of(name: str, whole_layers: bool = False) -> str:
+    """The layer a parameter belongs to, by its name: a numbered layer's block, or with ``whole_layers`` the
+    numbered layer (see the module doc)."""
+    match = (None if whole_layers else _NUMBERED_BLOCK.match(name)) or _NUMBERED.match(name)
     if match:
         return match.group(1)
     head, dot, _ = name.rpartition(".")
     return head if dot else name
+
+
+@dataclass(frozen=True)
+class UnitRecompute:
+    """What a sharded run recomputes, checked once: ``each_unit``, every unit's partitions under checkpoint;
+    ``whole_layers``, regions of the graph spanning whole numbered layers (a legacy session's
+    ``transformer_layer_recompute``), so each numbered layer is one unit."""
+
+    each_unit: bool = False
+    whole_layers: bool = False
+
+    @classmethod
+    def of(cls, recompute: object) -> UnitRecompute:
+        """From an engine's recompute setting: True each unit; a plan with ``transformer_layers`` set (a
+        ``RecomputePlan``) whole layers; anything else (None, regions inside one block) neither."""
+        return cls(each_unit=recompute is True, whole_layers=getattr(recompute, "transformer_layers", None) is not None)
 
 
 @dataclass(frozen=True)
@@ -69,10 +89,11 @@ class LayerPlan:
         return owner if owner is not None else (len(self.units) if self.shared_unit else None)
 
     @classmethod
-    def of(cls, graph: onnx.GraphProto, param_names: Sequence[str]) -> LayerPlan:
+    def of(cls, graph: onnx.GraphProto, param_names: Sequence[str], whole_layers: bool = False) -> LayerPlan:
         """The plan for a forward graph reading ``param_names``: a layer's parameters go to its unit when
-        every node reading them sits between the layer's first node and the next layer's first node."""
-        layers = {name: layer_of(name) for name in param_names}
+        every node reading them sits between the layer's first node and the next layer's first node.
+        ``whole_layers``: a numbered layer is one layer, not one per block (``layer_of``)."""
+        layers = {name: layer_of(name, whole_layers) for name in param_names}
         readers: dict[str, list[int]] = {name: [] for name in param_names}
         order: list[str] = []  # layers, by their first reader
         for index, node in enumerate(graph.node):
@@ -102,21 +123,15 @@ class LayerPlan:
 
 class Unit(nn.Module):
     """One layer's parameters (``fully_shard`` shards and gathers them); its ``forward`` runs a partition
-    of the graph with them put in at ``positions`` of its arguments, under checkpoint with ``recompute``."""
+    of the graph with them put in at ``positions`` of its arguments."""
 
-    def __init__(self, params: Sequence[nn.Parameter], recompute: bool = False) -> None:
+    def __init__(self, params: Sequence[nn.Parameter]) -> None:
         super().__init__()
         self.params = nn.ParameterList(params)
-        self.recompute = recompute
 
     def forward(self, partition: Callable, positions: tuple[tuple[int, int], ...], *args: object) -> object:
         """``partition(*args)`` with parameter ``k`` of this unit put in at argument ``position`` for each
         ``(position, k)`` of ``positions``."""
-        if self.recompute and torch.is_grad_enabled():
-            return checkpoint(self._run, partition, positions, *args, use_reentrant=False)
-        return self._run(partition, positions, *args)
-
-    def _run(self, partition: Callable, positions: tuple[tuple[int, int], ...], *args: object) -> object:
         values = list(args)
         for position, k in positions:
             values[position] = self.params[k]
@@ -132,8 +147,27 @@ def _not_a_view(value: object) -> object:
     return value.clone() if isinstance(value, Tensor) and value._is_view() else value
 
 
+def checkpointed(partition: fx.GraphModule) -> fx.GraphModule:
+    """A module that runs ``partition`` under ``torch.utils.checkpoint`` while gradients are on: a graph of
+    its own (torch.compile traces the checkpoint in it, and caches it apart from every other partition's)."""
+    graph = fx.Graph()
+    inputs = [graph.placeholder(node.name) for node in partition.graph.nodes if node.op == "placeholder"]
+    graph.output(graph.call_function(recomputed, (graph.get_attr("segment"), *inputs)))
+    holder = nn.Module()
+    holder.segment = partition
+    return fx.GraphModule(holder, graph, class_name="CheckpointedPartition")
+
+
+def recomputed(segment: Callable, *args: object) -> object:
+    """``segment(*args)``, under checkpoint (its activations recomputed in backward) while gradients are on."""
+    if not torch.is_grad_enabled():
+        return segment(*args)
+    return checkpoint(segment, *args, use_reentrant=False)
+
+
 class _UnitCall(nn.Module):
-    """A partition of the cut graph (compiled by ``compiler`` when given), run inside its unit's forward."""
+    """A partition of the cut graph (checkpointed with ``recompute``, then compiled by ``compiler`` when
+    given), run inside its unit's forward."""
 
     def __init__(
         self,
@@ -141,10 +175,12 @@ class _UnitCall(nn.Module):
         partition: fx.GraphModule,
         positions: tuple[tuple[int, int], ...],
         compiler: Callable[[fx.GraphModule], Callable] | None,
+        recompute: bool,
     ) -> None:
         super().__init__()
-        self.partition = partition
-        self._run = [partition if compiler is None else compiler(partition)]  # a list: kept out of the module tree
+        self.partition = checkpointed(partition) if recompute else partition
+        run = self.partition if compiler is None else compiler(self.partition)
+        self._run = [run]  # a list: kept out of the module tree
         self._unit = [unit]  # a list: the unit stays out of this module's tree
         self.positions = positions
 
@@ -154,7 +190,8 @@ class _UnitCall(nn.Module):
 
 class LayeredGraph:
     """A converted module cut into one partition per stretch of a unit (see the module doc): called with the
-    user inputs, then the parameters (None where a unit puts in its own)."""
+    user inputs, then the parameters (None where a unit puts in its own). ``recompute``: each partition
+    checkpointed (``checkpointed``)."""
 
     def __init__(
         self,
@@ -163,6 +200,7 @@ class LayeredGraph:
         units: Sequence[Unit],
         user_inputs: int,
         compiler: Callable[[fx.GraphModule], Callable] | None = None,
+        recompute: bool = False,
     ) -> None:
         placeholders = [node for node in module.graph.nodes if node.op == "placeholder"]
         param_nodes = placeholders[user_inputs:]
@@ -209,7 +247,9 @@ class LayeredGraph:
                     f"{len(positions)} of its {len(unit_params[index])} parameters"
                 )
             partition = getattr(self.split, str(node.target))
-            setattr(self.split, str(node.target), _UnitCall(units[index], partition, tuple(positions), compiler))
+            setattr(
+                self.split, str(node.target), _UnitCall(units[index], partition, tuple(positions), compiler, recompute)
+            )
 
     def __call__(self, *args: Tensor | None) -> tuple[Tensor, ...]:
         return tuple(self.split(*args))

@@ -50,7 +50,9 @@ class TrainingParameters:
     ``propagate_cast_ops_*`` are accepted and have no effect (autocast decides the casts).
     ``gelu_recompute``, ``attn_dropout_recompute`` and ``transformer_layer_recompute`` (with
     ``number_recompute_layers``: 0 = every layer but the last, ORT's default) recompute those
-    subgraphs in backward with torch.utils.checkpoint (``training/recompute_patterns.py``).
+    subgraphs in backward with torch.utils.checkpoint (``training/recompute_patterns.py``); with
+    ``deepspeed_zero_stage`` 2 or 3, ``transformer_layer_recompute`` makes each numbered layer one sharding
+    unit, its parameters gathered together (``distributed/layer_units.py``).
     """
 
     __slots__ = (
@@ -169,14 +171,6 @@ def check_supported(parameters: TrainingParameters) -> None:
             f"TrainingParameters.deepspeed_zero_stage = {stage} with LambOptimizer is not "
             "supported: LAMB's per-weight trust ratio is not element-wise; use "
             "AdamOptimizer or SGDOptimizer, or stage 0"
-        )
-    if stage >= 2 and parameters.transformer_layer_recompute:
-        raise NotImplementedError(
-            f"TrainingParameters.transformer_layer_recompute with deepspeed_zero_stage = {stage} is not supported: "
-            "a transformer layer's recomputed region reads its attention's, MLP's and norms' parameters, which "
-            "sharding gathers as separate units, one at a time; gelu_recompute and attn_dropout_recompute work "
-            "with stages 2 and 3, and Module(sharding=..., recompute=True) recomputes every unit "
-            "(docs/scaling.md, Sharded training)"
         )
     if optimizer and optimizer not in OPTIMIZERS:
         raise ValueError(

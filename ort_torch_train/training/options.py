@@ -58,7 +58,8 @@ class EngineOptions:
         tensor_parallel: the ``(dp, tp)`` mesh whose tp ranks share Megatron's weight pairs
             (``distributed/tensor_parallel.py``), or None; with it, ``process_group`` is the mesh's dp group.
         sharding: "zero2" or "zero3" (FSDP2, ``distributed/fully_sharded.py``; implies ``distributed``;
-            ``recompute`` True recomputes each layer unit, eager; compiled, each unit's stretch compiles on its own), or None.
+            ``recompute`` True recomputes each layer unit; compiled, each unit's stretch compiles on its own,
+            its checkpoint inside), or None.
         package: the folder of a package of steps compiled ahead of time (``training/package/``), which
             the train and eval steps run through instead of compiling, or None; ``compile="package:DIR"``.
 
@@ -66,8 +67,8 @@ class EngineOptions:
     Valid combinations: every field with every other, except that ``loss_scale`` needs "fp16", a
     process group needs ``distributed`` or ``pipeline``, "adasum" needs ``distributed`` and eager steps,
     ``pipeline`` takes eager steps in float32 without recompute and without ``distributed``, ``sharding``
-    takes averaged gradients and ``recompute`` None or, in eager steps, True or a legacy session's GELU or
-    attention-dropout patterns, and a package
+    takes averaged gradients and ``recompute`` None, True or a legacy session's ``RecomputePlan`` (not a
+    segment count: segments would cross the layer units), and a package
     runs on the CPU in float32, one process, no recompute. Compiled with recompute, the train step is not one graph:
     the train forward compiles alone (torch.func's one-graph step refuses checkpoint's saved-tensor
     hooks), its backward runs through autograd and the optimizer update after it.
@@ -148,19 +149,11 @@ class EngineOptions:
                     f"sharding: {sharded!r} averages the gradients; got gradient_combination="
                     f"{gradient_combination!r} (docs/scaling.md, Sharded training)"
                 )
-            inside_units = isinstance(plan, RecomputePlan) and plan.transformer_layers is None
-            if plan and plan is not True and not inside_units:  # a segment count or whole transformer layers
+            if plan and plan is not True and not isinstance(plan, RecomputePlan):  # a segment count
                 raise ValueError(
                     f"sharding: {sharded!r} recomputes per layer unit: expected recompute=True (each unit's "
-                    "activations recomputed in its backward), a legacy session's GELU or attention-dropout "
-                    f"patterns (inside one unit each) or None; got {recompute!r}"
-                )
-            if plan and arguments is not None:
-                raise ValueError(
-                    f"sharding: {sharded!r} with compile={compile!r} and recompute={recompute!r}: torch 2.13's checkpoint "
-                    "reruns a unit with Dynamo disabled, so it cannot rerun a compiled unit, and a unit compiled "
-                    "under checkpoint keeps more for its backward than one compiled without it; expected "
-                    "recompute=None with compile, or compile=False (docs/scaling.md, Sharded training)"
+                    "activations recomputed in its backward), a legacy session's recompute settings or None; "
+                    f"got {recompute!r}"
                 )
             distributed = True
         if distributed:

@@ -38,19 +38,16 @@ def rank_strategies(
     combined: DataParallel | None = None
     if options.sharding is not None:
         from ort_torch_train.distributed.fully_sharded import FullyShardedParallel
+        from ort_torch_train.distributed.layer_units import UnitRecompute
 
+        recompute = UnitRecompute.of(options.recompute)  # the legacy patterns: checkpointed in the graph itself
         arguments = options.compile_arguments  # compiled: each layer unit's stretch of the graph on its own
-        compiler = (
-            None if arguments is None else partial(torch_compile, arguments=for_device(arguments, options.device))
-        )
+        compiler = None
+        if arguments is not None:  # inductor's C++ wrapper cannot generate checkpoint's RNG replay
+            compiled = for_device(arguments, options.device, cpp_wrapper=options.recompute is None)
+            compiler = partial(torch_compile, arguments=compiled)
         combined = FullyShardedParallel(
-            graph,
-            state,
-            layout.params,
-            options.process_group,
-            options.sharding,
-            options.recompute is True,  # else None or the legacy patterns, checkpointed in the graph itself
-            compiler,
+            graph, state, layout.params, options.process_group, options.sharding, recompute, compiler
         )
     elif options.distributed:
         combined = data_parallel(graph, state, layout.params, options.process_group, options.gradient_combination)

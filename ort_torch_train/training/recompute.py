@@ -10,6 +10,7 @@ masks are the same in the recomputation. ``recompute=True`` uses one segment per
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any
 
 import torch
@@ -57,18 +58,33 @@ def with_recompute(module: fx.GraphModule, segments: int | bool) -> fx.GraphModu
 
 
 def checkpoint_ranges(module: fx.GraphModule, ops: list[fx.Node], ranges: list[tuple[int, int]]) -> fx.GraphModule:
-    """``module`` with each ``(first, last)`` run of ``ops`` (sorted, disjoint) as one checkpointed segment."""
-    partition, checkpointed, current, next_range = {}, set(), 0, 0
-    for index, node in enumerate(ops):
-        if next_range < len(ranges) and index == ranges[next_range][0]:
-            current += 1
-            checkpointed.add(current)
-        partition[node] = current
-        if next_range < len(ranges) and index == ranges[next_range][1]:
-            current += 1
-            next_range += 1
-    split = split_module(module, module, lambda node: partition[node], keep_original_order=True)
-    for number in checkpointed:
-        name = f"submod_{number}"
-        setattr(split, name, _Checkpointed(getattr(split, name)))
-    return split
+    """``module`` with each ``(first, last)`` run of ``ops`` (sorted, disjoint) as one checkpointed segment, a
+    module of its own; the ops outside the runs stay where they are (a sharded run cuts them into its units)."""
+    for number, (first, last) in enumerate(ranges):
+        _extract(module, ops[first : last + 1], f"recomputed_{number}")
+    module.graph.lint()
+    module.recompile()
+    return module
+
+
+def _extract(module: fx.GraphModule, region: list[fx.Node], name: str) -> None:
+    """The ``region``'s nodes (consecutive in ``module``'s graph) moved into a checkpointed submodule ``name``
+    that takes the values they read from outside (but attributes) and returns those read after them."""
+    inside = set(region)
+    read = dict.fromkeys(arg for node in region for arg in node.all_input_nodes if arg not in inside)
+    inputs = [arg for arg in read if arg.op != "get_attr"]  # the attributes read: read inside again
+    outputs = [node for node in region if any(user not in inside for user in node.users)]
+    graph = fx.Graph()
+    values: dict[fx.Node, fx.Node] = {arg: graph.placeholder(arg.name) for arg in inputs}
+    values.update({arg: graph.node_copy(arg) for arg in read if arg.op == "get_attr"})
+    for node in region:
+        values[node] = graph.node_copy(node, lambda arg: values[arg])
+    graph.output(values[outputs[0]] if len(outputs) == 1 else tuple(values[node] for node in outputs))
+    module.add_submodule(name, _Checkpointed(fx.GraphModule(module, graph)))
+    with module.graph.inserting_before(region[0]):
+        call = module.graph.call_module(name, tuple(inputs))
+        for index, node in enumerate(outputs):
+            result = call if len(outputs) == 1 else module.graph.call_function(operator.getitem, (call, index))
+            node.replace_all_uses_with(result, delete_user_cb=lambda user: user not in inside)
+    for node in reversed(region):
+        module.graph.erase_node(node)

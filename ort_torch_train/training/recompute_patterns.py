@@ -16,7 +16,8 @@ of the fx graph run under checkpoint, so backward keeps the region's inputs and 
   layer, the layers separated by the last point before the next attention where one activation
   carries everything (the post-LayerNorm hidden state, or the residual sum of a pre-LN layer).
 
-A region is the run of ops from its first to its last node in the graph's order. A setting that
+A region is the run of ops from its first to its last node in the graph's order, moved into a
+checkpointed submodule (``checkpoint_ranges``); the ops outside the regions stay in the graph. A setting that
 finds nothing to recompute warns and leaves the graph alone (ORT leaves it alone silently).
 """
 

@@ -1,13 +1,16 @@
 """One rank of the sharded-training tests (tests/unit/distributed/test_fully_sharded.py launches 2 or 4).
 
-``python -m tests.helpers.sharding_worker SCENARIO OUT_DIR`` with torchrun's env. ``SCENARIO`` is
-``<run>:<sharding>[:<option>]`` (a run of ``RUNS``, "zero2" or "zero3", "none" for one process on the whole
-batches; an option of ``OPTIONS``: recompute, bf16 / fp16 mixed precision, or compiled steps):
+``python -m tests.helpers.sharding_worker SCENARIOS OUT_DIR`` with torchrun's env. ``SCENARIOS``: one or more
+scenarios joined by "," run in turn in one launch, each ``<run>:<sharding>[:<option>]`` (a run of ``RUNS``,
+"zero2" or "zero3", "none" for one process on the whole batches; an option of ``OPTIONS``: recompute, bf16 /
+fp16 mixed precision, or compiled steps, with recompute or without):
 each rank trains on its share of every batch and writes ``<scenario>_rank<r>.npz`` (the losses, the final
 whole parameters, the last step's whole gradients, the eval loss, the graphs Dynamo traced by each step's end) and rank 0 the checkpoint ``<scenario>.ckpt``. ``resume:<sharding>``
 loads the ``mlp`` run's checkpoint saved after 3 steps and trains the rest. ``legacy:<stage>``: the legacy
 session with ``deepspeed_zero_stage`` 2 or 3 (``distributed_worker.legacy_train``; ``legacy:<stage>:fp16``
-with ``use_mixed_precision``, ``legacy:<stage>:<recompute>`` with ``recompute`` of ``legacy_train``). ``fit:<sharding>[:<option>]``: the
+with ``use_mixed_precision``, ``legacy:<stage>:<recompute>`` with ``recompute`` of ``legacy_train``,
+``legacy:<stage>:layers`` ``OUT_DIR/bert.onnx`` with ``transformer_layer_recompute``:
+``legacy_bert.sharded_layers_train``). ``fit:<sharding>[:<option>]``: the
 trainer's ``fit`` with averaged gradient accumulation. ``misuse``: the errors
 each rank saw (``misuse_rank<r>.json``).
 """
@@ -76,7 +79,9 @@ OPTIONS = {
     "bf16": {"mixed_precision": "bf16"},
     "fp16": {"mixed_precision": "fp16"},
     "compile": {"compile": {"backend": "aot_eager"}},
+    "compile_recompute": {"compile": {"backend": "aot_eager"}, "recompute": True},
     "inductor": {"compile": True},
+    "inductor_recompute": {"compile": True, "recompute": True},
 }
 
 
@@ -102,9 +107,9 @@ def train(scenario: str, rank: int, world_size: int, out: Path) -> dict[str, np.
     scheduler = LinearLRScheduler(optimizer, WARMUP, STEPS, PEAK_LEARNING_RATE)
     losses: list[float] = []
     graphs: list[int] = []  # the graphs Dynamo traced by the end of each step
-    saved = 0  # one process's compiled run is not counted: the one-graph step refuses saved-tensor hooks
+    saved = 0, 0, 0  # one process's compiled run is not counted: the one-graph step refuses saved-tensor hooks
     if sharding != "none" or "compile" not in OPTIONS[option[0] if option else ""]:
-        saved = saved_elements(lambda: module(*part(batches(fixture, 0), rank, world_size)))
+        saved = saved_for_backward(lambda: module(*part(batches(fixture, 0), rank, world_size)))
         module.lazy_reset_grad()
     for step in range(3 if resume else 0, STEPS):
         inputs = batches(fixture, step)
@@ -132,27 +137,35 @@ def train(scenario: str, rank: int, world_size: int, out: Path) -> dict[str, np.
     return {
         "losses": np.array(losses, dtype=np.float64),
         "eval_loss": np.asarray(eval_loss, dtype=np.float64).reshape(-1),
-        "saved_elements": np.array(saved),
+        "saved_elements": np.array(saved[0]),
+        "saved_tensors": np.array(saved[1]),
+        "saved_activation_bytes": np.array(saved[2]),
         "traced_graphs": np.array(graphs),
         **{f"param/{n}": p.data.copy() for n, p in state.parameters},
         **grads,
     }
 
 
-def saved_elements(step: Callable[[], object]) -> int:
-    """How many tensor elements ``step``'s forward keeps for its backward, outside recomputed regions."""
+def saved_for_backward(step: Callable[[], object]) -> tuple[int, int, int]:
+    """What ``step``'s forward keeps for its backward, outside recomputed regions: how many tensor elements,
+    how many tensors, and the bytes of its floating-point tensors that are neither parameters nor their views
+    (activations; a checkpoint inside a compiled graph keeps the RNG state, bytes, to replay its random numbers)."""
     import torch
 
-    count = 0
+    elements = tensors = activation_bytes = 0
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
-        nonlocal count
-        count += tensor.numel()
+        nonlocal elements, tensors, activation_bytes
+        elements += tensor.numel()
+        tensors += 1
+        base = tensor if tensor._base is None else tensor._base
+        if tensor.is_floating_point() and not (base.is_leaf and base.requires_grad):  # not a parameter (view)
+            activation_bytes += tensor.nbytes
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         step()
-    return count
+    return elements, tensors, activation_bytes
 
 
 def fit_run(sharding: str, rank: int, world_size: int, option: str = "") -> dict[str, np.ndarray]:
@@ -206,9 +219,15 @@ def misuse(rank: int) -> dict[str, str]:
 def main() -> None:
     import torch.distributed as dist
 
-    scenario, out = sys.argv[1], Path(sys.argv[2])
+    scenarios, out = sys.argv[1], Path(sys.argv[2])
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=scaled(20)))
-    rank, world_size = dist.get_rank(), dist.get_world_size()
+    for scenario in scenarios.split(","):
+        run(scenario, out, dist.get_rank(), dist.get_world_size())
+    dist.destroy_process_group()
+
+
+def run(scenario: str, out: Path, rank: int, world_size: int) -> None:
+    """One scenario on this rank: its results written to ``OUT_DIR`` (see the module doc)."""
     if scenario == "misuse":
         (out / f"misuse_rank{rank}.json").write_text(json.dumps(misuse(rank)))
     elif scenario.startswith("fit:"):
@@ -216,12 +235,17 @@ def main() -> None:
         np.savez(out / f"{scenario}_rank{rank}.npz", **fit_run(sharding, rank, world_size, *option))
     elif scenario.startswith("legacy:"):  # deepspeed_zero_stage 2 or 3, and ":fp16" or a recompute
         _, stage, *option = scenario.split(":")
+        if option == ["layers"]:
+            from tests.helpers.legacy_bert import sharded_layers_train
+
+            results = sharded_layers_train(out / "bert.onnx", rank, world_size, zero_stage=int(stage))
+            np.savez(out / f"{scenario}_rank{rank}.npz", **results)
+            return
         fp16, recompute = option == ["fp16"], None if option in ([], ["fp16"]) else option[0]
         results = legacy_train(rank, world_size, zero_stage=int(stage), mixed_precision=fp16, recompute=recompute)
         np.savez(out / f"{scenario}_rank{rank}.npz", **results)
     else:
         np.savez(out / f"{scenario}_rank{rank}.npz", **train(scenario, rank, world_size, out))
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

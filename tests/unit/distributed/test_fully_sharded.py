@@ -14,8 +14,10 @@ from ort_torch_train.api import CheckpointState
 from ort_torch_train.checkpoint.odtc import read_checkpoint
 from ort_torch_train.distributed.fully_sharded import check_sharding
 from ort_torch_train.distributed.layer_units import LayerPlan, layer_of
+from ort_torch_train.errors import DistributedError
 from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.training.options import EngineOptions
+from ort_torch_train.training.recompute_patterns import RecomputePlan
 from tests.helpers import sharding_worker
 from tests.helpers.distributed_worker import MLP, legacy_train
 from tests.helpers.timeouts import scaled
@@ -33,11 +35,24 @@ def run(scenario: str, out: Path, world_size: int) -> list[dict[str, np.ndarray]
     results."""
     if scenario.split(":")[1] == "none":
         np.savez(out / f"{scenario}_rank0.npz", **sharding_worker.train(scenario, 0, 1, out))
-    else:
-        require_success(
-            launch_ranks(scenario, out, scaled(120), worker_module=sharding_worker.__name__, world_size=world_size)
-        )
-    return [dict(np.load(out / f"{scenario}_rank{rank}.npz")) for rank in range(world_size)]
+        return [dict(np.load(out / f"{scenario}_rank0.npz"))]
+    return run_in_one_launch([scenario], out, world_size)[scenario]
+
+
+def run_in_one_launch(scenarios: list[str], out: Path, world_size: int) -> dict[str, list[dict[str, np.ndarray]]]:
+    """The sharded ``scenarios`` in turn in one launch of ``world_size`` ranks; each rank's results of each."""
+    launched = launch_ranks(
+        ",".join(scenarios),
+        out,
+        scaled(120 * len(scenarios)),
+        worker_module=sharding_worker.__name__,
+        world_size=world_size,
+    )
+    require_success(launched)
+    return {
+        scenario: [dict(np.load(out / f"{scenario}_rank{rank}.npz")) for rank in range(world_size)]
+        for scenario in scenarios
+    }
 
 
 def assert_matches_one_process(single: dict[str, np.ndarray], ranks: list[dict[str, np.ndarray]]) -> None:
@@ -87,14 +102,14 @@ def test_transformer_zero3_trains_like_one_process(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("run_name", "sharding"), [("transformer", "zero3"), ("mlp", "zero2")])
 def test_recompute_per_layer_unit_trains_like_one_process(tmp_path: Path, run_name: str, sharding: str) -> None:
     """``recompute=True`` under sharding checkpoints each layer unit: the same losses, parameters and gradients
-    as one process with recompute, and each rank keeps less for its backward than half of what one
-    process without recompute keeps on the whole batch (a half batch without recompute keeps more than
-    half: the gathered parameters too)."""
+    as one process with recompute, and each rank keeps fewer activation bytes for its backward than half of
+    what one process without recompute keeps on the whole batch (the parameters a checkpoint keeps to rerun
+    its unit are FSDP2's gathered ones, freed and gathered again under ZeRO-3: not counted)."""
     single = run(f"{run_name}:none:recompute", tmp_path, 1)[0]
     ranks = run(f"{run_name}:{sharding}:recompute", tmp_path, 2)
     assert_matches_one_process(single, ranks)
-    whole_batch_kept = run(f"{run_name}:none", tmp_path, 1)[0]["saved_elements"]
-    assert all(r["saved_elements"] < whole_batch_kept / 2 for r in ranks)
+    whole_batch_kept = run(f"{run_name}:none", tmp_path, 1)[0]["saved_activation_bytes"]
+    assert all(0 < r["saved_activation_bytes"] < whole_batch_kept / 2 for r in ranks)
 
 
 # Mixed precision: the ranks' matmuls see half the rows, so the weight gradients' low-precision sums differ
@@ -194,6 +209,10 @@ def test_layers_are_named_by_prefix() -> None:
     assert layer_of("enc.linear1.weight") == "enc.linear1"
     assert layer_of("0.weight") == "0"
     assert layer_of("scale") == "scale"
+    # whole transformer layers recomputed: a numbered layer is one unit
+    assert layer_of("model.layers.3.self_attn.q_proj.weight", whole_layers=True) == "model.layers.3"
+    assert layer_of("transformer.h.0.ln_1.weight", whole_layers=True) == "transformer.h.0"
+    assert layer_of("enc.linear1.weight", whole_layers=True) == "enc.linear1"
 
 
 def test_a_parameter_read_across_layers_belongs_to_the_root() -> None:
@@ -222,7 +241,11 @@ def test_the_option_is_checked_once() -> None:
     with pytest.raises(ValueError, match="recomputes per layer unit: expected recompute=True .* got 2"):
         EngineOptions.of(sharding="zero3", recompute=2)
     with pytest.raises(ValueError, match="got 1"):
-        EngineOptions.of(sharding="zero3", recompute=1)
+        EngineOptions.of(sharding="zero3", recompute=1, compile=True)
+    for recompute in (True, RecomputePlan(transformer_layers=0)):  # taken, eager or compiled: a group is next
+        for compile in (False, True):
+            with pytest.raises(DistributedError, match="process group"):
+                EngineOptions.of(sharding="zero2", recompute=recompute, compile=compile)
 
 
 CLI_ARGS = ["--inputs", "x_train,y_train", "--steps", 4, "--batch-size", 64, "--no-shuffle", "--json"]

@@ -7,8 +7,6 @@ nothing to recompute (ORT then silently leaves the graph alone).
 
 from __future__ import annotations
 
-import io
-import math
 import warnings
 from pathlib import Path
 
@@ -16,121 +14,25 @@ import numpy as np
 import onnx
 import pytest
 import torch
-import torch.nn.functional as F
 from onnx import TensorProto, helper
-from torch import nn
 
-from ort_torch_train.legacy import TrainingParameters, TrainingSession
+from ort_torch_train.legacy import TrainingSession
 from ort_torch_train.passes import onednn_linear
+from tests.helpers.legacy_bert import LR, STEPS, Bert, bert_batches, bert_parameters, export_bert
 from tests.helpers.paths import FIXTURES
-
-LR = {"Learning_Rate": np.array([0.01], np.float32)}
-STEPS = 3
-
-
-class _BertLayer(nn.Module):
-    """A BERT layer: Q/K/V projections, attention dropout, post-LN residuals, GELU feed-forward."""
-
-    def __init__(self, d: int, heads: int, ff: int, p: float, pre_ln: bool):
-        super().__init__()
-        self.heads, self.pre_ln = heads, pre_ln
-        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.inter, self.out = nn.Linear(d, ff), nn.Linear(ff, d)
-        self.drop = nn.Dropout(p)
-
-    def forward(self, x, bias):
-        if self.pre_ln:  # x + attention(ln1(x)), then + feed-forward(ln2(.))
-            x = x + self._attention(self.ln1(x), bias)
-            return x + self._feed_forward(self.ln2(x))
-        x = self.ln1(x + self._attention(x, bias))
-        return self.ln2(x + self._feed_forward(x))
-
-    def _attention(self, x, bias):
-        b, t, d = x.shape
-        split = lambda z: z.reshape(b, t, self.heads, d // self.heads).transpose(1, 2)  # noqa: E731
-        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
-        probs = self.drop((q @ k.transpose(-1, -2) / math.sqrt(d // self.heads) + bias).softmax(-1))
-        return self.drop(self.o((probs @ v).transpose(1, 2).reshape(b, t, d)))
-
-    def _feed_forward(self, x):
-        return self.drop(self.out(F.gelu(self.inter(x))))
-
-
-class _Bert(nn.Module):
-    def __init__(self, layers: int = 3, d: int = 16, pre_ln: bool = False):
-        super().__init__()
-        self.ln0, self.drop = nn.LayerNorm(d), nn.Dropout(0.1)
-        self.layers = nn.ModuleList(_BertLayer(d, 2, 32, 0.1, pre_ln) for _ in range(layers))
-        self.head = nn.Linear(d, 4)
-
-    def forward(self, x, mask, y):
-        bias = (1.0 - mask[:, None, None, :]) * -10000.0
-        h = self.drop(self.ln0(x))
-        for layer in self.layers:
-            h = layer(h, bias)
-        logits = self.head(h.mean(1))
-        return F.cross_entropy(logits, y), logits
-
-
-def _batches(rng: np.random.Generator, batch: int = 4, tokens: int = 6):
-    mask = np.ones((batch, tokens), np.float32)
-    mask[:, tokens - 1] = 0
-    return [
-        {
-            "x": rng.standard_normal((batch, tokens, 16)).astype(np.float32),
-            "mask": mask,
-            "y": rng.integers(0, 4, batch).astype(np.int64),
-        }
-        for _ in range(STEPS)
-    ]
-
-
-def _export(model: nn.Module, path: Path) -> Path:
-    """``model`` exported in training mode (Dropout nodes kept) with its loss as the first output."""
-    feeds = _batches(np.random.default_rng(0))[0]
-    buffer = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            model.train(),
-            tuple(torch.from_numpy(feeds[k]) for k in ("x", "mask", "y")),
-            buffer,
-            dynamo=False,
-            opset_version=17,
-            training=torch.onnx.TrainingMode.TRAINING,
-            do_constant_folding=False,
-            input_names=["x", "mask", "y"],
-            output_names=["loss", "logits"],
-        )
-    path.write_bytes(buffer.getvalue())
-    return path
 
 
 @pytest.fixture(scope="session")
 def bert(tmp_path_factory) -> Path:
     """A 3-layer post-LN BERT-style encoder with its loss."""
     torch.manual_seed(0)
-    return _export(_Bert(), tmp_path_factory.mktemp("bert") / "bert.onnx")
-
-
-def _parameters(model: onnx.ModelProto, loss: str, **settings) -> TrainingParameters:
-    weights = [init.name for init in model.graph.initializer if init.data_type == TensorProto.FLOAT and init.dims]
-    p = TrainingParameters()
-    p.loss_output_name = loss
-    p.training_optimizer_name = "AdamOptimizer"
-    p.optimizer_attributes_map = {w: {} for w in weights}
-    p.optimizer_int_attributes_map = {w: {} for w in weights}
-    p.gradient_accumulation_steps = 2  # the first run's gradients stay in .grad to compare
-    for name, value in settings.items():
-        setattr(p, name, value)
-    return p
+    return export_bert(Bert(), tmp_path_factory.mktemp("bert") / "bert.onnx")
 
 
 def _train(path: Path, feeds: list[dict], loss: str = "loss", **settings):
     """Losses, first-run gradients, final state, saved-for-backward bytes and checkpointed segment count."""
     model = onnx.load(path)
-    session = TrainingSession(str(path), _parameters(model, loss, **settings))
+    session = TrainingSession(str(path), bert_parameters(model, loss, **settings))
     torch.manual_seed(0)
     losses = []
     for step, feed in enumerate(feeds):
@@ -156,7 +58,7 @@ def _train(path: Path, feeds: list[dict], loss: str = "loss", **settings):
 @pytest.fixture(scope="session")
 def baseline(bert):
     """The run without recomputation."""
-    feeds = _batches(np.random.default_rng(1))
+    feeds = bert_batches(np.random.default_rng(1))
     return feeds, _train(bert, feeds)
 
 
@@ -196,7 +98,7 @@ def test_recompute_settings_match_the_run_without_them(bert, baseline, settings,
 
 def test_a_gelu_read_by_onednn_products_is_recomputed_too(bert, monkeypatch):
     monkeypatch.setattr(onednn_linear, "EAGER_MIN_MACS", 0)  # every float32 linear through onednn_linear.linear
-    feeds = _batches(np.random.default_rng(1))[:1]
+    feeds = bert_batches(np.random.default_rng(1))[:1]
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # "no GELU read by a MatMul" before linear counted as one
         *_, segments = _train(bert, feeds, gelu_recompute=True)
@@ -204,7 +106,7 @@ def test_a_gelu_read_by_onednn_products_is_recomputed_too(bert, monkeypatch):
 
 
 def test_number_recompute_layers_beyond_the_last_layer_is_clipped_with_a_warning(bert):
-    feeds = _batches(np.random.default_rng(1))[:1]
+    feeds = bert_batches(np.random.default_rng(1))[:1]
     with pytest.warns(UserWarning, match="number_recompute_layers 5 is larger than the limit 2"):
         *_, segments = _train(bert, feeds, transformer_layer_recompute=True, number_recompute_layers=5)
     assert segments == 2
@@ -212,8 +114,8 @@ def test_number_recompute_layers_beyond_the_last_layer_is_clipped_with_a_warning
 
 def test_pre_layer_norm_layers_are_found_too(tmp_path):
     torch.manual_seed(0)
-    path = _export(_Bert(layers=3, pre_ln=True), tmp_path / "pre_ln.onnx")
-    feeds = _batches(np.random.default_rng(1))[:2]
+    path = export_bert(Bert(layers=3, pre_ln=True), tmp_path / "pre_ln.onnx")
+    feeds = bert_batches(np.random.default_rng(1))[:2]
     losses, grads, _, saved, _ = _train(path, feeds)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -264,9 +166,9 @@ def test_recompute_setting_errors(bert):
     model = onnx.load(bert)
     with pytest.raises(ValueError, match="number_recompute_layers must be an int >= 0"):
         TrainingSession(
-            str(bert), _parameters(model, "loss", transformer_layer_recompute=True, number_recompute_layers=-1)
+            str(bert), bert_parameters(model, "loss", transformer_layer_recompute=True, number_recompute_layers=-1)
         )
     with pytest.warns(UserWarning, match="no effect without transformer_layer_recompute"):
-        TrainingSession(str(bert), _parameters(model, "loss", number_recompute_layers=2))
+        TrainingSession(str(bert), bert_parameters(model, "loss", number_recompute_layers=2))
     with pytest.raises(NotImplementedError, match="use_memory_efficient_gradient.*torch.utils.checkpoint"):
-        TrainingSession(str(bert), _parameters(model, "loss", use_memory_efficient_gradient=True))
+        TrainingSession(str(bert), bert_parameters(model, "loss", use_memory_efficient_gradient=True))

@@ -254,15 +254,6 @@ def test_zero_stages_in_one_process_train_unsharded(stage):
     )
 
 
-def test_zero_stages_2_and_3_refuse_transformer_layer_recompute():
-    """A recomputed transformer layer spans several sharding units (tests/unit/distributed/test_fully_sharded_compiled.py
-    trains gelu_recompute with stages 2 and 3)."""
-    with pytest.raises(
-        NotImplementedError, match="transformer_layer_recompute with deepspeed_zero_stage = 2 .* separate units"
-    ):
-        session(params_for(deepspeed_zero_stage=2, transformer_layer_recompute=True))
-
-
 def test_ort_format_is_not_implemented(tmp_path):
     with pytest.raises(NotImplementedError, match="ORT format"):
         TrainingSession(str(tmp_path / "model.ort"), params_for())

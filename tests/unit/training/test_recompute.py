@@ -8,6 +8,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from ort_torch_train.api import Module, Optimizer
+from ort_torch_train.training.recompute import checkpoint_ranges
 from tests.helpers.corpus import Case, loss_of
 from tests.helpers.paths import FIXTURES
 
@@ -65,3 +66,45 @@ def test_recompute_with_compile_compiles_the_checkpointed_forward():
     np.testing.assert_allclose(runs[True][0], runs[False][0], rtol=0, atol=1e-6)
     for name, value in runs[False][1].items():
         np.testing.assert_allclose(runs[True][1][name], value, rtol=0, atol=1e-6, err_msg=name)
+
+
+def test_checkpointed_ranges_leave_the_other_ops_in_the_graph():
+    """A range becomes one checkpointed submodule reading what it needs from before it (an attribute read
+    inside again); the ops outside stay in the graph, so a sharded run can still cut them by layer."""
+
+    class Chain(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("shift", torch.tensor(0.5))
+
+        def forward(self, x, w1, w2, w3):
+            h = torch.tanh(x @ w1)
+            h = torch.sin(h @ w2) + self.shift
+            return (h @ w3).sum()
+
+    module = torch.fx.symbolic_trace(Chain())
+    ops = [node for node in module.graph.nodes if node.op not in ("placeholder", "output", "get_attr")]
+    torch.manual_seed(0)
+    args = [torch.randn(3, 4, requires_grad=True), *(torch.randn(4, 4, requires_grad=True) for _ in range(3))]
+    expected = module(*args)
+    expected.backward()
+    grads = [a.grad.clone() for a in args]
+    for a in args:
+        a.grad = None
+    recomputed = checkpoint_ranges(module, ops, [(2, 4)])  # sin(h @ w2) + shift
+    top = [node for node in recomputed.graph.nodes if node.op in ("call_function", "call_method", "call_module")]
+    assert [node.op for node in top] == [
+        "call_function",
+        "call_function",
+        "call_module",
+        "call_function",
+        "call_method",
+    ]
+    assert top[2].target == "recomputed_0" and [arg.name for arg in top[2].args] == ["tanh", "w2"]
+    inner = recomputed.get_submodule("recomputed_0").segment  # run under checkpoint
+    assert [node.op for node in inner.graph.nodes].count("get_attr") == 1
+    result = recomputed(*args)
+    result.backward()
+    assert torch.equal(result, expected)
+    for arg, grad in zip(args, grads):
+        assert torch.equal(arg.grad, grad)
