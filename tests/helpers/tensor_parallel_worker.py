@@ -1,7 +1,8 @@
 """One rank of the tensor-parallel tests (tests/integration/test_tensor_parallel.py launches 2 or 4).
 
 ``python -m tests.helpers.tensor_parallel_worker SCENARIO OUT_DIR`` with torchrun's env. Each rank
-writes ``OUT_DIR/<run>_rank<r>.npz`` (losses, parameters), the checkpoints rank 0 saves, and
+writes ``OUT_DIR/<run>_rank<r>.npz`` (losses, parameters, the bytes it holds per parameter), the
+checkpoints rank 0 saves, and
 ``OUT_DIR/errors_rank<r>.json`` (the errors of the bad-input scenario, class and message). The
 ``attention`` scenario trains ``OUT_DIR/attention`` (``tests/helpers/attention_model.py``), its heads
 and MLP split.
@@ -16,7 +17,9 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import torch
 
+from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.torch_internals import TorchDispatchMode
 from tests.helpers.distributed_worker import TRANSFORMER, batches, part
 from tests.helpers.timeouts import scaled
@@ -83,16 +86,32 @@ def train(
     module.eval()
     eval_loss = module(*part(batches(fixture, 0), replica, data_parallel_size))
     CheckpointState.save_checkpoint(state, out / f"{run}.ckpt", include_optimizer_state=True)
-    if not shard_state:  # the bytes one process writes for these values (sharded moments: gathered by the save only)
-        (out / f"{run}_one_process_bytes_rank{rank}.ckpt").write_bytes(state.training_state.to_bytes(True))
     np.savez(
         out / f"{run}_rank{rank}.npz",
         losses=np.array(losses, dtype=np.float64),
         eval_loss=np.asarray(eval_loss, dtype=np.float64),
         collectives=np.array(json.dumps(collectives)),
+        held=np.array(json.dumps(held_bytes(state.training_state))),
         warnings=np.array([str(w.message) for w in caught if "tensor_parallel_size" in str(w.message)]),
         **{f"param/{name}": np.array(p.data) for name, p in state.parameters},
     )
+
+
+def held_bytes(training_state: TrainingState) -> dict[str, int]:
+    """The bytes this rank holds per parameter: its tensor, gradient and moments (a DTensor's local shard)."""
+    from torch.distributed.tensor import DTensor
+
+    def local(tensor: torch.Tensor | None) -> int:
+        if tensor is None:
+            return 0
+        held = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        return held.numel() * held.element_size()
+
+    moments = {} if training_state.optimizer is None else training_state.optimizer.momentums
+    return {
+        name: local(param) + local(param.grad) + sum(local(moment) for moment in moments.get(name, {}).values())
+        for name, param in training_state.params.items()
+    }
 
 
 def legacy_train(out: Path, run: str, horizontal_parallel_size: int, rank: int = 0, world_size: int = 1) -> None:
