@@ -21,10 +21,13 @@ import torch
 
 from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.torch_internals import TorchDispatchMode
-from tests.helpers.distributed_worker import TRANSFORMER, batches, part
+from tests.helpers.distributed_worker import MLP_OPTIMIZERS, TRANSFORMER, batches, part
 from tests.helpers.timeouts import scaled
 
 STEPS = 6
+# the recompute run's optimizer: SGD with a gradient clip that bites (0.25 against norms above 1), so the
+# parameters show a wrong global norm (a whole gradient counted once per rank)
+OPTIMIZER_MODELS = {"recompute_sharded": MLP_OPTIMIZERS / "optimizers" / "sgd_clip.onnx"}
 ATTENTION, ODD_HEADS = "attention", "odd_heads"  # attention fixtures made in OUT_DIR before the ranks start
 
 
@@ -69,7 +72,9 @@ def train(
             tensor_parallel_size=tensor_parallel_size,
             recompute=recompute,
         )
-    optimizer = Optimizer(artifacts / "optimizer_model.onnx", module, shard_state=shard_state)
+    optimizer = Optimizer(
+        OPTIMIZER_MODELS.get(run, artifacts / "optimizer_model.onnx"), module, shard_state=shard_state
+    )
     CheckpointState.save_checkpoint(state, out / f"{run}_step0.ckpt", include_optimizer_state=True)
     scheduler = LinearLRScheduler(optimizer, 3, STEPS, 0.01)
     replica = rank // tensor_parallel_size

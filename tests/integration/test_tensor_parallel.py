@@ -151,6 +151,7 @@ def test_tensor_parallel_checkpoint_is_the_one_process_file(two_ranks: Path, tmp
 
 @pytest.mark.distributed
 def test_recompute_and_sharded_optimizer_state_compose_with_tensor_parallel(two_ranks: Path, tmp_path: Path) -> None:
+    """With SGD and a gradient clip that bites: the clip's norm counts each shard and each whole gradient once."""
     ranks = results(two_ranks, "recompute_sharded", 2)
     one = reference(tmp_path, "recompute_sharded", recompute=2)
     assert_like_one_process(ranks, one, replicas=1)
