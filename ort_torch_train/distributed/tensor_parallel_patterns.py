@@ -192,7 +192,7 @@ def shard_pairs(
     sharded parameters. Raises naming a pair the converted graph lost."""
     graph = module.graph
     add_pair_modules(module, mesh)
-    rewritten = set()
+    rewritten: set[fx.Node] = set()
     for pair in pairs:
         column, activation, row = _converted_pair(pair, by_name)
         with graph.inserting_before(column):

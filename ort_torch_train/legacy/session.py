@@ -343,6 +343,5 @@ def _type_name(dtype: np.dtype) -> str:
         return str(dtype)
 
 
-
 def _numpy(tensor: torch.Tensor) -> np.ndarray:
     return tensor.detach().cpu().clone().numpy()
