@@ -134,8 +134,8 @@ class TrainingEngine:
         """The differentiable forward of the train (``training``) or eval graph, no backward."""
         graph, params = self._mode_graph(training)
         with autocast_or_null(self.precision, self.device):
-            if training and self._data_parallel is not None and self.options.sharding is not None:
-                outputs = self._data_parallel.forward(self._on_device(inputs))  # gathers the shards
+            if training and self._data_parallel is not None and self._sharded:
+                outputs = self._data_parallel.forward(self._on_device(inputs))  # runs on the shards
             else:
                 outputs = graph(self._on_device(inputs), params)
         return outputs[0] if len(outputs) == 1 else outputs
