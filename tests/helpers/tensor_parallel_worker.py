@@ -54,14 +54,16 @@ def train(
     recompute: int | None = None,
     shard_state: bool = False,
     fixture: Path = TRANSFORMER,
+    checkpoint: Path | None = None,
 ) -> None:
     """Train ``fixture`` (the transformer's by default) for ``STEPS`` steps (each data-parallel replica on its share of the
     batch; ``shard_state`` asks for data parallel, of one replica with tensor parallel on every rank),
-    save the checkpoint (with its optimizer state) and write losses and parameters."""
+    save the checkpoint (with its optimizer state) and write losses and parameters. ``checkpoint``: the
+    state (and moments) to start from instead of the fixture's."""
     from ort_torch_train.api import CheckpointState, LinearLRScheduler, Module, Optimizer
 
     artifacts = fixture / "artifacts"
-    state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
+    state = CheckpointState.load_checkpoint(checkpoint or artifacts / "checkpoint")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         module = Module(
@@ -76,7 +78,7 @@ def train(
         OPTIMIZER_MODELS.get(run, artifacts / "optimizer_model.onnx"), module, shard_state=shard_state
     )
     CheckpointState.save_checkpoint(state, out / f"{run}_step0.ckpt", include_optimizer_state=True)
-    scheduler = LinearLRScheduler(optimizer, 3, STEPS, 0.01)
+    scheduler = LinearLRScheduler(optimizer, 3, STEPS if checkpoint is None else 2 * STEPS, 0.01)  # resumed: 6 done
     replica = rank // tensor_parallel_size
     losses = []
     collectives = {}
@@ -193,6 +195,8 @@ def main() -> None:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     if scenario == "tensor_parallel":
         train(out, "tensor_parallel", tensor_parallel_size=world_size, rank=rank)
+        resumed_from = out / "tensor_parallel.ckpt"  # with AdamW's moments: cut into each rank's shards
+        train(out, "resumed", tensor_parallel_size=world_size, rank=rank, checkpoint=resumed_from)
         legacy_train(out, "legacy", world_size, rank, world_size)
         train(out, "recompute_sharded", tensor_parallel_size=world_size, rank=rank, recompute=2, shard_state=True)
     elif scenario == "tensor_and_data_parallel":

@@ -150,6 +150,23 @@ def test_tensor_parallel_checkpoint_is_the_one_process_file(two_ranks: Path, tmp
 
 
 @pytest.mark.distributed
+def test_a_checkpoint_with_moments_loaded_into_tensor_parallel_ranks_is_sharded(
+    two_ranks: Path, tmp_path: Path
+) -> None:
+    """The ranks resume from their own checkpoint (parameters and AdamW's moments), as one process resumes."""
+    one = tmp_path / "one_process"
+    one.mkdir()
+    worker.train(one, "resumed", checkpoint=two_ranks / "tensor_parallel.ckpt")
+    resumed = dict(np.load(one / "resumed_rank0.npz"))
+    ranks = results(two_ranks, "resumed", 2)
+    assert_like_one_process(ranks, resumed, replicas=1)
+    assert_holds_its_share(ranks, resumed, MLP_PAIR, tp_size=2)
+    saved = TrainingState.load(two_ranks / "resumed.ckpt")
+    assert saved.optimizer is not None and saved.optimizer.step == 2 * worker.STEPS
+    assert_checkpoint_is_one_process_save(two_ranks / "resumed.ckpt", ranks, tmp_path)
+
+
+@pytest.mark.distributed
 def test_recompute_and_sharded_optimizer_state_compose_with_tensor_parallel(two_ranks: Path, tmp_path: Path) -> None:
     """With SGD and a gradient clip that bites: the clip's norm counts each shard and each whole gradient once."""
     ranks = results(two_ranks, "recompute_sharded", 2)
