@@ -93,6 +93,8 @@ def train(
     module.eval()
     eval_loss = module(*part(batches(fixture, 0), replica, data_parallel_size))
     CheckpointState.save_checkpoint(state, out / f"{run}.ckpt", include_optimizer_state=True)
+    if run == "tensor_parallel":  # every rank gathers the whole weights; each writes its own file
+        module.export_model_for_inferencing(out / f"{run}_inference_rank{rank}.onnx", ["logits"])
     np.savez(
         out / f"{run}_rank{rank}.npz",
         losses=np.array(losses, dtype=np.float64),

@@ -150,6 +150,19 @@ def test_tensor_parallel_checkpoint_is_the_one_process_file(two_ranks: Path, tmp
 
 
 @pytest.mark.distributed
+def test_export_bakes_the_whole_trained_weights_in(two_ranks: Path) -> None:
+    import onnx
+    from onnx import numpy_helper
+
+    ranks = results(two_ranks, "tensor_parallel", 2)
+    for rank in range(2):
+        model = onnx.load(two_ranks / f"tensor_parallel_inference_rank{rank}.onnx")
+        baked = {tensor.name: numpy_helper.to_array(tensor) for tensor in model.graph.initializer}
+        for name in MLP_PAIR:  # the split weights, gathered whole
+            np.testing.assert_array_equal(baked[name], ranks[0][f"param/{name}"], err_msg=f"rank {rank}: {name}")
+
+
+@pytest.mark.distributed
 def test_a_checkpoint_with_moments_loaded_into_tensor_parallel_ranks_is_sharded(
     two_ranks: Path, tmp_path: Path
 ) -> None:
