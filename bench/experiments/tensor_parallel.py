@@ -7,7 +7,9 @@ of every MLP pair and half of every attention block's heads, and "2 ranks, pipel
 (``Module(pipeline=PipelineOptions(2, MICRO_BATCHES, schedule=...))``) the whole batch cut into
 micro-batches through two stages. The default model, ``qkv-encoder``, has separate query, key and
 value projections, so that TP splits its attention too. Configurations are interleaved so a busy
-machine slows them alike; the report gives each one's median step time and the ratios to DDP's.
+machine slows them alike; the report gives each one's median step time and the ratios to DDP's, and
+the bytes of parameters + gradients + optimizer moments the state of each configuration's fullest rank
+holds after the steps (a DTensor's local shard counted), against one process's.
 The ranks run under ``ort_torch_train.distributed.launch.run_local_ranks`` (killed and reaped on a
 failure or a timeout).
 
@@ -120,9 +122,25 @@ def worker(directory: Path, steps: int, warmup: int, strategy: str) -> None:
         if step >= warmup:
             times.append(time.perf_counter() - start)
     replicated = [str(w.message) for w in caught if "match no tensor-parallel pattern" in str(w.message)]
-    print(json.dumps({"step_s": times, "replicated": replicated}), flush=True)
+    report = {"step_s": times, "replicated": replicated, "held_bytes": held_bytes(state.training_state)}
+    print(json.dumps(report), flush=True)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def held_bytes(training_state) -> int:  # type: ignore[no-untyped-def]  # a TrainingState
+    """Bytes of the parameters, their gradients and optimizer moments this rank's state holds (local shards)."""
+    from torch.distributed.tensor import DTensor
+
+    def nbytes(tensor: torch.Tensor | None) -> int:
+        held = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        return 0 if held is None else held.numel() * held.element_size()
+
+    moments = training_state.optimizer.momentums if training_state.optimizer is not None else {}
+    return sum(
+        nbytes(param) + nbytes(param.grad) + sum(nbytes(moment) for moment in moments.get(name, {}).values())
+        for name, param in training_state.params.items()
+    )
 
 
 def run_world(world_size: int, strategy: str, directory: Path, args: argparse.Namespace) -> list[dict]:
@@ -154,12 +172,14 @@ def main() -> None:
     model = bench_model(args.model)
     artifacts = prepare_artifacts(model, BENCH / ".cache", use_ort=True)
     times: dict[str, list[float]] = {name: [] for name in CONFIGURATIONS}
+    held: dict[str, int] = {}
     replicated: list[str] = []
     for _ in range(args.rounds):
         for name, (world_size, strategy) in CONFIGURATIONS.items():
-            report = run_world(world_size, strategy, artifacts.directory, args)[0]
-            times[name] += report["step_s"]
-            replicated = replicated or report["replicated"]
+            reports = run_world(world_size, strategy, artifacts.directory, args)
+            times[name] += reports[0]["step_s"]
+            held[name] = max(report["held_bytes"] for report in reports)
+            replicated = replicated or reports[0]["replicated"]
     median = {name: statistics.median(t) for name, t in times.items()}
     print(
         json.dumps(
@@ -172,6 +192,8 @@ def main() -> None:
                 "median_step_s": median,
                 "step_time_over_ddp": {name: m / median["2 ranks, DDP"] for name, m in median.items()},
                 "speedup_vs_1_rank": {name: median["1 rank"] / m for name, m in median.items()},
+                "held_bytes_per_rank": held,
+                "held_vs_1_rank": {name: b / held["1 rank"] for name, b in held.items()},
                 "cpu_count": os.cpu_count(),
                 "load_average": os.getloadavg(),
             },

@@ -102,7 +102,8 @@ class Module(nn.Module):
         custom_ops: operators of the session's own (an ``adapters.OpLibrary``, as the C API makes from a
             registered custom-op library), converted before the registry's.
         tensor_parallel_size: split Megatron's MLP pairs and attention heads across this many ranks of the default
-            group (eager steps; with ``distributed`` the other ranks' factor is data parallel; docs/scaling.md).
+            group, each rank holding its shard of their weights, gradients and moments (eager steps; with
+            ``distributed`` the other ranks' factor is data parallel; docs/scaling.md).
         sharding: "zero2" or "zero3": sharded data parallelism on FSDP2 (recompute=True recomputes per
             layer unit; compiled, each layer unit compiles on its own, its checkpoint inside), or None.
 

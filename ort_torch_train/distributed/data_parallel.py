@@ -91,6 +91,16 @@ class DataParallel:
         ddp.require_backward_grad_sync = self.synchronise
         return ddp(list(inputs))
 
+    @property
+    def shard_group(self) -> Any:
+        """The ranks whose shards together make each sharded parameter (where ``shards_parameters``)."""
+        return self.group
+
+    @property
+    def data_parallel_size(self) -> int:
+        """How many replicas average their gradients."""
+        return self.world_size
+
     def release(self) -> None:
         """Free the DDP reducer (at exit: no step runs after it)."""
         self._ddp = None

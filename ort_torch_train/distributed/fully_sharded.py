@@ -7,9 +7,9 @@ that no unit can), goes through ``fully_shard`` over the data-parallel group. Ev
 of the optimizer's moments. A unit's parameters are gathered before its part of the forward; "zero3"
 frees them after it and gathers them again for its backward (``reshard_after_forward=True``), "zero2"
 keeps them until its backward is done. The optimizer kernels run on the local shards
-(``LocalShards``); the gradient clip uses the norm of every rank's shards together. A checkpoint save
+(``local_shards.LocalShards``); the gradient clip uses the norm of every rank's shards together. A checkpoint save
 is a collective: every rank gathers the whole parameters and moments and rank 0 writes the same ODTC
-bytes one process writes (``ShardedCheckpoint``). Reading a parameter through the state gathers it
+bytes one process writes (``local_shards.ShardedCheckpoint``). Reading a parameter through the state gathers it
 (``TrainingState.parameter``). Recompute (``layer_units.UnitRecompute``): with ``each_unit`` each unit's
 activations are recomputed in its backward, eager or compiled; with ``whole_layers`` (a legacy session's
 transformer layers) each numbered layer is one unit, so that a layer's recomputed region gathers its
@@ -33,16 +33,12 @@ import torch.distributed as dist
 from torch import Tensor, fx, nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.tensor import DTensor
 
-from ort_torch_train.distributed.checkpoint import DistributedCheckpoint
 from ort_torch_train.distributed.data_parallel import DataParallel, require_identical
 from ort_torch_train.distributed.layer_units import LayeredGraph, LayerPlan, Unit, UnitRecompute, ZeroStandIns
-from ort_torch_train.errors import CheckpointError, DistributedError
-from ort_torch_train.optim.algorithm import OptimizerAlgorithm
-from ort_torch_train.optim.clip import clip_grad_norm_
+from ort_torch_train.distributed.local_shards import ShardedCheckpoint, sharded_optimizer_engine
+from ort_torch_train.errors import DistributedError
 from ort_torch_train.optim.engine import OptimizerEngine
-from ort_torch_train.optim.tensor_lists import KernelTensors, optimizer_group
 from ort_torch_train.state.training_state import TrainingState
 
 SHARDINGS = ("zero2", "zero3")
@@ -179,141 +175,7 @@ class FullyShardedParallel(DataParallel):
     def optimizer_engine(self, engine: type[OptimizerEngine], **arguments: Any) -> OptimizerEngine:
         """An optimizer engine (built as ``engine(**arguments, tensors=...)``) whose kernels run on this rank's
         shards and whose checkpoints save the moments gathered from every rank."""
-        shards = LocalShards(self.group)
-        built = engine(**arguments, tensors=shards)
-        self.checkpoint.gather_moments_from(built, shards)
-        return built
-
-
-class LocalShards:
-    """An OptimizerEngine's tensor provider over sharded parameters: their local shards, those of their
-    gradients, and this rank's shards of the moments (cut from a checkpoint's whole ones)."""
-
-    fuses_into_step = False
-
-    def __init__(self, group: Any) -> None:
-        self.group = group
-        self._moments: dict[str, list[tuple[str, Tensor]]] = {}  # stored moment name -> (parameter, local shard)
-
-    def kernel_tensors(
-        self, state: TrainingState, param_names: Sequence[str], algorithm: OptimizerAlgorithm
-    ) -> KernelTensors:
-        """The local shards (``TensorProvider``)."""
-        if not algorithm.elementwise:
-            raise DistributedError(
-                f"sharding: {algorithm.display_name}'s update is not element-wise, so it cannot run on shards"
-            )
-        params = [_sharded(state, name) for name in param_names]
-        momentums = optimizer_group(state).momentums
-        with torch.no_grad():
-            local_params = [param.to_local() for param in params]
-            local_grads = [param.grad.to_local() for param in params]  # type: ignore[union-attr]  # made at sharding
-            owned = {}
-            for name, param, local in zip(param_names, params, local_params):
-                if not momentums:  # zeros, as in ORT
-                    owned[name] = {key: torch.zeros_like(local) for key in algorithm.stored_moments}
-                else:
-                    owned[name] = _local_moments(name, param, local, momentums.get(name), algorithm.stored_moments)
-        state.set_moments(owned, only=True)
-        self._moments = {
-            key: [(name, momentums[name][key]) for name in param_names] for key in algorithm.stored_moments
-        }
-        return KernelTensors(
-            local_params,
-            local_grads,
-            [[momentums[name][key] for name in param_names] for key in algorithm.updated_moments],
-        )
-
-    def clip_gradients(self, grads: list[Tensor], max_norm: float) -> None:
-        """Clip by the norm of every rank's shards together (one all-reduce)."""
-        clip_grad_norm_(grads, max_norm, group=self.group)
-
-    def after_step(self, tensors: KernelTensors) -> None:
-        """Nothing: the local shards are the parameters'."""
-
-    def gathered_momentums(self, engine: OptimizerEngine) -> dict[str, dict[str, Tensor]]:
-        """Every parameter's whole moments gathered from the ranks' shards. A collective."""
-        full: dict[str, dict[str, Tensor]] = {name: {} for name in engine.param_names}
-        with torch.no_grad():
-            for key, shards in self._moments.items():
-                for name, local in shards:
-                    param = _sharded(engine.state, name)
-                    whole = DTensor.from_local(
-                        local, param.device_mesh, param.placements, shape=param.shape, stride=param.stride()
-                    )
-                    full[name][key] = whole.full_tensor()
-        return full
-
-
-class ShardedCheckpoint(DistributedCheckpoint):
-    """Saves a sharded run's checkpoint: a collective (every rank gathers the parameters and moments), then
-    rank 0 writes what one process writes."""
-
-    def gathered(
-        self, state: TrainingState, target: str, include_optimizer_state: bool, counted: bool = False
-    ) -> tuple[dict[str, Tensor] | None, dict[str, dict[str, Tensor]] | None]:
-        """The whole parameters and (``include_optimizer_state``) moments, gathered from every rank."""
-        if not counted:
-            self._await_every_rank(target)
-        with self._failures(target, "gathering the sharded parameters"), torch.no_grad():
-            params = {name: _whole(param) for name, param in state.params.items()}
-        _, moments = super().gathered(state, target, include_optimizer_state, counted=True)
-        return params, moments
-
-
-def _whole(param: Tensor) -> Tensor:
-    """A parameter's whole value (gathered when sharded: a collective)."""
-    return param.full_tensor() if isinstance(param, DTensor) else param.detach()
-
-
-def _sharded(state: TrainingState, name: str) -> DTensor:
-    param = state.params.get(name)
-    if not isinstance(param, DTensor) or param.grad is None:
-        raise DistributedError(f"sharding: parameter {name!r} is not a sharded trainable parameter of this state")
-    return param
-
-
-def _local_moments(
-    name: str, param: DTensor, local: Tensor, moments: dict[str, Tensor] | None, keys: Sequence[str]
-) -> dict[str, Tensor]:
-    """This rank's shard of a parameter's moments: kept, or cut from a checkpoint's whole ones as FSDP2
-    cuts the parameter (dim-0 chunks)."""
-    if moments is None:
-        raise CheckpointError(f"Parameter {name} not found in the source optimizer checkpoint states.")
-    owned = {}
-    for key in keys:
-        moment = moments.get(key)
-        if moment is not None and moment.shape == local.shape and moment.dtype == local.dtype:
-            owned[key] = moment
-            continue
-        if moment is None or moment.shape != param.shape or moment.dtype != param.dtype:
-            found = "nothing" if moment is None else f"{moment.dtype} of shape {tuple(moment.shape)}"
-            raise CheckpointError(
-                f"optimizer state {name!r}/{key!r}: expected {param.dtype} of shape {tuple(param.shape)}; found {found}"
-            )
-        owned[key] = local_chunk(moment.to(local.device), param)
-    return owned
-
-
-def local_chunk(whole: Tensor, param: DTensor) -> Tensor:
-    """This rank's piece of ``whole`` (a tensor of ``param``'s shape), cut as FSDP2 cut ``param``: a copy."""
-    mesh = param.device_mesh
-    chunks = torch.chunk(whole.detach(), mesh.size(), dim=0)
-    rank = mesh.get_local_rank()
-    piece = chunks[rank] if rank < len(chunks) else whole.new_zeros((0, *whole.shape[1:]))
-    return piece.clone().view(param.to_local().shape)
-
-
-def local_shard(tensor: Tensor) -> Tensor:
-    """A sharded tensor's local shard (the same storage), or the tensor itself."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
-
-
-def global_norm(grads: Sequence[Tensor], group: Any) -> Tensor:
-    """The L2 norm of every rank's gradient shards together (one all-reduce over ``group``)."""
-    squared = torch.stack(torch._foreach_norm(list(grads))).square().sum()
-    dist.all_reduce(squared, op=dist.ReduceOp.SUM, group=group)
-    return squared.sqrt()
+        return sharded_optimizer_engine(engine, self.checkpoint, self.group, **arguments)
 
 
 def _require_same_settings(settings: list[Any], group: Any, device: torch.device) -> None:

@@ -5,10 +5,12 @@ share the work of one model replica (tensor parallel), and the ranks at the same
 those groups average their gradients (data parallel, with ``distributed=True``). Megatron's weight
 pairs of the training graph (``tensor_parallel_patterns.py``) and attention blocks
 (``tensor_parallel_attention.py``) run as DTensors sharded across the tp ranks: each rank computes its
-slice of the pair's hidden features (of the block's heads), and the output is the sum over the slices. The parameters, their gradients and the optimizer state stay whole on every
-rank (the shards' gradients are all-gathered in backward), so the optimizer, gradient clipping,
-checkpoints, eval and export see the same values as one process: the ranks split the pairs'
-matrix products and hidden activations, not the parameters' memory.
+slice of the pair's hidden features (of the block's heads), and the output is the sum over the slices.
+Each rank holds only its slice of the paired weights (the column-parallel weights and biases by output
+features, the row-parallel weights by input features), of their gradients and of their moments; every
+other parameter, its gradient and moments stay whole on every rank (``tensor_parallel_ranks.py``). A
+checkpoint save, an eval step, an export and reading a parameter through the state gather the slices,
+so every rank calls them, and they see the same whole values as one process.
 
 Before the first step, on every rank: the ranks' settings must agree (checked through the store,
 with a deadline, so that a rank launched otherwise is an error rather than a hang), the world size
@@ -34,19 +36,22 @@ import torch.distributed as dist
 from torch import fx
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from ort_torch_train.distributed.checkpoint import DistributedCheckpoint
-from ort_torch_train.distributed.data_parallel import DataParallel, require_identical, require_process_group
+from ort_torch_train.distributed.data_parallel import require_identical, require_process_group
 from ort_torch_train.distributed.tensor_parallel_attention import (
     AttentionBlock,
     find_attention_blocks,
     shard_attention,
+    sharded_block_parameters,
 )
 from ort_torch_train.distributed.tensor_parallel_patterns import (
     WeightPair,
     find_weight_pairs,
+    gather_other_readers,
     parameter_nodes,
     shard_pairs,
+    sharded_parameters,
 )
+from ort_torch_train.distributed.tensor_parallel_ranks import TensorParallelRanks
 from ort_torch_train.errors import DistributedError, ModelError
 from ort_torch_train.graph.layout import GraphLayout, forward_graph
 from ort_torch_train.passes.pipeline import Restructure
@@ -151,26 +156,32 @@ class TensorParallelPlan:
         self.blocks = list(blocks)
         self.params = list(params)
 
+    @property
+    def sharded(self) -> dict[str, int]:
+        """The parameters held sharded, with the dimension each is cut along."""
+        return {**sharded_parameters(self.pairs), **sharded_block_parameters(self.blocks)}
+
     def restructure(self, then: Restructure | None) -> Restructure:
         """The rewrite that shards the pairs of a converted training graph, followed by ``then``."""
 
         def rewrite(module: fx.GraphModule) -> fx.GraphModule:
             by_name = parameter_nodes(module, self.params)
-            shard_pairs(module, self.pairs, by_name, self.tensor_parallel.mesh)
-            shard_attention(module, self.blocks, by_name, self.tensor_parallel.mesh)
+            rewritten = shard_pairs(module, self.pairs, by_name, self.tensor_parallel.mesh)
+            rewritten |= shard_attention(module, self.blocks, by_name, self.tensor_parallel.mesh)
+            gather_other_readers(module.graph, [by_name[name] for name in self.sharded], rewritten)
             module.graph.lint()
             module.recompile()
             return module if then is None else then(module)
 
         return rewrite
 
-    def coordinate_saves(self, state: TrainingState, data_parallel: DataParallel | None) -> None:
-        """Make rank 0 of the whole world write ``state``'s checkpoints (every rank holds the same
-        values), for the data-parallel part too."""
-        checkpoint = DistributedCheckpoint(dist.group.WORLD)
-        if data_parallel is not None:
-            data_parallel.checkpoint = checkpoint
-        state.coordinate_saves(checkpoint)
+    def ranks(self, graph: Any, state: TrainingState, gradient_combination: str) -> TensorParallelRanks:
+        """The strategy that holds ``state``'s paired weights sharded for the training ``graph`` (the state's
+        parameters become their shards) and averages the gradients over the data-parallel replicas."""
+        mesh = self.tensor_parallel
+        return TensorParallelRanks(
+            graph, state, self.params, self.sharded, mesh.mesh, mesh.data_parallel_group, gradient_combination
+        )
 
 
 def small_constants(model: onnx.ModelProto, params: Mapping[str, object]) -> list[onnx.TensorProto]:

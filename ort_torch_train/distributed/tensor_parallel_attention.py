@@ -9,8 +9,8 @@ element-wise, reshaping and batched-product operators of ``HEAD_LOCAL_OPS`` (eac
 own). A packed projection (one layer computing q, k and v, cut by ``Split``/``Slice``) is not a block.
 
 ``find_attention_blocks`` finds them in the ONNX graph, with their heads count where the graph's
-shapes give it; ``shard_attention`` rewrites the converted ``fx.GraphModule``: each projection's weight
-and bias ``Shard(0)`` (rank r computes heads ``r * heads / N`` to ``(r + 1) * heads / N - 1``), the
+shapes give it; ``shard_attention`` rewrites the converted ``fx.GraphModule`` (its sharded parameters
+the state's DTensors): each projection's weight and bias ``Shard(0)`` (rank r computes heads ``r * heads / N`` to ``(r + 1) * heads / N - 1``), the
 attention running on the ranks' local tensors with each reshape's heads count divided by N, and the
 output projection's weight ``Shard(1)``, its ``Partial`` sums reduced to a replicated tensor before its
 bias is added.
@@ -31,6 +31,7 @@ from torch.distributed.tensor import DTensor, Shard
 from ort_torch_train.distributed.tensor_parallel_patterns import (
     LinearLayer,
     add_pair_modules,
+    column_parameters,
     converted_linear,
     graph_links,
     linear_layers,
@@ -244,12 +245,25 @@ class EnterRow(nn.Module):
         return DTensor.from_local(value, self.mesh, [Shard(value.dim() - 1)], run_check=False)
 
 
+def sharded_block_parameters(blocks: Sequence[AttentionBlock]) -> dict[str, int]:
+    """The parameters of ``blocks`` held sharded, with the dimension each is cut along: the projections'
+    weights and biases by output features (0), the output projections' weights by input features (1)."""
+    dims: dict[str, int] = {}
+    for block in blocks:
+        for column in block.columns:
+            dims.update(column_parameters(column))
+        dims[block.row.weight] = 1
+    return dims
+
+
 def shard_attention(
     module: fx.GraphModule, blocks: Sequence[AttentionBlock], by_name: Mapping[str, fx.Node], mesh: DeviceMesh
-) -> None:
+) -> set[fx.Node]:
     """Rewrite ``module`` (whose parameters' placeholders are ``by_name``) so that each of ``blocks`` runs
-    its heads split across ``mesh`` (see the module doc); raises naming a block the converted graph lost."""
+    its heads split across ``mesh`` (see the module doc); the linear nodes that read the sharded
+    parameters. Raises naming a block the converted graph lost."""
     graph = module.graph
+    rewritten: set[fx.Node] = set()
     add_pair_modules(module, mesh)
     module.add_submodule("tensor_parallel_local_heads", LocalHeads())
     module.add_submodule("tensor_parallel_enter_row", EnterRow(mesh))
@@ -267,11 +281,9 @@ def shard_attention(
             with graph.inserting_before(column):
                 if source not in entered:
                     entered[source] = graph.call_module("tensor_parallel_enter", (source,))
-                weight = graph.call_module("tensor_parallel_column", (by_name[layer.weight],))
-                bias = (
-                    None if layer.bias is None else graph.call_module("tensor_parallel_column", (by_name[layer.bias],))
-                )
-            column.target, column.args = F.linear, (entered[source], weight, bias)
+            bias = None if layer.bias is None else by_name[layer.bias]
+            column.target, column.args = F.linear, (entered[source], by_name[layer.weight], bias)
+            rewritten.add(column)
             with graph.inserting_after(column):
                 local = graph.call_module("tensor_parallel_local_heads", (column,))
             for user in [user for user in column.users if user is not local]:
@@ -281,6 +293,8 @@ def shard_attention(
         with graph.inserting_before(row):
             sharded = graph.call_module("tensor_parallel_enter_row", (row.args[0],))
         row_parallel(graph, row, sharded, block.row, by_name)
+        rewritten.add(row)
+    return rewritten
 
 
 def _reshape_heads(

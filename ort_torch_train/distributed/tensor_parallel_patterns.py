@@ -8,8 +8,9 @@ them in the ONNX graph; ``shard_pairs`` rewrites the converted ``fx.GraphModule`
 ``linear(x, weight, bias)`` nodes they became, so that each pair runs on DTensors of a device mesh:
 the column layer's weight and bias ``Shard(0)``, the row layer's weight ``Shard(1)``, the pair's
 input ``Replicate``, and its output the ``Partial`` sums reduced to a replicated tensor before the
-row layer's bias is added. The parameters themselves stay whole: each enters its pair replicated
-and is redistributed to its shard, so DTensor's backward all-gathers its gradient.
+row layer's bias is added. The sharded parameters arrive as the state's own DTensor shards
+(``tensor_parallel_ranks.py``), so their gradients stay sharded; any other reader of such a parameter
+(a weight tied elsewhere) takes it gathered.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, fx, nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate
 
 from ort_torch_train.errors import ModelError
 from ort_torch_train.passes.onednn_linear import LINEARS
@@ -132,19 +133,6 @@ def _linear_layer(
     return LinearLayer(weight, bias, output, node.input[0], int(out_features), node.output[0])
 
 
-class ShardParameter(nn.Module):
-    """A whole parameter, replicated on the mesh, as this rank's ``Shard(dim)`` of it (a DTensor);
-    in backward, the shards' gradients all-gathered into the whole gradient."""
-
-    def __init__(self, mesh: DeviceMesh, dim: int) -> None:
-        super().__init__()
-        self.mesh, self.dim = mesh, dim
-
-    def forward(self, whole: Tensor) -> DTensor:
-        replicated = DTensor.from_local(whole, self.mesh, [Replicate()], run_check=False)
-        return replicated.redistribute(self.mesh, [Shard(self.dim)])
-
-
 class EnterPair(nn.Module):
     """A pair's input as a replicated DTensor; in backward, the ranks' partial gradients summed."""
 
@@ -157,7 +145,8 @@ class EnterPair(nn.Module):
 
 
 class LeavePair(nn.Module):
-    """A pair's output: its ranks' partial sums reduced into the whole tensor, on every rank."""
+    """A pair's output: its ranks' partial sums reduced into the whole tensor, on every rank (also a sharded
+    parameter gathered whole)."""
 
     def forward(self, value: DTensor) -> Tensor:
         return value.redistribute(value.device_mesh, [Replicate()]).to_local()
@@ -176,29 +165,43 @@ def parameter_nodes(module: fx.GraphModule, params: Sequence[str]) -> dict[str, 
 def add_pair_modules(module: fx.GraphModule, mesh: DeviceMesh) -> None:
     """Give ``module`` the submodules a sharded linear layer calls (once)."""
     if not hasattr(module, "tensor_parallel_enter"):
-        module.add_submodule("tensor_parallel_column", ShardParameter(mesh, 0))
-        module.add_submodule("tensor_parallel_row", ShardParameter(mesh, 1))
         module.add_submodule("tensor_parallel_enter", EnterPair(mesh))
         module.add_submodule("tensor_parallel_leave", LeavePair())
 
 
+def sharded_parameters(pairs: Sequence[WeightPair]) -> dict[str, int]:
+    """The parameters of ``pairs`` held sharded, with the dimension each is cut along: the column layers'
+    weights and biases by output features (0), the row layers' weights by input features (1)."""
+    dims: dict[str, int] = {}
+    for pair in pairs:
+        dims.update(column_parameters(pair.column))
+        dims[pair.row.weight] = 1
+    return dims
+
+
+def column_parameters(layer: LinearLayer) -> dict[str, int]:
+    """A column-parallel layer's weight and bias, cut along their output features (dimension 0)."""
+    return {layer.weight: 0} if layer.bias is None else {layer.weight: 0, layer.bias: 0}
+
+
 def shard_pairs(
     module: fx.GraphModule, pairs: Sequence[WeightPair], by_name: Mapping[str, fx.Node], mesh: DeviceMesh
-) -> None:
-    """Rewrite ``module`` (whose parameters' placeholders are ``by_name``) so that each of ``pairs`` runs
-    sharded on ``mesh`` (see the module doc); raises naming a pair the converted graph lost."""
+) -> set[fx.Node]:
+    """Rewrite ``module`` (whose parameters' placeholders are ``by_name``, the sharded ones DTensors) so
+    that each of ``pairs`` runs sharded on ``mesh`` (see the module doc); the linear nodes that read the
+    sharded parameters. Raises naming a pair the converted graph lost."""
     graph = module.graph
     add_pair_modules(module, mesh)
+    rewritten: set[fx.Node] = set()
     for pair in pairs:
         column, activation, row = _converted_pair(pair, by_name)
         with graph.inserting_before(column):
             entered = graph.call_module("tensor_parallel_enter", (column.args[0],))
-            weight = graph.call_module("tensor_parallel_column", (by_name[pair.column.weight],))
-            bias = None
-            if pair.column.bias is not None:
-                bias = graph.call_module("tensor_parallel_column", (by_name[pair.column.bias],))
-        column.target, column.args = F.linear, (entered, weight, bias)  # DTensor's linear, not oneDNN's op
+        bias = None if pair.column.bias is None else by_name[pair.column.bias]
+        column.target, column.args = F.linear, (entered, by_name[pair.column.weight], bias)  # DTensor's linear
         row_parallel(graph, row, activation, pair.row, by_name)
+        rewritten.update((column, row))
+    return rewritten
 
 
 def row_parallel(
@@ -206,9 +209,7 @@ def row_parallel(
 ) -> None:
     """Rewrite the linear ``row`` (``layer``) to multiply ``sharded_input`` by its row-sharded weight, leave the
     tensor-parallel region (the partial sums reduced) and add its bias after; every reader takes the result."""
-    with graph.inserting_before(row):
-        row_weight = graph.call_module("tensor_parallel_row", (by_name[layer.weight],))
-    row.target, row.args = F.linear, (sharded_input, row_weight, None)
+    row.target, row.args = F.linear, (sharded_input, by_name[layer.weight], None)
     with graph.inserting_after(row):
         left = graph.call_module("tensor_parallel_leave", (row,))
     result = left
@@ -261,3 +262,16 @@ def _is_activation(node: fx.Node) -> bool:
     if node.op == "call_function":
         return node.target in _FX_ACTIVATIONS
     return node.op == "call_method" and node.target in _FX_ACTIVATION_METHODS
+
+
+def gather_other_readers(graph: fx.Graph, sharded: Sequence[fx.Node], rewritten: set[fx.Node]) -> None:
+    """Give each reader of a ``sharded`` parameter's placeholder that is not one of the ``rewritten`` linear
+    nodes the whole parameter, gathered (``tensor_parallel_leave``)."""
+    for placeholder in sharded:
+        others = [user for user in placeholder.users if user not in rewritten]
+        if not others:
+            continue
+        with graph.inserting_after(placeholder):
+            whole = graph.call_module("tensor_parallel_leave", (placeholder,))
+        for user in others:
+            user.replace_input_with(placeholder, whole)

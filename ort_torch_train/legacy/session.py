@@ -37,6 +37,7 @@ from ort_torch_train.legacy.parameters import TrainingParameters, check_supporte
 from ort_torch_train.legacy.pipeline import legacy_pipeline
 from ort_torch_train.legacy.providers import choose_provider
 from ort_torch_train.legacy.zero import build_legacy_optimizer
+from ort_torch_train.optim.clip import global_norm
 from ort_torch_train.optim.float32 import to_float32
 from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.training.engine import TrainingEngine
@@ -161,11 +162,14 @@ class TrainingSession:
         params = self.training_state.params
         sharded = data_parallel is not None and data_parallel.shards_parameters
         grads = [grad for name in self._trained if (grad := params[name].grad) is not None]
+        whole = None  # per gradient, held whole on every rank (tensor parallel's replicated ones)
         if sharded:  # the kernels and the norm run on this rank's shards
-            from ort_torch_train.distributed.fully_sharded import local_shard
+            from ort_torch_train.distributed.local_shards import local_shard
 
+            whole = [local_shard(grad) is grad for grad in grads]
+            whole = whole if any(whole) else None
             grads = [local_shard(grad) for grad in grads]
-        group = data_parallel.group if data_parallel is not None and sharded else None
+        group = data_parallel.shard_group if data_parallel is not None and sharded else None
         scale = to_float32(1.0 / self._accumulation_steps)
         optimizer = self._optimizer
         norm = None
@@ -174,14 +178,14 @@ class TrainingSession:
                 torch._foreach_mul_(grads, scale)
             finite = self._loss_scaler is None or self._loss_scaler.unscale_and_update(grads)
             if wants_norm or optimizer.clip_grad_norm:
-                norm = _global_norm(grads, group)
+                norm = global_norm(grads, group, whole)
             if finite:
                 assert learning_rate is not None  # _feeds requires it whenever an update may run
                 optimizer.step(learning_rate, norm)
             engine.lazy_reset_grad()
             self._accumulated = 0
         elif wants_norm:
-            norm = _global_norm(torch._foreach_mul(grads, scale), group)
+            norm = global_norm(torch._foreach_mul(grads, scale), group, whole)
         if norm is not None:
             results[GLOBAL_GRADIENT_NORM] = norm
         return results
@@ -337,15 +341,6 @@ def _type_name(dtype: np.dtype) -> str:
         return ort_tensor_type(onnx.helper.np_dtype_to_tensor_dtype(dtype))
     except (KeyError, TypeError, ValueError):
         return str(dtype)
-
-
-def _global_norm(grads: list[torch.Tensor] | tuple[torch.Tensor, ...], group: Any) -> torch.Tensor:
-    """ORT's ReduceAllL2: the L2 norm of all gradients together (with ``group``, of every rank's shards)."""
-    if group is not None:
-        from ort_torch_train.distributed.fully_sharded import global_norm  # a sharded session has imported it
-
-        return global_norm(grads, group)
-    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
 
 
 def _numpy(tensor: torch.Tensor) -> np.ndarray:

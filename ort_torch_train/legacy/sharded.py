@@ -1,8 +1,10 @@
-"""``deepspeed_zero_stage`` 2 and 3 for the legacy optimizers: their kernels on the FSDP2 shards.
+"""``deepspeed_zero_stage`` 2 and 3 and ``horizontal_parallel_size`` for the legacy optimizers: their
+kernels on the local shards.
 
-The session's engine shards the trained weights with ``fully_shard`` (``distributed/fully_sharded.py``);
-each rank runs the legacy SGD/Adam kernel on its dim-0 shard of every weight, keeping that shard's
-moments. Adam's kernel is element-wise given the global gradient norm, which the session computes over
+The session's engine shards the trained weights with ``fully_shard`` (``distributed/fully_sharded.py``),
+or the Megatron pairs' weights across the tensor-parallel ranks (``distributed/tensor_parallel_ranks.py``);
+each rank runs the legacy SGD/Adam kernel on its shard of every sharded weight and on every whole one,
+keeping those pieces' moments. Adam's kernel is element-wise given the global gradient norm, which the session computes over
 every rank's gradient shards. Reading or loading the optimizer state gathers or cuts the whole
 tensors: those calls are collectives.
 """
@@ -16,7 +18,7 @@ import torch
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 
-from ort_torch_train.distributed.fully_sharded import local_chunk
+from ort_torch_train.distributed.local_shards import local_chunk
 from ort_torch_train.errors import DistributedError
 from ort_torch_train.legacy.moments import MOMENT_1, MOMENT_2, STATE_PREFIXES
 from ort_torch_train.legacy.optimizers import InitialState, LegacyOptimizer
@@ -31,12 +33,15 @@ class FsdpLegacyOptimizer:
         params: Mapping[str, torch.nn.Parameter],
         initial_state: InitialState,
     ) -> None:
-        self.params: dict[str, DTensor] = {}
+        self.params: dict[str, torch.nn.Parameter] = {}
         pieces = {}
         for name, param in params.items():
-            if not isinstance(param, DTensor) or param.grad is None:
-                raise DistributedError(f"deepspeed_zero_stage 2/3: weight {name!r} is not sharded by the engine")
+            if param.grad is None:
+                raise DistributedError(f"sharded legacy optimizer: weight {name!r} has no gradient")
             self.params[name] = param
+            if not isinstance(param, DTensor):  # held whole on every rank
+                pieces[name] = param
+                continue
             piece = torch.nn.Parameter(param.to_local().detach(), requires_grad=False)  # the shard's storage
             piece.grad = param.grad.to_local()  # type: ignore[attr-defined]  # a DTensor gradient
             pieces[name] = piece
@@ -62,7 +67,7 @@ class FsdpLegacyOptimizer:
                     DTensor.from_local(
                         value, param.device_mesh, param.placements, shape=param.shape, stride=param.stride()
                     ).full_tensor()
-                    if key in (MOMENT_1, MOMENT_2)
+                    if key in (MOMENT_1, MOMENT_2) and isinstance(param, DTensor)
                     else value
                 )
                 for key, value in values.items()
@@ -87,10 +92,10 @@ class FsdpLegacyOptimizer:
 
     def _cut(self, weight: str, key: str, value: object) -> object:
         """This rank's shard of a whole moment, after checking its shape; any other value is not cut."""
-        if key not in (MOMENT_1, MOMENT_2):
+        param = self.params[weight]
+        if key not in (MOMENT_1, MOMENT_2) or not isinstance(param, DTensor):
             return value
         tensor = value.detach() if isinstance(value, Tensor) else torch.as_tensor(np.asarray(value))
-        param = self.params[weight]
         if tuple(tensor.shape) != tuple(param.shape):
             raise ValueError(f"{key} of {weight!r}: expected shape {list(param.shape)}, got {list(tensor.shape)}")
         return local_chunk(tensor, param)

@@ -51,12 +51,18 @@ def build_legacy_optimizer(
 
     if not parameters.training_optimizer_name or not params:
         return None  # ORT then builds no optimizer graph, and takes no learning rate
-    if parameters.deepspeed_zero_stage == 0 or data_parallel is None:
-        return build(params, parameters.optimizer_initial_state)
-    if data_parallel.shards_parameters:  # stages 2 and 3 (FSDP2)
+    if data_parallel is not None and data_parallel.shards_parameters:  # stages 2 and 3 (FSDP2), tensor parallel
+        if parameters.deepspeed_zero_stage == 1 and data_parallel.data_parallel_size > 1:
+            raise DistributedError(
+                "TrainingParameters.deepspeed_zero_stage = 1 with horizontal_parallel_size = "
+                f"{parameters.horizontal_parallel_size} and {data_parallel.data_parallel_size} data-parallel "
+                "replicas: the split weights' moments are sharded already; expected deepspeed_zero_stage = 0"
+            )
         from ort_torch_train.legacy.sharded import FsdpLegacyOptimizer  # DTensor: loaded by sharded runs only
 
         return FsdpLegacyOptimizer(build, params, parameters.optimizer_initial_state)
+    if parameters.deepspeed_zero_stage == 0 or data_parallel is None:
+        return build(params, parameters.optimizer_initial_state)
     return ShardedLegacyOptimizer(build, params, parameters.optimizer_initial_state, data_parallel.group)
 
 

@@ -69,7 +69,9 @@ def export_merged_model(
         raise ModelError("Eval model was not provided. Cannot export a model for inferencing.")
     if state.is_nominal:
         raise NominalStateError("Cannot export a model with a nominal state. Please load the model parameters first.")
-    model, weights = merged_model_and_weights(eval_model, state.params, graph_output_names)
+    with torch.no_grad():  # sharded parameters gathered whole: a collective that every rank calls
+        params = {name: state.whole_parameter(name) for name in state.params}
+    model, weights = merged_model_and_weights(eval_model, params, graph_output_names)
     write_model(model, path, weights)
 
 

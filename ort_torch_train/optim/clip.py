@@ -11,6 +11,7 @@ holds a slice of the gradients (sharded optimizer state): the squared norms are 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -21,23 +22,40 @@ CLIP_EPSILON = 1e-6
 
 
 @torch.no_grad()
-def clip_grad_norm_(grads: list[Tensor], max_norm: float, group: Any = None) -> Tensor:
+def clip_grad_norm_(
+    grads: list[Tensor], max_norm: float, group: Any = None, whole: Sequence[bool] | None = None
+) -> Tensor:
     """Scale ``grads`` in place so that their global L2 norm is at most ``max_norm``; return the norm.
 
     All grads must be on one device. The work stays on that device (no host synchronisation).
     ``group``: a process group whose ranks each hold a disjoint slice of the gradients; the norm is
-    then that of all ranks' slices together (one all-reduce).
+    then that of all ranks' slices together (one all-reduce); ``whole``: per gradient, whether every rank
+    of ``group`` holds it whole instead (counted once).
     """
     if len(grads) == 0:
         raise ValueError("clip_grad_norm_: grads must be a non-empty list of tensors; got an empty list")
-    # one tensor (flat buffers): its norm directly (inductor's C++ wrapper crashes on a one-tensor _foreach_norm)
-    norms = torch.stack(torch._foreach_norm(grads)) if len(grads) > 1 else torch.linalg.vector_norm(grads[0]).reshape(1)
-    if group is None:
-        total_norm = torch.linalg.vector_norm(norms)
-    else:
-        squared = norms.square().sum()
-        dist.all_reduce(squared, op=dist.ReduceOp.SUM, group=group)
-        total_norm = squared.sqrt()
+    total_norm = global_norm(grads, group, whole)
     coefficient = torch.full_like(total_norm, max_norm).div_(total_norm + CLIP_EPSILON).clamp_(max=1.0)
     torch._foreach_mul_(grads, coefficient)
     return total_norm
+
+
+def global_norm(grads: Sequence[Tensor], group: Any = None, whole: Sequence[bool] | None = None) -> Tensor:
+    """The L2 norm of ``grads`` together; with ``group`` (see ``clip_grad_norm_``) of every rank's slices."""
+    # one tensor (flat buffers): its norm directly (inductor's C++ wrapper crashes on a one-tensor _foreach_norm)
+    norms = (
+        torch.stack(torch._foreach_norm(list(grads)))
+        if len(grads) > 1
+        else torch.linalg.vector_norm(grads[0]).reshape(1)
+    )
+    if group is None:
+        return torch.linalg.vector_norm(norms)
+    squared = norms.square()
+    if whole is None:
+        sliced = squared.sum()
+        dist.all_reduce(sliced, op=dist.ReduceOp.SUM, group=group)
+        return sliced.sqrt()
+    held_whole = torch.tensor(list(whole), device=norms.device)
+    sliced = squared[~held_whole].sum()
+    dist.all_reduce(sliced, op=dist.ReduceOp.SUM, group=group)
+    return (sliced + squared[held_whole].sum()).sqrt()

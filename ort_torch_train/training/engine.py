@@ -75,7 +75,7 @@ class TrainingEngine:
         self._trainable_name_tuple = tuple(self.trainable_parameter_names)  # compared at every fused step
         self._buffer = ParameterBuffer(state, training_model, self.train_layout.params, self.trainable_parameter_names)
         self.eval_layout = eval_layout(eval_model, names) if eval_model is not None else None
-        self._tensor_parallel = (  # Megatron's weight pairs sharded across the tp ranks (eval stays whole)
+        self._tensor_parallel = (  # Megatron's weight pairs sharded across the tp ranks (eval gathers them)
             None
             if options.tensor_parallel is None
             else options.tensor_parallel.plan(training_model, self.train_layout, state)
@@ -107,7 +107,8 @@ class TrainingEngine:
             )
         ranks = rank_strategies(self.train_graph, self.train_layout, state, options, self._tensor_parallel)
         self._data_parallel, self._pipeline = ranks  # gradients combined across ranks; a pipeline across them
-        if options.sharding is not None:  # the state's parameters became their shards
+        self._sharded = ranks.data_parallel is not None and ranks.data_parallel.shards_parameters
+        if self._sharded:  # the state's parameters became their shards
             self._train_params = [state.params[n] for n in train_params]
             self._eval_params = [state.params[n] for n in self.eval_layout.params] if self.eval_layout else []
         self._precision: MixedPrecision | None = None  # autocast and loss scaling (precision.py)
@@ -133,8 +134,8 @@ class TrainingEngine:
         """The differentiable forward of the train (``training``) or eval graph, no backward."""
         graph, params = self._mode_graph(training)
         with autocast_or_null(self.precision, self.device):
-            if training and self._data_parallel is not None and self.options.sharding is not None:
-                outputs = self._data_parallel.forward(self._on_device(inputs))  # gathers the shards
+            if training and self._data_parallel is not None and self._sharded:
+                outputs = self._data_parallel.forward(self._on_device(inputs))  # runs on the shards
             else:
                 outputs = graph(self._on_device(inputs), params)
         return outputs[0] if len(outputs) == 1 else outputs
@@ -168,7 +169,10 @@ class TrainingEngine:
             if self._gradient_reset.pending:
                 flat = self.training_state.current_flat(self.trainable_parameter_names)
                 grads = self._parameter_views()[2] if flat is None else [flat.grads]
-                if grads:
+                if self._sharded:  # shards (DTensors) and whole tensors: no one foreach over both
+                    for grad in grads:
+                        grad.zero_()
+                elif grads:
                     torch._foreach_zero_(grads)  # in place: the gradient tensors are never replaced
                 self._gradient_reset.pending = False
             loss = outputs[0]
@@ -305,7 +309,7 @@ class TrainingEngine:
         if self._packaged is not None:
             return self._packaged.eval_step(inputs, self._detached_eval_params())
         params: Sequence[torch.Tensor]
-        if self.options.sharding is not None:  # gathered from every rank's shards
+        if self._sharded:  # gathered from every rank's shards
             with torch.no_grad():
                 params = [self.training_state.whole_parameter(name) for name in self._layout(False).params]
             module = self.eval_graph.module_for(inputs, params)

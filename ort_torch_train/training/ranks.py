@@ -1,5 +1,5 @@
 """The cross-rank strategies of an engine, made from its ``EngineOptions``: gradients combined across ranks
-(DDP, Adasum or FSDP2 sharding, ``distributed/``) and the train step run as a pipeline."""
+(DDP, Adasum, FSDP2 sharding or tensor parallel, ``distributed/``) and the train step run as a pipeline."""
 
 from __future__ import annotations
 
@@ -33,10 +33,12 @@ def rank_strategies(
     options: EngineOptions,
     tensor_parallel: TensorParallelPlan | None,
 ) -> RankStrategies:
-    """The strategies ``options`` ask for over the training ``graph`` and ``state``; under sharding the
-    state's parameters become their shards. Each checks the ranks agree before any step."""
+    """The strategies ``options`` ask for over the training ``graph`` and ``state``; under sharding and
+    tensor parallel the state's parameters (the paired weights) become their shards. Each checks the ranks agree before any step."""
     combined: DataParallel | None = None
-    if options.sharding is not None:
+    if tensor_parallel is not None:  # the paired weights sharded; gradients averaged over the dp group, if any
+        combined = tensor_parallel.ranks(graph, state, options.gradient_combination)
+    elif options.sharding is not None:
         from ort_torch_train.distributed.fully_sharded import FullyShardedParallel
         from ort_torch_train.distributed.layer_units import UnitRecompute
 
@@ -58,6 +60,4 @@ def rank_strategies(
         pipeline = pipeline_parallel(
             graph.graph, graph.opsets, layout, graph.constants, state, options.pipeline, options.pipeline_group
         )
-    if tensor_parallel is not None:
-        tensor_parallel.coordinate_saves(state, combined)
     return RankStrategies(combined, pipeline)

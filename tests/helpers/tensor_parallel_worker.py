@@ -1,7 +1,8 @@
 """One rank of the tensor-parallel tests (tests/integration/test_tensor_parallel.py launches 2 or 4).
 
 ``python -m tests.helpers.tensor_parallel_worker SCENARIO OUT_DIR`` with torchrun's env. Each rank
-writes ``OUT_DIR/<run>_rank<r>.npz`` (losses, parameters), the checkpoints rank 0 saves, and
+writes ``OUT_DIR/<run>_rank<r>.npz`` (losses, parameters, the bytes it holds per parameter), the
+checkpoints rank 0 saves, and
 ``OUT_DIR/errors_rank<r>.json`` (the errors of the bad-input scenario, class and message). The
 ``attention`` scenario trains ``OUT_DIR/attention`` (``tests/helpers/attention_model.py``), its heads
 and MLP split.
@@ -16,12 +17,17 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import torch
 
+from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.torch_internals import TorchDispatchMode
-from tests.helpers.distributed_worker import TRANSFORMER, batches, part
+from tests.helpers.distributed_worker import MLP_OPTIMIZERS, TRANSFORMER, batches, part
 from tests.helpers.timeouts import scaled
 
 STEPS = 6
+# the recompute run's optimizer: SGD with a gradient clip that bites (0.25 against norms above 1), so the
+# parameters show a wrong global norm (a whole gradient counted once per rank)
+OPTIMIZER_MODELS = {"recompute_sharded": MLP_OPTIMIZERS / "optimizers" / "sgd_clip.onnx"}
 ATTENTION, ODD_HEADS = "attention", "odd_heads"  # attention fixtures made in OUT_DIR before the ranks start
 
 
@@ -48,14 +54,16 @@ def train(
     recompute: int | None = None,
     shard_state: bool = False,
     fixture: Path = TRANSFORMER,
+    checkpoint: Path | None = None,
 ) -> None:
     """Train ``fixture`` (the transformer's by default) for ``STEPS`` steps (each data-parallel replica on its share of the
     batch; ``shard_state`` asks for data parallel, of one replica with tensor parallel on every rank),
-    save the checkpoint (with its optimizer state) and write losses and parameters."""
+    save the checkpoint (with its optimizer state) and write losses and parameters. ``checkpoint``: the
+    state (and moments) to start from instead of the fixture's."""
     from ort_torch_train.api import CheckpointState, LinearLRScheduler, Module, Optimizer
 
     artifacts = fixture / "artifacts"
-    state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
+    state = CheckpointState.load_checkpoint(checkpoint or artifacts / "checkpoint")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         module = Module(
@@ -66,9 +74,11 @@ def train(
             tensor_parallel_size=tensor_parallel_size,
             recompute=recompute,
         )
-    optimizer = Optimizer(artifacts / "optimizer_model.onnx", module, shard_state=shard_state)
+    optimizer = Optimizer(
+        OPTIMIZER_MODELS.get(run, artifacts / "optimizer_model.onnx"), module, shard_state=shard_state
+    )
     CheckpointState.save_checkpoint(state, out / f"{run}_step0.ckpt", include_optimizer_state=True)
-    scheduler = LinearLRScheduler(optimizer, 3, STEPS, 0.01)
+    scheduler = LinearLRScheduler(optimizer, 3, STEPS if checkpoint is None else 2 * STEPS, 0.01)  # resumed: 6 done
     replica = rank // tensor_parallel_size
     losses = []
     collectives = {}
@@ -83,16 +93,34 @@ def train(
     module.eval()
     eval_loss = module(*part(batches(fixture, 0), replica, data_parallel_size))
     CheckpointState.save_checkpoint(state, out / f"{run}.ckpt", include_optimizer_state=True)
-    if not shard_state:  # the bytes one process writes for these values (sharded moments: gathered by the save only)
-        (out / f"{run}_one_process_bytes_rank{rank}.ckpt").write_bytes(state.training_state.to_bytes(True))
+    if run == "tensor_parallel":  # every rank gathers the whole weights; each writes its own file
+        module.export_model_for_inferencing(out / f"{run}_inference_rank{rank}.onnx", ["logits"])
     np.savez(
         out / f"{run}_rank{rank}.npz",
         losses=np.array(losses, dtype=np.float64),
         eval_loss=np.asarray(eval_loss, dtype=np.float64),
         collectives=np.array(json.dumps(collectives)),
+        held=np.array(json.dumps(held_bytes(state.training_state))),
         warnings=np.array([str(w.message) for w in caught if "tensor_parallel_size" in str(w.message)]),
         **{f"param/{name}": np.array(p.data) for name, p in state.parameters},
     )
+
+
+def held_bytes(training_state: TrainingState) -> dict[str, int]:
+    """The bytes this rank holds per parameter: its tensor, gradient and moments (a DTensor's local shard)."""
+    from torch.distributed.tensor import DTensor
+
+    def local(tensor: torch.Tensor | None) -> int:
+        if tensor is None:
+            return 0
+        held = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        return held.numel() * held.element_size()
+
+    moments = {} if training_state.optimizer is None else training_state.optimizer.momentums
+    return {
+        name: local(param) + local(param.grad) + sum(local(moment) for moment in moments.get(name, {}).values())
+        for name, param in training_state.params.items()
+    }
 
 
 def legacy_train(out: Path, run: str, horizontal_parallel_size: int, rank: int = 0, world_size: int = 1) -> None:
@@ -169,6 +197,8 @@ def main() -> None:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     if scenario == "tensor_parallel":
         train(out, "tensor_parallel", tensor_parallel_size=world_size, rank=rank)
+        resumed_from = out / "tensor_parallel.ckpt"  # with AdamW's moments: cut into each rank's shards
+        train(out, "resumed", tensor_parallel_size=world_size, rank=rank, checkpoint=resumed_from)
         legacy_train(out, "legacy", world_size, rank, world_size)
         train(out, "recompute_sharded", tensor_parallel_size=world_size, rank=rank, recompute=2, shard_state=True)
     elif scenario == "tensor_and_data_parallel":

@@ -1,9 +1,9 @@
 """Tensor parallel (``Module(tensor_parallel_size=N)``, legacy ``horizontal_parallel_size``) on gloo
 ranks (tests/helpers/tensor_parallel_worker.py) against one process on the same batches.
 
-The ranks split the transformer fixture's MLP pair (and the attention model's heads too); their
-summation order differs from one process's, so values agree within tolerances, not bitwise; the ranks
-agree with each other bitwise.
+The ranks split the transformer fixture's MLP pair (and the attention model's heads too), each holding
+its share of the paired weights, their gradients and moments; their summation order differs from one
+process's, so values agree within tolerances, not bitwise; the ranks agree with each other bitwise.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from tests.integration.test_distributed import launch, require_success
 
 LOSS_RTOL = 1e-6
 PARAM_ATOL = 1e-5
+MLP_PAIR = {"enc.linear1.weight", "enc.linear1.bias", "enc.linear2.weight"}  # the transformer's sharded parameters
+ATTENTION_MLP = {"block.fc1.weight", "block.fc1.bias", "block.fc2.weight"}
 
 
 def results(out: Path, run: str, world_size: int) -> list[dict[str, np.ndarray]]:
@@ -39,6 +41,31 @@ def reference(tmp_path: Path, run: str, legacy: bool = False, recompute: int | N
     else:
         worker.train(one, run, recompute=recompute)
     return dict(np.load(one / f"{run}_rank0.npz"))
+
+
+def assert_holds_its_share(
+    ranks: list[dict[str, np.ndarray]], one: dict[str, np.ndarray], sharded: set[str], tp_size: int
+) -> None:
+    """Each rank holds 1/tp_size of the ``sharded`` parameters' bytes (tensor, gradient and moments) and
+    the whole of every other parameter's, as one process holds them."""
+    whole = json.loads(str(one["held"]))
+    assert sharded <= set(whole)
+    expected = {name: size // tp_size if name in sharded else size for name, size in whole.items()}
+    for rank, result in enumerate(ranks):
+        assert json.loads(str(result["held"])) == expected, f"rank {rank}"
+
+
+def assert_checkpoint_is_one_process_save(path: Path, ranks: list[dict[str, np.ndarray]], tmp_path: Path) -> None:
+    """The run's checkpoint holds its whole final parameters, and one process that loads and saves it
+    again writes the same bytes (moments included)."""
+    from ort_torch_train.api import CheckpointState
+
+    state = CheckpointState.load_checkpoint(path)
+    for name, param in state.parameters:
+        np.testing.assert_array_equal(param.data, ranks[0][f"param/{name}"], err_msg=name)
+    again = tmp_path / f"{path.stem}_again.ckpt"
+    CheckpointState.save_checkpoint(state, again, include_optimizer_state=True)
+    assert again.read_bytes() == path.read_bytes()
 
 
 def assert_like_one_process(ranks: list[dict[str, np.ndarray]], one: dict[str, np.ndarray], replicas: int) -> None:
@@ -66,12 +93,13 @@ def test_two_ranks_split_the_mlp_pair_and_train_like_one_process(two_ranks: Path
     ranks = results(two_ranks, "tensor_parallel", 2)
     one = reference(tmp_path, "tensor_parallel")
     assert_like_one_process(ranks, one, replicas=1)
-    # a step all-reduces the pair's output and its input's gradient, and all-gathers the gradients of
-    # its three sharded parameters (the column weight and bias, the row weight)
+    assert_holds_its_share(ranks, one, MLP_PAIR, tp_size=2)
+    # a step all-reduces the pair's output and its input's gradient; the gradients of its three sharded
+    # parameters (the column weight and bias, the row weight) stay sharded: nothing is gathered
     assert json.loads(str(one["collectives"])) == {}
     collectives = json.loads(str(ranks[0]["collectives"]))
     moved = {op: collectives.get(f"_c10d_functional.{op}") for op in ("all_reduce", "all_gather_into_tensor")}
-    assert moved == {"all_reduce": 2, "all_gather_into_tensor": 3}, collectives
+    assert moved == {"all_reduce": 2, "all_gather_into_tensor": None}, collectives
     for rank in ranks:  # eval runs the whole graph on every rank
         np.testing.assert_allclose(rank["eval_loss"], ranks[0]["eval_loss"], rtol=0, atol=0)
     # the attention and head layers match no pattern: named in one warning
@@ -89,25 +117,26 @@ def test_two_ranks_split_the_attention_heads_and_the_mlp_and_train_like_one_proc
     one_process = tmp_path / "one_process"
     one_process.mkdir()
     worker.train(one_process, "attention", fixture=out / worker.ATTENTION)
-    assert_like_one_process(ranks, dict(np.load(one_process / "attention_rank0.npz")), replicas=1)
+    one = dict(np.load(one_process / "attention_rank0.npz"))
+    assert_like_one_process(ranks, one, replicas=1)
+    # the 7 + 3 sharded parameters: the projections' weights and biases, the output projection's weight;
+    # the MLP's column weight and bias and row weight
+    projections = {f"block.{layer}.{kind}" for layer in ("query", "key", "value") for kind in ("weight", "bias")}
+    assert_holds_its_share(ranks, one, projections | {"block.output.weight", *ATTENTION_MLP}, tp_size=2)
     # a step all-reduces the attention's and the MLP's outputs and their inputs' gradients (the three
-    # projections share one input), and all-gathers the gradients of the 7 + 3 sharded parameters (the
-    # projections' weights and biases, the output projection's weight; the MLP's three)
+    # projections share one input); the sharded parameters' gradients stay sharded
     collectives = json.loads(str(ranks[0]["collectives"]))
     moved = {op: collectives.get(f"_c10d_functional.{op}") for op in ("all_reduce", "all_gather_into_tensor")}
-    assert moved == {"all_reduce": 4, "all_gather_into_tensor": 10}, collectives
+    assert moved == {"all_reduce": 4, "all_gather_into_tensor": None}, collectives
     (warning,) = ranks[0]["warnings"]  # only the classifier's head runs replicated
     assert "['head.weight']" in warning
-    saved = (out / "attention.ckpt").read_bytes()
-    assert saved == (out / "attention_one_process_bytes_rank0.ckpt").read_bytes()
-    assert saved == (out / "attention_one_process_bytes_rank1.ckpt").read_bytes()
+    assert_checkpoint_is_one_process_save(out / "attention.ckpt", ranks, tmp_path)
 
 
 @pytest.mark.distributed
-def test_tensor_parallel_checkpoint_is_the_one_process_file(two_ranks: Path) -> None:
-    one_process = (two_ranks / "tensor_parallel_one_process_bytes_rank0.ckpt").read_bytes()
-    assert (two_ranks / "tensor_parallel.ckpt").read_bytes() == one_process
-    assert (two_ranks / "tensor_parallel_one_process_bytes_rank1.ckpt").read_bytes() == one_process
+def test_tensor_parallel_checkpoint_is_the_one_process_file(two_ranks: Path, tmp_path: Path) -> None:
+    ranks = results(two_ranks, "tensor_parallel", 2)
+    assert_checkpoint_is_one_process_save(two_ranks / "tensor_parallel.ckpt", ranks, tmp_path)
     # saved before the first step, it is the loaded checkpoint's own bytes as one process writes them
     from ort_torch_train.api import CheckpointState
 
@@ -121,9 +150,42 @@ def test_tensor_parallel_checkpoint_is_the_one_process_file(two_ranks: Path) -> 
 
 
 @pytest.mark.distributed
+def test_export_bakes_the_whole_trained_weights_in(two_ranks: Path) -> None:
+    import onnx
+    from onnx import numpy_helper
+
+    ranks = results(two_ranks, "tensor_parallel", 2)
+    for rank in range(2):
+        model = onnx.load(two_ranks / f"tensor_parallel_inference_rank{rank}.onnx")
+        baked = {tensor.name: numpy_helper.to_array(tensor) for tensor in model.graph.initializer}
+        for name in MLP_PAIR:  # the split weights, gathered whole
+            np.testing.assert_array_equal(baked[name], ranks[0][f"param/{name}"], err_msg=f"rank {rank}: {name}")
+
+
+@pytest.mark.distributed
+def test_a_checkpoint_with_moments_loaded_into_tensor_parallel_ranks_is_sharded(
+    two_ranks: Path, tmp_path: Path
+) -> None:
+    """The ranks resume from their own checkpoint (parameters and AdamW's moments), as one process resumes."""
+    one = tmp_path / "one_process"
+    one.mkdir()
+    worker.train(one, "resumed", checkpoint=two_ranks / "tensor_parallel.ckpt")
+    resumed = dict(np.load(one / "resumed_rank0.npz"))
+    ranks = results(two_ranks, "resumed", 2)
+    assert_like_one_process(ranks, resumed, replicas=1)
+    assert_holds_its_share(ranks, resumed, MLP_PAIR, tp_size=2)
+    saved = TrainingState.load(two_ranks / "resumed.ckpt")
+    assert saved.optimizer is not None and saved.optimizer.step == 2 * worker.STEPS
+    assert_checkpoint_is_one_process_save(two_ranks / "resumed.ckpt", ranks, tmp_path)
+
+
+@pytest.mark.distributed
 def test_recompute_and_sharded_optimizer_state_compose_with_tensor_parallel(two_ranks: Path, tmp_path: Path) -> None:
+    """With SGD and a gradient clip that bites: the clip's norm counts each shard and each whole gradient once."""
     ranks = results(two_ranks, "recompute_sharded", 2)
-    assert_like_one_process(ranks, reference(tmp_path, "recompute_sharded", recompute=2), replicas=1)
+    one = reference(tmp_path, "recompute_sharded", recompute=2)
+    assert_like_one_process(ranks, one, replicas=1)
+    assert_holds_its_share(ranks, one, MLP_PAIR, tp_size=2)
     saved = TrainingState.load(two_ranks / "recompute_sharded.ckpt")  # whole values, moments gathered
     for name, param in saved.params.items():
         np.testing.assert_array_equal(param.detach().numpy(), ranks[0][f"param/{name}"])
@@ -143,7 +205,10 @@ def test_four_ranks_tensor_by_data_parallel_train_like_one_process(tmp_path: Pat
         launch("tensor_and_data_parallel", out, timeout=scaled(120), worker_module=worker.__name__, world_size=4)
     )
     ranks = results(out, "tensor_and_data_parallel", 4)
-    assert_like_one_process(ranks, reference(tmp_path, "tensor_and_data_parallel"), replicas=2)
+    one = reference(tmp_path, "tensor_and_data_parallel")
+    assert_like_one_process(ranks, one, replicas=2)
+    assert_holds_its_share(ranks, one, MLP_PAIR, tp_size=2)
+    assert_checkpoint_is_one_process_save(out / "tensor_and_data_parallel.ckpt", ranks, tmp_path)
 
 
 @pytest.mark.distributed
