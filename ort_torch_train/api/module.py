@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -36,6 +36,9 @@ from ort_torch_train.training.forward_graph import ForwardGraph
 from ort_torch_train.training.options import EngineOptions
 from ort_torch_train.training.precision import MixedPrecision
 from ort_torch_train.training.recompute import RecomputeSetting
+
+if TYPE_CHECKING:  # pipelining loads Dynamo's shape machinery: imported where used
+    from ort_torch_train.distributed.pipeline import PipelineParallel
 
 
 class Module(nn.Module):
@@ -230,6 +233,11 @@ class Module(nn.Module):
     def data_parallel(self) -> DataParallel | None:
         """What averages the gradients across ranks (``distributed=True``), or None."""
         return self._engine.data_parallel
+
+    @property
+    def pipeline(self) -> PipelineParallel | None:
+        """The pipeline the train steps run as (``pipeline``), one stage per rank, or None."""
+        return self._engine.pipeline
 
     @property
     def device(self) -> torch.device:

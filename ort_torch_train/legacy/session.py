@@ -94,8 +94,10 @@ class TrainingSession:
         self._engine = TrainingEngine(setup.model, self.training_state, setup.model, options)
         self._reduce_once = parameters.allreduce_post_accumulation
         self._trained = setup.trained
+        stage = self._engine.pipeline  # a pipeline stage updates the weights it holds
+        held = self._trained if stage is None else [n for n in self._trained if n in stage.ownership.held]
         self._optimizer = build_legacy_optimizer(
-            parameters, {n: self.training_state.params[n] for n in self._trained}, self._engine.data_parallel
+            parameters, {n: self.training_state.params[n] for n in held}, self._engine.data_parallel
         )
         precision = self._engine.precision
         self._loss_scaler = precision.loss_scaler if precision is not None else None
@@ -166,6 +168,8 @@ class TrainingSession:
 
             grads = [local_shard(grad) for grad in grads]
         group = data_parallel.group if data_parallel is not None and sharded else None
+        if engine.pipeline is not None:  # each stage holds its own weights' gradients
+            group = engine.pipeline.group
         scale = to_float32(1.0 / self._accumulation_steps)
         optimizer = self._optimizer
         norm = None
@@ -340,7 +344,7 @@ def _type_name(dtype: np.dtype) -> str:
 
 
 def _global_norm(grads: list[torch.Tensor] | tuple[torch.Tensor, ...], group: Any) -> torch.Tensor:
-    """ORT's ReduceAllL2: the L2 norm of all gradients together (with ``group``, of every rank's shards)."""
+    """ORT's ReduceAllL2: the L2 norm of all gradients together (with ``group``, of every rank's shards or stages)."""
     if group is not None:
         from ort_torch_train.distributed.fully_sharded import global_norm  # a sharded session has imported it
 
