@@ -393,10 +393,8 @@ class TrainingEngine:
     # device -----------------------------------------------------------------------------------
     @property
     def device(self) -> torch.device:
-        """The device holding the parameters."""
-        for param in self.training_state.params.values():
-            return param.device
-        return torch.device("cpu")
+        """The device holding the parameters (cpu without any)."""
+        return self.training_state.device
 
     def tensors_moved(self) -> None:
         """Follow the parameters to their new tensors (after ``nn.Module._apply`` moved or converted them):
