@@ -108,7 +108,8 @@ def fit_run(pipelined: bool) -> dict[str, np.ndarray]:
 
 def legacy_train(pipelined: bool, rank: int = 0) -> dict[str, np.ndarray]:
     """The legacy TrainingSession (Adam, 2-run accumulation) on 8 batches of 6 rows, with 2 pipeline
-    stages cut at the hidden activation and 2 micro-batches per run, or in one process."""
+    stages cut at the hidden activation and 2 micro-batches per run, or in one process: the losses, the
+    weights and the optimizer state."""
     from tests.helpers.legacy_models import LR, params_for, session
 
     settings: dict[str, Any] = {"gradient_accumulation_steps": 2}
@@ -126,8 +127,11 @@ def legacy_train(pipelined: bool, rank: int = 0) -> dict[str, np.ndarray]:
     for _ in range(8):
         x, y = rng.standard_normal((6, 4)).astype(np.float32), rng.integers(0, 3, 6).astype(np.int64)
         losses.append(float(sess.run(["loss"], {"x": x, "y": y, LR: np.array([0.02], np.float32)})[0]))
-    state = sess.get_model_state()["full_precision"]
-    return {"losses": np.array(losses), **{f"param/{n}": np.asarray(v) for n, v in state.items()}}
+    state = sess.get_model_state()["full_precision"]  # gathered from the stages, as the optimizer state
+    moments = {
+        f"opt/{w}/{key}": np.asarray(v) for w, values in sess.get_optimizer_state().items() for key, v in values.items()
+    }
+    return {"losses": np.array(losses), **{f"param/{n}": np.asarray(v) for n, v in state.items()}, **moments}
 
 
 def misuse(rank: int) -> dict[str, str]:

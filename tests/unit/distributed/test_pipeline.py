@@ -235,8 +235,9 @@ def test_legacy_pipeline_settings_train_like_one_process(tmp_path: Path) -> None
     for rank in range(2):
         result = dict(np.load(tmp_path / f"legacy_rank{rank}.npz"))
         np.testing.assert_allclose(result["losses"], reference["losses"], rtol=LOSS_TOLERANCE, atol=0)
-        for key in reference:
-            if key.startswith("param/"):
+        assert sorted(result) == sorted(reference) and any(key.startswith("opt/") for key in reference)
+        for key in reference:  # every stage's weights and optimizer state, on every rank
+            if key.startswith(("param/", "opt/")):
                 np.testing.assert_allclose(result[key], reference[key], rtol=0, atol=PARAM_TOLERANCE, err_msg=key)
 
 
