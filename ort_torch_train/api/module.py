@@ -101,7 +101,8 @@ class Module(nn.Module):
         compile_cache: where compiled steps are cached: None the default, a path, or False for none.
         dynamic: with ``compile``, which symbolic axes stay dynamic: True all, a dict of axes per input, False none.
         pipeline: a ``PipelineOptions``: train steps run as a pipeline, one stage per rank of ``process_group``
-            (default: the default group), eager float32 (docs/scaling.md).
+            (default: the default group), eager float32; each rank then holds its stage's parameters, gradients
+            and moments only, and whole values, saves and eval steps are collectives (docs/scaling.md).
         custom_ops: operators of the session's own (an ``adapters.OpLibrary``, as the C API makes from a
             registered custom-op library), converted before the registry's.
         tensor_parallel_size: split Megatron's MLP pairs and attention heads across this many ranks of the default
