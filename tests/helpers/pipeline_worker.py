@@ -66,6 +66,7 @@ def train(run: str, pipelined: bool, checkpoint_out: Path | None = None) -> dict
     return {
         "losses": np.array(losses, dtype=np.float64),
         "eval_loss": np.asarray(eval_loss, dtype=np.float64),
+        "param/contiguous": module.get_contiguous_parameters().numpy(),  # whole values, gathered from the stages
         **held,
         **{f"param/{n}": p.data.copy() for n, p in state.parameters},
     }
