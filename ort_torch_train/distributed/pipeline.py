@@ -121,7 +121,7 @@ class PipelineParallel:
         self.world_size = dist.get_world_size(group)
         self.reduction = reduction
         self._device = device
-        self.ownership = StageOwnership([stage.params for stage in stages], group, device)
+        self.ownership = StageOwnership([stage.params for stage in stages], list(state.params), group, device)
         self.checkpoint = PipelineCheckpoint(group, self.ownership)
         self._last_rank = (
             dist.get_global_rank(group, len(stages) - 1) if group is not dist.group.WORLD else len(stages) - 1

@@ -32,29 +32,29 @@ PLACEHOLDER_DEVICE = torch.device("meta")  # where another stage's parameters ar
 
 
 class StageOwnership:
-    """Which rank of the pipeline ``group`` holds each parameter: the rank of the stage reading it."""
+    """Which rank of the pipeline ``group`` holds each of the state's parameters ``names``: the rank of the
+    stage reading it (``stage_params``: each stage's), rank 0 for a parameter that no stage reads."""
 
-    def __init__(self, stage_params: Sequence[Sequence[str]], group: Any, device: torch.device) -> None:
+    def __init__(
+        self, stage_params: Sequence[Sequence[str]], names: Sequence[str], group: Any, device: torch.device
+    ) -> None:
         self.group = group
         self.rank = dist.get_rank(group)
         self.device = device
         self.stages = len(stage_params)
-        self.stage_of = {name: stage for stage, names in enumerate(stage_params) for name in names}
-        self.held = tuple(stage_params[self.rank])
-
-    def source(self, name: str) -> int:
-        """The global rank that broadcasts parameter ``name`` (its stage's rank)."""
-        stage = self.stage_of[name]
-        return dist.get_global_rank(self.group, stage) if self.group is not dist.group.WORLD else stage
+        self.stage_of = {name: 0 for name in names}
+        self.stage_of.update((name, stage) for stage, read in enumerate(stage_params) for name in read)
+        self.held = tuple(name for name in self.stage_of if self.stage_of[name] == self.rank)
 
     def broadcast(self, held: Tensor | None, shape: Sequence[int], dtype: torch.dtype, name: str) -> Tensor:
         """``held`` (on the rank holding ``name``) sent to every rank of the group: a collective."""
-        if self.stage_of[name] == self.rank:
+        stage = self.stage_of[name]
+        if stage == self.rank:
             assert held is not None  # the owner holds its own values
             value = held.detach().contiguous()
         else:
             value = torch.empty(tuple(shape), dtype=dtype, device=self.device)
-        dist.broadcast(value, src=self.source(name), group=self.group)
+        dist.broadcast(value, group=self.group, group_src=stage)
         return value
 
 
