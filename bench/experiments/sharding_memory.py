@@ -11,10 +11,15 @@ sampler; the ratios compare each sharding with DDP on the same ranks, in the sam
 ``--compile`` every configuration runs compiled steps (DDP and one process: the one-graph step;
 sharding: each unit's stretch compiled), the first step (compilation) among the warmup steps; the
 sampler, which sees no operation inside a compiled graph, is not run, so only the bytes at rest are
-reported. ``--worlds`` chooses the world sizes.
+reported. ``--worlds`` chooses the world sizes, ``--modes`` the configurations besides one process.
+
+Mode "pipeline" runs one stage per rank (``Module(pipeline=PipelineOptions(N, micro_batches=4))``, GPipe,
+stages balanced by parameter count), every rank given the whole batch: a rank then holds its stage's
+parameters, gradients and moments. A pipeline refuses a parameter read by two stages, so ``--untied``
+gives the model its own output projection (``tie_word_embeddings=False``) in every configuration.
 
     .venv/bin/python bench/experiments/sharding_memory.py [--steps 4] [--warmup 1] [--layers 8] [--hidden 256]
-        [--compile] [--worlds 2,4]
+        [--compile] [--worlds 2,4] [--modes ddp,zero2,zero3] [--untied]
 """
 
 from __future__ import annotations
@@ -36,23 +41,35 @@ BENCH = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(BENCH / "harness"))
 
 
-def configurations(worlds: list[int]) -> list[tuple[str, int, str | None]]:
-    """(name, world size, mode) of each run: one process, then DDP, ZeRO-2 and ZeRO-3 on each world size."""
-    return [
-        ("one process", 1, None),
-        *((f"{mode} x{n}", n, mode) for n in worlds for mode in ("ddp", "zero2", "zero3")),
-    ]
+MODES = ("ddp", "zero2", "zero3", "pipeline")
 
 
-def bench_model(layers: int, hidden: int):  # type: ignore[no-untyped-def]  # the harness's BenchModel
-    """The GPT-2-shaped BenchModel: ``layers`` blocks of width ``hidden``, vocab 2048, 32 tokens, batch 8."""
+def configurations(worlds: list[int], modes: list[str]) -> list[tuple[str, int, str | None]]:
+    """(name, world size, mode) of each run: one process, then each of ``modes`` on each world size."""
+    return [("one process", 1, None), *((f"{mode} x{n}", n, mode) for n in worlds for mode in modes)]
+
+
+def bench_model(layers: int, hidden: int, untied: bool = False):  # type: ignore[no-untyped-def]  # a BenchModel
+    """The GPT-2-shaped BenchModel: ``layers`` blocks of width ``hidden``, vocab 2048, 32 tokens, batch 8;
+    ``untied``: the output projection its own parameter."""
     from lm_models import tiny_transformer
     from models import BenchModel
 
+    def build():  # type: ignore[no-untyped-def]
+        model = tiny_transformer("gpt2", vocab=2048, hidden=hidden, layers=layers, heads=4, tokens=32)
+        if untied:
+            import torch
+
+            gpt2 = model.model
+            gpt2.config.tie_word_embeddings = False
+            gpt2.lm_head.weight = torch.nn.Parameter(gpt2.transformer.wte.weight.detach().clone())
+        return model
+
+    embeddings = "untied" if untied else "tied"
     return BenchModel(
-        f"gpt2-shaped-{layers}x{hidden}",
-        f"transformers gpt2 (random init, hidden {hidden}, {layers} layers, vocab 2048, 32 tokens, tied embeddings)",
-        lambda: tiny_transformer("gpt2", vocab=2048, hidden=hidden, layers=layers, heads=4, tokens=32),
+        f"gpt2-shaped-{layers}x{hidden}{'-untied' if untied else ''}",
+        f"transformers gpt2 (random init, hidden {hidden}, {layers} layers, vocab 2048, 32 tokens, {embeddings} embeddings)",
+        build,
         (32,),
         batch=8,
         classes=2048,
@@ -66,7 +83,7 @@ def bench_model(layers: int, hidden: int):  # type: ignore[no-untyped-def]  # th
 def _storage_bytes(tensors: list, seen: set) -> int:
     total = 0
     for tensor in tensors:
-        if tensor is None:
+        if tensor is None or tensor.device.type == "meta":  # another pipeline stage's placeholder: no storage
             continue
         storage = tensor.untyped_storage()
         key = storage.data_ptr()
@@ -112,22 +129,26 @@ def worker(directory: Path, steps: int, warmup: int, mode: str, compile: bool) -
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from ort_torch_train.api import CheckpointState, Module, Optimizer
+    from ort_torch_train.distributed.pipeline_plan import PipelineOptions
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
     rank, world_size = dist.get_rank(), dist.get_world_size()
     state = CheckpointState.load_checkpoint(directory / "checkpoint")
     sharding = mode if mode in ("zero2", "zero3") else None
+    piped = mode == "pipeline"
     module = Module(
         directory / "training_model.onnx",
         state,
-        distributed=world_size > 1 and sharding is None,
+        distributed=world_size > 1 and sharding is None and not piped,
         sharding=sharding,
         compile=compile,
+        pipeline=PipelineOptions(stages=world_size, micro_batches=4) if piped else None,
     )
     optimizer = Optimizer(directory / "optimizer_model.onnx", module)
     x, y = np.load(directory / "x.npy"), np.load(directory / "y.npy").reshape(len(np.load(directory / "x.npy")), -1)
-    share = len(x) // world_size
-    inputs = [torch.from_numpy(a[rank * share : (rank + 1) * share].copy()) for a in (x, y)]
+    share = len(x) if piped else len(x) // world_size  # a pipeline's every rank gets the whole batch
+    first = 0 if piped else rank * share
+    inputs = [torch.from_numpy(a[first : first + share].copy()) for a in (x, y)]
     inputs[1] = inputs[1].reshape(-1)
     times = []
     for step in range(warmup + steps):
@@ -180,20 +201,27 @@ def main() -> None:
     parser.add_argument("--mode", default="single", help=argparse.SUPPRESS)  # a worker's setting
     parser.add_argument("--compile", action="store_true", help="compiled steps (inductor) in every configuration")
     parser.add_argument("--worlds", default="2,4", help="the world sizes, comma-separated")
+    parser.add_argument("--modes", default="ddp,zero2,zero3", help=f"configurations besides one process, of {MODES}")
+    parser.add_argument("--untied", action="store_true", help="the output projection its own parameter (pipelines)")
     args = parser.parse_args()
     if args.worker is not None:
         worker(args.worker, args.steps, args.warmup, args.mode, args.compile)
         return
     from model_artifacts import prepare_artifacts
 
-    model = bench_model(args.layers, args.hidden)
+    modes = args.modes.split(",")
+    unknown = [mode for mode in modes if mode not in MODES]
+    if unknown:
+        parser.error(f"--modes: {unknown} are not among {MODES}")
+    model = bench_model(args.layers, args.hidden, args.untied)
     artifacts = prepare_artifacts(model, BENCH / ".cache", use_ort=False)
     results = {}
-    for name, world_size, mode in configurations([int(n) for n in args.worlds.split(",")]):
+    for name, world_size, mode in configurations([int(n) for n in args.worlds.split(",")], modes):
         reports = run_world(world_size, mode or "single", artifacts.directory, args)
         results[name] = {
             "median_step_s": statistics.median(reports[0]["step_s"]),
             "rest_bytes_per_rank": max(r["rest_bytes"] for r in reports),
+            "rest_bytes_each_rank": [r["rest_bytes"] for r in sorted(reports, key=lambda r: r["rank"])],
             "peak_bytes_per_rank": max(r["peak_bytes"] for r in reports),
             "most_layers_gathered": max(r["layers"] for r in reports),
         }
@@ -204,7 +232,7 @@ def main() -> None:
             result["peak_bytes_per_rank"] / one["peak_bytes_per_rank"] if not args.compile else None
         )
         result["rest_vs_one_process"] = result["rest_bytes_per_rank"] / one["rest_bytes_per_rank"]
-        if world is not None:
+        if world is not None and f"ddp x{world}" in results:
             result["step_time_vs_ddp"] = result["median_step_s"] / results[f"ddp x{world}"]["median_step_s"]
     load = os.getloadavg()
     print(

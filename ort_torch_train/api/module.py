@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -36,6 +36,9 @@ from ort_torch_train.training.forward_graph import ForwardGraph
 from ort_torch_train.training.options import EngineOptions
 from ort_torch_train.training.precision import MixedPrecision
 from ort_torch_train.training.recompute import RecomputeSetting
+
+if TYPE_CHECKING:  # pipelining loads Dynamo's shape machinery: imported where used
+    from ort_torch_train.distributed.pipeline import PipelineParallel
 
 
 class Module(nn.Module):
@@ -98,7 +101,8 @@ class Module(nn.Module):
         compile_cache: where compiled steps are cached: None the default, a path, or False for none.
         dynamic: with ``compile``, which symbolic axes stay dynamic: True all, a dict of axes per input, False none.
         pipeline: a ``PipelineOptions``: train steps run as a pipeline, one stage per rank of ``process_group``
-            (default: the default group), eager float32 (docs/scaling.md).
+            (default: the default group), eager float32; each rank then holds its stage's parameters, gradients
+            and moments only, and whole values, saves and eval steps are collectives (docs/scaling.md).
         custom_ops: operators of the session's own (an ``adapters.OpLibrary``, as the C API makes from a
             registered custom-op library), converted before the registry's.
         tensor_parallel_size: split Megatron's MLP pairs and attention heads across this many ranks of the default
@@ -231,6 +235,11 @@ class Module(nn.Module):
     def data_parallel(self) -> DataParallel | None:
         """What averages the gradients across ranks (``distributed=True``), or None."""
         return self._engine.data_parallel
+
+    @property
+    def pipeline(self) -> PipelineParallel | None:
+        """The pipeline the train steps run as (``pipeline``), one stage per rank, or None."""
+        return self._engine.pipeline
 
     @property
     def device(self) -> torch.device:

@@ -88,6 +88,17 @@ class Optimizer:
                 implementation=implementation,
                 loss_scaler=loss_scaler,
             )
+        elif module.pipeline is not None:  # the kernels run on this rank's stage
+            if shard_state:
+                raise DistributedError("Optimizer(shard_state=True): a pipeline stage's moments are its own already")
+            self._engine = module.pipeline.optimizer_engine(
+                OptimizerEngine,
+                spec=spec,
+                state=module.training_state,
+                param_names=module.trainable_parameter_names,
+                implementation=implementation,
+                loss_scaler=loss_scaler,
+            )
         elif shard_state:
             self._engine = _sharded_engine(spec, module, implementation, loss_scaler)
         else:

@@ -6,12 +6,15 @@ stand-in module, say). ``trainer.protocols`` adds what ``fit`` calls.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ort_torch_train.distributed.data_parallel import DataParallel
 from ort_torch_train.optim.engine import OptimizerEngine
 from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.training.precision import MixedPrecision
+
+if TYPE_CHECKING:  # pipelining loads Dynamo's shape machinery: imported where used
+    from ort_torch_train.distributed.pipeline import PipelineParallel
 
 
 class TrainableModule(Protocol):
@@ -30,6 +33,11 @@ class TrainableModule(Protocol):
     @property
     def data_parallel(self) -> DataParallel | None:
         """What averages the gradients across ranks, or None (one process)."""
+        ...
+
+    @property
+    def pipeline(self) -> PipelineParallel | None:
+        """The pipeline the train steps run as, one stage per rank, or None."""
         ...
 
     @property

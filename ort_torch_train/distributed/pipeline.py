@@ -8,9 +8,14 @@ micro-batch is scaled so that the micro-batches' gradients add up to the full ba
 (their mean or sum) on every rank. The schedules do not rescale the gradients (``scale_grads=False``),
 so they accumulate across steps as ORT's do until ``lazy_reset_grad``.
 
-Every rank keeps the whole state: after a step each stage's gradients are broadcast from the rank
-that computed them, so the optimizer's update (ORT's math, unchanged) gives every rank the same
-parameters, rank 0 writes the checkpoint (``DistributedCheckpoint``) and eval runs locally.
+Each rank holds its stage's state only (``pipeline_state.py``): the parameters its stage reads, their
+gradients and moments; the other stages' parameters are storage-less placeholders. The optimizer's
+update (ORT's math, unchanged) runs on each stage's own parameters, the gradient clip on the norm of
+every stage's gradients together. Reading a parameter's whole value (``state.parameters[name]``) and
+saving a checkpoint are collectives: the value is broadcast from its stage's rank, and rank 0 writes
+what one process writes. An eval step gathers the eval graph's parameters from their stages to every
+rank (a collective) and runs there. A parameter that two stages read (tied embeddings) is refused when
+the graph is cut (``pipeline_plan.py``).
 """
 
 from __future__ import annotations
@@ -26,11 +31,18 @@ from torch import Tensor, nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from ort_torch_train.convert.graph import TensorSpec, convert_graph
-from ort_torch_train.distributed.checkpoint import DistributedCheckpoint
 from ort_torch_train.distributed.data_parallel import require_identical
 from ort_torch_train.distributed.pipeline_plan import PipelineOptions, StageGraph, cut_graph, loss_reduction
+from ort_torch_train.distributed.pipeline_state import (
+    PipelineCheckpoint,
+    StageOwnership,
+    StageParameters,
+    keep_stage_only,
+    stage_optimizer_engine,
+)
 from ort_torch_train.errors import DistributedError, InputError
 from ort_torch_train.graph.layout import GraphLayout
+from ort_torch_train.optim.engine import OptimizerEngine
 from ort_torch_train.passes.pipeline import run_eager
 from ort_torch_train.state.training_state import TrainingState
 
@@ -101,25 +113,24 @@ class PipelineParallel:
         options: PipelineOptions,
         group: Any,
         reduction: str,
+        device: torch.device,
     ) -> None:
         self.options = options
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
         self.reduction = reduction
-        self.checkpoint = DistributedCheckpoint(group)
+        self._device = device
+        self.ownership = StageOwnership([stage.params for stage in stages], list(state.params), group, device)
+        self.checkpoint = PipelineCheckpoint(group, self.ownership)
         self._last_rank = (
             dist.get_global_rank(group, len(stages) - 1) if group is not dist.group.WORLD else len(stages) - 1
         )
-        params = state.params
-        self._stage_params = [[params[name] for name in stage.params] for stage in stages]
-        self._stage_grads = [[param for param in stage if param.requires_grad] for stage in self._stage_params]
-        self._device = next(iter(params.values())).device if params else torch.device("cpu")
-        # this stage's runner and those before it (their outputs give this stage's example inputs)
-        self._runners = [_StageRunner(stage, opsets, self._device) for stage in stages[: self.rank + 1]]
-        self._module = _StageModule(self._runners[self.rank], self._stage_params[self.rank], self.is_last)
+        params = [state.params[name] for name in stages[self.rank].params]
+        self._trainable = [param for param in params if param.requires_grad]
+        self._module = _StageModule(_StageRunner(stages[self.rank], opsets, device), params, self.is_last)
         self._schedules: dict[tuple, Any] = {}  # by the micro-batch's input signature
-        self._target = torch.zeros(options.micro_batches, device=self._device)  # one entry per micro-batch
+        self._target = torch.zeros(options.micro_batches, device=device)  # one entry per micro-batch
 
     @property
     def is_last(self) -> bool:
@@ -134,8 +145,7 @@ class PipelineParallel:
         """Forward and backward of one batch through the pipeline (gradients zeroed first when ``reset``);
         the training graph's outputs, the same on every rank."""
         self._check_batch(inputs)
-        trainable = [param for stage in self._stage_grads for param in stage]
-        for param in trainable:
+        for param in self._trainable:
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
             elif reset:
@@ -151,7 +161,6 @@ class PipelineParallel:
             outputs = self._batch_outputs(merged) if self.is_last else None
             payload: list[Any] = [outputs]
             dist.broadcast_object_list(payload, src=self._last_rank, group=self.group)
-            self._share_gradients()
         except RuntimeError as error:
             if any(word in str(error) for word in _COLLECTIVE_WORDS):
                 raise DistributedError(
@@ -163,17 +172,19 @@ class PipelineParallel:
 
     def _schedule_for(self, inputs: Sequence[Tensor]) -> Any:
         """The schedule over this stage for micro-batches of these inputs' shapes, its PipelineStage given
-        its inputs' and outputs' shapes: found by running the stages up to this one on the first
-        micro-batch (every rank holds every parameter and gets the batch)."""
+        its inputs' and outputs' shapes: found by running the first micro-batch through the stages, each
+        rank sending its stage's outputs to the next (every rank gets the batch; the ranks build a
+        schedule for the same signatures at the same step)."""
         micro_batch = [tensor[: tensor.shape[0] // self.options.micro_batches] for tensor in inputs]
         key = tuple((tuple(t.shape), t.dtype) for t in micro_batch)
         schedule = self._schedules.get(key)
         if schedule is not None:
             return schedule
-        values: tuple[Tensor, ...] = tuple(micro_batch)
-        for index, runner in enumerate(self._runners[:-1]):
-            values = tuple(_example(value) for value in runner(values, self._stage_params[index]))
+        values = tuple(_example(value) for value in micro_batch) if self.rank == 0 else self._receive_examples()
         outputs = tuple(_example(value) for value in self._module(*values))
+        if not self.is_last:
+            sent = [[(value.detach().cpu(), value.requires_grad) for value in outputs]]
+            dist.send_object_list(sent, group=self.group, group_dst=self.rank + 1)
         stage = PipelineStage(
             self._module,
             self.rank,
@@ -188,6 +199,17 @@ class PipelineParallel:
         )
         _forget_oldest(self._schedules)
         return schedule
+
+    def _receive_examples(self) -> tuple[Tensor, ...]:
+        """The previous stage's outputs for the first micro-batch, as this stage's example inputs."""
+        received: list[Any] = [None]
+        dist.recv_object_list(received, group=self.group, group_src=self.rank - 1)
+        return tuple(value.to(self._device).requires_grad_(grad) for value, grad in received[0])
+
+    def optimizer_engine(self, engine: type[OptimizerEngine], **arguments: Any) -> OptimizerEngine:
+        """An optimizer engine (built as ``engine(**arguments, tensors=...)``) whose kernels run on this
+        stage's parameters."""
+        return stage_optimizer_engine(self.ownership, engine, **arguments)
 
     def _check_batch(self, inputs: Sequence[Tensor]) -> None:
         count = self.options.micro_batches
@@ -205,20 +227,6 @@ class PipelineParallel:
         losses = merged[0].detach()
         loss = losses.mean() if self.reduction == "mean" else losses.sum()
         return (loss, *(output.detach() for output in merged[1:]))
-
-    def _share_gradients(self) -> None:
-        """Every stage's gradients broadcast from the rank that computed them to the others."""
-        with torch.no_grad():
-            for stage, params in enumerate(self._stage_grads):
-                if not params:
-                    continue
-                grads = [param.grad for param in params]
-                source = dist.get_global_rank(self.group, stage) if self.group is not dist.group.WORLD else stage
-                flat = torch.cat([grad.reshape(-1) for grad in grads])  # type: ignore[union-attr]
-                dist.broadcast(flat, src=source, group=self.group)
-                if stage != self.rank:
-                    for grad, part in zip(grads, flat.split([grad.numel() for grad in grads])):  # type: ignore[union-attr]
-                        grad.copy_(part.view_as(grad))  # type: ignore[union-attr]
 
 
 def _forget_oldest(cache: dict) -> None:
@@ -247,8 +255,9 @@ def pipeline_parallel(
 ) -> PipelineParallel:
     """Pipeline parallelism for the forward training ``graph`` (its ``layout``'s user inputs, then
     parameters) over ``state``: checks on every rank, before any step, that the ranks share the
-    settings, that there is a rank per stage and a parameter set, then cuts the graph; from now on the
-    state's checkpoints are written once, by rank 0."""
+    settings, that there is a rank per stage and a parameter set, then cuts the graph. From now on the
+    state holds this rank's stage only, its whole parameters are read from their stages and its
+    checkpoints are gathered to rank 0, which writes them (a collective)."""
     state.require_loaded("perform pipeline-parallel training")
     device = next(iter(state.params.values())).device if state.params else torch.device("cpu")
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
@@ -268,6 +277,8 @@ def pipeline_parallel(
     )
     reduction = loss_reduction(graph, layout.user_outputs[0]) if options.micro_batches > 1 else "mean"
     require_identical(dict(state.params), group, "parameters")
-    parallel = PipelineParallel(stages, opsets, state, options, group, reduction)
+    parallel = PipelineParallel(stages, opsets, state, options, group, reduction, device)
+    keep_stage_only(state, parallel.ownership)
+    state.coordinate_reads(StageParameters(state, parallel.ownership))
     state.coordinate_saves(parallel.checkpoint)
     return parallel

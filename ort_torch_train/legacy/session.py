@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import onnx
@@ -33,8 +33,9 @@ from ort_torch_train.graph.ort_format import is_ort_format
 from ort_torch_train.legacy.distributed import legacy_distributed
 from ort_torch_train.legacy.graph import build_training_setup
 from ort_torch_train.legacy.metadata import ModelMetadata, NodeArg
+from ort_torch_train.legacy.optimizers import LegacyOptimizer
 from ort_torch_train.legacy.parameters import TrainingParameters, check_supported, recompute_plan
-from ort_torch_train.legacy.pipeline import legacy_pipeline
+from ort_torch_train.legacy.pipeline import StageLegacyOptimizer, legacy_pipeline
 from ort_torch_train.legacy.providers import choose_provider
 from ort_torch_train.legacy.zero import build_legacy_optimizer
 from ort_torch_train.optim.clip import global_norm
@@ -95,8 +96,15 @@ class TrainingSession:
         self._engine = TrainingEngine(setup.model, self.training_state, setup.model, options)
         self._reduce_once = parameters.allreduce_post_accumulation
         self._trained = setup.trained
-        self._optimizer = build_legacy_optimizer(
-            parameters, {n: self.training_state.params[n] for n in self._trained}, self._engine.data_parallel
+        stage = self._engine.pipeline  # a pipeline stage updates the weights it holds
+        held = self._trained if stage is None else [n for n in self._trained if n in stage.ownership.held]
+        optimizer = build_legacy_optimizer(
+            parameters, {n: self.training_state.params[n] for n in held}, self._engine.data_parallel
+        )
+        self._optimizer = (
+            optimizer
+            if stage is None or optimizer is None
+            else StageLegacyOptimizer(cast("LegacyOptimizer", optimizer), self._trained, stage.group)
         )
         precision = self._engine.precision
         self._loss_scaler = precision.loss_scaler if precision is not None else None
@@ -170,6 +178,8 @@ class TrainingSession:
             whole = whole if any(whole) else None
             grads = [local_shard(grad) for grad in grads]
         group = data_parallel.shard_group if data_parallel is not None and sharded else None
+        if engine.pipeline is not None:  # each stage holds its own weights' gradients
+            group = engine.pipeline.group
         scale = to_float32(1.0 / self._accumulation_steps)
         optimizer = self._optimizer
         norm = None

@@ -64,14 +64,15 @@ def export_merged_model(
     path: str | os.PathLike,
     graph_output_names: Sequence[str],
 ) -> None:
-    """Write the inference model of ``eval_model`` with ``state``'s current parameters (adapters merged) to ``path``."""
+    """Write the inference model of ``eval_model`` with ``state``'s current parameters (adapters merged) to ``path``;
+    a collective where processes hold parts of the parameters (sharded, pipelined): every rank calls it."""
     if eval_model is None:
         raise ModelError("Eval model was not provided. Cannot export a model for inferencing.")
     if state.is_nominal:
         raise NominalStateError("Cannot export a model with a nominal state. Please load the model parameters first.")
-    with torch.no_grad():  # sharded parameters gathered whole: a collective that every rank calls
-        params = {name: state.whole_parameter(name) for name in state.params}
-    model, weights = merged_model_and_weights(eval_model, params, graph_output_names)
+    with torch.no_grad():  # gathered whole where processes hold parts (shards, stages): every rank calls this
+        whole = {name: state.whole_parameter(name) for name in state.params}
+    model, weights = merged_model_and_weights(eval_model, whole, graph_output_names)
     write_model(model, path, weights)
 
 

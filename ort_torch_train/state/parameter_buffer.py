@@ -32,13 +32,14 @@ class ParameterBuffer:
         return sum(_numel(self.shapes[n]) for n in self._names(trainable_only))
 
     def copy_out(self, trainable_only: bool, device: torch.device) -> torch.Tensor:
-        """A 1-D float32 copy of the (trainable) parameters (an empty one on ``device`` for none)."""
+        """A 1-D float32 copy of the (trainable) parameters' whole values (an empty one on ``device`` for none);
+        a collective where processes hold parts of them (``TrainingState.whole_parameter``)."""
         if self.state.is_nominal:
             raise NominalStateError(
                 "Cannot copy parameters from a nominal checkpoint state. Please load the model parameters first."
             )
         names = self._names(trainable_only)
-        params = [self.state.params[n] for n in names]
+        params = [self.state.whole_parameter(n) for n in names]
         _require_float(params, names)
         if not params:
             return torch.empty(0, dtype=torch.float32, device=device)

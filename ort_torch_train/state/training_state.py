@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from typing import Protocol
 
 import numpy as np
 import torch
@@ -23,6 +22,7 @@ from ort_torch_train.checkpoint.records import CheckpointRecord, OptimizerGroupR
 from ort_torch_train.checkpoint.safetensors import load_safetensors, save_safetensors
 from ort_torch_train.errors import CheckpointError, NominalStateError, ParameterDataError, SafetensorsError
 from ort_torch_train.progress import Phase
+from ort_torch_train.state.coordination import ParameterSource, SaveCoordinator
 from ort_torch_train.state.flat import FlatState, flatten
 from ort_torch_train.state.lock import StateLock
 from ort_torch_train.state.optimizer_state import OptimizerState
@@ -38,15 +38,6 @@ from ort_torch_train.state.values import (
 
 log = logging.getLogger(__name__)
 Moments = Mapping[str, Mapping[str, torch.Tensor]]  # parameter name -> moment name -> tensor
-
-
-class SaveCoordinator(Protocol):
-    """Writes a state's checkpoint when several processes share it (e.g. once, from rank 0 of a
-    data-parallel run); every process calls ``save``."""
-
-    def save(self, state: TrainingState, path: str | os.PathLike, include_optimizer_state: bool) -> None:
-        """Write ``state`` to ``path`` (``include_optimizer_state`` as in ``TrainingState.save``)."""
-        ...
 
 
 class TrainingState:
@@ -74,6 +65,7 @@ class TrainingState:
         self._flat: FlatState | None = None  # the flat buffers behind the trainable tensors, once made
         self._flat_refused_generation: int | None = None  # the generation whose tensors could not share buffers
         self.save_coordinator: SaveCoordinator | None = None  # set by coordinate_saves
+        self.parameter_source: ParameterSource | None = None  # set by coordinate_reads
         self._check_momentums()
         self._ensure_grads()
 
@@ -183,6 +175,10 @@ class TrainingState:
         """Let ``coordinator`` write this state's checkpoints from now on (``save_checkpoint`` calls it)."""
         self.save_coordinator = coordinator
 
+    def coordinate_reads(self, source: ParameterSource) -> None:
+        """Let ``source`` give this state's whole parameter values from now on (``whole_parameter`` calls it)."""
+        self.parameter_source = source
+
     def to_bytes(self, include_optimizer_state: bool = False) -> bytes:
         """The ORT checkpoint as bytes (always self-contained, no external data)."""
         return checkpoint_to_bytes(self.to_record(include_optimizer_state))
@@ -198,8 +194,9 @@ class TrainingState:
 
     @property
     def device(self) -> torch.device:
-        """The device the parameters live on (cpu for a state without parameters)."""
-        return next(iter(self.params.values())).device if self.params else torch.device("cpu")
+        """The device the parameters live on (cpu for a state without parameters; the "meta" placeholders of
+        parameters another process holds do not count)."""
+        return next((p.device for p in self.params.values() if p.device.type != "meta"), torch.device("cpu"))
 
     def require_loaded(self, action: str) -> None:
         """Raise NominalStateError (ORT's text) when the state is nominal."""
@@ -219,8 +216,11 @@ class TrainingState:
 
     def whole_parameter(self, name: str) -> torch.Tensor:
         """The parameter's whole value, as ``parameter``; a sharded one (a DTensor) is gathered from every
-        rank, a collective that every rank calls."""
+        rank, and one held by another process comes from the ``parameter_source``: collectives that every
+        rank calls."""
         param = self.parameter(name)
+        if self.parameter_source is not None:
+            return self.parameter_source.whole(name)
         gather = getattr(param, "full_tensor", None)
         return param if gather is None else gather()
 

@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Sequence
 from functools import partial
+from typing import TYPE_CHECKING
 
 import onnx
 import torch
@@ -40,6 +41,9 @@ from ort_torch_train.training.package.packaged import PackagedSteps
 from ort_torch_train.training.precision import MixedPrecision, autocast_or_null, backward, float32_outputs
 from ort_torch_train.training.ranks import rank_strategies
 from ort_torch_train.training.threads import process_threads
+
+if TYPE_CHECKING:  # pipelining loads Dynamo's shape machinery: imported where used
+    from ort_torch_train.distributed.pipeline import PipelineParallel
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +112,9 @@ class TrainingEngine:
         ranks = rank_strategies(self.train_graph, self.train_layout, state, options, self._tensor_parallel)
         self._data_parallel, self._pipeline = ranks  # gradients combined across ranks; a pipeline across them
         self._sharded = ranks.data_parallel is not None and ranks.data_parallel.shards_parameters
-        if self._sharded:  # the state's parameters became their shards
+        # the state's parameters became their shards, or this pipeline stage's (the others: placeholders)
+        self._gathers_parameters = self._sharded or options.pipeline is not None
+        if self._gathers_parameters:
             self._train_params = [state.params[n] for n in train_params]
             self._eval_params = [state.params[n] for n in self.eval_layout.params] if self.eval_layout else []
         self._precision: MixedPrecision | None = None  # autocast and loss scaling (precision.py)
@@ -128,6 +134,11 @@ class TrainingEngine:
     def data_parallel(self) -> DataParallel | None:
         """What averages the gradients across ranks, or None (one process)."""
         return self._data_parallel
+
+    @property
+    def pipeline(self) -> PipelineParallel | None:
+        """The pipeline the train steps run as, one stage per rank, or None."""
+        return self._pipeline
 
     # steps ------------------------------------------------------------------------------------
     def forward(self, inputs: Sequence[torch.Tensor], training: bool) -> torch.Tensor | tuple[torch.Tensor, ...]:
@@ -309,7 +320,7 @@ class TrainingEngine:
         if self._packaged is not None:
             return self._packaged.eval_step(inputs, self._detached_eval_params())
         params: Sequence[torch.Tensor]
-        if self._sharded:  # gathered from every rank's shards
+        if self._gathers_parameters:  # gathered from every rank's shards or stages
             with torch.no_grad():
                 params = [self.training_state.whole_parameter(name) for name in self._layout(False).params]
             module = self.eval_graph.module_for(inputs, params)
@@ -386,10 +397,8 @@ class TrainingEngine:
     # device -----------------------------------------------------------------------------------
     @property
     def device(self) -> torch.device:
-        """The device holding the parameters."""
-        for param in self.training_state.params.values():
-            return param.device
-        return torch.device("cpu")
+        """The device holding the parameters (cpu without any)."""
+        return self.training_state.device
 
     def tensors_moved(self) -> None:
         """Follow the parameters to their new tensors (after ``nn.Module._apply`` moved or converted them):

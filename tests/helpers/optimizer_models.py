@@ -63,5 +63,5 @@ def optimizer_model(kind: str = "adamw", clip: float | None = None, signal: bool
 
 def fake_module(state: TrainingState) -> SimpleNamespace:
     return SimpleNamespace(
-        training_state=state, trainable_parameter_names=list(NAMES), data_parallel=None, precision=None
+        training_state=state, trainable_parameter_names=list(NAMES), data_parallel=None, pipeline=None, precision=None
     )

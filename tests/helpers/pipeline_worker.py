@@ -5,7 +5,8 @@ MASTER_ADDR, MASTER_PORT). ``train``: the 2-stage runs of ``RUNS`` with ``Module
 rank, each on the full batch; ``train4``: the 4-stage one on 4 ranks; ``fit``: the trainer's ``fit`` through a
 pipeline; ``legacy``: the legacy session with ``pipeline_parallel_size``; ``misuse``: the
 error each rank saw. Each rank writes ``OUT_DIR/<run>_rank<r>.npz`` (losses, final parameters, and for
-each run a checkpoint saved at the end) or ``OUT_DIR/misuse_rank<r>.json``.
+each run a checkpoint saved at the end, the eval loss after training, the bytes of parameters, gradients and
+moments the rank holds, in all and per parameter) or ``OUT_DIR/misuse_rank<r>.json``.
 """
 
 from __future__ import annotations
@@ -18,14 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from tests.helpers.distributed_worker import MLP, TRANSFORMER, batches
+from tests.helpers.distributed_worker import CLIP_MODEL, MLP, MLP_OPTIMIZERS, TRANSFORMER, batches
 from tests.helpers.timeouts import scaled
 
 STEPS = 4
 FIT_RUN = "transformer_1f1b"  # the pipeline the ``fit`` scenario trains through
 # name -> (fixture, PipelineOptions' arguments for 2 ranks; None: one process, no pipeline)
 RUNS: dict[str, tuple[Path, dict[str, Any]]] = {
-    "mlp_gpipe": (MLP, {"stages": 2, "micro_batches": 4, "schedule": "gpipe"}),
+    "mlp_gpipe_clip": (MLP_OPTIMIZERS, {"stages": 2, "micro_batches": 4, "schedule": "gpipe"}),
     "mlp_1f1b_cut": (MLP, {"stages": 2, "micro_batches": 2, "schedule": "1f1b", "cuts": "/1/Relu_output_0"}),
     "transformer_1f1b": (TRANSFORMER, {"stages": 2, "micro_batches": 2, "schedule": "1f1b"}),
     "transformer_1f1b_4": (TRANSFORMER, {"stages": 4, "micro_batches": 4, "schedule": "1f1b"}),
@@ -34,10 +35,12 @@ RUNS: dict[str, tuple[Path, dict[str, Any]]] = {
         {"stages": 2, "micro_batches": 4, "schedule": "gpipe", "cuts": "/enc/norm1/LayerNormalization_output_0"},
     ),
 }
+OPTIMIZERS = {"mlp_gpipe_clip": CLIP_MODEL}  # run -> optimizer model other than the fixture's (AdamW clipping the norm)
 
 
 def train(run: str, pipelined: bool, checkpoint_out: Path | None = None) -> dict[str, np.ndarray]:
-    """``run`` for STEPS steps on the fixture's full batches, through the pipeline or in one process."""
+    """``run`` for STEPS steps on the fixture's full batches, through the pipeline or in one process; then
+    an eval step on the first batch."""
     from ort_torch_train.api import CheckpointState, LinearLRScheduler, Module, Optimizer
     from ort_torch_train.distributed.pipeline_plan import PipelineOptions
 
@@ -46,7 +49,7 @@ def train(run: str, pipelined: bool, checkpoint_out: Path | None = None) -> dict
     state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
     pipeline = PipelineOptions(**settings) if pipelined else None
     module = Module(artifacts / "training_model.onnx", state, artifacts / "eval_model.onnx", pipeline=pipeline)
-    optimizer = Optimizer(artifacts / "optimizer_model.onnx", module)
+    optimizer = Optimizer(OPTIMIZERS.get(run, artifacts / "optimizer_model.onnx"), module)
     scheduler = LinearLRScheduler(optimizer, 2, STEPS, 0.01)
     losses = []
     for step in range(STEPS):
@@ -55,12 +58,33 @@ def train(run: str, pipelined: bool, checkpoint_out: Path | None = None) -> dict
         module.lazy_reset_grad()
         scheduler.step()
         losses.append(float(np.asarray(loss).reshape(-1)[0]))
+    held = held_bytes(state.training_state)
     if checkpoint_out is not None:
         CheckpointState.save_checkpoint(state, checkpoint_out, include_optimizer_state=True)
+    module.eval()
+    eval_loss = module(*batches(fixture, 0))
     return {
         "losses": np.array(losses, dtype=np.float64),
+        "eval_loss": np.asarray(eval_loss, dtype=np.float64),
+        "param/contiguous": module.get_contiguous_parameters().numpy(),  # whole values, gathered from the stages
+        **held,
         **{f"param/{n}": p.data.copy() for n, p in state.parameters},
     }
+
+
+def held_bytes(state: Any) -> dict[str, np.ndarray]:
+    """The bytes of parameters, gradients and moments the state holds: ``held_bytes`` in all, ``bytes/<name>``
+    for each parameter (0 for another stage's)."""
+    from ort_torch_train.distributed.pipeline_state import held_bytes as total
+
+    moments = state.optimizer.momentums if state.optimizer is not None else {}
+    per_name = {}
+    for name, param in state.params.items():
+        tensors = [param, *([] if param.grad is None else [param.grad]), *moments.get(name, {}).values()]
+        per_name[f"bytes/{name}"] = np.array(
+            sum(t.numel() * t.element_size() for t in tensors if t.device.type != "meta")
+        )
+    return {"held_bytes": np.array(total(state)), **per_name}
 
 
 def fit_run(pipelined: bool) -> dict[str, np.ndarray]:
@@ -85,7 +109,8 @@ def fit_run(pipelined: bool) -> dict[str, np.ndarray]:
 
 def legacy_train(pipelined: bool, rank: int = 0) -> dict[str, np.ndarray]:
     """The legacy TrainingSession (Adam, 2-run accumulation) on 8 batches of 6 rows, with 2 pipeline
-    stages cut at the hidden activation and 2 micro-batches per run, or in one process."""
+    stages cut at the hidden activation and 2 micro-batches per run, or in one process: the losses, the
+    weights and the optimizer state."""
     from tests.helpers.legacy_models import LR, params_for, session
 
     settings: dict[str, Any] = {"gradient_accumulation_steps": 2}
@@ -103,8 +128,11 @@ def legacy_train(pipelined: bool, rank: int = 0) -> dict[str, np.ndarray]:
     for _ in range(8):
         x, y = rng.standard_normal((6, 4)).astype(np.float32), rng.integers(0, 3, 6).astype(np.int64)
         losses.append(float(sess.run(["loss"], {"x": x, "y": y, LR: np.array([0.02], np.float32)})[0]))
-    state = sess.get_model_state()["full_precision"]
-    return {"losses": np.array(losses), **{f"param/{n}": np.asarray(v) for n, v in state.items()}}
+    state = sess.get_model_state()["full_precision"]  # gathered from the stages, as the optimizer state
+    moments = {
+        f"opt/{w}/{key}": np.asarray(v) for w, values in sess.get_optimizer_state().items() for key, v in values.items()
+    }
+    return {"losses": np.array(losses), **{f"param/{n}": np.asarray(v) for n, v in state.items()}, **moments}
 
 
 def misuse(rank: int) -> dict[str, str]:

@@ -34,6 +34,7 @@ from tests.integration.test_distributed import require_success
 
 LOSS_TOLERANCE = 1e-6  # relative, every step
 PARAM_TOLERANCE = 1e-5
+EVAL_TOLERANCE = 1e-5  # relative: the eval loss on parameters within PARAM_TOLERANCE
 
 
 def launch(scenario: str, out: Path, timeout: float) -> None:
@@ -165,15 +166,24 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def assert_trains_like_one_process(out: Path, run: str, world_size: int) -> None:
-    """Every rank's losses (each step) and final parameters match one process's; the ranks agree bitwise."""
+    """Every rank's losses (each step), final parameters and eval loss match one process's; the ranks agree
+    bitwise; each rank holds the parameters, gradients and moments of its stage's parameters and no other."""
     reference = worker.train(run, pipelined=False)
+    fixture, settings = worker.RUNS[run]
+    graph, inputs, params = forward_of(fixture)
+    stages = cut_graph(graph, inputs, params, {}, PipelineOptions(**settings))
     ranks = [dict(np.load(out / f"{run}_rank{rank}.npz")) for rank in range(world_size)]
-    for result in ranks:
+    for stage, result in zip(stages, ranks):
         np.testing.assert_allclose(result["losses"], reference["losses"], rtol=LOSS_TOLERANCE, atol=0, err_msg=run)
+        np.testing.assert_allclose(result["eval_loss"], reference["eval_loss"], rtol=EVAL_TOLERANCE, err_msg=run)
         for key in reference:
             if key.startswith("param/"):
                 np.testing.assert_array_equal(result[key], ranks[0][key], err_msg=f"ranks differ on {key}")
                 np.testing.assert_allclose(result[key], reference[key], rtol=0, atol=PARAM_TOLERANCE, err_msg=key)
+        held = {name: int(result[f"bytes/{name}"]) for name in params}
+        assert held == {name: int(reference[f"bytes/{name}"]) if name in stage.params else 0 for name in params}
+        assert int(result["held_bytes"]) == sum(held.values()) > 0, (run, stage.params)
+    assert sum(int(result["held_bytes"]) for result in ranks) == int(reference["held_bytes"])
 
 
 @pytest.mark.distributed
@@ -191,8 +201,8 @@ def test_four_stages_train_like_one_process(tmp_path: Path) -> None:
 
 @pytest.mark.distributed
 def test_the_checkpoint_is_the_one_a_single_process_writes(trained: Path, tmp_path: Path) -> None:
-    """Rank 0 wrote the whole state: read back it holds the ranks' parameters, and one process saving
-    what it read writes the same bytes."""
+    """Rank 0 wrote the whole state, gathered from the stages: read back it holds the ranks' parameters, and
+    one process saving what it read writes the same bytes."""
     run = "transformer_1f1b"
     saved = trained / f"{run}.ckpt"
     state = CheckpointState.load_checkpoint(saved)
@@ -225,8 +235,9 @@ def test_legacy_pipeline_settings_train_like_one_process(tmp_path: Path) -> None
     for rank in range(2):
         result = dict(np.load(tmp_path / f"legacy_rank{rank}.npz"))
         np.testing.assert_allclose(result["losses"], reference["losses"], rtol=LOSS_TOLERANCE, atol=0)
-        for key in reference:
-            if key.startswith("param/"):
+        assert sorted(result) == sorted(reference) and any(key.startswith("opt/") for key in reference)
+        for key in reference:  # every stage's weights and optimizer state, on every rank
+            if key.startswith(("param/", "opt/")):
                 np.testing.assert_allclose(result[key], reference[key], rtol=0, atol=PARAM_TOLERANCE, err_msg=key)
 
 
