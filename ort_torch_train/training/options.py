@@ -226,12 +226,13 @@ class EngineOptions:
     def train_forward_compile_arguments(self) -> dict[str, Any] | None:
         """torch.compile's arguments for the train forward compiled alone (with recompute), else None.
 
-        Inductor's C++ wrapper cannot generate checkpoint's RNG replay: it is off unless a mode is asked for.
+        Inductor's C++ wrapper cannot generate checkpoint's RNG replay: it is off unless a mode or another
+        backend (which takes no inductor options) is asked for.
         """
         if self.compile_arguments is None or self.recompute is None or self.sharding is not None:
             return None
         arguments = dict(self.compile_arguments)
-        if "mode" not in arguments:
+        if "mode" not in arguments and arguments.get("backend", "inductor") == "inductor":
             arguments["options"] = {"cpp_wrapper": False, **(arguments.get("options") or {})}
         return arguments
 

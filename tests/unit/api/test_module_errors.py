@@ -165,4 +165,7 @@ def test_engine_options_compile_the_forward_alone_under_recompute():
     assert EngineOptions.of(compile="max-autotune", recompute=True).train_forward_compile_arguments == {
         "mode": "max-autotune"
     }
+    # another backend takes no inductor options (torch warns it ignores them)
+    aot_eager = EngineOptions.of(compile={"backend": "aot_eager"}, recompute=True)
+    assert aot_eager.train_forward_compile_arguments == {"backend": "aot_eager"}
     assert EngineOptions.of(recompute=RecomputePlan()).recompute is None  # a plan of nothing is off
