@@ -21,7 +21,7 @@ class HostScalars:
 
     def __init__(self, shape: tuple[int, ...]) -> None:
         self._array = np.zeros(shape, np.float32)
-        self._bytes = memoryview(self._array.reshape(-1)).cast("B")
+        self._bytes = self._array.reshape(-1).data.cast("B")
         self._format = struct.Struct(f"{self._array.size}f")  # each value rounded to float32 as it is packed
         self.tensor = torch.from_numpy(self._array)
 
