@@ -78,6 +78,9 @@ __all__ = [
     "functional_collectives",
     # pytree: a module's outputs counted as torch.onnx.export flattens them
     "tree_leaves",
+    # autograd: grad mode switched off for a block at a fraction of ``torch.no_grad()``'s cost (that one
+    # builds three objects per use), for the compiled steps' per-call path
+    "GradDisabled",
     # autograd: the saved-tensors hooks in force (checkpoint's, a caller's), which hooks nested inside
     # must hand on what they do not pack themselves; saved_tensors_hooks has no public accessor
     "current_saved_tensors_hooks",
@@ -121,6 +124,19 @@ def autograd_dispatch() -> Any:
     for key in ("AutogradFunctionality", "AutogradOther", "AutogradNestedTensor"):
         excluded = excluded.remove(getattr(torch._C.DispatchKey, key))
     return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), excluded)
+
+
+class GradDisabled:
+    """``with GradDisabled():`` runs its block with autograd's grad mode off, as ``torch.no_grad()`` does."""
+
+    __slots__ = ("previous",)
+
+    def __enter__(self) -> None:
+        self.previous = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+
+    def __exit__(self, *exception: object) -> None:
+        torch._C._set_grad_enabled(self.previous)
 
 
 def mark_static_address(tensor: Tensor) -> None:

@@ -11,7 +11,7 @@ with ``compile=True``, from the outside in:
 - the engine's ``train_and_update`` (no input conversion, no lock, no output wrapping);
 - the ``CompiledTrainStep`` call (the step's own argument handling);
 - the precompiled function alone (its guard check, AOTAutograd's and inductor's wrappers, the kernels;
-  under the step's BLAS thread setting, ``training/blas_threads.py``);
+  under the step's grad mode and BLAS thread setting, ``training/blas_threads.py``, as the step calls it);
 - that without its guard check (unsafe: for the measure only);
 - the same step through torch.compile's usual call instead (Dynamo's frame evaluation and guards), what
   ``CompiledTrainStep`` ran before it precompiled every step (``training/compile/precompiled.py``);
@@ -51,6 +51,7 @@ def layers(model_name: str, python_wrapper: bool = False) -> dict[str, Callable[
 
     from ort_torch_train.api import Module, Optimizer
     from ort_torch_train.state.fresh_gradients import pays_off
+    from ort_torch_train.torch_internals import GradDisabled
     from ort_torch_train.training.blas_threads import blas_threads_for
 
     directory = prepare_artifacts(MODELS[model_name], BENCH / ".cache", use_ort=True).directory
@@ -85,7 +86,7 @@ def layers(model_name: str, python_wrapper: bool = False) -> dict[str, Callable[
 
     def calling(function: Callable) -> Callable[[], object]:
         def call() -> object:
-            with torch.no_grad(), blas_threads_for(compiled_step._products, trainable[0].device):
+            with GradDisabled(), blas_threads_for(compiled_step._products, trainable[0].device):
                 return function(*arguments)
 
         return call

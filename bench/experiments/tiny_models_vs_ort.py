@@ -13,12 +13,15 @@ alternate between the sides, batch 8 and 64, round after round (the order rotate
   the process): TrainStep, OptimizerStep, LazyResetGrad on the model's package, timing its own loop;
 - ``compiled``: this project's Python API, ``Module(compile=True)``, the same three calls;
 - ``compiled-step``: the same process, ``module.step(optimizer, *inputs)`` (the three calls as one compiled call);
-- ``package``: ``Module(compile="package:DIR")``, the same three calls.
+- ``package``: ``Module(compile="package:DIR")``, the same three calls;
+- with ``--compiled-before PYTHON``: ``compiled-before-step``, ``module.step`` run by another checkout's
+  interpreter (its venv), for a before/after ratio in the same run.
 
 Every side runs one thread (OMP_NUM_THREADS=1) and the learning rate 1e-3. Packages are built once into
-bench/.cache/tiny-packages (not timed). Reported: each side's median block (microseconds per step) and its ratio
-to ORT's median at the same model and batch; the process's peak resident memory (VmHWM) after both batches; the
-session creation and first step, timed inside each process. Writes OUT.md and OUT.json.
+bench/.cache/tiny-packages (not timed) where a native or package side runs. Reported: each side's median block
+(microseconds per step) and its ratio to ORT's median at the same model and batch; the process's peak resident
+memory (VmHWM) after both batches; the session creation and first step, timed inside each process. Writes OUT.md
+and OUT.json.
 """
 
 from __future__ import annotations
@@ -135,7 +138,7 @@ def measure(model: str, programs: dict[str, Path], sides: tuple[Side, ...], argu
     fixture = FIXTURES[model]
     artifacts = ROOT / "tests" / "fixtures" / fixture / "artifacts"
     package = CACHE / "tiny-packages" / fixture
-    if not (package / "manifest.json").is_file():
+    if not (package / "manifest.json").is_file() and any(p in ("native", "package") for p, _ in sides):
         build_package(artifacts, package)
     inputs = CACHE / "tiny-inputs" / fixture
     write_inputs(fixture, inputs)
@@ -145,6 +148,8 @@ def measure(model: str, programs: dict[str, Path], sides: tuple[Side, ...], argu
         "compiled": [sys.executable, *worker, "compiled", str(artifacts), str(inputs)],
         "package": [sys.executable, *worker, "package", str(artifacts), str(inputs), str(package)],
     }
+    if arguments.compiled_before:
+        commands["compiled-before"] = [str(arguments.compiled_before), *worker, "compiled", str(artifacts), str(inputs)]
     for name, program in programs.items():
         commands[name] = [str(program), str(package), str(artifacts / "checkpoint"), str(inputs)]
     rounds, block_seconds = arguments.rounds, arguments.block_seconds
@@ -240,10 +245,17 @@ def main(argv: list[str] | None = None) -> dict:
         type=Path,
         help="also time this packaged_step_loop (built against another runtime) as native-before",
     )
+    parser.add_argument(
+        "--compiled-before",
+        type=Path,
+        help="also time module.step in this interpreter (a venv of another checkout) as compiled-before-step",
+    )
     args = parser.parse_args(argv)
     out = args.out or ROOT / "bench" / "results" / time.strftime("%Y%m%d-%H%M-tiny-models-vs-ort", time.gmtime())
     sides = tuple(s for s in SIDES if args.sides is None or s[0] == "ort" or side_name(*s) in args.sides)
-    programs = {"native": build_native()}
+    programs = {"native": build_native()} if ("native", "run") in sides else {}
+    if args.compiled_before:
+        sides += (("compiled-before", "step"),)
     if args.native_before:
         programs["native-before"] = args.native_before
         sides += (("native-before", "run"),)

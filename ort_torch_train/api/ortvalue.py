@@ -73,6 +73,11 @@ _ORT_DEVICE_NAMES = {"cpu": "Cpu", "cuda": "Cuda"}
 
 def numpy_to_tensor(array: np.ndarray, name: str) -> torch.Tensor:
     """A torch view of ``array`` (a copy only when torch cannot share it: read-only or negative strides)."""
+    if array.flags.writeable:  # the usual array: torch shares it, or refuses it and the checks below say why
+        try:
+            return torch.from_numpy(array)
+        except (TypeError, ValueError):
+            pass
     if array.dtype == object or array.dtype.kind in "USV":
         raise InputTypeError(f"input {name!r}: numeric array expected, got dtype {array.dtype}")
     if not array.flags.writeable or any(stride < 0 for stride in array.strides):
@@ -85,35 +90,42 @@ def to_tensors(values: Sequence[Any], names: Sequence[str]) -> tuple[list[torch.
     tensors: list[torch.Tensor] = []
     kinds = set()
     for position, value in enumerate(values):
-        name = names[position] if position < len(names) else f"#{position}"
         if isinstance(value, torch.Tensor):
             tensors.append(value)
             kinds.add("torch")
         elif isinstance(value, np.ndarray):
-            tensors.append(numpy_to_tensor(value, name))
+            tensors.append(numpy_to_tensor(value, _input_name(names, position)))
             kinds.add("numpy")
         elif isinstance(value, OrtValue):
             tensors.append(value.tensor)
             kinds.add("ortvalue")
         elif value is not None and hasattr(value, "numpy") and type(value).__name__ == "OrtValue":
-            tensors.append(numpy_to_tensor(value.numpy(), name))  # onnxruntime's own OrtValue
+            tensors.append(numpy_to_tensor(value.numpy(), _input_name(names, position)))  # onnxruntime's own OrtValue
             kinds.add("onnxruntime")
         else:
             shown = "None" if value is None else type(value).__name__
             raise InputTypeError(
-                f"input {name!r} (position {position}): expected a numpy array, torch tensor or OrtValue, got {shown}"
+                f"input {_input_name(names, position)!r} (position {position}): "
+                f"expected a numpy array, torch tensor or OrtValue, got {shown}"
             )
+    if len(kinds) == 1:  # one kind for every input: the usual call
+        (kind,) = kinds
+        return tensors, kind
     for kind in ("onnxruntime", "ortvalue"):
         if kind in kinds:
             return tensors, kind
     return tensors, "torch" if kinds == {"torch"} else "numpy"
 
 
+def _input_name(names: Sequence[str], position: int) -> str:
+    return names[position] if position < len(names) else f"#{position}"
+
+
 def from_tensors(outputs: Sequence[torch.Tensor], kind: str) -> Any:
     """Outputs in the caller's kind: a bare value for one output, a tuple for several."""
     converted: list[Any]
-    if kind == "numpy":
-        converted = [output.cpu().numpy() for output in outputs]
+    if kind == "numpy":  # a CPU tensor's numpy view directly: .cpu() of one returns itself, at a cost
+        converted = [output.numpy() if output.is_cpu else output.cpu().numpy() for output in outputs]
     elif kind == "ortvalue":
         converted = [OrtValue(output) for output in outputs]
     elif kind == "onnxruntime":  # onnxruntime.OrtValue in, onnxruntime.OrtValue out (code checks isinstance)

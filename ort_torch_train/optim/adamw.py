@@ -73,18 +73,19 @@ def adamw_step_scalars(hyperparameters: AdamWHyperparameters, step: int) -> Adam
     """The scalars of the 1-based ``step`` as ORT computes them from float32 hyperparameters."""
     h = hyperparameters
     bias_correction1, bias_correction2, corrected_lr = ort_step_scalars(step, h.lr, h.beta1, h.beta2, h.correct_bias)
-    return AdamWStepScalars(
-        lr=h.lr,
-        beta1=h.beta1,
-        one_minus_beta1=to_float32(1.0 - h.beta1),
-        beta2=h.beta2,
-        one_minus_beta2=to_float32(1.0 - h.beta2),
-        eps=h.eps,
-        bias_correction1=bias_correction1,
-        bias_correction2=bias_correction2,
-        corrected_lr=corrected_lr,
-        weight_decay=h.weight_decay,
-        decay_after=to_float32(h.lr * h.weight_decay),
+    one_minus_beta1, one_minus_beta2, decay_after = h.step_constants
+    return AdamWStepScalars(  # positional: a NamedTuple built from keywords costs more, at every step
+        h.lr,
+        h.beta1,
+        one_minus_beta1,
+        h.beta2,
+        one_minus_beta2,
+        h.eps,
+        bias_correction1,
+        bias_correction2,
+        corrected_lr,
+        h.weight_decay,
+        decay_after,
     )
 
 

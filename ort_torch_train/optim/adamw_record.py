@@ -4,6 +4,7 @@ hyperparameters, without torch; its kernels (``adamw.py``) are imported when the
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,6 +34,15 @@ class AdamWHyperparameters:
     weight_decay: float
     adam_mode: int  # 0: torch AdamW, 1: HF AdamW
     correct_bias: bool
+
+    @functools.cached_property
+    def step_constants(self) -> tuple[float, float, float]:
+        """``(1 - beta1, 1 - beta2, lr * weight_decay)`` in float32: the step's scalars that no step count changes."""
+        return (
+            to_float32(1.0 - self.beta1),
+            to_float32(1.0 - self.beta2),
+            to_float32(self.lr * self.weight_decay),
+        )
 
     def with_learning_rate(self, lr: float) -> AdamWHyperparameters:
         """These hyperparameters with another learning rate."""

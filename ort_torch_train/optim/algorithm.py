@@ -11,6 +11,7 @@ The built-in records sit in torch-free modules beside their kernels (``optim/ada
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
@@ -105,7 +106,10 @@ class LazyKernel:
     function: str
 
     def __call__(self, *args: Any) -> Any:
-        return getattr(importlib.import_module(self.module), self.function)(*args)
+        module = sys.modules.get(self.module)  # imported already: no import machinery at every step
+        if module is None:
+            module = importlib.import_module(self.module)
+        return getattr(module, self.function)(*args)
 
 
 def lazy_kernel(module: str, function: str) -> Callable[..., Any]:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from ort_torch_train.optim.algorithm import DEFAULT_LEARNING_RATE, PreparedKernel
 from ort_torch_train.optim.compiled import FusedUpdate, scalar_tensor
 from ort_torch_train.optim.float32 import to_float32
+from ort_torch_train.optim.host_scalars import HostScalars
 from ort_torch_train.optim.optimizer_model import OptimizerSpec
 from ort_torch_train.optim.schedulers import check_learning_rate
 from ort_torch_train.optim.scratch import make_scratch
@@ -73,7 +73,7 @@ class OptimizerEngine:
         self._kernel = PreparedKernel("", None, None)  # the kernel chosen for them, and its buffers
         self._prepared_device: torch.device | None = None
         self._prepared_generation: int | None = None  # the state's generation the tensor lists were built at
-        self._host_scalars: tuple[np.ndarray, Tensor] | None = None  # next_step_scalars' CPU buffer
+        self._host_scalars: HostScalars | None = None  # next_step_scalars' CPU buffer
         self.loss_scaler = loss_scaler
         self.last_step_skipped = False
         self.skipped_steps = 0
@@ -141,14 +141,13 @@ class OptimizerEngine:
         """The next step's scalars, computed as ORT computes them, for the fused update."""
         device = self._tensors.params[0].device
         scalars = self.algorithm.step_scalars(self._hyperparameters, self._optimizer_state.step + 1)
-        if isinstance(scalars, float) or device.type != "cpu":
+        if device.type != "cpu":
             return scalar_tensor(scalars, device)
         # on CPU one host tensor, rewritten each step: the compiled step reads it before it returns
-        if self._host_scalars is None:
-            array = np.empty(len(scalars), np.float32)
-            self._host_scalars = (array, torch.from_numpy(array))
-        self._host_scalars[0][:] = scalars
-        return self._host_scalars[1]
+        host = self._host_scalars
+        if host is None:
+            host = self._host_scalars = HostScalars(() if isinstance(scalars, float) else (len(scalars),))
+        return host.write(scalars)
 
     def count_step(self) -> None:
         """Count a step the fused update made."""

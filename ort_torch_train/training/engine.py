@@ -97,6 +97,7 @@ class TrainingEngine:
         self._train_params = [state.params[n] for n in train_params]
         self._train_plan = ParameterPlan.of(train_params, self.trainable_parameter_names)
         self._compile_arguments = FrozenArguments(options.compile_arguments)
+        self._records_cuda_graphs = records_cuda_graphs(self._compile_arguments)  # on a CUDA device
         self._frozen_train_names = self._train_plan.frozen_names(train_params)
         self._step_specs: dict[tuple, StepSpec] = {}  # _step_spec
         self._views: tuple | None = None  # (state generation, trainable, frozen, grads) for compiled steps
@@ -225,8 +226,8 @@ class TrainingEngine:
         reset = self._gradient_reset.pending
         device = self._train_params[0].device
         # CUDA graphs replay on gradients at fixed addresses
-        fresh = flat is not None and pays_off(flat) and update is not None and reset
-        fresh = fresh and not (device.type == "cuda" and records_cuda_graphs(self._compile_arguments))
+        fresh = flat is not None and reset and update is not None and pays_off(flat)
+        fresh = fresh and not (self._records_cuda_graphs and device.type == "cuda")
         spec = self._step_spec(update, reduction, precision, None if flat is None else flat.layout, fresh)
         step = self.train_graph.specialised(
             inputs,

@@ -23,7 +23,12 @@ from torch import Tensor, fx
 from ort_torch_train.convert.meta_keys import MATRIX_PRODUCTS
 from ort_torch_train.optim.clip import clip_grad_norm_
 from ort_torch_train.progress import Phase
-from ort_torch_train.torch_internals import dynamic_tracing_errors, mark_static_address, size_one_kept_dynamic
+from ort_torch_train.torch_internals import (
+    GradDisabled,
+    dynamic_tracing_errors,
+    mark_static_address,
+    size_one_kept_dynamic,
+)
 from ort_torch_train.training.blas_threads import blas_threads_for
 from ort_torch_train.training.compile import fallbacks, precompiled
 from ort_torch_train.training.compile.cache_entries import CompileCache
@@ -86,7 +91,6 @@ class CompiledTrainStep:
     ) -> tuple:
         inputs = [t if t.is_contiguous() else t.contiguous() for t in inputs]
         device = trainable[0].device
-        loss_scale = None if self._scaler is None else self._scaler.scale.to(device)
         arguments = (
             inputs,
             trainable,
@@ -95,17 +99,29 @@ class CompiledTrainStep:
             self._reset_flag(reset, device),
             tuple(states),
             scalars,
-            loss_scale,
+            None if self._scaler is None else self._scaler.scale.to(device),
         )
+        if self._called and not (self._cuda_graphs and device.type == "cuda"):  # the steady state
+            self._threads.hold(self._compiled_at_threads, device)
+            with GradDisabled(), blas_threads_for(self._products, device):
+                return self._compiled(*arguments)
+        return self._first_or_recorded_call(arguments, device)
+
+    def _first_or_recorded_call(self, arguments: tuple, device: torch.device) -> tuple:
+        """The first call (compiling the step), or a call of a step recorded as CUDA graphs."""
         first = not self._called
-        shapes = [tuple(t.shape) for t in inputs]
         compiling = (
-            Phase(log, "compiling the train step", done=f"compiled the train step for inputs {shapes}")
+            Phase(
+                log,
+                "compiling the train step",
+                done=f"compiled the train step for inputs {[tuple(t.shape) for t in arguments[0]]}",
+            )
             if first
             else nullcontext()
         )
         cuda_graphs = self._cuda_graphs and device.type == "cuda"
         if cuda_graphs:  # updated in place: CUDA graphs replay only on inputs at fixed addresses
+            trainable, frozen, grads, states = arguments[1], arguments[2], arguments[3], arguments[5]
             for tensor in (*trainable, *frozen, *grads, *(t for moments in states for t in moments)):
                 mark_static_address(tensor)
         if self._called:
@@ -113,7 +129,7 @@ class CompiledTrainStep:
         else:
             self._threads.follow_load(device)
             self._compiled_at_threads = torch.get_num_threads()
-        with compiling, torch.no_grad(), blas_threads_for(self._products, device):
+        with compiling, GradDisabled(), blas_threads_for(self._products, device):
             if self._precompile is None:
                 outputs = self._compiled(*arguments)
             else:  # traced so that batch 1 takes the graph of the other sizes
