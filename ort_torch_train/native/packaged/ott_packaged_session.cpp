@@ -134,10 +134,9 @@ struct Session::Description {
     if (!ended || !files.count("train"))
       throw Error(ORT_FAIL, "package '" + folder + "': " + kDescription + " is incomplete");
     for (const auto& [role, file] : files) {
-      if (file.empty() || file.find('/') != std::string::npos || file[0] == '.')
-        throw Error(ORT_FAIL, "package description: program file '" + file + "' leaves the folder");
+      std::string path = package_file(folder, file, "program " + role);
       try {
-        programs[role] = std::make_unique<torch::inductor::AOTIModelPackageLoader>(folder + "/" + file, "model", true);
+        programs[role] = std::make_unique<torch::inductor::AOTIModelPackageLoader>(path, "model", true);
       } catch (const std::exception& error) {
         throw Error(ORT_FAIL, "package '" + folder + "': cannot load '" + file + "': " + error.what());
       }
