@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/experiments/tiny_models_vs_ort.py [--models mlp cnn ...] [--rounds 7]
         [--block-seconds 0.05] [--ort-python .venv-ort/bin/python] [--out bench/results/STAMP-tiny-models-vs-ort]
+        [--sides ort native ...] [--native-before PROGRAM [--native-before-packages DIR]]
 
 For each model (tests/fixtures, made by ORT 1.19.2) it starts one process per side, each loading the checkpoint,
 creating its session and taking a first step (timed inside the process), then drives them in blocks that
@@ -146,7 +147,9 @@ def measure(model: str, programs: dict[str, Path], sides: tuple[Side, ...], argu
         "package": [sys.executable, *worker, "package", str(artifacts), str(inputs), str(package)],
     }
     for name, program in programs.items():
-        commands[name] = [str(program), str(package), str(artifacts / "checkpoint"), str(inputs)]
+        before = name == "native-before" and arguments.native_before_packages is not None
+        held = arguments.native_before_packages / fixture if before else package
+        commands[name] = [str(program), str(held), str(artifacts / "checkpoint"), str(inputs)]
     rounds, block_seconds = arguments.rounds, arguments.block_seconds
     workers = {name: Worker(commands[name]) for name in dict.fromkeys(process for process, _ in sides)}
     try:
@@ -239,6 +242,11 @@ def main(argv: list[str] | None = None) -> dict:
         "--native-before",
         type=Path,
         help="also time this packaged_step_loop (built against another runtime) as native-before",
+    )
+    parser.add_argument(
+        "--native-before-packages",
+        type=Path,
+        help="native-before trains the packages in this folder (one per fixture, by its name), not this build's",
     )
     args = parser.parse_args(argv)
     out = args.out or ROOT / "bench" / "results" / time.strftime("%Y%m%d-%H%M-tiny-models-vs-ort", time.gmtime())
