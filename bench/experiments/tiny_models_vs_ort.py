@@ -132,11 +132,13 @@ class Worker:
 def measure(model: str, programs: dict[str, Path], sides: tuple[Side, ...], arguments: argparse.Namespace) -> dict:
     """One model's blocks, peaks and start-up figures; ``programs``: the C programs by process name."""
     from ort_torch_train.training.package.build import build_package
+    from ort_torch_train.training.package.manifest import FORMAT
 
     fixture = FIXTURES[model]
     artifacts = ROOT / "tests" / "fixtures" / fixture / "artifacts"
     package = CACHE / "tiny-packages" / fixture
-    if not (package / "manifest.json").is_file():
+    manifest = package / "manifest.json"
+    if not manifest.is_file() or json.loads(manifest.read_text()).get("format") != FORMAT:  # none, or built before
         build_package(artifacts, package)
     inputs = CACHE / "tiny-inputs" / fixture
     write_inputs(fixture, inputs)
