@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/experiments/tiny_models_vs_ort.py [--models mlp cnn ...] [--rounds 7]
         [--block-seconds 0.05] [--ort-python .venv-ort/bin/python] [--out bench/results/STAMP-tiny-models-vs-ort]
+        [--sides ort native ...] [--native-before PROGRAM [--native-before-packages DIR]]
 
 For each model (tests/fixtures, made by ORT 1.19.2) it starts one process per side, each loading the checkpoint,
 creating its session and taking a first step (timed inside the process), then drives them in blocks that
@@ -134,11 +135,14 @@ class Worker:
 def measure(model: str, programs: dict[str, Path], sides: tuple[Side, ...], arguments: argparse.Namespace) -> dict:
     """One model's blocks, peaks and start-up figures; ``programs``: the C programs by process name."""
     from ort_torch_train.training.package.build import build_package
+    from ort_torch_train.training.package.manifest import FORMAT
 
     fixture = FIXTURES[model]
     artifacts = ROOT / "tests" / "fixtures" / fixture / "artifacts"
     package = CACHE / "tiny-packages" / fixture
-    if not (package / "manifest.json").is_file() and any(p in ("native", "package") for p, _ in sides):
+    manifest = package / "manifest.json"
+    stale = not manifest.is_file() or json.loads(manifest.read_text()).get("format") != FORMAT  # none, or built before
+    if stale and any(p in ("native", "package") for p, _ in sides):
         build_package(artifacts, package)
     inputs = CACHE / "tiny-inputs" / fixture
     write_inputs(fixture, inputs)
@@ -151,7 +155,9 @@ def measure(model: str, programs: dict[str, Path], sides: tuple[Side, ...], argu
     if arguments.compiled_before:
         commands["compiled-before"] = [str(arguments.compiled_before), *worker, "compiled", str(artifacts), str(inputs)]
     for name, program in programs.items():
-        commands[name] = [str(program), str(package), str(artifacts / "checkpoint"), str(inputs)]
+        before = name == "native-before" and arguments.native_before_packages is not None
+        held = arguments.native_before_packages / fixture if before else package
+        commands[name] = [str(program), str(held), str(artifacts / "checkpoint"), str(inputs)]
     rounds, block_seconds = arguments.rounds, arguments.block_seconds
     workers = {name: Worker(commands[name]) for name in dict.fromkeys(process for process, _ in sides)}
     try:
@@ -249,6 +255,11 @@ def main(argv: list[str] | None = None) -> dict:
         "--compiled-before",
         type=Path,
         help="also time module.step in this interpreter (a venv of another checkout) as compiled-before-step",
+    )
+    parser.add_argument(
+        "--native-before-packages",
+        type=Path,
+        help="native-before trains the packages in this folder (one per fixture, by its name), not this build's",
     )
     args = parser.parse_args(argv)
     out = args.out or ROOT / "bench" / "results" / time.strftime("%Y%m%d-%H%M-tiny-models-vs-ort", time.gmtime())

@@ -6,6 +6,7 @@ byte for byte as the Python run through the same package writes it. Every bad ca
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -18,7 +19,7 @@ from ort_torch_train.api import LinearLRScheduler, Module, Optimizer
 from ort_torch_train.cli.main import main
 from ort_torch_train.native.packaged_build import packaged_flags
 from ort_torch_train.state.training_state import TrainingState
-from tests.helpers.native import PROGRAMS
+from tests.helpers.native import MLP, PROGRAMS
 from tests.helpers.ort_peer import ORT_PYTHON, run_ort
 from tests.helpers.packaged import fixture_package, packaged_program, packaged_runtime
 from tests.helpers.paths import FIXTURES
@@ -228,7 +229,11 @@ def test_onnx_runtime_loads_the_checkpoint_the_runtime_saved(c_run: tuple[str, P
     [
         ("torch ", "torch 1.0.0", "was built for another torch version: '1.0.0'"),
         ("machine ", "machine riscv64", "was built for another CPU architecture: 'riscv64'"),
-        ("program train ", "program train ../train_step.pt2", "program file '../train_step.pt2' leaves the folder"),
+        ("program train ", "program train ../train_step.pt2", "the file '../train_step.pt2', which holds a path"),
+        ("program train ", "program train /etc/passwd", "entry 'program train' of native_steps.txt names the file "),
+        ("program train ", "program train a/b", "'a/b', which holds a path separator; expected the name of a file"),
+        ("program train ", "program train ..", "the file '..', which names a folder"),
+        ("program train ", "program train a\x01b", "the file 'a\\x01b', which holds a control character"),
         ("end", "", "native_steps.txt is incomplete"),
         (
             "parameter trainable 0.bias ",
@@ -252,6 +257,41 @@ def test_a_package_built_elsewhere_or_damaged_is_a_status_naming_which(
     description.write_text("".join(f"{text}\n" for text in lines if text))
     done = _run_c(built[1], edited, CASE, tmp_path)
     assert done.returncode == 1 and "CreateTrainingSession" in done.stderr and named in done.stderr, done.stderr
+
+
+def _edited_export(package: Path, folder: Path, model_file: str, program_file: str) -> Path:
+    """A copy of package whose description names model_file and program_file for its export 0."""
+    edited = folder / "package"
+    shutil.copytree(package, edited)
+    description = edited / "native_steps.txt"
+    lines = [
+        f"export 0 {model_file} {program_file}" if text.startswith("export 0 ") else text
+        for text in description.read_text().splitlines()
+    ]
+    description.write_text("".join(f"{text}\n" for text in lines))
+    return edited
+
+
+@pytest.mark.parametrize("name", ["../export_0.onnx", "/etc/passwd"])
+def test_an_export_file_named_outside_the_package_is_a_status_of_the_call_that_reads_it(
+    built: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, name: str
+) -> None:
+    """ExportModelForInferencing reads the export's model file and CreateSession (tests/native/packaged_boundary.c,
+    which runs the model it exported) its program: each refuses a name that leaves the package, naming it."""
+    package = _package(CASE, tmp_path_factory)
+    edited = _edited_export(package, tmp_path / "model", name, "export_0.pt2")
+    done = _run_c(built[1], edited, CASE, tmp_path / "model")
+    assert done.returncode == 1 and "ExportModelForInferencing" in done.stderr, done.stderr
+    assert f"the entry 'export 0' of native_steps.txt names the file '{name}', which " in done.stderr, done.stderr
+
+    edited = _edited_export(package, tmp_path / "program", "export_0.onnx", name)
+    (tmp_path / "program" / "out").mkdir()
+    boundary = packaged_program(tmp_path_factory, PROGRAMS / "packaged_boundary.c")
+    arguments = [str(boundary), str(edited), str(MLP / "checkpoint"), str(tmp_path / "program" / "out"), "logits"]
+    environment = {**os.environ, "ORT_TORCH_TRAIN_PACKAGE": str(edited)}
+    done = subprocess.run([*arguments, str(MLP)], capture_output=True, text=True, env=environment, timeout=scaled(300))
+    assert done.returncode == 1 and "CreateSession" in done.stderr, done.stdout[-2000:] + done.stderr
+    assert f"the entry 'export 0' of native_steps.txt names the file '{name}', which " in done.stderr, done.stderr
 
 
 def test_the_command_line_prints_the_runtime_flags(built: tuple[Path, Path], capsys: pytest.CaptureFixture) -> None:

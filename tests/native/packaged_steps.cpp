@@ -5,7 +5,7 @@
 // the trainable parameters (P of them, given first as "count P\n"), the moments' count M ("count M\n") and their
 // M * P tensors (moment by moment), the steps' count S ("count S\n"), then per step its user inputs (the train program's count, "count I\n" given
 // once before the steps) and the optimizer's scalars. Each step is TrainStep (the gradients reset), then
-// OptimizerStep. It prints "libpython mapped: N" (the /proc/self/maps lines naming libpython), each step's
+// OptimizerStep; the programs write the gradients, parameters and moments in place. It prints "libpython mapped: N" (the /proc/self/maps lines naming libpython), each step's
 // loss as "loss %.9g", then each parameter's values as "param %.9g ...".
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 
@@ -16,6 +16,7 @@
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -89,17 +90,13 @@ int main(int argc, char** argv) {
       arguments.insert(arguments.end(), params.begin(), params.end());
       arguments.insert(arguments.end(), grads.begin(), grads.end());
       arguments.push_back(reset);
-      std::vector<at::Tensor> returned = train.run(arguments);
-      const size_t outputs = returned.size() - parameters;  // the package has no frozen parameters here
+      std::vector<at::Tensor> returned = train.run(arguments);  // the package has no frozen parameters here
       std::printf("loss %.9g\n", returned[0].item<float>());
-      for (int i = 0; i < parameters; i++) grads[i] = returned[outputs + i];
       std::vector<at::Tensor> update(params);
       update.insert(update.end(), grads.begin(), grads.end());
       update.insert(update.end(), states.begin(), states.end());
       update.push_back(tensor(in));
-      returned = optimizer.run(update);
-      for (int i = 0; i < parameters; i++) params[i] = returned[i];
-      for (int i = 0; i < moments * parameters; i++) states[i] = returned[2 * parameters + i];
+      if (!optimizer.run(update).empty()) throw std::runtime_error("the optimizer program returned tensors");
     }
     for (const auto& param : params) {
       at::Tensor flat = param.contiguous().view({-1});

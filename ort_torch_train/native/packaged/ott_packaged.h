@@ -135,6 +135,7 @@ struct ExportSet {
     TensorSpec tensor;
     uint64_t offset = 0, length = 0;
   };
+  int64_t index = 0;  // its description's "export INDEX MODEL_FILE PROGRAM_FILE" entry
   std::string folder, model_file, program_file;
   std::vector<std::string> outputs;
   std::vector<TensorSpec> inputs;
@@ -168,6 +169,10 @@ void set_inference_members(void** slots);
 // CreateTrainingSession's rule for model paths (ott_packaged_locate.cpp): a package folder is the package itself; a
 // model file's package is $ORT_TORCH_TRAIN_PACKAGE, else the folder "package" beside the file.
 std::string package_folder_for(const std::string& train_model_path);
+// The path of the file `name` in the package folder, for the description's entry `entry` that names it. Every file
+// name the runtime reads from a package is untrusted: an empty name, an absolute one, one with '/' or '\\', '.' or
+// '..', or one holding a control character is an Error naming the file, the entry and what a name must be.
+std::string package_file(const std::string& folder, const std::string& name, const std::string& entry);
 // One model given to CreateTrainingSession(FromBuffer): its role, bytes and where they came from.
 struct GivenModel {
   std::string role, bytes, where;

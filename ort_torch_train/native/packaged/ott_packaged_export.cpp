@@ -12,10 +12,6 @@ namespace {
 
 constexpr size_t kModelLimit = (size_t(1) << 31) - 1;  // bytes of a prepared model at most (one protobuf message)
 
-bool safe_file_name(const std::string& file) {
-  return !file.empty() && file.find('/') == std::string::npos && file[0] != '.';
-}
-
 ExportSet& export_numbered(Prepared& prepared, std::istringstream& words, const std::string& line) {
   int64_t index = -1;
   words >> index;
@@ -45,8 +41,7 @@ bool Prepared::read(const std::string& key, std::istringstream& words, const std
     words >> index >> set->model_file >> set->program_file;
     if (!words || index < 0 || exports.count(index))
       throw Error(ORT_FAIL, "package description: malformed line '" + line + "'");
-    for (const std::string& file : {set->model_file, set->program_file})
-      if (!safe_file_name(file)) throw Error(ORT_FAIL, "package description: export file '" + file + "' leaves the folder");
+    set->index = index;  // its file names are checked where they are read (package_file)
     set->folder = folder;
     exports[index] = set;
   } else if (key == "export_input") {
@@ -122,7 +117,8 @@ void export_model(const Prepared& prepared, CheckpointData& state, const std::st
                            " (build the package with `ort-torch-train package --export-outputs NAMES`)");
   if (state.is_nominal)
     throw invalid_argument("ExportModelForInferencing: the checkpoint state is nominal (no parameter values)");
-  std::string bytes = read_file(prepared.folder + "/" + chosen->model_file, kModelLimit, "ExportModelForInferencing");
+  std::string model = package_file(prepared.folder, chosen->model_file, "export " + std::to_string(chosen->index));
+  std::string bytes = read_file(model, kModelLimit, "ExportModelForInferencing");
   for (const ExportSet::Range& range : chosen->parameters) {
     at::Tensor* tensor = state.find(range.tensor.name);
     if (tensor == nullptr || tensor->scalar_type() != range.tensor.dtype || tensor->sizes().vec() != range.tensor.shape)

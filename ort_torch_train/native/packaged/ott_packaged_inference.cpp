@@ -28,9 +28,9 @@ std::vector<std::weak_ptr<const ExportSet>> registry;
 
 // Whether model is the prepared model of set with other parameter values: equal bytes outside the ranges.
 bool is_export_of(const std::string& model, const ExportSet& set) {
-  std::string prepared;
+  std::string path = package_file(set.folder, set.model_file, "export " + std::to_string(set.index)), prepared;
   try {
-    prepared = read_file(set.folder + "/" + set.model_file, kModelLimit, "CreateSession");
+    prepared = read_file(path, kModelLimit, "CreateSession");
   } catch (const Error&) {
     return false;
   }
@@ -83,9 +83,9 @@ OrtStatus* CreateSession(const OrtEnv* env, const ORTCHAR_T* path, const OrtSess
         if (range.length) std::memcpy(tensor.data_ptr(), model.data() + range.offset, range.length);
         session->parameters.push_back(tensor);
       }
+      std::string program = ott::package_file(set->folder, set->program_file, "export " + std::to_string(set->index));
       try {
-        session->program = std::make_unique<torch::inductor::AOTIModelPackageLoader>(
-            set->folder + "/" + set->program_file, "model", true);
+        session->program = std::make_unique<torch::inductor::AOTIModelPackageLoader>(program, "model", true);
       } catch (const std::exception& error) {
         throw Error(ORT_FAIL, "CreateSession: cannot load '" + set->program_file + "': " + error.what());
       }

@@ -6,6 +6,8 @@
 #include <c10/util/hash.h>
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 
@@ -37,7 +39,37 @@ std::map<std::string, std::string> recorded_digests(const std::string& folder) {
   return prepared.artifacts;
 }
 
+// A name as an error message shows it: each control character as \xHH, so that none cuts or hides the message.
+std::string shown(const std::string& name) {
+  std::string text;
+  for (unsigned char c : name) {
+    if (c < 0x20 || c == 0x7f) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof escaped, "\\x%02x", unsigned(c));
+      text += escaped;
+    } else {
+      text += char(c);
+    }
+  }
+  return text;
+}
+
 }  // namespace
+
+std::string package_file(const std::string& folder, const std::string& name, const std::string& entry) {
+  const char* wrong = nullptr;
+  if (name.empty()) wrong = "is empty";
+  else if (name[0] == '/') wrong = "is absolute";
+  else if (name.find_first_of("/\\") != std::string::npos) wrong = "holds a path separator";
+  else if (name == "." || name == "..") wrong = "names a folder";
+  else if (std::any_of(name.begin(), name.end(), [](unsigned char c) { return c < 0x20 || c == 0x7f; }))
+    wrong = "holds a control character";
+  if (wrong != nullptr)
+    throw Error(ORT_FAIL, "package '" + folder + "': the entry '" + shown(entry) + "' of native_steps.txt names the " +
+                              "file '" + shown(name) + "', which " + wrong + "; expected the name of a file in the " +
+                              "package folder (not empty, no '/' or '\\', not '.' or '..', no control character)");
+  return folder + "/" + name;
+}
 
 std::string package_folder_for(const std::string& train_model_path) {
   if (is_directory(train_model_path)) return train_model_path;

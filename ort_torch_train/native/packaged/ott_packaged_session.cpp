@@ -38,25 +38,16 @@ std::string shape_text(const std::vector<int64_t>& shape) {
 
 namespace {
 
-constexpr const char* kFormat = "ort-torch-train-native/1";
+constexpr const char* kFormat = "ort-torch-train-native/2";
 constexpr const char* kDescription = "native_steps.txt";
 constexpr const char* kGroup = "group0";         // ORT's one optimizer group
 constexpr float kDefaultLearningRate = 0.001f;   // ORT's, until the first SetLearningRate
 
 using Entry = TensorSpec;
 
-// `target` made to hold `value`: where both have one layout, `target` takes over `value`'s storage (no copy; every
-// handle to `target`, the checkpoint state's included, sees it), else `value` is copied into it.
-void adopt(at::Tensor& target, const at::Tensor& value) {
-  if (target.is_same(value)) return;
-  c10::TensorImpl* impl = target.unsafeGetTensorImpl();
-  if (value.scalar_type() == target.scalar_type() && value.device() == target.device() &&
-      value.sizes() == target.sizes() && value.strides() == target.strides() && impl->allow_tensor_metadata_change()) {
-    impl->set_storage_keep_dtype(value.storage());
-    impl->set_storage_offset(value.storage_offset());
-  } else {
-    target.copy_(value);
-  }
+// The programs write the parameters, gradients, moments and frozen statistics in place, as contiguous tensors.
+void require_contiguous(const at::Tensor& tensor, const std::string& what) {
+  if (!tensor.is_contiguous()) throw invalid_argument("CreateTrainingSession: " + what + " is not contiguous");
 }
 
 }  // namespace
@@ -134,10 +125,9 @@ struct Session::Description {
     if (!ended || !files.count("train"))
       throw Error(ORT_FAIL, "package '" + folder + "': " + kDescription + " is incomplete");
     for (const auto& [role, file] : files) {
-      if (file.empty() || file.find('/') != std::string::npos || file[0] == '.')
-        throw Error(ORT_FAIL, "package description: program file '" + file + "' leaves the folder");
+      std::string path = package_file(folder, file, "program " + role);
       try {
-        programs[role] = std::make_unique<torch::inductor::AOTIModelPackageLoader>(folder + "/" + file, "model", true);
+        programs[role] = std::make_unique<torch::inductor::AOTIModelPackageLoader>(path, "model", true);
       } catch (const std::exception& error) {
         throw Error(ORT_FAIL, "package '" + folder + "': cannot load '" + file + "': " + error.what());
       }
@@ -194,6 +184,10 @@ Session::Session(const std::string& folder, OrtCheckpointState* state)
   };
   bind(description_->trainable, trainable_);
   bind(description_->frozen, frozen_);
+  for (size_t i = 0; i < trainable_.size(); i++)
+    require_contiguous(trainable_[i], "parameter '" + description_->trainable[i].name + "'");
+  for (size_t i = 0; i < frozen_.size(); i++)
+    require_contiguous(frozen_[i], "parameter '" + description_->frozen[i].name + "'");
   for (const std::string& name : description_->order) {  // the flat buffer's order: the training graph's
     for (size_t i = 0; i < trainable_.size(); i++)
       if (description_->trainable[i].name == name) ordered_.push_back({true, trainable_[i]});
@@ -227,6 +221,7 @@ Session::Session(const std::string& folder, OrtCheckpointState* state)
         throw invalid_argument("CreateTrainingSession: moment '" + moment + "' of '" +
                                description_->trainable[i].name + "' does not match its parameter");
       }
+      require_contiguous(*found, "moment '" + moment + "' of '" + description_->trainable[i].name + "'");
       moments_.back().push_back(*found);
     }
   }
@@ -234,9 +229,9 @@ Session::Session(const std::string& folder, OrtCheckpointState* state)
 
 Session::~Session() = default;
 
-// The steps copy no tensor: the programs' arguments are handed over (boxed_run), the gradients are the train
-// program's outputs themselves (the session alone holds them) and the parameters, moments and frozen statistics
-// take over their new values' storage (adopt).
+// The steps copy and allocate no state: the programs' arguments are handed over (boxed_run) and the programs write
+// the gradients, frozen statistics, parameters and moments in place (every handle to them, the checkpoint state's
+// included, sees the new values).
 std::vector<at::Tensor> Session::train_step(const std::vector<at::Tensor>& inputs) {
   std::vector<at::Tensor> arguments = description_->checked("train", inputs, "TrainStep");
   arguments.reserve(arguments.size() + 2 * grads_.size() + frozen_.size() + 1);
@@ -245,13 +240,9 @@ std::vector<at::Tensor> Session::train_step(const std::vector<at::Tensor>& input
   arguments.insert(arguments.end(), grads_.begin(), grads_.end());
   arguments.push_back(reset_flags_[reset_ ? 1 : 0]);
   std::vector<at::Tensor> returned = description_->program("train").boxed_run(std::move(arguments));
-  const size_t outputs = train_outputs_;
-  if (returned.size() != outputs + grads_.size() + frozen_.size())
+  if (returned.size() != train_outputs_)
     throw Error(ORT_FAIL, "TrainStep: the train program returned " + std::to_string(returned.size()) + " tensors");
-  for (size_t i = 0; i < grads_.size(); i++) grads_[i] = std::move(returned[outputs + i]);
-  for (size_t i = 0; i < frozen_.size(); i++) adopt(frozen_[i], returned[outputs + grads_.size() + i]);
   reset_ = false;
-  returned.resize(outputs);
   return returned;
 }
 
@@ -297,15 +288,9 @@ void Session::optimizer_step() {
   arguments.insert(arguments.end(), grads_.begin(), grads_.end());
   for (const auto& moment : moments_) arguments.insert(arguments.end(), moment.begin(), moment.end());
   arguments.push_back(scalars_);
-  const size_t expected = arguments.size() - 1;
   std::vector<at::Tensor> returned = description_->program("optimizer").boxed_run(std::move(arguments));
-  if (returned.size() != expected)
+  if (!returned.empty())
     throw Error(ORT_FAIL, "OptimizerStep: the optimizer program returned " + std::to_string(returned.size()) + " tensors");
-  const size_t count = trainable_.size();
-  for (size_t i = 0; i < count; i++) adopt(trainable_[i], returned[i]);
-  for (size_t i = 0; i < count; i++) grads_[i] = std::move(returned[count + i]);  // clipped where the model clips
-  for (size_t m = 0; m < moments_.size(); m++)
-    for (size_t i = 0; i < count; i++) adopt(moments_[m][i], returned[(2 + m) * count + i]);
   state_->data.optimizer.step = step;
 }
 

@@ -21,7 +21,7 @@ from ort_torch_train.errors import PackageError
 from ort_torch_train.fileio import atomic_write_bytes, path_inside, read_regular_file
 from ort_torch_train.torch_internals import cpu_features
 
-FORMAT = "ort-torch-train-package/1"
+FORMAT = "ort-torch-train-package/2"  # /2: the programs update their state in place
 MANIFEST = "manifest.json"
 MANIFEST_LIMIT = 16 * 1024 * 1024  # bytes read of a manifest at most
 TRAINING, EVAL, OPTIMIZER = "training_model", "eval_model", "optimizer_model"

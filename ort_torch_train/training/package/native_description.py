@@ -21,7 +21,7 @@ from ort_torch_train.optim.algorithm import Hyperparameters
 from ort_torch_train.training.package.exports import ExportTemplate
 from ort_torch_train.training.package.manifest import Manifest, Program, TensorEntry
 
-FORMAT = "ort-torch-train-native/1"
+FORMAT = "ort-torch-train-native/2"  # /2: the programs update their state in place
 DESCRIPTION = "native_steps.txt"
 
 

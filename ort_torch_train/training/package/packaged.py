@@ -107,14 +107,18 @@ class PackagedSteps:
         grads: Sequence[Tensor],
         reset: bool,
     ) -> tuple[Tensor, ...]:
-        """Forward and backward: ``grads`` replaced (``reset``) or added to, ``frozen`` updated; the outputs."""
+        """Forward and backward: ``grads`` replaced (``reset``) or added to, ``frozen`` updated, in place; the
+        outputs."""
         program = self.manifest.train
         inputs = _checked_inputs(program, inputs, "TrainStep")
-        returned = self._train([*inputs, *trainable, *frozen, *grads, self._flags[bool(reset)]])
-        count = len(program.outputs)
-        with torch.no_grad():
-            torch._foreach_copy_([*grads, *frozen], list(returned[count:]))
-        return tuple(returned[:count])
+        state = [*trainable, *frozen, *grads]
+        _require_contiguous(state, "TrainStep")
+        returned = self._train([*inputs, *state, self._flags[bool(reset)]])
+        if len(returned) != len(program.outputs):
+            raise PackageError(
+                f"package {os.fspath(self.folder)!r}: the train program returned {len(returned)} tensors"
+            )
+        return tuple(returned)
 
     def eval_step(self, inputs: Sequence[Tensor], params: Sequence[Tensor]) -> tuple[Tensor, ...]:
         """The eval graph's outputs."""
@@ -132,10 +136,19 @@ class PackagedSteps:
         if self._optimizer is None or self.manifest.optimizer is None:
             raise PackageError(f"package {os.fspath(self.folder)!r} holds no optimizer step")
         (scalars,) = _checked_inputs(self.manifest.optimizer, [scalars], "OptimizerStep")
-        flat_moments = [tensor for moment in moments for tensor in moment]
-        returned = self._optimizer([*params, *grads, *flat_moments, scalars])
-        with torch.no_grad():
-            torch._foreach_copy_([*params, *grads, *flat_moments], list(returned))
+        state = [*params, *grads, *(tensor for moment in moments for tensor in moment)]
+        _require_contiguous(state, "OptimizerStep")
+        if self._optimizer([*state, scalars]):
+            raise PackageError(f"package {os.fspath(self.folder)!r}: the optimizer program returned tensors")
+
+
+def _require_contiguous(tensors: Sequence[Tensor], what: str) -> None:
+    """The programs write the parameters, gradients, moments and frozen statistics in place, as contiguous tensors."""
+    for tensor in tensors:
+        if not tensor.is_contiguous():
+            raise InputError(
+                f"{what}: a packaged step updates its state in place; got a non-contiguous {list(tensor.shape)} tensor"
+            )
 
 
 def _checked_inputs(program: Program, inputs: Sequence[Tensor], what: str) -> list[Tensor]:

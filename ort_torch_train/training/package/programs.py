@@ -1,14 +1,15 @@
 """The steps a package holds, as pure functions of tensors, and their ahead-of-time compilation.
 
-Each step takes every tensor it reads as an argument and returns every tensor it changes, so that
-``torch.export`` sees no mutation of an input: the caller copies the returned tensors over its own.
+Each step takes every tensor it reads as an argument and updates the state it changes in place: torch.export
+records the writes as mutations of its inputs and AOTInductor's program makes them into the caller's tensors
+(which must be contiguous), so that a step allocates no new parameter, gradient or moment.
 
-- train: ``(*inputs, *trainable, *frozen, *grads, reset) -> (*outputs, *grads, *frozen)``, forward and
-  ``torch.func.grad``'s backward; the gradients replace ``grads`` where ``reset`` (a boolean tensor) is
-  true, else add to them (ORT's accumulation until ``LazyResetGrad``); ``frozen`` comes back with what the
-  forward updated in it (BatchNorm's running statistics).
-- optimizer: ``(*params, *grads, *moments, scalars) -> (*params, *grads, *moments)``, the optimizer's
-  fused update (``optim/compiled.py``), clipping first where the optimizer model does.
+- train: ``(*inputs, *trainable, *frozen, *grads, reset) -> outputs``, forward and ``torch.func.grad``'s
+  backward; the gradients replace ``grads`` where ``reset`` (a boolean tensor) is true, else add to them
+  (ORT's accumulation until ``LazyResetGrad``); ``frozen`` takes what the forward updated in it (BatchNorm's
+  running statistics).
+- optimizer: ``(*params, *grads, *moments, scalars) -> ()``, the optimizer's fused update
+  (``optim/compiled.py``) of params and moments, the gradients clipped first where the optimizer model clips.
 - eval: ``(*inputs, *params) -> outputs``, the eval graph's forward.
 """
 
@@ -40,7 +41,8 @@ def train_function(module: Callable[..., Sequence[Tensor]], inputs: int, plan: P
     def train_step(*args: Tensor) -> tuple[Tensor, ...]:
         user = args[:inputs]
         trainable = list(args[inputs : inputs + trainable_count])
-        frozen = [tensor.clone() for tensor in args[inputs + trainable_count : inputs + trainable_count + frozen_count]]
+        held = args[inputs + trainable_count : inputs + trainable_count + frozen_count]
+        frozen = [tensor.clone() for tensor in held]
         grads = args[inputs + trainable_count + frozen_count : -1]
         reset = args[-1]
 
@@ -52,8 +54,11 @@ def train_function(module: Callable[..., Sequence[Tensor]], inputs: int, plan: P
             return (loss if loss.dim() == 0 else loss.sum()), outputs  # a non-scalar loss: ORT's ones seed
 
         gradients, outputs = torch.func.grad(loss_and_outputs, argnums=0, has_aux=True)(trainable, frozen)
-        accumulated = [torch.where(reset, new, old + new) for old, new in zip(grads, gradients)]
-        return (*outputs, *accumulated, *frozen)
+        for old, new in zip(grads, gradients):
+            old.copy_(torch.where(reset, new, old + new))
+        for target, updated in zip(held, frozen):
+            target.copy_(updated)
+        return tuple(outputs)
 
     return train_step
 
@@ -62,16 +67,14 @@ def optimizer_function(update: FusedUpdate, parameters: int, moments: int) -> Ca
     """The optimizer step of ``update`` over ``parameters`` trainable tensors with ``moments`` moments each."""
 
     def optimizer_step(*args: Tensor) -> tuple[Tensor, ...]:
-        params = [tensor.clone() for tensor in args[:parameters]]
-        grads = [tensor.clone() for tensor in args[parameters : 2 * parameters]]
-        states = [
-            [tensor.clone() for tensor in args[(2 + m) * parameters : (3 + m) * parameters]] for m in range(moments)
-        ]
+        params = list(args[:parameters])
+        grads = list(args[parameters : 2 * parameters])
+        states = [list(args[(2 + m) * parameters : (3 + m) * parameters]) for m in range(moments)]
         scalars = args[-1]
         if update.clip_max_norm is not None:
             clip_grad_norm_(grads, update.clip_max_norm)
         update.kernel(params, grads, *states, scalars, *update.constants)
-        return (*params, *grads, *(tensor for state in states for tensor in state))
+        return ()
 
     return optimizer_step
 
