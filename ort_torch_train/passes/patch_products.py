@@ -25,7 +25,10 @@ from ort_torch_train.passes.meta_keys import FUSIONS
 def patches_product(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.conv2d(x, weight, bias, stride=kernel)`` (N, C, H, W) -> (N, O, H // kh, W // kw), as the kernel
     (a matrix) times each image's non-overlapping patches, copied row-major as columns; the result is
-    row-major, as the convolution's is."""
+    row-major, as the convolution's is (under autocast, the convolution itself: its dtypes follow
+    autocast's rules)."""
+    if torch.is_autocast_enabled(x.device.type):
+        return F.conv2d(x, weight, bias, stride=weight.shape[2:])
     batch = x.shape[0]
     out_channels, _, kernel_h, kernel_w = weight.shape
     windows = x.unfold(2, kernel_h, kernel_h).unfold(3, kernel_w, kernel_w)  # N, C, H', W', kh, kw

@@ -36,6 +36,16 @@ def test_the_product_has_the_convolutions_values_and_gradients(shape, kernel, wi
         torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
 
 
+def test_under_autocast_the_product_is_the_convolution():
+    torch.manual_seed(0)
+    x, weight, bias = torch.randn(2, 3, 16, 16), torch.randn(5, 3, 4, 4), torch.randn(5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = F.conv2d(x, weight, bias, stride=4)
+        found = patches_product(x, weight, bias)
+    assert found.dtype == expected.dtype == torch.bfloat16
+    torch.testing.assert_close(found, expected, rtol=0, atol=0)
+
+
 class _Convs(torch.nn.Module):
     """A patch convolution and four that are not (overlapping, padded, dilated, grouped), as converted."""
 
