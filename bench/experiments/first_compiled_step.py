@@ -1,7 +1,7 @@
 """First compiled steps of tiny models, ours against the same torch models under plain torch.compile.
 
     PYTHONPATH=. .venv/bin/python bench/experiments/first_compiled_step.py export DIR [ROW ...]
-    PYTHONPATH=. .venv/bin/python bench/experiments/first_compiled_step.py table DIR OUT.json [ROW ...]
+    PYTHONPATH=. .venv/bin/python bench/experiments/first_compiled_step.py table [--together] DIR OUT.json [ROW ...]
     PYTHONPATH=. .venv/bin/python bench/experiments/first_compiled_step.py measure ROOT DIR ROW OUT.json
     PYTHONPATH=. .venv/bin/python bench/experiments/first_compiled_step.py reference DIR ROW OUT.json
     PYTHONPATH=. .venv/bin/python bench/experiments/first_compiled_step.py markdown TABLE.json [...]
@@ -28,14 +28,15 @@ compile timers, ``compile_phases.py``; the rest, running the step; every timer i
 ``table`` runs, row by row, ``measure`` on this checkout then ``reference``, each in its own process
 with its own empty inductor cache directory, and writes every result, the load average and
 ``process_tree_cpu_s`` (CPU seconds of the whole process and its compilers: less sensitive to other
-jobs than seconds of wall time) to OUT.json (after each row). ``markdown`` prints tables' rows as Markdown.
+jobs than seconds of wall time) to OUT.json (after each side). ``--together`` starts the two sides of a
+row at the same time, each with one thread (``ORT_TORCH_TRAIN_THREADS``, ``OMP_NUM_THREADS``,
+``TORCHINDUCTOR_COMPILE_THREADS``), so that a load changing during the run falls on both. ``markdown`` prints tables' rows as Markdown.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -176,34 +177,52 @@ def _measure(root: str, directory: Path, row: str, out: Path) -> None:
     print(result)
 
 
-def _children_cpu() -> float:
-    """User and system seconds of this process's waited-for descendants (compiler processes included)."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-def _table(directory: Path, out: Path, rows: list[str]) -> None:
-    """Ours then the reference per row, each in a fresh process with an empty inductor cache directory."""
+def _table(directory: Path, out: Path, rows: list[str], together: bool = False) -> None:
+    """Ours then the reference per row, each in a fresh process with an empty inductor cache directory;
+    ``together``: the two sides of a row started at the same time, one thread each (compilers included),
+    so that both see the same load."""
     root = str(Path(__file__).resolve().parents[2])
-    table: dict = {"command": " ".join(sys.argv), "cpus": os.cpu_count(), "rows": {}}
+    table: dict = {"command": " ".join(sys.argv), "cpus": os.cpu_count(), "together": together, "rows": {}}
     for row in rows:
-        for side, args in (
-            ("ours", ["measure", root, str(directory), row]),
-            ("reference", ["reference", str(directory), row]),
-        ):
-            with tempfile.TemporaryDirectory() as scratch:
-                env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": f"{scratch}/inductor", "PYTHONPATH": root}
-                load_before, cpu_before = os.getloadavg(), _children_cpu()
-                run = subprocess.run(
-                    [sys.executable, __file__, *args, f"{scratch}/out.json"], env=env, capture_output=True, text=True
-                )
-                path = Path(f"{scratch}/out.json")
-                result = json.loads(path.read_text()) if path.exists() else {"error": run.stderr[-500:]}
-            result["load_average_before_after"] = [round(load_before[0], 2), round(os.getloadavg()[0], 2)]
-            result["process_tree_cpu_s"] = round(_children_cpu() - cpu_before, 1)
-            table["rows"].setdefault(row, {})[side] = result
-            out.write_text(json.dumps(table, indent=1))
-            print(row, side, result, flush=True)
+        sides = {"ours": ["measure", root, str(directory), row], "reference": ["reference", str(directory), row]}
+        with tempfile.TemporaryDirectory() as scratch:
+            load_before, started = os.getloadavg(), {}
+            for side, args in sides.items():
+                env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": f"{scratch}/{side}/inductor", "PYTHONPATH": root}
+                if together:
+                    env.update(ORT_TORCH_TRAIN_THREADS="1", OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS="1")
+                started[side] = _start(args, f"{scratch}/{side}.json", env, scratch)
+                if not together:
+                    _finish(started[side], table, row, side, load_before)
+                    out.write_text(json.dumps(table, indent=1))
+                    load_before = os.getloadavg()
+            for side in started if together else ():
+                _finish(started[side], table, row, side, load_before)
+                out.write_text(json.dumps(table, indent=1))
+
+
+def _start(args: list[str], result: str, env: dict, scratch: str) -> tuple[subprocess.Popen, str, str]:
+    """A side's process started, its output and error going to files under ``scratch``."""
+    error = f"{result}.stderr"
+    with open(error, "w") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, __file__, *args, result], env=env, stdout=subprocess.DEVNULL, stderr=stderr
+        )
+    return process, result, error
+
+
+def _finish(started: tuple, table: dict, row: str, side: str, load_before: tuple) -> None:
+    """Waits for a side's process; records its result, the load average around it and the CPU seconds of
+    its process tree (its own rusage: the other side's process does not count)."""
+    process, result_path, error = started
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
+    path = Path(result_path)
+    result = json.loads(path.read_text()) if path.exists() else {"error": Path(error).read_text()[-500:]}
+    result["load_average_before_after"] = [round(load_before[0], 2), round(os.getloadavg()[0], 2)]
+    result["process_tree_cpu_s"] = round(usage.ru_utime + usage.ru_stime, 1)
+    table["rows"].setdefault(row, {})[side] = result
+    print(row, side, result, flush=True)
 
 
 PHASES = ("conversion", "dynamo", "aot_autograd", "inductor", "rest")
@@ -243,7 +262,9 @@ if __name__ == "__main__":
     if mode == ["export"]:
         _export(Path(args[0]), args[1:] or list(ROWS))
     elif mode == ["table"]:
-        _table(Path(args[0]), Path(args[1]), args[2:] or list(ROWS))
+        together = "--together" in args
+        args = [arg for arg in args if arg != "--together"]
+        _table(Path(args[0]), Path(args[1]), args[2:] or list(ROWS), together)
     elif mode == ["reference"]:
         _reference(Path(args[0]), args[1], Path(args[2]))
     elif mode == ["measure"]:

@@ -9,7 +9,8 @@ which see its top graph only:
 
 * eager: row-wise regions on 2-D activations (``fuse_rows.py``), then low-precision frozen parameters
   upcast inside the ops that read them (``frozen_upcasts.py``);
-* compiled: reshapes merging a permute's axes read a row-major copy (``permuted_merges.py``), small
+* compiled: reshapes merging a permute's axes read a row-major copy (``permuted_merges.py``), patch
+  convolutions as matrix products (``patch_products.py``), small
   CPU attention as products inductor fuses (``small_attention.py``), then matrix products of
   low-precision frozen parameters upcast again for backward (``frozen_products.py``), then views
   rewritten so that inductor guards no dynamic size against 1 (``size_one_guards.py``).
@@ -31,6 +32,7 @@ from ort_torch_train.passes.frozen_upcasts import upcast_where_used
 from ort_torch_train.passes.fuse import fuse_graph
 from ort_torch_train.passes.fuse_rows import fuse_row_regions
 from ort_torch_train.passes.meta_keys import FUSIONS
+from ort_torch_train.passes.patch_products import patch_products
 from ort_torch_train.passes.permuted_merges import copy_permuted_merges
 from ort_torch_train.passes.shape_values import shape_arithmetic_as_ints
 from ort_torch_train.passes.size_one_guards import no_size_one_guards
@@ -67,6 +69,7 @@ COMPILED_PASSES: tuple[Step, ...] = (
     fuse_converted,
     shape_arithmetic_as_ints,
     copy_permuted_merges,
+    patch_products,
     RESTRUCTURE,
     small_attention_products,
     products_upcast_twice,

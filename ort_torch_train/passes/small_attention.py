@@ -11,6 +11,7 @@ loops. Eager graphs keep the flash kernels, which beat these products when each 
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -46,7 +47,29 @@ def attention_products(
         scores = scores.masked_fill(~allowed, float("-inf"))
     if attn_mask is not None:
         scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
-    return (torch.softmax(scores, -1).unsqueeze(-1) * value.unsqueeze(-3)).sum(-2)
+    return _RowMajorGradient.apply((torch.softmax(scores, -1).unsqueeze(-1) * value.unsqueeze(-3)).sum(-2))
+
+
+class _RowMajorGradient(torch.autograd.Function):
+    """The identity, whose backward hands on a row-major copy of the incoming gradient.
+
+    The gradient of attention's output arrives with the heads' permutation of a stored product's
+    output; the weighted sum's backward unsqueezes it, and inductor lowers the unsqueeze of a stored
+    strided tensor as a view whose strides it computes with a guard that the batch is not 1
+    (``View.create``), so that batch 1 would compile a graph of its own. A row-major copy is a view
+    without that guard."""
+
+    @staticmethod
+    def forward(x: Tensor) -> Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def setup_context(context: Any, inputs: tuple[Tensor], output: Tensor) -> None:
+        pass
+
+    @staticmethod
+    def backward(context: Any, grad: Tensor) -> Tensor:
+        return grad.clone(memory_format=torch.contiguous_format)
 
 
 def small_attention_products(module: fx.GraphModule, device: torch.device) -> None:

@@ -161,3 +161,48 @@ def test_batch_1_shares_the_graph_of_eight_shapes_under_inductor(tmp_path, caplo
     assert graphs == 1
     np.testing.assert_allclose(losses, eager_losses, rtol=0, atol=1e-6)
     np.testing.assert_allclose(parameters, eager_parameters, rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_a_vits_batch_1_shares_the_graph_of_eight_batches_under_inductor(tmp_path, caplog):
+    """ViT's patch embedding (a convolution whose kernel is its stride) made torch ask which conv backend
+    the batch's size picks, and the gradient of its small attention (products of heads of 16) reached an
+    unsqueeze of a strided tensor that inductor views with a guard that the batch is not 1: batch 1
+    compiled a second graph. The compiled graph multiplies the patches by the kernel and copies the
+    gradient row-major. One graph under inductor over the issue's 8 batch sizes, the losses and
+    parameters eager's."""
+    from tests.helpers.one_graph import train_counting_graphs
+
+    config = transformers.ViTConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, image_size=8,
+        patch_size=4, num_labels=3, attn_implementation="eager",
+    )  # fmt: skip
+    vit = transformers.ViTForImageClassification(config)
+
+    class Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.vit = vit
+
+        def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+            return self.vit(pixel_values=pixels).logits
+
+    torch.manual_seed(0)
+    generate_artifacts(
+        Logits(),
+        loss=LossType.CrossEntropyLoss,
+        optimizer=OptimType.AdamW,
+        artifact_directory=tmp_path,
+        example_inputs=(torch.randn(2, 3, 8, 8),),
+        input_names=["pixels"],
+        dynamic_axes={"pixels": {0: "batch"}},
+    )
+    rng = np.random.default_rng(0)
+    batches = [
+        (rng.standard_normal((batch, 3, 8, 8), dtype=np.float32), rng.integers(0, 3, batch)) for batch, _ in SHAPES
+    ]
+    eager_losses, eager_parameters, _ = train_counting_graphs(tmp_path, batches, False, caplog, REFUSED)
+    losses, parameters, graphs = train_counting_graphs(tmp_path, batches, {"backend": "inductor"}, caplog, REFUSED)
+    assert graphs == 1
+    np.testing.assert_allclose(losses, eager_losses, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(parameters, eager_parameters, rtol=0, atol=1e-6)
