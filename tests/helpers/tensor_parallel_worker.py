@@ -22,6 +22,7 @@ import torch
 from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.torch_internals import TorchDispatchMode
 from tests.helpers.distributed_worker import MLP_OPTIMIZERS, TRANSFORMER, batches, part
+from tests.helpers.sharding_worker import contiguous_round_trip
 from tests.helpers.timeouts import scaled
 
 STEPS = 6
@@ -78,6 +79,7 @@ def train(
         OPTIMIZER_MODELS.get(run, artifacts / "optimizer_model.onnx"), module, shard_state=shard_state
     )
     CheckpointState.save_checkpoint(state, out / f"{run}_step0.ckpt", include_optimizer_state=True)
+    whole_buffers = contiguous_round_trip(module)
     scheduler = LinearLRScheduler(optimizer, 3, STEPS if checkpoint is None else 2 * STEPS, 0.01)  # resumed: 6 done
     replica = rank // tensor_parallel_size
     losses = []
@@ -103,6 +105,7 @@ def train(
         held=np.array(json.dumps(held_bytes(state.training_state))),
         warnings=np.array([str(w.message) for w in caught if "tensor_parallel_size" in str(w.message)]),
         **{f"param/{name}": np.array(p.data) for name, p in state.parameters},
+        **whole_buffers,
     )
 
 
