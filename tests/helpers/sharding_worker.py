@@ -218,9 +218,9 @@ def fit_run(sharding: str, rank: int, world_size: int, option: str = "") -> dict
 
 def misuse(rank: int) -> dict[str, str]:
     """What a sharded Module raises on this rank: ranks launched with different settings (rank 0 "zero3",
-    the others "zero2"), and a model whose ranks start from different parameters."""
+    the others "zero2"), a model whose ranks start from different parameters, and a nominal state."""
     from ort_torch_train.api import CheckpointState, Module
-    from ort_torch_train.errors import DistributedError
+    from ort_torch_train.errors import DistributedError, NominalStateError
 
     artifacts = MLP / "artifacts"
     errors = {}
@@ -236,6 +236,14 @@ def misuse(rank: int) -> dict[str, str]:
         Module(artifacts / "training_model.onnx", state, sharding="zero3")
     except DistributedError as error:
         errors["parameters"] = str(error)
+    try:  # its parameters not loaded yet: nothing to cut into shards (nor moments to save gathered)
+        Module(
+            artifacts / "training_model.onnx",
+            CheckpointState.load_checkpoint(artifacts / "nominal_checkpoint"),
+            sharding="zero2",
+        )
+    except NominalStateError as error:
+        errors["nominal"] = str(error)
     return errors
 
 

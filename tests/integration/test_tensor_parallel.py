@@ -225,6 +225,7 @@ def test_four_ranks_tensor_by_data_parallel_train_like_one_process(tmp_path: Pat
         ("no_pattern", "no weight pair or attention block to shard"),
         ("hidden_not_dividing", "has 5 hidden features, expected a multiple of 2"),
         ("heads_not_dividing", "-> attention -> block.output.weight has 3 heads, expected a multiple of 2"),
+        ("nominal_state", "NominalStateError: Cannot perform sharded or tensor-parallel training with a nominal"),
     ],
 )
 def test_bad_input_raises_on_every_rank_before_the_first_step(

@@ -205,6 +205,7 @@ def test_ranks_launched_with_different_settings_are_refused_on_every_rank(tmp_pa
     for rank in range(2):
         errors = json.loads((tmp_path / f"misuse_rank{rank}.json").read_text())
         assert "different sharding settings" in errors["settings"] and f"rank {rank}" in errors["settings"]
+        assert errors["nominal"].startswith("Cannot perform sharded or tensor-parallel training with a nominal state")
         assert "different parameters" in errors["parameters"] and f"rank {rank}" in errors["parameters"]
 
 
