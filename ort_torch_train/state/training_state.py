@@ -237,12 +237,13 @@ class TrainingState:
     def copy_whole_values(self, values: Mapping[str, torch.Tensor]) -> None:
         """Copy each whole value (already checked: the parameter's shape and a castable dtype) into its
         parameter in place; a sharded parameter (a DTensor) takes this rank's piece of it (no collective)."""
-        whole = [name for name in values if getattr(self.params[name], "device_mesh", None) is None]
+        sharded = {name for name in values if getattr(self.params[name], "device_mesh", None) is not None}
+        whole = [name for name in values if name not in sharded]
         with self.lock, torch.no_grad():
             if whole:
-                params = [self.params[name] for name in whole]
+                params: list[torch.Tensor] = [self.params[name] for name in whole]
                 torch._foreach_copy_(params, [values[name].to(p.device) for name, p in zip(whole, params)])
-            for name in (name for name in values if name not in whole):
+            for name in (name for name in values if name in sharded):
                 from torch.distributed.tensor import distribute_tensor  # DTensor: loaded by sharded runs only
 
                 param = self.params[name]
