@@ -71,8 +71,7 @@ class ParameterBuffer:
             state.complete_nominal({n: v.to(device).clone() for n, v in values.items()})
             return
         _require_float([state.params[n] for n in names], names)
-        with torch.no_grad():
-            torch._foreach_copy_([state.params[n] for n in names], [v.to(device) for v in values.values()])
+        state.copy_whole_values(values)  # a sharded parameter takes this rank's piece of its whole value
 
     def _names(self, trainable_only: bool) -> list[str]:
         return list(self.trainable_names if trainable_only else self.names)

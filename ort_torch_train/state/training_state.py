@@ -231,17 +231,24 @@ class TrainingState:
                 f"Cannot copy parameter to a nominal state. Please load all the parameter "
                 f"states first (parameter {name!r})."
             )
-        param = self.parameter(name)
-        tensor = self._checked_value(name, value)
-        mesh = getattr(param, "device_mesh", None)
+        self.parameter(name)
+        self.copy_whole_values({name: self._checked_value(name, value)})
+
+    def copy_whole_values(self, values: Mapping[str, torch.Tensor]) -> None:
+        """Copy each whole value (already checked: the parameter's shape and a castable dtype) into its
+        parameter in place; a sharded parameter (a DTensor) takes this rank's piece of it (no collective)."""
+        sharded = {name for name in values if getattr(self.params[name], "device_mesh", None) is not None}
+        whole = [name for name in values if name not in sharded]
         with self.lock, torch.no_grad():
-            if mesh is None:
-                param.copy_(tensor)
-            else:  # a sharded parameter (a DTensor) takes this rank's piece of the whole value
+            if whole:
+                params: list[torch.Tensor] = [self.params[name] for name in whole]
+                torch._foreach_copy_(params, [values[name].to(p.device) for name, p in zip(whole, params)])
+            for name in (name for name in values if name in sharded):
                 from torch.distributed.tensor import distribute_tensor  # DTensor: loaded by sharded runs only
 
-                placements = getattr(param, "placements")  # noqa: B009  # a DTensor's
-                param.copy_(distribute_tensor(tensor.to(param.device), mesh, placements, src_data_rank=None))
+                param = self.params[name]
+                mesh, placements = getattr(param, "device_mesh"), getattr(param, "placements")  # noqa: B009  # a DTensor's
+                param.copy_(distribute_tensor(values[name].to(param.device), mesh, placements, src_data_rank=None))
 
     def _checked_value(self, name: str, value: object) -> torch.Tensor:
         param = self.params[name]

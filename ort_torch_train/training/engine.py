@@ -79,6 +79,8 @@ class TrainingEngine:
         self._trainable_name_tuple = tuple(self.trainable_parameter_names)  # compared at every fused step
         self._buffer = ParameterBuffer(state, training_model, self.train_layout.params, self.trainable_parameter_names)
         self.eval_layout = eval_layout(eval_model, names) if eval_model is not None else None
+        if options.tensor_parallel is not None or options.sharding is not None:  # parameters cut into shards
+            state.require_loaded("perform sharded or tensor-parallel training")
         self._tensor_parallel = (  # Megatron's weight pairs sharded across the tp ranks (eval gathers them)
             None
             if options.tensor_parallel is None

@@ -22,12 +22,16 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tests.helpers.distributed_worker import CLIP_MODEL, MLP, MLP_OPTIMIZERS, batches, legacy_train, part
 from tests.helpers.paths import FIXTURES
 from tests.helpers.timeouts import scaled
+
+if TYPE_CHECKING:
+    from ort_torch_train.api import Module
 
 TRANSFORMER = FIXTURES / "transformer"
 STEPS = 6
@@ -104,6 +108,10 @@ def train(scenario: str, rank: int, world_size: int, out: Path) -> dict[str, np.
         **OPTIONS[option[0] if option else ""],
     )
     optimizer = Optimizer(optimizer_model or artifacts / "optimizer_model.onnx", module)
+    whole_buffers = {}
+    if run == "mlp" and not option:  # before the first step: the save, and the flat buffer out and back in
+        CheckpointState.save_checkpoint(state, out / f"{scenario}.step0.ckpt", include_optimizer_state=True)
+        whole_buffers = contiguous_round_trip(module)
     scheduler = LinearLRScheduler(optimizer, WARMUP, STEPS, PEAK_LEARNING_RATE)
     losses: list[float] = []
     graphs: list[int] = []  # the graphs Dynamo traced by the end of each step
@@ -143,7 +151,22 @@ def train(scenario: str, rank: int, world_size: int, out: Path) -> dict[str, np.
         "traced_graphs": np.array(graphs),
         **{f"param/{n}": p.data.copy() for n, p in state.parameters},
         **grads,
+        **whole_buffers,
     }
+
+
+def contiguous_round_trip(module: Module) -> dict[str, np.ndarray]:
+    """``get_contiguous_parameters`` (every parameter), then a changed buffer of the trainable ones copied in
+    and read back, then the first copied back in (the run goes on from its own values)."""
+    first = module.get_contiguous_parameters(trainable_only=False).numpy().copy()
+    trainable = module.get_contiguous_parameters(trainable_only=True).numpy().copy()
+    changed = trainable * 2 + np.arange(trainable.size, dtype=np.float32) / trainable.size
+    module.copy_buffer_to_parameters(changed, trainable_only=True)
+    copied = module.get_contiguous_parameters(trainable_only=False).numpy().copy()
+    module.copy_buffer_to_parameters(first, trainable_only=False)
+    restored = module.get_contiguous_parameters(trainable_only=False).numpy()
+    assert np.array_equal(restored, first), "copy_buffer_to_parameters(trainable_only=False) did not restore"
+    return {"contiguous/first": first, "contiguous/copied": copied}
 
 
 def saved_for_backward(step: Callable[[], object]) -> tuple[int, int, int]:
@@ -195,9 +218,9 @@ def fit_run(sharding: str, rank: int, world_size: int, option: str = "") -> dict
 
 def misuse(rank: int) -> dict[str, str]:
     """What a sharded Module raises on this rank: ranks launched with different settings (rank 0 "zero3",
-    the others "zero2"), and a model whose ranks start from different parameters."""
+    the others "zero2"), a model whose ranks start from different parameters, and a nominal state."""
     from ort_torch_train.api import CheckpointState, Module
-    from ort_torch_train.errors import DistributedError
+    from ort_torch_train.errors import DistributedError, NominalStateError
 
     artifacts = MLP / "artifacts"
     errors = {}
@@ -213,6 +236,14 @@ def misuse(rank: int) -> dict[str, str]:
         Module(artifacts / "training_model.onnx", state, sharding="zero3")
     except DistributedError as error:
         errors["parameters"] = str(error)
+    try:  # its parameters not loaded yet: nothing to cut into shards (nor moments to save gathered)
+        Module(
+            artifacts / "training_model.onnx",
+            CheckpointState.load_checkpoint(artifacts / "nominal_checkpoint"),
+            sharding="zero2",
+        )
+    except NominalStateError as error:
+        errors["nominal"] = str(error)
     return errors
 
 

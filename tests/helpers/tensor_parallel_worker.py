@@ -22,6 +22,7 @@ import torch
 from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.torch_internals import TorchDispatchMode
 from tests.helpers.distributed_worker import MLP_OPTIMIZERS, TRANSFORMER, batches, part
+from tests.helpers.sharding_worker import contiguous_round_trip
 from tests.helpers.timeouts import scaled
 
 STEPS = 6
@@ -78,6 +79,7 @@ def train(
         OPTIMIZER_MODELS.get(run, artifacts / "optimizer_model.onnx"), module, shard_state=shard_state
     )
     CheckpointState.save_checkpoint(state, out / f"{run}_step0.ckpt", include_optimizer_state=True)
+    whole_buffers = contiguous_round_trip(module)
     scheduler = LinearLRScheduler(optimizer, 3, STEPS if checkpoint is None else 2 * STEPS, 0.01)  # resumed: 6 done
     replica = rank // tensor_parallel_size
     losses = []
@@ -103,6 +105,7 @@ def train(
         held=np.array(json.dumps(held_bytes(state.training_state))),
         warnings=np.array([str(w.message) for w in caught if "tensor_parallel_size" in str(w.message)]),
         **{f"param/{name}": np.array(p.data) for name, p in state.parameters},
+        **whole_buffers,
     )
 
 
@@ -167,20 +170,22 @@ def bad_input(rank: int, out: Path) -> dict[str, str]:
     errors = {}
     cases = {
         # rank 1 asks for data parallel too: the ranks' settings differ
-        "different_settings": ("transformer", {"tensor_parallel_size": 2, "distributed": rank == 1}),
-        "size_not_dividing": ("transformer", {"tensor_parallel_size": 3, "distributed": True}),
-        "no_pattern": ("bce", {"tensor_parallel_size": 2}),
-        "heads_not_dividing": (out / ODD_HEADS, {"tensor_parallel_size": 2}),
+        "different_settings": ("transformer", {"tensor_parallel_size": 2, "distributed": rank == 1}, "checkpoint"),
+        "size_not_dividing": ("transformer", {"tensor_parallel_size": 3, "distributed": True}, "checkpoint"),
+        "no_pattern": ("bce", {"tensor_parallel_size": 2}, "checkpoint"),
+        "heads_not_dividing": (out / ODD_HEADS, {"tensor_parallel_size": 2}, "checkpoint"),
+        # its parameters not loaded yet: nothing to cut into shards (nor moments to save gathered)
+        "nominal_state": ("mlp_ce_adamw_sched", {"tensor_parallel_size": 2}, "nominal_checkpoint"),
     }
     try:  # the legacy model with 5 hidden features instead of 6: no equal halves
         odd_hidden_session(rank)
     except Exception as error:  # recorded for the test to check
         errors["hidden_not_dividing"] = f"{type(error).__name__}: {error}"
-    for case, (fixture, options) in cases.items():
+    for case, (fixture, options, checkpoint) in cases.items():
         artifacts = TRANSFORMER.parent / fixture / "artifacts"  # an absolute ``fixture`` path stays itself
         try:
             Module(
-                artifacts / "training_model.onnx", CheckpointState.load_checkpoint(artifacts / "checkpoint"), **options
+                artifacts / "training_model.onnx", CheckpointState.load_checkpoint(artifacts / checkpoint), **options
             )
         except Exception as error:  # recorded for the test to check
             errors[case] = f"{type(error).__name__}: {error}"

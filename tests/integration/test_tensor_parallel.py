@@ -94,6 +94,11 @@ def test_two_ranks_split_the_mlp_pair_and_train_like_one_process(two_ranks: Path
     one = reference(tmp_path, "tensor_parallel")
     assert_like_one_process(ranks, one, replicas=1)
     assert_holds_its_share(ranks, one, MLP_PAIR, tp_size=2)
+    # get_contiguous_parameters gives every rank the whole flat buffer; copy_buffer_to_parameters takes a whole
+    # one (each rank its shard): read back, every rank has one process's values
+    for key in ("contiguous/first", "contiguous/copied"):
+        for rank in ranks:
+            np.testing.assert_array_equal(rank[key], one[key], err_msg=key)
     # a step all-reduces the pair's output and its input's gradient; the gradients of its three sharded
     # parameters (the column weight and bias, the row weight) stay sharded: nothing is gathered
     assert json.loads(str(one["collectives"])) == {}
@@ -137,14 +142,14 @@ def test_two_ranks_split_the_attention_heads_and_the_mlp_and_train_like_one_proc
 def test_tensor_parallel_checkpoint_is_the_one_process_file(two_ranks: Path, tmp_path: Path) -> None:
     ranks = results(two_ranks, "tensor_parallel", 2)
     assert_checkpoint_is_one_process_save(two_ranks / "tensor_parallel.ckpt", ranks, tmp_path)
-    # saved before the first step, it is the loaded checkpoint's own bytes as one process writes them
+    # saved after the Optimizer is built, before its first step: one process's bytes (zero moments, step 0),
+    # the loaded checkpoint's parameters
     from ort_torch_train.api import CheckpointState
 
-    state = CheckpointState.load_checkpoint(worker.TRANSFORMER / "artifacts" / "checkpoint")
+    reference(tmp_path, "tensor_parallel")
     step0 = (two_ranks / "tensor_parallel_step0.ckpt").read_bytes()
-    assert step0 == CheckpointState.load_checkpoint(two_ranks / "tensor_parallel_step0.ckpt").training_state.to_bytes(
-        True
-    )
+    assert step0 == (tmp_path / "one_process" / "tensor_parallel_step0.ckpt").read_bytes()
+    state = CheckpointState.load_checkpoint(worker.TRANSFORMER / "artifacts" / "checkpoint")
     for name, param in CheckpointState.load_checkpoint(two_ranks / "tensor_parallel_step0.ckpt").parameters:
         np.testing.assert_array_equal(param.data, state.parameters[name].data)
 
@@ -220,6 +225,7 @@ def test_four_ranks_tensor_by_data_parallel_train_like_one_process(tmp_path: Pat
         ("no_pattern", "no weight pair or attention block to shard"),
         ("hidden_not_dividing", "has 5 hidden features, expected a multiple of 2"),
         ("heads_not_dividing", "-> attention -> block.output.weight has 3 heads, expected a multiple of 2"),
+        ("nominal_state", "NominalStateError: Cannot perform sharded or tensor-parallel training with a nominal"),
     ],
 )
 def test_bad_input_raises_on_every_rank_before_the_first_step(

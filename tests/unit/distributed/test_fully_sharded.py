@@ -89,6 +89,13 @@ def test_mlp_sharded_trains_like_one_process(tmp_path: Path, sharding: str, worl
     ranks = run(f"mlp:{sharding}", tmp_path, world_size)
     assert_matches_one_process(single, ranks)
     assert_checkpoint_is_one_process_save(tmp_path / f"mlp:{sharding}.ckpt", ranks, tmp_path)
+    # saved after the Optimizer is built, before its first step: one process's bytes (zero moments, step 0)
+    assert (tmp_path / f"mlp:{sharding}.step0.ckpt").read_bytes() == (tmp_path / "mlp:none.step0.ckpt").read_bytes()
+    # get_contiguous_parameters gives every rank the whole flat buffer; copy_buffer_to_parameters takes a whole
+    # one (each rank its shard): read back, every rank has one process's values
+    for key in ("contiguous/first", "contiguous/copied"):
+        for result in ranks:
+            np.testing.assert_array_equal(result[key], single[key], err_msg=key)
     # eval gathers the parameters: each rank's eval loss on its half averages to the whole batch's
     np.testing.assert_allclose(np.mean([r["eval_loss"] for r in ranks]), single["eval_loss"], rtol=1e-6)
 
@@ -198,6 +205,7 @@ def test_ranks_launched_with_different_settings_are_refused_on_every_rank(tmp_pa
     for rank in range(2):
         errors = json.loads((tmp_path / f"misuse_rank{rank}.json").read_text())
         assert "different sharding settings" in errors["settings"] and f"rank {rank}" in errors["settings"]
+        assert errors["nominal"].startswith("Cannot perform sharded or tensor-parallel training with a nominal state")
         assert "different parameters" in errors["parameters"] and f"rank {rank}" in errors["parameters"]
 
 
