@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ort_torch_train.checkpoint.odtc import checkpoint_to_bytes, read_checkpoint, write_checkpoint
-from ort_torch_train.checkpoint.records import CheckpointRecord, OptimizerGroupRecord
+from ort_torch_train.checkpoint.records import CheckpointRecord
 from ort_torch_train.checkpoint.safetensors import load_safetensors, save_safetensors
 from ort_torch_train.errors import CheckpointError, NominalStateError, ParameterDataError, SafetensorsError
 from ort_torch_train.progress import Phase
@@ -26,18 +26,17 @@ from ort_torch_train.state.coordination import ParameterSource, SaveCoordinator
 from ort_torch_train.state.flat import FlatState, flatten
 from ort_torch_train.state.lock import StateLock
 from ort_torch_train.state.optimizer_state import OptimizerState
+from ort_torch_train.state.records import Moments, StateParts, parts_of_record, record_of
 from ort_torch_train.state.values import (
     as_tensor,
     check_dtype,
     check_same_names,
-    new_parameter,
     normalize_property,
     shape_text,
     source_text,
 )
 
 log = logging.getLogger(__name__)
-Moments = Mapping[str, Mapping[str, torch.Tensor]]  # parameter name -> moment name -> tensor
 
 
 class TrainingState:
@@ -81,28 +80,8 @@ class TrainingState:
     @classmethod
     def from_record(cls, record: CheckpointRecord) -> TrainingState:
         """A state adopting the record's tensors (no copy). At most one optimizer group."""
-        both = sorted(set(record.trainable) & set(record.frozen))
-        if both:
-            raise CheckpointError(f"parameters {both} are listed as both trainable and frozen")
-        params = {name: new_parameter(name, tensor, True) for name, tensor in record.trainable.items()}
-        params.update((name, new_parameter(name, tensor, False)) for name, tensor in record.frozen.items())
-        groups = record.optimizer_groups
-        if len(groups) > 1:
-            raise CheckpointError(
-                f"the checkpoint holds {len(groups)} optimizer groups "
-                f"{[group.name for group in groups]}; only one group is supported (as in ORT)"
-            )
-        optimizer = None
-        if groups:
-            group = groups[0]
-            optimizer = OptimizerState(group.name, group.step, group.initial_learning_rate, group.momentums)
-        return cls(
-            params,
-            is_nominal=record.is_nominal,
-            optimizer=optimizer,
-            properties=record.properties,
-            has_external_data=record.has_external_data,
-        )
+        params, parts = parts_of_record(record)
+        return cls(params, **parts)
 
     def to_record(
         self,
@@ -116,28 +95,16 @@ class TrainingState:
         (the whole moments gathered from a rank's sharded slices) instead of the state's own, and
         ``params`` (whole values gathered from sharded parameters) instead of the parameters' values."""
         values = {n: p.detach() for n, p in self.params.items()} if params is None else params
-        groups = []
-        if include_optimizer_state and self.optimizer is not None:
-            opt = self.optimizer
-            if moments is None:
-                self._check_momentums()  # a rank's slices of sharded moments are saved only gathered
-                moments = opt.momentums
-            groups.append(
-                OptimizerGroupRecord(
-                    opt.group_name,
-                    opt.step,
-                    opt.initial_learning_rate,
-                    {param: dict(values) for param, values in moments.items()},
-                )
-            )
-        return CheckpointRecord(
-            trainable={n: values[n] for n, p in self.params.items() if p.requires_grad},
-            frozen={n: values[n] for n, p in self.params.items() if not p.requires_grad},
-            is_nominal=self.is_nominal,
-            optimizer_groups=groups,
-            properties=dict(self.properties),
-            has_external_data=self.has_external_data,
-        )
+        if include_optimizer_state and self.optimizer is not None and moments is None:
+            self._check_momentums()  # a rank's slices of sharded moments are saved only gathered
+            moments = self.optimizer.momentums
+        parts: StateParts = {
+            "is_nominal": self.is_nominal,
+            "optimizer": self.optimizer,
+            "properties": self.properties,
+            "has_external_data": self.has_external_data,
+        }
+        return record_of(self.params, values, parts, moments if include_optimizer_state else None)
 
     def save(
         self,
