@@ -4,6 +4,7 @@ built once per test run and shared by every module that tests it, in every pytes
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import subprocess
 from pathlib import Path
@@ -45,7 +46,7 @@ def packaged_program(tmp_path_factory: pytest.TempPathFactory, source: Path) -> 
         done = subprocess.run(command, capture_output=True, text=True, timeout=scaled(180))
         assert done.returncode == 0, f"{' '.join(command)}\n{done.stderr}"
 
-    name = f"{source.parent.name}-{source.stem}{'_cpp' if cxx else ''}"
+    name = f"{source.stem}{'_cpp' if cxx else ''}-{hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:12]}"
     return built_once(tmp_path_factory, f"packaged_programs/{name}", build)
 
 
