@@ -5,21 +5,19 @@ from files and from buffers, train through the C API as the ONNX artifacts do.""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from ort_torch_train.api import CheckpointState, LinearLRScheduler, Module, Optimizer
+from ort_torch_train.api import CheckpointState
 from tests.conftest import SUITE_THREADS
+from tests.helpers.fixture_runs import python_run, write_raw_inputs
 from tests.helpers.native import PROGRAMS, NativeBuild, build_native
 from tests.helpers.paths import FIXTURES
 from tests.helpers.timeouts import scaled
 
 STEPS = 20
 FIXTURE_NAMES = ("mlp_ce_adamw_sched", "cnn", "transformer")
-ELEM_TYPES = {"float32": 1, "int64": 7}
 
 
 @pytest.fixture(scope="session")
@@ -27,36 +25,12 @@ def native(tmp_path_factory: pytest.TempPathFactory) -> NativeBuild:
     return build_native(tmp_path_factory)
 
 
-def batches(name: str) -> tuple[list[list[np.ndarray]], list[np.ndarray]]:
-    """The fixture's training batches (one list of inputs per step) and its eval inputs."""
-    expected = json.loads((FIXTURES / name / "expected.json").read_text())
-    data = np.load(FIXTURES / name / "data.npz")
-    train = [[data[key][step] for key in expected["data_keys"]["train"]] for step in range(STEPS)]
-    return train, [data[key] for key in expected["data_keys"]["eval"]]
-
-
-def write_inputs(name: str, folder: Path) -> None:
-    """The manifest and raw input files train_parity.c reads."""
-    folder.mkdir(parents=True)
-    train, evaluation = batches(name)
-    lines = []
-    for kind, arrays in (("train", train[0]), ("eval", evaluation)):
-        for k, array in enumerate(arrays):
-            lines.append(f"{kind} {k} {ELEM_TYPES[array.dtype.name]} {array.ndim} {' '.join(map(str, array.shape))}")
-    for step, arrays in enumerate(train):
-        for k, array in enumerate(arrays):
-            np.ascontiguousarray(array).tofile(folder / f"train_{step}_{k}.bin")
-    for k, array in enumerate(evaluation):
-        np.ascontiguousarray(array).tofile(folder / f"eval_{k}.bin")
-    (folder / "manifest.txt").write_text("\n".join([*lines, "export logits"]) + "\n")
-
-
 def run_c(native: NativeBuild, root: Path, names: tuple[str, ...], compile: bool) -> dict[str, Path]:
     """Train each fixture through the C API in one process; the output folder of each."""
     jobs, outputs = [], {}
     for name in names:
         data, out = root / f"{name}-data", root / f"{name}-c"
-        write_inputs(name, data)
+        write_raw_inputs(name, data, STEPS, "export logits")
         out.mkdir()
         jobs.append(f"{FIXTURES / name / 'artifacts'}:{data}:{out}:{STEPS}:{int(compile)}")
         outputs[name] = out
@@ -68,24 +42,12 @@ def run_c(native: NativeBuild, root: Path, names: tuple[str, ...], compile: bool
 def run_python(name: str, out: Path, compile: bool) -> None:
     """The same run through the Python API, written like train_parity.c writes it."""
     out.mkdir()
-    artifacts = FIXTURES / name / "artifacts"
-    state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
-    module = Module(artifacts / "training_model.onnx", state, artifacts / "eval_model.onnx", compile=compile)
-    optimizer = Optimizer(artifacts / "optimizer_model.onnx", module)
-    scheduler = LinearLRScheduler(optimizer, 3, STEPS, 0.01)
-    train, evaluation = batches(name)
-    losses = []
-    for inputs in train:
-        losses.append(np.asarray(module(*inputs), np.float32).reshape(-1))
-        optimizer.step()
-        module.lazy_reset_grad()
-        scheduler.step()
-    np.concatenate(losses).tofile(out / "losses.bin")
-    module.eval()
-    np.asarray(module(*evaluation), np.float32).tofile(out / "eval.bin")
-    module.get_contiguous_parameters(False).numpy().tofile(out / "params.bin")
-    CheckpointState.save_checkpoint(state, out / "checkpoint", True)
-    module.export_model_for_inferencing(out / "inference.onnx", ["logits"])
+    run = python_run(name, STEPS, compile, (3, STEPS))
+    run.losses.tofile(out / "losses.bin")
+    run.eval_loss.tofile(out / "eval.bin")
+    run.module.get_contiguous_parameters(False).numpy().tofile(out / "params.bin")
+    CheckpointState.save_checkpoint(run.state, out / "checkpoint", True)
+    run.module.export_model_for_inferencing(out / "inference.onnx", ["logits"])
 
 
 def assert_same_files(c_out: Path, python_out: Path) -> None:
@@ -114,7 +76,7 @@ def test_c_api_trains_ort_format_artifacts_as_the_onnx_ones(native: NativeBuild,
     with the ONNX run: the same losses, eval loss, parameters and checkpoint bytes."""
     name = "mlp_ce_adamw_sched"
     artifacts, ort_format, data = FIXTURES / name / "artifacts", FIXTURES / name / "artifacts_ort", tmp_path / "data"
-    write_inputs(name, data)
+    write_raw_inputs(name, data, STEPS, "export logits")
     outputs = {label: tmp_path / label for label in ("onnx", "ort-files", "ort-buffers")}
     models = {"onnx": "", "ort-files": f":{ort_format}:ort:0", "ort-buffers": f":{ort_format}:ort:1"}
     for out in outputs.values():

@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ort_torch_train.api import LinearLRScheduler, Module, Optimizer
 from ort_torch_train.cli.main import main
 from ort_torch_train.native.packaged_build import packaged_flags
 from ort_torch_train.state.training_state import TrainingState
+from tests.helpers.fixture_runs import fixture_batches, python_run, write_raw_inputs
 from tests.helpers.native import MLP, PROGRAMS
 from tests.helpers.ort_peer import ORT_PYTHON, run_ort
 from tests.helpers.packaged import fixture_package, packaged_program, packaged_runtime
@@ -31,19 +31,18 @@ CASE = "mlp_ce_adamw_sched"
 CASES = {CASE: 1e-6, "bn_frozen_stats": 1e-4}
 STEPS = 6
 ACCUMULATED = 1  # the step after which neither the optimizer steps nor the gradients reset
-ELEM_TYPES = {"float32": 1, "int64": 7}
 pytestmark = [pytest.mark.compile, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The runtime's install folder and the C program linked against it, built once for the session."""
+    """The runtime's install folder and the C program linked against it, built once for the test run."""
     flags = packaged_runtime(tmp_path_factory)
     return flags.prefix, packaged_program(tmp_path_factory, PROGRAMS / "packaged_runtime.c")
 
 
 def _package(case: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The fixture's package, built once for the session."""
+    """The fixture's package, built once for the test run."""
     return fixture_package(tmp_path_factory, case)
 
 
@@ -53,61 +52,21 @@ def _export_outputs(package: Path) -> list[str]:
     return [line.split()[2] for line in lines if line.startswith("export_output 0 ")]
 
 
-def _batches(case: str) -> tuple[list[list[np.ndarray]], list[np.ndarray]]:
-    expected = json.loads((FIXTURES / case / "expected.json").read_text())
-    data = np.load(FIXTURES / case / "data.npz")
-    train = [[data[key][step] for key in expected["data_keys"]["train"]] for step in range(STEPS)]
-    return train, [data[key] for key in expected["data_keys"]["eval"]]
-
-
-def _write_inputs(case: str, folder: Path) -> None:
-    """The manifest and raw input files packaged_runtime.c reads."""
-    folder.mkdir()
-    train, evaluation = _batches(case)
-    lines = []
-    for kind, arrays in (("train", train[0]), ("eval", evaluation)):
-        for k, array in enumerate(arrays):
-            lines.append(f"{kind} {k} {ELEM_TYPES[array.dtype.name]} {array.ndim} {' '.join(map(str, array.shape))}")
-    for step, arrays in enumerate(train):
-        for k, array in enumerate(arrays):
-            np.ascontiguousarray(array).tofile(folder / f"train_{step}_{k}.bin")
-    for k, array in enumerate(evaluation):
-        np.ascontiguousarray(array).tofile(folder / f"eval_{k}.bin")
-    (folder / "manifest.txt").write_text("\n".join(lines) + "\n")
-
-
 def _python_run(
     case: str, compile: bool | str, export: tuple[Path, list[str]] | None = None
-) -> tuple[list[float], float, np.ndarray, bytes]:
+) -> tuple[np.ndarray, float, np.ndarray, bytes]:
     """What packaged_runtime.c does, through the Python API (exporting ``export``'s outputs to its path)."""
-    artifacts = FIXTURES / case / "artifacts"
-    module = Module(
-        str(artifacts / "training_model.onnx"),
-        TrainingState.load(artifacts / "checkpoint"),
-        str(artifacts / "eval_model.onnx"),
-        compile=compile,
-    )
-    optimizer = Optimizer(str(artifacts / "optimizer_model.onnx"), module)
-    scheduler = LinearLRScheduler(optimizer, 2, STEPS + 1, 0.01)
-    train, evaluation = _batches(case)
-    losses = []
-    for step, inputs in enumerate(train):
-        losses.append(float(module(*inputs)))
-        if step != ACCUMULATED:
-            optimizer.step()
-            module.lazy_reset_grad()
-            scheduler.step()
-    module.eval()
-    eval_loss = float(module(*evaluation))
-    params = module.contiguous_parameters(False).detach().numpy().copy()
+    run = python_run(case, STEPS, compile, (2, STEPS + 1), ACCUMULATED)
+    params = run.module.contiguous_parameters(False).detach().numpy().copy()
     if export is not None:
-        module.export_model_for_inferencing(export[0], export[1])
-    return losses, eval_loss, params, bytes(module.training_state.to_bytes(include_optimizer_state=True))
+        run.module.export_model_for_inferencing(export[0], export[1])
+    state = run.module.training_state
+    return run.losses, float(run.eval_loss.reshape(-1)[0]), params, bytes(state.to_bytes(include_optimizer_state=True))
 
 
 def _run_c(program: Path, package: Path, case: str, folder: Path) -> subprocess.CompletedProcess:
     data, out = folder / "data", folder / "out"
-    _write_inputs(case, data)
+    write_raw_inputs(case, data, STEPS)
     out.mkdir()
     checkpoint = FIXTURES / case / "artifacts" / "checkpoint"
     arguments = [str(package), str(checkpoint), str(data), str(out), str(STEPS), str(ACCUMULATED), "0.weight"]
@@ -193,7 +152,7 @@ def test_the_runtime_exports_the_model_the_python_engine_exports(c_run: tuple[st
     for name, value in expected.items():
         np.testing.assert_allclose(held[name], value, rtol=0, atol=CASES[case], err_msg=name)
     eval_inputs = [entry["name"] for entry in json.loads((package / "manifest.json").read_text())["eval"]["inputs"]]
-    evaluation = dict(zip(eval_inputs, _batches(case)[1]))
+    evaluation = dict(zip(eval_inputs, fixture_batches(case, STEPS)[1]))
     feeds = {value.name: evaluation[value.name] for value in runtime.graph.input}
     paths = (out / "inference.onnx", tmp_path / "python.onnx")
     ran = [onnxruntime.InferenceSession(str(path)).run(None, feeds) for path in paths]

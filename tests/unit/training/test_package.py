@@ -17,17 +17,16 @@ import torch
 from torch._dynamo.utils import counters
 
 from ort_torch_train.api import Module, Optimizer
-from ort_torch_train.cli.main import main
 from ort_torch_train.errors import InputError, PackageError
 from ort_torch_train.optim.engine import OptimizerEngine
 from ort_torch_train.optim.float32 import to_float32
 from ort_torch_train.optim.optimizer_model import read_optimizer_model
 from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.training.options import EngineOptions
-from ort_torch_train.training.package.build import build_package
 from ort_torch_train.training.package.manifest import MANIFEST
 from ort_torch_train.training.package.packaged import PackagedSteps
 from tests.helpers.corpus import Case
+from tests.helpers.packaged import fixture_package
 from tests.helpers.paths import FIXTURES, ROOT
 from tests.helpers.timeouts import scaled
 
@@ -44,10 +43,9 @@ def _case(name: str = CASE) -> Case:
 
 @pytest.fixture(scope="session")
 def package(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The mlp fixture's package, built by the command line."""
-    out = tmp_path_factory.mktemp("package") / "mlp"
-    assert main(["package", str(_case().root / "artifacts"), "--out", str(out)]) == 0
-    return out
+    """The mlp fixture's package, built by the command line (once per test run, shared with the tests of the
+    runtime with no Python)."""
+    return fixture_package(tmp_path_factory, CASE)
 
 
 def _run(case: Case, compile: bool | str) -> tuple[list[float], float, dict[str, np.ndarray], bytes, list[float]]:
@@ -185,11 +183,10 @@ def test_package_of_other_artifacts_and_bad_inputs_are_refused(package: Path, tm
 
 @pytest.mark.compile
 @pytest.mark.slow
-def test_batchnorm_statistics_update_through_the_package(tmp_path: Path) -> None:
+def test_batchnorm_statistics_update_through_the_package(tmp_path_factory: pytest.TempPathFactory) -> None:
     """The frozen parameters a forward updates (BatchNorm's running statistics) come back from the train step."""
     case = _case("bn_frozen_stats")
-    out = tmp_path / "bn"
-    build_package(case.root / "artifacts", out)
+    out = fixture_package(tmp_path_factory, case.root.name)
 
     def train(compile: bool | str) -> tuple[list[float], dict[str, np.ndarray]]:
         module = Module(case.artifact("training_model.onnx"), case.load_state(), compile=compile)
