@@ -43,6 +43,7 @@ OPTIMIZERS = {
     "mlp_gpipe_clip": CLIP_MODEL,
     "tied_gpipe_clip": CLIP_MODEL,
 }  # run -> optimizer model other than the fixture's (AdamW clipping the norm)
+ACCUMULATED = ("tied_1f1b",)  # runs whose steps accumulate the gradients of two batches (this step's and the next)
 
 
 def fixture_of(run: str, out: Path) -> Path:
@@ -67,6 +68,8 @@ def train(run: str, pipelined: bool, out: Path, checkpoint_out: Path | None = No
     losses = []
     for step in range(STEPS):
         loss = module(*batches(fixture, step))
+        if run in ACCUMULATED:
+            loss = module(*batches(fixture, step + 1))
         optimizer.step()
         module.lazy_reset_grad()
         scheduler.step()
