@@ -6,7 +6,8 @@ rank, each on the full batch (the tied runs' fixture made in OUT_DIR first); ``t
 on 4 ranks; ``fit``: the trainer's ``fit`` through a pipeline; ``legacy``: the legacy session with ``pipeline_parallel_size``; ``misuse``: the
 error each rank saw. Each rank writes ``OUT_DIR/<run>_rank<r>.npz`` (losses, final parameters, and for
 each run a checkpoint saved at the end, the eval loss after training, the bytes of parameters, gradients and
-moments the rank holds, in all and per parameter) or ``OUT_DIR/misuse_rank<r>.json``.
+moments the rank holds, in all and per parameter) or ``OUT_DIR/misuse_rank<r>.json``; ``train`` also writes
+what each rank holds once ``LOADED_RUN``'s checkpoint is loaded back (``<run>_loaded_rank<r>.npz``).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ OPTIMIZERS = {
     "mlp_gpipe_clip": CLIP_MODEL,
     "tied_gpipe_clip": CLIP_MODEL,
 }  # run -> optimizer model other than the fixture's (AdamW clipping the norm)
+LOADED_RUN = "tied_1f1b"  # the run whose checkpoint the ``train`` scenario loads back into its pipeline
 ACCUMULATED = ("tied_1f1b",)  # runs whose steps accumulate the gradients of two batches (this step's and the next)
 
 
@@ -91,6 +93,21 @@ def train(run: str, pipelined: bool, out: Path, checkpoint_out: Path | None = No
         **held,
         **local,
         **{f"param/{n}": p.data.copy() for n, p in state.parameters},
+    }
+
+
+def held_after_loading(run: str, out: Path) -> dict[str, np.ndarray]:
+    """The values this rank holds (``local/<name>``) once ``run``'s saved checkpoint is loaded into its pipeline."""
+    from ort_torch_train.api import CheckpointState, Module
+    from ort_torch_train.distributed.pipeline_plan import PipelineOptions
+
+    state = CheckpointState.load_checkpoint(out / f"{run}.ckpt")
+    artifacts = fixture_of(run, out) / "artifacts"
+    Module(artifacts / "training_model.onnx", state, pipeline=PipelineOptions(**RUNS[run][1]))
+    return {
+        f"local/{name}": param.detach().numpy().copy()
+        for name, param in state.training_state.params.items()
+        if param.device.type != "meta"
     }
 
 
@@ -197,6 +214,7 @@ def main() -> None:
         for run in (run for run, (_, settings) in RUNS.items() if settings["stages"] == 2):
             checkpoint = out / f"{run}.ckpt"
             np.savez(out / f"{run}_rank{rank}.npz", **train(run, True, out, checkpoint))
+        np.savez(out / f"{LOADED_RUN}_loaded_rank{rank}.npz", **held_after_loading(LOADED_RUN, out))
     elif scenario == "fit":
         np.savez(out / f"fit_rank{rank}.npz", **fit_run(True))
     elif scenario == "legacy":

@@ -221,6 +221,17 @@ def test_the_checkpoint_is_the_one_a_single_process_writes(trained: Path, tmp_pa
         np.testing.assert_array_equal(param.data, ranks[f"param/{name}"], err_msg=name)
     CheckpointState.save_checkpoint(state, tmp_path / "again.ckpt", include_optimizer_state=True)
     assert (tmp_path / "again.ckpt").read_bytes() == saved.read_bytes()
+    if run == worker.LOADED_RUN:  # loaded back into the pipeline: every stage holds its parameters, tied ones on each
+        whole = dict(state.parameters)
+        for rank in range(2):
+            held = dict(np.load(trained / f"{run}_loaded_rank{rank}.npz"))
+            assert held
+            for key, value in held.items():
+                np.testing.assert_array_equal(value, whole[key.removeprefix("local/")].data, err_msg=key)
+        shared = set(dict(np.load(trained / f"{run}_loaded_rank0.npz"))) & set(
+            dict(np.load(trained / f"{run}_loaded_rank1.npz"))
+        )
+        assert shared == {"local/model.transformer.wte.weight"}, shared
 
 
 @pytest.mark.distributed
