@@ -15,8 +15,8 @@ reported. ``--worlds`` chooses the world sizes, ``--modes`` the configurations b
 
 Mode "pipeline" runs one stage per rank (``Module(pipeline=PipelineOptions(N, micro_batches=4))``, GPipe,
 stages balanced by parameter count), every rank given the whole batch: a rank then holds its stage's
-parameters, gradients and moments. A pipeline refuses a parameter read by two stages, so ``--untied``
-gives the model its own output projection (``tie_word_embeddings=False``) in every configuration.
+parameters, gradients and moments; the tied embedding is held by the first and the last stage both.
+``--untied`` gives the model its own output projection (``tie_word_embeddings=False``) in every configuration.
 
     .venv/bin/python bench/experiments/sharding_memory.py [--steps 4] [--warmup 1] [--layers 8] [--hidden 256]
         [--compile] [--worlds 2,4] [--modes ddp,zero2,zero3] [--untied]
@@ -202,7 +202,7 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="compiled steps (inductor) in every configuration")
     parser.add_argument("--worlds", default="2,4", help="the world sizes, comma-separated")
     parser.add_argument("--modes", default="ddp,zero2,zero3", help=f"configurations besides one process, of {MODES}")
-    parser.add_argument("--untied", action="store_true", help="the output projection its own parameter (pipelines)")
+    parser.add_argument("--untied", action="store_true", help="the output projection its own parameter")
     args = parser.parse_args()
     if args.worker is not None:
         worker(args.worker, args.steps, args.warmup, args.mode, args.compile)

@@ -14,8 +14,8 @@ update (ORT's math, unchanged) runs on each stage's own parameters, the gradient
 every stage's gradients together. Reading a parameter's whole value (``state.parameters[name]``) and
 saving a checkpoint are collectives: the value is broadcast from its stage's rank, and rank 0 writes
 what one process writes. An eval step gathers the eval graph's parameters from their stages to every
-rank (a collective) and runs there. A parameter that two stages read (tied embeddings) is refused when
-the graph is cut (``pipeline_plan.py``).
+rank (a collective) and runs there. A parameter that several stages read (a tied embedding) is held
+by each of them, its gradient summed over them after the backward (``pipeline_state.py``).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from ort_torch_train.distributed.data_parallel import require_identical
 from ort_torch_train.distributed.pipeline_plan import PipelineOptions, StageGraph, cut_graph, loss_reduction
 from ort_torch_train.distributed.pipeline_state import (
     PipelineCheckpoint,
+    SharedGradients,
     StageOwnership,
     StageParameters,
     keep_stage_only,
@@ -123,6 +124,7 @@ class PipelineParallel:
         self._device = device
         self.ownership = StageOwnership([stage.params for stage in stages], list(state.params), group, device)
         self.checkpoint = PipelineCheckpoint(group, self.ownership)
+        self._shared = SharedGradients(self.ownership, state.params)  # a collective: subgroups made by all
         self._last_rank = (
             dist.get_global_rank(group, len(stages) - 1) if group is not dist.group.WORLD else len(stages) - 1
         )
@@ -150,6 +152,7 @@ class PipelineParallel:
                 param.grad = torch.zeros_like(param)
             elif reset:
                 param.grad.zero_()  # in place: the gradient tensors are never replaced
+        earlier = self._shared.set_aside(reset)
         try:
             schedule = self._schedule_for(inputs)
             if self.rank == 0:
@@ -158,6 +161,7 @@ class PipelineParallel:
                 merged = schedule.step(target=self._target)
             else:
                 merged = schedule.step()
+            self._shared.sum_over_holders(earlier)
             outputs = self._batch_outputs(merged) if self.is_last else None
             payload: list[Any] = [outputs]
             dist.broadcast_object_list(payload, src=self._last_rank, group=self.group)

@@ -5,8 +5,9 @@ of one cut by ``:``, an edge a tensor name, optionally followed by ``-`` and its
 names separated by ``/`` (``"t1,t2:t3-node_a/node_b"``: two cuts, the second of two edges). Stage
 ``k`` holds the graph's nodes, in the graph's order, from just after cut ``k - 1`` up to the last
 producer of cut ``k``'s tensors; every value a later stage reads crosses the cut (the graph's user
-inputs enter stage 0 and travel with the activations). Without cuts the stages are balanced by the
-number of parameter elements each one reads.
+inputs enter stage 0 and travel with the activations). A parameter read by nodes of several stages
+(a tied embedding) is an input of each of them. Without cuts the stages are balanced by the number of
+parameter elements each one reads.
 """
 
 from __future__ import annotations
@@ -161,17 +162,11 @@ def cut_graph(
                 if output:
                     stage_of[output] = stage
     last_reader: dict[str, int] = {name: len(ends) for name in outputs}  # graph outputs: past the last stage
-    stage_params: list[list[str]] = [[] for _ in ends]
-    param_stage: dict[str, int] = {}
+    stage_params: list[list[str]] = [[] for _ in ends]  # a parameter read by two stages is in both
     for stage, (start, end) in enumerate(zip(starts, ends)):
         for read in reads[start : end + 1]:
             for name in read:
                 if name in params:
-                    if param_stage.setdefault(name, stage) != stage:
-                        raise ModelError(
-                            f"pipeline: parameter {name!r} is read in stages {param_stage[name]} and {stage}; "
-                            "a parameter belongs to one stage: cut elsewhere"
-                        )
                     if name not in stage_params[stage]:
                         stage_params[stage].append(name)
                 elif name in stage_of:

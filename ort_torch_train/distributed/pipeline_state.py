@@ -9,6 +9,12 @@ of its stage (``StageParameters``), and a checkpoint save gathers every stage's 
 moments the same way before rank 0 writes what one process writes (``PipelineCheckpoint``). The
 optimizer's kernels run on this stage's parameters only (``StageTensors``); the gradient clip uses
 the norm of every stage's gradients together (one all-reduce of the squared norms).
+
+A parameter that several stages read (a tied embedding) is held whole by each of them, as Megatron
+holds its embedding: after each backward its gradient is summed over its holders (``SharedGradients``:
+one all-reduce on a subgroup of those ranks), so every holder applies the same update to the same
+values and moments; the clip counts it once (on its first holder), and a checkpoint reads it from its
+first holder.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from torch import Tensor, nn
 from ort_torch_train.distributed.checkpoint import DistributedCheckpoint
 from ort_torch_train.errors import DistributedError
 from ort_torch_train.optim.algorithm import OptimizerAlgorithm
-from ort_torch_train.optim.clip import clip_grad_norm_
+from ort_torch_train.optim.clip import clip_grad_norm_, global_norm, scale_to_norm
 from ort_torch_train.optim.engine import OptimizerEngine
 from ort_torch_train.optim.tensor_lists import KernelTensors, WholeTensors
 from ort_torch_train.state.training_state import TrainingState
@@ -32,8 +38,10 @@ PLACEHOLDER_DEVICE = torch.device("meta")  # where another stage's parameters ar
 
 
 class StageOwnership:
-    """Which rank of the pipeline ``group`` holds each of the state's parameters ``names``: the rank of the
-    stage reading it (``stage_params``: each stage's), rank 0 for a parameter that no stage reads."""
+    """Which ranks of the pipeline ``group`` hold each of the state's parameters ``names``: the ranks of the
+    stages reading it (``stage_params``: each stage's), rank 0 for a parameter that no stage reads. A
+    parameter read by several stages (a tied embedding) is held whole by each of them; its first holder
+    (``stage_of``) is the one that sends its value and counts its gradient in the clip's norm."""
 
     def __init__(
         self, stage_params: Sequence[Sequence[str]], names: Sequence[str], group: Any, device: torch.device
@@ -42,9 +50,18 @@ class StageOwnership:
         self.rank = dist.get_rank(group)
         self.device = device
         self.stages = len(stage_params)
-        self.stage_of = {name: 0 for name in names}
-        self.stage_of.update((name, stage) for stage, read in enumerate(stage_params) for name in read)
-        self.held = tuple(name for name in self.stage_of if self.stage_of[name] == self.rank)
+        holders: dict[str, list[int]] = {name: [] for name in names}
+        for stage, read in enumerate(stage_params):
+            for name in read:
+                holders[name].append(stage)
+        self.holders = {name: tuple(stages) or (0,) for name, stages in holders.items()}
+        self.stage_of = {name: stages[0] for name, stages in self.holders.items()}
+        self.held = tuple(name for name, stages in self.holders.items() if self.rank in stages)
+        self.shared = tuple(name for name in self.held if len(self.holders[name]) > 1)
+
+    def counts(self, name: str) -> bool:
+        """Whether this rank counts ``name`` once for the whole pipeline (it is its first holder)."""
+        return self.stage_of[name] == self.rank
 
     def broadcast(self, held: Tensor | None, shape: Sequence[int], dtype: torch.dtype, name: str) -> Tensor:
         """``held`` (on the rank holding ``name``) sent to every rank of the group: a collective."""
@@ -56,6 +73,57 @@ class StageOwnership:
             value = torch.empty(tuple(shape), dtype=dtype, device=self.device)
         dist.broadcast(value, group=self.group, group_src=stage)
         return value
+
+
+class SharedGradients:
+    """Sums the gradients of the parameters several stages hold over their holders after each backward
+    (one all-reduce per set of holders, on a subgroup of their ranks), leaving what earlier steps
+    accumulated as it was. Made on every rank of the pipeline at once: each subgroup is made by all."""
+
+    def __init__(self, ownership: StageOwnership, params: Mapping[str, nn.Parameter]) -> None:
+        group = ownership.group
+        sets: dict[tuple[int, ...], list[str]] = {}
+        for name, stages in ownership.holders.items():  # the same order on every rank
+            if len(stages) > 1:
+                sets.setdefault(stages, []).append(name)
+        self._sums: list[tuple[Any, list[nn.Parameter]]] = []
+        for stages, names in sets.items():
+            ranks = [stage if group is dist.group.WORLD else dist.get_global_rank(group, stage) for stage in stages]
+            subgroup = dist.new_group(ranks)
+            trained = [params[name] for name in names if params[name].requires_grad]
+            if ownership.rank in stages and trained:
+                self._sums.append((subgroup, trained))
+
+    @torch.no_grad()
+    def set_aside(self, reset: bool) -> list[Tensor | None]:
+        """The gradients accumulated so far of this rank's shared parameters (``None`` where there are
+        none or ``reset`` drops them), which are zeroed: call before a backward."""
+        earlier: list[Tensor | None] = []
+        for _, params in self._sums:
+            for param in params:
+                grad = param.grad
+                earlier.append(None if grad is None or reset else grad.clone())
+                if grad is not None:
+                    grad.zero_()
+        return earlier
+
+    @torch.no_grad()
+    def sum_over_holders(self, earlier: Sequence[Tensor | None]) -> None:
+        """After a backward: each shared gradient is this step's sum over its holders, plus ``earlier``."""
+        earlier_of = iter(earlier)
+        for subgroup, params in self._sums:
+            grads = [param.grad if param.grad is not None else torch.zeros_like(param) for param in params]
+            flat = torch.cat([grad.reshape(-1) for grad in grads])
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=subgroup)
+            for param, piece in zip(params, flat.split([grad.numel() for grad in grads])):
+                total = piece.view_as(param)
+                before = next(earlier_of)
+                if before is not None:
+                    total = total + before
+                if param.grad is None:
+                    param.grad = total.clone()
+                else:
+                    param.grad.copy_(total)  # in place: the gradient tensors are never replaced
 
 
 def keep_stage_only(state: TrainingState, ownership: StageOwnership) -> None:
@@ -101,17 +169,30 @@ class StageTensors(WholeTensors):
 
     def __init__(self, ownership: StageOwnership) -> None:
         self.ownership = ownership
+        self._counted: list[nn.Parameter] = []  # the parameters whose gradients this rank adds to the norm
+        self._counts_all = True
 
     def kernel_tensors(
         self, state: TrainingState, param_names: Sequence[str], algorithm: OptimizerAlgorithm
     ) -> KernelTensors:
         """This stage's lists (``TensorProvider``)."""
-        held = set(self.ownership.held)
-        return super().kernel_tensors(state, [name for name in param_names if name in held], algorithm)
+        held = [name for name in param_names if name in set(self.ownership.held)]
+        self._counted = [state.params[name] for name in held if self.ownership.counts(name)]
+        self._counts_all = len(self._counted) == len(held)
+        return super().kernel_tensors(state, held, algorithm)
 
     def clip_gradients(self, grads: list[Tensor], max_norm: float) -> None:
-        """Clip by the norm of every stage's gradients together (one all-reduce)."""
-        clip_grad_norm_(grads, max_norm, group=self.ownership.group)
+        """Clip by the norm of every stage's gradients together (one all-reduce), a parameter held by
+        several stages counted once."""
+        if self._counts_all:
+            clip_grad_norm_(grads, max_norm, group=self.ownership.group)
+            return
+        counted = [param.grad for param in self._counted if param.grad is not None]
+        squared = torch.zeros((), dtype=grads[0].dtype, device=grads[0].device)
+        if counted:
+            squared = global_norm(counted).square()
+        dist.all_reduce(squared, op=dist.ReduceOp.SUM, group=self.ownership.group)
+        scale_to_norm(grads, squared.sqrt(), max_norm)
 
 
 class PipelineCheckpoint(DistributedCheckpoint):
@@ -150,6 +231,8 @@ class PipelineCheckpoint(DistributedCheckpoint):
         whole: dict[str, dict[str, Tensor]] = {}
         for layout in layouts:
             for name, entries in layout.items():
+                if name in whole:  # a parameter several stages hold: read from its first holder once
+                    continue
                 whole[name] = {
                     key: self.ownership.broadcast(momentums.get(name, {}).get(key), shape, getattr(torch, dtype), name)
                     for key, shape, dtype in entries
@@ -170,7 +253,7 @@ def stage_optimizer_engine(
 ) -> OptimizerEngine:
     """An optimizer engine (``engine(**arguments, tensors=...)``) whose kernels run on this stage's
     parameters; raises DistributedError on every rank when a stage trains no parameter."""
-    trained = {ownership.stage_of.get(name) for name in arguments["param_names"]}
+    trained = {stage for name in arguments["param_names"] for stage in ownership.holders.get(name, ())}
     idle = [stage for stage in range(ownership.stages) if stage not in trained]
     if idle:
         raise DistributedError(

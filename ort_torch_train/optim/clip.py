@@ -35,9 +35,15 @@ def clip_grad_norm_(
     if len(grads) == 0:
         raise ValueError("clip_grad_norm_: grads must be a non-empty list of tensors; got an empty list")
     total_norm = global_norm(grads, group, whole)
+    scale_to_norm(grads, total_norm, max_norm)
+    return total_norm
+
+
+@torch.no_grad()
+def scale_to_norm(grads: list[Tensor], total_norm: Tensor, max_norm: float) -> None:
+    """Scale ``grads`` in place as ORT's clip does when their global norm is ``total_norm``."""
     coefficient = torch.full_like(total_norm, max_norm).div_(total_norm + CLIP_EPSILON).clamp_(max=1.0)
     torch._foreach_mul_(grads, coefficient)
-    return total_norm
 
 
 def global_norm(grads: Sequence[Tensor], group: Any = None, whole: Sequence[bool] | None = None) -> Tensor:

@@ -2,11 +2,12 @@
 
 ``python -m tests.helpers.pipeline_worker SCENARIO OUT_DIR`` with torchrun's env (RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT). ``train``: the 2-stage runs of ``RUNS`` with ``Module(pipeline=...)`` on every
-rank, each on the full batch; ``train4``: the 4-stage one on 4 ranks; ``fit``: the trainer's ``fit`` through a
-pipeline; ``legacy``: the legacy session with ``pipeline_parallel_size``; ``misuse``: the
+rank, each on the full batch (the tied runs' fixture made in OUT_DIR first); ``train4``: the 4-stage one
+on 4 ranks; ``fit``: the trainer's ``fit`` through a pipeline; ``legacy``: the legacy session with ``pipeline_parallel_size``; ``misuse``: the
 error each rank saw. Each rank writes ``OUT_DIR/<run>_rank<r>.npz`` (losses, final parameters, and for
 each run a checkpoint saved at the end, the eval loss after training, the bytes of parameters, gradients and
-moments the rank holds, in all and per parameter) or ``OUT_DIR/misuse_rank<r>.json``.
+moments the rank holds, in all and per parameter) or ``OUT_DIR/misuse_rank<r>.json``; ``train`` also writes
+what each rank holds once ``LOADED_RUN``'s checkpoint is loaded back (``<run>_loaded_rank<r>.npz``).
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ from typing import Any
 import numpy as np
 
 from tests.helpers.distributed_worker import CLIP_MODEL, MLP, MLP_OPTIMIZERS, TRANSFORMER, batches
+from tests.helpers.sharding_worker import TIED_LM
 from tests.helpers.timeouts import scaled
 
 STEPS = 4
 FIT_RUN = "transformer_1f1b"  # the pipeline the ``fit`` scenario trains through
-# name -> (fixture, PipelineOptions' arguments for 2 ranks; None: one process, no pipeline)
+# name -> (fixture, PipelineOptions' arguments); a relative fixture is made in OUT_DIR (``make_tied_lm``: a GPT-2
+# whose embedding, read by stage 0, is also the output projection, read by stage 1)
 RUNS: dict[str, tuple[Path, dict[str, Any]]] = {
     "mlp_gpipe_clip": (MLP_OPTIMIZERS, {"stages": 2, "micro_batches": 4, "schedule": "gpipe"}),
     "mlp_1f1b_cut": (MLP, {"stages": 2, "micro_batches": 2, "schedule": "1f1b", "cuts": "/1/Relu_output_0"}),
@@ -34,17 +37,30 @@ RUNS: dict[str, tuple[Path, dict[str, Any]]] = {
         TRANSFORMER,
         {"stages": 2, "micro_batches": 4, "schedule": "gpipe", "cuts": "/enc/norm1/LayerNormalization_output_0"},
     ),
+    "tied_gpipe_clip": (Path(TIED_LM), {"stages": 2, "micro_batches": 2, "schedule": "gpipe"}),
+    "tied_1f1b": (Path(TIED_LM), {"stages": 2, "micro_batches": 2, "schedule": "1f1b"}),
 }
-OPTIMIZERS = {"mlp_gpipe_clip": CLIP_MODEL}  # run -> optimizer model other than the fixture's (AdamW clipping the norm)
+OPTIMIZERS = {
+    "mlp_gpipe_clip": CLIP_MODEL,
+    "tied_gpipe_clip": CLIP_MODEL,
+}  # run -> optimizer model other than the fixture's (AdamW clipping the norm)
+LOADED_RUN = "tied_1f1b"  # the run whose checkpoint the ``train`` scenario loads back into its pipeline
+ACCUMULATED = ("tied_1f1b",)  # runs whose steps accumulate the gradients of two batches (this step's and the next)
 
 
-def train(run: str, pipelined: bool, checkpoint_out: Path | None = None) -> dict[str, np.ndarray]:
+def fixture_of(run: str, out: Path) -> Path:
+    """``run``'s fixture folder (a relative one is made in ``out`` before the ranks start)."""
+    fixture = RUNS[run][0]
+    return fixture if fixture.is_absolute() else out / fixture
+
+
+def train(run: str, pipelined: bool, out: Path, checkpoint_out: Path | None = None) -> dict[str, np.ndarray]:
     """``run`` for STEPS steps on the fixture's full batches, through the pipeline or in one process; then
-    an eval step on the first batch."""
+    an eval step on the first batch. ``local/<name>``: the values this rank holds itself."""
     from ort_torch_train.api import CheckpointState, LinearLRScheduler, Module, Optimizer
     from ort_torch_train.distributed.pipeline_plan import PipelineOptions
 
-    fixture, settings = RUNS[run]
+    fixture, settings = fixture_of(run, out), RUNS[run][1]
     artifacts = fixture / "artifacts"
     state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
     pipeline = PipelineOptions(**settings) if pipelined else None
@@ -54,11 +70,18 @@ def train(run: str, pipelined: bool, checkpoint_out: Path | None = None) -> dict
     losses = []
     for step in range(STEPS):
         loss = module(*batches(fixture, step))
+        if run in ACCUMULATED:
+            loss = module(*batches(fixture, step + 1))
         optimizer.step()
         module.lazy_reset_grad()
         scheduler.step()
         losses.append(float(np.asarray(loss).reshape(-1)[0]))
     held = held_bytes(state.training_state)
+    local = {
+        f"local/{name}": param.detach().numpy().copy()
+        for name, param in state.training_state.params.items()
+        if param.device.type != "meta"
+    }
     if checkpoint_out is not None:
         CheckpointState.save_checkpoint(state, checkpoint_out, include_optimizer_state=True)
     module.eval()
@@ -68,7 +91,23 @@ def train(run: str, pipelined: bool, checkpoint_out: Path | None = None) -> dict
         "eval_loss": np.asarray(eval_loss, dtype=np.float64),
         "param/contiguous": module.get_contiguous_parameters().numpy(),  # whole values, gathered from the stages
         **held,
+        **local,
         **{f"param/{n}": p.data.copy() for n, p in state.parameters},
+    }
+
+
+def held_after_loading(run: str, out: Path) -> dict[str, np.ndarray]:
+    """The values this rank holds (``local/<name>``) once ``run``'s saved checkpoint is loaded into its pipeline."""
+    from ort_torch_train.api import CheckpointState, Module
+    from ort_torch_train.distributed.pipeline_plan import PipelineOptions
+
+    state = CheckpointState.load_checkpoint(out / f"{run}.ckpt")
+    artifacts = fixture_of(run, out) / "artifacts"
+    Module(artifacts / "training_model.onnx", state, pipeline=PipelineOptions(**RUNS[run][1]))
+    return {
+        f"local/{name}": param.detach().numpy().copy()
+        for name, param in state.training_state.params.items()
+        if param.device.type != "meta"
     }
 
 
@@ -170,11 +209,12 @@ def main() -> None:
     rank = dist.get_rank()
     if scenario == "train4":  # 4 ranks
         run = "transformer_1f1b_4"
-        np.savez(out / f"{run}_rank{rank}.npz", **train(run, True, out / f"{run}.ckpt"))
+        np.savez(out / f"{run}_rank{rank}.npz", **train(run, True, out, out / f"{run}.ckpt"))
     elif scenario == "train":
         for run in (run for run, (_, settings) in RUNS.items() if settings["stages"] == 2):
             checkpoint = out / f"{run}.ckpt"
-            np.savez(out / f"{run}_rank{rank}.npz", **train(run, True, checkpoint))
+            np.savez(out / f"{run}_rank{rank}.npz", **train(run, True, out, checkpoint))
+        np.savez(out / f"{LOADED_RUN}_loaded_rank{rank}.npz", **held_after_loading(LOADED_RUN, out))
     elif scenario == "fit":
         np.savez(out / f"fit_rank{rank}.npz", **fit_run(True))
     elif scenario == "legacy":

@@ -28,6 +28,7 @@ from tests.helpers import pipeline_worker as worker
 from tests.helpers.distributed_worker import MLP, TRANSFORMER
 from tests.helpers.ort_peer import requires_ort, run_ort
 from tests.helpers.paths import ROOT
+from tests.helpers.sharding_worker import make_tied_lm
 from tests.helpers.timeouts import scaled
 from tests.integration.test_distributed import launch as launch_ranks
 from tests.integration.test_distributed import require_success
@@ -161,17 +162,18 @@ def test_micro_batches_accumulate_like_whole_batches_of_any_size(one_rank: None)
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("pipeline")
+    make_tied_lm(out)
     launch("train", out, timeout=scaled(240))
     return out
 
 
 def assert_trains_like_one_process(out: Path, run: str, world_size: int) -> None:
     """Every rank's losses (each step), final parameters and eval loss match one process's; the ranks agree
-    bitwise; each rank holds the parameters, gradients and moments of its stage's parameters and no other."""
-    reference = worker.train(run, pipelined=False)
-    fixture, settings = worker.RUNS[run]
-    graph, inputs, params = forward_of(fixture)
-    stages = cut_graph(graph, inputs, params, {}, PipelineOptions(**settings))
+    bitwise; each rank holds the parameters, gradients and moments of its stage's parameters and no other (a
+    parameter two stages read on both, with the same values)."""
+    reference = worker.train(run, pipelined=False, out=out)
+    graph, inputs, params = forward_of(worker.fixture_of(run, out))
+    stages = cut_graph(graph, inputs, params, {}, PipelineOptions(**worker.RUNS[run][1]))
     ranks = [dict(np.load(out / f"{run}_rank{rank}.npz")) for rank in range(world_size)]
     for stage, result in zip(stages, ranks):
         np.testing.assert_allclose(result["losses"], reference["losses"], rtol=LOSS_TOLERANCE, atol=0, err_msg=run)
@@ -183,7 +185,15 @@ def assert_trains_like_one_process(out: Path, run: str, world_size: int) -> None
         held = {name: int(result[f"bytes/{name}"]) for name in params}
         assert held == {name: int(reference[f"bytes/{name}"]) if name in stage.params else 0 for name in params}
         assert int(result["held_bytes"]) == sum(held.values()) > 0, (run, stage.params)
-    assert sum(int(result["held_bytes"]) for result in ranks) == int(reference["held_bytes"])
+    holders = {name: [rank for rank, stage in enumerate(stages) if name in stage.params] for name in params}
+    repeated = sum(int(reference[f"bytes/{name}"]) * (len(held_by) - 1) for name, held_by in holders.items() if held_by)
+    assert sum(int(result["held_bytes"]) for result in ranks) == int(reference["held_bytes"]) + repeated
+    shared = [name for name, held_by in holders.items() if len(held_by) > 1]
+    assert bool(shared) == run.startswith("tied"), shared
+    for name in shared:  # updated identically on each holder
+        first, *others = holders[name]
+        for rank in others:
+            np.testing.assert_array_equal(ranks[rank][f"local/{name}"], ranks[first][f"local/{name}"], err_msg=name)
 
 
 @pytest.mark.distributed
@@ -200,10 +210,10 @@ def test_four_stages_train_like_one_process(tmp_path: Path) -> None:
 
 
 @pytest.mark.distributed
-def test_the_checkpoint_is_the_one_a_single_process_writes(trained: Path, tmp_path: Path) -> None:
-    """Rank 0 wrote the whole state, gathered from the stages: read back it holds the ranks' parameters, and
-    one process saving what it read writes the same bytes."""
-    run = "transformer_1f1b"
+@pytest.mark.parametrize("run", ["transformer_1f1b", "tied_1f1b"])
+def test_the_checkpoint_is_the_one_a_single_process_writes(trained: Path, tmp_path: Path, run: str) -> None:
+    """Rank 0 wrote the whole state, gathered from the stages (a tied embedding once): read back it holds the
+    ranks' parameters, and one process saving what it read writes the same bytes."""
     saved = trained / f"{run}.ckpt"
     state = CheckpointState.load_checkpoint(saved)
     ranks = dict(np.load(trained / f"{run}_rank0.npz"))
@@ -211,6 +221,17 @@ def test_the_checkpoint_is_the_one_a_single_process_writes(trained: Path, tmp_pa
         np.testing.assert_array_equal(param.data, ranks[f"param/{name}"], err_msg=name)
     CheckpointState.save_checkpoint(state, tmp_path / "again.ckpt", include_optimizer_state=True)
     assert (tmp_path / "again.ckpt").read_bytes() == saved.read_bytes()
+    if run == worker.LOADED_RUN:  # loaded back into the pipeline: every stage holds its parameters, tied ones on each
+        whole = dict(state.parameters)
+        for rank in range(2):
+            held = dict(np.load(trained / f"{run}_loaded_rank{rank}.npz"))
+            assert held
+            for key, value in held.items():
+                np.testing.assert_array_equal(value, whole[key.removeprefix("local/")].data, err_msg=key)
+        shared = set(dict(np.load(trained / f"{run}_loaded_rank0.npz"))) & set(
+            dict(np.load(trained / f"{run}_loaded_rank1.npz"))
+        )
+        assert shared == {"local/model.transformer.wte.weight"}, shared
 
 
 @pytest.mark.distributed
