@@ -120,25 +120,27 @@ class _NBitsProduct(torch.autograd.Function):
     def forward(ctx: Any, a: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, zero_points: Any, spec: Any):
         ctx.save_for_backward(packed, scales, *(() if zero_points is None else (zero_points,)))
         ctx.spec, ctx.has_zero = spec, zero_points is not None
-        rows_of_a = a.reshape(-1, a.shape[-1])
-        out = rows_of_a.new_empty((rows_of_a.shape[0], spec["n"]))
+        out = None
         for start, stop, weight in _row_chunks(packed, scales, zero_points, spec):
+            part = a @ weight.to(a.dtype).t()  # functional: autocast decides its dtype as for any product
             if start == 0 and stop == spec["n"]:
-                torch.mm(rows_of_a, weight.to(a.dtype).t(), out=out)
-            else:  # the columns of each chunk written in place: no list of parts and their concatenation
-                out[:, start:stop] = rows_of_a @ weight.to(a.dtype).t()
-        return out.view(*a.shape[:-1], spec["n"])
+                return part
+            if out is None:  # the columns of each chunk written in place: no list of parts and their concatenation
+                out = part.new_empty((*part.shape[:-1], spec["n"]))
+            out[..., start:stop] = part
+            del part  # before the next chunk is dequantised
+        return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor):
         packed, scales, *rest = ctx.saved_tensors
-        if not ctx.needs_input_grad[0]:
-            return None, None, None, None, None
-        rows_of_grad = grad.reshape(-1, grad.shape[-1])
-        grad_a = rows_of_grad.new_zeros((rows_of_grad.shape[0], ctx.spec["k"]))
-        for start, stop, weight in _row_chunks(packed, scales, rest[0] if ctx.has_zero else None, ctx.spec):
-            grad_a.addmm_(rows_of_grad[:, start:stop], weight.to(grad.dtype))  # accumulated in place
-        return grad_a.view(*grad.shape[:-1], ctx.spec["k"]), None, None, None, None
+        grad_a = None
+        if ctx.needs_input_grad[0]:
+            for start, stop, weight in _row_chunks(packed, scales, rest[0] if ctx.has_zero else None, ctx.spec):
+                part = grad[..., start:stop] @ weight.to(grad.dtype)
+                grad_a = part if grad_a is None else grad_a.add_(part)
+                del part  # before the next chunk is dequantised
+        return grad_a, None, None, None, None
 
 
 class MatMulNBits(nn.Module):
