@@ -32,18 +32,46 @@ def unpack_bits(packed: torch.Tensor, bits: int, count: int) -> torch.Tensor:
     return values.reshape(*packed.shape[:-1], packed.shape[-1] * per_byte)[..., :count]
 
 
-def _float_values(packed: torch.Tensor, bits: int, count: int, dtype: torch.dtype) -> torch.Tensor:
-    """``unpack_bits(...)`` as ``dtype``, a fresh tensor: each of a byte's values shifted and masked
-    straight into its strided place of the float result (no uint8 copy of every value first)."""
-    if bits == 8:
-        return packed[..., :count].to(dtype)
+def _values_into(buffer: torch.Tensor, scratch: torch.Tensor, packed: torch.Tensor, bits: int, count: int):
+    """``unpack_bits(packed, bits, count)`` written into ``buffer`` (float, at least ``packed``'s leading
+    shape by the last axis' value count): each of a byte's values shifted and masked into ``scratch``
+    (uint8, at least ``packed``'s size), then into its strided place in ``buffer``; no new tensor."""
     per_byte = 8 // bits
-    values = torch.empty((*packed.shape, per_byte), dtype=dtype, device=packed.device)
-    mask = (1 << bits) - 1
-    for position in range(per_byte):
-        shifted = packed >> (position * bits) if position else packed
-        values[..., position] = shifted & mask if position < per_byte - 1 else shifted
-    return values.reshape(*packed.shape[:-1], -1)[..., :count]
+    values = buffer.view(-1)[: packed.numel() * per_byte].view(*packed.shape, per_byte)
+    if bits == 8:
+        values[..., 0].copy_(packed)
+    else:
+        shifted = scratch.view(-1)[: packed.numel()].view(packed.shape)
+        for position in range(per_byte):
+            if position == 0:
+                torch.bitwise_and(packed, (1 << bits) - 1, out=shifted)
+            else:
+                torch.bitwise_right_shift(packed, position * bits, out=shifted)
+                if position < per_byte - 1:
+                    shifted.bitwise_and_((1 << bits) - 1)
+            values[..., position].copy_(shifted)
+    return values.view(*packed.shape[:-1], -1)[..., :count]
+
+
+def _float_values(packed: torch.Tensor, bits: int, count: int, dtype: torch.dtype) -> torch.Tensor:
+    """``unpack_bits(...)`` as ``dtype``, a fresh tensor."""
+    per_byte = 1 if bits == 8 else 8 // bits
+    buffer = torch.empty((*packed.shape[:-1], packed.shape[-1] * per_byte), dtype=dtype, device=packed.device)
+    return _values_into(buffer, torch.empty_like(packed), packed, bits, count)
+
+
+def _dequantize_into(
+    values: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None, bits: int, n: int, blocks: int
+) -> torch.Tensor:
+    """``(q - zero) * scale`` in place over the unpacked values ``(n, blocks, block_size)``."""
+    if zero_points is None:
+        values.sub_(float(1 << (bits - 1)))
+    elif zero_points.dtype == torch.uint8:
+        zero = unpack_bits(zero_points.reshape(n, -1), bits, blocks).to(scales.dtype)
+        values.sub_(zero.reshape(n, blocks, 1))
+    else:  # float zero points (the scales' type): (q - zp) * scale, as ORT's float-zero-point path
+        values.sub_(zero_points.reshape(n, blocks, 1).to(scales.dtype))
+    return values.mul_(scales.reshape(n, blocks, 1))
 
 
 def dequantize_nbits(
@@ -59,31 +87,29 @@ def dequantize_nbits(
     """The ``(N, K)`` float weight of MatMulNBits' packed ``B`` ``(N, blocks, blob)``, in the scales' dtype."""
     blocks = (k + block_size - 1) // block_size
     values = _float_values(packed.reshape(n, blocks, -1), bits, block_size, scales.dtype)  # a fresh tensor
-    if zero_points is None:
-        values.sub_(float(1 << (bits - 1)))
-    elif zero_points.dtype == torch.uint8:
-        zero = unpack_bits(zero_points.reshape(n, -1), bits, blocks).to(scales.dtype)
-        values.sub_(zero.reshape(n, blocks, 1))
-    else:  # float zero points (the scales' type): (q - zp) * scale, as ORT's float-zero-point path
-        values.sub_(zero_points.reshape(n, blocks, 1).to(scales.dtype))
-    return values.mul_(scales.reshape(n, blocks, 1)).reshape(n, blocks * block_size)[:, :k]
+    return _dequantize_into(values, scales, zero_points, bits, n, blocks).reshape(n, blocks * block_size)[:, :k]
 
 
-CHUNK_ELEMENTS = 1 << 20  # float weight elements dequantised at a time: 4 MiB in float32
+CHUNK_ELEMENTS = 1 << 23  # float weight elements dequantised at a time: 32 MiB in float32
 
 
 def _row_chunks(packed: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None, spec: dict):
     """``(start, stop, float rows of W)`` for successive row ranges of the ``(N, K)`` weight, each
-    dequantised only when reached, so that at most ``CHUNK_ELEMENTS`` float values exist at a time."""
-    n, k = spec["n"], spec["k"]
-    rows = max(1, CHUNK_ELEMENTS // k)
-    packed, scales = packed.reshape(n, -1), scales.reshape(n, -1)
+    dequantised only when reached into one buffer of at most ``CHUNK_ELEMENTS`` float values that every
+    range reuses: a consumer is done with a range before asking for the next."""
+    n, k, bits, block_size = spec["n"], spec["k"], spec["bits"], spec["block_size"]
+    blocks = (k + block_size - 1) // block_size
+    rows = max(1, min(n, CHUNK_ELEMENTS // max(1, blocks * block_size)))
+    packed, scales = packed.reshape(n, blocks, -1), scales.reshape(n, -1)
     zero = None if zero_points is None else zero_points.reshape(n, -1)
+    buffer = torch.empty((rows, blocks * block_size), dtype=scales.dtype, device=packed.device)
+    scratch = torch.empty((rows, *packed.shape[1:]), dtype=torch.uint8, device=packed.device)
     for start in range(0, n, rows):
         stop = min(start + rows, n)
+        values = _values_into(buffer, scratch, packed[start:stop], bits, block_size)
         part = None if zero is None else zero[start:stop]
-        chunk_spec = {**spec, "n": stop - start}
-        yield start, stop, dequantize_nbits(packed[start:stop], scales[start:stop], part, **chunk_spec)
+        weight = _dequantize_into(values, scales[start:stop], part, bits, stop - start, blocks)
+        yield start, stop, weight.view(stop - start, blocks * block_size)[:, :k]
 
 
 class _NBitsProduct(torch.autograd.Function):
@@ -96,13 +122,13 @@ class _NBitsProduct(torch.autograd.Function):
         ctx.spec, ctx.has_zero = spec, zero_points is not None
         out = None
         for start, stop, weight in _row_chunks(packed, scales, zero_points, spec):
-            part = a @ weight.to(a.dtype).t()
+            part = a @ weight.to(a.dtype).t()  # functional: autocast decides its dtype as for any product
             if start == 0 and stop == spec["n"]:
                 return part
             if out is None:  # the columns of each chunk written in place: no list of parts and their concatenation
                 out = part.new_empty((*part.shape[:-1], spec["n"]))
             out[..., start:stop] = part
-            del weight, part  # before the next chunk is dequantised
+            del part  # before the next chunk is dequantised
         return out
 
     @staticmethod
@@ -113,7 +139,7 @@ class _NBitsProduct(torch.autograd.Function):
             for start, stop, weight in _row_chunks(packed, scales, rest[0] if ctx.has_zero else None, ctx.spec):
                 part = grad[..., start:stop] @ weight.to(grad.dtype)
                 grad_a = part if grad_a is None else grad_a.add_(part)
-                del weight, part  # before the next chunk is dequantised
+                del part  # before the next chunk is dequantised
         return grad_a, None, None, None, None
 
 

@@ -148,8 +148,9 @@ class Phase:
     """``with Phase(log, "converting the training graph", total=nodes, done="converted the training graph")
     as phase: ... phase.advance()``: an INFO record on ``logger`` when the phase starts and one with its
     seconds when it ends (``"<done> in 1.23 s"``, ``done`` by default ``"<description>: done"``; one saying it
-    failed when it raises). Under ``phases_shown`` also a bar counting ``total`` units (none without a
-    total) and the record's text on stderr when it ends."""
+    failed when it raises). Under ``phases_shown`` also a bar counting ``total`` units (without a total, a
+    ``"<description> ..."`` line as it starts when stderr is a terminal) and the record's text on stderr
+    when it ends; a phase that raises shows nothing more (whoever catches the error reports it)."""
 
     def __init__(
         self,
@@ -169,7 +170,9 @@ class Phase:
     def __enter__(self) -> Phase:
         counted = "" if self.total is None else f" ({self.total} {self.unit}s)"
         self.logger.info("%s%s ...", self.description, counted)
-        if _PHASES_SHOWN.get() and self.total is not None:
+        if _PHASES_SHOWN.get() and self.total is None and sys.stderr.isatty():
+            tqdm.write(f"{self.description} ...", file=sys.stderr)
+        elif _PHASES_SHOWN.get() and self.total is not None:
             self.bar = tqdm(
                 total=self.total, desc=self.description, unit=self.unit, file=sys.stderr, leave=False, mininterval=1.0
             )
@@ -189,5 +192,5 @@ class Phase:
             self.bar.close()
         ended = f"{self.done} in" if kind is None else f"{self.description}: failed after"
         self.logger.info("%s %.2f s", ended, self.seconds)
-        if _PHASES_SHOWN.get():
+        if _PHASES_SHOWN.get() and kind is None:
             tqdm.write(f"{ended} {self.seconds:.1f} s", file=sys.stderr)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -136,16 +137,18 @@ def run(
         optimizer = Optimizer(artifacts / "optimizer_model.onnx", module)
     built_rss = memory_mib()["VmRSS"]
     rng = np.random.default_rng(0)
-    losses = []
+    losses, cpu_times = [], []
 
     def train_step() -> float:
         ids = rng.integers(3, shape["vocab"], (batch, tokens), dtype=np.int64)
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         losses.append(float(module.step(optimizer, ids, np.ones_like(ids), ids)))  # empty past key/values
+        cpu_times.append(time.process_time() - start_cpu)  # every thread of the process, the sampler's too
         return time.perf_counter() - start
 
     with RssSampler() as first_step:
-        train_step()
+        first_step_s = train_step()
+    load_before = os.getloadavg()[0]
     with RssSampler() as later_steps:
         times = [train_step() for _ in range(steps)]
     return {
@@ -168,6 +171,11 @@ def run(
         "rss_after_steps_mib": round(memory_mib()["VmRSS"], 1),
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "median_step_s": statistics.median(times),
+        "first_step_s": first_step_s,
+        "step_s": times,
+        "step_cpu_s": cpu_times[1:],
+        "cores_used_in_steps": sum(cpu_times[1:]) / sum(times),  # CPU seconds per wall second, of --threads
+        "load_average_1min": [load_before, os.getloadavg()[0]],  # before and after the later steps
         "losses": losses,
     }
 

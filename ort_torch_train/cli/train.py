@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,7 +45,7 @@ from ort_torch_train.cli.train_options import run_threads
 from ort_torch_train.cli.train_report import best_path, end_of_run, report, summarize
 from ort_torch_train.fileio import atomic_write_bytes
 from ort_torch_train.graph.layout import eval_layout, training_layout
-from ort_torch_train.progress import phases_shown, status_line
+from ort_torch_train.progress import Phase, phases_shown, status_line
 from ort_torch_train.trainer import (
     ArrayDataset,
     Callback,
@@ -66,6 +68,8 @@ from ort_torch_train.trainer.metrics import BUILT_IN
 from ort_torch_train.training.threads import process_threads
 
 NEEDS_MODEL_OUTPUTS = ("loss", "perplexity")  # metrics that need only the loss
+CHECKING = "reading the artifacts and the data and checking them against the models"
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -133,11 +137,15 @@ def train(args: argparse.Namespace, launch: Launch, device: str) -> None:
     """``run_train`` on this rank."""
     process_threads().choose(*run_threads(args.threads, args.deterministic))
     check_writable_output(Path(args.output))
-    job = prepare(args)
+    shown = launch.is_main and not (args.quiet or args.json)
+    with phases_shown(shown and sys.stderr.isatty()):  # to a person watching; a user error's log stays one line
+        with Phase(log, CHECKING, done="read the artifacts and the data and checked them against the models"):
+            with phases_shown(False):  # the checkpoint read within it only logs
+                job = prepare(args)
     if launch.is_main:
         save_options(args)  # OUTPUT.options.json: --resume OUTPUT reads them back
     metric_named(args.metric)  # a --metric that does not name one fails before any graph is converted
-    with phases_shown(launch.is_main and not (args.quiet or args.json)):  # conversion, passes, compilation
+    with phases_shown(shown):  # conversion, passes, compilation
         train_job(args, launch, device, job)
 
 

@@ -172,6 +172,26 @@ def test_train_then_resume_equals_one_uninterrupted_run(capsys, tmp_path, cnn) -
     assert group["step"] == 8 and group["initial_lr"] == 0.01
 
 
+def test_train_shows_its_input_checks_on_a_terminal_before_the_conversion(capsys, monkeypatch, tmp_path, cnn) -> None:
+    data = sample_major_npz(cnn, tmp_path / "train.npz")
+    train = ["train", cnn / "artifacts", "--data", data, "--batch-size", 8, "--steps", 1]
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # capsys's stream, as a terminal
+    code, _, err = run_cli(capsys, *train, "--output", tmp_path / "out")
+    assert code == 0, err
+    lines = [line.strip() for line in re.split(r"[\r\n]", err) if line.strip()]
+
+    def where(start: str) -> int:
+        return next(i for i, line in enumerate(lines) if line.startswith(start) and line.endswith(" s"))
+
+    started = lines.index("reading the artifacts and the data and checking them against the models ...")
+    assert (
+        started < where("read the artifacts and the data and checked them ") < where("converted the training graph in ")
+    )
+    assert not any(line.startswith("loaded checkpoint") for line in lines), lines  # within the checks: logged only
+    code, _, err = run_cli(capsys, *train, "--output", tmp_path / "quiet", "--quiet")
+    assert code == 0 and "checked them" not in err, err
+
+
 # ---- convert ----------------------------------------------------------------------------------------
 def test_convert_round_trip_ort_safetensors_pt_ort(capsys, tmp_path, cnn) -> None:
     source = cnn / "final_checkpoint_with_optimizer"
