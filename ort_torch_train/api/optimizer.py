@@ -24,6 +24,7 @@ from ort_torch_train.optim.schedulers import (
 
 if TYPE_CHECKING:  # FSDP2 loads Dynamo's shape machinery: a sharded Module has imported it
     from ort_torch_train.distributed.fully_sharded import FullyShardedParallel
+    from ort_torch_train.distributed.pipeline import PipelineParallel
     from ort_torch_train.distributed.tensor_parallel_ranks import TensorParallelRanks
 from ort_torch_train.optim.torch_adapter import TorchOptimizerAdapter
 from ort_torch_train.state.loss_scale import LossScaler
@@ -74,24 +75,19 @@ class Optimizer:
         precision = module.precision
         loss_scaler = None if precision is None else precision.loss_scaler
         self._engine: OptimizerEngine
+        holder: FullyShardedParallel | TensorParallelRanks | PipelineParallel | None = None  # holds part of the state
         if data_parallel is not None and data_parallel.shards_parameters:  # the kernels run on the shards
-            data_parallel = cast("FullyShardedParallel | TensorParallelRanks", data_parallel)
-            if shard_state and data_parallel.data_parallel_size > 1:  # one replica: nothing more to slice
+            holder = cast("FullyShardedParallel | TensorParallelRanks", data_parallel)
+            if shard_state and holder.data_parallel_size > 1:  # one replica: nothing more to slice
                 raise DistributedError(
                     "Optimizer(shard_state=True): a sharded (or tensor-parallel) Module's moments are sharded already"
                 )
-            self._engine = data_parallel.optimizer_engine(
-                OptimizerEngine,
-                spec=spec,
-                state=module.training_state,
-                param_names=module.trainable_parameter_names,
-                implementation=implementation,
-                loss_scaler=loss_scaler,
-            )
         elif module.pipeline is not None:  # the kernels run on this rank's stage
+            holder = module.pipeline
             if shard_state:
                 raise DistributedError("Optimizer(shard_state=True): a pipeline stage's moments are its own already")
-            self._engine = module.pipeline.optimizer_engine(
+        if holder is not None:
+            self._engine = holder.optimizer_engine(
                 OptimizerEngine,
                 spec=spec,
                 state=module.training_state,

@@ -17,10 +17,18 @@ from ort_torch_train.optim.float32 import to_float32
 
 UPDATE_COUNT, MOMENT_1, MOMENT_2 = "Update_Count", "Moment_1", "Moment_2"
 STATE_PREFIXES = (UPDATE_COUNT, MOMENT_1, MOMENT_2)
+
 NON_NEGATIVE_ATTRIBUTES = ("alpha", "beta", "lambda", "epsilon")
 
 Attributes = TypeVar("Attributes", bound="NodeAttributes")
 InitialState: TypeAlias = Mapping[str, Mapping[str, object]]  # {weight: {state prefix: value}}
+
+
+def state_tensors_of(optimizer_state: Mapping[str, Mapping[str, Tensor]]) -> dict[str, Tensor]:
+    """ORT's optimizer-state initializers (``<prefix>_<weight>``) of ``get_optimizer_state()``'s content."""
+    return {
+        f"{prefix}_{weight}": value for weight, values in optimizer_state.items() for prefix, value in values.items()
+    }
 
 
 @dataclass(frozen=True)
@@ -96,11 +104,7 @@ class PerWeightMoments(Generic[Attributes]):
 
     def state_tensors(self) -> dict[str, Tensor]:
         """ORT's optimizer-state initializers: ``Moment_1_<w>``, ``Moment_2_<w>``, ``Update_Count_<w>``."""
-        return {
-            f"{prefix}_{weight}": value
-            for weight, values in self.optimizer_state().items()
-            for prefix, value in values.items()
-        }
+        return state_tensors_of(self.optimizer_state())
 
     def optimizer_state(self) -> dict[str, dict[str, Tensor]]:
         """``{weight: {"Moment_1": m, "Moment_2": v, "Update_Count": int64[1]}}`` (live moments)."""

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from ort_torch_train.distributed.pipeline_plan import PipelineOptions
 from ort_torch_train.legacy.distributed import join_default_group
-from ort_torch_train.legacy.moments import STATE_PREFIXES
+from ort_torch_train.legacy.moments import STATE_PREFIXES, state_tensors_of
 from ort_torch_train.legacy.optimizers import SGD, LegacyOptimizer
 from ort_torch_train.legacy.parameters import TrainingParameters
 
@@ -78,11 +78,7 @@ class StageLegacyOptimizer:
 
     def state_tensors(self) -> dict[str, Tensor]:
         """ORT's optimizer-state initializers, every stage's (a collective)."""
-        return {
-            f"{prefix}_{weight}": value
-            for weight, values in self.optimizer_state().items()
-            for prefix, value in values.items()
-        }
+        return state_tensors_of(self.optimizer_state())
 
     def load_state_tensor(self, name: str, value: object) -> bool:
         """Load one ``<prefix>_<weight>`` tensor of this stage's weights; one of another stage's is that

@@ -20,7 +20,7 @@ from torch.distributed.tensor import DTensor
 
 from ort_torch_train.distributed.local_shards import local_chunk
 from ort_torch_train.errors import DistributedError
-from ort_torch_train.legacy.moments import MOMENT_1, MOMENT_2, STATE_PREFIXES
+from ort_torch_train.legacy.moments import MOMENT_1, MOMENT_2, STATE_PREFIXES, state_tensors_of
 from ort_torch_train.legacy.optimizers import InitialState, LegacyOptimizer
 
 
@@ -76,11 +76,7 @@ class FsdpLegacyOptimizer:
 
     def state_tensors(self) -> dict[str, Tensor]:
         """ORT's optimizer-state initializers, whole (a collective)."""
-        return {
-            f"{prefix}_{weight}": value
-            for weight, values in self.optimizer_state().items()
-            for prefix, value in values.items()
-        }
+        return state_tensors_of(self.optimizer_state())
 
     def load_state_tensor(self, name: str, value: object) -> bool:
         """Load this rank's shard of one ``<prefix>_<weight>`` tensor; False when it is not a state tensor."""

@@ -20,7 +20,7 @@ from torch import Tensor
 from ort_torch_train.distributed.data_parallel import DataParallel
 from ort_torch_train.distributed.zero import FlatShard
 from ort_torch_train.errors import DistributedError
-from ort_torch_train.legacy.moments import MOMENT_1, MOMENT_2, STATE_PREFIXES, UPDATE_COUNT
+from ort_torch_train.legacy.moments import MOMENT_1, MOMENT_2, STATE_PREFIXES, UPDATE_COUNT, state_tensors_of
 from ort_torch_train.legacy.optimizers import InitialState, LegacyOptimizer, build_optimizer
 from ort_torch_train.legacy.parameters import TrainingParameters
 from ort_torch_train.optim.tensor_lists import gradient_buffers
@@ -129,11 +129,7 @@ class ShardedLegacyOptimizer:
 
     def state_tensors(self) -> dict[str, Tensor]:
         """ORT's optimizer-state initializers, whole (a collective)."""
-        return {
-            f"{prefix}_{weight}": value
-            for weight, values in self.optimizer_state().items()
-            for prefix, value in values.items()
-        }
+        return state_tensors_of(self.optimizer_state())
 
     def load_state_tensor(self, name: str, value: object) -> bool:
         """Load this rank's slice of one ``<prefix>_<weight>`` tensor; False when it is not a state tensor."""

@@ -36,6 +36,16 @@ def kwargs_of(node: fx.Node) -> dict[str, Any]:
     return dict(node.kwargs)
 
 
+def replace_with_call(graph: fx.Graph, node: fx.Node, function: Callable[..., Any], args: tuple[Any, ...]) -> fx.Node:
+    """``node`` replaced in ``graph`` by a call of ``function`` on ``args`` that takes over its meta and uses."""
+    with graph.inserting_before(node):
+        call = graph.call_function(function, args)
+    call.meta.update(node.meta)
+    node.replace_all_uses_with(call)
+    graph.erase_node(node)
+    return call
+
+
 def is_call(node: object, target: Callable[..., Any] | str, arg_count: int | None = None) -> TypeGuard[fx.Node]:
     """Whether ``node`` calls ``target`` (a function, or a method name) without kwargs."""
     op = "call_method" if isinstance(target, str) else "call_function"

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, fx
 
 from ort_torch_train.adapters.conv import Conv
-from ort_torch_train.passes.match import args_of, val
+from ort_torch_train.passes.match import args_of, replace_with_call, val
 from ort_torch_train.passes.meta_keys import FUSIONS
 
 
@@ -48,11 +48,7 @@ def patch_products(module: fx.GraphModule, device: torch.device) -> None:
     for node in list(module.graph.nodes):
         if node.op != "call_module" or node.kwargs or not _is_patch_conv(module.get_submodule(str(node.target)), node):
             continue
-        with module.graph.inserting_before(node):
-            product = module.graph.call_function(patches_product, args_of(node))
-        product.meta.update(node.meta)
-        node.replace_all_uses_with(product)
-        module.graph.erase_node(node)
+        replace_with_call(module.graph, node, patches_product, args_of(node))
         rewritten += 1
     if rewritten:
         FUSIONS.setdefault(module, Counter())["patch_products"] += rewritten

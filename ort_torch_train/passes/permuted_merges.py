@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor, fx
 
-from ort_torch_train.passes.match import args_of, is_call, val
+from ort_torch_train.passes.match import args_of, is_call, replace_with_call, val
 from ort_torch_train.passes.meta_keys import FUSIONS
 
 _PERMUTES = ("permute", "transpose", torch.permute, torch.transpose)
@@ -57,11 +57,7 @@ def copy_permuted_merges(module: fx.GraphModule, device: torch.device) -> None:
             continue
         source, *sizes = args_of(node)
         shape = sizes[0] if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) else tuple(sizes)
-        with module.graph.inserting_before(node):
-            copied = module.graph.call_function(reshape_copied, (source, shape))
-        copied.meta.update(node.meta)
-        node.replace_all_uses_with(copied)
-        module.graph.erase_node(node)
+        replace_with_call(module.graph, node, reshape_copied, (source, shape))
         rewritten += 1
     if rewritten:
         FUSIONS.setdefault(module, Counter())["permuted_merges_copied"] += rewritten
