@@ -112,7 +112,7 @@ def load_training_state(path: Path) -> TrainingState:
 
 
 def load_trained_artifacts(
-    source: str | Path, checkpoint: str | Path | None, action: str
+    source: str, checkpoint: str | Path | None, action: str
 ) -> tuple[onnx.ModelProto, onnx.ModelProto, Path, TrainingState]:
     """The training and eval models of the artifacts ``source``, the checkpoint's path (``checkpoint`` when
     given, else the artifacts') and its state; a CliError for a nominal checkpoint, which has no values to
