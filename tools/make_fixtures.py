@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fixture_extras as fx  # noqa: E402
 import fixture_io as fio  # noqa: E402
 import fixture_record as rec  # noqa: E402
+import fixture_record_saved as after_training  # noqa: E402
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
@@ -168,13 +169,13 @@ def record_training(run: rec.FixtureRun, exp: dict, arrays: dict) -> None:
     arrays.update({f"final__{n}": v for n, v in final.items()})
     arrays["final_contiguous_trainable"] = rec.contiguous(module, True)
     arrays["final_contiguous_all"] = rec.contiguous(module, False)
-    exp.update(rec.save_checkpoints(run, state))
+    exp.update(after_training.save_checkpoints(run, state))
     saved = fio.read_checkpoint(run.out / "final_checkpoint_with_optimizer", with_data=True)
     exp["final_checkpoint_optimizer_groups"] = fio.optimizer_groups_summary(saved)
     arrays.update(fio.optimizer_state_arrays(saved))
-    exp["inference_export"], outputs = rec.inference_export(run, module, final)
+    exp["inference_export"], outputs = after_training.inference_export(run, module, final)
     fio.save_npz(run.out / "inference_outputs.npz", outputs)
-    exp["resume"] = rec.resume(run, module, opt)
+    exp["resume"] = after_training.resume(run, module, opt)
 
 
 def record_extras(run: rec.FixtureRun, exp: dict, arrays: dict) -> None:

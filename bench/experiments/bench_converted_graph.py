@@ -11,13 +11,10 @@ turned into graph inputs (as ORT's eval models feed them), the graph is converte
 from __future__ import annotations
 
 import argparse
-import io
 import sys
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-import onnx
 import torch
 from torch import nn
 
@@ -25,10 +22,12 @@ from ort_torch_train.api import set_threads
 from ort_torch_train.convert.graph import TensorSpec, convert_graph
 from ort_torch_train.passes.pipeline import fuse_converted
 
-HARNESS = Path(__file__).resolve().parents[1] / "harness"
-sys.path.insert(0, str(HARNESS))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT / "bench" / "harness"), str(ROOT)]
 
 from timing import interleaved_step_times, median  # noqa: E402
+
+from tests.helpers.exported_models import export_training_graph, parameters_as_inputs  # noqa: E402
 
 
 class MLP(nn.Module):
@@ -79,42 +78,13 @@ MODELS: dict[str, Callable[[], tuple[nn.Module, torch.Tensor]]] = {
 }
 
 
-def export_with_parameter_inputs(model: nn.Module, x: torch.Tensor, dynamo: bool) -> tuple[onnx.ModelProto, list[str]]:
-    """The model as ONNX whose trainable parameters are graph inputs after ``x``; their names."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        if dynamo:
-            proto = torch.onnx.export(model, (x,), dynamo=True, optimize=False, verbose=False).model_proto
-        else:
-            buffer = io.BytesIO()
-            torch.onnx.export(
-                model,
-                (x,),
-                buffer,
-                opset_version=17,
-                dynamo=False,
-                do_constant_folding=False,
-                training=torch.onnx.TrainingMode.TRAINING,
-                input_names=["x"],
-            )
-            proto = onnx.load_from_string(buffer.getvalue())
-    parameters = dict(model.named_parameters())
-    graph = proto.graph
-    moved = [init for init in graph.initializer if init.name in parameters]
-    for init in moved:
-        graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
-    kept = [init for init in graph.initializer if init.name not in parameters]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
-    return proto, [init.name for init in moved]
-
-
 def run(name: str, dynamo: bool, steps: int) -> None:
     torch.manual_seed(0)
     model, x = MODELS[name]()
     model.train()
-    proto, names = export_with_parameter_inputs(model, x, dynamo)
+    proto = export_training_graph(model, x, dynamo)
     parameters = dict(model.named_parameters())
+    names = parameters_as_inputs(proto, parameters)
     copies = [parameters[n].detach().clone().requires_grad_() for n in names]
     specs = [TensorSpec(tuple(t.shape), t.dtype) for t in (x, *copies)]
     opsets = {o.domain: o.version for o in proto.opset_import}

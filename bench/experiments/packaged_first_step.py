@@ -93,26 +93,13 @@ def build_native(out: Path) -> Path:
     compiler = shutil.which("g++") or shutil.which("c++")
     if compiler is None:
         raise SystemExit("no C++ compiler: the native side needs g++ or c++")
-    torch_dir = Path(torch.__file__).parent
+    from ort_torch_train.native.packaged_build import libtorch_flags
+
+    compile_flags, link_flags = libtorch_flags()
+    source = ROOT / "tests" / "native" / "packaged_steps.cpp"
     program = out / "packaged_steps"
     subprocess.run(
-        [
-            compiler,
-            "-std=c++20",
-            "-O2",
-            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-            f"-I{torch_dir / 'include'}",
-            f"-I{torch_dir / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
-            str(ROOT / "tests" / "native" / "packaged_steps.cpp"),
-            "-o",
-            str(program),
-            f"-L{torch_dir / 'lib'}",
-            "-ltorch",
-            "-ltorch_cpu",
-            "-lc10",
-            f"-Wl,-rpath,{torch_dir / 'lib'}",
-        ],
-        check=True,
+        [compiler, "-std=c++20", "-O2", *compile_flags, str(source), "-o", str(program), *link_flags], check=True
     )
     return program
 

@@ -31,8 +31,15 @@ from typing import Any
 import onnx
 import torch
 
-from ort_torch_train.artifacts.blocks import Block, PassThrough, building
-from ort_torch_train.artifacts.external import checkable, detach_weights, light_model_from_file, require_inline
+from ort_torch_train.artifacts.blocks import Block, building
+from ort_torch_train.artifacts.external import checkable
+from ort_torch_train.artifacts.generate_arguments import (
+    base_model,
+    graph_outputs,
+    loss_block_of,
+    loss_inputs,
+    optimizer_block_of,
+)
 from ort_torch_train.artifacts.graph_edit import (
     ORT_MAX_OPSET,
     batch_statistics_nodes,
@@ -45,8 +52,8 @@ from ort_torch_train.artifacts.graph_edit import (
     register_graph_outputs,
     trim_inference_batchnorm_outputs,
 )
-from ort_torch_train.artifacts.losses import LOSS_BLOCKS, LossType
-from ort_torch_train.artifacts.optimizers import OPTIMIZER_BLOCKS, OptimType, build_optimizer_model
+from ort_torch_train.artifacts.losses import LossType
+from ort_torch_train.artifacts.optimizers import OptimType, build_optimizer_model
 from ort_torch_train.artifacts.parameters import check_arguments, selected_parameters
 from ort_torch_train.checkpoint.odtc import EXTERNAL_DATA_THRESHOLD, CheckpointRecord, write_checkpoint
 from ort_torch_train.convert.registry import check_supported
@@ -171,7 +178,7 @@ def generate_artifacts(
     path_inside(directory, f"{prefix}checkpoint", "prefix + file name")  # a prefix leaving it refused at once
     threshold = MODEL_EXTERNAL_DATA_THRESHOLD if external_data_threshold is None else external_data_threshold
     with tempfile.TemporaryDirectory(prefix="ort-torch-train-base-") as scratch:  # a torch module's export
-        base, weights, torch_split = _base_model(model, extra_options, Path(scratch), threshold)
+        base, weights, torch_split = base_model(model, extra_options, Path(scratch), threshold)
         if torch_split is not None and requires_grad is None and frozen_params is None:
             requires_grad, frozen_params = torch_split
         artifacts = build_artifacts(
@@ -213,12 +220,12 @@ def build_artifacts(
                 "give Module(..., lora=LoraConfig(frozen_dtype=...)) at training time instead"
             )
         base, requires_grad, frozen_params = add_lora_to_base(base, requires_grad, frozen_params, lora)
-    loss_block = _loss_block(loss)
-    loss_input_names = _loss_inputs(base, loss_block, loss_input_names)
+    loss_block = loss_block_of(loss)
+    loss_input_names = loss_inputs(base, loss_block, loss_input_names)
     trainable_names, frozen_names = check_arguments(
         base, requires_grad, frozen_params, additional_output_names, loss_input_names
     )
-    optimizer_block = _optimizer_block(optimizer)
+    optimizer_block = optimizer_block_of(optimizer)
     if optimizer_block is not None and not trainable_names:
         raise ModelError("an optimizer model needs at least one trainable parameter: requires_grad is empty")
 
@@ -226,7 +233,7 @@ def build_artifacts(
     model = copy.deepcopy(base)
     declare_constant_shapes(model.graph)
     with building(model, names):
-        outputs = _outputs(
+        outputs = graph_outputs(
             loss_block(*(loss_input_names or [v.name for v in base.graph.output])), additional_output_names
         )
     _check_model(checkable(model), loss_block)
@@ -280,98 +287,6 @@ def nominal(record: CheckpointRecord) -> CheckpointRecord:
         return {name: torch.empty(0, dtype=tensor.dtype) for name, tensor in tensors.items()}
 
     return CheckpointRecord(trainable=empty(record.trainable), frozen=empty(record.frozen), is_nominal=True)
-
-
-def _base_model(
-    model: onnx.ModelProto | str | os.PathLike | torch.nn.Module,
-    extra_options: dict[str, Any],
-    scratch: Path,
-    threshold: int,
-) -> tuple[onnx.ModelProto, dict[str, torch.Tensor], tuple[list[str], list[str]] | None]:
-    """The ONNX base model (light past ``threshold``), its external weights, and a torch module's split."""
-    if isinstance(model, torch.nn.Module):
-        from ort_torch_train.artifacts.torch_export import export_module  # loads Dynamo: only for a torch module
-
-        exported = export_module(model, extra_options, scratch / "base.onnx")
-        base, weights = light_model_from_file(scratch / "base.onnx")
-        light, inline = detach_weights(base, threshold)
-        return light, {**weights, **inline}, (exported.requires_grad, exported.frozen_params)
-    if extra_options:
-        raise TypeError(
-            f"generate_artifacts() got unexpected keyword argument(s) {sorted(extra_options)} "
-            "(export options apply to a torch.nn.Module only)"
-        )
-    if isinstance(model, onnx.ModelProto):
-        require_inline(model)
-        light, weights = detach_weights(model, threshold)
-        return light, weights, None
-    if isinstance(model, (str, os.PathLike)):
-        base, weights = light_model_from_file(Path(os.fspath(model)))
-        light, inline = detach_weights(base, threshold)
-        return light, {**weights, **inline}, None
-    raise TypeError(
-        f"model must be an onnx.ModelProto, a path to an ONNX file or a torch.nn.Module with "
-        f"example_inputs=; got {type(model).__name__}"
-    )
-
-
-def _loss_block(loss: LossType | Block | None) -> Block:
-    if loss is None:
-        return PassThrough()
-    if isinstance(loss, LossType):
-        return LOSS_BLOCKS[loss]()
-    if isinstance(loss, Block):
-        return loss
-    raise ModelError(
-        f"Unknown loss provided {type(loss).__name__} ({loss!r}). Expected loss to be one of "
-        f"{[t.name for t in LossType]} (ort_torch_train.artifacts.LossType) or an "
-        "ort_torch_train.artifacts.Block."
-    )
-
-
-KV_CACHE_OUTPUT_PREFIX = "present"
-
-
-def _loss_inputs(base: onnx.ModelProto, loss: Block, names: Sequence[str] | None) -> Sequence[str] | None:
-    """The loss's inputs: ``names``, or by default the model's one output that is not a ``present*`` key/value
-    cache output (an LLM's logits); a clear error when the cache outputs leave more than one."""
-    if names is not None or isinstance(loss, PassThrough):
-        return names
-    outputs = [value.name for value in base.graph.output]
-    cache = [name for name in outputs if name.startswith(KV_CACHE_OUTPUT_PREFIX)]
-    rest = [name for name in outputs if not name.startswith(KV_CACHE_OUTPUT_PREFIX)]
-    if not cache:
-        return None
-    if len(rest) != 1:
-        raise ModelError(
-            f"the model's outputs {outputs} include {len(cache)} present key/value outputs and {len(rest)} others: "
-            "name the output(s) the loss reads with loss_input_names=[...]"
-        )
-    return rest
-
-
-def _optimizer_block(optimizer: OptimType | Block | None) -> Block | None:
-    if optimizer is None or isinstance(optimizer, Block):
-        return optimizer
-    if isinstance(optimizer, OptimType):
-        return OPTIMIZER_BLOCKS[optimizer]()
-    raise TypeError(
-        f"Unknown optimizer provided {type(optimizer).__name__} ({optimizer!r}). Expected optimizer to "
-        f"be one of {[t.name for t in OptimType]} (ort_torch_train.artifacts.OptimType) or an "
-        "ort_torch_train.artifacts.Block."
-    )
-
-
-def _outputs(loss_output: str | Sequence[str], additional_output_names: Sequence[str] | None) -> list[str]:
-    names = [loss_output] if isinstance(loss_output, str) else list(loss_output)
-    names += list(additional_output_names or [])
-    duplicated = sorted({name for name in names if names.count(name) > 1})
-    if duplicated:
-        raise ModelError(
-            f"graph outputs would repeat {duplicated}: the outputs are the loss output(s) then "
-            f"additional_output_names, {names}"
-        )
-    return names
 
 
 def _check_model(model: onnx.ModelProto, loss_block: Block) -> None:

@@ -111,6 +111,22 @@ def load_training_state(path: Path) -> TrainingState:
         raise CliError(f"{str(path)!r} is not a readable ORT checkpoint: {error}") from error
 
 
+def load_trained_artifacts(
+    source: str, checkpoint: str | Path | None, action: str
+) -> tuple[onnx.ModelProto, onnx.ModelProto, Path, TrainingState]:
+    """The training and eval models of the artifacts ``source``, the checkpoint's path (``checkpoint`` when
+    given, else the artifacts') and its state; a CliError for a nominal checkpoint, which has no values to
+    ``action`` ("evaluate", "export")."""
+    paths = find_artifacts(source)
+    training_model = load_onnx(paths.require("training_model", source), "training model")
+    eval_model = load_onnx(paths.require("eval_model", source), "eval model")
+    path = existing_file(checkpoint, "checkpoint") if checkpoint else paths.require("checkpoint", source)
+    state = load_training_state(path)
+    if state.is_nominal:
+        raise CliError(f"{str(path)!r} is a nominal checkpoint (no parameter values): {action} a complete one")
+    return training_model, eval_model, path, state
+
+
 def load_checkpoint_summary(path: Path) -> CheckpointSummary:
     """What an ORT checkpoint holds (read without torch), or a CliError naming the file when it is none."""
     path = existing_file(path, "checkpoint")

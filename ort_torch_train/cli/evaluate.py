@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ort_torch_train.api import Module
-from ort_torch_train.cli.common import CliError, existing_file, find_artifacts, load_onnx, load_training_state
+from ort_torch_train.cli.common import CliError, load_trained_artifacts
 from ort_torch_train.cli.data import check_arrays, input_specs, load_data, select_arrays
 from ort_torch_train.cli.export import lora_setting
 from ort_torch_train.cli.train import NEEDS_MODEL_OUTPUTS, chunks
@@ -25,16 +25,7 @@ def run_evaluate(args: argparse.Namespace) -> None:
 
 def evaluation(args: argparse.Namespace) -> dict[str, Any]:
     """The checkpoint, the sample count and each metric's value."""
-    source = args.artifacts
-    paths = find_artifacts(source)
-    training_model = load_onnx(paths.require("training_model", source), "training model")
-    eval_model = load_onnx(paths.require("eval_model", source), "eval model")
-    checkpoint = (
-        existing_file(args.checkpoint, "checkpoint") if args.checkpoint else paths.require("checkpoint", source)
-    )
-    state = load_training_state(checkpoint)
-    if state.is_nominal:
-        raise CliError(f"{str(checkpoint)!r} is a nominal checkpoint (no parameter values): evaluate a complete one")
+    training_model, eval_model, checkpoint, state = load_trained_artifacts(args.artifacts, args.checkpoint, "evaluate")
     names = ["loss"] + [name for name in dict.fromkeys(args.metric or []) if name != "loss"]
     metrics = [metric_named(name) for name in names]  # an unknown name fails before any model is built
     param_names = list(state.params)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import onnx
 
-from ort_torch_train.cli.common import CliError, existing_file, find_artifacts, load_onnx, load_training_state
+from ort_torch_train.cli.common import CliError, load_trained_artifacts
 from ort_torch_train.export.external_data import write_model
 from ort_torch_train.export.outputs import exportable_output_names
 from ort_torch_train.lora.apply import add_lora_to_artifacts
@@ -47,16 +47,7 @@ def run_export(args: argparse.Namespace) -> None:
     """Write the files asked for and name them on stdout."""
     if not (args.output or args.unmerged or args.adapter or args.genai):
         raise CliError("nothing to export: give --output, --unmerged, --adapter and/or --genai")
-    source = args.artifacts
-    paths = find_artifacts(source)
-    training = load_onnx(paths.require("training_model", source), "training model")
-    evaluation = load_onnx(paths.require("eval_model", source), "eval model")
-    checkpoint = (
-        existing_file(args.checkpoint, "checkpoint") if args.checkpoint else paths.require("checkpoint", source)
-    )
-    state = load_training_state(checkpoint)
-    if state.is_nominal:
-        raise CliError(f"{str(checkpoint)!r} is a nominal checkpoint (no parameter values): export a complete one")
+    training, evaluation, _, state = load_trained_artifacts(args.artifacts, args.checkpoint, "export")
     config = lora_setting(args.lora, state, training)
     if config is not None:
         _, adapted = add_lora_to_artifacts(training, evaluation, state, config)

@@ -16,8 +16,10 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 NATIVE = Path(__file__).resolve().parent
 SOURCES = NATIVE / "src"
@@ -31,20 +33,28 @@ class NativeBuildError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class Flags:
-    """What a C or C++ program needs to use the library installed under ``prefix``."""
+class InstalledLibrary:
+    """A library built under ``prefix``: ``prefix/lib/<library_name>``, its headers in ``prefix/include``."""
 
+    library_name: ClassVar[str]
     prefix: Path
 
     @property
     def library(self) -> Path:
         """The built library."""
-        return self.prefix / "lib" / LIBRARY
+        return self.prefix / "lib" / self.library_name
 
     @property
     def cflags(self) -> list[str]:
         """Compile flags: the include folder."""
         return [f"-I{self.prefix / 'include'}"]
+
+
+@dataclass(frozen=True)
+class Flags(InstalledLibrary):
+    """What a C or C++ program needs to use the library installed under ``prefix``."""
+
+    library_name: ClassVar[str] = LIBRARY
 
     @property
     def libs(self) -> list[str]:
@@ -64,13 +74,19 @@ def flags(prefix: str | os.PathLike) -> Flags:
     return Flags(Path(prefix).resolve())
 
 
-def find_compiler() -> str:
-    """The C compiler: ``$CC``, else cc, gcc or clang on the PATH."""
-    for name in ([os.environ["CC"]] if os.environ.get("CC") else []) + ["cc", "gcc", "clang"]:
+def compiler_on_path(variable: str, names: Sequence[str], missing: str) -> str:
+    """The compiler named by ``$variable``, else the first of ``names`` on the PATH; NativeBuildError(``missing``)
+    where there is none."""
+    for name in ([os.environ[variable]] if os.environ.get(variable) else []) + list(names):
         found = shutil.which(shlex.split(name)[0]) if name else None
         if found:
             return found
-    raise NativeBuildError("no C compiler found: install gcc or clang, or set CC")
+    raise NativeBuildError(missing)
+
+
+def find_compiler() -> str:
+    """The C compiler: ``$CC``, else cc, gcc or clang on the PATH."""
+    return compiler_on_path("CC", ["cc", "gcc", "clang"], "no C compiler found: install gcc or clang, or set CC")
 
 
 def onnxruntime_library() -> Path:
@@ -112,8 +128,8 @@ def compile_command(prefix: Path, compiler: str, output: Path) -> list[str]:
         "-Wall",
         f"-I{sysconfig.get_paths()['include']}",
         f"-I{HEADERS}",
-        f"-DOTT_PYTHON_EXECUTABLE={_c_string(sys.executable)}",
-        f"-DOTT_LIBPYTHON={_c_string(soname)}",
+        f"-DOTT_PYTHON_EXECUTABLE={c_string(sys.executable)}",
+        f"-DOTT_LIBPYTHON={c_string(soname)}",
         *[str(path) for path in sorted(SOURCES.glob("*.c"))],
         "-o",
         str(output),
@@ -132,28 +148,42 @@ def compile_command(prefix: Path, compiler: str, output: Path) -> list[str]:
 def build(prefix: str | os.PathLike, compiler: str | None = None) -> Flags:
     """Build the library and install its headers under ``prefix``; return the flags to use it."""
     target = flags(prefix)
-    lib, include = target.prefix / "lib", target.prefix / "include"
+    lib = target.prefix / "lib"
     lib.mkdir(parents=True, exist_ok=True)
-    include.mkdir(parents=True, exist_ok=True)
     ort = onnxruntime_library()
     for name in (ORT_SONAME, "libonnxruntime.so"):
         _link(lib / name, ort)
     providers = ort.parent / "libonnxruntime_providers_shared.so"  # ORT looks for it beside itself
     if providers.exists():
         _link(lib / providers.name, providers.resolve())
-    for header in sorted(HEADERS.glob("*.h*")):
-        _copy(header, include / header.name)
-    with tempfile.TemporaryDirectory(dir=lib) as scratch:
-        output = Path(scratch) / LIBRARY
-        command = compile_command(target.prefix, compiler or find_compiler(), output)
-        done = subprocess.run(command, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise NativeBuildError(f"compiling {LIBRARY} failed:\n{shlex.join(command)}\n{done.stderr.strip()}")
-        os.replace(output, target.library)
+    install_headers(target, "*.h*")
+    chosen = compiler or find_compiler()
+    compile_into(target.library, lambda output: compile_command(target.prefix, chosen, output))
     return target
 
 
-def _c_string(text: str) -> str:
+def install_headers(target: InstalledLibrary, pattern: str) -> None:
+    """Copy the package's headers matching ``pattern`` into ``target``'s include folder (each atomically)."""
+    include = target.prefix / "include"
+    include.mkdir(parents=True, exist_ok=True)
+    for header in sorted(HEADERS.glob(pattern)):
+        _copy(header, include / header.name)
+
+
+def compile_into(library: Path, command: Callable[[Path], list[str]]) -> None:
+    """Run ``command(output)`` for an output in a scratch folder beside ``library``, then move the result to
+    ``library`` (atomically); NativeBuildError with the compiler's command and output where it fails."""
+    with tempfile.TemporaryDirectory(dir=library.parent) as scratch:
+        output = Path(scratch) / library.name
+        line = command(output)
+        done = subprocess.run(line, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise NativeBuildError(f"compiling {library.name} failed:\n{shlex.join(line)}\n{done.stderr.strip()}")
+        os.replace(output, library)
+
+
+def c_string(text: str) -> str:
+    """``text`` as a C string literal (for a -D definition)."""
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 

@@ -8,35 +8,30 @@ headers into ``prefix/include/``. ``packaged_flags(prefix)`` gives what a progra
 from __future__ import annotations
 
 import os
-import shlex
-import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
-from ort_torch_train.native.build import HEADERS, NATIVE, NativeBuildError
+from ort_torch_train.native.build import (
+    HEADERS,
+    NATIVE,
+    InstalledLibrary,
+    c_string,
+    compile_into,
+    compiler_on_path,
+    install_headers,
+)
 
 SOURCES = NATIVE / "packaged"
 LIBRARY = "libort_torch_train_packaged.so"
 
 
 @dataclass(frozen=True)
-class PackagedFlags:
+class PackagedFlags(InstalledLibrary):
     """What a C or C++ program needs to use the packaged runtime installed under ``prefix``."""
 
-    prefix: Path
+    library_name: ClassVar[str] = LIBRARY
     torch_lib: Path
-
-    @property
-    def library(self) -> Path:
-        """The built library."""
-        return self.prefix / "lib" / LIBRARY
-
-    @property
-    def cflags(self) -> list[str]:
-        """Compile flags: the include folder."""
-        return [f"-I{self.prefix / 'include'}"]
 
     @property
     def libs(self) -> list[str]:
@@ -47,11 +42,9 @@ class PackagedFlags:
 
 def find_cxx_compiler() -> str:
     """The C++ compiler: ``$CXX``, else c++, g++ or clang++ on the PATH."""
-    for name in ([os.environ["CXX"]] if os.environ.get("CXX") else []) + ["c++", "g++", "clang++"]:
-        found = shutil.which(shlex.split(name)[0]) if name else None
-        if found:
-            return found
-    raise NativeBuildError("no C++ compiler found: install g++ or clang++, or set CXX")
+    return compiler_on_path(
+        "CXX", ["c++", "g++", "clang++"], "no C++ compiler found: install g++ or clang++, or set CXX"
+    )
 
 
 def _torch() -> tuple[Path, str, bool]:
@@ -61,9 +54,23 @@ def _torch() -> tuple[Path, str, bool]:
     return Path(torch.__file__).resolve().parent, str(torch.__version__), bool(torch._C._GLIBCXX_USE_CXX11_ABI)
 
 
+def libtorch_flags() -> tuple[list[str], list[str]]:
+    """(compile flags, link flags) of C++ code built against the installed torch's libtorch: its C++ ABI, its
+    headers, its libraries and their run path."""
+    folder, _, cxx11_abi = _torch()
+    include, lib = folder / "include", folder / "lib"
+    compile_flags = [
+        f"-D_GLIBCXX_USE_CXX11_ABI={int(cxx11_abi)}",
+        f"-I{include}",
+        f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}",
+    ]
+    return compile_flags, [f"-L{lib}", "-ltorch", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{lib}"]
+
+
 def compile_command(output: Path, compiler: str) -> list[str]:
     """The compiler command that builds the runtime into ``output``."""
-    folder, version, cxx11_abi = _torch()
+    version = _torch()[1]
+    compile_flags, link_flags = libtorch_flags()
     return [
         compiler,
         "-std=c++20",
@@ -71,20 +78,14 @@ def compile_command(output: Path, compiler: str) -> list[str]:
         "-fPIC",
         "-shared",
         "-fvisibility=hidden",
-        f"-D_GLIBCXX_USE_CXX11_ABI={int(cxx11_abi)}",
-        f"-DOTT_TORCH_VERSION={_c_string(version)}",
+        f"-DOTT_TORCH_VERSION={c_string(version)}",
         f"-I{HEADERS}",
-        f"-I{folder / 'include'}",
-        f"-I{folder / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
+        *compile_flags,
         *[str(path) for path in sorted(SOURCES.glob("*.cpp"))],
         "-o",
         str(output),
-        f"-L{folder / 'lib'}",
         "-Wl,--no-as-needed",
-        "-ltorch",
-        "-ltorch_cpu",
-        "-lc10",
-        f"-Wl,-rpath,{folder / 'lib'}",
+        *link_flags,
     ]
 
 
@@ -97,20 +98,8 @@ def build_packaged(prefix: str | os.PathLike, compiler: str | None = None) -> Pa
     """Build the runtime and install its headers under ``prefix``; return the flags to use it.
     NativeBuildError with the compiler's output where it fails."""
     target = packaged_flags(prefix)
-    lib, include = target.prefix / "lib", target.prefix / "include"
-    lib.mkdir(parents=True, exist_ok=True)
-    include.mkdir(parents=True, exist_ok=True)
-    for header in sorted(HEADERS.glob("*.h")):
-        shutil.copyfile(header, include / header.name)
-    with tempfile.TemporaryDirectory(dir=lib) as scratch:
-        output = Path(scratch) / LIBRARY
-        command = compile_command(output, compiler or find_cxx_compiler())
-        done = subprocess.run(command, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise NativeBuildError(f"compiling {LIBRARY} failed:\n{shlex.join(command)}\n{done.stderr.strip()}")
-        os.replace(output, target.library)
+    target.library.parent.mkdir(parents=True, exist_ok=True)
+    install_headers(target, "*.h")
+    chosen = compiler or find_cxx_compiler()
+    compile_into(target.library, lambda output: compile_command(output, chosen))
     return target
-
-
-def _c_string(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -26,13 +26,14 @@ from ort_torch_train.state.coordination import ParameterSource, SaveCoordinator
 from ort_torch_train.state.flat import FlatState, flatten
 from ort_torch_train.state.lock import StateLock
 from ort_torch_train.state.optimizer_state import OptimizerState
+from ort_torch_train.state.parameter_copy import copy_into_parameters
 from ort_torch_train.state.records import Moments, StateParts, parts_of_record, record_of
 from ort_torch_train.state.values import (
     as_tensor,
     check_dtype,
     check_same_names,
+    checked_value,
     normalize_property,
-    shape_text,
     source_text,
 )
 
@@ -199,34 +200,13 @@ class TrainingState:
                 f"states first (parameter {name!r})."
             )
         self.parameter(name)
-        self.copy_whole_values({name: self._checked_value(name, value)})
+        self.copy_whole_values({name: checked_value(name, self.params[name], value)})
 
     def copy_whole_values(self, values: Mapping[str, torch.Tensor]) -> None:
         """Copy each whole value (already checked: the parameter's shape and a castable dtype) into its
         parameter in place; a sharded parameter (a DTensor) takes this rank's piece of it (no collective)."""
-        sharded = {name for name in values if getattr(self.params[name], "device_mesh", None) is not None}
-        whole = [name for name in values if name not in sharded]
-        with self.lock, torch.no_grad():
-            if whole:
-                params: list[torch.Tensor] = [self.params[name] for name in whole]
-                torch._foreach_copy_(params, [values[name].to(p.device) for name, p in zip(whole, params)])
-            for name in (name for name in values if name in sharded):
-                from torch.distributed.tensor import distribute_tensor  # DTensor: loaded by sharded runs only
-
-                param = self.params[name]
-                mesh, placements = getattr(param, "device_mesh"), getattr(param, "placements")  # noqa: B009  # a DTensor's
-                param.copy_(distribute_tensor(values[name].to(param.device), mesh, placements, src_data_rank=None))
-
-    def _checked_value(self, name: str, value: object) -> torch.Tensor:
-        param = self.params[name]
-        tensor = as_tensor(name, value)
-        if tensor.shape != param.shape:
-            raise ParameterDataError(
-                f"Parameter {name}: Parameter data shape mismatch. "
-                f"Expected: {shape_text(param.shape)}, Got: {shape_text(tensor.shape)}"
-            )
-        check_dtype(name, param.dtype, tensor.dtype)
-        return tensor
+        with self.lock:
+            copy_into_parameters(self.params, values)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The live parameter tensors themselves, sorted by name."""
@@ -263,7 +243,7 @@ class TrainingState:
         if self.is_nominal:
             self.complete_nominal(tensors)
             return
-        checked = {name: self._checked_value(name, value) for name, value in tensors.items()}
+        checked = {name: checked_value(name, self.params[name], value) for name, value in tensors.items()}
         with torch.no_grad():
             for name, tensor in checked.items():
                 self.params[name].copy_(tensor)

@@ -78,6 +78,19 @@ def check_dtype(name: str, expected: torch.dtype, got: torch.dtype) -> None:
         )
 
 
+def checked_value(name: str, param: torch.Tensor, value: object) -> torch.Tensor:
+    """Parameter ``name``'s new data as a tensor after checking it against ``param``'s shape and dtype (ORT's
+    ParameterDataError texts)."""
+    tensor = as_tensor(name, value)
+    if tensor.shape != param.shape:
+        raise ParameterDataError(
+            f"Parameter {name}: Parameter data shape mismatch. "
+            f"Expected: {shape_text(param.shape)}, Got: {shape_text(tensor.shape)}"
+        )
+    check_dtype(name, param.dtype, tensor.dtype)
+    return tensor
+
+
 def check_same_names(expected: set[str], got: set[str], what: str, error: type) -> None:
     """Raise ``error`` naming the missing and unexpected names unless ``got`` is ``expected``."""
     missing, unexpected = sorted(expected - got), sorted(got - expected)

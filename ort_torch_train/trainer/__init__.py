@@ -5,7 +5,8 @@ from ort_torch_train.progress import print
 from ort_torch_train.trainer.callbacks import EarlyStopping, LogMetrics, SaveBest, SaveCheckpoints
 from ort_torch_train.trainer.classification import AUROC, F1Score, Precision, Recall
 from ort_torch_train.trainer.data import ArrayDataset, ResumableBatchSampler, array_loader
-from ort_torch_train.trainer.fit import Callback, FitResult, FitState, TrainingDiverged, fit
+from ort_torch_train.trainer.fit import fit
+from ort_torch_train.trainer.fit_state import Callback, FitResult, FitState, TrainingDiverged
 from ort_torch_train.trainer.loggers import JsonlLogger, Logger, MlflowLogger, TensorBoardLogger
 from ort_torch_train.trainer.metric_base import StatefulMetric, TorchMetric
 from ort_torch_train.trainer.metrics import (

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ort_torch_train.errors import CheckpointError, InputError
-from ort_torch_train.trainer.fit import Callback, FitState
+from ort_torch_train.trainer.fit_state import Callback, FitState
 from ort_torch_train.trainer.loggers import Logger
 from ort_torch_train.trainer.metrics import Metric
 from ort_torch_train.trainer.numbered import (

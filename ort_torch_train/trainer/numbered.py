@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ort_torch_train.checkpoint.pair import data_file_path, manifest_path
 from ort_torch_train.errors import CheckpointError, InputError
-from ort_torch_train.trainer.fit import FitState
+from ort_torch_train.trainer.fit_state import FitState
 
 WRITTEN_PROPERTY = "ort_torch_train.keep_last.written"  # JSON: the names of the numbered checkpoints kept
 

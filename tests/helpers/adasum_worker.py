@@ -9,15 +9,13 @@ the error each rank saw. Each rank writes ``OUT_DIR/<scenario>_rank<r>.npz`` or 
 
 from __future__ import annotations
 
-import datetime
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from tests.helpers.distributed_worker import MLP, batches, part
-from tests.helpers.timeouts import scaled
+from tests.helpers.distributed_worker import MLP, batches, gloo_group, part
 
 
 def hook_gradients(rank: int) -> dict[str, np.ndarray]:
@@ -109,21 +107,16 @@ def misuse(rank: int) -> dict[str, str]:
 
 
 def main() -> None:
-    import torch.distributed as dist
-
     scenario, out = sys.argv[1], Path(sys.argv[2])
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=scaled(20)))
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    if scenario == "hook":
-        np.savez(out / f"hook_rank{rank}.npz", **hook_gradients(rank))
-    elif scenario == "train":
-        np.savez(out / f"train_rank{rank}.npz", **train(rank, world_size))
-    elif scenario == "misuse":
-        (out / f"misuse_rank{rank}.json").write_text(json.dumps(misuse(rank)))
-    else:
-        raise ValueError(f"unknown scenario {scenario!r}")
-    dist.barrier()
-    dist.destroy_process_group()
+    with gloo_group() as (rank, world_size):
+        if scenario == "hook":
+            np.savez(out / f"hook_rank{rank}.npz", **hook_gradients(rank))
+        elif scenario == "train":
+            np.savez(out / f"train_rank{rank}.npz", **train(rank, world_size))
+        elif scenario == "misuse":
+            (out / f"misuse_rank{rank}.json").write_text(json.dumps(misuse(rank)))
+        else:
+            raise ValueError(f"unknown scenario {scenario!r}")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ import datetime
 import json
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -286,6 +288,18 @@ def cached_compile(rank: int, world_size: int, cache: Path) -> dict[str, np.ndar
     result = train("mlp_compiled", rank, world_size)
     loaded = sum(message.startswith("loaded the saved train step") for message in messages)
     return {**result, "found": np.array(found), "loaded": np.array(loaded)}
+
+
+@contextmanager
+def gloo_group() -> Iterator[tuple[int, int]]:
+    """This process in torchrun's gloo group (its deadline scaled), as (rank, world size); on leaving, once every
+    rank got there, the group is destroyed."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=scaled(20)))
+    yield dist.get_rank(), dist.get_world_size()
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def main() -> None:

@@ -12,7 +12,6 @@ what each rank holds once ``LOADED_RUN``'s checkpoint is loaded back (``<run>_lo
 
 from __future__ import annotations
 
-import datetime
 import json
 import sys
 from pathlib import Path
@@ -20,9 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from tests.helpers.distributed_worker import CLIP_MODEL, MLP, MLP_OPTIMIZERS, TRANSFORMER, batches
+from tests.helpers.distributed_worker import CLIP_MODEL, MLP, MLP_OPTIMIZERS, TRANSFORMER, batches, gloo_group
 from tests.helpers.sharding_worker import TIED_LM
-from tests.helpers.timeouts import scaled
 
 STEPS = 4
 FIT_RUN = "transformer_1f1b"  # the pipeline the ``fit`` scenario trains through
@@ -202,29 +200,24 @@ def misuse(rank: int) -> dict[str, str]:
 
 
 def main() -> None:
-    import torch.distributed as dist
-
     scenario, out = sys.argv[1], Path(sys.argv[2])
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=scaled(20)))
-    rank = dist.get_rank()
-    if scenario == "train4":  # 4 ranks
-        run = "transformer_1f1b_4"
-        np.savez(out / f"{run}_rank{rank}.npz", **train(run, True, out, out / f"{run}.ckpt"))
-    elif scenario == "train":
-        for run in (run for run, (_, settings) in RUNS.items() if settings["stages"] == 2):
-            checkpoint = out / f"{run}.ckpt"
-            np.savez(out / f"{run}_rank{rank}.npz", **train(run, True, out, checkpoint))
-        np.savez(out / f"{LOADED_RUN}_loaded_rank{rank}.npz", **held_after_loading(LOADED_RUN, out))
-    elif scenario == "fit":
-        np.savez(out / f"fit_rank{rank}.npz", **fit_run(True))
-    elif scenario == "legacy":
-        np.savez(out / f"legacy_rank{rank}.npz", **legacy_train(True, rank))
-    elif scenario == "misuse":
-        (out / f"misuse_rank{rank}.json").write_text(json.dumps(misuse(rank)))
-    else:
-        raise ValueError(f"unknown scenario {scenario!r}")
-    dist.barrier()
-    dist.destroy_process_group()
+    with gloo_group() as (rank, _):
+        if scenario == "train4":  # 4 ranks
+            run = "transformer_1f1b_4"
+            np.savez(out / f"{run}_rank{rank}.npz", **train(run, True, out, out / f"{run}.ckpt"))
+        elif scenario == "train":
+            for run in (run for run, (_, settings) in RUNS.items() if settings["stages"] == 2):
+                checkpoint = out / f"{run}.ckpt"
+                np.savez(out / f"{run}_rank{rank}.npz", **train(run, True, out, checkpoint))
+            np.savez(out / f"{LOADED_RUN}_loaded_rank{rank}.npz", **held_after_loading(LOADED_RUN, out))
+        elif scenario == "fit":
+            np.savez(out / f"fit_rank{rank}.npz", **fit_run(True))
+        elif scenario == "legacy":
+            np.savez(out / f"legacy_rank{rank}.npz", **legacy_train(True, rank))
+        elif scenario == "misuse":
+            (out / f"misuse_rank{rank}.json").write_text(json.dumps(misuse(rank)))
+        else:
+            raise ValueError(f"unknown scenario {scenario!r}")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ and MLP split.
 
 from __future__ import annotations
 
-import datetime
 import json
 import sys
 import warnings
@@ -21,9 +20,8 @@ import torch
 
 from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.torch_internals import TorchDispatchMode
-from tests.helpers.distributed_worker import MLP_OPTIMIZERS, TRANSFORMER, batches, part
+from tests.helpers.distributed_worker import MLP_OPTIMIZERS, TRANSFORMER, batches, gloo_group, part
 from tests.helpers.sharding_worker import contiguous_round_trip
-from tests.helpers.timeouts import scaled
 
 STEPS = 6
 # the recompute run's optimizer: SGD with a gradient clip that bites (0.25 against norms above 1), so the
@@ -195,27 +193,29 @@ def bad_input(rank: int, out: Path) -> dict[str, str]:
 
 
 def main() -> None:
-    import torch.distributed as dist
-
     scenario, out = sys.argv[1], Path(sys.argv[2])
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=scaled(20)))
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    if scenario == "tensor_parallel":
-        train(out, "tensor_parallel", tensor_parallel_size=world_size, rank=rank)
-        resumed_from = out / "tensor_parallel.ckpt"  # with AdamW's moments: cut into each rank's shards
-        train(out, "resumed", tensor_parallel_size=world_size, rank=rank, checkpoint=resumed_from)
-        legacy_train(out, "legacy", world_size, rank, world_size)
-        train(out, "recompute_sharded", tensor_parallel_size=world_size, rank=rank, recompute=2, shard_state=True)
-    elif scenario == "tensor_and_data_parallel":
-        train(out, "tensor_and_data_parallel", tensor_parallel_size=2, data_parallel_size=world_size // 2, rank=rank)
-    elif scenario == "bad_input":
-        (out / f"errors_rank{rank}.json").write_text(json.dumps(bad_input(rank, out)))
-    elif scenario == "attention":
-        train(out, "attention", tensor_parallel_size=world_size, rank=rank, fixture=out / ATTENTION)
-    else:
-        raise ValueError(f"unknown scenario {scenario!r}")
-    dist.barrier()
-    dist.destroy_process_group()
+    with gloo_group() as (rank, world_size):
+        if scenario == "tensor_parallel":
+            train(out, "tensor_parallel", tensor_parallel_size=world_size, rank=rank)
+            resumed_from = out / "tensor_parallel.ckpt"  # with AdamW's moments: cut into each rank's shards
+            train(out, "resumed", tensor_parallel_size=world_size, rank=rank, checkpoint=resumed_from)
+            legacy_train(out, "legacy", world_size, rank, world_size)
+            train(out, "recompute_sharded", tensor_parallel_size=world_size, rank=rank, recompute=2, shard_state=True)
+        elif scenario == "tensor_and_data_parallel":
+            data_parallel_size = world_size // 2
+            train(
+                out,
+                "tensor_and_data_parallel",
+                tensor_parallel_size=2,
+                data_parallel_size=data_parallel_size,
+                rank=rank,
+            )
+        elif scenario == "bad_input":
+            (out / f"errors_rank{rank}.json").write_text(json.dumps(bad_input(rank, out)))
+        elif scenario == "attention":
+            train(out, "attention", tensor_parallel_size=world_size, rank=rank, fixture=out / ATTENTION)
+        else:
+            raise ValueError(f"unknown scenario {scenario!r}")
 
 
 if __name__ == "__main__":

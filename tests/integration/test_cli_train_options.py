@@ -146,24 +146,16 @@ def test_log_level_from_the_environment() -> None:
     assert "ort_torch_train.state.training_state INFO: loaded checkpoint" in loud.stderr
 
 
+def _train_with_tensorboard(capsys, tmp_path, cnn_data, steps: int, *options: str) -> tuple[int, str, str]:
+    """``train`` on the cnn data for ``steps`` steps of 8 rows, logging to ``tmp_path/tb``: the CLI's code, out, err."""
+    artifacts, data = cnn_data
+    command = ["train", artifacts, "--data", data, "--steps", steps, "--batch-size", 8]
+    return run_cli(capsys, *command, "--tensorboard", tmp_path / "tb", "--output", tmp_path / "ckpt", *options)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("tensorboard") is not None, reason="tensorboard is installed")
 def test_tensorboard_without_the_package_is_a_clear_error(capsys, tmp_path, cnn_data) -> None:
-    artifacts, data = cnn_data
-    code, _, err = run_cli(
-        capsys,
-        "train",
-        artifacts,
-        "--data",
-        data,
-        "--steps",
-        1,
-        "--batch-size",
-        8,
-        "--tensorboard",
-        tmp_path / "tb",
-        "--output",
-        tmp_path / "ckpt",
-    )
+    code, _, err = _train_with_tensorboard(capsys, tmp_path, cnn_data, 1)
     assert code == 1
     assert (
         "needs the tensorboard package: python -m ort_torch_train.install --extra tensorboard" in err
@@ -175,23 +167,7 @@ def test_tensorboard_without_the_package_is_a_clear_error(capsys, tmp_path, cnn_
 def test_tensorboard_scalars(capsys, tmp_path, cnn_data) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    artifacts, data = cnn_data
-    code, _, err = run_cli(
-        capsys,
-        "train",
-        artifacts,
-        "--data",
-        data,
-        "--steps",
-        3,
-        "--batch-size",
-        8,
-        "--tensorboard",
-        tmp_path / "tb",
-        "--output",
-        tmp_path / "ckpt",
-        "--quiet",
-    )
+    code, _, err = _train_with_tensorboard(capsys, tmp_path, cnn_data, 3, "--quiet")
     assert code == 0, err
     events = EventAccumulator(str(tmp_path / "tb"))
     events.Reload()

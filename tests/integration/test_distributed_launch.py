@@ -120,21 +120,11 @@ def test_train_cli_under_torchrun_trains_like_one_process(capsys: pytest.Capture
     assert TrainingState.load(tmp_path / "two").optimizer.step == 6
 
 
-def test_train_cli_shard_state_needs_a_launch(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
-    code, _, err = run_cli(
-        capsys,
-        "train",
-        worker.MLP / "artifacts",
-        "--data",
-        worker.MLP / "data.npz",
-        "--batched",
-        "--inputs",
-        "x_train,y_train",
-        "--steps",
-        1,
-        "--shard-state",
-    )
-    assert code != 0 and "--shard-state" in err and "torchrun" in err
+@pytest.mark.parametrize("option", ["--shard-state", "--adasum"])
+def test_train_cli_option_needs_a_launch(capsys: pytest.CaptureFixture, option: str) -> None:
+    data = ["--data", worker.MLP / "data.npz", "--batched", "--inputs", "x_train,y_train"]
+    code, _, err = run_cli(capsys, "train", worker.MLP / "artifacts", *data, "--steps", 1, option)
+    assert code != 0 and option in err and "torchrun" in err
 
 
 @pytest.mark.distributed
@@ -148,23 +138,6 @@ def test_train_ddp_example_trains_like_one_process(tmp_path: Path) -> None:
     assert_same_parameters(
         tmp_path / "checkpoint", {k.removeprefix("param/"): v for k, v in reference.items() if k.startswith("param/")}
     )
-
-
-def test_train_cli_adasum_needs_a_launch(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
-    code, _, err = run_cli(
-        capsys,
-        "train",
-        worker.MLP / "artifacts",
-        "--data",
-        worker.MLP / "data.npz",
-        "--batched",
-        "--inputs",
-        "x_train,y_train",
-        "--steps",
-        1,
-        "--adasum",
-    )
-    assert code != 0 and "--adasum" in err and "torchrun" in err
 
 
 @pytest.mark.distributed

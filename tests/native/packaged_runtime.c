@@ -8,52 +8,7 @@
  * (adding the properties epoch = 3 and note = "packaged"), "boundary: ok" once every bad call tried came back as a
  * status; writes OUT_DIR/losses.bin, eval.bin, params.bin, checkpoint and inference.onnx (ExportModelForInferencing
  * of EXPORT_OUTPUTS, comma-separated names). */
-#include "ott_test.h"
-
-typedef struct {
-  char kind[8];
-  int type, rank;
-  int64_t dims[8];
-} Input;
-
-static int read_manifest(const char* dir, Input* inputs) {
-  char path[1024], kind[8];
-  snprintf(path, sizeof path, "%s/manifest.txt", dir);
-  FILE* file = fopen(path, "r");
-  EXPECT(file != NULL);
-  int n = 0, index;
-  while (n < 16 && fscanf(file, "%7s", kind) == 1) {
-    Input* in = &inputs[n++];
-    strcpy(in->kind, kind);
-    EXPECT(fscanf(file, "%d %d %d", &index, &in->type, &in->rank) == 3 && in->rank <= 8);
-    for (int d = 0; d < in->rank; d++) EXPECT(fscanf(file, "%ld", &in->dims[d]) == 1);
-  }
-  fclose(file);
-  return n;
-}
-
-static int load_inputs(const char* dir, const Input* all, int n, const char* kind, int step, OrtValue** values,
-                       void** buffers) {
-  int k = 0;
-  for (int i = 0; i < n; i++) {
-    if (strcmp(all[i].kind, kind) != 0) continue;
-    char path[1024];
-    if (step >= 0) snprintf(path, sizeof path, "%s/train_%d_%d.bin", dir, step, k);
-    else snprintf(path, sizeof path, "%s/eval_%d.bin", dir, k);
-    size_t size;
-    buffers[k] = read_file(path, &size);
-    values[k] = tensor_over(buffers[k], size, (ONNXTensorElementDataType)all[i].type, all[i].dims, (size_t)all[i].rank);
-    k++;
-  }
-  return k;
-}
-
-static void release_inputs(OrtValue** values, void** buffers, int k) {
-  for (int i = 0; i < k; i++) {
-    OTT_ORT(g_ort, ReleaseValue)(values[i]);
-    free(buffers[i]);
-  }
-}
+#include "ott_test_runs.h"
 
 static int libpython_lines(void) {
   FILE* maps = fopen("/proc/self/maps", "r");
@@ -181,7 +136,7 @@ int main(int argc, char** argv) {
   CHECK(g_api->RegisterLinearLRScheduler(session, 2, steps + 1, 0.01f));
   describe(session, state, argv[7]);
   Input inputs[16];
-  int n = read_manifest(data, inputs);
+  int n = read_manifest(data, inputs, NULL, NULL);
   char path[1024];
   snprintf(path, sizeof path, "%s/losses.bin", out);
   FILE* losses = fopen(path, "wb");
@@ -204,26 +159,8 @@ int main(int argc, char** argv) {
   }
   fclose(losses);
 
-  OrtValue* values[16];
-  void* buffers[16];
-  int k = load_inputs(data, inputs, n, "eval", -1, values, buffers);
-  OrtValue* eval_loss = NULL;
-  CHECK(g_api->EvalStep(session, NULL, (size_t)k, (const OrtValue* const*)values, 1, &eval_loss));
-  snprintf(path, sizeof path, "%s/eval.bin", out);
-  write_file(path, tensor_data(eval_loss), sizeof(float) * tensor_count(eval_loss));
-  OTT_ORT(g_ort, ReleaseValue)(eval_loss);
-  release_inputs(values, buffers, k);
-
-  size_t size = 0;
-  CHECK(g_api->GetParametersSize(session, &size, false));
-  OrtAllocator* allocator = NULL;
-  CHECK(OTT_ORT(g_ort, GetAllocatorWithDefaultOptions)(&allocator));
-  OrtValue* params = NULL;
-  int64_t dims[1] = {(int64_t)size};
-  CHECK(OTT_ORT(g_ort, CreateTensorAsOrtValue)(allocator, dims, 1, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, &params));
-  CHECK(g_api->CopyParametersToBuffer(session, params, false));
-  snprintf(path, sizeof path, "%s/params.bin", out);
-  write_file(path, tensor_data(params), size * sizeof(float));
+  write_eval_loss(session, data, inputs, n, out);
+  OrtValue* params = write_parameters(session, out);
   CHECK(g_api->CopyBufferToParameters(session, params, false)); /* the same values back: the checkpoint is unchanged */
   OTT_ORT(g_ort, ReleaseValue)(params);
 

@@ -6,60 +6,7 @@
  * data_dir/manifest.txt: "train K TYPE RANK DIMS..." and "eval K TYPE RANK DIMS..." per input, "export NAME";
  * inputs are data_dir/train_<step>_<K>.bin and eval_<K>.bin. Writes out_dir/losses.bin, eval.bin, params.bin,
  * checkpoint, inference.onnx. */
-#include "ott_test.h"
-
-typedef struct {
-  char kind[8];
-  int type, rank;
-  int64_t dims[8];
-} Input;
-
-static int read_manifest(const char* dir, Input* inputs, char exports[][64], int* n_exports) {
-  char path[1024];
-  snprintf(path, sizeof path, "%s/manifest.txt", dir);
-  FILE* file = fopen(path, "r");
-  EXPECT(file != NULL);
-  int n = 0;
-  char kind[8];
-  *n_exports = 0;
-  while (fscanf(file, "%7s", kind) == 1) {
-    if (strcmp(kind, "export") == 0) {
-      EXPECT(fscanf(file, "%63s", exports[(*n_exports)++]) == 1);
-      continue;
-    }
-    Input* in = &inputs[n++];
-    int index;
-    strcpy(in->kind, kind);
-    EXPECT(fscanf(file, "%d %d %d", &index, &in->type, &in->rank) == 3);
-    for (int d = 0; d < in->rank; d++) EXPECT(fscanf(file, "%ld", &in->dims[d]) == 1);
-  }
-  fclose(file);
-  return n;
-}
-
-
-static int load_inputs(const char* dir, const Input* all, int n, const char* kind, int step, OrtValue** values,
-                       void** buffers) {
-  int k = 0;
-  for (int i = 0; i < n; i++) {
-    if (strcmp(all[i].kind, kind) != 0) continue;
-    char path[1024];
-    if (step >= 0) snprintf(path, sizeof path, "%s/train_%d_%d.bin", dir, step, k);
-    else snprintf(path, sizeof path, "%s/eval_%d.bin", dir, k);
-    size_t size;
-    buffers[k] = read_file(path, &size);
-    values[k] = tensor_over(buffers[k], size, (ONNXTensorElementDataType)all[i].type, all[i].dims, (size_t)all[i].rank);
-    k++;
-  }
-  return k;
-}
-
-static void release_inputs(OrtValue** values, void** buffers, int k) {
-  for (int i = 0; i < k; i++) {
-    OTT_ORT(g_ort, ReleaseValue)(values[i]);
-    free(buffers[i]);
-  }
-}
+#include "ott_test_runs.h"
 
 static void run_job(char* job, OrtEnv* env) {
   char* artifacts = strtok(job, ":");
@@ -119,26 +66,8 @@ static void run_job(char* job, OrtEnv* env) {
   }
   fclose(losses);
 
-  OrtValue* values[16];
-  void* buffers[16];
-  int k = load_inputs(data, inputs, n, "eval", -1, values, buffers);
-  OrtValue* eval_loss = NULL;
-  CHECK(g_api->EvalStep(session, NULL, (size_t)k, (const OrtValue* const*)values, 1, &eval_loss));
-  snprintf(path, sizeof path, "%s/eval.bin", out);
-  write_file(path, tensor_data(eval_loss), sizeof(float) * tensor_count(eval_loss));
-  OTT_ORT(g_ort, ReleaseValue)(eval_loss);
-  release_inputs(values, buffers, k);
-
-  size_t size = 0;
-  CHECK(g_api->GetParametersSize(session, &size, false));
-  OrtAllocator* allocator = NULL;
-  CHECK(OTT_ORT(g_ort, GetAllocatorWithDefaultOptions)(&allocator));
-  OrtValue* params = NULL;
-  int64_t dims[1] = {(int64_t)size};
-  CHECK(OTT_ORT(g_ort, CreateTensorAsOrtValue)(allocator, dims, 1, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, &params));
-  CHECK(g_api->CopyParametersToBuffer(session, params, false));
-  snprintf(path, sizeof path, "%s/params.bin", out);
-  write_file(path, tensor_data(params), size * sizeof(float));
+  write_eval_loss(session, data, inputs, n, out);
+  OrtValue* params = write_parameters(session, out);
   OTT_ORT(g_ort, ReleaseValue)(params);
 
   snprintf(path, sizeof path, "%s/checkpoint", out);

@@ -61,15 +61,7 @@ OrtStatus* ott_SaveCheckpoint(OrtCheckpointState* checkpoint_state, const ORTCHA
 }
 
 void ott_ReleaseCheckpointState(OrtCheckpointState* input) {
-  if (input == NULL) return;
-  if (!ott_python_usable()) { /* after fork or Py_Finalize: the Python object cannot be touched, only forgotten */
-    ott_handle_remove(input, OTT_HANDLE_STATE);
-    return;
-  }
-  PyGILState_STATE gil = PyGILState_Ensure();
-  PyObject* state = ott_handle_remove(input, OTT_HANDLE_STATE) ? input->state : NULL;
-  Py_XDECREF(state); /* the handle's memory is freed by the table, later */
-  PyGILState_Release(gil);
+  if (input != NULL) ott_handle_release(input, OTT_HANDLE_STATE, &input->state);
 }
 
 OrtStatus* ott_AddProperty(OrtCheckpointState* checkpoint_state, const char* property_name,

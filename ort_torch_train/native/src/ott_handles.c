@@ -78,3 +78,14 @@ int ott_handle_remove(void* handle, OttHandleKind kind) {
             kind == OTT_HANDLE_SESSION ? "TrainingSession" : "CheckpointState", handle, kind_name(kind));
   return removed;
 }
+
+void ott_handle_release(void* handle, OttHandleKind kind, PyObject* const* object) {
+  if (!ott_python_usable()) { /* after fork or Py_Finalize: the Python object cannot be touched, only forgotten */
+    ott_handle_remove(handle, kind);
+    return;
+  }
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject* held = ott_handle_remove(handle, kind) ? *object : NULL; /* read only from a live handle */
+  Py_XDECREF(held); /* the handle's memory is freed by the table, later */
+  PyGILState_Release(gil);
+}

@@ -80,6 +80,9 @@ int ott_handle_add(const void* handle, OttHandleKind kind); /* 0: no memory for 
 OrtStatus* ott_handle_check(const void* handle, OttHandleKind kind, const char* what);
 /* 0 (and a line on stderr) for a handle that is not live: released twice, or never made here. */
 int ott_handle_remove(void* handle, OttHandleKind kind);
+/* A Release call: `handle` removed from the table and the Python object it holds (`object`, read only when the
+ * handle was live) released; after fork or Py_Finalize the object is only forgotten. */
+void ott_handle_release(void* handle, OttHandleKind kind, PyObject* const* object);
 /* Whether Python may be called: not after the host finalized it, nor in a child made by fork(). */
 int ott_python_usable(void);
 

@@ -277,15 +277,7 @@ OrtStatus* ott_CopyBufferToParameters(OrtTrainingSession* sess, OrtValue* parame
 }
 
 void ott_ReleaseTrainingSession(OrtTrainingSession* input) {
-  if (input == NULL) return;
-  if (!ott_python_usable()) { /* after fork or Py_Finalize: the Python object cannot be touched, only forgotten */
-    ott_handle_remove(input, OTT_HANDLE_SESSION);
-    return;
-  }
-  PyGILState_STATE gil = PyGILState_Ensure();
-  PyObject* session = ott_handle_remove(input, OTT_HANDLE_SESSION) ? input->session : NULL;
-  Py_XDECREF(session); /* the handle's memory is freed by the table, later */
-  PyGILState_Release(gil);
+  if (input != NULL) ott_handle_release(input, OTT_HANDLE_SESSION, &input->session);
 }
 
 OrtStatus* ott_ExportModelForInferencing(OrtTrainingSession* sess, const ORTCHAR_T* inference_model_path,

@@ -6,11 +6,8 @@ converted graph must match the torch model's.
 
 from __future__ import annotations
 
-import io
 import math
-import warnings
 
-import onnx
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,6 +15,7 @@ from torch import nn
 
 from ort_torch_train.convert.graph import TensorSpec, convert_graph
 from ort_torch_train.passes.pipeline import fuse_converted
+from tests.helpers.exported_models import export_training_graph, parameters_as_inputs
 
 
 class MLP(nn.Module):
@@ -96,34 +94,6 @@ MODELS = {
 }
 
 
-def _export(model: nn.Module, x: torch.Tensor, dynamo: bool) -> onnx.ModelProto:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        if dynamo:
-            return torch.onnx.export(model, (x,), dynamo=True, optimize=False, verbose=False).model_proto
-        buffer = io.BytesIO()
-        torch.onnx.export(
-            model,
-            (x,),
-            buffer,
-            opset_version=17,
-            dynamo=False,
-            do_constant_folding=False,
-            training=torch.onnx.TrainingMode.TRAINING,
-        )
-        return onnx.load_from_string(buffer.getvalue())
-
-
-def _parameters_as_inputs(proto: onnx.ModelProto, parameters: dict[str, torch.Tensor]) -> list[str]:
-    graph = proto.graph
-    moved = [init for init in graph.initializer if init.name in parameters]
-    graph.input.extend(onnx.helper.make_tensor_value_info(i.name, i.data_type, list(i.dims)) for i in moved)
-    kept = [init for init in graph.initializer if init.name not in parameters]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
-    return [init.name for init in moved]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("dynamo", [False, True], ids=["legacy17", "dynamo"])
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -133,9 +103,9 @@ def test_exported_model_trains_like_torch(name, dynamo):
     torch.manual_seed(0)
     model_class, make_input = MODELS[name]
     model, x = model_class().train(), make_input()
-    proto = _export(model, x, dynamo)
+    proto = export_training_graph(model, x, dynamo)
     parameters = dict(model.named_parameters(remove_duplicate=False))
-    names = _parameters_as_inputs(proto, parameters)
+    names = parameters_as_inputs(proto, parameters)
     assert names, "no parameter became a graph input"
     copies = [parameters[n].detach().clone().requires_grad_() for n in names]
     specs = [TensorSpec(tuple(t.shape), t.dtype) for t in (x, *copies)]

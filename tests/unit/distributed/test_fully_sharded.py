@@ -268,10 +268,18 @@ def test_train_cli_sharding_needs_a_launch(capsys: pytest.CaptureFixture, tmp_pa
 @pytest.mark.distributed
 def test_train_cli_with_sharding_trains_like_one_process(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
     """``torchrun ... train --sharding zero3``: each of 2 ranks feeds 32 of every 64 rows."""
-    common = ["train", MLP / "artifacts", "--data", MLP / "data.npz", "--batched", *CLI_ARGS]
+    assert_cli_sharded_trains_like_one_process(capsys, tmp_path, "zero3")
+
+
+def assert_cli_sharded_trains_like_one_process(
+    capsys: pytest.CaptureFixture, tmp_path: Path, sharding: str, *options: str
+) -> None:
+    """``train`` in one process and ``torchrun ... train --sharding SHARDING`` on 2 ranks (with ``options`` both)
+    end at step 4 with the same parameters."""
+    common = ["train", MLP / "artifacts", "--data", MLP / "data.npz", "--batched", *CLI_ARGS, *options]
     code, _, err = run_cli(capsys, *common, "--output", tmp_path / "one")
     assert code == 0, err
-    launched = torchrun("-m", "ort_torch_train", *common, "--sharding", "zero3", "--output", tmp_path / "sharded")
+    launched = torchrun("-m", "ort_torch_train", *common, "--sharding", sharding, "--output", tmp_path / "sharded")
     assert json.loads(launched.stdout)["world_size"] == 2
     one, sharded = TrainingState.load(tmp_path / "one"), TrainingState.load(tmp_path / "sharded")
     assert sharded.optimizer is not None and sharded.optimizer.step == 4

@@ -6,25 +6,21 @@ sharding refuses; the legacy session's ``gelu_recompute``, ``attn_dropout_recomp
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.training.options import EngineOptions
 from tests.helpers import sharding_worker
-from tests.helpers.distributed_worker import MLP, legacy_train
+from tests.helpers.distributed_worker import legacy_train
 from tests.helpers.legacy_bert import Bert, export_bert, sharded_layers_train
-from tests.integration.test_distributed_launch import torchrun
-from tests.unit.cli.test_cli import run_cli
 from tests.unit.distributed.test_fully_sharded import (
-    CLI_ARGS,
     LOSS_TOLERANCE,
     PARAMETER_TOLERANCE,
     assert_checkpoint_is_one_process_save,
+    assert_cli_sharded_trains_like_one_process,
     assert_matches_one_process,
     run,
     run_in_one_launch,
@@ -130,15 +126,7 @@ def test_train_cli_with_sharding_and_compile_trains_like_one_process(
 ) -> None:
     """``torchrun ... train --sharding zero2 --compile`` against one compiled process: each of 2 ranks feeds 32 of
     every 64 rows."""
-    common = ["train", MLP / "artifacts", "--data", MLP / "data.npz", "--batched", *CLI_ARGS, "--compile"]
-    code, _, err = run_cli(capsys, *common, "--output", tmp_path / "one")
-    assert code == 0, err
-    launched = torchrun("-m", "ort_torch_train", *common, "--sharding", "zero2", "--output", tmp_path / "sharded")
-    assert json.loads(launched.stdout)["world_size"] == 2
-    one, sharded = TrainingState.load(tmp_path / "one"), TrainingState.load(tmp_path / "sharded")
-    assert sharded.optimizer is not None and sharded.optimizer.step == 4
-    for name, param in one.params.items():
-        np.testing.assert_allclose(sharded.params[name].detach(), param.detach(), rtol=0, atol=PARAMETER_TOLERANCE)
+    assert_cli_sharded_trains_like_one_process(capsys, tmp_path, "zero2", "--compile")
 
 
 @pytest.mark.distributed

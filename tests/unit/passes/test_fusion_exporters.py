@@ -15,8 +15,9 @@ from torch import nn
 from ort_torch_train.convert.graph import TensorSpec, convert_graph
 from ort_torch_train.passes.meta_keys import FUSIONS
 from ort_torch_train.passes.pipeline import fuse_converted, run_eager
+from tests.helpers.exported_models import export_training_graph, parameters_as_inputs
 from tests.helpers.lora_models import Logits
-from tests.unit.convert.test_exporters import TinyGPT, _export, _parameters_as_inputs
+from tests.unit.convert.test_exporters import TinyGPT
 
 
 class TinyLlama(nn.Module):
@@ -110,9 +111,9 @@ def test_fusion_fires_and_matches_the_unfused_graph(name, dynamo):
     torch.manual_seed(0)
     model_class, make_input, expected_counts, legacy_only = CASES[name]  # dynamo writes Gelu/LayerNorm as ops
     model, x = model_class().train(), make_input()
-    proto = _export(model, x, dynamo)
+    proto = export_training_graph(model, x, dynamo)
     named = dict(model.named_parameters(remove_duplicate=False))
-    names = _parameters_as_inputs(proto, named)
+    names = parameters_as_inputs(proto, named)
     parameters = [named[n] for n in names]
     specs = [TensorSpec(tuple(t.shape), t.dtype) for t in (x, *parameters)]
     fused = run_eager(_convert(proto, specs, False), torch.device("cpu"))  # as eager steps run it: rows on 2-D too
@@ -147,7 +148,7 @@ def test_a_permute_and_its_inverse_cancel_and_permute_chains_compose():
             return y.reshape(2, 12, 5).reshape(2, 60) * 2, z.unsqueeze(0).reshape(2, 3, 4, 5) + 1
 
     x = torch.randn(2, 3, 4, 5)
-    proto = _export(Views(), x, dynamo=False)
+    proto = export_training_graph(Views(), x, dynamo=False)
     specs = [TensorSpec(tuple(x.shape), x.dtype)]
     fused = _convert(proto, specs, True)
     methods = [n.target for n in fused.graph.nodes if n.op == "call_method"]
@@ -221,7 +222,7 @@ def test_rotary_with_computed_sin_fuses_with_one_sign_multiplication():
         warnings.simplefilter("ignore")
         torch.onnx.export(model, (x, positions), buffer, opset_version=17, dynamo=False, do_constant_folding=False)
     proto = onnx.load_from_string(buffer.getvalue())
-    names = _parameters_as_inputs(proto, dict(model.named_parameters()))
+    names = parameters_as_inputs(proto, dict(model.named_parameters()))
     specs = [TensorSpec(tuple(t.shape), t.dtype) for t in (x, positions, model.proj.weight)]
     fused = run_eager(_convert(proto, specs, False), torch.device("cpu"))  # as eager steps run it: rows on 2-D too
     unfused = _convert(proto, specs, False)
@@ -252,9 +253,9 @@ def test_transformers_sdpa_attention_with_the_exporters_nan_guard_fuses(fully_ma
     torch.manual_seed(0)
     model = Logits(transformers.GPT2LMHeadModel(config)).train()
     x = torch.randint(0, 50, (2, 8))
-    proto = _export(model, x, False)
+    proto = export_training_graph(model, x, False)
     named = dict(model.named_parameters(remove_duplicate=False))
-    names = _parameters_as_inputs(proto, named)
+    names = parameters_as_inputs(proto, named)
     parameters = [named[n] for n in names]
     specs = [TensorSpec(tuple(t.shape), t.dtype) for t in (x, *parameters)]
     fused = _convert(proto, specs, False)

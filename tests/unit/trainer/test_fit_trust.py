@@ -12,7 +12,7 @@ import pytest
 
 from ort_torch_train.errors import CheckpointError, InputError
 from ort_torch_train.trainer import EarlyStopping, SaveBest, SaveCheckpoints, array_loader, fit, metric_named
-from ort_torch_train.trainer.fit import Callback, FitState
+from ort_torch_train.trainer.fit_state import Callback, FitState
 from tests.unit.trainer.test_fit import cnn_arrays, cnn_module, same_parameters
 
 COMPANIONS = ("", ".data", ".manifest")

@@ -18,6 +18,7 @@ from torch._dynamo.utils import counters
 
 from ort_torch_train.api import Module, Optimizer
 from ort_torch_train.errors import InputError, PackageError
+from ort_torch_train.native.packaged_build import libtorch_flags
 from ort_torch_train.optim.engine import OptimizerEngine
 from ort_torch_train.optim.float32 import to_float32
 from ort_torch_train.optim.optimizer_model import read_optimizer_model
@@ -228,24 +229,10 @@ def test_a_cpp_program_trains_through_the_package_with_no_python(package: Path, 
     if compiler is None:
         pytest.skip("no C++ compiler")
     case = _case()
-    torch_dir = Path(torch.__file__).parent
+    compile_flags, link_flags = libtorch_flags()
     program = tmp_path / "packaged_steps"
-    build = [
-        compiler,
-        "-std=c++20",
-        "-O1",
-        f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-        f"-I{torch_dir / 'include'}",
-        f"-I{torch_dir / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
-        str(ROOT / "tests" / "native" / "packaged_steps.cpp"),
-        "-o",
-        str(program),
-        f"-L{torch_dir / 'lib'}",
-        "-ltorch",
-        "-ltorch_cpu",
-        "-lc10",
-        f"-Wl,-rpath,{torch_dir / 'lib'}",
-    ]
+    source = ROOT / "tests" / "native" / "packaged_steps.cpp"
+    build = [compiler, "-std=c++20", "-O1", *compile_flags, str(source), "-o", str(program), *link_flags]
     subprocess.run(build, check=True, capture_output=True, timeout=scaled(300))
 
     module = Module(case.artifact("training_model.onnx"), case.load_state())
