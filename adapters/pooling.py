@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from .common import Inline, OperationConverterResult, attributes, compiling_ahead, input_shape, result
+from .common import Inline, OperationConverterResult, attributes, input_shape, result
 from .index_checks import checked_indices, index_source
 from .registry import ConversionContext, register
 
@@ -93,12 +93,6 @@ def max_pool(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """ONNX MaxPool; with ``with_indices`` also the flattened (N, C, *spatial) index of each maximum."""
     rank = len(kernel)
-    if (
-        x.is_floating_point()
-        and _tiles(kernel, strides, dilations, begins, ends, x.shape[2:], out_sizes)
-        and compiling_ahead()
-    ):
-        return tiled_max_pool(x, kernel, out_sizes, with_indices, column_major)
     native = _torch_native(kernel, dilations, begins, ends)
     source = x if native else F.pad(x, _f_pad(begins, ends), value=-math.inf)
     padding = begins if native else [0] * rank
@@ -128,51 +122,6 @@ def _onnx_indices(indices: torch.Tensor, shape, pooled_shape, begins, column_maj
     return flat + plane_index * planes
 
 
-def _tiles(kernel, strides, dilations, begins, ends, sizes, out_sizes) -> bool:
-    """Whether 2-D windows tile the input: strides equal to the kernel, no pads or dilations, the windows
-    that fit (the rest cropped, as ceil_mode without room for another window does)."""
-    return (
-        len(kernel) == 2
-        and list(strides) == list(kernel)
-        and not any(d != 1 for d in dilations)
-        and not any(begins)
-        and not any(ends)
-        and list(out_sizes) == [int(n) // k for n, k in zip(sizes, kernel)]
-    )
-
-
-def tiled_max_pool(
-    x: torch.Tensor, kernel: list[int], out_sizes: list[int], with_indices: bool, column_major: bool
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """2-D max pooling over windows that tile ``x`` (``_tiles``), as each window's first maximum selected
-    from its elements: compiled, the backward is a select per input element fused with its neighbours,
-    where torch's pooling backward scatters the gradient through an index tensor. Floating inputs only."""
-    (kernel_h, kernel_w), (out_h, out_w) = kernel, out_sizes
-    if not x.is_floating_point():
-        raise TypeError(f"tiled_max_pool: expected a floating tensor, got {x.dtype}")
-    windows = x[:, :, : out_h * kernel_h, : out_w * kernel_w].reshape(
-        x.shape[0], x.shape[1], out_h, kernel_h, out_w, kernel_w
-    )
-    windows = windows.transpose(3, 4).reshape(x.shape[0], x.shape[1], out_h, out_w, kernel_h * kernel_w)
-    choice = windows.argmax(-1, keepdim=True)  # the first maximum, as torch's and ORT's pooling pick
-    chosen = choice == torch.arange(kernel_h * kernel_w, device=x.device)
-    y = torch.where(chosen, windows, 0).sum(-1)
-    if not with_indices:
-        return y
-    choice = choice.squeeze(-1)
-    rows = torch.arange(out_h, device=x.device)[:, None] * kernel_h + torch.div(choice, kernel_w, rounding_mode="floor")
-    columns = torch.arange(out_w, device=x.device) * kernel_w + choice % kernel_w
-    return y, _onnx_indices(rows * x.shape[3] + columns, x.shape, x.shape, [0, 0], column_major)
-
-
-def tiled_or_native_max_pool(x: torch.Tensor, kernel: list[int], out_sizes: list[int]) -> torch.Tensor:
-    """MaxPool over tiling windows without indices: ``tiled_max_pool`` when compiled and the input is
-    floating, else torch's pooling."""
-    if compiling_ahead() and x.is_floating_point():
-        return tiled_max_pool(x, kernel, out_sizes, False, False)  # type: ignore[return-value]
-    return F.max_pool2d(x, kernel, kernel)
-
-
 @register("MaxPool", since=1)
 def max_pool_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) -> OperationConverterResult:
     sizes, kernel, strides, dilations, begins, ends, ceil_mode = _geometry(node, graph)
@@ -180,8 +129,6 @@ def max_pool_op(node: OnnxNode, graph: OnnxGraph, context: ConversionContext) ->
     with_indices = len(node.output_values) > 1 and bool(node.output_values[1])
     column_major = attributes(node).get("storage_order", 0) == 1
     args = (kernel, strides, dilations, begins, ends, ceil_mode, out_sizes, with_indices, column_major)
-    if not with_indices and _tiles(kernel, strides, dilations, begins, ends, sizes, out_sizes):
-        return result(Inline(tiled_or_native_max_pool, kernel, out_sizes), node)
     if not with_indices and _torch_native(kernel, dilations, begins, ends):
         return result(Inline(_MAX_POOL[len(kernel)], kernel, strides, begins, dilations, ceil_mode), node)
     return result(Inline(max_pool, *args), node)
