@@ -9,6 +9,7 @@ import torch
 
 from ort_torch_train.dtypes import tensor_from_proto, torch_dtype
 from ort_torch_train.onnx2torch_import import import_onnx2torch
+from ort_torch_train.torch_internals import traced_by_make_fx
 
 import_onnx2torch()
 from onnx2torch.onnx_graph import OnnxGraph, OnnxNode  # noqa: E402
@@ -78,6 +79,12 @@ def constant_ints(node: OnnxNode, graph: OnnxGraph, position: int) -> list[int] 
     if not has_input(node, position) or not is_constant(node, graph, position):
         return None
     return [int(v) for v in constant_input(node, graph, position).reshape(-1).tolist()]
+
+
+def compiling_ahead() -> bool:
+    """Whether the running code is being traced into a compiled program: by torch.compile, or by make_fx
+    for an AOTInductor package (``training/package``). Converters choose their compiled forms then."""
+    return torch.compiler.is_compiling() or traced_by_make_fx()
 
 
 def guard_or_false(condition: bool | torch.SymBool) -> bool:

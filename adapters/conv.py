@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import OperationConverterResult, attributes, input_shape, result
+from .common import OperationConverterResult, attributes, compiling_ahead, input_shape, result
 from .registry import ConversionContext, register
 
 if TYPE_CHECKING:
@@ -18,7 +18,8 @@ if TYPE_CHECKING:
     from onnx2torch.onnx_node import OnnxNode
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
-# Below this many multiply-adds a 2-D conv runs as a sum over its kernel taps under torch.compile:
+# Below this many multiply-adds a 2-D conv runs as a sum over its kernel taps when compiled (torch.compile
+# or a package's ahead-of-time program):
 # inductor fuses that into one loop, while oneDNN's per-call setup dominates tiny convs (docs/performance.md).
 # Each tap adds its own nodes to the compiled graph (forward and backward), so kernels of more taps than a
 # 3x3 stay with the conv kernel: compile time grows with the taps.
@@ -60,7 +61,7 @@ class Conv(nn.Module):
         self.pad = [p for b, e in zip(reversed(begins), reversed(ends)) for p in (b, e)]
 
     def forward(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if self.direct and torch.compiler.is_compiling():
+        if self.direct and compiling_ahead():
             padded = F.pad(x, self.pad) if any(self.pad) else x
             return _conv2d_as_taps(padded, weight, bias, self.strides, self.dilations)
         if not self.symmetric:

@@ -68,6 +68,8 @@ __all__ = [
     "cpu_features",
     # functorch: whether a transform is active; its interpreter stack has no public accessor
     "in_functorch_transform",
+    # make_fx: whether it is tracing the running code (the package builder's steps); no public accessor
+    "traced_by_make_fx",
     # the oneDNN kernel inductor runs for frozen weights' linear layers; no public op reaches it
     "onednn_linear_pointwise",
     # a dispatch mode recording the matrix products a graph runs, and the higher-order ops (torch.cond,
@@ -284,6 +286,12 @@ def in_functorch_transform() -> bool:
     interpreter stack has no public accessor."""
     peek = getattr(torch._C._functorch, "peek_interpreter_stack", None)
     return peek is None or peek() is not None
+
+
+def traced_by_make_fx() -> bool:
+    """Whether make_fx is tracing the running code (its proxy dispatch mode is active): how the package
+    builder traces a step ahead of time, where ``torch.compiler.is_compiling`` is False."""
+    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY) is not None
 
 
 def onednn_linear_pointwise(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:

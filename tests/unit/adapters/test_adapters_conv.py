@@ -1,11 +1,13 @@
 """Conv: the converted node against the ONNX reference, and its compiled form (a sum over kernel taps
-for small convs) against the eager one, values and gradients."""
+for small convs, under torch.compile and in a package's step traced by make_fx) against the eager one,
+values and gradients."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from ort_torch_train.adapters.conv import Conv
 from tests.helpers.adapter_harness import check, convert_model, one_node_model, rand
@@ -57,6 +59,21 @@ def test_small_conv_compiles_to_kernel_taps_with_the_same_values_and_gradients(c
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     [graph] = traced
     assert not [node for node in graph.graph.nodes if "conv" in str(node.target)]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_small_conv_traced_for_a_package_is_kernel_taps_with_the_same_gradients(case):
+    inputs, attrs = _model(case, bias=True)
+    gm, tensors = convert_model(one_node_model("Conv", inputs, **attrs), inputs)
+    seed = torch.linspace(-1, 1, gm(*tensors)[0].numel())
+
+    def gradients(*leaves):
+        return torch.func.grad(lambda *args: (gm(*args)[0].reshape(-1) * seed).sum(), argnums=(0, 1, 2))(*leaves)
+
+    traced = make_fx(gradients)(*tensors)  # as the package builder traces a step
+    assert not [node for node in traced.graph.nodes if "conv" in str(node.target)]
+    for got, expected in zip(traced(*tensors), gradients(*tensors), strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_large_conv_stays_with_the_conv_kernel():
