@@ -90,7 +90,13 @@ def to_tensors(values: Sequence[Any], names: Sequence[str]) -> tuple[list[torch.
     tensors: list[torch.Tensor] = []
     kinds = set()
     for position, value in enumerate(values):
-        if isinstance(value, torch.Tensor):
+        if type(value) is np.ndarray and value.flags.writeable:  # the usual array: shared (the name for errors only)
+            try:
+                tensors.append(torch.from_numpy(value))
+            except (TypeError, ValueError):
+                tensors.append(numpy_to_tensor(value, _input_name(names, position)))
+            kinds.add("numpy")
+        elif isinstance(value, torch.Tensor):
             tensors.append(value)
             kinds.add("torch")
         elif isinstance(value, np.ndarray):
