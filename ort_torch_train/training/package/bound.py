@@ -2,8 +2,8 @@
 
 A program takes the state's tensors as arguments and updates them in place. ``StateArguments`` assembles them, in
 the program's order, once per state generation and checks them at each call against what it assembled: the same
-generation, the same parameter storage (``param.data = ...`` replaces it behind the state's back), the same gradient
-and moment tensors; anything else assembles them again, checked against the manifest. ``BoundTrainStep`` checks a
+generation (moments replaced start a new one), the same parameter storage (``param.data = ...`` replaces it behind
+the state's back) and the same gradient tensors; anything else assembles them again, checked against the manifest. ``BoundTrainStep`` checks a
 step's inputs in full once per input signature (dtypes and shapes) and then only what the signature does not hold.
 """
 
@@ -47,7 +47,6 @@ class StateArguments:
         self._moments = tuple(moments)
         self._generation: int | None = None
         self._held: list[tuple[Tensor, int, object]] = []  # (parameter, its data pointer, its gradient)
-        self._moment_groups: list[tuple[str, dict[str, Tensor]]] = []  # (name, the moments the state holds for it)
         self.tensors: list[Tensor] = []
 
     def current(self) -> list[Tensor]:
@@ -58,11 +57,6 @@ class StateArguments:
         for param, pointer, grad in self._held:
             if param.data_ptr() != pointer or param.grad is not grad:
                 return self._assemble()
-        if self._moment_groups:
-            held = state.optimizer.momentums if state.optimizer is not None else {}
-            for name, group in self._moment_groups:
-                if held.get(name) is not group:
-                    return self._assemble()
         return self.tensors
 
     def _assemble(self) -> list[Tensor]:
@@ -87,16 +81,13 @@ class StateArguments:
                 raise PackageError(f"package step: trainable parameter {entry.name!r} has no gradient buffer like it")
             grads.append(param.grad)
         moments: list[Tensor] = []
-        groups: list[tuple[str, dict[str, Tensor]]] = []
-        if self._moments:
+        if self._moments:  # the optimizer engine made them; replacing them starts a new generation
             held = state.optimizer.momentums if state.optimizer is not None else {}
-            names = [entry.name for entry in self._entries[: self._trainable]]
-            groups = [(name, held[name]) for name in names]  # the optimizer engine made them (KeyError: a bug)
-            moments = [group[moment] for moment in self._moments for _, group in groups]
+            groups = [held[entry.name] for entry in self._entries[: self._trainable]]
+            moments = [group[moment] for moment in self._moments for group in groups]
         tensors = [*(param.detach() for param in params), *grads, *moments]
         require_contiguous(tensors, "a packaged step")
         self._held = [(param, param.data_ptr(), param.grad) for param in params]
-        self._moment_groups = groups
         self._generation = state.generation
         self.tensors = tensors
         return tensors
