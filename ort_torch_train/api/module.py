@@ -54,7 +54,8 @@ class Module(nn.Module):
     backward) as one torch.compile'd graph and the eval graph through torch.compile;
     ``step(optimizer, *inputs)`` puts the optimizer's update into the train step's graph too.
     ``compile="package:DIR"`` runs the train and eval steps through a package compiled ahead of time
-    (``ort-torch-train package``; ``training/package/``) with no compilation, on the CPU in float32.
+    (``ort-torch-train package``; ``training/package/``) with no compilation, on the CPU in float32, and an
+    Optimizer over the module runs the package's update where it was built from the same optimizer model.
     ``mixed_precision="bf16"|"fp16"`` runs the forward under ``torch.autocast`` with float32 master
     weights; "fp16" adds GradScaler's dynamic loss scaling (the Optimizer unscales, skips inf/nan
     steps and reports them; the scale is saved in the checkpoint's properties). ``recompute=k`` (or

@@ -39,7 +39,8 @@ class Optimizer:
         implementation: the update kernel, beyond ORT's API: "fused" (default where it applies),
             "foreach"/"single" (ORT's exact float32 op order) or "compiled" (torch.compile'd).
             ``Module.step(optimizer, ...)`` on a ``compile=True`` module runs the update inside its
-            compiled train step instead.
+            compiled train step instead; on a ``compile="package:DIR"`` module with none asked for, the
+            package's own update runs, where the package was built from this optimizer model.
         shard_state: ZeRO stage 1 on a ``Module(distributed=True)``: each rank keeps and updates
             only its shard of the optimizer state (``distributed/zero.py``).
 
