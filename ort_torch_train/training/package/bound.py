@@ -3,8 +3,9 @@
 A program takes the state's tensors as arguments and updates them in place. ``StateArguments`` assembles them, in
 the program's order, once per state generation and checks them at each call against what it assembled: the same
 generation (moments replaced start a new one), the same parameter storage (``param.data = ...`` replaces it behind
-the state's back) and the same gradient tensors; anything else assembles them again, checked against the manifest. ``BoundTrainStep`` checks a
-step's inputs in full once per input signature (dtypes and shapes) and then only what the signature does not hold.
+the state's back) and the same gradient tensors; anything else assembles them again, checked against the manifest.
+``BoundTrainStep`` checks a step's inputs in full once per input signature (dtypes and shapes) and then only what
+the signature does not hold.
 """
 
 from __future__ import annotations
@@ -78,7 +79,10 @@ class StateArguments:
         grads = []
         for entry, param in zip(self._entries, trainable):
             if param.grad is None or param.grad.shape != param.shape or param.grad.dtype != param.dtype:
-                raise PackageError(f"package step: trainable parameter {entry.name!r} has no gradient buffer like it")
+                raise PackageError(
+                    f"package {os.fspath(self._folder)!r}: trainable parameter {entry.name!r} has no gradient buffer "
+                    "of its shape and dtype"
+                )
             grads.append(param.grad)
         moments: list[Tensor] = []
         if self._moments:  # the optimizer engine made them; replacing them starts a new generation
