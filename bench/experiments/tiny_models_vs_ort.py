@@ -3,6 +3,7 @@
     .venv/bin/python bench/experiments/tiny_models_vs_ort.py [--models mlp cnn ...] [--rounds 7]
         [--block-seconds 0.05] [--ort-python .venv-ort/bin/python] [--out bench/results/STAMP-tiny-models-vs-ort]
         [--sides ort native ...] [--native-before PROGRAM [--native-before-packages DIR]]
+        [--compiled-before PYTHON] [--package-before PYTHON]
 
 For each model (tests/fixtures, made by ORT 1.19.2) it starts one process per side, each loading the checkpoint,
 creating its session and taking a first step (timed inside the process), then drives them in blocks that
@@ -16,7 +17,8 @@ alternate between the sides, batch 8 and 64, round after round (the order rotate
 - ``compiled-step``: the same process, ``module.step(optimizer, *inputs)`` (the three calls as one compiled call);
 - ``package``: ``Module(compile="package:DIR")``, the same three calls;
 - with ``--compiled-before PYTHON``: ``compiled-before-step``, ``module.step`` run by another checkout's
-  interpreter (its venv), for a before/after ratio in the same run.
+  interpreter (its venv), for a before/after ratio in the same run;
+- with ``--package-before PYTHON``: ``package-before``, the ``package`` side run by another checkout's interpreter.
 
 Every side runs one thread (OMP_NUM_THREADS=1) and the learning rate 1e-3. Packages are built once into
 bench/.cache/tiny-packages (not timed) where a native or package side runs. Reported: each side's median block
@@ -142,7 +144,7 @@ def measure(model: str, programs: dict[str, Path], sides: tuple[Side, ...], argu
     package = CACHE / "tiny-packages" / fixture
     manifest = package / "manifest.json"
     stale = not manifest.is_file() or json.loads(manifest.read_text()).get("format") != FORMAT  # none, or built before
-    if stale and any(p in ("native", "package") for p, _ in sides):
+    if stale and any(p in ("native", "package", "package-before") for p, _ in sides):
         build_package(artifacts, package)
     inputs = CACHE / "tiny-inputs" / fixture
     write_inputs(fixture, inputs)
@@ -154,6 +156,9 @@ def measure(model: str, programs: dict[str, Path], sides: tuple[Side, ...], argu
     }
     if arguments.compiled_before:
         commands["compiled-before"] = [str(arguments.compiled_before), *worker, "compiled", str(artifacts), str(inputs)]
+    if arguments.package_before:
+        before = [str(arguments.package_before), *worker, "package", str(artifacts), str(inputs), str(package)]
+        commands["package-before"] = before
     for name, program in programs.items():
         before = name == "native-before" and arguments.native_before_packages is not None
         held = arguments.native_before_packages / fixture if before else package
@@ -257,6 +262,11 @@ def main(argv: list[str] | None = None) -> dict:
         help="also time module.step in this interpreter (a venv of another checkout) as compiled-before-step",
     )
     parser.add_argument(
+        "--package-before",
+        type=Path,
+        help="also time the package side in this interpreter (a venv of another checkout) as package-before",
+    )
+    parser.add_argument(
         "--native-before-packages",
         type=Path,
         help="native-before trains the packages in this folder (one per fixture, by its name), not this build's",
@@ -267,6 +277,8 @@ def main(argv: list[str] | None = None) -> dict:
     programs = {"native": build_native()} if ("native", "run") in sides else {}
     if args.compiled_before:
         sides += (("compiled-before", "step"),)
+    if args.package_before:
+        sides += (("package-before", "run"),)
     if args.native_before:
         programs["native-before"] = args.native_before
         sides += (("native-before", "run"),)

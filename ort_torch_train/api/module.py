@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import onnx
 import torch
 from torch import nn
 
@@ -26,7 +27,7 @@ from ort_torch_train.graph.roles import check_slot
 from ort_torch_train.lora.apply import add_lora_to_artifacts
 from ort_torch_train.lora.config import LoraConfig
 from ort_torch_train.lora.export import export_merged_model
-from ort_torch_train.optim.engine import OptimizerEngine
+from ort_torch_train.optim.engine import OptimizerEngine, UpdateProgram
 from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.training.binding import bind_parameters
 from ort_torch_train.training.compile.cache import CompileCacheSetting
@@ -53,7 +54,8 @@ class Module(nn.Module):
     backward) as one torch.compile'd graph and the eval graph through torch.compile;
     ``step(optimizer, *inputs)`` puts the optimizer's update into the train step's graph too.
     ``compile="package:DIR"`` runs the train and eval steps through a package compiled ahead of time
-    (``ort-torch-train package``; ``training/package/``) with no compilation, on the CPU in float32.
+    (``ort-torch-train package``; ``training/package/``) with no compilation, on the CPU in float32, and an
+    Optimizer over the module runs the package's update where it was built from the same optimizer model.
     ``mixed_precision="bf16"|"fp16"`` runs the forward under ``torch.autocast`` with float32 master
     weights; "fp16" adds GradScaler's dynamic loss scaling (the Optimizer unscales, skips inf/nan
     steps and reports them; the scale is saved in the checkpoint's properties). ``recompute=k`` (or
@@ -261,16 +263,18 @@ class Module(nn.Module):
             yield
 
     def __call__(self, *user_inputs: Any) -> Any:
-        names = self.input_names()
+        training = self.training
+        engine = self._engine
+        names = engine.train_layout.user_inputs if training else self.input_names()
         tensors, kind = to_tensors(self._parsed(user_inputs, names), names)
-        with self.training_state.lock:
-            if not self.training:
-                return from_tensors(self.eval_step(tensors), kind)
-            data_parallel = self._engine.data_parallel
+        with engine.training_state.lock:
+            if not training:
+                return from_tensors(engine.eval_step(tensors), kind)
+            data_parallel = engine.data_parallel
             if data_parallel is None:
-                return from_tensors(self.train_step(tensors), kind)
+                return from_tensors(engine.train_step(tensors), kind)
             with data_parallel.collective_errors("Module train step"):
-                return from_tensors(self.train_step(tensors), kind)
+                return from_tensors(engine.train_step(tensors), kind)
 
     def step(self, optimizer: StepOptimizer, *user_inputs: Any) -> Any:
         """One full training step: ``module(*inputs)``, ``optimizer.step()``, ``module.lazy_reset_grad()``.
@@ -282,16 +286,17 @@ class Module(nn.Module):
             raise RuntimeError("Module.step trains: call module.train() first (it is in eval mode)")
         if not hasattr(optimizer, "engine_for_step"):  # a clear error for another object than StepOptimizer
             raise InputTypeError(f"optimizer: expected an ort_torch_train Optimizer, got {type(optimizer).__name__}")
-        names = self.input_names()
+        engine = self._engine
+        names = engine.train_layout.user_inputs
         tensors, kind = to_tensors(self._parsed(user_inputs, names), names)
-        with self.training_state.lock:
-            data_parallel = self._engine.data_parallel
+        with engine.training_state.lock:
+            data_parallel = engine.data_parallel
             if data_parallel is None:
-                return from_tensors(self.train_and_update(tensors, optimizer.engine_for_step()), kind)
+                return from_tensors(engine.train_and_update(tensors, optimizer.engine_for_step()), kind)
             with data_parallel.collective_errors("Module.step"):
-                return from_tensors(self.train_and_update(tensors, optimizer.engine_for_step()), kind)
+                return from_tensors(engine.train_and_update(tensors, optimizer.engine_for_step()), kind)
 
-    def _parsed(self, user_inputs: tuple, names: list[str]) -> list:
+    def _parsed(self, user_inputs: tuple, names: Sequence[str]) -> list:
         """String arrays of inputs that only feed a Cast to a number, parsed as ORT's Cast does; an LLM's
         ``past_key_values.*`` inputs, when left out, given as empty tensors."""
         graph = self._engine.graph(self.training)
@@ -314,6 +319,11 @@ class Module(nn.Module):
     def eval_step(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """Forward of the eval graph (inference semantics), no gradients."""
         return self._engine.eval_step(inputs)
+
+    def packaged_update(self, optimizer_model: onnx.ModelProto) -> UpdateProgram | None:
+        """The update of this module's package (``compile="package:DIR"``) over its state, where the package was
+        built from ``optimizer_model``; else None (the Optimizer then runs its own kernel)."""
+        return self._engine.packaged_update(optimizer_model)
 
     def input_names(self, training: bool | None = None) -> list[str]:
         """User input names of the training graph (train mode) or eval graph (eval mode)."""

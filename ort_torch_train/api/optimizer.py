@@ -12,7 +12,7 @@ from ort_torch_train.distributed.data_parallel import require_same_learning_rate
 from ort_torch_train.distributed.zero import ShardedTensors
 from ort_torch_train.errors import DistributedError
 from ort_torch_train.optim.engine import OptimizerEngine
-from ort_torch_train.optim.optimizer_model import OptimizerSpec, read_optimizer_model
+from ort_torch_train.optim.optimizer_model import OptimizerSpec, load_optimizer_model, read_optimizer_model
 from ort_torch_train.optim.schedulers import (
     check_schedule_counts,
     check_schedule_not_over,
@@ -39,7 +39,8 @@ class Optimizer:
         implementation: the update kernel, beyond ORT's API: "fused" (default where it applies),
             "foreach"/"single" (ORT's exact float32 op order) or "compiled" (torch.compile'd).
             ``Module.step(optimizer, ...)`` on a ``compile=True`` module runs the update inside its
-            compiled train step instead.
+            compiled train step instead; on a ``compile="package:DIR"`` module with none asked for, the
+            package's own update runs, where the package was built from this optimizer model.
         shard_state: ZeRO stage 1 on a ``Module(distributed=True)``: each rank keeps and updates
             only its shard of the optimizer state (``distributed/zero.py``).
 
@@ -67,7 +68,8 @@ class Optimizer:
         implementation: str | None = None,
         shard_state: bool = False,
     ) -> None:
-        spec = read_optimizer_model(optimizer_uri)
+        model = load_optimizer_model(optimizer_uri)
+        spec = read_optimizer_model(model)
         data_parallel = module.data_parallel
         if data_parallel is not None:  # ranks that would diverge: refused before any step
             require_same_optimizer_state(module.training_state, spec, data_parallel.group)
@@ -97,24 +99,28 @@ class Optimizer:
             )
         elif shard_state:
             self._engine = _sharded_engine(spec, module, implementation, loss_scaler)
-        else:
+        else:  # a package's own update where it was built from this model, unless another kernel is asked for
+            program = module.packaged_update(model) if implementation is None and loss_scaler is None else None
             self._engine = OptimizerEngine(
                 spec,
                 module.training_state,
                 module.trainable_parameter_names,
                 implementation=implementation,
                 loss_scaler=loss_scaler,
+                program=program,
             )
         self._torch_optimizer: TorchOptimizerAdapter | None = None
 
     def step(self) -> None:
         """Update the parameters with the optimizer model's algorithm and count the step."""
-        with self._engine.state.lock:
-            self._require_same_learning_rate()
+        engine = self._engine
+        with engine.state.lock:
+            if self._learning_rate_unchecked_in is not None:
+                self._require_same_learning_rate()
             if self._torch_optimizer is not None:
                 self._torch_optimizer.step()
             else:
-                self._engine.step()
+                engine.step()
 
     @property
     def last_step_skipped(self) -> bool:

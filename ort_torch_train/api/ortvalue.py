@@ -87,6 +87,17 @@ def numpy_to_tensor(array: np.ndarray, name: str) -> torch.Tensor:
 
 def to_tensors(values: Sequence[Any], names: Sequence[str]) -> tuple[list[torch.Tensor], str]:
     """Torch tensors for user inputs, and the kind of output to give back: numpy, torch or ortvalue."""
+    shared = []
+    for value in values:  # the usual call: writeable numpy arrays that torch shares
+        if type(value) is not np.ndarray or not value.flags.writeable:
+            break
+        try:
+            shared.append(torch.from_numpy(value))
+        except (TypeError, ValueError):
+            break
+    else:
+        if shared:
+            return shared, "numpy"
     tensors: list[torch.Tensor] = []
     kinds = set()
     for position, value in enumerate(values):
@@ -124,6 +135,9 @@ def _input_name(names: Sequence[str], position: int) -> str:
 def from_tensors(outputs: Sequence[torch.Tensor], kind: str) -> Any:
     """Outputs in the caller's kind: a bare value for one output, a tuple for several."""
     converted: list[Any]
+    if kind == "numpy" and len(outputs) == 1:  # the usual step: one loss
+        (output,) = outputs
+        return output.numpy() if output.is_cpu else output.cpu().numpy()
     if kind == "numpy":  # a CPU tensor's numpy view directly: .cpu() of one returns itself, at a cost
         converted = [output.numpy() if output.is_cpu else output.cpu().numpy() for output in outputs]
     elif kind == "ortvalue":

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
+import onnx
+
 from ort_torch_train.distributed.data_parallel import DataParallel
-from ort_torch_train.optim.engine import OptimizerEngine
+from ort_torch_train.optim.engine import OptimizerEngine, UpdateProgram
 from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.training.precision import MixedPrecision
 
@@ -43,6 +45,11 @@ class TrainableModule(Protocol):
     @property
     def precision(self) -> MixedPrecision | None:
         """Autocast and loss scaling, or None (float32 throughout)."""
+        ...
+
+    def packaged_update(self, optimizer_model: onnx.ModelProto) -> UpdateProgram | None:
+        """The update of the package the module runs (``compile="package:DIR"``), where it was built from
+        ``optimizer_model``; else None."""
         ...
 
 

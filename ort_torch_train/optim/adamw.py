@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import struct
 from collections.abc import Sequence
 from typing import Generic, NamedTuple, TypeVar
 
@@ -39,6 +40,7 @@ from ort_torch_train.optim.compiled import FusedUpdate, compiled, scalar_tensor
 from ort_torch_train.optim.float32 import to_float32
 
 Scalar = TypeVar("Scalar", float, Tensor)
+_FLOAT32_PAIR = struct.Struct("2f")
 
 
 class AdamWStepScalars(NamedTuple, Generic[Scalar]):
@@ -63,8 +65,13 @@ def ort_step_scalars(
     """Return ``(bias_correction1, bias_correction2, corrected_lr)`` as ORT computes them in float32."""
     if not correct_bias:
         return 1.0, 1.0, lr
-    bias_correction1 = to_float32(1.0 - to_float32(beta1**step))
-    bias_correction2 = to_float32(1.0 - to_float32(beta2**step))
+    powers = (beta1**step, beta2**step)
+    try:  # both at once, each rounded to float32 as it is packed (as to_float32 rounds it)
+        power1, power2 = _FLOAT32_PAIR.unpack(_FLOAT32_PAIR.pack(*powers))
+        bias_correction1, bias_correction2 = _FLOAT32_PAIR.unpack(_FLOAT32_PAIR.pack(1.0 - power1, 1.0 - power2))
+    except OverflowError:  # finite beyond float32's range: to_float32 gives the infinity ORT's cast does
+        bias_correction1 = to_float32(1.0 - to_float32(powers[0]))
+        bias_correction2 = to_float32(1.0 - to_float32(powers[1]))
     ratio = to_float32(to_float32(math.sqrt(bias_correction2)) / bias_correction1)
     return bias_correction1, bias_correction2, to_float32(lr * ratio)
 

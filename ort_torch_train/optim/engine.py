@@ -8,6 +8,7 @@ the checkpoint brought them; ``state.optimizer.step`` counts completed steps and
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -26,6 +27,15 @@ from ort_torch_train.state.training_state import OptimizerState, TrainingState
 GROUP_NAME = "group0"
 
 
+class UpdateProgram(Protocol):
+    """An update compiled ahead of time over the state's own tensors (a package's optimizer program): each call
+    clips the gradients where the optimizer model clips and updates the parameters and moments in place."""
+
+    def __call__(self, scalars: Tensor) -> None:
+        """One update with the step's ``scalars`` (``OptimizerAlgorithm.step_scalars``, float32)."""
+        ...
+
+
 class OptimizerEngine:
     """Applies an optimizer model's update to the trainable parameters of a TrainingState.
 
@@ -37,6 +47,7 @@ class OptimizerEngine:
     ``loss_scaler`` (fp16 mixed precision, ``state/loss_scale.py``) unscales the gradients first
     and skips a step whose gradients hold inf or nan: ``last_step_skipped``, ``skipped_steps``.
     ``tensors`` provides the lists the kernel runs on (default: the whole tensors; ZeRO: this rank's slices).
+    ``program`` (a package's optimizer step, for this spec) runs the updates instead of the kernel, on the CPU.
     """
 
     def __init__(
@@ -48,6 +59,7 @@ class OptimizerEngine:
         implementation: str | None = None,
         loss_scaler: LossScaler | None = None,
         tensors: TensorProvider | None = None,
+        program: UpdateProgram | None = None,
     ) -> None:
         names = list(param_names)
         if not names:
@@ -75,6 +87,7 @@ class OptimizerEngine:
         self._prepared_generation: int | None = None  # the state's generation the tensor lists were built at
         self._host_scalars: HostScalars | None = None  # next_step_scalars' CPU buffer
         self.loss_scaler = loss_scaler
+        self._program = program if loss_scaler is None else None
         self.last_step_skipped = False
         self.skipped_steps = 0
         if not state.is_nominal:  # a nominal state gets its moments at the first step, as in ORT
@@ -91,6 +104,15 @@ class OptimizerEngine:
 
         ``update_signal=False`` (only for models with an update-signal input) skips the update.
         """
+        program = self._program
+        if program is not None and update_signal:
+            if self._prepared_generation != self.state.generation:
+                self.refresh()  # first step, or the state's tensors were replaced: moments made where none are
+            optimizer_state = self._optimizer_state
+            step = optimizer_state.step + 1
+            program(self._host_step_scalars(step))
+            optimizer_state.step = step
+            return True
         if not update_signal and not self.spec.has_update_signal:
             raise ValueError(
                 "OptimizerEngine.step: update_signal=False needs an optimizer model with an "
@@ -140,10 +162,15 @@ class OptimizerEngine:
     def next_step_scalars(self) -> Tensor:
         """The next step's scalars, computed as ORT computes them, for the fused update."""
         device = self._tensors.params[0].device
-        scalars = self.algorithm.step_scalars(self._hyperparameters, self._optimizer_state.step + 1)
+        step = self._optimizer_state.step + 1
         if device.type != "cpu":
-            return scalar_tensor(scalars, device)
-        # on CPU one host tensor, rewritten each step: the compiled step reads it before it returns
+            return scalar_tensor(self.algorithm.step_scalars(self._hyperparameters, step), device)
+        return self._host_step_scalars(step)
+
+    def _host_step_scalars(self, step: int) -> Tensor:
+        """The scalars of the 1-based ``step`` in one host tensor, rewritten each step: the compiled step or
+        program reads it before it returns."""
+        scalars = self.algorithm.step_scalars(self._hyperparameters, step)
         host = self._host_scalars
         if host is None:
             host = self._host_scalars = HostScalars(() if isinstance(scalars, float) else (len(scalars),))

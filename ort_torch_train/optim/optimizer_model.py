@@ -43,7 +43,7 @@ class OptimizerSpec:
 
 def read_optimizer_model(model: str | os.PathLike | bytes | onnx.ModelProto) -> OptimizerSpec:
     """Parse an optimizer model given as a path, serialized bytes or a ModelProto."""
-    return parse_optimizer_graph(_load(model).graph)
+    return parse_optimizer_graph(load_optimizer_model(model).graph)
 
 
 def parse_optimizer_graph(graph: onnx.GraphProto) -> OptimizerSpec:
@@ -61,7 +61,9 @@ def parse_optimizer_graph(graph: onnx.GraphProto) -> OptimizerSpec:
     return OptimizerSpec(algorithm, hyperparameters, clip_max_norm, has_update_signal)
 
 
-def _load(model) -> onnx.ModelProto:
+def load_optimizer_model(model: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.ModelProto:
+    """The optimizer model given as a path, serialized bytes (ONNX or ORT format) or a ModelProto; ModelError
+    for a missing or unreadable one, TypeError for another kind of value."""
     if isinstance(model, onnx.ModelProto):
         return model
     if isinstance(model, (bytes, bytearray, memoryview)):

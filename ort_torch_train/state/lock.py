@@ -14,6 +14,7 @@ from collections.abc import Callable
 from types import TracebackType
 
 log = logging.getLogger(__name__)
+_thread_id = threading.get_ident
 
 
 class StateLock:
@@ -28,27 +29,32 @@ class StateLock:
     def __enter__(self) -> None:
         self._lock.acquire()
         self._depth += 1
-        self._owner = threading.get_ident()
+        self._owner = _thread_id()
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
     ) -> None:
         try:
-            while self._depth == 1 and self._deferred:
-                action, what = self._deferred.pop(0)
-                if exc_type is not None:
-                    log.error("%s was not done: the step it waited for failed (%s)", what, exc_type.__name__)
-                    continue
-                action()
+            if self._deferred and self._depth == 1:
+                self._run_deferred(exc_type)
         finally:
             self._depth -= 1
-            if self._depth == 0:
+            if not self._depth:
                 self._owner = None
             self._lock.release()
 
+    def _run_deferred(self, exc_type: type[BaseException] | None) -> None:
+        """The deferred actions, in order; each dropped, with an error logged, where the step failed."""
+        while self._deferred:
+            action, what = self._deferred.pop(0)
+            if exc_type is not None:
+                log.error("%s was not done: the step it waited for failed (%s)", what, exc_type.__name__)
+                continue
+            action()
+
     def held_by_current_thread(self) -> bool:
         """Whether the calling thread holds the lock (it is inside a step, or a handler interrupted one)."""
-        return self._depth > 0 and self._owner == threading.get_ident()
+        return self._depth > 0 and self._owner == _thread_id()
 
     def defer(self, action: Callable[[], None], what: str) -> None:
         """Run ``action`` when the calling thread, which holds the lock, releases it for good (after

@@ -23,20 +23,18 @@ from ort_torch_train.distributed.data_parallel import DataParallel
 from ort_torch_train.errors import ModelError
 from ort_torch_train.graph.layout import GraphLayout, eval_layout, training_layout
 from ort_torch_train.graph.model_checks import check_eval_pair, check_model
-from ort_torch_train.optim.compiled import FusedUpdate
-from ort_torch_train.optim.engine import OptimizerEngine
-from ort_torch_train.state.flat import FlatLayout
-from ort_torch_train.state.fresh_gradients import FreshGradients, pays_off
+from ort_torch_train.optim.engine import OptimizerEngine, UpdateProgram
 from ort_torch_train.state.parameter_buffer import ParameterBuffer
 from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.training.blas_threads import blas_threads_for
 from ort_torch_train.training.compile.cache import compile_cache_for
-from ort_torch_train.training.compile.settings import FrozenArguments, records_cuda_graphs
-from ort_torch_train.training.compile.step import CompiledTrainStep
-from ort_torch_train.training.compile.step_spec import ParameterPlan, Reduction, StepSpec
+from ort_torch_train.training.compile.settings import FrozenArguments
+from ort_torch_train.training.compile.step_spec import ParameterPlan
 from ort_torch_train.training.forward_graph import ForwardGraph
 from ort_torch_train.training.forward_models import eval_forward, train_forward
+from ort_torch_train.training.one_graph_step import OneGraphSteps
 from ort_torch_train.training.options import EngineOptions
+from ort_torch_train.training.package.bound import BoundTrainStep
 from ort_torch_train.training.package.packaged import PackagedSteps
 from ort_torch_train.training.precision import MixedPrecision, autocast_or_null, backward, float32_outputs
 from ort_torch_train.training.ranks import rank_strategies
@@ -97,21 +95,20 @@ class TrainingEngine:
             )
         train_params = self.train_layout.params
         self._train_params = [state.params[n] for n in train_params]
-        self._train_plan = ParameterPlan.of(train_params, self.trainable_parameter_names)
-        self._compile_arguments = FrozenArguments(options.compile_arguments)
-        self._records_cuda_graphs = records_cuda_graphs(self._compile_arguments)  # on a CUDA device
-        self._frozen_train_names = self._train_plan.frozen_names(train_params)
-        self._step_specs: dict[tuple, StepSpec] = {}  # _step_spec
+        plan = ParameterPlan.of(train_params, self.trainable_parameter_names)
+        self._frozen_train_names = plan.frozen_names(train_params)
         self._views: tuple | None = None  # (state generation, trainable, frozen, grads) for compiled steps
         self._eval_params = [state.params[n] for n in self.eval_layout.params] if self.eval_layout else []
         self._eval_aliases: list[torch.Tensor] = []  # _detached_eval_params
         self._gradient_reset = _GradientReset()
         state.to(options.device)
         self._packaged: PackagedSteps | None = None  # the steps of options.package, run instead of compiling
+        self._packaged_train: BoundTrainStep | None = None  # its train step over the state
         if options.package is not None:
             self._packaged = PackagedSteps(
                 options.package, training_model, eval_model, state.params, self.trainable_parameter_names
             )
+            self._packaged_train = self._packaged.bind_train(state)
         ranks = rank_strategies(self.train_graph, self.train_layout, state, options, self._tensor_parallel)
         self._data_parallel, self._pipeline = ranks  # gradients combined across ranks; a pipeline across them
         self._sharded = ranks.data_parallel is not None and ranks.data_parallel.shards_parameters
@@ -126,6 +123,17 @@ class TrainingEngine:
             self._precision = MixedPrecision(
                 options.mixed_precision, state, loss_scale=options.loss_scale, process_group=group
             )
+        self._one_graph = OneGraphSteps(  # the compiled train steps (compile=True)
+            self.train_graph,
+            self._train_params,
+            state,
+            self.trainable_parameter_names,
+            plan,
+            FrozenArguments(options.compile_arguments),
+            self.compile_cache,
+            self._threads,
+            self._parameter_views,
+        )
         log.info("read the training model (layout, checks, constants) in %.2f s", time.perf_counter() - started)
 
     @property
@@ -156,15 +164,16 @@ class TrainingEngine:
 
     def train_step(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """Forward and backward; gradients accumulate into the parameters' ``.grad``."""
+        packaged, reset = self._packaged_train, self._gradient_reset
+        if packaged is not None:  # it checks its inputs and the state's tensors itself (package/bound.py)
+            outputs = packaged(inputs if type(inputs) is list else list(inputs), reset.pending)
+            reset.pending = False
+            return outputs
         self.training_state.require_loaded("perform TrainStep")
         inputs = self._on_device(inputs)
         if self._pipeline is not None:
-            outputs = self._pipeline.train_step(inputs, self._gradient_reset.pending)
-            self._gradient_reset.pending = False
-            return outputs
-        if self._packaged is not None:
-            outputs = self._packaged.train_step(inputs, *self._parameter_views(), self._gradient_reset.pending)
-            self._gradient_reset.pending = False
+            outputs = self._pipeline.train_step(inputs, reset.pending)
+            reset.pending = False
             return outputs
         if self.options.compiles_whole_step and self.trainable_parameter_names:
             return self._compiled_step(inputs, None)
@@ -208,7 +217,7 @@ class TrainingEngine:
             )
         if self.options.compiles_whole_step and optimizer.fuses_into_step and optimizer.loss_scaler is None:
             self.training_state.require_loaded("perform TrainStep")
-            outputs = self._compiled_step(self._on_device(inputs), optimizer)
+            outputs = self._compiled_step(self._on_device(inputs, self._train_params[0].device), optimizer)
         else:
             outputs = self.train_step(inputs)
             optimizer.step()
@@ -216,92 +225,10 @@ class TrainingEngine:
         return outputs
 
     def _compiled_step(self, inputs: list[torch.Tensor], optimizer: OptimizerEngine | None) -> tuple[torch.Tensor, ...]:
-        update = None if optimizer is None else optimizer.fused_update()
         reduction = None if self._data_parallel is None else self._data_parallel.compiled_reduction()
-        names = self.trainable_parameter_names
-        flat = (
-            self.training_state.current_flat(names)
-            if optimizer is None  # the optimizer makes them
-            else self.training_state.flat_view(names, optimizer.update_moment_names, gradients=False)
-        )
-        precision = self.precision
-        reset = self._gradient_reset.pending
-        device = self._train_params[0].device
-        # CUDA graphs replay on gradients at fixed addresses
-        fresh = flat is not None and reset and update is not None and pays_off(flat)
-        fresh = fresh and not (self._records_cuda_graphs and device.type == "cuda")
-        spec = self._step_spec(update, reduction, precision, None if flat is None else flat.layout, fresh)
-        step = self.train_graph.specialised(
-            inputs,
-            self._train_params,
-            spec,
-            lambda module, device: CompiledTrainStep(
-                self.train_graph.compiled_module(module, device),
-                spec.on_device(device),
-                cache=self.compile_cache,
-                threads=self._threads,
-            ),
-        )
-        trainable, frozen, grads = self._parameter_views()
-        fresh_gradients = None
-        if flat is not None:
-            fresh_gradients = FreshGradients(flat, grads) if fresh else None
-            trainable, grads = [flat.params], [flat.grads]
-        states = () if optimizer is None else ([[m] for m in flat.moments] if flat else optimizer.moment_lists())
-        scalars = None if optimizer is None else optimizer.next_step_scalars()
-        try:
-            if fresh_gradients is None:
-                outputs = step(inputs, trainable, frozen, grads, reset, states, scalars)
-            else:
-                fresh_gradients.release()
-                try:
-                    outputs, (gradient,) = step(inputs, trainable, frozen, [], reset, states, scalars)
-                except BaseException:
-                    fresh_gradients.install_zeros()  # a reset is still pending: zeros stand for it
-                    raise
-                fresh_gradients.install(gradient)
-            if precision is not None:
-                outputs = float32_outputs(outputs)
-        except RuntimeError as error:
-            self._raise_eager_error(inputs, error)
-            raise
-        if optimizer is not None:
-            optimizer.count_step()
+        outputs = self._one_graph.run(inputs, optimizer, self._gradient_reset.pending, reduction, self.precision)
         self._gradient_reset.pending = False
         return outputs
-
-    def _step_spec(
-        self,
-        update: FusedUpdate | None,
-        reduction: Reduction | None,
-        precision: MixedPrecision | None,
-        layout: FlatLayout | None,
-        fresh: bool,
-    ) -> StepSpec:
-        """The StepSpec of a compiled train step of this engine's graph: one object per combination of
-        the parts that vary, made at its first step (a spec is built once, not at every step)."""
-        parts = (update, reduction, precision, layout, fresh)
-        spec = self._step_specs.get(parts)
-        if spec is None:
-            spec = self._step_specs[parts] = StepSpec(
-                self._train_plan,
-                self._compile_arguments,
-                update=update,
-                reduction=reduction,
-                precision=precision,
-                layout=layout,
-                fresh_gradients=fresh,
-            )
-        return spec
-
-    def _raise_eager_error(self, inputs: list[torch.Tensor], error: RuntimeError) -> None:
-        """Re-run a failed compiled step's forward eagerly, on copies of the parameters, so that the
-        converters' checks raise their errors naming the bad input (compiled kernels cannot)."""
-        with torch.no_grad():
-            try:
-                self.train_graph(inputs, [param.detach().clone() for param in self._train_params])
-            except Exception as eager_error:
-                raise eager_error from error
 
     def _parameter_views(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
         """Detached views of the trainable and frozen parameters, and the gradients, for compiled steps."""
@@ -313,6 +240,11 @@ class TrainingEngine:
             grads = [params[n].grad for n in self.trainable_parameter_names]
             self._views = (generation, trainable, frozen, grads)
         return self._views[1:]
+
+    def packaged_update(self, optimizer_model: onnx.ModelProto) -> UpdateProgram | None:
+        """The package's optimizer step over this state, where the package was built from ``optimizer_model``;
+        None without a package or where it was built from another optimizer model."""
+        return None if self._packaged is None else self._packaged.bind_update(self.training_state, optimizer_model)
 
     def eval_step(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """Forward of the eval graph (inference semantics), no gradients."""
@@ -362,8 +294,11 @@ class TrainingEngine:
             raise ModelError("Eval model was not provided: evaluation needs the eval model (eval_model_uri).")
         return self.eval_graph, self._eval_params
 
-    def _on_device(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        device = self.device
+    def _on_device(self, inputs: Sequence[torch.Tensor], device: torch.device | None = None) -> list[torch.Tensor]:
+        """``inputs``, the tensors among them moved to ``device`` (None: the parameters')."""
+        device = self.device if device is None else device
+        if device.type == "cpu":  # a tensor's is_cpu costs less than its device
+            return [t.to(device) if isinstance(t, torch.Tensor) and not t.is_cpu else t for t in inputs]
         return [
             t.to(device, non_blocking=True) if isinstance(t, torch.Tensor) and t.device != device else t for t in inputs
         ]
@@ -409,6 +344,7 @@ class TrainingEngine:
         self.training_state.follow_parameters()
         self._views = None
         self.train_graph.clear()
+        self._one_graph.forget()
         if self.eval_graph is not None:
             self.eval_graph.clear()
 

@@ -63,5 +63,10 @@ def optimizer_model(kind: str = "adamw", clip: float | None = None, signal: bool
 
 def fake_module(state: TrainingState) -> SimpleNamespace:
     return SimpleNamespace(
-        training_state=state, trainable_parameter_names=list(NAMES), data_parallel=None, pipeline=None, precision=None
+        training_state=state,
+        trainable_parameter_names=list(NAMES),
+        data_parallel=None,
+        pipeline=None,
+        precision=None,
+        packaged_update=lambda optimizer_model: None,  # no package: the optimizer's own kernel
     )

@@ -1,33 +1,41 @@
 """``PackagedSteps``: the steps of a package (``build.py``) loaded and run, with no compilation.
 
 Loading checks the manifest first (``manifest.py``): the torch, the CPU and the artifacts must be
-those the package was built for, and the parameters those it takes. Each step checks its inputs
-against the manifest (dtype, rank, fixed sizes) and copies the tensors the program returns over the
-caller's (gradients, BatchNorm statistics, parameters and moments), in place.
+those the package was built for, and the parameters those it takes. The train and optimizer steps are bound to a
+TrainingState's tensors (``bound.py``), which their programs update in place (gradients, BatchNorm statistics,
+parameters and moments); each step checks its inputs against the manifest (dtype, rank, fixed sizes).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import onnx
-import torch
 from torch import Tensor
 
 from ort_torch_train.dtypes import dtype_name
-from ort_torch_train.errors import InputError, InputTypeError, PackageError
+from ort_torch_train.errors import PackageError
 from ort_torch_train.fileio import path_inside
+from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.torch_internals import aoti_package_runner
+from ort_torch_train.training.package.bound import (
+    BoundTrainStep,
+    BoundUpdate,
+    Runner,
+    StateArguments,
+    checked_inputs,
+)
 from ort_torch_train.training.package.manifest import (
     EVAL,
+    OPTIMIZER,
     TRAINING,
     Manifest,
     Program,
-    TensorEntry,
     check_artifacts,
     check_environment,
+    model_digest,
 )
 
 PACKAGE_PREFIX = "package:"
@@ -80,9 +88,8 @@ class PackagedSteps:
         self._train = self._load(manifest.train)
         self._eval = None if manifest.eval is None else self._load(manifest.eval)
         self._optimizer = None if manifest.optimizer is None else self._load(manifest.optimizer)
-        self._flags = (torch.tensor(False), torch.tensor(True))
 
-    def _load(self, program: Program) -> Callable[[list[Tensor]], list[Tensor]]:
+    def _load(self, program: Program) -> Runner:
         path = path_inside(self.folder, program.file, "package program")
         try:
             return aoti_package_runner(os.fspath(path))
@@ -99,82 +106,29 @@ class PackagedSteps:
         """The frozen parameters' names, in the order the train step takes them."""
         return [entry.name for entry in self.manifest.frozen]
 
-    def train_step(
-        self,
-        inputs: Sequence[Tensor],
-        trainable: Sequence[Tensor],
-        frozen: Sequence[Tensor],
-        grads: Sequence[Tensor],
-        reset: bool,
-    ) -> tuple[Tensor, ...]:
-        """Forward and backward: ``grads`` replaced (``reset``) or added to, ``frozen`` updated, in place; the
-        outputs."""
-        program = self.manifest.train
-        inputs = _checked_inputs(program, inputs, "TrainStep")
-        state = [*trainable, *frozen, *grads]
-        _require_contiguous(state, "TrainStep")
-        returned = self._train([*inputs, *state, self._flags[bool(reset)]])
-        if len(returned) != len(program.outputs):
-            raise PackageError(
-                f"package {os.fspath(self.folder)!r}: the train program returned {len(returned)} tensors"
-            )
-        return tuple(returned)
+    def bind_train(self, state: TrainingState) -> BoundTrainStep:
+        """The train step over ``state``'s parameters and gradients (those this package was checked against)."""
+        manifest = self.manifest
+        entries = (*manifest.trainable, *manifest.frozen)
+        arguments = StateArguments(self.folder, state, entries, len(manifest.trainable), "perform TrainStep")
+        return BoundTrainStep(self.folder, manifest.train, self._train, arguments)
+
+    def bind_update(self, state: TrainingState, optimizer_model: onnx.ModelProto) -> BoundUpdate | None:
+        """The optimizer step over ``state``'s trainable parameters, gradients and moments, where this package's
+        optimizer program was built from ``optimizer_model``; None where it was not (or holds none)."""
+        manifest = self.manifest
+        if self._optimizer is None or manifest.optimizer is None:
+            return None
+        if manifest.artifacts.get(OPTIMIZER) != model_digest(optimizer_model):
+            return None
+        arguments = StateArguments(
+            self.folder, state, manifest.trainable, len(manifest.trainable), "perform OptimizerStep", manifest.moments
+        )
+        return BoundUpdate(manifest.optimizer, self._optimizer, arguments)
 
     def eval_step(self, inputs: Sequence[Tensor], params: Sequence[Tensor]) -> tuple[Tensor, ...]:
         """The eval graph's outputs."""
         if self._eval is None or self.manifest.eval is None:
             raise PackageError(f"package {os.fspath(self.folder)!r} holds no eval step")
-        inputs = _checked_inputs(self.manifest.eval, inputs, "EvalStep")
+        inputs = checked_inputs(self.manifest.eval, inputs, "EvalStep")
         return tuple(self._eval([*inputs, *params]))
-
-    def optimizer_step(
-        self, params: Sequence[Tensor], grads: Sequence[Tensor], moments: Sequence[Sequence[Tensor]], scalars: Tensor
-    ) -> None:
-        """One update of ``params`` and ``moments`` (one list per name of ``manifest.moments``) in place, the
-        gradients clipped in place where the optimizer model clips; ``scalars`` are the step's
-        (``OptimizerAlgorithm.step_scalars``)."""
-        if self._optimizer is None or self.manifest.optimizer is None:
-            raise PackageError(f"package {os.fspath(self.folder)!r} holds no optimizer step")
-        (scalars,) = _checked_inputs(self.manifest.optimizer, [scalars], "OptimizerStep")
-        state = [*params, *grads, *(tensor for moment in moments for tensor in moment)]
-        _require_contiguous(state, "OptimizerStep")
-        if self._optimizer([*state, scalars]):
-            raise PackageError(f"package {os.fspath(self.folder)!r}: the optimizer program returned tensors")
-
-
-def _require_contiguous(tensors: Sequence[Tensor], what: str) -> None:
-    """The programs write the parameters, gradients, moments and frozen statistics in place, as contiguous tensors."""
-    for tensor in tensors:
-        if not tensor.is_contiguous():
-            raise InputError(
-                f"{what}: a packaged step updates its state in place; got a non-contiguous {list(tensor.shape)} tensor"
-            )
-
-
-def _checked_inputs(program: Program, inputs: Sequence[Tensor], what: str) -> list[Tensor]:
-    """``inputs``, contiguous; InputError naming the first whose count, dtype, rank or fixed size the program
-    does not take, or that is not on the CPU."""
-    if len(inputs) != len(program.inputs):
-        raise InputError(
-            f"{what}: expected {len(program.inputs)} inputs {[e.name for e in program.inputs]}, got {len(inputs)}"
-        )
-    for entry, tensor in zip(program.inputs, inputs):
-        if not isinstance(tensor, Tensor):
-            raise InputTypeError(f"{what}: input {entry.name!r}: expected a tensor, got {type(tensor).__name__}")
-        if tensor.device.type != "cpu":
-            raise InputError(
-                f"{what}: input {entry.name!r}: a package runs on the CPU, got a tensor on {tensor.device}"
-            )
-        if dtype_name(tensor.dtype) != entry.dtype or not _fits(entry, tuple(tensor.shape)):
-            shape = ["any" if axis is None else axis for axis in entry.shape]
-            raise InputError(
-                f"{what}: input {entry.name!r}: the package takes {entry.dtype} {shape}, got "
-                f"{dtype_name(tensor.dtype)} {list(tensor.shape)}"
-            )
-    return [tensor if tensor.is_contiguous() else tensor.contiguous() for tensor in inputs]
-
-
-def _fits(entry: TensorEntry, shape: tuple[int, ...]) -> bool:
-    return len(shape) == len(entry.shape) and all(
-        (axis is None and size >= 1) or axis == size for axis, size in zip(entry.shape, shape)
-    )

@@ -118,10 +118,10 @@ def test_packaged_optimizer_step_is_the_eager_update(package: Path) -> None:
     engines[0].step()
     engine, state = engines[1], states[1]
     assert states[0].optimizer is not None and state.optimizer is not None
-    params = [state.params[name].detach() for name in names]
-    moments = [[state.optimizer.momentums[name][moment] for name in names] for moment in engine.update_moment_names]
     steps = PackagedSteps(package, onnx.load(case.artifact("training_model.onnx")), None, state.params, names)
-    steps.optimizer_step(params, [p.grad for p in engine.parameters], moments, engine.next_step_scalars())
+    update = steps.bind_update(state, onnx.load(case.artifact("optimizer_model.onnx")))
+    assert update is not None
+    update(engine.next_step_scalars())
     engine.count_step()
     assert state.optimizer.step == states[0].optimizer.step == 1
     for name in names:
@@ -130,6 +130,51 @@ def test_packaged_optimizer_step_is_the_eager_update(package: Path) -> None:
         assert sorted(held) == sorted(reference) and held
         for moment, value in reference.items():
             torch.testing.assert_close(held[moment], value, rtol=0, atol=1e-6, msg=f"{name} {moment}")
+
+
+@pytest.mark.compile
+@pytest.mark.slow
+def test_packaged_steps_see_the_state_replaced_behind_their_back(package: Path) -> None:
+    """The train and optimizer programs take the state's tensors assembled once: parameters and gradients replaced
+    between steps (``param.data = ...``, ``param.grad = ...``), or copied in, are what the next steps train, as in
+    the eager run; the Optimizer runs the package's update only where it was built from the same optimizer model."""
+    case = _case()
+    optimizer_model = onnx.load(case.artifact("optimizer_model.onnx"))
+
+    def train(compile: bool | str) -> tuple[list[float], dict[str, np.ndarray]]:
+        module = Module(
+            case.artifact("training_model.onnx"), case.load_state(), case.artifact("eval_model.onnx"), compile=compile
+        )
+        optimizer = Optimizer(case.artifact("optimizer_model.onnx"), module)
+        losses = []
+        for step in range(6):
+            if step == 2:
+                for param in module.training_state.params.values():
+                    param.data = param.data * 0.5  # new storage: the programs' old arguments are stale
+            if step == 3:
+                for param in module.training_state.params.values():
+                    if param.grad is not None:
+                        param.grad = torch.ones_like(param)  # accumulated into by the next step (no reset before)
+            if step == 4:
+                module.copy_buffer_to_parameters(module.get_contiguous_parameters(trainable_only=True).numpy() * 2)
+            losses.append(float(module(*case.train_inputs(step))))
+            optimizer.step()
+            if step != 2:
+                module.lazy_reset_grad()
+        return losses, {n: p.detach().numpy().copy() for n, p in module.training_state.params.items()}
+
+    (eager_losses, eager), (losses, packaged) = train(False), train(f"package:{package}")
+    np.testing.assert_allclose(losses, eager_losses, rtol=0, atol=1e-5)
+    for name, value in eager.items():
+        np.testing.assert_allclose(packaged[name], value, rtol=0, atol=1e-5, err_msg=name)
+
+    module = Module(case.artifact("training_model.onnx"), case.load_state(), compile=f"package:{package}")
+    assert module.packaged_update(optimizer_model) is not None
+    other = onnx.ModelProto()
+    other.CopyFrom(optimizer_model)
+    other.doc_string = "another optimizer model"
+    assert module.packaged_update(other) is None  # the Optimizer then runs its own kernel
+    assert Module(case.artifact("training_model.onnx"), case.load_state()).packaged_update(optimizer_model) is None
 
 
 def _edited(package: Path, folder: Path, **changes: object) -> Path:
@@ -180,6 +225,14 @@ def test_package_of_other_artifacts_and_bad_inputs_are_refused(package: Path, tm
         module(x[:, :7], y)
     with pytest.raises(InputError, match=r"input 'labels': the package takes int64 \['any'\], got int32"):
         module(x, y.astype(np.int32))
+    loss = module(x, y)  # a signature checked once: the next calls check only what it does not hold
+    assert module(np.asfortranarray(x), y) == loss  # not contiguous: checked in full, made contiguous
+    with pytest.raises(
+        InputError, match=r"input 'input': the package takes float32 \['any', 20\], got float32 \[8, 7\]"
+    ):
+        module(x[:, :7], y)
+    with pytest.raises(InputError, match=r"TrainStep: expected 2 inputs \['input', 'labels'\], got 3"):
+        module._engine.train_step([torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(y)])
 
 
 @pytest.mark.compile
