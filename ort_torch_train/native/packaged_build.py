@@ -15,7 +15,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ort_torch_train.native.build import HEADERS, NATIVE, NativeBuildError
+from ort_torch_train.native.build import HEADERS, NATIVE, SANITIZE, NativeBuildError
 
 SOURCES = NATIVE / "packaged"
 LIBRARY = "libort_torch_train_packaged.so"
@@ -61,8 +61,8 @@ def _torch() -> tuple[Path, str, bool]:
     return Path(torch.__file__).resolve().parent, str(torch.__version__), bool(torch._C._GLIBCXX_USE_CXX11_ABI)
 
 
-def compile_command(output: Path, compiler: str) -> list[str]:
-    """The compiler command that builds the runtime into ``output``."""
+def compile_command(output: Path, compiler: str, sanitize: bool = False) -> list[str]:
+    """The compiler command that builds the runtime into ``output`` (with ``SANITIZE``'s flags if ``sanitize``)."""
     folder, version, cxx11_abi = _torch()
     return [
         compiler,
@@ -71,6 +71,7 @@ def compile_command(output: Path, compiler: str) -> list[str]:
         "-fPIC",
         "-shared",
         "-fvisibility=hidden",
+        *(SANITIZE if sanitize else []),
         f"-D_GLIBCXX_USE_CXX11_ABI={int(cxx11_abi)}",
         f"-DOTT_TORCH_VERSION={_c_string(version)}",
         f"-I{HEADERS}",
@@ -93,9 +94,10 @@ def packaged_flags(prefix: str | os.PathLike) -> PackagedFlags:
     return PackagedFlags(Path(prefix).resolve(), _torch()[0] / "lib")
 
 
-def build_packaged(prefix: str | os.PathLike, compiler: str | None = None) -> PackagedFlags:
-    """Build the runtime and install its headers under ``prefix``; return the flags to use it.
-    NativeBuildError with the compiler's output where it fails."""
+def build_packaged(prefix: str | os.PathLike, compiler: str | None = None, sanitize: bool = False) -> PackagedFlags:
+    """Build the runtime and install its headers under ``prefix``; return the flags to use it. ``sanitize``: built
+    with AddressSanitizer and UBSan, for programs built with the same flags. NativeBuildError with the compiler's
+    output where it fails."""
     target = packaged_flags(prefix)
     lib, include = target.prefix / "lib", target.prefix / "include"
     lib.mkdir(parents=True, exist_ok=True)
@@ -104,7 +106,7 @@ def build_packaged(prefix: str | os.PathLike, compiler: str | None = None) -> Pa
         shutil.copyfile(header, include / header.name)
     with tempfile.TemporaryDirectory(dir=lib) as scratch:
         output = Path(scratch) / LIBRARY
-        command = compile_command(output, compiler or find_cxx_compiler())
+        command = compile_command(output, compiler or find_cxx_compiler(), sanitize)
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
             raise NativeBuildError(f"compiling {LIBRARY} failed:\n{shlex.join(command)}\n{done.stderr.strip()}")
