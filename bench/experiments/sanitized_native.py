@@ -100,7 +100,7 @@ def package(case: str, work: Path) -> Path:
     return folder
 
 
-def run(name: str, command: list[str], environment: dict[str, str], timeout: float) -> dict[str, object]:
+def run(name: str, command: list[str], environment: dict[str, str], timeout: float) -> dict:
     """One program under the sanitizers: its exit, time, last lines and findings."""
     started = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=timeout)
@@ -127,7 +127,7 @@ def export_outputs(folder: Path) -> str:
     return ",".join(line.split()[2] for line in lines if line.startswith("export_output 0 "))
 
 
-def packaged_runs(work: Path, environment: dict[str, str]) -> list[dict[str, object]]:
+def packaged_runs(work: Path, environment: dict[str, str]) -> list[dict]:
     """packaged_boundary.c on the mlp package and packaged_runtime.c on both packages."""
     from tests.helpers.fixture_runs import write_raw_inputs
 
@@ -154,7 +154,7 @@ def packaged_runs(work: Path, environment: dict[str, str]) -> list[dict[str, obj
     return results
 
 
-def native_runs(work: Path, environment: dict[str, str]) -> list[dict[str, object]]:
+def native_runs(work: Path, environment: dict[str, str]) -> list[dict]:
     """api_coverage.c and boundary.c (tensors, handles) against the CPython-embedding library."""
     flags = build(work / "native", sanitize=True)
     bin_dir = flags.prefix / "bin"
@@ -195,8 +195,8 @@ def main() -> None:
         "seconds": round(time.perf_counter() - started, 1),
         "load": os.getloadavg(),
         "runs": results,
-        "findings_ours": sum(int(result["ours"]) for result in results),  # type: ignore[call-overload]
-        "findings_all": sum(len(result["findings"]) for result in results),  # type: ignore[arg-type]
+        "findings_ours": sum(result["ours"] for result in results),
+        "findings_all": sum(len(result["findings"]) for result in results),
     }
     text = json.dumps(summary, indent=1)
     print(text)
