@@ -13,9 +13,10 @@ runs, each once:
 * tests/native/packaged_boundary.c on the mlp package (every entry point with bad arguments, training, export,
   inference), and tests/native/packaged_runtime.c on both packages (training, its boundary checks, checkpoint and
   export), with LeakSanitizer on;
-* tests/native/api_coverage.c (every OrtTrainingApi function and its error cases) and tests/native/boundary.c
+* tests/native/api_coverage.c (every OrtTrainingApi function and its error cases), tests/native/boundary.c
   (``tensors`` and ``handles``: NULL, short and foreign tensors at each entry point, released and unknown handles)
-  against the CPython-embedding library, with ``detect_leaks=0``: the interpreter is never finalized, so the
+  and tests/native/custom_ops.c (a custom-op library's kernels run by a training session, four ways) against the
+  CPython-embedding library, with ``detect_leaks=0``: the interpreter is never finalized, so the
   objects Python, torch and ONNX Runtime hold at exit would drown the report (native_leaks.py counts those under
   valgrind).
 
@@ -155,7 +156,7 @@ def packaged_runs(work: Path, environment: dict[str, str]) -> list[dict]:
 
 
 def native_runs(work: Path, environment: dict[str, str]) -> list[dict]:
-    """api_coverage.c and boundary.c (tensors, handles) against the CPython-embedding library."""
+    """api_coverage.c, boundary.c (tensors, handles) and custom_ops.c against the CPython-embedding library."""
     flags = build(work / "native", sanitize=True)
     bin_dir = flags.prefix / "bin"
     bin_dir.mkdir(exist_ok=True)
@@ -168,7 +169,32 @@ def native_runs(work: Path, environment: dict[str, str]) -> list[dict]:
     results = [run("api_coverage.c", [str(coverage), str(artifacts), str(out)], environment, 3600)]
     for mode in ("tensors", "handles"):
         results.append(run(f"boundary.c {mode}", [str(boundary), str(artifacts), mode], environment, 3600))
-    return results
+    return results + custom_op_runs(work, flags.cflags, flags.libs, environment)
+
+
+def custom_op_runs(work: Path, cflags: list[str], libs: list[str], environment: dict[str, str]) -> list[dict]:
+    """tests/native/custom_ops.c with tests/native/custom_op_library.c (both sanitized), as
+    tests/integration/test_native_custom_ops.py runs them: training and eval through the kernels, ONNX Runtime's
+    inference of the export, an op the gradient flows through, a library that is absent, a kernel that fails."""
+    from tests.integration.test_native_custom_ops import artifacts
+
+    library = work / "native" / "lib" / "libott_test_ops.so"
+    command = [find_compiler(), "-std=c11", "-O1", *SANITIZE, "-shared", "-fPIC", *cflags]
+    subprocess.run([*command, str(PROGRAMS / "custom_op_library.c"), "-o", str(library)], check=True)
+    program = compile_program(PROGRAMS / "custom_ops.c", work / "native" / "bin" / "custom_ops", cflags, libs)
+    folder = Path(tempfile.mkdtemp(dir=work))
+    upstream = artifacts(folder / "upstream", custom_after_parameters=False)
+    downstream = artifacts(folder / "downstream", custom_after_parameters=True)
+    failing = artifacts(folder / "failing", custom_after_parameters=False, shift=False)
+    runs = {
+        "train": ["train", str(library), str(upstream), str(folder)],
+        "create (gradient through the op)": ["create", str(library), str(downstream)],
+        "register (absent library)": ["register", str(folder / "absent.so")],
+        "train (a kernel that fails)": ["train", str(library), str(failing), str(folder)],
+    }
+    return [
+        run(f"custom_ops.c {name}", [str(program), *arguments], environment, 3600) for name, arguments in runs.items()
+    ]
 
 
 def main() -> None:
