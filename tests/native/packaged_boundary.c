@@ -211,6 +211,40 @@ static void step_count_at_its_largest(OrtEnv* env, OrtSessionOptions* options, c
   g_api->ReleaseCheckpointState(state);
 }
 
+/* A saved checkpoint cut at every length, then with each byte inverted in turn, each in a heap block of its exact
+ * size (so that AddressSanitizer sees a read past it: bench/experiments/sanitized_native.py), from a buffer: one cut
+ * by more than its final alignment padding (FlatBuffers aligns to 8 at most) is refused with a status; an inverted
+ * byte gives a status or a state (in tensor data it is still a checkpoint), never a crash. Prints "damaged
+ * checkpoints: REFUSED of TRIED refused". */
+static void damaged_checkpoints(const char* saved) {
+  size_t size = 0;
+  unsigned char* bytes = read_file(saved, &size);
+  size_t tried = 0, refused_count = 0;
+  for (size_t cut = 0; cut <= 2 * size; cut++) {
+    size_t length = cut < size ? cut : size;
+    unsigned char* copy = (unsigned char*)malloc(length ? length : 1);
+    memcpy(copy, bytes, length);
+    if (cut > size) copy[cut - size - 1] ^= 0xff;
+    if (cut == size) { /* the whole checkpoint, unchanged: not a damaged one */
+      free(copy);
+      continue;
+    }
+    OrtCheckpointState* state = NULL;
+    OrtStatus* status = g_api->LoadCheckpointFromBuffer(copy, length, &state);
+    tried++;
+    if (status != NULL) {
+      refused_count++;
+      OTT_ORT(g_ort, ReleaseStatus)(status);
+    } else {
+      EXPECT(cut > size || cut + 8 > size); /* cut short of more than its final alignment padding: never whole */
+      g_api->ReleaseCheckpointState(state);
+    }
+    free(copy);
+  }
+  free(bytes);
+  printf("damaged checkpoints: %zu of %zu refused\n", refused_count, tried);
+}
+
 /* Runs the exported model in the runtime, with bad calls first. */
 static void infer(OrtEnv* env, OrtSessionOptions* options, const char* model, OrtValue* x, const char* output) {
   OrtSession* inference = NULL;
@@ -333,6 +367,7 @@ int main(int argc, char** argv) {
   snprintf(path, sizeof path, "%s/checkpoint", out);
   CHECK(g_api->SaveCheckpoint(state, path, true));
   step_count_at_its_largest(env, options, package, path);
+  damaged_checkpoints(path);
   snprintf(path, sizeof path, "%s/inference.onnx", out);
   const char* exported[1] = {argv[4]};
   CHECK(g_api->ExportModelForInferencing(session, path, 1, exported));
