@@ -14,7 +14,8 @@ runs, each once:
   inference), and tests/native/packaged_runtime.c on both packages (training, its boundary checks, checkpoint and
   export), with LeakSanitizer on;
 * tests/native/api_coverage.c (every OrtTrainingApi function and its error cases), tests/native/boundary.c
-  (``tensors`` and ``handles``: NULL, short and foreign tensors at each entry point, released and unknown handles)
+  (``tensors``, ``handles``, ``fork``: NULL, short and foreign tensors at each entry point, released and unknown
+  handles, a step in a child made by fork())
   and tests/native/custom_ops.c (a custom-op library's kernels run by a training session, four ways) against the
   CPython-embedding library, with ``detect_leaks=0``: the interpreter is never finalized, so the
   objects Python, torch and ONNX Runtime hold at exit would drown the report (native_leaks.py counts those under
@@ -156,7 +157,7 @@ def packaged_runs(work: Path, environment: dict[str, str]) -> list[dict]:
 
 
 def native_runs(work: Path, environment: dict[str, str]) -> list[dict]:
-    """api_coverage.c, boundary.c (tensors, handles) and custom_ops.c against the CPython-embedding library."""
+    """api_coverage.c, boundary.c (tensors, handles, fork) and custom_ops.c against the CPython-embedding library."""
     flags = build(work / "native", sanitize=True)
     bin_dir = flags.prefix / "bin"
     bin_dir.mkdir(exist_ok=True)
@@ -167,7 +168,7 @@ def native_runs(work: Path, environment: dict[str, str]) -> list[dict]:
     environment["ORT_TORCH_TRAIN_THREADS"] = "1"
     out = Path(tempfile.mkdtemp(dir=work))
     results = [run("api_coverage.c", [str(coverage), str(artifacts), str(out)], environment, 3600)]
-    for mode in ("tensors", "handles"):
+    for mode in ("tensors", "handles", "fork"):
         results.append(run(f"boundary.c {mode}", [str(boundary), str(artifacts), mode], environment, 3600))
     return results + custom_op_runs(work, flags.cflags, flags.libs, environment)
 
