@@ -117,6 +117,7 @@ def run(name: str, command: list[str], environment: dict[str, str], timeout: flo
         "refused_calls": sum(1 for line in lines if line.startswith("case "))
         or next((int(line.split()[1]) for line in lines if line.startswith("bad: ")), 0),
         "stdout_tail": lines[-2:],
+        "damaged_checkpoints": [line for line in lines if line.startswith("damaged checkpoints: ")],
         "stderr_tail": done.stderr.splitlines()[-3:] if done.returncode else [],
         "findings": report,
         "ours": sum(1 for item in report if item["ours"]),
