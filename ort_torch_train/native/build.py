@@ -26,6 +26,9 @@ SOURCES = NATIVE / "src"
 HEADERS = NATIVE / "include"
 LIBRARY = "libort_torch_train.so"
 ORT_SONAME = "libonnxruntime.so.1"
+# compile flags of a sanitized build (for the checks of bench/experiments/sanitized_native.py, never shipped): the
+# programs that load such a library are compiled with them too, so that the sanitizers' runtime loads first
+SANITIZE = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-g"]
 
 
 class NativeBuildError(RuntimeError):
@@ -114,8 +117,8 @@ def python_library() -> tuple[Path, str, str]:
     return Path(libdir), f"python{version}", soname
 
 
-def compile_command(prefix: Path, compiler: str, output: Path) -> list[str]:
-    """The compiler command that builds the library into ``output``."""
+def compile_command(prefix: Path, compiler: str, output: Path, sanitize: bool = False) -> list[str]:
+    """The compiler command that builds the library into ``output`` (with ``SANITIZE``'s flags if ``sanitize``)."""
     libdir, pylib, soname = python_library()
     lib = prefix / "lib"
     return [
@@ -126,6 +129,7 @@ def compile_command(prefix: Path, compiler: str, output: Path) -> list[str]:
         "-shared",
         "-fvisibility=hidden",
         "-Wall",
+        *(SANITIZE if sanitize else []),
         f"-I{sysconfig.get_paths()['include']}",
         f"-I{HEADERS}",
         f"-DOTT_PYTHON_EXECUTABLE={c_string(sys.executable)}",
@@ -145,8 +149,9 @@ def compile_command(prefix: Path, compiler: str, output: Path) -> list[str]:
     ]
 
 
-def build(prefix: str | os.PathLike, compiler: str | None = None) -> Flags:
-    """Build the library and install its headers under ``prefix``; return the flags to use it."""
+def build(prefix: str | os.PathLike, compiler: str | None = None, sanitize: bool = False) -> Flags:
+    """Build the library and install its headers under ``prefix``; return the flags to use it. ``sanitize``: built
+    with AddressSanitizer and UBSan (``SANITIZE``), for programs built with the same flags."""
     target = flags(prefix)
     lib = target.prefix / "lib"
     lib.mkdir(parents=True, exist_ok=True)
@@ -158,7 +163,7 @@ def build(prefix: str | os.PathLike, compiler: str | None = None) -> Flags:
         _link(lib / providers.name, providers.resolve())
     install_headers(target, "*.h*")
     chosen = compiler or find_compiler()
-    compile_into(target.library, lambda output: compile_command(target.prefix, chosen, output))
+    compile_into(target.library, lambda output: compile_command(target.prefix, chosen, output, sanitize))
     return target
 
 

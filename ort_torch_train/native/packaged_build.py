@@ -15,6 +15,7 @@ from typing import ClassVar
 from ort_torch_train.native.build import (
     HEADERS,
     NATIVE,
+    SANITIZE,
     InstalledLibrary,
     c_string,
     compile_into,
@@ -67,8 +68,8 @@ def libtorch_flags() -> tuple[list[str], list[str]]:
     return compile_flags, [f"-L{lib}", "-ltorch", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{lib}"]
 
 
-def compile_command(output: Path, compiler: str) -> list[str]:
-    """The compiler command that builds the runtime into ``output``."""
+def compile_command(output: Path, compiler: str, sanitize: bool = False) -> list[str]:
+    """The compiler command that builds the runtime into ``output`` (with ``SANITIZE``'s flags if ``sanitize``)."""
     version = _torch()[1]
     compile_flags, link_flags = libtorch_flags()
     return [
@@ -78,6 +79,7 @@ def compile_command(output: Path, compiler: str) -> list[str]:
         "-fPIC",
         "-shared",
         "-fvisibility=hidden",
+        *(SANITIZE if sanitize else []),
         f"-DOTT_TORCH_VERSION={c_string(version)}",
         f"-I{HEADERS}",
         *compile_flags,
@@ -94,12 +96,13 @@ def packaged_flags(prefix: str | os.PathLike) -> PackagedFlags:
     return PackagedFlags(Path(prefix).resolve(), _torch()[0] / "lib")
 
 
-def build_packaged(prefix: str | os.PathLike, compiler: str | None = None) -> PackagedFlags:
-    """Build the runtime and install its headers under ``prefix``; return the flags to use it.
-    NativeBuildError with the compiler's output where it fails."""
+def build_packaged(prefix: str | os.PathLike, compiler: str | None = None, sanitize: bool = False) -> PackagedFlags:
+    """Build the runtime and install its headers under ``prefix``; return the flags to use it. ``sanitize``: built
+    with AddressSanitizer and UBSan, for programs built with the same flags. NativeBuildError with the compiler's
+    output where it fails."""
     target = packaged_flags(prefix)
     target.library.parent.mkdir(parents=True, exist_ok=True)
     install_headers(target, "*.h")
     chosen = compiler or find_cxx_compiler()
-    compile_into(target.library, lambda output: compile_command(output, chosen))
+    compile_into(target.library, lambda output: compile_command(output, chosen, sanitize))
     return target

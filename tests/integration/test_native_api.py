@@ -56,6 +56,8 @@ def test_every_function_and_every_error_case(native: NativeBuild, tmp_path: Path
     assert cases["missing_checkpoint"][0] == "3"
     assert cases["input_name_index_max"][0] == "2" and str(2**64 - 1) in cases["input_name_index_max"][1]
     assert "-1" not in cases["input_name_index_max"][1]
+    not_utf8 = cases["export_output_not_utf8"]
+    assert not_utf8[0] == "2" and "graph_output_names[0]: expected a UTF-8 name" in not_utf8[1], not_utf8
     over = cases["buffer_num_bytes_over_ssize"]
     assert over[0] == "2" and f"num_bytes: {2**63} is larger than any buffer" in over[1], over
     nulls = [case for name, case in cases.items() if name.startswith("null_")]

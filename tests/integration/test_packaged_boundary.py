@@ -19,7 +19,7 @@ from tests.helpers.timeouts import scaled
 
 pytestmark = [pytest.mark.compile, pytest.mark.slow]
 HEADER = ROOT / "ort_torch_train" / "native" / "include" / "ort_torch_train_training_c_api.h"
-BAD_CALLS = 79  # the calls packaged_boundary.c makes that must come back as statuses
+BAD_CALLS = 81  # the calls packaged_boundary.c makes that must come back as statuses
 
 
 def _training_members() -> set[str]:
@@ -39,4 +39,9 @@ def test_every_entry_point_refuses_bad_calls_with_a_status_and_then_works(
     called = {line.split()[1] for line in done.stdout.splitlines() if line.startswith("called ")}
     assert called == _training_members()
     assert done.stdout.splitlines()[-2:] == [f"bad: {BAD_CALLS}", "done"]
+    # the saved checkpoint cut at every length and with each byte inverted: every cut past its padding is refused
+    damaged = next(line for line in done.stdout.splitlines() if line.startswith("damaged checkpoints: "))
+    refused, tried = (int(number) for number in re.findall(r"\d+", damaged))
+    size = (tmp_path / "checkpoint").stat().st_size
+    assert tried == 2 * size and size - 8 <= refused < tried, damaged
     assert (tmp_path / "checkpoint").stat().st_size > 0 and (tmp_path / "inference.onnx").stat().st_size > 0

@@ -336,6 +336,10 @@ int main(int argc, char** argv) {
   called("ExportModelForInferencing");
   expect_error("export_unknown_output", g_api->ExportModelForInferencing(session, path, 1, (const char* const[]){"nope"}),
                ORT_FAIL);
+  /* a name that is not UTF-8 (no ONNX name is) is refused, not handed to Python as a list with a hole in it */
+  expect_error("export_output_not_utf8",
+               g_api->ExportModelForInferencing(session, path, 1, (const char* const[]){"logits\xff"}),
+               ORT_INVALID_ARGUMENT);
   /* the exported model runs in ONNX Runtime */
   OrtSession* inference = NULL;
   CHECK(OTT_ORT(g_ort, CreateSession)(env, path, options, &inference));

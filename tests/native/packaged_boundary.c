@@ -1,10 +1,13 @@
 /* Every entry point of the packaged runtime (libort_torch_train_packaged), with NULLs, handles in the wrong state and
  * bad sizes, then a short training run, an export and its inference, everything released. Under valgrind
- * (bench/experiments/packaged_leaks.py) it finds leaks and invalid accesses; tests/integration/test_packaged_boundary.py
- * runs it without.
+ * (bench/experiments/packaged_leaks.py) and under AddressSanitizer and UBSan (bench/experiments/sanitized_native.py)
+ * it finds leaks, invalid accesses and undefined behaviour; tests/integration/test_packaged_boundary.py runs it
+ * without.
  *   ORT_TORCH_TRAIN_PACKAGE=PACKAGE_DIR packaged_boundary PACKAGE_DIR CHECKPOINT OUT_DIR EXPORT_OUTPUT ARTIFACTS_DIR
  * The package is the mlp fixture's (input [batch, 20] float, labels [batch] int64), built from ARTIFACTS_DIR. Prints "called NAME" once for
  * each training-table member it called, "bad: N" (the bad calls that came back as statuses) and "done". */
+#include <stdint.h>
+
 #include "ott_test.h"
 
 #define BATCH 4
@@ -151,6 +154,10 @@ static void bad_core(OrtEnv* env, OrtSessionOptions* options, const char* checkp
   refused(OTT_ORT(g_ort, CreateTensorWithDataAsOrtValue)(g_cpu, data, sizeof data, dims, 1,
                                                          (ONNXTensorElementDataType)99, &value), "tensor(type 99)");
   refused(OTT_ORT(g_ort, CreateTensorAsOrtValue)(NULL, dims, 2, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, &value), "alloc");
+  OrtAllocator* allocator = NULL;
+  CHECK(OTT_ORT(g_ort, GetAllocatorWithDefaultOptions)(&allocator));
+  refused(OTT_ORT(g_ort, CreateTensorAsOrtValue)(allocator, dims, 2, (ONNXTensorElementDataType)99, &value),
+          "alloc(type 99)");
   refused(OTT_ORT(g_ort, GetTensorMutableData)(NULL, NULL), "GetTensorMutableData(NULL)");
   refused(OTT_ORT(g_ort, CreateSession)(env, NULL, options, &inference), "CreateSession(NULL)");
   refused(OTT_ORT(g_ort, CreateSession)(env, checkpoint, options, &inference), "CreateSession(not exported)");
@@ -161,6 +168,81 @@ static void bad_core(OrtEnv* env, OrtSessionOptions* options, const char* checkp
   const char garbage[64] = "not a checkpoint";
   refused(g_api->LoadCheckpointFromBuffer(garbage, sizeof garbage, &state), "LoadCheckpointFromBuffer(garbage)");
   refused(g_api->LoadCheckpointFromBuffer(NULL, 4, &state), "LoadCheckpointFromBuffer(NULL)");
+}
+
+/* The position of the first optimizer group's step in an ODTC checkpoint's bytes (FlatBuffers: the root table's
+ * field 2, optimizer_groups; the group's field 1, step), as SaveCheckpoint writes it with the optimizer state. */
+static size_t follow(const unsigned char* bytes, size_t at) {
+  uint32_t offset;
+  memcpy(&offset, bytes + at, 4);
+  return at + offset;
+}
+static size_t field(const unsigned char* bytes, size_t table, int slot) {
+  int32_t back;
+  uint16_t size, offset = 0;
+  memcpy(&back, bytes + table, 4);
+  size_t vtable = (size_t)((int64_t)table - back);
+  memcpy(&size, bytes + vtable, 2);
+  if (4 + 2 * (size_t)slot + 2 <= size) memcpy(&offset, bytes + vtable + 4 + 2 * (size_t)slot, 2);
+  return offset ? table + offset : 0;
+}
+static size_t group_step(const unsigned char* bytes) {
+  size_t groups = field(bytes, follow(bytes, 0), 2);
+  EXPECT(groups != 0);
+  size_t step = field(bytes, follow(bytes, follow(bytes, groups) + 4), 1);
+  EXPECT(step != 0);
+  return step;
+}
+
+/* A checkpoint whose optimizer has counted INT64_MAX steps: OptimizerStep refuses to count past it (a status, not a
+ * signed overflow feeding the bias corrections). */
+static void step_count_at_its_largest(OrtEnv* env, OrtSessionOptions* options, const char* package, const char* saved) {
+  size_t size = 0;
+  unsigned char* bytes = read_file(saved, &size);
+  const int64_t largest = INT64_MAX;
+  memcpy(bytes + group_step(bytes), &largest, sizeof largest);
+  OrtCheckpointState* state = NULL;
+  CHECK(g_api->LoadCheckpointFromBuffer(bytes, size, &state));
+  free(bytes);
+  OrtTrainingSession* session = NULL;
+  CHECK(g_api->CreateTrainingSession(env, options, state, package, NULL, NULL, &session));
+  refused(g_api->OptimizerStep(session, NULL), "OptimizerStep(step count at INT64_MAX)");
+  g_api->ReleaseTrainingSession(session);
+  g_api->ReleaseCheckpointState(state);
+}
+
+/* A saved checkpoint cut at every length, then with each byte inverted in turn, each in a heap block of its exact
+ * size (so that AddressSanitizer sees a read past it: bench/experiments/sanitized_native.py), from a buffer: one cut
+ * by more than its final alignment padding (FlatBuffers aligns to 8 at most) is refused with a status; an inverted
+ * byte gives a status or a state (in tensor data it is still a checkpoint), never a crash. Prints "damaged
+ * checkpoints: REFUSED of TRIED refused". */
+static void damaged_checkpoints(const char* saved) {
+  size_t size = 0;
+  unsigned char* bytes = read_file(saved, &size);
+  size_t tried = 0, refused_count = 0;
+  for (size_t cut = 0; cut <= 2 * size; cut++) {
+    size_t length = cut < size ? cut : size;
+    unsigned char* copy = (unsigned char*)malloc(length ? length : 1);
+    memcpy(copy, bytes, length);
+    if (cut > size) copy[cut - size - 1] ^= 0xff;
+    if (cut == size) { /* the whole checkpoint, unchanged: not a damaged one */
+      free(copy);
+      continue;
+    }
+    OrtCheckpointState* state = NULL;
+    OrtStatus* status = g_api->LoadCheckpointFromBuffer(copy, length, &state);
+    tried++;
+    if (status != NULL) {
+      refused_count++;
+      OTT_ORT(g_ort, ReleaseStatus)(status);
+    } else {
+      EXPECT(cut > size || cut + 8 > size); /* cut short of more than its final alignment padding: never whole */
+      g_api->ReleaseCheckpointState(state);
+    }
+    free(copy);
+  }
+  free(bytes);
+  printf("damaged checkpoints: %zu of %zu refused\n", refused_count, tried);
 }
 
 /* Runs the exported model in the runtime, with bad calls first. */
@@ -284,6 +366,8 @@ int main(int argc, char** argv) {
   char path[1024];
   snprintf(path, sizeof path, "%s/checkpoint", out);
   CHECK(g_api->SaveCheckpoint(state, path, true));
+  step_count_at_its_largest(env, options, package, path);
+  damaged_checkpoints(path);
   snprintf(path, sizeof path, "%s/inference.onnx", out);
   const char* exported[1] = {argv[4]};
   CHECK(g_api->ExportModelForInferencing(session, path, 1, exported));

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -64,6 +65,16 @@ OrtStatus* guarded(Body body) noexcept {
   } catch (...) {
     return make_status(ORT_RUNTIME_EXCEPTION, "unknown error");
   }
+}
+
+// The int a C caller passed as an enum argument, read as bytes: a value outside the enum's range (a bad argument, to
+// be refused) is undefined behaviour to load as the enum itself.
+template <typename Enum>
+int enum_value(const Enum& given) {
+  static_assert(sizeof(Enum) == sizeof(int));
+  int value;
+  std::memcpy(&value, &given, sizeof value);
+  return value;
 }
 
 template <typename T>

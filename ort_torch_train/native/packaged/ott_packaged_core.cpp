@@ -128,7 +128,7 @@ OrtStatus* CreateTensorWithDataAsOrtValue(const OrtMemoryInfo* info, void* data,
   return guarded([&] {
     require(info, "info"), require(out, "out");
     std::vector<int64_t> dims = checked_shape(shape, rank);
-    at::ScalarType scalar = ott::scalar_type(type, "CreateTensorWithDataAsOrtValue");
+    at::ScalarType scalar = ott::scalar_type(ott::enum_value(type), "CreateTensorWithDataAsOrtValue");
     int64_t count = 1;
     for (int64_t dim : dims) count *= dim;
     size_t needed = size_t(count) * at::elementSize(scalar);
@@ -145,7 +145,8 @@ OrtStatus* CreateTensorAsOrtValue(OrtAllocator* allocator, const int64_t* shape,
   return guarded([&] {
     require(allocator, "allocator"), require(out, "out");
     std::vector<int64_t> dims = checked_shape(shape, rank);
-    *out = new OrtValue{at::zeros(dims, at::TensorOptions().dtype(ott::scalar_type(type, "CreateTensorAsOrtValue")))};
+    at::ScalarType scalar = ott::scalar_type(ott::enum_value(type), "CreateTensorAsOrtValue");
+    *out = new OrtValue{at::zeros(dims, at::TensorOptions().dtype(scalar))};
   });
 }
 

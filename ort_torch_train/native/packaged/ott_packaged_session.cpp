@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "ott_packaged.h"
@@ -259,6 +260,9 @@ std::vector<at::Tensor> Session::eval_step(const std::vector<at::Tensor>& inputs
 void Session::optimizer_step() {
   if (!description_->files.count("optimizer")) throw Error(ORT_FAIL, "OptimizerStep: the package holds no optimizer step");
   auto& h = description_->hyperparameters;
+  if (state_->data.optimizer.step == std::numeric_limits<int64_t>::max())
+    throw Error(ORT_FAIL, "OptimizerStep: the checkpoint state's step count is int64's largest (" +
+                              std::to_string(state_->data.optimizer.step) + "); it cannot count another step");
   const int64_t step = state_->data.optimizer.step + 1;
   const double lr = learning_rate_;
   std::vector<float> values;

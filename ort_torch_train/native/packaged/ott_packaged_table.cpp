@@ -279,11 +279,12 @@ OrtStatus* SetSeed(const int64_t seed) { return guarded([&] { at::manual_seed(ui
 OrtStatus* AddProperty(OrtCheckpointState* state, const char* name, enum OrtPropertyType type, void* value) {
   return guarded([&] {
     require(state, "checkpoint_state"), require(name, "property_name"), require(value, "property_value");
-    ott::Property property{name, int(type)};
-    if (type == OrtIntProperty) property.int_value = *static_cast<const int64_t*>(value);
-    else if (type == OrtFloatProperty) property.float_value = *static_cast<const float*>(value);
-    else if (type == OrtStringProperty) property.string_value = static_cast<const char*>(value);
-    else throw invalid_argument("AddProperty: unknown property type " + std::to_string(int(type)));
+    const int kind = ott::enum_value(type);
+    ott::Property property{name, kind};
+    if (kind == OrtIntProperty) property.int_value = *static_cast<const int64_t*>(value);
+    else if (kind == OrtFloatProperty) property.float_value = *static_cast<const float*>(value);
+    else if (kind == OrtStringProperty) property.string_value = static_cast<const char*>(value);
+    else throw invalid_argument("AddProperty: unknown property type " + std::to_string(kind));
     for (ott::Property& held : state->data.properties)
       if (held.name == property.name) return void(held = property);
     state->data.properties.push_back(property);

@@ -290,8 +290,17 @@ OrtStatus* ott_ExportModelForInferencing(OrtTrainingSession* sess, const ORTCHAR
       return ott_status(ORT_INVALID_ARGUMENT, "graph_output_names[%zu]: expected a name, got NULL", i);
   OTT_ENTER_LIVE(sess, OTT_HANDLE_SESSION);
   PyObject* names = PyList_New((Py_ssize_t)graph_outputs_len);
-  for (size_t i = 0; names != NULL && i < graph_outputs_len; i++)
-    PyList_SET_ITEM(names, (Py_ssize_t)i, PyUnicode_FromString(graph_output_names[i]));
+  for (size_t i = 0; names != NULL && i < graph_outputs_len; i++) {
+    PyObject* name = PyUnicode_FromString(graph_output_names[i]);
+    if (name == NULL) { /* no slot of the list may stay empty: Python code would read it */
+      PyErr_Clear();
+      Py_DECREF(names);
+      status = ott_status(ORT_INVALID_ARGUMENT, "graph_output_names[%zu]: expected a UTF-8 name, got bytes that are "
+                          "not UTF-8", i);
+      OTT_LEAVE();
+    }
+    PyList_SET_ITEM(names, (Py_ssize_t)i, name);
+  }
   status = names ? ott_done(ott_call(OTT_export_model, Py_BuildValue("(ONN)", sess->session,
                                                                      PyUnicode_DecodeFSDefault(inference_model_path),
                                                                      names)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ort_torch_train.errors import CheckpointError, InputError, ModelError, UnsupportedOperatorError
-from ort_torch_train.native import NativeBuildError
+from ort_torch_train.native import NativeBuildError, packaged_build
 from ort_torch_train.native.bridge import (
     ORT_FAIL,
     ORT_INVALID_ARGUMENT,
@@ -17,7 +17,7 @@ from ort_torch_train.native.bridge import (
     tensor_in,
     tensor_out,
 )
-from ort_torch_train.native.build import SOURCES, compile_command, find_compiler, flags
+from ort_torch_train.native.build import SANITIZE, SOURCES, compile_command, find_compiler, flags
 
 
 def test_no_compiler_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -33,6 +33,15 @@ def test_compile_command_uses_sysconfig_and_every_source(tmp_path) -> None:
     assert any(part.startswith("-DOTT_PYTHON_EXECUTABLE=") for part in command)
     assert "-l:libonnxruntime.so.1" in command and "-fvisibility=hidden" in command
     assert flags(tmp_path).libs[-2:] == ["-lort_torch_train", "-l:libonnxruntime.so.1"]
+
+
+def test_sanitize_adds_the_sanitizer_flags_to_both_builds_only_when_asked(tmp_path) -> None:
+    library = tmp_path / "lib" / "libort_torch_train.so"
+    assert not set(SANITIZE) & set(compile_command(tmp_path, "cc", library))
+    assert set(SANITIZE) <= set(compile_command(tmp_path, "cc", library, sanitize=True))
+    runtime = tmp_path / "lib" / packaged_build.LIBRARY
+    assert not set(SANITIZE) & set(packaged_build.compile_command(runtime, "c++"))
+    assert set(SANITIZE) <= set(packaged_build.compile_command(runtime, "c++", sanitize=True))
 
 
 @pytest.mark.parametrize(
