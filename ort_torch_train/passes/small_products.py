@@ -4,8 +4,8 @@ A compiled program calls each ``mm``/``addmm`` as an extern kernel: on a tiny mo
 its output's allocation and the dispatcher behind it cost more than the product itself. ``small_products``
 rewrites a float32 ``mm(a, b)`` (``addmm(bias, a, b)``: the same and an add) as ``(a[:, :, None] * b[None]).sum(1)``
 where the product is small: at most one of its three extents (rows, contraction, columns) is symbolic (a dynamic
-batch) and the product of the others is at most ``MAX_STATIC_EXTENTS``, so at most that many multiply-adds per
-row of the batch (all extents static: for the whole product). Inductor fuses the multiply and sum with the
+batch, or a multiple of one: the tokens of a fixed-length sequence) and its multiply-adds per unit of that
+extent (all extents static: in all) are at most ``MAX_STATIC_EXTENTS``. Inductor fuses the multiply and sum with the
 operations around them into loops that need no output of their own; past the limit its loops cost more than the
 GEMM's call saves. Results agree with the extern GEMM's to float32 rounding (a different summation order).
 
@@ -81,11 +81,23 @@ def _call(graph: fx.Graph, target: Callable[..., torch.Tensor], args: tuple) -> 
 
 
 def _small(a: fx.Node, b: fx.Node, max_static_extents: int) -> bool:
+    """Whether the product's multiply-adds per unit of its one symbolic extent (all static: in all) are at most
+    ``max_static_extents``: a symbolic extent counts its static factor (6 for ``6 * batch``: the rows of a
+    sequence of 6 per sample); two symbolic extents, or one of two symbols, are never small."""
     a_val, b_val = val(a), val(b)
     assert a_val is not None and b_val is not None
     extents = (a_val.shape[0], a_val.shape[1], b_val.shape[1])
     static = [extent for extent in extents if isinstance(extent, int)]
-    return len(static) >= 2 and math.prod(static) <= max_static_extents
+    if len(static) < 2:
+        return False
+    factors = [_static_factor(extent) for extent in extents if not isinstance(extent, int)]
+    return None not in factors and math.prod([*static, *factors]) <= max_static_extents
+
+
+def _static_factor(extent: torch.SymInt) -> int | None:
+    """``c`` for a symbolic extent ``c * s`` of one symbol ``s`` (1 for ``s`` itself), else None."""
+    coefficient, rest = extent.node.expr.as_coeff_Mul()
+    return int(coefficient) if coefficient.is_Integer and rest.is_Symbol else None
 
 
 def _operands(node: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node | None] | None:
@@ -99,8 +111,6 @@ def _operands(node: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node | None] | None:
             return None
         bias, a, b = args_of(node)
     values = [val(arg) for arg in (a, b, bias) if arg is not None]
-    if len(values) != (2 if bias is None else 3):
-        return None
-    if any(value.dtype != torch.float32 or value.device.type != "cpu" for value in values):
+    if not all(value is not None and value.dtype == torch.float32 and value.device.type == "cpu" for value in values):
         return None
     return a, b, bias
