@@ -139,7 +139,9 @@ def main(argv: list[str] | None = None) -> dict:
 def report(
     results: dict[str, dict], args: argparse.Namespace, load: tuple[float, float], argv: list[str] | None
 ) -> str:
-    command = " ".join([".venv/bin/python bench/experiments/small_products.py", *(argv or [])])
+    command = " ".join(
+        [".venv/bin/python bench/experiments/small_products.py", *(sys.argv[1:] if argv is None else argv)]
+    )
     base = args.limits[0]
     lines = [
         "# A package's train program with small matrix products rewritten as multiply and sum",

@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -87,7 +88,9 @@ def main(argv: list[str] | None = None) -> dict:
         results[model] = blocks
         print(model, {n: {s: statistics.median(v) for s, v in b.items()} for n, b in blocks.items()}, flush=True)
     load = (load_start, os.getloadavg()[0])
-    command = " ".join([".venv/bin/python bench/experiments/small_products_compiled.py", *(argv or [])])
+    command = " ".join(
+        [".venv/bin/python bench/experiments/small_products_compiled.py", *(sys.argv[1:] if argv is None else argv)]
+    )
     lines = [
         "# compile=True's step with small matrix products in inductor's loops, against every product extern",
         "",
