@@ -86,12 +86,18 @@ def _small(a: fx.Node, b: fx.Node, max_static_extents: int) -> bool:
     sequence of 6 per sample); two symbolic extents, or one of two symbols, are never small."""
     a_val, b_val = val(a), val(b)
     assert a_val is not None and b_val is not None
-    extents = (a_val.shape[0], a_val.shape[1], b_val.shape[1])
+    extents: list[int | torch.SymInt] = [a_val.shape[0], a_val.shape[1], b_val.shape[1]]
     static = [extent for extent in extents if isinstance(extent, int)]
     if len(static) < 2:
         return False
-    factors = [_static_factor(extent) for extent in extents if not isinstance(extent, int)]
-    return None not in factors and math.prod([*static, *factors]) <= max_static_extents
+    work = math.prod(static)
+    for extent in extents:
+        if not isinstance(extent, int):
+            factor = _static_factor(extent)
+            if factor is None:
+                return False
+            work *= factor
+    return work <= max_static_extents
 
 
 def _static_factor(extent: torch.SymInt) -> int | None:
