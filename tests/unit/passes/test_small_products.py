@@ -22,13 +22,12 @@ CASE = "mlp_ce_adamw_sched"  # layers 20 -> 32 -> 5: products of 640 and 160 sta
 PRODUCTS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
 
 
-@pytest.fixture(scope="module")
-def train_step() -> tuple[torch.export.ExportedProgram, list[Tensor], int]:
-    """The mlp's train step exported as the package build exports it (decomposed to ATen's core products), its
-    parameters and zero gradients, and how many user inputs it takes."""
-    folder = FIXTURES / CASE / "artifacts"
+def _exported(case: str) -> tuple[torch.export.ExportedProgram, list[Tensor], int]:
+    """The fixture's train step exported as the package build exports it (decomposed to ATen's core products),
+    its parameters and zero gradients, and how many user inputs it takes."""
+    folder = FIXTURES / case / "artifacts"
     if not folder.is_dir():
-        pytest.skip(f"fixture {CASE} not present")
+        pytest.skip(f"fixture {case} not present")
     state = TrainingState.load(folder / "checkpoint")
     engine = TrainingEngine(build._model(folder, "training_model"), state, None, EngineOptions.of())
     names = list(engine.train_layout.params)
@@ -43,6 +42,11 @@ def train_step() -> tuple[torch.export.ExportedProgram, list[Tensor], int]:
     return exported.run_decompositions(), example[len(inputs) :], len(inputs)
 
 
+@pytest.fixture(scope="module")
+def train_step() -> tuple[torch.export.ExportedProgram, list[Tensor], int]:
+    return _exported(CASE)
+
+
 def _run(program: torch.export.ExportedProgram, state: list[Tensor], batch: list[np.ndarray]) -> list[Tensor]:
     """The step's loss and the gradients it writes, on fresh copies of ``state``."""
     arguments = [torch.from_numpy(array) for array in batch] + [tensor.clone() for tensor in state]
@@ -55,7 +59,7 @@ def _products(program: torch.export.ExportedProgram) -> list[torch.fx.Node]:
 
 
 def test_small_products_leave_the_train_step_and_its_results_hold(train_step) -> None:
-    program, state, inputs = train_step
+    program, state, _ = train_step
     train, _ = fixture_batches(CASE, 2)
     batches = [train[0], [np.concatenate([a, b])[:11] for a, b in zip(train[0], train[1])]]  # 8 and 11 rows
     before = [_run(program, state, batch) for batch in batches]
@@ -74,3 +78,19 @@ def test_small_products_leave_the_train_step_and_its_results_hold(train_step) ->
         for got, want in zip(_run(program, state, batch), expected):
             torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
         assert expected[0].item() > 0  # a real loss, not a zero graph
+
+
+def test_products_over_the_tokens_of_a_sequence_stay_extern_gemms() -> None:
+    """The tinyformer's products over batch x 6 token rows do 6 times their static extents' multiply-adds per
+    sample (over the limit even where the extents alone are 16 x 16); its classifier head's, over the batch, do not."""
+    program, state, _ = _exported("transformer")
+    train, _ = fixture_batches("transformer", 1)
+    before = _run(program, state, train[0])
+    assert len(_products(program)) == 14
+    assert small_products(program.graph_module.graph) == 3
+    program.graph_module.recompile()
+    for node in _products(program):  # the tokens are the rows of a product or (a weight's gradient) its contraction
+        symbolic = [str(extent) for extent in node.args[-2].meta["val"].shape if not isinstance(extent, int)]
+        assert len(symbolic) == 1 and symbolic[0].startswith("6*"), node.format_node()
+    for got, want in zip(_run(program, state, train[0]), before):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
