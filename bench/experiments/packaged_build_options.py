@@ -41,8 +41,11 @@ VARIANTS: dict[str, tuple[bool, dict[str, object]]] = {  # name -> (static batch
 }
 
 
-def train_program(fixture: str, batch: int, static: bool) -> tuple[torch.export.ExportedProgram, list[torch.Tensor]]:
-    """The fixture's train step exported as the package build exports it, and arguments to run it with."""
+def train_program(
+    fixture: str, batch: int, static: bool
+) -> tuple[torch.export.ExportedProgram, list[torch.Tensor], int]:
+    """The fixture's train step exported as the package build exports it, arguments to run it with and how many
+    of them are user inputs."""
     folder = ROOT / "tests" / "fixtures" / fixture / "artifacts"
     state = TrainingState.load(folder / "checkpoint")
     engine = TrainingEngine(build._model(folder, "training_model"), state, None, EngineOptions.of())
@@ -58,7 +61,7 @@ def train_program(fixture: str, batch: int, static: bool) -> tuple[torch.export.
     exported = programs.export_step(step, example, [*([None] * len(inputs) if static else axes), *fixed])
     generator = torch.Generator().manual_seed(0)
     arguments = [torch.randn(t.shape, generator=generator) if t.is_floating_point() else t for t in example]
-    return exported, arguments
+    return exported, arguments, len(inputs)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -75,7 +78,7 @@ def main(argv: list[str] | None = None) -> dict:
     runners, errors, compile_s = {}, {}, {}
     with tempfile.TemporaryDirectory() as scratch:
         for name, (static, config) in VARIANTS.items():
-            exported, arguments = train_program(args.fixture, args.batch, static)
+            exported, arguments, _ = train_program(args.fixture, args.batch, static)
             path = Path(scratch) / f"{len(runners) + len(errors)}.pt2"
             started = time.perf_counter()
             try:

@@ -10,6 +10,7 @@ import torch
 from torch import fx
 
 from ort_torch_train.passes.onednn_linear import cpu_matmuls
+from ort_torch_train.passes.small_products import small_products_pass
 from ort_torch_train.torch_internals import allow_written_whole
 
 CompileSetting = bool | str | Mapping[str, Any]
@@ -44,14 +45,15 @@ def for_device(arguments: Mapping[str, Any], device: torch.device, *, cpp_wrappe
     backend is asked for, or the option is set: the C++ wrapper (it calls the kernels without per-call
     Python; ``cpp_wrapper=False`` for graphs it cannot generate: collectives, checkpointed random ops),
     loops parallelised only from ``MIN_CHUNK_SIZE`` elements a thread (inductor's default, 512, spends
-    more on OpenMP's fork and join than it saves on small models) and the pass sending large float32
-    GEMMs to oneDNN and fusing small ones' bias adds (``onednn_linear.py``)."""
+    more on OpenMP's fork and join than it saves on small models), the pass writing small matrix products as
+    loops of inductor's own (``small_products.py``) and the pass sending large float32 GEMMs to oneDNN and
+    fusing small ones' bias adds (``onednn_linear.py``)."""
     if device.type != "cpu" or "mode" in arguments or arguments.get("backend", "inductor") != "inductor":
         return dict(arguments)
     defaults = {
         "cpp_wrapper": cpp_wrapper,
         "cpp.min_chunk_size": MIN_CHUNK_SIZE,
-        "post_grad_custom_post_pass": cpu_matmuls(),
+        "post_grad_custom_post_pass": small_products_pass(then=cpu_matmuls()),
     }
     return {**arguments, "options": {**defaults, **(arguments.get("options") or {})}}
 

@@ -27,6 +27,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from ort_torch_train.fileio import atomic_write
 from ort_torch_train.optim.clip import clip_grad_norm_
 from ort_torch_train.optim.compiled import FusedUpdate
+from ort_torch_train.passes.small_products import MAX_STATIC_EXTENTS, small_products_pass
 from ort_torch_train.training.compile.step_spec import ParameterPlan
 
 AxisSizes = dict[int, Dim] | None  # one input's dynamic axes for torch.export, None: all fixed
@@ -108,11 +109,15 @@ def export_step(
     return torch.export.export(_Traced(traced), tuple(example), dynamic_shapes=(tuple(axes),), strict=False)
 
 
-def compile_program(program: ExportedProgram, path: str | os.PathLike) -> None:
-    """Compile ``program`` with AOTInductor into the package file ``path`` (written atomically)."""
+def compile_program(
+    program: ExportedProgram, path: str | os.PathLike, *, max_static_extents: int = MAX_STATIC_EXTENTS
+) -> None:
+    """Compile ``program`` with AOTInductor into the package file ``path`` (written atomically), its small
+    matrix products (``max_static_extents``: ``passes/small_products.py``; 0: none) in inductor's own loops."""
 
     def write(file: object) -> None:
-        torch._inductor.aoti_compile_and_package(program, package_path=file)  # type: ignore[arg-type]
+        with torch._inductor.config.patch(post_grad_custom_post_pass=small_products_pass(max_static_extents)):
+            torch._inductor.aoti_compile_and_package(program, package_path=file)  # type: ignore[arg-type]
 
     atomic_write(path, write)
 

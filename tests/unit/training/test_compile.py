@@ -269,10 +269,12 @@ def test_compiled_step_with_dropout_has_no_graph_break():
 
 def test_cpu_graphs_compile_with_the_cpp_wrapper_unless_told_otherwise():
     from ort_torch_train.passes.onednn_linear import cpu_matmuls
+    from ort_torch_train.passes.small_products import small_products_pass
     from ort_torch_train.training.compile.settings import for_device
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    defaults = {"cpp_wrapper": True, "cpp.min_chunk_size": 16384, "post_grad_custom_post_pass": cpu_matmuls()}
+    passes = small_products_pass(then=cpu_matmuls())
+    defaults = {"cpp_wrapper": True, "cpp.min_chunk_size": 16384, "post_grad_custom_post_pass": passes}
     assert for_device({}, cpu) == {"options": defaults}
     assert for_device({"options": {"max_autotune": True}}, cpu) == {"options": {**defaults, "max_autotune": True}}
     assert for_device({"options": {"cpp_wrapper": False}}, cpu) == {"options": {**defaults, "cpp_wrapper": False}}
