@@ -61,21 +61,41 @@ def _torch() -> tuple[Path, str, bool]:
     return Path(torch.__file__).resolve().parent, str(torch.__version__), bool(torch._C._GLIBCXX_USE_CXX11_ABI)
 
 
-def compile_command(output: Path, compiler: str) -> list[str]:
-    """The compiler command that builds the runtime into ``output``."""
+# the torch headers every source includes first (through ott_packaged.h): parsed once per build, not once per source
+PRELUDE = "#include <ATen/ATen.h>\n"
+
+
+def _source_flags() -> list[str]:
+    """The flags every translation unit compiles with (the sources and their precompiled prelude alike)."""
     folder, version, cxx11_abi = _torch()
     return [
-        compiler,
         "-std=c++20",
         "-O2",
         "-fPIC",
-        "-shared",
         "-fvisibility=hidden",
         f"-D_GLIBCXX_USE_CXX11_ABI={int(cxx11_abi)}",
         f"-DOTT_TORCH_VERSION={_c_string(version)}",
         f"-I{HEADERS}",
         f"-I{folder / 'include'}",
         f"-I{folder / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
+    ]
+
+
+def precompile_command(prelude: Path, compiler: str) -> list[str]:
+    """The compiler command that precompiles the header ``prelude`` (beside it, as ``prelude.gch``)."""
+    return [compiler, *_source_flags(), "-x", "c++-header", str(prelude), "-o", f"{prelude}.gch"]
+
+
+def compile_command(output: Path, compiler: str, prelude: Path | None = None) -> list[str]:
+    """The compiler command that builds the runtime into ``output``, each source after ``prelude`` (whose
+    precompiled form the compiler uses where it is beside it) when one is given."""
+    folder = _torch()[0]
+    included = ["-Winvalid-pch", "-include", str(prelude)] if prelude is not None else []
+    return [
+        compiler,
+        *_source_flags(),
+        "-shared",
+        *included,
         *[str(path) for path in sorted(SOURCES.glob("*.cpp"))],
         "-o",
         str(output),
@@ -103,11 +123,13 @@ def build_packaged(prefix: str | os.PathLike, compiler: str | None = None) -> Pa
     for header in sorted(HEADERS.glob("*.h")):
         shutil.copyfile(header, include / header.name)
     with tempfile.TemporaryDirectory(dir=lib) as scratch:
-        output = Path(scratch) / LIBRARY
-        command = compile_command(output, compiler or find_cxx_compiler())
-        done = subprocess.run(command, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise NativeBuildError(f"compiling {LIBRARY} failed:\n{shlex.join(command)}\n{done.stderr.strip()}")
+        output, prelude = Path(scratch) / LIBRARY, Path(scratch) / "ott_prelude.h"
+        prelude.write_text(PRELUDE)
+        compiler = compiler or find_cxx_compiler()
+        for command in (precompile_command(prelude, compiler), compile_command(output, compiler, prelude)):
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise NativeBuildError(f"compiling {LIBRARY} failed:\n{shlex.join(command)}\n{done.stderr.strip()}")
         os.replace(output, target.library)
     return target
 
