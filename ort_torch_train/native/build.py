@@ -163,7 +163,7 @@ def build(prefix: str | os.PathLike, compiler: str | None = None, sanitize: bool
         _link(lib / providers.name, providers.resolve())
     install_headers(target, "*.h*")
     chosen = compiler or find_compiler()
-    compile_into(target.library, lambda output: compile_command(target.prefix, chosen, output, sanitize))
+    compile_into(target.library, lambda output: [compile_command(target.prefix, chosen, output, sanitize)])
     return target
 
 
@@ -175,15 +175,16 @@ def install_headers(target: InstalledLibrary, pattern: str) -> None:
         _copy(header, include / header.name)
 
 
-def compile_into(library: Path, command: Callable[[Path], list[str]]) -> None:
-    """Run ``command(output)`` for an output in a scratch folder beside ``library``, then move the result to
-    ``library`` (atomically); NativeBuildError with the compiler's command and output where it fails."""
+def compile_into(library: Path, commands: Callable[[Path], list[list[str]]]) -> None:
+    """Run ``commands(output)`` in turn for an output in a scratch folder beside ``library`` (each command may write
+    other files beside the output), then move the result to ``library`` (atomically); NativeBuildError with the
+    failing command and the compiler's output where one fails."""
     with tempfile.TemporaryDirectory(dir=library.parent) as scratch:
         output = Path(scratch) / library.name
-        line = command(output)
-        done = subprocess.run(line, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise NativeBuildError(f"compiling {library.name} failed:\n{shlex.join(line)}\n{done.stderr.strip()}")
+        for line in commands(output):
+            done = subprocess.run(line, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise NativeBuildError(f"compiling {library.name} failed:\n{shlex.join(line)}\n{done.stderr.strip()}")
         os.replace(output, library)
 
 

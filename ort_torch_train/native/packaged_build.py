@@ -68,26 +68,45 @@ def libtorch_flags() -> tuple[list[str], list[str]]:
     return compile_flags, [f"-L{lib}", "-ltorch", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{lib}"]
 
 
-def compile_command(output: Path, compiler: str, sanitize: bool = False) -> list[str]:
-    """The compiler command that builds the runtime into ``output`` (with ``SANITIZE``'s flags if ``sanitize``)."""
+# the torch headers every source includes first (through ott_packaged.h): parsed once per build, not once per source
+PRELUDE = "#include <ATen/ATen.h>\n"
+
+
+def _source_flags(sanitize: bool) -> list[str]:
+    """The flags every translation unit compiles with (the sources and their precompiled prelude alike; with
+    ``SANITIZE``'s flags if ``sanitize``)."""
     version = _torch()[1]
-    compile_flags, link_flags = libtorch_flags()
     return [
-        compiler,
         "-std=c++20",
         "-O2",
         "-fPIC",
-        "-shared",
         "-fvisibility=hidden",
         *(SANITIZE if sanitize else []),
         f"-DOTT_TORCH_VERSION={c_string(version)}",
         f"-I{HEADERS}",
-        *compile_flags,
+        *libtorch_flags()[0],
+    ]
+
+
+def precompile_command(prelude: Path, compiler: str, sanitize: bool = False) -> list[str]:
+    """The compiler command that precompiles the header ``prelude`` (beside it, as ``prelude.gch``)."""
+    return [compiler, *_source_flags(sanitize), "-x", "c++-header", str(prelude), "-o", f"{prelude}.gch"]
+
+
+def compile_command(output: Path, compiler: str, prelude: Path | None = None, sanitize: bool = False) -> list[str]:
+    """The compiler command that builds the runtime into ``output``, each source after ``prelude`` (whose
+    precompiled form the compiler uses where it is beside it) when one is given."""
+    included = ["-Winvalid-pch", "-include", str(prelude)] if prelude is not None else []
+    return [
+        compiler,
+        *_source_flags(sanitize),
+        "-shared",
+        *included,
         *[str(path) for path in sorted(SOURCES.glob("*.cpp"))],
         "-o",
         str(output),
         "-Wl,--no-as-needed",
-        *link_flags,
+        *libtorch_flags()[1],
     ]
 
 
@@ -104,5 +123,11 @@ def build_packaged(prefix: str | os.PathLike, compiler: str | None = None, sanit
     target.library.parent.mkdir(parents=True, exist_ok=True)
     install_headers(target, "*.h")
     chosen = compiler or find_cxx_compiler()
-    compile_into(target.library, lambda output: compile_command(output, chosen, sanitize))
+
+    def commands(output: Path) -> list[list[str]]:
+        prelude = output.parent / "ott_prelude.h"
+        prelude.write_text(PRELUDE)
+        return [precompile_command(prelude, chosen, sanitize), compile_command(output, chosen, prelude, sanitize)]
+
+    compile_into(target.library, commands)
     return target
