@@ -3,9 +3,10 @@
 ``python -m tests.helpers.tensor_parallel_worker SCENARIO OUT_DIR`` with torchrun's env. Each rank
 writes ``OUT_DIR/<run>_rank<r>.npz`` (losses, parameters, the bytes it holds per parameter), the
 checkpoints rank 0 saves, and
-``OUT_DIR/errors_rank<r>.json`` (the errors of the bad-input scenario, class and message). The
-``attention`` scenario trains ``OUT_DIR/attention`` (``tests/helpers/attention_model.py``), its heads
-and MLP split.
+``OUT_DIR/errors_rank<r>.json`` (the errors of the bad-input cases, class and message). The
+``two_ranks`` scenario, in one launch of 2 ranks: the transformer's MLP pair split (plain, resumed,
+legacy, recomputed with sharded state), then ``OUT_DIR/attention`` (``tests/helpers/attention_model.py``)
+trained with its heads and MLP split, then the bad-input cases (``OUT_DIR/odd_heads`` among them).
 """
 
 from __future__ import annotations
@@ -195,12 +196,14 @@ def bad_input(rank: int, out: Path) -> dict[str, str]:
 def main() -> None:
     scenario, out = sys.argv[1], Path(sys.argv[2])
     with gloo_group() as (rank, world_size):
-        if scenario == "tensor_parallel":
+        if scenario == "two_ranks":
             train(out, "tensor_parallel", tensor_parallel_size=world_size, rank=rank)
             resumed_from = out / "tensor_parallel.ckpt"  # with AdamW's moments: cut into each rank's shards
             train(out, "resumed", tensor_parallel_size=world_size, rank=rank, checkpoint=resumed_from)
             legacy_train(out, "legacy", world_size, rank, world_size)
             train(out, "recompute_sharded", tensor_parallel_size=world_size, rank=rank, recompute=2, shard_state=True)
+            train(out, "attention", tensor_parallel_size=world_size, rank=rank, fixture=out / ATTENTION)
+            (out / f"errors_rank{rank}.json").write_text(json.dumps(bad_input(rank, out)))
         elif scenario == "tensor_and_data_parallel":
             data_parallel_size = world_size // 2
             train(
@@ -210,10 +213,6 @@ def main() -> None:
                 data_parallel_size=data_parallel_size,
                 rank=rank,
             )
-        elif scenario == "bad_input":
-            (out / f"errors_rank{rank}.json").write_text(json.dumps(bad_input(rank, out)))
-        elif scenario == "attention":
-            train(out, "attention", tensor_parallel_size=world_size, rank=rank, fixture=out / ATTENTION)
         else:
             raise ValueError(f"unknown scenario {scenario!r}")
 

@@ -117,12 +117,6 @@ def check_reference(site: Path, page: str) -> None:
     assert doc_reference.undocumented_constructors(without_table)[0].startswith("ort_torch_train.api.CheckpointState")
 
 
-@pytest.fixture(scope="session")
-def snippet_compile_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An inductor cache dir shared by the pages' programs."""
-    return tmp_path_factory.mktemp("inductor")
-
-
 def snippet_pages() -> list:
     """Every page with Python blocks, marked ``compile`` where a block it runs compiles."""
     params = []
@@ -140,7 +134,7 @@ def snippet_pages() -> list:
 def test_page_snippets_run_chained(page: Path, tmp_path: Path, snippet_compile_cache: Path) -> None:
     """Every ```python block of the page runs, the page's blocks as one program in order, in an empty
     directory; blocks marked ``<!-- snippet: skip (reason) -->`` are left out (tests/helpers/doc_snippets.py).
-    The pages share one inductor cache: they compile the same small model."""
+    The pages share one inductor cache with test_docs_pasted.py's runs: they compile the same small model."""
     blocks = doc_snippets.page_blocks(page)
     assert all(block.skip_reason.strip() for block in blocks if block.skip_reason is not None)
     result = subprocess.run(

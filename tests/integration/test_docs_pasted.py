@@ -47,13 +47,15 @@ def digest(folder: Path) -> dict[str, str]:
 
 @pytest.mark.slow
 @pytest.mark.compile  # the README's and scaling.md's compiled steps
-def test_pages_pasted_in_order_into_one_empty_folder(tmp_path: Path) -> None:
+def test_pages_pasted_in_order_into_one_empty_folder(tmp_path: Path, snippet_compile_cache: Path) -> None:
+    """The pages' programs share one inductor cache (outside the reader's folder) with test_docs.py's runs:
+    they compile the same small model."""
     folder = tmp_path / "reader"
     folder.mkdir()
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
-        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+        "TORCHINDUCTOR_CACHE_DIR": str(snippet_compile_cache),
         "PYTHONWARNINGS": "default",
     }
     pages = reading_order()

@@ -81,10 +81,14 @@ def assert_like_one_process(ranks: list[dict[str, np.ndarray]], one: dict[str, n
     np.testing.assert_allclose(losses, one["losses"], rtol=LOSS_RTOL, atol=0)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One launch of 2 ranks: the MLP pair's runs, the attention model's and the bad-input cases
+    (tests/helpers/tensor_parallel_worker.py's ``two_ranks`` scenario)."""
     out = tmp_path_factory.mktemp("tensor_parallel")
-    require_success(launch("tensor_parallel", out, timeout=scaled(90), worker_module=worker.__name__))
+    make_attention_fixture(out / worker.ATTENTION)  # 4 heads: 2 per rank
+    make_attention_fixture(out / worker.ODD_HEADS, hidden=12, heads=3)
+    require_success(launch("two_ranks", out, timeout=scaled(240), worker_module=worker.__name__))
     return out
 
 
@@ -114,10 +118,10 @@ def test_two_ranks_split_the_mlp_pair_and_train_like_one_process(two_ranks: Path
 
 
 @pytest.mark.distributed
-def test_two_ranks_split_the_attention_heads_and_the_mlp_and_train_like_one_process(tmp_path: Path) -> None:
-    out = tmp_path / "ranks"
-    make_attention_fixture(out / worker.ATTENTION)  # 4 heads: 2 per rank
-    require_success(launch("attention", out, timeout=scaled(120), worker_module=worker.__name__))
+def test_two_ranks_split_the_attention_heads_and_the_mlp_and_train_like_one_process(
+    two_ranks: Path, tmp_path: Path
+) -> None:
+    out = two_ranks
     ranks = results(out, "attention", 2)
     one_process = tmp_path / "one_process"
     one_process.mkdir()
@@ -228,25 +232,10 @@ def test_four_ranks_tensor_by_data_parallel_train_like_one_process(tmp_path: Pat
         ("nominal_state", "NominalStateError: Cannot perform sharded or tensor-parallel training with a nominal"),
     ],
 )
-def test_bad_input_raises_on_every_rank_before_the_first_step(
-    tmp_path_factory: pytest.TempPathFactory, case: str, expected: str
-) -> None:
-    out = bad_input_results(tmp_path_factory)
+def test_bad_input_raises_on_every_rank_before_the_first_step(two_ranks: Path, case: str, expected: str) -> None:
     for rank in range(2):
-        errors = json.loads((out / f"errors_rank{rank}.json").read_text())
+        errors = json.loads((two_ranks / f"errors_rank{rank}.json").read_text())
         assert expected in errors[case], f"rank {rank}: {errors[case]}"
-
-
-_BAD_INPUT: list[Path] = []
-
-
-def bad_input_results(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not _BAD_INPUT:
-        out = tmp_path_factory.mktemp("tensor_parallel_bad_input")
-        make_attention_fixture(out / worker.ODD_HEADS, hidden=12, heads=3)
-        require_success(launch("bad_input", out, timeout=scaled(60), worker_module=worker.__name__))
-        _BAD_INPUT.append(out)
-    return _BAD_INPUT[0]
 
 
 @pytest.mark.distributed
