@@ -41,8 +41,8 @@ from tests.helpers.paths import FIXTURES  # noqa: E402
 CASES = ["mlp_ce_adamw_sched", "cnn", "bn_frozen_stats", "transformer"]
 ACCUMULATED = 1  # the step after which neither the optimizer steps nor the gradients reset
 TOLERANCE = 1e-6  # the issue's
-# an AdamW second moment under this: the gradient is rounding noise (|g| ~ 1e-8 or less), a gradient zero in exact
-# arithmetic (a bias before BatchNorm, attention's key bias), which AdamW's g / sqrt(v) turns into lr-sized steps
+# an AdamW second moment under this: the gradient is rounding noise around a gradient zero in exact arithmetic (a
+# bias before BatchNorm, attention's key bias), which AdamW's m / sqrt(v) turns into learning-rate-sized steps
 NOISE = 1e-14
 
 ORT_STEP = """
