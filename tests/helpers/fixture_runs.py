@@ -18,10 +18,12 @@ ELEM_TYPES = {"float32": 1, "int64": 7}  # ONNX's element types of the fixtures'
 
 
 def fixture_batches(name: str, steps: int) -> tuple[list[list[np.ndarray]], list[np.ndarray]]:
-    """The fixture's first ``steps`` training batches (one list of inputs per step) and its eval inputs."""
+    """The fixture's first ``steps`` training batches (one list of inputs per step; past its last batch, its batches
+    again from the first) and its eval inputs."""
     expected = json.loads((FIXTURES / name / "expected.json").read_text())
     data = np.load(FIXTURES / name / "data.npz")
-    train = [[data[key][step] for key in expected["data_keys"]["train"]] for step in range(steps)]
+    keys = expected["data_keys"]["train"]
+    train = [[data[key][step % len(data[key])] for key in keys] for step in range(steps)]
     return train, [data[key] for key in expected["data_keys"]["eval"]]
 
 

@@ -63,7 +63,7 @@ static void bad_calls(OrtEnv* env, OrtSessionOptions* options, OrtCheckpointStat
   OrtAllocator* allocator = NULL;
   char* name = NULL;
   CHECK(OTT_ORT(g_ort, GetAllocatorWithDefaultOptions)(&allocator));
-  expect_status(g_api->TrainingSessionGetTrainingModelInputName(session, 2, allocator, &name), ORT_INVALID_ARGUMENT,
+  expect_status(g_api->TrainingSessionGetTrainingModelInputName(session, (size_t)k, allocator, &name), ORT_INVALID_ARGUMENT,
                 "TrainingModelInputName(past the last)");
   expect_status(g_api->UpdateParameter(state, "0.weight", inputs[1]), ORT_INVALID_ARGUMENT, "UpdateParameter(shape)");
   expect_status(g_api->GetParameter(state, "no such", allocator, &out), ORT_INVALID_ARGUMENT, "GetParameter(name)");
