@@ -244,8 +244,8 @@ class TrainingEngine:
             trainable = [params[n].detach() for n in self.trainable_parameter_names]
             frozen = [params[n].detach() for n in self._frozen_train_names]
             grads = [params[n].grad for n in self.trainable_parameter_names]
-            self._views = (generation, trainable, frozen, grads)
-        return self._views[1:]
+            views = self._views = (generation, trainable, frozen, grads)
+        return views[1:]
 
     def _views_still_behind(self, views: tuple) -> bool:
         """Whether ``views`` (``_parameter_views``') still share the parameters' data and gradients."""

@@ -95,9 +95,8 @@ class CompiledTrainStep:
         steady = self._steady
         if steady is not None and first.is_cpu and self._scaler is None:  # the steady state on CPU
             self._threads.hold(self._compiled_at_threads, steady[0])
-            arguments = (inputs, trainable, frozen, grads, steady[1][reset], tuple(states), scalars, None)
             with GradDisabled(), blas_threads_for(self._products, steady[0]):
-                return self._compiled(*arguments)
+                return self._compiled(inputs, trainable, frozen, grads, steady[1][reset], tuple(states), scalars, None)
         device = first.device
         arguments = (
             inputs,
