@@ -84,6 +84,7 @@ class OptimizerEngine:
         self._tensors = KernelTensors()  # the tensor lists the kernel runs on, built by refresh()
         self._kernel = PreparedKernel("", None, None)  # the kernel chosen for them, and its buffers
         self._prepared_device: torch.device | None = None
+        self._prepared_on_cpu = False
         self._prepared_generation: int | None = None  # the state's generation the tensor lists were built at
         self._host_scalars: HostScalars | None = None  # next_step_scalars' CPU buffer
         self.loss_scaler = loss_scaler
@@ -139,10 +140,14 @@ class OptimizerEngine:
 
     def tensor_lists(self) -> KernelTensors:
         """The tensor lists the kernel runs on, rebuilt first where the state's tensors were replaced."""
-        tensors = self._tensors
-        if self._prepared_generation != self.state.generation or tensors.params[0].device != self._prepared_device:
+        if self._prepared_generation != self.state.generation or self._moved(self._tensors.params[0]):
             self.refresh()  # first step, or the state's tensors were replaced (a device move, flat buffers)
         return self._tensors
+
+    def _moved(self, param: Tensor) -> bool:
+        """Whether ``param`` left the device the tensor lists were prepared on (``is_cpu`` costs less than
+        ``device``)."""
+        return not (param.is_cpu and self._prepared_on_cpu) and param.device != self._prepared_device
 
     # the update inside a compiled train step ----------------------------------------------------
     def fused_update(self) -> FusedUpdate:
@@ -161,10 +166,10 @@ class OptimizerEngine:
 
     def next_step_scalars(self) -> Tensor:
         """The next step's scalars, computed as ORT computes them, for the fused update."""
-        device = self._tensors.params[0].device
+        param = self._tensors.params[0]
         step = self._optimizer_state.step + 1
-        if device.type != "cpu":
-            return scalar_tensor(self.algorithm.step_scalars(self._hyperparameters, step), device)
+        if not param.is_cpu:  # a tensor's is_cpu costs less than its device
+            return scalar_tensor(self.algorithm.step_scalars(self._hyperparameters, step), param.device)
         return self._host_step_scalars(step)
 
     def _host_step_scalars(self, step: int) -> Tensor:
@@ -201,6 +206,7 @@ class OptimizerEngine:
             scratch = make_scratch(params, self.algorithm.scratch_lists)
         self._kernel = PreparedKernel(implementation, scratch, step_tensor)
         self._prepared_device = params[0].device
+        self._prepared_on_cpu = params[0].is_cpu
         self._prepared_generation = self.state.generation
 
     # learning rate and counters ---------------------------------------------------------------

@@ -230,16 +230,32 @@ class TrainingEngine:
         self._gradient_reset.pending = False
         return outputs
 
-    def _parameter_views(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
-        """Detached views of the trainable and frozen parameters, and the gradients, for compiled steps."""
+    def _parameter_views(
+        self, check_tensors: bool = True
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+        """Detached views of the trainable and frozen parameters, and the gradients, for compiled steps: made
+        again at a new state generation and, with ``check_tensors`` (flat buffers check their own), where a
+        parameter's data or gradient was replaced behind the state's back (``param.data = ...``,
+        ``param.grad = ...``)."""
         generation = self.training_state.generation
-        if self._views is None or self._views[0] != generation:
+        views = self._views
+        if views is None or views[0] != generation or (check_tensors and not self._views_still_behind(views)):
             params = self.training_state.params
             trainable = [params[n].detach() for n in self.trainable_parameter_names]
             frozen = [params[n].detach() for n in self._frozen_train_names]
             grads = [params[n].grad for n in self.trainable_parameter_names]
-            self._views = (generation, trainable, frozen, grads)
-        return self._views[1:]
+            views = self._views = (generation, trainable, frozen, grads)
+        return views[1:]
+
+    def _views_still_behind(self, views: tuple) -> bool:
+        """Whether ``views`` (``_parameter_views``') still share the parameters' data and gradients."""
+        params = self.training_state.params
+        names = self.trainable_parameter_names
+        if any(params[n].data_ptr() != view.data_ptr() for n, view in zip(names, views[1])):
+            return False
+        if any(params[n].grad is not grad for n, grad in zip(names, views[3])):
+            return False
+        return all(params[n].data_ptr() == view.data_ptr() for n, view in zip(self._frozen_train_names, views[2]))
 
     def packaged_update(self, optimizer_model: onnx.ModelProto) -> UpdateProgram | None:
         """The package's optimizer step over this state, where the package was built from ``optimizer_model``;

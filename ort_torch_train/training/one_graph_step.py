@@ -15,7 +15,7 @@ from torch import Tensor
 
 from ort_torch_train.optim.compiled import FusedUpdate
 from ort_torch_train.optim.engine import OptimizerEngine
-from ort_torch_train.state.flat import FlatLayout
+from ort_torch_train.state.flat import FlatLayout, FlatState
 from ort_torch_train.state.fresh_gradients import FreshGradients, pays_off
 from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.training.compile.cache_entries import CompileCache
@@ -32,7 +32,7 @@ Views = tuple[list[Tensor], list[Tensor], list[Tensor]]  # detached trainable an
 class OneGraphSteps:
     """The compiled train steps of ``graph`` over ``params`` (the graph's parameters, ``plan`` telling trainable
     from frozen), with ``state``'s tensors (its ``names`` trainable); ``views`` gives the parameters' detached views
-    and gradients."""
+    and gradients (checked against the parameters' tensors where its argument is true: no flat buffers)."""
 
     def __init__(
         self,
@@ -44,7 +44,7 @@ class OneGraphSteps:
         compile_arguments: FrozenArguments,
         cache: CompileCache | None,
         threads: ThreadPolicy,
-        views: Callable[[], Views],
+        views: Callable[[bool], Views],
     ) -> None:
         self._graph = graph
         self._params = params
@@ -58,6 +58,7 @@ class OneGraphSteps:
         self._views = views
         self._specs: dict[tuple, StepSpec] = {}  # by the parts that vary
         self._last: tuple = ()  # (update, reduction, precision, layout, fresh, spec, input signature, step)
+        self._flat_arguments: tuple = ()  # (flat buffers, [params], [grads], moment lists, fresh), once per buffers
 
     def run(
         self,
@@ -77,17 +78,16 @@ class OneGraphSteps:
             if optimizer is None  # the optimizer makes them
             else state.flat_view(names, optimizer.update_moment_names, gradients=False)
         )
-        device = self._params[0].device
-        # CUDA graphs replay on gradients at fixed addresses
-        fresh = flat is not None and reset and update is not None and pays_off(flat)
-        fresh = fresh and not (self._records_cuda_graphs and device.type == "cuda")
-        step = self._step(inputs, update, reduction, precision, None if flat is None else flat.layout, fresh)
-        trainable, frozen, grads = self._views()
-        fresh_gradients = None
+        trainable, frozen, grad_views = self._views(flat is None)
         if flat is not None:
-            fresh_gradients = FreshGradients(flat, grads) if fresh else None
-            trainable, grads = [flat.params], [flat.grads]
-        states = () if optimizer is None else ([[m] for m in flat.moments] if flat else optimizer.moment_lists())
+            trainable, grads, moments, fresh = self._flat_lists(flat)
+            fresh = fresh and reset and update is not None
+            states = () if optimizer is None else moments
+        else:
+            grads, fresh = grad_views, False
+            states = () if optimizer is None else optimizer.moment_lists()
+        step = self._step(inputs, update, reduction, precision, None if flat is None else flat.layout, fresh)
+        fresh_gradients = FreshGradients(flat, grad_views) if fresh and flat is not None else None
         scalars = None if optimizer is None else optimizer.next_step_scalars()
         try:
             if fresh_gradients is None:
@@ -108,6 +108,19 @@ class OneGraphSteps:
         if optimizer is not None:
             optimizer.count_step()
         return outputs
+
+    def _flat_lists(self, flat: FlatState) -> tuple[list[Tensor], list[Tensor], list[list[Tensor]], bool]:
+        """The step's argument lists over ``flat``'s buffers (parameters, gradients, moments) and whether a step
+        that resets the gradients makes fresh ones (``fresh_gradients.py``; not where CUDA graphs replay on
+        gradients at fixed addresses), made once per buffers (frozen: new buffers are a new object)."""
+        made = self._flat_arguments
+        if made and made[0] is flat:
+            return made[1], made[2], made[3], made[4]
+        device = flat.params.device
+        fresh = pays_off(flat) and not (self._records_cuda_graphs and device.type == "cuda")
+        lists = ([flat.params], [flat.grads], [[moment] for moment in flat.moments], fresh)
+        self._flat_arguments = (flat, *lists)
+        return lists
 
     def _step(
         self,

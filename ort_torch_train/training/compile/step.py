@@ -78,6 +78,7 @@ class CompiledTrainStep:
         self._compiled_at_threads = 0  # torch's thread count at the first call, which compiled the step
         self._called = False
         self._reset_flags: dict[torch.device, tuple[Tensor, Tensor]] = {}
+        self._steady: tuple[torch.device, tuple[Tensor, Tensor]] | None = None  # once called on CPU: its flags
 
     def __call__(
         self,
@@ -90,7 +91,13 @@ class CompiledTrainStep:
         scalars: Tensor | None = None,
     ) -> tuple:
         inputs = [t if t.is_contiguous() else t.contiguous() for t in inputs]
-        device = trainable[0].device
+        first = trainable[0]
+        steady = self._steady
+        if steady is not None and first.is_cpu and self._scaler is None:  # the steady state on CPU
+            self._threads.hold(self._compiled_at_threads, steady[0])
+            with GradDisabled(), blas_threads_for(self._products, steady[0]):
+                return self._compiled(inputs, trainable, frozen, grads, steady[1][reset], tuple(states), scalars, None)
+        device = first.device
         arguments = (
             inputs,
             trainable,
@@ -101,11 +108,14 @@ class CompiledTrainStep:
             scalars,
             None if self._scaler is None else self._scaler.scale.to(device),
         )
-        if self._called and not (self._cuda_graphs and device.type == "cuda"):  # the steady state
+        if self._called and not (self._cuda_graphs and device.type == "cuda"):  # the steady state elsewhere
             self._threads.hold(self._compiled_at_threads, device)
             with GradDisabled(), blas_threads_for(self._products, device):
                 return self._compiled(*arguments)
-        return self._first_or_recorded_call(arguments, device)
+        outputs = self._first_or_recorded_call(arguments, device)
+        if self._called and device.type == "cpu":
+            self._steady = (device, self._reset_flags[device])
+        return outputs
 
     def _first_or_recorded_call(self, arguments: tuple, device: torch.device) -> tuple:
         """The first call (compiling the step), or a call of a step recorded as CUDA graphs."""

@@ -96,3 +96,21 @@ def test_tensors_moved_starts_a_new_generation_and_the_next_step_runs_on_the_new
     engine.lazy_reset_grad()
     engine.train_step(_batch(1))
     assert all(state.params[name].grad.abs().sum() > 0 for name in engine.trainable_parameter_names)
+
+
+def test_the_compiled_steps_parameter_views_follow_tensors_replaced_behind_the_state() -> None:
+    """Without flat buffers (mixed dtypes) a compiled step takes ``_parameter_views``: ``param.data = ...`` and
+    ``param.grad = ...`` leave the state's generation alone, yet the next views are the new tensors."""
+    engine = _engine()
+    engine.train_step(_batch(0))
+    state, name = engine.training_state, engine.trainable_parameter_names[0]
+    trainable, _, grads = engine._parameter_views()
+    assert engine._parameter_views()[0] is trainable  # nothing replaced: the same lists
+    generation = state.generation
+    param = state.params[name]
+    param.data = param.data.clone()
+    trainable, _, grads = engine._parameter_views()
+    assert state.generation == generation and trainable[0].data_ptr() == param.data_ptr()
+    param.grad = param.grad.clone()
+    assert engine._parameter_views(check_tensors=False)[2] is grads  # flat buffers check their own
+    assert engine._parameter_views()[2][0] is param.grad
