@@ -16,7 +16,7 @@ import importlib
 import inspect
 from collections.abc import Callable, Iterable
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.distributed._functional_collectives as functional_collectives
@@ -212,7 +212,17 @@ def sharded_grad_scaler(**arguments: Any) -> Any:
 
 
 @functools.cache
-def custom_graph_pass(name: str, apply: Callable[[torch.fx.Graph], None], uuid: Callable[[], bytes]) -> Any:
+class GraphPass(Protocol):
+    """An inductor graph pass: run on a graph, keyed in inductor's caches by its ``uuid()``."""
+
+    def __call__(self, graph: torch.fx.Graph) -> None: ...
+
+    def uuid(self) -> bytes: ...
+
+    def __hash__(self) -> int: ...
+
+
+def custom_graph_pass(name: str, apply: Callable[[torch.fx.Graph], None], uuid: Callable[[], bytes]) -> GraphPass:
     """An inductor ``CustomGraphPass`` named ``name`` that runs ``apply`` on a graph and is keyed in
     inductor's caches by ``uuid()``; one instance per arguments."""
     base = inductor_module("custom_graph_pass").CustomGraphPass
@@ -221,7 +231,8 @@ def custom_graph_pass(name: str, apply: Callable[[torch.fx.Graph], None], uuid: 
         "uuid": lambda self: uuid(),
         "__repr__": lambda self: f"{name}({uuid().hex()})",  # in precompiled steps' keys
     }
-    return type(name, (base,), members)()
+    graph_pass: GraphPass = type(name, (base,), members)()
+    return graph_pass
 
 
 def aot_compile(compiled: Any, args: tuple) -> Any:

@@ -18,7 +18,6 @@ Results agree with ``F.linear`` to float32 rounding (a different summation order
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +25,7 @@ from torch import Tensor
 
 from ort_torch_train.passes.match import args_of
 from ort_torch_train.torch_internals import (
+    GraphPass,
     assume_constant_result,
     custom_graph_pass,
     hash_of_files,
@@ -128,7 +128,7 @@ def use_onednn_linear(module: torch.fx.GraphModule) -> int:
     return count
 
 
-def cpu_matmuls() -> Any:
+def cpu_matmuls() -> GraphPass:
     """Inductor post-grad pass over float32 CPU ``mm``/``addmm`` (forward and backward, after AOTAutograd
     has differentiated the graph): large products -> the oneDNN custom op (what compiled graphs get
     instead of ``linear``); small ``addmm`` -> ``mm`` and an add that inductor fuses into the loop reading

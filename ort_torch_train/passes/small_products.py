@@ -19,13 +19,12 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import fx
 
 from ort_torch_train.passes.match import args_of, val
-from ort_torch_train.torch_internals import custom_graph_pass, hash_of_files
+from ort_torch_train.torch_internals import GraphPass, custom_graph_pass, hash_of_files
 
 # the static extents' product up to which a product is rewritten (bench/experiments/small_products.py)
 MAX_STATIC_EXTENTS = 256
@@ -56,7 +55,7 @@ def small_products(graph: fx.Graph, max_static_extents: int = MAX_STATIC_EXTENTS
 
 
 @functools.cache  # one instance per arguments: compiled steps' keys and inductor's caches compare them
-def small_products_pass(max_static_extents: int = MAX_STATIC_EXTENTS, then: Any = None) -> Any:
+def small_products_pass(max_static_extents: int = MAX_STATIC_EXTENTS, then: GraphPass | None = None) -> GraphPass:
     """``small_products`` as an inductor post-grad pass (after the graph is differentiated, so that backward's
     products are rewritten too), followed by the inductor pass ``then`` where given; keyed in inductor's caches by
     this file's hash, the limit and ``then``'s key."""
