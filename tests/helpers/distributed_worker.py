@@ -38,6 +38,7 @@ RUNS = {
     "transformer_sharded": (TRANSFORMER, None, {"shard_state": True}, 6),
     "mlp_compiled": (MLP, None, {"compile": True}, STEPS),
     "mlp_compiled_sharded": (MLP_OPTIMIZERS, CLIP_MODEL, {"compile": True, "shard_state": True}, 6),
+    "mlp_sharded_clip_6": (MLP_OPTIMIZERS, CLIP_MODEL, {"shard_state": True}, 6),  # mlp_compiled_sharded, eager
 }
 SCENARIOS = {
     "eager": [

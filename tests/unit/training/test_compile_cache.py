@@ -271,8 +271,9 @@ def _train_in_a_process(case_dir: Path, cache: Path, out: Path, env: dict, *extr
 @pytest.mark.slow
 def test_a_saved_bf16_step_of_a_compile_mode_loads_and_trains_bitwise_alike(mlp_case, tmp_path):
     """Mixed-precision steps and ``compile=<mode>`` steps and eval graphs (the mode's inductor options)
-    are saved too; the saved step is not used for a float32 ``compile=True`` one; ``save_compile_cache``
-    copies the steps a process used into another directory."""
+    are saved too; the saved step is not used for a float32 ``compile=True`` one (its process ends right
+    after its lookup misses: compiling it shows nothing more); ``save_compile_cache`` copies the steps a
+    process used into another directory."""
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
     cache = tmp_path / "cache"
     settings = ("--mixed-precision", "bf16", "--mode", "reduce-overhead")  # a mode: its inductor options
@@ -285,8 +286,9 @@ def test_a_saved_bf16_step_of_a_compile_mode_loads_and_trains_bitwise_alike(mlp_
     assert CacheStore(copy).entry_count() >= 2
     for name in ("losses", "params", "evaluated"):
         np.testing.assert_array_equal(second[name], first[name])
-    _, log = _train_in_a_process(mlp_case.root, cache, tmp_path / "float32.npz", env)
+    float32, log = _train_in_a_process(mlp_case.root, cache, tmp_path / "float32.npz", env, "--stop-after-lookup")
     assert "compile cache miss: no saved train step" in log and "loaded the saved" not in log
+    assert not float32["found"]
 
 
 # ---- step keys and guards ---------------------------------------------------------------------------
