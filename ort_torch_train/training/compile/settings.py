@@ -46,14 +46,15 @@ def for_device(arguments: Mapping[str, Any], device: torch.device, *, cpp_wrappe
     Python; ``cpp_wrapper=False`` for graphs it cannot generate: collectives, checkpointed random ops),
     loops parallelised only from ``MIN_CHUNK_SIZE`` elements a thread (inductor's default, 512, spends
     more on OpenMP's fork and join than it saves on small models), the pass writing small matrix products as
-    loops of inductor's own (``small_products.py``) and the pass sending large float32 GEMMs to oneDNN and
+    loops of inductor's own (``small_products.py``; not those summing over the batch, which would compile a
+    second graph for a batch of 1) and the pass sending large float32 GEMMs to oneDNN and
     fusing small ones' bias adds (``onednn_linear.py``)."""
     if device.type != "cpu" or "mode" in arguments or arguments.get("backend", "inductor") != "inductor":
         return dict(arguments)
     defaults = {
         "cpp_wrapper": cpp_wrapper,
         "cpp.min_chunk_size": MIN_CHUNK_SIZE,
-        "post_grad_custom_post_pass": small_products_pass(then=cpu_matmuls()),
+        "post_grad_custom_post_pass": small_products_pass(then=cpu_matmuls(), symbolic_contraction=False),
     }
     return {**arguments, "options": {**defaults, **(arguments.get("options") or {})}}
 
