@@ -211,7 +211,6 @@ def sharded_grad_scaler(**arguments: Any) -> Any:
     return importlib.import_module("torch.distributed.fsdp.sharded_grad_scaler").ShardedGradScaler(**arguments)
 
 
-@functools.cache
 class GraphPass(Protocol):
     """An inductor graph pass: run on a graph, keyed in inductor's caches by its ``uuid()``."""
 
@@ -222,6 +221,7 @@ class GraphPass(Protocol):
     def __hash__(self) -> int: ...
 
 
+@functools.cache
 def custom_graph_pass(name: str, apply: Callable[[torch.fx.Graph], None], uuid: Callable[[], bytes]) -> GraphPass:
     """An inductor ``CustomGraphPass`` named ``name`` that runs ``apply`` on a graph and is keyed in
     inductor's caches by ``uuid()``; one instance per arguments."""
