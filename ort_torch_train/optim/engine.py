@@ -114,7 +114,10 @@ class OptimizerEngine:
             if group is None:
                 group = optimizer_group(state)  # raises: only a caller that dropped it gets here
             step = group.step + 1
-            program(self._host_step_scalars(step))
+            host = self._host_scalars
+            if host is None:
+                host = self._host_scalars = self._new_host_scalars()
+            program(host.write(self._hyperparameters, step))
             group.step = step
             return True
         if not update_signal and not self.spec.has_update_signal:
@@ -180,10 +183,13 @@ class OptimizerEngine:
         program reads it before it returns."""
         host = self._host_scalars
         if host is None:
-            make = self.algorithm.host_step_scalars
-            host = make() if make is not None else RecomputedStepScalars(self.algorithm.step_scalars)
-            self._host_scalars = host
+            host = self._host_scalars = self._new_host_scalars()
         return host.write(self._hyperparameters, step)
+
+    def _new_host_scalars(self) -> HostStepScalars:
+        """The algorithm's writer of its step scalars into a host tensor, or one that writes ``step_scalars``."""
+        make = self.algorithm.host_step_scalars
+        return make() if make is not None else RecomputedStepScalars(self.algorithm.step_scalars)
 
     def count_step(self) -> None:
         """Count a step the fused update made."""
