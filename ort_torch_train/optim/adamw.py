@@ -24,8 +24,8 @@ from __future__ import annotations
 import math
 import numbers
 import struct
-from collections.abc import Sequence
-from typing import Generic, NamedTuple, TypeVar
+from collections.abc import MutableSequence, Sequence
+from typing import Generic, NamedTuple, TypeVar, cast
 
 import numpy as np
 import torch
@@ -111,7 +111,8 @@ class AdamWHostScalars:
     def __init__(self) -> None:
         array = np.zeros(len(AdamWStepScalars._fields), np.float32)
         self.tensor = torch.from_numpy(array)
-        self._slots = memoryview(array)  # float32 items, read and written as Python floats
+        # float32 items, read and written as Python floats (typeshed types a memoryview's items as int)
+        self._slots = cast("MutableSequence[float]", array.data)
         self._hyperparameters: AdamWHyperparameters | None = None
         self._betas: tuple[float, float] | None = None  # None: no bias correction, no value changes with the step
         self._lr = 0.0
