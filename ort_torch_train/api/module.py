@@ -297,8 +297,7 @@ class Module(nn.Module):
                 return from_tensors(engine.train_and_update(tensors, optimizer.engine_for_step()), kind)
 
     def _parsed(self, user_inputs: tuple, names: Sequence[str]) -> Sequence[Any]:
-        """String arrays of inputs that only feed a Cast to a number, parsed as ORT's Cast does; an LLM's
-        ``past_key_values.*`` inputs, when left out, given as empty tensors."""
+        """The inputs, string arrays feeding only a Cast parsed as ORT's Cast does, left-out past_key_values.* empty."""
         graph = self._engine.graph(self.training)
         if not graph.string_casts and len(user_inputs) >= len(graph.declarations):  # the usual call: as given
             return user_inputs
