@@ -296,10 +296,11 @@ class Module(nn.Module):
             with data_parallel.collective_errors("Module.step"):
                 return from_tensors(engine.train_and_update(tensors, optimizer.engine_for_step()), kind)
 
-    def _parsed(self, user_inputs: tuple, names: Sequence[str]) -> list:
-        """String arrays of inputs that only feed a Cast to a number, parsed as ORT's Cast does; an LLM's
-        ``past_key_values.*`` inputs, when left out, given as empty tensors."""
+    def _parsed(self, user_inputs: tuple, names: Sequence[str]) -> Sequence[Any]:
+        """The inputs, string arrays feeding only a Cast parsed as ORT's Cast does, left-out past_key_values.* empty."""
         graph = self._engine.graph(self.training)
+        if not graph.string_casts and len(user_inputs) >= len(graph.declarations):  # the usual call: as given
+            return user_inputs
         user_inputs = with_empty_past(user_inputs, graph.declarations)
         return parse_string_inputs(user_inputs, names, graph.string_casts)
 

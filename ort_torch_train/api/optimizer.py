@@ -136,7 +136,8 @@ class Optimizer:
         """The optimizer core with the current learning rate applied, for a fused train step."""
         if self._torch_optimizer is not None:
             self._torch_optimizer.pull_learning_rate()
-        self._require_same_learning_rate()
+        if self._learning_rate_unchecked_in is not None:
+            self._require_same_learning_rate()
         return self._engine
 
     def _require_same_learning_rate(self) -> None:

@@ -24,9 +24,10 @@ from __future__ import annotations
 import math
 import numbers
 import struct
-from collections.abc import Sequence
-from typing import Generic, NamedTuple, TypeVar
+from collections.abc import MutableSequence, Sequence
+from typing import Generic, NamedTuple, TypeVar, cast
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -94,6 +95,51 @@ def adamw_step_scalars(hyperparameters: AdamWHyperparameters, step: int) -> Adam
         h.weight_decay,
         decay_after,
     )
+
+
+class AdamWHostScalars:
+    """``AdamWStepScalars`` in one host float32 tensor, rewritten in place (``HostStepScalars``): every value when the
+    hyperparameters change, then at each step only the bias corrections and the corrected learning rate.
+
+    Each of those is rounded to float32 where ``ort_step_scalars`` rounds it, by storing it in its float32 slot of
+    the buffer (C's cast: to the nearest, a finite value past float32's range giving the infinity ORT's cast gives)
+    and reading it back: the same values, bit for bit.
+    """
+
+    __slots__ = ("_betas", "_hyperparameters", "_lr", "_slots", "tensor")
+
+    def __init__(self) -> None:
+        array = np.zeros(len(AdamWStepScalars._fields), np.float32)
+        self.tensor = torch.from_numpy(array)
+        # float32 items, read and written as Python floats (typeshed types a memoryview's items as int)
+        self._slots = cast("MutableSequence[float]", array.data)
+        self._hyperparameters: AdamWHyperparameters | None = None
+        self._betas: tuple[float, float] | None = None  # None: no bias correction, no value changes with the step
+        self._lr = 0.0
+
+    def write(self, hyperparameters: Hyperparameters, step: int) -> Tensor:
+        """The tensor, holding the scalars of the 1-based ``step`` for ``hyperparameters``."""
+        if hyperparameters is not self._hyperparameters:
+            self._prepare(own_hyperparameters(hyperparameters))
+        betas = self._betas
+        if betas is not None:  # slots 6, 7, 8: bias_correction1, bias_correction2, corrected_lr
+            slots = self._slots
+            slots[6] = betas[0] ** step
+            slots[7] = betas[1] ** step
+            slots[6] = 1.0 - slots[6]
+            slots[7] = 1.0 - slots[7]
+            slots[8] = math.sqrt(slots[7])
+            slots[8] = slots[8] / slots[6]
+            slots[8] = self._lr * slots[8]
+        return self.tensor
+
+    def _prepare(self, hyperparameters: AdamWHyperparameters) -> None:
+        slots = self._slots
+        for index, value in enumerate(adamw_step_scalars(hyperparameters, 1)):
+            slots[index] = value
+        self._hyperparameters = hyperparameters
+        self._betas = (hyperparameters.beta1, hyperparameters.beta2) if hyperparameters.correct_bias else None
+        self._lr = hyperparameters.lr
 
 
 def choose_adamw_implementation(
@@ -262,3 +308,7 @@ def kernel_fused_update(hyperparameters: Hyperparameters, clip_max_norm: float |
 
 def kernel_step_scalars(hyperparameters: Hyperparameters, step: int) -> Sequence[float]:
     return adamw_step_scalars(own_hyperparameters(hyperparameters), step)
+
+
+def kernel_host_step_scalars() -> AdamWHostScalars:
+    return AdamWHostScalars()

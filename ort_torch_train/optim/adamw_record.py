@@ -148,4 +148,5 @@ ADAMW_ALGORITHM = OptimizerAlgorithm(
     fused_update=lazy_kernel(_KERNELS, "kernel_fused_update"),
     step_scalars=lazy_kernel(_KERNELS, "kernel_step_scalars"),
     elementwise=True,
+    host_step_scalars=lazy_kernel(_KERNELS, "kernel_host_step_scalars"),
 )

@@ -41,6 +41,15 @@ class Hyperparameters(Protocol):
         ...
 
 
+class HostStepScalars(Protocol):
+    """The fused update's per-step scalars (``OptimizerAlgorithm.step_scalars``) in one host float32 tensor,
+    rewritten in place at each step: a compiled step or program reads it before it returns."""
+
+    def write(self, hyperparameters: Hyperparameters, step: int) -> Tensor:
+        """The tensor, holding the scalars of the 1-based ``step`` for ``hyperparameters``."""
+        ...
+
+
 class PreparedKernel(NamedTuple):
     """What every kernel call on the same tensor lists reuses: the implementation chosen and its buffers."""
 
@@ -88,6 +97,9 @@ class OptimizerAlgorithm:
     # of each tensor may run on any contiguous slice of the flattened tensors, or on one flat buffer
     elementwise: bool
     domain: str = MS_DOMAIN
+    # a maker of the writer of ``step_scalars`` into a host tensor that recomputes only what a step changes; None:
+    # the engine writes ``step_scalars``' values (``host_scalars.RecomputedStepScalars``)
+    host_step_scalars: Callable[[], HostStepScalars] | None = None
 
     def hyperparameters(self, attributes: Mapping[str, AttributeValue] | None = None) -> Hyperparameters:
         """The kernel's hyperparameters for these node attributes over the defaults (at DEFAULT_LEARNING_RATE)."""

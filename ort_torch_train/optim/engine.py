@@ -13,10 +13,10 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from ort_torch_train.optim.algorithm import DEFAULT_LEARNING_RATE, PreparedKernel
+from ort_torch_train.optim.algorithm import DEFAULT_LEARNING_RATE, HostStepScalars, PreparedKernel
 from ort_torch_train.optim.compiled import FusedUpdate, scalar_tensor
 from ort_torch_train.optim.float32 import to_float32
-from ort_torch_train.optim.host_scalars import HostScalars
+from ort_torch_train.optim.host_scalars import RecomputedStepScalars
 from ort_torch_train.optim.optimizer_model import OptimizerSpec
 from ort_torch_train.optim.schedulers import check_learning_rate
 from ort_torch_train.optim.scratch import make_scratch
@@ -86,7 +86,7 @@ class OptimizerEngine:
         self._prepared_device: torch.device | None = None
         self._prepared_on_cpu = False
         self._prepared_generation: int | None = None  # the state's generation the tensor lists were built at
-        self._host_scalars: HostScalars | None = None  # next_step_scalars' CPU buffer
+        self._host_scalars: HostStepScalars | None = None  # next_step_scalars' CPU buffer and its writer
         self.loss_scaler = loss_scaler
         self._program = program if loss_scaler is None else None
         self.last_step_skipped = False
@@ -107,12 +107,18 @@ class OptimizerEngine:
         """
         program = self._program
         if program is not None and update_signal:
-            if self._prepared_generation != self.state.generation:
+            state = self.state
+            if self._prepared_generation != state.generation:
                 self.refresh()  # first step, or the state's tensors were replaced: moments made where none are
-            optimizer_state = self._optimizer_state
-            step = optimizer_state.step + 1
-            program(self._host_step_scalars(step))
-            optimizer_state.step = step
+            group = state.optimizer
+            if group is None:
+                group = optimizer_group(state)  # raises: only a caller that dropped it gets here
+            step = group.step + 1
+            host = self._host_scalars
+            if host is None:
+                host = self._host_scalars = self._new_host_scalars()
+            program(host.write(self._hyperparameters, step))
+            group.step = step
             return True
         if not update_signal and not self.spec.has_update_signal:
             raise ValueError(
@@ -175,11 +181,15 @@ class OptimizerEngine:
     def _host_step_scalars(self, step: int) -> Tensor:
         """The scalars of the 1-based ``step`` in one host tensor, rewritten each step: the compiled step or
         program reads it before it returns."""
-        scalars = self.algorithm.step_scalars(self._hyperparameters, step)
         host = self._host_scalars
         if host is None:
-            host = self._host_scalars = HostScalars(() if isinstance(scalars, float) else (len(scalars),))
-        return host.write(scalars)
+            host = self._host_scalars = self._new_host_scalars()
+        return host.write(self._hyperparameters, step)
+
+    def _new_host_scalars(self) -> HostStepScalars:
+        """The algorithm's writer of its step scalars into a host tensor, or one that writes ``step_scalars``."""
+        make = self.algorithm.host_step_scalars
+        return make() if make is not None else RecomputedStepScalars(self.algorithm.step_scalars)
 
     def count_step(self) -> None:
         """Count a step the fused update made."""

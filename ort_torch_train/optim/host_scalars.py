@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
+
+from ort_torch_train.optim.algorithm import Hyperparameters
 
 
 class HostScalars:
@@ -34,3 +36,22 @@ class HostScalars:
         except OverflowError:  # finite beyond float32's range: numpy's cast gives the infinity ORT's does
             self._array.reshape(-1)[:] = np.asarray(values, np.float64)
         return self.tensor
+
+
+class RecomputedStepScalars:
+    """``step_scalars`` (an ``OptimizerAlgorithm``'s) computed afresh at every step and written into one
+    ``HostScalars`` buffer: the ``HostStepScalars`` of an algorithm without a writer of its own."""
+
+    __slots__ = ("_host", "_step_scalars")
+
+    def __init__(self, step_scalars: Callable[[Hyperparameters, int], float | Sequence[float]]) -> None:
+        self._step_scalars = step_scalars
+        self._host: HostScalars | None = None
+
+    def write(self, hyperparameters: Hyperparameters, step: int) -> Tensor:
+        """The buffer's tensor, holding the scalars of the 1-based ``step``."""
+        scalars = self._step_scalars(hyperparameters, step)
+        host = self._host
+        if host is None:
+            host = self._host = HostScalars(() if isinstance(scalars, float) else (len(scalars),))
+        return host.write(scalars)

@@ -14,34 +14,34 @@ from collections.abc import Callable
 from types import TracebackType
 
 log = logging.getLogger(__name__)
-_thread_id = threading.get_ident
 
 
 class StateLock:
     """A re-entrant lock whose actions deferred by its holder run when it is released (see the module doc)."""
 
+    __slots__ = ("_deferred", "_depth", "_lock")
+
     def __init__(self) -> None:
         self._lock = threading.RLock()
-        self._owner: int | None = None
-        self._depth = 0
+        self._depth = 0  # how many times the holder entered it: its outermost exit runs the deferred actions
         self._deferred: list[tuple[Callable[[], None], str]] = []
 
     def __enter__(self) -> None:
         self._lock.acquire()
         self._depth += 1
-        self._owner = _thread_id()
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
     ) -> None:
-        try:
-            if self._deferred and self._depth == 1:
+        if self._deferred and self._depth == 1:
+            try:
                 self._run_deferred(exc_type)
-        finally:
-            self._depth -= 1
-            if not self._depth:
-                self._owner = None
-            self._lock.release()
+            finally:
+                self._depth -= 1
+                self._lock.release()
+            return
+        self._depth -= 1
+        self._lock.release()
 
     def _run_deferred(self, exc_type: type[BaseException] | None) -> None:
         """The deferred actions, in order; each dropped, with an error logged, where the step failed."""
@@ -54,7 +54,7 @@ class StateLock:
 
     def held_by_current_thread(self) -> bool:
         """Whether the calling thread holds the lock (it is inside a step, or a handler interrupted one)."""
-        return self._depth > 0 and self._owner == _thread_id()
+        return self._lock._is_owned()  # type: ignore[attr-defined]  # the RLock's own check, as Condition uses
 
     def defer(self, action: Callable[[], None], what: str) -> None:
         """Run ``action`` when the calling thread, which holds the lock, releases it for good (after

@@ -215,6 +215,14 @@ class TrainingEngine:
                 f"trainable parameters {self.trainable_parameter_names}; it updates "
                 f"{list(optimizer.param_names)}"
             )
+        packaged = self._packaged_train
+        if packaged is not None:  # the train program, then the optimizer's (its own or its kernel): one pass
+            reset = self._gradient_reset
+            outputs = packaged(inputs if type(inputs) is list else list(inputs), reset.pending)
+            reset.pending = False
+            optimizer.step()
+            reset.pending = True
+            return outputs
         if self.options.compiles_whole_step and optimizer.fuses_into_step and optimizer.loss_scaler is None:
             self.training_state.require_loaded("perform TrainStep")
             outputs = self._compiled_step(self._on_device(inputs, self._train_params[0].device), optimizer)

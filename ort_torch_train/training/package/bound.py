@@ -108,33 +108,33 @@ class BoundTrainStep:
         self._run = run
         self._arguments = arguments
         self._flags = ([torch.tensor(False)], [torch.tensor(True)])
+        self._output_count = len(program.outputs)
         self._signatures: set[tuple] = set()  # the input dtypes and shapes checked in full
 
     def __call__(self, inputs: list[Tensor], reset: bool) -> tuple[Tensor, ...]:
-        signature: list[object] = []
+        signature: tuple = ()
         for tensor in inputs:  # exact CPU tensors, contiguous: their dtypes and shapes say whether they were checked
             if type(tensor) is not Tensor or not tensor.is_cpu or not tensor.is_contiguous():
                 inputs = self._checked(inputs, None)
                 break
-            signature.append(tensor.dtype)
-            signature.append(tensor.shape)
+            signature += (tensor.dtype, tensor.shape)
         else:
-            if tuple(signature) not in self._signatures:
+            if signature not in self._signatures:
                 inputs = self._checked(inputs, signature)
         returned = self._run(inputs + self._arguments.current() + self._flags[reset])
-        if len(returned) != len(self._program.outputs):
+        if len(returned) != self._output_count:
             raise PackageError(
                 f"package {os.fspath(self._folder)!r}: the train program returned {len(returned)} tensors"
             )
         return tuple(returned)
 
-    def _checked(self, inputs: list[Tensor], signature: list[object] | None) -> list[Tensor]:
+    def _checked(self, inputs: list[Tensor], signature: tuple | None) -> list[Tensor]:
         cpu = [t.cpu() if isinstance(t, Tensor) and not t.is_cpu else t for t in inputs]  # as the other steps move them
         checked = checked_inputs(self._program, cpu, "TrainStep")
         if signature is not None:
             if len(self._signatures) >= SIGNATURES_HELD:
                 self._signatures.clear()
-            self._signatures.add(tuple(signature))
+            self._signatures.add(signature)
         return checked
 
 

@@ -177,6 +177,36 @@ def test_packaged_steps_see_the_state_replaced_behind_their_back(package: Path) 
     assert Module(case.artifact("training_model.onnx"), case.load_state()).packaged_update(optimizer_model) is None
 
 
+@pytest.mark.compile
+@pytest.mark.slow
+def test_module_step_on_a_package_is_the_three_calls(package: Path) -> None:
+    """``module.step(optimizer, ...)`` runs the train program, then the optimizer's, then resets the gradients: the
+    same losses, parameters and step count, bit for bit, as ``module(...)``, ``optimizer.step()``,
+    ``module.lazy_reset_grad()``, the learning rate changing at every step as a scheduler changes it."""
+    case = _case()
+
+    def train(one_call: bool) -> tuple[list[float], dict[str, np.ndarray], int]:
+        module = Module(case.artifact("training_model.onnx"), case.load_state(), compile=f"package:{package}")
+        optimizer = Optimizer(case.artifact("optimizer_model.onnx"), module)
+        losses = []
+        for step in range(4):
+            optimizer.set_learning_rate(case.lr_before(step))
+            if one_call:
+                losses.append(float(module.step(optimizer, *case.train_inputs(step))))
+            else:
+                losses.append(float(module(*case.train_inputs(step))))
+                optimizer.step()
+                module.lazy_reset_grad()
+        params = {n: p.detach().numpy().copy() for n, p in module.training_state.params.items()}
+        assert module.training_state.optimizer is not None
+        return losses, params, module.training_state.optimizer.step
+
+    (three_losses, three, three_steps), (losses, stepped, steps) = train(False), train(True)
+    assert losses == three_losses and steps == three_steps == 4
+    for name, value in three.items():
+        np.testing.assert_array_equal(stepped[name], value, err_msg=name)
+
+
 def _edited(package: Path, folder: Path, **changes: object) -> Path:
     shutil.copytree(package, folder)
     manifest = json.loads((folder / MANIFEST).read_text())
