@@ -25,7 +25,7 @@ import sympy
 import torch
 from torch import fx
 
-from ort_torch_train.passes.match import args_of, val
+from ort_torch_train.passes.match import args_of, known_val, val
 from ort_torch_train.torch_internals import GraphPass, custom_graph_pass, hash_of_files
 
 _aten = torch.ops.aten
@@ -42,7 +42,7 @@ def refined_reshapes(graph: fx.Graph) -> int:
         if chain is None:
             continue
         source, inner, order = chain
-        plan = _plan(val(source).shape, val(inner).shape, order, val(node).shape)  # type: ignore[union-attr]
+        plan = _plan(known_val(source).shape, known_val(inner).shape, order, known_val(node).shape)
         if plan is None:
             continue
         refined, refined_order, same_shape = plan
