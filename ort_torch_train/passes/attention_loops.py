@@ -75,18 +75,23 @@ def attention_loops_pass(then: GraphPass | None = None) -> GraphPass:
 
 
 def _plain_and_small(node: fx.Node) -> bool:
-    """Whether ``node``'s attention is float32, without dropout, mask or causal masking, with at most
-    ``MAX_SCORES`` static queries times keys per head."""
+    """Whether ``node``'s attention is float32, without dropout, mask or causal masking, one key and value head
+    per query head, with at most ``MAX_SCORES`` static queries times keys per head."""
     args = args_of(node)
     # the backward's arguments start with the output's gradient, and the output and log-sum-exp follow value
-    query, dropout_position = (0, 3) if node.target is _FORWARD else (1, 6)
-    query, key = args[query], args[query + 1]
+    first, dropout_position = (0, 3) if node.target is _FORWARD else (1, 6)
     dropout = _argument(node, dropout_position, "dropout_p", 0.0)
     causal = _argument(node, dropout_position + 1, "is_causal", False)
     if dropout != 0 or causal or node.kwargs.get("attn_mask") is not None:
         return False
-    query_val, key_val = val(query), val(key)
-    if query_val is None or key_val is None or query_val.dtype != torch.float32 or query_val.dim() != 4:
+    query_val, key_val, value_val = (val(arg) for arg in args[first : first + 3])
+    if query_val is None or key_val is None or value_val is None or query_val.dtype != torch.float32:
+        return False
+    if not query_val.dim() == key_val.dim() == value_val.dim() == 4:
+        return False
+    # one key and value head per query head (grouped heads reach the kernel repeated, but not always)
+    heads = [[_expression(size) for size in tensor.shape[:2]] for tensor in (query_val, key_val, value_val)]
+    if heads[1] != heads[0] or heads[2] != heads[0]:
         return False
     positions = (query_val.shape[-2], key_val.shape[-2])
     return all(isinstance(size, int) for size in positions) and positions[0] * positions[1] <= MAX_SCORES
