@@ -27,6 +27,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from ort_torch_train.fileio import atomic_write
 from ort_torch_train.optim.clip import clip_grad_norm_
 from ort_torch_train.optim.compiled import FusedUpdate
+from ort_torch_train.passes.attention_loops import attention_loops_pass
+from ort_torch_train.passes.refined_reshapes import refined_reshapes_pass
 from ort_torch_train.passes.small_products import MAX_STATIC_EXTENTS, small_products_pass
 from ort_torch_train.training.compile.step_spec import ParameterPlan
 
@@ -116,7 +118,8 @@ def compile_program(
     matrix products (``max_static_extents``: ``passes/small_products.py``; 0: none) in inductor's own loops."""
 
     def write(file: object) -> None:
-        with torch._inductor.config.patch(post_grad_custom_post_pass=small_products_pass(max_static_extents)):
+        loops = attention_loops_pass(then=refined_reshapes_pass())  # small attention, head views: their files
+        with torch._inductor.config.patch(post_grad_custom_post_pass=small_products_pass(max_static_extents, loops)):
             torch._inductor.aoti_compile_and_package(program, package_path=file)  # type: ignore[arg-type]
 
     atomic_write(path, write)
