@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import OperationConverterResult, attributes, constant_input, result
+from .common import OperationConverterResult, attributes, compiling_ahead, constant_input, result
 from .lean_cross_entropy import LeanSoftmaxCrossEntropy, pays_for
 from .registry import MICROSOFT, ConversionContext, register
 
@@ -42,7 +42,7 @@ class NegativeLogLikelihood(nn.Module):
                 raise self._label_error(labels, scores.shape[1]) from error
             return loss, None  # the log-probabilities output is read by no node
         log_prob = torch.log_softmax(scores, dim=1) if self.from_scores else scores
-        if torch.compiler.is_compiling():
+        if compiling_ahead():  # traced: no host check of the labels
             loss = self._loss(log_prob, labels, weight)
         else:
             try:  # torch's CPU kernel checks the labels; its error does not name the input
@@ -52,7 +52,8 @@ class NegativeLogLikelihood(nn.Module):
         return (loss, log_prob) if self.from_scores else loss
 
     def _lean_for(self, scores: torch.Tensor, weight: torch.Tensor | None) -> bool:
-        return self.lean and weight is None and pays_for(scores) and not torch.compiler.is_compiling()
+        # not traced: the lean loss checks its labels on the host and loops over the scores' sizes
+        return self.lean and weight is None and not compiling_ahead() and pays_for(scores)
 
     def _loss(self, log_prob: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
         labels = labels.long()
