@@ -6,7 +6,7 @@ weights' gate blocks re-ordered on the fly (GRU ``zrh`` -> torch ``rzn``, LSTM `
 every other node runs the per-timestep loop of ``rnn_cells``. A compiled graph runs the fused kernel as
 one opaque call with a backward of its own (``rnn_fused``), so that the length stays dynamic. A package's
 step (traced by make_fx) runs the per-timestep loop: the opaque call is an op defined in Python, which the
-runtime with no Python cannot run, and torch's kernel cannot be traced at symbolic sizes; the loop fixes the
+runtime with no Python cannot run, and torch's LSTM kernel cannot be traced at symbolic sizes; the loop fixes the
 length (the package builder then fixes the axes it cannot keep dynamic). onnxruntime-training's forward nodes
 ``com.microsoft::GRUTraining``/``LSTMTraining`` (in ORT-made training models) convert the same way.
 """
