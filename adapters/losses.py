@@ -35,14 +35,16 @@ class NegativeLogLikelihood(nn.Module):
     def forward(
         self, scores: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:
-        if self._lean_for(scores, weight):
+        traced = compiling_ahead()
+        # the lean loss checks its labels on the host and loops over the scores' sizes: eager only
+        if self.lean and weight is None and not traced and pays_for(scores):
             try:
                 loss = LeanSoftmaxCrossEntropy.apply(scores, labels, self.ignore_index, self.reduction)
             except IndexError as error:
                 raise self._label_error(labels, scores.shape[1]) from error
             return loss, None  # the log-probabilities output is read by no node
         log_prob = torch.log_softmax(scores, dim=1) if self.from_scores else scores
-        if compiling_ahead():  # traced: no host check of the labels
+        if traced:  # no host check of the labels
             loss = self._loss(log_prob, labels, weight)
         else:
             try:  # torch's CPU kernel checks the labels; its error does not name the input
@@ -50,10 +52,6 @@ class NegativeLogLikelihood(nn.Module):
             except IndexError as error:
                 raise self._label_error(labels, scores.shape[1]) from error
         return (loss, log_prob) if self.from_scores else loss
-
-    def _lean_for(self, scores: torch.Tensor, weight: torch.Tensor | None) -> bool:
-        # not traced: the lean loss checks its labels on the host and loops over the scores' sizes
-        return self.lean and weight is None and not compiling_ahead() and pays_for(scores)
 
     def _loss(self, log_prob: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
         labels = labels.long()
