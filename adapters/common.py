@@ -87,10 +87,16 @@ def compiling_ahead() -> bool:
     return torch.compiler.is_compiling() or traced_by_make_fx()
 
 
+def tracing_package() -> bool:
+    """Whether make_fx traces the running code for an AOTInductor package (``training/package``), not
+    torch.compile: the package's steps run where no Python is, so no op defined in Python may enter them."""
+    return not torch.compiler.is_compiling() and traced_by_make_fx()
+
+
 def guard_or_false(condition: bool | torch.SymBool) -> bool:
-    """``condition`` where it is decided; False where torch.compile cannot decide it (a size read from data).
-    Outside torch.compile every size is a number, and the symbolic-shape machinery is not imported."""
-    if not torch.compiler.is_compiling():
+    """``condition`` where it is decided; False where the trace cannot decide it (a size read from data).
+    Outside a trace (``compiling_ahead``) every size is a number, and the symbolic-shape machinery is not imported."""
+    if not compiling_ahead():
         return bool(condition)
     from torch.fx.experimental import symbolic_shapes
 
@@ -98,8 +104,8 @@ def guard_or_false(condition: bool | torch.SymBool) -> bool:
 
 
 def guard_or_true(condition: bool | torch.SymBool) -> bool:
-    """``condition`` where it is decided; True where torch.compile cannot decide it."""
-    if not torch.compiler.is_compiling():
+    """``condition`` where it is decided; True where the trace cannot decide it."""
+    if not compiling_ahead():
         return bool(condition)
     from torch.fx.experimental import symbolic_shapes
 
@@ -107,7 +113,7 @@ def guard_or_true(condition: bool | torch.SymBool) -> bool:
 
 
 def if_else(condition: bool | torch.SymBool, then: Any, otherwise: Any) -> Any:
-    """``then if condition else otherwise``; where torch.compile cannot decide ``condition`` (a size read
+    """``then if condition else otherwise``; where the trace cannot decide ``condition`` (a size read
     from data), an expression of both that the compiled step evaluates (``torch.sym_ite``)."""
     if guard_or_false(condition):
         return then
@@ -117,7 +123,7 @@ def if_else(condition: bool | torch.SymBool, then: Any, otherwise: Any) -> Any:
 
 
 def clamp_size(value: Any, low: Any, high: Any) -> Any:
-    """``value`` clamped to ``[low, high]``, deciding nothing torch.compile cannot (``if_else``)."""
+    """``value`` clamped to ``[low, high]``, deciding nothing the trace cannot (``if_else``)."""
     value = if_else(value < low, low, value)
     return if_else(value > high, high, value)
 
@@ -129,11 +135,11 @@ def values_of(values: torch.Tensor | list) -> list:
 
 
 def sizes_of(values: torch.Tensor | list, least: int = 0) -> list:
-    """``values_of`` a shape input whose entries are sizes, each declared to torch.compile as at least
-    ``least`` where it is formed: a size read from data (the tokens a Mixture-of-Experts layer routes to
-    one expert) is otherwise a value torch knows nothing of, and any comparison on it a guard it cannot make."""
+    """``values_of`` a shape input whose entries are sizes, each declared to the trace (``compiling_ahead``) as
+    at least ``least`` where it is formed: a size read from data (the tokens a Mixture-of-Experts layer routes
+    to one expert) is otherwise a value torch knows nothing of, and any comparison on it a guard it cannot make."""
     sizes = values_of(values)
-    if torch.compiler.is_compiling():
+    if compiling_ahead():
         for size in sizes:
             torch._check(size >= least)
     return sizes

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import OperationConverterResult, attributes, constant_input, is_constant, result
+from .common import OperationConverterResult, attributes, compiling_ahead, constant_input, is_constant, result
 from .registry import MICROSOFT, ConversionContext, register
 
 if TYPE_CHECKING:
@@ -30,9 +30,9 @@ class Dropout(nn.Module):
         p = self.ratio if self.ratio is not None else (0.5 if ratio is None else float(ratio))
         if not self.active or p == 0.0:
             y, mask = x, (torch.ones_like(x, dtype=torch.bool) if self.with_mask else None)
-        elif not self.with_mask and not torch.compiler.is_compiling():
+        elif not self.with_mask and not compiling_ahead():
             y, mask = F.dropout(x, p, training=True), None
-        else:  # compiled: F.dropout under torch.func.grad cannot trace a dynamic size, the mask's form can
+        else:  # traced (torch.compile, a package): F.dropout under torch.func.grad cannot trace a dynamic size
             mask = torch.rand_like(x, dtype=torch.float32) >= p
             y = x * mask / (1.0 - p) if p < 1.0 else torch.zeros_like(x)
             mask = mask if self.with_mask else None

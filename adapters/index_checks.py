@@ -5,10 +5,11 @@ Anything else raises ``IndexRangeError`` naming the op, the input, the value and
 torch would wrap it, read past the end, or fail with a message that names neither.
 
 Eager CPU tensors are checked on the host: ``IndexRangeError`` (an IndexError and a RuntimeError)
-names the value too. Compiled graphs and CUDA tensors are checked where they run, without a host
-synchronisation (``torch._assert_async``, which Dynamo keeps and inductor compiles into the step): a
-compiled CPU step raises a RuntimeError with the op, the input and the range; on CUDA a bad index
-stops the process's CUDA work with a device-side assert, as torch's own kernels do.
+names the value too. Compiled graphs (torch.compile's, and a package's steps, traced by make_fx) and CUDA
+tensors are checked where they run, without a host synchronisation (``torch._assert_async``, which Dynamo
+and make_fx keep and inductor compiles into the step): a compiled CPU step raises a RuntimeError with the
+op, the input and the range; on CUDA a bad index stops the process's CUDA work with a device-side assert, as
+torch's own kernels do.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from ort_torch_train.errors import IndexRangeError
+
+from .common import compiling_ahead, tracing_package
 
 if TYPE_CHECKING:
     from onnx2torch.onnx_node import OnnxNode
@@ -36,7 +39,10 @@ def wrapped_indices(indices: torch.Tensor, sizes: int | Sequence[int], op: str, 
     ``sizes`` is one axis size, or one per entry of the last axis (GatherND/ScatterND index tuples).
     ``op`` and ``name`` name the node and its input in the error.
     """
-    highs = [sizes] if isinstance(sizes, int) else [int(size) for size in sizes]
+    if tracing_package():  # make_fx's sizes are SymInts: int() would fix each axis to its traced size
+        highs = [sizes] if isinstance(sizes, int | torch.SymInt) else list(sizes)
+    else:
+        highs = [sizes] if isinstance(sizes, int) else [int(size) for size in sizes]
     return _checked(indices.to(torch.int64), [-size for size in highs], highs, True, op, name)
 
 
@@ -50,7 +56,7 @@ def check_range(indices: torch.Tensor, low: int, high: int, op: str, name: str) 
     the host; a device-side assert with the op, input and range on CUDA and in compiled graphs.
 
     Returns the smallest entry where the check ran on the host (None otherwise)."""
-    if indices.is_cuda or torch.compiler.is_compiling():  # no test of the count: it may be data-dependent
+    if indices.is_cuda or compiling_ahead():  # no test of the count: it may be data-dependent
         message = f"{op}: {name} holds a value outside the valid range {_range_text(low, high)}"
         torch._assert_async(((indices >= low) & (indices < high)).all(), message)
         return None
@@ -69,7 +75,7 @@ def _range_text(low: int, high: int) -> str:
     """``[low, high)``, or "of its axis" where a bound is a size that varies while tracing: formatting that
     size would fix it to its current value (Dynamo shows a symbolic size as an int, so a bound is told from
     a constant by its value range, a point only for a constant)."""
-    if not torch.compiler.is_compiling():  # eager on CUDA: the bounds are ints (and sympy stays unloaded)
+    if not compiling_ahead():  # eager on CUDA: the bounds are ints (and sympy stays unloaded)
         return f"[{low}, {high})"
     if all(_known_constant(bound) for bound in (low, high)):
         return f"[{low}, {high})"

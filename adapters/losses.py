@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import OperationConverterResult, attributes, constant_input, result
+from .common import OperationConverterResult, attributes, compiling_ahead, constant_input, result
 from .lean_cross_entropy import LeanSoftmaxCrossEntropy, pays_for
 from .registry import MICROSOFT, ConversionContext, register
 
@@ -35,14 +35,16 @@ class NegativeLogLikelihood(nn.Module):
     def forward(
         self, scores: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:
-        if self._lean_for(scores, weight):
+        traced = compiling_ahead()
+        # the lean loss checks its labels on the host and loops over the scores' sizes: eager only
+        if self.lean and weight is None and not traced and pays_for(scores):
             try:
                 loss = LeanSoftmaxCrossEntropy.apply(scores, labels, self.ignore_index, self.reduction)
             except IndexError as error:
                 raise self._label_error(labels, scores.shape[1]) from error
             return loss, None  # the log-probabilities output is read by no node
         log_prob = torch.log_softmax(scores, dim=1) if self.from_scores else scores
-        if torch.compiler.is_compiling():
+        if traced:  # no host check of the labels
             loss = self._loss(log_prob, labels, weight)
         else:
             try:  # torch's CPU kernel checks the labels; its error does not name the input
@@ -50,9 +52,6 @@ class NegativeLogLikelihood(nn.Module):
             except IndexError as error:
                 raise self._label_error(labels, scores.shape[1]) from error
         return (loss, log_prob) if self.from_scores else loss
-
-    def _lean_for(self, scores: torch.Tensor, weight: torch.Tensor | None) -> bool:
-        return self.lean and weight is None and pays_for(scores) and not torch.compiler.is_compiling()
 
     def _loss(self, log_prob: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
         labels = labels.long()

@@ -4,7 +4,10 @@ torch's fused recurrent kernels run the nodes whose semantics they share (defaul
 clip, peepholes, input_forget or sequence_lens, GRU with ``linear_before_reset=1``), with the ONNX
 weights' gate blocks re-ordered on the fly (GRU ``zrh`` -> torch ``rzn``, LSTM ``iofc`` -> ``ifco``);
 every other node runs the per-timestep loop of ``rnn_cells``. A compiled graph runs the fused kernel as
-one opaque call with a backward of its own (``rnn_fused``), so that the length stays dynamic. onnxruntime-training's forward nodes
+one opaque call with a backward of its own (``rnn_fused``), so that the length stays dynamic. A package's
+step (traced by make_fx) runs the per-timestep loop: the opaque call is an op defined in Python, which the
+runtime with no Python cannot run, and torch's LSTM kernel cannot be traced at symbolic sizes; the loop fixes the
+length (the package builder then fixes the axes it cannot keep dynamic). onnxruntime-training's forward nodes
 ``com.microsoft::GRUTraining``/``LSTMTraining`` (in ORT-made training models) convert the same way.
 """
 
@@ -18,7 +21,7 @@ from torch import nn
 
 from ort_torch_train.errors import UnsupportedOperatorError
 
-from .common import OperationConverterResult, attributes, has_input, input_shape, result
+from .common import OperationConverterResult, attributes, has_input, input_shape, result, tracing_package
 from .registry import MICROSOFT, ConversionContext, register
 from .rnn_cells import ActivationSpec, activation_specs, recurrent_direction
 from .rnn_fused import TORCH_GATE_ORDER, fused_kernel, fused_recurrent
@@ -93,7 +96,7 @@ def recurrent(
     states = (config.num_directions, x.shape[1], r.shape[-1])
     h0 = x.new_zeros(states) if initial_h is None else initial_h
     c0 = None if config.op_type != "LSTM" else (x.new_zeros(states) if initial_c is None else initial_c)
-    if config.fused:  # in a compiled graph, one opaque call that keeps the length dynamic
+    if config.fused and not tracing_package():  # in a compiled graph, one opaque call that keeps the length dynamic
         run = fused_recurrent if torch.compiler.is_compiling() else fused_kernel
         y, y_h, y_c = run(config.op_type, config.direction, config.activations[0].name == "relu", x, w, r, b, h0, c0)
     else:

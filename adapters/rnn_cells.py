@@ -102,7 +102,7 @@ def recurrent_direction(
     ``w [G*hidden, input]``, ``r [G*hidden, hidden]``, ``b [2*G*hidden]``, ``p [3*hidden]``.
     """
     input_bias, recurrence_bias = b.chunk(2) if b is not None else (None, None)
-    projected = F.linear(x, w, input_bias)  # every step's input projection at once
+    projected = _input_projection(x, w, input_bias)
     hidden = r.shape[-1]
     steps = range(x.shape[0] - 1, -1, -1) if reverse else range(x.shape[0])
     zeros = torch.zeros_like(h)
@@ -126,6 +126,15 @@ def recurrent_direction(
         h = torch.where(empty, zeros, h)
         c = None if c is None else torch.where(empty, zeros, c)
     return torch.stack(outputs), h, c
+
+
+def _input_projection(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, w, bias)``, every step's input projection at once; a contiguous ``x`` as the product of
+    its rows that F.linear makes of it, written out: F.linear's own folding, traced by make_fx under
+    ``torch.func.grad`` (a package's step), keeps ``x`` as a constant of the traced graph."""
+    if not x.is_contiguous():
+        return F.linear(x, w, bias)
+    return F.linear(x.reshape(-1, x.shape[-1]), w, bias).reshape(*x.shape[:-1], w.shape[0])
 
 
 def _gru_step(projected, h, r, recurrence_bias, hidden, activations, clip, linear_before_reset):

@@ -16,6 +16,7 @@ from .common import (
     Inline,
     OperationConverterResult,
     attributes,
+    compiling_ahead,
     constant_ints,
     guard_or_false,
     has_input,
@@ -129,7 +130,7 @@ def expand_dynamic(x: torch.Tensor, shape: torch.Tensor | list) -> torch.Tensor:
     """Expand (bidirectional broadcast) to a shape known only at run time."""
     dims = tuple(sizes_of(shape))
     # torch's rule where sizes may be symbolic (traced); eagerly, ours, which does not load sympy
-    target = torch.broadcast_shapes(x.shape, dims) if torch.compiler.is_compiling() else broadcast_shape(x.shape, dims)
+    target = torch.broadcast_shapes(x.shape, dims) if compiling_ahead() else broadcast_shape(x.shape, dims)
     check_output_size("Expand", target, x.dtype)
     return x.expand(target)
 

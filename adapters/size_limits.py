@@ -13,6 +13,8 @@ import torch
 
 from ort_torch_train.errors import GraphSizeError
 
+from .common import compiling_ahead
+
 
 @cache
 def host_memory_bytes() -> int:
@@ -22,8 +24,9 @@ def host_memory_bytes() -> int:
 
 def check_output_size(op: str, shape: Sequence[int], dtype: torch.dtype) -> None:
     """Raise ``GraphSizeError`` when a ``dtype`` tensor of ``shape`` would not fit in this host's memory
-    (not while torch.compile traces: sizes may be symbolic, their values unknown until the step runs)."""
-    if torch.compiler.is_compiling():
+    (not while a step is traced, ``compiling_ahead``: sizes may be symbolic, their values unknown until the step
+    runs, and reading one as a number would fix its axis to the traced size)."""
+    if compiling_ahead():
         return
     elements = math.prod(max(int(size), 0) for size in shape)
     needed = elements * dtype.itemsize

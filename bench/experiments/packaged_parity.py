@@ -3,7 +3,7 @@ libort_torch_train_packaged, trains a fixture's package for many steps, against 
 run through the same package, on the same batches.
 
     .venv/bin/python bench/experiments/packaged_parity.py [--steps 50] [--cache bench/.cache/parity]
-        [--ort-python .venv-ort/bin/python] [--out bench/results/NAME.md] [CASE ...]
+        [--ort-python .venv-ort/bin/python] [--fixtures DIR] [--out bench/results/NAME.md] [CASE ...]
 
 Builds (or reuses from the cache folder) each fixture's package (``ort-torch-train package``), the runtime and
 tests/native/packaged_runtime.c, as tests/integration/test_packaged_runtime.py does. Each step is a train step
@@ -14,6 +14,9 @@ C program's losses, eval loss and final parameters from the eager run's (relativ
 floored at 1e-6), whether its checkpoint equals, byte for byte, those of the Python runs, whether libpython was
 mapped in its process, and whether ONNX Runtime 1.19.2 loads its checkpoint (CheckpointState.load_checkpoint) and
 takes a train and optimizer step with it (Module and Optimizer on the fixture's artifacts).
+
+``--fixtures``: the folder holding the fixtures (default tests/fixtures); another folder lays its fixtures out as
+tests/fixtures does (artifacts/, data.npz, expected.json's data_keys), as recurrent_fixtures.py writes them.
 """
 
 from __future__ import annotations
@@ -75,25 +78,27 @@ def _runtime(cache: Path) -> Path:
     return program
 
 
-def _package(cache: Path, case: str) -> Path:
+def _package(cache: Path, case: str, fixtures: Path) -> Path:
     """The fixture's package, built once into ``cache``."""
     folder = cache / "packages" / case
     if not (folder / "manifest.json").is_file():
-        if cli(["package", str(FIXTURES / case / "artifacts"), "--out", str(folder)]) != 0:
+        if cli(["package", str(fixtures / case / "artifacts"), "--out", str(folder)]) != 0:
             raise RuntimeError(f"packaging {case} failed")
     return folder
 
 
-def _run_c(program: Path, package: Path, case: str, folder: Path, steps: int) -> tuple[dict[str, str], Path]:
+def _run_c(
+    program: Path, package: Path, case: str, folder: Path, steps: int, fixtures: Path
+) -> tuple[dict[str, str], Path]:
     """The C program's run: its printed lines as a mapping, and its output folder."""
     data, out = folder / "data", folder / "out"
-    write_raw_inputs(case, data, steps)
+    write_raw_inputs(case, data, steps, root=fixtures)
     out.mkdir()
     manifest = json.loads((package / "manifest.json").read_text())
     parameter = manifest["trainable"][0]["name"]
     lines = (package / "native_steps.txt").read_text().splitlines()
     exported = ",".join(line.split()[2] for line in lines if line.startswith("export_output 0 "))
-    checkpoint = FIXTURES / case / "artifacts" / "checkpoint"
+    checkpoint = fixtures / case / "artifacts" / "checkpoint"
     arguments = [str(package), str(checkpoint), str(data), str(out), str(steps), str(ACCUMULATED), parameter, exported]
     done = subprocess.run([str(program), *arguments], capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
@@ -129,21 +134,23 @@ def _noise_gradients(saved: TrainingState, reference: TrainingState) -> tuple[fl
     return largest, counts
 
 
-def _python(case: str, steps: int, compile: bool | str) -> tuple[np.ndarray, float, np.ndarray, bytes]:
+def _python(case: str, steps: int, compile: bool | str, fixtures: Path) -> tuple[np.ndarray, float, np.ndarray, bytes]:
     """The same training through the Python API: (losses, eval loss, parameters, checkpoint bytes)."""
-    run = python_run(case, steps, compile, (2, steps + 1), ACCUMULATED)
+    run = python_run(case, steps, compile, (2, steps + 1), ACCUMULATED, fixtures)
     run.state.properties["epoch"], run.state.properties["note"] = 3, "packaged"  # the C program's AddProperty calls
     params = run.module.contiguous_parameters(False).detach().numpy().copy()
     written = bytes(run.module.training_state.to_bytes(include_optimizer_state=True))
     return run.losses, float(run.eval_loss.reshape(-1)[0]), params, written
 
 
-def _ort_loads(ort_python: Path, case: str, checkpoint: Path, folder: Path, steps: int) -> dict[str, object]:
+def _ort_loads(
+    ort_python: Path, case: str, checkpoint: Path, folder: Path, steps: int, fixtures: Path
+) -> dict[str, object]:
     """ORT 1.19.2 loads ``checkpoint`` and takes a step on the batch after the run's last."""
-    train, _ = fixture_batches(case, steps + 1)
+    train, _ = fixture_batches(case, steps + 1, fixtures)
     batch = folder / "next_batch.npz"
     np.savez(batch, *train[-1])
-    artifacts = FIXTURES / case / "artifacts"
+    artifacts = fixtures / case / "artifacts"
     done = subprocess.run(
         [str(ort_python), "-c", ORT_STEP, str(checkpoint), str(artifacts), str(batch)],
         capture_output=True,
@@ -156,12 +163,12 @@ def _ort_loads(ort_python: Path, case: str, checkpoint: Path, folder: Path, step
     return {"loaded": True, "loss": found["loss"], "finite": bool(np.isfinite(found["loss"]))}
 
 
-def measure(case: str, program: Path, cache: Path, steps: int, ort_python: Path) -> dict[str, object]:
+def measure(case: str, program: Path, cache: Path, steps: int, ort_python: Path, fixtures: Path) -> dict[str, object]:
     """One fixture's figures."""
-    package = _package(cache, case)
+    package = _package(cache, case, fixtures)
     folder = cache / "runs" / case / datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
-    printed, out = _run_c(program, package, case, folder, steps)
-    eager, packaged = _python(case, steps, False), _python(case, steps, f"package:{package}")
+    printed, out = _run_c(program, package, case, folder, steps, fixtures)
+    eager, packaged = _python(case, steps, False, fixtures), _python(case, steps, f"package:{package}", fixtures)
     losses = np.fromfile(out / "losses.bin", dtype=np.float32)
     params = np.fromfile(out / "params.bin", dtype=np.float32)
     eval_loss = np.fromfile(out / "eval.bin", dtype=np.float32)[:1]
@@ -191,7 +198,7 @@ def measure(case: str, program: Path, cache: Path, steps: int, ort_python: Path)
         "checkpoint_is_engine_bytes": bytes(saved.to_bytes(include_optimizer_state=True)) == written,
         "checkpoint_equals_package_run": written == packaged[3],
         "checkpoint_equals_eager_run": written == eager[3],
-        "ort": _ort_loads(ort_python, case, out / "checkpoint", folder, steps),
+        "ort": _ort_loads(ort_python, case, out / "checkpoint", folder, steps, fixtures),
     }
 
 
@@ -224,12 +231,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--cache", type=Path, default=ROOT / "bench" / ".cache" / "parity")
     parser.add_argument("--ort-python", type=Path, default=ROOT / ".venv-ort" / "bin" / "python")
+    parser.add_argument("--fixtures", type=Path, default=FIXTURES, help="the folder holding the fixtures")
     parser.add_argument("--out", type=Path, default=None, help="the result file (.md; the figures beside it as .json)")
     args = parser.parse_args()
     program = _runtime(args.cache)
     results = []
     for case in args.cases:
-        results.append(measure(case, program, args.cache, args.steps, args.ort_python))
+        results.append(measure(case, program, args.cache, args.steps, args.ort_python, args.fixtures))
         print(json.dumps(results[-1]), flush=True)
     lines = _table(results)
     print("\n".join(lines))

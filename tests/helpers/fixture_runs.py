@@ -17,21 +17,21 @@ from tests.helpers.paths import FIXTURES
 ELEM_TYPES = {"float32": 1, "int64": 7}  # ONNX's element types of the fixtures' inputs
 
 
-def fixture_batches(name: str, steps: int) -> tuple[list[list[np.ndarray]], list[np.ndarray]]:
-    """The fixture's first ``steps`` training batches (one list of inputs per step; past its last batch, its batches
-    again from the first) and its eval inputs."""
-    expected = json.loads((FIXTURES / name / "expected.json").read_text())
-    data = np.load(FIXTURES / name / "data.npz")
+def fixture_batches(name: str, steps: int, root: Path = FIXTURES) -> tuple[list[list[np.ndarray]], list[np.ndarray]]:
+    """The first ``steps`` training batches of the fixture ``name`` in the folder ``root`` (one list of inputs per
+    step; past its last batch, its batches again from the first) and its eval inputs."""
+    expected = json.loads((root / name / "expected.json").read_text())
+    data = np.load(root / name / "data.npz")
     keys = expected["data_keys"]["train"]
     train = [[data[key][step % len(data[key])] for key in keys] for step in range(steps)]
     return train, [data[key] for key in expected["data_keys"]["eval"]]
 
 
-def write_raw_inputs(name: str, folder: Path, steps: int, *extra_lines: str) -> None:
+def write_raw_inputs(name: str, folder: Path, steps: int, *extra_lines: str, root: Path = FIXTURES) -> None:
     """``folder``/manifest.txt (one line per input: kind, index, element type, rank, shape; then ``extra_lines``)
-    and each input's raw bytes: train_STEP_K.bin, eval_K.bin."""
+    and each input's raw bytes: train_STEP_K.bin, eval_K.bin (the fixture ``name`` in the folder ``root``)."""
     folder.mkdir(parents=True)
-    train, evaluation = fixture_batches(name, steps)
+    train, evaluation = fixture_batches(name, steps, root)
     lines = []
     for kind, arrays in (("train", train[0]), ("eval", evaluation)):
         for k, array in enumerate(arrays):
@@ -60,18 +60,19 @@ def python_run(
     compile: bool | str,
     schedule: tuple[int, int],
     accumulated: int | None = None,
+    root: Path = FIXTURES,
 ) -> PythonRun:
     """The fixture trained through the Python API for ``steps`` steps with a LinearLRScheduler (warm-up and total
     steps ``schedule``, from 0.01), then evaluated; after step ``accumulated`` (counted from 0) neither the optimizer
-    steps nor the gradients reset, so the next step adds to them."""
-    artifacts = FIXTURES / name / "artifacts"
+    steps nor the gradients reset, so the next step adds to them. ``root``: the folder holding the fixture."""
+    artifacts = root / name / "artifacts"
     state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
     module = Module(
         os.fspath(artifacts / "training_model.onnx"), state, os.fspath(artifacts / "eval_model.onnx"), compile=compile
     )
     optimizer = Optimizer(os.fspath(artifacts / "optimizer_model.onnx"), module)
     scheduler = LinearLRScheduler(optimizer, *schedule, 0.01)
-    train, evaluation = fixture_batches(name, steps)
+    train, evaluation = fixture_batches(name, steps, root)
     losses = []
     for step, inputs in enumerate(train):
         losses.append(np.asarray(module(*inputs), np.float32).reshape(-1))
