@@ -1,11 +1,13 @@
 """A package's train program with and without ``passes/small_products.py``: its own per-call cost (issue 51, item 4).
 
-    .venv/bin/python bench/experiments/small_products.py [--models mlp batchnorm ...] [--limits 0 4096]
+    .venv/bin/python bench/experiments/small_products.py [--models mlp batchnorm ...] [--limits 0 1024/256:serial]
         [--rounds 9] [--calls 300] [--out bench/results/STAMP-small-products]
 
 For each model (tests/fixtures, made by ORT 1.19.2) its train step is exported as ``ort-torch-train package``
 exports it (the batch dynamic) and compiled with AOTInductor once per limit (``MAX_STATIC_EXTENTS``; 0: no
-product rewritten, the program as built before the pass), each program loaded by libtorch's loader (one thread,
+product rewritten, the program as built before the pass; ``L/S``: the limit ``S`` for products summed over the
+batch, ``max_summed_extents``; suffixes ``:serial``, ``:planned``, ``:stack``: inductor's ``cpp.threads=1``,
+``memory_planning``, ``aot_inductor.allow_stack_allocation`` besides), each program loaded by libtorch's loader (one thread,
 as the runtime with no Python loads it) and called on the same arguments at batch 8 and 64, in blocks
 alternating between the limits, round after round; a block's figure is the process's CPU time per call
 (``time.process_time``), the Python call of the loader's ``run`` included. Before timing, each program's outputs
@@ -54,6 +56,24 @@ def arguments_at(example: list[torch.Tensor], inputs: int, batch: int) -> list[t
     return arguments
 
 
+SUFFIXES = {  # a variant's suffix -> the inductor settings it compiles under, besides compile_program's
+    "serial": {"cpp.threads": 1},
+    "planned": {"memory_planning": True},
+    "stack": {"aot_inductor.allow_stack_allocation": True},
+}
+
+
+def settings_of(variant: str) -> tuple[dict[str, int | None], dict[str, object]]:
+    """``compile_program``'s keywords and the inductor settings for a variant ``LIMIT[/SUMMED_LIMIT][:SUFFIX...]``."""
+    limits, *suffixes = variant.split(":")
+    static, _, summed = limits.partition("/")
+    unknown = [suffix for suffix in suffixes if suffix not in SUFFIXES]
+    if unknown:
+        raise SystemExit(f"variant {variant!r}: expected suffixes among {sorted(SUFFIXES)}, got {unknown}")
+    keywords = {"max_static_extents": int(static), "max_summed_extents": int(summed) if summed else None}
+    return keywords, {key: value for suffix in suffixes for key, value in SUFFIXES[suffix].items()}
+
+
 def extern_products(path: Path) -> int:
     """How many extern matrix products (``mm``, ``addmm``, ``bmm`` calls) the package file's program makes."""
     with zipfile.ZipFile(path) as archive:
@@ -64,7 +84,7 @@ def extern_products(path: Path) -> int:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", choices=sorted(FIXTURES), default=[m for m in FIXTURES if m != "cnn"])
-    parser.add_argument("--limits", nargs="+", type=int, default=[0, 256, 1024])
+    parser.add_argument("--limits", nargs="+", default=["0", "256", "1024"])
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--out", type=Path)
@@ -78,9 +98,11 @@ def main(argv: list[str] | None = None) -> dict:
             exported, example, inputs = train_program(FIXTURES[model], 8, static=False)
             runners, compile_s, externs = {}, {}, {}
             for limit in args.limits:
-                path = Path(scratch) / f"{model}-{limit}.pt2"
+                path = Path(scratch) / f"{model}-{len(runners)}.pt2"
                 started = time.perf_counter()
-                programs.compile_program(exported, path, max_static_extents=limit)
+                keywords, inductor = settings_of(limit)
+                with torch._inductor.config.patch(inductor):
+                    programs.compile_program(exported, path, **keywords)
                 externs[limit] = extern_products(path)
                 compile_s[limit] = time.perf_counter() - started
                 runners[limit] = aoti_package_runner(str(path))

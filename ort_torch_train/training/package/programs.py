@@ -110,13 +110,21 @@ def export_step(
 
 
 def compile_program(
-    program: ExportedProgram, path: str | os.PathLike, *, max_static_extents: int = MAX_STATIC_EXTENTS
+    program: ExportedProgram,
+    path: str | os.PathLike,
+    *,
+    max_static_extents: int = MAX_STATIC_EXTENTS,
+    max_summed_extents: int | None = None,
 ) -> None:
     """Compile ``program`` with AOTInductor into the package file ``path`` (written atomically), its small
-    matrix products (``max_static_extents``: ``passes/small_products.py``; 0: none) in inductor's own loops."""
+    matrix products (``max_static_extents``, ``max_summed_extents``: ``passes/small_products.py``; 0: none) in
+    inductor's own loops."""
+    settings: dict[str, object] = {
+        "post_grad_custom_post_pass": small_products_pass(max_static_extents, max_summed_extents=max_summed_extents)
+    }
 
     def write(file: object) -> None:
-        with torch._inductor.config.patch(post_grad_custom_post_pass=small_products_pass(max_static_extents)):
+        with torch._inductor.config.patch(settings):
             torch._inductor.aoti_compile_and_package(program, package_path=file)  # type: ignore[arg-type]
 
     atomic_write(path, write)
