@@ -1,23 +1,25 @@
 """A package's train program with and without ``passes/small_products.py``: its own per-call cost (issue 51, item 4).
 
-    .venv/bin/python bench/experiments/small_products.py [--models mlp batchnorm ...] [--limits 0 1024/256:serial]
+    .venv/bin/python bench/experiments/small_products.py [--models mlp batchnorm ...] [--limits 0 256:stack]
         [--rounds 9] [--calls 300] [--out bench/results/STAMP-small-products]
 
 For each model (tests/fixtures, made by ORT 1.19.2) its train step is exported as ``ort-torch-train package``
 exports it (the batch dynamic) and compiled with AOTInductor once per limit (``MAX_STATIC_EXTENTS``; 0: no
-product rewritten, the program as built before the pass; ``L/S``: the limit ``S`` for products summed over the
-batch, ``max_summed_extents``; suffixes ``:serial``, ``:planned``, ``:stack``: inductor's ``cpp.threads=1``,
-``memory_planning``, ``aot_inductor.allow_stack_allocation`` besides), each program loaded by libtorch's loader (one thread,
-as the runtime with no Python loads it) and called on the same arguments at batch 8 and 64, in blocks
-alternating between the limits, round after round; a block's figure is the process's CPU time per call
-(``time.process_time``), the Python call of the loader's ``run`` included. Before timing, each program's outputs
-and updated gradients are compared with the first limit's (the largest difference is reported).
+product rewritten, the program as built before the pass; suffixes over ``programs.PROGRAM_SETTINGS``: ``:serial``
+inductor's ``cpp.threads=1``, ``:unplanned`` ``memory_planning`` off, ``:stack``
+``aot_inductor.allow_stack_allocation``, ``:o3`` the wrapper compiled at -O3), each program loaded by libtorch's
+loader (one thread, as the runtime with no Python loads it) and called on the same arguments at batch 8 and 64, in
+blocks alternating between the limits, round after round; a block's figure is the process's CPU time per call
+(``time.process_time``), the Python call of the loader's ``run`` included, Python's garbage collector off. Before
+timing, each program's outputs and updated gradients are compared with the first limit's (the largest difference
+is reported).
 Writes OUT.md and OUT.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import re
@@ -56,22 +58,21 @@ def arguments_at(example: list[torch.Tensor], inputs: int, batch: int) -> list[t
     return arguments
 
 
-SUFFIXES = {  # a variant's suffix -> the inductor settings it compiles under, besides compile_program's
+SUFFIXES = {  # a variant's suffix -> inductor settings over the package's (programs.PROGRAM_SETTINGS)
     "serial": {"cpp.threads": 1},
-    "planned": {"memory_planning": True},
+    "unplanned": {"memory_planning": False},
     "stack": {"aot_inductor.allow_stack_allocation": True},
+    "o3": {"aot_inductor.compile_wrapper_opt_level": "O3"},
 }
 
 
-def settings_of(variant: str) -> tuple[dict[str, int | None], dict[str, object]]:
-    """``compile_program``'s keywords and the inductor settings for a variant ``LIMIT[/SUMMED_LIMIT][:SUFFIX...]``."""
-    limits, *suffixes = variant.split(":")
-    static, _, summed = limits.partition("/")
+def settings_of(variant: str) -> tuple[int, dict[str, object]]:
+    """The limit and the inductor settings of a variant ``LIMIT[:SUFFIX...]``."""
+    limit, *suffixes = variant.split(":")
     unknown = [suffix for suffix in suffixes if suffix not in SUFFIXES]
     if unknown:
         raise SystemExit(f"variant {variant!r}: expected suffixes among {sorted(SUFFIXES)}, got {unknown}")
-    keywords = {"max_static_extents": int(static), "max_summed_extents": int(summed) if summed else None}
-    return keywords, {key: value for suffix in suffixes for key, value in SUFFIXES[suffix].items()}
+    return int(limit), {key: value for suffix in suffixes for key, value in SUFFIXES[suffix].items()}
 
 
 def extern_products(path: Path) -> int:
@@ -100,9 +101,13 @@ def main(argv: list[str] | None = None) -> dict:
             for limit in args.limits:
                 path = Path(scratch) / f"{model}-{len(runners)}.pt2"
                 started = time.perf_counter()
-                keywords, inductor = settings_of(limit)
-                with torch._inductor.config.patch(inductor):
-                    programs.compile_program(exported, path, **keywords)
+                max_static_extents, inductor = settings_of(limit)
+                programs.compile_program(
+                    exported,
+                    path,
+                    max_static_extents=max_static_extents,
+                    settings={**programs.PROGRAM_SETTINGS, **inductor},
+                )
                 externs[limit] = extern_products(path)
                 compile_s[limit] = time.perf_counter() - started
                 runners[limit] = aoti_package_runner(str(path))
@@ -122,6 +127,8 @@ def main(argv: list[str] | None = None) -> dict:
                     )
                     for _ in range(30):
                         runner(call)
+            gc.collect()
+            gc.disable()  # its collections, set off by the lists each call returns, would land in any block
             for round_index in range(args.rounds):
                 order = args.limits[round_index % len(args.limits) :] + args.limits[: round_index % len(args.limits)]
                 for batch in BATCHES:
@@ -132,6 +139,7 @@ def main(argv: list[str] | None = None) -> dict:
                         for _ in range(args.calls):
                             runner(call_args)
                         blocks[limit][batch].append((time.process_time() - started) / args.calls * 1e6)
+            gc.enable()
             results[model] = {
                 "blocks": blocks,
                 "compile_s": compile_s,

@@ -33,21 +33,16 @@ _aten = torch.ops.aten
 
 
 def small_products(
-    graph: fx.Graph,
-    max_static_extents: int = MAX_STATIC_EXTENTS,
-    symbolic_contraction: bool = True,
-    max_summed_extents: int | None = None,
+    graph: fx.Graph, max_static_extents: int = MAX_STATIC_EXTENTS, symbolic_contraction: bool = True
 ) -> int:
     """Rewrite ``graph``'s small float32 ``mm``/``addmm`` (module docstring) as a multiply and a sum; how many.
-    Products that sum over a symbolic extent (a weight's gradient, summed over the batch) have a limit of their own,
-    ``max_summed_extents`` (None: ``max_static_extents``); ``symbolic_contraction=False`` leaves them all: inductor
-    guards that such a sum is not over one element, so a compiled graph would compile again for a batch of 1."""
-    summed_limit = max_static_extents if max_summed_extents is None else max_summed_extents
-    limits = (max_static_extents, summed_limit if symbolic_contraction else -1)
+    ``symbolic_contraction=False`` leaves the products that sum over a symbolic extent (a weight's gradient, summed
+    over the batch): inductor guards that such a sum is not over one element, so a compiled graph would compile
+    again for a batch of 1."""
     count = 0
     for node in list(graph.nodes):
         operands = _operands(node)
-        if operands is None or not _small(operands[0], operands[1], *limits):
+        if operands is None or not _small(operands[0], operands[1], max_static_extents, symbolic_contraction):
             continue
         a, b, bias = operands
         with graph.inserting_before(node):
@@ -66,23 +61,19 @@ def small_products(
 
 @functools.cache  # one instance per arguments: compiled steps' keys and inductor's caches compare them
 def small_products_pass(
-    max_static_extents: int = MAX_STATIC_EXTENTS,
-    then: GraphPass | None = None,
-    symbolic_contraction: bool = True,
-    max_summed_extents: int | None = None,
+    max_static_extents: int = MAX_STATIC_EXTENTS, then: GraphPass | None = None, symbolic_contraction: bool = True
 ) -> GraphPass:
     """``small_products`` as an inductor post-grad pass (after the graph is differentiated, so that backward's
     products are rewritten too), followed by the inductor pass ``then`` where given; keyed in inductor's caches by
-    this file's hash, the limits, ``symbolic_contraction`` and ``then``'s key."""
+    this file's hash, the limit, ``symbolic_contraction`` and ``then``'s key."""
 
     def apply(graph: fx.Graph) -> None:
-        small_products(graph, max_static_extents, symbolic_contraction, max_summed_extents)
+        small_products(graph, max_static_extents, symbolic_contraction)
         if then is not None:
             then(graph)
 
     def uuid() -> bytes:
-        limits = f"{max_static_extents}:{max_summed_extents}:{symbolic_contraction}"
-        key = hash_of_files((__file__,)) + limits.encode()
+        key = hash_of_files((__file__,)) + f"{max_static_extents}:{symbolic_contraction}".encode()
         return key if then is None else key + then.uuid()
 
     return custom_graph_pass("SmallProducts", apply, uuid)
@@ -95,15 +86,16 @@ def _call(graph: fx.Graph, target: Callable[..., torch.Tensor], args: tuple) -> 
     return node
 
 
-def _small(a: fx.Node, b: fx.Node, max_static_extents: int, max_summed_extents: int) -> bool:
+def _small(a: fx.Node, b: fx.Node, max_static_extents: int, symbolic_contraction: bool) -> bool:
     """Whether the product's multiply-adds per unit of its one symbolic extent (all static: in all) are at most
-    ``max_static_extents`` (``max_summed_extents`` where the symbolic extent is the contraction): a symbolic extent
-    counts its static factor (6 for ``6 * batch``: the rows of a sequence of 6 per sample); two symbolic extents,
-    or one of two symbols, are never small."""
+    ``max_static_extents``: a symbolic extent counts its static factor (6 for ``6 * batch``: the rows of a
+    sequence of 6 per sample); two symbolic extents, or one of two symbols, are never small; with ``symbolic_contraction=False``
+    neither is a symbolic contraction."""
     a_val, b_val = val(a), val(b)
     assert a_val is not None and b_val is not None
     extents: list[int | torch.SymInt] = [a_val.shape[0], a_val.shape[1], b_val.shape[1]]
-    limit = max_static_extents if isinstance(extents[1], int) else max_summed_extents
+    if not symbolic_contraction and not isinstance(extents[1], int):
+        return False
     static = [extent for extent in extents if isinstance(extent, int)]
     if len(static) < 2:
         return False
@@ -114,7 +106,7 @@ def _small(a: fx.Node, b: fx.Node, max_static_extents: int, max_summed_extents: 
             if factor is None:
                 return False
             work *= factor
-    return work <= limit
+    return work <= max_static_extents
 
 
 def _static_factor(extent: torch.SymInt) -> int | None:

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 
 import torch
 from torch import Tensor
@@ -109,22 +110,25 @@ def export_step(
     return torch.export.export(_Traced(traced), tuple(example), dynamic_shapes=(tuple(axes),), strict=False)
 
 
+# inductor's settings for a package's programs: their intermediate tensors carved from one allocation per call, not
+# one each (bench/experiments/small_products.py, suffix ``:unplanned``: without)
+PROGRAM_SETTINGS: Mapping[str, object] = MappingProxyType({"memory_planning": True})
+
+
 def compile_program(
     program: ExportedProgram,
     path: str | os.PathLike,
     *,
     max_static_extents: int = MAX_STATIC_EXTENTS,
-    max_summed_extents: int | None = None,
+    settings: Mapping[str, object] = PROGRAM_SETTINGS,
 ) -> None:
-    """Compile ``program`` with AOTInductor into the package file ``path`` (written atomically), its small
-    matrix products (``max_static_extents``, ``max_summed_extents``: ``passes/small_products.py``; 0: none) in
+    """Compile ``program`` with AOTInductor into the package file ``path`` (written atomically) under inductor's
+    ``settings``, its small matrix products (``max_static_extents``: ``passes/small_products.py``; 0: none) in
     inductor's own loops."""
-    settings: dict[str, object] = {
-        "post_grad_custom_post_pass": small_products_pass(max_static_extents, max_summed_extents=max_summed_extents)
-    }
+    patch = {**settings, "post_grad_custom_post_pass": small_products_pass(max_static_extents)}
 
     def write(file: object) -> None:
-        with torch._inductor.config.patch(settings):
+        with torch._inductor.config.patch(patch):
             torch._inductor.aoti_compile_and_package(program, package_path=file)  # type: ignore[arg-type]
 
     atomic_write(path, write)
