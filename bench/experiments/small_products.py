@@ -7,7 +7,7 @@ For each model (tests/fixtures, made by ORT 1.19.2) its train step is exported a
 exports it (the batch dynamic) and compiled with AOTInductor once per limit (``MAX_STATIC_EXTENTS``; 0: no
 product rewritten, the program as built before the pass; suffixes over ``programs.PROGRAM_SETTINGS``: ``:serial``
 inductor's ``cpp.threads=1``, ``:unplanned`` ``memory_planning`` off, ``:stack``
-``aot_inductor.allow_stack_allocation``, ``:o3`` the wrapper compiled at -O3), each program loaded by libtorch's
+``aot_inductor.allow_stack_allocation``), each program loaded by libtorch's
 loader (one thread, as the runtime with no Python loads it) and called on the same arguments at batch 8 and 64, in
 blocks alternating between the limits, round after round; a block's figure is the process's CPU time per call
 (``time.process_time``), the Python call of the loader's ``run`` included, Python's garbage collector off. Before
@@ -62,7 +62,6 @@ SUFFIXES = {  # a variant's suffix -> inductor settings over the package's (prog
     "serial": {"cpp.threads": 1},
     "unplanned": {"memory_planning": False},
     "stack": {"aot_inductor.allow_stack_allocation": True},
-    "o3": {"aot_inductor.compile_wrapper_opt_level": "O3"},
 }
 
 
