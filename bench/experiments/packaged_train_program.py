@@ -6,14 +6,17 @@
 Both packages must be of the same fixture's artifacts (``ort-torch-train package``). Each program
 (``train_step.pt2``, loaded by libtorch's loader as the runtime with no Python loads it) is called with the
 fixture's first train batches cut to the size, its checkpoint's parameters, zeroed gradients and the reset flag
-set; blocks alternate between the two packages, round after round, one thread. Reported: each package's
-median block (microseconds per call) and after / before, and the largest difference between the two
-programs' gradients. Writes OUT.md and OUT.json.
+set; blocks alternate between the two packages, round after round, one thread. A block's figure is the process's
+CPU time per call (``time.process_time``: less disturbed than the wall clock on a shared machine), the Python call
+of the loader's ``run`` included, with Python's garbage collector off (its collections, set off by the lists each
+call returns, would land in either side's blocks). Reported: each package's median block (microseconds per call)
+and after / before, and the largest difference between the two programs' gradients. Writes OUT.md and OUT.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -51,10 +54,10 @@ def arguments_of(package: Path, fixture: str, batch: int) -> tuple[list[torch.Te
 
 
 def block(run, arguments: list[torch.Tensor], calls: int) -> float:
-    start = time.perf_counter()
+    start = time.process_time()
     for _ in range(calls):
         run(arguments)
-    return (time.perf_counter() - start) / calls * 1e6
+    return (time.process_time() - start) / calls * 1e6
 
 
 def main() -> None:
@@ -71,6 +74,9 @@ def main() -> None:
     out = args.out or ROOT / "bench" / "results" / time.strftime("%Y%m%d-%H%M-packaged-train-program", time.gmtime())
     runs = {side: aoti_package_runner(str(getattr(args, side) / "train_step.pt2")) for side in ("before", "after")}
     load_start = os.getloadavg()[0]
+    gc.collect()
+    gc.freeze()
+    gc.disable()
     rows = []
     for batch in args.batches:
         arguments = {side: arguments_of(getattr(args, side), args.fixture, batch) for side in runs}
@@ -101,7 +107,7 @@ def main() -> None:
     lines = [
         f"# {args.fixture}'s train program: {args.after} against {args.before}",
         "",
-        f"`.venv/bin/python bench/experiments/packaged_train_program.py {args.before} {args.after} --fixture {args.fixture} --rounds {args.rounds} --block-seconds {args.block_seconds}`; load average {load_start:.1f} at the start, {load_end:.1f} at the end; medians of {args.rounds} alternating blocks, one thread.",
+        f"`.venv/bin/python bench/experiments/packaged_train_program.py {args.before} {args.after} --fixture {args.fixture} --rounds {args.rounds} --block-seconds {args.block_seconds}`; load average {load_start:.1f} at the start, {load_end:.1f} at the end; medians of {args.rounds} alternating blocks, CPU time per call, one thread.",
         "",
         "| batch | before | after | after / before | largest gradient difference |",
         "|---:|---:|---:|---:|---:|",

@@ -1,21 +1,25 @@
 """A package's train program with and without ``passes/small_products.py``: its own per-call cost (issue 51, item 4).
 
-    .venv/bin/python bench/experiments/small_products.py [--models mlp batchnorm ...] [--limits 0 4096]
+    .venv/bin/python bench/experiments/small_products.py [--models mlp batchnorm ...] [--limits 0 256:stack]
         [--rounds 9] [--calls 300] [--out bench/results/STAMP-small-products]
 
 For each model (tests/fixtures, made by ORT 1.19.2) its train step is exported as ``ort-torch-train package``
 exports it (the batch dynamic) and compiled with AOTInductor once per limit (``MAX_STATIC_EXTENTS``; 0: no
-product rewritten, the program as built before the pass), each program loaded by libtorch's loader (one thread,
-as the runtime with no Python loads it) and called on the same arguments at batch 8 and 64, in blocks
-alternating between the limits, round after round; a block's figure is the process's CPU time per call
-(``time.process_time``), the Python call of the loader's ``run`` included. Before timing, each program's outputs
-and updated gradients are compared with the first limit's (the largest difference is reported).
+product rewritten, the program as built before the pass; suffixes over ``programs.PROGRAM_SETTINGS``: ``:serial``
+inductor's ``cpp.threads=1``, ``:unplanned`` ``memory_planning`` off, ``:stack``
+``aot_inductor.allow_stack_allocation``), each program loaded by libtorch's
+loader (one thread, as the runtime with no Python loads it) and called on the same arguments at batch 8 and 64, in
+blocks alternating between the limits, round after round; a block's figure is the process's CPU time per call
+(``time.process_time``), the Python call of the loader's ``run`` included, Python's garbage collector off. Before
+timing, each program's outputs and updated gradients are compared with the first limit's (the largest difference
+is reported).
 Writes OUT.md and OUT.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import re
@@ -54,6 +58,22 @@ def arguments_at(example: list[torch.Tensor], inputs: int, batch: int) -> list[t
     return arguments
 
 
+SUFFIXES = {  # a variant's suffix -> inductor settings over the package's (programs.PROGRAM_SETTINGS)
+    "serial": {"cpp.threads": 1},
+    "unplanned": {"memory_planning": False},
+    "stack": {"aot_inductor.allow_stack_allocation": True},
+}
+
+
+def settings_of(variant: str) -> tuple[int, dict[str, object]]:
+    """The limit and the inductor settings of a variant ``LIMIT[:SUFFIX...]``."""
+    limit, *suffixes = variant.split(":")
+    unknown = [suffix for suffix in suffixes if suffix not in SUFFIXES]
+    if unknown:
+        raise SystemExit(f"variant {variant!r}: expected suffixes among {sorted(SUFFIXES)}, got {unknown}")
+    return int(limit), {key: value for suffix in suffixes for key, value in SUFFIXES[suffix].items()}
+
+
 def extern_products(path: Path) -> int:
     """How many extern matrix products (``mm``, ``addmm``, ``bmm`` calls) the package file's program makes."""
     with zipfile.ZipFile(path) as archive:
@@ -64,7 +84,7 @@ def extern_products(path: Path) -> int:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", choices=sorted(FIXTURES), default=[m for m in FIXTURES if m != "cnn"])
-    parser.add_argument("--limits", nargs="+", type=int, default=[0, 256, 1024])
+    parser.add_argument("--limits", nargs="+", default=["0", "256", "1024"])
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--out", type=Path)
@@ -78,9 +98,15 @@ def main(argv: list[str] | None = None) -> dict:
             exported, example, inputs = train_program(FIXTURES[model], 8, static=False)
             runners, compile_s, externs = {}, {}, {}
             for limit in args.limits:
-                path = Path(scratch) / f"{model}-{limit}.pt2"
+                path = Path(scratch) / f"{model}-{len(runners)}.pt2"
                 started = time.perf_counter()
-                programs.compile_program(exported, path, max_static_extents=limit)
+                max_static_extents, inductor = settings_of(limit)
+                programs.compile_program(
+                    exported,
+                    path,
+                    max_static_extents=max_static_extents,
+                    settings={**programs.PROGRAM_SETTINGS, **inductor},
+                )
                 externs[limit] = extern_products(path)
                 compile_s[limit] = time.perf_counter() - started
                 runners[limit] = aoti_package_runner(str(path))
@@ -100,6 +126,8 @@ def main(argv: list[str] | None = None) -> dict:
                     )
                     for _ in range(30):
                         runner(call)
+            gc.collect()
+            gc.disable()  # its collections, set off by the lists each call returns, would land in any block
             for round_index in range(args.rounds):
                 order = args.limits[round_index % len(args.limits) :] + args.limits[: round_index % len(args.limits)]
                 for batch in BATCHES:
@@ -110,6 +138,7 @@ def main(argv: list[str] | None = None) -> dict:
                         for _ in range(args.calls):
                             runner(call_args)
                         blocks[limit][batch].append((time.process_time() - started) / args.calls * 1e6)
+            gc.enable()
             results[model] = {
                 "blocks": blocks,
                 "compile_s": compile_s,

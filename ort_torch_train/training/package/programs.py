@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 
 import torch
 from torch import Tensor
@@ -111,15 +112,26 @@ def export_step(
     return torch.export.export(_Traced(traced), tuple(example), dynamic_shapes=(tuple(axes),), strict=False)
 
 
+# inductor's settings for a package's programs: their intermediate tensors carved from one allocation per call, not
+# one each (bench/experiments/small_products.py, suffix ``:unplanned``: without)
+PROGRAM_SETTINGS: Mapping[str, object] = MappingProxyType({"memory_planning": True})
+
+
 def compile_program(
-    program: ExportedProgram, path: str | os.PathLike, *, max_static_extents: int = MAX_STATIC_EXTENTS
+    program: ExportedProgram,
+    path: str | os.PathLike,
+    *,
+    max_static_extents: int = MAX_STATIC_EXTENTS,
+    settings: Mapping[str, object] = PROGRAM_SETTINGS,
 ) -> None:
-    """Compile ``program`` with AOTInductor into the package file ``path`` (written atomically), its small
-    matrix products (``max_static_extents``: ``passes/small_products.py``; 0: none) in inductor's own loops."""
+    """Compile ``program`` with AOTInductor into the package file ``path`` (written atomically) under inductor's
+    ``settings``, its small matrix products (``max_static_extents``: ``passes/small_products.py``; 0: none) in
+    inductor's own loops."""
+    loops = attention_loops_pass(then=refined_reshapes_pass())  # small attention, head views: their files
+    patch = {**settings, "post_grad_custom_post_pass": small_products_pass(max_static_extents, loops)}
 
     def write(file: object) -> None:
-        loops = attention_loops_pass(then=refined_reshapes_pass())  # small attention, head views: their files
-        with torch._inductor.config.patch(post_grad_custom_post_pass=small_products_pass(max_static_extents, loops)):
+        with torch._inductor.config.patch(patch):
             torch._inductor.aoti_compile_and_package(program, package_path=file)  # type: ignore[arg-type]
 
     atomic_write(path, write)
