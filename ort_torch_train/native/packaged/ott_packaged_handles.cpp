@@ -1,0 +1,138 @@
+// The table of live handles: every object the runtime hands a caller is registered with its kind when made and
+// unregistered when released, and every handle an entry point takes is looked up (kind included) before it is
+// touched. A released handle's memory is not reused before many more handles were released, so a stale one is
+// recognised as released rather than mistaken for a newer object at the same address.
+#include <array>
+#include <cstdio>
+#include <mutex>
+#include <shared_mutex>
+#include <unordered_map>
+
+#include "ott_packaged.h"
+
+namespace ott {
+namespace {
+
+constexpr size_t kReleasedKept = 1024;
+
+struct Registry {
+  std::shared_mutex lock;
+  std::unordered_map<const void*, Kind> live;
+  std::array<std::pair<void*, Kind>, kReleasedKept> released{};  // destroyed objects whose memory is kept
+  size_t next = 0;
+};
+
+// Never destroyed: a handle released from an exit handler or another thread at exit still finds the table.
+Registry& registry() {
+  static Registry* table = new Registry;
+  return *table;
+}
+
+const char* named(Kind kind) {
+  switch (kind) {
+    case Kind::env: return "an env";
+    case Kind::session_options: return "a session options";
+    case Kind::run_options: return "a run options";
+    case Kind::memory_info: return "a memory info";
+    case Kind::allocator: return "an allocator";
+    case Kind::value: return "a value";
+    case Kind::type_and_shape_info: return "a tensor type and shape info";
+    case Kind::checkpoint_state: return "a checkpoint state";
+    case Kind::training_session: return "a training session";
+    case Kind::inference_session: return "an inference session";
+  }
+  return "a handle";
+}
+
+// The name of kind without its article ("value", "checkpoint state").
+std::string bare(Kind kind) {
+  std::string text = named(kind);
+  return text.substr(text.find(' ') + 1);
+}
+
+// Why handle is not a live one of kind (the table locked by the caller).
+Error refusal(const Registry& table, const void* handle, Kind kind, const std::string& what) {
+  auto found = table.live.find(handle);
+  if (found != table.live.end())
+    return invalid_argument(what + " is " + named(found->second) + ", expected " + named(kind));
+  for (const auto& [memory, was] : table.released)
+    if (memory == handle)
+      return invalid_argument(what + " is a released " + bare(was) + (was == kind ? "" : ", expected " +
+                                                                      std::string(named(kind))));
+  return invalid_argument(what + " is a released or unknown handle, expected " + named(kind));
+}
+
+}  // namespace
+
+void register_handle(const void* handle, Kind kind) {
+  Registry& table = registry();
+  std::unique_lock<std::shared_mutex> guard(table.lock);
+  table.live[handle] = kind;
+}
+
+void check_handle(const void* handle, Kind kind, const char* what) {
+  if (handle == nullptr) throw invalid_argument(std::string(what) + " is NULL");
+  Registry& table = registry();
+  std::shared_lock<std::shared_mutex> guard(table.lock);
+  auto found = table.live.find(handle);
+  if (found == table.live.end() || found->second != kind) throw refusal(table, handle, kind, what);
+}
+
+void check_handles(const void* const* handles, size_t count, Kind kind, const char* what, bool null_allowed) {
+  Registry& table = registry();
+  std::shared_lock<std::shared_mutex> guard(table.lock);
+  for (size_t i = 0; i < count; i++) {
+    if (handles[i] == nullptr && null_allowed) continue;
+    std::string item = std::string(what) + "[" + std::to_string(i) + "]";
+    if (handles[i] == nullptr) throw invalid_argument(item + " is NULL");
+    auto found = table.live.find(handles[i]);
+    if (found == table.live.end() || found->second != kind) throw refusal(table, handles[i], kind, item);
+  }
+}
+
+OrtAllocator* check_allocator(OrtAllocator* allocator, const char* what) {
+  if (allocator == nullptr) throw invalid_argument(std::string(what) + " is NULL");
+  Registry& table = registry();
+  std::shared_lock<std::shared_mutex> guard(table.lock);
+  auto found = table.live.find(allocator);
+  if (found != table.live.end() && found->second == Kind::allocator) return allocator;
+  bool released = false;
+  for (const auto& entry : table.released) released = released || entry.first == allocator;
+  if (found != table.live.end() || released) throw refusal(table, allocator, Kind::allocator, what);
+  // Not one of the runtime's: the caller's own OrtAllocator (ORT's API lets a program implement one).
+  if (allocator->version < 1 || allocator->version > ORT_API_VERSION || allocator->Alloc == nullptr ||
+      allocator->Free == nullptr)
+    throw invalid_argument(std::string(what) + " is a released or unknown handle, expected an allocator (as the "
+                           "caller's own OrtAllocator: version " + std::to_string(allocator->version) +
+                           ", Alloc and Free must be set)");
+  return allocator;
+}
+
+bool unregister_handle(const void* handle, Kind kind, const char* release) {
+  if (handle == nullptr) return false;
+  Registry& table = registry();
+  std::unique_lock<std::shared_mutex> guard(table.lock);
+  auto found = table.live.find(handle);
+  if (found != table.live.end() && found->second == kind) {
+    table.live.erase(found);
+    return true;
+  }
+  std::string why = refusal(table, handle, kind, "the handle").what();
+  guard.unlock();
+  std::fprintf(stderr, "libort_torch_train_packaged: %s(%p): %s; ignored\n", release, handle, why.c_str());
+  return false;
+}
+
+void retire(void* memory, Kind kind) {
+  Registry& table = registry();
+  void* oldest;
+  {
+    std::unique_lock<std::shared_mutex> guard(table.lock);
+    oldest = table.released[table.next].first;
+    table.released[table.next] = {memory, kind};
+    table.next = (table.next + 1) % kReleasedKept;
+  }
+  ::operator delete(oldest);  // its address may now be reused
+}
+
+}  // namespace ott
