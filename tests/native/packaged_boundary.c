@@ -289,6 +289,7 @@ int main(int argc, char** argv) {
   bad_names(session, state, wrong);
   bad_core(env, options, argv[2]);
   bad_handles(env, options, state, session, package, argv[2], inputs);
+  handles_from_threads(session);
 
   CHECK(g_api->RegisterLinearLRScheduler(session, 1, 4, 0.01f));
   for (int step = 0; step < 2; step++) {

@@ -4,6 +4,8 @@
 #ifndef PACKAGED_HANDLES_H
 #define PACKAGED_HANDLES_H
 
+#include <pthread.h>
+
 #include "ott_test.h"
 
 static int bad = 0; /* the bad calls that came back as statuses */
@@ -202,6 +204,43 @@ static void bad_inference_handles(OrtSession* released, OrtTrainingSession* sess
     refused_because(OTT_ORT(g_ort, Run)(sessions[i], NULL, names, inputs, 1, outputs, 1, &result), "Run(bad session)",
                     why[i]);
   OTT_ORT(g_ort, ReleaseSession)(released);
+}
+
+/* Threads making, looking up and releasing handles at once (the table is shared): each value is its own. */
+typedef struct {
+  OrtTrainingSession* session;
+  OrtAllocator* allocator;
+  int made;
+} HandleChurn;
+
+static void* churn_handles(void* argument) {
+  HandleChurn* churn = (HandleChurn*)argument;
+  const int64_t dims[1] = {4};
+  for (int i = 0; i < 200; i++) {
+    OrtValue* value = NULL;
+    void* data = NULL;
+    size_t count = 0;
+    CHECK(OTT_ORT(g_ort, CreateTensorAsOrtValue)(churn->allocator, dims, 1, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT,
+                                                 &value));
+    CHECK(OTT_ORT(g_ort, GetTensorMutableData)(value, &data));
+    CHECK(g_api->TrainingSessionGetTrainingModelOutputCount(churn->session, &count));
+    OTT_ORT(g_ort, ReleaseValue)(value);
+    churn->made += count == 1;
+  }
+  return NULL;
+}
+
+static void handles_from_threads(OrtTrainingSession* session) {
+  HandleChurn churns[3] = {{session, NULL, 0}, {session, NULL, 0}, {session, NULL, 0}};
+  pthread_t threads[3];
+  for (int i = 0; i < 3; i++) {
+    CHECK(OTT_ORT(g_ort, GetAllocatorWithDefaultOptions)(&churns[i].allocator));
+    EXPECT(pthread_create(&threads[i], NULL, churn_handles, &churns[i]) == 0);
+  }
+  for (int i = 0; i < 3; i++) {
+    EXPECT(pthread_join(threads[i], NULL) == 0);
+    EXPECT(churns[i].made == 200);
+  }
 }
 
 #endif
