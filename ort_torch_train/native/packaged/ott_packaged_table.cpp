@@ -24,7 +24,11 @@ using ott::resolve;
 
 constexpr size_t kCheckpointLimit = size_t(1) << 31;  // bytes of a checkpoint read at most (one FlatBuffer)
 
-std::vector<at::Tensor> input_tensors(size_t count, const OrtValue* const* inputs) {
+// The step's inputs: the count it takes (before any is read), each a live value.
+std::vector<at::Tensor> input_tensors(size_t count, const OrtValue* const* inputs, size_t expected, const char* what) {
+  if (count != expected)
+    throw invalid_argument(std::string(what) + ": expected " + std::to_string(expected) + " inputs, got " +
+                           std::to_string(count));
   if (count > 0) require(inputs, "inputs");
   ott::check_handles(reinterpret_cast<const void* const*>(inputs), count, Kind::value, "inputs", false);
   std::vector<at::Tensor> tensors;
@@ -32,8 +36,11 @@ std::vector<at::Tensor> input_tensors(size_t count, const OrtValue* const* input
   return tensors;
 }
 
-// The output slots a step fills: each NULL or a live value (checked before the step runs).
-void check_output_slots(size_t count, OrtValue* const* outputs) {
+// The output slots a step fills, as many as it has outputs: each NULL or a live value (checked before it runs).
+void check_output_slots(size_t count, OrtValue* const* outputs, size_t expected, const char* what) {
+  if (count != expected)
+    throw invalid_argument(std::string(what) + ": outputs_len is " + std::to_string(count) + "; the step has " +
+                           std::to_string(expected) + " outputs");
   if (count > 0) require(outputs, "outputs");
   ott::check_handles(reinterpret_cast<const void* const*>(outputs), count, Kind::value, "outputs", true);
 }
@@ -205,11 +212,9 @@ OrtStatus* TrainStep(OrtTrainingSession* session, const OrtRunOptions* options, 
   return guarded([&] {
     ott::Session& steps = session_of(session);
     if (options != nullptr) resolve(options, "run_options");
-    check_output_slots(outputs_len, outputs);
-    if (outputs_len != steps.train_outputs())
-      throw invalid_argument("TrainStep: outputs_len is " + std::to_string(outputs_len) + "; the step has " +
-                             std::to_string(steps.train_outputs()) + " outputs");
-    give_outputs(steps.train_step(input_tensors(inputs_len, inputs)), outputs_len, outputs, "TrainStep");
+    check_output_slots(outputs_len, outputs, steps.train_outputs(), "TrainStep");
+    std::vector<at::Tensor> given = input_tensors(inputs_len, inputs, steps.train_inputs(), "TrainStep");
+    give_outputs(steps.train_step(given), outputs_len, outputs, "TrainStep");
   });
 }
 
@@ -218,11 +223,9 @@ OrtStatus* EvalStep(const OrtTrainingSession* session, const OrtRunOptions* opti
   return guarded([&] {
     ott::Session& steps = session_of(session);
     if (options != nullptr) resolve(options, "run_options");
-    check_output_slots(outputs_len, outputs);
-    if (outputs_len != steps.eval_outputs())
-      throw invalid_argument("EvalStep: outputs_len is " + std::to_string(outputs_len) + "; the step has " +
-                             std::to_string(steps.eval_outputs()) + " outputs");
-    give_outputs(steps.eval_step(input_tensors(inputs_len, inputs)), outputs_len, outputs, "EvalStep");
+    check_output_slots(outputs_len, outputs, steps.eval_outputs(), "EvalStep");
+    std::vector<at::Tensor> given = input_tensors(inputs_len, inputs, steps.eval_inputs(), "EvalStep");
+    give_outputs(steps.eval_step(given), outputs_len, outputs, "EvalStep");
   });
 }
 
