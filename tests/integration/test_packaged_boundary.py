@@ -1,7 +1,7 @@
 """Every entry point of the runtime with no Python (issue 51, item 2) called with NULLs, handles in the wrong state,
-released, foreign and unknown handles of every kind and bad sizes comes back as a status, and the run goes on to train, export and run its export
-(tests/native/packaged_boundary.c). The same program under valgrind: bench/experiments/packaged_leaks.py (minutes:
-it compiles a package valgrind can run, without AVX-512)."""
+released, foreign and unknown handles of every kind and bad sizes comes back as a status, and the run goes on to
+train, export and run its export (tests/native/packaged_boundary.c). The same program under valgrind:
+bench/experiments/packaged_leaks.py (minutes: it compiles a package valgrind can run, without AVX-512)."""
 
 from __future__ import annotations
 

@@ -50,15 +50,21 @@ std::string bare(Kind kind) {
   return text.substr(text.find(' ') + 1);
 }
 
+// The kind of a released handle whose memory is still kept, if handle is one (the table locked by the caller).
+const Kind* released_kind(const Registry& table, const void* handle) {
+  for (const auto& [memory, kind] : table.released)
+    if (memory == handle) return &kind;
+  return nullptr;
+}
+
 // Why handle is not a live one of kind (the table locked by the caller).
 Error refusal(const Registry& table, const void* handle, Kind kind, const std::string& what) {
   auto found = table.live.find(handle);
   if (found != table.live.end())
     return invalid_argument(what + " is " + named(found->second) + ", expected " + named(kind));
-  for (const auto& [memory, was] : table.released)
-    if (memory == handle)
-      return invalid_argument(what + " is a released " + bare(was) + (was == kind ? "" : ", expected " +
-                                                                      std::string(named(kind))));
+  if (const Kind* was = released_kind(table, handle))
+    return invalid_argument(what + " is a released " + bare(*was) +
+                            (*was == kind ? "" : ", expected " + std::string(named(kind))));
   return invalid_argument(what + " is a released or unknown handle, expected " + named(kind));
 }
 
@@ -96,9 +102,8 @@ OrtAllocator* check_allocator(OrtAllocator* allocator, const char* what) {
   std::shared_lock<std::shared_mutex> guard(table.lock);
   auto found = table.live.find(allocator);
   if (found != table.live.end() && found->second == Kind::allocator) return allocator;
-  bool released = false;
-  for (const auto& entry : table.released) released = released || entry.first == allocator;
-  if (found != table.live.end() || released) throw refusal(table, allocator, Kind::allocator, what);
+  if (found != table.live.end() || released_kind(table, allocator) != nullptr)
+    throw refusal(table, allocator, Kind::allocator, what);
   // Not one of the runtime's: the caller's own OrtAllocator (ORT's API lets a program implement one).
   if (allocator->version < 1 || allocator->version > ORT_API_VERSION || allocator->Alloc == nullptr ||
       allocator->Free == nullptr)
