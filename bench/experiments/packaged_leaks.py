@@ -4,8 +4,9 @@ does not own?
     .venv/bin/python bench/experiments/packaged_leaks.py [--out FILE]
 
 Builds the runtime, the mlp fixture's package and tests/native/packaged_boundary.c (every entry point of the
-runtime with NULLs, handles in the wrong state and bad sizes, then two train steps, an export and its inference,
-everything released) and runs the program under ``valgrind --leak-check=full``. Valgrind runs no AVX-512
+runtime with NULLs, handles in the wrong state, released, foreign and stack-address handles of every kind and bad
+sizes, releases of such handles, threads making and releasing values, then train steps, an export and its
+inference, everything released) and runs the program under ``valgrind --leak-check=full``. Valgrind runs no AVX-512
 instruction, so the package is compiled for AVX2 (``TORCHINDUCTOR_CPP_MARCH=x86-64-v3``, ``ATEN_CPU_CAPABILITY=avx2``)
 and the program runs libtorch's AVX2 kernels (``ATEN_CPU_CAPABILITY=avx2``). A loss record is counted as the
 runtime's when a frame of libort_torch_train_packaged is on its allocation stack (what the runtime allocated,

@@ -1,5 +1,6 @@
 /* Every entry point of the packaged runtime (libort_torch_train_packaged), with NULLs, handles in the wrong state and
- * bad sizes, then a short training run, an export and its inference, everything released. Under valgrind
+ * bad sizes, released, foreign and unknown handles of every kind (packaged_handles.h), then a short training run, an
+ * export and its inference, everything released. Under valgrind
  * (bench/experiments/packaged_leaks.py) and under AddressSanitizer and UBSan (bench/experiments/sanitized_native.py)
  * it finds leaks, invalid accesses and undefined behaviour; tests/integration/test_packaged_boundary.py runs it
  * without.
@@ -8,23 +9,11 @@
  * each training-table member it called, "bad: N" (the bad calls that came back as statuses) and "done". */
 #include <stdint.h>
 
-#include "ott_test.h"
+#include "packaged_handles.h"
 
 #define BATCH 4
 
-static int bad = 0;
-
 static void called(const char* name) { printf("called %s\n", name); }
-
-/* A call that must fail with a status (any code), never crash: the status is released. */
-static void refused(OrtStatus* status, const char* what) {
-  if (status == NULL) {
-    fprintf(stderr, "%s: expected a status, got none\n", what);
-    exit(1);
-  }
-  OTT_ORT(g_ort, ReleaseStatus)(status);
-  bad++;
-}
 
 /* CreateTrainingSessionFromBuffer over the artifacts' bytes ($ORT_TORCH_TRAIN_PACKAGE's package): another model in
  * a role is refused, the package's own open a session. */
@@ -245,8 +234,9 @@ static void damaged_checkpoints(const char* saved) {
   printf("damaged checkpoints: %zu of %zu refused\n", refused_count, tried);
 }
 
-/* Runs the exported model in the runtime, with bad calls first. */
-static void infer(OrtEnv* env, OrtSessionOptions* options, const char* model, OrtValue* x, const char* output) {
+/* Runs the exported model in the runtime, with bad calls first, and bad handles where its session is expected. */
+static void infer(OrtEnv* env, OrtSessionOptions* options, OrtTrainingSession* training, const char* model, OrtValue* x,
+                  const char* output) {
   OrtSession* inference = NULL;
   CHECK(OTT_ORT(g_ort, CreateSession)(env, model, options, &inference));
   const char* names[1] = {"input"};
@@ -264,6 +254,7 @@ static void infer(OrtEnv* env, OrtSessionOptions* options, const char* model, Or
   CHECK(OTT_ORT(g_ort, Run)(inference, NULL, names, inputs, 1, outputs, 1, &result)); /* filled in place */
   OTT_ORT(g_ort, ReleaseValue)(result);
   OTT_ORT(g_ort, ReleaseSession)(inference);
+  bad_inference_handles(inference, training, names, inputs, outputs);
 }
 
 int main(int argc, char** argv) {
@@ -297,6 +288,8 @@ int main(int argc, char** argv) {
   bad_steps(session, inputs, wrong);
   bad_names(session, state, wrong);
   bad_core(env, options, argv[2]);
+  bad_handles(env, options, state, session, package, argv[2], inputs);
+  handles_from_threads(session);
 
   CHECK(g_api->RegisterLinearLRScheduler(session, 1, 4, 0.01f));
   for (int step = 0; step < 2; step++) {
@@ -371,7 +364,11 @@ int main(int argc, char** argv) {
   snprintf(path, sizeof path, "%s/inference.onnx", out);
   const char* exported[1] = {argv[4]};
   CHECK(g_api->ExportModelForInferencing(session, path, 1, exported));
-  infer(env, options, path, inputs[0], argv[4]);
+  infer(env, options, session, path, inputs[0], argv[4]);
+  OrtValue* loss = NULL; /* the session trains on after every bad handle */
+  CHECK(g_api->TrainStep(session, NULL, 2, (const OrtValue* const*)inputs, 1, &loss));
+  OTT_ORT(g_ort, ReleaseValue)(loss);
+  CHECK(g_api->OptimizerStep(session, NULL));
   const char* rest[] = {"GetParametersSize", "CopyParametersToBuffer", "CopyBufferToParameters", "AddProperty",
                         "GetProperty", "GetParameterTypeAndShape", "GetParameter", "UpdateParameter", "SetSeed",
                         "SaveCheckpoint", "ExportModelForInferencing", "ReleaseCheckpointState",

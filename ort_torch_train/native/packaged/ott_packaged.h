@@ -11,6 +11,8 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "ort_torch_train_training_c_api.h"
@@ -80,6 +82,68 @@ int enum_value(const Enum& given) {
 template <typename T>
 void require(T* pointer, const char* what) {
   if (pointer == nullptr) throw invalid_argument(std::string(what) + " is NULL");
+}
+
+// The handles the runtime hands out, each registered with its kind while it lives (ott_packaged_handles.cpp). A
+// status is not: as ONNX Runtime's, it is the caller's to read and release once.
+enum class Kind { env, session_options, run_options, memory_info, allocator, value, type_and_shape_info,
+                  checkpoint_state, training_session, inference_session };
+template <typename T>
+struct HandleKind;
+#define OTT_HANDLE_KIND(Type, Name) \
+  template <>                      \
+  struct HandleKind<Type> {        \
+    static constexpr Kind kind = Kind::Name; \
+  };
+OTT_HANDLE_KIND(OrtEnv, env)
+OTT_HANDLE_KIND(OrtSessionOptions, session_options)
+OTT_HANDLE_KIND(OrtRunOptions, run_options)
+OTT_HANDLE_KIND(OrtMemoryInfo, memory_info)
+OTT_HANDLE_KIND(OrtAllocator, allocator)
+OTT_HANDLE_KIND(OrtValue, value)
+OTT_HANDLE_KIND(OrtTensorTypeAndShapeInfo, type_and_shape_info)
+OTT_HANDLE_KIND(OrtCheckpointState, checkpoint_state)
+OTT_HANDLE_KIND(OrtTrainingSession, training_session)
+OTT_HANDLE_KIND(OrtSession, inference_session)
+#undef OTT_HANDLE_KIND
+
+void register_handle(const void* handle, Kind kind);
+// Error (ORT_INVALID_ARGUMENT) naming what and what came where handle is not a live handle of kind.
+void check_handle(const void* handle, Kind kind, const char* what);
+// The same for each of handles[0..count) under one lock, named what[i]; a NULL one passes where null_allowed.
+void check_handles(const void* const* handles, size_t count, Kind kind, const char* what, bool null_allowed);
+// An allocator the runtime made, or else (never one of its other handles) the caller's own OrtAllocator with a
+// version this API knows and its Alloc and Free set.
+OrtAllocator* check_allocator(OrtAllocator* allocator, const char* what);
+// Forget a live handle of kind: false, with one line on stderr naming release, where it was none (released
+// twice, another kind, unknown).
+bool unregister_handle(const void* handle, Kind kind, const char* release);
+// Keep the memory of a destroyed object from reuse until many more were released, then free it.
+void retire(void* memory, Kind kind);
+
+// handle, checked as a live handle of its type's kind.
+template <typename T>
+T* resolve(T* handle, const char* what) {
+  check_handle(handle, HandleKind<std::remove_const_t<T>>::kind, what);
+  return handle;
+}
+// A new object made with new T{arguments...}, registered.
+template <typename T, typename... Arguments>
+T* make_handle(Arguments&&... arguments) {
+  std::unique_ptr<T> made(new T{std::forward<Arguments>(arguments)...});
+  register_handle(made.get(), HandleKind<T>::kind);
+  return made.release();
+}
+// Destroy an object make_handle made that is no longer registered.
+template <typename T>
+void destroy_handle(T* object) {
+  object->~T();
+  retire(object, HandleKind<T>::kind);
+}
+// What each Release* does: a live handle is unregistered and destroyed; NULL, a released or an unknown one is left.
+template <typename T>
+void release_handle(T* handle, const char* release) {
+  if (handle != nullptr && unregister_handle(handle, HandleKind<T>::kind, release)) destroy_handle(handle);
 }
 
 // ONNX element type <-> torch dtype; Error for one the runtime does not hold.

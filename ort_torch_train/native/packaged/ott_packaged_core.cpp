@@ -68,9 +68,13 @@ std::string dtype_name(at::ScalarType type) {
 
 namespace {
 
+using ott::check_allocator;
 using ott::guarded;
 using ott::invalid_argument;
+using ott::make_handle;
+using ott::release_handle;
 using ott::require;
+using ott::resolve;
 
 void* allocator_alloc(OrtAllocator*, size_t size) { return std::malloc(size ? size : 1); }
 void allocator_free(OrtAllocator*, void* pointer) { std::free(pointer); }
@@ -85,28 +89,28 @@ OrtErrorCode GetErrorCode(const OrtStatus* status) { return status ? status->cod
 const char* GetErrorMessage(const OrtStatus* status) { return status ? status->message.c_str() : ""; }
 void ReleaseStatus(OrtStatus* status) { delete status; }
 OrtStatus* CreateEnv(OrtLoggingLevel, const char*, OrtEnv** out) {
-  return guarded([&] { require(out, "out"), *out = new OrtEnv{0}; });
+  return guarded([&] { require(out, "out"), *out = make_handle<OrtEnv>(0); });
 }
-void ReleaseEnv(OrtEnv* env) { delete env; }
+void ReleaseEnv(OrtEnv* env) { release_handle(env, "ReleaseEnv"); }
 OrtStatus* CreateSessionOptions(OrtSessionOptions** out) {
-  return guarded([&] { require(out, "out"), *out = new OrtSessionOptions{0}; });
+  return guarded([&] { require(out, "out"), *out = make_handle<OrtSessionOptions>(0); });
 }
-void ReleaseSessionOptions(OrtSessionOptions* options) { delete options; }
+void ReleaseSessionOptions(OrtSessionOptions* options) { release_handle(options, "ReleaseSessionOptions"); }
 OrtStatus* CreateRunOptions(OrtRunOptions** out) {
-  return guarded([&] { require(out, "out"), *out = new OrtRunOptions{0}; });
+  return guarded([&] { require(out, "out"), *out = make_handle<OrtRunOptions>(0); });
 }
-void ReleaseRunOptions(OrtRunOptions* options) { delete options; }
+void ReleaseRunOptions(OrtRunOptions* options) { release_handle(options, "ReleaseRunOptions"); }
 OrtStatus* CreateCpuMemoryInfo(OrtAllocatorType, OrtMemType, OrtMemoryInfo** out) {
-  return guarded([&] { require(out, "out"), *out = new OrtMemoryInfo{0}; });
+  return guarded([&] { require(out, "out"), *out = make_handle<OrtMemoryInfo>(0); });
 }
 void ReleaseMemoryInfo(OrtMemoryInfo* info) {
-  if (info != &cpu_memory) delete info;
+  if (info != &cpu_memory) release_handle(info, "ReleaseMemoryInfo");  // the allocator's own is never released
 }
 OrtStatus* GetAllocatorWithDefaultOptions(OrtAllocator** out) {
   return guarded([&] { require(out, "out"), *out = &default_allocator; });
 }
 OrtStatus* AllocatorFree(OrtAllocator* allocator, void* pointer) {
-  return guarded([&] { require(allocator, "allocator"), allocator->Free(allocator, pointer); });
+  return guarded([&] { check_allocator(allocator, "allocator")->Free(allocator, pointer); });
 }
 
 std::vector<int64_t> checked_shape(const int64_t* shape, size_t rank) {
@@ -126,7 +130,7 @@ OrtStatus* CreateTensorWithDataAsOrtValue(const OrtMemoryInfo* info, void* data,
                                           const int64_t* shape, size_t rank, ONNXTensorElementDataType type,
                                           OrtValue** out) {
   return guarded([&] {
-    require(info, "info"), require(out, "out");
+    resolve(info, "info"), require(out, "out");
     std::vector<int64_t> dims = checked_shape(shape, rank);
     at::ScalarType scalar = ott::scalar_type(ott::enum_value(type), "CreateTensorWithDataAsOrtValue");
     int64_t count = 1;
@@ -136,55 +140,57 @@ OrtStatus* CreateTensorWithDataAsOrtValue(const OrtMemoryInfo* info, void* data,
       throw invalid_argument("CreateTensorWithDataAsOrtValue: data_len " + std::to_string(data_len) +
                              " is less than the shape needs (" + std::to_string(needed) + ")");
     if (needed) require(data, "data");
-    *out = new OrtValue{at::from_blob(data, dims, at::TensorOptions().dtype(scalar))};
+    *out = make_handle<OrtValue>(at::from_blob(data, dims, at::TensorOptions().dtype(scalar)));
   });
 }
 
 OrtStatus* CreateTensorAsOrtValue(OrtAllocator* allocator, const int64_t* shape, size_t rank,
                                   ONNXTensorElementDataType type, OrtValue** out) {
   return guarded([&] {
-    require(allocator, "allocator"), require(out, "out");
+    check_allocator(allocator, "allocator"), require(out, "out");
     std::vector<int64_t> dims = checked_shape(shape, rank);
     at::ScalarType scalar = ott::scalar_type(ott::enum_value(type), "CreateTensorAsOrtValue");
-    *out = new OrtValue{at::zeros(dims, at::TensorOptions().dtype(scalar))};
+    *out = make_handle<OrtValue>(at::zeros(dims, at::TensorOptions().dtype(scalar)));
   });
 }
 
 OrtStatus* IsTensor(const OrtValue* value, int* out) {
-  return guarded([&] { require(value, "value"), require(out, "out"), *out = 1; });
+  return guarded([&] { resolve(value, "value"), require(out, "out"), *out = 1; });
 }
 OrtStatus* GetTensorMutableData(OrtValue* value, void** out) {
-  return guarded([&] { require(value, "value"), require(out, "out"), *out = value->tensor.data_ptr(); });
+  return guarded([&] { resolve(value, "value"), require(out, "out"), *out = value->tensor.data_ptr(); });
 }
 OrtStatus* GetTensorTypeAndShape(const OrtValue* value, OrtTensorTypeAndShapeInfo** out) {
   return guarded([&] {
-    require(value, "value"), require(out, "out");
-    *out = new OrtTensorTypeAndShapeInfo{ott::onnx_type(value->tensor.scalar_type()), value->tensor.sizes().vec()};
+    resolve(value, "value"), require(out, "out");
+    *out = make_handle<OrtTensorTypeAndShapeInfo>(ott::onnx_type(value->tensor.scalar_type()), value->tensor.sizes().vec());
   });
 }
 OrtStatus* GetTensorElementType(const OrtTensorTypeAndShapeInfo* info, ONNXTensorElementDataType* out) {
-  return guarded([&] { require(info, "info"), require(out, "out"), *out = info->type; });
+  return guarded([&] { resolve(info, "info"), require(out, "out"), *out = info->type; });
 }
 OrtStatus* GetDimensionsCount(const OrtTensorTypeAndShapeInfo* info, size_t* out) {
-  return guarded([&] { require(info, "info"), require(out, "out"), *out = info->dims.size(); });
+  return guarded([&] { resolve(info, "info"), require(out, "out"), *out = info->dims.size(); });
 }
 OrtStatus* GetDimensions(const OrtTensorTypeAndShapeInfo* info, int64_t* dims, size_t length) {
   return guarded([&] {
-    require(info, "info");
+    resolve(info, "info");
     if (length > 0) require(dims, "dims");
     for (size_t i = 0; i < length && i < info->dims.size(); i++) dims[i] = info->dims[i];
   });
 }
 OrtStatus* GetTensorShapeElementCount(const OrtTensorTypeAndShapeInfo* info, size_t* out) {
   return guarded([&] {
-    require(info, "info"), require(out, "out");
+    resolve(info, "info"), require(out, "out");
     size_t count = 1;
     for (int64_t dim : info->dims) count *= size_t(dim);
     *out = count;
   });
 }
-void ReleaseTensorTypeAndShapeInfo(OrtTensorTypeAndShapeInfo* info) { delete info; }
-void ReleaseValue(OrtValue* value) { delete value; }
+void ReleaseTensorTypeAndShapeInfo(OrtTensorTypeAndShapeInfo* info) {
+  release_handle(info, "ReleaseTensorTypeAndShapeInfo");
+}
+void ReleaseValue(OrtValue* value) { release_handle(value, "ReleaseValue"); }
 const OrtTrainingApi* GetTrainingApi(uint32_t version) { return OrtTorchTrainGetTrainingApi(version); }
 
 struct CoreTable {
@@ -201,6 +207,8 @@ struct CoreTable {
     OTT_SET(GetTrainingApi);
 #undef OTT_SET
     ott::set_inference_members(slots);
+    ott::register_handle(&cpu_memory, ott::Kind::memory_info);  // both live as long as the process
+    ott::register_handle(&default_allocator, ott::Kind::allocator);
   }
 };
 

@@ -62,11 +62,13 @@ namespace {
 using ott::Error;
 using ott::guarded;
 using ott::invalid_argument;
+using ott::Kind;
 using ott::require;
+using ott::resolve;
 
 OrtStatus* CreateSession(const OrtEnv* env, const ORTCHAR_T* path, const OrtSessionOptions* options, OrtSession** out) {
   return guarded([&] {
-    require(env, "env"), require(path, "model_path"), require(options, "options"), require(out, "out");
+    resolve(env, "env"), require(path, "model_path"), resolve(options, "options"), require(out, "out");
     std::string model = ott::read_file(path, ott::kModelLimit, "CreateSession");
     std::vector<std::shared_ptr<const ott::ExportSet>> known;
     {
@@ -89,6 +91,7 @@ OrtStatus* CreateSession(const OrtEnv* env, const ORTCHAR_T* path, const OrtSess
       } catch (const std::exception& error) {
         throw Error(ORT_FAIL, "CreateSession: cannot load '" + set->program_file + "': " + error.what());
       }
+      ott::register_handle(session.get(), Kind::inference_session);
       *out = session.release();
       return;
     }
@@ -104,20 +107,22 @@ size_t input_position(const ott::ExportSet& set, const char* name) {
   throw invalid_argument(std::string("Run: the model has no input '") + name + "'");
 }
 
-OrtStatus* Run(OrtSession* session, const OrtRunOptions*, const char* const* input_names, const OrtValue* const* inputs,
-               size_t input_len, const char* const* output_names, size_t output_len, OrtValue** outputs) {
+OrtStatus* Run(OrtSession* session, const OrtRunOptions* options, const char* const* input_names,
+               const OrtValue* const* inputs, size_t input_len, const char* const* output_names, size_t output_len,
+               OrtValue** outputs) {
   return guarded([&] {
-    require(session, "session");
-    const ott::ExportSet& set = *session->set;
+    const ott::ExportSet& set = *resolve(session, "session")->set;
+    if (options != nullptr) resolve(options, "run_options");
     if (input_len != set.inputs.size())
       throw invalid_argument("Run: input_len is " + std::to_string(input_len) + "; the model has " +
                              std::to_string(set.inputs.size()) + " inputs");
     if (input_len > 0) require(input_names, "input_names"), require(inputs, "inputs");
     if (output_len > 0) require(output_names, "output_names"), require(outputs, "outputs");
+    ott::check_handles(reinterpret_cast<const void* const*>(inputs), input_len, Kind::value, "inputs", false);
+    ott::check_handles(reinterpret_cast<const void* const*>(outputs), output_len, Kind::value, "outputs", true);
     std::vector<at::Tensor> arguments(input_len);
     for (size_t i = 0; i < input_len; i++) {
-      if (input_names[i] == nullptr || inputs[i] == nullptr)
-        throw invalid_argument("Run: input_names[" + std::to_string(i) + "] or inputs[" + std::to_string(i) + "] is NULL");
+      if (input_names[i] == nullptr) throw invalid_argument("Run: input_names[" + std::to_string(i) + "] is NULL");
       size_t at = input_position(set, input_names[i]);
       const ott::TensorSpec& spec = set.inputs[at];
       const at::Tensor& given = inputs[i]->tensor;
@@ -151,13 +156,13 @@ OrtStatus* Run(OrtSession* session, const OrtRunOptions*, const char* const* inp
                                " " + ott::shape_text(value.sizes().vec()) + " tensor");
     }
     for (size_t i = 0; i < output_len; i++) {
-      if (outputs[i] == nullptr) outputs[i] = new OrtValue{produced[chosen[i]].clone()};
+      if (outputs[i] == nullptr) outputs[i] = ott::make_handle<OrtValue>(produced[chosen[i]].clone());
       else outputs[i]->tensor.copy_(produced[chosen[i]]);
     }
   });
 }
 
-void ReleaseSession(OrtSession* session) { delete session; }
+void ReleaseSession(OrtSession* session) { ott::release_handle(session, "ReleaseSession"); }
 
 }  // namespace
 

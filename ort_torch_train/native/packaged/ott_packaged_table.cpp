@@ -13,43 +13,56 @@
 
 namespace {
 
+using ott::check_allocator;
 using ott::Error;
 using ott::guarded;
 using ott::invalid_argument;
+using ott::Kind;
+using ott::make_handle;
 using ott::require;
+using ott::resolve;
 
 constexpr size_t kCheckpointLimit = size_t(1) << 31;  // bytes of a checkpoint read at most (one FlatBuffer)
 
-std::vector<at::Tensor> input_tensors(size_t count, const OrtValue* const* inputs) {
+// The step's inputs: the count it takes (before any is read), each a live value.
+std::vector<at::Tensor> input_tensors(size_t count, const OrtValue* const* inputs, size_t expected, const char* what) {
+  if (count != expected)
+    throw invalid_argument(std::string(what) + ": expected " + std::to_string(expected) + " inputs, got " +
+                           std::to_string(count));
   if (count > 0) require(inputs, "inputs");
+  ott::check_handles(reinterpret_cast<const void* const*>(inputs), count, Kind::value, "inputs", false);
   std::vector<at::Tensor> tensors;
-  for (size_t i = 0; i < count; i++) {
-    if (inputs[i] == nullptr) throw invalid_argument("inputs[" + std::to_string(i) + "] is NULL");
-    tensors.push_back(inputs[i]->tensor);
-  }
+  for (size_t i = 0; i < count; i++) tensors.push_back(inputs[i]->tensor);
   return tensors;
+}
+
+// The output slots a step fills, as many as it has outputs: each NULL or a live value (checked before it runs).
+void check_output_slots(size_t count, OrtValue* const* outputs, size_t expected, const char* what) {
+  if (count != expected)
+    throw invalid_argument(std::string(what) + ": outputs_len is " + std::to_string(count) + "; the step has " +
+                           std::to_string(expected) + " outputs");
+  if (count > 0) require(outputs, "outputs");
+  ott::check_handles(reinterpret_cast<const void* const*>(outputs), count, Kind::value, "outputs", true);
 }
 
 void give_outputs(const std::vector<at::Tensor>& produced, size_t count, OrtValue** outputs, const char* what) {
   if (count != produced.size())
     throw invalid_argument(std::string(what) + ": outputs_len is " + std::to_string(count) + "; the step has " +
                            std::to_string(produced.size()) + " outputs");
-  if (count > 0) require(outputs, "outputs");
   for (size_t i = 0; i < count; i++) {
-    delete outputs[i];  // ORT's rule: an OrtValue given in an output slot is replaced
-    outputs[i] = new OrtValue{produced[i].clone()};
+    ott::release_handle(outputs[i], what);  // ORT's rule: an OrtValue given in an output slot is replaced
+    outputs[i] = make_handle<OrtValue>(produced[i].clone());
   }
 }
 
 ott::Session& session_of(const OrtTrainingSession* session) {
-  require(session, "session");
-  return *session->session;
+  return *resolve(session, "session")->session;
 }
 
 OrtStatus* LoadCheckpointFromBuffer(const void* buffer, const size_t size, OrtCheckpointState** out) {
   return guarded([&] {
     require(buffer, "checkpoint_buffer"), require(out, "checkpoint_state");
-    *out = new OrtCheckpointState{ott::read_checkpoint(static_cast<const uint8_t*>(buffer), size)};
+    *out = make_handle<OrtCheckpointState>(ott::read_checkpoint(static_cast<const uint8_t*>(buffer), size));
   });
 }
 
@@ -65,13 +78,13 @@ OrtStatus* LoadCheckpoint(const ORTCHAR_T* path, OrtCheckpointState** out) {
     in.seekg(0);
     if (!in.read(reinterpret_cast<char*>(bytes.data()), size))
       throw Error(ORT_FAIL, std::string("LoadCheckpoint: cannot read '") + path + "'");
-    *out = new OrtCheckpointState{ott::read_checkpoint(bytes.data(), bytes.size())};
+    *out = make_handle<OrtCheckpointState>(ott::read_checkpoint(bytes.data(), bytes.size()));
   });
 }
 
 OrtStatus* SaveCheckpoint(OrtCheckpointState* state, const ORTCHAR_T* path, const bool include_optimizer_state) {
   return guarded([&] {
-    require(state, "checkpoint_state"), require(path, "checkpoint_path");
+    resolve(state, "checkpoint_state"), require(path, "checkpoint_path");
     std::vector<uint8_t> bytes = ott::write_checkpoint(state->data, include_optimizer_state);
     std::string temporary = std::string(path) + ".tmp";  // written whole, then renamed over the file
     {
@@ -92,7 +105,7 @@ constexpr size_t kModelLimit = (size_t(1) << 31) - 1;  // bytes of a model check
 void open_session(const std::string& folder, OrtCheckpointState* state, OrtTrainingSession** out) {
   auto session = std::make_unique<ott::Session>(folder, state);
   std::shared_ptr<void> exports = ott::register_exports(session->prepared());
-  *out = new OrtTrainingSession{std::move(session), std::move(exports)};
+  *out = make_handle<OrtTrainingSession>(std::move(session), std::move(exports));
   state->sessions++;
 }
 
@@ -100,7 +113,7 @@ OrtStatus* CreateTrainingSession(const OrtEnv* env, const OrtSessionOptions* opt
                                  const ORTCHAR_T* train_path, const ORTCHAR_T* eval_path,
                                  const ORTCHAR_T* optimizer_path, OrtTrainingSession** out) {
   return guarded([&] {
-    require(env, "env"), require(options, "options"), require(state, "checkpoint_state");
+    resolve(env, "env"), resolve(options, "options"), resolve(state, "checkpoint_state");
     require(train_path, "train_model_path"), require(out, "out");
     const std::string folder = ott::package_folder_for(train_path);
     const ORTCHAR_T* paths[3] = {train_path, eval_path, optimizer_path};
@@ -127,7 +140,7 @@ OrtStatus* CreateTrainingSessionFromBuffer(const OrtEnv* env, const OrtSessionOp
                                            const void* eval_data, size_t eval_len, const void* optimizer_data,
                                            size_t optimizer_len, OrtTrainingSession** out) {
   return guarded([&] {
-    require(env, "env"), require(options, "options"), require(state, "checkpoint_state");
+    resolve(env, "env"), resolve(options, "options"), resolve(state, "checkpoint_state");
     require(train_data, "train_model_data"), require(out, "out");
     const char* folder = std::getenv("ORT_TORCH_TRAIN_PACKAGE");
     if (folder == nullptr || *folder == '\0')
@@ -169,7 +182,7 @@ OrtStatus* EvalInputCount(const OrtTrainingSession* s, size_t* out) { return Inp
 OrtStatus* Name(const OrtTrainingSession* session, size_t index, OrtAllocator* allocator, char** out, bool train,
                 bool input) {
   return guarded([&] {
-    require(allocator, "allocator"), require(out, "output");
+    check_allocator(allocator, "allocator"), require(out, "output");
     const std::string& name = session_of(session).name(train, input, index);
     void* copy = allocator->Alloc(allocator, name.size() + 1);
     if (copy == nullptr) throw Error(ORT_FAIL, "the allocator returned NULL");
@@ -194,25 +207,25 @@ OrtStatus* LazyResetGrad(OrtTrainingSession* session) {
   return guarded([&] { session_of(session).lazy_reset_grad(); });
 }
 
-OrtStatus* TrainStep(OrtTrainingSession* session, const OrtRunOptions*, size_t inputs_len,
+OrtStatus* TrainStep(OrtTrainingSession* session, const OrtRunOptions* options, size_t inputs_len,
                      const OrtValue* const* inputs, size_t outputs_len, OrtValue** outputs) {
   return guarded([&] {
     ott::Session& steps = session_of(session);
-    if (outputs_len != steps.train_outputs())
-      throw invalid_argument("TrainStep: outputs_len is " + std::to_string(outputs_len) + "; the step has " +
-                             std::to_string(steps.train_outputs()) + " outputs");
-    give_outputs(steps.train_step(input_tensors(inputs_len, inputs)), outputs_len, outputs, "TrainStep");
+    if (options != nullptr) resolve(options, "run_options");
+    check_output_slots(outputs_len, outputs, steps.train_outputs(), "TrainStep");
+    std::vector<at::Tensor> given = input_tensors(inputs_len, inputs, steps.train_inputs(), "TrainStep");
+    give_outputs(steps.train_step(given), outputs_len, outputs, "TrainStep");
   });
 }
 
-OrtStatus* EvalStep(const OrtTrainingSession* session, const OrtRunOptions*, size_t inputs_len,
+OrtStatus* EvalStep(const OrtTrainingSession* session, const OrtRunOptions* options, size_t inputs_len,
                     const OrtValue* const* inputs, size_t outputs_len, OrtValue** outputs) {
   return guarded([&] {
     ott::Session& steps = session_of(session);
-    if (outputs_len != steps.eval_outputs())
-      throw invalid_argument("EvalStep: outputs_len is " + std::to_string(outputs_len) + "; the step has " +
-                             std::to_string(steps.eval_outputs()) + " outputs");
-    give_outputs(steps.eval_step(input_tensors(inputs_len, inputs)), outputs_len, outputs, "EvalStep");
+    if (options != nullptr) resolve(options, "run_options");
+    check_output_slots(outputs_len, outputs, steps.eval_outputs(), "EvalStep");
+    std::vector<at::Tensor> given = input_tensors(inputs_len, inputs, steps.eval_inputs(), "EvalStep");
+    give_outputs(steps.eval_step(given), outputs_len, outputs, "EvalStep");
   });
 }
 
@@ -222,8 +235,12 @@ OrtStatus* SetLearningRate(OrtTrainingSession* session, float value) {
 OrtStatus* GetLearningRate(OrtTrainingSession* session, float* out) {
   return guarded([&] { require(out, "learning_rate"), *out = session_of(session).learning_rate(); });
 }
-OrtStatus* OptimizerStep(OrtTrainingSession* session, const OrtRunOptions*) {
-  return guarded([&] { session_of(session).optimizer_step(); });
+OrtStatus* OptimizerStep(OrtTrainingSession* session, const OrtRunOptions* options) {
+  return guarded([&] {
+    ott::Session& steps = session_of(session);
+    if (options != nullptr) resolve(options, "run_options");
+    steps.optimizer_step();
+  });
 }
 OrtStatus* RegisterLinearLRScheduler(OrtTrainingSession* session, const int64_t warmup, const int64_t total,
                                      const float initial) {
@@ -237,27 +254,27 @@ OrtStatus* GetParametersSize(OrtTrainingSession* session, size_t* out, bool trai
 }
 OrtStatus* CopyParametersToBuffer(OrtTrainingSession* session, OrtValue* buffer, bool trainable_only) {
   return guarded([&] {
-    require(buffer, "parameters_buffer");
+    resolve(buffer, "parameters_buffer");
     session_of(session).copy_parameters_to(buffer->tensor, trainable_only);
   });
 }
 OrtStatus* CopyBufferToParameters(OrtTrainingSession* session, OrtValue* buffer, bool trainable_only) {
   return guarded([&] {
-    require(buffer, "parameters_buffer");
+    resolve(buffer, "parameters_buffer");
     session_of(session).copy_parameters_from(buffer->tensor, trainable_only);
   });
 }
 
 void ReleaseCheckpointState(OrtCheckpointState* state) {
-  if (state == nullptr) return;
+  if (!ott::unregister_handle(state, Kind::checkpoint_state, "ReleaseCheckpointState")) return;
   if (state->sessions > 0) state->released = true;  // freed with the last session training it
-  else delete state;
+  else ott::destroy_handle(state);
 }
 void ReleaseTrainingSession(OrtTrainingSession* session) {
-  if (session == nullptr) return;
+  if (!ott::unregister_handle(session, Kind::training_session, "ReleaseTrainingSession")) return;
   OrtCheckpointState* state = session->session ? session->session->state() : nullptr;
-  delete session;
-  if (state != nullptr && --state->sessions == 0 && state->released) delete state;
+  ott::destroy_handle(session);
+  if (state != nullptr && --state->sessions == 0 && state->released) ott::destroy_handle(state);
 }
 
 OrtStatus* ExportModelForInferencing(OrtTrainingSession* session, const ORTCHAR_T* path, size_t outputs_len,
@@ -278,7 +295,7 @@ OrtStatus* ExportModelForInferencing(OrtTrainingSession* session, const ORTCHAR_
 OrtStatus* SetSeed(const int64_t seed) { return guarded([&] { at::manual_seed(uint64_t(seed)); }); }
 OrtStatus* AddProperty(OrtCheckpointState* state, const char* name, enum OrtPropertyType type, void* value) {
   return guarded([&] {
-    require(state, "checkpoint_state"), require(name, "property_name"), require(value, "property_value");
+    resolve(state, "checkpoint_state"), require(name, "property_name"), require(value, "property_value");
     const int kind = ott::enum_value(type);
     ott::Property property{name, kind};
     if (kind == OrtIntProperty) property.int_value = *static_cast<const int64_t*>(value);
@@ -293,7 +310,7 @@ OrtStatus* AddProperty(OrtCheckpointState* state, const char* name, enum OrtProp
 OrtStatus* GetProperty(const OrtCheckpointState* state, const char* name, OrtAllocator* allocator,
                        enum OrtPropertyType* type, void** value) {
   return guarded([&] {
-    require(state, "checkpoint_state"), require(name, "property_name"), require(allocator, "allocator");
+    resolve(state, "checkpoint_state"), require(name, "property_name"), check_allocator(allocator, "allocator");
     require(type, "property_type"), require(value, "property_value");
     for (const ott::Property& held : state->data.properties) {
       if (held.name != name) continue;
@@ -312,7 +329,7 @@ OrtStatus* GetProperty(const OrtCheckpointState* state, const char* name, OrtAll
 }
 
 at::Tensor& parameter(const OrtCheckpointState* state, const char* name) {
-  require(state, "checkpoint_state"), require(name, "parameter_name");
+  resolve(state, "checkpoint_state"), require(name, "parameter_name");
   at::Tensor* found = const_cast<OrtCheckpointState*>(state)->data.find(name);
   if (found == nullptr) throw invalid_argument(std::string("the checkpoint state has no parameter '") + name + "'");
   return *found;
@@ -321,12 +338,12 @@ OrtStatus* GetParameterTypeAndShape(const OrtCheckpointState* state, const char*
   return guarded([&] {
     require(out, "parameter_type_and_shape");
     const at::Tensor& tensor = parameter(state, name);
-    *out = new OrtTensorTypeAndShapeInfo{ott::onnx_type(tensor.scalar_type()), tensor.sizes().vec()};
+    *out = make_handle<OrtTensorTypeAndShapeInfo>(ott::onnx_type(tensor.scalar_type()), tensor.sizes().vec());
   });
 }
 OrtStatus* UpdateParameter(OrtCheckpointState* state, const char* name, OrtValue* value) {
   return guarded([&] {
-    require(value, "parameter");
+    resolve(value, "parameter");
     at::Tensor& tensor = parameter(state, name);
     if (value->tensor.scalar_type() != tensor.scalar_type() || value->tensor.sizes() != tensor.sizes())
       throw invalid_argument(std::string("UpdateParameter: '") + name + "' is " + ott::dtype_name(tensor.scalar_type()) +
@@ -336,8 +353,8 @@ OrtStatus* UpdateParameter(OrtCheckpointState* state, const char* name, OrtValue
 }
 OrtStatus* GetParameter(const OrtCheckpointState* state, const char* name, OrtAllocator* allocator, OrtValue** out) {
   return guarded([&] {
-    require(allocator, "allocator"), require(out, "parameter");
-    *out = new OrtValue{parameter(state, name).clone()};
+    check_allocator(allocator, "allocator"), require(out, "parameter");
+    *out = make_handle<OrtValue>(parameter(state, name).clone());
   });
 }
 
