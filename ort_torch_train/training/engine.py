@@ -34,8 +34,7 @@ from ort_torch_train.training.forward_graph import ForwardGraph
 from ort_torch_train.training.forward_models import eval_forward, train_forward
 from ort_torch_train.training.one_graph_step import OneGraphSteps
 from ort_torch_train.training.options import EngineOptions
-from ort_torch_train.training.package.bound import BoundTrainStep
-from ort_torch_train.training.package.packaged import PackagedSteps
+from ort_torch_train.training.package.step_programs import StepPrograms, TrainProgram
 from ort_torch_train.training.precision import MixedPrecision, autocast_or_null, backward, float32_outputs
 from ort_torch_train.training.ranks import rank_strategies
 from ort_torch_train.training.threads import process_threads
@@ -102,11 +101,12 @@ class TrainingEngine:
         self._eval_aliases: list[torch.Tensor] = []  # _detached_eval_params
         self._gradient_reset = _GradientReset()
         state.to(options.device)
-        self._packaged: PackagedSteps | None = None  # the steps of options.package, run instead of compiling
-        self._packaged_train: BoundTrainStep | None = None  # its train step over the state
-        if options.package is not None:
-            self._packaged = PackagedSteps(
-                options.package, training_model, eval_model, state.params, self.trainable_parameter_names
+        self._packaged: StepPrograms | None = None  # the programs of options.programs, run instead of the steps here
+        self._packaged_train: TrainProgram | None = None  # their train step over the state
+        if options.programs is not None:
+            graphs = (self.train_graph, self.eval_graph)
+            self._packaged = options.programs.open(
+                training_model, eval_model, graphs, state, self.trainable_parameter_names
             )
             self._packaged_train = self._packaged.bind_train(state)
         ranks = rank_strategies(self.train_graph, self.train_layout, state, options, self._tensor_parallel)
@@ -258,8 +258,9 @@ class TrainingEngine:
         return all(params[n].data_ptr() == view.data_ptr() for n, view in zip(self._frozen_train_names, views[2]))
 
     def packaged_update(self, optimizer_model: onnx.ModelProto) -> UpdateProgram | None:
-        """The package's optimizer step over this state, where the package was built from ``optimizer_model``;
-        None without a package or where it was built from another optimizer model."""
+        """The programs' optimizer step of ``optimizer_model`` over this state (``compile="aot"``: compiled or
+        loaded now); None without programs compiled ahead of time, or a package built from another optimizer
+        model."""
         return None if self._packaged is None else self._packaged.bind_update(self.training_state, optimizer_model)
 
     def eval_step(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
