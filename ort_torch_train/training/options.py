@@ -113,11 +113,10 @@ class EngineOptions:
         sharding: str | None = None,
     ) -> EngineOptions:
         """Checked options from a face's arguments (``Module``'s names); raises naming the bad argument."""
-        target = parse_device(device)
         programs: ProgramsSource | None = package_folder(compile) or ahead_of_time(compile, compile_cache)
         arguments = None if programs is not None else compile_arguments(compile)
         several = distributed or sharding is not None or pipeline is not None or tensor_parallel_size != 1
-        if programs is not None and (target.type != "cpu" or mixed_precision or recompute or several):
+        if programs is not None and (not _names_cpu(device) or mixed_precision or recompute or several):
             what = "programs compiled ahead of time run" if compile == "aot" else "a package runs"
             raise ValueError(
                 f"compile={compile!r}: {what} on the CPU in float32, in one process, without recompute; "
@@ -125,6 +124,7 @@ class EngineOptions:
                 f"distributed={distributed!r}, sharding={sharding!r}, pipeline={pipeline!r}, "
                 f"tensor_parallel_size={tensor_parallel_size!r}"
             )
+        target = parse_device(device)
         check_mixed_precision(mixed_precision)
         try:
             scale = float(loss_scale)
@@ -239,6 +239,14 @@ class EngineOptions:
         if "mode" not in arguments and arguments.get("backend", "inductor") == "inductor":
             arguments["options"] = {"cpp_wrapper": False, **(arguments.get("options") or {})}
         return arguments
+
+
+def _names_cpu(device: str | torch.device) -> bool:
+    """Whether ``device`` names the CPU (a malformed one too: ``parse_device`` reports it)."""
+    try:
+        return torch.device(device).type == "cpu"
+    except (RuntimeError, TypeError):
+        return True
 
 
 def _pipeline_group(
