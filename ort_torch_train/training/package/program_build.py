@@ -106,7 +106,7 @@ def train_program(
     plan = ParameterPlan.of(graph_names, trainable_names)
     trainable = [params[name].detach() for name in trainable_names]
     frozen = [params[name].detach() for name in plan.frozen_names(graph_names)]
-    module = _converted(graph, example.inputs, [params[name] for name in graph_names])
+    module = converted(graph, example.inputs, [params[name] for name in graph_names])
     step = programs.train_function(module, len(example.inputs), plan)
     arguments = [*example.inputs, *trainable, *frozen, *(torch.zeros_like(t) for t in trainable), torch.tensor(True)]
     fixed = [None] * (len(arguments) - len(example.inputs))
@@ -118,7 +118,7 @@ def eval_program(graph: ForwardGraph, params: Mapping[str, Tensor], path: Path, 
     """Compile the forward of ``graph`` over ``params`` (the state's tensors by name) into the program file
     ``path``."""
     held = [params[name].detach() for name in graph.layout.params]
-    step = programs.eval_function(_converted(graph, example.inputs, held))
+    step = programs.eval_function(converted(graph, example.inputs, held))
     entries = _compile(step, [*example.inputs, *held], example.axes, [None] * len(held), example.entries, path)
     return Program(path.name, entries, tuple(graph.layout.user_outputs))
 
@@ -142,7 +142,7 @@ def tensor_entry(name: str, tensor: Tensor) -> TensorEntry:
     return TensorEntry(name, dtype_name(tensor.dtype), tuple(tensor.shape))
 
 
-def _converted(
+def converted(
     graph: ForwardGraph, inputs: Sequence[Tensor], params: Sequence[Tensor]
 ) -> Callable[..., Sequence[Tensor]]:
     """``graph`` converted for ``inputs``, its literals that follow the sizes of dynamic axes made expressions of

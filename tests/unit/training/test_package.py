@@ -25,7 +25,7 @@ from ort_torch_train.optim.optimizer_model import read_optimizer_model
 from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.training.options import EngineOptions
 from ort_torch_train.training.package.manifest import MANIFEST
-from ort_torch_train.training.package.packaged import PackageFolder, PackagedSteps
+from ort_torch_train.training.package.packaged import PackagedSteps, PackageFolder
 from tests.helpers.corpus import Case
 from tests.helpers.packaged import fixture_package
 from tests.helpers.paths import FIXTURES, ROOT
