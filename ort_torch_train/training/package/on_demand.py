@@ -36,7 +36,7 @@ from ort_torch_train.errors import InputError, ModelError, PackageError
 from ort_torch_train.fileio import atomic_write_bytes
 from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.torch_internals import aoti_package_runner
-from ort_torch_train.training.compile.cache import CompileCacheSetting, compile_cache_for
+from ort_torch_train.training.compile.cache import CompileCacheSetting, compile_cache_store
 from ort_torch_train.training.compile.cache_store import CacheStore, RefusedEntry, platform_fingerprint
 from ort_torch_train.training.compile.step_spec import ParameterPlan
 from ort_torch_train.training.forward_graph import ForwardGraph
@@ -70,10 +70,8 @@ class AheadOfTime:
         trainable: list[str],
     ) -> OnDemandSteps:
         """The programs of these models, graphs and parameters, none compiled yet."""
-        cache = compile_cache_for(self.compile_cache)
-        return OnDemandSteps(
-            training_model, eval_model, graphs, state, trainable, None if cache is None else cache.store
-        )
+        store = compile_cache_store(self.compile_cache)
+        return OnDemandSteps(training_model, eval_model, graphs, state, trainable, store)
 
 
 class OnDemandSteps:
