@@ -99,6 +99,7 @@ class OnDemandSteps:
         self._frozen = ParameterPlan.of(graph_names, trainable).frozen_names(graph_names)
         self._parameters = [built.tensor_entry(n, state.params[n]) for n in (*self._trainable, *self._frozen)]
         self._eval: tuple[Program, Runner] | None = None
+        self._updates: dict[str, tuple[Program, Runner, dict[str, object]]] = {}  # by optimizer model digest
 
     @property
     def trainable_names(self) -> list[str]:
@@ -135,8 +136,10 @@ class OnDemandSteps:
             update = built.optimizer_program(optimizer_model, trainable, path)
             return update.program, {"moments": list(update.moments)}
 
-        parts = {"model": model_digest(optimizer_model)}
-        program, run, extra = self._program("optimizer", parts, build)
+        digest = model_digest(optimizer_model)
+        known = self._updates.get(digest)  # another Optimizer over this module, of the same model
+        program, run, extra = known or self._program("optimizer", {"model": digest}, build)
+        self._updates[digest] = (program, run, extra)
         moments = extra.get("moments")
         if not isinstance(moments, list) or not all(isinstance(name, str) for name in moments):
             raise PackageError(f"compile='aot': the optimizer program's record names no moments ({moments!r})")
