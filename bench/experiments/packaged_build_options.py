@@ -29,7 +29,7 @@ from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.training.compile.step_spec import ParameterPlan
 from ort_torch_train.training.engine import TrainingEngine
 from ort_torch_train.training.options import EngineOptions
-from ort_torch_train.training.package import build, programs
+from ort_torch_train.training.package import build, program_build, programs
 
 ROOT = Path(__file__).resolve().parents[2]
 VARIANTS: dict[str, tuple[bool, dict[str, object]]] = {  # name -> (static batch, inductor config)
@@ -53,8 +53,9 @@ def train_program(
     plan = ParameterPlan.of(graph_names, engine.trainable_parameter_names)
     trainable = [state.params[name].detach().clone() for name in engine.trainable_parameter_names]
     frozen = [state.params[name].detach().clone() for name in plan.frozen_names(graph_names)]
-    inputs, axes, _ = build._examples(engine.train_graph, batch)
-    module = build._converted(engine.train_graph, inputs, [state.params[name] for name in graph_names])
+    examples = program_build.examples(engine.train_graph, batch)
+    inputs, axes = examples.inputs, examples.axes
+    module = program_build.converted(engine.train_graph, inputs, [state.params[name] for name in graph_names])
     step = programs.train_function(module, len(inputs), plan)
     example = [*inputs, *trainable, *frozen, *(torch.zeros_like(t) for t in trainable), torch.tensor(True)]
     fixed = [None] * (len(example) - len(inputs))

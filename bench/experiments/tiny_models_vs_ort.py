@@ -16,6 +16,10 @@ alternate between the sides, batch 8 and 64, round after round (the order rotate
 - ``compiled``: this project's Python API, ``Module(compile=True)``, the same three calls;
 - ``compiled-step``: the same process, ``module.step(optimizer, *inputs)`` (the three calls as one compiled call);
 - ``package``: ``Module(compile="package:DIR")``, the same three calls;
+- ``aot``: ``Module(compile="aot", compile_cache=False)``, the same three calls: the package's programs compiled in
+  the process (the optimizer's as the optimizer is created, the train program at the first step: in the creation
+  and first-step figures, not in the blocks);
+- ``aot-step``: the same process, ``module.step(optimizer, *inputs)``;
 - with ``--compiled-before PYTHON``: ``compiled-before-step``, ``module.step`` run by another checkout's
   interpreter (its venv), for a before/after ratio in the same run;
 - with ``--package-before PYTHON``: ``package-before``, the ``package`` side run by another checkout's interpreter.
@@ -58,7 +62,15 @@ FIXTURES = {
 }
 BATCHES = (8, 64)
 ELEMENT_TYPES = {"float32": 1, "int64": 7, "bool": 9}
-SIDES = (("ort", "run"), ("native", "run"), ("compiled", "run"), ("compiled", "step"), ("package", "run"))
+SIDES = (
+    ("ort", "run"),
+    ("native", "run"),
+    ("compiled", "run"),
+    ("compiled", "step"),
+    ("package", "run"),
+    ("aot", "run"),
+    ("aot", "step"),
+)
 Side = tuple[str, str]  # (the process, its mode: "run" the three calls, "step" module.step)
 
 
@@ -153,6 +165,7 @@ def measure(model: str, programs: dict[str, Path], sides: tuple[Side, ...], argu
         "ort": [arguments.ort_python, *worker, "ort", str(artifacts), str(inputs)],
         "compiled": [sys.executable, *worker, "compiled", str(artifacts), str(inputs)],
         "package": [sys.executable, *worker, "package", str(artifacts), str(inputs), str(package)],
+        "aot": [sys.executable, *worker, "aot", str(artifacts), str(inputs)],
     }
     if arguments.compiled_before:
         commands["compiled-before"] = [str(arguments.compiled_before), *worker, "compiled", str(artifacts), str(inputs)]

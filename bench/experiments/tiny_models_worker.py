@@ -4,12 +4,14 @@
     PYTHON tiny_models_worker.py SIDE ARTIFACTS_DIR INPUTS_DIR [PACKAGE_DIR]
 
 SIDE is ``ort`` (onnxruntime-training's Python API; run with its venv's Python), ``compiled``
-(``Module(compile=True)``) or ``package`` (``Module(compile="package:DIR")``). After its imports it loads the
+(``Module(compile=True)``), ``package`` (``Module(compile="package:DIR")``) or ``aot`` (``Module(compile="aot",
+compile_cache=False)``: the optimizer program compiled as the optimizer is created, the train program at the first
+step, both in this process). After its imports it loads the
 checkpoint, creates the module and optimizer (learning rate 1e-3, one intra-op thread) and takes one step at the
 first batch of INPUTS_DIR/manifest.txt, timing that, and prints ``ready CREATE_S FIRST_STEP_S LIBPYTHON_LINES``; then each
 ``run BATCH N`` line takes N steps (``loss = module(*inputs)``, ``optimizer.step()``, ``module.lazy_reset_grad()``)
 and answers ``us MICROSECONDS_PER_STEP``; ``step BATCH N`` does the same through ``module.step(optimizer, *inputs)``
-(ours only: the three calls as one compiled call); ``quit`` answers ``peak_kb VmHWM``.
+(ours only: the three calls as one compiled call where ``compile=True``); ``quit`` answers ``peak_kb VmHWM``.
 """
 
 from __future__ import annotations
@@ -65,7 +67,8 @@ def create(side: str, artifacts: Path, package: str | None, api: tuple) -> tuple
     """The module (train mode) and optimizer (learning rate 1e-3) of the side over the artifacts."""
     checkpoint_state, module_class, optimizer_class, options = api
     if side != "ort":
-        options = {"compile": True if side == "compiled" else f"package:{package}"}
+        compile = {"compiled": True, "aot": "aot"}.get(side, f"package:{package}")
+        options = {"compile": compile, **({"compile_cache": False} if side == "aot" else {})}
     state = checkpoint_state.load_checkpoint(str(artifacts / "checkpoint"))
     module = module_class(str(artifacts / "training_model.onnx"), state, str(artifacts / "eval_model.onnx"), **options)
     optimizer = optimizer_class(str(artifacts / "optimizer_model.onnx"), module)

@@ -56,6 +56,10 @@ class Module(nn.Module):
     ``compile="package:DIR"`` runs the train and eval steps through a package compiled ahead of time
     (``ort-torch-train package``; ``training/package/``) with no compilation, on the CPU in float32, and an
     Optimizer over the module runs the package's update where it was built from the same optimizer model.
+    ``compile="aot"`` runs the same programs, each compiled the first time it is needed (train: the first
+    train step; optimizer: when an Optimizer binds its update; eval: the first eval step) into the compile
+    cache, from which a later Module or process with the same artifacts, torch and CPU loads them with no
+    compilation (``training/package/on_demand.py``); CPU, float32, as a package.
     ``mixed_precision="bf16"|"fp16"`` runs the forward under ``torch.autocast`` with float32 master
     weights; "fp16" adds GradScaler's dynamic loss scaling (the Optimizer unscales, skips inf/nan
     steps and reports them; the scale is saved in the checkpoint's properties). ``recompute=k`` (or
@@ -92,7 +96,8 @@ class Module(nn.Module):
         device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` (or a ``torch.device``) where parameters and steps live.
         session_options: ORT's SessionOptions, accepted for compatibility and not used.
         compile: ``True``, a torch.compile mode or a dict of torch.compile arguments: compiled steps;
-            ``"package:DIR"``: the steps of a package built ahead of time.
+            ``"package:DIR"``: the steps of a package built ahead of time; ``"aot"``: those programs compiled
+            on demand into the compile cache.
         distributed: train data-parallel on torch.distributed (gradients averaged across ranks).
         process_group: the ranks' group with ``distributed`` (default: the default group).
         gradient_combination: with ``distributed``, "average" (default) or "adasum" (eager steps, a
@@ -322,8 +327,9 @@ class Module(nn.Module):
         return self._engine.eval_step(inputs)
 
     def packaged_update(self, optimizer_model: onnx.ModelProto) -> UpdateProgram | None:
-        """The update of this module's package (``compile="package:DIR"``) over its state, where the package was
-        built from ``optimizer_model``; else None (the Optimizer then runs its own kernel)."""
+        """The update of this module's programs compiled ahead of time (``compile="package:DIR"``, where the
+        package was built from ``optimizer_model``; ``compile="aot"``: compiled or loaded now) over its state; else
+        None (the Optimizer then runs its own kernel)."""
         return self._engine.packaged_update(optimizer_model)
 
     def input_names(self, training: bool | None = None) -> list[str]:

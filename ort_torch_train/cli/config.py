@@ -263,11 +263,28 @@ def _dests_in(tokens: list[str], actions: dict[str, argparse.Action]) -> tuple[s
         if token.startswith("-") and option in actions:
             action = actions[option]
             dests.add(action.dest)
-            index += 1 if action.nargs == 0 or "=" in token else 2
+            index += 2 if _takes_next(action, tokens, index) else 1
             continue
         positional = positional or not token.startswith("-")
         index += 1
     return dests, positional
+
+
+def _takes_next(action: argparse.Action, tokens: list[str], index: int) -> bool:
+    """Whether the flag ``tokens[index]`` takes the next token as its value (an optional value: one its type
+    reads)."""
+    if action.nargs == 0 or "=" in tokens[index]:
+        return False
+    if action.nargs != "?":
+        return True
+    following = tokens[index + 1] if index + 1 < len(tokens) else "-"
+    if following.startswith("-") or not callable(action.type):
+        return False
+    try:
+        action.type(following)
+    except (argparse.ArgumentTypeError, TypeError, ValueError):
+        return False
+    return True
 
 
 def _flag_value(tokens: list[str], flag: str) -> str | None:

@@ -76,6 +76,15 @@ def recompute_setting(text: str) -> int | bool:
     return value
 
 
+def compile_setting(text: str) -> bool | str:
+    """argparse type of --compile's value: "aot" (programs compiled ahead of time into the compile cache), or
+    "true" / "false" (a config file's boolean)."""
+    choices: dict[str, bool | str] = {"aot": "aot", "true": True, "false": False}
+    if text.lower() not in choices:
+        raise argparse.ArgumentTypeError(f"expected no value (torch.compile) or 'aot', got {text!r}")
+    return choices[text.lower()]
+
+
 def add_data_options(parser: argparse.ArgumentParser, positive_int: ArgType, non_negative_int: ArgType) -> None:
     """--data, --inputs, --batched, --batch-size, --workers, --seed, --no-shuffle."""
     group = parser.add_argument_group("data")
@@ -205,9 +214,14 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--compile",
-        action="store_true",
+        nargs="?",
+        const=True,
+        default=False,
+        type=compile_setting,
+        metavar="aot",
         help="run each step (forward, backward, update) as one torch.compile'd graph "
-        "(compiling takes seconds first; faster steps after)",
+        "(compiling takes seconds first; faster steps after); --compile aot: the train, optimizer and eval "
+        "steps as programs compiled ahead of time into the compile cache (CPU, float32; a later run loads them)",
     )
     group.add_argument(
         "--mixed-precision",

@@ -34,8 +34,7 @@ from ort_torch_train.training.forward_graph import ForwardGraph
 from ort_torch_train.training.forward_models import eval_forward, train_forward
 from ort_torch_train.training.one_graph_step import OneGraphSteps
 from ort_torch_train.training.options import EngineOptions
-from ort_torch_train.training.package.bound import BoundTrainStep
-from ort_torch_train.training.package.packaged import PackagedSteps
+from ort_torch_train.training.package.step_programs import StepPrograms, TrainProgram
 from ort_torch_train.training.precision import MixedPrecision, autocast_or_null, backward, float32_outputs
 from ort_torch_train.training.ranks import rank_strategies
 from ort_torch_train.training.threads import process_threads
@@ -102,13 +101,14 @@ class TrainingEngine:
         self._eval_aliases: list[torch.Tensor] = []  # _detached_eval_params
         self._gradient_reset = _GradientReset()
         state.to(options.device)
-        self._packaged: PackagedSteps | None = None  # the steps of options.package, run instead of compiling
-        self._packaged_train: BoundTrainStep | None = None  # its train step over the state
-        if options.package is not None:
-            self._packaged = PackagedSteps(
-                options.package, training_model, eval_model, state.params, self.trainable_parameter_names
+        self._programs: StepPrograms | None = None  # the programs of options.programs, run instead of the steps here
+        self._train_program: TrainProgram | None = None  # their train step over the state
+        if options.programs is not None:
+            graphs = (self.train_graph, self.eval_graph)
+            self._programs = options.programs.open(
+                training_model, eval_model, graphs, state, self.trainable_parameter_names
             )
-            self._packaged_train = self._packaged.bind_train(state)
+            self._train_program = self._programs.bind_train(state)
         ranks = rank_strategies(self.train_graph, self.train_layout, state, options, self._tensor_parallel)
         self._data_parallel, self._pipeline = ranks  # gradients combined across ranks; a pipeline across them
         self._sharded = ranks.data_parallel is not None and ranks.data_parallel.shards_parameters
@@ -164,9 +164,9 @@ class TrainingEngine:
 
     def train_step(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """Forward and backward; gradients accumulate into the parameters' ``.grad``."""
-        packaged, reset = self._packaged_train, self._gradient_reset
-        if packaged is not None:  # it checks its inputs and the state's tensors itself (package/bound.py)
-            outputs = packaged(inputs if type(inputs) is list else list(inputs), reset.pending)
+        program, reset = self._train_program, self._gradient_reset
+        if program is not None:  # it checks its inputs and the state's tensors itself (package/bound.py)
+            outputs = program(inputs if type(inputs) is list else list(inputs), reset.pending)
             reset.pending = False
             return outputs
         self.training_state.require_loaded("perform TrainStep")
@@ -215,10 +215,10 @@ class TrainingEngine:
                 f"trainable parameters {self.trainable_parameter_names}; it updates "
                 f"{list(optimizer.param_names)}"
             )
-        packaged = self._packaged_train
-        if packaged is not None:  # the train program, then the optimizer's (its own or its kernel): one pass
+        program = self._train_program
+        if program is not None:  # the train program, then the optimizer's (its own or its kernel): one pass
             reset = self._gradient_reset
-            outputs = packaged(inputs if type(inputs) is list else list(inputs), reset.pending)
+            outputs = program(inputs if type(inputs) is list else list(inputs), reset.pending)
             reset.pending = False
             optimizer.step()
             reset.pending = True
@@ -266,9 +266,10 @@ class TrainingEngine:
         return all(params[n].data_ptr() == view.data_ptr() for n, view in zip(self._frozen_train_names, views[2]))
 
     def packaged_update(self, optimizer_model: onnx.ModelProto) -> UpdateProgram | None:
-        """The package's optimizer step over this state, where the package was built from ``optimizer_model``;
-        None without a package or where it was built from another optimizer model."""
-        return None if self._packaged is None else self._packaged.bind_update(self.training_state, optimizer_model)
+        """The programs' optimizer step of ``optimizer_model`` over this state (``compile="aot"``: compiled or
+        loaded now); None without programs compiled ahead of time, or a package built from another optimizer
+        model."""
+        return None if self._programs is None else self._programs.bind_update(self.training_state, optimizer_model)
 
     def eval_step(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """Forward of the eval graph (inference semantics), no gradients."""
@@ -276,8 +277,8 @@ class TrainingEngine:
         if self.eval_graph is None:
             raise ModelError("Eval model was not provided: evaluation needs the eval model (eval_model_uri).")
         inputs = self._on_device(inputs)
-        if self._packaged is not None:
-            return self._packaged.eval_step(inputs, self._detached_eval_params())
+        if self._programs is not None:
+            return self._programs.eval_step(inputs, self._detached_eval_params())
         params: Sequence[torch.Tensor]
         if self._gathers_parameters:  # gathered from every rank's shards or stages
             with torch.no_grad():

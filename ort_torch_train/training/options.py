@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -19,7 +18,9 @@ from ort_torch_train.training.binding import parse_device
 from ort_torch_train.training.compile.cache import CompileCacheSetting
 from ort_torch_train.training.compile.settings import CompileSetting, compile_arguments
 from ort_torch_train.training.dynamic_shapes import DynamicSetting, dynamic_setting
+from ort_torch_train.training.package.on_demand import ahead_of_time
 from ort_torch_train.training.package.packaged import package_folder
+from ort_torch_train.training.package.step_programs import ProgramsSource
 from ort_torch_train.training.precision import check_mixed_precision
 from ort_torch_train.training.recompute import RecomputeSetting, recompute_segments
 from ort_torch_train.training.recompute_patterns import RecomputePlan
@@ -60,16 +61,18 @@ class EngineOptions:
         sharding: "zero2" or "zero3" (FSDP2, ``distributed/fully_sharded.py``; implies ``distributed``;
             ``recompute`` True recomputes each layer unit; compiled, each unit's stretch compiles on its own,
             its checkpoint inside), or None.
-        package: the folder of a package of steps compiled ahead of time (``training/package/``), which
-            the train and eval steps run through instead of compiling, or None; ``compile="package:DIR"``.
+        programs: where the steps' programs compiled ahead of time come from (``training/package/``), which
+            the train, eval and optimizer steps run through instead of the engine's own, or None:
+            ``compile="package:DIR"`` a package's folder, ``compile="aot"`` programs compiled on demand into
+            the compile cache ``compile_cache`` names.
 
 
     Valid combinations: every field with every other, except that ``loss_scale`` needs "fp16", a
     process group needs ``distributed`` or ``pipeline``, "adasum" needs ``distributed`` and eager steps,
     ``pipeline`` takes eager steps in float32 without recompute and without ``distributed``, ``sharding``
     takes averaged gradients and ``recompute`` None, True or a legacy session's ``RecomputePlan`` (not a
-    segment count: segments would cross the layer units), and a package
-    runs on the CPU in float32, one process, no recompute. Compiled with recompute, the train step is not one graph:
+    segment count: segments would cross the layer units), and programs compiled ahead of time (a package,
+    "aot") run on the CPU in float32, one process, no recompute. Compiled with recompute, the train step is not one graph:
     the train forward compiles alone (torch.func's one-graph step refuses checkpoint's saved-tensor
     hooks), its backward runs through autograd and the optimizer update after it.
     """
@@ -88,7 +91,7 @@ class EngineOptions:
     custom_ops: OpLibrary | None = None
     tensor_parallel: TensorParallel | None = None
     sharding: str | None = None
-    package: Path | None = None
+    programs: ProgramsSource | None = None
 
     @classmethod
     def of(
@@ -110,17 +113,18 @@ class EngineOptions:
         sharding: str | None = None,
     ) -> EngineOptions:
         """Checked options from a face's arguments (``Module``'s names); raises naming the bad argument."""
-        target = parse_device(device)
-        package = package_folder(compile)
-        arguments = None if package is not None else compile_arguments(compile)
+        programs: ProgramsSource | None = package_folder(compile) or ahead_of_time(compile, compile_cache)
+        arguments = None if programs is not None else compile_arguments(compile)
         several = distributed or sharding is not None or pipeline is not None or tensor_parallel_size != 1
-        if package is not None and (target.type != "cpu" or mixed_precision or recompute or several):
+        if programs is not None and (not _names_cpu(device) or mixed_precision or recompute or several):
+            what = "programs compiled ahead of time run" if compile == "aot" else "a package runs"
             raise ValueError(
-                f"compile={compile!r}: a package runs on the CPU in float32, in one process, without recompute; "
+                f"compile={compile!r}: {what} on the CPU in float32, in one process, without recompute; "
                 f"got device={device!r}, mixed_precision={mixed_precision!r}, recompute={recompute!r}, "
                 f"distributed={distributed!r}, sharding={sharding!r}, pipeline={pipeline!r}, "
                 f"tensor_parallel_size={tensor_parallel_size!r}"
             )
+        target = parse_device(device)
         check_mixed_precision(mixed_precision)
         try:
             scale = float(loss_scale)
@@ -208,7 +212,7 @@ class EngineOptions:
             custom_ops,
             tensor_parallel,
             sharded,
-            package,
+            programs,
         )
 
     @property
@@ -235,6 +239,14 @@ class EngineOptions:
         if "mode" not in arguments and arguments.get("backend", "inductor") == "inductor":
             arguments["options"] = {"cpp_wrapper": False, **(arguments.get("options") or {})}
         return arguments
+
+
+def _names_cpu(device: str | torch.device) -> bool:
+    """Whether ``device`` names the CPU (a malformed one too: ``parse_device`` reports it)."""
+    try:
+        return torch.device(device).type == "cpu"
+    except (RuntimeError, TypeError):
+        return True
 
 
 def _pipeline_group(

@@ -44,12 +44,26 @@ class ProcessCompileCaches:
     def __init__(self) -> None:
         self.steps: dict[str, tuple[str, bytes]] = {}
         self._caches: dict[Path, CompileCache] = {}
+        self._stores: dict[Path, CacheStore] = {}
         self._chosen: Path | None = None
 
     def cache_for(self, setting: CompileCacheSetting = None) -> CompileCache | None:
         """The cache ``setting`` names: None or True the chosen directory, else the default one; a path
         that directory; False none. Raises InputError for a directory named here that is not safe to
         load code from; the default one is then only skipped, with a warning (None)."""
+        store = self.store_for(setting)
+        if store is None:
+            return None
+        cache = self._caches.get(store.directory)
+        if cache is None:
+            cache = self._caches[store.directory] = CompileCache(store, self.steps)
+            cache.trust_vector_isa_probe()
+            log.info("compile cache: %s", store.directory)
+        return cache
+
+    def store_for(self, setting: CompileCacheSetting = None) -> CacheStore | None:
+        """The directory of ``cache_for``'s cache, opened without inductor's settings (which programs
+        compiled ahead of time do not read: ``package/on_demand.py``); ``cache_for``'s errors."""
         if setting is False:
             return None
         directory: Path | None
@@ -59,9 +73,9 @@ class ProcessCompileCaches:
             explicit, directory = False, self._chosen or default_cache_dir()
         if directory is None:
             return None
-        cache = self._caches.get(directory.absolute())
-        if cache is not None:
-            return cache
+        store = self._stores.get(directory.absolute())
+        if store is not None:
+            return store
         try:
             store = CacheStore(directory)
         except InputError as error:
@@ -69,10 +83,8 @@ class ProcessCompileCaches:
                 raise
             log.warning("compile cache off: %s", error)
             return None
-        cache = self._caches[store.directory] = CompileCache(store, self.steps)
-        cache.trust_vector_isa_probe()
-        log.info("compile cache: %s", store.directory)
-        return cache
+        self._stores[store.directory] = store
+        return store
 
     def choose(self, directory: str | os.PathLike) -> CompileCache:
         """Make ``directory`` the cache of the Modules built from now on with ``compile_cache=None``
@@ -89,6 +101,11 @@ _PROCESS_CACHES = ProcessCompileCaches()  # save_compile_cache writes what every
 def process_caches() -> ProcessCompileCaches:
     """This process's compile caches (``ProcessCompileCaches``)."""
     return _PROCESS_CACHES
+
+
+def compile_cache_store(setting: CompileCacheSetting = None) -> CacheStore | None:
+    """The directory of the compile cache ``setting`` names (``ProcessCompileCaches.store_for``)."""
+    return process_caches().store_for(setting)
 
 
 def compile_cache_for(setting: CompileCacheSetting = None) -> CompileCache | None:

@@ -94,8 +94,8 @@ class Manifest:
                 machine=_string(data["machine"]),
                 cpu_capability=_string(data["cpu_capability"]),
                 cpu_features=tuple(_string(name) for name in data["cpu_features"]),
-                trainable=_entries(data["trainable"]),
-                frozen=_entries(data["frozen"]),
+                trainable=tensor_entries(data["trainable"]),
+                frozen=tensor_entries(data["frozen"]),
                 eval_parameters=tuple(_string(name) for name in data["eval_parameters"]),
                 train=_program(folder, data["train"]),
                 eval=None if data["eval"] is None else _program(folder, data["eval"]),
@@ -168,7 +168,8 @@ def _string(value: object) -> str:
     return value
 
 
-def _entries(values: object) -> tuple[TensorEntry, ...]:
+def tensor_entries(values: object) -> tuple[TensorEntry, ...]:
+    """The entries of a JSON list of tensors (``asdict`` of each); TypeError or ValueError for a malformed one."""
     if not isinstance(values, list):
         raise TypeError(f"expected a list of tensors, got {values!r}")
     entries = []
@@ -185,4 +186,4 @@ def _program(folder: str | os.PathLike, value: dict) -> Program:
     path = path_inside(folder, file, "package program")
     if not path.is_file():
         raise PackageError(f"package {os.fspath(folder)!r}: its program {file!r} is missing")
-    return Program(file, _entries(value["inputs"]), tuple(_string(name) for name in value["outputs"]))
+    return Program(file, tensor_entries(value["inputs"]), tuple(_string(name) for name in value["outputs"]))

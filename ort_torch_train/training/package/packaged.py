@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import onnx
 from torch import Tensor
@@ -38,17 +40,38 @@ from ort_torch_train.training.package.manifest import (
     model_digest,
 )
 
+if TYPE_CHECKING:
+    from ort_torch_train.training.forward_graph import ForwardGraph
+
 PACKAGE_PREFIX = "package:"
 
 
-def package_folder(compile: object) -> Path | None:
-    """The folder of a ``compile="package:DIR"`` setting, else None; ValueError for one naming no folder."""
+def package_folder(compile: object) -> PackageFolder | None:
+    """The package of a ``compile="package:DIR"`` setting, else None; ValueError for one naming no folder."""
     if not isinstance(compile, str) or not compile.startswith(PACKAGE_PREFIX):
         return None
     folder = compile[len(PACKAGE_PREFIX) :]
     if not folder:
         raise ValueError(f"compile: {compile!r} names no folder; expected 'package:DIR' (a package's folder)")
-    return Path(folder)
+    return PackageFolder(Path(folder))
+
+
+@dataclass(frozen=True)
+class PackageFolder:
+    """The steps' programs of the package in ``folder`` (a ``ProgramsSource``)."""
+
+    folder: Path
+
+    def open(
+        self,
+        training_model: onnx.ModelProto,
+        eval_model: onnx.ModelProto | None,
+        graphs: tuple[ForwardGraph, ForwardGraph | None],
+        state: TrainingState,
+        trainable: list[str],
+    ) -> PackagedSteps:
+        """The package's steps, checked against these models and parameters."""
+        return PackagedSteps(self.folder, training_model, eval_model, state.params, trainable)
 
 
 class PackagedSteps:

@@ -14,7 +14,7 @@ from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.training.compile.step_spec import ParameterPlan
 from ort_torch_train.training.engine import TrainingEngine
 from ort_torch_train.training.options import EngineOptions
-from ort_torch_train.training.package import build, programs
+from ort_torch_train.training.package import build, program_build, programs
 from tests.helpers.fixture_runs import fixture_batches
 from tests.helpers.paths import FIXTURES
 
@@ -33,8 +33,9 @@ def _exported(case: str) -> tuple[torch.export.ExportedProgram, list[Tensor], in
     names = list(engine.train_layout.params)
     plan = ParameterPlan.of(names, engine.trainable_parameter_names)
     trainable = [state.params[name].detach().clone() for name in engine.trainable_parameter_names]
-    inputs, axes, _ = build._examples(engine.train_graph, 8)
-    module = build._converted(engine.train_graph, inputs, [state.params[name] for name in names])
+    examples = program_build.examples(engine.train_graph, 8)
+    inputs, axes = examples.inputs, examples.axes
+    module = program_build.converted(engine.train_graph, inputs, [state.params[name] for name in names])
     example = [*inputs, *trainable, *(torch.zeros_like(t) for t in trainable), torch.tensor(True)]
     exported = programs.export_step(
         programs.train_function(module, len(inputs), plan), example, [*axes, *([None] * (len(example) - len(inputs)))]

@@ -25,7 +25,7 @@ from ort_torch_train.optim.optimizer_model import read_optimizer_model
 from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.training.options import EngineOptions
 from ort_torch_train.training.package.manifest import MANIFEST
-from ort_torch_train.training.package.packaged import PackagedSteps
+from ort_torch_train.training.package.packaged import PackagedSteps, PackageFolder
 from tests.helpers.corpus import Case
 from tests.helpers.packaged import fixture_package
 from tests.helpers.paths import FIXTURES, ROOT
@@ -366,4 +366,4 @@ def test_package_setting_is_checked_once() -> None:
     with pytest.raises(ValueError, match="a package runs on the CPU in float32"):
         EngineOptions.of(compile="package:somewhere", mixed_precision="bf16")
     options = EngineOptions.of(compile="package:somewhere")
-    assert options.package == Path("somewhere") and options.compile_arguments is None
+    assert options.programs == PackageFolder(Path("somewhere")) and options.compile_arguments is None
