@@ -17,13 +17,16 @@ EXTRAS ?= test examples docs bench
 # never uses and which PyPI serves as a build that does not import beside a CPU torch
 # ("operator torchvision::nms does not exist"). Its real needs (torch, onnx, numpy) are ours.
 # A torchvision left by an older install that cannot be imported is removed.
+# pip byte-compiles what it installs one file after another; compileall then does it on every core
+# (it exits 1 for the few files that are templates rather than Python, which pip skips silently too).
 $(STAMP): pyproject.toml constraints.txt tools/requirements.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -c constraints.txt torch
+	$(PY) -m pip install --quiet --no-compile -c constraints.txt torch
 	$(PY) tools/requirements.py $(EXTRAS) > $(VENV)/requirements.txt
-	$(PY) -m pip install --quiet -c constraints.txt -r $(VENV)/requirements.txt
-	$(PY) -m pip install --quiet --no-deps -e . $$($(PY) tools/requirements.py --onnx2torch)
+	$(PY) -m pip install --quiet --no-compile -c constraints.txt -r $(VENV)/requirements.txt
+	$(PY) -m pip install --quiet --no-compile --no-deps -e . $$($(PY) tools/requirements.py --onnx2torch)
 	$(PY) -c "import torchvision" 2>/dev/null || $(PY) -m pip uninstall --quiet --yes torchvision 2>/dev/null || true
+	$(PY) -m compileall -qq -j 0 $$($(PY) -c "import sysconfig; print(sysconfig.get_path('purelib'))") || true
 	touch $(STAMP)
 
 train: $(STAMP)
