@@ -59,7 +59,6 @@ def for_device(arguments: Mapping[str, Any], device: torch.device, *, cpp_wrappe
     return {**arguments, "options": {**defaults, **(arguments.get("options") or {})}}
 
 
-
 @functools.cache  # one instance: compiled steps' keys and inductor's caches compare it
 def cpu_post_grad_passes() -> GraphPass:
     """The inductor post-grad passes of this project's CPU graphs, in order: small matrix products as loops of
@@ -78,6 +77,7 @@ def cpu_post_grad_passes() -> GraphPass:
         "RefinedReshapesThenMatmuls", reshapes_then_matmuls, lambda: reshapes.uuid() + b":" + matmuls.uuid()
     )
     return small_products_pass(then=attention_loops_pass(then=tail), symbolic_contraction=False)
+
 
 def records_cuda_graphs(arguments: Mapping[str, Any]) -> bool:
     """Whether torch.compile with these arguments records CUDA graphs (on a CUDA device)."""
