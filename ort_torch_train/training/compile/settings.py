@@ -3,15 +3,18 @@ CPU inductor defaults."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 from torch import fx
 
+from ort_torch_train.passes.attention_loops import attention_loops_pass
 from ort_torch_train.passes.onednn_linear import cpu_matmuls
+from ort_torch_train.passes.refined_reshapes import refined_reshapes_pass
 from ort_torch_train.passes.small_products import small_products_pass
-from ort_torch_train.torch_internals import allow_written_whole
+from ort_torch_train.torch_internals import GraphPass, allow_written_whole, custom_graph_pass
 
 CompileSetting = bool | str | Mapping[str, Any]
 Compiler = Callable[[fx.GraphModule, Mapping[str, Any]], Callable]
@@ -45,18 +48,35 @@ def for_device(arguments: Mapping[str, Any], device: torch.device, *, cpp_wrappe
     backend is asked for, or the option is set: the C++ wrapper (it calls the kernels without per-call
     Python; ``cpp_wrapper=False`` for graphs it cannot generate: collectives, checkpointed random ops),
     loops parallelised only from ``MIN_CHUNK_SIZE`` elements a thread (inductor's default, 512, spends
-    more on OpenMP's fork and join than it saves on small models), the pass writing small matrix products as
-    loops of inductor's own (``small_products.py``; not those summing over the batch, which would compile a
-    second graph for a batch of 1) and the pass sending large float32 GEMMs to oneDNN and
-    fusing small ones' bias adds (``onednn_linear.py``)."""
+    more on OpenMP's fork and join than it saves on small models), and ``cpu_post_grad_passes()``."""
     if device.type != "cpu" or "mode" in arguments or arguments.get("backend", "inductor") != "inductor":
         return dict(arguments)
     defaults = {
         "cpp_wrapper": cpp_wrapper,
         "cpp.min_chunk_size": MIN_CHUNK_SIZE,
-        "post_grad_custom_post_pass": small_products_pass(then=cpu_matmuls(), symbolic_contraction=False),
+        "post_grad_custom_post_pass": cpu_post_grad_passes(),
     }
     return {**arguments, "options": {**defaults, **(arguments.get("options") or {})}}
+
+
+@functools.cache  # one instance: compiled steps' keys and inductor's caches compare it
+def cpu_post_grad_passes() -> GraphPass:
+    """The inductor post-grad passes of this project's CPU graphs, in order: small matrix products as loops of
+    inductor's own (``small_products.py``; not those summing over the batch, which would compile a second graph
+    for a batch of 1); small attention calls as products and sums that inductor fuses (``attention_loops.py``);
+    attention heads' reshape chains rewritten so that no axis mixes the dynamic batch with the heads
+    (``refined_reshapes.py``); large float32 GEMMs sent to oneDNN and small ones' bias adds fused
+    (``onednn_linear.py``). Keyed in inductor's caches by the passes' files and settings."""
+    reshapes, matmuls = refined_reshapes_pass(), cpu_matmuls()
+
+    def reshapes_then_matmuls(graph: fx.Graph) -> None:
+        reshapes(graph)
+        matmuls(graph)
+
+    tail = custom_graph_pass(
+        "RefinedReshapesThenMatmuls", reshapes_then_matmuls, lambda: reshapes.uuid() + b":" + matmuls.uuid()
+    )
+    return small_products_pass(then=attention_loops_pass(then=tail), symbolic_contraction=False)
 
 
 def records_cuda_graphs(arguments: Mapping[str, Any]) -> bool:

@@ -268,12 +268,10 @@ def test_compiled_step_with_dropout_has_no_graph_break():
 
 
 def test_cpu_graphs_compile_with_the_cpp_wrapper_unless_told_otherwise():
-    from ort_torch_train.passes.onednn_linear import cpu_matmuls
-    from ort_torch_train.passes.small_products import small_products_pass
-    from ort_torch_train.training.compile.settings import for_device
+    from ort_torch_train.training.compile.settings import cpu_post_grad_passes, for_device
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    passes = small_products_pass(then=cpu_matmuls(), symbolic_contraction=False)
+    passes = cpu_post_grad_passes()
     defaults = {"cpp_wrapper": True, "cpp.min_chunk_size": 16384, "post_grad_custom_post_pass": passes}
     assert for_device({}, cpu) == {"options": defaults}
     assert for_device({"options": {"max_autotune": True}}, cpu) == {"options": {**defaults, "max_autotune": True}}
