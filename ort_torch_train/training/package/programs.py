@@ -107,8 +107,9 @@ def export_step(
     function: Callable[..., tuple], example: Sequence[Tensor], axes: Sequence[AxisSizes]
 ) -> ExportedProgram:
     """``function`` traced for ``example`` (as ATen operations, backward included) and exported, the ``axes``
-    of each argument dynamic."""
-    traced = make_fx(function, tracing_mode="symbolic")(*example)
+    of each argument dynamic; tensors the converted graph holds as constants (a BatchNorm's fixed running
+    statistics) enter the trace as constants."""
+    traced = make_fx(function, tracing_mode="symbolic", _allow_non_fake_inputs=True)(*example)
     return torch.export.export(_Traced(traced), tuple(example), dynamic_shapes=(tuple(axes),), strict=False)
 
 
