@@ -11,13 +11,14 @@ from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.training.compile.step_spec import ParameterPlan
 from ort_torch_train.training.engine import TrainingEngine
 from ort_torch_train.training.options import EngineOptions
-from ort_torch_train.training.package import build, programs
+from ort_torch_train.training.package import build, program_build, programs
 from tests.helpers.paths import FIXTURES
 
 
-def exported_train_step(case: str) -> tuple[torch.export.ExportedProgram, list[Tensor], int]:
-    """The fixture ``case``'s train step exported with its dynamic axes (skipped where the fixture is absent),
-    its trainable and frozen parameters and zero gradients with the reset flag, and how many user inputs it takes."""
+def exported_train_step(case: str, decomposed: bool = False) -> tuple[torch.export.ExportedProgram, list[Tensor], int]:
+    """The fixture ``case``'s train step exported with its dynamic axes (skipped where the fixture is absent;
+    ``decomposed``: to ATen's core operations, as inductor lowers it), its trainable and frozen parameters and zero
+    gradients with the reset flag, and how many user inputs it takes."""
     folder = FIXTURES / case / "artifacts"
     if not folder.is_dir():
         pytest.skip(f"fixture {case} not present")
@@ -27,10 +28,11 @@ def exported_train_step(case: str) -> tuple[torch.export.ExportedProgram, list[T
     plan = ParameterPlan.of(names, engine.trainable_parameter_names)
     trainable = [state.params[name].detach().clone() for name in engine.trainable_parameter_names]
     frozen = [state.params[name].detach().clone() for name in plan.frozen_names(names)]
-    inputs, axes, _ = build._examples(engine.train_graph, 8)
-    module = build._converted(engine.train_graph, inputs, [state.params[name] for name in names])
+    examples = program_build.examples(engine.train_graph, 8)
+    inputs, axes = examples.inputs, examples.axes
+    module = program_build.converted(engine.train_graph, inputs, [state.params[name] for name in names])
     example = [*inputs, *trainable, *frozen, *(torch.zeros_like(t) for t in trainable), torch.tensor(True)]
     exported = programs.export_step(
         programs.train_function(module, len(inputs), plan), example, [*axes, *([None] * (len(example) - len(inputs)))]
     )
-    return exported, example[len(inputs) :], len(inputs)
+    return (exported.run_decompositions() if decomposed else exported), example[len(inputs) :], len(inputs)

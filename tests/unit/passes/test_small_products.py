@@ -10,37 +10,16 @@ import torch
 from torch import Tensor
 
 from ort_torch_train.passes.small_products import MAX_STATIC_EXTENTS, small_products
-from ort_torch_train.state.training_state import TrainingState
-from ort_torch_train.training.compile.step_spec import ParameterPlan
-from ort_torch_train.training.engine import TrainingEngine
-from ort_torch_train.training.options import EngineOptions
-from ort_torch_train.training.package import build, program_build, programs
+from tests.helpers.exported_steps import exported_train_step
 from tests.helpers.fixture_runs import fixture_batches
-from tests.helpers.paths import FIXTURES
 
 CASE = "mlp_ce_adamw_sched"  # layers 20 -> 32 -> 5: products of 640 and 160 static elements
 PRODUCTS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
 
 
 def _exported(case: str) -> tuple[torch.export.ExportedProgram, list[Tensor], int]:
-    """The fixture's train step exported as the package build exports it (decomposed to ATen's core products),
-    its parameters and zero gradients, and how many user inputs it takes."""
-    folder = FIXTURES / case / "artifacts"
-    if not folder.is_dir():
-        pytest.skip(f"fixture {case} not present")
-    state = TrainingState.load(folder / "checkpoint")
-    engine = TrainingEngine(build._model(folder, "training_model"), state, None, EngineOptions.of())
-    names = list(engine.train_layout.params)
-    plan = ParameterPlan.of(names, engine.trainable_parameter_names)
-    trainable = [state.params[name].detach().clone() for name in engine.trainable_parameter_names]
-    examples = program_build.examples(engine.train_graph, 8)
-    inputs, axes = examples.inputs, examples.axes
-    module = program_build.converted(engine.train_graph, inputs, [state.params[name] for name in names])
-    example = [*inputs, *trainable, *(torch.zeros_like(t) for t in trainable), torch.tensor(True)]
-    exported = programs.export_step(
-        programs.train_function(module, len(inputs), plan), example, [*axes, *([None] * (len(example) - len(inputs)))]
-    )
-    return exported.run_decompositions(), example[len(inputs) :], len(inputs)
+    """The fixture's train step exported as the package build exports it, decomposed to ATen's core products."""
+    return exported_train_step(case, decomposed=True)
 
 
 @pytest.fixture(scope="module")
