@@ -16,6 +16,7 @@ alternate between the sides, batch 8 and 64, round after round (the order rotate
 - ``compiled``: this project's Python API, ``Module(compile=True)``, the same three calls;
 - ``compiled-step``: the same process, ``module.step(optimizer, *inputs)`` (the three calls as one compiled call);
 - ``package``: ``Module(compile="package:DIR")``, the same three calls;
+- ``package-step``: the same process, ``module.step(optimizer, *inputs)``;
 - ``aot``: ``Module(compile="aot", compile_cache=False)``, the same three calls: the package's programs compiled in
   the process (the optimizer's as the optimizer is created, the train program at the first step: in the creation
   and first-step figures, not in the blocks);
@@ -68,6 +69,7 @@ SIDES = (
     ("compiled", "run"),
     ("compiled", "step"),
     ("package", "run"),
+    ("package", "step"),
     ("aot", "run"),
     ("aot", "step"),
 )

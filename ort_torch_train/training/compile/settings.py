@@ -10,9 +10,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from ort_torch_train.passes.attention_loops import attention_loops_pass
 from ort_torch_train.passes.onednn_linear import cpu_matmuls
-from ort_torch_train.passes.refined_reshapes import refined_reshapes_pass
 from ort_torch_train.passes.small_products import small_products_pass
 from ort_torch_train.torch_internals import GraphPass, allow_written_whole, custom_graph_pass
 
@@ -67,6 +65,9 @@ def cpu_post_grad_passes() -> GraphPass:
     attention heads' reshape chains rewritten so that no axis mixes the dynamic batch with the heads
     (``refined_reshapes.py``); large float32 GEMMs sent to oneDNN and small ones' bias adds fused
     (``onednn_linear.py``). Keyed in inductor's caches by the passes' files and settings."""
+    from ort_torch_train.passes.attention_loops import attention_loops_pass  # sympy: loaded when a step compiles
+    from ort_torch_train.passes.refined_reshapes import refined_reshapes_pass
+
     reshapes, matmuls = refined_reshapes_pass(), cpu_matmuls()
 
     def reshapes_then_matmuls(graph: fx.Graph) -> None:
