@@ -69,6 +69,15 @@ class OrtValue:
 
 
 _ORT_DEVICE_NAMES = {"cpu": "Cpu", "cuda": "Cuda"}
+# the dtypes whose values ``Tensor.item()`` gives exactly as Python numbers, and their numpy types
+_NUMPY_SCALAR_TYPES = {
+    torch.float32: np.float32,
+    torch.float64: np.float64,
+    torch.float16: np.float16,
+    torch.int64: np.int64,
+    torch.int32: np.int32,
+    torch.bool: np.bool_,
+}
 
 
 def numpy_to_tensor(array: np.ndarray, name: str) -> torch.Tensor:
@@ -137,6 +146,9 @@ def from_tensors(outputs: Sequence[torch.Tensor], kind: str) -> Any:
     converted: list[Any]
     if kind == "numpy" and len(outputs) == 1:  # the usual step: one loss
         (output,) = outputs
+        scalar_type = _NUMPY_SCALAR_TYPES.get(output.dtype) if output.is_cpu and not output.dim() else None
+        if scalar_type is not None:  # a new 0-d array of the value costs less than a view of the tensor
+            return np.array(output.item(), scalar_type)
         return output.numpy() if output.is_cpu else output.cpu().numpy()
     if kind == "numpy":  # a CPU tensor's numpy view directly: .cpu() of one returns itself, at a cost
         converted = [output.numpy() if output.is_cpu else output.cpu().numpy() for output in outputs]
