@@ -94,14 +94,17 @@ def numpy_to_tensor(array: np.ndarray, name: str) -> torch.Tensor:
     return torch.from_numpy(array)
 
 
+_NDARRAY, _FROM_NUMPY = np.ndarray, torch.from_numpy  # read at every step: no module attribute lookups
+
+
 def to_tensors(values: Sequence[Any], names: Sequence[str]) -> tuple[list[torch.Tensor], str]:
     """Torch tensors for user inputs, and the kind of output to give back: numpy, torch or ortvalue."""
     shared = []
     for value in values:  # the usual call: writeable numpy arrays that torch shares
-        if type(value) is not np.ndarray or not value.flags.writeable:
+        if type(value) is not _NDARRAY or not value.flags.writeable:
             break
         try:
-            shared.append(torch.from_numpy(value))
+            shared.append(_FROM_NUMPY(value))
         except (TypeError, ValueError):
             break
     else:
