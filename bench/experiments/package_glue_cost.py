@@ -51,7 +51,7 @@ def measure(calls: int) -> dict[str, float]:
         module(x, y)
         optimizer.step()
         module.lazy_reset_grad()
-    train, update = module._engine._packaged_train, optimizer._engine._program  # the bound programs (bound.py)
+    train, update = module._engine._train_program, optimizer._engine._program  # the bound programs (bound.py)
     assert train is not None and update is not None
     outputs = train._run([torch.from_numpy(x), torch.from_numpy(y), *train._arguments.current(), *train._flags[1]])
     train._run = lambda arguments: outputs

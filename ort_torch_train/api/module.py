@@ -7,17 +7,16 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import onnx
 import torch
 from torch import nn
 
 from ort_torch_train.adapters.registry import OpLibrary
 from ort_torch_train.api.checkpoint_state import CheckpointState
-from ort_torch_train.api.kv_cache import with_empty_past
-from ort_torch_train.api.ortvalue import OrtValue, from_tensors, numpy_to_tensor, to_tensors
+from ort_torch_train.api.contiguous_parameters import ContiguousParameters
+from ort_torch_train.api.ortvalue import from_tensors
 from ort_torch_train.api.protocols import StepOptimizer
-from ort_torch_train.convert.string_inputs import parse_string_inputs
+from ort_torch_train.api.step_inputs import StepInputs
 from ort_torch_train.distributed.data_parallel import DataParallel
 from ort_torch_train.distributed.pipeline_plan import PipelineOptions
 from ort_torch_train.errors import DistributedError, InputTypeError, ModelError
@@ -42,7 +41,7 @@ if TYPE_CHECKING:  # pipelining loads Dynamo's shape machinery: imported where u
     from ort_torch_train.distributed.pipeline import PipelineParallel
 
 
-class Module(nn.Module):
+class Module(ContiguousParameters, nn.Module):
     """Trains ONNX training artifacts with PyTorch, behind ORT's ``Module`` API.
 
     ``module(*inputs)`` is ORT's step: in train mode forward + backward (gradients accumulate
@@ -189,6 +188,11 @@ class Module(nn.Module):
         super().__init__()
         self._engine = TrainingEngine(training_model, training_state_of(state), eval_model, options)
         bind_parameters(self, self._engine.training_state.params)
+        eval_graph = self._engine.eval_graph  # each mode's user inputs, by ``self.training``: eval, train
+        self._step_inputs: tuple[StepInputs | None, StepInputs] = (
+            None if eval_graph is None else StepInputs(eval_graph, self._engine.input_names(False)),
+            StepInputs(self._engine.train_graph, self._engine.input_names(True)),
+        )
         self.checkpoint_state = state
         self.eval_model = eval_model
         self.session_options = session_options
@@ -270,8 +274,10 @@ class Module(nn.Module):
     def __call__(self, *user_inputs: Any) -> Any:
         training = self.training
         engine = self._engine
-        names = engine.train_layout.user_inputs if training else self.input_names()
-        tensors, kind = to_tensors(self._parsed(user_inputs, names), names)
+        inputs = self._step_inputs[training]
+        if inputs is None:
+            raise ModelError("Eval model was not provided: evaluation needs the eval model (eval_model_uri).")
+        tensors, kind = inputs.tensors(user_inputs)
         with engine.training_state.lock:
             if not training:
                 return from_tensors(engine.eval_step(tensors), kind)
@@ -289,25 +295,17 @@ class Module(nn.Module):
         """
         if not self.training:
             raise RuntimeError("Module.step trains: call module.train() first (it is in eval mode)")
-        if not hasattr(optimizer, "engine_for_step"):  # a clear error for another object than StepOptimizer
+        engine_for_step = getattr(optimizer, "engine_for_step", None)
+        if engine_for_step is None:  # a clear error for another object than StepOptimizer
             raise InputTypeError(f"optimizer: expected an ort_torch_train Optimizer, got {type(optimizer).__name__}")
         engine = self._engine
-        names = engine.train_layout.user_inputs
-        tensors, kind = to_tensors(self._parsed(user_inputs, names), names)
+        tensors, kind = self._step_inputs[1].tensors(user_inputs)
         with engine.training_state.lock:
             data_parallel = engine.data_parallel
             if data_parallel is None:
-                return from_tensors(engine.train_and_update(tensors, optimizer.engine_for_step()), kind)
+                return from_tensors(engine.train_and_update(tensors, engine_for_step()), kind)
             with data_parallel.collective_errors("Module.step"):
-                return from_tensors(engine.train_and_update(tensors, optimizer.engine_for_step()), kind)
-
-    def _parsed(self, user_inputs: tuple, names: Sequence[str]) -> Sequence[Any]:
-        """The inputs, string arrays feeding only a Cast parsed as ORT's Cast does, left-out past_key_values.* empty."""
-        graph = self._engine.graph(self.training)
-        if not graph.string_casts and len(user_inputs) >= len(graph.declarations):  # the usual call: as given
-            return user_inputs
-        user_inputs = with_empty_past(user_inputs, graph.declarations)
-        return parse_string_inputs(user_inputs, names, graph.string_casts)
+                return from_tensors(engine.train_and_update(tensors, engine_for_step()), kind)
 
     # the engine's steps ------------------------------------------------------------------------
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
@@ -340,45 +338,14 @@ class Module(nn.Module):
         """User output names of the training graph (train mode) or eval graph (eval mode)."""
         return self._engine.output_names(self.training if training is None else training)
 
-    def parameters_size(self, trainable_only: bool = True) -> int:
-        """Number of elements of the (trainable) parameters."""
-        return self._engine.parameters_size(trainable_only)
-
-    def contiguous_parameters(self, trainable_only: bool = False) -> torch.Tensor:
-        """A 1-D float32 copy of the parameters, in the training graph's parameter order."""
-        return self._engine.contiguous_parameters(trainable_only)
-
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Module:
         super()._apply(fn, recurse)
         self._engine.tensors_moved()
         return self
 
-    def get_parameters_size(self, trainable_only: bool = True) -> int:
-        """Number of parameter elements (trainable ones only by default)."""
-        return self.parameters_size(trainable_only)
-
-    def get_contiguous_parameters(self, trainable_only: bool = False) -> OrtValue:
-        """A flat float32 copy of the parameters in the training graph's order."""
-        return OrtValue(self.contiguous_parameters(trainable_only))
-
-    def copy_buffer_to_parameters(self, buffer: Any, trainable_only: bool = True) -> None:
-        """Copy a flat float32 buffer (OrtValue, numpy array or tensor) into the parameters."""
-        if isinstance(buffer, OrtValue):
-            tensor = buffer.tensor
-        elif isinstance(buffer, np.ndarray):
-            tensor = numpy_to_tensor(buffer, "buffer")
-        elif isinstance(buffer, torch.Tensor):
-            tensor = buffer
-        elif hasattr(buffer, "numpy"):
-            tensor = numpy_to_tensor(buffer.numpy(), "buffer")
-        else:
-            raise InputTypeError(f"buffer: expected an OrtValue, numpy array or tensor, got {type(buffer).__name__}")
-        with self.training_state.lock:
-            self._engine.copy_buffer_to_parameters(tensor, trainable_only)
-
     def lazy_reset_grad(self) -> None:
         """Make the next train step overwrite the gradients instead of adding to them."""
-        with self.training_state.lock:
+        with self._engine.training_state.lock:
             self._engine.lazy_reset_grad()
 
     def exportable_output_names(self) -> list[str]:

@@ -69,6 +69,15 @@ class OrtValue:
 
 
 _ORT_DEVICE_NAMES = {"cpu": "Cpu", "cuda": "Cuda"}
+# the dtypes whose values ``Tensor.item()`` gives exactly as Python numbers, and their numpy types
+_NUMPY_SCALAR_TYPES = {
+    torch.float32: np.float32,
+    torch.float64: np.float64,
+    torch.float16: np.float16,
+    torch.int64: np.int64,
+    torch.int32: np.int32,
+    torch.bool: np.bool_,
+}
 
 
 def numpy_to_tensor(array: np.ndarray, name: str) -> torch.Tensor:
@@ -85,14 +94,17 @@ def numpy_to_tensor(array: np.ndarray, name: str) -> torch.Tensor:
     return torch.from_numpy(array)
 
 
+_NDARRAY, _FROM_NUMPY = np.ndarray, torch.from_numpy  # read at every step: no module attribute lookups
+
+
 def to_tensors(values: Sequence[Any], names: Sequence[str]) -> tuple[list[torch.Tensor], str]:
     """Torch tensors for user inputs, and the kind of output to give back: numpy, torch or ortvalue."""
     shared = []
     for value in values:  # the usual call: writeable numpy arrays that torch shares
-        if type(value) is not np.ndarray or not value.flags.writeable:
+        if type(value) is not _NDARRAY or not value.flags.writeable:
             break
         try:
-            shared.append(torch.from_numpy(value))
+            shared.append(_FROM_NUMPY(value))
         except (TypeError, ValueError):
             break
     else:
@@ -137,6 +149,9 @@ def from_tensors(outputs: Sequence[torch.Tensor], kind: str) -> Any:
     converted: list[Any]
     if kind == "numpy" and len(outputs) == 1:  # the usual step: one loss
         (output,) = outputs
+        scalar_type = _NUMPY_SCALAR_TYPES.get(output.dtype) if output.is_cpu and not output.dim() else None
+        if scalar_type is not None:  # a new 0-d array of the value costs less than a view of the tensor
+            return np.array(output.item(), scalar_type)
         return output.numpy() if output.is_cpu else output.cpu().numpy()
     if kind == "numpy":  # a CPU tensor's numpy view directly: .cpu() of one returns itself, at a cost
         converted = [output.numpy() if output.is_cpu else output.cpu().numpy() for output in outputs]

@@ -73,7 +73,8 @@ class TrainingEngine:
             check_model(eval_model, "eval model")
             check_eval_pair(training_model, eval_model, names)
         self.trainable_parameter_names = [n for n in self.train_layout.params if state.params[n].requires_grad]
-        self._trainable_name_tuple = tuple(self.trainable_parameter_names)  # compared at every fused step
+        self._trainable_name_tuple = tuple(self.trainable_parameter_names)  # compared with a fused step's optimizer
+        self._matching_optimizer: OptimizerEngine | None = None  # the last optimizer train_and_update checked
         self._buffer = ParameterBuffer(state, training_model, self.train_layout.params, self.trainable_parameter_names)
         self.eval_layout = eval_layout(eval_model, names) if eval_model is not None else None
         if options.tensor_parallel is not None or options.sharding is not None:  # parameters cut into shards
@@ -209,12 +210,14 @@ class TrainingEngine:
 
         With ``compile`` the three run as one compiled graph.
         """
-        if optimizer.state is not self.training_state or optimizer.param_names != self._trainable_name_tuple:
-            raise ValueError(
-                "train_and_update: the optimizer must update this module's training state and "
-                f"trainable parameters {self.trainable_parameter_names}; it updates "
-                f"{list(optimizer.param_names)}"
-            )
+        if optimizer is not self._matching_optimizer:  # its state and names are fixed: checked once
+            if optimizer.state is not self.training_state or optimizer.param_names != self._trainable_name_tuple:
+                raise ValueError(
+                    "train_and_update: the optimizer must update this module's training state and "
+                    f"trainable parameters {self.trainable_parameter_names}; it updates "
+                    f"{list(optimizer.param_names)}"
+                )
+            self._matching_optimizer = optimizer
         program = self._train_program
         if program is not None:  # the train program, then the optimizer's (its own or its kernel): one pass
             reset = self._gradient_reset

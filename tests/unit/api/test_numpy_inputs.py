@@ -36,8 +36,20 @@ def test_a_non_numeric_array_names_its_input(array):
 def test_mixed_kinds_answer_in_numpy_and_a_cpu_output_comes_back_as_its_view():
     tensors, kind = to_tensors([np.zeros(2, np.float32), torch.ones(2)], ["x", "y"])
     assert kind == "numpy"
-    output = torch.tensor(3.5)
+    output = torch.tensor([3.5, 2.0])
     converted = from_tensors([output], kind)
-    assert isinstance(converted, np.ndarray) and converted.shape == () and float(converted) == 3.5
+    assert isinstance(converted, np.ndarray) and converted.tolist() == [3.5, 2.0]
     output.fill_(1.0)
-    assert float(converted) == 1.0  # the loss's own memory: no copy on CPU
+    assert converted.tolist() == [1.0, 1.0]  # the output's own memory: no copy on CPU
+
+
+@pytest.mark.parametrize(
+    "value",
+    [torch.tensor(3.5), torch.tensor(float("-inf")), torch.tensor(-0.0), torch.tensor(2**62 + 1), torch.tensor(True)]
+    + [torch.tensor(0.1, dtype=dtype) for dtype in (torch.float16, torch.float64)],
+)
+def test_a_scalar_output_comes_back_as_a_zero_dim_array_of_its_bytes(value):
+    converted = from_tensors([value], "numpy")
+    expected = value.numpy()
+    assert isinstance(converted, np.ndarray) and converted.shape == () and converted.dtype == expected.dtype
+    assert converted.tobytes() == expected.tobytes() and converted.flags.writeable
