@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ort_torch_train.passes import unfused_addmm
 from ort_torch_train.passes.match import args_of
 from ort_torch_train.torch_internals import (
     GraphPass,
@@ -132,8 +133,8 @@ def cpu_matmuls() -> GraphPass:
     """Inductor post-grad pass over float32 CPU ``mm``/``addmm`` (forward and backward, after AOTAutograd
     has differentiated the graph): large products -> the oneDNN custom op (what compiled graphs get
     instead of ``linear``); small ``addmm`` -> ``mm`` and an add that inductor fuses into the loop reading
-    the product (BLAS otherwise copies the bias into the output first). One instance, keyed in inductor's
-    caches by this file's hash and whether oneDNN is enabled."""
+    the product (``unfused_addmm.py``: BLAS otherwise copies the bias into the output first). One instance, keyed
+    in inductor's caches by this file's and ``unfused_addmm.py``'s hashes and whether oneDNN is enabled."""
     return custom_graph_pass("CpuMatmuls", _rewrite_matmuls, _matmuls_uuid)
 
 
@@ -155,17 +156,16 @@ def _rewrite_matmuls(graph: torch.fx.Graph) -> None:
                 transposed = graph.call_function(torch.ops.aten.permute.default, (b, [1, 0]))
                 transposed.meta["val"] = b.meta["val"].t()
                 product = graph.call_function(torch.ops.ort_torch_train.onednn_linear.default, (a, transposed, bias))
+                product.meta = dict(node.meta)
             else:
-                unbiased = graph.call_function(torch.ops.aten.mm.default, (a, b))
-                unbiased.meta["val"] = node.meta["val"]
-                product = graph.call_function(torch.ops.aten.add.Tensor, (unbiased, bias))
-        product.meta = dict(node.meta)
+                assert bias is not None  # a small mm was left as it is above
+                product = unfused_addmm.unfused_product(graph, node, a, b, bias)
         node.replace_all_uses_with(product)
         graph.erase_node(node)
 
 
 def _matmuls_uuid() -> bytes:
-    return hash_of_files((__file__,)) + bytes([enabled()])
+    return hash_of_files((__file__, unfused_addmm.__file__)) + bytes([enabled()])
 
 
 def _matmul_operands(node: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node | None] | None:

@@ -106,6 +106,9 @@ def test_c_program_trains_a_package_with_no_python_as_python_does(c_run: tuple[s
     losses = np.fromfile(out / "losses.bin", dtype=np.float32)
     np.testing.assert_allclose(losses, eager[0], rtol=0, atol=1e-6)
     np.testing.assert_array_equal(losses, np.float32(packaged[0]))  # the same train program: the same bits
+    # the first step's output, held by the program through every later step, is the caller's: unchanged
+    assert losses[0] != losses[-1]
+    np.testing.assert_array_equal(np.fromfile(out / "first_loss_held.bin", dtype=np.float32), losses[:1])
     tolerance = CASES[case]
     assert float(np.fromfile(out / "eval.bin", dtype=np.float32)[0]) == pytest.approx(eager[1], abs=tolerance)
     np.testing.assert_allclose(np.fromfile(out / "params.bin", dtype=np.float32), eager[2], rtol=0, atol=tolerance)

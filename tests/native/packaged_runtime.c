@@ -6,8 +6,9 @@
  * gradients the next step adds to) OptimizerStep, LazyResetGrad and SchedulerStep of a linear schedule
  * (warmup 2, total STEPS + 1, initial 0.01). Prints "libpython mapped: N", the steps' names and PARAMETER's shape
  * (adding the properties epoch = 3 and note = "packaged"), "boundary: ok" once every bad call tried came back as a
- * status; writes OUT_DIR/losses.bin, eval.bin, params.bin, checkpoint and inference.onnx (ExportModelForInferencing
- * of EXPORT_OUTPUTS, comma-separated names). */
+ * status; writes OUT_DIR/losses.bin, first_loss_held.bin (the first TrainStep's output, read after the last step),
+ * eval.bin, params.bin, checkpoint and inference.onnx (ExportModelForInferencing of EXPORT_OUTPUTS, comma-separated
+ * names). */
 #include "ott_test_runs.h"
 
 static int libpython_lines(void) {
@@ -141,6 +142,7 @@ int main(int argc, char** argv) {
   snprintf(path, sizeof path, "%s/losses.bin", out);
   FILE* losses = fopen(path, "wb");
   EXPECT(losses != NULL);
+  OrtValue* first_loss = NULL; /* the first TrainStep's output, held by this program until every step ran */
   for (int step = 0; step < steps; step++) {
     OrtValue* values[16];
     void* buffers[16];
@@ -149,7 +151,10 @@ int main(int argc, char** argv) {
     OrtValue* loss = NULL;
     CHECK(g_api->TrainStep(session, NULL, (size_t)k, (const OrtValue* const*)values, 1, &loss));
     fwrite(tensor_data(loss), sizeof(float), tensor_count(loss), losses);
-    OTT_ORT(g_ort, ReleaseValue)(loss);
+    if (step == 0)
+      first_loss = loss; /* the caller's: read again after the last step */
+    else
+      OTT_ORT(g_ort, ReleaseValue)(loss);
     if (step != accumulated) {
       CHECK(g_api->OptimizerStep(session, NULL));
       CHECK(g_api->LazyResetGrad(session));
@@ -158,6 +163,12 @@ int main(int argc, char** argv) {
     release_inputs(values, buffers, k);
   }
   fclose(losses);
+  snprintf(path, sizeof path, "%s/first_loss_held.bin", out);
+  FILE* held = fopen(path, "wb");
+  EXPECT(held != NULL && first_loss != NULL);
+  fwrite(tensor_data(first_loss), sizeof(float), tensor_count(first_loss), held);
+  fclose(held);
+  OTT_ORT(g_ort, ReleaseValue)(first_loss);
 
   write_eval_loss(session, data, inputs, n, out);
   OrtValue* params = write_parameters(session, out);

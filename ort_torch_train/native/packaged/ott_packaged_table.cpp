@@ -45,13 +45,22 @@ void check_output_slots(size_t count, OrtValue* const* outputs, size_t expected,
   ott::check_handles(reinterpret_cast<const void* const*>(outputs), count, Kind::value, "outputs", true);
 }
 
-void give_outputs(const std::vector<at::Tensor>& produced, size_t count, OrtValue** outputs, const char* what) {
+// A step's output as the caller's own value (ORT's rule: later steps never change it): the program's tensor itself
+// where nothing else holds it or its storage (a buffer the program allocated in this call), else a copy (an output
+// that is an input, a parameter, a gradient, a constant or another output shares its storage).
+at::Tensor callers_own(at::Tensor&& produced) {
+  bool sole = produced.defined() && produced.use_count() == 1 && produced.has_storage() &&
+              produced.storage().use_count() == 1;
+  return sole ? std::move(produced) : produced.clone();
+}
+
+void give_outputs(std::vector<at::Tensor>&& produced, size_t count, OrtValue** outputs, const char* what) {
   if (count != produced.size())
     throw invalid_argument(std::string(what) + ": outputs_len is " + std::to_string(count) + "; the step has " +
                            std::to_string(produced.size()) + " outputs");
   for (size_t i = 0; i < count; i++) {
     ott::release_handle(outputs[i], what);  // ORT's rule: an OrtValue given in an output slot is replaced
-    outputs[i] = make_handle<OrtValue>(produced[i].clone());
+    outputs[i] = make_handle<OrtValue>(callers_own(std::move(produced[i])));
   }
 }
 

@@ -29,6 +29,7 @@ from ort_torch_train.fileio import atomic_write
 from ort_torch_train.optim.clip import clip_grad_norm_
 from ort_torch_train.optim.compiled import FusedUpdate
 from ort_torch_train.passes.small_products import MAX_STATIC_EXTENTS, small_products_pass
+from ort_torch_train.passes.unfused_addmm import unfused_addmm_pass
 from ort_torch_train.training.compile.step_spec import ParameterPlan
 
 AxisSizes = dict[int, Dim] | None  # one input's dynamic axes for torch.export, None: all fixed
@@ -125,12 +126,13 @@ def compile_program(
 ) -> None:
     """Compile ``program`` with AOTInductor into the package file ``path`` (written atomically) under inductor's
     ``settings``, its small matrix products (``max_static_extents``: ``passes/small_products.py``; 0: none) in
-    inductor's own loops."""
+    inductor's own loops and the other ``addmm`` as a product and a fused add (``passes/unfused_addmm.py``)."""
     from ort_torch_train.passes.attention_loops import attention_loops_pass  # sympy: loaded when a program compiles
     from ort_torch_train.passes.refined_reshapes import refined_reshapes_pass
 
     loops = attention_loops_pass(then=refined_reshapes_pass())  # small attention, head views: their files
-    patch = {**settings, "post_grad_custom_post_pass": small_products_pass(max_static_extents, loops)}
+    products = small_products_pass(max_static_extents, unfused_addmm_pass(then=loops))
+    patch = {**settings, "post_grad_custom_post_pass": products}
 
     def write(file: object) -> None:
         with torch._inductor.config.patch(patch):
