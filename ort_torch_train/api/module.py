@@ -324,11 +324,11 @@ class Module(ContiguousParameters, nn.Module):
         """Forward of the eval graph (inference semantics), no gradients."""
         return self._engine.eval_step(inputs)
 
-    def packaged_update(self, optimizer_model: onnx.ModelProto) -> UpdateProgram | None:
+    def update_program(self, optimizer_model: onnx.ModelProto) -> UpdateProgram | None:
         """The update of this module's programs compiled ahead of time (``compile="package:DIR"``, where the
         package was built from ``optimizer_model``; ``compile="aot"``: compiled or loaded now) over its state; else
         None (the Optimizer then runs its own kernel)."""
-        return self._engine.packaged_update(optimizer_model)
+        return self._engine.update_program(optimizer_model)
 
     def input_names(self, training: bool | None = None) -> list[str]:
         """User input names of the training graph (train mode) or eval graph (eval mode)."""

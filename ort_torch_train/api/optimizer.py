@@ -100,7 +100,7 @@ class Optimizer:
         elif shard_state:
             self._engine = _sharded_engine(spec, module, implementation, loss_scaler)
         else:  # a package's own update where it was built from this model, unless another kernel is asked for
-            program = module.packaged_update(model) if implementation is None and loss_scaler is None else None
+            program = module.update_program(model) if implementation is None and loss_scaler is None else None
             self._engine = OptimizerEngine(
                 spec,
                 module.training_state,

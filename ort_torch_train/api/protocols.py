@@ -47,9 +47,9 @@ class TrainableModule(Protocol):
         """Autocast and loss scaling, or None (float32 throughout)."""
         ...
 
-    def packaged_update(self, optimizer_model: onnx.ModelProto) -> UpdateProgram | None:
-        """The update of the package the module runs (``compile="package:DIR"``), where it was built from
-        ``optimizer_model``; else None."""
+    def update_program(self, optimizer_model: onnx.ModelProto) -> UpdateProgram | None:
+        """The optimizer program of the module's programs compiled ahead of time (``compile="package:DIR"``, where
+        the package was built from ``optimizer_model``; ``compile="aot"``), bound to its state; else None."""
         ...
 
 

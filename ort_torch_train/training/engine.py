@@ -268,7 +268,7 @@ class TrainingEngine:
             return False
         return all(params[n].data_ptr() == view.data_ptr() for n, view in zip(self._frozen_train_names, views[2]))
 
-    def packaged_update(self, optimizer_model: onnx.ModelProto) -> UpdateProgram | None:
+    def update_program(self, optimizer_model: onnx.ModelProto) -> UpdateProgram | None:
         """The programs' optimizer step of ``optimizer_model`` over this state (``compile="aot"``: compiled or
         loaded now); None without programs compiled ahead of time, or a package built from another optimizer
         model."""

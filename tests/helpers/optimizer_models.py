@@ -68,5 +68,5 @@ def fake_module(state: TrainingState) -> SimpleNamespace:
         data_parallel=None,
         pipeline=None,
         precision=None,
-        packaged_update=lambda optimizer_model: None,  # no package: the optimizer's own kernel
+        update_program=lambda optimizer_model: None,  # no package: the optimizer's own kernel
     )

@@ -197,6 +197,12 @@ def test_onnx_runtime_loads_the_checkpoint_the_runtime_saved(c_run: tuple[str, P
         ("program train ", "program train ..", "the file '..', which names a folder"),
         ("program train ", "program train a\x01b", "the file 'a\\x01b', which holds a control character"),
         ("end", "", "native_steps.txt is incomplete"),
+        (  # an older package: its optimizer program takes one tensor per parameter
+            "ort-torch-train-native/",
+            "ort-torch-train-native/2",
+            "native_steps.txt is of format 'ort-torch-train-native/2', this runtime reads 'ort-torch-train-native/3'; "
+            "rebuild the package",
+        ),
         (
             "parameter trainable 0.bias ",
             "parameter trainable 0.bias float32 1 31",

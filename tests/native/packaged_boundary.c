@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "packaged_handles.h"
+#include "packaged_shared_state.h"
 
 #define BATCH 4
 
@@ -290,6 +291,7 @@ int main(int argc, char** argv) {
   bad_core(env, options, argv[2]);
   bad_handles(env, options, state, session, package, argv[2], inputs);
   handles_from_threads(session);
+  shared_state(env, options, package, argv[2], inputs);
 
   CHECK(g_api->RegisterLinearLRScheduler(session, 1, 4, 0.01f));
   for (int step = 0; step < 2; step++) {

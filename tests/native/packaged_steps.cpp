@@ -72,14 +72,35 @@ int main(int argc, char** argv) {
     torch::inductor::AOTIModelPackageLoader optimizer(package + "/optimizer_step.pt2", "model", true);
     std::ifstream in(argv[2], std::ios::binary);
     const int parameters = count(in);
-    std::vector<at::Tensor> params, grads;
-    for (int i = 0; i < parameters; i++) {
-      params.push_back(tensor(in));
-      grads.push_back(at::zeros_like(params.back()));
+    std::vector<at::Tensor> params, grads, pieces;
+    for (int i = 0; i < parameters; i++) pieces.push_back(tensor(in));
+    // the optimizer program takes the parameters, gradients and each moment as one flat tensor each; the train
+    // program takes views of them
+    auto flat = [&](const std::vector<at::Tensor>& tensors, std::vector<at::Tensor>* views) {
+      std::vector<at::Tensor> rows;
+      for (const at::Tensor& piece : tensors) rows.push_back(piece.reshape({-1}));
+      at::Tensor whole = at::cat(rows);
+      int64_t offset = 0;
+      for (const at::Tensor& piece : tensors) {
+        if (views != nullptr) views->push_back(whole.narrow(0, offset, piece.numel()).view(piece.sizes()));
+        offset += piece.numel();
+      }
+      return whole;
+    };
+    const at::Tensor flat_params = flat(pieces, &params);
+    const at::Tensor flat_grads = at::zeros_like(flat_params);
+    int64_t offset = 0;
+    for (const at::Tensor& param : params) {
+      grads.push_back(flat_grads.narrow(0, offset, param.numel()).view(param.sizes()));
+      offset += param.numel();
     }
     const int moments = count(in);
-    std::vector<at::Tensor> states;
-    for (int i = 0; i < moments * parameters; i++) states.push_back(tensor(in));
+    std::vector<at::Tensor> states;  // one flat tensor per moment
+    for (int m = 0; m < moments; m++) {
+      std::vector<at::Tensor> moment;
+      for (int i = 0; i < parameters; i++) moment.push_back(tensor(in));
+      states.push_back(flat(moment, nullptr));
+    }
     const int steps = count(in);
     const int inputs = count(in);
     std::printf("libpython mapped: %d\n", libpython_lines());
@@ -92,8 +113,7 @@ int main(int argc, char** argv) {
       arguments.push_back(reset);
       std::vector<at::Tensor> returned = train.run(arguments);  // the package has no frozen parameters here
       std::printf("loss %.9g\n", returned[0].item<float>());
-      std::vector<at::Tensor> update(params);
-      update.insert(update.end(), grads.begin(), grads.end());
+      std::vector<at::Tensor> update{flat_params, flat_grads};
       update.insert(update.end(), states.begin(), states.end());
       update.push_back(tensor(in));
       if (!optimizer.run(update).empty()) throw std::runtime_error("the optimizer program returned tensors");

@@ -191,6 +191,12 @@ CheckpointData read_checkpoint(const uint8_t* data, size_t size);
 // The ODTC bytes the Python engine writes for this state (ORT's save::FromCheckpointState layout).
 std::vector<uint8_t> write_checkpoint(const CheckpointData& state, bool include_optimizer_state);
 
+// One flat buffer holding the tensors end to end (one dtype and device, else an Error naming what), each tensor
+// pointed at its view of it (ott_packaged_flat.cpp): whoever holds the checkpoint state's tensors then sees the
+// buffer's storage. Tensors already laid end to end in one storage (another session's buffer over the same state)
+// keep it: the buffer is then a view of that storage.
+at::Tensor flatten(const std::vector<at::Tensor*>& tensors, const std::string& what);
+
 class Session;
 
 // A tensor a package names: its name, dtype and shape (-1: an axis of any size).
@@ -300,9 +306,12 @@ class Session {
   std::vector<at::Tensor> parameters(bool trainable_only) const;
   OrtCheckpointState* state_;
   std::unique_ptr<Description> description_;
-  std::vector<at::Tensor> trainable_, frozen_, grads_;
+  std::vector<at::Tensor> trainable_, frozen_, grads_;  // the trainable ones and their gradients: views of the flat
   std::vector<std::pair<bool, at::Tensor>> ordered_;  // (trainable, parameter) in the training graph's order
-  std::vector<std::vector<at::Tensor>> moments_;  // one list per moment name
+  // With an optimizer program: the trainable parameters, their gradients and each moment (in the description's
+  // order) as one flat buffer each, the checkpoint state's tensors views of them; the optimizer program takes these.
+  at::Tensor flat_params_, flat_grads_;
+  std::vector<at::Tensor> flat_moments_;
   bool reset_ = true;
   at::Tensor reset_flags_[2];  // the train program's reset argument: false, true
   at::Tensor scalars_;         // the optimizer program's per-step scalars, rewritten each step

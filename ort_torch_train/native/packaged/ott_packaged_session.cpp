@@ -39,7 +39,7 @@ std::string shape_text(const std::vector<int64_t>& shape) {
 
 namespace {
 
-constexpr const char* kFormat = "ort-torch-train-native/2";
+constexpr const char* kFormat = "ort-torch-train-native/3";  // /3: the optimizer program takes flat buffers
 constexpr const char* kDescription = "native_steps.txt";
 constexpr const char* kGroup = "group0";         // ORT's one optimizer group
 constexpr float kDefaultLearningRate = 0.001f;   // ORT's, until the first SetLearningRate
@@ -71,7 +71,9 @@ struct Session::Description {
                                               " (expected a folder written by `ort-torch-train package`)");
     std::string line;
     std::getline(in, line);
-    if (line != kFormat) throw Error(ORT_FAIL, "package '" + folder + "': " + kDescription + " is not " + kFormat);
+    if (line != kFormat)
+      throw Error(ORT_FAIL, "package '" + folder + "': " + kDescription + " is of format '" + line +
+                                "', this runtime reads '" + kFormat + "'; rebuild the package (`ort-torch-train package`)");
     bool ended = false;
     while (std::getline(in, line)) {
       std::istringstream words(line);
@@ -170,7 +172,8 @@ Session::Session(const std::string& folder, OrtCheckpointState* state)
     : state_(state), description_(std::make_unique<Description>(folder)), learning_rate_(kDefaultLearningRate) {
   CheckpointData& data = state->data;
   if (data.is_nominal) throw invalid_argument("CreateTrainingSession: the checkpoint is nominal (no parameter values)");
-  auto bind = [&](const std::vector<Entry>& entries, std::vector<at::Tensor>& into) {
+  auto bind = [&](const std::vector<Entry>& entries) {
+    std::vector<at::Tensor*> found;
     for (const Entry& entry : entries) {
       at::Tensor* tensor = data.find(entry.name);
       if (tensor == nullptr || tensor->scalar_type() != entry.dtype || tensor->sizes().vec() != entry.shape)
@@ -180,15 +183,27 @@ Session::Session(const std::string& folder, OrtCheckpointState* state)
                                              shape_text(tensor->sizes().vec())
                                        : std::string("absent")) +
                                " in the checkpoint state");
-      into.push_back(*tensor);
+      require_contiguous(*tensor, "parameter '" + entry.name + "'");
+      found.push_back(tensor);
     }
+    return found;
   };
-  bind(description_->trainable, trainable_);
-  bind(description_->frozen, frozen_);
-  for (size_t i = 0; i < trainable_.size(); i++)
-    require_contiguous(trainable_[i], "parameter '" + description_->trainable[i].name + "'");
-  for (size_t i = 0; i < frozen_.size(); i++)
-    require_contiguous(frozen_[i], "parameter '" + description_->frozen[i].name + "'");
+  std::vector<at::Tensor*> trainable = bind(description_->trainable);
+  for (at::Tensor* tensor : bind(description_->frozen)) frozen_.push_back(*tensor);
+  const bool optimizes = description_->files.count("optimizer") > 0;
+  if (optimizes && trainable.empty())
+    throw Error(ORT_FAIL, "package description: an optimizer program with no trainable parameter");
+  if (optimizes) {  // the trainable parameters become views of one flat buffer, as do their gradients
+    flat_params_ = flatten(trainable, "trainable parameters");
+    flat_grads_ = at::zeros_like(flat_params_);
+  }
+  int64_t offset = 0;
+  for (at::Tensor* tensor : trainable) {
+    trainable_.push_back(*tensor);
+    grads_.push_back(optimizes ? flat_grads_.narrow(0, offset, tensor->numel()).view(tensor->sizes())
+                               : at::zeros_like(*tensor));
+    offset += tensor->numel();
+  }
   for (const std::string& name : description_->order) {  // the flat buffer's order: the training graph's
     for (size_t i = 0; i < trainable_.size(); i++)
       if (description_->trainable[i].name == name) ordered_.push_back({true, trainable_[i]});
@@ -197,10 +212,9 @@ Session::Session(const std::string& folder, OrtCheckpointState* state)
   }
   if (ordered_.size() != trainable_.size() + frozen_.size())
     throw Error(ORT_FAIL, "package description: parameter_order does not list each parameter once");
-  for (const at::Tensor& param : trainable_) grads_.push_back(at::zeros_like(param));
   for (bool flag : {false, true}) reset_flags_[flag] = at::scalar_tensor(flag, at::TensorOptions().dtype(at::kBool));
   train_outputs_ = description_->outputs["train"].size();
-  if (!description_->files.count("optimizer")) return;
+  if (!optimizes) return;
   if (!data.has_optimizer) {
     data.has_optimizer = true;
     data.optimizer = OptimizerGroup{kGroup, 0, kDefaultLearningRate, {}};
@@ -208,23 +222,28 @@ Session::Session(const std::string& folder, OrtCheckpointState* state)
     throw invalid_argument("CreateTrainingSession: the checkpoint's optimizer group is named '" + data.optimizer.name +
                            "'; ORT uses exactly one group, 'group0'");
   }
+  // Every moment made first: a moment added to a parameter's list may move the ones it holds.
   for (const std::string& moment : description_->moments) {
-    moments_.emplace_back();
     for (size_t i = 0; i < trainable_.size(); i++) {
       std::vector<Named>& held = data.optimizer.momentums[description_->trainable[i].name];
-      at::Tensor* found = nullptr;
-      for (Named& named : held)
-        if (named.name == moment) found = &named.tensor;
-      if (found == nullptr) {
-        held.push_back(Named{moment, at::zeros_like(trainable_[i])});
-        found = &held.back().tensor;
-      } else if (found->sizes() != trainable_[i].sizes() || found->scalar_type() != trainable_[i].scalar_type()) {
-        throw invalid_argument("CreateTrainingSession: moment '" + moment + "' of '" +
-                               description_->trainable[i].name + "' does not match its parameter");
+      bool present = false;
+      for (const Named& named : held) {
+        if (named.name != moment) continue;
+        present = true;
+        if (named.tensor.sizes() != trainable_[i].sizes() || named.tensor.scalar_type() != trainable_[i].scalar_type())
+          throw invalid_argument("CreateTrainingSession: moment '" + moment + "' of '" +
+                                 description_->trainable[i].name + "' does not match its parameter");
+        require_contiguous(named.tensor, "moment '" + moment + "' of '" + description_->trainable[i].name + "'");
       }
-      require_contiguous(*found, "moment '" + moment + "' of '" + description_->trainable[i].name + "'");
-      moments_.back().push_back(*found);
+      if (!present) held.push_back(Named{moment, at::zeros_like(trainable_[i])});
     }
+  }
+  for (const std::string& moment : description_->moments) {
+    std::vector<at::Tensor*> tensors;
+    for (size_t i = 0; i < trainable_.size(); i++)
+      for (Named& named : data.optimizer.momentums[description_->trainable[i].name])
+        if (named.name == moment) tensors.push_back(&named.tensor);
+    flat_moments_.push_back(flatten(tensors, "moments '" + moment + "'"));
   }
 }
 
@@ -286,11 +305,9 @@ void Session::optimizer_step() {
     if (values.size() == 1) scalars_ = scalars_.reshape({});
   }
   std::copy(values.begin(), values.end(), scalars_.data_ptr<float>());
-  std::vector<at::Tensor> arguments;
-  arguments.reserve((2 + moments_.size()) * trainable_.size() + 1);
-  arguments.insert(arguments.end(), trainable_.begin(), trainable_.end());
-  arguments.insert(arguments.end(), grads_.begin(), grads_.end());
-  for (const auto& moment : moments_) arguments.insert(arguments.end(), moment.begin(), moment.end());
+  std::vector<at::Tensor> arguments{flat_params_, flat_grads_};
+  arguments.reserve(3 + flat_moments_.size());
+  arguments.insert(arguments.end(), flat_moments_.begin(), flat_moments_.end());
   arguments.push_back(scalars_);
   std::vector<at::Tensor> returned = description_->program("optimizer").boxed_run(std::move(arguments));
   if (!returned.empty())

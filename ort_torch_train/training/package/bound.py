@@ -1,9 +1,11 @@
 """A package's train and optimizer programs bound to a TrainingState's tensors, for the Python faces' steps.
 
-A program takes the state's tensors as arguments and updates them in place. ``StateArguments`` assembles them, in
-the program's order, once per state generation and checks them at each call against what it assembled: the same
-generation (moments replaced start a new one), the same parameter storage (``param.data = ...`` replaces it behind
-the state's back) and the same gradient tensors; anything else assembles them again, checked against the manifest.
+A program takes the state's tensors as arguments and updates them in place. ``StateArguments``, one per state that
+both programs share (``ProgramBinding``), assembles them in the programs' order once per state generation and checks
+them at each call against what it assembled: the same generation (moments replaced start a new one), the same
+parameter storage (``param.data = ...`` replaces it behind the state's back) and the same gradient tensors; anything
+else assembles them again, checked against the manifest. The optimizer program takes the state's flat buffers
+(``TrainingState.flat_view``: params, grads, each moment), as the OptimizerEngine's kernels do.
 ``BoundTrainStep`` checks a step's inputs in full once per input signature (dtypes and shapes) and then only what
 the signature does not hold.
 """
@@ -11,6 +13,7 @@ the signature does not hold.
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -27,42 +30,46 @@ SIGNATURES_HELD = 64  # input signatures a train step remembers as checked; more
 
 
 class StateArguments:
-    """The state's ``trainable`` and ``frozen`` parameters (as ``entries`` describe them), the trainable ones'
-    gradients and their ``moments`` (names in the optimizer group), in that order, for a program of the package in
-    ``folder``; ``action`` names the step in the error for a nominal state."""
+    """The state's ``trainable`` and ``frozen`` parameters (as ``entries`` describe them) and the trainable ones'
+    gradients, in that order, for the train program of the package in ``folder``; and the flat buffers of the
+    trainable parameters, gradients and moments for its optimizer program."""
 
-    def __init__(
-        self,
-        folder: Path,
-        state: TrainingState,
-        entries: Sequence[TensorEntry],
-        trainable: int,
-        action: str,
-        moments: Sequence[str] = (),
-    ) -> None:
+    def __init__(self, folder: Path, state: TrainingState, entries: Sequence[TensorEntry], trainable: int) -> None:
         self._folder = folder
-        self._action = action
         self._state = state
         self._entries = tuple(entries)
         self._trainable = trainable
-        self._moments = tuple(moments)
         self._generation: int | None = None
         self._held: list[tuple[Tensor, int, object]] = []  # (parameter, its data pointer, its gradient)
-        self.tensors: list[Tensor] = []
+        self._train: list[Tensor] = []
+        self._update: list[Tensor] | None = None  # params, grads, moments: flat
+        self._moments: tuple[str, ...] | None = None  # the moments _update holds
 
-    def current(self) -> list[Tensor]:
-        """The program's state arguments, assembled again where the state's tensors changed since the last call."""
-        state = self._state
-        if self._generation != state.generation:
-            return self._assemble()
+    def train(self) -> list[Tensor]:
+        """The train program's state arguments, assembled again where the state's tensors changed."""
+        if not self._still_current():
+            self._assemble(None, "perform TrainStep")
+        return self._train
+
+    def update(self, moments: tuple[str, ...]) -> list[Tensor]:
+        """The optimizer program's state arguments (flat params, grads and each of ``moments``), assembled again
+        where the state's tensors changed."""
+        if self._update is None or self._moments != moments or not self._still_current():
+            self._assemble(moments, "perform OptimizerStep")
+        assert self._update is not None
+        return self._update
+
+    def _still_current(self) -> bool:
+        if self._generation != self._state.generation:
+            return False
         for param, pointer, grad in self._held:
             if param.data_ptr() != pointer or param.grad is not grad:
-                return self._assemble()
-        return self.tensors
+                return False
+        return True
 
-    def _assemble(self) -> list[Tensor]:
+    def _assemble(self, moments: tuple[str, ...] | None, action: str) -> None:
         state = self._state
-        state.require_loaded(self._action)
+        state.require_loaded(action)
         params = [state.params[entry.name] for entry in self._entries]
         for entry, param in zip(self._entries, params):
             if (
@@ -75,26 +82,56 @@ class StateArguments:
                     f"{list(entry.shape)} on the CPU in the package, now {dtype_name(param.dtype)} "
                     f"{list(param.shape)} on {param.device} in the state"
                 )
-        trainable = params[: self._trainable]
-        grads = []
-        for entry, param in zip(self._entries, trainable):
+        for entry, param in zip(self._entries, params[: self._trainable]):
             if param.grad is None or param.grad.shape != param.shape or param.grad.dtype != param.dtype:
                 raise PackageError(
                     f"package {os.fspath(self._folder)!r}: trainable parameter {entry.name!r} has no gradient buffer "
                     "of its shape and dtype"
                 )
-            grads.append(param.grad)
-        moments: list[Tensor] = []
-        if self._moments:  # the optimizer engine made them; replacing them starts a new generation
-            held = state.optimizer.momentums if state.optimizer is not None else {}
-            groups = [held[entry.name] for entry in self._entries[: self._trainable]]
-            moments = [group[moment] for moment in self._moments for group in groups]
-        tensors = [*(param.detach() for param in params), *grads, *moments]
+        update = None
+        if moments is not None:  # moves the tensors into flat buffers where they are not (a new generation)
+            names = [entry.name for entry in self._entries[: self._trainable]]
+            flat = state.flat_view(names, moments)
+            if flat is None:
+                raise PackageError(
+                    f"package {os.fspath(self._folder)!r}: the optimizer program takes the trainable parameters, "
+                    "gradients and moments as one flat buffer each; these cannot share one (mixed dtypes or devices)"
+                )
+            update = [flat.params, flat.grads, *flat.moments]
+        grads = [param.grad for param in params[: self._trainable] if param.grad is not None]
+        tensors = [*(param.detach() for param in params), *grads]
         require_contiguous(tensors, "a packaged step")
         self._held = [(param, param.data_ptr(), param.grad) for param in params]
         self._generation = state.generation
-        self.tensors = tensors
-        return tensors
+        self._train = tensors
+        self._update = update  # a train step's assembly drops it: the next update assembles it again
+        self._moments = moments
+
+
+class ProgramBinding:
+    """The train and optimizer programs of the package (or ``compile="aot"`` programs) in ``folder``, bound to
+    states: both programs bound to one state share its ``StateArguments``. ``entries``: the trainable, then the
+    frozen parameters; ``trainable``: how many are trainable."""
+
+    def __init__(self, folder: Path, entries: Sequence[TensorEntry], trainable: int) -> None:
+        self._folder = folder
+        self._entries = tuple(entries)
+        self._trainable = trainable
+        self._arguments: weakref.WeakKeyDictionary[TrainingState, StateArguments] = weakref.WeakKeyDictionary()
+
+    def _of(self, state: TrainingState) -> StateArguments:
+        arguments = self._arguments.get(state)
+        if arguments is None:
+            arguments = self._arguments[state] = StateArguments(self._folder, state, self._entries, self._trainable)
+        return arguments
+
+    def train(self, state: TrainingState, program: Program, run: Runner) -> BoundTrainStep:
+        """The train ``program`` (``run``) over ``state``'s parameters and gradients."""
+        return BoundTrainStep(self._folder, program, run, self._of(state))
+
+    def update(self, state: TrainingState, program: Program, run: Runner, moments: Sequence[str]) -> BoundUpdate:
+        """The optimizer ``program`` (``run``) over ``state``'s flat parameters, gradients and ``moments``."""
+        return BoundUpdate(program, run, self._of(state), tuple(moments))
 
 
 class BoundTrainStep:
@@ -121,7 +158,7 @@ class BoundTrainStep:
         else:
             if signature not in self._signatures:
                 inputs = self._checked(inputs, signature)
-        returned = self._run(inputs + self._arguments.current() + self._flags[reset])
+        returned = self._run(inputs + self._arguments.train() + self._flags[reset])
         if len(returned) != self._output_count:
             raise PackageError(
                 f"package {os.fspath(self._folder)!r}: the train program returned {len(returned)} tensors"
@@ -139,18 +176,20 @@ class BoundTrainStep:
 
 
 class BoundUpdate:
-    """The package's optimizer ``program`` (``run``) over the state's trainable parameters, gradients and moments:
-    ``update(scalars)`` updates the parameters and moments in place (``OptimizerEngine``'s ``UpdateProgram``)."""
+    """The package's optimizer ``program`` (``run``) over the state's flat trainable parameters, gradients and
+    ``moments``: ``update(scalars)`` updates the parameters and moments in place (``OptimizerEngine``'s
+    ``UpdateProgram``)."""
 
-    def __init__(self, program: Program, run: Runner, arguments: StateArguments) -> None:
+    def __init__(self, program: Program, run: Runner, arguments: StateArguments, moments: tuple[str, ...]) -> None:
         self._program = program
         self._run = run
         self._arguments = arguments
+        self._moments = moments
         self._state: list[Tensor] = []
         self._call: list[Tensor] = []  # the state's arguments and the scalars, as the last call passed them
 
     def __call__(self, scalars: Tensor) -> None:
-        state = self._arguments.current()
+        state = self._arguments.update(self._moments)
         call = self._call
         if state is not self._state or call[-1] is not scalars:
             (scalars,) = checked_inputs(self._program, [scalars], "OptimizerStep")

@@ -21,7 +21,7 @@ from ort_torch_train.errors import PackageError
 from ort_torch_train.fileio import atomic_write_bytes, path_inside, read_regular_file
 from ort_torch_train.torch_internals import cpu_features
 
-FORMAT = "ort-torch-train-package/2"  # /2: the programs update their state in place
+FORMAT = "ort-torch-train-package/3"  # /2: the programs update their state in place; /3: a flat optimizer program
 MANIFEST = "manifest.json"
 MANIFEST_LIMIT = 16 * 1024 * 1024  # bytes read of a manifest at most
 TRAINING, EVAL, OPTIMIZER = "training_model", "eval_model", "optimizer_model"
@@ -86,8 +86,12 @@ class Manifest:
             )
         try:
             data = json.loads(bytes(read_regular_file(path, "package manifest", MANIFEST_LIMIT)))
-            if data.pop("format") != FORMAT:
-                raise ValueError(f"format is not {FORMAT!r}")
+            found = data.pop("format")
+            if found != FORMAT:
+                raise PackageError(
+                    f"package {os.fspath(folder)!r} is of format {found!r}, this version reads {FORMAT!r}; rebuild "
+                    "the package (`ort-torch-train package`)"
+                )
             return cls(
                 artifacts={str(k): _string(v) for k, v in dict(data["artifacts"]).items()},
                 torch=_string(data["torch"]),

@@ -3,7 +3,9 @@
 The runtime reads no JSON and no ONNX: this file gives it, in words split by single spaces, the torch and the CPU
 architecture the package was built for, the parameters (trainable, then frozen, in the programs' order; then the training graph's order,
 the flat buffer's), each program's file, user inputs
-(dtype, rank, sizes; -1 for a dynamic axis) and outputs, the eval step's parameters, and the optimizer's algorithm,
+(dtype, rank, sizes; -1 for a dynamic axis) and outputs, the eval step's parameters, and the optimizer's algorithm
+(its program takes the trainable parameters, gradients and each moment as one flat buffer each, in the trainable
+parameters' order),
 moments and hyperparameters (as ``float.hex``, exact), so that it computes each step's scalars as the Python engine
 does; the sha1 of each artifact file the package was built from (``artifact``), and each prepared inference export
 (``exports.py``): its model file and program, outputs, inputs and parameters' byte ranges. The last line is ``end``. Names holding whitespace cannot be written and are refused.
@@ -21,7 +23,7 @@ from ort_torch_train.optim.algorithm import Hyperparameters
 from ort_torch_train.training.package.exports import ExportTemplate
 from ort_torch_train.training.package.manifest import Manifest, Program, TensorEntry
 
-FORMAT = "ort-torch-train-native/2"  # /2: the programs update their state in place
+FORMAT = "ort-torch-train-native/3"  # /2: the programs update their state in place; /3: a flat optimizer program
 DESCRIPTION = "native_steps.txt"
 
 

@@ -41,13 +41,13 @@ from ort_torch_train.training.compile.cache_store import CacheStore, RefusedEntr
 from ort_torch_train.training.compile.step_spec import ParameterPlan
 from ort_torch_train.training.forward_graph import ForwardGraph
 from ort_torch_train.training.package import program_build as built
-from ort_torch_train.training.package.bound import BoundTrainStep, BoundUpdate, Runner, StateArguments, checked_inputs
+from ort_torch_train.training.package.bound import BoundTrainStep, BoundUpdate, ProgramBinding, Runner, checked_inputs
 from ort_torch_train.training.package.manifest import Program, TensorEntry, model_digest, tensor_entries
 
 log = logging.getLogger(__name__)
 AHEAD_OF_TIME = "aot"  # compile="aot"
 ENTRY_KIND = "aot-program"  # the compile cache's kind of entry for a program
-FORMAT = "ort-torch-train aot program 1"
+FORMAT = "ort-torch-train aot program 2"  # 2: a flat optimizer program
 
 
 def ahead_of_time(compile: object, compile_cache: CompileCacheSetting) -> AheadOfTime | None:
@@ -98,6 +98,7 @@ class OnDemandSteps:
         self._trainable = list(trainable)
         self._frozen = ParameterPlan.of(graph_names, trainable).frozen_names(graph_names)
         self._parameters = [built.tensor_entry(n, state.params[n]) for n in (*self._trainable, *self._frozen)]
+        self._binding = ProgramBinding(self._folder, self._parameters, len(self._trainable))
         self._eval: tuple[Program, Runner] | None = None
         self._updates: dict[str, tuple[Program, Runner, dict[str, object]]] = {}  # by optimizer model digest
 
@@ -123,9 +124,7 @@ class OnDemandSteps:
         program, run, _ = self._program(
             "train", parts, lambda path: (built.train_program(graph, state.params, self._trainable, path, example), {})
         )
-        count = len(self._trainable)
-        arguments = StateArguments(self._folder, state, self._parameters, count, "perform TrainStep")
-        return BoundTrainStep(self._folder, program, run, arguments)
+        return self._binding.train(state, program, run)
 
     def bind_update(self, state: TrainingState, optimizer_model: onnx.ModelProto) -> BoundUpdate:
         """The optimizer step of ``optimizer_model`` over ``state``'s trainable parameters, gradients and moments,
@@ -143,9 +142,7 @@ class OnDemandSteps:
         moments = extra.get("moments")
         if not isinstance(moments, list) or not all(isinstance(name, str) for name in moments):
             raise PackageError(f"compile='aot': the optimizer program's record names no moments ({moments!r})")
-        entries = self._parameters[: len(self._trainable)]
-        arguments = StateArguments(self._folder, state, entries, len(entries), "perform OptimizerStep", moments)
-        return BoundUpdate(program, run, arguments)
+        return self._binding.update(state, program, run, moments)
 
     def eval_step(self, inputs: Sequence[Tensor], params: Sequence[Tensor]) -> tuple[Tensor, ...]:
         """The eval graph's outputs, its program compiled (or loaded) at the first call."""

@@ -25,8 +25,8 @@ from ort_torch_train.torch_internals import aoti_package_runner
 from ort_torch_train.training.package.bound import (
     BoundTrainStep,
     BoundUpdate,
+    ProgramBinding,
     Runner,
-    StateArguments,
     checked_inputs,
 )
 from ort_torch_train.training.package.manifest import (
@@ -108,6 +108,7 @@ class PackagedSteps:
                 f"{list(trainable)}"
             )
         self.manifest = manifest
+        self._binding = ProgramBinding(self.folder, (*manifest.trainable, *manifest.frozen), len(manifest.trainable))
         self._train = self._load(manifest.train)
         self._eval = None if manifest.eval is None else self._load(manifest.eval)
         self._optimizer = None if manifest.optimizer is None else self._load(manifest.optimizer)
@@ -131,10 +132,7 @@ class PackagedSteps:
 
     def bind_train(self, state: TrainingState) -> BoundTrainStep:
         """The train step over ``state``'s parameters and gradients (those this package was checked against)."""
-        manifest = self.manifest
-        entries = (*manifest.trainable, *manifest.frozen)
-        arguments = StateArguments(self.folder, state, entries, len(manifest.trainable), "perform TrainStep")
-        return BoundTrainStep(self.folder, manifest.train, self._train, arguments)
+        return self._binding.train(state, self.manifest.train, self._train)
 
     def bind_update(self, state: TrainingState, optimizer_model: onnx.ModelProto) -> BoundUpdate | None:
         """The optimizer step over ``state``'s trainable parameters, gradients and moments, where this package's
@@ -144,10 +142,7 @@ class PackagedSteps:
             return None
         if manifest.artifacts.get(OPTIMIZER) != model_digest(optimizer_model):
             return None
-        arguments = StateArguments(
-            self.folder, state, manifest.trainable, len(manifest.trainable), "perform OptimizerStep", manifest.moments
-        )
-        return BoundUpdate(manifest.optimizer, self._optimizer, arguments)
+        return self._binding.update(state, manifest.optimizer, self._optimizer, manifest.moments)
 
     def eval_step(self, inputs: Sequence[Tensor], params: Sequence[Tensor]) -> tuple[Tensor, ...]:
         """The eval graph's outputs."""

@@ -124,14 +124,24 @@ def eval_program(graph: ForwardGraph, params: Mapping[str, Tensor], path: Path, 
 
 
 def optimizer_program(optimizer_model: onnx.ModelProto, trainable: Sequence[Tensor], path: Path) -> OptimizerProgram:
-    """Compile the optimizer model's update of the ``trainable`` tensors into the program file ``path``."""
+    """Compile the optimizer model's update of the ``trainable`` tensors, laid end to end in one flat tensor per
+    list (params, grads, each moment), into the program file ``path``; PackageError where they do not share one
+    dtype or the update is not elementwise."""
     spec = read_optimizer_model(optimizer_model)
-    moments = spec.algorithm.updated_moments
-    update = spec.algorithm.fused_update(spec.hyperparameters, spec.clip_max_norm)
-    scalars = scalar_tensor(spec.algorithm.step_scalars(spec.hyperparameters, 1), torch.device("cpu"))
-    step = programs.optimizer_function(update, len(trainable), len(moments))
-    held = [tensor.detach() for tensor in trainable]
-    example = [*held, *(torch.zeros_like(t) for _ in range(1 + len(moments)) for t in held), scalars]
+    algorithm = spec.algorithm
+    dtypes = sorted({dtype_name(tensor.dtype) for tensor in trainable})
+    if len(dtypes) != 1 or not algorithm.elementwise:
+        found = f"dtypes {dtypes}" if len(dtypes) != 1 else f"a {algorithm.name} update that is not elementwise"
+        raise PackageError(
+            f"package: the optimizer program updates the trainable parameters as one flat tensor; expected one "
+            f"dtype and an elementwise update, got {found}"
+        )
+    moments = algorithm.updated_moments
+    update = algorithm.fused_update(spec.hyperparameters, spec.clip_max_norm)
+    scalars = scalar_tensor(algorithm.step_scalars(spec.hyperparameters, 1), torch.device("cpu"))
+    step = programs.optimizer_function(update, len(moments))
+    flat = torch.cat([tensor.detach().reshape(-1) for tensor in trainable])
+    example = [flat, *(torch.zeros_like(flat) for _ in range(1 + len(moments))), scalars]
     programs.compile_program(programs.export_step(step, example, [None] * len(example)), path)
     entry = TensorEntry("scalars", dtype_name(scalars.dtype), tuple(scalars.shape))
     return OptimizerProgram(Program(path.name, (entry,), ()), spec, tuple(moments))

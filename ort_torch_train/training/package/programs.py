@@ -8,8 +8,10 @@ records the writes as mutations of its inputs and AOTInductor's program makes th
   backward; the gradients replace ``grads`` where ``reset`` (a boolean tensor) is true, else add to them
   (ORT's accumulation until ``LazyResetGrad``); ``frozen`` takes what the forward updated in it (BatchNorm's
   running statistics).
-- optimizer: ``(*params, *grads, *moments, scalars) -> ()``, the optimizer's fused update
-  (``optim/compiled.py``) of params and moments, the gradients clipped first where the optimizer model clips.
+- optimizer: ``(params, grads, *moments, scalars) -> ()``, the optimizer's fused update (``optim/compiled.py``) of
+  the params and moments, the gradients clipped first where the optimizer model clips. Each of params, grads and
+  each moment is one flat tensor holding every trainable parameter's (``state/flat.py``): the update is
+  elementwise, one loop, and a call hands the program a few tensors, not a few per parameter.
 - eval: ``(*inputs, *params) -> outputs``, the eval graph's forward.
 """
 
@@ -66,17 +68,14 @@ def train_function(module: Callable[..., Sequence[Tensor]], inputs: int, plan: P
     return train_step
 
 
-def optimizer_function(update: FusedUpdate, parameters: int, moments: int) -> Callable[..., tuple]:
-    """The optimizer step of ``update`` over ``parameters`` trainable tensors with ``moments`` moments each."""
+def optimizer_function(update: FusedUpdate, moments: int) -> Callable[..., tuple]:
+    """The optimizer step of ``update`` over flat params, grads and ``moments`` moments (one tensor each)."""
 
-    def optimizer_step(*args: Tensor) -> tuple[Tensor, ...]:
-        params = list(args[:parameters])
-        grads = list(args[parameters : 2 * parameters])
-        states = [list(args[(2 + m) * parameters : (3 + m) * parameters]) for m in range(moments)]
-        scalars = args[-1]
+    def optimizer_step(params: Tensor, grads: Tensor, *rest: Tensor) -> tuple[Tensor, ...]:
+        states, scalars = rest[:moments], rest[moments]
         if update.clip_max_norm is not None:
-            clip_grad_norm_(grads, update.clip_max_norm)
-        update.kernel(params, grads, *states, scalars, *update.constants)
+            clip_grad_norm_([grads], update.clip_max_norm)
+        update.kernel([params], [grads], *([state] for state in states), scalars, *update.constants)
         return ()
 
     return optimizer_step

@@ -169,12 +169,12 @@ def test_packaged_steps_see_the_state_replaced_behind_their_back(package: Path) 
         np.testing.assert_allclose(packaged[name], value, rtol=0, atol=1e-5, err_msg=name)
 
     module = Module(case.artifact("training_model.onnx"), case.load_state(), compile=f"package:{package}")
-    assert module.packaged_update(optimizer_model) is not None
+    assert module.update_program(optimizer_model) is not None
     other = onnx.ModelProto()
     other.CopyFrom(optimizer_model)
     other.doc_string = "another optimizer model"
-    assert module.packaged_update(other) is None  # the Optimizer then runs its own kernel
-    assert Module(case.artifact("training_model.onnx"), case.load_state()).packaged_update(optimizer_model) is None
+    assert module.update_program(other) is None  # the Optimizer then runs its own kernel
+    assert Module(case.artifact("training_model.onnx"), case.load_state()).update_program(optimizer_model) is None
 
 
 @pytest.mark.compile
@@ -225,7 +225,11 @@ def _edited(package: Path, folder: Path, **changes: object) -> Path:
         ({"cpu_capability": "NO_AVX"}, "another CPU: 'NO_AVX'"),
         ({"cpu_features": ["_is_quantum_supported"]}, "features this CPU lacks: ['_is_quantum_supported']"),
         ({"train": {"file": "../elsewhere.pt2", "inputs": [], "outputs": []}}, "leaves the folder"),
-        ({"format": "something else"}, "malformed manifest.json"),
+        (  # an older package: its optimizer program takes one tensor per parameter
+            {"format": "ort-torch-train-package/2"},
+            "is of format 'ort-torch-train-package/2', this version reads 'ort-torch-train-package/3'; rebuild the "
+            "package",
+        ),
     ],
 )
 def test_package_built_elsewhere_is_refused_naming_what_differs(
