@@ -135,11 +135,18 @@ class CompileCache:
         return restored
 
     def save_vector_isa_probe(self) -> None:
-        """Write inductor's vector-ISA probe result (x86 only) if the directory lacks it."""
+        """Write inductor's vector-ISA probe result (x86 only) if the directory lacks it or holds an entry
+        for it that is refused (damaged, not this user's)."""
         fingerprint = platform_fingerprint()
-        if _is_x86() and not self.store.contains("isa", "probe", fingerprint):
-            probe = [_reported_isas(), [str(isa) for isa in inductor_module("cpu_vec_isa").valid_vec_isa_list()]]
-            self.store.write("isa", "probe", fingerprint, json.dumps(probe).encode())
+        if not _is_x86():
+            return
+        try:
+            if self.store.read("isa", "probe", fingerprint) is not None:
+                return
+        except RefusedEntry:
+            pass  # written again below
+        probe = [_reported_isas(), [str(isa) for isa in inductor_module("cpu_vec_isa").valid_vec_isa_list()]]
+        self.store.write("isa", "probe", fingerprint, json.dumps(probe).encode())
 
     def trust_vector_isa_probe(self) -> None:
         """Skip inductor's vector ISA probe (it builds and loads test libraries) when a process saved it

@@ -7,13 +7,15 @@ library would be restored into a fresh directory and loaded by later runs."""
 
 from __future__ import annotations
 
+import json
 import os
+import platform
 
 import pytest
 
 from ort_torch_train.torch_internals import inductor_module
 from ort_torch_train.training.compile.cache_entries import CompileCache
-from ort_torch_train.training.compile.cache_store import CacheStore, platform_fingerprint
+from ort_torch_train.training.compile.cache_store import CacheStore, RefusedEntry, platform_fingerprint
 
 OTHER_UID = 54321
 
@@ -50,3 +52,21 @@ def test_a_library_of_another_user_or_in_a_folder_others_can_write_is_never_sign
     os.chmod(shared, 0o755)  # this user's own file in this user's private folder: signed as before
     CompileCache(store).save_libraries()
     assert store.contains("library", name, platform_fingerprint())
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the vector-ISA probe is saved on x86 only")
+def test_a_damaged_vector_isa_probe_entry_is_written_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    store = CacheStore(tmp_path / "cache")
+    CompileCache(store).save_vector_isa_probe()
+    path = store.path_of("isa", "probe", platform_fingerprint())
+    data = bytearray(path.read_bytes())
+    data[-2] ^= 0x01  # a flipped bit in the payload: the signature fails
+    path.write_bytes(bytes(data))
+    with pytest.raises(RefusedEntry, match="fails its signature"):
+        store.read("isa", "probe", platform_fingerprint())
+
+    CompileCache(store).save_vector_isa_probe()
+    header, payload = store.read("isa", "probe", platform_fingerprint())
+    reported, working = json.loads(payload)
+    assert header["kind"] == "isa" and isinstance(reported, list) and isinstance(working, list)
