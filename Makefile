@@ -12,13 +12,15 @@ STAMP  := $(VENV)/.installed
 EXTRAS ?= test examples docs bench
 
 .PHONY: train lint test test-fast docs bench fixtures ort-venv
+unexport PYTHONDONTWRITEBYTECODE
 
 # onnx2torch goes in without its declared dependencies: it declares torchvision, which this project
 # never uses and which PyPI serves as a build that does not import beside a CPU torch
 # ("operator torchvision::nms does not exist"). Its real needs (torch, onnx, numpy) are ours.
 # A torchvision left by an older install that cannot be imported is removed.
-# pip byte-compiles what it installs one file after another; compileall then does it on every core
-# (it exits 1 for the few files that are templates rather than Python, which pip skips silently too).
+# Nothing is byte-compiled at install: Python compiles each module the first time any process imports it and
+# keeps the bytecode (a caller's PYTHONDONTWRITEBYTECODE is not passed to the recipes, or every process,
+# each test's subprocesses included, would compile what it imports from source again).
 $(STAMP): pyproject.toml constraints.txt tools/requirements.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --no-compile -c constraints.txt torch
@@ -26,7 +28,6 @@ $(STAMP): pyproject.toml constraints.txt tools/requirements.py
 	$(PY) -m pip install --quiet --no-compile -c constraints.txt -r $(VENV)/requirements.txt
 	$(PY) -m pip install --quiet --no-compile --no-deps -e . $$($(PY) tools/requirements.py --onnx2torch)
 	$(PY) -c "import torchvision" 2>/dev/null || $(PY) -m pip uninstall --quiet --yes torchvision 2>/dev/null || true
-	$(PY) -m compileall -qq -j 0 $$($(PY) -c "import sysconfig; print(sysconfig.get_path('purelib'))") || true
 	touch $(STAMP)
 
 train: $(STAMP)
