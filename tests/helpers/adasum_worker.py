@@ -1,6 +1,6 @@
 """One rank of the Adasum tests (tests/unit/distributed/test_adasum.py launches 2, 4 or 3 of them).
 
-``python -m tests.helpers.adasum_worker SCENARIO OUT_DIR`` with torchrun's env (RANK, WORLD_SIZE,
+``python -m tests.helpers.adasum_worker SCENARIOS OUT_DIR`` (scenarios joined by ",", run in turn) with torchrun's env (RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT). ``hook``: a torch model under DDP with ``adasum_hook``, each rank on its own
 batch; the rank's local gradients (``local/<name>``) and DDP's combined ones (``combined/<name>``).
 ``train``: a Module and a legacy session trained with Adasum; losses and final parameters. ``misuse``:
@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tests.helpers.dist_rank_scenarios import run_scenarios
 from tests.helpers.distributed_worker import MLP, batches, gloo_group, part
 
 
@@ -107,16 +108,20 @@ def misuse(rank: int) -> dict[str, str]:
 
 
 def main() -> None:
-    scenario, out = sys.argv[1], Path(sys.argv[2])
+    scenarios, out = sys.argv[1], Path(sys.argv[2])
     with gloo_group() as (rank, world_size):
-        if scenario == "hook":
-            np.savez(out / f"hook_rank{rank}.npz", **hook_gradients(rank))
-        elif scenario == "train":
-            np.savez(out / f"train_rank{rank}.npz", **train(rank, world_size))
-        elif scenario == "misuse":
-            (out / f"misuse_rank{rank}.json").write_text(json.dumps(misuse(rank)))
-        else:
-            raise ValueError(f"unknown scenario {scenario!r}")
+
+        def run(scenario: str) -> None:
+            if scenario == "hook":
+                np.savez(out / f"hook_rank{rank}.npz", **hook_gradients(rank))
+            elif scenario == "train":
+                np.savez(out / f"train_rank{rank}.npz", **train(rank, world_size))
+            elif scenario == "misuse":
+                (out / f"misuse_rank{rank}.json").write_text(json.dumps(misuse(rank)))
+            else:
+                raise ValueError(f"unknown scenario {scenario!r}")
+
+        run_scenarios(scenarios.split(","), out, rank, run)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 ``python -m tests.helpers.distributed_save_worker SCENARIO OUT_DIR`` with torchrun's env (SCENARIO:
 "saves", or "lost_saver" where rank 0 dies). Each rank
-writes ``OUT_DIR/outcomes_rank<r>.json``: what each case did ("ok" or the error's type and text).
+writes ``OUT_DIR/outcomes_rank<r>.json`` ("saves" marked done: ``dist_rank_scenarios``): what each case did ("ok" or the error's type and text).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from ort_torch_train.api import CheckpointState, Module, Optimizer
 from ort_torch_train.fileio import path_lock
+from tests.helpers.dist_rank_scenarios import run_scenarios
 from tests.helpers.distributed_worker import MLP, batches, part
 from tests.helpers.timeouts import scaled
 
@@ -124,10 +125,14 @@ def main() -> None:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=scaled(20)))
     rank = dist.get_rank()
     if scenario == "saves":
-        outcomes = {**saves(rank, out), **start_up(rank, out)}
+
+        def run(_: str) -> None:
+            outcomes = {**saves(rank, out), **start_up(rank, out)}
+            (out / f"outcomes_rank{rank}.json").write_text(json.dumps(outcomes))
+
+        run_scenarios([scenario], out, rank, run)
     else:
-        outcomes = lost_saver(rank, out)
-    (out / f"outcomes_rank{rank}.json").write_text(json.dumps(outcomes))
+        (out / f"outcomes_rank{rank}.json").write_text(json.dumps(lost_saver(rank, out)))
     if scenario != "lost_saver":
         dist.barrier()
         dist.destroy_process_group()

@@ -1,6 +1,7 @@
 """One rank of the pipeline-parallel tests (tests/unit/distributed/test_pipeline.py launches them).
 
-``python -m tests.helpers.pipeline_worker SCENARIO OUT_DIR`` with torchrun's env (RANK, WORLD_SIZE,
+``python -m tests.helpers.pipeline_worker SCENARIOS OUT_DIR`` (scenarios joined by ",", run in turn and marked
+done: ``dist_rank_scenarios``) with torchrun's env (RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT). ``train``: the 2-stage runs of ``RUNS`` with ``Module(pipeline=...)`` on every
 rank, each on the full batch (the tied runs' fixture made in OUT_DIR first); ``train4``: the 4-stage one
 on 4 ranks; ``fit``: the trainer's ``fit`` through a pipeline; ``legacy``: the legacy session with ``pipeline_parallel_size``; ``misuse``: the
@@ -19,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from tests.helpers.dist_rank_scenarios import run_scenarios
 from tests.helpers.distributed_worker import CLIP_MODEL, MLP, MLP_OPTIMIZERS, TRANSFORMER, batches, gloo_group
 from tests.helpers.sharding_worker import TIED_LM
 
@@ -200,24 +202,28 @@ def misuse(rank: int) -> dict[str, str]:
 
 
 def main() -> None:
-    scenario, out = sys.argv[1], Path(sys.argv[2])
+    scenarios, out = sys.argv[1], Path(sys.argv[2])
     with gloo_group() as (rank, _):
-        if scenario == "train4":  # 4 ranks
-            run = "transformer_1f1b_4"
-            np.savez(out / f"{run}_rank{rank}.npz", **train(run, True, out, out / f"{run}.ckpt"))
-        elif scenario == "train":
-            for run in (run for run, (_, settings) in RUNS.items() if settings["stages"] == 2):
-                checkpoint = out / f"{run}.ckpt"
-                np.savez(out / f"{run}_rank{rank}.npz", **train(run, True, out, checkpoint))
-            np.savez(out / f"{LOADED_RUN}_loaded_rank{rank}.npz", **held_after_loading(LOADED_RUN, out))
-        elif scenario == "fit":
-            np.savez(out / f"fit_rank{rank}.npz", **fit_run(True))
-        elif scenario == "legacy":
-            np.savez(out / f"legacy_rank{rank}.npz", **legacy_train(True, rank))
-        elif scenario == "misuse":
-            (out / f"misuse_rank{rank}.json").write_text(json.dumps(misuse(rank)))
-        else:
-            raise ValueError(f"unknown scenario {scenario!r}")
+
+        def run_one(scenario: str) -> None:
+            if scenario == "train4":  # 4 ranks
+                run = "transformer_1f1b_4"
+                np.savez(out / f"{run}_rank{rank}.npz", **train(run, True, out, out / f"{run}.ckpt"))
+            elif scenario == "train":
+                for run in (run for run, (_, settings) in RUNS.items() if settings["stages"] == 2):
+                    checkpoint = out / f"{run}.ckpt"
+                    np.savez(out / f"{run}_rank{rank}.npz", **train(run, True, out, checkpoint))
+                np.savez(out / f"{LOADED_RUN}_loaded_rank{rank}.npz", **held_after_loading(LOADED_RUN, out))
+            elif scenario == "fit":
+                np.savez(out / f"fit_rank{rank}.npz", **fit_run(True))
+            elif scenario == "legacy":
+                np.savez(out / f"legacy_rank{rank}.npz", **legacy_train(True, rank))
+            elif scenario == "misuse":
+                (out / f"misuse_rank{rank}.json").write_text(json.dumps(misuse(rank)))
+            else:
+                raise ValueError(f"unknown scenario {scenario!r}")
+
+        run_scenarios(scenarios.split(","), out, rank, run_one)
 
 
 if __name__ == "__main__":

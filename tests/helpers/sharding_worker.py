@@ -1,7 +1,7 @@
 """One rank of the sharded-training tests (tests/unit/distributed/test_fully_sharded.py launches 2 or 4).
 
 ``python -m tests.helpers.sharding_worker SCENARIOS OUT_DIR`` with torchrun's env. ``SCENARIOS``: one or more
-scenarios joined by "," run in turn in one launch, each ``<run>:<sharding>[:<option>]`` (a run of ``RUNS``,
+scenarios joined by "," run in turn in one launch, each ``<run>:<sharding>[:<option>]`` and marked done in turn (``dist_rank_scenarios.run_scenarios``), (a run of ``RUNS``,
 "zero2" or "zero3", "none" for one process on the whole batches; an option of ``OPTIONS``: recompute, bf16 /
 fp16 mixed precision, or compiled steps, with recompute or without):
 each rank trains on its share of every batch and writes ``<scenario>_rank<r>.npz`` (the losses, the final
@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from tests.helpers.dist_rank_scenarios import run_scenarios
 from tests.helpers.distributed_worker import CLIP_MODEL, MLP, MLP_OPTIMIZERS, batches, legacy_train, part
 from tests.helpers.paths import FIXTURES
 from tests.helpers.timeouts import scaled
@@ -252,8 +253,8 @@ def main() -> None:
 
     scenarios, out = sys.argv[1], Path(sys.argv[2])
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=scaled(20)))
-    for scenario in scenarios.split(","):
-        run(scenario, out, dist.get_rank(), dist.get_world_size())
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    run_scenarios(scenarios.split(","), out, rank, lambda scenario: run(scenario, out, rank, world_size))
     dist.destroy_process_group()
 
 

@@ -1,6 +1,7 @@
 """One rank of the tensor-parallel tests (tests/integration/test_tensor_parallel.py launches 2 or 4).
 
-``python -m tests.helpers.tensor_parallel_worker SCENARIO OUT_DIR`` with torchrun's env. Each rank
+``python -m tests.helpers.tensor_parallel_worker SCENARIOS OUT_DIR`` (joined by ",", run in turn:
+``dist_rank_scenarios``) with torchrun's env. Each rank
 writes ``OUT_DIR/<run>_rank<r>.npz`` (losses, parameters, the bytes it holds per parameter), the
 checkpoints rank 0 saves, and
 ``OUT_DIR/errors_rank<r>.json`` (the errors of the bad-input cases, class and message). The
@@ -21,6 +22,7 @@ import torch
 
 from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.torch_internals import TorchDispatchMode
+from tests.helpers.dist_rank_scenarios import run_scenarios
 from tests.helpers.distributed_worker import MLP_OPTIMIZERS, TRANSFORMER, batches, gloo_group, part
 from tests.helpers.sharding_worker import contiguous_round_trip
 
@@ -194,27 +196,33 @@ def bad_input(rank: int, out: Path) -> dict[str, str]:
 
 
 def main() -> None:
-    scenario, out = sys.argv[1], Path(sys.argv[2])
+    scenarios, out = sys.argv[1], Path(sys.argv[2])
     with gloo_group() as (rank, world_size):
-        if scenario == "two_ranks":
-            train(out, "tensor_parallel", tensor_parallel_size=world_size, rank=rank)
-            resumed_from = out / "tensor_parallel.ckpt"  # with AdamW's moments: cut into each rank's shards
-            train(out, "resumed", tensor_parallel_size=world_size, rank=rank, checkpoint=resumed_from)
-            legacy_train(out, "legacy", world_size, rank, world_size)
-            train(out, "recompute_sharded", tensor_parallel_size=world_size, rank=rank, recompute=2, shard_state=True)
-            train(out, "attention", tensor_parallel_size=world_size, rank=rank, fixture=out / ATTENTION)
-            (out / f"errors_rank{rank}.json").write_text(json.dumps(bad_input(rank, out)))
-        elif scenario == "tensor_and_data_parallel":
-            data_parallel_size = world_size // 2
-            train(
-                out,
-                "tensor_and_data_parallel",
-                tensor_parallel_size=2,
-                data_parallel_size=data_parallel_size,
-                rank=rank,
-            )
-        else:
-            raise ValueError(f"unknown scenario {scenario!r}")
+
+        def run(scenario: str) -> None:
+            if scenario == "two_ranks":
+                train(out, "tensor_parallel", tensor_parallel_size=world_size, rank=rank)
+                resumed_from = out / "tensor_parallel.ckpt"  # with AdamW's moments: cut into each rank's shards
+                train(out, "resumed", tensor_parallel_size=world_size, rank=rank, checkpoint=resumed_from)
+                legacy_train(out, "legacy", world_size, rank, world_size)
+                train(
+                    out, "recompute_sharded", tensor_parallel_size=world_size, rank=rank, recompute=2, shard_state=True
+                )
+                train(out, "attention", tensor_parallel_size=world_size, rank=rank, fixture=out / ATTENTION)
+                (out / f"errors_rank{rank}.json").write_text(json.dumps(bad_input(rank, out)))
+            elif scenario == "tensor_and_data_parallel":
+                data_parallel_size = world_size // 2
+                train(
+                    out,
+                    "tensor_and_data_parallel",
+                    tensor_parallel_size=2,
+                    data_parallel_size=data_parallel_size,
+                    rank=rank,
+                )
+            else:
+                raise ValueError(f"unknown scenario {scenario!r}")
+
+        run_scenarios(scenarios.split(","), out, rank, run)
 
 
 if __name__ == "__main__":

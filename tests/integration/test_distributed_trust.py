@@ -4,6 +4,7 @@ idiom, per-rank save paths, a rank dying during a save, ranks with different opt
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -11,8 +12,9 @@ import pytest
 
 from ort_torch_train.api import CheckpointState
 from tests.helpers import distributed_save_worker
+from tests.helpers.dist_grouped_launch import grouped_launch
 from tests.helpers.timeouts import scaled
-from tests.integration.test_distributed import WORLD_SIZE, launch, require_success
+from tests.integration.test_distributed import WORLD_SIZE, launch
 
 pytestmark = pytest.mark.distributed
 
@@ -23,9 +25,12 @@ def outcomes(out: Path) -> list[dict[str, str]]:
 
 @pytest.fixture(scope="session")
 def saves(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("saves")
-    require_success(launch("saves", out, timeout=scaled(90), worker_module=distributed_save_worker.__name__))
-    return out
+    """The run's one launch of the "saves" scenario, for every pytest-xdist worker (``dist_grouped_launch``)."""
+
+    def launch_saves(scenarios: list[str], out: Path) -> list[subprocess.CompletedProcess]:
+        return launch(",".join(scenarios), out, timeout=scaled(90), worker_module=distributed_save_worker.__name__)
+
+    return grouped_launch(tmp_path_factory, "trust_saves", ["saves"], WORLD_SIZE, launch_saves).folder("saves")
 
 
 def test_rank0_only_save_and_per_rank_paths_are_written(saves: Path) -> None:

@@ -9,6 +9,7 @@ process's, so values agree within tolerances, not bitwise; the ranks agree with 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ import pytest
 from ort_torch_train.state.training_state import TrainingState
 from tests.helpers import tensor_parallel_worker as worker
 from tests.helpers.attention_model import make_attention_fixture
+from tests.helpers.dist_grouped_launch import grouped_launch
 from tests.helpers.ort_peer import requires_ort, run_ort
 from tests.helpers.paths import ROOT
 from tests.helpers.timeouts import scaled
@@ -85,11 +87,17 @@ def assert_like_one_process(ranks: list[dict[str, np.ndarray]], one: dict[str, n
 def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One launch of 2 ranks: the MLP pair's runs, the attention model's and the bad-input cases
     (tests/helpers/tensor_parallel_worker.py's ``two_ranks`` scenario)."""
-    out = tmp_path_factory.mktemp("tensor_parallel")
-    make_attention_fixture(out / worker.ATTENTION)  # 4 heads: 2 per rank
-    make_attention_fixture(out / worker.ODD_HEADS, hidden=12, heads=3)
-    require_success(launch("two_ranks", out, timeout=scaled(240), worker_module=worker.__name__))
-    return out
+
+    def prepare(out: Path) -> None:
+        make_attention_fixture(out / worker.ATTENTION)  # 4 heads: 2 per rank
+        make_attention_fixture(out / worker.ODD_HEADS, hidden=12, heads=3)
+
+    def launch_ranks(scenarios: list[str], out: Path) -> list[subprocess.CompletedProcess]:
+        return launch(",".join(scenarios), out, timeout=scaled(240), worker_module=worker.__name__)
+
+    # made once for every pytest-xdist worker of the run (dist_grouped_launch)
+    group = grouped_launch(tmp_path_factory, "tensor_parallel_2_ranks", ["two_ranks"], 2, launch_ranks, prepare=prepare)
+    return group.folder("two_ranks")
 
 
 @pytest.mark.distributed

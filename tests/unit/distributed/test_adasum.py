@@ -5,6 +5,7 @@ gradients, training runs whose ranks stay identical, and a non-power-of-two worl
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ import pytest
 from ort_torch_train.distributed.adasum import check_gradient_combination
 from ort_torch_train.training.options import EngineOptions
 from tests.helpers import adasum_worker
+from tests.helpers.dist_grouped_launch import grouped_launch
 from tests.helpers.timeouts import scaled
 from tests.integration.test_distributed import launch as launch_ranks
 from tests.integration.test_distributed import require_success
@@ -22,6 +24,19 @@ def launch(scenario: str, out: Path, world_size: int, timeout: float) -> None:
     """Run the worker's ``scenario`` on ``world_size`` ranks; fail when one fails or is stuck past ``timeout``."""
     results = launch_ranks(scenario, out, timeout, worker_module=adasum_worker.__name__, world_size=world_size)
     require_success(results)
+
+
+def launched(tmp_path_factory: pytest.TempPathFactory, scenario: str, world_size: int) -> Path:
+    """The folder of the run's one launch of ``world_size`` ranks that ran the "hook" and "train" scenarios;
+    the test fails when ``scenario`` failed."""
+
+    def launch_group(scenarios: list[str], out: Path) -> list[subprocess.CompletedProcess]:
+        return launch_ranks(
+            ",".join(scenarios), out, scaled(360), worker_module=adasum_worker.__name__, world_size=world_size
+        )
+
+    group = grouped_launch(tmp_path_factory, f"adasum_{world_size}_ranks", ["hook", "train"], world_size, launch_group)
+    return group.folder(scenario)
 
 
 def adasum_reference(vectors: list[np.ndarray]) -> np.ndarray:
@@ -45,9 +60,9 @@ def test_the_reference_is_the_formula() -> None:
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("world_size", [2, 4])
-def test_hook_combines_like_the_formula(tmp_path: Path, world_size: int) -> None:
-    launch("hook", tmp_path, world_size, timeout=scaled(120))
-    ranks = [dict(np.load(tmp_path / f"hook_rank{rank}.npz")) for rank in range(world_size)]
+def test_hook_combines_like_the_formula(tmp_path_factory: pytest.TempPathFactory, world_size: int) -> None:
+    out = launched(tmp_path_factory, "hook", world_size)
+    ranks = [dict(np.load(out / f"hook_rank{rank}.npz")) for rank in range(world_size)]
     names = [key.removeprefix("local/") for key in ranks[0] if key.startswith("local/")]
     assert {"odd_only", "dead", "body.0.weight"} <= set(names)
     for name in names:
@@ -66,9 +81,11 @@ def test_hook_combines_like_the_formula(tmp_path: Path, world_size: int) -> None
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("world_size", [2, 4])
-def test_training_with_adasum_keeps_the_ranks_identical(tmp_path: Path, world_size: int) -> None:
-    launch("train", tmp_path, world_size, timeout=scaled(240))
-    ranks = [dict(np.load(tmp_path / f"train_rank{rank}.npz")) for rank in range(world_size)]
+def test_training_with_adasum_keeps_the_ranks_identical(
+    tmp_path_factory: pytest.TempPathFactory, world_size: int
+) -> None:
+    out = launched(tmp_path_factory, "train", world_size)
+    ranks = [dict(np.load(out / f"train_rank{rank}.npz")) for rank in range(world_size)]
     for key in ranks[0]:
         if "losses" in key:
             assert np.all(np.isfinite(ranks[0][key]))

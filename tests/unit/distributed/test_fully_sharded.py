@@ -4,6 +4,7 @@ against one process on the same artifacts and batches; the per-layer cut of the 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,7 @@ from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.training.options import EngineOptions
 from ort_torch_train.training.recompute_patterns import RecomputePlan
 from tests.helpers import sharding_worker
+from tests.helpers.dist_grouped_launch import grouped_launch
 from tests.helpers.distributed_worker import MLP, legacy_train
 from tests.helpers.timeouts import scaled
 from tests.integration.test_distributed import launch as launch_ranks
@@ -28,6 +30,77 @@ from tests.unit.cli.test_cli import run_cli
 
 LOSS_TOLERANCE = 1e-6  # relative, each step
 PARAMETER_TOLERANCE = 1e-5
+
+
+ONE_PROCESS = (  # run in the test process, before the ranks start ("resume" continues "mlp:none"'s step 3)
+    "mlp:none",
+    "mlp:none:recompute",
+    "transformer:none",
+    "transformer:none:recompute",
+    "transformer:none:bf16",
+    "transformer:none:fp16",
+    f"{sharding_worker.TIED_LM}:none",
+    "mlp_clip_accumulate:none",
+)
+TWO_RANKS = (
+    "mlp:zero2",
+    "transformer:zero3",
+    "transformer:zero3:recompute",
+    "mlp:zero2:recompute",
+    "transformer:zero3:bf16",
+    "transformer:zero2:fp16",
+    "legacy:3:fp16",
+    f"{sharding_worker.TIED_LM}:zero3",
+    "mlp_clip_accumulate:zero3",
+    "fit:zero3",
+    "resume:zero2",
+    "legacy:2",
+    "legacy:3",
+    "misuse",  # last: its ranks start from different parameters on purpose
+)
+FOUR_RANKS = ("mlp:zero3",)
+
+
+def launched(tmp_path_factory: pytest.TempPathFactory, scenario: str) -> tuple[Path, int]:
+    """The folder holding ``scenario``'s results and its world size: the run's one set of one-process runs and
+    its one launch of each world size ran every scenario above (see ``dist_grouped_launch``); the test fails
+    when ``scenario`` failed."""
+    world_size = 4 if scenario in FOUR_RANKS else 2
+
+    def launch(scenarios: list[str], out: Path) -> list[subprocess.CompletedProcess]:
+        return launch_ranks(
+            ",".join(scenarios),
+            out,
+            scaled(120 * len(scenarios)),
+            worker_module=sharding_worker.__name__,
+            world_size=world_size,
+        )
+
+    def in_process(scenario: str, out: Path) -> bool:
+        if scenario not in ONE_PROCESS:
+            return False
+        np.savez(out / f"{scenario}_rank0.npz", **sharding_worker.train(scenario, 0, 1, out))
+        return True
+
+    if world_size == 4:
+        group = grouped_launch(tmp_path_factory, "fully_sharded_4_ranks", FOUR_RANKS, 4, launch)
+    else:
+        group = grouped_launch(
+            tmp_path_factory,
+            "fully_sharded_2_ranks",
+            ONE_PROCESS + TWO_RANKS,
+            2,
+            launch,
+            in_process,
+            prepare=sharding_worker.make_tied_lm,
+        )
+    return group.folder(scenario), 1 if scenario in ONE_PROCESS else world_size
+
+
+def shared_run(tmp_path_factory: pytest.TempPathFactory, scenario: str) -> list[dict[str, np.ndarray]]:
+    """Each rank's results of ``scenario`` of the run's shared launches (one process: "<run>:none[:<option>]")."""
+    out, world_size = launched(tmp_path_factory, scenario)
+    return [dict(np.load(out / f"{scenario}_rank{rank}.npz")) for rank in range(world_size)]
 
 
 def run(scenario: str, out: Path, world_size: int) -> list[dict[str, np.ndarray]]:
@@ -83,14 +156,22 @@ def assert_checkpoint_is_one_process_save(path: Path, ranks: list[dict[str, np.n
 
 @pytest.mark.distributed
 @pytest.mark.parametrize(("sharding", "world_size"), [("zero2", 2), ("zero3", 4)])
-def test_mlp_sharded_trains_like_one_process(tmp_path: Path, sharding: str, world_size: int) -> None:
+def test_mlp_sharded_trains_like_one_process(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, sharding: str, world_size: int
+) -> None:
     """On 4 ranks the last layer's 5 rows are cut unevenly (2, 2, 1, 0): FSDP2 pads the shards."""
-    single = run("mlp:none", tmp_path, 1)[0]
-    ranks = run(f"mlp:{sharding}", tmp_path, world_size)
+    single = shared_run(tmp_path_factory, "mlp:none")[0]
+    ranks = shared_run(tmp_path_factory, f"mlp:{sharding}")
+    assert len(ranks) == world_size
     assert_matches_one_process(single, ranks)
-    assert_checkpoint_is_one_process_save(tmp_path / f"mlp:{sharding}.ckpt", ranks, tmp_path)
+    sharded_folder, single_folder = (
+        launched(tmp_path_factory, f"mlp:{sharding}")[0],
+        launched(tmp_path_factory, "mlp:none")[0],
+    )
+    assert_checkpoint_is_one_process_save(sharded_folder / f"mlp:{sharding}.ckpt", ranks, tmp_path)
     # saved after the Optimizer is built, before its first step: one process's bytes (zero moments, step 0)
-    assert (tmp_path / f"mlp:{sharding}.step0.ckpt").read_bytes() == (tmp_path / "mlp:none.step0.ckpt").read_bytes()
+    step0 = (sharded_folder / f"mlp:{sharding}.step0.ckpt").read_bytes()
+    assert step0 == (single_folder / "mlp:none.step0.ckpt").read_bytes()
     # get_contiguous_parameters gives every rank the whole flat buffer; copy_buffer_to_parameters takes a whole
     # one (each rank its shard): read back, every rank has one process's values
     for key in ("contiguous/first", "contiguous/copied"):
@@ -101,21 +182,25 @@ def test_mlp_sharded_trains_like_one_process(tmp_path: Path, sharding: str, worl
 
 
 @pytest.mark.distributed
-def test_transformer_zero3_trains_like_one_process(tmp_path: Path) -> None:
-    assert_matches_one_process(run("transformer:none", tmp_path, 1)[0], run("transformer:zero3", tmp_path, 2))
+def test_transformer_zero3_trains_like_one_process(tmp_path_factory: pytest.TempPathFactory) -> None:
+    assert_matches_one_process(
+        shared_run(tmp_path_factory, "transformer:none")[0], shared_run(tmp_path_factory, "transformer:zero3")
+    )
 
 
 @pytest.mark.distributed
 @pytest.mark.parametrize(("run_name", "sharding"), [("transformer", "zero3"), ("mlp", "zero2")])
-def test_recompute_per_layer_unit_trains_like_one_process(tmp_path: Path, run_name: str, sharding: str) -> None:
+def test_recompute_per_layer_unit_trains_like_one_process(
+    tmp_path_factory: pytest.TempPathFactory, run_name: str, sharding: str
+) -> None:
     """``recompute=True`` under sharding checkpoints each layer unit: the same losses, parameters and gradients
     as one process with recompute, and each rank keeps fewer activation bytes for its backward than half of
     what one process without recompute keeps on the whole batch (the parameters a checkpoint keeps to rerun
     its unit are FSDP2's gathered ones, freed and gathered again under ZeRO-3: not counted)."""
-    single = run(f"{run_name}:none:recompute", tmp_path, 1)[0]
-    ranks = run(f"{run_name}:{sharding}:recompute", tmp_path, 2)
+    single = shared_run(tmp_path_factory, f"{run_name}:none:recompute")[0]
+    ranks = shared_run(tmp_path_factory, f"{run_name}:{sharding}:recompute")
     assert_matches_one_process(single, ranks)
-    whole_batch_kept = run(f"{run_name}:none", tmp_path, 1)[0]["saved_activation_bytes"]
+    whole_batch_kept = shared_run(tmp_path_factory, f"{run_name}:none")[0]["saved_activation_bytes"]
     assert all(0 < r["saved_activation_bytes"] < whole_batch_kept / 2 for r in ranks)
 
 
@@ -129,28 +214,31 @@ MIXED_LOSS_TOLERANCE = {"bf16": 2.0**-7, "fp16": 2.0**-10}
 @pytest.mark.distributed
 @pytest.mark.parametrize(("sharding", "precision"), [("zero3", "bf16"), ("zero2", "fp16")])
 def test_mixed_precision_trains_like_one_process_under_the_same_autocast(
-    tmp_path: Path, sharding: str, precision: str
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, sharding: str, precision: str
 ) -> None:
-    single = run(f"transformer:none:{precision}", tmp_path, 1)[0]
-    ranks = run(f"transformer:{sharding}:{precision}", tmp_path, 2)
+    single = shared_run(tmp_path_factory, f"transformer:none:{precision}")[0]
+    ranks = shared_run(tmp_path_factory, f"transformer:{sharding}:{precision}")
     mean = np.mean([r["losses"] for r in ranks], axis=0)
     np.testing.assert_allclose(mean, single["losses"], rtol=MIXED_LOSS_TOLERANCE[precision], atol=0)
-    float32 = run("transformer:none", tmp_path, 1)[0]["losses"]
+    float32 = shared_run(tmp_path_factory, "transformer:none")[0]["losses"]
     assert not np.allclose(mean, float32, rtol=1e-6, atol=0)  # the sharded forward ran under autocast
     drift = 2 * sharding_worker.LEARNING_RATES_SUM
     for name in (key for key in single if key.startswith("param/")):
         for result in ranks:
             np.testing.assert_array_equal(result[name], ranks[0][name], err_msg=name)
         np.testing.assert_allclose(ranks[0][name], single[name], rtol=0, atol=drift, err_msg=name)
-    assert_checkpoint_is_one_process_save(tmp_path / f"transformer:{sharding}:{precision}.ckpt", ranks, tmp_path)
+    scenario = f"transformer:{sharding}:{precision}"
+    assert_checkpoint_is_one_process_save(launched(tmp_path_factory, scenario)[0] / f"{scenario}.ckpt", ranks, tmp_path)
 
 
 @pytest.mark.distributed
-def test_legacy_session_with_zero_stage_and_mixed_precision_trains_like_one_process(tmp_path: Path) -> None:
+def test_legacy_session_with_zero_stage_and_mixed_precision_trains_like_one_process(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
     """``deepspeed_zero_stage`` 3 with ``use_mixed_precision`` (fp16, dynamic loss scale) against one process's
     fp16 session; Adam's 5 updates at learning rate 0.02 bound the parameters' drift (see above)."""
     reference = legacy_train(mixed_precision=True)
-    ranks = run("legacy:3:fp16", tmp_path, 2)
+    ranks = shared_run(tmp_path_factory, "legacy:3:fp16")
     mean = np.mean([r["losses"] for r in ranks], axis=0)
     np.testing.assert_allclose(mean, reference["losses"], rtol=MIXED_LOSS_TOLERANCE["fp16"], atol=0)
     assert not np.allclose(mean, legacy_train()["losses"], rtol=1e-6, atol=0)  # the sharded session ran fp16
@@ -160,50 +248,52 @@ def test_legacy_session_with_zero_stage_and_mixed_precision_trains_like_one_proc
 
 
 @pytest.mark.distributed
-def test_tied_embeddings_get_a_unit_of_their_own(tmp_path: Path) -> None:
+def test_tied_embeddings_get_a_unit_of_their_own(tmp_path_factory: pytest.TempPathFactory) -> None:
     """A GPT-2 whose token embedding is also its output projection: the embedding, read by the graph's
     first and last nodes, is a shared unit gathered for each of the two stretches (freed between them
     under ZeRO-3), and the run trains as one process does."""
-    sharding_worker.make_tied_lm(tmp_path)
-    artifacts = tmp_path / sharding_worker.TIED_LM / "artifacts"
+    folder = launched(tmp_path_factory, f"{sharding_worker.TIED_LM}:zero3")[0]  # made there before the ranks started
+    artifacts = folder / sharding_worker.TIED_LM / "artifacts"
     graph = onnx.load(artifacts / "training_model.onnx").graph
     plan = LayerPlan.of(graph, [i.name for i in graph.input][2:])
     assert plan.shared_unit and plan.owner[0] is None and plan.unit_count == len(plan.units) + 1
-    single = run(f"{sharding_worker.TIED_LM}:none", tmp_path, 1)[0]
-    assert_matches_one_process(single, run(f"{sharding_worker.TIED_LM}:zero3", tmp_path, 2))
+    single = shared_run(tmp_path_factory, f"{sharding_worker.TIED_LM}:none")[0]
+    assert_matches_one_process(single, shared_run(tmp_path_factory, f"{sharding_worker.TIED_LM}:zero3"))
 
 
 @pytest.mark.distributed
-def test_clipping_and_accumulation_see_every_rank(tmp_path: Path) -> None:
+def test_clipping_and_accumulation_see_every_rank(tmp_path_factory: pytest.TempPathFactory) -> None:
     """A clipping AdamW (the global norm of every rank's shards) with two micro-batches per step, the first
     under ``no_sync``."""
-    single = run("mlp_clip_accumulate:none", tmp_path, 1)[0]
-    assert_matches_one_process(single, run("mlp_clip_accumulate:zero3", tmp_path, 2))
+    single = shared_run(tmp_path_factory, "mlp_clip_accumulate:none")[0]
+    assert_matches_one_process(single, shared_run(tmp_path_factory, "mlp_clip_accumulate:zero3"))
 
 
 @pytest.mark.distributed
-def test_fit_with_averaged_accumulation_trains_like_one_process(tmp_path: Path) -> None:
+def test_fit_with_averaged_accumulation_trains_like_one_process(tmp_path_factory: pytest.TempPathFactory) -> None:
     single = sharding_worker.fit_run("none", 0, 1)
-    ranks = run("fit:zero3", tmp_path, 2)
+    ranks = shared_run(tmp_path_factory, "fit:zero3")
     for result in ranks:  # fit reports the ranks' mean loss on every rank
         np.testing.assert_allclose(result["losses"], single["losses"], rtol=LOSS_TOLERANCE, atol=0)
     assert_matches_one_process(single, ranks)
 
 
 @pytest.mark.distributed
-def test_a_checkpoint_loaded_into_a_sharded_run_is_sharded(tmp_path: Path) -> None:
+def test_a_checkpoint_loaded_into_a_sharded_run_is_sharded(tmp_path_factory: pytest.TempPathFactory) -> None:
     """One process's checkpoint after 3 steps (moments included) resumed on 2 sharded ranks: the last 3
     steps as the one process ran them."""
-    single = run("mlp:none", tmp_path, 1)[0]
-    ranks = run("resume:zero2", tmp_path, 2)
+    single = shared_run(tmp_path_factory, "mlp:none")[0]
+    ranks = shared_run(tmp_path_factory, "resume:zero2")
     assert_matches_one_process({**single, "losses": single["losses"][3:]}, ranks)
 
 
 @pytest.mark.distributed
-def test_ranks_launched_with_different_settings_are_refused_on_every_rank(tmp_path: Path) -> None:
-    require_success(launch_ranks("misuse", tmp_path, scaled(120), worker_module=sharding_worker.__name__))
+def test_ranks_launched_with_different_settings_are_refused_on_every_rank(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    out = launched(tmp_path_factory, "misuse")[0]
     for rank in range(2):
-        errors = json.loads((tmp_path / f"misuse_rank{rank}.json").read_text())
+        errors = json.loads((out / f"misuse_rank{rank}.json").read_text())
         assert "different sharding settings" in errors["settings"] and f"rank {rank}" in errors["settings"]
         assert errors["nominal"].startswith("Cannot perform sharded or tensor-parallel training with a nominal state")
         assert "different parameters" in errors["parameters"] and f"rank {rank}" in errors["parameters"]
@@ -289,11 +379,13 @@ def assert_cli_sharded_trains_like_one_process(
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("stage", [2, 3])
-def test_legacy_session_with_zero_stage_trains_like_one_process(tmp_path: Path, stage: int) -> None:
+def test_legacy_session_with_zero_stage_trains_like_one_process(
+    tmp_path_factory: pytest.TempPathFactory, stage: int
+) -> None:
     """Adam with clipping and 2-step accumulation reduced once; its state read and loaded into a new session
     at step 8 (gathered, then cut again)."""
     reference = legacy_train()
-    ranks = run(f"legacy:{stage}", tmp_path, 2)
+    ranks = shared_run(tmp_path_factory, f"legacy:{stage}")
     np.testing.assert_allclose(np.mean([r["losses"] for r in ranks], axis=0), reference["losses"], rtol=1e-6)
     for key, value in reference.items():
         if key.startswith(("param/", "moment/")):

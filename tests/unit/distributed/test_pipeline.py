@@ -5,6 +5,7 @@ named and balanced cuts, Module and the legacy session, against one process on t
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from ort_torch_train.errors import ModelError
 from ort_torch_train.graph.layout import forward_graph, training_layout
 from ort_torch_train.training.options import EngineOptions
 from tests.helpers import pipeline_worker as worker
+from tests.helpers.dist_grouped_launch import grouped_launch
 from tests.helpers.distributed_worker import MLP, TRANSFORMER
 from tests.helpers.ort_peer import requires_ort, run_ort
 from tests.helpers.paths import ROOT
@@ -38,8 +40,21 @@ PARAM_TOLERANCE = 1e-5
 EVAL_TOLERANCE = 1e-5  # relative: the eval loss on parameters within PARAM_TOLERANCE
 
 
-def launch(scenario: str, out: Path, timeout: float) -> None:
-    require_success(launch_ranks(scenario, out, timeout, worker_module=worker.__name__, world_size=2))
+TWO_RANKS = ("train", "fit", "legacy", "misuse")  # the worker's scenarios, in the run's one launch of 2 ranks
+
+
+def launched(tmp_path_factory: pytest.TempPathFactory, scenario: str) -> Path:
+    """The folder of the run's one launch of 2 ranks that ran ``TWO_RANKS`` (the tied runs' fixture made there
+    first; see ``dist_grouped_launch``); the test fails when ``scenario`` failed."""
+
+    def launch(scenarios: list[str], out: Path) -> list[subprocess.CompletedProcess]:
+        return launch_ranks(
+            ",".join(scenarios), out, scaled(240 * len(scenarios)), worker_module=worker.__name__, world_size=2
+        )
+
+    return grouped_launch(tmp_path_factory, "pipeline_2_ranks", TWO_RANKS, 2, launch, prepare=make_tied_lm).folder(
+        scenario
+    )
 
 
 def forward_of(fixture: Path) -> tuple[onnx.GraphProto, list[str], dict[str, int]]:
@@ -159,12 +174,9 @@ def test_micro_batches_accumulate_like_whole_batches_of_any_size(one_rank: None)
 
 
 # ---- two ranks -----------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
+@pytest.fixture
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("pipeline")
-    make_tied_lm(out)
-    launch("train", out, timeout=scaled(240))
-    return out
+    return launched(tmp_path_factory, "train")
 
 
 def assert_trains_like_one_process(out: Path, run: str, world_size: int) -> None:
@@ -250,11 +262,11 @@ def test_ort_reads_the_pipeline_checkpoint(trained: Path) -> None:
 
 
 @pytest.mark.distributed
-def test_legacy_pipeline_settings_train_like_one_process(tmp_path: Path) -> None:
-    launch("legacy", tmp_path, timeout=scaled(120))
+def test_legacy_pipeline_settings_train_like_one_process(tmp_path_factory: pytest.TempPathFactory) -> None:
+    out = launched(tmp_path_factory, "legacy")
     reference = worker.legacy_train(pipelined=False)
     for rank in range(2):
-        result = dict(np.load(tmp_path / f"legacy_rank{rank}.npz"))
+        result = dict(np.load(out / f"legacy_rank{rank}.npz"))
         np.testing.assert_allclose(result["losses"], reference["losses"], rtol=LOSS_TOLERANCE, atol=0)
         assert sorted(result) == sorted(reference) and any(key.startswith("opt/") for key in reference)
         for key in reference:  # every stage's weights and optimizer state, on every rank
@@ -263,8 +275,8 @@ def test_legacy_pipeline_settings_train_like_one_process(tmp_path: Path) -> None
 
 
 @pytest.mark.distributed
-def test_bad_settings_raise_on_every_rank_before_the_first_step(tmp_path: Path) -> None:
-    launch("misuse", tmp_path, timeout=scaled(120))
+def test_bad_settings_raise_on_every_rank_before_the_first_step(tmp_path_factory: pytest.TempPathFactory) -> None:
+    out = launched(tmp_path_factory, "misuse")
     expected = {
         "not_an_edge": "'no_such_tensor' is not an edge of the graph",
         "too_many_stages": "pipeline stages=8: expected one rank per stage, the process group has 2 ranks",
@@ -272,7 +284,7 @@ def test_bad_settings_raise_on_every_rank_before_the_first_step(tmp_path: Path) 
         "micro_batches_not_dividing": "input 0 holds a batch of 8; every input's axis 0 must divide into 3",
     }
     for rank in range(2):
-        errors = json.loads((tmp_path / f"misuse_rank{rank}.json").read_text())
+        errors = json.loads((out / f"misuse_rank{rank}.json").read_text())
         for case, message in expected.items():
             assert message in errors.get(case, ""), f"rank {rank} {case}: {errors.get(case)}"
 
@@ -301,11 +313,11 @@ def test_the_example_under_torchrun_trains_like_one_process(tmp_path: Path) -> N
 
 
 @pytest.mark.distributed
-def test_fit_through_a_pipeline_trains_like_one_process(tmp_path: Path) -> None:
-    launch("fit", tmp_path, timeout=scaled(120))
+def test_fit_through_a_pipeline_trains_like_one_process(tmp_path_factory: pytest.TempPathFactory) -> None:
+    out = launched(tmp_path_factory, "fit")
     reference = worker.fit_run(pipelined=False)
     for rank in range(2):  # fit reports the batch's loss on every stage
-        result = dict(np.load(tmp_path / f"fit_rank{rank}.npz"))
+        result = dict(np.load(out / f"fit_rank{rank}.npz"))
         np.testing.assert_allclose(result["losses"], reference["losses"], rtol=LOSS_TOLERANCE, atol=0)
         for key in (key for key in reference if key.startswith("param/")):
             np.testing.assert_allclose(result[key], reference[key], rtol=0, atol=PARAM_TOLERANCE, err_msg=key)
