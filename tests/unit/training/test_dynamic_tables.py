@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ort_torch_train.artifacts import LossType, OptimType, generate_artifacts
-from tests.helpers.one_graph import assert_one_graph_like_eager
+from tests.helpers.one_graph import train_counting_graphs
 
 transformers = pytest.importorskip("transformers")
 
@@ -61,30 +61,9 @@ def _batches(shapes: list[tuple[int, int]], per_token: bool) -> list[tuple[np.nd
 REFUSED = ("stays fixed", "fixed shapes", " up to ")  # no axis stays fixed, none is bounded by the sizes seen
 
 
-def test_bert_with_a_mask_compiles_once_for_five_lengths_and_larger_batches(tmp_path, caplog):
-    """The mask's flat indices (batch x length) and the token-type ids no longer fix the length, nor
-    bound the batch by the first one."""
-    config = transformers.BertConfig(
-        **TINY, intermediate_size=32, max_position_embeddings=32, num_labels=3, hidden_dropout_prob=0.0
-    )
-    config.attention_probs_dropout_prob = 0.0
-    _export(transformers.BertForSequenceClassification(config), tmp_path)
-    batches = _batches([(2, 8), (2, 5), (2, 12), (3, 6), (4, 10)], per_token=False)
-    assert_one_graph_like_eager(tmp_path, batches, caplog, REFUSED)
-
-
-def test_llama_at_a_longer_length_than_any_seen_compiles_nothing_new(tmp_path, caplog):
-    """The rotary tables and the causal mask are computed from the length at run time, not cut to the
-    longest length seen."""
-    config = transformers.LlamaConfig(
-        **TINY, num_key_value_heads=1, intermediate_size=32, max_position_embeddings=64, use_cache=False
-    )
-    _export(transformers.LlamaForCausalLM(config), tmp_path)
-    batches = _batches([(2, 8), (2, 6), (3, 16)], per_token=True)
-    assert_one_graph_like_eager(tmp_path, batches, caplog, REFUSED)
-
-
 SHAPES = [(4, 16), (4, 16), (3, 16), (4, 9), (1, 23), (2, 16), (4, 31), (3, 7)]  # the issue's batch x length per step
+# the issue's shapes, then a batch larger than any before it (its lengths 23 and 31 are longer than any before them)
+SHAPES_AND_A_LARGER_BATCH = [*SHAPES, (6, 12)]
 
 
 def test_t5_compiles_once_over_eight_shapes_with_batch_1_and_longer_lengths(tmp_path, caplog):
@@ -94,8 +73,6 @@ def test_t5_compiles_once_over_eight_shapes_with_batch_1_and_longer_lengths(tmp_
     graph; its loss checks label indices against batch x length rows, which fixes no axis either.
     Traced by Dynamo and AOT autograd (backend "aot_eager"): the graph count is asserted, and the losses
     and parameters against eager's."""
-    from tests.helpers.one_graph import train_counting_graphs
-
     config = transformers.T5Config(
         vocab_size=VOCAB, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_decoder_layers=1, num_heads=2,
         dropout_rate=0.0, use_cache=False, decoder_start_token_id=0, pad_token_id=0,
@@ -146,16 +123,17 @@ def _tiny_bert() -> torch.nn.Module:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("build", "per_token"), [(_tiny_llama, True), (_tiny_bert, False)], ids=["llama", "bert"])
-def test_batch_1_shares_the_graph_of_eight_shapes_under_inductor(tmp_path, caplog, build, per_token):
+def test_batch_1_longer_lengths_and_a_larger_batch_share_one_graph_under_inductor(tmp_path, caplog, build, per_token):
     """Llama's repeated key and value heads (unsqueeze, expand, reshape) and BERT's pooler (the first
     token, selected) each made inductor guard that the batch is not 1 (a reshaped broadcast's strides;
     the reinplacing of the select's backward), which compiled a second graph at batch 1: the compiled
-    graph reshapes a contiguous copy and picks the token by index. One graph under inductor over the
-    issue's 8 shapes, the losses and parameters eager's."""
-    from tests.helpers.one_graph import train_counting_graphs
-
+    graph reshapes a contiguous copy and picks the token by index. Llama's rotary tables and causal mask
+    are computed from the length at run time, not cut to the longest length seen; BERT's mask's flat
+    indices (batch x length) and token-type ids neither fix the length nor bound the batch by the first
+    one. One graph under inductor over the issue's 8 shapes (lengths 23 and 31 longer than any before
+    them) and a batch larger than any before it, the losses and parameters eager's."""
     _export(build(), tmp_path)
-    batches = _batches(SHAPES, per_token=per_token)
+    batches = _batches(SHAPES_AND_A_LARGER_BATCH, per_token=per_token)
     eager_losses, eager_parameters, _ = train_counting_graphs(tmp_path, batches, False, caplog, REFUSED)
     losses, parameters, graphs = train_counting_graphs(tmp_path, batches, {"backend": "inductor"}, caplog, REFUSED)
     assert graphs == 1
@@ -171,8 +149,6 @@ def test_a_vits_batch_1_shares_the_graph_of_eight_batches_under_inductor(tmp_pat
     compiled a second graph. The compiled graph multiplies the patches by the kernel and copies the
     gradient row-major. One graph under inductor over the issue's 8 batch sizes, the losses and
     parameters eager's."""
-    from tests.helpers.one_graph import train_counting_graphs
-
     config = transformers.ViTConfig(
         hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, image_size=8,
         patch_size=4, num_labels=3, attn_implementation="eager",
