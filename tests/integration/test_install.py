@@ -1,8 +1,10 @@
-"""The README's install lines, run in a fresh venv that holds only torch: the built wheel goes in, the
-installed torch stays (version and build), torchvision imports or is absent, and the CLI runs; then the
-README's Quick start, docs/cli.md's worked example (then the page's `inspect` and `--batched` examples and
-docs/scaling.md's torchrun line on what it made) and docs/training-loop.md's examples run on the installed
-wheel (they make their own artifacts and data). `pip check` says what the README calls expected."""
+"""The README's install lines, run in a fresh venv that holds only torch (installed as pip leaves it: linked
+from this interpreter's install, tests/helpers/e2e_linked_install.py): the built wheel goes in, the installed
+torch stays (version and build), torchvision imports or is absent, and the CLI runs; then the README's Quick
+start (the Python API), docs/cli.md's worked example (then the page's `inspect` and `--batched` examples and
+docs/scaling.md's torchrun line on what it made) run on the installed wheel (they make their own artifacts and
+data; every page's examples run on the checkout in test_docs.py). `pip check` says what the README calls
+expected."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import doc_snippets
+from tests.helpers.e2e_linked_install import link_distributions
 from tests.helpers.ports import free_port
 from tests.helpers.timeouts import scaled
 from tests.unit.cli.test_cli_docs import (
@@ -76,11 +78,12 @@ def test_readme_install_keeps_torch_and_runs_cli(tmp_path: Path) -> None:
     assert built.returncode == 0 and "_Warning" not in output and "SetuptoolsDeprecationWarning" not in output, output
     (wheel,) = tmp_path.glob("ort_torch_train-*.whl")
     venv = tmp_path / "venv"
-    _run([sys.executable, "-m", "venv", str(venv)], env)
+    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], env)
+    # pip and torch (its requirements with it) as pip installs them, linked from this interpreter's install
+    assert "torch" in link_distributions(venv, ["pip", "torch"])
     bin_dir = venv / "bin"
     env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
     env["VIRTUAL_ENV"] = str(venv)
-    _run(["pip", "install", "-q", "-c", str(ROOT / "constraints.txt"), "torch"], env)
     before = json.loads(_run(["python", "-c", _PROBE], env, cwd=tmp_path))
 
     lines = readme_install_lines()
@@ -117,10 +120,6 @@ def test_readme_install_keeps_torch_and_runs_cli(tmp_path: Path) -> None:
     launch_env = {**env, "PET_MASTER_PORT": str(free_port())}  # torchrun's --master-port, free under xdist
     assert "trained steps 1-10" in _run(torchrun_example(), launch_env, cwd=example, timeout=scaled(180))
     assert (example / "run" / "ddp").is_file()
-    loop_page = tmp_path / "training_loop"  # docs/training-loop.md's examples, its setup making the artifacts
-    loop_page.mkdir()
-    program = doc_snippets.program(doc_snippets.page_blocks(ROOT / "docs" / "training-loop.md"))
-    _run(["python", "-c", doc_snippets.RUNNER], env, cwd=loop_page, input=json.dumps(program))
     after_extra = json.loads(_run(["python", "-c", _PROBE], env, cwd=tmp_path))
     assert after_extra["version"] == before["version"] and after_extra["cuda"] == before["cuda"]
 

@@ -5,6 +5,7 @@ command that needs torch says so in one line."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -130,20 +131,38 @@ def test_inspect_imports_no_torch(args: list[str]) -> None:
     assert not imported & {"torch", "onnx2torch", "flatbuffers"}, sorted(imported & {"torch", "onnx2torch"})
 
 
+# every INSPECTED command run by the command line's main in one process that has imported torch
+INSPECT_WITH_TORCH = """
+import contextlib, io, json, sys, torch
+from ort_torch_train.cli.main import main
+reports = []
+for args in json.loads(sys.argv[1]):
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        status = main(["inspect", *args])
+    reports.append({"status": status, "stdout": stdout.getvalue()})
+print(json.dumps(reports))
+"""
+
+
+@pytest.fixture(scope="module")
+def inspected_with_torch() -> dict[tuple[str, ...], dict]:
+    """``{args: {"status", "stdout"}}`` of `inspect` for each of INSPECTED, with torch imported."""
+    done = _cli(sys.executable, "-c", INSPECT_WITH_TORCH, json.dumps(INSPECTED))
+    assert done.returncode == 0, done.stderr[-2000:]
+    return {tuple(args): report for args, report in zip(INSPECTED, json.loads(done.stdout), strict=True)}
+
+
 @pytest.mark.parametrize("args", INSPECTED, ids=lambda args: "-".join(Path(arg).name for arg in args))
-def test_inspect_without_torch_reports_what_it_reports_with_torch(python_with_onnx_without_torch, args) -> None:
+def test_inspect_without_torch_reports_what_it_reports_with_torch(
+    python_with_onnx_without_torch, inspected_with_torch, args
+) -> None:
     python, env = python_with_onnx_without_torch
     without = _cli(python, "-m", "ort_torch_train", "inspect", *args, env=env)
     assert without.returncode == 0, without.stderr[-2000:]
-    with_torch = _cli(
-        sys.executable,
-        "-c",
-        "import torch, runpy; runpy.run_module('ort_torch_train', run_name='__main__')",
-        "inspect",
-        *args,
-    )
-    assert with_torch.returncode == 0, with_torch.stderr[-2000:]
-    assert without.stdout == with_torch.stdout
+    with_torch = inspected_with_torch[tuple(args)]
+    assert with_torch["status"] == 0, with_torch
+    assert without.stdout == with_torch["stdout"]
     assert "parameters" in without.stdout
 
 
