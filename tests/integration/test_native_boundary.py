@@ -59,37 +59,67 @@ def native(tmp_path_factory: pytest.TempPathFactory) -> NativeBuild:
     return build_native(tmp_path_factory)
 
 
+# a train step in a child made by fork(); a damaged training model from its path and from its bytes
+FORK_CASES = {"train_step_in_forked_child"}
+BAD_MODEL_CASES = {"bad_model_path", "bad_model_buffer"}
+# each damaged model file the run tries (made by the fixture), the status's first words and what it adds
+BAD_MODELS = (
+    ("truncated.ort", "is a damaged or unreadable ORT-format model (.ort)", "ORT model verification failed."),
+    ("noise.onnx", "is not a readable ONNX model", "nor an ORT-format model (.ort FlatBuffers: no ORTM identifier)"),
+)
+
+
 @pytest.fixture(scope="session")
-def tensors_and_handles(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess:
-    """The boundary program's tensor cases, then its handle cases, in one run (one library start)."""
+def damaged_models(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """A truncated ORT-format training model, and a file of random bytes (as BAD_MODELS names them)."""
+    folder = tmp_path_factory.mktemp("damaged_models")
+    data = (ORT_FORMAT / "training_model.ort").read_bytes()
+    (folder / "truncated.ort").write_bytes(data[: len(data) // 2])
+    noise = np.random.default_rng(52).integers(0, 256, 4096, dtype=np.uint8).tobytes()
+    (folder / "noise.onnx").write_bytes(noise)
+    return [folder / name for name, _, _ in BAD_MODELS]
+
+
+@pytest.fixture(scope="session")
+def boundary_run(tmp_path_factory: pytest.TempPathFactory, damaged_models: list[Path]) -> subprocess.CompletedProcess:
+    """The boundary program's tensor cases, its handle cases, a call in a forked child (the engine on two threads,
+    whose pool the child inherits) and the damaged models, in one run (one library start)."""
     native = build_native(tmp_path_factory)
-    return native.run(native.program(BOUNDARY), str(MLP), "tensors,handles")
+    arguments = [str(MLP), "tensors,handles,fork,badmodel"]
+    for model, (_, first, _) in zip(damaged_models, BAD_MODELS):
+        arguments += [str(model), first]
+    return native.run(native.program(BOUNDARY), *arguments, threads=2, timeout=scaled(240))
+
+
+def case_lines(stdout: str) -> list[tuple[str, int, str]]:
+    """Each refused call the program printed, in order: (case, status code, message)."""
+    found = (line.split(" ", 3) for line in stdout.splitlines() if line.startswith("case "))
+    return [(name, int(code), message) for _, name, code, message in found]
 
 
 def cases(stdout: str) -> dict[str, tuple[int, str]]:
-    found = (line.split(" ", 3) for line in stdout.splitlines() if line.startswith("case "))
-    return {name: (int(code), message) for _, name, code, message in found}
+    return {name: (code, message) for name, code, message in case_lines(stdout)}
 
 
 def test_null_short_and_foreign_tensors_are_refused_at_every_entry_point(
-    tensors_and_handles: subprocess.CompletedProcess,
+    boundary_run: subprocess.CompletedProcess,
 ) -> None:
-    done = tensors_and_handles
+    done = boundary_run
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr  # the program checks the parameters unchanged
     assert done.stdout.splitlines()[-1] == "done"
-    found = {name: case for name, case in cases(done.stdout).items() if name not in HANDLE_CASES}
-    assert set(found) == set(TENSOR_CASES)
+    assert set(cases(done.stdout)) == set(TENSOR_CASES) | HANDLE_CASES | FORK_CASES | BAD_MODEL_CASES
+    found = {name: case for name, case in cases(done.stdout).items() if name in TENSOR_CASES}
     for name, expected in TENSOR_CASES.items():
         assert found[name][0] == 2 and expected in found[name][1], (name, found[name])
     assert "differs run_options_terminate_not_read" in done.stdout  # docs/native.md, "Differences from ONNX Runtime"
 
 
 def test_released_and_unknown_handles_are_statuses_and_double_release_is_ignored(
-    tensors_and_handles: subprocess.CompletedProcess,
+    boundary_run: subprocess.CompletedProcess,
 ) -> None:
-    done = tensors_and_handles
+    done = boundary_run
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr
-    found = {name: case for name, case in cases(done.stdout).items() if name not in TENSOR_CASES}
+    found = {name: case for name, case in cases(done.stdout).items() if name in HANDLE_CASES}
     assert set(found) == HANDLE_CASES and all(code == 2 for code, _ in found.values())
     assert (
         "sess: expected a live OrtTrainingSession, got one that was released" in found["session_step_after_release"][1]
@@ -99,8 +129,9 @@ def test_released_and_unknown_handles_are_statuses_and_double_release_is_ignored
     assert "differs state_released_before_session" in done.stdout  # the session keeps its state alive
 
 
-def test_a_call_in_a_forked_child_is_refused_naming_fork_not_hung(native: NativeBuild) -> None:
-    done = native.run(native.program(BOUNDARY), str(MLP), "fork", threads=2, timeout=scaled(240))
+def test_a_call_in_a_forked_child_is_refused_naming_fork_not_hung(boundary_run: subprocess.CompletedProcess) -> None:
+    """The child refuses the step and exits; the parent, which waited for it, trains on (it checks both)."""
+    done = boundary_run
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr
     code, message = cases(done.stdout)["train_step_in_forked_child"]
     assert code == 1 and "fork()" in message
@@ -115,23 +146,19 @@ def test_calls_after_the_host_finalized_python_are_refused(native: NativeBuild) 
     assert all(code == 1 and "Py_Finalize" in message for code, message in found.values())
 
 
-def test_a_damaged_model_file_is_a_status_naming_it_and_the_formats_tried(native: NativeBuild, tmp_path: Path) -> None:
+def test_a_damaged_model_file_is_a_status_naming_it_and_the_formats_tried(
+    boundary_run: subprocess.CompletedProcess, damaged_models: list[Path]
+) -> None:
     """A truncated ORT-format training model, and a file of random bytes, from a path and from a buffer."""
-    data = (ORT_FORMAT / "training_model.ort").read_bytes()
-    truncated = tmp_path / "truncated.ort"
-    truncated.write_bytes(data[: len(data) // 2])
-    noise = tmp_path / "noise.onnx"
-    noise.write_bytes(np.random.default_rng(52).integers(0, 256, 4096, dtype=np.uint8).tobytes())
-    for model, first, then in (
-        (truncated, "is a damaged or unreadable ORT-format model (.ort)", "ORT model verification failed."),
-        (noise, "is not a readable ONNX model", "nor an ORT-format model (.ort FlatBuffers: no ORTM identifier)"),
-    ):
-        done = native.run(native.program(BOUNDARY), str(MLP), "badmodel", str(model), first)
-        assert done.returncode == 0, done.stdout[-2000:] + done.stderr
-        found = cases(done.stdout)
-        assert set(found) == {"bad_model_path", "bad_model_buffer"}
-        assert str(model) in found["bad_model_path"][1]  # the file is named
-        assert all(then in message for _, message in found.values())
+    done = boundary_run
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr
+    found = [case for case in case_lines(done.stdout) if case[0] in BAD_MODEL_CASES]
+    assert [name for name, _, _ in found] == ["bad_model_path", "bad_model_buffer"] * len(BAD_MODELS)
+    for index, (model, (_, first, then)) in enumerate(zip(damaged_models, BAD_MODELS)):
+        (_, path_code, from_path), (_, buffer_code, from_buffer) = found[2 * index : 2 * index + 2]
+        assert path_code == buffer_code == 1  # ORT_FAIL (the program checks the code and the first words)
+        assert str(model) in from_path  # the file is named
+        assert all(first in message and then in message for message in (from_path, from_buffer))
 
 
 @pytest.mark.slow

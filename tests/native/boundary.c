@@ -4,13 +4,13 @@
  *                                    ORT_INVALID_ARGUMENT and leave the parameters as they were
  *   boundary ARTIFACTS_DIR handles   a released session and state used again and released again
  *   boundary ARTIFACTS_DIR fork      a train step in a child made by fork() after the parent trained
- *   boundary ARTIFACTS_DIR badmodel MODEL TEXT
- *                                    a damaged model file as the training model, from its path and its bytes:
- *                                    refused (ORT_FAIL) with a message holding TEXT
+ *   boundary ARTIFACTS_DIR badmodel MODEL TEXT [MODEL TEXT ...]
+ *                                    each damaged model file as the training model, from its path and its bytes:
+ *                                    refused (ORT_FAIL) with a message holding its TEXT
  *   boundary ARTIFACTS_DIR finalize SITE_DIR
  *                                    a host that embeds Python (SITE_DIR: where its packages are), loads a
  *                                    checkpoint, finalizes Python, calls again
- * (tensors,handles: both, in one process.) Prints "case NAME CODE MESSAGE" for each refused call and "done" at the end; exits 1 on a failed expectation. */
+ * (tensors,handles,fork,badmodel ...: several, in that order, in one process.) Prints "case NAME CODE MESSAGE" for each refused call and "done" at the end; exits 1 on a failed expectation. */
 #include <dlfcn.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -313,7 +313,7 @@ static void bad_model_case(OrtCheckpointState* state, const char* model, const c
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: boundary ARTIFACTS_DIR tensors|handles|fork|badmodel MODEL TEXT|finalize SITE_DIR\n");
+    fprintf(stderr, "usage: boundary ARTIFACTS_DIR tensors,handles,fork,badmodel [MODEL TEXT ...]|finalize SITE_DIR\n");
     return 2;
   }
   g_dir = argv[1];
@@ -334,8 +334,9 @@ int main(int argc, char** argv) {
     parameter_cases(session, state);
   }
   if (strstr(argv[2], "handles") != NULL) handle_cases();
-  if (strcmp(argv[2], "fork") == 0) fork_case(session);
-  if (strcmp(argv[2], "badmodel") == 0 && argc > 4) bad_model_case(state, argv[3], argv[4]);
+  if (strstr(argv[2], "fork") != NULL) fork_case(session);
+  if (strstr(argv[2], "badmodel") != NULL)
+    for (int i = 3; i + 1 < argc; i += 2) bad_model_case(state, argv[i], argv[i + 1]);
   g_api->ReleaseTrainingSession(session);
   g_api->ReleaseCheckpointState(state);
   free(g_before);
