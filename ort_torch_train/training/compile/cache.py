@@ -121,7 +121,7 @@ def load_compile_cache(directory: str | os.PathLike) -> bool:
 
 def save_compile_cache(directory: str | os.PathLike) -> int:
     """Write the steps this process compiled or loaded through a compile cache, and their libraries, into
-    ``directory`` (those it lacks); returns how many steps were written."""
+    ``directory`` (those it lacks or holds refused entries for); returns how many steps were written."""
     steps = process_caches().steps
     if not steps:
         return 0

@@ -4,7 +4,8 @@ A step's entry (``precompiled.py``'s serialized step, keyed by its step key and 
 lists the libraries inductor had built or loaded when it was saved; each library is an entry of its
 own (keyed by its path under inductor's cache dir and ``platform_fingerprint``). Loading a step
 first writes its verified libraries that inductor's cache dir lacks (a new container, a fresh /tmp),
-sparing the g++ builds; a refused library is never written there. Hits, misses and refusals are logged.
+sparing the g++ builds; a refused library is never written there (a later process whose steps use it writes its
+entry again). Hits, misses and refusals are logged.
 """
 
 from __future__ import annotations
@@ -55,12 +56,12 @@ class CompileCache:
         return data
 
     def save_step(self, key: str, data: bytes, what: str, replace: bool = True) -> bool:
-        """Keep the serialized ``what`` under ``key`` and write it (unless it is there and not ``replace``),
-        the libraries not yet saved and the ISA probe's result into the directory; whether the step was
-        written (a failure is logged, never raised: a cache is an optimisation)."""
+        """Keep the serialized ``what`` under ``key`` and write it (unless a verified entry is there and not
+        ``replace``), the libraries not yet saved (or refused) and the ISA probe's result into the directory;
+        whether the step was written (a failure is logged, never raised: a cache is an optimisation)."""
         self.steps[key] = (what, data)
         fingerprint = step_fingerprint()
-        if not replace and self.store.contains("step", key, fingerprint):
+        if not replace and self._holds_verified("step", key, fingerprint):
             return False
         try:
             libraries = self.save_libraries()
@@ -91,12 +92,13 @@ class CompileCache:
             log.warning("compile cache: could not save the fallback %s in %s (%s)", key[:12], self.store, error)
 
     def save_libraries(self) -> list[str]:
-        """Write the libraries of this process's steps that the directory lacks; returns all their names."""
+        """Write the libraries of this process's steps that the directory lacks or holds refused entries for
+        (damaged, not this user's); returns all their names."""
         fingerprint = platform_fingerprint()
         root = Path(inductor_cache_dir())
         paths = compiled_library_paths()
         for name, path in paths.items():
-            if not self.store.contains("library", name, fingerprint):
+            if not self._holds_verified("library", name, fingerprint):
                 data = read_own_file(root, path)  # only what this user wrote where no one else can write
                 if data is not None:
                     self.store.write("library", name, fingerprint, data)
@@ -138,13 +140,8 @@ class CompileCache:
         """Write inductor's vector-ISA probe result (x86 only) if the directory lacks it or holds an entry
         for it that is refused (damaged, not this user's)."""
         fingerprint = platform_fingerprint()
-        if not _is_x86():
+        if not _is_x86() or self._holds_verified("isa", "probe", fingerprint):
             return
-        try:
-            if self.store.read("isa", "probe", fingerprint) is not None:
-                return
-        except RefusedEntry:
-            pass  # written again below
         probe = [_reported_isas(), [str(isa) for isa in inductor_module("cpu_vec_isa").valid_vec_isa_list()]]
         self.store.write("isa", "probe", fingerprint, json.dumps(probe).encode())
 
@@ -164,6 +161,13 @@ class CompileCache:
         if reported == working == _reported_isas():
             trust_vector_isas()
             log.info("compile cache: vector ISAs %s probed by a former process; not probing again", working)
+
+    def _holds_verified(self, kind: str, key: str, fingerprint: str) -> bool:
+        """Whether the directory holds the entry and it passes its checks (a refused one is written again)."""
+        try:
+            return self.store.read(kind, key, fingerprint) is not None
+        except RefusedEntry:
+            return False
 
 
 def _library_target(root: Path, name: object) -> Path | None:

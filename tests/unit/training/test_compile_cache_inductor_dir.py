@@ -70,3 +70,21 @@ def test_a_damaged_vector_isa_probe_entry_is_written_again(tmp_path, monkeypatch
     header, payload = store.read("isa", "probe", platform_fingerprint())
     reported, working = json.loads(payload)
     assert header["kind"] == "isa" and isinstance(reported, list) and isinstance(working, list)
+
+
+def test_a_damaged_library_entry_is_written_again(tmp_path, monkeypatch):
+    inductor = tmp_path / "inductor"
+    inductor.mkdir(mode=0o700)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(inductor))
+    store = CacheStore(tmp_path / "cache")
+    name = plant_probe_library(inductor)
+    CompileCache(store).save_libraries()
+    path = store.path_of("library", name, platform_fingerprint())
+    data = bytearray(path.read_bytes())
+    data[-2] ^= 0x01  # a flipped bit in the payload: the signature fails
+    path.write_bytes(bytes(data))
+    with pytest.raises(RefusedEntry, match="fails its signature"):
+        store.read("library", name, platform_fingerprint())
+
+    CompileCache(store).save_libraries()
+    assert store.read("library", name, platform_fingerprint())[1] == b"\x7fELF planted"  # type: ignore[index]
