@@ -11,10 +11,13 @@ functions here: an eager training process never loads them (their import cost: d
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import importlib
 import inspect
-from collections.abc import Callable, Iterable
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -236,8 +239,40 @@ def custom_graph_pass(name: str, apply: Callable[[torch.fx.Graph], None], uuid: 
 
 
 def aot_compile(compiled: Any, args: tuple) -> Any:
-    """``compiled`` (a torch.compile'd function) compiled ahead for the positional ``args``."""
-    return compiled.aot_compile((args, {}))
+    """``compiled`` (a torch.compile'd function) compiled ahead for the positional ``args``, its graphs
+    looked up in and saved to AOTAutograd's cache (inductor's cache directory) by their content alone."""
+    with _AUTOGRAD_KEYS_LOCK, _autograd_cache_keys_without_backend_id():
+        return compiled.aot_compile((args, {}))
+
+
+_AUTOGRAD_KEYS_LOCK = threading.RLock()  # the key function is swapped on the class: one compile at a time
+
+
+@contextlib.contextmanager
+def _autograd_cache_keys_without_backend_id() -> Iterator[None]:
+    """AOTAutogradCache's keys leave out a graph's precompile backend id while this runs.
+
+    Torch keys a precompiled graph by its backend id too, a fresh uuid for every graph, so such a graph
+    never hits the cache it is saved to, though a hit is handled (the entry is recorded under the new
+    id). With one id for all (precompiled graphs keep keys apart from torch.compile's others), a graph
+    compiled before, by another process or another step alike, loads."""
+    autograd_cache = importlib.import_module("torch._functorch._aot_autograd.autograd_cache")
+    pickler: type = getattr(autograd_cache, "AOTAutogradCachePickler", object)
+    reduce_config = getattr(pickler, "_reduce_aot_config", None)
+    if reduce_config is None:  # another torch's internals: its own keys
+        yield
+        return
+
+    def reduce_without_backend_id(self: Any, aot_config: Any) -> Any:
+        if getattr(aot_config, "precompile_backend_id", None) is not None:
+            aot_config = dataclasses.replace(aot_config, precompile_backend_id="precompiled")
+        return reduce_config(self, aot_config)
+
+    pickler._reduce_aot_config = reduce_without_backend_id  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        pickler._reduce_aot_config = reduce_config  # type: ignore[attr-defined]
 
 
 def serialize_aot_compiled(compiled: Any, external: dict[str, object]) -> bytes:
