@@ -5,7 +5,7 @@ scenarios joined by "," run in turn in one launch, each ``<run>:<sharding>[:<opt
 "zero2" or "zero3", "none" for one process on the whole batches; an option of ``OPTIONS``: recompute, bf16 /
 fp16 mixed precision, or compiled steps, with recompute or without):
 each rank trains on its share of every batch and writes ``<scenario>_rank<r>.npz`` (the losses, the final
-whole parameters, the last step's whole gradients, the eval loss, the graphs Dynamo traced by each step's end) and rank 0 the checkpoint ``<scenario>.ckpt``. ``resume:<sharding>``
+whole parameters, the last step's whole gradients, the eval loss, the graphs Dynamo traced in the scenario by each step's end) and rank 0 the checkpoint ``<scenario>.ckpt``. ``resume:<sharding>``
 loads the ``mlp`` run's checkpoint saved after 3 steps and trains the rest. ``legacy:<stage>``: the legacy
 session with ``deepspeed_zero_stage`` 2 or 3 (``distributed_worker.legacy_train``; ``legacy:<stage>:fp16``
 with ``use_mixed_precision``, ``legacy:<stage>:<recompute>`` with ``recompute`` of ``legacy_train``,
@@ -101,6 +101,7 @@ def train(scenario: str, rank: int, world_size: int, out: Path) -> dict[str, np.
     fixture = out / fixture if run == TIED_LM else fixture
     artifacts = fixture / "artifacts"
     state = CheckpointState.load_checkpoint(out / "mlp:none.at3.ckpt" if resume else artifacts / "checkpoint")
+    traced_before = compile_counters()["stats"]["unique_graphs"]  # the scenarios run before it in this process
     module = Module(
         artifacts / "training_model.onnx",
         state,
@@ -115,7 +116,7 @@ def train(scenario: str, rank: int, world_size: int, out: Path) -> dict[str, np.
         whole_buffers = contiguous_round_trip(module)
     scheduler = LinearLRScheduler(optimizer, WARMUP, STEPS, PEAK_LEARNING_RATE)
     losses: list[float] = []
-    graphs: list[int] = []  # the graphs Dynamo traced by the end of each step
+    graphs: list[int] = []  # the graphs Dynamo traced in this scenario by the end of each step
     saved = 0, 0, 0  # one process's compiled run is not counted: the one-graph step refuses saved-tensor hooks
     if sharding != "none" or "compile" not in OPTIONS[option[0] if option else ""]:
         saved = saved_for_backward(lambda: module(*part(batches(fixture, 0), rank, world_size)))
@@ -136,7 +137,7 @@ def train(scenario: str, rank: int, world_size: int, out: Path) -> dict[str, np.
         module.lazy_reset_grad()
         scheduler.step()
         losses.append(float(np.asarray(loss).reshape(-1)[0]))
-        graphs.append(compile_counters()["stats"]["unique_graphs"])
+        graphs.append(compile_counters()["stats"]["unique_graphs"] - traced_before)
         if step == 2 and not resume:
             CheckpointState.save_checkpoint(state, out / f"{scenario}.at3.ckpt", include_optimizer_state=True)
     CheckpointState.save_checkpoint(state, out / f"{scenario}.ckpt", include_optimizer_state=True)
