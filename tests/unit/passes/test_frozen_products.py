@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 import textwrap
 from collections import Counter
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -50,30 +51,47 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", CASES)
-@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.compile)], ids=["eager", "compiled"])
-def test_a_frozen_product_has_the_plain_upcast_products_values_and_gradients(name: str, compiled: bool) -> None:
-    kind, transposed, alpha, beta, x_shape, bias_shape, plain = CASES[name]
+def _case_inputs(name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The case's x and bias (a zero scalar for a case without one), seeded."""
+    _, _, _, _, x_shape, bias_shape, _ = CASES[name]
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(x_shape, generator=generator)
-    bias = torch.randn(bias_shape, generator=generator) if bias_shape else torch.zeros(())
+    return x, torch.randn(bias_shape, generator=generator) if bias_shape else torch.zeros(())
 
-    def ours(x, b):
+
+def _product_and_gradients(name: str, upcast_plainly: bool) -> Callable[..., tuple[torch.Tensor, ...]]:
+    """(x, bias) -> the case's product and the gradients of its squares' sum with respect to x and bias:
+    of ``frozen_product``, or (``upcast_plainly``) of the plain product of the float32 weight."""
+    kind, transposed, alpha, beta, _, bias_shape, plain = CASES[name]
+
+    def product(x, b):
+        if upcast_plainly:
+            return plain(x, WEIGHT.float(), b if bias_shape else None)
         return frozen_product(x, WEIGHT, b if bias_shape else None, kind, transposed, alpha, beta)
 
-    def reference(x, b):
-        return plain(x, WEIGHT.float(), b if bias_shape else None)
+    gradients = torch.func.grad(lambda x, b: (product(x, b).square()).sum(), argnums=(0, 1))
+    return lambda x, b: (product(x, b), *gradients(x, b))
 
-    def gradients(function):
-        return torch.func.grad(lambda x, b: (function(x, b).square()).sum(), argnums=(0, 1))
 
-    expected = (reference(x, bias), *gradients(reference)(x, bias))
-    step = (lambda x, b: (ours(x, b), *gradients(ours)(x, b))) if not compiled else None
-    if compiled:
-        torch._dynamo.reset()
-        step = torch.compile(lambda x, b: (ours(x, b), *gradients(ours)(x, b)), fullgraph=True)
-    for got, want in zip(step(x, bias), expected, strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+def _assert_as_the_plain_product(name: str, got: tuple[torch.Tensor, ...]) -> None:
+    expected = _product_and_gradients(name, upcast_plainly=True)(*_case_inputs(name))
+    for value, want in zip(got, expected, strict=True):
+        torch.testing.assert_close(value, want, rtol=1e-6, atol=1e-6, msg=lambda m: f"case {name!r}: {m}")
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_a_frozen_product_has_the_plain_upcast_products_values_and_gradients(name: str) -> None:
+    _assert_as_the_plain_product(name, _product_and_gradients(name, upcast_plainly=False)(*_case_inputs(name)))
+
+
+@pytest.mark.compile
+def test_compiled_frozen_products_have_the_plain_upcast_products_values_and_gradients() -> None:
+    """Every case's product and gradients, compiled together in one full graph (one compilation)."""
+    steps = {name: _product_and_gradients(name, upcast_plainly=False) for name in CASES}
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda inputs: {name: steps[name](*inputs[name]) for name in CASES}, fullgraph=True)
+    for name, got in compiled({name: _case_inputs(name) for name in CASES}).items():
+        _assert_as_the_plain_product(name, got)
 
 
 def test_only_products_of_inputs_converted_as_frozen_are_rewritten() -> None:

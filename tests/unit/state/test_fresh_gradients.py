@@ -39,18 +39,26 @@ def _grads(module: Module) -> list[torch.Tensor]:
 
 @pytest.mark.compile
 def test_one_graph_steps_leave_their_gradients_in_the_same_tensors(mlp_case, every_buffer_afresh):
+    """The ``.grad`` tensors, a torch view and a numpy view of a gradient taken after the first step show
+    each later step's gradients, as eager training gives them; every step is the same one graph."""
     torch._dynamo.reset()
     counters.clear()
-    eager, eager_optimizer = _trained(mlp_case, compile=False)
-    compiled, compiled_optimizer = _trained(mlp_case, compile=True)
+    states = {compile: mlp_case.load_state() for compile in (False, True)}
+    eager, eager_optimizer = _trained(mlp_case, compile=False, state=states[False])
+    compiled, compiled_optimizer = _trained(mlp_case, compile=True, state=states[True])
+    name = compiled.trainable_parameter_names[0]
     compiled.step(compiled_optimizer, *mlp_case.train_inputs(0))
     tensors, flat = _grads(compiled), compiled.training_state.flat
     assert flat is not None
     view = tensors[0][:1]  # taken before a step: shows the gradients of each step after it, as before
     eager.step(eager_optimizer, *mlp_case.train_inputs(0))
+    numpy_views = {compile: states[compile].parameters[name].grad for compile in (False, True)}  # zero-copy
+    np.testing.assert_allclose(numpy_views[True], numpy_views[False], rtol=1e-5, atol=1e-6)
     for step in (1, 2):
         eager.step(eager_optimizer, *mlp_case.train_inputs(step))
         compiled.step(compiled_optimizer, *mlp_case.train_inputs(step))
+        np.testing.assert_allclose(numpy_views[True], numpy_views[False], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(numpy_views[True], states[True].parameters[name].grad)
     assert _grads(compiled) == tensors and all(a is b for a, b in zip(_grads(compiled), tensors))
     assert compiled.training_state.flat is flat and flat.still_behind(gradients=True)
     for grad in tensors:
@@ -62,20 +70,6 @@ def test_one_graph_steps_leave_their_gradients_in_the_same_tensors(mlp_case, eve
         compiled.get_contiguous_parameters().numpy(), eager.get_contiguous_parameters().numpy(), rtol=0, atol=1e-5
     )
     assert counters["stats"]["unique_graphs"] == 1  # every step overwrote the gradients: one graph
-
-
-@pytest.mark.compile
-def test_a_numpy_view_of_a_gradient_held_across_steps_shows_each_steps_gradient(mlp_case, every_buffer_afresh):
-    states = {compile: mlp_case.load_state() for compile in (False, True)}
-    modules = {compile: _trained(mlp_case, compile, states[compile]) for compile in (False, True)}
-    name = modules[True][0].trainable_parameter_names[0]
-    views = {}
-    for step in range(3):
-        for compile, (module, optimizer) in modules.items():
-            module.step(optimizer, *mlp_case.train_inputs(step))
-            views.setdefault(compile, states[compile].parameters[name].grad)  # numpy, zero-copy
-        np.testing.assert_allclose(views[True], views[False], rtol=1e-5, atol=1e-6)
-    np.testing.assert_array_equal(views[True], states[True].parameters[name].grad)
 
 
 def test_parameter_grad_waits_for_a_step_in_another_thread(mlp_case):
