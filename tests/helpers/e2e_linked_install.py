@@ -1,10 +1,12 @@
 """Puts distributions installed in this interpreter into a fresh venv the way pip leaves them (their
-RECORD's files under site-packages, dist-info included, and their console scripts), as hard links: pip in
-that venv sees them installed, and a pip that replaced one would unlink its links, never the files here."""
+RECORD's files under site-packages, dist-info included, the bytecode of those already imported here, and
+their console scripts), as hard links: pip in that venv sees them installed, and a pip that replaced one
+would unlink its links, never the files here."""
 
 from __future__ import annotations
 
 import importlib.metadata as metadata
+import importlib.util
 import os
 import shutil
 import sys
@@ -56,17 +58,26 @@ def link_distributions(venv: Path, names: list[str]) -> list[str]:
             source = Path(str(distribution.locate_file(record)))
             if not source.is_file():  # a bytecode file RECORD lists that this install never wrote
                 continue
-            target = site / record
-            target.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.link(source, target)
-            except OSError:  # another file system: a copy
-                shutil.copy2(source, target)
+            _link(source, site / record)
+            if source.suffix == ".py":  # its bytecode, as pip's default install writes it (valid: same mtime)
+                cached = Path(importlib.util.cache_from_source(str(source)))
+                if cached.is_file():
+                    _link(cached, site / record.parent / cached.parent.name / cached.name)
         for entry in distribution.entry_points.select(group="console_scripts"):
             script = venv / "bin" / entry.name
             script.write_text(_CONSOLE_SCRIPT.format(python=venv / "bin" / "python", **_target(entry.value)))
             script.chmod(0o755)
     return [str(distribution.metadata["Name"]) for distribution in distributions]
+
+
+def _link(source: Path, target: Path) -> None:
+    if target.exists():  # bytecode RECORD lists too (pip's own), linked with its source already
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, target)
+    except OSError:  # another file system: a copy
+        shutil.copy2(source, target)
 
 
 def _target(value: str) -> dict[str, str]:
