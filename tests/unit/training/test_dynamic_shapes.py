@@ -344,35 +344,35 @@ _CACHED_TRAINING = """
 import logging, sys
 import numpy as np
 from ort_torch_train.api import CheckpointState, Module, Optimizer
-from ort_torch_train.training.compile.cache import load_compile_cache
+from ort_torch_train.training.compile.cache import load_compile_cache, save_compile_cache
 logging.basicConfig(level=logging.INFO)
-directory, cache = sys.argv[1], sys.argv[2]
-assert load_compile_cache(cache)
+directory, cache, rows, length = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+load_compile_cache(cache)
 state = CheckpointState.load_checkpoint(directory + "/checkpoint")
 module = Module(directory + "/training_model.onnx", state, compile=True)
 optimizer = Optimizer(directory + "/optimizer_model.onnx", module)
 rng = np.random.default_rng(0)
-print(float(module.step(optimizer, rng.integers(0, 16, (37, 12)), rng.integers(0, 3, 37))))
+print(float(module.step(optimizer, rng.integers(0, 16, (rows, length)), rng.integers(0, 3, rows))))
+save_compile_cache(cache)
 """
 
 
 @pytest.mark.compile
 @pytest.mark.slow
-def test_a_saved_dynamic_step_loads_in_a_process_whose_first_batch_has_other_sizes(artifacts, tmp_path, caplog):
-    """This process compiles the step at one batch size and length and saves it; a new process whose
-    first batch has other sizes loads it instead of compiling."""
+def test_a_saved_dynamic_step_loads_in_a_process_whose_first_batch_has_other_sizes(artifacts, tmp_path):
     directory, positions = artifacts
     if positions:
         pytest.skip("one model is enough")
     cache = tmp_path / "compile.cache"
-    caplog.set_level(logging.INFO, logger="ort_torch_train")
-    module, optimizer = _trainer(directory, compile=True, compile_cache=cache)
-    module.step(optimizer, *_batches([(64, 8)])[0])
-    assert "loaded the saved train step" not in caplog.text
-    command = [sys.executable, "-c", _CACHED_TRAINING, str(directory), str(cache)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=scaled(600))
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "loaded the saved train step" in result.stderr
+
+    def train(rows: int, length: int) -> str:
+        command = [sys.executable, "-c", _CACHED_TRAINING, str(directory), str(cache), str(rows), str(length)]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=scaled(600))
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stderr
+
+    assert "loaded the saved train step" not in train(64, 8)
+    assert "loaded the saved train step" in train(37, 12)
 
 
 def test_a_dynamic_step_is_keyed_without_its_dynamic_sizes(artifacts):
