@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -20,11 +21,10 @@ from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.training.options import EngineOptions
 from ort_torch_train.training.recompute_patterns import RecomputePlan
 from tests.helpers import sharding_worker
-from tests.helpers.dist_grouped_launch import grouped_launch
+from tests.helpers.dist_grouped_launch import GroupedLaunch, grouped_launch
 from tests.helpers.distributed_worker import MLP, legacy_train
 from tests.helpers.timeouts import scaled
 from tests.integration.test_distributed import launch as launch_ranks
-from tests.integration.test_distributed import require_success
 from tests.integration.test_distributed_launch import torchrun
 from tests.unit.cli.test_cli import run_cli
 
@@ -61,71 +61,51 @@ TWO_RANKS = (
 FOUR_RANKS = ("mlp:zero3",)
 
 
-def launched(tmp_path_factory: pytest.TempPathFactory, scenario: str) -> tuple[Path, int]:
-    """The folder holding ``scenario``'s results and its world size: the run's one set of one-process runs and
-    its one launch of each world size ran every scenario above (see ``dist_grouped_launch``); the test fails
-    when ``scenario`` failed."""
-    world_size = 4 if scenario in FOUR_RANKS else 2
+def sharding_launch(
+    tmp_path_factory: pytest.TempPathFactory,
+    name: str,
+    one_process: tuple[str, ...],
+    scenarios: tuple[str, ...],
+    world_size: int,
+    prepare: Callable[[Path], None] | None = None,
+) -> GroupedLaunch:
+    """``sharding_worker``'s ``one_process`` scenarios ("<run>:none[:<option>]") in this process, then its
+    ``scenarios`` in one launch of ``world_size`` ranks, once per test run under the shared folder ``name``
+    (see ``dist_grouped_launch``)."""
 
-    def launch(scenarios: list[str], out: Path) -> list[subprocess.CompletedProcess]:
+    def launch(launched: list[str], out: Path) -> list[subprocess.CompletedProcess]:
         return launch_ranks(
-            ",".join(scenarios),
+            ",".join(launched),
             out,
-            scaled(120 * len(scenarios)),
+            scaled(120 * len(launched)),
             worker_module=sharding_worker.__name__,
             world_size=world_size,
         )
 
     def in_process(scenario: str, out: Path) -> bool:
-        if scenario not in ONE_PROCESS:
+        if scenario not in one_process:
             return False
         np.savez(out / f"{scenario}_rank0.npz", **sharding_worker.train(scenario, 0, 1, out))
         return True
 
-    if world_size == 4:
-        group = grouped_launch(tmp_path_factory, "fully_sharded_4_ranks", FOUR_RANKS, 4, launch)
-    else:
-        group = grouped_launch(
-            tmp_path_factory,
-            "fully_sharded_2_ranks",
-            ONE_PROCESS + TWO_RANKS,
-            2,
-            launch,
-            in_process,
-            prepare=sharding_worker.make_tied_lm,
-        )
-    return group.folder(scenario), 1 if scenario in ONE_PROCESS else world_size
+    return grouped_launch(tmp_path_factory, name, one_process + scenarios, world_size, launch, in_process, prepare)
+
+
+def launched(tmp_path_factory: pytest.TempPathFactory, scenario: str) -> tuple[Path, int]:
+    """The folder holding ``scenario``'s results and its world size: the run's one set of one-process runs and
+    its one launch of each world size ran every scenario above; the test fails when ``scenario`` failed."""
+    if scenario in FOUR_RANKS:
+        return sharding_launch(tmp_path_factory, "fully_sharded_4_ranks", (), FOUR_RANKS, 4).folder(scenario), 4
+    group = sharding_launch(
+        tmp_path_factory, "fully_sharded_2_ranks", ONE_PROCESS, TWO_RANKS, 2, prepare=sharding_worker.make_tied_lm
+    )
+    return group.folder(scenario), 1 if scenario in ONE_PROCESS else 2
 
 
 def shared_run(tmp_path_factory: pytest.TempPathFactory, scenario: str) -> list[dict[str, np.ndarray]]:
     """Each rank's results of ``scenario`` of the run's shared launches (one process: "<run>:none[:<option>]")."""
     out, world_size = launched(tmp_path_factory, scenario)
     return [dict(np.load(out / f"{scenario}_rank{rank}.npz")) for rank in range(world_size)]
-
-
-def run(scenario: str, out: Path, world_size: int) -> list[dict[str, np.ndarray]]:
-    """The scenario on ``world_size`` ranks (one process, in this one, for "<run>:none[:<option>]"); each rank's
-    results."""
-    if scenario.split(":")[1] == "none":
-        np.savez(out / f"{scenario}_rank0.npz", **sharding_worker.train(scenario, 0, 1, out))
-        return [dict(np.load(out / f"{scenario}_rank0.npz"))]
-    return run_in_one_launch([scenario], out, world_size)[scenario]
-
-
-def run_in_one_launch(scenarios: list[str], out: Path, world_size: int) -> dict[str, list[dict[str, np.ndarray]]]:
-    """The sharded ``scenarios`` in turn in one launch of ``world_size`` ranks; each rank's results of each."""
-    launched = launch_ranks(
-        ",".join(scenarios),
-        out,
-        scaled(120 * len(scenarios)),
-        worker_module=sharding_worker.__name__,
-        world_size=world_size,
-    )
-    require_success(launched)
-    return {
-        scenario: [dict(np.load(out / f"{scenario}_rank{rank}.npz")) for rank in range(world_size)]
-        for scenario in scenarios
-    }
 
 
 def assert_matches_one_process(single: dict[str, np.ndarray], ranks: list[dict[str, np.ndarray]]) -> None:

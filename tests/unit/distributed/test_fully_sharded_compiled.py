@@ -7,7 +7,6 @@ shared by its tests, and each one-process reference once, in the test process (`
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -16,17 +15,15 @@ import torch
 
 from ort_torch_train.training.options import EngineOptions
 from tests.helpers import sharding_worker
-from tests.helpers.dist_grouped_launch import grouped_launch
 from tests.helpers.distributed_worker import legacy_train
 from tests.helpers.legacy_bert import Bert, export_bert, sharded_layers_train
-from tests.helpers.timeouts import scaled
-from tests.integration.test_distributed import launch as launch_ranks
 from tests.unit.distributed.test_fully_sharded import (
     LOSS_TOLERANCE,
     PARAMETER_TOLERANCE,
     assert_checkpoint_is_one_process_save,
     assert_cli_sharded_trains_like_one_process,
     assert_matches_one_process,
+    sharding_launch,
 )
 
 COMPILED = "compile"  # sharding_worker.OPTIONS: aot_eager, whose graphs Dynamo counts as inductor's
@@ -61,27 +58,9 @@ def export_legacy_bert(out: Path) -> None:
 
 def launched(tmp_path_factory: pytest.TempPathFactory, scenario: str) -> Path:
     """The folder holding ``scenario``'s results: the run's one set of one-process runs and its one launch of
-    2 ranks ran every scenario above (see ``dist_grouped_launch``); the test fails when ``scenario`` failed."""
-
-    def launch(scenarios: list[str], out: Path) -> list[subprocess.CompletedProcess]:
-        return launch_ranks(
-            ",".join(scenarios), out, scaled(120 * len(scenarios)), worker_module=sharding_worker.__name__
-        )
-
-    def in_process(scenario: str, out: Path) -> bool:
-        if scenario not in ONE_PROCESS:
-            return False
-        np.savez(out / f"{scenario}_rank0.npz", **sharding_worker.train(scenario, 0, 1, out))
-        return True
-
-    group = grouped_launch(
-        tmp_path_factory,
-        "fully_sharded_compiled_2_ranks",
-        ONE_PROCESS + TWO_RANKS,
-        2,
-        launch,
-        in_process,
-        prepare=export_legacy_bert,
+    2 ranks ran every scenario above; the test fails when ``scenario`` failed."""
+    group = sharding_launch(
+        tmp_path_factory, "fully_sharded_compiled_2_ranks", ONE_PROCESS, TWO_RANKS, 2, prepare=export_legacy_bert
     )
     return group.folder(scenario)
 
