@@ -102,10 +102,15 @@ def launched(tmp_path_factory: pytest.TempPathFactory, scenario: str) -> tuple[P
     return group.folder(scenario), 1 if scenario in ONE_PROCESS else 2
 
 
+def rank_results(out: Path, scenario: str, world_size: int) -> list[dict[str, np.ndarray]]:
+    """Each of ``world_size`` ranks' results of ``scenario``, saved under ``out``."""
+    return [dict(np.load(out / f"{scenario}_rank{rank}.npz")) for rank in range(world_size)]
+
+
 def shared_run(tmp_path_factory: pytest.TempPathFactory, scenario: str) -> list[dict[str, np.ndarray]]:
     """Each rank's results of ``scenario`` of the run's shared launches (one process: "<run>:none[:<option>]")."""
     out, world_size = launched(tmp_path_factory, scenario)
-    return [dict(np.load(out / f"{scenario}_rank{rank}.npz")) for rank in range(world_size)]
+    return rank_results(out, scenario, world_size)
 
 
 def assert_matches_one_process(single: dict[str, np.ndarray], ranks: list[dict[str, np.ndarray]]) -> None:

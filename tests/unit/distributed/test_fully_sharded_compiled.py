@@ -23,6 +23,7 @@ from tests.unit.distributed.test_fully_sharded import (
     assert_checkpoint_is_one_process_save,
     assert_cli_sharded_trains_like_one_process,
     assert_matches_one_process,
+    rank_results,
     sharding_launch,
 )
 
@@ -67,9 +68,7 @@ def launched(tmp_path_factory: pytest.TempPathFactory, scenario: str) -> Path:
 
 def shared_run(tmp_path_factory: pytest.TempPathFactory, scenario: str) -> list[dict[str, np.ndarray]]:
     """Each rank's results of ``scenario`` of the run's shared launch (one process: "<run>:none[:<option>]")."""
-    out = launched(tmp_path_factory, scenario)
-    world_size = 1 if scenario in ONE_PROCESS else 2
-    return [dict(np.load(out / f"{scenario}_rank{rank}.npz")) for rank in range(world_size)]
+    return rank_results(launched(tmp_path_factory, scenario), scenario, 1 if scenario in ONE_PROCESS else 2)
 
 
 def assert_compiled_once(ranks: list[dict[str, np.ndarray]]) -> None:
