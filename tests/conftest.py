@@ -17,13 +17,6 @@ module-scoped fixture would then be built again each time its file comes back.
 from __future__ import annotations
 
 import os
-
-# before torch loads OpenMP, which reads it then, here and in every process the suite starts: OpenMP's
-# threads sleep at a barrier instead of spinning, which on the suite's two busy cores takes CPU from the
-# other pytest worker and from ranks and compilers (an idle machine's small steps run faster spinning:
-# docs/performance.md, "Threads on a shared machine"; the suite measures CPU, not those steps)
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 from collections.abc import Iterator
 from pathlib import Path
 
