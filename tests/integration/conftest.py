@@ -11,7 +11,6 @@ from types import ModuleType
 import pytest
 
 from tests.helpers.paths import EXAMPLES
-from tests.helpers.shared_builds import shared_root
 
 
 @pytest.fixture
@@ -47,13 +46,3 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     if os.environ.get("PYTEST_XDIST_WORKER"):  # the workers' temp folders share this session's parent
         root = root.parent
     return built_models(root / "genai-models", GENAI_MODELS)
-
-
-@pytest.fixture(scope="session")
-def snippet_compile_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One inductor cache dir for every docs page's program of this run, in every xdist worker
-    (test_docs.py, test_docs_pasted.py): the pages compile the same small model, whose kernels are
-    built by the first program that compiles it."""
-    folder = shared_root(tmp_path_factory) / "docs-inductor"
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder

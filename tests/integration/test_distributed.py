@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +19,7 @@ from tests.helpers import distributed_worker as worker
 from tests.helpers.ort_peer import requires_ort, run_ort
 from tests.helpers.paths import ROOT
 from tests.helpers.ports import free_port
+from tests.helpers.rank_processes import run_ranks
 from tests.helpers.timeouts import scaled
 
 WORLD_SIZE = 2
@@ -35,49 +34,31 @@ def launch(
     worker_module: str = worker.__name__,
     world_size: int = WORLD_SIZE,
 ) -> list[subprocess.CompletedProcess]:
-    """Run ``worker_module`` on ``world_size`` ranks, with torchrun's environment or (``mpi``) mpirun's;
-    fail (after killing them all) when one is stuck past ``timeout``."""
+    """Run ``worker_module`` on ``world_size`` ranks (``rank_processes.run_ranks``), with torchrun's environment
+    or (``mpi``) mpirun's; fail (after killing them all) when one is stuck past ``timeout``."""
     port = free_port()
-    procs = []
+    environ = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    environments = []
     for rank in range(world_size):
         ranks = (
             {"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(world_size)}
             if mpi
             else {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank)}
         )
-        environ = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-        env = {
-            **environ,
-            **ranks,
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "OMP_NUM_THREADS": "1",
-            "ORT_TORCH_TRAIN_THREADS": "1",
-        }
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", worker_module, scenario, str(out)],
-                env=env,
-                cwd=ROOT,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                start_new_session=True,
-            )
+        environments.append(
+            {
+                **environ,
+                **ranks,
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "OMP_NUM_THREADS": "1",
+                "ORT_TORCH_TRAIN_THREADS": "1",
+            }
         )
-    results = []
     try:
-        for proc in procs:
-            stdout, stderr = proc.communicate(timeout=timeout)
-            results.append(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr))
+        return run_ranks(worker_module, [scenario, str(out)], environments, ROOT, timeout)
     except subprocess.TimeoutExpired:
         pytest.fail(f"distributed scenario {scenario!r}: a rank did not finish within {timeout} s")
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    return results
 
 
 def require_success(results: list[subprocess.CompletedProcess]) -> None:

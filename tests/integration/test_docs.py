@@ -135,10 +135,10 @@ def snippet_pages() -> list:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("page", snippet_pages())
-def test_page_snippets_run_chained(page: Path, tmp_path: Path, snippet_compile_cache: Path) -> None:
+def test_page_snippets_run_chained(page: Path, tmp_path: Path) -> None:
     """Every ```python block of the page runs, the page's blocks as one program in order, in an empty
     directory; blocks marked ``<!-- snippet: skip (reason) -->`` are left out (tests/helpers/doc_snippets.py).
-    The pages share one inductor cache with test_docs_pasted.py's runs: they compile the same small model."""
+    The pages compile into the suite's inductor cache, as a reader's programs use the default one."""
     blocks = doc_snippets.page_blocks(page)
     result = subprocess.run(
         [sys.executable, "-c", doc_snippets.RUNNER],
@@ -147,7 +147,7 @@ def test_page_snippets_run_chained(page: Path, tmp_path: Path, snippet_compile_c
         text=True,
         timeout=scaled(600),
         cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "TORCHINDUCTOR_CACHE_DIR": str(snippet_compile_cache)},
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert result.returncode == 0, result.stderr[-4000:] or result.stdout[-4000:]
 

@@ -47,17 +47,12 @@ def digest(folder: Path) -> dict[str, str]:
 
 @pytest.mark.slow
 @pytest.mark.compile  # the README's and scaling.md's compiled steps
-def test_pages_pasted_in_order_into_one_empty_folder(tmp_path: Path, snippet_compile_cache: Path) -> None:
-    """The pages' programs share one inductor cache (outside the reader's folder) with test_docs.py's runs:
-    they compile the same small model."""
+def test_pages_pasted_in_order_into_one_empty_folder(tmp_path: Path) -> None:
+    """The pages' programs compile into the suite's inductor cache (outside the reader's folder), as a
+    reader's programs use the default one."""
     folder = tmp_path / "reader"
     folder.mkdir()
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "TORCHINDUCTOR_CACHE_DIR": str(snippet_compile_cache),
-        "PYTHONWARNINGS": "default",
-    }
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "default"}
     pages = reading_order()
     loop = ROOT / "docs" / "training-loop.md"
     readme_artifacts: dict[str, str] | None = None
