@@ -1,11 +1,12 @@
-"""Atomic file writes (a temp file in the target's directory, flushed, fsynced, renamed) that stay in the
-folder named, bounded reads of regular files, and a lock serialising the writers of one file across
+"""Atomic file and folder writes (a temp file or folder in the target's directory, flushed, fsynced, renamed) that
+stay in the folder named, bounded reads of regular files, and a lock serialising the writers of one file across
 processes."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import stat
 import tempfile
 import threading
@@ -188,6 +189,38 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes | bytearray | memory
     atomic_write(path, lambda f: f.write(data))
 
 
+def atomic_folder(path: str | os.PathLike, fill: Callable[[Path], object]) -> None:
+    """Call ``fill(folder)`` on a new temp folder beside ``path``, fsync what it wrote, then put it at ``path`` in
+    place of the folder there, if any (moved aside, then removed). A failure while filling leaves ``path`` untouched.
+    A path naming a file or a symbolic link is refused, and so is a path leading out of its folder (``path_inside``).
+    """
+    given = Path(path)
+    directory = given.parent if str(given.parent) else Path(".")
+    target = path_inside(directory, given.name, "output folder")
+    if target.is_symlink() or (target.exists() and not target.is_dir()):
+        raise SpecialFileError(f"output folder {os.fspath(target)!r}: expected a folder or nothing, got a file or link")
+    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory))
+    try:
+        os.chmod(scratch, 0o777 & ~_umask())  # what mkdir would give (mkdtemp gives 0o700)
+        fill(scratch)
+        for root, _, files in os.walk(scratch):
+            for name in files:
+                with open(os.path.join(root, name), "rb") as written:
+                    os.fsync(written.fileno())
+            _fsync_directory(Path(root))
+        if target.is_dir():
+            aside = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=directory))
+            os.replace(target, aside / target.name)
+            os.replace(scratch, target)
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            os.replace(scratch, target)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    _fsync_directory(directory)
+
+
 def _kind(mode: int) -> str:
     kinds = ((stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"), (stat.S_ISFIFO, "FIFO"))
     return next((name for test, name in kinds if test(mode)), "socket" if stat.S_ISSOCK(mode) else "special file")
@@ -195,9 +228,13 @@ def _kind(mode: int) -> str:
 
 def default_file_mode() -> int:
     """0o666 minus the process umask: what open() would give a new file (mkstemp gives 0o600)."""
+    return 0o666 & ~_umask()
+
+
+def _umask() -> int:
     umask = os.umask(0)
     os.umask(umask)
-    return 0o666 & ~umask
+    return umask
 
 
 def _fsync_directory(directory: Path) -> None:

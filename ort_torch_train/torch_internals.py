@@ -362,7 +362,8 @@ def storage_use_count(storage: torch.UntypedStorage) -> int:
 
 
 def aoti_package_runner(path: str) -> Callable[[list[Tensor]], list[Tensor]]:
-    """The program in the AOTInductor package file ``path``, loaded by libtorch's C++ loader: a function of the
-    flat list of its input tensors. ``torch._inductor.aoti_load_package`` wraps the same loader, but importing
+    """The program in the AOTInductor package ``path`` (a program folder, run in place; an archive file, unpacked
+    into a temporary folder of the loader's), loaded by libtorch's C++ loader: a function of the flat list of its
+    input tensors. ``torch._inductor.aoti_load_package`` wraps the same loader, but importing
     inductor and its pytree handling cost seconds at load and microseconds at every call."""
     return torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, -1).run

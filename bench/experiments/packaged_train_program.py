@@ -3,8 +3,9 @@
     .venv/bin/python bench/experiments/packaged_train_program.py BEFORE_DIR AFTER_DIR [--fixture cnn]
         [--batches 8 64] [--rounds 7] [--block-seconds 0.05] [--out bench/results/STAMP-packaged-train-program]
 
-Both packages must be of the same fixture's artifacts (``ort-torch-train package``). Each program
-(``train_step.pt2``, loaded by libtorch's loader as the runtime with no Python loads it) is called with the
+Both packages must be of the same fixture's artifacts (``ort-torch-train package``). Each train program
+(``train_step``; ``train_step.pt2`` in a package built before program folders), loaded by libtorch's loader as the
+runtime with no Python loads it, is called with the
 fixture's first train batches cut to the size, its checkpoint's parameters, zeroed gradients and the reset flag
 set; blocks alternate between the two packages, round after round, one thread. A block's figure is the process's
 CPU time per call (``time.process_time``: less disturbed than the wall clock on a shared machine), the Python call
@@ -53,6 +54,12 @@ def arguments_of(package: Path, fixture: str, batch: int) -> tuple[list[torch.Te
     return [*inputs, *params, *frozen, *grads, torch.tensor(True)], len(grads)
 
 
+def _train_program(package: Path) -> Path:
+    """The package's train program: its folder, or the archive file of a package built before program folders."""
+    folder = package / "train_step"
+    return folder if folder.is_dir() else package / "train_step.pt2"
+
+
 def block(run, arguments: list[torch.Tensor], calls: int) -> float:
     start = time.process_time()
     for _ in range(calls):
@@ -72,7 +79,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     out = args.out or ROOT / "bench" / "results" / time.strftime("%Y%m%d-%H%M-packaged-train-program", time.gmtime())
-    runs = {side: aoti_package_runner(str(getattr(args, side) / "train_step.pt2")) for side in ("before", "after")}
+    runs = {side: aoti_package_runner(str(_train_program(getattr(args, side)))) for side in ("before", "after")}
     load_start = os.getloadavg()[0]
     gc.collect()
     gc.freeze()

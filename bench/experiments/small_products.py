@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> dict:
             exported, example, inputs = train_program(FIXTURES[model], 8, static=False)
             runners, compile_s, externs = {}, {}, {}
             for limit in args.limits:
-                path = Path(scratch) / f"{model}-{len(runners)}.pt2"
+                path = Path(scratch) / f"{model}-{len(runners)}"  # a program folder
                 started = time.perf_counter()
                 max_static_extents, inductor = settings_of(limit)
                 programs.compile_program(

@@ -65,13 +65,21 @@ def _python_run(
 
 
 def _run_c(program: Path, package: Path, case: str, folder: Path) -> subprocess.CompletedProcess:
-    data, out = folder / "data", folder / "out"
+    """packaged_runtime.c's run, which writes nothing but its outputs: no temporary folder, even where it ends at an
+    error without releasing the session (libtorch's loader unpacks a program archive into one, left behind then)."""
+    data, out, scratch = folder / "data", folder / "out", folder / "tmp"
     write_raw_inputs(case, data, STEPS)
     out.mkdir()
+    scratch.mkdir()
     checkpoint = FIXTURES / case / "artifacts" / "checkpoint"
     arguments = [str(package), str(checkpoint), str(data), str(out), str(STEPS), str(ACCUMULATED), "0.weight"]
     arguments.append(",".join(_export_outputs(package)))
-    return subprocess.run([str(program), *arguments], capture_output=True, text=True, timeout=scaled(300))
+    environment = {**os.environ, "TMPDIR": str(scratch)}
+    done = subprocess.run(
+        [str(program), *arguments], capture_output=True, text=True, env=environment, timeout=scaled(300)
+    )
+    assert not any(scratch.iterdir()), sorted(scratch.iterdir())
+    return done
 
 
 @pytest.fixture(scope="module", params=list(CASES))
@@ -191,7 +199,7 @@ def test_onnx_runtime_loads_the_checkpoint_the_runtime_saved(c_run: tuple[str, P
     [
         ("torch ", "torch 1.0.0", "was built for another torch version: '1.0.0'"),
         ("machine ", "machine riscv64", "was built for another CPU architecture: 'riscv64'"),
-        ("program train ", "program train ../train_step.pt2", "the file '../train_step.pt2', which holds a path"),
+        ("program train ", "program train ../train_step", "the file '../train_step', which holds a path"),
         ("program train ", "program train /etc/passwd", "entry 'program train' of native_steps.txt names the file "),
         ("program train ", "program train a/b", "'a/b', which holds a path separator; expected the name of a file"),
         ("program train ", "program train ..", "the file '..', which names a folder"),
@@ -247,7 +255,7 @@ def test_an_export_file_named_outside_the_package_is_a_status_of_the_call_that_r
     """ExportModelForInferencing reads the export's model file and CreateSession (tests/native/packaged_boundary.c,
     which runs the model it exported) its program: each refuses a name that leaves the package, naming it."""
     package = _package(CASE, tmp_path_factory)
-    edited = _edited_export(package, tmp_path / "model", name, "export_0.pt2")
+    edited = _edited_export(package, tmp_path / "model", name, "export_0")
     done = _run_c(built[1], edited, CASE, tmp_path / "model")
     assert done.returncode == 1 and "ExportModelForInferencing" in done.stderr, done.stderr
     assert f"the entry 'export 0' of native_steps.txt names the file '{name}', which " in done.stderr, done.stderr

@@ -68,8 +68,8 @@ int main(int argc, char** argv) {
   }
   try {
     const std::string package = argv[1];
-    torch::inductor::AOTIModelPackageLoader train(package + "/train_step.pt2", "model", true);
-    torch::inductor::AOTIModelPackageLoader optimizer(package + "/optimizer_step.pt2", "model", true);
+    torch::inductor::AOTIModelPackageLoader train(package + "/train_step", "model", true);
+    torch::inductor::AOTIModelPackageLoader optimizer(package + "/optimizer_step", "model", true);
     std::ifstream in(argv[2], std::ios::binary);
     const int parameters = count(in);
     std::vector<at::Tensor> params, grads, pieces;

@@ -11,13 +11,15 @@ session's save_as_onnx; the metrics file (trainer/loggers.JsonlLogger); the CLI'
 OUTPUT.options.json, --summary, --metrics; a resumed run's saved options: tests/unit/cli/
 test_cli_resume_trust.py) and convert; the compile cache's entries (training/compile/cache_store.py;
 its library restore keeps inductor's own names: cache_entries._library_target); the native build's
-copied headers (native/build.py). TensorBoard and MLflow write inside the folder the user names.
+copied headers (native/build.py); a package's program folders (training/package/programs.py, ``fileio.atomic_folder``). TensorBoard and MLflow write inside the folder the user names.
 """
 
 from __future__ import annotations
 
 import importlib
+import io
 import json
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -39,6 +41,7 @@ from ort_torch_train.lora.genai import export_for_genai
 from ort_torch_train.lora.peft import export_peft
 from ort_torch_train.trainer import JsonlLogger
 from ort_torch_train.training.compile.cache_store import CacheStore
+from ort_torch_train.training.package.programs import unpack_program
 from tests.helpers.legacy_models import params_for, session
 from tests.unit.cli.test_cli import ort_case, run_cli, sample_major_npz
 from tests.unit.lora.helpers import make_artifacts, mlp, trained
@@ -81,6 +84,14 @@ def _model_with_an_initializer() -> onnx.ModelProto:
         [node], "g", [value("x", onnx.TensorProto.FLOAT, [16])], [value("y", onnx.TensorProto.FLOAT, [16])], [weight]
     )
     return onnx.helper.make_model(graph)
+
+
+def _archive() -> bytes:
+    """A program archive of one file."""
+    data = io.BytesIO()
+    with zipfile.ZipFile(data, "w") as archive:
+        archive.writestr("archive/data/aotinductor/model/kernel.cpp", "// kernel\n")
+    return data.getvalue()
 
 
 def _train(capsys, cnn_data, target: Path, *flags: object) -> None:
@@ -128,6 +139,7 @@ def _writers(module, capsys, cnn_data) -> dict[str, tuple[str, Callable[[Path], 
             "entry",
             lambda p: CacheStore(p.parent.parent).write("step", "k", "f", b"x"),
         ),
+        "package program": ("program", lambda p: unpack_program(_archive(), p)),
         "train --output": ("c", lambda p: _train(capsys, cnn_data, p, "--output", p)),
         "train OUTPUT.options.json": (
             "c.options.json",
@@ -152,7 +164,7 @@ WRITERS = [
     "atomic_write_bytes", "CheckpointState.save_checkpoint", "checkpoint manifest", "checkpoint external data",
     "export_model_for_inferencing", "model external data", "export_unmerged_model", "export_adapter", "export_peft",
     "export_peft config", "export_for_genai", "save_safetensors", "generate_artifacts", "legacy save_as_onnx",
-    "JsonlLogger", "compile cache entry", "train --output", "train OUTPUT.options.json", "train --summary",
+    "JsonlLogger", "compile cache entry", "package program", "train --output", "train OUTPUT.options.json", "train --summary",
     "train --metrics", "convert",
 ]  # fmt: skip
 

@@ -1,7 +1,7 @@
 """``build_package``: a set of training artifacts compiled ahead of time into a package of steps.
 
-The package is a folder holding one AOTInductor program per step (``program_build.py``: train, eval,
-optimizer), ``native_steps.txt`` (``native_description.py``: what the runtime with no Python reads) and
+The package is a folder holding one AOTInductor program (itself a folder: ``programs.py``) per step
+(``program_build.py``: train, eval, optimizer), ``native_steps.txt`` (``native_description.py``: what the runtime with no Python reads) and
 ``manifest.json`` (``manifest.py``), written last: a folder without it is no package.
 The axes the ONNX graphs leave symbolic stay dynamic where torch.export can keep them so; else the
 programs take the example size (``example_size``) only, and the manifest says which.
@@ -40,7 +40,7 @@ from ort_torch_train.training.package.manifest import (
 from ort_torch_train.training.package.native_description import write_description
 from ort_torch_train.training.threads import process_threads
 
-TRAIN_FILE, EVAL_FILE, OPTIMIZER_FILE = "train_step.pt2", "eval_step.pt2", "optimizer_step.pt2"
+TRAIN_PROGRAM, EVAL_PROGRAM, OPTIMIZER_PROGRAM = "train_step", "eval_step", "optimizer_step"  # program folders
 DEFAULT_FOLDER = "package"  # beside the artifacts: where the runtime with no Python looks for a model file's package
 
 
@@ -85,12 +85,12 @@ def build_package(
         engine.train_graph,
         params,
         trainable_names,
-        path_inside(out, TRAIN_FILE, "package program"),
+        path_inside(out, TRAIN_PROGRAM, "package program"),
         built.examples(engine.train_graph, example_size),
     )
     evaluation = None
     if engine.eval_graph is not None:
-        path = path_inside(out, EVAL_FILE, "package program")
+        path = path_inside(out, EVAL_PROGRAM, "package program")
         evaluation = built.eval_program(
             engine.eval_graph, params, path, built.examples(engine.eval_graph, example_size)
         )
@@ -102,7 +102,7 @@ def build_package(
     optimizer_model = models[OPTIMIZER]
     if optimizer_model is not None:
         update = built.optimizer_program(
-            optimizer_model, trainable, path_inside(out, OPTIMIZER_FILE, "package program")
+            optimizer_model, trainable, path_inside(out, OPTIMIZER_PROGRAM, "package program")
         )
         optimizer, moments = update.program, update.moments
         algorithm, hyperparameters = update.spec.algorithm.name, update.spec.hyperparameters
@@ -150,7 +150,7 @@ def _prepared_export(
     names = [entry.name for entry in template.parameters]
     layout = GraphLayout(user_inputs=template.inputs, params=tuple(names), user_outputs=tuple(outputs))
     graph = eval_forward(eval_model, layout, EngineOptions.of(), {}, None, process_threads())
-    path = path_inside(out, f"export_{index}.pt2", "package")
+    path = path_inside(out, f"export_{index}", "package")
     return template, built.eval_program(graph, state.params, path, built.examples(graph, size))
 
 

@@ -39,7 +39,8 @@ class TensorEntry:
 
 @dataclass(frozen=True)
 class Program:
-    """One compiled program of the package: its file, its user inputs and its outputs' names."""
+    """One compiled program of the package: its folder (``file``; a package from before program folders names an
+    archive file), its user inputs and its outputs' names."""
 
     file: str
     inputs: tuple[TensorEntry, ...]
@@ -188,6 +189,6 @@ def tensor_entries(values: object) -> tuple[TensorEntry, ...]:
 def _program(folder: str | os.PathLike, value: dict) -> Program:
     file = _string(value["file"])
     path = path_inside(folder, file, "package program")
-    if not path.is_file():
+    if not (path.is_dir() or path.is_file()):
         raise PackageError(f"package {os.fspath(folder)!r}: its program {file!r} is missing")
     return Program(file, tensor_entries(value["inputs"]), tuple(_string(name) for name in value["outputs"]))

@@ -33,7 +33,6 @@ from torch import Tensor
 
 from ort_torch_train.adapters import registry
 from ort_torch_train.errors import InputError, ModelError, PackageError
-from ort_torch_train.fileio import atomic_write_bytes
 from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.torch_internals import aoti_package_runner
 from ort_torch_train.training.compile.cache import CompileCacheSetting, compile_cache_store
@@ -43,6 +42,7 @@ from ort_torch_train.training.forward_graph import ForwardGraph
 from ort_torch_train.training.package import program_build as built
 from ort_torch_train.training.package.bound import BoundTrainStep, BoundUpdate, ProgramBinding, Runner, checked_inputs
 from ort_torch_train.training.package.manifest import Program, TensorEntry, model_digest, tensor_entries
+from ort_torch_train.training.package.programs import pack_program, unpack_program
 
 log = logging.getLogger(__name__)
 AHEAD_OF_TIME = "aot"  # compile="aot"
@@ -173,7 +173,7 @@ class OnDemandSteps:
         """The ``role`` program keyed by ``parts``: loaded from the cache, else compiled by ``build(path)`` (its
         program and what else its entry records) and saved there."""
         key = _key(role, {**parts, "parameters": parts.get("parameters", self._parameters)})
-        path = self._folder / f"{role}.pt2"
+        path = self._folder / f"{role}-{key[:16]}"  # one folder per program: a loaded one stays as it is
         fingerprint = platform_fingerprint()
         loaded = None if self._store is None else self._load(role, key, fingerprint, path)
         if loaded is not None:
@@ -185,7 +185,7 @@ class OnDemandSteps:
         if self._store is not None:
             record = {**extra, "program": asdict(program)}
             try:
-                self._store.write(ENTRY_KIND, key, fingerprint, path.read_bytes(), record)
+                self._store.write(ENTRY_KIND, key, fingerprint, pack_program(path), record)
             except OSError as error:  # a cache is an optimisation
                 log.warning("compile cache: could not save the %s program %s (%s)", role, key[:12], error)
             else:
@@ -214,7 +214,7 @@ class OnDemandSteps:
                 tensor_entries(recorded["inputs"]),
                 tuple(str(name) for name in recorded["outputs"]),
             )
-            atomic_write_bytes(path, payload)
+            unpack_program(payload, path)
             run = aoti_package_runner(os.fspath(path))
         except Exception as error:  # a malformed record, or torch's loader's many errors: compiled again
             log.warning("compile cache: cannot load the saved %s program %s (%s); compiling it", role, key[:12], error)

@@ -101,7 +101,7 @@ def train_program(
     example: Examples,
 ) -> Program:
     """Compile the train step of ``graph`` over ``params`` (the state's tensors by name), ``trainable_names``
-    trained, the others frozen, into the program file ``path``."""
+    trained, the others frozen, into the program folder ``path``."""
     graph_names = list(graph.layout.params)
     plan = ParameterPlan.of(graph_names, trainable_names)
     trainable = [params[name].detach() for name in trainable_names]
@@ -115,7 +115,7 @@ def train_program(
 
 
 def eval_program(graph: ForwardGraph, params: Mapping[str, Tensor], path: Path, example: Examples) -> Program:
-    """Compile the forward of ``graph`` over ``params`` (the state's tensors by name) into the program file
+    """Compile the forward of ``graph`` over ``params`` (the state's tensors by name) into the program folder
     ``path``."""
     held = [params[name].detach() for name in graph.layout.params]
     step = programs.eval_function(converted(graph, example.inputs, held))
@@ -125,7 +125,7 @@ def eval_program(graph: ForwardGraph, params: Mapping[str, Tensor], path: Path, 
 
 def optimizer_program(optimizer_model: onnx.ModelProto, trainable: Sequence[Tensor], path: Path) -> OptimizerProgram:
     """Compile the optimizer model's update of the ``trainable`` tensors, laid end to end in one flat tensor per
-    list (params, grads, each moment), into the program file ``path``; PackageError where they do not share one
+    list (params, grads, each moment), into the program folder ``path``; PackageError where they do not share one
     dtype or the update is not elementwise."""
     spec = read_optimizer_model(optimizer_model)
     algorithm = spec.algorithm

@@ -13,13 +13,21 @@ records the writes as mutations of its inputs and AOTInductor's program makes th
   each moment is one flat tensor holding every trainable parameter's (``state/flat.py``): the update is
   elementwise, one loop, and a call hands the program a few tensors, not a few per parameter.
 - eval: ``(*inputs, *params) -> outputs``, the eval graph's forward.
+
+A compiled program is a folder, the AOTInductor package unpacked: libtorch's loader runs it in place and writes
+nothing, where it unpacks an archive file into a temporary folder of its own, outside the folder the user named, that
+a process ending without releasing the program leaves behind.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import re
+import shutil
+import zipfile
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from types import MappingProxyType
 
 import torch
@@ -27,7 +35,8 @@ from torch import Tensor
 from torch.export import Dim, ExportedProgram
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from ort_torch_train.fileio import atomic_write
+from ort_torch_train.errors import PackageError
+from ort_torch_train.fileio import atomic_folder, path_inside
 from ort_torch_train.optim.clip import clip_grad_norm_
 from ort_torch_train.optim.compiled import FusedUpdate
 from ort_torch_train.passes.small_products import MAX_STATIC_EXTENTS, small_products_pass
@@ -118,26 +127,62 @@ PROGRAM_SETTINGS: Mapping[str, object] = MappingProxyType({"memory_planning": Tr
 
 def compile_program(
     program: ExportedProgram,
-    path: str | os.PathLike,
+    folder: str | os.PathLike,
     *,
     max_static_extents: int = MAX_STATIC_EXTENTS,
     settings: Mapping[str, object] = PROGRAM_SETTINGS,
 ) -> None:
-    """Compile ``program`` with AOTInductor into the package file ``path`` (written atomically) under inductor's
-    ``settings``, its small matrix products (``max_static_extents``: ``passes/small_products.py``; 0: none) in
-    inductor's own loops and the other ``addmm`` as a product and a fused add (``passes/unfused_addmm.py``)."""
+    """Compile ``program`` with AOTInductor into the program folder ``folder`` (written whole or not at all) under
+    inductor's ``settings``, its small matrix products (``max_static_extents``: ``passes/small_products.py``; 0:
+    none) in inductor's own loops and the other ``addmm`` as a product and a fused add (``passes/unfused_addmm.py``)."""
     from ort_torch_train.passes.attention_loops import attention_loops_pass  # sympy: loaded when a program compiles
     from ort_torch_train.passes.refined_reshapes import refined_reshapes_pass
 
     loops = attention_loops_pass(then=refined_reshapes_pass())  # small attention, head views: their files
     products = small_products_pass(max_static_extents, unfused_addmm_pass(then=loops))
-    patch = {**settings, "post_grad_custom_post_pass": products}
+    archive = io.BytesIO()
+    with torch._inductor.config.patch({**settings, "post_grad_custom_post_pass": products}):
+        torch._inductor.aoti_compile_and_package(program, package_path=archive)
+    unpack_program(archive.getvalue(), folder)
 
-    def write(file: object) -> None:
-        with torch._inductor.config.patch(patch):
-            torch._inductor.aoti_compile_and_package(program, package_path=file)  # type: ignore[arg-type]
 
-    atomic_write(path, write)
+def pack_program(folder: str | os.PathLike) -> bytes:
+    """The program folder ``folder`` as one archive (what a compile cache keeps; ``unpack_program`` restores it)."""
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_STORED) as packed:
+        for path in sorted(Path(folder).rglob("*")):
+            if path.is_file():
+                packed.write(path, path.relative_to(folder).as_posix())
+    return archive.getvalue()
+
+
+UNPACKED_LIMIT = 1 << 32  # the bytes an archive may unpack to: a program's code and constants
+
+
+def unpack_program(archive: bytes, folder: str | os.PathLike) -> None:
+    """Write the program archive ``archive`` (an AOTInductor package, or ``pack_program``'s) unpacked into the folder
+    ``folder``, whole or not at all; PackageError for bytes that are no zip archive, an entry whose name leaves the
+    folder, or more than ``UNPACKED_LIMIT`` bytes unpacked."""
+    try:
+        packed = zipfile.ZipFile(io.BytesIO(archive))
+    except zipfile.BadZipFile as error:
+        raise PackageError(f"program {os.fspath(folder)!r}: expected a zip archive, got {error}") from None
+    with packed:
+        entries = [entry for entry in packed.infolist() if not entry.is_dir()]
+        size = sum(entry.file_size for entry in entries)
+        if size > UNPACKED_LIMIT:
+            raise PackageError(
+                f"program {os.fspath(folder)!r}: the archive unpacks to {size} bytes, over {UNPACKED_LIMIT}"
+            )
+
+        def fill(scratch: Path) -> None:
+            for entry in entries:
+                target = path_inside(scratch, entry.filename, f"program {os.fspath(folder)!r}: archive entry")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with packed.open(entry) as source, open(target, "xb") as written:
+                    shutil.copyfileobj(source, written)
+
+        atomic_folder(folder, fill)
 
 
 def dimension(name: str) -> Dim:

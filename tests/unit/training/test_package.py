@@ -74,18 +74,24 @@ def _run(case: Case, compile: bool | str) -> tuple[list[float], float, dict[str,
 
 @pytest.mark.compile
 @pytest.mark.slow
-def test_packaged_module_trains_as_eager_does_without_compiling(package: Path) -> None:
+def test_packaged_module_trains_as_eager_does_without_compiling(
+    package: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     case = _case()
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # where libtorch's loader would unpack a program archive
     manifest = json.loads((package / MANIFEST).read_text())
     assert sorted(p.name for p in package.iterdir()) == sorted(
-        [MANIFEST, "native_steps.txt", "train_step.pt2", "eval_step.pt2", "optimizer_step.pt2"]
-        + ["export_0.onnx", "export_0.pt2"]  # the inference export of `logits` the runtime with no Python writes
+        [MANIFEST, "native_steps.txt", "train_step", "eval_step", "optimizer_step"]
+        + ["export_0.onnx", "export_0"]  # the inference export of `logits` the runtime with no Python writes
     )
+    assert all((package / name).is_dir() for name in ("train_step", "eval_step", "optimizer_step", "export_0"))
     assert [entry["shape"] for entry in manifest["train"]["inputs"]] == [[None, 20], [None]]  # the batch is dynamic
     eager = _run(case, False)
     frames = counters["frames"]["total"]
     packaged = _run(case, f"package:{package}")
     assert counters["frames"]["total"] == frames  # no torch.compile frame: nothing compiles
+    loaded = Module(case.artifact("training_model.onnx"), case.load_state(), compile=f"package:{package}")
+    assert loaded.training_state is not None and not any(tmp_path.iterdir())  # programs run in place: none unpacked
     np.testing.assert_allclose(packaged[0], eager[0], rtol=0, atol=1e-6)
     assert packaged[1] == pytest.approx(eager[1], abs=1e-6)
     np.testing.assert_allclose(packaged[4], eager[4], rtol=0, atol=1e-6)
@@ -224,7 +230,7 @@ def _edited(package: Path, folder: Path, **changes: object) -> Path:
         ({"machine": "riscv64"}, "another CPU architecture: 'riscv64'"),
         ({"cpu_capability": "NO_AVX"}, "another CPU: 'NO_AVX'"),
         ({"cpu_features": ["_is_quantum_supported"]}, "features this CPU lacks: ['_is_quantum_supported']"),
-        ({"train": {"file": "../elsewhere.pt2", "inputs": [], "outputs": []}}, "leaves the folder"),
+        ({"train": {"file": "../elsewhere", "inputs": [], "outputs": []}}, "leaves the folder"),
         (  # an older package: its optimizer program takes one tensor per parameter
             {"format": "ort-torch-train-package/2"},
             "is of format 'ort-torch-train-package/2', this version reads 'ort-torch-train-package/3'; rebuild the "
