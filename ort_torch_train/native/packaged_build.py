@@ -1,8 +1,8 @@
 """Build libort_torch_train_packaged, the runtime that trains a package of steps with no Python: libtorch only.
 
-``build_packaged(prefix)`` compiles the C++ sources in ``native/packaged/`` with the system C++ compiler against the
-installed torch's headers and libraries into ``prefix/lib/libort_torch_train_packaged.so`` and copies the C
-headers into ``prefix/include/``. ``packaged_flags(prefix)`` gives what a program compiles and links with.
+``build_packaged(prefix)`` compiles the C++ sources in ``native/packaged/``, as one translation unit, with the system
+C++ compiler against the installed torch's headers and libraries into ``prefix/lib/libort_torch_train_packaged.so``
+and copies the C headers into ``prefix/include/``. ``packaged_flags(prefix)`` gives what a program compiles and links with.
 """
 
 from __future__ import annotations
@@ -68,41 +68,31 @@ def libtorch_flags() -> tuple[list[str], list[str]]:
     return compile_flags, [f"-L{lib}", "-ltorch", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{lib}"]
 
 
-# the torch headers every source includes first (through ott_packaged.h): parsed once per build, not once per source
-PRELUDE = "#include <ATen/ATen.h>\n"
+UNITY = "ott_packaged_unity.cpp"  # written beside the output: every source, one translation unit
 
 
-def _source_flags(sanitize: bool) -> list[str]:
-    """The flags every translation unit compiles with (the sources and their precompiled prelude alike; with
-    ``SANITIZE``'s flags if ``sanitize``)."""
-    version = _torch()[1]
+def unity_source() -> str:
+    """The translation unit the runtime compiles from: each C++ source in ``native/packaged/`` included once, so that
+    the torch headers they all include are parsed once (the names in their anonymous namespaces must differ)."""
+    return "".join(f'#include "{path.name}"\n' for path in sorted(SOURCES.glob("*.cpp")))
+
+
+def compile_command(output: Path, compiler: str, sanitize: bool = False) -> list[str]:
+    """The compiler command that builds the runtime into ``output`` from ``UNITY`` beside it (``unity_source``);
+    with ``SANITIZE``'s flags if ``sanitize``."""
     return [
+        compiler,
         "-std=c++20",
         "-O2",
         "-fPIC",
         "-fvisibility=hidden",
         *(SANITIZE if sanitize else []),
-        f"-DOTT_TORCH_VERSION={c_string(version)}",
+        f"-DOTT_TORCH_VERSION={c_string(_torch()[1])}",
         f"-I{HEADERS}",
+        f"-iquote{SOURCES}",
         *libtorch_flags()[0],
-    ]
-
-
-def precompile_command(prelude: Path, compiler: str, sanitize: bool = False) -> list[str]:
-    """The compiler command that precompiles the header ``prelude`` (beside it, as ``prelude.gch``)."""
-    return [compiler, *_source_flags(sanitize), "-x", "c++-header", str(prelude), "-o", f"{prelude}.gch"]
-
-
-def compile_command(output: Path, compiler: str, prelude: Path | None = None, sanitize: bool = False) -> list[str]:
-    """The compiler command that builds the runtime into ``output``, each source after ``prelude`` (whose
-    precompiled form the compiler uses where it is beside it) when one is given."""
-    included = ["-Winvalid-pch", "-include", str(prelude)] if prelude is not None else []
-    return [
-        compiler,
-        *_source_flags(sanitize),
         "-shared",
-        *included,
-        *[str(path) for path in sorted(SOURCES.glob("*.cpp"))],
+        str(output.with_name(UNITY)),
         "-o",
         str(output),
         "-Wl,--no-as-needed",
@@ -125,9 +115,8 @@ def build_packaged(prefix: str | os.PathLike, compiler: str | None = None, sanit
     chosen = compiler or find_cxx_compiler()
 
     def commands(output: Path) -> list[list[str]]:
-        prelude = output.parent / "ott_prelude.h"
-        prelude.write_text(PRELUDE)
-        return [precompile_command(prelude, chosen, sanitize), compile_command(output, chosen, prelude, sanitize)]
+        output.with_name(UNITY).write_text(unity_source())
+        return [compile_command(output, chosen, sanitize)]
 
     compile_into(target.library, commands)
     return target

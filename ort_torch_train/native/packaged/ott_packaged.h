@@ -234,6 +234,9 @@ struct Prepared {
   bool read(const std::string& key, std::istringstream& words, const std::string& line);
 };
 
+// The bytes of a prepared inference model at most (one protobuf message).
+constexpr size_t kModelLimit = (size_t(1) << 31) - 1;
+
 // A file's bytes (at most limit); Error naming what and the path where it cannot be read.
 std::string read_file(const std::string& path, size_t limit, const std::string& what);
 // Write bytes to path whole, then rename it into place; Error naming what where it fails.

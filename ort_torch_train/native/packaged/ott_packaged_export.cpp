@@ -10,8 +10,6 @@
 namespace ott {
 namespace {
 
-constexpr size_t kModelLimit = (size_t(1) << 31) - 1;  // bytes of a prepared model at most (one protobuf message)
-
 ExportSet& export_numbered(Prepared& prepared, std::istringstream& words, const std::string& line) {
   int64_t index = -1;
   words >> index;

@@ -20,11 +20,9 @@ struct OrtSession {
 namespace ott {
 namespace {
 
-constexpr size_t kModelLimit = (size_t(1) << 31) - 1;
-
 // The exports of the packages whose training sessions are open, for CreateSession.
-std::mutex registry_lock;
-std::vector<std::weak_ptr<const ExportSet>> registry;
+std::mutex open_exports_lock;
+std::vector<std::weak_ptr<const ExportSet>> open_exports;
 
 // Whether model is the prepared model of set with other parameter values: equal bytes outside the ranges.
 bool is_export_of(const std::string& model, const ExportSet& set) {
@@ -49,9 +47,9 @@ bool is_export_of(const std::string& model, const ExportSet& set) {
 std::shared_ptr<void> register_exports(const Prepared& prepared) {
   auto held = std::make_shared<std::vector<std::shared_ptr<const ExportSet>>>();
   for (const auto& [index, set] : prepared.exports) held->push_back(set);
-  std::lock_guard<std::mutex> guard(registry_lock);
-  std::erase_if(registry, [](const std::weak_ptr<const ExportSet>& known) { return known.expired(); });
-  for (const auto& set : *held) registry.push_back(set);
+  std::lock_guard<std::mutex> guard(open_exports_lock);
+  std::erase_if(open_exports, [](const std::weak_ptr<const ExportSet>& known) { return known.expired(); });
+  for (const auto& set : *held) open_exports.push_back(set);
   return held;
 }
 
@@ -72,8 +70,8 @@ OrtStatus* CreateSession(const OrtEnv* env, const ORTCHAR_T* path, const OrtSess
     std::string model = ott::read_file(path, ott::kModelLimit, "CreateSession");
     std::vector<std::shared_ptr<const ott::ExportSet>> known;
     {
-      std::lock_guard<std::mutex> guard(ott::registry_lock);
-      for (const auto& entry : ott::registry)
+      std::lock_guard<std::mutex> guard(ott::open_exports_lock);
+      for (const auto& entry : ott::open_exports)
         if (auto set = entry.lock()) known.push_back(set);
     }
     for (const auto& set : known) {
