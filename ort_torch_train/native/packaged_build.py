@@ -2,7 +2,8 @@
 
 ``build_packaged(prefix)`` compiles the C++ sources in ``native/packaged/``, as one translation unit, with the system
 C++ compiler against the installed torch's headers and libraries into ``prefix/lib/libort_torch_train_packaged.so``
-and copies the C headers into ``prefix/include/``. ``packaged_flags(prefix)`` gives what a program compiles and links with.
+and copies the C headers into ``prefix/include/``. ``packaged_flags(prefix)`` gives what a program compiles and
+links with.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """``build_package``: a set of training artifacts compiled ahead of time into a package of steps.
 
 The package is a folder holding one AOTInductor program (itself a folder: ``programs.py``) per step
-(``program_build.py``: train, eval, optimizer), ``native_steps.txt`` (``native_description.py``: what the runtime with no Python reads) and
-``manifest.json`` (``manifest.py``), written last: a folder without it is no package.
+(``program_build.py``: train, eval, optimizer), ``native_steps.txt`` (``native_description.py``: what the runtime
+with no Python reads) and ``manifest.json`` (``manifest.py``), written last: a folder without it is no package.
 The axes the ONNX graphs leave symbolic stay dynamic where torch.export can keep them so; else the
 programs take the example size (``example_size``) only, and the manifest says which.
 """

@@ -3,8 +3,9 @@
 For each set of output names the package prepares, ``export_K.onnx``: the inference model ``export/inference.py``
 writes for that set, each parameter it bakes in held as an initializer's raw data, with the byte range of each
 parameter's data in the file (``ParameterRange``). The runtime writes an export by copying that file with the current
-parameter values in those ranges; it reads no ONNX. Beside it, the package compiles the inference graph
-(the program folder ``export_K``), so the runtime also runs the models it exported (OrtApi's ``CreateSession`` and ``Run``).
+parameter values in those ranges; it reads no ONNX. Beside it, the package compiles the inference graph (the
+program folder ``export_K``), so the runtime also runs the models it exported (OrtApi's ``CreateSession`` and
+``Run``).
 """
 
 from __future__ import annotations
