@@ -150,14 +150,18 @@ class Worker:
 
 def measure(model: str, programs: dict[str, Path], sides: tuple[Side, ...], arguments: argparse.Namespace) -> dict:
     """One model's blocks, peaks and start-up figures; ``programs``: the C programs by process name."""
-    from ort_torch_train.training.package.build import build_package
+    from ort_torch_train.training.package.build import TRAIN_PROGRAM, build_package
     from ort_torch_train.training.package.manifest import FORMAT
 
     fixture = FIXTURES[model]
     artifacts = ROOT / "tests" / "fixtures" / fixture / "artifacts"
     package = CACHE / "tiny-packages" / fixture
     manifest = package / "manifest.json"
-    stale = not manifest.is_file() or json.loads(manifest.read_text()).get("format") != FORMAT  # none, or built before
+    stale = (  # none, built before, or holding program archives (before program folders)
+        not manifest.is_file()
+        or json.loads(manifest.read_text()).get("format") != FORMAT
+        or not (package / TRAIN_PROGRAM).is_dir()
+    )
     if stale and any(p in ("native", "package", "package-before") for p, _ in sides):
         build_package(artifacts, package)
     inputs = CACHE / "tiny-inputs" / fixture
