@@ -189,10 +189,11 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes | bytearray | memory
     atomic_write(path, lambda f: f.write(data))
 
 
-def atomic_folder(path: str | os.PathLike, fill: Callable[[Path], object]) -> None:
-    """Call ``fill(folder)`` on a new temp folder beside ``path``, fsync what it wrote, then put it at ``path`` in
-    place of the folder there, if any (moved aside, then removed). A failure while filling leaves ``path`` untouched.
-    A path naming a file or a symbolic link is refused, and so is a path leading out of its folder (``path_inside``).
+def atomic_folder(path: str | os.PathLike, fill: Callable[[Path], object], *, durable: bool = True) -> None:
+    """Call ``fill(folder)`` on a new temp folder beside ``path``, fsync what it wrote (unless not ``durable``: a
+    scratch folder the process removes), then put it at ``path`` in place of the folder there, if any (moved aside,
+    then removed). A failure while filling leaves ``path`` untouched. A path naming a file or a symbolic link is
+    refused, and so is a path leading out of its folder (``path_inside``).
     """
     given = Path(path)
     directory = given.parent if str(given.parent) else Path(".")
@@ -203,7 +204,7 @@ def atomic_folder(path: str | os.PathLike, fill: Callable[[Path], object]) -> No
     try:
         os.chmod(scratch, 0o777 & ~_umask())  # what mkdir would give (mkdtemp gives 0o700)
         fill(scratch)
-        for root, _, files in os.walk(scratch):
+        for root, _, files in os.walk(scratch) if durable else ():
             for name in files:
                 with open(os.path.join(root, name), "rb") as written:
                     os.fsync(written.fileno())
@@ -218,7 +219,8 @@ def atomic_folder(path: str | os.PathLike, fill: Callable[[Path], object]) -> No
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise
-    _fsync_directory(directory)
+    if durable:
+        _fsync_directory(directory)
 
 
 def _kind(mode: int) -> str:

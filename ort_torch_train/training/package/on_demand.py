@@ -214,7 +214,7 @@ class OnDemandSteps:
                 tensor_entries(recorded["inputs"]),
                 tuple(str(name) for name in recorded["outputs"]),
             )
-            unpack_program(payload, path)
+            unpack_program(payload, path, durable=False)  # the Module's scratch folder
             run = aoti_package_runner(os.fspath(path))
         except Exception as error:  # a malformed record, or torch's loader's many errors: compiled again
             log.warning("compile cache: cannot load the saved %s program %s (%s); compiling it", role, key[:12], error)

@@ -159,10 +159,11 @@ def pack_program(folder: str | os.PathLike) -> bytes:
 UNPACKED_LIMIT = 1 << 32  # the bytes an archive may unpack to: a program's code and constants
 
 
-def unpack_program(archive: bytes, folder: str | os.PathLike) -> None:
+def unpack_program(archive: bytes, folder: str | os.PathLike, *, durable: bool = True) -> None:
     """Write the program archive ``archive`` (an AOTInductor package, or ``pack_program``'s) unpacked into the folder
-    ``folder``, whole or not at all; PackageError for bytes that are no zip archive, an entry whose name leaves the
-    folder, or more than ``UNPACKED_LIMIT`` bytes unpacked."""
+    ``folder``, whole or not at all (flushed to disk where ``durable``: not for a scratch folder the process removes);
+    PackageError for bytes that are no zip archive, an entry whose name leaves the folder, or more than
+    ``UNPACKED_LIMIT`` bytes unpacked."""
     try:
         packed = zipfile.ZipFile(io.BytesIO(archive))
     except zipfile.BadZipFile as error:
@@ -182,7 +183,7 @@ def unpack_program(archive: bytes, folder: str | os.PathLike) -> None:
                 with packed.open(entry) as source, open(target, "xb") as written:
                     shutil.copyfileobj(source, written)
 
-        atomic_folder(folder, fill)
+        atomic_folder(folder, fill, durable=durable)
 
 
 def dimension(name: str) -> Dim:
