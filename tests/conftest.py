@@ -37,6 +37,10 @@ SUITE_THREADS = 2
 # inductor compiles in this process and the ones it starts, without a pool of compile workers: the suite's
 # two pytest workers already fill both cores, and each pool would cost its own torch import
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+# ... and without its per-process check that g++ builds and loads each vector ISA the CPU lists (a g++ run per
+# ISA in each new inductor cache dir, a library load in each process): the kernels are the ones the check
+# would choose (tests/unit/test_suite_inductor.py compares the picks with and without it)
+os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 os.environ[THREADS_VARIABLE] = str(SUITE_THREADS)
 set_threads(SUITE_THREADS)
 FOLDER_MARKERS = ("unit", "parity", "integration")
