@@ -7,7 +7,7 @@ time; with none present it is skipped.
 Markers applied here: ``unit`` / ``parity`` / ``integration`` from the folder, ``cuda`` for a
 parametrization on a CUDA device and ``compile`` for one with a true ``compile`` / ``compiled`` parameter.
 Otherwise ``compile``, ``distributed``, ``ort_peer`` and ``slow`` are set on the tests themselves
-(``tests.helpers.ort_peer.requires_ort`` carries ``ort_peer``). Tests so marked run first.
+(``tests.helpers.ort_peer.requires_ort`` carries ``ort_peer``).
 
 Fixtures that several tests of a file share and that cost seconds (a two-rank launch, ONNX's node tests)
 are session-scoped: pytest-xdist may interleave a file's tests with other files' on a worker, and a
@@ -44,7 +44,6 @@ os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 os.environ[THREADS_VARIABLE] = str(SUITE_THREADS)
 set_threads(SUITE_THREADS)
 FOLDER_MARKERS = ("unit", "parity", "integration")
-HEAVY_MARKERS = ("compile", "distributed", "slow")  # the tests that take seconds to minutes each
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -78,9 +77,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker("cuda")
         if _compiles(item) and item.get_closest_marker("compile") is None:
             item.add_marker("compile")
-    # the long tests first, each file's in its order: pytest-xdist hands the rest out as workers free up, so
-    # the run ends on short tests rather than on one worker's last long one while the other waits
-    items.sort(key=lambda item: not any(item.get_closest_marker(name) for name in HEAVY_MARKERS))
 
 
 @pytest.fixture
