@@ -8,9 +8,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers.paths import ROOT
 from tests.helpers.timeouts import scaled
 
+pytestmark = pytest.mark.slow  # g++ builds each probe: no other process of the suite probes
 SKIP_PROBES = "TORCHINDUCTOR_VEC_ISA_OK"
 PICKS = """
 import json
