@@ -21,7 +21,17 @@ MAX_MODULE_LINES = 450
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),
     ("elem_types",),
-    ("dtypes", "fileio", "install", "logs", "module_meta", "onnx2torch_import", "progress", "torch_internals"),
+    (
+        "dtypes",
+        "fileio",
+        "install",
+        "logs",
+        "module_meta",
+        "onnx2torch_import",
+        "progress",
+        "scratch",
+        "torch_internals",
+    ),
     ("graph",),
     ("checkpoint",),
     ("adapters",),

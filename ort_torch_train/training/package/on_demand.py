@@ -8,8 +8,7 @@ changes it: its role, the digests of the models it comes from, this project's so
 converters of custom operators; the entry's fingerprint holds torch's build, Python and the CPU (``platform_fingerprint``). A
 later Module or process with the same key loads the program with no compilation. Entries are signed files read as
 untrusted input (``cache_store.py``): one refused, or one torch's loader cannot load, is compiled again and
-replaced. Without a cache (``compile_cache=False``) the programs live in a private temporary folder of the Module's,
-removed with it.
+replaced. The programs a Module runs live in its scratch folder (``scratch.py``), removed with it.
 """
 
 from __future__ import annotations
@@ -19,10 +18,7 @@ import hashlib
 import json
 import logging
 import os
-import shutil
-import tempfile
 import time
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,6 +29,7 @@ from torch import Tensor
 
 from ort_torch_train.adapters import registry
 from ort_torch_train.errors import InputError, ModelError, PackageError
+from ort_torch_train.scratch import ScratchFolder
 from ort_torch_train.state.training_state import TrainingState
 from ort_torch_train.torch_internals import aoti_package_runner
 from ort_torch_train.training.compile.cache import CompileCacheSetting, compile_cache_store
@@ -48,6 +45,7 @@ log = logging.getLogger(__name__)
 AHEAD_OF_TIME = "aot"  # compile="aot"
 ENTRY_KIND = "aot-program"  # the compile cache's kind of entry for a program
 FORMAT = "ort-torch-train aot program 2"  # 2: a flat optimizer program
+SCRATCH_PREFIX = "ort_torch_train_programs_"  # the folders of the programs a Module loaded, in TMPDIR
 
 
 def ahead_of_time(compile: object, compile_cache: CompileCacheSetting) -> AheadOfTime | None:
@@ -89,8 +87,8 @@ class OnDemandSteps:
     ) -> None:
         self._train_graph, self._eval_graph = graphs
         self._store = store
-        self._folder = Path(tempfile.mkdtemp(prefix="ort_torch_train_aot_"))  # mode 0700: the programs loaded
-        weakref.finalize(self, shutil.rmtree, self._folder, ignore_errors=True)
+        self._scratch = ScratchFolder(SCRATCH_PREFIX)  # the programs loaded
+        self._folder = self._scratch.path
         self._digests = {"training": model_digest(training_model)}
         if eval_model is not None:
             self._digests["eval"] = model_digest(eval_model)

@@ -1,12 +1,18 @@
 """``Module(compile="aot")`` (issue 51, item 4): a package's programs compiled on demand into the compile cache. The
 mlp fixture trains through them as the eager run does; a later Module on the same cache loads them with no
-compilation; an entry with a flipped byte is refused and compiled again; settings a program cannot honour are
-refused before anything compiles."""
+compilation; an entry with a flipped byte is refused and compiled again; the program folder of a process killed
+while training goes when the next Module makes its own; settings a program cannot honour are refused before
+anything compiles."""
 
 from __future__ import annotations
 
+import gc
 import logging
+import os
 import re
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -14,10 +20,23 @@ import pytest
 
 from ort_torch_train.api import Module, Optimizer
 from ort_torch_train.training.options import EngineOptions
-from ort_torch_train.training.package.on_demand import AheadOfTime
+from ort_torch_train.training.package.on_demand import SCRATCH_PREFIX, AheadOfTime
 from tests.helpers.corpus import Case
-from tests.helpers.paths import FIXTURES
+from tests.helpers.paths import FIXTURES, ROOT
+from tests.helpers.timeouts import scaled
 
+HOLDER = """
+import sys, time
+from pathlib import Path
+from ort_torch_train.api import Module, Optimizer
+from tests.helpers.corpus import Case
+case = Case(Path(sys.argv[1]))
+module = Module(case.artifact("training_model.onnx"), case.load_state(), compile="aot", compile_cache=sys.argv[2])
+optimizer = Optimizer(case.artifact("optimizer_model.onnx"), module)
+module(*case.train_inputs(0))
+print("trained", flush=True)
+time.sleep(600)
+"""
 CASE = "mlp_ce_adamw_sched"
 STEPS = 4
 LOGGER = "ort_torch_train.training.package.on_demand"
@@ -47,6 +66,23 @@ def _train(case: Case, compile: bool | str, cache: Path | None) -> tuple[list[fl
     return losses, {name: p.detach().numpy().copy() for name, p in module.named_parameters()}
 
 
+def _killed_while_training(case: Case, cache: Path, temporary: Path) -> Path:
+    """The program folder of a process killed (SIGKILL) after a train step of a compile="aot" Module on
+    ``cache``, its temporary directory ``temporary``."""
+    env = {**os.environ, "TMPDIR": str(temporary)}
+    command = [sys.executable, "-c", HOLDER, str(case.root), str(cache)]
+    process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None and process.stdout.readline() == "trained\n"
+        (folder,) = temporary.glob(f"{SCRATCH_PREFIX}*")
+        assert any(path.is_dir() for path in folder.iterdir())  # a program
+    finally:
+        process.kill()
+        process.communicate(timeout=scaled(60))
+    assert folder.is_dir()
+    return folder
+
+
 def _entries(cache: Path) -> dict[str, int]:
     """The cache's entry files by name, and their modification times."""
     return {path.name: path.stat().st_mtime_ns for path in sorted((cache / "entries-1").iterdir())}
@@ -55,10 +91,13 @@ def _entries(cache: Path) -> dict[str, int]:
 @pytest.mark.compile
 @pytest.mark.slow
 def test_aot_programs_train_as_eager_load_from_the_cache_and_a_damaged_entry_compiles_again(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     case = _case()
     cache = tmp_path / "cache"
+    temporary = tmp_path / "tmp"  # where the Modules' program folders go
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
     eager = _train(case, False, None)
     with caplog.at_level(logging.INFO, logger=LOGGER):
         first = _train(case, "aot", cache)
@@ -68,6 +107,7 @@ def test_aot_programs_train_as_eager_load_from_the_cache_and_a_damaged_entry_com
         np.testing.assert_allclose(first[1][name], value, rtol=0, atol=1e-6, err_msg=name)
     saved = _entries(cache)
     assert len(saved) == 2  # the train and optimizer programs
+    killed = _killed_while_training(case, cache, temporary)  # its program folder left behind
 
     caplog.clear()
     with caplog.at_level(logging.INFO, logger=LOGGER):
@@ -76,6 +116,9 @@ def test_aot_programs_train_as_eager_load_from_the_cache_and_a_damaged_entry_com
     assert len(re.findall(r"compile cache hit: the (train|optimizer) program", caplog.text)) == 2
     assert _entries(cache) == saved  # read, not written
     np.testing.assert_allclose(again[0], first[0], rtol=0, atol=1e-6)
+    gc.collect()
+    assert not killed.exists()  # removed by the next Module's, the lock its process held being free
+    assert list(temporary.iterdir()) == []  # each Module's program folder went with it
 
     damaged = next(iter(saved))
     path = cache / "entries-1" / damaged
