@@ -28,7 +28,7 @@ _PENDING = ".pending-"  # a folder's name until its lock is held
 
 class ScratchFolder:
     """A new private (mode 0700) folder ``path`` in the temporary directory, named ``prefix`` plus a random
-    suffix, removed by ``remove()``, when this object is collected or at exit."""
+    suffix, removed by ``remove()``, when this object is collected or at exit of the process that made it."""
 
     def __init__(self, prefix: str) -> None:
         if not prefix or os.sep in prefix or prefix.startswith("."):
@@ -44,10 +44,10 @@ class ScratchFolder:
         except BaseException:
             _remove(pending, lock)
             raise
-        self._finalizer = weakref.finalize(self, _remove, self.path, lock)
+        self._finalizer = weakref.finalize(self, _release, os.getpid(), self.path, lock)
 
     def remove(self) -> None:
-        """Remove the folder and everything in it (again: nothing)."""
+        """Remove the folder and everything in it (again, or in a process forked from this one: nothing)."""
         self._finalizer()
 
 
@@ -89,6 +89,12 @@ def _held_lock(folder: Path) -> int | None:
     fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)
     return fd
+
+
+def _release(owner: int, folder: Path, lock: int | None) -> None:
+    """Remove ``folder`` in the process that made it (``owner``), not in a child forked from it that exits."""
+    if os.getpid() == owner:
+        _remove(folder, lock)
 
 
 def _remove(folder: Path, lock: int | None) -> None:

@@ -1,6 +1,7 @@
 """Scratch folders (``ort_torch_train/scratch.py``): a folder whose process was killed is removed when the next
 one is made (one killed while it was being made too); a live process's folder, an earlier release's (no lock
-file), a link and a folder whose lock file is not made yet are kept."""
+file), a link and a folder whose lock file is not made yet are kept; a child forked from the process that made
+a folder leaves it when it exits."""
 
 from __future__ import annotations
 
@@ -98,3 +99,15 @@ def test_a_folder_goes_with_its_object_and_a_pending_one_stays(temporary: Path) 
 def test_a_prefix_that_is_no_plain_name_is_refused(prefix: str) -> None:
     with pytest.raises(ValueError, match="prefix: expected a plain file name prefix"):
         ScratchFolder(prefix)
+
+
+def test_a_forked_child_that_exits_leaves_its_parents_folder(temporary: Path) -> None:
+    folder = ScratchFolder(PREFIX)
+    child = os.fork()
+    if child == 0:  # what the child's exit runs: the finalizer
+        folder.remove()
+        os._exit(0)
+    assert os.waitpid(child, 0)[1] == 0
+    assert folder.path.is_dir() and (folder.path / LOCK_NAME).is_file()
+    folder.remove()
+    assert not folder.path.exists()
