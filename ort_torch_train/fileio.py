@@ -204,11 +204,8 @@ def atomic_folder(path: str | os.PathLike, fill: Callable[[Path], object], *, du
     try:
         os.chmod(scratch, 0o777 & ~_umask())  # what mkdir would give (mkdtemp gives 0o700)
         fill(scratch)
-        for root, _, files in os.walk(scratch) if durable else ():
-            for name in files:
-                with open(os.path.join(root, name), "rb") as written:
-                    os.fsync(written.fileno())
-            _fsync_directory(Path(root))
+        if durable:
+            _fsync_tree(scratch)
         if target.is_dir():
             aside = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=directory))
             os.replace(target, aside / target.name)
@@ -237,6 +234,15 @@ def _umask() -> int:
     umask = os.umask(0)
     os.umask(umask)
     return umask
+
+
+def _fsync_tree(folder: Path) -> None:
+    """Flush every file under ``folder``, and each folder's entries, to disk."""
+    for root, _, files in os.walk(folder):
+        for name in files:
+            with open(os.path.join(root, name), "rb") as written:
+                os.fsync(written.fileno())
+        _fsync_directory(Path(root))
 
 
 def _fsync_directory(directory: Path) -> None:

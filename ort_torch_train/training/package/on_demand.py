@@ -88,7 +88,6 @@ class OnDemandSteps:
         self._train_graph, self._eval_graph = graphs
         self._store = store
         self._scratch = ScratchFolder(SCRATCH_PREFIX)  # the programs loaded
-        self._folder = self._scratch.path
         self._digests = {"training": model_digest(training_model)}
         if eval_model is not None:
             self._digests["eval"] = model_digest(eval_model)
@@ -96,7 +95,7 @@ class OnDemandSteps:
         self._trainable = list(trainable)
         self._frozen = ParameterPlan.of(graph_names, trainable).frozen_names(graph_names)
         self._parameters = [built.tensor_entry(n, state.params[n]) for n in (*self._trainable, *self._frozen)]
-        self._binding = ProgramBinding(self._folder, self._parameters, len(self._trainable))
+        self._binding = ProgramBinding(self._scratch.path, self._parameters, len(self._trainable))
         self._eval: tuple[Program, Runner] | None = None
         self._updates: dict[str, tuple[Program, Runner, dict[str, object]]] = {}  # by optimizer model digest
 
@@ -171,7 +170,7 @@ class OnDemandSteps:
         """The ``role`` program keyed by ``parts``: loaded from the cache, else compiled by ``build(path)`` (its
         program and what else its entry records) and saved there."""
         key = _key(role, {**parts, "parameters": parts.get("parameters", self._parameters)})
-        path = self._folder / f"{role}-{key[:16]}"  # one folder per program: a loaded one stays as it is
+        path = self._scratch.path / f"{role}-{key[:16]}"  # one folder per program: a loaded one stays as it is
         fingerprint = platform_fingerprint()
         loaded = None if self._store is None else self._load(role, key, fingerprint, path)
         if loaded is not None:
