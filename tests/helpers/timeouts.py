@@ -9,6 +9,8 @@ variable ``ORT_TORCH_TRAIN_TEST_TIMEOUT_SCALE`` (a number > 0), else ``DEFAULT_S
 from __future__ import annotations
 
 import os
+import select
+from typing import IO
 
 TIMEOUT_SCALE_VARIABLE = "ORT_TORCH_TRAIN_TEST_TIMEOUT_SCALE"
 DEFAULT_SCALE = 4.0
@@ -32,3 +34,11 @@ def timeout_scale() -> float:
 def scaled(seconds: float) -> float:
     """``seconds`` (a deadline on an idle machine) times ``timeout_scale()``."""
     return seconds * timeout_scale()
+
+
+def line_within(stream: IO[str], seconds: float, what: str) -> str:
+    """The next line a process writes to the pipe ``stream``; fails the test when none comes within ``seconds``
+    (a hung process does not hang the suite)."""
+    ready, _, _ = select.select([stream], [], [], seconds)
+    assert ready, f"{what}: no line within {seconds:.0f} s"
+    return stream.readline()

@@ -11,13 +11,14 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from ort_torch_train.scratch import LOCK_NAME, ScratchFolder, reclaim_abandoned
 from tests.helpers.paths import ROOT
-from tests.helpers.timeouts import scaled
+from tests.helpers.timeouts import line_within, scaled
 
 PREFIX = "ort_torch_train_test_"
 HOLDER = f"""
@@ -30,12 +31,24 @@ time.sleep(600)
 """
 
 
-def _holder(tmp_path: Path) -> tuple[subprocess.Popen[str], Path]:
-    """A process holding a scratch folder in ``tmp_path``, and the folder."""
-    env = {**os.environ, "TMPDIR": str(tmp_path)}
-    process = subprocess.Popen([sys.executable, "-c", HOLDER], env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    assert process.stdout is not None
-    return process, Path(process.stdout.readline().strip())
+@pytest.fixture
+def holders() -> Iterator[Callable[[Path], tuple[subprocess.Popen[str], Path]]]:
+    """Starts processes each holding a scratch folder in a given temporary directory (the process and its
+    folder); each is killed at the end of the test if it was not before."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start(directory: Path) -> tuple[subprocess.Popen[str], Path]:
+        env = {**os.environ, "TMPDIR": str(directory)}
+        command = [sys.executable, "-c", HOLDER]
+        process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        started.append(process)
+        assert process.stdout is not None
+        return process, Path(line_within(process.stdout, scaled(60), "the holder's folder").strip())
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            _killed(process)
 
 
 def _killed(process: subprocess.Popen[str]) -> None:
@@ -52,27 +65,27 @@ def temporary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def test_a_killed_processs_folder_goes_when_the_next_is_made_and_no_other_does(temporary: Path) -> None:
-    killed, abandoned = _holder(temporary)
-    alive, held = _holder(temporary)
+def test_a_killed_processs_folder_goes_when_the_next_is_made_and_no_other_does(
+    temporary: Path, holders: Callable[[Path], tuple[subprocess.Popen[str], Path]]
+) -> None:
+    killed, abandoned = holders(temporary)
+    alive, held = holders(temporary)
     earlier = temporary / f"{PREFIX}earlier"  # an earlier release's folder: no lock file
     earlier.mkdir()
     victim = temporary / "victim"
     victim.mkdir()
     (victim / "data").write_bytes(b"keep")
     (temporary / f"{PREFIX}link").symlink_to(victim, target_is_directory=True)
-    try:
-        _killed(killed)
-        assert (abandoned / "program.so").read_bytes() == b"held"  # nobody removed it at the kill
-        mine = ScratchFolder(PREFIX)
-        assert not abandoned.exists()
-        assert (held / "program.so").read_bytes() == b"held" and (held / LOCK_NAME).is_file()
-        assert earlier.is_dir() and (victim / "data").read_bytes() == b"keep"
-        assert mine.path.parent == temporary and mine.path.name.startswith(PREFIX)
-        assert (mine.path.stat().st_mode & 0o777) == 0o700
-        assert reclaim_abandoned(temporary, PREFIX) == []  # held ones stay, in this process too
-    finally:
-        _killed(alive)
+    _killed(killed)
+    assert (abandoned / "program.so").read_bytes() == b"held"  # nobody removed it at the kill
+    mine = ScratchFolder(PREFIX)
+    assert not abandoned.exists()
+    assert (held / "program.so").read_bytes() == b"held" and (held / LOCK_NAME).is_file()
+    assert earlier.is_dir() and (victim / "data").read_bytes() == b"keep"
+    assert mine.path.parent == temporary and mine.path.name.startswith(PREFIX)
+    assert (mine.path.stat().st_mode & 0o777) == 0o700
+    assert reclaim_abandoned(temporary, PREFIX) == []  # held ones stay, in this process too
+    _killed(alive)
     assert reclaim_abandoned(temporary, PREFIX) == [held]
     assert mine.path.is_dir()
     mine.remove()
